@@ -1,0 +1,45 @@
+/* FMM attention for one head (SPEC 1.3): banded softmax near field plus
+ * multi-kernel linear far field, blended by sigmoid(w_near), sigmoid(w_far).
+ * Every array is row-major [T, dh] for one (batch row, head); nothing here is
+ * ever T x T.  Memory is O(T * (bandwidth + dh)) per head. */
+#ifndef MOMFMM_FMM_H
+#define MOMFMM_FMM_H
+#include <stdbool.h>
+#include <stddef.h>
+
+#define FMM_MAX_KERNELS 8
+
+typedef enum { FEATURE_ELU = 0, FEATURE_ELU_FLIP = 1, FEATURE_TANH = 2 } feature_map;
+
+typedef struct {
+    int bandwidth;          /* k of SPEC 1.3; 0 drops the near field */
+    bool causal;
+    int n_kernels;          /* r; 0 drops the far field */
+    feature_map kernels[FMM_MAX_KERNELS];
+    float eps;              /* normaliser epsilon of the far field */
+    int chunk;              /* chunk length C of the chunked linear attention */
+} fmm_settings;
+
+/* Parses "elu,elu_flip" etc.  Returns 0, or -1 with *bad_name pointing at the
+ * offending token (copied into bad_name_buf). An empty string gives 0 kernels. */
+int fmm_parse_kernels(const char *list, fmm_settings *s, char *bad_name_buf, size_t buf_len);
+
+/* Floats saved between forward and backward, per head. */
+size_t fmm_head_saved_floats(const fmm_settings *s, int T, int dh);
+/* Floats of scratch one call needs (reused across heads, not kept). */
+size_t fmm_head_scratch_floats(const fmm_settings *s, int T, int dh);
+
+/* out = sigmoid(blend_near) * near + sigmoid(blend_far) * (1/r) sum_l far_l.
+ * q, k are the (possibly sheared, rotated) q-hat, k-hat of SPEC 1.3. */
+void fmm_head_forward(const fmm_settings *s, const float *q, const float *k,
+                      const float *v, float blend_near, float blend_far,
+                      float *out, float *saved, float *scratch, int T, int dh);
+
+/* Writes (overwrites) dq, dk, dv; adds into *d_blend_near, *d_blend_far. */
+void fmm_head_backward(const fmm_settings *s, const float *q, const float *k,
+                       const float *v, float blend_near, float blend_far,
+                       const float *saved, const float *dout,
+                       float *dq, float *dk, float *dv,
+                       float *d_blend_near, float *d_blend_far,
+                       float *scratch, int T, int dh);
+#endif

@@ -1,0 +1,25 @@
+/* Momentum shear of SPEC 1.2 for one head of one sequence: x is [T, dh]. */
+#ifndef MOMFMM_MOMENTUM_H
+#define MOMFMM_MOMENTUM_H
+#include <stddef.h>
+
+typedef struct {
+    float gamma;     /* gamma_h of this head (fixed or learned) */
+    float beta;      /* decay of p */
+    float gamma2;    /* second-order coefficient */
+} momentum_coeffs;
+
+/* xhat_t = x_t + gamma p_t + gamma2 a_t, with d_t = x_t - x_{t-1}, d_0 = 0 when
+ * prev == NULL (anchored) or x_0 - prev (unanchored); p_t = d_t + beta p_{t-1};
+ * a_t = p_t - p_{t-1}, p_{-1} = 0.  p (if not NULL, [T, dh]) receives p_t,
+ * which the backward of a learned gamma needs.  x and xhat may not alias. */
+void momentum_shear_forward(const float *x, const float *prev, float *xhat,
+                            float *p, momentum_coeffs c, int T, int dh);
+
+/* Adds dL/dx into dx ([T, dh]).  If d_gamma != NULL adds dL/dgamma (needs p
+ * from the forward).  The buffer prev carries no gradient (SPEC 1.2).
+ * scratch: dh floats. */
+void momentum_shear_backward(const float *dxhat, const float *p, float *dx,
+                             float *d_gamma, momentum_coeffs c, float *scratch,
+                             int T, int dh);
+#endif
