@@ -17,9 +17,10 @@ void momentum_shear_forward(const float *x, const float *prev, float *xhat,
                             float *p, momentum_coeffs c, int T, int dh);
 
 /* Adds dL/dx into dx ([T, dh]).  If d_gamma != NULL adds dL/dgamma (needs p
- * from the forward).  The buffer prev carries no gradient (SPEC 1.2).
- * scratch: dh floats. */
+ * from the forward).  anchored: nonzero iff the forward ran with prev == NULL
+ * (unanchored, x_0 reaches p_0 through d_0 = x_0 - prev).  The buffer prev
+ * carries no gradient (SPEC 1.2).  scratch: dh floats. */
 void momentum_shear_backward(const float *dxhat, const float *p, float *dx,
-                             float *d_gamma, momentum_coeffs c, float *scratch,
-                             int T, int dh);
+                             float *d_gamma, momentum_coeffs c, int anchored,
+                             float *scratch, int T, int dh);
 #endif

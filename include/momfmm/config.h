@@ -1,0 +1,86 @@
+/* The resolved configuration of SPEC 6: every INI key, typed, with defaults. */
+#ifndef MOMFMM_CONFIG_H
+#define MOMFMM_CONFIG_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { ATTENTION_SOFTMAX = 0, ATTENTION_FMM = 1 } attention_kind;
+typedef enum { HEAD_LM = 0, HEAD_CLS = 1 } head_kind;
+typedef enum { APPLY_QK = 0, APPLY_Q = 1 } momentum_target;
+typedef enum { PLACEMENT_POST_ROPE = 0, PLACEMENT_PRE_ROPE = 1 } momentum_placement;
+typedef enum { SCHEDULE_COSINE = 0, SCHEDULE_CONSTANT = 1 } lr_schedule;
+typedef enum { TASK_CHAIN = 0, TASK_COPY = 1, TASK_LISTOPS = 2, TASK_TEXT = 3 } task_kind;
+
+#define CONFIG_PATH_MAX 1024
+
+typedef struct {
+    /* [model] */
+    int vocab_size, d_model, n_heads, n_layers, d_ff, max_seq_len;
+    double rope_base;
+    bool causal;
+    int head; /* head_kind */
+    int n_classes;
+    /* [attention] */
+    int attention; /* attention_kind */
+    /* [momentum] */
+    double gamma, beta, gamma2;
+    bool learn_gamma, anchor;
+    int apply_to;  /* momentum_target */
+    int placement; /* momentum_placement */
+    /* [fmm] */
+    int fmm_bandwidth, fmm_chunk;
+    char fmm_kernels[256];
+    double fmm_eps;
+    /* [data] */
+    int task; /* task_kind */
+    int seq_len, chain_len;
+    double noise, eval_fraction;
+    char data_path[CONFIG_PATH_MAX];
+    int listops_min_len, listops_max_len, listops_max_depth, listops_max_args;
+    /* [train] */
+    long long steps;
+    int batch_size, warmup, log_interval, eval_interval, eval_batches;
+    int ckpt_interval, keep;
+    double lr, min_lr, weight_decay, beta1, beta2, adam_eps, grad_clip;
+    int schedule; /* lr_schedule */
+    long long seed;
+    char out_dir[CONFIG_PATH_MAX];
+    /* [dist] */
+    double bucket_mb;
+    bool overlap;
+    int check_interval;
+} config;
+
+/* Defaults of SPEC 6 (and of configs/README.md). */
+void config_defaults(config *c);
+
+/* Reads an INI file over the defaults. On an unknown section or key or a bad
+ * value it exits 2 naming the file, the line and the key. */
+void config_load_file(config *c, const char *path);
+
+/* Reads INI text (e.g. a checkpoint's config_ini attribute); `origin` names
+ * the source in messages. Returns 0, or -1 with a message in err. */
+int config_load_string(config *c, const char *text, const char *origin,
+                       char *err, size_t err_len);
+
+/* Applies one "section.key=value" override; exits 2 on error. */
+void config_apply_override(config *c, const char *assignment);
+
+/* Cross-key checks (d_model % n_heads, even head dimension, ...); exits with
+ * exit_code (2 for a config file, 3 for a checkpoint)
+ * naming `origin` and the key. */
+void config_validate(const config *c, const char *origin, int exit_code);
+
+/* The full resolved config as INI text (SPEC 4 `config_ini`). Caller frees. */
+char *config_to_ini(const config *c);
+
+/* True when momentum attention is on (SPEC 1.2). */
+bool config_momentum_enabled(const config *c);
+
+/* Keys whose values change the model or the data (must match on resume).
+ * Writes "section.key" names that differ into out (one per line). Returns
+ * the number of differing keys. */
+int config_compare_model_keys(const config *a, const config *b, char *out,
+                              size_t out_len);
+#endif

@@ -1,0 +1,32 @@
+/* Tasks of SPEC 2. Every sample is a pure function of (seed, split, step,
+ * global sample index), so any rank can make its own shard and a resumed
+ * run needs no generator state. */
+#ifndef MOMFMM_DATA_H
+#define MOMFMM_DATA_H
+#include <stdint.h>
+
+#include "momfmm/config.h"
+
+enum { SPLIT_TRAIN = 0, SPLIT_EVAL = 1 };
+
+typedef struct {
+    int B, T;
+    int32_t *inputs;  /* [B*T] */
+    int32_t *targets; /* [B*T], -1 = not counted (cls: -1 = padding) */
+    int32_t *labels;  /* [B] (cls) */
+} batch;
+
+void batch_alloc(batch *b, int B, int T);
+void batch_free(batch *b);
+
+typedef struct data_source data_source;
+/* Opens what a task needs (e.g. the text file); exits 2/3 on bad config or file. */
+data_source *data_open(const config *c);
+void data_close(data_source *d);
+
+/* Fills rows for global sample indices [first, first + b->B) of (split, step). */
+void data_fill(const data_source *d, batch *b, int split, long long step, long long first);
+
+/* Rows of global batch `global_B` that rank r of n takes (SPEC 2). */
+void shard_range(int global_B, int rank, int n_ranks, int *first, int *count);
+#endif

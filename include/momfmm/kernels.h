@@ -1,0 +1,61 @@
+/* Layer kernels of SPEC 1, each forward beside its backward. Row-major
+ * float32; `rows` is B*T. Backward functions say whether they overwrite (=)
+ * or accumulate (+=) into each gradient. Every matrix product goes through
+ * cblas_sgemm. */
+#ifndef MOMFMM_KERNELS_H
+#define MOMFMM_KERNELS_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Linear layer, PyTorch convention (SPEC 1.5): out = inp W^T + b, W [out_dim, in_dim]. */
+void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                    int rows, int in_dim, int out_dim);
+/* dinp = dout W (skipped if NULL); dweight += dout^T inp; dbias += column sums. */
+void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                     const float *inp, const float *weight, int rows, int in_dim, int out_dim);
+
+/* LayerNorm with eps 1e-5 (SPEC 1.2); saves mean and 1/std per row. */
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                       const float *weight, const float *bias, int rows, int dim);
+/* dinp += ..., dweight += ..., dbias += ... */
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const float *mean,
+                        const float *rstd, int rows, int dim);
+
+/* GELU, tanh approximation (SPEC 1.3). */
+void gelu_forward(float *out, const float *inp, size_t n);
+/* dinp = dout * gelu'(inp); dinp may alias dout. */
+void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
+/* out[r] = table[tokens[r]]. */
+void embedding_forward(float *out, const int32_t *tokens, const float *table, int rows, int dim);
+/* dtable[tokens[r]] += dout[r]. */
+void embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int rows, int dim);
+
+/* RoPE (SPEC 1.1) in place on one head's [T, dh] vectors at positions
+ * pos0..pos0+T-1; tables are [max_positions, dh/2] of cos and sin of t*theta_j. */
+void rope_tables(float *cos_table, float *sin_table, int max_positions, int dh, double base);
+void rope_forward(float *x, const float *cos_table, const float *sin_table, int T, int dh, int pos0);
+/* The inverse rotation, which is also the adjoint: applied to a gradient in place. */
+void rope_backward(float *dx, const float *cos_table, const float *sin_table, int T, int dh, int pos0);
+
+/* Softmax attention of one head (SPEC 1.3 `softmax`): q [Tq, dh] at positions
+ * q_pos0.., k, v [Tk, dh] at positions 0..Tk-1; probs [Tq, Tk] saved. Causal
+ * masks j > q_pos0 + i. */
+void softmax_attention_forward(float *out, float *probs, const float *q, const float *k,
+                               const float *v, int Tq, int Tk, int dh, int q_pos0, bool causal);
+/* dq, dk, dv overwritten; scratch holds Tq*Tk floats. */
+void softmax_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                                const float *probs, const float *q, const float *k,
+                                const float *v, float *scratch, int Tq, int Tk, int dh,
+                                bool causal);
+
+/* Softmax cross-entropy: turns logits into probabilities in place, writes the
+ * loss of each row (0 for target -1) and the argmax prediction. */
+void cross_entropy_forward(float *probs, float *losses, int32_t *predictions,
+                           const int32_t *targets, int rows, int n_classes);
+/* In place: probs becomes dlogits = scale * (p - onehot), 0 for target -1. */
+void cross_entropy_backward(float *probs, const int32_t *targets, int rows, int n_classes,
+                            float scale);
+#endif

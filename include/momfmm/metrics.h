@@ -1,0 +1,59 @@
+/* Metrics of SPEC 3 and the in-memory history that checkpoints store under
+ * /metrics (SPEC 4). Sums and counts are kept apart so that data-parallel
+ * ranks reduce them exactly (one MPI_Allreduce of the whole struct). */
+#ifndef MOMFMM_METRICS_H
+#define MOMFMM_METRICS_H
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "momfmm/data.h"
+
+#define OCCURRENCE_BINS 16
+
+typedef struct {
+    double loss_sum, count, correct;
+    double new_sum, new_count, rep_sum, rep_count;
+    double by_k_sum[OCCURRENCE_BINS], by_k_count[OCCURRENCE_BINS];
+    double exact_sequences, sequences;
+} metric_sums;
+#define METRIC_SUMS_DOUBLES (sizeof(metric_sums) / sizeof(double))
+
+typedef struct {
+    double loss, L_new, L_rep, delta_12, acc, exact_match;
+    double loss_by_k[OCCURRENCE_BINS];
+} eval_metrics;
+
+/* Occurrence count k of each target (SPEC 3): how often the target token
+ * appeared among inputs[0..t]. counts_scratch holds vocab_size ints. */
+void occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int *counts_scratch,
+                       int vocab_size, int *k_out);
+
+/* Adds a batch: lm uses per-target losses and predictions; cls per row. */
+void metrics_accumulate(metric_sums *s, const batch *b, const float *losses, const int32_t *predictions,
+                        bool classification, int vocab_size);
+void metrics_finish(const metric_sums *s, eval_metrics *out);
+
+/* A growing table of columns, one row per logged step or eval. */
+typedef struct {
+    char name[32];
+    int width;    /* 1, or e.g. 16 for loss_by_k */
+    bool integer; /* stored as int64 (step) */
+} metric_column;
+
+typedef struct {
+    metric_column *columns;
+    int n_columns, row_width;
+    long long n_rows, capacity;
+    double *values; /* [n_rows][row_width] */
+} metric_table;
+
+void metric_table_init(metric_table *t);
+void metric_table_add_column(metric_table *t, const char *name, int width, bool integer);
+void metric_table_append(metric_table *t, const double *row);
+/* Column offset within a row, or -1. */
+int metric_table_column_offset(const metric_table *t, const char *name);
+void metric_table_free(metric_table *t);
+
+/* The train and eval tables with the columns of SPEC 3/4. */
+void metric_tables_standard(metric_table *train, metric_table *eval, int n_layers);
+#endif

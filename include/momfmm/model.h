@@ -1,0 +1,122 @@
+/* The transformer of SPEC 1. Parameters, gradients and AdamW moments are four
+ * contiguous buffers of n_params floats sharing one layout (as llm.c does):
+ * the param_entry table names each tensor's slice, so all-reduce, checksums
+ * and checkpoints are one loop. Activations are one more buffer. */
+#ifndef MOMFMM_MODEL_H
+#define MOMFMM_MODEL_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "momfmm/config.h"
+#include "momfmm/fmm.h"
+
+#define PARAM_NAME_MAX 64
+
+typedef struct {
+    char name[PARAM_NAME_MAX]; /* SPEC 4 name, e.g. "blocks/0/attn/qkv/weight" */
+    int ndim;
+    int shape[2];
+    size_t offset, numel;
+    bool decay;   /* AdamW weight decay applies (2-D weights, SPEC 1.4) */
+    int layer;    /* block index, or -1 */
+    size_t slot;  /* byte offset of the float* in model_tensors / block_tensors */
+} param_entry;
+
+typedef struct {
+    float *ln1_weight, *ln1_bias, *qkv_weight, *qkv_bias, *proj_weight, *proj_bias;
+    float *momentum_gamma, *fmm_blend; /* NULL unless learn_gamma / fmm */
+    float *ln2_weight, *ln2_bias, *fc_weight, *fc_bias, *mlp_proj_weight, *mlp_proj_bias;
+} block_tensors;
+
+typedef struct {
+    float *tok_emb;
+    block_tensors *blocks;
+    float *ln_f_weight, *ln_f_bias;
+    float *head_weight;          /* lm */
+    float *cls_weight, *cls_bias; /* cls */
+} model_tensors;
+
+/* Saved forward state and backward scratch for a batch of B rows of T. */
+typedef struct {
+    int B, T; /* capacity */
+    float *residual;                   /* [L+1][B*T*d]: block inputs, final stream */
+    float *mid;                        /* [L][B*T*d]: after attention */
+    float *ln1, *ln1_mean, *ln1_rstd;  /* [L][B*T*d], [L][B*T] */
+    float *q_hat, *k_hat, *v_heads;    /* [L][B*H*T*dh] head-major, rotated, sheared */
+    float *p_q, *p_k;                  /* [L][B*H*T*dh], momentum p (learned gamma) */
+    float *att_saved;                  /* [L][B*H*saved_per_head] */
+    float *att_out;                    /* [L][B*T*d] heads merged */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fc_pre, *fc_act;            /* [L][B*T*d_ff] */
+    float *ln_f, *ln_f_mean, *ln_f_rstd;
+    float *logits;                     /* [B*T*V] (lm) or [B*n_classes] (cls) */
+    float *pooled;                     /* [B*d] (cls) */
+    float *losses;                     /* [B*T] (lm) or [B] (cls) */
+    int32_t *predictions;              /* [B*T] or [B] */
+    /* scratch */
+    float *qkv;                        /* [B*T*3d] */
+    float *d_residual, *d_model_rows;  /* [B*T*d] */
+    float *d_ff;                       /* [B*T*d_ff] */
+    float *d_heads;                    /* [3][B*H*T*dh] */
+    float *head_scratch;               /* per-head scratch: T*T or fmm scratch, + 2*T*dh */
+    float *mem;
+} activations;
+
+typedef struct model model;
+/* Called during backward after block `layer` has all its gradients (the data-
+ * parallel layer launches all-reduce buckets from here). */
+typedef void (*block_done_fn)(void *ctx, int layer);
+
+struct model {
+    config cfg;
+    int d, H, dh, L, V, d_ff, n_out; /* n_out: V (lm) or n_classes (cls) */
+    bool momentum;
+    fmm_settings fmm;
+    param_entry *entries;
+    int n_entries;
+    size_t n_params;
+    float *params, *grads, *adam_m, *adam_v;
+    model_tensors w, g;       /* views into params and grads */
+    /* SPEC 1.2 momentum buffers prev_q, prev_k: [L][2][H][dh]. buffer_sums
+     * collects this rank's sum of last-position vectors during a training
+     * forward, so that averaging over the global batch is one reduction. */
+    float *buffers, *buffer_sums;
+    size_t n_buffer;
+    int rope_positions;
+    float *rope_cos, *rope_sin;
+    activations acts;
+};
+
+/* Builds the layout and allocates every buffer; parameters are zero until
+ * model_init_parameters or a checkpoint fills them. */
+void model_create(model *m, const config *cfg);
+void model_free(model *m);
+/* Deterministic initialisation from train.seed (identical on every rank). */
+void model_init_parameters(model *m);
+const param_entry *model_find_param(const model *m, const char *name);
+
+/* Forward on B rows of T tokens (T <= data.seq_len). targets: [B*T] for lm
+ * (-1 = ignored); for cls, `targets` marks valid positions (-1 = padding)
+ * and labels [B] holds the classes. Fills acts.losses and acts.predictions.
+ * With collect_buffers the last-position vectors are summed into buffer_sums. */
+void model_forward(model *m, const int32_t *inputs, const int32_t *targets,
+                   const int32_t *labels, int B, int T, bool collect_buffers);
+/* Sum of this rank's per-target (lm) or per-row (cls) losses, and their count. */
+double model_loss_sum(const model *m, const int32_t *targets, int B, int T, long long *count);
+/* Backward of loss_scale * sum of losses (loss_scale = 1 / global count).
+ * Gradients accumulate into m->grads (zero them first). */
+void model_backward(model *m, const int32_t *inputs, const int32_t *targets,
+                    const int32_t *labels, int B, int T, float loss_scale,
+                    block_done_fn on_block_done, void *ctx);
+void model_zero_grads(model *m);
+/* Matmul FLOPs of one forward+backward per token (for throughput figures). */
+double model_flops_per_token(const model *m, int T);
+
+/* Attention sublayer (attention.c): qkv [B*T*3d] -> merged heads [B*T*d]. */
+size_t attention_saved_per_head(const model *m, int T);
+size_t attention_scratch_per_head(const model *m, int T);
+void attention_forward(model *m, int layer, const float *qkv, float *out, int B, int T,
+                       bool collect_buffers);
+void attention_backward(model *m, int layer, const float *d_out, float *d_qkv, int B, int T);
+#endif

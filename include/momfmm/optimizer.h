@@ -1,0 +1,30 @@
+/* AdamW, learning-rate schedule and global-norm clipping (SPEC 1.4). */
+#ifndef MOMFMM_OPTIMIZER_H
+#define MOMFMM_OPTIMIZER_H
+#include <stddef.h>
+
+#include "momfmm/config.h"
+#include "momfmm/model.h"
+
+/* Learning rate at 1-based step `step`: linear warmup over train.warmup steps,
+ * then cosine from lr to min_lr over the remaining steps, or constant. */
+double learning_rate(const config *c, long long step);
+
+/* Global L2 norm of the gradient buffer (double accumulation). */
+double grad_global_norm(const float *grads, size_t n);
+
+/* Scales gradients so their norm is at most max_norm (0 = off), PyTorch's
+ * clip_grad_norm_: factor max_norm / (norm + 1e-6) when norm > max_norm. */
+void clip_gradients(float *grads, size_t n, double norm, double max_norm);
+
+/* One AdamW step (PyTorch semantics) at 1-based step t over a contiguous
+ * range; decay applies to the entries whose param_entry says so. */
+typedef struct {
+    double lr, beta1, beta2, eps, weight_decay;
+} adamw_settings;
+
+void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, long long t,
+                  const adamw_settings *s, int decay);
+/* The whole model, tensor by tensor so that decay follows SPEC 1.4. */
+void adamw_step_model(model *mdl, long long t, const adamw_settings *s);
+#endif

@@ -1,0 +1,147 @@
+/* Command line of SPEC 5: `momfmm <command> ...`. Usage errors exit 2. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "momfmm/checkpoint.h"
+#include "momfmm/common.h"
+#include "momfmm/dist.h"
+#include "momfmm/train.h"
+
+#define MAX_OVERRIDES 256
+
+static const char *USAGE =
+    "usage: momfmm <command> ...\n"
+    "  train CONFIG.ini [--set section.key=value ...] [--resume auto|PATH]\n"
+    "  init CONFIG.ini --out FILE.h5 [--set ...]\n"
+    "  loss CKPT.h5 TOKENS.h5 [--grads OUT.h5]\n"
+    "  bench CONFIG.ini [--set ...] [--steps N]\n";
+
+typedef struct {
+    const char *positional[2];
+    int n_positional;
+    char *overrides[MAX_OVERRIDES];
+    int n_overrides;
+    const char *out, *grads, *resume;
+    int steps;
+} arguments;
+
+static int parse_positive(const char *flag, const char *value) {
+    char *end;
+    long v = strtol(value, &end, 10);
+    if (*end || v <= 0 || v > 1 << 30) fail_all(EXIT_USAGE, "%s %s: expected a positive integer", flag, value);
+    return (int)v;
+}
+
+/* Options each command accepts: 's' --set, 'o' --out, 'g' --grads,
+ * 'r' --resume, 'n' --steps. */
+static arguments parse_arguments(const char *command, int argc, char **argv, const char *allowed, int positional) {
+    arguments a;
+    memset(&a, 0, sizeof a);
+    a.steps = 10;
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        bool has_value = i + 1 < argc;
+        char option = !strcmp(arg, "--set") ? 's' : !strcmp(arg, "--out") ? 'o' : !strcmp(arg, "--grads") ? 'g'
+                    : !strcmp(arg, "--resume") ? 'r' : !strcmp(arg, "--steps") ? 'n' : 0;
+        if (option && !strchr(allowed, option)) fail_all(EXIT_USAGE, "%s: option %s is not accepted\n%s", command, arg, USAGE);
+        if (option && !has_value) fail_all(EXIT_USAGE, "%s: option %s needs a value", command, arg);
+        if (!option && arg[0] == '-' && arg[1]) fail_all(EXIT_USAGE, "%s: unknown option %s\n%s", command, arg, USAGE);
+        switch (option) {
+        case 's':
+            if (a.n_overrides == MAX_OVERRIDES) fail_all(EXIT_USAGE, "%s: too many --set options", command);
+            a.overrides[a.n_overrides++] = argv[++i];
+            break;
+        case 'o': a.out = argv[++i]; break;
+        case 'g': a.grads = argv[++i]; break;
+        case 'r': a.resume = argv[++i]; break;
+        case 'n': a.steps = parse_positive("--steps", argv[++i]); break;
+        default:
+            if (a.n_positional == positional) fail_all(EXIT_USAGE, "%s: unexpected argument '%s'\n%s", command, arg, USAGE);
+            a.positional[a.n_positional++] = arg;
+        }
+    }
+    if (a.n_positional != positional) fail_all(EXIT_USAGE, "%s: missing argument\n%s", command, USAGE);
+    return a;
+}
+
+static int command_init(const arguments *a) {
+    if (!a->out) fail_all(EXIT_USAGE, "init: --out FILE.h5 is required");
+    config c;
+    config_defaults(&c);
+    config_load_file(&c, a->positional[0]);
+    for (int i = 0; i < a->n_overrides; i++) config_apply_override(&c, a->overrides[i]);
+    config_validate(&c, a->positional[0], EXIT_USAGE);
+    model m;
+    model_create(&m, &c);
+    model_init_parameters(&m);
+    checkpoint_info info = {0, 0, process_count()};
+    char err[CONFIG_PATH_MAX + 256];
+    if (process_rank() == 0 && checkpoint_write(a->out, &m, &info, NULL, NULL, err, sizeof err) != 0)
+        fail(EXIT_BAD_FILE, "%s", err);
+    log_rank0("wrote %s: %zu parameters\n", a->out, m.n_params);
+    model_free(&m);
+    return 0;
+}
+
+/* Loads a checkpoint's config and weights (SPEC 4: root attributes, /model,
+ * /buffers). */
+static void load_model(const char *path, model *m) {
+    config c;
+    checkpoint_info info;
+    checkpoint_read_config(path, &c, &info);
+    model_create(m, &c);
+    checkpoint_read_state(path, m, false, NULL, NULL);
+}
+
+static int command_loss(const arguments *a) {
+    model m;
+    load_model(a->positional[0], &m);
+    batch b;
+    tokens_read(a->positional[1], &m, &b);
+    model_forward(&m, b.inputs, b.targets, b.labels, b.B, b.T, false);
+    long long count;
+    double sum = model_loss_sum(&m, b.targets, b.B, b.T, &count);
+    double loss = count > 0 ? sum / count : 0.0;
+    log_rank0("loss %.9g\n", loss);
+    if (a->grads) {
+        model_zero_grads(&m);
+        model_backward(&m, b.inputs, b.targets, b.labels, b.B, b.T, count > 0 ? (float)(1.0 / count) : 0.0f, NULL, NULL);
+        char err[CONFIG_PATH_MAX + 256];
+        if (process_rank() == 0 && grads_write(a->grads, &m, loss, err, sizeof err) != 0) fail(EXIT_BAD_FILE, "%s", err);
+    }
+    batch_free(&b);
+    model_free(&m);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        if (argc < 2) fail_all(EXIT_USAGE, "no command given\n%s", USAGE);
+        log_rank0("%s", USAGE);
+        dist_finalize();
+        return 0;
+    }
+    const char *command = argv[1];
+    int rest_count = argc - 2;
+    char **rest = argv + 2;
+    int rc;
+    if (!strcmp(command, "train")) {
+        arguments a = parse_arguments(command, rest_count, rest, "sr", 1);
+        rc = command_train(a.positional[0], a.n_overrides, a.overrides, a.resume);
+    } else if (!strcmp(command, "init")) {
+        arguments a = parse_arguments(command, rest_count, rest, "so", 1);
+        rc = command_init(&a);
+    } else if (!strcmp(command, "loss")) {
+        arguments a = parse_arguments(command, rest_count, rest, "g", 2);
+        rc = command_loss(&a);
+    } else if (!strcmp(command, "bench")) {
+        arguments a = parse_arguments(command, rest_count, rest, "sn", 1);
+        rc = command_bench(a.positional[0], a.n_overrides, a.overrides, a.steps);
+    } else {
+        fail_all(EXIT_USAGE, "unknown command '%s'\n%s", command, USAGE);
+    }
+    dist_finalize();
+    return rc;
+}

@@ -1,0 +1,79 @@
+/* Failure reporting and small utilities (SPEC 5: exit codes). */
+#include "momfmm/common.h"
+
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+int process_rank(void) {
+    int initialized = 0, rank = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return rank;
+}
+
+int process_count(void) {
+    int initialized = 0, size = 1;
+    MPI_Initialized(&initialized);
+    if (initialized) MPI_Comm_size(MPI_COMM_WORLD, &size);
+    return size;
+}
+
+static void print_message(const char *fmt, va_list args) {
+    fputs("momfmm: ", stderr);
+    vfprintf(stderr, fmt, args);
+    fputc('\n', stderr);
+    fflush(stderr);
+}
+
+static _Noreturn void finish(int exit_code) {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Finalize();
+    exit(exit_code);
+}
+
+_Noreturn void fail(int exit_code, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    print_message(fmt, args);
+    va_end(args);
+    /* A lone failing rank would leave the others waiting in a collective:
+     * take the whole job down with the same code. */
+    if (process_count() > 1) MPI_Abort(MPI_COMM_WORLD, exit_code);
+    finish(exit_code);
+}
+
+_Noreturn void fail_all(int exit_code, const char *fmt, ...) {
+    if (process_rank() == 0) {
+        va_list args;
+        va_start(args, fmt);
+        print_message(fmt, args);
+        va_end(args);
+    }
+    finish(exit_code);
+}
+
+void log_rank0(const char *fmt, ...) {
+    if (process_rank() != 0) return;
+    va_list args;
+    va_start(args, fmt);
+    vprintf(fmt, args);
+    va_end(args);
+    fflush(stdout);
+}
+
+void *xcalloc(size_t count, size_t size) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p) fail(1, "out of memory allocating %zu x %zu bytes", count, size);
+    return p;
+}
+
+double wall_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

@@ -1,0 +1,547 @@
+/* FMM attention for one head (SPEC 1.3): a banded softmax near field plus a
+ * multi-kernel linear-attention far field, blended by sigmoid logits.
+ *
+ * Layout of `saved` (fmm_head_saved_floats):
+ *   [T, W]           near-field probabilities, if bandwidth > 0 (W = band width)
+ *   r x [T, dh + 1]  per far kernel: numerator (dh columns) and denominator
+ *                    (last column, before eps) of SPEC 1.3's far_l,i
+ * The near and far outputs are not saved: the blend gradients are recomputed
+ * from these in O(T * (W + dh)).
+ *
+ * The far field is one primitive, linear_attention_product, applied with a
+ * value matrix augmented by a column of ones, so the numerator and the
+ * normaliser Σ φ(q_i)·φ(k_j) come out of the same matmuls.  Its backward is
+ * the same primitive three more times (forward-time state for dq, reverse-time
+ * states for dk and dv).  All matmuls go through cblas_sgemm. */
+#include "momfmm/fmm.h"
+
+#include <cblas.h>
+#include <ctype.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Chunk length used when settings.chunk <= 0.  At dh = 32 the benchmark
+ * (tests/test_fmm.c --bench) is flat between 32 and 128; 64 is the middle. */
+#define FMM_DEFAULT_CHUNK 64
+
+/* ------------------------------------------------------------------------ */
+/* Kernel list parsing (SPEC 1.3 / 6: fmm.kernels = "elu,elu_flip")          */
+/* ------------------------------------------------------------------------ */
+
+static const struct { const char *name; feature_map map; } feature_names[] = {
+    {"elu", FEATURE_ELU}, {"elu_flip", FEATURE_ELU_FLIP}, {"tanh", FEATURE_TANH},
+};
+
+static void copy_token(char *buf, size_t buf_len, const char *tok, size_t len) {
+    if (!buf || buf_len == 0) return;
+    if (len > buf_len - 1) len = buf_len - 1;
+    memcpy(buf, tok, len);
+    buf[len] = '\0';
+}
+
+static int lookup_feature(const char *tok, size_t len, feature_map *out) {
+    for (size_t i = 0; i < sizeof feature_names / sizeof feature_names[0]; i++) {
+        if (strlen(feature_names[i].name) == len &&
+            memcmp(feature_names[i].name, tok, len) == 0) {
+            *out = feature_names[i].map;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int is_blank(const char *str) {
+    for (; *str; str++)
+        if (!isspace((unsigned char)*str)) return 0;
+    return 1;
+}
+
+/* Empty (or all-blank) means no far field.  An empty token inside a list
+ * ("elu,,tanh") is an error naming the empty token.  s is only written on
+ * success. */
+int fmm_parse_kernels(const char *list, fmm_settings *s, char *bad_name_buf,
+                      size_t buf_len) {
+    feature_map parsed[FMM_MAX_KERNELS];
+    int n = 0;
+    if (list && !is_blank(list)) {
+        const char *p = list;
+        for (;;) {
+            const char *end = strchr(p, ',');
+            if (!end) end = p + strlen(p);
+            const char *a = p, *b = end;
+            while (a < b && isspace((unsigned char)*a)) a++;
+            while (b > a && isspace((unsigned char)b[-1])) b--;
+            feature_map map;
+            if (n == FMM_MAX_KERNELS || lookup_feature(a, (size_t)(b - a), &map)) {
+                copy_token(bad_name_buf, buf_len, a, (size_t)(b - a));
+                return -1;
+            }
+            parsed[n++] = map;
+            if (*end == '\0') break;
+            p = end + 1;
+        }
+    }
+    s->n_kernels = n;
+    for (int i = 0; i < n; i++) s->kernels[i] = parsed[i];
+    if (bad_name_buf && buf_len) bad_name_buf[0] = '\0';
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sizes                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* Keys j of row i lie in [i - half + 1, i] (causal) or |i - j| < half
+ * (non-causal).  half = min(bandwidth, T): a band wider than the sequence
+ * holds the same keys, and clamping keeps `saved` at most [T, 2T - 1]. */
+typedef struct { int half, width; bool causal; } band_geometry;
+
+static band_geometry band_of(const fmm_settings *s, int T) {
+    band_geometry g;
+    g.half = s->bandwidth < T ? s->bandwidth : T;
+    if (g.half < 0) g.half = 0;
+    g.causal = s->causal;
+    g.width = g.half == 0 ? 0 : (s->causal ? g.half : 2 * g.half - 1);
+    return g;
+}
+
+static int effective_chunk(const fmm_settings *s, int T) {
+    int c = s->chunk > 0 ? s->chunk : FMM_DEFAULT_CHUNK;
+    return c < T ? c : T;
+}
+
+static int far_kernels(const fmm_settings *s) {
+    return s->n_kernels > 0 ? s->n_kernels : 0;
+}
+
+size_t fmm_head_saved_floats(const fmm_settings *s, int T, int dh) {
+    if (T <= 0) return 0;
+    size_t t = (size_t)T;
+    return t * (size_t)band_of(s, T).width +
+           (size_t)far_kernels(s) * t * (size_t)(dh + 1);
+}
+
+/* Scratch, carved by carve_scratch: phi_q, phi_k [T, dh]; v_aug, u_aug,
+ * result [T, dh + 1]; block [C, C]; state [dh + 1, dh + 1]; band_row [W]. */
+size_t fmm_head_scratch_floats(const fmm_settings *s, int T, int dh) {
+    if (T <= 0) return 0;
+    size_t t = (size_t)T, c = (size_t)effective_chunk(s, T), e = (size_t)dh + 1;
+    size_t band = (size_t)band_of(s, T).width;
+    if (far_kernels(s) == 0) return band;
+    return 2 * t * (size_t)dh + 3 * t * e + c * c + e * e + band;
+}
+
+typedef struct {
+    float *phi_q, *phi_k, *v_aug, *u_aug, *result, *block, *state, *band_row;
+} fmm_scratch;
+
+static fmm_scratch carve_scratch(const fmm_settings *s, float *scratch, int T, int dh) {
+    fmm_scratch sc;
+    size_t t = (size_t)T, e = (size_t)dh + 1, c = (size_t)effective_chunk(s, T);
+    if (far_kernels(s) == 0) {
+        memset(&sc, 0, sizeof sc);
+        sc.band_row = scratch;
+        return sc;
+    }
+    sc.phi_q = scratch;
+    sc.phi_k = sc.phi_q + t * (size_t)dh;
+    sc.v_aug = sc.phi_k + t * (size_t)dh;
+    sc.u_aug = sc.v_aug + t * e;
+    sc.result = sc.u_aug + t * e;
+    sc.block = sc.result + t * e;
+    sc.state = sc.block + c * c;
+    sc.band_row = sc.state + e * e;
+    return sc;
+}
+
+static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static float dot(const float *a, const float *b, int n) {
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++) acc += a[i] * b[i];
+    return acc;
+}
+
+static void add_scaled(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* ------------------------------------------------------------------------ */
+/* Near field: softmax over the band only (SPEC 1.3), O(T * W * dh)          */
+/* ------------------------------------------------------------------------ */
+
+/* Row i's keys are j in [*lo, *hi]; P[i, j - base] holds p_ij. */
+static int band_limits(const band_geometry *g, int i, int T, int *lo, int *hi) {
+    *lo = i - g->half + 1 > 0 ? i - g->half + 1 : 0;
+    *hi = g->causal ? i : (i + g->half - 1 < T - 1 ? i + g->half - 1 : T - 1);
+    return i - g->half + 1;
+}
+
+/* Softmax of row i's band scores, written into p (width W, zeros outside the
+ * band).  The row maximum is subtracted before exp (no overflow). */
+static void band_softmax_row(const band_geometry *g, const float *qi, const float *k,
+                             float *p, int i, int T, int dh) {
+    int lo, hi, base = band_limits(g, i, T, &lo, &hi);
+    float scale = 1.0f / sqrtf((float)dh), max = -INFINITY, sum = 0.0f;
+    memset(p, 0, (size_t)g->width * sizeof *p);
+    for (int j = lo; j <= hi; j++) {
+        p[j - base] = dot(qi, k + (size_t)j * dh, dh) * scale;
+        if (p[j - base] > max) max = p[j - base];
+    }
+    for (int j = lo; j <= hi; j++) {
+        p[j - base] = expf(p[j - base] - max);
+        sum += p[j - base];
+    }
+    for (int j = lo; j <= hi; j++) p[j - base] /= sum;
+}
+
+/* out_i = weight * Σ_j p_ij v_j (overwrites out); saves P. */
+static void band_softmax_forward(const band_geometry *g, const float *q, const float *k,
+                                 const float *v, float weight, float *P, float *out,
+                                 int T, int dh) {
+    for (int i = 0; i < T; i++) {
+        float *p = P + (size_t)i * g->width, *oi = out + (size_t)i * dh;
+        int lo, hi, base;
+        band_softmax_row(g, q + (size_t)i * dh, k, p, i, T, dh);
+        base = band_limits(g, i, T, &lo, &hi);
+        memset(oi, 0, (size_t)dh * sizeof *oi);
+        for (int j = lo; j <= hi; j++)
+            add_scaled(oi, weight * p[j - base], v + (size_t)j * dh, dh);
+    }
+}
+
+/* Adds the near field's dq, dk, dv; returns Σ_i dout_i · near_i (for the
+ * blend-logit gradient), computed from e_ij = dout_i · v_j so near need not
+ * be saved.  Softmax backward: ds_ij = p_ij (dp_ij - Σ_j' p_ij' dp_ij'). */
+static double band_softmax_backward(const band_geometry *g, const float *q,
+                                    const float *k, const float *v, float weight,
+                                    const float *P, const float *dout, float *dq,
+                                    float *dk, float *dv, float *e, int T, int dh) {
+    float scale = 1.0f / sqrtf((float)dh);
+    double dout_dot_near = 0.0;
+    for (int i = 0; i < T; i++) {
+        const float *p = P + (size_t)i * g->width, *gi = dout + (size_t)i * dh;
+        const float *qi = q + (size_t)i * dh;
+        int lo, hi, base = band_limits(g, i, T, &lo, &hi);
+        float pe = 0.0f;
+        for (int j = lo; j <= hi; j++) {
+            e[j - base] = dot(gi, v + (size_t)j * dh, dh);
+            pe += p[j - base] * e[j - base];
+        }
+        dout_dot_near += pe;
+        for (int j = lo; j <= hi; j++) {
+            float pj = p[j - base], ds = weight * pj * (e[j - base] - pe) * scale;
+            add_scaled(dv + (size_t)j * dh, weight * pj, gi, dh);
+            add_scaled(dq + (size_t)i * dh, ds, k + (size_t)j * dh, dh);
+            add_scaled(dk + (size_t)j * dh, ds, qi, dh);
+        }
+    }
+    return dout_dot_near;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Feature maps φ of SPEC 1.3 (all strictly positive, so normalisers are > 0) */
+/* ------------------------------------------------------------------------ */
+
+/* e^x for x <= 0 (x >= -87 after clamping: e^-87 is still a normal float),
+ * inline and branch-free.  The feature maps are ~half the run time with
+ * libm's expf/tanhf (perf, T = 16384, dh = 32), so they get their own exp:
+ * e^x = 2^n e^r with n = round(x / ln 2), |r| <= ln2 / 2, and a degree-6
+ * Taylor polynomial for e^r (truncation < 1.3e-7 relative, ~1 ulp). */
+static inline float exp_nonpositive(float x) {
+    const float round_magic = 12582912.0f;   /* 1.5 * 2^23: x + it rounds to int */
+    x = x < -87.0f ? -87.0f : x;
+    float n = (x * 1.44269504f + round_magic) - round_magic;
+    float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;   /* ln 2 = hi + lo */
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 +
+              r * (1.0f / 120 + r * (1.0f / 720))))));
+    int32_t bits = ((int32_t)n + 127) << 23;   /* 2^n, n in [-126, 0] */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* φ over n values.  Branch-free selects: the sign of x is random, so
+ * branches would mispredict half the time.
+ *   elu(x) + 1      = x + 1 (x > 0), e^x (x <= 0)
+ *   elu(-x) + 1     = 1 - x (x < 0), e^-x (x >= 0)
+ *   tanh(x) + 1     = 2 / (1 + e^-2x), with t = e^-2|x| <= 1 so nothing
+ *                     overflows: 2 / (1 + t) for x >= 0, 2t / (1 + t) else. */
+static void apply_feature_map(feature_map m, const float *x, float *phi, size_t n) {
+    switch (m) {
+    case FEATURE_ELU:
+        for (size_t i = 0; i < n; i++) {
+            float e = exp_nonpositive(x[i] < 0.0f ? x[i] : 0.0f);
+            phi[i] = x[i] > 0.0f ? x[i] + 1.0f : e;
+        }
+        break;
+    case FEATURE_ELU_FLIP:
+        for (size_t i = 0; i < n; i++) {
+            float e = exp_nonpositive(x[i] > 0.0f ? -x[i] : 0.0f);
+            phi[i] = x[i] < 0.0f ? 1.0f - x[i] : e;
+        }
+        break;
+    case FEATURE_TANH:
+        for (size_t i = 0; i < n; i++) {
+            float t = exp_nonpositive(-2.0f * fabsf(x[i])), inv = 2.0f / (1.0f + t);
+            phi[i] = x[i] >= 0.0f ? inv : t * inv;
+        }
+        break;
+    }
+}
+
+/* dx += dphi ⊙ φ'(x), φ' taken from φ to avoid another exp:
+ * elu: φ' = φ where x <= 0 (φ = e^x), else 1; elu_flip: φ' = -φ where
+ * x >= 0, else -1; tanh: φ' = 1 - tanh² = φ (2 - φ).
+ * dphi has row stride ld_dphi (dh or dh + 1). */
+static void feature_chain(feature_map m, const float *x, const float *phi,
+                          const float *dphi, int ld_dphi, float *dx, int T, int dh) {
+    for (int i = 0; i < T; i++) {
+        const float *xi = x + (size_t)i * dh, *fi = phi + (size_t)i * dh;
+        const float *gi = dphi + (size_t)i * ld_dphi;
+        float *di = dx + (size_t)i * dh;
+        switch (m) {
+        case FEATURE_ELU:
+            for (int c = 0; c < dh; c++) di[c] += gi[c] * (xi[c] > 0.0f ? 1.0f : fi[c]);
+            break;
+        case FEATURE_ELU_FLIP:
+            for (int c = 0; c < dh; c++) di[c] -= gi[c] * (xi[c] < 0.0f ? 1.0f : fi[c]);
+            break;
+        case FEATURE_TANH:
+            for (int c = 0; c < dh; c++) di[c] += gi[c] * fi[c] * (2.0f - fi[c]);
+            break;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Chunked linear attention (the O(T·C·dh + T·dh²) core)                     */
+/* ------------------------------------------------------------------------ */
+
+/* Which j enter Y_i: j <= i (causal forward), j >= i (causal backward, the
+ * reverse-time sums that dk and dv need) or every j (non-causal). */
+typedef enum { SUM_PAST, SUM_FUTURE, SUM_ALL } sum_range;
+
+static sum_range reversed(sum_range r) {
+    return r == SUM_PAST ? SUM_FUTURE : r == SUM_FUTURE ? SUM_PAST : SUM_ALL;
+}
+
+static void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K,
+                  const float *A, int lda, const float *B, int ldb, float beta,
+                  float *C, int ldc) {
+    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* Zeroes the block entries (i, j) outside the range: j > i for SUM_PAST,
+ * j < i for SUM_FUTURE (the diagonal is kept: position i sees itself). */
+static void mask_block(float *block, int len, sum_range range) {
+    for (int i = 0; i < len; i++) {
+        float *row = block + (size_t)i * len;
+        if (range == SUM_PAST)
+            memset(row + i + 1, 0, (size_t)(len - i - 1) * sizeof *row);
+        else
+            memset(row, 0, (size_t)i * sizeof *row);
+    }
+}
+
+typedef struct {
+    const float *A, *B, *X;   /* [T, m], [T, m], [T, n] */
+    float *Y;                 /* [T, n] */
+    int m, n;
+} lin_operands;
+
+/* One chunk [start, start + len): intra-chunk part through the masked
+ * len x len block A_c B_cᵀ, inter-chunk part A_c · state, where state =
+ * Σ B_j X_jᵀ over the chunks already visited; then the chunk joins state. */
+static void linear_attention_chunk(const lin_operands *o, int start, int len,
+                                   sum_range range, bool first, bool last,
+                                   float *block, float *state) {
+    int m = o->m, n = o->n;
+    const float *Ac = o->A + (size_t)start * m, *Bc = o->B + (size_t)start * m;
+    const float *Xc = o->X + (size_t)start * n;
+    float *Yc = o->Y + (size_t)start * n;
+    sgemm(CblasNoTrans, CblasTrans, len, len, m, Ac, m, Bc, m, 0.0f, block, len);
+    mask_block(block, len, range);
+    sgemm(CblasNoTrans, CblasNoTrans, len, n, len, block, len, Xc, n, 0.0f, Yc, n);
+    if (!first)
+        sgemm(CblasNoTrans, CblasNoTrans, len, n, m, Ac, m, state, n, 1.0f, Yc, n);
+    if (!last)
+        sgemm(CblasTrans, CblasNoTrans, m, n, len, Bc, m, Xc, n, first ? 0.0f : 1.0f,
+              state, n);
+}
+
+/* Y_i = Σ_{j in range(i)} (A_i · B_j) X_j without forming the T x T matrix.
+ * SUM_ALL uses one global state Bᵀ X (m x n).  The chunk size only changes
+ * the summation order, so results agree across chunk sizes up to rounding.
+ * Scratch: block [C, C], state [m, n]. */
+static void linear_attention_product(const lin_operands *o, int T, sum_range range,
+                                     int C, float *block, float *state) {
+    if (range == SUM_ALL) {
+        sgemm(CblasTrans, CblasNoTrans, o->m, o->n, T, o->B, o->m, o->X, o->n, 0.0f,
+              state, o->n);
+        sgemm(CblasNoTrans, CblasNoTrans, T, o->n, o->m, o->A, o->m, state, o->n, 0.0f,
+              o->Y, o->n);
+        return;
+    }
+    int n_chunks = (T + C - 1) / C;
+    for (int step = 0; step < n_chunks; step++) {
+        int c = range == SUM_PAST ? step : n_chunks - 1 - step;
+        int start = c * C, len = T - start < C ? T - start : C;
+        linear_attention_chunk(o, start, len, range, step == 0, step == n_chunks - 1,
+                               block, state);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Far field (SPEC 1.3): far_l,i = num_l,i / (den_l,i + eps)                 */
+/* ------------------------------------------------------------------------ */
+
+/* [v | 1]: the ones column makes the last output column Σ φ(q_i)·φ(k_j). */
+static void fill_augmented(float *aug, const float *x, int T, int dh, float last) {
+    for (int i = 0; i < T; i++) {
+        memcpy(aug + (size_t)i * (dh + 1), x + (size_t)i * dh, (size_t)dh * sizeof *x);
+        aug[(size_t)i * (dh + 1) + dh] = last;
+    }
+}
+
+typedef struct {
+    const fmm_settings *s;
+    int T, dh, C;
+    sum_range range;
+    fmm_scratch sc;
+} far_context;
+
+/* Writes kernel l's [num | den] into nd ([T, dh + 1]), adds
+ * weight * num / (den + eps) to out.  Expects fc->sc.v_aug = [v | 1]. */
+static void far_kernel_forward(const far_context *fc, feature_map m, const float *q,
+                               const float *k, float weight, float *nd, float *out) {
+    int T = fc->T, dh = fc->dh;
+    apply_feature_map(m, q, fc->sc.phi_q, (size_t)T * dh);
+    apply_feature_map(m, k, fc->sc.phi_k, (size_t)T * dh);
+    lin_operands o = {fc->sc.phi_q, fc->sc.phi_k, fc->sc.v_aug, nd, dh, dh + 1};
+    linear_attention_product(&o, T, fc->range, fc->C, fc->sc.block, fc->sc.state);
+    for (int i = 0; i < T; i++) {
+        const float *row = nd + (size_t)i * (dh + 1);
+        add_scaled(out + (size_t)i * dh, weight / (row[dh] + fc->s->eps), row, dh);
+    }
+}
+
+/* Gradient w.r.t. the augmented value rows, u'_i = [g_i / D_i, -(g_i·o_i)/D_i]
+ * with g_i = weight * dout_i, o_i = far_l,i, D_i = den_i + eps: then
+ * d(num_i) = u_i and d(den_i) = the last entry.  Returns Σ_i dout_i · o_i. */
+static double build_u_aug(const far_context *fc, const float *nd, const float *dout,
+                          float weight, float *u_aug) {
+    int dh = fc->dh;
+    double dout_dot_far = 0.0;
+    for (int i = 0; i < fc->T; i++) {
+        const float *row = nd + (size_t)i * (dh + 1), *gi = dout + (size_t)i * dh;
+        float *u = u_aug + (size_t)i * (dh + 1);
+        float inv_d = 1.0f / (row[dh] + fc->s->eps);
+        float dout_dot_o = dot(gi, row, dh) * inv_d;
+        for (int c = 0; c < dh; c++) u[c] = weight * gi[c] * inv_d;
+        u[dh] = -weight * dout_dot_o * inv_d;
+        dout_dot_far += dout_dot_o;
+    }
+    return dout_dot_far;
+}
+
+/* With a_ij = φq_i·φk_j and u', v' the augmented rows (range j <= i causal):
+ *   dφq_i = Σ_{j<=i} (u'_i·v'_j) φk_j       forward-time state  V'ᵀ φK
+ *   dφk_j = Σ_{i>=j} (v'_j·u'_i) φq_i       reverse-time state  U'ᵀ φQ
+ *   dv'_j = Σ_{i>=j} (φk_j·φq_i) u'_i       reverse-time state  φQᵀ U'
+ * Adds into dq, dk, dv; returns Σ_i dout_i · far_l,i. */
+static double far_kernel_backward(const far_context *fc, feature_map m, const float *q,
+                                  const float *k, float weight, const float *nd,
+                                  const float *dout, float *dq, float *dk, float *dv) {
+    int T = fc->T, dh = fc->dh, e = dh + 1;
+    const fmm_scratch *sc = &fc->sc;
+    apply_feature_map(m, q, sc->phi_q, (size_t)T * dh);
+    apply_feature_map(m, k, sc->phi_k, (size_t)T * dh);
+    double dout_dot_far = build_u_aug(fc, nd, dout, weight, sc->u_aug);
+
+    lin_operands dphi_q = {sc->u_aug, sc->v_aug, sc->phi_k, sc->result, e, dh};
+    linear_attention_product(&dphi_q, T, fc->range, fc->C, sc->block, sc->state);
+    feature_chain(m, q, sc->phi_q, sc->result, dh, dq, T, dh);
+
+    sum_range back = reversed(fc->range);
+    lin_operands dphi_k = {sc->v_aug, sc->u_aug, sc->phi_q, sc->result, e, dh};
+    linear_attention_product(&dphi_k, T, back, fc->C, sc->block, sc->state);
+    feature_chain(m, k, sc->phi_k, sc->result, dh, dk, T, dh);
+
+    lin_operands dv_aug = {sc->phi_k, sc->phi_q, sc->u_aug, sc->result, dh, e};
+    linear_attention_product(&dv_aug, T, back, fc->C, sc->block, sc->state);
+    for (int i = 0; i < T; i++)
+        add_scaled(dv + (size_t)i * dh, 1.0f, sc->result + (size_t)i * e, dh);
+    return dout_dot_far;
+}
+
+static far_context far_context_of(const fmm_settings *s, float *scratch, int T, int dh) {
+    far_context fc;
+    fc.s = s;
+    fc.T = T;
+    fc.dh = dh;
+    fc.C = effective_chunk(s, T);
+    fc.range = s->causal ? SUM_PAST : SUM_ALL;
+    fc.sc = carve_scratch(s, scratch, T, dh);
+    return fc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Head forward / backward                                                   */
+/* ------------------------------------------------------------------------ */
+
+void fmm_head_forward(const fmm_settings *s, const float *q, const float *k,
+                      const float *v, float blend_near, float blend_far,
+                      float *out, float *saved, float *scratch, int T, int dh) {
+    if (T <= 0) return;
+    band_geometry g = band_of(s, T);
+    int r = far_kernels(s);
+    if (g.width > 0)
+        band_softmax_forward(&g, q, k, v, sigmoid(blend_near), saved, out, T, dh);
+    else
+        memset(out, 0, (size_t)T * dh * sizeof *out);
+    if (r == 0) return;
+
+    far_context fc = far_context_of(s, scratch, T, dh);
+    float *nd = saved + (size_t)T * g.width;
+    float weight = sigmoid(blend_far) / (float)r;   /* σ(w_far) · (1/r) Σ_l */
+    fill_augmented(fc.sc.v_aug, v, T, dh, 1.0f);
+    for (int l = 0; l < r; l++)
+        far_kernel_forward(&fc, s->kernels[l], q, k, weight,
+                           nd + (size_t)l * T * (dh + 1), out);
+}
+
+void fmm_head_backward(const fmm_settings *s, const float *q, const float *k,
+                       const float *v, float blend_near, float blend_far,
+                       const float *saved, const float *dout,
+                       float *dq, float *dk, float *dv,
+                       float *d_blend_near, float *d_blend_far,
+                       float *scratch, int T, int dh) {
+    if (T <= 0) return;
+    size_t n = (size_t)T * dh;
+    memset(dq, 0, n * sizeof *dq);
+    memset(dk, 0, n * sizeof *dk);
+    memset(dv, 0, n * sizeof *dv);
+    band_geometry g = band_of(s, T);
+    int r = far_kernels(s);
+    fmm_scratch sc = carve_scratch(s, scratch, T, dh);
+
+    if (g.width > 0) {
+        float sn = sigmoid(blend_near);
+        double dot_near = band_softmax_backward(&g, q, k, v, sn, saved, dout, dq, dk,
+                                                dv, sc.band_row, T, dh);
+        *d_blend_near += (float)(sn * (1.0f - sn) * dot_near);   /* σ' = σ(1-σ) */
+    }
+    if (r == 0) return;
+
+    far_context fc = far_context_of(s, scratch, T, dh);
+    const float *nd = saved + (size_t)T * g.width;
+    float sf = sigmoid(blend_far), weight = sf / (float)r;
+    double dot_far = 0.0;   /* Σ_l Σ_i dout_i · far_l,i */
+    fill_augmented(fc.sc.v_aug, v, T, dh, 1.0f);
+    for (int l = 0; l < r; l++)
+        dot_far += far_kernel_backward(&fc, s->kernels[l], q, k, weight,
+                                       nd + (size_t)l * T * (dh + 1), dout, dq, dk, dv);
+    *d_blend_far += (float)(sf * (1.0f - sf) * dot_far / r);
+}

@@ -1,0 +1,223 @@
+/* Layer kernels of SPEC 1; see kernels.h for the conventions. */
+#include "momfmm/kernels.h"
+
+#include <cblas.h>
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                    int rows, int in_dim, int out_dim) {
+    float beta = 0.0f;
+    if (bias) {
+        for (int r = 0; r < rows; r++) memcpy(out + (size_t)r * out_dim, bias, sizeof(float) * out_dim);
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out_dim, in_dim, 1.0f, inp, in_dim,
+                weight, in_dim, beta, out, out_dim);
+}
+
+void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                     const float *inp, const float *weight, int rows, int in_dim, int out_dim) {
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, in_dim, out_dim, 1.0f, dout,
+                    out_dim, weight, in_dim, 0.0f, dinp, in_dim);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out_dim, in_dim, rows, 1.0f, dout, out_dim,
+                inp, in_dim, 1.0f, dweight, in_dim);
+    if (dbias)
+        for (int r = 0; r < rows; r++) {
+            const float *row = dout + (size_t)r * out_dim;
+            for (int o = 0; o < out_dim; o++) dbias[o] += row[o];
+        }
+}
+
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                       const float *weight, const float *bias, int rows, int dim) {
+    for (int r = 0; r < rows; r++) {
+        const float *x = inp + (size_t)r * dim;
+        float *y = out + (size_t)r * dim;
+        double sum = 0, sq = 0;
+        for (int i = 0; i < dim; i++) sum += x[i];
+        float mu = (float)(sum / dim);
+        for (int i = 0; i < dim; i++) sq += (double)(x[i] - mu) * (x[i] - mu);
+        float rs = (float)(1.0 / sqrt(sq / dim + 1e-5));
+        for (int i = 0; i < dim; i++) y[i] = (x[i] - mu) * rs * weight[i] + bias[i];
+        mean[r] = mu;
+        rstd[r] = rs;
+    }
+}
+
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const float *mean,
+                        const float *rstd, int rows, int dim) {
+    for (int r = 0; r < rows; r++) {
+        const float *x = inp + (size_t)r * dim, *dy = dout + (size_t)r * dim;
+        float *dx = dinp + (size_t)r * dim;
+        float mu = mean[r], rs = rstd[r];
+        /* dL/dxhat = dy * w; dx = rs * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)). */
+        float mean_dxhat = 0, mean_dxhat_xhat = 0;
+        for (int i = 0; i < dim; i++) {
+            float xhat = (x[i] - mu) * rs, dxhat = dy[i] * weight[i];
+            mean_dxhat += dxhat;
+            mean_dxhat_xhat += dxhat * xhat;
+            dweight[i] += dy[i] * xhat;
+            dbias[i] += dy[i];
+        }
+        mean_dxhat /= dim;
+        mean_dxhat_xhat /= dim;
+        for (int i = 0; i < dim; i++) {
+            float xhat = (x[i] - mu) * rs, dxhat = dy[i] * weight[i];
+            dx[i] += rs * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+        }
+    }
+}
+
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+
+void gelu_forward(float *out, const float *inp, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
+    }
+}
+
+void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float th = tanhf(GELU_SCALE * (x + 0.044715f * x * x * x));
+        float sech2 = 1.0f - th * th;
+        float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = dout[i] * grad;
+    }
+}
+
+void embedding_forward(float *out, const int32_t *tokens, const float *table, int rows, int dim) {
+    for (int r = 0; r < rows; r++)
+        memcpy(out + (size_t)r * dim, table + (size_t)tokens[r] * dim, sizeof(float) * dim);
+}
+
+void embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int rows, int dim) {
+    for (int r = 0; r < rows; r++) {
+        float *row = dtable + (size_t)tokens[r] * dim;
+        const float *g = dout + (size_t)r * dim;
+        for (int i = 0; i < dim; i++) row[i] += g[i];
+    }
+}
+
+void rope_tables(float *cos_table, float *sin_table, int max_positions, int dh, double base) {
+    int half = dh / 2;
+    for (int t = 0; t < max_positions; t++)
+        for (int j = 0; j < half; j++) {
+            double angle = t * pow(base, -2.0 * j / dh);
+            cos_table[(size_t)t * half + j] = (float)cos(angle);
+            sin_table[(size_t)t * half + j] = (float)sin(angle);
+        }
+}
+
+static void rope_rotate(float *x, const float *cos_table, const float *sin_table, int T, int dh,
+                        int pos0, float direction) {
+    int half = dh / 2;
+    for (int t = 0; t < T; t++) {
+        const float *c = cos_table + (size_t)(pos0 + t) * half, *s = sin_table + (size_t)(pos0 + t) * half;
+        float *u = x + (size_t)t * dh;
+        for (int j = 0; j < half; j++) {
+            float a = u[2 * j], b = u[2 * j + 1], sn = direction * s[j];
+            u[2 * j] = a * c[j] - b * sn;
+            u[2 * j + 1] = a * sn + b * c[j];
+        }
+    }
+}
+
+void rope_forward(float *x, const float *cos_table, const float *sin_table, int T, int dh, int pos0) {
+    rope_rotate(x, cos_table, sin_table, T, dh, pos0, 1.0f);
+}
+
+void rope_backward(float *dx, const float *cos_table, const float *sin_table, int T, int dh, int pos0) {
+    rope_rotate(dx, cos_table, sin_table, T, dh, pos0, -1.0f);
+}
+
+void softmax_attention_forward(float *out, float *probs, const float *q, const float *k,
+                               const float *v, int Tq, int Tk, int dh, int q_pos0, bool causal) {
+    float scale = 1.0f / sqrtf((float)dh);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, dh, scale, q, dh, k, dh, 0.0f,
+                probs, Tk);
+    for (int i = 0; i < Tq; i++) {
+        float *row = probs + (size_t)i * Tk;
+        int n_keys = causal ? q_pos0 + i + 1 : Tk;
+        if (n_keys > Tk) n_keys = Tk;
+        float max = -FLT_MAX, sum = 0;
+        for (int j = 0; j < n_keys; j++) max = row[j] > max ? row[j] : max;
+        for (int j = 0; j < n_keys; j++) {
+            row[j] = expf(row[j] - max);
+            sum += row[j];
+        }
+        float inv = 1.0f / sum;
+        for (int j = 0; j < n_keys; j++) row[j] *= inv;
+        for (int j = n_keys; j < Tk; j++) row[j] = 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, dh, Tk, 1.0f, probs, Tk, v, dh, 0.0f,
+                out, dh);
+}
+
+void softmax_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                                const float *probs, const float *q, const float *k,
+                                const float *v, float *scratch, int Tq, int Tk, int dh,
+                                bool causal) {
+    (void)causal; /* masked probabilities are exactly 0, so they carry no gradient */
+    float scale = 1.0f / sqrtf((float)dh);
+    float *dscores = scratch;
+    /* dP = dout V^T; dV = P^T dout. */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, dh, 1.0f, dout, dh, v, dh, 0.0f,
+                dscores, Tk);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, dh, Tq, 1.0f, probs, Tk, dout, dh, 0.0f,
+                dv, dh);
+    /* dS = P * (dP - rowsum(dP * P)). */
+    for (int i = 0; i < Tq; i++) {
+        const float *p = probs + (size_t)i * Tk;
+        float *ds = dscores + (size_t)i * Tk;
+        float dot = 0;
+        for (int j = 0; j < Tk; j++) dot += ds[j] * p[j];
+        for (int j = 0; j < Tk; j++) ds[j] = p[j] * (ds[j] - dot);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, dh, Tk, scale, dscores, Tk, k, dh, 0.0f,
+                dq, dh);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, dh, Tq, scale, dscores, Tk, q, dh, 0.0f,
+                dk, dh);
+}
+
+void cross_entropy_forward(float *probs, float *losses, int32_t *predictions,
+                           const int32_t *targets, int rows, int n_classes) {
+    for (int r = 0; r < rows; r++) {
+        float *p = probs + (size_t)r * n_classes;
+        float max = -FLT_MAX;
+        int argmax = 0;
+        for (int c = 0; c < n_classes; c++)
+            if (p[c] > max) { max = p[c]; argmax = c; }
+        int target = targets[r];
+        /* log-sum-exp form: exact even where p[target] underflows to 0 */
+        float target_logit = target >= 0 ? p[target] - max : 0.0f;
+        double sum = 0;
+        for (int c = 0; c < n_classes; c++) {
+            p[c] = expf(p[c] - max);
+            sum += p[c];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int c = 0; c < n_classes; c++) p[c] *= inv;
+        predictions[r] = argmax;
+        losses[r] = target < 0 ? 0.0f : (float)(log(sum) - (double)target_logit);
+    }
+}
+
+void cross_entropy_backward(float *probs, const int32_t *targets, int rows, int n_classes,
+                            float scale) {
+    for (int r = 0; r < rows; r++) {
+        float *p = probs + (size_t)r * n_classes;
+        int target = targets[r];
+        if (target < 0) {
+            memset(p, 0, sizeof(float) * n_classes);
+            continue;
+        }
+        for (int c = 0; c < n_classes; c++) p[c] *= scale;
+        p[target] -= scale;
+    }
+}

@@ -1,0 +1,131 @@
+/* SPEC 3 metrics: L_new, L_rep, loss_by_k, delta_12, acc, exact match. */
+#include "momfmm/metrics.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "momfmm/common.h"
+
+void occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int *counts_scratch,
+                       int vocab_size, int *k_out) {
+    memset(counts_scratch, 0, sizeof(int) * vocab_size);
+    for (int t = 0; t < T; t++) {
+        counts_scratch[inputs[t]]++;
+        k_out[t] = targets[t] >= 0 ? counts_scratch[targets[t]] : -1;
+    }
+}
+
+static void accumulate_classification(metric_sums *s, const batch *b, const float *losses,
+                                      const int32_t *predictions) {
+    for (int r = 0; r < b->B; r++) {
+        s->loss_sum += losses[r];
+        s->count += 1;
+        s->correct += predictions[r] == b->labels[r];
+    }
+    s->exact_sequences = s->correct;
+    s->sequences = s->count;
+}
+
+void metrics_accumulate(metric_sums *s, const batch *b, const float *losses, const int32_t *predictions,
+                        bool classification, int vocab_size) {
+    if (classification) {
+        accumulate_classification(s, b, losses, predictions);
+        return;
+    }
+    int T = b->T;
+    int *counts = xcalloc((size_t)vocab_size + T, sizeof(int)), *k = counts + vocab_size;
+    for (int r = 0; r < b->B; r++) {
+        const int32_t *inputs = b->inputs + (size_t)r * T, *targets = b->targets + (size_t)r * T;
+        occurrence_counts(inputs, targets, T, counts, vocab_size, k);
+        bool exact = true, any = false;
+        for (int t = 0; t < T; t++) {
+            if (targets[t] < 0) continue;
+            double loss = losses[(size_t)r * T + t];
+            bool right = predictions[(size_t)r * T + t] == targets[t];
+            any = true;
+            exact &= right;
+            s->loss_sum += loss;
+            s->count += 1;
+            s->correct += right;
+            if (k[t] == 0) { s->new_sum += loss; s->new_count += 1; }
+            else { s->rep_sum += loss; s->rep_count += 1; }
+            int bin = k[t] < OCCURRENCE_BINS - 1 ? k[t] : OCCURRENCE_BINS - 1;
+            s->by_k_sum[bin] += loss;
+            s->by_k_count[bin] += 1;
+        }
+        if (any) {
+            s->sequences += 1;
+            s->exact_sequences += exact;
+        }
+    }
+    free(counts);
+}
+
+static double ratio(double sum, double count) { return count > 0 ? sum / count : 0.0 / 0.0; }
+
+void metrics_finish(const metric_sums *s, eval_metrics *out) {
+    out->loss = ratio(s->loss_sum, s->count);
+    out->acc = ratio(s->correct, s->count);
+    out->L_new = ratio(s->new_sum, s->new_count);
+    out->L_rep = ratio(s->rep_sum, s->rep_count);
+    out->exact_match = ratio(s->exact_sequences, s->sequences);
+    for (int k = 0; k < OCCURRENCE_BINS; k++) out->loss_by_k[k] = ratio(s->by_k_sum[k], s->by_k_count[k]);
+    out->delta_12 = out->loss_by_k[0] - out->loss_by_k[1];
+}
+
+void metric_table_init(metric_table *t) { memset(t, 0, sizeof *t); }
+
+void metric_table_add_column(metric_table *t, const char *name, int width, bool integer) {
+    t->columns = realloc(t->columns, sizeof(metric_column) * (size_t)(t->n_columns + 1));
+    if (!t->columns) fail(1, "out of memory");
+    metric_column *c = &t->columns[t->n_columns++];
+    memset(c, 0, sizeof *c);
+    strncpy(c->name, name, sizeof c->name - 1);
+    c->width = width;
+    c->integer = integer;
+    t->row_width += width;
+}
+
+void metric_table_append(metric_table *t, const double *row) {
+    if (t->n_rows == t->capacity) {
+        t->capacity = t->capacity ? 2 * t->capacity : 64;
+        t->values = realloc(t->values, sizeof(double) * (size_t)(t->capacity * t->row_width));
+        if (!t->values) fail(1, "out of memory");
+    }
+    memcpy(t->values + t->n_rows * t->row_width, row, sizeof(double) * (size_t)t->row_width);
+    t->n_rows++;
+}
+
+int metric_table_column_offset(const metric_table *t, const char *name) {
+    int offset = 0;
+    for (int i = 0; i < t->n_columns; i++) {
+        if (strcmp(t->columns[i].name, name) == 0) return offset;
+        offset += t->columns[i].width;
+    }
+    return -1;
+}
+
+void metric_table_free(metric_table *t) {
+    free(t->columns);
+    free(t->values);
+    memset(t, 0, sizeof *t);
+}
+
+void metric_tables_standard(metric_table *train, metric_table *eval, int n_layers) {
+    metric_table_init(train);
+    metric_table_add_column(train, "step", 1, true);
+    metric_table_add_column(train, "loss", 1, false);
+    metric_table_add_column(train, "lr", 1, false);
+    metric_table_add_column(train, "grad_norm", 1, false);
+    metric_table_add_column(train, "tokens_per_s", 1, false);
+    metric_table_init(eval);
+    metric_table_add_column(eval, "step", 1, true);
+    metric_table_add_column(eval, "loss", 1, false);
+    metric_table_add_column(eval, "L_new", 1, false);
+    metric_table_add_column(eval, "L_rep", 1, false);
+    metric_table_add_column(eval, "delta_12", 1, false);
+    metric_table_add_column(eval, "acc", 1, false);
+    metric_table_add_column(eval, "exact_match", 1, false);
+    metric_table_add_column(eval, "loss_by_k", OCCURRENCE_BINS, false);
+    (void)n_layers; /* gain_R [n_evals, n_layers] joins with the momentum read-outs */
+}

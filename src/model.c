@@ -1,0 +1,361 @@
+/* The transformer of SPEC 1: parameter layout, initialisation, forward and
+ * backward. Attention lives in attention.c, the kernels in kernels.c. */
+#include "momfmm/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "momfmm/common.h"
+#include "momfmm/kernels.h"
+#include "momfmm/rng.h"
+
+#define TOP(field) offsetof(model_tensors, field)
+#define BLOCK(field) offsetof(block_tensors, field)
+
+static void add_entry(model *m, const char *name, int rows, int cols, bool decay, int layer, size_t slot) {
+    param_entry *e = &m->entries[m->n_entries++];
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->ndim = cols > 0 ? 2 : 1;
+    e->shape[0] = rows;
+    e->shape[1] = cols > 0 ? cols : 1;
+    e->numel = (size_t)rows * (size_t)e->shape[1];
+    e->offset = m->n_params;
+    e->decay = decay;
+    e->layer = layer;
+    e->slot = slot;
+    m->n_params += e->numel;
+}
+
+/* SPEC 4 names and PyTorch shapes, in forward order. */
+static void build_layout(model *m) {
+    const config *c = &m->cfg;
+    m->entries = xcalloc((size_t)(16 * c->n_layers + 8), sizeof(param_entry));
+    add_entry(m, "tok_emb", m->V, m->d, true, -1, TOP(tok_emb));
+    for (int i = 0; i < m->L; i++) {
+        char name[PARAM_NAME_MAX];
+#define BLOCK_ENTRY(suffix, rows, cols, decay, field)                \
+    snprintf(name, sizeof name, "blocks/%d/%s", i, suffix);          \
+    add_entry(m, name, rows, cols, decay, i, BLOCK(field))
+        BLOCK_ENTRY("ln1/weight", m->d, 0, false, ln1_weight);
+        BLOCK_ENTRY("ln1/bias", m->d, 0, false, ln1_bias);
+        BLOCK_ENTRY("attn/qkv/weight", 3 * m->d, m->d, true, qkv_weight);
+        BLOCK_ENTRY("attn/qkv/bias", 3 * m->d, 0, false, qkv_bias);
+        BLOCK_ENTRY("attn/proj/weight", m->d, m->d, true, proj_weight);
+        BLOCK_ENTRY("attn/proj/bias", m->d, 0, false, proj_bias);
+        if (c->learn_gamma) { BLOCK_ENTRY("attn/momentum_gamma", m->H, 0, false, momentum_gamma); }
+        if (c->attention == ATTENTION_FMM) { BLOCK_ENTRY("attn/fmm_blend", 2, m->H, false, fmm_blend); }
+        BLOCK_ENTRY("ln2/weight", m->d, 0, false, ln2_weight);
+        BLOCK_ENTRY("ln2/bias", m->d, 0, false, ln2_bias);
+        BLOCK_ENTRY("mlp/fc/weight", m->d_ff, m->d, true, fc_weight);
+        BLOCK_ENTRY("mlp/fc/bias", m->d_ff, 0, false, fc_bias);
+        BLOCK_ENTRY("mlp/proj/weight", m->d, m->d_ff, true, mlp_proj_weight);
+        BLOCK_ENTRY("mlp/proj/bias", m->d, 0, false, mlp_proj_bias);
+#undef BLOCK_ENTRY
+    }
+    add_entry(m, "ln_f/weight", m->d, 0, false, -1, TOP(ln_f_weight));
+    add_entry(m, "ln_f/bias", m->d, 0, false, -1, TOP(ln_f_bias));
+    if (c->head == HEAD_LM) {
+        add_entry(m, "head/weight", m->V, m->d, true, -1, TOP(head_weight));
+    } else {
+        add_entry(m, "cls/weight", c->n_classes, m->d, true, -1, TOP(cls_weight));
+        add_entry(m, "cls/bias", c->n_classes, 0, false, -1, TOP(cls_bias));
+    }
+}
+
+/* Points every named tensor of `view` into `base` (params or grads). */
+static void bind_tensors(const model *m, float *base, model_tensors *view) {
+    for (int i = 0; i < m->n_entries; i++) {
+        const param_entry *e = &m->entries[i];
+        char *owner = e->layer < 0 ? (char *)view : (char *)&view->blocks[e->layer];
+        *(float **)(owner + e->slot) = base + e->offset;
+    }
+}
+
+void model_create(model *m, const config *cfg) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->d = cfg->d_model;
+    m->H = cfg->n_heads;
+    m->dh = cfg->d_model / cfg->n_heads;
+    m->L = cfg->n_layers;
+    m->V = cfg->vocab_size;
+    m->d_ff = cfg->d_ff;
+    m->n_out = cfg->head == HEAD_LM ? cfg->vocab_size : cfg->n_classes;
+    m->momentum = config_momentum_enabled(cfg);
+    char bad[64];
+    if (fmm_parse_kernels(cfg->fmm_kernels, &m->fmm, bad, sizeof bad) != 0)
+        fail_all(EXIT_USAGE, "fmm.kernels: unknown feature map '%s'", bad);
+    m->fmm.bandwidth = cfg->fmm_bandwidth;
+    m->fmm.causal = cfg->causal;
+    m->fmm.eps = (float)cfg->fmm_eps;
+    m->fmm.chunk = cfg->fmm_chunk;
+    build_layout(m);
+    float *all = xcalloc(4 * m->n_params, sizeof(float));
+    m->params = all;
+    m->grads = all + m->n_params;
+    m->adam_m = all + 2 * m->n_params;
+    m->adam_v = all + 3 * m->n_params;
+    m->w.blocks = xcalloc((size_t)m->L, sizeof(block_tensors));
+    m->g.blocks = xcalloc((size_t)m->L, sizeof(block_tensors));
+    bind_tensors(m, m->params, &m->w);
+    bind_tensors(m, m->grads, &m->g);
+    m->n_buffer = (size_t)m->L * 2 * m->H * m->dh;
+    m->buffers = xcalloc(2 * m->n_buffer, sizeof(float));
+    m->buffer_sums = m->buffers + m->n_buffer;
+    m->rope_positions = cfg->max_seq_len > cfg->seq_len ? cfg->max_seq_len : cfg->seq_len;
+    m->rope_cos = xcalloc((size_t)m->rope_positions * m->dh, sizeof(float));
+    m->rope_sin = m->rope_cos + (size_t)m->rope_positions * m->dh / 2;
+    rope_tables(m->rope_cos, m->rope_sin, m->rope_positions, m->dh, cfg->rope_base);
+}
+
+static void activations_free(activations *a) {
+    free(a->mem);
+    free(a->predictions);
+    memset(a, 0, sizeof *a);
+}
+
+void model_free(model *m) {
+    activations_free(&m->acts);
+    free(m->params);
+    free(m->w.blocks);
+    free(m->g.blocks);
+    free(m->buffers);
+    free(m->rope_cos);
+    free(m->entries);
+    memset(m, 0, sizeof *m);
+}
+
+const param_entry *model_find_param(const model *m, const char *name) {
+    for (int i = 0; i < m->n_entries; i++)
+        if (strcmp(m->entries[i].name, name) == 0) return &m->entries[i];
+    return NULL;
+}
+
+/* GPT-2 style: N(0, 0.02) weights, residual projections scaled by
+ * 1/sqrt(2 L), zero biases, unit LayerNorm gains; gamma from the config,
+ * blend logits 0 (SPEC 1.3). Each tensor draws from its own counter stream. */
+void model_init_parameters(model *m) {
+    uint64_t seed = (uint64_t)m->cfg.seed;
+    float residual_scale = 1.0f / sqrtf(2.0f * (float)m->L);
+    memset(m->params, 0, sizeof(float) * m->n_params);
+    for (int i = 0; i < m->n_entries; i++) {
+        const param_entry *e = &m->entries[i];
+        float *p = m->params + e->offset;
+        const char *leaf = strrchr(e->name, '/');
+        leaf = leaf ? leaf + 1 : e->name;
+        if (e->ndim == 1 && strcmp(leaf, "weight") == 0) { /* LayerNorm gains */
+            for (size_t j = 0; j < e->numel; j++) p[j] = 1.0f;
+        } else if (strcmp(leaf, "momentum_gamma") == 0) {
+            for (size_t j = 0; j < e->numel; j++) p[j] = (float)m->cfg.gamma;
+        } else if (e->decay) {
+            float scale = 0.02f;
+            if (strstr(e->name, "/proj/weight")) scale *= residual_scale;
+            uint64_t key = rng_key(seed, 0x1417, (uint64_t)i, 0);
+            for (size_t j = 0; j < e->numel; j++) p[j] = scale * (float)rng_normal(key, j);
+        }
+    }
+    memset(m->buffers, 0, sizeof(float) * m->n_buffer);
+}
+
+typedef struct {
+    float **slot;
+    size_t count;
+} carve;
+
+static void activations_reserve(model *m, int B, int T) {
+    activations *a = &m->acts;
+    if (a->mem && B <= a->B && T <= a->T) return;
+    activations_free(a);
+    a->B = B;
+    a->T = T;
+    size_t L = (size_t)m->L, bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
+    bool lm = m->cfg.head == HEAD_LM, keep_p = m->cfg.learn_gamma;
+    carve plan[] = {
+        {&a->residual, (L + 1) * bt * d}, {&a->mid, L * bt * d},
+        {&a->ln1, L * bt * d}, {&a->ln1_mean, L * bt}, {&a->ln1_rstd, L * bt},
+        {&a->q_hat, L * bt * d}, {&a->k_hat, L * bt * d}, {&a->v_heads, L * bt * d},
+        {&a->p_q, keep_p ? L * bt * d : 0}, {&a->p_k, keep_p ? L * bt * d : 0},
+        {&a->att_saved, L * B * m->H * attention_saved_per_head(m, T)},
+        {&a->att_out, L * bt * d},
+        {&a->ln2, L * bt * d}, {&a->ln2_mean, L * bt}, {&a->ln2_rstd, L * bt},
+        {&a->fc_pre, L * bt * ff}, {&a->fc_act, L * bt * ff},
+        {&a->ln_f, bt * d}, {&a->ln_f_mean, bt}, {&a->ln_f_rstd, bt},
+        {&a->logits, lm ? bt * m->V : (size_t)B * m->n_out},
+        {&a->pooled, lm ? 0 : (size_t)B * d}, {&a->losses, bt},
+        {&a->qkv, bt * 3 * d}, {&a->d_residual, bt * d}, {&a->d_model_rows, bt * d},
+        {&a->d_ff, bt * ff}, {&a->d_heads, 3 * bt * d},
+        {&a->head_scratch, attention_scratch_per_head(m, T)},
+    };
+    size_t total = 0, n = sizeof plan / sizeof plan[0];
+    for (size_t i = 0; i < n; i++) total += plan[i].count;
+    a->mem = xcalloc(total, sizeof(float));
+    float *cursor = a->mem;
+    for (size_t i = 0; i < n; i++) {
+        *plan[i].slot = plan[i].count ? cursor : NULL;
+        cursor += plan[i].count;
+    }
+    a->predictions = xcalloc(bt, sizeof(int32_t));
+}
+
+static void add_into(float *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+/* SPEC 1 item 4, cls: mean of x over the valid positions (targets != -1). */
+static void pool_valid_positions(float *pooled, const float *x, const int32_t *mask, int B, int T, int d) {
+    for (int b = 0; b < B; b++) {
+        float *out = pooled + (size_t)b * d;
+        memset(out, 0, sizeof(float) * d);
+        int count = 0;
+        for (int t = 0; t < T; t++) {
+            if (mask[b * T + t] < 0) continue;
+            add_into(out, x + ((size_t)b * T + t) * d, (size_t)d);
+            count++;
+        }
+        for (int i = 0; i < d && count; i++) out[i] /= (float)count;
+    }
+}
+
+static void unpool_valid_positions(float *dx, const float *d_pooled, const int32_t *mask, int B, int T, int d) {
+    for (int b = 0; b < B; b++) {
+        int count = 0;
+        for (int t = 0; t < T; t++) count += mask[b * T + t] >= 0;
+        for (int t = 0; t < T; t++) {
+            float *row = dx + ((size_t)b * T + t) * d;
+            for (int i = 0; i < d; i++)
+                row[i] = mask[b * T + t] >= 0 ? d_pooled[(size_t)b * d + i] / (float)count : 0.0f;
+        }
+    }
+}
+
+void model_forward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B,
+                   int T, bool collect_buffers) {
+    activations_reserve(m, B, T);
+    activations *a = &m->acts;
+    size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
+    int rows = (int)bt;
+    if (collect_buffers) memset(m->buffer_sums, 0, sizeof(float) * m->n_buffer);
+    embedding_forward(a->residual, inputs, m->w.tok_emb, rows, m->d);
+    for (int l = 0; l < m->L; l++) {
+        const block_tensors *w = &m->w.blocks[l];
+        float *x = a->residual + l * bt * d, *mid = a->mid + l * bt * d;
+        float *ln1 = a->ln1 + l * bt * d, *ln2 = a->ln2 + l * bt * d, *att = a->att_out + l * bt * d;
+        float *fc_pre = a->fc_pre + l * bt * ff, *fc_act = a->fc_act + l * bt * ff;
+        layernorm_forward(ln1, a->ln1_mean + l * bt, a->ln1_rstd + l * bt, x, w->ln1_weight, w->ln1_bias, rows, m->d);
+        matmul_forward(a->qkv, ln1, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d);
+        attention_forward(m, l, a->qkv, att, B, T, collect_buffers);
+        matmul_forward(mid, att, w->proj_weight, w->proj_bias, rows, m->d, m->d);
+        add_into(mid, x, bt * d);
+        layernorm_forward(ln2, a->ln2_mean + l * bt, a->ln2_rstd + l * bt, mid, w->ln2_weight, w->ln2_bias, rows, m->d);
+        matmul_forward(fc_pre, ln2, w->fc_weight, w->fc_bias, rows, m->d, m->d_ff);
+        gelu_forward(fc_act, fc_pre, bt * ff);
+        float *out = a->residual + (l + 1) * bt * d;
+        matmul_forward(out, fc_act, w->mlp_proj_weight, w->mlp_proj_bias, rows, m->d_ff, m->d);
+        add_into(out, mid, bt * d);
+    }
+    layernorm_forward(a->ln_f, a->ln_f_mean, a->ln_f_rstd, a->residual + m->L * bt * d, m->w.ln_f_weight,
+                      m->w.ln_f_bias, rows, m->d);
+    if (m->cfg.head == HEAD_LM) {
+        matmul_forward(a->logits, a->ln_f, m->w.head_weight, NULL, rows, m->d, m->V);
+        cross_entropy_forward(a->logits, a->losses, a->predictions, targets, rows, m->V);
+    } else {
+        pool_valid_positions(a->pooled, a->ln_f, targets, B, T, m->d);
+        matmul_forward(a->logits, a->pooled, m->w.cls_weight, m->w.cls_bias, B, m->d, m->n_out);
+        cross_entropy_forward(a->logits, a->losses, a->predictions, labels, B, m->n_out);
+    }
+}
+
+double model_loss_sum(const model *m, const int32_t *targets, int B, int T, long long *count) {
+    double sum = 0;
+    long long n = 0;
+    if (m->cfg.head == HEAD_CLS) {
+        for (int b = 0; b < B; b++) sum += m->acts.losses[b];
+        *count = B;
+        return sum;
+    }
+    for (int i = 0; i < B * T; i++)
+        if (targets[i] >= 0) {
+            sum += m->acts.losses[i];
+            n++;
+        }
+    *count = n;
+    return sum;
+}
+
+void model_zero_grads(model *m) { memset(m->grads, 0, sizeof(float) * m->n_params); }
+
+static void head_backward(model *m, const int32_t *targets, const int32_t *labels, int B, int T, float scale) {
+    activations *a = &m->acts;
+    int rows = B * T;
+    if (m->cfg.head == HEAD_LM) {
+        cross_entropy_backward(a->logits, targets, rows, m->V, scale);
+        matmul_backward(a->d_model_rows, m->g.head_weight, NULL, a->logits, a->ln_f, m->w.head_weight, rows, m->d,
+                        m->V);
+    } else {
+        float *d_pooled = a->d_heads;
+        cross_entropy_backward(a->logits, labels, B, m->n_out, scale);
+        matmul_backward(d_pooled, m->g.cls_weight, m->g.cls_bias, a->logits, a->pooled, m->w.cls_weight, B, m->d,
+                        m->n_out);
+        unpool_valid_positions(a->d_model_rows, d_pooled, targets, B, T, m->d);
+    }
+    memset(a->d_residual, 0, sizeof(float) * rows * m->d);
+    layernorm_backward(a->d_residual, m->g.ln_f_weight, m->g.ln_f_bias, a->d_model_rows,
+                       a->residual + (size_t)m->L * rows * m->d, m->w.ln_f_weight, a->ln_f_mean, a->ln_f_rstd, rows,
+                       m->d);
+}
+
+static void block_backward(model *m, int l, int B, int T) {
+    activations *a = &m->acts;
+    const block_tensors *w = &m->w.blocks[l];
+    block_tensors *g = &m->g.blocks[l];
+    size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
+    int rows = (int)bt;
+    float *x = a->residual + l * bt * d, *mid = a->mid + l * bt * d;
+    float *fc_pre = a->fc_pre + l * bt * ff;
+    /* d_residual holds dL/d(block output); the residual paths pass it through
+     * unchanged and each LayerNorm backward adds its branch into it. */
+    matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, a->fc_act + l * bt * ff,
+                    w->mlp_proj_weight, rows, m->d_ff, m->d);
+    gelu_backward(a->d_ff, fc_pre, a->d_ff, bt * ff);
+    matmul_backward(a->d_model_rows, g->fc_weight, g->fc_bias, a->d_ff, a->ln2 + l * bt * d, w->fc_weight, rows,
+                    m->d, m->d_ff);
+    layernorm_backward(a->d_residual, g->ln2_weight, g->ln2_bias, a->d_model_rows, mid, w->ln2_weight,
+                       a->ln2_mean + l * bt, a->ln2_rstd + l * bt, rows, m->d);
+    matmul_backward(a->d_model_rows, g->proj_weight, g->proj_bias, a->d_residual, a->att_out + l * bt * d,
+                    w->proj_weight, rows, m->d, m->d);
+    attention_backward(m, l, a->d_model_rows, a->qkv, B, T);
+    matmul_backward(a->d_model_rows, g->qkv_weight, g->qkv_bias, a->qkv, a->ln1 + l * bt * d, w->qkv_weight, rows,
+                    m->d, 3 * m->d);
+    layernorm_backward(a->d_residual, g->ln1_weight, g->ln1_bias, a->d_model_rows, x, w->ln1_weight,
+                       a->ln1_mean + l * bt, a->ln1_rstd + l * bt, rows, m->d);
+}
+
+void model_backward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
+                    float loss_scale, block_done_fn on_block_done, void *ctx) {
+    head_backward(m, targets, labels, B, T, loss_scale);
+    for (int l = m->L - 1; l >= 0; l--) {
+        block_backward(m, l, B, T);
+        if (on_block_done) on_block_done(ctx, l);
+    }
+    embedding_backward(m->g.tok_emb, inputs, m->acts.d_residual, B * T, m->d);
+    if (on_block_done) on_block_done(ctx, -1);
+}
+
+/* 6 FLOPs per weight per token (forward 2, backward 4) for every matmul,
+ * plus attention: softmax computes full T x T products (QK^T and PV: 4 T d
+ * forward, 8 T d backward); FMM counts its band, chunks and dh x dh states. */
+double model_flops_per_token(const model *m, int T) {
+    double d = m->d, ff = m->d_ff, dh = m->dh;
+    double per_block = 6.0 * (3 * d * d + d * d + 2 * d * ff);
+    double attention;
+    if (m->cfg.attention == ATTENTION_FMM) {
+        double near = 4.0 * m->fmm.bandwidth * d;
+        double far = m->fmm.n_kernels * (4.0 * m->fmm.chunk * d + 6.0 * dh * d);
+        attention = 3.0 * (near + far);
+    } else {
+        attention = 12.0 * T * d;
+    }
+    return m->L * (per_block + attention) + 6.0 * d * m->n_out;
+}

@@ -1,0 +1,52 @@
+/* AdamW with PyTorch semantics (SPEC 1.4): bias-corrected moments, eps after
+ * the square root, decoupled weight decay p -= lr * wd * p applied first. */
+#include "momfmm/optimizer.h"
+
+#include <math.h>
+
+double learning_rate(const config *c, long long step) {
+    if (c->warmup > 0 && step <= c->warmup) return c->lr * (double)step / (double)c->warmup;
+    if (c->schedule == SCHEDULE_CONSTANT) return c->lr;
+    long long decay_steps = c->steps - c->warmup;
+    if (decay_steps <= 0) return c->lr;
+    double progress = (double)(step - c->warmup) / (double)decay_steps;
+    if (progress > 1.0) progress = 1.0;
+    return c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(M_PI * progress));
+}
+
+double grad_global_norm(const float *grads, size_t n) {
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) sum += (double)grads[i] * grads[i];
+    return sqrt(sum);
+}
+
+void clip_gradients(float *grads, size_t n, double norm, double max_norm) {
+    if (max_norm <= 0 || norm <= max_norm) return;
+    float factor = (float)(max_norm / (norm + 1e-6));
+    for (size_t i = 0; i < n; i++) grads[i] *= factor;
+}
+
+void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, long long t,
+                  const adamw_settings *s, int decay) {
+    float b1 = (float)s->beta1, b2 = (float)s->beta2, lr = (float)s->lr, eps = (float)s->eps;
+    float correction1 = (float)(1.0 - pow(s->beta1, (double)t));
+    float correction2_sqrt = (float)sqrt(1.0 - pow(s->beta2, (double)t));
+    float step_size = lr / correction1;
+    float decay_factor = decay ? 1.0f - lr * (float)s->weight_decay : 1.0f;
+    for (size_t i = 0; i < n; i++) {
+        float g = grads[i];
+        params[i] *= decay_factor;
+        m[i] = b1 * m[i] + (1.0f - b1) * g;
+        v[i] = b2 * v[i] + (1.0f - b2) * g * g;
+        float denom = sqrtf(v[i]) / correction2_sqrt + eps;
+        params[i] -= step_size * m[i] / denom;
+    }
+}
+
+void adamw_step_model(model *mdl, long long t, const adamw_settings *s) {
+    for (int i = 0; i < mdl->n_entries; i++) {
+        const param_entry *e = &mdl->entries[i];
+        adamw_update(mdl->params + e->offset, mdl->grads + e->offset, mdl->adam_m + e->offset,
+                     mdl->adam_v + e->offset, e->numel, t, s, e->decay);
+    }
+}

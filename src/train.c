@@ -1,0 +1,313 @@
+/* Training loop (SPEC 1.4, 2, 3, 5): data-parallel steps, logging,
+ * evaluation, checkpoints; and the `bench` command that times the same step. */
+#include "momfmm/train.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <mpi.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include "momfmm/checkpoint.h"
+#include "momfmm/common.h"
+#include "momfmm/optimizer.h"
+
+void trainer_create(trainer *t, const config *cfg) {
+    memset(t, 0, sizeof *t);
+    t->cfg = *cfg;
+    int size = process_count();
+    if (size > cfg->batch_size)
+        fail_all(EXIT_USAGE, "train.batch_size = %d is smaller than the number of ranks (%d): every rank needs a sample",
+                 cfg->batch_size, size);
+    model_create(&t->model, cfg);
+    model_init_parameters(&t->model);
+    /* Every rank initialises from the same seed; the broadcast makes the
+     * identical start explicit rather than assumed. */
+    dist_broadcast_floats(t->model.params, t->model.n_params);
+    t->data = data_open(cfg);
+    int count;
+    shard_range(cfg->batch_size, process_rank(), size, &t->shard_first, &count);
+    batch_alloc(&t->batch, count, cfg->seq_len);
+    t->reducer = grad_reducer_create(&t->model, cfg->bucket_mb, cfg->overlap);
+    metric_tables_standard(&t->train_log, &t->eval_log, cfg->n_layers);
+    t->reduce_scratch = xcalloc(2 + t->model.n_buffer, sizeof(double));
+}
+
+void trainer_free(trainer *t) {
+    grad_reducer_free(t->reducer);
+    batch_free(&t->batch);
+    data_close(t->data);
+    metric_table_free(&t->train_log);
+    metric_table_free(&t->eval_log);
+    free(t->reduce_scratch);
+    model_free(&t->model);
+}
+
+/* One reduction carries the loss sum, the target count and the momentum
+ * buffer sums (SPEC 1.2: buffers are the global-batch mean). */
+static double reduce_forward_results(trainer *t, double *global_count) {
+    model *m = &t->model;
+    long long count;
+    double *r = t->reduce_scratch;
+    r[0] = model_loss_sum(m, t->batch.targets, t->batch.B, t->batch.T, &count);
+    r[1] = (double)count;
+    bool buffers = m->momentum;
+    for (size_t i = 0; buffers && i < m->n_buffer; i++) r[2 + i] = m->buffer_sums[i];
+    dist_sum_doubles(r, 2 + (buffers ? (int)m->n_buffer : 0));
+    for (size_t i = 0; buffers && i < m->n_buffer; i++) m->buffers[i] = (float)(r[2 + i] / t->cfg.batch_size);
+    *global_count = r[1];
+    return r[1] > 0 ? r[0] / r[1] : 0.0;
+}
+
+step_result trainer_step(trainer *t) {
+    model *m = &t->model;
+    batch *b = &t->batch;
+    step_result res = {0};
+    long long step = t->step + 1;
+    data_fill(t->data, b, SPLIT_TRAIN, step, t->shard_first);
+    model_forward(m, b->inputs, b->targets, b->labels, b->B, b->T, m->momentum);
+    double global_count;
+    res.loss = reduce_forward_results(t, &global_count);
+    model_zero_grads(m);
+    float scale = global_count > 0 ? (float)(1.0 / global_count) : 0.0f;
+    model_backward(m, b->inputs, b->targets, b->labels, b->B, b->T, scale, grad_reducer_block_done, t->reducer);
+    res.allreduce_wait_s = grad_reducer_finish(t->reducer);
+    res.grad_norm = grad_global_norm(m->grads, m->n_params);
+    clip_gradients(m->grads, m->n_params, res.grad_norm, t->cfg.grad_clip);
+    res.lr = learning_rate(&t->cfg, step);
+    adamw_settings s = {res.lr, t->cfg.beta1, t->cfg.beta2, t->cfg.adam_eps, t->cfg.weight_decay};
+    adamw_step_model(m, step, &s);
+    t->step = step;
+    t->tokens_seen += (long long)t->cfg.batch_size * t->cfg.seq_len;
+    return res;
+}
+
+void trainer_evaluate(trainer *t, eval_metrics *out) {
+    model *m = &t->model;
+    batch *b = &t->batch;
+    metric_sums sums;
+    memset(&sums, 0, sizeof sums);
+    for (int i = 0; i < t->cfg.eval_batches; i++) {
+        data_fill(t->data, b, SPLIT_EVAL, i, t->shard_first);
+        model_forward(m, b->inputs, b->targets, b->labels, b->B, b->T, false);
+        metrics_accumulate(&sums, b, m->acts.losses, m->acts.predictions, t->cfg.head == HEAD_CLS, m->V);
+    }
+    dist_sum_doubles((double *)&sums, (int)METRIC_SUMS_DOUBLES);
+    metrics_finish(&sums, out);
+}
+
+/* ---- train command ------------------------------------------------------ */
+
+static volatile sig_atomic_t stop_requested = 0;
+static void request_stop(int signo) { stop_requested = signo; }
+
+/* SPEC 5: SIGTERM, SIGINT, SIGUSR1 finish the step, checkpoint, exit 0. */
+static void install_stop_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = request_stop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* Every rank stops at the same step: a signal seen by any rank counts. */
+static bool ranks_agree_to_stop(void) {
+    int mine = stop_requested != 0, any = mine;
+    if (process_count() > 1) MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return any != 0;
+}
+
+static void make_directory(const char *path) {
+    char buf[CONFIG_PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(buf, 0775);
+            *p = '/';
+        }
+    if (mkdir(buf, 0775) != 0 && errno != EEXIST) fail(EXIT_USAGE, "train.out_dir = %s: cannot create: %s", path, strerror(errno));
+}
+
+static int compare_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Names ckpt_<8 digits>.h5 in dir, sorted oldest first. Caller frees. */
+static int list_checkpoints(const char *dir, char ***names_out) {
+    DIR *d = opendir(dir);
+    int n = 0, cap = 16;
+    char **names = xcalloc((size_t)cap, sizeof(char *));
+    struct dirent *entry;
+    while (d && (entry = readdir(d))) {
+        unsigned long long step;
+        char tail[8];
+        if (sscanf(entry->d_name, "ckpt_%8llu%4s", &step, tail) != 2 || strcmp(tail, ".h5") != 0 ||
+            strlen(entry->d_name) != 16)
+            continue;
+        if (n == cap) names = realloc(names, sizeof(char *) * (size_t)(cap *= 2));
+        names[n++] = strdup(entry->d_name);
+    }
+    if (d) closedir(d);
+    qsort(names, (size_t)n, sizeof(char *), compare_names);
+    *names_out = names;
+    return n;
+}
+
+static void prune_checkpoints(const char *dir, int keep) {
+    char **names;
+    int n = list_checkpoints(dir, &names);
+    for (int i = 0; i < n; i++) {
+        if (i < n - keep) {
+            char path[CONFIG_PATH_MAX + 32];
+            snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+            remove(path);
+        }
+        free(names[i]);
+    }
+    free(names);
+}
+
+static void save_checkpoint(trainer *t) {
+    if (process_rank() != 0) return;
+    char path[CONFIG_PATH_MAX + 32], err[CONFIG_PATH_MAX + 256];
+    snprintf(path, sizeof path, "%s/ckpt_%08lld.h5", t->cfg.out_dir, t->step);
+    checkpoint_info info = {t->step, t->tokens_seen, process_count()};
+    double start = wall_seconds();
+    if (checkpoint_write(path, &t->model, &info, &t->train_log, &t->eval_log, err, sizeof err) != 0) {
+        fprintf(stderr, "momfmm: checkpoint at step %lld not written: %s\n", t->step, err);
+        return;
+    }
+    struct stat st;
+    double seconds = wall_seconds() - start, mb = stat(path, &st) == 0 ? st.st_size / 1e6 : 0;
+    printf("checkpoint %s | %.1f MB in %.2f s (%.0f MB/s)\n", path, mb, seconds, mb / (seconds > 0 ? seconds : 1e-9));
+    fflush(stdout);
+    prune_checkpoints(t->cfg.out_dir, t->cfg.keep);
+}
+
+static void log_train(trainer *t, const step_result *r, double tokens_per_s, double elapsed, long long steps_done) {
+    double row[5] = {(double)t->step, r->loss, r->lr, r->grad_norm, tokens_per_s};
+    metric_table_append(&t->train_log, row);
+    double eta = steps_done > 0 ? elapsed / steps_done * (double)(t->cfg.steps - t->step) : 0;
+    log_rank0("step %lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | ETA %dm%02ds\n", t->step,
+              t->cfg.steps, r->loss, r->lr, r->grad_norm, tokens_per_s, (int)(eta / 60), (int)fmod(eta, 60));
+}
+
+static void log_eval(trainer *t) {
+    eval_metrics e;
+    trainer_evaluate(t, &e);
+    double row[7 + OCCURRENCE_BINS] = {(double)t->step, e.loss, e.L_new, e.L_rep, e.delta_12, e.acc, e.exact_match};
+    memcpy(row + 7, e.loss_by_k, sizeof e.loss_by_k);
+    metric_table_append(&t->eval_log, row);
+    log_rank0("eval step %lld | loss %.4f | L_new %.4f | L_rep %.4f | delta_12 %.4f | acc %.4f | exact %.4f\n",
+              t->step, e.loss, e.L_new, e.L_rep, e.delta_12, e.acc, e.exact_match);
+}
+
+static void resume_from(trainer *t, const char *path) {
+    config saved;
+    checkpoint_info info;
+    checkpoint_read_config(path, &saved, &info);
+    char diff[2048];
+    if (config_compare_model_keys(&saved, &t->cfg, diff, sizeof diff) > 0)
+        fail_all(EXIT_BAD_FILE, "%s: config differs in keys that change the model or data: %s", path, diff);
+    checkpoint_read_state(path, &t->model, true, &t->train_log, &t->eval_log);
+    t->step = info.step;
+    t->tokens_seen = info.tokens_seen;
+    log_rank0("resumed from %s at step %lld\n", path, t->step);
+}
+
+static const char *find_resume_path(const config *c, const char *resume, char *buf, size_t len) {
+    if (!resume) return NULL;
+    if (strcmp(resume, "auto") != 0) return resume;
+    char **names;
+    int n = list_checkpoints(c->out_dir, &names);
+    const char *found = NULL;
+    if (n > 0) {
+        snprintf(buf, len, "%s/%s", c->out_dir, names[n - 1]);
+        found = buf;
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    return found;
+}
+
+static config load_config(const char *path, int n_overrides, char **overrides) {
+    config c;
+    config_defaults(&c);
+    config_load_file(&c, path);
+    for (int i = 0; i < n_overrides; i++) config_apply_override(&c, overrides[i]);
+    config_validate(&c, path, EXIT_USAGE);
+    return c;
+}
+
+int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume) {
+    config cfg = load_config(config_path, n_overrides, overrides);
+    dist_check_launch();
+    install_stop_handlers();
+    if (process_rank() == 0) make_directory(cfg.out_dir);
+    trainer t;
+    trainer_create(&t, &cfg);
+    dist_describe();
+    char resume_buf[CONFIG_PATH_MAX + 32];
+    const char *resume_path = find_resume_path(&cfg, resume, resume_buf, sizeof resume_buf);
+    if (resume_path) resume_from(&t, resume_path);
+    log_rank0("model: %zu parameters | global batch %d x %d | %lld steps\n", t.model.n_params, cfg.batch_size,
+              cfg.seq_len, cfg.steps);
+    long long first_step = t.step;
+    double start = wall_seconds(), interval_start = start;
+    long long interval_tokens = 0;
+    bool stopped = false;
+    while (t.step < cfg.steps && !stopped) {
+        step_result r = trainer_step(&t);
+        interval_tokens += (long long)cfg.batch_size * cfg.seq_len;
+        if (t.step % cfg.log_interval == 0 || t.step == cfg.steps) {
+            double now = wall_seconds();
+            log_train(&t, &r, interval_tokens / (now - interval_start), now - start, t.step - first_step);
+            interval_start = now;
+            interval_tokens = 0;
+        }
+        if (cfg.eval_interval > 0 && (t.step % cfg.eval_interval == 0 || t.step == cfg.steps)) log_eval(&t);
+        if (cfg.check_interval > 0 && t.step % cfg.check_interval == 0) dist_check_consistency(&t.model, t.step);
+        stopped = ranks_agree_to_stop();
+        if (stopped) log_rank0("stop requested: writing a checkpoint at step %lld\n", t.step);
+        bool periodic = cfg.ckpt_interval > 0 && t.step % cfg.ckpt_interval == 0;
+        if (periodic || stopped || t.step == cfg.steps) save_checkpoint(&t);
+    }
+    if (t.step == first_step && t.step >= cfg.steps) log_rank0("nothing to do: already at step %lld of %lld\n", t.step, cfg.steps);
+    trainer_free(&t);
+    return 0;
+}
+
+/* ---- bench command ------------------------------------------------------ */
+
+int command_bench(const char *config_path, int n_overrides, char **overrides, int steps) {
+    config cfg = load_config(config_path, n_overrides, overrides);
+    cfg.steps = steps + 2;
+    trainer t;
+    trainer_create(&t, &cfg);
+    dist_describe();
+    for (int i = 0; i < 2; i++) trainer_step(&t); /* warm-up: allocations, caches */
+    double wait = 0;
+    MPI_Barrier(MPI_COMM_WORLD);
+    double start = wall_seconds();
+    for (int i = 0; i < steps; i++) wait += trainer_step(&t).allreduce_wait_s;
+    MPI_Barrier(MPI_COMM_WORLD);
+    double seconds = wall_seconds() - start;
+    double tokens = (double)cfg.batch_size * cfg.seq_len * steps;
+    double flops = model_flops_per_token(&t.model, cfg.seq_len) * tokens;
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    double rss_mb = usage.ru_maxrss / 1024.0, max_rss_mb = rss_mb;
+    MPI_Allreduce(&rss_mb, &max_rss_mb, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    log_rank0("bench: %d ranks x %d threads | batch %d x %d | %s attention | %d steps\n", process_count(),
+              dist_threads(), cfg.batch_size, cfg.seq_len, cfg.attention == ATTENTION_FMM ? "fmm" : "softmax", steps);
+    log_rank0("bench tokens_per_s=%.1f ms_per_step=%.3f gflops=%.3f allreduce_wait_ms=%.3f peak_rss_mb=%.1f\n",
+              tokens / seconds, 1e3 * seconds / steps, flops / seconds / 1e9, 1e3 * wait / steps, max_rss_mb);
+    trainer_free(&t);
+    return 0;
+}

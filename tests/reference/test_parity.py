@@ -1,0 +1,490 @@
+#!/usr/bin/python3
+"""Parity harness: `momfmm loss --grads` against the float64 PyTorch reference.
+
+For every case: write a small INI config (SPEC 6), `momfmm init CFG --out ck.h5`,
+check that the checkpoint echoes the config and holds exactly the SPEC 4
+parameters, perturb the checkpoint with h5py (weights, LayerNorm, biases,
+fmm_blend, momentum_gamma, momentum buffers), then for several token batches run
+`momfmm loss ck.h5 tok.h5 --grads g.h5` and compare with reference_model.py:
+    loss:  |loss_c - loss_ref| <= 1e-5 * |loss_ref|  (printed line and /grads attr `loss`)
+    grads: max|g_c - g_ref| <= 1e-4 * max|g_ref|  per parameter
+           (max|g_ref| == 0: max|g_c| <= 1e-7); same names and shapes as /model.
+Some momentum cases also check that the C loss equals the C loss of the same
+checkpoint with momentum switched off (gamma = 0).
+
+Usage:
+    /usr/bin/python3 tests/reference/test_parity.py --momfmm build/momfmm \
+        [--group softmax|momentum|fmm|cls ...] [--case SUBSTRING] [--workdir DIR]
+Prints one line per case (and per failing tensor), then `N passed, M failed`;
+exits 0 only if every case passes.
+"""
+import argparse
+import configparser
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import h5py
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reference_model as ref  # noqa: E402
+
+LOSS_RTOL = 1e-5
+GRAD_RTOL = 1e-4
+GRAD_ZERO_ATOL = 1e-7
+TIMEOUT_S = 600
+GROUPS = ("softmax", "momentum", "fmm", "cls")
+
+
+@dataclass
+class Case:
+    group: str
+    name: str
+    T: int
+    B: int
+    model: Dict[str, object]                 # vocab_size, d_model, n_heads, n_layers, d_ff, ...
+    kind: str = "softmax"
+    momentum: Dict[str, object] = field(default_factory=dict)
+    fmm: Dict[str, object] = field(default_factory=dict)
+    gammas: Optional[List[float]] = None     # values written to momentum_gamma (learn_gamma)
+    blend: Optional[List[List[float]]] = None  # fmm_blend [2][H]; None = random
+    batches: int = 3
+    same_as_softmax: Optional[str] = None    # None, "bitwise" or "close"
+    seed: int = 0
+
+
+def _m(V, d, H, L, F, **extra):
+    return dict(vocab_size=V, d_model=d, n_heads=H, n_layers=L, d_ff=F, **extra)
+
+
+CASES = [
+    # ---- softmax ---------------------------------------------------------
+    Case("softmax", "one_layer_d16_h2", 9, 2, _m(13, 16, 2, 1, 64)),
+    Case("softmax", "two_layers_d32_h4_rope500", 16, 3, _m(37, 32, 4, 2, 64, rope_base=500)),
+    Case("softmax", "noncausal_d24_h3", 12, 2, _m(21, 24, 3, 2, 48, causal=False)),
+    # ---- momentum --------------------------------------------------------
+    Case("momentum", "gamma0.2_qk_post_rope", 12, 2, _m(17, 16, 2, 2, 48),
+         momentum=dict(gamma=0.2)),
+    Case("momentum", "apply_to_q", 12, 2, _m(17, 16, 2, 2, 48),
+         momentum=dict(gamma=0.2, apply_to="q")),
+    Case("momentum", "pre_rope", 14, 2, _m(19, 16, 2, 2, 48),
+         momentum=dict(gamma=0.2, placement="pre_rope")),
+    Case("momentum", "anchor_false_buffers", 12, 3, _m(17, 16, 2, 2, 48),
+         momentum=dict(gamma=0.2, anchor=False)),
+    Case("momentum", "beta0.5", 13, 2, _m(17, 16, 2, 1, 32), momentum=dict(gamma=0.2, beta=0.5)),
+    Case("momentum", "gamma2_0.1", 12, 2, _m(17, 16, 2, 2, 48),
+         momentum=dict(gamma=0.2, gamma2=0.1)),
+    Case("momentum", "learn_gamma_h4", 11, 2, _m(23, 32, 4, 2, 64),
+         momentum=dict(gamma=0.1, learn_gamma=True), gammas=[0.35, -0.2, 0.05, 0.5]),
+    Case("momentum", "all_options_pre_rope_q", 15, 2, _m(17, 24, 3, 2, 48),
+         momentum=dict(gamma=0.15, learn_gamma=True, beta=0.3, gamma2=0.1, apply_to="q",
+                       placement="pre_rope", anchor=False), gammas=[0.3, -0.1, 0.2]),
+    Case("momentum", "noncausal_beta_anchor_false", 12, 2, _m(17, 16, 2, 2, 48, causal=False),
+         momentum=dict(gamma=0.2, beta=0.3, anchor=False)),
+    Case("momentum", "gamma0_anchor_false_equals_softmax", 12, 2, _m(17, 16, 2, 2, 48),
+         momentum=dict(gamma=0.0, anchor=False), same_as_softmax="bitwise"),
+    Case("momentum", "learned_gamma0_equals_softmax", 12, 2, _m(17, 16, 2, 2, 48),
+         momentum=dict(gamma=0.1, learn_gamma=True, beta=0.5, anchor=False),
+         gammas=[0.0, 0.0], same_as_softmax="close"),
+    # ---- fmm -------------------------------------------------------------
+    Case("fmm", "band5_elu", 16, 2, _m(19, 16, 2, 2, 48), kind="fmm",
+         fmm=dict(bandwidth=5, kernels="elu", chunk=4)),
+    Case("fmm", "band3_elu_elu_flip", 20, 2, _m(19, 16, 2, 2, 48), kind="fmm",
+         fmm=dict(bandwidth=3, kernels="elu,elu_flip", chunk=8)),
+    Case("fmm", "band0_linear_only", 16, 2, _m(19, 32, 4, 2, 64), kind="fmm",
+         fmm=dict(bandwidth=0, kernels="elu", chunk=4)),
+    Case("fmm", "kernels_empty_band_only", 16, 2, _m(19, 16, 2, 2, 48), kind="fmm",
+         fmm=dict(bandwidth=4, kernels="", chunk=4)),
+    Case("fmm", "tanh_band2", 16, 2, _m(19, 16, 2, 1, 48), kind="fmm",
+         fmm=dict(bandwidth=2, kernels="tanh", chunk=8)),
+    Case("fmm", "band1_diagonal_elu", 10, 2, _m(13, 16, 2, 1, 32), kind="fmm",
+         fmm=dict(bandwidth=1, kernels="elu", chunk=4)),
+    Case("fmm", "noncausal_band3_elu_tanh", 14, 2, _m(19, 16, 2, 2, 48, causal=False),
+         kind="fmm", fmm=dict(bandwidth=3, kernels="elu,tanh", chunk=4)),
+    Case("fmm", "T23_chunk8_band5", 23, 2, _m(19, 16, 2, 2, 48), kind="fmm",
+         fmm=dict(bandwidth=5, kernels="elu,elu_flip", chunk=8)),
+    Case("fmm", "momentum_gamma0.2", 16, 2, _m(19, 16, 2, 2, 48), kind="fmm",
+         momentum=dict(gamma=0.2), fmm=dict(bandwidth=4, kernels="elu,elu_flip", chunk=4)),
+    Case("fmm", "momentum_all_kernels_learned", 18, 2, _m(19, 24, 3, 2, 48), kind="fmm",
+         momentum=dict(gamma=0.1, learn_gamma=True, beta=0.3, gamma2=0.1,
+                       placement="pre_rope", anchor=False),
+         fmm=dict(bandwidth=3, kernels="elu,elu_flip,tanh", chunk=8), gammas=[0.25, -0.15, 0.4]),
+    Case("fmm", "band_ge_T_kernels_empty", 12, 2, _m(19, 16, 2, 2, 48), kind="fmm",
+         fmm=dict(bandwidth=32, kernels="", chunk=4), blend=[[2.0, -1.0], [0.5, 0.5]]),
+    # ---- cls -------------------------------------------------------------
+    Case("cls", "softmax_noncausal", 20, 3, _m(24, 16, 2, 2, 48, causal=False)),
+    Case("cls", "fmm_noncausal", 20, 3, _m(24, 16, 2, 2, 48, causal=False), kind="fmm",
+         fmm=dict(bandwidth=3, kernels="elu,elu_flip", chunk=8)),
+    Case("cls", "fmm_momentum_noncausal", 18, 3, _m(24, 16, 2, 2, 48, causal=False), kind="fmm",
+         momentum=dict(gamma=0.2, learn_gamma=True), gammas=[0.3, -0.2],
+         fmm=dict(bandwidth=4, kernels="tanh", chunk=4)),
+    Case("cls", "softmax_causal_momentum", 16, 2, _m(24, 16, 2, 1, 48),
+         momentum=dict(gamma=0.2, beta=0.3)),
+]
+for _i, _c in enumerate(CASES):
+    _c.seed = 1000 + _i
+
+
+# --------------------------------------------------------------------------
+# Config files
+# --------------------------------------------------------------------------
+def _ini_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def case_sections(case: Case, out_dir: str) -> Dict[str, Dict[str, str]]:
+    """The complete config of a case: every SPEC 6 section."""
+    is_cls = case.group == "cls"
+    model = dict(vocab_size=0, d_model=0, n_heads=0, n_layers=0, d_ff=0, max_seq_len=case.T,
+                 rope_base=10000, causal=True, head="cls" if is_cls else "lm")
+    if is_cls:
+        model["n_classes"] = 10
+    model.update(case.model)
+    momentum = dict(gamma=0.0, learn_gamma=False, beta=0.0, gamma2=0.0, apply_to="qk",
+                    placement="post_rope", anchor=True)
+    momentum.update(case.momentum)
+    fmm = dict(bandwidth=5, kernels="elu", eps=1e-6, chunk=8)
+    fmm.update(case.fmm)
+    if is_cls:
+        data = dict(task="listops", seq_len=case.T)
+    else:
+        data = dict(task="chain", seq_len=case.T, chain_len=4, noise=0.0)
+    train = dict(steps=10, batch_size=case.B, lr=1e-3, min_lr=1e-4, warmup=2, schedule="cosine",
+                 weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=1.0,
+                 seed=case.seed, log_interval=1, eval_interval=5, eval_batches=1,
+                 ckpt_interval=5, keep=2, out_dir=out_dir)
+    dist = dict(bucket_mb=1, overlap=True, check_interval=10)
+    sections = dict(model=model, attention=dict(kind=case.kind), momentum=momentum, fmm=fmm,
+                    data=data, train=train, dist=dist)
+    return {s: {k: _ini_value(v) for k, v in kv.items()} for s, kv in sections.items()}
+
+
+def ini_text(sections) -> str:
+    lines = []
+    for sec, kv in sections.items():
+        lines.append(f"[{sec}]")
+        lines += [f"{k} = {v}".rstrip() for k, v in kv.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _same_value(key: str, want: str, got: str) -> bool:
+    w, g = want.strip().lower(), got.strip().lower()
+    if key == "kernels":
+        return [t.strip() for t in w.split(",") if t.strip()] == \
+               [t.strip() for t in g.split(",") if t.strip()]
+    if w == g:
+        return True
+    bools = {"true": True, "1": True, "false": False, "0": False}
+    if w in ("true", "false") and g in bools:
+        return bools[w] == bools[g]
+    try:
+        fw, fg = float(w), float(g)
+    except ValueError:
+        return False
+    return abs(fw - fg) <= 1e-6 * max(abs(fw), 1e-30)
+
+
+def config_mismatches(sections, cfg: configparser.ConfigParser) -> List[str]:
+    """Model-relevant keys of our INI that the checkpoint's config_ini does not echo."""
+    checked = ["model", "attention", "momentum"] + (["fmm"] if sections["attention"]["kind"] == "fmm" else [])
+    bad = []
+    for sec in checked:
+        for key, want in sections[sec].items():
+            got = cfg.get(sec, key) if cfg.has_option(sec, key) else None
+            if got is None or not _same_value(key, want, got):
+                bad.append(f"{sec}.{key}: wrote {want!r}, checkpoint has {got!r}")
+    return bad
+
+
+# --------------------------------------------------------------------------
+# Checkpoint and token files (SPEC 4)
+# --------------------------------------------------------------------------
+def set_text_attr(f: h5py.File, name: str, text: str):
+    """Rewrites a string attribute, keeping fixed-length vs variable-length storage."""
+    fixed = False
+    if name in f.attrs:
+        t = f.attrs.get_id(name).get_type()
+        fixed = isinstance(t, h5py.h5t.TypeStringID) and not t.is_variable_str()
+        del f.attrs[name]
+    f.attrs[name] = np.bytes_(text.encode("utf-8")) if fixed else text
+
+
+def perturb_checkpoint(path: str, case: Case, s: ref.ModelSettings, rng):
+    """Makes every parameter generic (no all-ones LN, no zero biases or blends), sets
+    the requested gammas/blends, and fills the momentum buffers with random values."""
+    with h5py.File(path, "r+") as f:
+        for name, ds in list(ref._read_group(f["model"]).items()):
+            a = np.asarray(ds, dtype=np.float64)
+            if name.endswith("momentum_gamma") and case.gammas is not None:
+                a = np.asarray(case.gammas, dtype=np.float64).reshape(a.shape)
+            elif name.endswith("fmm_blend"):
+                a = (np.asarray(case.blend, dtype=np.float64).reshape(a.shape)
+                     if case.blend is not None else rng.normal(0.0, 1.0, a.shape))
+            elif name.endswith("momentum_gamma"):
+                a = a + rng.normal(0.0, 0.05, a.shape)
+            elif a.ndim == 2:
+                a = a + rng.normal(0.0, 1.0 / np.sqrt(a.shape[1]), a.shape)
+            elif name.endswith("weight"):          # LayerNorm gains
+                a = a + rng.normal(0.0, 0.25, a.shape)
+            else:                                  # biases
+                a = a + rng.normal(0.0, 0.1, a.shape)
+            f["model"][name][...] = a.astype(np.float32)
+        for i in range(s.n_layers):
+            for which in ("prev_q", "prev_k"):
+                key = f"buffers/blocks/{i}/attn/{which}"
+                if key in f:
+                    f[key][...] = rng.normal(0.0, 1.0, f[key].shape).astype(np.float32)
+                elif s.momentum_on:
+                    f.create_dataset(key, data=rng.normal(
+                        0.0, 1.0, (s.n_heads, s.head_dim)).astype(np.float32))
+
+
+def write_tokens(path: str, case: Case, s: ref.ModelSettings, batch: int, rng):
+    """lm: random inputs/targets with ~20% targets = -1 (batch 1: a whole row -1).
+    cls: targets mark valid positions (random non-negative) vs trailing padding (-1)."""
+    B, T, V = case.B, case.T, s.vocab_size
+    inputs = rng.integers(0, V, size=(B, T))
+    if s.head == "cls":
+        targets = rng.integers(0, V, size=(B, T))
+        for b in range(1, B):
+            n_valid = int(rng.integers(max(1, T // 3), T))
+            targets[b, n_valid:] = -1
+            inputs[b, n_valid:] = 0
+        labels = rng.integers(0, s.n_classes, size=B)
+    else:
+        targets = rng.integers(0, V, size=(B, T))
+        targets[rng.random((B, T)) < 0.2] = -1
+        targets[-1, 0] = int(rng.integers(0, V))         # at least one counted target
+        if batch == 1 and B > 1:
+            targets[0, :] = -1
+        labels = None
+    with h5py.File(path, "w") as f:
+        f.create_dataset("inputs", data=inputs.astype(np.int32))
+        f.create_dataset("targets", data=targets.astype(np.int32))
+        if labels is not None:
+            f.create_dataset("labels", data=labels.astype(np.int32))
+
+
+def make_momentum_free_copy(src: str, dst: str):
+    """Same checkpoint, momentum section reset to SPEC defaults (momentum off)."""
+    shutil.copyfile(src, dst)
+    with h5py.File(dst, "r+") as f:
+        cp = configparser.ConfigParser(interpolation=None)
+        cp.read_string(ref._attr_text(f.attrs["config_ini"]))
+        for key, val in dict(gamma="0", learn_gamma="false", beta="0", gamma2="0",
+                             apply_to="qk", placement="post_rope", anchor="true").items():
+            cp.set("momentum", key, val)
+        set_text_attr(f, "config_ini", ini_text({s: dict(cp[s]) for s in cp.sections()}))
+        for top in ("model", "optim/m", "optim/v"):
+            if top in f:
+                for name in list(ref._read_group(f[top])):
+                    if name.endswith("momentum_gamma"):
+                        del f[top][name]
+
+
+# --------------------------------------------------------------------------
+# Running the binary
+# --------------------------------------------------------------------------
+def run(cmd: List[str]):
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+        return p.returncode, p.stdout, p.stderr
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return 127, "", f"{type(e).__name__}: {e}"
+
+
+def c_loss(binary, ckpt, tokens, grads_path):
+    """Runs `momfmm loss`; returns (printed loss, printed text, attr loss, grads) or an error."""
+    rc, out, err = run([binary, "loss", ckpt, tokens, "--grads", grads_path])
+    if rc != 0:
+        return None, f"`momfmm loss` exited {rc}: {err.strip() or out.strip()}"
+    found = [m for m in (re.match(r"^loss\s+(\S+)\s*$", ln.strip()) for ln in out.splitlines()) if m]
+    if not found:
+        return None, f"no `loss <value>` line on stdout: {out.strip()!r}"
+    try:
+        with h5py.File(grads_path, "r") as f:
+            grads = ref._read_group(f["grads"]) if "grads" in f else {}
+            attr = float(np.asarray(f.attrs["loss"]).reshape(-1)[0]) if "loss" in f.attrs else None
+    except OSError as e:
+        return None, f"cannot read {grads_path}: {e}"
+    return (float(found[-1].group(1)), found[-1].group(1), attr, grads), None
+
+
+def compare_grads(c_grads, r_grads, model_shapes):
+    """Per-tensor comparisons; returns (list of failure strings, worst ratio, worst name)."""
+    fails, worst, worst_name = [], 0.0, ""
+    for name in sorted(set(model_shapes) - set(c_grads)):
+        fails.append(f"{name}: no gradient in the grads file")
+    for name in sorted(set(c_grads) - set(model_shapes)):
+        fails.append(f"{name}: gradient for a tensor that is not in /model")
+    for name in sorted(set(c_grads) & set(model_shapes)):
+        gc = np.asarray(c_grads[name], dtype=np.float64)
+        gr = r_grads[name].numpy()
+        if gc.shape != tuple(model_shapes[name]) or gr.shape != gc.shape:
+            fails.append(f"{name}: shape {gc.shape}, /model has {tuple(model_shapes[name])}")
+            continue
+        diff = float(np.abs(gc - gr).max()) if gc.size else 0.0
+        scale = float(np.abs(gr).max()) if gr.size else 0.0
+        if not np.isfinite(gc).all():
+            fails.append(f"{name}: non-finite values")
+            continue
+        if scale == 0.0:
+            ok, ratio = float(np.abs(gc).max()) <= GRAD_ZERO_ATOL, 0.0
+            if not ok:
+                fails.append(f"{name}: reference gradient is 0, C max|g| {np.abs(gc).max():.3e}")
+            continue
+        ratio = diff / scale
+        if ratio > worst:
+            worst, worst_name = ratio, name
+        if ratio > GRAD_RTOL:
+            fails.append(f"{name}: max|g_c - g_ref| {diff:.3e}, max|g_ref| {scale:.3e}, "
+                         f"ratio {ratio:.2e} > {GRAD_RTOL:.0e}")
+    return fails, worst, worst_name
+
+
+def rel_err(a, b):
+    return abs(a - b) / max(abs(b), 1e-30)
+
+
+def run_case(binary: str, case: Case, workdir: str):
+    """Returns (ok, summary line, list of failure lines)."""
+    d = os.path.join(workdir, case.group, case.name)
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(case.seed)
+    sections = case_sections(case, os.path.join(d, "run"))
+    cfg_path, ck = os.path.join(d, "config.ini"), os.path.join(d, "ck.h5")
+    with open(cfg_path, "w") as fh:
+        fh.write(ini_text(sections))
+    want = configparser.ConfigParser(interpolation=None)
+    want.read_string(ini_text(sections))
+    s = ref.settings_from_config(want)
+    shapes = ref.parameter_shapes(s)
+
+    rc, out, err = run([binary, "init", cfg_path, "--out", ck])
+    if rc != 0:
+        return False, f"`momfmm init` exited {rc}", [err.strip() or out.strip()]
+    try:
+        cfg, _, _ = ref.load_checkpoint(ck)
+        with h5py.File(ck, "r") as f:
+            c_shapes = {n: a.shape for n, a in ref._read_group(f["model"]).items()}
+    except (OSError, KeyError, ValueError) as e:
+        return False, "cannot load the checkpoint written by init", [f"{type(e).__name__}: {e}"]
+    fails = config_mismatches(sections, cfg)
+    if c_shapes != shapes:
+        fails.append(f"/model names/shapes differ from SPEC 4: missing "
+                     f"{sorted(set(shapes) - set(c_shapes))}, extra "
+                     f"{sorted(set(c_shapes) - set(shapes))}, shape mismatches "
+                     f"{[n for n in shapes if n in c_shapes and tuple(c_shapes[n]) != shapes[n]]}")
+    if fails:
+        return False, "checkpoint does not match the config", fails
+    perturb_checkpoint(ck, case, s, rng)
+    cfg, params, buffers = ref.load_checkpoint(ck)
+
+    worst_loss, worst_grad, worst_name = 0.0, 0.0, ""
+    first = None
+    for b in range(case.batches):
+        tok, gpath = os.path.join(d, f"tok{b}.h5"), os.path.join(d, f"grads{b}.h5")
+        write_tokens(tok, case, s, b, rng)
+        res, error = c_loss(binary, ck, tok, gpath)
+        if error:
+            fails.append(f"batch {b}: {error}")
+            continue
+        printed, printed_text, attr, c_grads = res
+        first = first or (tok, res)
+        inputs, targets, labels = ref.load_tokens(tok)
+        r_loss, r_grads = ref.loss_and_grads(cfg, params, buffers, inputs, targets, labels)
+        for label, value in (("printed", printed), ("attr", attr)):
+            if value is None:
+                fails.append(f"batch {b}: grads file has no root attr `loss`")
+                continue
+            e = rel_err(value, r_loss)
+            worst_loss = max(worst_loss, e)
+            if not e <= LOSS_RTOL:
+                fails.append(f"batch {b}: loss ({label}) C {value!r} ref {r_loss!r} rel err {e:.2e}")
+        gfails, gworst, gname = compare_grads(c_grads, r_grads, shapes)
+        fails += [f"batch {b}: {x}" for x in gfails]
+        if gworst >= worst_grad:
+            worst_grad, worst_name = gworst, gname
+
+    if case.same_as_softmax and first is not None:
+        fails += check_same_as_softmax(binary, case, ck, d, first)
+    summary = (f"loss rel err {worst_loss:.1e}, grad err/max {worst_grad:.1e}"
+               f"{' (' + worst_name + ')' if worst_name else ''}, {case.batches} batches")
+    return not fails, summary, fails
+
+
+def check_same_as_softmax(binary, case, ck, d, first):
+    """The C loss of `ck` equals that of the same checkpoint with momentum off."""
+    tok, (printed, printed_text, attr, c_grads) = first
+    soft = os.path.join(d, "ck_no_momentum.h5")
+    make_momentum_free_copy(ck, soft)
+    res, error = c_loss(binary, soft, tok, os.path.join(d, "grads_no_momentum.h5"))
+    if error:
+        return [f"momentum-free copy: {error}"]
+    p2, t2, a2, g2 = res
+    fails = []
+    if case.same_as_softmax == "bitwise":
+        if t2 != printed_text or a2 != attr:
+            fails.append(f"loss differs from momentum off: printed {printed_text} vs {t2}, "
+                         f"attr {attr!r} vs {a2!r}")
+        for n in sorted(set(g2) & set(c_grads)):
+            if not np.array_equal(np.asarray(g2[n]), np.asarray(c_grads[n])):
+                fails.append(f"gradient {n} differs from momentum off")
+    else:
+        if not rel_err(p2, printed) <= 1e-6:
+            fails.append(f"loss {printed!r} vs momentum off {p2!r}: rel err {rel_err(p2, printed):.2e}")
+        for n in sorted(set(g2) & set(c_grads)):
+            a, b = np.asarray(c_grads[n], np.float64), np.asarray(g2[n], np.float64)
+            if float(np.abs(a - b).max()) > 1e-5 * max(float(np.abs(b).max()), 1e-30):
+                fails.append(f"gradient {n} differs from momentum off beyond 1e-5")
+    return fails
+
+
+def main():
+    ap = argparse.ArgumentParser(description="momfmm vs PyTorch reference parity tests")
+    ap.add_argument("--momfmm", required=True, help="path to the momfmm binary")
+    ap.add_argument("--group", action="append", choices=GROUPS,
+                    help="case group to run (repeatable; default: all)")
+    ap.add_argument("--case", help="only cases whose name contains this string")
+    ap.add_argument("--workdir", help="keep the files here (default: a temporary directory)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    binary = os.path.abspath(args.momfmm) if os.path.sep in args.momfmm else args.momfmm
+    groups = args.group or list(GROUPS)
+    cases = [c for c in CASES if c.group in groups and (not args.case or args.case in c.name)]
+
+    tmp = None
+    workdir = args.workdir
+    if workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="momfmm_parity_")
+        workdir = tmp.name
+    os.makedirs(workdir, exist_ok=True)
+    passed = failed = 0
+    for case in cases:
+        try:
+            ok, summary, fails = run_case(binary, case, workdir)
+        except Exception as e:  # a broken file must not stop the other cases
+            ok, summary, fails = False, "harness error", [f"{type(e).__name__}: {e}"]
+        passed += ok
+        failed += not ok
+        print(f"{'PASS' if ok else 'FAIL'} {case.group}/{case.name}: {summary}", flush=True)
+        for line in fails:
+            print(f"    {line}", flush=True)
+    if tmp is not None:
+        tmp.cleanup()
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 and passed > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,490 @@
+/* Tests of the FMM attention kernels (src/fmm.c, SPEC 1.3).
+ *   test_fmm          run every check, one line each; exit 1 on any failure
+ *   test_fmm --bench  time fmm_head_forward + fmm_head_backward per token */
+#define _POSIX_C_SOURCE 200809L   /* clock_gettime under -std=c11 */
+#include "momfmm/fmm.h"
+#include "fd_check.h"
+
+#include <float.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ------------------------------------------------------------------------ */
+/* One head's inputs, outputs and buffers                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    fmm_settings s;
+    int T, dh;
+    float blend_near, blend_far;
+    float *q, *k, *v, *w;          /* inputs; w = dL/dout of L = Σ out·w */
+    float *out, *saved, *scratch;
+    float *dq, *dk, *dv;
+    float d_blend_near, d_blend_far;
+} fmm_case;
+
+static fmm_settings settings(int bandwidth, bool causal, const char *kernels, int chunk) {
+    fmm_settings s;
+    memset(&s, 0, sizeof s);
+    s.bandwidth = bandwidth;
+    s.causal = causal;
+    s.eps = 1e-6f;
+    s.chunk = chunk;
+    char bad[32];
+    if (fmm_parse_kernels(kernels, &s, bad, sizeof bad) != 0) {
+        fprintf(stderr, "bad kernel list in test: %s\n", bad);
+        exit(2);
+    }
+    return s;
+}
+
+static float *alloc_floats(size_t n) {
+    float *p = calloc(n ? n : 1, sizeof *p);
+    if (!p) { perror("calloc"); exit(2); }
+    return p;
+}
+
+static void case_init(fmm_case *c, fmm_settings s, int T, int dh, uint64_t seed,
+                      float qk_scale, float blend_near, float blend_far) {
+    size_t n = (size_t)T * dh;
+    memset(c, 0, sizeof *c);
+    c->s = s;
+    c->T = T;
+    c->dh = dh;
+    c->blend_near = blend_near;
+    c->blend_far = blend_far;
+    c->q = alloc_floats(n); c->k = alloc_floats(n); c->v = alloc_floats(n);
+    c->w = alloc_floats(n); c->out = alloc_floats(n);
+    c->dq = alloc_floats(n); c->dk = alloc_floats(n); c->dv = alloc_floats(n);
+    c->saved = alloc_floats(fmm_head_saved_floats(&s, T, dh));
+    c->scratch = alloc_floats(fmm_head_scratch_floats(&s, T, dh));
+    fd_fill(c->q, n, qk_scale, &seed);
+    fd_fill(c->k, n, qk_scale, &seed);
+    fd_fill(c->v, n, 1.0f, &seed);
+    fd_fill(c->w, n, 1.0f, &seed);
+}
+
+static void case_free(fmm_case *c) {
+    float *bufs[] = {c->q, c->k, c->v, c->w, c->out, c->saved, c->scratch,
+                     c->dq, c->dk, c->dv};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+}
+
+static void case_forward(fmm_case *c) {
+    fmm_head_forward(&c->s, c->q, c->k, c->v, c->blend_near, c->blend_far, c->out,
+                     c->saved, c->scratch, c->T, c->dh);
+}
+
+static void case_backward(fmm_case *c) {
+    c->d_blend_near = c->d_blend_far = 0.0f;
+    fmm_head_backward(&c->s, c->q, c->k, c->v, c->blend_near, c->blend_far, c->saved,
+                      c->w, c->dq, c->dk, c->dv, &c->d_blend_near, &c->d_blend_far,
+                      c->scratch, c->T, c->dh);
+}
+
+static double case_loss(void *ctx) {
+    fmm_case *c = ctx;
+    case_forward(c);
+    return fd_dot(c->out, c->w, (size_t)c->T * c->dh);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Naive O(T²) double-precision reference of SPEC 1.3                        */
+/* ------------------------------------------------------------------------ */
+
+static double ref_feature(feature_map m, double x) {
+    switch (m) {
+    case FEATURE_ELU: return x > 0 ? x + 1 : exp(x);
+    case FEATURE_ELU_FLIP: return -x > 0 ? -x + 1 : exp(-x);
+    case FEATURE_TANH: return tanh(x) + 1;
+    }
+    return 0;
+}
+
+static bool in_band(const fmm_settings *s, int i, int j) {
+    if (s->causal) return j <= i && j > i - s->bandwidth;
+    return abs(i - j) < s->bandwidth;
+}
+
+static bool in_range(const fmm_settings *s, int i, int j) { return !s->causal || j <= i; }
+
+static void ref_near_row(const fmm_case *c, int i, double *acc) {
+    int T = c->T, dh = c->dh;
+    double max = -DBL_MAX, sum = 0, *sc = calloc((size_t)T, sizeof *sc);
+    for (int j = 0; j < T; j++) {
+        if (!in_band(&c->s, i, j)) continue;
+        sc[j] = fd_dot(c->q + (size_t)i * dh, c->k + (size_t)j * dh, dh) / sqrt(dh);
+        if (sc[j] > max) max = sc[j];
+    }
+    for (int j = 0; j < T; j++)
+        if (in_band(&c->s, i, j)) sum += exp(sc[j] - max);
+    for (int j = 0; j < T; j++) {
+        if (!in_band(&c->s, i, j)) continue;
+        double p = exp(sc[j] - max) / sum;
+        for (int d = 0; d < dh; d++) acc[d] += p * c->v[(size_t)j * dh + d];
+    }
+    free(sc);
+}
+
+static void ref_far_row(const fmm_case *c, feature_map m, int i, double *acc) {
+    int dh = c->dh;
+    double den = 0, *num = calloc((size_t)dh, sizeof *num), *fq = calloc((size_t)dh, sizeof *fq);
+    for (int d = 0; d < dh; d++) fq[d] = ref_feature(m, c->q[(size_t)i * dh + d]);
+    for (int j = 0; j < c->T; j++) {
+        if (!in_range(&c->s, i, j)) continue;
+        double a = 0;
+        for (int d = 0; d < dh; d++) a += fq[d] * ref_feature(m, c->k[(size_t)j * dh + d]);
+        den += a;
+        for (int d = 0; d < dh; d++) num[d] += a * c->v[(size_t)j * dh + d];
+    }
+    for (int d = 0; d < dh; d++) acc[d] += num[d] / (den + c->s.eps);
+    free(num);
+    free(fq);
+}
+
+/* out = σ(bn)·near + σ(bf)·(1/r) Σ_l far_l, straight from the definition. */
+static void ref_forward(const fmm_case *c, double *out) {
+    int dh = c->dh, r = c->s.n_kernels;
+    double sn = 1 / (1 + exp(-(double)c->blend_near));
+    double sf = 1 / (1 + exp(-(double)c->blend_far));
+    double *near = malloc((size_t)dh * sizeof *near), *far = malloc((size_t)dh * sizeof *far);
+    for (int i = 0; i < c->T; i++) {
+        memset(near, 0, (size_t)dh * sizeof *near);
+        memset(far, 0, (size_t)dh * sizeof *far);
+        if (c->s.bandwidth > 0) ref_near_row(c, i, near);
+        for (int l = 0; l < r; l++) ref_far_row(c, c->s.kernels[l], i, far);
+        for (int d = 0; d < dh; d++)
+            out[(size_t)i * dh + d] = sn * near[d] + (r ? sf * far[d] / r : 0);
+    }
+    free(near);
+    free(far);
+}
+
+static double max_abs_diff(const float *a, const double *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(a[i] - b[i]);
+        if (isnan(d)) return INFINITY;   /* NaN must fail, not compare false */
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+static int report(const char *name, double err, double bound) {
+    int ok = err <= bound;
+    printf("%-40s %s  max_err %.3e  bound %.3e\n", name, ok ? "ok  " : "FAIL", err, bound);
+    return ok ? 0 : 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Checks                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* fd_check's comparisons skip NaN (NaN > x is false), so check finiteness here. */
+static int all_finite(const char *label, const fmm_case *c) {
+    size_t n = (size_t)c->T * c->dh;
+    bool ok = isfinite(c->d_blend_near) && isfinite(c->d_blend_far);
+    for (size_t i = 0; i < n; i++)
+        ok = ok && isfinite(c->out[i]) && isfinite(c->dq[i]) && isfinite(c->dk[i]) &&
+             isfinite(c->dv[i]);
+    if (!ok) printf("fd %-37s FAIL  non-finite output or gradient\n", label);
+    return ok ? 0 : 1;
+}
+
+/* Finite differences of L = Σ out·w w.r.t. q, k, v and both blend logits. */
+static int fd_test(const char *label, fmm_settings s, int T, double eps) {
+    fmm_case c;
+    char name[96];
+    int fails = 0, dh = 8;
+    size_t n = (size_t)T * dh;
+    case_init(&c, s, T, dh, 0x5eed + (uint64_t)T * 31 + (uint64_t)s.bandwidth, 1.0f,
+              0.3f, -0.2f);
+    case_forward(&c);
+    case_backward(&c);
+    fails += all_finite(label, &c);
+    const double tol = 1e-2;
+    snprintf(name, sizeof name, "fd %s dq", label);
+    fails += fd_check(name, c.q, c.dq, n, case_loss, &c, eps, tol);
+    snprintf(name, sizeof name, "fd %s dk", label);
+    fails += fd_check(name, c.k, c.dk, n, case_loss, &c, eps, tol);
+    snprintf(name, sizeof name, "fd %s dv", label);
+    fails += fd_check(name, c.v, c.dv, n, case_loss, &c, eps, tol);
+    snprintf(name, sizeof name, "fd %s d_blend_near", label);
+    fails += fd_check(name, &c.blend_near, &c.d_blend_near, 1, case_loss, &c, eps, tol);
+    snprintf(name, sizeof name, "fd %s d_blend_far", label);
+    fails += fd_check(name, &c.blend_far, &c.d_blend_far, 1, case_loss, &c, eps, tol);
+    case_free(&c);
+    return fails;
+}
+
+static int fd_tests(void) {
+    static const char *kernels[] = {"elu", "elu_flip", "tanh"};
+    int fails = 0;
+    char label[64];
+    for (int causal = 1; causal >= 0; causal--) {
+        const char *tag = causal ? "causal" : "noncausal";
+        snprintf(label, sizeof label, "near k3 %s T13", tag);
+        fails += fd_test(label, settings(3, causal, "", 4), 13, 1e-2);
+        for (int l = 0; l < 3; l++) {
+            snprintf(label, sizeof label, "far %s %s T13 C4", kernels[l], tag);
+            fails += fd_test(label, settings(0, causal, kernels[l], 4), 13, 1e-2);
+        }
+        for (int T = 13; T <= 16; T += 3) {
+            snprintf(label, sizeof label, "blend k5 elu,elu_flip %s T%d C4", tag, T);
+            fails += fd_test(label, settings(5, causal, "elu,elu_flip", 4), T, 3e-3);
+        }
+    }
+    return fails;
+}
+
+static int reference_test_scaled(const char *label, fmm_settings s, int T, int dh,
+                                 float qk_scale) {
+    fmm_case c;
+    case_init(&c, s, T, dh, 0xabc + (uint64_t)T, qk_scale, 0.4f, -0.7f);
+    double *ref = malloc((size_t)T * dh * sizeof *ref);
+    case_forward(&c);
+    ref_forward(&c, ref);
+    char name[96];
+    snprintf(name, sizeof name, "reference %s", label);
+    int fail = report(name, max_abs_diff(c.out, ref, (size_t)T * dh), 1e-5);
+    free(ref);
+    case_free(&c);
+    return fail;
+}
+
+static int reference_test(const char *label, fmm_settings s, int T, int dh) {
+    return reference_test_scaled(label, s, T, dh, 1.0f);
+}
+
+static int reference_tests(void) {
+    int f = 0;
+    f += reference_test("causal k5 elu,elu_flip T37 C8", settings(5, true, "elu,elu_flip", 8), 37, 16);
+    f += reference_test("noncausal k3 tanh T29 C8", settings(3, false, "tanh", 8), 29, 16);
+    f += reference_test("causal k0 elu T64 C16", settings(0, true, "elu", 16), 64, 16);
+    f += reference_test("noncausal k4 none T30", settings(4, false, "", 8), 30, 8);
+    f += reference_test("causal k100 all3 T50 C64", settings(100, true, "elu,tanh,elu_flip", 64), 50, 8);
+    f += reference_test("noncausal k100 elu_flip T21", settings(100, false, "elu_flip", 5), 21, 8);
+    f += reference_test("causal k5 elu,elu_flip T200 dh32 C64", settings(5, true, "elu,elu_flip", 64), 200, 32);
+    f += reference_test("noncausal k5 elu,tanh T131 dh32 C0", settings(5, false, "elu,tanh", 0), 131, 32);
+    /* scores of several hundred: exp overflows unless the row max is subtracted */
+    f += reference_test_scaled("causal k6 elu q,k x20 T40", settings(6, true, "elu", 8), 40, 16, 20.0f);
+    f += reference_test_scaled("noncausal k6 tanh q,k x20 T40", settings(6, false, "tanh", 8), 40, 16, 20.0f);
+    /* long enough for the running state to sum many chunks */
+    f += reference_test("causal k5 elu,elu_flip T2000 dh32 C64", settings(5, true, "elu,elu_flip", 64), 2000, 32);
+    return f;
+}
+
+static double rel_diff(const float *a, const float *b, size_t n) {
+    double m = 0, scale = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i] - b[i])) return INFINITY;
+        if (fabs(a[i] - b[i]) > m) m = fabs(a[i] - b[i]);
+        if (fabs(b[i]) > scale) scale = fabs(b[i]);
+    }
+    return m / scale;
+}
+
+/* The chunk length only reorders float sums (SPEC 1.3 defines no chunking). */
+static int chunk_invariance_test(const char *label, bool causal, const char *kernels) {
+    const int T = 100, dh = 16, chunks[] = {4, 16, 100, 0};
+    fmm_case base, c;
+    int fails = 0;
+    char name[96];
+    case_init(&base, settings(5, causal, kernels, chunks[0]), T, dh, 7, 1.0f, 0.1f, 0.5f);
+    case_forward(&base);
+    case_backward(&base);
+    size_t n = (size_t)T * dh;
+    for (int i = 1; i < 4; i++) {
+        case_init(&c, settings(5, causal, kernels, chunks[i]), T, dh, 7, 1.0f, 0.1f, 0.5f);
+        case_forward(&c);
+        case_backward(&c);
+        double err = rel_diff(c.out, base.out, n);
+        double g = rel_diff(c.dq, base.dq, n);
+        if (rel_diff(c.dk, base.dk, n) > g) g = rel_diff(c.dk, base.dk, n);
+        if (rel_diff(c.dv, base.dv, n) > g) g = rel_diff(c.dv, base.dv, n);
+        float bl[2] = {c.d_blend_near, c.d_blend_far};
+        float bb[2] = {base.d_blend_near, base.d_blend_far};
+        if (rel_diff(bl, bb, 2) > g) g = rel_diff(bl, bb, 2);
+        snprintf(name, sizeof name, "chunk %s C4 vs C%d out", label, chunks[i]);
+        fails += report(name, err, 1e-5);
+        snprintf(name, sizeof name, "chunk %s C4 vs C%d grads", label, chunks[i]);
+        fails += report(name, g, 1e-5);
+        case_free(&c);
+    }
+    case_free(&base);
+    return fails;
+}
+
+/* bandwidth >= T, causal, no kernels, blend logit 0: 0.5 · causal softmax. */
+static int full_band_test(int bandwidth) {
+    const int T = 24, dh = 16;
+    fmm_case c;
+    case_init(&c, settings(bandwidth, true, "", 8), T, dh, 99, 2.0f, 0.0f, 0.0f);
+    case_forward(&c);
+    double *ref = calloc((size_t)T * dh, sizeof *ref), *row = calloc((size_t)dh, sizeof *row);
+    fmm_settings full = c.s;
+    full.bandwidth = T;   /* ref_near_row over j <= i: plain causal softmax */
+    fmm_case plain = c;
+    plain.s = full;
+    for (int i = 0; i < T; i++) {
+        memset(row, 0, (size_t)dh * sizeof *row);
+        ref_near_row(&plain, i, row);
+        for (int d = 0; d < dh; d++) ref[(size_t)i * dh + d] = 0.5 * row[d];
+    }
+    char name[64];
+    snprintf(name, sizeof name, "full band k%d = 0.5 softmax", bandwidth);
+    int fail = report(name, max_abs_diff(c.out, ref, (size_t)T * dh), 1e-6);
+    free(ref);
+    free(row);
+    case_free(&c);
+    return fail;
+}
+
+/* saved and scratch are caller-owned and scratch is reused across heads: the
+ * kernels must fully overwrite what they read (NaN garbage must not leak
+ * into the results) and must not write past the advertised sizes. */
+static int buffer_contract_test(const char *label, fmm_settings s, int T) {
+    const int dh = 8, pad = 64;
+    fmm_case clean, dirty;
+    case_init(&clean, s, T, dh, 3, 1.0f, 0.2f, -0.3f);
+    case_init(&dirty, s, T, dh, 3, 1.0f, 0.2f, -0.3f);
+    size_t n_saved = fmm_head_saved_floats(&s, T, dh);
+    size_t n_scratch = fmm_head_scratch_floats(&s, T, dh);
+    free(dirty.saved);
+    free(dirty.scratch);
+    dirty.saved = alloc_floats(n_saved + pad);
+    dirty.scratch = alloc_floats(n_scratch + pad);
+    for (size_t i = 0; i < n_saved + pad; i++) dirty.saved[i] = NAN;
+    for (size_t i = 0; i < n_scratch + pad; i++) dirty.scratch[i] = NAN;
+    float *grads[3] = {dirty.dq, dirty.dk, dirty.dv};
+    for (int g = 0; g < 3; g++)
+        for (size_t i = 0; i < (size_t)T * dh; i++) grads[g][i] = NAN;   /* overwritten */
+    case_forward(&clean);
+    case_backward(&clean);
+    case_forward(&dirty);
+    for (size_t i = 0; i < n_scratch; i++) dirty.scratch[i] = NAN;   /* another head ran */
+    case_backward(&dirty);
+    size_t n = (size_t)T * dh;
+    bool same = memcmp(clean.out, dirty.out, n * sizeof(float)) == 0 &&
+                memcmp(clean.dq, dirty.dq, n * sizeof(float)) == 0 &&
+                memcmp(clean.dk, dirty.dk, n * sizeof(float)) == 0 &&
+                memcmp(clean.dv, dirty.dv, n * sizeof(float)) == 0 &&
+                clean.d_blend_near == dirty.d_blend_near &&
+                clean.d_blend_far == dirty.d_blend_far;
+    bool tails = true;
+    for (int i = 0; i < pad; i++)
+        tails = tails && isnan(dirty.saved[n_saved + i]) && isnan(dirty.scratch[n_scratch + i]);
+    printf("buffers %-32s %s  saved %zu  scratch %zu floats%s%s\n", label,
+           same && tails ? "ok  " : "FAIL", n_saved, n_scratch,
+           same ? "" : "  (results differ)", tails ? "" : "  (wrote past end)");
+    case_free(&clean);
+    case_free(&dirty);
+    return same && tails ? 0 : 1;
+}
+
+static int parse_case(const char *list, int want_rc, int want_n, const char *want,
+                      size_t buf_len) {
+    fmm_settings s;
+    memset(&s, 0, sizeof s);
+    s.n_kernels = 42;   /* must survive a failed parse */
+    char bad[64] = "untouched", quoted[80];
+    int rc = fmm_parse_kernels(list, &s, bad, buf_len);
+    bool ok = rc == want_rc;
+    if (rc == 0) {
+        ok = ok && s.n_kernels == want_n;
+        char joined[128] = "";
+        for (int i = 0; i < s.n_kernels; i++)
+            strcat(joined, (const char *[]){"e", "f", "t"}[s.kernels[i]]);
+        ok = ok && strcmp(joined, want) == 0;
+    } else {
+        ok = ok && s.n_kernels == 42 && strcmp(bad, want) == 0;
+    }
+    snprintf(quoted, sizeof quoted, "'%s'", list);
+    printf("parse %-34s %s  rc %d  n %d  bad '%s'\n", quoted, ok ? "ok  " : "FAIL", rc,
+           rc == 0 ? s.n_kernels : -1, rc == 0 ? "" : bad);
+    return ok ? 0 : 1;
+}
+
+static int parse_tests(void) {
+    int f = 0;
+    /* success: want = one letter per kernel (e = elu, f = elu_flip, t = tanh) */
+    f += parse_case("", 0, 0, "", 64);
+    f += parse_case("   ", 0, 0, "", 64);
+    f += parse_case("elu", 0, 1, "e", 64);
+    f += parse_case("elu,elu_flip", 0, 2, "ef", 64);
+    f += parse_case(" tanh , elu_flip,elu ", 0, 3, "tfe", 64);
+    f += parse_case("elu,elu,elu,elu,elu,elu,elu,tanh", 0, 8, "eeeeeeet", 64);
+    /* failure: want = the bad token as copied into the buffer */
+    f += parse_case("elu,foo", -1, 0, "foo", 64);
+    f += parse_case(" gelu ", -1, 0, "gelu", 64);
+    f += parse_case("ELU", -1, 0, "ELU", 64);
+    f += parse_case("elu,,tanh", -1, 0, "", 64);
+    f += parse_case("elu,", -1, 0, "", 64);
+    f += parse_case("elu,elu,elu,elu,elu,elu,elu,elu,tanh", -1, 0, "tanh", 64);
+    f += parse_case("elu,very_long_name", -1, 0, "very", 5);
+    return f;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Micro-benchmark                                                           */
+/* ------------------------------------------------------------------------ */
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void bench_one(int T, int chunk, bool causal) {
+    fmm_case c;
+    case_init(&c, settings(5, causal, "elu,elu_flip", chunk), T, 32, 1, 1.0f, 0.0f, 0.0f);
+    double fwd = 0, bwd = 0;
+    int reps = 0;
+    case_forward(&c);   /* warm-up */
+    case_backward(&c);
+    while (fwd + bwd < 0.5 || reps < 3) {
+        double t0 = now_seconds();
+        case_forward(&c);
+        double t1 = now_seconds();
+        case_backward(&c);
+        fwd += t1 - t0;
+        bwd += now_seconds() - t1;
+        reps++;
+    }
+    double per = 1e9 / ((double)reps * T);
+    printf("T %6d  chunk %4d  %-9s  fwd %7.1f  bwd %7.1f  total %7.1f ns/token"
+           "  saved %zu  scratch %zu floats\n",
+           T, chunk, causal ? "causal" : "noncausal", fwd * per, bwd * per,
+           (fwd + bwd) * per, fmm_head_saved_floats(&c.s, T, 32),
+           fmm_head_scratch_floats(&c.s, T, 32));
+    case_free(&c);
+}
+
+static int bench(void) {
+    printf("dh 32, band 5, kernels elu,elu_flip\n");
+    for (int T = 1024; T <= 65536; T *= 4) bench_one(T, 64, true);
+    for (int T = 1024; T <= 65536; T *= 4) bench_one(T, 64, false);
+    printf("chunk sweep at T 16384:\n");
+    for (int C = 16; C <= 512; C *= 2) bench_one(16384, C, true);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--bench") == 0) return bench();
+    int fails = 0;
+    fails += parse_tests();
+    fails += reference_tests();
+    fails += buffer_contract_test("causal k5 elu,tanh T13 C4", settings(5, true, "elu,tanh", 4), 13);
+    fails += buffer_contract_test("noncausal k3 elu_flip T13 C4", settings(3, false, "elu_flip", 4), 13);
+    fails += buffer_contract_test("causal k0 elu T40 C0", settings(0, true, "elu", 0), 40);
+    fails += buffer_contract_test("noncausal k2 none T9", settings(2, false, "", 4), 9);
+    fails += full_band_test(24);
+    fails += full_band_test(1000);
+    fails += chunk_invariance_test("causal elu,elu_flip", true, "elu,elu_flip");
+    fails += chunk_invariance_test("causal tanh", true, "tanh");
+    fails += chunk_invariance_test("noncausal elu", false, "elu");
+    fails += fd_tests();
+    printf("%s: %d failure(s)\n", fails ? "FAILED" : "PASSED", fails);
+    return fails ? 1 : 0;
+}
