@@ -226,6 +226,8 @@ static char *read_attr_string(hid_t obj, const char *path, const char *name) {
     char *result = NULL;
     if (H5Tget_class(type) != H5T_STRING) fail(EXIT_BAD_FILE, "%s: attribute '%s' is not a string", path, name);
     hid_t mem = H5Tcopy(H5T_C_S1);
+    /* HDF5 will not convert between ASCII and UTF-8: read in the file's charset */
+    H5Tset_cset(mem, H5Tget_cset(type));
     if (H5Tis_variable_str(type) > 0) {
         char *value = NULL;
         H5Tset_size(mem, H5T_VARIABLE);

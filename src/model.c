@@ -180,7 +180,7 @@ static void activations_reserve(model *m, int B, int T) {
         {&a->att_saved, L * B * m->H * attention_saved_per_head(m, T)},
         {&a->att_out, L * bt * d},
         {&a->ln2, L * bt * d}, {&a->ln2_mean, L * bt}, {&a->ln2_rstd, L * bt},
-        {&a->fc_pre, L * bt * ff}, {&a->fc_act, L * bt * ff},
+        {&a->fc_pre, L * bt * ff}, {&a->fc_act, L * bt * ff}, {&a->fc_tanh, L * bt * ff},
         {&a->ln_f, bt * d}, {&a->ln_f_mean, bt}, {&a->ln_f_rstd, bt},
         {&a->logits, lm ? bt * m->V : (size_t)B * m->n_out},
         {&a->pooled, lm ? 0 : (size_t)B * d}, {&a->losses, bt},
@@ -242,7 +242,7 @@ void model_forward(model *m, const int32_t *inputs, const int32_t *targets, cons
         const block_tensors *w = &m->w.blocks[l];
         float *x = a->residual + l * bt * d, *mid = a->mid + l * bt * d;
         float *ln1 = a->ln1 + l * bt * d, *ln2 = a->ln2 + l * bt * d, *att = a->att_out + l * bt * d;
-        float *fc_pre = a->fc_pre + l * bt * ff, *fc_act = a->fc_act + l * bt * ff;
+        float *fc_pre = a->fc_pre + l * bt * ff, *fc_act = a->fc_act + l * bt * ff, *fc_tanh = a->fc_tanh + l * bt * ff;
         layernorm_forward(ln1, a->ln1_mean + l * bt, a->ln1_rstd + l * bt, x, w->ln1_weight, w->ln1_bias, rows, m->d);
         matmul_forward(a->qkv, ln1, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d);
         attention_forward(m, l, a->qkv, att, B, T, collect_buffers);
@@ -250,7 +250,7 @@ void model_forward(model *m, const int32_t *inputs, const int32_t *targets, cons
         add_into(mid, x, bt * d);
         layernorm_forward(ln2, a->ln2_mean + l * bt, a->ln2_rstd + l * bt, mid, w->ln2_weight, w->ln2_bias, rows, m->d);
         matmul_forward(fc_pre, ln2, w->fc_weight, w->fc_bias, rows, m->d, m->d_ff);
-        gelu_forward(fc_act, fc_pre, bt * ff);
+        gelu_forward(fc_act, fc_tanh, fc_pre, bt * ff);
         float *out = a->residual + (l + 1) * bt * d;
         matmul_forward(out, fc_act, w->mlp_proj_weight, w->mlp_proj_bias, rows, m->d_ff, m->d);
         add_into(out, mid, bt * d);
@@ -318,7 +318,7 @@ static void block_backward(model *m, int l, int B, int T) {
      * unchanged and each LayerNorm backward adds its branch into it. */
     matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, a->fc_act + l * bt * ff,
                     w->mlp_proj_weight, rows, m->d_ff, m->d);
-    gelu_backward(a->d_ff, fc_pre, a->d_ff, bt * ff);
+    gelu_backward(a->d_ff, fc_pre, a->fc_tanh + l * bt * ff, a->d_ff, bt * ff);
     matmul_backward(a->d_model_rows, g->fc_weight, g->fc_bias, a->d_ff, a->ln2 + l * bt * d, w->fc_weight, rows,
                     m->d, m->d_ff);
     layernorm_backward(a->d_residual, g->ln2_weight, g->ln2_bias, a->d_model_rows, mid, w->ln2_weight,

@@ -66,16 +66,17 @@ static int test_layernorm(void) {
 /* ---- gelu ---- */
 static double gelu_loss(void *p) {
     ctx *c = p;
-    gelu_forward(c->out, c->x, (size_t)c->rows);
+    gelu_forward(c->out, c->aux1, c->x, (size_t)c->rows);
     return fd_dot(c->out, c->probe, (size_t)c->rows);
 }
 
 static int test_gelu(void) {
     ctx c = {0};
     c.rows = 40;
-    c.x = randn(40, 4), c.out = randn(40, 1), c.probe = randn(40, 1);
+    c.x = randn(40, 4), c.out = randn(40, 1), c.probe = randn(40, 1), c.aux1 = calloc(40, 4);
     float *dx = calloc(40, 4);
-    gelu_backward(dx, c.x, c.probe, 40);
+    gelu_forward(c.out, c.aux1, c.x, 40);
+    gelu_backward(dx, c.x, c.aux1, c.probe, 40);
     return fd_check("gelu", c.x, dx, 40, gelu_loss, &c, 1e-3, 1e-2);
 }
 

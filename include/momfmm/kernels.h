@@ -23,10 +23,11 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
                         const float *inp, const float *weight, const float *mean,
                         const float *rstd, int rows, int dim);
 
-/* GELU, tanh approximation (SPEC 1.3). */
-void gelu_forward(float *out, const float *inp, size_t n);
+/* GELU, tanh approximation (SPEC 1.3). tanh_saved keeps the tanh term for
+ * the backward, which then needs no transcendental function. */
+void gelu_forward(float *out, float *tanh_saved, const float *inp, size_t n);
 /* dinp = dout * gelu'(inp); dinp may alias dout. */
-void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+void gelu_backward(float *dinp, const float *inp, const float *tanh_saved, const float *dout, size_t n);
 
 /* out[r] = table[tokens[r]]. */
 void embedding_forward(float *out, const int32_t *tokens, const float *table, int rows, int dim);

@@ -48,7 +48,7 @@ typedef struct {
     float *att_saved;                  /* [L][B*H*saved_per_head] */
     float *att_out;                    /* [L][B*T*d] heads merged */
     float *ln2, *ln2_mean, *ln2_rstd;
-    float *fc_pre, *fc_act;            /* [L][B*T*d_ff] */
+    float *fc_pre, *fc_act, *fc_tanh;  /* [L][B*T*d_ff] */
     float *ln_f, *ln_f_mean, *ln_f_rstd;
     float *logits;                     /* [B*T*V] (lm) or [B*n_classes] (cls) */
     float *pooled;                     /* [B*d] (cls) */
