@@ -199,16 +199,32 @@ typedef struct {
     parse_state *state;
 } string_stream;
 
+/* inih reports a malformed line only by number after the whole parse, and
+ * keeps going; checking here stops at the first bad line with a reason. */
+static bool line_is_well_formed(const char *line) {
+    while (*line == ' ' || *line == '\t' || *line == '\r') line++;
+    if (!*line || *line == '\n' || *line == ';' || *line == '#') return true;
+    if (*line == '[') return strchr(line, ']') != NULL;
+    return strchr(line, '=') != NULL || strchr(line, ':') != NULL;
+}
+
 static char *read_line(char *buf, int size, void *stream) {
     string_stream *s = stream;
-    if (!*s->cursor) return NULL;
+    parse_state *st = s->state;
+    if (!*s->cursor || st->err[0]) return NULL;
     int n = 0;
     while (n < size - 1 && s->cursor[n] && s->cursor[n] != '\n') n++;
     if (s->cursor[n] == '\n' && n < size - 1) n++;
     memcpy(buf, s->cursor, (size_t)n);
     buf[n] = '\0';
     s->cursor += n;
-    s->state->line++;
+    st->line++;
+    if (!line_is_well_formed(buf)) {
+        int shown = (int)strcspn(buf, "\r\n");
+        snprintf(st->err, st->err_len, "%s:%d: malformed line (expected [section] or key = value): %.*s",
+                 st->origin, st->line, shown < 60 ? shown : 60, buf);
+        return NULL;
+    }
     return buf;
 }
 
@@ -217,7 +233,8 @@ int config_load_string(config *c, const char *text, const char *origin, char *er
     string_stream stream = {text, &st};
     err[0] = '\0';
     int rc = ini_parse_stream(read_line, &stream, handle_pair, &st);
-    if (rc != 0 && !err[0]) snprintf(err, err_len, "%s:%d: malformed line", origin, rc > 0 ? rc : st.line);
+    if (err[0]) return -1;
+    if (rc != 0) snprintf(err, err_len, "%s:%d: malformed line", origin, rc > 0 ? rc : st.line);
     return rc == 0 ? 0 : -1;
 }
 

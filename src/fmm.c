@@ -21,9 +21,12 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Chunk length used when settings.chunk <= 0.  At dh = 32 the benchmark
- * (tests/test_fmm.c --bench) is flat between 32 and 128; 64 is the middle. */
-#define FMM_DEFAULT_CHUNK 64
+/* Chunk length used when settings.chunk <= 0.  Per token the intra-chunk
+ * block costs ~2 C dh multiply-adds and the state ~2 dh^2 whatever C is, so
+ * small chunks win until sgemm call overhead dominates: in the benchmark
+ * (tests/test_fmm.c --bench, dh 32 and 64) C = 8..16 is fastest, 64 is
+ * 1.2-1.5x slower, 128 ~2x. */
+#define FMM_DEFAULT_CHUNK 16
 
 /* ------------------------------------------------------------------------ */
 /* Kernel list parsing (SPEC 1.3 / 6: fmm.kernels = "elu,elu_flip")          */
@@ -278,10 +281,9 @@ static inline float exp_nonpositive(float x) {
 
 /* Branch-free forms (the sign of x is random, so branches mispredict half
  * the time, and gcc -O2 turns float ternaries and fminf into branches or
- * calls): a 0/1 mask blended arithmetically, and the exact identities
- * min(x, 0) = (x - |x|) / 2, max(x, 0) = (x + |x|) / 2.
- *   elu(x) + 1  = x + 1 (x > 0), e^x (x <= 0)
- *   elu(-x) + 1 = 1 - x (x < 0), e^-x (x >= 0)
+ * calls): a 0/1 mask blended arithmetically, and min(x, 0) = (x - |x|) / 2
+ * (exact).
+ *   elu(x) + 1  = x + 1 (x > 0), e^x (x <= 0);  elu_flip(x) = elu(-x) + 1
  *   tanh(x) + 1 = 2 / (1 + e^-2x); with t = e^-2|x| <= 1 nothing overflows:
  *                 2 / (1 + t) for x >= 0, 2t / (1 + t) for x < 0. */
 static inline float phi_elu(float x) {
@@ -289,10 +291,7 @@ static inline float phi_elu(float x) {
     return e + pos * (x + 1.0f - e);
 }
 
-static inline float phi_elu_flip(float x) {
-    float neg = (float)(x < 0.0f), e = exp_nonpositive(-0.5f * (x + fabsf(x)));
-    return e + neg * (1.0f - x - e);
-}
+static inline float phi_elu_flip(float x) { return phi_elu(-x); }
 
 static inline float phi_tanh(float x) {
     float neg = (float)(x < 0.0f), t = exp_nonpositive(-2.0f * fabsf(x));
@@ -300,15 +299,12 @@ static inline float phi_tanh(float x) {
 }
 
 /* φ'(x) from x and φ(x), avoiding another exp: elu: φ where x <= 0
- * (φ = e^x), else 1; elu_flip: -φ where x >= 0, else -1;
- * tanh: 1 - tanh² = φ (2 - φ). */
+ * (φ = e^x), else 1; elu_flip: -elu'(-x); tanh: 1 - tanh² = φ (2 - φ). */
 static inline float slope_elu(float x, float phi) {
     return phi + (float)(x > 0.0f) * (1.0f - phi);
 }
 
-static inline float slope_elu_flip(float x, float phi) {
-    return -phi - (float)(x < 0.0f) * (1.0f - phi);
-}
+static inline float slope_elu_flip(float x, float phi) { return -slope_elu(-x, phi); }
 
 static inline float slope_tanh(float x, float phi) {
     (void)x;
@@ -456,10 +452,10 @@ static void linear_attention_product(const lin_operands *o, int T, sum_range ran
 /* ------------------------------------------------------------------------ */
 
 /* [v | 1]: the ones column makes the last output column Σ φ(q_i)·φ(k_j). */
-static void fill_augmented(float *aug, const float *x, int T, int dh, float last) {
+static void fill_augmented(float *aug, const float *v, int T, int dh) {
     for (int i = 0; i < T; i++) {
-        memcpy(aug + (size_t)i * (dh + 1), x + (size_t)i * dh, (size_t)dh * sizeof *x);
-        aug[(size_t)i * (dh + 1) + dh] = last;
+        memcpy(aug + (size_t)i * (dh + 1), v + (size_t)i * dh, (size_t)dh * sizeof *v);
+        aug[(size_t)i * (dh + 1) + dh] = 1.0f;
     }
 }
 
@@ -564,7 +560,7 @@ void fmm_head_forward(const fmm_settings *s, const float *q, const float *k,
     far_context fc = far_context_of(s, scratch, T, dh);
     float *nd = saved + (size_t)T * g.width;
     float weight = sigmoid(blend_far) / (float)r;   /* σ(w_far) · (1/r) Σ_l */
-    fill_augmented(fc.sc.v_aug, v, T, dh, 1.0f);
+    fill_augmented(fc.sc.v_aug, v, T, dh);
     for (int l = 0; l < r; l++)
         far_kernel_forward(&fc, s->kernels[l], q, k, weight,
                            nd + (size_t)l * T * (dh + 1), out);
@@ -597,7 +593,7 @@ void fmm_head_backward(const fmm_settings *s, const float *q, const float *k,
     const float *nd = saved + (size_t)T * g.width;
     float sf = sigmoid(blend_far), weight = sf / (float)r;
     double dot_far = 0.0;   /* Σ_l Σ_i dout_i · far_l,i */
-    fill_augmented(fc.sc.v_aug, v, T, dh, 1.0f);
+    fill_augmented(fc.sc.v_aug, v, T, dh);
     for (int l = 0; l < r; l++)
         dot_far += far_kernel_backward(&fc, s->kernels[l], q, k, weight,
                                        nd + (size_t)l * T * (dh + 1), dout, dq, dk, dv);

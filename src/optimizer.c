@@ -29,6 +29,8 @@ void clip_gradients(float *grads, size_t n, double norm, double max_norm) {
 void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, long long t,
                   const adamw_settings *s, int decay) {
     float b1 = (float)s->beta1, b2 = (float)s->beta2, lr = (float)s->lr, eps = (float)s->eps;
+    /* 1 - beta in double: 1.0f - 0.999f is off by 1e-5 relative */
+    float one_minus_b1 = (float)(1.0 - s->beta1), one_minus_b2 = (float)(1.0 - s->beta2);
     float correction1 = (float)(1.0 - pow(s->beta1, (double)t));
     float correction2_sqrt = (float)sqrt(1.0 - pow(s->beta2, (double)t));
     float step_size = lr / correction1;
@@ -36,8 +38,8 @@ void adamw_update(float *params, const float *grads, float *m, float *v, size_t 
     for (size_t i = 0; i < n; i++) {
         float g = grads[i];
         params[i] *= decay_factor;
-        m[i] = b1 * m[i] + (1.0f - b1) * g;
-        v[i] = b2 * v[i] + (1.0f - b2) * g * g;
+        m[i] = b1 * m[i] + one_minus_b1 * g;
+        v[i] = b2 * v[i] + one_minus_b2 * g * g;
         float denom = sqrtf(v[i]) / correction2_sqrt + eps;
         params[i] -= step_size * m[i] / denom;
     }
