@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "momfmm/blas_core.h"
 #include "momfmm/checkpoint.h"
 #include "momfmm/common.h"
 #include "momfmm/dist.h"
@@ -116,6 +117,7 @@ static int command_loss(const arguments *a) {
 }
 
 int main(int argc, char **argv) {
+    blas_core_select(argv); /* before MPI starts: it may re-execute the program */
     dist_init(&argc, &argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         if (argc < 2) fail_all(EXIT_USAGE, "no command given\n%s", USAGE);

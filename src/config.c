@@ -53,7 +53,7 @@ static const config_key KEYS[] = {
     {"fmm", "bandwidth", KEY_INT, OFF(fmm_bandwidth), "5", 0, 1 << 24, NULL, ROLE_MODEL},
     {"fmm", "kernels", KEY_STRING, OFF(fmm_kernels), "elu", 0, 0, NULL, ROLE_MODEL},
     {"fmm", "eps", KEY_DOUBLE, OFF(fmm_eps), "1e-6", 0, BIG, NULL, ROLE_MODEL},
-    {"fmm", "chunk", KEY_INT, OFF(fmm_chunk), "64", 1, 1 << 20, NULL, ROLE_SCHEDULE},
+    {"fmm", "chunk", KEY_INT, OFF(fmm_chunk), "16", 1, 1 << 20, NULL, ROLE_SCHEDULE},
     {"data", "task", KEY_ENUM, OFF(task), "chain", 0, 0, "chain|copy|listops|text", ROLE_MODEL},
     {"data", "seq_len", KEY_INT, OFF(seq_len), "64", 1, 1 << 24, NULL, ROLE_MODEL},
     {"data", "chain_len", KEY_INT, OFF(chain_len), "10", 1, 1 << 24, NULL, ROLE_MODEL},

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "momfmm/blas_core.h"
 #include "momfmm/common.h"
 
 void dist_init(int *argc, char ***argv) {
@@ -41,7 +42,7 @@ void dist_describe(void) {
         for (int q = 0; q < r && !seen; q++) seen = strcmp(h, all + (size_t)q * MPI_MAX_PROCESSOR_NAME) == 0;
         if (!seen) printf(" %s", h);
     }
-    printf("\n");
+    printf(" | OpenBLAS core %s\n", blas_core_description());
     fflush(stdout);
     free(all);
 }

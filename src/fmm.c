@@ -15,6 +15,8 @@
  * states for dk and dv).  All matmuls go through cblas_sgemm. */
 #include "momfmm/fmm.h"
 
+#include "momfmm/fastmath.h"
+
 #include <cblas.h>
 #include <ctype.h>
 #include <math.h>
@@ -24,8 +26,8 @@
 /* Chunk length used when settings.chunk <= 0.  Per token the intra-chunk
  * block costs ~2 C dh multiply-adds and the state ~2 dh^2 whatever C is, so
  * small chunks win until sgemm call overhead dominates: in the benchmark
- * (tests/test_fmm.c --bench, dh 32 and 64) C = 8..16 is fastest, 64 is
- * 1.2-1.5x slower, 128 ~2x. */
+ * (tests/test_fmm.c --bench, dh 32 and 64, T 1K-64K) C = 8..16 is fastest,
+ * 64 is 1.15-1.5x slower, 128 1.5-2x. */
 #define FMM_DEFAULT_CHUNK 16
 
 /* ------------------------------------------------------------------------ */
@@ -255,29 +257,6 @@ static double band_softmax_backward(const band_geometry *g, const float *q,
 /* ------------------------------------------------------------------------ */
 /* Feature maps φ of SPEC 1.3 (all strictly positive, so normalisers are > 0) */
 /* ------------------------------------------------------------------------ */
-
-/* e^x for x <= 0 (callers pass only non-positive x), inline and
- * branch-free so that the loops below vectorise; with libm's expf/tanhf the
- * feature maps took half the run time (perf, T = 16384, dh = 32).
- * e^x = 2^n e^r, n = round(x / ln 2), |r| <= ln2 / 2, degree-6 Taylor
- * polynomial for e^r: max relative error 2.5e-7 (2 ulp) over [-87, 0]. */
-static inline float exp_nonpositive(float x) {
-    const float round_magic = 12582912.0f;   /* 1.5 * 2^23: x + it rounds to int */
-    /* Clamp x >= -87 (e^-87 is still normal) as an integer min: for x <= 0
-     * the bit pattern grows with |x|.  0xC2AE0000 is -87.0f. */
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    u = u < 0xC2AE0000u ? u : 0xC2AE0000u;
-    memcpy(&x, &u, sizeof x);
-    float n = (x * 1.44269504f + round_magic) - round_magic;
-    float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;   /* ln 2 = hi + lo */
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 +
-              r * (1.0f / 120 + r * (1.0f / 720))))));
-    int32_t bits = ((int32_t)n + 127) << 23;   /* 2^n, n in [-126, 0] */
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
 
 /* Branch-free forms (the sign of x is random, so branches mispredict half
  * the time, and gcc -O2 turns float ternaries and fminf into branches or

@@ -1,6 +1,8 @@
 /* Layer kernels of SPEC 1; see kernels.h for the conventions. */
 #include "momfmm/kernels.h"
 
+#include "momfmm/fastmath.h"
+
 #include <cblas.h>
 #include <float.h>
 #include <math.h>
@@ -31,7 +33,7 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
         }
 }
 
-void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+VECTOR_CLONES void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                        const float *weight, const float *bias, int rows, int dim) {
     for (int r = 0; r < rows; r++) {
         const float *x = inp + (size_t)r * dim;
@@ -47,7 +49,7 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
     }
 }
 
-void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+VECTOR_CLONES void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, const float *mean,
                         const float *rstd, int rows, int dim) {
     for (int r = 0; r < rows; r++) {
@@ -74,15 +76,9 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 
-/* tanh(sqrt(2/pi) (x + 0.044715 x^3)) through one expf: libm's tanhf goes
- * through expm1f, which dominated the step time. Saturates correctly: expf
- * overflows to inf (tanh = 1) or underflows to 0 (tanh = -1). */
-static inline float gelu_tanh_term(float x) {
-    float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-    return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f);
-}
+static inline float gelu_tanh_term(float x) { return tanh_fast(GELU_SCALE * (x + 0.044715f * x * x * x)); }
 
-void gelu_forward(float *out, float *tanh_saved, const float *inp, size_t n) {
+VECTOR_CLONES void gelu_forward(float *out, float *tanh_saved, const float *inp, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float x = inp[i], th = gelu_tanh_term(x);
         tanh_saved[i] = th;
@@ -90,7 +86,7 @@ void gelu_forward(float *out, float *tanh_saved, const float *inp, size_t n) {
     }
 }
 
-void gelu_backward(float *dinp, const float *inp, const float *tanh_saved, const float *dout, size_t n) {
+VECTOR_CLONES void gelu_backward(float *dinp, const float *inp, const float *tanh_saved, const float *dout, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float th = tanh_saved[i];
@@ -145,71 +141,92 @@ void rope_backward(float *dx, const float *cos_table, const float *sin_table, in
     rope_rotate(dx, cos_table, sin_table, T, dh, pos0, -1.0f);
 }
 
-void softmax_attention_forward(float *out, float *probs, const float *q, const float *k,
-                               const float *v, int Tq, int Tk, int dh, int q_pos0, bool causal) {
-    float scale = 1.0f / sqrtf((float)dh);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, dh, scale, q, dh, k, dh, 0.0f,
-                probs, Tk);
-    for (int i = 0; i < Tq; i++) {
-        float *row = probs + (size_t)i * Tk;
-        int n_keys = causal ? q_pos0 + i + 1 : Tk;
-        if (n_keys > Tk) n_keys = Tk;
-        float max = -FLT_MAX, sum = 0;
-        for (int j = 0; j < n_keys; j++) max = row[j] > max ? row[j] : max;
-        for (int j = 0; j < n_keys; j++) {
-            row[j] = expf(row[j] - max);
-            sum += row[j];
-        }
-        float inv = 1.0f / sum;
+/* Causal attention is computed in blocks of query rows, each against only the
+ * keys it may see, so the masked upper triangle costs no FLOPs (about half
+ * of QK^T and PV at T = 256). */
+#define ATTENTION_BLOCK 64
+
+static int visible_keys(int first_query, int n_rows, int Tk, int q_pos0, bool causal) {
+    if (!causal) return Tk;
+    int keys = q_pos0 + first_query + n_rows;
+    return keys < Tk ? keys : Tk;
+}
+
+VECTOR_CLONES static void softmax_rows(float *probs, int i0, int rows, int Tk, int q_pos0, bool causal) {
+    for (int r = 0; r < rows; r++) {
+        float *row = probs + (size_t)r * Tk;
+        int n_keys = visible_keys(i0 + r, 1, Tk, q_pos0, causal);
+        float max = max_lanes(row, n_keys);
+        for (int j = 0; j < n_keys; j++) row[j] = exp_nonpositive(row[j] - max);
+        float inv = 1.0f / sum_lanes(row, n_keys);
         for (int j = 0; j < n_keys; j++) row[j] *= inv;
         for (int j = n_keys; j < Tk; j++) row[j] = 0.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, dh, Tk, 1.0f, probs, Tk, v, dh, 0.0f,
-                out, dh);
+}
+
+void softmax_attention_forward(float *out, float *probs, const float *q, const float *k,
+                               const float *v, int Tq, int Tk, int dh, int q_pos0, bool causal) {
+    float scale = 1.0f / sqrtf((float)dh);
+    for (int i0 = 0; i0 < Tq; i0 += ATTENTION_BLOCK) {
+        int rows = Tq - i0 < ATTENTION_BLOCK ? Tq - i0 : ATTENTION_BLOCK;
+        int keys = visible_keys(i0, rows, Tk, q_pos0, causal);
+        float *p = probs + (size_t)i0 * Tk;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, dh, scale, q + (size_t)i0 * dh, dh, k,
+                    dh, 0.0f, p, Tk);
+        softmax_rows(p, i0, rows, Tk, q_pos0, causal);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, dh, keys, 1.0f, p, Tk, v, dh, 0.0f,
+                    out + (size_t)i0 * dh, dh);
+    }
+}
+
+/* dS = P * (dP - rowsum(dP * P)) over the visible keys. */
+static void softmax_rows_backward(float *dscores, const float *probs, int rows, int keys, int Tk) {
+    for (int r = 0; r < rows; r++) {
+        const float *p = probs + (size_t)r * Tk;
+        float *ds = dscores + (size_t)r * Tk;
+        float dot = 0;
+        for (int j = 0; j < keys; j++) dot += ds[j] * p[j];
+        for (int j = 0; j < keys; j++) ds[j] = p[j] * (ds[j] - dot);
+    }
 }
 
 void softmax_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                 const float *probs, const float *q, const float *k,
                                 const float *v, float *scratch, int Tq, int Tk, int dh,
                                 bool causal) {
-    (void)causal; /* masked probabilities are exactly 0, so they carry no gradient */
     float scale = 1.0f / sqrtf((float)dh);
-    float *dscores = scratch;
-    /* dP = dout V^T; dV = P^T dout. */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, dh, 1.0f, dout, dh, v, dh, 0.0f,
-                dscores, Tk);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, dh, Tq, 1.0f, probs, Tk, dout, dh, 0.0f,
-                dv, dh);
-    /* dS = P * (dP - rowsum(dP * P)). */
-    for (int i = 0; i < Tq; i++) {
-        const float *p = probs + (size_t)i * Tk;
-        float *ds = dscores + (size_t)i * Tk;
-        float dot = 0;
-        for (int j = 0; j < Tk; j++) dot += ds[j] * p[j];
-        for (int j = 0; j < Tk; j++) ds[j] = p[j] * (ds[j] - dot);
+    memset(dk, 0, sizeof(float) * (size_t)Tk * dh);
+    memset(dv, 0, sizeof(float) * (size_t)Tk * dh);
+    /* q positions start at 0 here: the backward runs on training sequences */
+    for (int i0 = 0; i0 < Tq; i0 += ATTENTION_BLOCK) {
+        int rows = Tq - i0 < ATTENTION_BLOCK ? Tq - i0 : ATTENTION_BLOCK;
+        int keys = visible_keys(i0, rows, Tk, 0, causal);
+        const float *p = probs + (size_t)i0 * Tk, *dout_rows = dout + (size_t)i0 * dh;
+        float *ds = scratch + (size_t)i0 * Tk;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, dh, 1.0f, dout_rows, dh, v, dh, 0.0f, ds,
+                    Tk);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, dh, rows, 1.0f, p, Tk, dout_rows, dh, 1.0f, dv,
+                    dh);
+        softmax_rows_backward(ds, p, rows, keys, Tk);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, dh, keys, scale, ds, Tk, k, dh, 0.0f,
+                    dq + (size_t)i0 * dh, dh);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, dh, rows, scale, ds, Tk, q + (size_t)i0 * dh, dh,
+                    1.0f, dk, dh);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, dh, Tk, scale, dscores, Tk, k, dh, 0.0f,
-                dq, dh);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, dh, Tq, scale, dscores, Tk, q, dh, 0.0f,
-                dk, dh);
 }
 
-void cross_entropy_forward(float *probs, float *losses, int32_t *predictions,
+VECTOR_CLONES void cross_entropy_forward(float *probs, float *losses, int32_t *predictions,
                            const int32_t *targets, int rows, int n_classes) {
     for (int r = 0; r < rows; r++) {
         float *p = probs + (size_t)r * n_classes;
-        float max = -FLT_MAX;
+        float max = max_lanes(p, n_classes);
         int argmax = 0;
-        for (int c = 0; c < n_classes; c++)
-            if (p[c] > max) { max = p[c]; argmax = c; }
+        while (argmax < n_classes - 1 && p[argmax] != max) argmax++; /* the first maximum */
         int target = targets[r];
         /* log-sum-exp form: exact even where p[target] underflows to 0 */
         float target_logit = target >= 0 ? p[target] - max : 0.0f;
-        double sum = 0;
-        for (int c = 0; c < n_classes; c++) {
-            p[c] = expf(p[c] - max);
-            sum += p[c];
-        }
+        for (int c = 0; c < n_classes; c++) p[c] = exp_nonpositive(p[c] - max);
+        double sum = sum_lanes(p, n_classes);
         float inv = (float)(1.0 / sum);
         for (int c = 0; c < n_classes; c++) p[c] *= inv;
         predictions[r] = argmax;

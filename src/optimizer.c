@@ -4,6 +4,8 @@
 
 #include <math.h>
 
+#include "momfmm/fastmath.h"
+
 double learning_rate(const config *c, long long step) {
     if (c->warmup > 0 && step <= c->warmup) return c->lr * (double)step / (double)c->warmup;
     if (c->schedule == SCHEDULE_CONSTANT) return c->lr;
@@ -26,7 +28,7 @@ void clip_gradients(float *grads, size_t n, double norm, double max_norm) {
     for (size_t i = 0; i < n; i++) grads[i] *= factor;
 }
 
-void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, long long t,
+VECTOR_CLONES void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, long long t,
                   const adamw_settings *s, int decay) {
     float b1 = (float)s->beta1, b2 = (float)s->beta2, lr = (float)s->lr, eps = (float)s->eps;
     /* 1 - beta in double: 1.0f - 0.999f is off by 1e-5 relative */

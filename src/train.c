@@ -285,6 +285,13 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
 
 /* ---- bench command ------------------------------------------------------ */
 
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Times `steps` training steps after two warm-up steps and reports the
+ * median step (robust on a shared machine), as tools/bench_torch.py does. */
 int command_bench(const char *config_path, int n_overrides, char **overrides, int steps) {
     config cfg = load_config(config_path, n_overrides, overrides);
     cfg.steps = steps + 2;
@@ -292,22 +299,28 @@ int command_bench(const char *config_path, int n_overrides, char **overrides, in
     trainer_create(&t, &cfg);
     dist_describe();
     for (int i = 0; i < 2; i++) trainer_step(&t); /* warm-up: allocations, caches */
-    double wait = 0;
-    MPI_Barrier(MPI_COMM_WORLD);
-    double start = wall_seconds();
-    for (int i = 0; i < steps; i++) wait += trainer_step(&t).allreduce_wait_s;
-    MPI_Barrier(MPI_COMM_WORLD);
-    double seconds = wall_seconds() - start;
-    double tokens = (double)cfg.batch_size * cfg.seq_len * steps;
+    double wait = 0, *times = xcalloc((size_t)steps, sizeof(double));
+    for (int i = 0; i < steps; i++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double start = wall_seconds();
+        wait += trainer_step(&t).allreduce_wait_s;
+        MPI_Barrier(MPI_COMM_WORLD);
+        times[i] = wall_seconds() - start;
+    }
+    qsort(times, (size_t)steps, sizeof(double), compare_doubles);
+    double median = times[steps / 2];
+    double tokens = (double)cfg.batch_size * cfg.seq_len;
     double flops = model_flops_per_token(&t.model, cfg.seq_len) * tokens;
     struct rusage usage;
     getrusage(RUSAGE_SELF, &usage);
     double rss_mb = usage.ru_maxrss / 1024.0, max_rss_mb = rss_mb;
     MPI_Allreduce(&rss_mb, &max_rss_mb, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    log_rank0("bench: %d ranks x %d threads | batch %d x %d | %s attention | %d steps\n", process_count(),
-              dist_threads(), cfg.batch_size, cfg.seq_len, cfg.attention == ATTENTION_FMM ? "fmm" : "softmax", steps);
+    log_rank0("bench: %d ranks x %d threads | batch %d x %d | %s attention | %d steps | step min %.1f ms, max %.1f ms\n",
+              process_count(), dist_threads(), cfg.batch_size, cfg.seq_len,
+              cfg.attention == ATTENTION_FMM ? "fmm" : "softmax", steps, 1e3 * times[0], 1e3 * times[steps - 1]);
     log_rank0("bench tokens_per_s=%.1f ms_per_step=%.3f gflops=%.3f allreduce_wait_ms=%.3f peak_rss_mb=%.1f\n",
-              tokens / seconds, 1e3 * seconds / steps, flops / seconds / 1e9, 1e3 * wait / steps, max_rss_mb);
+              tokens / median, 1e3 * median, flops / median / 1e9, 1e3 * wait / steps, max_rss_mb);
+    free(times);
     trainer_free(&t);
     return 0;
 }

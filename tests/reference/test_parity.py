@@ -209,6 +209,18 @@ def config_mismatches(sections, cfg: configparser.ConfigParser) -> List[str]:
 # --------------------------------------------------------------------------
 # Checkpoint and token files (SPEC 4)
 # --------------------------------------------------------------------------
+def init_value_mismatches(path: str, s: ref.ModelSettings) -> List[str]:
+    """SPEC 1.2/1.3 initial values: momentum_gamma = momentum.gamma, fmm_blend = 0."""
+    bad = []
+    with h5py.File(path, "r") as f:
+        for name, a in ref._read_group(f["model"]).items():
+            if name.endswith("momentum_gamma") and not np.allclose(a, np.float32(s.gamma)):
+                bad.append(f"{name} initialised to {a.tolist()}, expected {s.gamma}")
+            if name.endswith("fmm_blend") and np.any(a != 0):
+                bad.append(f"{name} initialised to {a.tolist()}, expected zeros")
+    return bad
+
+
 def set_text_attr(f: h5py.File, name: str, text: str):
     """Rewrites a string attribute, keeping fixed-length vs variable-length storage."""
     fixed = False
@@ -321,34 +333,35 @@ def c_loss(binary, ckpt, tokens, grads_path):
 
 
 def compare_grads(c_grads, r_grads, model_shapes):
-    """Per-tensor comparisons; returns (list of failure strings, worst ratio, worst name)."""
-    fails, worst, worst_name = [], 0.0, ""
+    """Per-tensor comparisons; returns ({name: (badness, message)} of failing tensors,
+    worst passing-or-not ratio, its tensor name)."""
+    fails, worst, worst_name = {}, 0.0, ""
     for name in sorted(set(model_shapes) - set(c_grads)):
-        fails.append(f"{name}: no gradient in the grads file")
+        fails[name] = (np.inf, "no gradient in the grads file")
     for name in sorted(set(c_grads) - set(model_shapes)):
-        fails.append(f"{name}: gradient for a tensor that is not in /model")
+        fails[name] = (np.inf, "gradient for a tensor that is not in /model")
     for name in sorted(set(c_grads) & set(model_shapes)):
         gc = np.asarray(c_grads[name], dtype=np.float64)
         gr = r_grads[name].numpy()
         if gc.shape != tuple(model_shapes[name]) or gr.shape != gc.shape:
-            fails.append(f"{name}: shape {gc.shape}, /model has {tuple(model_shapes[name])}")
+            fails[name] = (np.inf, f"shape {gc.shape}, /model has {tuple(model_shapes[name])}")
+            continue
+        if not np.isfinite(gc).all():
+            fails[name] = (np.inf, "non-finite values")
             continue
         diff = float(np.abs(gc - gr).max()) if gc.size else 0.0
         scale = float(np.abs(gr).max()) if gr.size else 0.0
-        if not np.isfinite(gc).all():
-            fails.append(f"{name}: non-finite values")
-            continue
         if scale == 0.0:
-            ok, ratio = float(np.abs(gc).max()) <= GRAD_ZERO_ATOL, 0.0
-            if not ok:
-                fails.append(f"{name}: reference gradient is 0, C max|g| {np.abs(gc).max():.3e}")
+            cmax = float(np.abs(gc).max()) if gc.size else 0.0
+            if cmax > GRAD_ZERO_ATOL:
+                fails[name] = (cmax, f"reference gradient is 0, C max|g| {cmax:.3e}")
             continue
         ratio = diff / scale
         if ratio > worst:
             worst, worst_name = ratio, name
         if ratio > GRAD_RTOL:
-            fails.append(f"{name}: max|g_c - g_ref| {diff:.3e}, max|g_ref| {scale:.3e}, "
-                         f"ratio {ratio:.2e} > {GRAD_RTOL:.0e}")
+            fails[name] = (ratio, f"max|g_c - g_ref| {diff:.3e}, max|g_ref| {scale:.3e}, "
+                                  f"ratio {ratio:.2e} > {GRAD_RTOL:.0e}")
     return fails, worst, worst_name
 
 
@@ -385,6 +398,7 @@ def run_case(binary: str, case: Case, workdir: str):
                      f"{sorted(set(shapes) - set(c_shapes))}, extra "
                      f"{sorted(set(c_shapes) - set(shapes))}, shape mismatches "
                      f"{[n for n in shapes if n in c_shapes and tuple(c_shapes[n]) != shapes[n]]}")
+    fails += init_value_mismatches(ck, s)
     if fails:
         return False, "checkpoint does not match the config", fails
     perturb_checkpoint(ck, case, s, rng)
@@ -392,6 +406,7 @@ def run_case(binary: str, case: Case, workdir: str):
 
     worst_loss, worst_grad, worst_name = 0.0, 0.0, ""
     first = None
+    tensor_fails = {}          # name -> (badness, message): one line per failing tensor
     for b in range(case.batches):
         tok, gpath = os.path.join(d, f"tok{b}.h5"), os.path.join(d, f"grads{b}.h5")
         write_tokens(tok, case, s, b, rng)
@@ -412,10 +427,13 @@ def run_case(binary: str, case: Case, workdir: str):
             if not e <= LOSS_RTOL:
                 fails.append(f"batch {b}: loss ({label}) C {value!r} ref {r_loss!r} rel err {e:.2e}")
         gfails, gworst, gname = compare_grads(c_grads, r_grads, shapes)
-        fails += [f"batch {b}: {x}" for x in gfails]
+        for name, (badness, msg) in gfails.items():      # keep each tensor's worst batch
+            if name not in tensor_fails or badness > tensor_fails[name][0]:
+                tensor_fails[name] = (badness, f"{name}: {msg} (batch {b})")
         if gworst >= worst_grad:
             worst_grad, worst_name = gworst, gname
 
+    fails += [tensor_fails[n][1] for n in sorted(tensor_fails)]
     if case.same_as_softmax and first is not None:
         fails += check_same_as_softmax(binary, case, ck, d, first)
     summary = (f"loss rel err {worst_loss:.1e}, grad err/max {worst_grad:.1e}"

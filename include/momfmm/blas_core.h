@@ -1,0 +1,16 @@
+/* OpenBLAS kernel selection. */
+#ifndef MOMFMM_BLAS_CORE_H
+#define MOMFMM_BLAS_CORE_H
+
+/* Debian's OpenBLAS 0.3.21 does not recognise some current CPUs (e.g.
+ * virtualised Sapphire Rapids) and falls back to its SSE3 "Prescott"
+ * kernels, 6x slower than the AVX-512 ones. OpenBLAS reads
+ * OPENBLAS_CORETYPE only when it loads, so when the user has not set it and
+ * the library chose a fallback core on a CPU with AVX-512 (or AVX2), this
+ * re-executes the program once with OPENBLAS_CORETYPE=SkylakeX (or Haswell).
+ * MOMFMM_KEEP_BLAS_CORE=1 turns this off. Returns only if it did not re-exec. */
+void blas_core_select(char **argv);
+
+/* The core OpenBLAS runs, and how it was chosen (for start-up lines). */
+const char *blas_core_description(void);
+#endif
