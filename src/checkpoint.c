@@ -8,6 +8,8 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <libgen.h>
+#include <setjmp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,36 +211,60 @@ int grads_write(const char *path, const model *m, double loss, char *err, size_t
 
 /* ---- reading ------------------------------------------------------------ */
 
-static hid_t open_for_reading(const char *path, const char *what) {
+/* A read in progress. Any problem formats a message and jumps back to the
+ * entry point (reader_run), which closes the file: files are opened with
+ * H5F_CLOSE_STRONG, so closing the file releases every object still open in
+ * it. This keeps each helper a straight line of checks. */
+typedef struct {
+    const char *path;
+    hid_t file;
+    char *err;
+    size_t err_len;
+    jmp_buf on_error;
+} reader;
+
+static _Noreturn void reader_fail(reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static _Noreturn void reader_fail(reader *r, const char *fmt, ...) {
+    int used = snprintf(r->err, r->err_len, "%s: ", r->path);
+    va_list args;
+    va_start(args, fmt);
+    if (used >= 0 && (size_t)used < r->err_len) vsnprintf(r->err + used, r->err_len - (size_t)used, fmt, args);
+    va_end(args);
+    longjmp(r->on_error, 1);
+}
+
+static void reader_open(reader *r, const char *what) {
     quiet_hdf5();
-    if (access(path, R_OK) != 0) fail(EXIT_BAD_FILE, "%s: cannot open %s: %s", path, what, strerror(errno));
-    if (H5Fis_hdf5(path) <= 0) fail(EXIT_BAD_FILE, "%s: not an HDF5 file (or truncated/corrupt)", path);
-    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (file < 0) fail(EXIT_BAD_FILE, "%s: cannot open %s as HDF5 (corrupt?)", path, what);
-    return file;
+    if (access(r->path, R_OK) != 0) reader_fail(r, "cannot open %s: %s", what, strerror(errno));
+    if (H5Fis_hdf5(r->path) <= 0) reader_fail(r, "not an HDF5 file (empty, truncated or corrupt)");
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
+    r->file = H5Fopen(r->path, H5F_ACC_RDONLY, fapl);
+    H5Pclose(fapl);
+    if (r->file < 0) reader_fail(r, "cannot open %s as HDF5 (corrupt?)", what);
 }
 
 /* Reads a string attribute, variable- or fixed-length. Caller frees. */
-static char *read_attr_string(hid_t obj, const char *path, const char *name) {
-    if (H5Aexists(obj, name) <= 0) fail(EXIT_BAD_FILE, "%s: missing root attribute '%s'", path, name);
-    hid_t attr = H5Aopen(obj, name, H5P_DEFAULT);
+static char *read_attr_string(reader *r, const char *name) {
+    if (H5Aexists(r->file, name) <= 0) reader_fail(r, "missing root attribute '%s'", name);
+    hid_t attr = H5Aopen(r->file, name, H5P_DEFAULT);
     hid_t type = H5Aget_type(attr);
-    char *result = NULL;
-    if (H5Tget_class(type) != H5T_STRING) fail(EXIT_BAD_FILE, "%s: attribute '%s' is not a string", path, name);
+    if (H5Tget_class(type) != H5T_STRING) reader_fail(r, "attribute '%s' is not a string", name);
     hid_t mem = H5Tcopy(H5T_C_S1);
     /* HDF5 will not convert between ASCII and UTF-8: read in the file's charset */
     H5Tset_cset(mem, H5Tget_cset(type));
+    char *result = NULL;
     if (H5Tis_variable_str(type) > 0) {
         char *value = NULL;
         H5Tset_size(mem, H5T_VARIABLE);
-        if (H5Aread(attr, mem, &value) < 0 || !value) fail(EXIT_BAD_FILE, "%s: cannot read attribute '%s'", path, name);
+        if (H5Aread(attr, mem, &value) < 0 || !value) reader_fail(r, "cannot read attribute '%s'", name);
         result = strdup(value);
         H5free_memory(value);
     } else {
         size_t size = H5Tget_size(type);
         H5Tset_size(mem, size + 1);
         result = xcalloc(size + 2, 1);
-        if (H5Aread(attr, mem, result) < 0) fail(EXIT_BAD_FILE, "%s: cannot read attribute '%s'", path, name);
+        if (H5Aread(attr, mem, result) < 0) reader_fail(r, "cannot read attribute '%s'", name);
     }
     H5Tclose(mem);
     H5Tclose(type);
@@ -246,13 +272,13 @@ static char *read_attr_string(hid_t obj, const char *path, const char *name) {
     return result;
 }
 
-static long long read_attr_int(hid_t obj, const char *path, const char *name) {
-    if (H5Aexists(obj, name) <= 0) fail(EXIT_BAD_FILE, "%s: missing root attribute '%s'", path, name);
+static long long read_attr_int(reader *r, const char *name) {
+    if (H5Aexists(r->file, name) <= 0) reader_fail(r, "missing root attribute '%s'", name);
     long long value = 0;
-    hid_t attr = H5Aopen(obj, name, H5P_DEFAULT);
+    hid_t attr = H5Aopen(r->file, name, H5P_DEFAULT);
     hid_t type = H5Aget_type(attr);
     if (H5Tget_class(type) != H5T_INTEGER || H5Aread(attr, H5T_NATIVE_LLONG, &value) < 0)
-        fail(EXIT_BAD_FILE, "%s: attribute '%s' is not an integer", path, name);
+        reader_fail(r, "attribute '%s' is not an integer", name);
     H5Tclose(type);
     H5Aclose(attr);
     return value;
@@ -265,157 +291,212 @@ static void format_shape(char *out, size_t len, int ndim, const hsize_t *dims) {
     if (used < len) snprintf(out + used, len - used, "]");
 }
 
-/* Opens dataset `name` and checks its rank and dims (a 1-D [n] also matches
- * dims {n, 1} with ndim 1). Returns the dataset. */
-static hid_t open_checked(hid_t file, const char *path, const char *name, int ndim, const hsize_t *dims) {
-    if (H5Lexists(file, name, H5P_DEFAULT) <= 0) fail(EXIT_BAD_FILE, "%s: missing dataset %s", path, name);
-    hid_t dset = H5Dopen2(file, name, H5P_DEFAULT);
-    if (dset < 0) fail(EXIT_BAD_FILE, "%s: %s is not a dataset", path, name);
+/* Rank and dims of dataset `name`; fails if it is missing. */
+static hid_t open_dataset(reader *r, const char *name, int *ndim, hsize_t *dims) {
+    if (H5Lexists(r->file, name, H5P_DEFAULT) <= 0) reader_fail(r, "missing dataset %s", name);
+    hid_t dset = H5Dopen2(r->file, name, H5P_DEFAULT);
+    if (dset < 0) reader_fail(r, "%s is not a dataset", name);
     hid_t space = H5Dget_space(dset);
-    hsize_t got[8] = {0};
-    int got_ndim = H5Sget_simple_extent_dims(space, got, NULL);
+    *ndim = H5Sget_simple_extent_dims(space, dims, NULL);
     H5Sclose(space);
+    return dset;
+}
+
+static void read_checked(reader *r, const char *name, hid_t mem_type, int ndim, const hsize_t *dims, void *out) {
+    hsize_t got[H5S_MAX_RANK] = {0};
+    int got_ndim;
+    hid_t dset = open_dataset(r, name, &got_ndim, got);
     bool same = got_ndim == ndim;
     for (int i = 0; same && i < ndim; i++) same = got[i] == dims[i];
     if (!same) {
         char want[64], have[64];
         format_shape(want, sizeof want, ndim, dims);
         format_shape(have, sizeof have, got_ndim, got);
-        fail(EXIT_BAD_FILE, "%s: %s has shape %s, expected %s", path, name, have, want);
+        reader_fail(r, "%s has shape %s, expected %s", name, have, want);
     }
-    return dset;
-}
-
-static void read_checked(hid_t file, const char *path, const char *name, hid_t mem_type, int ndim,
-                         const hsize_t *dims, void *out) {
-    hid_t dset = open_checked(file, path, name, ndim, dims);
     if (H5Dread(dset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
-        fail(EXIT_BAD_FILE, "%s: cannot read %s (corrupt or wrong type)", path, name);
+        reader_fail(r, "cannot read %s (corrupt or wrong type)", name);
     H5Dclose(dset);
 }
 
-void checkpoint_read_config(const char *path, config *c, checkpoint_info *info) {
-    hid_t file = open_for_reading(path, "checkpoint");
-    char *format = read_attr_string(file, path, "format");
-    if (strcmp(format, CHECKPOINT_FORMAT) != 0)
-        fail(EXIT_BAD_FILE, "%s: format is '%s', expected '%s'", path, format, CHECKPOINT_FORMAT);
+static void read_config_body(reader *r, config *c, checkpoint_info *info) {
+    char *format = read_attr_string(r, "format");
+    bool ours = strcmp(format, CHECKPOINT_FORMAT) == 0;
+    if (!ours) {
+        char shown[64];
+        snprintf(shown, sizeof shown, "%s", format);
+        free(format);
+        reader_fail(r, "format is '%s', expected '%s'", shown, CHECKPOINT_FORMAT);
+    }
     free(format);
-    long long version = read_attr_int(file, path, "format_version");
+    long long version = read_attr_int(r, "format_version");
     if (version < 1 || version > CHECKPOINT_FORMAT_VERSION)
-        fail(EXIT_BAD_FILE, "%s: format_version %lld is not supported (this build reads 1..%d)", path, version,
-             CHECKPOINT_FORMAT_VERSION);
-    info->step = read_attr_int(file, path, "step");
-    info->tokens_seen = read_attr_int(file, path, "tokens_seen");
-    info->world_size = (int)read_attr_int(file, path, "world_size");
-    char *ini = read_attr_string(file, path, "config_ini");
-    H5Fclose(file);
+        reader_fail(r, "format_version %lld is not supported (this build reads 1..%d)", version,
+                    CHECKPOINT_FORMAT_VERSION);
+    info->step = read_attr_int(r, "step");
+    info->tokens_seen = read_attr_int(r, "tokens_seen");
+    info->world_size = (int)read_attr_int(r, "world_size");
+    char *ini = read_attr_string(r, "config_ini");
     char origin[CONFIG_PATH_MAX + 32], err[512];
-    snprintf(origin, sizeof origin, "%s:config_ini", path);
+    snprintf(origin, sizeof origin, "config_ini");
     config_defaults(c);
-    if (config_load_string(c, ini, origin, err, sizeof err) != 0) fail(EXIT_BAD_FILE, "%s", err);
+    int bad = config_load_string(c, ini, origin, err, sizeof err) != 0 || config_check(c, origin, err, sizeof err) != 0;
     free(ini);
-    config_validate(c, origin, EXIT_BAD_FILE);
+    if (bad) reader_fail(r, "%s", err);
 }
 
-static void read_tensors(hid_t file, const char *path, const char *group, const model *m, float *base) {
+static void read_tensors(reader *r, const char *group, const model *m, float *base) {
     for (int i = 0; i < m->n_entries; i++) {
         const param_entry *e = &m->entries[i];
         char name[256];
         snprintf(name, sizeof name, "%s/%s", group, e->name);
         hsize_t dims[2] = {(hsize_t)e->shape[0], (hsize_t)e->shape[1]};
-        read_checked(file, path, name, H5T_NATIVE_FLOAT, e->ndim, dims, base + e->offset);
+        read_checked(r, name, H5T_NATIVE_FLOAT, e->ndim, dims, base + e->offset);
     }
 }
 
-static void read_buffers(hid_t file, const char *path, model *m) {
+static void read_buffers(reader *r, model *m) {
     for (int l = 0; l < m->L; l++)
         for (int which = 0; which < 2; which++) {
             char name[128];
             snprintf(name, sizeof name, "/buffers/blocks/%d/attn/%s", l, which ? "prev_k" : "prev_q");
             hsize_t dims[2] = {(hsize_t)m->H, (hsize_t)m->dh};
-            read_checked(file, path, name, H5T_NATIVE_FLOAT, 2, dims,
-                         m->buffers + (size_t)(l * 2 + which) * m->H * m->dh);
+            read_checked(r, name, H5T_NATIVE_FLOAT, 2, dims, m->buffers + (size_t)(l * 2 + which) * m->H * m->dh);
         }
 }
 
-static long long metric_rows(hid_t file, const char *path, const char *group, const metric_table *t) {
+/* A missing group means an empty history (e.g. a step-0 checkpoint). */
+static void read_metric_table(reader *r, const char *group, metric_table *t) {
+    t->n_rows = 0;
+    if (H5Lexists(r->file, group, H5P_DEFAULT) <= 0) return;
     char name[128];
     snprintf(name, sizeof name, "%s/%s", group, t->columns[0].name);
-    if (H5Lexists(file, group, H5P_DEFAULT) <= 0 || H5Lexists(file, name, H5P_DEFAULT) <= 0) return 0;
-    hid_t dset = H5Dopen2(file, name, H5P_DEFAULT);
-    hid_t space = H5Dget_space(dset);
-    hsize_t dims[2] = {0, 0};
-    if (H5Sget_simple_extent_dims(space, dims, NULL) != 1) fail(EXIT_BAD_FILE, "%s: %s is not 1-D", path, name);
-    H5Sclose(space);
-    H5Dclose(dset);
-    return (long long)dims[0];
-}
-
-static void read_metric_table(hid_t file, const char *path, const char *group, metric_table *t) {
-    long long rows = metric_rows(file, path, group, t);
+    hsize_t dims[H5S_MAX_RANK] = {0};
+    int ndim;
+    H5Dclose(open_dataset(r, name, &ndim, dims));
+    if (ndim != 1) reader_fail(r, "%s is not 1-D", name);
+    long long rows = (long long)dims[0];
     double *column = xcalloc((size_t)rows * OCCURRENCE_BINS + 1, sizeof(double));
-    double *table = xcalloc((size_t)rows * t->row_width + 1, sizeof(double));
+    double *row = xcalloc((size_t)t->row_width, sizeof(double));
     int offset = 0;
-    for (int c = 0; c < t->n_columns && rows > 0; c++) {
+    for (int c = 0; c < t->n_columns; c++) {
         const metric_column *col = &t->columns[c];
-        char name[128];
         snprintf(name, sizeof name, "%s/%s", group, col->name);
-        hsize_t dims[2] = {(hsize_t)rows, (hsize_t)col->width};
-        read_checked(file, path, name, H5T_NATIVE_DOUBLE, col->width > 1 ? 2 : 1, dims, column);
-        for (long long r = 0; r < rows; r++)
-            for (int j = 0; j < col->width; j++) table[r * t->row_width + offset + j] = column[r * col->width + j];
+        hsize_t want[2] = {(hsize_t)rows, (hsize_t)col->width};
+        read_checked(r, name, H5T_NATIVE_DOUBLE, col->width > 1 ? 2 : 1, want, column);
+        for (long long i = 0; i < rows; i++) {
+            if (c == 0) metric_table_append(t, row);
+            for (int j = 0; j < col->width; j++) t->values[i * t->row_width + offset + j] = column[i * col->width + j];
+        }
         offset += col->width;
     }
-    t->n_rows = 0;
-    for (long long r = 0; r < rows; r++) metric_table_append(t, table + r * t->row_width);
     free(column);
-    free(table);
+    free(row);
+}
+
+/* Runs body(r, ctx) on an opened file; 0, or -1 with the message in err. */
+typedef void (*reader_body)(reader *r, void *ctx);
+
+static int reader_run(const char *path, const char *what, reader_body body, void *ctx, char *err, size_t err_len) {
+    /* on the heap: a local changed after setjmp would be indeterminate after longjmp */
+    reader *r = xcalloc(1, sizeof *r);
+    r->path = path;
+    r->file = -1;
+    r->err = err;
+    r->err_len = err_len;
+    err[0] = '\0';
+    int status = 0;
+    if (setjmp(r->on_error) == 0) {
+        reader_open(r, what);
+        body(r, ctx);
+    } else {
+        status = -1;
+    }
+    if (r->file >= 0) H5Fclose(r->file);
+    free(r);
+    return status;
+}
+
+typedef struct {
+    config *c;
+    checkpoint_info *info;
+    model *m;
+    bool optimizer;
+    metric_table *train, *eval;
+    batch *b;
+} read_request;
+
+static void config_body(reader *r, void *ctx) {
+    read_request *q = ctx;
+    read_config_body(r, q->c, q->info);
+}
+
+static void state_body(reader *r, void *ctx) {
+    read_request *q = ctx;
+    read_tensors(r, "/model", q->m, q->m->params);
+    if (q->m->momentum) read_buffers(r, q->m);
+    if (q->optimizer) {
+        read_tensors(r, "/optim/m", q->m, q->m->adam_m);
+        read_tensors(r, "/optim/v", q->m, q->m->adam_v);
+    }
+    if (q->train) read_metric_table(r, "/metrics/train", q->train);
+    if (q->eval) read_metric_table(r, "/metrics/eval", q->eval);
+}
+
+int checkpoint_try_read_config(const char *path, config *c, checkpoint_info *info, char *err, size_t err_len) {
+    read_request q = {.c = c, .info = info};
+    return reader_run(path, "checkpoint", config_body, &q, err, err_len);
+}
+
+int checkpoint_try_read_state(const char *path, model *m, bool optimizer, metric_table *train, metric_table *eval,
+                              char *err, size_t err_len) {
+    read_request q = {.m = m, .optimizer = optimizer, .train = train, .eval = eval};
+    return reader_run(path, "checkpoint", state_body, &q, err, err_len);
+}
+
+void checkpoint_read_config(const char *path, config *c, checkpoint_info *info) {
+    char err[CONFIG_PATH_MAX + 512];
+    if (checkpoint_try_read_config(path, c, info, err, sizeof err) != 0) fail(EXIT_BAD_FILE, "%s", err);
 }
 
 void checkpoint_read_state(const char *path, model *m, bool optimizer, metric_table *train, metric_table *eval) {
-    hid_t file = open_for_reading(path, "checkpoint");
-    read_tensors(file, path, "/model", m, m->params);
-    if (m->momentum) read_buffers(file, path, m);
-    if (optimizer) {
-        read_tensors(file, path, "/optim/m", m, m->adam_m);
-        read_tensors(file, path, "/optim/v", m, m->adam_v);
-    }
-    if (train) read_metric_table(file, path, "/metrics/train", train);
-    if (eval) read_metric_table(file, path, "/metrics/eval", eval);
-    H5Fclose(file);
+    char err[CONFIG_PATH_MAX + 512];
+    if (checkpoint_try_read_state(path, m, optimizer, train, eval, err, sizeof err) != 0)
+        fail(EXIT_BAD_FILE, "%s", err);
 }
 
-static void check_token_range(const char *path, const char *name, const int32_t *x, size_t n, int lo, int hi) {
+static void check_token_range(reader *r, const char *name, const int32_t *x, size_t n, int lo, int hi) {
     for (size_t i = 0; i < n; i++)
-        if (x[i] < lo || x[i] >= hi)
-            fail(EXIT_BAD_FILE, "%s: %s[%zu] = %d is outside [%d, %d)", path, name, i, x[i], lo, hi);
+        if (x[i] < lo || x[i] >= hi) reader_fail(r, "%s[%zu] = %d is outside [%d, %d)", name, i, x[i], lo, hi);
+}
+
+static void tokens_body(reader *r, void *ctx) {
+    read_request *q = ctx;
+    const model *m = q->m;
+    hsize_t dims[H5S_MAX_RANK] = {0};
+    int ndim;
+    H5Dclose(open_dataset(r, "/inputs", &ndim, dims));
+    if (ndim != 2 || dims[0] == 0 || dims[1] == 0) reader_fail(r, "/inputs must be a non-empty [B, T] int32 array");
+    if ((int)dims[1] > m->rope_positions)
+        reader_fail(r, "/inputs has T = %llu, longer than the model's %d positions", (unsigned long long)dims[1],
+                    m->rope_positions);
+    batch *b = q->b;
+    batch_alloc(b, (int)dims[0], (int)dims[1]);
+    size_t n = (size_t)b->B * b->T;
+    read_checked(r, "/inputs", H5T_NATIVE_INT32, 2, dims, b->inputs);
+    read_checked(r, "/targets", H5T_NATIVE_INT32, 2, dims, b->targets);
+    check_token_range(r, "/inputs", b->inputs, n, 0, m->V);
+    if (m->cfg.head == HEAD_CLS) {
+        hsize_t label_dims[1] = {dims[0]};
+        read_checked(r, "/labels", H5T_NATIVE_INT32, 1, label_dims, b->labels);
+        check_token_range(r, "/labels", b->labels, (size_t)b->B, 0, m->n_out);
+    } else {
+        check_token_range(r, "/targets", b->targets, n, -1, m->V);
+    }
 }
 
 void tokens_read(const char *path, const model *m, batch *b) {
-    hid_t file = open_for_reading(path, "token file");
-    if (H5Lexists(file, "/inputs", H5P_DEFAULT) <= 0) fail(EXIT_BAD_FILE, "%s: missing dataset /inputs", path);
-    hid_t dset = H5Dopen2(file, "/inputs", H5P_DEFAULT);
-    hid_t space = H5Dget_space(dset);
-    hsize_t dims[2] = {0, 0};
-    int ndim = H5Sget_simple_extent_dims(space, dims, NULL);
-    H5Sclose(space);
-    H5Dclose(dset);
-    if (ndim != 2 || dims[0] == 0 || dims[1] == 0)
-        fail(EXIT_BAD_FILE, "%s: /inputs must be a non-empty [B, T] int32 array", path);
-    if ((int)dims[1] > m->rope_positions)
-        fail(EXIT_BAD_FILE, "%s: /inputs has T = %llu, longer than the model's %d positions", path,
-             (unsigned long long)dims[1], m->rope_positions);
-    batch_alloc(b, (int)dims[0], (int)dims[1]);
-    size_t n = (size_t)b->B * b->T;
-    read_checked(file, path, "/inputs", H5T_NATIVE_INT32, 2, dims, b->inputs);
-    read_checked(file, path, "/targets", H5T_NATIVE_INT32, 2, dims, b->targets);
-    check_token_range(path, "/inputs", b->inputs, n, 0, m->V);
-    if (m->cfg.head == HEAD_CLS) {
-        hsize_t label_dims[1] = {dims[0]};
-        read_checked(file, path, "/labels", H5T_NATIVE_INT32, 1, label_dims, b->labels);
-        check_token_range(path, "/labels", b->labels, (size_t)b->B, 0, m->n_out);
-    } else {
-        check_token_range(path, "/targets", b->targets, n, -1, m->V);
-    }
-    H5Fclose(file);
+    char err[CONFIG_PATH_MAX + 512];
+    read_request q = {.m = (model *)m, .b = b};
+    if (reader_run(path, "token file", tokens_body, &q, err, sizeof err) != 0) fail(EXIT_BAD_FILE, "%s", err);
 }

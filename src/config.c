@@ -292,7 +292,16 @@ void config_apply_override(config *c, const char *assignment) {
 bool config_momentum_enabled(const config *c) { return c->gamma != 0.0 || c->learn_gamma; }
 
 void config_validate(const config *c, const char *origin, int exit_code) {
-#define REJECT(...) fail_all(exit_code, __VA_ARGS__)
+    char err[512];
+    if (config_check(c, origin, err, sizeof err) != 0) fail_all(exit_code, "%s", err);
+}
+
+int config_check(const config *c, const char *origin, char *err, size_t err_len) {
+#define REJECT(...)                            \
+    do {                                       \
+        snprintf(err, err_len, __VA_ARGS__);   \
+        return -1;                             \
+    } while (0)
     if (c->d_model % c->n_heads != 0)
         REJECT("%s: model.d_model = %d is not divisible by model.n_heads = %d", origin, c->d_model, c->n_heads);
     if ((c->d_model / c->n_heads) % 2 != 0)
@@ -320,6 +329,7 @@ void config_validate(const config *c, const char *origin, int exit_code) {
     if (fmm_parse_kernels(c->fmm_kernels, &probe, bad, sizeof bad) != 0)
         REJECT("%s: fmm.kernels: unknown or too many feature maps at '%s' (allowed: elu, elu_flip, tanh)",
                origin, bad);
+    return 0;
 #undef REJECT
 }
 
@@ -358,12 +368,12 @@ char *config_to_ini(const config *c) {
     return text;
 }
 
-int config_compare_model_keys(const config *a, const config *b, char *out, size_t out_len) {
+int config_compare_keys(const config *a, const config *b, bool model_keys, char *out, size_t out_len) {
     int differing = 0;
     size_t len = 0;
     if (out_len) out[0] = '\0';
     for (size_t i = 0; i < N_KEYS; i++) {
-        if (KEYS[i].role != ROLE_MODEL) continue;
+        if ((KEYS[i].role == ROLE_MODEL) != model_keys) continue;
         char va[CONFIG_PATH_MAX + 32], vb[CONFIG_PATH_MAX + 32];
         format_value(a, &KEYS[i], va, sizeof va);
         format_value(b, &KEYS[i], vb, sizeof vb);

@@ -208,32 +208,63 @@ static void log_eval(trainer *t) {
               t->step, e.loss, e.L_new, e.L_rep, e.delta_12, e.acc, e.exact_match);
 }
 
-static void resume_from(trainer *t, const char *path) {
-    config saved;
-    checkpoint_info info;
-    checkpoint_read_config(path, &saved, &info);
-    char diff[2048];
-    if (config_compare_model_keys(&saved, &t->cfg, diff, sizeof diff) > 0)
-        fail_all(EXIT_BAD_FILE, "%s: config differs in keys that change the model or data: %s", path, diff);
-    checkpoint_read_state(path, &t->model, true, &t->train_log, &t->eval_log);
-    t->step = info.step;
-    t->tokens_seen = info.tokens_seen;
-    log_rank0("resumed from %s at step %lld\n", path, t->step);
+/* Fresh parameters, moments, buffers and history: the state of step 0. */
+static void trainer_reset(trainer *t) {
+    model *m = &t->model;
+    model_init_parameters(m);
+    memset(m->adam_m, 0, sizeof(float) * 2 * m->n_params);
+    t->train_log.n_rows = t->eval_log.n_rows = 0;
+    t->step = t->tokens_seen = 0;
 }
 
-static const char *find_resume_path(const config *c, const char *resume, char *buf, size_t len) {
-    if (!resume) return NULL;
-    if (strcmp(resume, "auto") != 0) return resume;
-    char **names;
-    int n = list_checkpoints(c->out_dir, &names);
-    const char *found = NULL;
-    if (n > 0) {
-        snprintf(buf, len, "%s/%s", c->out_dir, names[n - 1]);
-        found = buf;
+/* Loads `path` into the trainer. A file that does not load returns -1 with
+ * the reason (the trainer is then reset); a config that changes the model
+ * or the data exits 3 listing every differing key (SPEC 4, resume). */
+static int try_resume(trainer *t, const char *path, char *err, size_t err_len) {
+    config saved;
+    checkpoint_info info;
+    if (checkpoint_try_read_config(path, &saved, &info, err, err_len) != 0) return -1;
+    char diff[4096];
+    if (config_compare_keys(&saved, &t->cfg, true, diff, sizeof diff) > 0)
+        fail_all(EXIT_BAD_FILE, "%s: the config differs in keys that change the model or the data (checkpoint vs now): %s",
+                 path, diff);
+    if (checkpoint_try_read_state(path, &t->model, true, &t->train_log, &t->eval_log, err, err_len) != 0) {
+        trainer_reset(t);
+        return -1;
     }
-    for (int i = 0; i < n; i++) free(names[i]);
-    free(names);
-    return found;
+    if (config_compare_keys(&saved, &t->cfg, false, diff, sizeof diff) > 0)
+        log_rank0("warning: schedule keys changed since the checkpoint (checkpoint vs now): %s\n", diff);
+    t->step = info.step;
+    t->tokens_seen = info.tokens_seen;
+    if (info.world_size != process_count())
+        log_rank0("note: checkpoint written by %d ranks, resuming on %d (same math up to float summation order)\n",
+                  info.world_size, process_count());
+    log_rank0("resumed from %s at step %lld\n", path, t->step);
+    return 0;
+}
+
+/* --resume PATH must load; --resume auto takes the newest checkpoint in
+ * train.out_dir that loads, reporting (never deleting) those that do not. */
+static void resume_training(trainer *t, const char *how) {
+    char err[CONFIG_PATH_MAX + 512];
+    if (strcmp(how, "auto") != 0) {
+        if (try_resume(t, how, err, sizeof err) != 0) fail_all(EXIT_BAD_FILE, "%s", err);
+    } else {
+        char **names;
+        int n = list_checkpoints(t->cfg.out_dir, &names);
+        bool resumed = false;
+        for (int i = n - 1; i >= 0 && !resumed; i--) {
+            char path[CONFIG_PATH_MAX + 32];
+            snprintf(path, sizeof path, "%s/%s", t->cfg.out_dir, names[i]);
+            resumed = try_resume(t, path, err, sizeof err) == 0;
+            if (!resumed) log_rank0("warning: skipping checkpoint that does not load: %s\n", err);
+        }
+        for (int i = 0; i < n; i++) free(names[i]);
+        free(names);
+        if (!resumed) log_rank0("no checkpoint to resume in %s: starting at step 0\n", t->cfg.out_dir);
+    }
+    /* every rank read the file itself: make sure they agree */
+    dist_check_consistency(&t->model, t->step);
 }
 
 static config load_config(const char *path, int n_overrides, char **overrides) {
@@ -253,9 +284,7 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
     trainer t;
     trainer_create(&t, &cfg);
     dist_describe();
-    char resume_buf[CONFIG_PATH_MAX + 32];
-    const char *resume_path = find_resume_path(&cfg, resume, resume_buf, sizeof resume_buf);
-    if (resume_path) resume_from(&t, resume_path);
+    if (resume) resume_training(&t, resume);
     log_rank0("model: %zu parameters | global batch %d x %d | %lld steps\n", t.model.n_params, cfg.batch_size,
               cfg.seq_len, cfg.steps);
     long long first_step = t.step;

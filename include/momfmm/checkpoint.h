@@ -33,6 +33,12 @@ void checkpoint_read_config(const char *path, config *c, checkpoint_info *info);
 void checkpoint_read_state(const char *path, model *m, bool optimizer, metric_table *train,
                            metric_table *eval);
 
+/* The same two reads without exiting: 0, or -1 with a message naming the
+ * file and the problem (--resume auto skips a checkpoint that fails). */
+int checkpoint_try_read_config(const char *path, config *c, checkpoint_info *info, char *err, size_t err_len);
+int checkpoint_try_read_state(const char *path, model *m, bool optimizer, metric_table *train, metric_table *eval,
+                              char *err, size_t err_len);
+
 /* Token file (SPEC 4): /inputs, /targets int32 [B,T], /labels [B] for cls.
  * Exits 3 on a problem, 3 also for tokens out of the vocabulary. */
 void tokens_read(const char *path, const model *m, batch *b);

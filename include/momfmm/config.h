@@ -71,6 +71,8 @@ void config_apply_override(config *c, const char *assignment);
  * exit_code (2 for a config file, 3 for a checkpoint)
  * naming `origin` and the key. */
 void config_validate(const config *c, const char *origin, int exit_code);
+/* The same checks, returning 0 or -1 with the message in err. */
+int config_check(const config *c, const char *origin, char *err, size_t err_len);
 
 /* The full resolved config as INI text (SPEC 4 `config_ini`). Caller frees. */
 char *config_to_ini(const config *c);
@@ -78,9 +80,8 @@ char *config_to_ini(const config *c);
 /* True when momentum attention is on (SPEC 1.2). */
 bool config_momentum_enabled(const config *c);
 
-/* Keys whose values change the model or the data (must match on resume).
- * Writes "section.key" names that differ into out (one per line). Returns
- * the number of differing keys. */
-int config_compare_model_keys(const config *a, const config *b, char *out,
-                              size_t out_len);
+/* Compares the keys that change the model or the data (model_keys = true;
+ * they must match on resume) or the schedule keys (false; they may change).
+ * Writes "section.key: a vs b; ..." into out; returns how many differ. */
+int config_compare_keys(const config *a, const config *b, bool model_keys, char *out, size_t out_len);
 #endif

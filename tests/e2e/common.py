@@ -30,6 +30,7 @@ def run(args, timeout=600, **kw):
 
 def write_config(path, sections):
     """sections: {"model": {"d_model": 32, ...}, ...} -> INI file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         for section, keys in sections.items():
             f.write(f"[{section}]\n")
