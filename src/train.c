@@ -15,6 +15,7 @@
 
 #include "momfmm/checkpoint.h"
 #include "momfmm/common.h"
+#include "momfmm/live_metrics.h"
 #include "momfmm/optimizer.h"
 
 void trainer_create(trainer *t, const config *cfg) {
@@ -198,6 +199,20 @@ static void log_train(trainer *t, const step_result *r, double tokens_per_s, dou
               t->cfg.steps, r->loss, r->lr, r->grad_norm, tokens_per_s, (int)(eta / 60), (int)fmod(eta, 60));
 }
 
+/* Rank 0 mirrors the metric tables into metrics.h5 as they grow; a write
+ * failure (e.g. a full disk) is reported once and the mirror stops, while
+ * training and checkpoints go on. */
+static live_metrics *live = NULL;
+
+static void publish_metrics(trainer *t) {
+    char err[256];
+    if (live && live_metrics_append(live, &t->train_log, &t->eval_log, err, sizeof err) != 0) {
+        fprintf(stderr, "momfmm: warning: %s; live metrics stop here (checkpoints keep the history)\n", err);
+        live_metrics_close(live);
+        live = NULL;
+    }
+}
+
 static void log_eval(trainer *t) {
     eval_metrics e;
     trainer_evaluate(t, &e);
@@ -285,6 +300,11 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
     trainer_create(&t, &cfg);
     dist_describe();
     if (resume) resume_training(&t, resume);
+    if (process_rank() == 0) {
+        char err[CONFIG_PATH_MAX + 64];
+        live = live_metrics_open(cfg.out_dir, &t.train_log, &t.eval_log, err, sizeof err);
+        if (!live) fprintf(stderr, "momfmm: warning: %s; training goes on without it\n", err);
+    }
     log_rank0("model: %zu parameters | global batch %d x %d | %lld steps\n", t.model.n_params, cfg.batch_size,
               cfg.seq_len, cfg.steps);
     long long first_step = t.step;
@@ -294,13 +314,19 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
     while (t.step < cfg.steps && !stopped) {
         step_result r = trainer_step(&t);
         interval_tokens += (long long)cfg.batch_size * cfg.seq_len;
+        bool logged = false;
         if (t.step % cfg.log_interval == 0 || t.step == cfg.steps) {
             double now = wall_seconds();
             log_train(&t, &r, interval_tokens / (now - interval_start), now - start, t.step - first_step);
             interval_start = now;
             interval_tokens = 0;
+            logged = true;
         }
-        if (cfg.eval_interval > 0 && (t.step % cfg.eval_interval == 0 || t.step == cfg.steps)) log_eval(&t);
+        if (cfg.eval_interval > 0 && (t.step % cfg.eval_interval == 0 || t.step == cfg.steps)) {
+            log_eval(&t);
+            logged = true;
+        }
+        if (logged) publish_metrics(&t);
         if (cfg.check_interval > 0 && t.step % cfg.check_interval == 0) dist_check_consistency(&t.model, t.step);
         stopped = ranks_agree_to_stop();
         if (stopped) log_rank0("stop requested: writing a checkpoint at step %lld\n", t.step);
@@ -308,6 +334,8 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
         if (periodic || stopped || t.step == cfg.steps) save_checkpoint(&t);
     }
     if (t.step == first_step && t.step >= cfg.steps) log_rank0("nothing to do: already at step %lld of %lld\n", t.step, cfg.steps);
+    live_metrics_close(live);
+    live = NULL;
     trainer_free(&t);
     return 0;
 }

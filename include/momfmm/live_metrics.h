@@ -1,0 +1,23 @@
+/* metrics.h5 in the run directory (issue: live metrics): the /metrics
+ * tables of SPEC 4, appended at every log and eval and readable while the
+ * run writes them, through HDF5 single-writer/multiple-reader (SWMR) mode.
+ * Readers: h5py.File(path, "r", libver="latest", swmr=True). */
+#ifndef MOMFMM_LIVE_METRICS_H
+#define MOMFMM_LIVE_METRICS_H
+#include <stddef.h>
+
+#include "momfmm/metrics.h"
+
+typedef struct live_metrics live_metrics;
+
+/* Creates dir/metrics.h5 (replacing an older one) holding the rows the
+ * tables have so far, then starts SWMR writing. NULL with a message in err
+ * when the file cannot be written. */
+live_metrics *live_metrics_open(const char *dir, const metric_table *train, const metric_table *eval, char *err,
+                                size_t err_len);
+/* Writes the rows added to the tables since the last call and flushes them.
+ * Returns 0, or -1 with a message (the caller may stop using the file). */
+int live_metrics_append(live_metrics *lm, const metric_table *train, const metric_table *eval, char *err,
+                        size_t err_len);
+void live_metrics_close(live_metrics *lm);
+#endif
