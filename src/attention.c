@@ -65,7 +65,7 @@ static void prepare_vector(model *m, int layer, int h, int which, float *raw, fl
     if (post) rope_forward(raw, m->rope_cos, m->rope_sin, T, m->dh, 0);
     if (collect_buffers) add_last_position(head_buffer(m->buffer_sums, m, layer, which, h), raw, T, m->dh);
     const float *prev = m->cfg.anchor ? NULL : head_buffer(m->buffers, m, layer, which, h);
-    momentum_shear_forward(raw, prev, dst, p, head_coeffs(m, layer, h), T, m->dh);
+    momentum_shear_forward(raw, prev, NULL, dst, p, head_coeffs(m, layer, h), T, m->dh);
     if (!post) rope_forward(dst, m->rope_cos, m->rope_sin, T, m->dh, 0);
 }
 
@@ -151,6 +151,61 @@ void attention_backward(model *m, int layer, const float *d_out, float *d_qkv, i
             unprepare_gradient(m, layer, h, VECTOR_K, dk, d_raw, keep_p ? a->p_k + off : NULL, T);
             scatter_head(d_rows, d_raw, 3 * d, d + h * dh, T, dh);
             scatter_head(d_rows, dv, 3 * d, 2 * d + h * dh, T, dh);
+        }
+    }
+}
+
+/* ---- streaming (SPEC 1.2: carry each sequence's previous vectors) ------- */
+
+static size_t stream_index(const stream_state *st, const model *m, int layer, int s, int h) {
+    return ((size_t)layer * st->S + s) * m->H + h;
+}
+
+/* prepare_vector for positions pos..pos+n-1 of one stream: at pos 0 the
+ * shear starts as in training (anchor or buffer); later it continues from
+ * the carried x_{t-1} and p_{t-1}, which it then updates. */
+static void prepare_stream_vector(model *m, stream_state *st, int layer, int s, int h, int which, float *raw,
+                                  float *dst, float *p, int n) {
+    int dh = m->dh, pos = st->pos;
+    if (!is_sheared(m, which)) {
+        memcpy(dst, raw, sizeof(float) * n * dh);
+        rope_forward(dst, m->rope_cos, m->rope_sin, n, dh, pos);
+        return;
+    }
+    size_t carry = ((((size_t)layer * 2 + which) * st->S + s) * m->H + h) * dh;
+    float *carry_x = st->carry_x + carry, *carry_p = st->carry_p + carry;
+    const float *prev = pos > 0 ? carry_x : m->cfg.anchor ? NULL : head_buffer(m->buffers, m, layer, which, h);
+    bool post = m->cfg.placement == PLACEMENT_POST_ROPE;
+    if (post) rope_forward(raw, m->rope_cos, m->rope_sin, n, dh, pos);
+    momentum_shear_forward(raw, prev, pos > 0 ? carry_p : NULL, dst, p, head_coeffs(m, layer, h), n, dh);
+    memcpy(carry_x, raw + (size_t)(n - 1) * dh, sizeof(float) * dh);
+    memcpy(carry_p, p + (size_t)(n - 1) * dh, sizeof(float) * dh);
+    if (!post) rope_forward(dst, m->rope_cos, m->rope_sin, n, dh, pos);
+}
+
+void attention_stream_forward(model *m, stream_state *st, int layer, const float *qkv, float *out, int n) {
+    int d = m->d, dh = m->dh, pos = st->pos;
+    size_t ndh = (size_t)n * dh, cache = (size_t)st->capacity * dh;
+    float *raw = st->head_scratch, *q = raw + ndh, *p = q + ndh, *head_out = p + ndh, *kernel = head_out + ndh;
+    size_t far_floats = fmm_stream_state_floats(&m->fmm, dh);
+    for (int s = 0; s < st->S; s++) {
+        const float *rows = qkv + (size_t)s * n * 3 * d;
+        for (int h = 0; h < m->H; h++) {
+            size_t index = stream_index(st, m, layer, s, h);
+            float *k_cache = st->k_cache + index * cache, *v_cache = st->v_cache + index * cache;
+            gather_head(raw, rows, 3 * d, h * dh, n, dh);
+            prepare_stream_vector(m, st, layer, s, h, VECTOR_Q, raw, q, p, n);
+            gather_head(raw, rows, 3 * d, d + h * dh, n, dh);
+            prepare_stream_vector(m, st, layer, s, h, VECTOR_K, raw, k_cache + (size_t)pos * dh, p, n);
+            gather_head(v_cache + (size_t)pos * dh, rows, 3 * d, 2 * d + h * dh, n, dh);
+            if (m->cfg.attention == ATTENTION_FMM) {
+                const float *blend = m->w.blocks[layer].fmm_blend;
+                fmm_head_stream(&m->fmm, q, k_cache, v_cache, pos, n, blend[h], blend[m->H + h],
+                                st->far_state + index * far_floats, head_out, kernel, dh);
+            } else {
+                softmax_attention_forward(head_out, st->probs, q, k_cache, v_cache, n, pos + n, dh, pos, true);
+            }
+            scatter_head(out + (size_t)s * n * d, head_out, d, h * dh, n, dh);
         }
     }
 }

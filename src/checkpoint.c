@@ -80,7 +80,7 @@ static herr_t write_buffers(hid_t file, const model *m) {
 
 static herr_t write_metric_table(hid_t file, const char *group, const metric_table *t) {
     size_t rows = (size_t)t->n_rows;
-    double *column = xcalloc(rows * OCCURRENCE_BINS + rows + 1, sizeof(double));
+    double *column = xcalloc(rows * (size_t)t->row_width + 1, sizeof(double));
     herr_t status = 0;
     int offset = 0;
     for (int c = 0; c < t->n_columns && status >= 0; c++) {
@@ -90,8 +90,9 @@ static herr_t write_metric_table(hid_t file, const char *group, const metric_tab
                 column[r * col->width + j] = t->values[r * t->row_width + offset + j];
         char name[128];
         snprintf(name, sizeof name, "%s/%s", group, col->name);
-        hsize_t dims[2] = {rows, (hsize_t)col->width};
-        int ndim = col->width > 1 ? 2 : 1;
+        unsigned long long shape[3];
+        int ndim = metric_column_shape(col, (long long)rows, shape);
+        hsize_t dims[3] = {shape[0], shape[1], shape[2]};
         if (col->integer) {
             long long *ints = (long long *)column;
             for (size_t r = 0; r < rows; r++) ints[r] = (long long)column[r];
@@ -376,14 +377,16 @@ static void read_metric_table(reader *r, const char *group, metric_table *t) {
     H5Dclose(open_dataset(r, name, &ndim, dims));
     if (ndim != 1) reader_fail(r, "%s is not 1-D", name);
     long long rows = (long long)dims[0];
-    double *column = xcalloc((size_t)rows * OCCURRENCE_BINS + 1, sizeof(double));
+    double *column = xcalloc((size_t)rows * (size_t)t->row_width + 1, sizeof(double));
     double *row = xcalloc((size_t)t->row_width, sizeof(double));
     int offset = 0;
     for (int c = 0; c < t->n_columns; c++) {
         const metric_column *col = &t->columns[c];
         snprintf(name, sizeof name, "%s/%s", group, col->name);
-        hsize_t want[2] = {(hsize_t)rows, (hsize_t)col->width};
-        read_checked(r, name, H5T_NATIVE_DOUBLE, col->width > 1 ? 2 : 1, want, column);
+        unsigned long long shape[3];
+        int ndim_want = metric_column_shape(col, rows, shape);
+        hsize_t want[3] = {shape[0], shape[1], shape[2]};
+        read_checked(r, name, H5T_NATIVE_DOUBLE, ndim_want, want, column);
         for (long long i = 0; i < rows; i++) {
             if (c == 0) metric_table_append(t, row);
             for (int j = 0; j < col->width; j++) t->values[i * t->row_width + offset + j] = column[i * col->width + j];

@@ -7,6 +7,7 @@
 #include "momfmm/checkpoint.h"
 #include "momfmm/common.h"
 #include "momfmm/dist.h"
+#include "momfmm/inference.h"
 #include "momfmm/train.h"
 
 #define MAX_OVERRIDES 256
@@ -16,15 +17,21 @@ static const char *USAGE =
     "  train CONFIG.ini [--set section.key=value ...] [--resume auto|PATH]\n"
     "  init CONFIG.ini --out FILE.h5 [--set ...]\n"
     "  loss CKPT.h5 TOKENS.h5 [--grads OUT.h5]\n"
-    "  bench CONFIG.ini [--set ...] [--steps N]\n";
+    "  bench CONFIG.ini [--set ...] [--steps N]\n"
+    "  eval CKPT.h5 [--stream [--segment N]]\n"
+    "  inspect CKPT.h5\n"
+    "  generate CKPT.h5 --prompt TOKENS [--tokens N] [--temperature T] [--seed S]\n";
 
 typedef struct {
     const char *positional[2];
     int n_positional;
     char *overrides[MAX_OVERRIDES];
     int n_overrides;
-    const char *out, *grads, *resume;
-    int steps;
+    const char *out, *grads, *resume, *prompt;
+    int steps, segment, tokens;
+    bool stream;
+    double temperature;
+    long long seed;
 } arguments;
 
 static int parse_positive(const char *flag, const char *value) {
@@ -34,19 +41,33 @@ static int parse_positive(const char *flag, const char *value) {
     return (int)v;
 }
 
+static double parse_number(const char *flag, const char *value) {
+    char *end;
+    double v = strtod(value, &end);
+    if (*end || end == value || !(v >= 0) || v > 1e15) fail_all(EXIT_USAGE, "%s %s: expected a number >= 0", flag, value);
+    return v;
+}
+
 /* Options each command accepts: 's' --set, 'o' --out, 'g' --grads,
- * 'r' --resume, 'n' --steps. */
+ * 'r' --resume, 'n' --steps, 'S' --stream, 'L' --segment, 'p' --prompt,
+ * 'k' --tokens, 't' --temperature, 'e' --seed. */
 static arguments parse_arguments(const char *command, int argc, char **argv, const char *allowed, int positional) {
     arguments a;
     memset(&a, 0, sizeof a);
-    a.steps = 10;
+    a.steps = 10, a.segment = 1, a.tokens = 32;
+    static const struct { const char *flag; char option; bool takes_value; } options[] = {
+        {"--set", 's', true}, {"--out", 'o', true}, {"--grads", 'g', true}, {"--resume", 'r', true},
+        {"--steps", 'n', true}, {"--stream", 'S', false}, {"--segment", 'L', true}, {"--prompt", 'p', true},
+        {"--tokens", 'k', true}, {"--temperature", 't', true}, {"--seed", 'e', true},
+    };
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
-        bool has_value = i + 1 < argc;
-        char option = !strcmp(arg, "--set") ? 's' : !strcmp(arg, "--out") ? 'o' : !strcmp(arg, "--grads") ? 'g'
-                    : !strcmp(arg, "--resume") ? 'r' : !strcmp(arg, "--steps") ? 'n' : 0;
+        char option = 0;
+        bool takes_value = false;
+        for (size_t o = 0; o < sizeof options / sizeof options[0]; o++)
+            if (!strcmp(arg, options[o].flag)) option = options[o].option, takes_value = options[o].takes_value;
         if (option && !strchr(allowed, option)) fail_all(EXIT_USAGE, "%s: option %s is not accepted\n%s", command, arg, USAGE);
-        if (option && !has_value) fail_all(EXIT_USAGE, "%s: option %s needs a value", command, arg);
+        if (option && takes_value && i + 1 >= argc) fail_all(EXIT_USAGE, "%s: option %s needs a value", command, arg);
         if (!option && arg[0] == '-' && arg[1]) fail_all(EXIT_USAGE, "%s: unknown option %s\n%s", command, arg, USAGE);
         switch (option) {
         case 's':
@@ -57,6 +78,12 @@ static arguments parse_arguments(const char *command, int argc, char **argv, con
         case 'g': a.grads = argv[++i]; break;
         case 'r': a.resume = argv[++i]; break;
         case 'n': a.steps = parse_positive("--steps", argv[++i]); break;
+        case 'S': a.stream = true; break;
+        case 'L': a.segment = parse_positive("--segment", argv[++i]); break;
+        case 'p': a.prompt = argv[++i]; break;
+        case 'k': a.tokens = parse_positive("--tokens", argv[++i]); break;
+        case 't': a.temperature = parse_number("--temperature", argv[++i]); break;
+        case 'e': a.seed = (long long)parse_number("--seed", argv[++i]); break;
         default:
             if (a.n_positional == positional) fail_all(EXIT_USAGE, "%s: unexpected argument '%s'\n%s", command, arg, USAGE);
             a.positional[a.n_positional++] = arg;
@@ -141,6 +168,16 @@ int main(int argc, char **argv) {
     } else if (!strcmp(command, "bench")) {
         arguments a = parse_arguments(command, rest_count, rest, "sn", 1);
         rc = command_bench(a.positional[0], a.n_overrides, a.overrides, a.steps);
+    } else if (!strcmp(command, "eval")) {
+        arguments a = parse_arguments(command, rest_count, rest, "SL", 1);
+        rc = command_eval(a.positional[0], a.stream, a.segment);
+    } else if (!strcmp(command, "inspect")) {
+        arguments a = parse_arguments(command, rest_count, rest, "", 1);
+        rc = command_inspect(a.positional[0]);
+    } else if (!strcmp(command, "generate")) {
+        arguments a = parse_arguments(command, rest_count, rest, "pkte", 1);
+        if (!a.prompt) fail_all(EXIT_USAGE, "generate: --prompt TOKENS is required");
+        rc = command_generate(a.positional[0], a.prompt, a.tokens, a.temperature, a.seed);
     } else {
         fail_all(EXIT_USAGE, "unknown command '%s'\n%s", command, USAGE);
     }

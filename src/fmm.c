@@ -295,6 +295,8 @@ static float feature_value(feature_map m, float x) {
                                                                  : phi_tanh(x);
 }
 
+float fmm_feature(feature_map m, float x) { return feature_value(m, x); }
+
 static float feature_slope(feature_map m, float x, float phi) {
     return m == FEATURE_ELU ? slope_elu(x, phi)
            : m == FEATURE_ELU_FLIP ? slope_elu_flip(x, phi) : slope_tanh(x, phi);

@@ -27,9 +27,10 @@ struct live_metrics {
 static hid_t create_column(hid_t file, const char *group, const metric_column *col) {
     char name[128];
     snprintf(name, sizeof name, "/metrics/%s/%s", group, col->name);
-    int ndim = col->width > 1 ? 2 : 1;
-    hsize_t dims[2] = {0, (hsize_t)col->width}, maxdims[2] = {H5S_UNLIMITED, (hsize_t)col->width};
-    hsize_t chunk[2] = {256, (hsize_t)col->width};
+    unsigned long long shape[3];
+    int ndim = metric_column_shape(col, 0, shape);
+    hsize_t dims[3] = {0, shape[1], shape[2]}, maxdims[3] = {H5S_UNLIMITED, shape[1], shape[2]};
+    hsize_t chunk[3] = {256, shape[1], shape[2]};
     hid_t space = H5Screate_simple(ndim, dims, maxdims);
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
     H5Pset_chunk(dcpl, ndim, chunk);
@@ -64,9 +65,10 @@ static int append_rows(live_table *lt, const metric_table *t) {
         for (long long r = 0; r < count; r++)
             for (int j = 0; j < col->width; j++)
                 block[r * col->width + j] = t->values[(first + r) * t->row_width + offset + j];
-        int ndim = col->width > 1 ? 2 : 1;
-        hsize_t size[2] = {(hsize_t)(first + count), (hsize_t)col->width};
-        hsize_t start[2] = {(hsize_t)first, 0}, extent[2] = {(hsize_t)count, (hsize_t)col->width};
+        unsigned long long shape[3];
+        int ndim = metric_column_shape(col, first + count, shape);
+        hsize_t size[3] = {shape[0], shape[1], shape[2]};
+        hsize_t start[3] = {(hsize_t)first, 0, 0}, extent[3] = {(hsize_t)count, shape[1], shape[2]};
         hid_t dset = lt->datasets[c];
         status = H5Dset_extent(dset, size);
         hid_t file_space = H5Dget_space(dset), mem_space = H5Screate_simple(ndim, extent, NULL);

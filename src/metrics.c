@@ -82,8 +82,26 @@ void metric_table_add_column(metric_table *t, const char *name, int width, bool 
     memset(c, 0, sizeof *c);
     strncpy(c->name, name, sizeof c->name - 1);
     c->width = width;
+    c->inner = 1;
     c->integer = integer;
     t->row_width += width;
+}
+
+void metric_table_add_matrix_column(metric_table *t, const char *name, int outer, int inner) {
+    metric_table_add_column(t, name, outer * inner, false);
+    t->columns[t->n_columns - 1].inner = inner;
+}
+
+int metric_column_shape(const metric_column *c, long long rows, unsigned long long dims[3]) {
+    dims[0] = (unsigned long long)rows;
+    if (c->width == 1 && c->inner <= 1) return 1;
+    if (c->inner <= 1) {
+        dims[1] = (unsigned long long)c->width;
+        return 2;
+    }
+    dims[1] = (unsigned long long)(c->width / c->inner);
+    dims[2] = (unsigned long long)c->inner;
+    return 3;
 }
 
 void metric_table_append(metric_table *t, const double *row) {
@@ -111,7 +129,7 @@ void metric_table_free(metric_table *t) {
     memset(t, 0, sizeof *t);
 }
 
-void metric_tables_standard(metric_table *train, metric_table *eval, int n_layers) {
+void metric_tables_standard(metric_table *train, metric_table *eval, int n_layers, int n_heads) {
     metric_table_init(train);
     metric_table_add_column(train, "step", 1, true);
     metric_table_add_column(train, "loss", 1, false);
@@ -127,5 +145,6 @@ void metric_tables_standard(metric_table *train, metric_table *eval, int n_layer
     metric_table_add_column(eval, "acc", 1, false);
     metric_table_add_column(eval, "exact_match", 1, false);
     metric_table_add_column(eval, "loss_by_k", OCCURRENCE_BINS, false);
-    (void)n_layers; /* gain_R [n_evals, n_layers] joins with the momentum read-outs */
+    metric_table_add_column(eval, "gain_R", n_layers, false);
+    metric_table_add_matrix_column(eval, "gamma", n_layers, n_heads);
 }

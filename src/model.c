@@ -230,31 +230,36 @@ static void unpool_valid_positions(float *dx, const float *d_pooled, const int32
     }
 }
 
+void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
+    activations *a = &m->acts;
+    size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
+    int rows = (int)bt;
+    const block_tensors *w = &m->w.blocks[l];
+    float *x = a->residual + l * bt * d, *mid = a->mid + l * bt * d;
+    float *ln1 = a->ln1 + l * bt * d, *ln2 = a->ln2 + l * bt * d, *att = a->att_out + l * bt * d;
+    float *fc_pre = a->fc_pre + l * bt * ff, *fc_act = a->fc_act + l * bt * ff, *fc_tanh = a->fc_tanh + l * bt * ff;
+    layernorm_forward(ln1, a->ln1_mean + l * bt, a->ln1_rstd + l * bt, x, w->ln1_weight, w->ln1_bias, rows, m->d);
+    matmul_forward(a->qkv, ln1, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d);
+    attention_forward(m, l, a->qkv, att, B, T, collect_buffers);
+    matmul_forward(mid, att, w->proj_weight, w->proj_bias, rows, m->d, m->d);
+    add_into(mid, x, bt * d);
+    layernorm_forward(ln2, a->ln2_mean + l * bt, a->ln2_rstd + l * bt, mid, w->ln2_weight, w->ln2_bias, rows, m->d);
+    matmul_forward(fc_pre, ln2, w->fc_weight, w->fc_bias, rows, m->d, m->d_ff);
+    gelu_forward(fc_act, fc_tanh, fc_pre, bt * ff);
+    float *out = a->residual + (l + 1) * bt * d;
+    matmul_forward(out, fc_act, w->mlp_proj_weight, w->mlp_proj_bias, rows, m->d_ff, m->d);
+    add_into(out, mid, bt * d);
+}
+
 void model_forward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B,
                    int T, bool collect_buffers) {
     activations_reserve(m, B, T);
     activations *a = &m->acts;
-    size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
+    size_t bt = (size_t)B * T, d = (size_t)m->d;
     int rows = (int)bt;
     if (collect_buffers) memset(m->buffer_sums, 0, sizeof(float) * m->n_buffer);
     embedding_forward(a->residual, inputs, m->w.tok_emb, rows, m->d);
-    for (int l = 0; l < m->L; l++) {
-        const block_tensors *w = &m->w.blocks[l];
-        float *x = a->residual + l * bt * d, *mid = a->mid + l * bt * d;
-        float *ln1 = a->ln1 + l * bt * d, *ln2 = a->ln2 + l * bt * d, *att = a->att_out + l * bt * d;
-        float *fc_pre = a->fc_pre + l * bt * ff, *fc_act = a->fc_act + l * bt * ff, *fc_tanh = a->fc_tanh + l * bt * ff;
-        layernorm_forward(ln1, a->ln1_mean + l * bt, a->ln1_rstd + l * bt, x, w->ln1_weight, w->ln1_bias, rows, m->d);
-        matmul_forward(a->qkv, ln1, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d);
-        attention_forward(m, l, a->qkv, att, B, T, collect_buffers);
-        matmul_forward(mid, att, w->proj_weight, w->proj_bias, rows, m->d, m->d);
-        add_into(mid, x, bt * d);
-        layernorm_forward(ln2, a->ln2_mean + l * bt, a->ln2_rstd + l * bt, mid, w->ln2_weight, w->ln2_bias, rows, m->d);
-        matmul_forward(fc_pre, ln2, w->fc_weight, w->fc_bias, rows, m->d, m->d_ff);
-        gelu_forward(fc_act, fc_tanh, fc_pre, bt * ff);
-        float *out = a->residual + (l + 1) * bt * d;
-        matmul_forward(out, fc_act, w->mlp_proj_weight, w->mlp_proj_bias, rows, m->d_ff, m->d);
-        add_into(out, mid, bt * d);
-    }
+    for (int l = 0; l < m->L; l++) model_block_forward(m, l, B, T, collect_buffers);
     layernorm_forward(a->ln_f, a->ln_f_mean, a->ln_f_rstd, a->residual + m->L * bt * d, m->w.ln_f_weight,
                       m->w.ln_f_bias, rows, m->d);
     if (m->cfg.head == HEAD_LM) {

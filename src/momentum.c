@@ -10,17 +10,18 @@
 
 /* SPEC 1.2:
  *   d_t = x_t - x_{t-1} (t >= 1),  d_0 = 0 (anchored) or x_0 - prev,
- *   p_t = d_t + beta p_{t-1},      a_t = p_t - p_{t-1},   p_{-1} = 0,
+ *   p_t = d_t + beta p_{t-1},      a_t = p_t - p_{t-1},
+ *   p_{-1} = 0, or the previous segment's last p when streaming,
  *   xhat_t = x_t + gamma p_t + gamma2 a_t. */
-void momentum_shear_forward(const float *x, const float *prev, float *xhat,
-                            float *p, momentum_coeffs c, int T, int dh) {
+void momentum_shear_forward(const float *x, const float *prev, const float *p_prev,
+                            float *xhat, float *p, momentum_coeffs c, int T, int dh) {
     /* With gamma = gamma2 = 0 the shear is the identity: copy x exactly
      * (x + 0 * p would turn -0 into +0), but still emit p for a learned gamma. */
     const int shear = c.gamma != 0.0f || c.gamma2 != 0.0f;
     for (int i0 = 0; i0 < dh; i0 += MOM_BLOCK) {
         const int n = dh - i0 < MOM_BLOCK ? dh - i0 : MOM_BLOCK;
         float pm[MOM_BLOCK];                       /* p_{t-1}, column i0 + j */
-        for (int j = 0; j < n; j++) pm[j] = 0.0f;  /* p_{-1} = 0 */
+        for (int j = 0; j < n; j++) pm[j] = p_prev ? p_prev[i0 + j] : 0.0f; /* p_{-1} */
         for (int t = 0; t < T; t++) {
             const size_t row = (size_t)t * dh + i0;
             const float *xt = x + row;

@@ -17,6 +17,7 @@
 #include "momfmm/common.h"
 #include "momfmm/live_metrics.h"
 #include "momfmm/optimizer.h"
+#include "momfmm/readouts.h"
 
 void trainer_create(trainer *t, const config *cfg) {
     memset(t, 0, sizeof *t);
@@ -35,7 +36,7 @@ void trainer_create(trainer *t, const config *cfg) {
     shard_range(cfg->batch_size, process_rank(), size, &t->shard_first, &count);
     batch_alloc(&t->batch, count, cfg->seq_len);
     t->reducer = grad_reducer_create(&t->model, cfg->bucket_mb, cfg->overlap);
-    metric_tables_standard(&t->train_log, &t->eval_log, cfg->n_layers);
+    metric_tables_standard(&t->train_log, &t->eval_log, cfg->n_layers, cfg->n_heads);
     t->reduce_scratch = xcalloc(2 + t->model.n_buffer, sizeof(double));
 }
 
@@ -88,18 +89,42 @@ step_result trainer_step(trainer *t) {
     return res;
 }
 
-void trainer_evaluate(trainer *t, eval_metrics *out) {
+void trainer_evaluate(trainer *t, eval_metrics *out, double *gain_R) {
     model *m = &t->model;
     batch *b = &t->batch;
     metric_sums sums;
     memset(&sums, 0, sizeof sums);
+    /* gain sums per layer, then the row count: one reduction with the rest */
+    double *gains = xcalloc((size_t)m->L + 1, sizeof(double));
     for (int i = 0; i < t->cfg.eval_batches; i++) {
         data_fill(t->data, b, SPLIT_EVAL, i, t->shard_first);
         model_forward(m, b->inputs, b->targets, b->labels, b->B, b->T, false);
         metrics_accumulate(&sums, b, m->acts.losses, m->acts.predictions, t->cfg.head == HEAD_CLS, m->V);
+        if (gain_R) {
+            block_gains(m, b->B, b->T, (uint64_t)t->cfg.seed + (uint64_t)i, gains);
+            gains[m->L] += b->B;
+        }
     }
     dist_sum_doubles((double *)&sums, (int)METRIC_SUMS_DOUBLES);
     metrics_finish(&sums, out);
+    if (gain_R) {
+        dist_sum_doubles(gains, m->L + 1);
+        for (int l = 0; l < m->L; l++) gain_R[l] = gains[l] / gains[m->L];
+    }
+    free(gains);
+}
+
+void trainer_log_eval(trainer *t, eval_metrics *e) {
+    model *m = &t->model;
+    double *row = xcalloc((size_t)t->eval_log.row_width, sizeof(double));
+    double *gain_R = row + 7 + OCCURRENCE_BINS, *gamma = gain_R + m->L;
+    trainer_evaluate(t, e, gain_R);
+    momentum_gammas(m, gamma);
+    double head[7] = {(double)t->step, e->loss, e->L_new, e->L_rep, e->delta_12, e->acc, e->exact_match};
+    memcpy(row, head, sizeof head);
+    memcpy(row + 7, e->loss_by_k, sizeof e->loss_by_k);
+    metric_table_append(&t->eval_log, row);
+    free(row);
 }
 
 /* ---- train command ------------------------------------------------------ */
@@ -215,12 +240,12 @@ static void publish_metrics(trainer *t) {
 
 static void log_eval(trainer *t) {
     eval_metrics e;
-    trainer_evaluate(t, &e);
-    double row[7 + OCCURRENCE_BINS] = {(double)t->step, e.loss, e.L_new, e.L_rep, e.delta_12, e.acc, e.exact_match};
-    memcpy(row + 7, e.loss_by_k, sizeof e.loss_by_k);
-    metric_table_append(&t->eval_log, row);
-    log_rank0("eval step %lld | loss %.4f | L_new %.4f | L_rep %.4f | delta_12 %.4f | acc %.4f | exact %.4f\n",
+    trainer_log_eval(t, &e);
+    const double *gain_R = t->eval_log.values + (t->eval_log.n_rows - 1) * t->eval_log.row_width + 7 + OCCURRENCE_BINS;
+    log_rank0("eval step %lld | loss %.4f | L_new %.4f | L_rep %.4f | delta_12 %.4f | acc %.4f | exact %.4f | gain_R",
               t->step, e.loss, e.L_new, e.L_rep, e.delta_12, e.acc, e.exact_match);
+    for (int l = 0; l < t->model.L; l++) log_rank0(" %.3f", gain_R[l]);
+    log_rank0("\n");
 }
 
 /* Fresh parameters, moments, buffers and history: the state of step 0. */

@@ -46,7 +46,7 @@ typedef struct {
 
 static double fd_loss(void *v) {
     fd_ctx *k = v;
-    momentum_shear_forward(k->x, k->prev, k->xhat, NULL, k->c, k->T, k->dh);
+    momentum_shear_forward(k->x, k->prev, NULL, k->xhat, NULL, k->c, k->T, k->dh);
     return fd_dot(k->xhat, k->w, (size_t)k->T * k->dh);
 }
 
@@ -64,7 +64,7 @@ static int fd_case(const char *name, int T, int dh, momentum_coeffs c, int ancho
     const float dg0 = 0.75f;
     float dg = dg0;
 
-    momentum_shear_forward(k.x, k.prev, k.xhat, p, c, T, dh);
+    momentum_shear_forward(k.x, k.prev, NULL, k.xhat, p, c, T, dh);
     momentum_shear_backward(k.w, p, dx, &dg, c, anchored, scratch, T, dh);
     for (size_t i = 0; i < n; i++) ana[i] = dx[i] - dx0[i];
     float dg_ana = dg - dg0;
@@ -100,8 +100,8 @@ static int forward_case(const char *name, int T, int dh, momentum_coeffs c, int 
     if (!rx || !rp) { perror("malloc"); exit(2); }
     fd_fill(x, n, 2.0f, &seed);
     if (prev) fd_fill(prev, dh, 2.0f, &seed);
-    momentum_shear_forward(x, prev, xhat, p, c, T, dh);
-    momentum_shear_forward(x, prev, xhat2, NULL, c, T, dh);   /* p == NULL path */
+    momentum_shear_forward(x, prev, NULL, xhat, p, c, T, dh);
+    momentum_shear_forward(x, prev, NULL, xhat2, NULL, c, T, dh);   /* p == NULL path */
     naive_forward(x, prev, NULL, rx, rp, c, T, dh);
     double ex = 0, ep = 0;
     for (size_t i = 0; i < n; i++) {
@@ -127,8 +127,8 @@ static int identity_case(void) {
     fd_fill(prev, DH, 3.0f, &seed);
     x[0] = -0.0f; x[9] = -0.0f; x[10] = 1e30f; x[11] = -1e-40f;   /* denormal */
     momentum_coeffs z = coeffs(0, 0, 0);
-    momentum_shear_forward(x, NULL, xhat, p, z, T, DH);
-    momentum_shear_forward(x, prev, xhat2, NULL, z, T, DH);
+    momentum_shear_forward(x, NULL, NULL, xhat, p, z, T, DH);
+    momentum_shear_forward(x, prev, NULL, xhat2, NULL, z, T, DH);
     int ok = memcmp(x, xhat, sizeof x) == 0 && memcmp(x, xhat2, sizeof x) == 0;
     return report("zero coeffs: xhat == x bitwise", ok, NULL, 0, 0);
 }
@@ -144,7 +144,7 @@ static int backward_null_case(void) {
     memcpy(dx2, dx1, sizeof dx1);
     momentum_coeffs c = coeffs(0.3f, 0.5f, 0.1f);
     float dg = 0;
-    momentum_shear_forward(x, NULL, xhat, p, c, T, DH);
+    momentum_shear_forward(x, NULL, NULL, xhat, p, c, T, DH);
     momentum_shear_backward(g, p, dx1, &dg, c, 1, scratch, T, DH);
     momentum_shear_backward(g, NULL, dx2, NULL, c, 1, scratch, T, DH);
     int ok = memcmp(dx1, dx2, sizeof dx1) == 0;
@@ -153,24 +153,23 @@ static int backward_null_case(void) {
 
 /* ---- segmentation with beta = gamma2 = 0: [0,T1) then [T1,T) with
  * prev = x_{T1-1} equals the whole sequence bit for bit ---- */
-static int segment_case(const char *name, int anchored) {
+static int segment_case(const char *name, int anchored, momentum_coeffs c) {
     enum { T = 10, T1 = 4, DH = 5, N = T * DH };
     float x[N], buf[DH], whole[N], pw[N], seg[N], ps[N];
     uint64_t seed = 13;
     fd_fill(x, N, 1.0f, &seed);
     fd_fill(buf, DH, 1.0f, &seed);
-    momentum_coeffs c = coeffs(0.3f, 0, 0);
     const float *prev = anchored ? NULL : buf;
-    momentum_shear_forward(x, prev, whole, pw, c, T, DH);
-    momentum_shear_forward(x, prev, seg, ps, c, T1, DH);
-    momentum_shear_forward(x + T1 * DH, x + (T1 - 1) * DH, seg + T1 * DH, ps + T1 * DH,
-                           c, T - T1, DH);
+    momentum_shear_forward(x, prev, NULL, whole, pw, c, T, DH);
+    momentum_shear_forward(x, prev, NULL, seg, ps, c, T1, DH);
+    momentum_shear_forward(x + T1 * DH, x + (T1 - 1) * DH, ps + (T1 - 1) * DH, seg + T1 * DH,
+                           ps + T1 * DH, c, T - T1, DH);
     int ok = memcmp(whole, seg, sizeof whole) == 0 && memcmp(pw, ps, sizeof pw) == 0;
     return report(name, ok, NULL, 0, 0);
 }
 
-/* ---- with beta, gamma2 != 0 a stream must carry (x_{T1-1}, p_{T1-1}):
- * checked on the reference, since the kernel API only takes prev ---- */
+/* ---- with beta, gamma2 != 0 a stream must carry (x_{T1-1}, p_{T1-1}),
+ * and carrying x alone is not enough (checked on the reference) ---- */
 static int stream_state_case(void) {
     enum { T = 10, T1 = 4, DH = 5, N = T * DH };
     float x[N];
@@ -211,8 +210,10 @@ int main(void) {
 
     fails += identity_case();
     fails += backward_null_case();
-    fails += segment_case("segmented == whole (anchored)", 1);
-    fails += segment_case("segmented == whole (unanchored)", 0);
+    fails += segment_case("segmented == whole (anchored)", 1, coeffs(0.3f, 0, 0));
+    fails += segment_case("segmented == whole (unanchored)", 0, coeffs(0.3f, 0, 0));
+    fails += segment_case("segmented, carried p: b=.5 g2=.1 anchored", 1, coeffs(0.3f, 0.5f, 0.1f));
+    fails += segment_case("segmented, carried p: b=.5 g2=.1 unanchored", 0, coeffs(0.3f, 0.5f, 0.1f));
     fails += stream_state_case();
 
     printf("%s: %d failure(s)\n", fails ? "FAILED" : "PASSED", fails);

@@ -42,4 +42,18 @@ void fmm_head_backward(const fmm_settings *s, const float *q, const float *k,
                        float *dq, float *dk, float *dv,
                        float *d_blend_near, float *d_blend_far,
                        float *scratch, int T, int dh);
+/* phi(x) of a feature map (SPEC 1.3), the same function the kernels use. */
+float fmm_feature(feature_map m, float x);
+
+/* Streaming (causal) FMM for one head (fmm_stream.c): queries q [n, dh] at
+ * positions pos..pos+n-1; k_all, v_all hold every key and value 0..pos+n-1.
+ * far_state carries, per kernel, sum phi(k_j) v_j^T [dh, dh] and
+ * sum phi(k_j) [dh] over j < pos, and is advanced to pos + n: the far field
+ * costs O(dh^2) per token, never a pass over the whole prefix.
+ * scratch: fmm_stream_scratch_floats. */
+size_t fmm_stream_state_floats(const fmm_settings *s, int dh);
+size_t fmm_stream_scratch_floats(const fmm_settings *s, int dh);
+void fmm_head_stream(const fmm_settings *s, const float *q, const float *k_all, const float *v_all, int pos,
+                     int n, float blend_near, float blend_far, float *far_state, float *out, float *scratch,
+                     int dh);
 #endif

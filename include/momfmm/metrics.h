@@ -36,9 +36,14 @@ void metrics_finish(const metric_sums *s, eval_metrics *out);
 /* A growing table of columns, one row per logged step or eval. */
 typedef struct {
     char name[32];
-    int width;    /* 1, or e.g. 16 for loss_by_k */
+    int width;    /* values per row: 1, 16 for loss_by_k, n_layers * n_heads for gamma */
+    int inner;    /* > 1: each row is a [width / inner, inner] matrix */
     bool integer; /* stored as int64 (step) */
 } metric_column;
+
+/* HDF5 shape of a column holding `rows` rows: [rows], [rows, width] or
+ * [rows, width / inner, inner]. Returns the rank. */
+int metric_column_shape(const metric_column *c, long long rows, unsigned long long dims[3]);
 
 typedef struct {
     metric_column *columns;
@@ -49,11 +54,14 @@ typedef struct {
 
 void metric_table_init(metric_table *t);
 void metric_table_add_column(metric_table *t, const char *name, int width, bool integer);
+/* A column whose rows are [n_rows_inner, inner] matrices. */
+void metric_table_add_matrix_column(metric_table *t, const char *name, int outer, int inner);
 void metric_table_append(metric_table *t, const double *row);
 /* Column offset within a row, or -1. */
 int metric_table_column_offset(const metric_table *t, const char *name);
 void metric_table_free(metric_table *t);
 
-/* The train and eval tables with the columns of SPEC 3/4. */
-void metric_tables_standard(metric_table *train, metric_table *eval, int n_layers);
+/* The train and eval tables with the columns of SPEC 3/4; eval also has
+ * gain_R [n, n_layers] and the per-head momentum gamma [n, n_layers, n_heads]. */
+void metric_tables_standard(metric_table *train, metric_table *eval, int n_layers, int n_heads);
 #endif

@@ -28,8 +28,11 @@ void trainer_free(trainer *t);
 /* One optimisation step at t->step + 1 (forward, backward, all-reduce,
  * clipping, AdamW); advances t->step. */
 step_result trainer_step(trainer *t);
-/* Eval metrics on train.eval_batches batches of the eval split. */
-void trainer_evaluate(trainer *t, eval_metrics *out);
+/* Eval metrics on train.eval_batches batches of the eval split; also the
+ * per-block gain_R [n_layers] (SPEC 3), when gain_R is not NULL. */
+void trainer_evaluate(trainer *t, eval_metrics *out, double *gain_R);
+/* Appends an eval row (SPEC 3 metrics, gain_R, gamma) to t->eval_log. */
+void trainer_log_eval(trainer *t, eval_metrics *out);
 
 int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume);
 int command_bench(const char *config_path, int n_overrides, char **overrides, int steps);

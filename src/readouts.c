@@ -1,0 +1,70 @@
+/* Momentum-seed read-outs; see readouts.h. */
+#include "momfmm/readouts.h"
+
+#include <complex.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "momfmm/common.h"
+#include "momfmm/rng.h"
+
+static double row_norm(const float *x, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return sqrt(s);
+}
+
+void block_gains(model *m, int B, int T, uint64_t seed, double *ratio_sums) {
+    activations *a = &m->acts;
+    size_t row = (size_t)T * m->d, bt_d = (size_t)B * row;
+    float *saved_in = xcalloc(2 * bt_d, sizeof(float)), *saved_out = saved_in + bt_d;
+    double *delta_norms = xcalloc((size_t)B, sizeof(double));
+    for (int l = 0; l < m->L; l++) {
+        float *in = a->residual + l * bt_d, *out = a->residual + (l + 1) * bt_d;
+        memcpy(saved_in, in, sizeof(float) * bt_d);
+        memcpy(saved_out, out, sizeof(float) * bt_d);
+        for (int b = 0; b < B; b++) {
+            float *x = in + b * row;
+            uint64_t key = rng_key(seed, 0x6A1, (uint64_t)l, (uint64_t)b);
+            double target = 1e-3 * row_norm(x, row), norm = 0;
+            for (size_t i = 0; i < row; i++) norm += pow(rng_normal(key, i), 2);
+            double scale = target / sqrt(norm);
+            for (size_t i = 0; i < row; i++) x[i] += (float)(scale * rng_normal(key, i));
+            /* the norm of what was actually added, after float rounding */
+            double added = 0;
+            for (size_t i = 0; i < row; i++) {
+                double dx = (double)x[i] - saved_in[b * row + i];
+                added += dx * dx;
+            }
+            delta_norms[b] = sqrt(added);
+        }
+        model_block_forward(m, l, B, T, false);
+        for (int b = 0; b < B; b++) {
+            double diff = 0;
+            for (size_t i = 0; i < row; i++) {
+                double d = (double)out[b * row + i] - saved_out[b * row + i];
+                diff += d * d;
+            }
+            if (delta_norms[b] > 0) ratio_sums[l] += sqrt(diff) / delta_norms[b];
+        }
+        memcpy(in, saved_in, sizeof(float) * bt_d);
+        memcpy(out, saved_out, sizeof(float) * bt_d);
+    }
+    free(saved_in);
+    free(delta_norms);
+}
+
+void momentum_gammas(const model *m, double *out) {
+    for (int l = 0; l < m->L; l++)
+        for (int h = 0; h < m->H; h++) {
+            const float *learned = m->w.blocks[l].momentum_gamma;
+            out[l * m->H + h] = !m->momentum ? 0.0 : learned ? learned[h] : m->cfg.gamma;
+        }
+}
+
+double momentum_filter_gain(double omega, double gamma, double beta, double gamma2) {
+    double complex z_inv = cexp(-I * omega);
+    double complex diff = 1.0 - z_inv;
+    return cabs(1.0 + (gamma + gamma2 * diff) * diff / (1.0 - beta * z_inv));
+}

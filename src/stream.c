@@ -1,0 +1,80 @@
+/* Streaming inference (SPEC 1.2, 5: `generate`, `eval --stream`): the model
+ * of model.c run on segments of a stream, with the caches and carries of
+ * stream_state; see model.h. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "momfmm/common.h"
+#include "momfmm/kernels.h"
+#include "momfmm/model.h"
+
+typedef struct {
+    float **slot;
+    size_t count;
+} stream_carve;
+
+void stream_create(stream_state *st, const model *m, int S, int capacity, int n_max) {
+    if (!m->cfg.causal || m->cfg.head != HEAD_LM)
+        fail_all(EXIT_USAGE, "streaming needs a causal lm model (model.causal = true, model.head = lm)");
+    if (capacity > m->rope_positions)
+        fail_all(EXIT_USAGE, "stream of %d positions is longer than the model's %d (model.max_seq_len)", capacity,
+                 m->rope_positions);
+    memset(st, 0, sizeof *st);
+    st->S = S, st->capacity = capacity, st->n_max = n_max;
+    size_t L = (size_t)m->L, heads = (size_t)S * m->H, dh = (size_t)m->dh, rows = (size_t)S * n_max;
+    size_t d = (size_t)m->d, ff = (size_t)m->d_ff;
+    stream_carve plan[] = {
+        {&st->k_cache, L * heads * capacity * dh}, {&st->v_cache, L * heads * capacity * dh},
+        {&st->carry_x, L * 2 * heads * dh}, {&st->carry_p, L * 2 * heads * dh},
+        {&st->far_state, L * heads * fmm_stream_state_floats(&m->fmm, m->dh)},
+        {&st->x, rows * d}, {&st->mid, rows * d}, {&st->ln, rows * d}, {&st->qkv, rows * 3 * d},
+        {&st->att, rows * d}, {&st->fc, rows * ff}, {&st->fc_tanh, rows * ff}, {&st->stats, 2 * rows},
+        {&st->head_scratch, 4 * (size_t)n_max * dh + fmm_stream_scratch_floats(&m->fmm, m->dh)},
+        {&st->probs, (size_t)n_max * capacity},
+    };
+    size_t total = 0, n = sizeof plan / sizeof plan[0];
+    for (size_t i = 0; i < n; i++) total += plan[i].count;
+    st->mem = xcalloc(total, sizeof(float));
+    float *cursor = st->mem;
+    for (size_t i = 0; i < n; i++) {
+        *plan[i].slot = cursor;
+        cursor += plan[i].count;
+    }
+}
+
+void stream_free(stream_state *st) {
+    free(st->mem);
+    memset(st, 0, sizeof *st);
+}
+
+static void add_rows(float *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+/* One block on the segment, the same kernels as model_block_forward. */
+static void stream_block(model *m, stream_state *st, int l, int rows, int n) {
+    const block_tensors *w = &m->w.blocks[l];
+    size_t rd = (size_t)rows * m->d, rf = (size_t)rows * m->d_ff;
+    float *mean = st->stats, *rstd = st->stats + rows;
+    layernorm_forward(st->ln, mean, rstd, st->x, w->ln1_weight, w->ln1_bias, rows, m->d);
+    matmul_forward(st->qkv, st->ln, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d);
+    attention_stream_forward(m, st, l, st->qkv, st->att, n);
+    matmul_forward(st->mid, st->att, w->proj_weight, w->proj_bias, rows, m->d, m->d);
+    add_rows(st->mid, st->x, rd);
+    layernorm_forward(st->ln, mean, rstd, st->mid, w->ln2_weight, w->ln2_bias, rows, m->d);
+    matmul_forward(st->fc, st->ln, w->fc_weight, w->fc_bias, rows, m->d, m->d_ff);
+    gelu_forward(st->fc, st->fc_tanh, st->fc, rf);
+    matmul_forward(st->x, st->fc, w->mlp_proj_weight, w->mlp_proj_bias, rows, m->d_ff, m->d);
+    add_rows(st->x, st->mid, rd);
+}
+
+void stream_forward(model *m, stream_state *st, const int32_t *tokens, int n, float *logits) {
+    if (n > st->n_max || st->pos + n > st->capacity)
+        fail(1, "internal: stream segment of %d at %d exceeds %d / %d", n, st->pos, st->n_max, st->capacity);
+    int rows = st->S * n;
+    embedding_forward(st->x, tokens, m->w.tok_emb, rows, m->d);
+    for (int l = 0; l < m->L; l++) stream_block(m, st, l, rows, n);
+    layernorm_forward(st->ln, st->stats, st->stats + rows, st->x, m->w.ln_f_weight, m->w.ln_f_bias, rows, m->d);
+    matmul_forward(logits, st->ln, m->w.head_weight, NULL, rows, m->d, m->V);
+    st->pos += n;
+}

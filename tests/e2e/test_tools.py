@@ -1,0 +1,237 @@
+#!/usr/bin/python3
+"""End-to-end test of the analysis tools (tools/momfmm_plot.py, tools/momfmm_report.py) on
+small real runs of the momfmm binary: the figures exist and are PNGs, the report's numbers are
+the checkpoints' final eval values (SPEC 3, 4), --group-by train.seed gives mean ± std, a live
+SWMR metrics.h5 with gain_R and gamma is read, and bad paths exit 3 naming the file (SPEC 5)."""
+import argparse
+import glob
+import math
+import os
+import shutil
+
+import h5py
+import numpy as np
+
+from common import Report, run, tiny_config, write_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PYTHON = "/usr/bin/python3"
+PLOT = os.path.join(ROOT, "tools", "momfmm_plot.py")
+REPORT = os.path.join(ROOT, "tools", "momfmm_report.py")
+FIGURES = ["loss.png", "lr.png", "l_new_l_rep.png", "loss_by_k.png", "gamma.png", "bode.png"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+METRICS = ["L_new", "L_rep", "delta_12", "acc", "loss"]
+
+
+def train(report, binary, workdir, name, **overrides):
+    out_dir = os.path.join(workdir, name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    cfg = tiny_config(out_dir, **{"train.steps": 20, "train.eval_interval": 10, **overrides})
+    r = run([binary, "train", write_config(os.path.join(workdir, f"{name}.ini"), cfg)])
+    report.check(f"train {name} exits 0", r.returncode == 0,
+                 f"rc {r.returncode} {r.stderr.strip()[-300:]}")
+    return out_dir
+
+
+def newest_ckpt(out_dir):
+    return sorted(glob.glob(os.path.join(out_dir, "ckpt_*.h5")))[-1]
+
+
+def ckpt_metrics(out_dir):
+    """(final eval values, best eval loss, median tokens/s) of the newest checkpoint."""
+    with h5py.File(newest_ckpt(out_dir), "r") as f:
+        ev = {k: f["metrics/eval"][k][()] for k in f["metrics/eval"]}
+        tps = f["metrics/train/tokens_per_s"][()]
+    return {k: float(v[-1]) for k, v in ev.items() if v.ndim == 1}, float(np.min(ev["loss"])), \
+        float(np.median(tps))
+
+
+def tool(script, *args):
+    return run([PYTHON, script, *args], timeout=300)
+
+
+def parse_table(text):
+    """Markdown table -> (header, [{column: cell}])."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("|")]
+    if len(lines) < 2:
+        return [], []
+    split = lambda ln: [c.strip() for c in ln.strip("|").split(" | ")]  # noqa: E731
+    header = split(lines[0])
+    return header, [dict(zip(header, split(ln))) for ln in lines[2:]]
+
+
+def check_png(report, path):
+    ok = os.path.isfile(path)
+    data = open(path, "rb").read() if ok else b""
+    report.check(f"{os.path.basename(path)} is a PNG of non-trivial size",
+                 data[:8] == PNG_MAGIC and len(data) > 5000, f"{len(data)} bytes")
+
+
+def check_plot(report, out, runs, labels, expect):
+    r = tool(PLOT, *runs, "--out", out, "--label", *labels)
+    report.check(f"plot {labels} exits 0", r.returncode == 0, r.stderr.strip()[-400:])
+    for name in expect:
+        path = os.path.join(out, name)
+        report.check(f"plot lists {name}", path in r.stdout.split("\n"))
+        check_png(report, path)
+    return r
+
+
+def check_report_rows(report, rows, dirs):
+    for label, out_dir in dirs.items():
+        row = rows.get(label)
+        if not report.check(f"report has a row for {label}", row is not None):
+            continue
+        final, best, tps = ckpt_metrics(out_dir)
+        for m in METRICS:
+            report.check(f"report {label} {m} = checkpoint final eval", row[m] == f"{final[m]:.4f}",
+                         f"{row[m]} vs {final[m]:.6f}")
+        report.check(f"report {label} best loss", row["best loss"] == f"{best:.4f}")
+        report.check(f"report {label} tokens/s = train median", row["tokens/s"] == f"{tps:.0f}")
+        report.check(f"report {label} steps = 20", row["steps"] == "20", row["steps"])
+
+
+def text_run(out_dir, ckpt_path):
+    """A run directory whose checkpoint says data.task = text (a copy of a chain checkpoint with
+    its config_ini edited: the report reads only the config and the metrics)."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    path = shutil.copy(ckpt_path, out_dir)
+    with h5py.File(path, "r+") as f:
+        ini = f.attrs["config_ini"]
+        ini = ini.decode() if isinstance(ini, bytes) else ini
+        f.attrs["config_ini"] = ini.replace("task = chain", "task = text")
+    return out_dir
+
+
+def write_live_metrics(live_dir, ckpt_path):
+    """A run directory with a checkpoint and a metrics.h5 open for SWMR writing that holds one
+    eval more (step 30) than the checkpoint, with gain_R [n, L] and gamma [n, L, H]. Returns the
+    open file (the writer) and the values the tools must show."""
+    os.makedirs(live_dir, exist_ok=True)
+    shutil.copy(ckpt_path, live_dir)
+    with h5py.File(ckpt_path, "r") as src:
+        train = {k: src["metrics/train"][k][()] for k in src["metrics/train"]}
+        ev = {k: src["metrics/eval"][k][()] for k in src["metrics/eval"]}
+        n_layers = sum(1 for k in src["model/blocks"])
+        n_heads = src["model/blocks/0/attn/momentum_gamma"].shape[0]
+    ev = {k: np.concatenate([v, v[-1:]]) for k, v in ev.items()}
+    ev["step"][-1], ev["L_rep"][-1] = 30, 1.2345678
+    n = len(ev["step"])
+    ev["gain_R"] = np.linspace(0.5, 1.5, n * n_layers).reshape(n, n_layers)
+    ev["gamma"] = np.full((n, n_layers, n_heads), 0.2)
+    ev["gamma"][-1] = 0.35
+    f = h5py.File(os.path.join(live_dir, "metrics.h5"), "w", libver="latest")
+    for split, data in (("train", train), ("eval", ev)):
+        for k, v in data.items():
+            f.create_dataset(f"metrics/{split}/{k}", data=v, maxshape=(None,) + v.shape[1:],
+                             chunks=True)
+    f.swmr_mode = True
+    f.flush()
+    return f, {"L_rep": "1.2346", "steps": "30", "learned γ (mean)": "0.3500"}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--momfmm", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.workdir, exist_ok=True)
+    report = Report()
+
+    mom = train(report, a.momfmm, a.workdir, "mom",
+                **{"momentum.gamma": 0.2, "momentum.learn_gamma": True})
+    base = train(report, a.momfmm, a.workdir, "base")
+    mom7 = train(report, a.momfmm, a.workdir, "mom_seed7", **{
+        "momentum.gamma": 0.2, "momentum.learn_gamma": True, "train.seed": 7})
+    text = text_run(os.path.join(a.workdir, "text"), newest_ckpt(base))
+    if report.failed:
+        report.finish()
+
+    # Figures of two runs, overlaid; gain_r.png only when the binary logs gain_R.
+    with h5py.File(newest_ckpt(mom), "r") as f:
+        has_gain = "metrics/eval/gain_R" in f
+    r = check_plot(report, os.path.join(a.workdir, "fig"), [mom, base], ["mom", "base"],
+                   FIGURES + (["gain_r.png"] if has_gain else []))
+    if not has_gain:
+        report.check("plot notes the skipped gain_r.png", "skip gain_r.png" in r.stdout)
+
+    # The report: header, one row per run sorted by label, numbers from the checkpoints.
+    r = tool(REPORT, base, mom)
+    report.check("report exits 0", r.returncode == 0, r.stderr.strip()[-400:])
+    print(r.stdout)
+    header, rows = parse_table(r.stdout)
+    report.check("report header row", header[:1] == ["run"] and all(m in header for m in METRICS),
+                 str(header))
+    report.check("report: one row per run, sorted by label",
+                 [row["run"] for row in rows] == ["base", "mom"], str([row.get("run") for row in rows]))
+    by_label = {row["run"]: row for row in rows}
+    check_report_rows(report, by_label, {"mom": mom, "base": base})
+    if "mom" in by_label and "base" in by_label:
+        report.check("report marks learned γ", by_label["mom"]["learned γ (mean)"] != "—"
+                     and by_label["base"]["γ"] == "off", str(by_label))
+
+    # A checkpoint file and --label give the same numbers under the given name.
+    r = tool(REPORT, newest_ckpt(mom), "--label", "momckpt")
+    _, rows = parse_table(r.stdout)
+    report.check("report on a checkpoint file with --label", r.returncode == 0 and len(rows) == 1)
+    check_report_rows(report, {row["run"]: row for row in rows}, {"momckpt": mom})
+
+    # --group-by train.seed: mom and mom_seed7 become one row with mean ± sample std.
+    r = tool(REPORT, mom, base, mom7, "--label", "mom_s1", "base", "mom_s7",
+             "--group-by", "train.seed", "--metrics", "L_rep,loss")
+    print(r.stdout)
+    _, rows = parse_table(r.stdout)
+    report.check("group-by: two rows (base, mom_s*)",
+                 r.returncode == 0 and [row["run"] for row in rows] == ["base", "mom_s*"],
+                 str([row.get("run") for row in rows]))
+    if len(rows) == 2:
+        vals = np.array([ckpt_metrics(d)[0]["L_rep"] for d in (mom, mom7)])
+        want = f"{vals.mean():.4f} ± {vals.std(ddof=1):.4f}"
+        report.check("group-by: L_rep is mean ± std over seeds", rows[1]["L_rep"] == want,
+                     f"{rows[1]['L_rep']} vs {want}")
+        report.check("group-by: n = 2, seeds listed", rows[1]["n"] == "2" and
+                     rows[1]["train.seed"] == "1234,7", str(rows[1]))
+
+    # Text task: bits per byte = eval loss / ln 2.
+    r = tool(REPORT, text)
+    _, rows = parse_table(r.stdout)
+    want = f"{ckpt_metrics(text)[0]['loss'] / math.log(2):.4f}"
+    report.check("text run: bpb = loss / ln 2", r.returncode == 0 and rows and
+                 rows[0].get("bpb") == want, f"{rows[0].get('bpb') if rows else r.stderr} vs {want}")
+
+    # A live metrics.h5 (SWMR, still open by its writer) with gain_R and per-head gamma.
+    live = os.path.join(a.workdir, "live")
+    shutil.rmtree(live, ignore_errors=True)
+    writer, expect = write_live_metrics(live, newest_ckpt(mom))
+    try:
+        check_plot(report, os.path.join(a.workdir, "fig_live"), [live], ["live"],
+                   FIGURES + ["gain_r.png"])
+        r = tool(REPORT, live)
+        _, rows = parse_table(r.stdout)
+        for col, value in expect.items():
+            got = rows[0].get(col) if rows else r.stderr.strip()
+            report.check(f"live metrics.h5: {col} = {value}", got == value, str(got))
+    finally:
+        writer.close()
+
+    # Bad paths: exit 3 with the path in a one-line message.
+    missing = os.path.join(a.workdir, "no_such_run")
+    corrupt = os.path.join(a.workdir, "corrupt.h5")
+    with open(corrupt, "wb") as f:
+        f.write(b"not an HDF5 file\n" * 10)
+    empty = os.path.join(a.workdir, "empty_dir")
+    os.makedirs(empty, exist_ok=True)
+    for what, path in (("missing path", missing), ("corrupt file", corrupt), ("empty dir", empty)):
+        for script, extra in ((PLOT, ["--out", os.path.join(a.workdir, "fig_bad")]), (REPORT, [])):
+            r = tool(script, mom, path, *extra)
+            name = os.path.basename(script)
+            report.check(f"{name} {what}: exit 3 naming it",
+                         r.returncode == 3 and path in r.stderr and
+                         len(r.stderr.strip().splitlines()) == 1,
+                         f"rc {r.returncode} {r.stderr.strip()}")
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""Shared loading code of the momfmm analysis tools (momfmm_plot.py, momfmm_report.py).
+
+Reads the HDF5 files of SPEC section 4: checkpoints `ckpt_<step 8 digits>.h5` (root attributes,
+`/model`, `/metrics/train`, `/metrics/eval`) and, when a run directory has one, the live
+`metrics.h5` (same `/metrics/...` datasets, written with HDF5 SWMR). Metric names are those of
+SPEC section 3. Every failure to read a file raises RunError with a one-line message naming the
+file; `load_runs_or_exit` turns it into exit code 3, the code of SPEC 5 for a missing, corrupt or
+incompatible file.
+
+Run with Debian's /usr/bin/python3 (h5py, numpy).
+"""
+import configparser
+import os
+import re
+import sys
+
+import h5py
+import numpy as np
+
+CHECKPOINT_FORMAT = "momfmm-checkpoint"
+CHECKPOINT_NAME = re.compile(r"^ckpt_(\d{8})\.h5$")  # temporaries are ckpt_*.h5.tmp.<pid>
+METRICS_NAME = "metrics.h5"
+EXIT_BAD_FILE = 3
+
+
+class RunError(Exception):
+    """A run's file is missing, corrupt or incompatible; str() is the one-line message."""
+
+
+class Run:
+    """One run as the tools see it.
+
+    name      label given with --label, else the run directory's name (or parent/file name)
+    path      the path the user gave
+    config    configparser.ConfigParser of the checkpoint's `config_ini` (empty if none)
+    step      the latest step known (checkpoint attribute, or last logged step)
+    ckpt_step the step of the checkpoint read, None without one
+    train     {key: 1-D numpy array} of /metrics/train (SPEC 3: step, loss, lr, ...)
+    eval      {key: numpy array} of /metrics/eval (loss_by_k [n, 16], gain_R, gamma, ...)
+    gamma     [n_layers, n_heads] float64 momentum gamma per layer and head (SPEC 1.2)
+    gamma_source  "learned" (/model), "eval" (/metrics/eval/gamma), "fixed" (config),
+                  or "init" (learnable but no trained value found: the config's initial value)
+    files     the HDF5 files read
+    """
+
+    def __init__(self, name, path):
+        self.name = name
+        self.path = path
+        self.config = configparser.ConfigParser(interpolation=None)
+        self.step = 0
+        self.ckpt_step = None
+        self.train = {}
+        self.eval = {}
+        self.gamma = np.zeros((0, 0))
+        self.gamma_source = "fixed"
+        self.files = []
+
+    def cfg(self, key, default=None):
+        """Config value of "section.key" as a string, or default."""
+        section, name = key.split(".", 1)
+        return self.config.get(section, name, fallback=default)
+
+    def cfg_float(self, key, default=0.0):
+        value = self.cfg(key)
+        try:
+            return float(value) if value not in (None, "") else default
+        except ValueError:
+            return default
+
+    def cfg_bool(self, key, default=False):
+        value = self.cfg(key)
+        if value in (None, ""):
+            return default
+        return value.strip().lower() in ("1", "true", "yes", "on")
+
+    @property
+    def has_config(self):
+        return bool(self.config.sections())
+
+    @property
+    def learn_gamma(self):
+        return self.cfg_bool("momentum.learn_gamma")
+
+    @property
+    def momentum_on(self):
+        return (self.learn_gamma or self.cfg_float("momentum.gamma") != 0.0
+                or self.gamma_source in ("learned", "eval"))
+
+    def final_eval(self, key):
+        """Last value of a 1-D /metrics/eval dataset, or None when absent or empty."""
+        values = self.eval.get(key)
+        if values is None or values.ndim != 1 or len(values) == 0:
+            return None
+        return float(values[-1])
+
+
+def newest_checkpoint(directory):
+    """Path of the checkpoint with the highest step in directory, or None."""
+    best = None
+    for entry in os.listdir(directory):
+        match = CHECKPOINT_NAME.match(entry)
+        if match and (best is None or int(match.group(1)) > best[0]):
+            best = (int(match.group(1)), entry)
+    return os.path.join(directory, best[1]) if best else None
+
+
+def open_h5(path):
+    """Opens an HDF5 file read-only: SWMR first (a live metrics.h5), then a normal open, then
+    without file locking (a file another process holds open for writing)."""
+    if not os.path.exists(path):
+        raise RunError(f"{path}: no such file or directory")
+    if not os.path.isfile(path):
+        raise RunError(f"{path}: not a regular file")
+    errors = []
+    for kwargs in ({"libver": "latest", "swmr": True}, {}, {"locking": False}):
+        try:
+            return h5py.File(path, "r", **kwargs)
+        except (OSError, ValueError, TypeError) as exc:
+            errors.append(exc)
+    reason = str(errors[1]).splitlines()[0] if len(errors) > 1 else str(errors[0])
+    raise RunError(f"{path}: not a readable HDF5 file ({reason})")
+
+
+def _attr_text(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def read_metric_group(group):
+    """{key: numpy array} of the datasets in a /metrics/<split> group. Arrays that share the
+    per-entry first axis are cut to the shortest, so a SWMR file read mid-append stays aligned."""
+    out = {}
+    for key, obj in group.items():
+        if isinstance(obj, h5py.Dataset) and obj.ndim >= 1:
+            out[key] = np.asarray(obj[()])
+    if out:
+        n = min(len(v) for v in out.values())
+        out = {k: v[:n] for k, v in out.items()}
+    return out
+
+
+def read_metrics(f, path):
+    try:
+        train = read_metric_group(f["metrics/train"]) if "metrics/train" in f else {}
+        evals = read_metric_group(f["metrics/eval"]) if "metrics/eval" in f else {}
+    except (OSError, KeyError, ValueError) as exc:
+        raise RunError(f"{path}: cannot read /metrics ({exc})") from None
+    return train, evals
+
+
+def read_checkpoint(run, path):
+    """Fills run from a checkpoint: attributes, config, learned gamma and its metrics."""
+    with open_h5(path) as f:
+        try:
+            fmt = _attr_text(f.attrs.get("format", CHECKPOINT_FORMAT))
+            if fmt != CHECKPOINT_FORMAT:
+                raise RunError(f"{path}: format is '{fmt}', not '{CHECKPOINT_FORMAT}'")
+            if "config_ini" not in f.attrs:
+                raise RunError(f"{path}: no config_ini attribute (not a momfmm checkpoint)")
+            try:
+                run.config.read_string(_attr_text(f.attrs["config_ini"]))
+            except configparser.Error as exc:
+                msg = str(exc).splitlines()[0]
+                raise RunError(f"{path}: config_ini attribute is not valid INI ({msg})") from None
+            run.step = run.ckpt_step = int(f.attrs.get("step", 0))
+            gammas = []
+            i = 0
+            while f"model/blocks/{i}/attn/momentum_gamma" in f:
+                gammas.append(np.asarray(f[f"model/blocks/{i}/attn/momentum_gamma"][()], float))
+                i += 1
+        except (OSError, KeyError, ValueError) as exc:
+            raise RunError(f"{path}: corrupt checkpoint ({exc})") from None
+        run.train, run.eval = read_metrics(f, path)
+    run.files.append(path)
+    if gammas:
+        run.gamma, run.gamma_source = np.vstack(gammas), "learned"
+
+
+def read_live_metrics(run, path):
+    """Replaces run's metrics with those of a live metrics.h5 (newer than any checkpoint)."""
+    with open_h5(path) as f:
+        if len(run.config.sections()) == 0 and "config_ini" in f.attrs:
+            try:
+                run.config.read_string(_attr_text(f.attrs["config_ini"]))
+            except configparser.Error:
+                pass
+        train, evals = read_metrics(f, path)
+    run.files.append(path)
+    if train or evals:
+        run.train, run.eval = train, evals
+    for metrics in (run.train, run.eval):
+        if "step" in metrics and len(metrics["step"]):
+            run.step = max(run.step, int(metrics["step"][-1]))
+
+
+def resolve_gamma(run):
+    """Per-layer per-head gamma (SPEC 1.2): learned values from /model; the last row of
+    /metrics/eval/gamma when it is newer than the checkpoint or /model has none; else the
+    config's momentum.gamma for every head."""
+    n_layers = int(run.cfg_float("model.n_layers", 0))
+    n_heads = int(run.cfg_float("model.n_heads", 0))
+    history = run.eval.get("gamma")
+    learnable = run.learn_gamma or not run.has_config
+    if learnable and history is not None and history.ndim == 3 and len(history):
+        eval_steps = run.eval.get("step")
+        newer = (run.ckpt_step is None or eval_steps is not None and len(eval_steps)
+                 and int(eval_steps[-1]) > run.ckpt_step)
+        if run.gamma_source != "learned" or newer:
+            run.gamma, run.gamma_source = np.asarray(history[-1], float), "eval"
+    if run.gamma_source in ("learned", "eval"):
+        return
+    run.gamma = np.full((n_layers, n_heads), run.cfg_float("momentum.gamma"))
+    run.gamma_source = "init" if run.learn_gamma else "fixed"
+
+
+def default_name(path):
+    path = os.path.normpath(path)
+    if os.path.isdir(path):
+        return os.path.basename(os.path.abspath(path))
+    parent = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    return f"{parent}/{os.path.basename(path)}" if parent else os.path.basename(path)
+
+
+def load_run(path, label=None):
+    """Loads a run directory (its metrics.h5 when present for the metrics, and its newest
+    checkpoint for the config and the learned gamma) or one HDF5 file (a checkpoint, or a
+    metrics.h5 next to checkpoints). Raises RunError."""
+    run = Run(label or default_name(path), path)
+    if os.path.isdir(path):
+        ckpt = newest_checkpoint(path)
+        live = os.path.join(path, METRICS_NAME)
+        live = live if os.path.exists(live) else None
+        if ckpt is None and live is None:
+            raise RunError(f"{path}: no {METRICS_NAME} and no ckpt_<step>.h5 in this directory")
+    elif not os.path.exists(path):
+        raise RunError(f"{path}: no such file or directory")
+    elif os.path.basename(path) == METRICS_NAME:
+        live, ckpt = path, newest_checkpoint(os.path.dirname(os.path.abspath(path)))
+    else:
+        live, ckpt = None, path
+    if ckpt is not None:
+        read_checkpoint(run, ckpt)
+    if live is not None:
+        read_live_metrics(run, live)
+    if not run.config.sections():
+        print(f"note: {path}: no config (no checkpoint yet, no config_ini attribute): "
+              "config columns and gamma figures are left out", file=sys.stderr)
+    resolve_gamma(run)
+    return run
+
+
+def load_runs_or_exit(paths, labels, prog):
+    """load_run for every path with its --label (missing labels default to names); on a
+    RunError prints `prog: error: <message>` and exits 3."""
+    labels = list(labels or [])
+    if len(labels) > len(paths):
+        print(f"{prog}: error: {len(labels)} --label values for {len(paths)} runs",
+              file=sys.stderr)
+        sys.exit(2)
+    labels += [None] * (len(paths) - len(labels))
+    try:
+        return [load_run(p, l) for p, l in zip(paths, labels)]
+    except RunError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_BAD_FILE)
