@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "momfmm/common.h"
+#include "momfmm/h5util.h"
 
 /* HDF5 prints its error stack by default; our messages name the problem. */
 static void quiet_hdf5(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
@@ -44,8 +45,7 @@ static herr_t write_attr(hid_t obj, const char *name, hid_t mem_type, hid_t file
     return status;
 }
 
-/* Variable-length UTF-8, which h5py reads back as str. */
-static herr_t write_attr_string(hid_t obj, const char *name, const char *value) {
+herr_t h5_write_string_attr(hid_t obj, const char *name, const char *value) {
     hid_t type = H5Tcopy(H5T_C_S1);
     H5Tset_size(type, H5T_VARIABLE);
     H5Tset_cset(type, H5T_CSET_UTF8);
@@ -110,12 +110,12 @@ static herr_t write_root_attributes(hid_t file, const model *m, const checkpoint
     int version = CHECKPOINT_FORMAT_VERSION;
     char *ini = config_to_ini(&m->cfg);
     herr_t status = 0;
-    status |= write_attr_string(file, "format", CHECKPOINT_FORMAT);
+    status |= h5_write_string_attr(file, "format", CHECKPOINT_FORMAT);
     status |= write_attr(file, "format_version", H5T_NATIVE_INT, H5T_STD_I32LE, &version);
     status |= write_attr(file, "step", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->step);
     status |= write_attr(file, "tokens_seen", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->tokens_seen);
     status |= write_attr(file, "world_size", H5T_NATIVE_INT, H5T_STD_I32LE, &info->world_size);
-    status |= write_attr_string(file, "config_ini", ini);
+    status |= h5_write_string_attr(file, "config_ini", ini);
     free(ini);
     return status < 0 ? -1 : 0;
 }

@@ -11,6 +11,7 @@
 
 #include "momfmm/checkpoint.h"
 #include "momfmm/common.h"
+#include "momfmm/h5util.h"
 
 #define MAX_COLUMNS 32
 
@@ -91,8 +92,8 @@ static int append_rows(live_table *lt, const metric_table *t) {
     return 0;
 }
 
-live_metrics *live_metrics_open(const char *dir, const metric_table *train, const metric_table *eval, char *err,
-                                size_t err_len) {
+live_metrics *live_metrics_open(const char *dir, const char *config_ini, const metric_table *train,
+                                const metric_table *eval, char *err, size_t err_len) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     char path[CONFIG_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/metrics.h5", dir);
@@ -101,7 +102,7 @@ live_metrics *live_metrics_open(const char *dir, const metric_table *train, cons
     H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST); /* SWMR needs the latest format */
     lm->file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     H5Pclose(fapl);
-    bool ok = lm->file >= 0 && create_table(lm->file, "train", train, &lm->train) == 0 &&
+    bool ok = lm->file >= 0 && h5_write_string_attr(lm->file, "config_ini", config_ini) >= 0 && create_table(lm->file, "train", train, &lm->train) == 0 &&
               create_table(lm->file, "eval", eval, &lm->eval) == 0 && append_rows(&lm->train, train) == 0 &&
               append_rows(&lm->eval, eval) == 0 && H5Fstart_swmr_write(lm->file) >= 0;
     if (!ok) {

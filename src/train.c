@@ -327,7 +327,9 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
     if (resume) resume_training(&t, resume);
     if (process_rank() == 0) {
         char err[CONFIG_PATH_MAX + 64];
-        live = live_metrics_open(cfg.out_dir, &t.train_log, &t.eval_log, err, sizeof err);
+        char *ini = config_to_ini(&cfg);
+        live = live_metrics_open(cfg.out_dir, ini, &t.train_log, &t.eval_log, err, sizeof err);
+        free(ini);
         if (!live) fprintf(stderr, "momfmm: warning: %s; training goes on without it\n", err);
     }
     log_rank0("model: %zu parameters | global batch %d x %d | %lld steps\n", t.model.n_params, cfg.batch_size,

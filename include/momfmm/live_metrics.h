@@ -10,11 +10,11 @@
 
 typedef struct live_metrics live_metrics;
 
-/* Creates dir/metrics.h5 (replacing an older one) holding the rows the
- * tables have so far, then starts SWMR writing. NULL with a message in err
- * when the file cannot be written. */
-live_metrics *live_metrics_open(const char *dir, const metric_table *train, const metric_table *eval, char *err,
-                                size_t err_len);
+/* Creates dir/metrics.h5 (replacing an older one) with the root attribute
+ * config_ini and the rows the tables have so far, then starts SWMR writing.
+ * NULL with a message in err when the file cannot be written. */
+live_metrics *live_metrics_open(const char *dir, const char *config_ini, const metric_table *train,
+                                const metric_table *eval, char *err, size_t err_len);
 /* Writes the rows added to the tables since the last call and flushes them.
  * Returns 0, or -1 with a message (the caller may stop using the file). */
 int live_metrics_append(live_metrics *lm, const metric_table *train, const metric_table *eval, char *err,
