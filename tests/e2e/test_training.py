@@ -54,7 +54,35 @@ def main():
         # chance: one of 10 symbols (the separator target is 1 of n+1)
         report.check("copy: accuracy well above chance (> 0.4, chance ~0.1)", m["acc"] > 0.4,
                      f"acc {m['acc']:.4f}")
+    momentum_vs_baseline(a, report)
     report.finish()
+
+
+def momentum_vs_baseline(a, report):
+    """The momentum seed's single-layer claim: on the chain task (L = 10, one
+    layer) gamma = 0.2 reaches a lower L_rep than gamma = 0 after the same
+    number of steps with the same seed. Measured here at 100 steps, where it
+    holds for every seed; by 300 steps the baseline overtakes (see the issue
+    note), so this checks the early-training claim only."""
+    results = {}
+    for seed in (1, 2, 3):
+        for gamma in (0.0, 0.2):
+            out = os.path.join(a.workdir, f"one_layer_s{seed}_g{gamma}")
+            cfg = tiny_config(out, **{
+                "model.vocab_size": 64, "model.d_model": 64, "model.n_heads": 4, "model.n_layers": 1,
+                "model.d_ff": 128, "data.seq_len": 64, "data.chain_len": 10, "momentum.gamma": gamma,
+                "train.steps": 100, "train.batch_size": 16, "train.lr": 3e-3, "train.min_lr": 3e-4,
+                "train.warmup": 30, "train.weight_decay": 0.0, "train.seed": seed, "train.log_interval": 50,
+                "train.eval_interval": 100, "train.eval_batches": 8})
+            r = run([a.momfmm, "train", write_config(out + ".ini", cfg)])
+            if r.returncode != 0:
+                report.check(f"one-layer run seed {seed} gamma {gamma}", False, r.stderr)
+                return
+            results[seed, gamma] = final_eval(out)["L_rep"]
+    for seed in (1, 2, 3):
+        report.check(f"one layer, seed {seed}: L_rep(gamma 0.2) < L_rep(gamma 0) at 100 steps",
+                     results[seed, 0.2] < results[seed, 0.0],
+                     f"{results[seed, 0.2]:.4f} vs {results[seed, 0.0]:.4f}")
 
 
 if __name__ == "__main__":
