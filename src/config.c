@@ -323,6 +323,11 @@ int config_check(const config *c, const char *origin, char *err, size_t err_len)
     if (c->task == TASK_TEXT && c->vocab_size != 256)
         REJECT("%s: data.task = text is byte-level and needs model.vocab_size = 256", origin);
     if (c->task == TASK_TEXT && !c->data_path[0]) REJECT("%s: data.task = text needs data.path", origin);
+    if (c->task == TASK_LISTOPS && c->listops_min_len > c->listops_max_len)
+        REJECT("%s: data.listops_min_len = %d exceeds data.listops_max_len = %d", origin, c->listops_min_len,
+               c->listops_max_len);
+    if (c->task == TASK_LISTOPS && !c->data_path[0] && c->listops_min_len > c->seq_len)
+        REJECT("%s: data.listops_min_len = %d exceeds data.seq_len = %d", origin, c->listops_min_len, c->seq_len);
     if (c->min_lr > c->lr) REJECT("%s: train.min_lr = %g exceeds train.lr = %g", origin, c->min_lr, c->lr);
     fmm_settings probe;
     char bad[64];

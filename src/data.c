@@ -1,15 +1,26 @@
-/* Task generators of SPEC 2 (chain, copy). Each sample draws from its own
- * counter stream keyed by (seed, split, step, global index). */
+/* Task generators of SPEC 2 (chain, copy, listops, text). Each sample draws
+ * from its own counter stream keyed by (seed, split, step, global index). */
 #include "momfmm/data.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include <errno.h>
+#include <stdio.h>
+
 #include "momfmm/common.h"
+#include "momfmm/listops.h"
 #include "momfmm/rng.h"
 
 struct data_source {
     config cfg;
+    /* text: the file's bytes; train = [0, split_at), eval = [split_at, size) */
+    unsigned char *text;
+    long long text_size, split_at;
+    /* listops from LRA TSV rows: tokens [n_rows][T] and labels; the last
+     * data.eval_fraction of the rows are the eval split */
+    int32_t *rows, *row_labels;
+    int n_rows, n_train_rows;
 };
 
 void batch_alloc(batch *b, int B, int T) {
@@ -27,16 +38,75 @@ void batch_free(batch *b) {
     memset(b, 0, sizeof *b);
 }
 
+static unsigned char *read_file(const char *path, long long *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_all(EXIT_BAD_FILE, "data.path = %s: cannot open: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    *size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *bytes = xcalloc((size_t)*size + 1, 1);
+    if (fread(bytes, 1, (size_t)*size, f) != (size_t)*size) fail_all(EXIT_BAD_FILE, "data.path = %s: read failed", path);
+    fclose(f);
+    return bytes;
+}
+
+static void open_text(data_source *d) {
+    const config *c = &d->cfg;
+    d->text = read_file(c->data_path, &d->text_size);
+    d->split_at = (long long)((1.0 - c->eval_fraction) * (double)d->text_size);
+    if (d->split_at < c->seq_len + 1 || d->text_size - d->split_at < c->seq_len + 1)
+        fail_all(EXIT_BAD_FILE, "data.path = %s: %lld bytes is too short for data.seq_len = %d in both splits "
+                 "(data.eval_fraction = %g)", c->data_path, d->text_size, c->seq_len, c->eval_fraction);
+}
+
+/* LRA TSV: a header line, then "Source<TAB>Target" rows. */
+static void open_listops_tsv(data_source *d) {
+    const config *c = &d->cfg;
+    long long size;
+    char *text = (char *)read_file(c->data_path, &size);
+    int cap = 1024, line_no = 0;
+    d->rows = xcalloc((size_t)cap * c->seq_len, sizeof(int32_t));
+    d->row_labels = xcalloc((size_t)cap, sizeof(int32_t));
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (++line_no == 1 && strncmp(line, "Source", 6) == 0) continue;
+        char *tab = strchr(line, '\t');
+        if (!tab) fail_all(EXIT_BAD_FILE, "data.path = %s:%d: expected Source<TAB>Target", c->data_path, line_no);
+        *tab = '\0';
+        if (d->n_rows == cap) {
+            cap *= 2;
+            d->rows = realloc(d->rows, sizeof(int32_t) * (size_t)cap * c->seq_len);
+            d->row_labels = realloc(d->row_labels, sizeof(int32_t) * (size_t)cap);
+        }
+        int32_t *tokens = d->rows + (size_t)d->n_rows * c->seq_len;
+        int length = listops_tokenize(line, tokens, c->seq_len);
+        int label = atoi(tab + 1);
+        if (length <= 0) continue; /* longer than data.seq_len (or unknown words): LRA drops these too */
+        if (label < 0 || label > 9) fail_all(EXIT_BAD_FILE, "data.path = %s:%d: Target %s is not 0..9", c->data_path, line_no, tab + 1);
+        d->row_labels[d->n_rows++] = label;
+    }
+    free(text);
+    d->n_train_rows = (int)((1.0 - c->eval_fraction) * d->n_rows);
+    if (d->n_train_rows < 1 || d->n_rows - d->n_train_rows < 1)
+        fail_all(EXIT_BAD_FILE, "data.path = %s: %d usable rows (length <= data.seq_len = %d) is too few for both splits",
+                 c->data_path, d->n_rows, c->seq_len);
+}
+
 data_source *data_open(const config *c) {
-    if (c->task == TASK_LISTOPS || c->task == TASK_TEXT)
-        fail_all(EXIT_USAGE, "data.task = %s is not available in this build (tasks: chain, copy)",
-                 c->task == TASK_LISTOPS ? "listops" : "text");
     data_source *d = xcalloc(1, sizeof *d);
     d->cfg = *c;
+    if (c->task == TASK_TEXT) open_text(d);
+    if (c->task == TASK_LISTOPS && c->data_path[0]) open_listops_tsv(d);
+    if (c->task == TASK_LISTOPS && c->vocab_size < LISTOPS_VOCAB)
+        fail_all(EXIT_USAGE, "data.task = listops needs model.vocab_size >= %d, got %d", LISTOPS_VOCAB, c->vocab_size);
     return d;
 }
 
-void data_close(data_source *d) { free(d); }
+void data_close(data_source *d) {
+    free(d->text);
+    free(d->rows);
+    free(d->row_labels);
+    free(d);
+}
 
 void shard_range(int global_B, int rank, int n_ranks, int *first, int *count) {
     long long lo = (long long)rank * global_B / n_ranks, hi = (long long)(rank + 1) * global_B / n_ranks;
@@ -82,6 +152,33 @@ static void copy_sample(const config *c, uint64_t key, int32_t *seq, int32_t *ta
     (void)c;
 }
 
+/* text: T + 1 bytes from a random offset of the split. */
+static void text_sample(const data_source *d, uint64_t key, int split, int32_t *seq, int len) {
+    long long lo = split == SPLIT_TRAIN ? 0 : d->split_at, hi = split == SPLIT_TRAIN ? d->split_at : d->text_size;
+    long long span = hi - lo - len + 1;
+    long long start = lo + (long long)(rng_uniform(key, 0) * (double)span);
+    for (int t = 0; t < len; t++) seq[t] = d->text[start + t];
+}
+
+/* listops: a generated expression, or a TSV row of the split; targets mark
+ * the valid (non-padding) positions for the cls head's pooling. */
+static void listops_sample(const data_source *d, uint64_t key, int split, int32_t *inputs, int32_t *targets,
+                           int32_t *label, int T) {
+    const config *c = &d->cfg;
+    int length;
+    if (d->rows) {
+        int lo = split == SPLIT_TRAIN ? 0 : d->n_train_rows, n = split == SPLIT_TRAIN ? d->n_train_rows : d->n_rows - d->n_train_rows;
+        int row = lo + (int)rng_below(key, 0, (uint32_t)n);
+        memcpy(inputs, d->rows + (size_t)row * T, sizeof(int32_t) * T);
+        *label = d->row_labels[row];
+        for (length = 0; length < T && inputs[length] != LISTOPS_PAD; length++) {}
+    } else {
+        listops_limits lim = {c->listops_min_len, c->listops_max_len, c->listops_max_depth, c->listops_max_args};
+        *label = listops_generate(key, &lim, T, inputs, &length);
+    }
+    for (int t = 0; t < T; t++) targets[t] = t < length ? 0 : -1;
+}
+
 void data_fill(const data_source *d, batch *b, int split, long long step, long long first) {
     const config *c = &d->cfg;
     int T = b->T;
@@ -89,13 +186,20 @@ void data_fill(const data_source *d, batch *b, int split, long long step, long l
     for (int r = 0; r < b->B; r++) {
         uint64_t key = rng_key((uint64_t)c->seed, (uint64_t)split, (uint64_t)step, (uint64_t)(first + r));
         int32_t *inputs = b->inputs + (size_t)r * T, *targets = b->targets + (size_t)r * T;
-        if (c->task == TASK_COPY) {
+        b->labels[r] = 0;
+        if (c->task == TASK_LISTOPS) {
+            listops_sample(d, key, split, inputs, targets, &b->labels[r], T);
+            continue;
+        }
+        if (c->task == TASK_TEXT) {
+            text_sample(d, key, split, seq, T + 1);
+            memcpy(targets, seq + 1, sizeof(int32_t) * T);
+        } else if (c->task == TASK_COPY) {
             copy_sample(c, key, seq, targets, T);
         } else {
             chain_sample(c, key, seq, T + 1);
             memcpy(targets, seq + 1, sizeof(int32_t) * T);
         }
         memcpy(inputs, seq, sizeof(int32_t) * T);
-        b->labels[r] = 0;
     }
 }
