@@ -164,15 +164,13 @@ typedef struct {
     size_t count;
 } carve;
 
-static void activations_reserve(model *m, int B, int T) {
-    activations *a = &m->acts;
-    if (a->mem && B <= a->B && T <= a->T) return;
-    activations_free(a);
-    a->B = B;
-    a->T = T;
+#define ACTIVATION_SLOTS 40
+
+/* The activation buffer's layout for B rows of T: one entry per array. */
+static size_t activation_plan(const model *m, activations *a, int B, int T, carve *plan) {
     size_t L = (size_t)m->L, bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
     bool lm = m->cfg.head == HEAD_LM, keep_p = m->cfg.learn_gamma;
-    carve plan[] = {
+    carve all[] = {
         {&a->residual, (L + 1) * bt * d}, {&a->mid, L * bt * d},
         {&a->ln1, L * bt * d}, {&a->ln1_mean, L * bt}, {&a->ln1_rstd, L * bt},
         {&a->q_hat, L * bt * d}, {&a->k_hat, L * bt * d}, {&a->v_heads, L * bt * d},
@@ -185,10 +183,30 @@ static void activations_reserve(model *m, int B, int T) {
         {&a->logits, lm ? bt * m->V : (size_t)B * m->n_out},
         {&a->pooled, lm ? 0 : (size_t)B * d}, {&a->losses, bt},
         {&a->qkv, bt * 3 * d}, {&a->d_residual, bt * d}, {&a->d_model_rows, bt * d},
-        {&a->d_ff, bt * ff}, {&a->d_heads, 3 * bt * d},
+        {&a->d_ff, bt * ff}, {&a->d_pooled, lm ? 0 : (size_t)B * d},
         {&a->head_scratch, attention_scratch_per_head(m, T)},
     };
-    size_t total = 0, n = sizeof plan / sizeof plan[0];
+    size_t n = sizeof all / sizeof all[0];
+    memcpy(plan, all, sizeof all);
+    return n;
+}
+
+size_t model_activation_bytes(const model *m, int B, int T) {
+    activations probe;
+    carve plan[ACTIVATION_SLOTS];
+    size_t n = activation_plan(m, &probe, B, T, plan), total = 0;
+    for (size_t i = 0; i < n; i++) total += plan[i].count;
+    return total * sizeof(float) + (size_t)B * T * sizeof(int32_t);
+}
+
+static void activations_reserve(model *m, int B, int T) {
+    activations *a = &m->acts;
+    if (a->mem && B <= a->B && T <= a->T) return;
+    activations_free(a);
+    a->B = B;
+    a->T = T;
+    carve plan[ACTIVATION_SLOTS];
+    size_t total = 0, n = activation_plan(m, a, B, T, plan);
     for (size_t i = 0; i < n; i++) total += plan[i].count;
     a->mem = xcalloc(total, sizeof(float));
     float *cursor = a->mem;
@@ -196,7 +214,7 @@ static void activations_reserve(model *m, int B, int T) {
         *plan[i].slot = plan[i].count ? cursor : NULL;
         cursor += plan[i].count;
     }
-    a->predictions = xcalloc(bt, sizeof(int32_t));
+    a->predictions = xcalloc((size_t)B * T, sizeof(int32_t));
 }
 
 static void add_into(float *dst, const float *src, size_t n) {
@@ -299,7 +317,7 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
         matmul_backward(a->d_model_rows, m->g.head_weight, NULL, a->logits, a->ln_f, m->w.head_weight, rows, m->d,
                         m->V);
     } else {
-        float *d_pooled = a->d_heads;
+        float *d_pooled = a->d_pooled;
         cross_entropy_backward(a->logits, labels, B, m->n_out, scale);
         matmul_backward(d_pooled, m->g.cls_weight, m->g.cls_bias, a->logits, a->pooled, m->w.cls_weight, B, m->d,
                         m->n_out);

@@ -19,6 +19,36 @@
 #include "momfmm/optimizer.h"
 #include "momfmm/readouts.h"
 
+/* MemAvailable of /proc/meminfo in bytes, or 0 when unknown. */
+static double available_memory(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024.0;
+}
+
+/* Refuses up front (exit 2) a run whose buffers cannot fit in this node's
+ * memory, rather than being killed mid-allocation. */
+static void check_memory(const trainer *t) {
+    const model *m = &t->model;
+    double need = (double)model_activation_bytes(m, t->batch.B, t->batch.T) + 4.0 * sizeof(float) * m->n_params;
+    MPI_Comm node;
+    int local_ranks = 1;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &local_ranks);
+    MPI_Comm_free(&node);
+    double available = available_memory();
+    log_rank0("memory: %.2f GB per rank (activations for %d x %d, parameters, gradients, moments)\n", need / 1e9,
+              t->batch.B, t->batch.T);
+    if (available > 0 && need * local_ranks > available)
+        fail_all(EXIT_USAGE, "this run needs %.1f GB per rank x %d ranks on this node but %.1f GB are available: "
+                 "reduce train.batch_size, data.seq_len or the model (attention.kind = softmax stores T x T per head)",
+                 need / 1e9, local_ranks, available / 1e9);
+}
+
 void trainer_create(trainer *t, const config *cfg) {
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
@@ -35,6 +65,7 @@ void trainer_create(trainer *t, const config *cfg) {
     int count;
     shard_range(cfg->batch_size, process_rank(), size, &t->shard_first, &count);
     batch_alloc(&t->batch, count, cfg->seq_len);
+    check_memory(t);
     t->reducer = grad_reducer_create(&t->model, cfg->bucket_mb, cfg->overlap);
     metric_tables_standard(&t->train_log, &t->eval_log, cfg->n_layers, cfg->n_heads);
     t->reduce_scratch = xcalloc(2 + t->model.n_buffer, sizeof(double));

@@ -58,7 +58,7 @@ typedef struct {
     float *qkv;                        /* [B*T*3d] */
     float *d_residual, *d_model_rows;  /* [B*T*d] */
     float *d_ff;                       /* [B*T*d_ff] */
-    float *d_heads;                    /* [3][B*H*T*dh] */
+    float *d_pooled;                   /* [B*d] (cls) */
     float *head_scratch;               /* per-head scratch: T*T or fmm scratch, + 2*T*dh */
     float *mem;
 } activations;
@@ -113,6 +113,9 @@ void model_backward(model *m, const int32_t *inputs, const int32_t *targets,
                     const int32_t *labels, int B, int T, float loss_scale,
                     block_done_fn on_block_done, void *ctx);
 void model_zero_grads(model *m);
+/* Bytes of the activation buffer for B rows of T (saved forward state and
+ * backward scratch), so that a run can refuse up front what will not fit. */
+size_t model_activation_bytes(const model *m, int B, int T);
 /* Matmul FLOPs of one forward+backward per token (for throughput figures). */
 double model_flops_per_token(const model *m, int T);
 
