@@ -1,4 +1,5 @@
 /* Command line of SPEC 5: `momfmm <command> ...`. Usage errors exit 2. */
+#include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,6 +146,7 @@ static int command_loss(const arguments *a) {
 
 int main(int argc, char **argv) {
     blas_core_select(argv); /* before MPI starts: it may re-execute the program */
+    H5dont_atexit();        /* see live_metrics_abandon */
     dist_init(&argc, &argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         if (argc < 2) fail_all(EXIT_USAGE, "no command given\n%s", USAGE);

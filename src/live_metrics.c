@@ -122,6 +122,8 @@ int live_metrics_append(live_metrics *lm, const metric_table *train, const metri
     return 0;
 }
 
+void live_metrics_abandon(live_metrics *lm) { free(lm); }
+
 static void close_table(live_table *lt, int n) {
     for (int c = 0; c < n; c++)
         if (lt->datasets[c] > 0) H5Dclose(lt->datasets[c]);

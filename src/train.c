@@ -216,11 +216,17 @@ static int list_checkpoints(const char *dir, char ***names_out) {
     return n;
 }
 
-static void prune_checkpoints(const char *dir, int keep) {
+static long long checkpoint_step(const char *name) { return atoll(name + strlen("ckpt_")); }
+
+/* Keeps the newest `keep` checkpoints at or below this run's step. Files
+ * from later steps (another timeline: a resume from an older checkpoint, or
+ * a file that did not load) are neither counted nor deleted. */
+static void prune_checkpoints(const char *dir, int keep, long long step) {
     char **names;
-    int n = list_checkpoints(dir, &names);
-    for (int i = 0; i < n; i++) {
-        if (i < n - keep) {
+    int n = list_checkpoints(dir, &names), eligible = 0;
+    for (int i = 0; i < n; i++) eligible += checkpoint_step(names[i]) <= step;
+    for (int i = 0, seen = 0; i < n; i++) {
+        if (checkpoint_step(names[i]) <= step && seen++ < eligible - keep) {
             char path[CONFIG_PATH_MAX + 32];
             snprintf(path, sizeof path, "%s/%s", dir, names[i]);
             remove(path);
@@ -230,21 +236,41 @@ static void prune_checkpoints(const char *dir, int keep) {
     free(names);
 }
 
-static void save_checkpoint(trainer *t) {
-    if (process_rank() != 0) return;
+/* Temporary files of writes that a crash interrupted (never a checkpoint's
+ * name) are removed when a run starts in the directory. */
+static void remove_stale_temporaries(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *entry;
+    while (d && (entry = readdir(d))) {
+        unsigned long long step;
+        int used = 0;
+        if (sscanf(entry->d_name, "ckpt_%8llu.h5.tmp.%*d%n", &step, &used) == 1 && used > 0 &&
+            entry->d_name[used] == '\0') {
+            char path[CONFIG_PATH_MAX + 300];
+            snprintf(path, sizeof path, "%s/%s", dir, entry->d_name);
+            if (remove(path) == 0) log_rank0("removed %s, left by an interrupted write\n", path);
+        }
+    }
+    if (d) closedir(d);
+}
+
+/* Returns false when rank 0 could not write the checkpoint. */
+static bool save_checkpoint(trainer *t) {
+    if (process_rank() != 0) return true;
     char path[CONFIG_PATH_MAX + 32], err[CONFIG_PATH_MAX + 256];
     snprintf(path, sizeof path, "%s/ckpt_%08lld.h5", t->cfg.out_dir, t->step);
     checkpoint_info info = {t->step, t->tokens_seen, process_count()};
     double start = wall_seconds();
     if (checkpoint_write(path, &t->model, &info, &t->train_log, &t->eval_log, err, sizeof err) != 0) {
         fprintf(stderr, "momfmm: checkpoint at step %lld not written: %s\n", t->step, err);
-        return;
+        return false;
     }
     struct stat st;
     double seconds = wall_seconds() - start, mb = stat(path, &st) == 0 ? st.st_size / 1e6 : 0;
     printf("checkpoint %s | %.1f MB in %.2f s (%.0f MB/s)\n", path, mb, seconds, mb / (seconds > 0 ? seconds : 1e-9));
     fflush(stdout);
-    prune_checkpoints(t->cfg.out_dir, t->cfg.keep);
+    prune_checkpoints(t->cfg.out_dir, t->cfg.keep, t->step);
+    return true;
 }
 
 static void log_train(trainer *t, const step_result *r, double tokens_per_s, double elapsed, long long steps_done) {
@@ -264,7 +290,7 @@ static void publish_metrics(trainer *t) {
     char err[256];
     if (live && live_metrics_append(live, &t->train_log, &t->eval_log, err, sizeof err) != 0) {
         fprintf(stderr, "momfmm: warning: %s; live metrics stop here (checkpoints keep the history)\n", err);
-        live_metrics_close(live);
+        live_metrics_abandon(live);
         live = NULL;
     }
 }
@@ -351,7 +377,10 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
     config cfg = load_config(config_path, n_overrides, overrides);
     dist_check_launch();
     install_stop_handlers();
-    if (process_rank() == 0) make_directory(cfg.out_dir);
+    if (process_rank() == 0) {
+        make_directory(cfg.out_dir);
+        remove_stale_temporaries(cfg.out_dir);
+    }
     trainer t;
     trainer_create(&t, &cfg);
     dist_describe();
@@ -368,7 +397,7 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
     long long first_step = t.step;
     double start = wall_seconds(), interval_start = start;
     long long interval_tokens = 0;
-    bool stopped = false;
+    bool stopped = false, final_saved = true;
     while (t.step < cfg.steps && !stopped) {
         step_result r = trainer_step(&t);
         interval_tokens += (long long)cfg.batch_size * cfg.seq_len;
@@ -389,13 +418,18 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
         stopped = ranks_agree_to_stop();
         if (stopped) log_rank0("stop requested: writing a checkpoint at step %lld\n", t.step);
         bool periodic = cfg.ckpt_interval > 0 && t.step % cfg.ckpt_interval == 0;
-        if (periodic || stopped || t.step == cfg.steps) save_checkpoint(&t);
+        if (periodic || stopped || t.step == cfg.steps) {
+            bool saved = save_checkpoint(&t);
+            if (stopped || t.step == cfg.steps) final_saved = saved;
+        }
     }
     if (t.step == first_step && t.step >= cfg.steps) log_rank0("nothing to do: already at step %lld of %lld\n", t.step, cfg.steps);
     live_metrics_close(live);
     live = NULL;
     trainer_free(&t);
-    return 0;
+    /* a scheduler reads exit 0 as "done": not so when the last state is lost */
+    if (!final_saved) fprintf(stderr, "momfmm: the final checkpoint was not written: exiting with status 1\n");
+    return final_saved ? 0 : 1;
 }
 
 /* ---- bench command ------------------------------------------------------ */

@@ -20,4 +20,9 @@ live_metrics *live_metrics_open(const char *dir, const char *config_ini, const m
 int live_metrics_append(live_metrics *lm, const metric_table *train, const metric_table *eval, char *err,
                         size_t err_len);
 void live_metrics_close(live_metrics *lm);
+/* After a failed append: forget the file without closing it. HDF5 1.10.8
+ * crashes at exit after an H5Fclose that fails on a full disk
+ * (HDFFV-11052); main() calls H5dont_atexit, so an abandoned file is simply
+ * left to the operating system. */
+void live_metrics_abandon(live_metrics *lm);
 #endif
