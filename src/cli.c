@@ -1,5 +1,6 @@
 /* Command line of SPEC 5: `momfmm <command> ...`. Usage errors exit 2. */
 #include <hdf5.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,7 +145,22 @@ static int command_loss(const arguments *a) {
     return 0;
 }
 
+/* Stop signals (SIGTERM, SIGINT, SIGUSR1) stay blocked from the first
+ * instruction until `train` has its handlers in place: a Slurm warning
+ * signal that arrives during start-up (re-exec, MPI_Init, config) is then
+ * held pending and handled as a stop request instead of killing the rank.
+ * The blocked mask survives execv and is inherited by MPI's threads. */
+static void block_stop_signals(bool block) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGUSR1);
+    sigprocmask(block ? SIG_BLOCK : SIG_UNBLOCK, &set, NULL);
+}
+
 int main(int argc, char **argv) {
+    block_stop_signals(true);
     blas_core_select(argv); /* before MPI starts: it may re-execute the program */
     H5dont_atexit();        /* see live_metrics_abandon */
     dist_init(&argc, &argv);
@@ -158,6 +174,7 @@ int main(int argc, char **argv) {
     int rest_count = argc - 2;
     char **rest = argv + 2;
     int rc;
+    if (strcmp(command, "train") != 0) block_stop_signals(false); /* default actions elsewhere */
     if (!strcmp(command, "train")) {
         arguments a = parse_arguments(command, rest_count, rest, "sr", 1);
         rc = command_train(a.positional[0], a.n_overrides, a.overrides, a.resume);

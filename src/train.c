@@ -172,6 +172,14 @@ static void install_stop_handlers(void) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
+    /* main() blocked these from start-up on; one that came meanwhile is
+     * delivered now, as a stop request */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGUSR1);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
 }
 
 /* Every rank stops at the same step: a signal seen by any rank counts. */

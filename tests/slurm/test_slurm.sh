@@ -1,0 +1,490 @@
+#!/usr/bin/env bash
+# End-to-end test of the Slurm job scripts in jobs/ on a one-node Slurm cluster
+# that this test brings up on this machine (munged, slurmctld and slurmd from
+# Debian's packages, every file in temporary directories) and stops again.
+#
+#   tests/slurm/test_slurm.sh [--momfmm PATH] [--workdir DIR]
+#
+# Checks: train.sbatch (mpirun, 8 tasks) and train_srun.sbatch (srun --mpi=pmix,
+# 4 tasks) train and checkpoint; a 3-task sweep.sbatch array writes 3 run
+# directories and collect_sweep.sh reports them; jobs sent USR1 (one per
+# launcher) checkpoint, requeue themselves, resume and end with the same
+# weights, bit for bit, as an uninterrupted run; a requeued finished job does
+# not train again.
+#
+# Needs root (the daemons run as SlurmUser=root) and the packages slurmctld,
+# slurmd, slurm-client and munge (tools/install_deps.sh). Where they are
+# missing or the cluster does not start, the test says why and exits 0 as
+# skipped, unless CI=true, where that is a failure. Prints `N passed, M failed`;
+# exit 0 only if every check passed. Daemons are stopped on every exit.
+set -u
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+MOMFMM_BIN=$ROOT/build/momfmm
+WORK=
+WORK_IS_TEMP=
+while [ $# -gt 0 ]; do
+    case $1 in
+    --momfmm) MOMFMM_BIN=$2; shift 2 ;;
+    --workdir) WORK=$2; shift 2 ;;
+    *) echo "usage: $0 [--momfmm PATH] [--workdir DIR]" >&2; exit 2 ;;
+    esac
+done
+PY=/usr/bin/python3
+START=$SECONDS
+DEADLINE=$((SECONDS + ${SLURM_TEST_BUDGET:-480})) # CTest TIMEOUT is 600: stop and clean up before it
+passed=0
+failed=0
+
+pass() { passed=$((passed + 1)); echo "PASS $1${2:+: $2}"; }
+fail() { failed=$((failed + 1)); echo "FAIL $1${2:+: $2}"; }
+skip() {
+    if [ "${CI:-}" = true ]; then
+        fail "slurm cluster" "$1 (CI=true: not skipping)"
+        echo "$passed passed, $failed failed"
+        exit 1
+    fi
+    echo "SKIP test_slurm: $1"
+    exit 0
+}
+note() { echo "  .. $* ($((SECONDS - START)) s)"; }
+
+# ---- can the cluster run here? ----
+[ "$(id -u)" -eq 0 ] || skip "needs root (slurmctld and slurmd run as SlurmUser=root)"
+for c in munged slurmctld slurmd sbatch srun scontrol scancel squeue sinfo mpirun; do
+    command -v "$c" >/dev/null 2>&1 ||
+        skip "$c not found: install slurmctld slurmd slurm-client munge (tools/install_deps.sh)"
+done
+[ -x "$MOMFMM_BIN" ] || { fail "momfmm binary" "$MOMFMM_BIN not found: build it first"; echo "$passed passed, $failed failed"; exit 1; }
+MOMFMM_BIN=$(cd "$(dirname "$MOMFMM_BIN")" && pwd)/$(basename "$MOMFMM_BIN")
+"$PY" -c "import h5py, numpy" 2>/dev/null || { fail "python" "$PY cannot import h5py and numpy"; echo "$passed passed, $failed failed"; exit 1; }
+
+# Job files (configs, runs, job output) in WORK; daemon state in a short /tmp
+# path (unix socket paths are limited to 108 bytes).
+if [ -n "$WORK" ]; then
+    rm -rf "$WORK" && mkdir -p "$WORK" || exit 1
+    WORK=$(cd "$WORK" && pwd)
+else
+    WORK=$(mktemp -d /tmp/momfmm-slurm-work.XXXXXX)
+    WORK_IS_TEMP=1
+fi
+D=$(mktemp -d /tmp/momfmm-slurm.XXXXXX)
+mkdir -p "$D"/{munge,state,spool,log,run}
+chmod 755 "$D" "$D/munge"
+CONF=$D/slurm.conf
+for v in $(compgen -e | grep '^SLURM_'); do unset "$v"; done # not inside someone else's job
+export SLURM_CONF=$CONF
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export MOMFMM=$MOMFMM_BIN
+unset MOMFMM_RUNS MPIRUN_FLAGS SRUN_FLAGS MOMFMM_LAUNCHER MOMFMM_REQUEUE
+
+# ---- stop everything we started, on any exit ----
+stop_pid() { # pid file, name
+    local pid
+    pid=$(cat "$1" 2>/dev/null) || return 0
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
+    kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
+    echo "  .. $2 (pid $pid) ignored TERM: killing it"
+    kill -KILL "$pid" 2>/dev/null
+}
+cleaned=
+cleanup() {
+    [ -n "$cleaned" ] && return
+    cleaned=1
+    if [ -f "$D/run/slurmctld.pid" ]; then
+        scancel --full --quiet --user=root 2>/dev/null
+        for _ in $(seq 40); do
+            [ -z "$(squeue -h -o %i 2>/dev/null)" ] && [ -z "$(scontrol listpids 2>/dev/null | tail -n +2)" ] && break
+            sleep 0.5
+        done
+    fi
+    stop_pid "$D/run/slurmd.pid" slurmd
+    stop_pid "$D/run/slurmctld.pid" slurmctld
+    stop_pid "$D/munge/munged.pid" munged
+    # Last resort: any process still running with this cluster's SLURM_CONF
+    # (job steps, slurmstepd) is ours.
+    local p
+    for p in /proc/[0-9]*; do
+        p=${p#/proc/}
+        [ "$p" = $$ ] && continue
+        if tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qx "SLURM_CONF=$CONF"; then
+            [ -d "/proc/$p" ] && echo "  .. killing leftover pid $p ($(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | cut -c1-60))"
+            kill -KILL "$p" 2>/dev/null
+        fi
+    done
+    mkdir -p "$WORK/daemon_logs" && cp "$D"/log/*.log "$WORK/daemon_logs/" 2>/dev/null
+    rm -rf "$D"
+    if [ -n "${WORK_IS_TEMP:-}" ] && [ "$failed" -eq 0 ]; then
+        rm -rf "$WORK"
+    else
+        echo "  .. job files and daemon logs kept in $WORK"
+    fi
+}
+trap cleanup EXIT
+trap 'echo "interrupted"; exit 1' INT TERM HUP
+
+# ---- bring the cluster up ----
+H=$(hostname -s)
+NCPU=$(getconf _NPROCESSORS_ONLN) # not nproc: it follows OMP_NUM_THREADS
+read -r CTLD_PORT SLURMD_PORT < <("$PY" -c '
+import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*[x.getsockname()[1] for x in s])')
+if command -v mungekey >/dev/null 2>&1; then
+    mungekey --create --keyfile="$D/munge/munge.key" 2>"$D/log/mungekey.log"
+else
+    dd if=/dev/urandom of="$D/munge/munge.key" bs=1024 count=1 status=none
+fi
+chmod 600 "$D/munge/munge.key"
+cat >"$CONF" <<EOF
+# Written by tests/slurm/test_slurm.sh: a one-node cluster in $D
+ClusterName=momfmmtest
+SlurmctldHost=$H(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+# cred_expire also holds a requeued job before it starts again (default 120 s)
+AuthInfo=socket=$D/munge/munge.socket,cred_expire=10
+CredType=cred/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2
+MpiDefault=none
+ReturnToService=2
+JobRequeue=1
+MinJobAge=600
+KillWait=15
+StateSaveLocation=$D/state
+SlurmdSpoolDir=$D/spool
+SlurmctldPidFile=$D/run/slurmctld.pid
+SlurmdPidFile=$D/run/slurmd.pid
+SlurmctldLogFile=$D/log/slurmctld.log
+SlurmdLogFile=$D/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+NodeName=$H NodeAddr=127.0.0.1 NodeHostname=$H CPUs=$NCPU State=UNKNOWN
+PartitionName=test Nodes=$H Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+EOF
+munged --force --socket="$D/munge/munge.socket" --key-file="$D/munge/munge.key" --pid-file="$D/munge/munged.pid" \
+    --log-file="$D/log/munged.log" --seed-file="$D/munge/munged.seed" >"$D/log/munged.out" 2>&1 ||
+    skip "munged did not start: $(tail -n 3 "$D/log/munged.out" "$D/log/munged.log" 2>/dev/null | tr '\n' ' ')"
+slurmctld -i >"$D/log/slurmctld.out" 2>&1 || skip "slurmctld did not start: $(tail -n 3 "$D/log/slurmctld.out" "$D/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
+slurmd -N "$H" >"$D/log/slurmd.out" 2>&1 || skip "slurmd did not start: $(tail -n 3 "$D/log/slurmd.out" "$D/log/slurmd.log" 2>/dev/null | tr '\n' ' ')"
+state=
+for _ in $(seq 60); do
+    state=$(sinfo -h -n "$H" -o %T 2>/dev/null)
+    [ "$state" = idle ] && break
+    sleep 0.5
+done
+[ "$state" = idle ] || skip "node $H did not come up (state '${state}'): $(tail -n 3 "$D/log/slurmd.log" "$D/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
+note "cluster up: node $H, $NCPU CPUs, ports $CTLD_PORT/$SLURMD_PORT, state in $D, jobs in $WORK"
+
+# ---- helpers ----
+job_field() { # job id, field -> value (first line: the job or array task 0)
+    scontrol -o show job "$1" 2>/dev/null | head -n 1 | grep -oP "(^| )$2=\K\S+"
+}
+# Waits until every job (or array task) of the ids is in a final state.
+wait_jobs() { # timeout_s id...
+    local until=$((SECONDS + $1)) id states
+    shift
+    [ "$until" -gt "$DEADLINE" ] && until=$DEADLINE
+    while [ "$SECONDS" -lt "$until" ]; do
+        states=$(for id in "$@"; do scontrol -o show job "$id" 2>/dev/null | grep -oP 'JobState=\K\S+' || echo UNKNOWN; done)
+        echo "$states" | grep -qvE '^(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|PREEMPTED)$' || return 0
+        sleep 1
+    done
+    echo "  .. timed out waiting for jobs $*: $(echo $states)"
+    return 1
+}
+wait_for() { # timeout_s command... : polls every 0.2 s
+    local until=$((SECONDS + $1))
+    shift
+    [ "$until" -gt "$DEADLINE" ] && until=$DEADLINE
+    while [ "$SECONDS" -lt "$until" ]; do "$@" && return 0; sleep 0.2; done
+    return 1
+}
+job_ok() { # name id: COMPLETED with exit 0 (every array task)
+    local lines
+    lines=$(scontrol -o show job "$2" 2>/dev/null)
+    if [ -n "$lines" ] && ! echo "$lines" | grep -vE 'JobState=COMPLETED .*ExitCode=0:0' | grep -q .; then
+        pass "$1" "job $2 COMPLETED, exit 0"
+    else
+        fail "$1" "job $2: $(echo "$lines" | grep -oP '(JobId|ArrayTaskId|JobState|ExitCode|Reason)=\S+' | tr '\n' ' ')"
+        return 1
+    fi
+}
+show_log() { echo "  --- $1 (last 15 lines)"; tail -n 15 "$1" 2>/dev/null | sed 's/^/  | /'; }
+
+cat >"$WORK/h5check.py" <<'EOF'
+"""ckpt DIR STEP WORLD NLOG: the newest checkpoint in DIR has step STEP,
+world_size WORLD and NLOG rows of /metrics/train/loss.
+same A B: every /model, /optim and /buffers dataset of A equals B's, bitwise.
+config DIR REGEX: the newest checkpoint's config_ini matches REGEX."""
+import glob, os, re, sys
+import h5py
+import numpy as np
+
+def newest(d):
+    files = sorted(glob.glob(os.path.join(d, "ckpt_*.h5")))
+    if not files:
+        sys.exit(f"no ckpt_*.h5 in {d}")
+    return files[-1]
+
+def datasets(f, group):
+    names = []
+    if group in f:
+        f[group].visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    return names
+
+cmd = sys.argv[1]
+if cmd == "ckpt":
+    d, step, world, nlog = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    path = newest(d)
+    with h5py.File(path, "r") as f:
+        got = (int(f.attrs["step"]), int(f.attrs["world_size"]), len(f["metrics/train/loss"]))
+        n_model = len(datasets(f, "model"))
+    print(f"{os.path.basename(path)}: step {got[0]}, world_size {got[1]}, {got[2]} train-log rows, {n_model} /model datasets")
+    sys.exit(0 if got == (step, world, nlog) and n_model > 0 else 1)
+elif cmd == "same":
+    a, b = sys.argv[2], sys.argv[3]
+    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+        out, ok = [], True
+        for group in ("model", "optim", "buffers"):
+            names = datasets(fa, group)
+            if group == "model" and not names:
+                sys.exit(f"{a}: no /model datasets")
+            differ, maxdiff = 0, 0.0
+            for n in names:
+                x, y = fa[group][n][()], fb[group][n][()]
+                if x.shape != y.shape or x.tobytes() != y.tobytes():
+                    differ += 1
+                    if x.shape == y.shape:
+                        maxdiff = max(maxdiff, float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))))
+            if datasets(fb, group) != names:
+                differ += 1
+            out.append(f"/{group}: {len(names)} datasets, {differ} differ" + (f" (max |diff| {maxdiff:.3e})" if differ else ""))
+            ok = ok and differ == 0
+        la, lb = fa["metrics/train/loss"][()], fb["metrics/train/loss"][()]
+        same_loss = la.shape == lb.shape and la.tobytes() == lb.tobytes()
+        out.append(f"train loss log {'identical' if same_loss else 'differs'} ({len(la)} vs {len(lb)} rows)")
+    print("; ".join(out))
+    sys.exit(0 if ok else 1)
+elif cmd == "config":
+    d, pattern = sys.argv[2], sys.argv[3]
+    with h5py.File(newest(d), "r") as f:
+        text = f.attrs["config_ini"]
+        text = text.decode() if isinstance(text, bytes) else str(text)
+    sys.exit(0 if re.search(pattern, text, re.M) else 1)
+EOF
+h5() { "$PY" "$WORK/h5check.py" "$@" 2>&1; }
+
+cd "$WORK" || exit 1
+# Tiny chain-task model: 30 steps, a train-log row every 5 steps.
+cat >tiny.ini <<'EOF'
+[model]
+vocab_size = 32
+d_model = 32
+n_heads = 4
+n_layers = 2
+d_ff = 64
+
+[momentum]
+gamma = 0.1
+
+[data]
+task = chain
+seq_len = 16
+chain_len = 5
+
+[train]
+steps = 30
+batch_size = 8
+lr = 3e-3
+warmup = 2
+log_interval = 5
+eval_interval = 15
+eval_batches = 1
+EOF
+# Longer run for the preemption check: 300 steps, several seconds on 4 ranks.
+cat >long.ini <<'EOF'
+[model]
+vocab_size = 32
+d_model = 64
+n_heads = 4
+n_layers = 2
+d_ff = 128
+
+[momentum]
+gamma = 0.1
+
+[data]
+task = chain
+seq_len = 64
+chain_len = 8
+
+[train]
+steps = 300
+batch_size = 16
+lr = 3e-3
+warmup = 10
+log_interval = 10
+eval_interval = 100
+eval_batches = 1
+EOF
+printf '%s\n' '# test sweep' 'momentum.gamma=0' '' 'momentum.gamma=0.2' 'attention.kind=fmm momentum.gamma=0.1' >sweep.txt
+
+# ---- 1. train.sbatch (mpirun, 8 ranks), train_srun.sbatch (srun, 4), a sweep of 3, all queued at once ----
+J_MPI=$(sbatch --parsable --nodes=1 --ntasks=8 --overcommit --time=5 "$ROOT/jobs/train.sbatch" tiny.ini 2>&1)
+J_SRUN=$(sbatch --parsable --nodes=1 --ntasks=4 --overcommit --time=5 "$ROOT/jobs/train_srun.sbatch" tiny.ini \
+    --set train.out_dir=runs/srun_run 2>&1)
+J_SWEEP=$(sbatch --parsable --array=0-2%2 --nodes=1 --ntasks=2 --overcommit --time=5 "$ROOT/jobs/sweep.sbatch" \
+    tiny.ini sweep.txt --set train.steps=20 2>&1)
+for j in "$J_MPI" "$J_SRUN" "$J_SWEEP"; do
+    [[ $j =~ ^[0-9]+$ ]] || { fail "sbatch" "submission failed: $j"; echo "$passed passed, $failed failed"; exit 1; }
+done
+note "submitted train.sbatch $J_MPI, train_srun.sbatch $J_SRUN, sweep.sbatch $J_SWEEP"
+wait_jobs 150 "$J_MPI" "$J_SRUN" "$J_SWEEP"
+note "first batch done"
+
+# train.sbatch: per-job run dir, %x-%j.out, 8 ranks
+if job_ok "train.sbatch (mpirun, 8 tasks) completes" "$J_MPI"; then
+    d=runs/momfmm-$J_MPI
+    if r=$(h5 ckpt "$d" 30 8 6); then pass "train.sbatch checkpoint" "$d/$r"; else fail "train.sbatch checkpoint" "$d: $r"; show_log "momfmm-$J_MPI.out"; fi
+    [ -f "momfmm-$J_MPI.out" ] && grep -q "^step 30/30" "momfmm-$J_MPI.out" &&
+        pass "train.sbatch output file" "momfmm-$J_MPI.out (%x-%j.out) has the training log" ||
+        fail "train.sbatch output file" "momfmm-$J_MPI.out missing or without 'step 30/30'"
+else
+    show_log "momfmm-$J_MPI.out"
+fi
+# train_srun.sbatch: --set train.out_dir wins, 4 ranks
+if job_ok "train_srun.sbatch (srun --mpi=pmix, 4 tasks) completes" "$J_SRUN"; then
+    if r=$(h5 ckpt runs/srun_run 30 4 6); then pass "train_srun.sbatch checkpoint (--set train.out_dir wins)" "runs/srun_run/$r"
+    else fail "train_srun.sbatch checkpoint" "runs/srun_run: $r"; show_log "momfmm-$J_SRUN.out"; fi
+else
+    show_log "momfmm-$J_SRUN.out"
+fi
+# sweep: 3 run dirs with the right overrides, one report
+if job_ok "sweep.sbatch array 0-2%2 completes" "$J_SWEEP"; then
+    ok=1
+    msg=
+    for t in 0 1 2; do
+        d=runs/momfmm-sweep-${J_SWEEP}_$t
+        r=$(h5 ckpt "$d" 20 2 4) || { ok=; msg+="$d: $r; "; }
+    done
+    h5 config "runs/momfmm-sweep-${J_SWEEP}_1" '^\s*gamma\s*=\s*0\.2' || { ok=; msg+="task 1 config has no gamma = 0.2; "; }
+    h5 config "runs/momfmm-sweep-${J_SWEEP}_2" '^\s*kind\s*=\s*fmm' || { ok=; msg+="task 2 config has no kind = fmm; "; }
+    [ -n "$ok" ] && pass "sweep run directories" "runs/momfmm-sweep-${J_SWEEP}_{0,1,2} at step 20 with their overrides" ||
+        fail "sweep run directories" "$msg"
+    [ -z "$ok" ] && for t in 0 1 2; do show_log "momfmm-sweep-${J_SWEEP}_$t.out"; done
+fi
+report=$("$ROOT/jobs/collect_sweep.sh" -o sweep_report.md "$J_SWEEP" 2>&1)
+rc=$?
+if [ ! -f "$ROOT/tools/momfmm_report.py" ]; then
+    [ $rc -eq 3 ] && echo "$report" | grep -q "momfmm_report.py not found" &&
+        pass "collect_sweep.sh" "tools/momfmm_report.py is missing and the helper says so (exit 3)" ||
+        fail "collect_sweep.sh" "without tools/momfmm_report.py: exit $rc: $report"
+else
+    rows=0
+    for t in 0 1 2; do
+        [ "$(grep -c "^|.*momfmm-sweep-${J_SWEEP}_$t\b" sweep_report.md 2>/dev/null)" -ge 2 ] && rows=$((rows + 1))
+    done
+    if [ $rc -eq 0 ] && [ $rows -eq 3 ]; then
+        pass "collect_sweep.sh report" "sweep_report.md: task table and momfmm_report.py rows for all 3 runs"
+    else
+        fail "collect_sweep.sh report" "exit $rc, $rows of 3 runs in both tables: $(echo "$report" | tail -n 12)"
+    fi
+fi
+
+# ---- 2. preemption: USR1 -> checkpoint -> requeue -> resume -> same weights ----
+# One job per launcher (train.sbatch: mpirun; train_srun.sbatch: srun), 4 ranks
+# each, both compared with one uninterrupted run of the same config.
+declare -A P_ID=()
+for script in train train_srun; do
+    j=$(sbatch --parsable --job-name="preempt-$script" --nodes=1 --ntasks=4 --overcommit --time=5 \
+        "$ROOT/jobs/$script.sbatch" long.ini 2>&1)
+    [[ $j =~ ^[0-9]+$ ]] || { fail "sbatch" "submission failed: $j"; echo "$passed passed, $failed failed"; exit 1; }
+    P_ID[$script]=$j
+done
+note "submitted the preemption jobs ${P_ID[train]} (mpirun) and ${P_ID[train_srun]} (srun)"
+for script in train train_srun; do
+    j=${P_ID[$script]}
+    if wait_for 90 grep -qsE '^step [0-9]+/300' "preempt-$script-$j.out"; then
+        scancel --signal=USR1 --batch "$j"
+        note "sent USR1 to job $j after: $(grep -E '^step [0-9]+/300' "preempt-$script-$j.out" | tail -n 1 | cut -d'|' -f1)"
+    else
+        fail "preemption job $script.sbatch" "job $j did not log a step: $(job_field "$j" JobState)"
+        show_log "preempt-$script-$j.out"
+    fi
+done
+# A finished job that is requeued must not train again.
+scontrol requeue "$J_MPI" 2>&1 | sed 's/^/  .. requeue: /'
+mpi_ckpt=runs/momfmm-$J_MPI/ckpt_00000030.h5
+mpi_sum=$(md5sum <"$mpi_ckpt" 2>/dev/null)
+# While the preempted jobs wait in the queue, the uninterrupted reference run.
+requeued() { [ "$(job_field "${P_ID[train]}" Restarts)" = 1 ] && [ "$(job_field "${P_ID[train_srun]}" Restarts)" = 1 ]; }
+wait_for 60 requeued || note "jobs ${P_ID[*]} not both requeued yet"
+note "reference run: mpirun -np 4 outside Slurm"
+mpirun --oversubscribe -np 4 -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$MOMFMM_BIN" train long.ini \
+    --set train.out_dir=runs/reference >reference.log 2>&1
+ref_rc=$?
+wait_jobs 150 "${P_ID[@]}" "$J_MPI"
+note "preempted jobs and the requeued finished job done"
+
+for script in train train_srun; do
+    j=${P_ID[$script]}
+    P_OUT=preempt-$script-$j.out
+    P_DIR=runs/preempt-$script-$j
+    t="$script.sbatch preempted:"
+    before=$failed
+    job_ok "$t job completes" "$j" || { show_log "$P_OUT"; continue; }
+    restarts=$(job_field "$j" Restarts)
+    stop_line=$(grep -m1 '^stop requested' "$P_OUT")
+    k=$(echo "$stop_line" | grep -oP 'step \K[0-9]+')
+    ck=$(printf 'ckpt_%08d.h5' "${k:-0}")
+    if [ -n "$k" ] && [ "$k" -gt 0 ] && [ "$k" -lt 300 ] && [ -f "$P_DIR/$ck" ]; then
+        pass "$t USR1 -> checkpoint" "'$stop_line', $P_DIR/$ck kept"
+    else
+        fail "$t USR1 -> checkpoint" "no 'stop requested' line or no intermediate checkpoint (line '$stop_line'; $(ls "$P_DIR" 2>/dev/null | tr '\n' ' '))"
+    fi
+    if [ "$restarts" = 1 ] && grep -q "requeueing job $j" "$P_OUT" && [ "$(grep -c " job $j restart " "$P_DIR/slurm_jobs.log")" = 2 ]; then
+        pass "$t requeued" "scontrol: Restarts=$restarts; two starts in $P_DIR/slurm_jobs.log"
+    else
+        fail "$t requeued" "Restarts=$restarts; $(grep -c . "$P_DIR/slurm_jobs.log" 2>/dev/null) starts logged"
+    fi
+    resumed=$(grep -m1 '^resumed from' "$P_OUT")
+    if [ -n "$k" ] && echo "$resumed" | grep -q "$ck at step $k\$"; then pass "$t resumed" "'$resumed'"
+    else fail "$t resumed" "expected 'resumed from $P_DIR/$ck at step $k', got '$resumed'"; fi
+    if r=$(h5 ckpt "$P_DIR" 300 4 30); then pass "$t finished" "$r"; else fail "$t finished" "$r"; fi
+    if [ $ref_rc -ne 0 ]; then
+        fail "$t bit-exact resume" "reference run failed (exit $ref_rc): $(tail -n 3 reference.log)"
+    elif r=$(h5 same "$P_DIR/ckpt_00000300.h5" runs/reference/ckpt_00000300.h5); then
+        pass "$t bit-exact resume" "stopped at step $k, vs uninterrupted (4 ranks x 1 thread): $r"
+    else
+        fail "$t bit-exact resume" "stopped at step $k, vs uninterrupted: $r"
+    fi
+    [ $failed -gt "$before" ] && show_log "$P_OUT"
+done
+
+# the requeued finished job: started again, did nothing, left its checkpoint alone
+if job_ok "requeued finished job completes" "$J_MPI"; then
+    if [ "$(job_field "$J_MPI" Restarts)" = 1 ] && grep -q '^nothing to do' "momfmm-$J_MPI.out" &&
+        [ "$(md5sum <"$mpi_ckpt" 2>/dev/null)" = "$mpi_sum" ] && [ "$(ls runs/momfmm-$J_MPI/ckpt_*.h5 | wc -l)" = 1 ]; then
+        pass "finished job does not run again" "restart 1 logged 'nothing to do'; ckpt_00000030.h5 unchanged"
+    else
+        fail "finished job does not run again" "Restarts=$(job_field "$J_MPI" Restarts); $(grep -m1 'nothing to do' "momfmm-$J_MPI.out")"
+        show_log "momfmm-$J_MPI.out"
+    fi
+fi
+
+note "done"
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]
