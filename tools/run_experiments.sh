@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# Runs the experiment suite (configs/experiments/suite.list) locally, one run after the
+# other, each under mpirun, then `tools/make_results.py` turns the runs into RESULTS.md.
+#
+#   tools/run_experiments.sh [--np N] [--only PATTERN] [--steps-scale F] [--full]
+#                            [--runs DIR] [--suite FILE] [--momfmm BIN] [--set k=v ...]
+#                            [--dry-run] [--list]
+#
+# --np N           MPI ranks per run (default 2; runs use --oversubscribe).
+# --only PATTERN   run only the lines whose NAME matches this extended regular expression
+#                  (grep -E), e.g. '^chain_L30_g0(\.2)?_s' or 'copy_T128'.
+# --steps-scale F  multiply every run's train.steps by F (rounded, at least 1); a scaled
+#                  suite goes to its own run directory (default runs/experiments_xF) so it
+#                  never mixes with full-length runs.
+# --full           use CONFIG's cluster-size sibling X_full.ini for every line (default run
+#                  directory runs/experiments_full).
+# --runs DIR       parent of the run directories (default runs/experiments); run NAME
+#                  writes DIR/NAME/{ckpt_*.h5,metrics.h5,train.log}.
+# --suite FILE     the suite list (default configs/experiments/suite.list).
+# --momfmm BIN     the binary (default build/momfmm, or $MOMFMM).
+# --set k=v        extra override applied after the line's own (repeatable; for tests).
+# --dry-run        print each command instead of running it; --list prints the names.
+#
+# A run whose final checkpoint (DIR/NAME/ckpt_<steps>.h5) exists is skipped; any other
+# run starts with --resume auto, so an interrupted suite continues where it stopped.
+# Paths are relative to the repository root (the script changes there first).
+# Exit: 0 all selected runs finished or were skipped; 1 some run failed (the others still
+# run; see DIR/NAME/train.log); 2 usage or suite-list error.
+set -u
+me=run_experiments.sh
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+usage() { sed -n '5,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+die() { echo "$me: $*" >&2; exit 2; }
+
+np=2 only='' scale=1 full=0 runs='' suite=configs/experiments/suite.list
+bin=${MOMFMM:-build/momfmm} dry=0 list=0
+extra=()
+while [ $# -gt 0 ]; do
+    case $1 in
+    --np) [ $# -ge 2 ] || usage; np=$2; shift 2 ;;
+    --only) [ $# -ge 2 ] || usage; only=$2; shift 2 ;;
+    --steps-scale) [ $# -ge 2 ] || usage; scale=$2; shift 2 ;;
+    --full) full=1; shift ;;
+    --runs) [ $# -ge 2 ] || usage; runs=$2; shift 2 ;;
+    --suite) [ $# -ge 2 ] || usage; suite=$2; shift 2 ;;
+    --momfmm) [ $# -ge 2 ] || usage; bin=$2; shift 2 ;;
+    --set) [ $# -ge 2 ] || usage; [[ $2 == *.*=* ]] || die "--set $2: expected section.key=value"
+        extra+=(--set "$2"); shift 2 ;;
+    --dry-run) dry=1; shift ;;
+    --list) list=1; shift ;;
+    -h | --help) usage ;;
+    *) echo "$me: unknown argument '$1'" >&2; usage ;;
+    esac
+done
+[[ $np =~ ^[1-9][0-9]*$ ]] || die "--np $np: expected a positive integer"
+[[ $scale =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] && awk -v s="$scale" 'BEGIN{exit !(s > 0)}' ||
+    die "--steps-scale $scale: expected a positive number"
+cd "$root" || die "cannot enter $root"
+if [ -z "$runs" ]; then
+    runs=runs/experiments
+    [ "$full" = 1 ] && runs=runs/experiments_full
+    awk -v s="$scale" 'BEGIN{exit !(s != 1)}' && runs=${runs}_x$scale
+fi
+[ -r "$suite" ] || die "suite list $suite: not readable from $root"
+case $bin in /*) ;; *) bin=$root/$bin ;; esac
+[ "$dry" = 1 ] || [ "$list" = 1 ] || [ -x "$bin" ] ||
+    die "momfmm binary $bin not found: build it (cmake --build build -j2) or pass --momfmm"
+
+# train.steps of an INI file (the [train] section), empty if absent.
+ini_steps() {
+    awk '/^[[:space:]]*\[/{s=$0; gsub(/[][[:space:]]/, "", s)} s=="train" && /^[[:space:]]*steps[[:space:]]*=/ {
+        sub(/^[^=]*=[[:space:]]*/, ""); sub(/[[:space:]]*([;#].*)?$/, ""); v=$0} END{print v}' "$1"
+}
+
+# ---- parse the suite ----
+names=() configs=() sets=()
+declare -A seen=()
+n=0
+while IFS= read -r line || [ -n "$line" ]; do
+    n=$((n + 1))
+    line=${line%$'\r'}
+    [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
+    read -r -a words <<<"$line"
+    [ ${#words[@]} -ge 2 ] || die "$suite:$n: expected 'NAME CONFIG [--set section.key=value ...]'"
+    name=${words[0]} config=${words[1]}
+    [[ $name =~ ^[A-Za-z0-9_.+-]+$ ]] || die "$suite:$n: run name '$name' has characters other than A-Z a-z 0-9 _ . + -"
+    [ -z "${seen[$name]:-}" ] || die "$suite:$n: run name '$name' repeats line ${seen[$name]}"
+    seen[$name]=$n
+    rest=("${words[@]:2}")
+    i=0
+    while [ $i -lt ${#rest[@]} ]; do
+        [ "${rest[$i]}" = --set ] && [ $((i + 1)) -lt ${#rest[@]} ] && [[ ${rest[$((i + 1))]} == *.*=* ]] ||
+            die "$suite:$n: expected '--set section.key=value' at '${rest[$i]}'"
+        [[ ${rest[$((i + 1))]} == train.out_dir=* ]] && die "$suite:$n: train.out_dir is set by the runner"
+        i=$((i + 2))
+    done
+    names+=("$name")
+    configs+=("$config")
+    sets+=("${rest[*]}")
+done <"$suite"
+
+selected=()
+for i in "${!names[@]}"; do
+    if [ -z "$only" ] || grep -Eq -- "$only" <<<"${names[$i]}"; then selected+=("$i"); fi
+done
+[ ${#selected[@]} -gt 0 ] || die "no suite line matches --only '$only'"
+if [ "$list" = 1 ]; then
+    for i in "${selected[@]}"; do echo "${names[$i]}"; done
+    exit 0
+fi
+
+export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1}
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-$OMP_NUM_THREADS}
+
+failed=() done_n=0 skipped=0 k=0
+start_all=$(date +%s)
+for i in "${selected[@]}"; do
+    k=$((k + 1))
+    name=${names[$i]} config=${configs[$i]}
+    read -r -a line_sets <<<"${sets[$i]}"
+    if [ "$full" = 1 ]; then
+        big=${config%.ini}_full.ini
+        [ -r "$big" ] && config=$big
+    fi
+    [ -r "$config" ] || { echo "$me: [$k/${#selected[@]}] $name: config $config not readable" >&2; failed+=("$name"); continue; }
+    steps=$(ini_steps "$config")
+    for ((j = 0; j < ${#line_sets[@]}; j += 2)); do
+        [[ ${line_sets[$((j + 1))]} == train.steps=* ]] && steps=${line_sets[$((j + 1))]#train.steps=}
+    done
+    for ((j = 0; j < ${#extra[@]}; j += 2)); do
+        [[ ${extra[$((j + 1))]} == train.steps=* ]] && steps=${extra[$((j + 1))]#train.steps=}
+    done
+    steps=${steps:-1000}
+    scale_set=()
+    if awk -v s="$scale" 'BEGIN{exit !(s != 1)}'; then
+        steps=$(awk -v n="$steps" -v s="$scale" 'BEGIN{v=int(n*s+0.5); print (v<1?1:v)}')
+        scale_set=(--set "train.steps=$steps")
+    fi
+    out=$runs/$name
+    final=$(printf '%s/ckpt_%08d.h5' "$out" "$steps")
+    cmd=(mpirun --oversubscribe -np "$np" "$bin" train "$config" "${line_sets[@]}" "${extra[@]}"
+         "${scale_set[@]}" --set "train.out_dir=$out" --resume auto)
+    if [ "$dry" = 1 ]; then
+        echo "${cmd[*]}"
+        continue
+    fi
+    if [ -e "$final" ]; then
+        echo "$me: [$k/${#selected[@]}] $name: done ($final exists), skipped"
+        skipped=$((skipped + 1))
+        continue
+    fi
+    mkdir -p "$out" || { failed+=("$name"); continue; }
+    t0=$(date +%s)
+    echo "$me: [$k/${#selected[@]}] $name: ${cmd[*]}"
+    {
+        echo "# $(date '+%Y-%m-%dT%H:%M:%S') $(uptime)"
+        echo "# ${cmd[*]}"
+    } >>"$out/train.log"
+    "${cmd[@]}" >>"$out/train.log" 2>&1 </dev/null
+    rc=$?
+    t1=$(date +%s)
+    echo "# exit $rc after $((t1 - t0)) s" >>"$out/train.log"
+    if [ $rc -ne 0 ] || [ ! -e "$final" ]; then
+        echo "$me: [$k/${#selected[@]}] $name: FAILED (exit $rc, $((t1 - t0)) s); last lines of $out/train.log:" >&2
+        tail -n 5 "$out/train.log" >&2
+        failed+=("$name")
+    else
+        echo "$me: [$k/${#selected[@]}] $name: finished in $((t1 - t0)) s"
+        done_n=$((done_n + 1))
+    fi
+done
+[ "$dry" = 1 ] && exit 0
+echo "$me: $done_n run, $skipped skipped, ${#failed[@]} failed in $(($(date +%s) - start_all)) s (runs in $runs)"
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "$me: failed: ${failed[*]}" >&2
+    exit 1
+fi
+echo "$me: next: /usr/bin/python3 tools/make_results.py --runs $runs"
+exit 0
