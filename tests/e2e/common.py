@@ -1,5 +1,7 @@
 """Helpers shared by the end-to-end tests: run momfmm, write configs and
 token files, report in the `N passed, M failed` form CTest logs show."""
+import argparse
+import glob
 import os
 import subprocess
 import sys
@@ -13,6 +15,19 @@ ROOT_ENV = {
     "OMP_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
 }
+
+
+def argument_parser(description=None):
+    """The arguments every end-to-end test takes (CTest passes both)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--momfmm", required=True, help="the momfmm binary under test")
+    ap.add_argument("--workdir", required=True, help="scratch directory for configs and runs")
+    return ap
+
+
+def newest_checkpoint(out_dir):
+    """Path of the highest-step ckpt_*.h5 in a run directory."""
+    return sorted(glob.glob(os.path.join(out_dir, "ckpt_*.h5")))[-1]
 
 
 def env(**extra):

@@ -2,7 +2,6 @@
 """Bad input (SPEC 5): every case exits with the documented code (2 config
 or command line, 3 file) and a one-line message naming the file and the key
 or value; no crash, and input files are left untouched."""
-import argparse
 import hashlib
 import os
 import shutil
@@ -10,7 +9,7 @@ import shutil
 import h5py
 import numpy as np
 
-from common import Report, run, tiny_config, write_config, write_tokens
+from common import argument_parser, Report, run, tiny_config, write_config, write_tokens
 
 
 def digest(path):
@@ -133,9 +132,7 @@ def file_cases(a, report, work, good_ini):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--momfmm", required=True)
-    ap.add_argument("--workdir", required=True)
+    ap = argument_parser(__doc__)
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     report = Report()

@@ -41,7 +41,6 @@ disk, stop signals, live metrics.
 
 Usage: test_checkpoint.py --momfmm BIN --workdir DIR [--seed S] [--only GROUP,...]
 """
-import argparse
 import configparser
 import hashlib
 import os
@@ -55,7 +54,7 @@ import time
 import h5py
 import numpy as np
 
-from common import Report, env, run, tiny_config, write_config
+from common import argument_parser, Report, env, run, tiny_config, write_config
 
 MPIRUN = ["mpirun", "--oversubscribe"]
 CKPT_NAME = re.compile(r"^ckpt_(\d{8})\.h5$")
@@ -898,9 +897,7 @@ def test_live_metrics(R, report):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--momfmm", required=True)
-    ap.add_argument("--workdir", required=True)
+    ap = argument_parser(__doc__)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--only", default="layout,resume,bad,disk,crash,signals,live",
                     help="comma-separated groups (bad and disk need resume)")

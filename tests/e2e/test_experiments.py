@@ -18,7 +18,6 @@ its suite.list still loads and trains, and the tools that run it and report it s
    claims section, "not run" rows for the rest, and figures that exist.
 Prints `N passed, M failed`.
 """
-import argparse
 import concurrent.futures
 import glob
 import os
@@ -26,7 +25,7 @@ import re
 import shutil
 import time
 
-from common import Report, env, run
+from common import argument_parser, Report, env, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SUITE = os.path.join(ROOT, "configs", "experiments", "suite.list")
@@ -135,9 +134,7 @@ def init_one(binary, config, sets, out):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--momfmm", required=True)
-    ap.add_argument("--workdir", required=True)
+    ap = argument_parser(__doc__)
     a = ap.parse_args()
     binary = os.path.abspath(a.momfmm)
     work = os.path.abspath(a.workdir)

@@ -4,7 +4,6 @@ momentum and attention variant, feeding the eval sequences token by token (and
 in segments) through `momfmm eval --stream` gives the logits of one full
 forward (max abs difference <= 1e-4), and `momfmm generate` continues a prompt
 exactly as greedy decoding with the independent PyTorch reference does."""
-import argparse
 import os
 import re
 import sys
@@ -13,7 +12,7 @@ import h5py
 import numpy as np
 import torch
 
-from common import Report, run, tiny_config, write_config
+from common import argument_parser, Report, run, tiny_config, write_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reference"))
 import reference_model as ref  # noqa: E402
@@ -106,9 +105,7 @@ def check_variant(a, report, name, overrides, rng):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--momfmm", required=True)
-    ap.add_argument("--workdir", required=True)
+    ap = argument_parser(__doc__)
     a = ap.parse_args()
     report = Report()
     rng = np.random.default_rng(5)

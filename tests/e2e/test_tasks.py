@@ -2,27 +2,23 @@
 """Tasks of SPEC 2 beyond chain and copy: `text` (byte-level LM on a corpus
 that Debian ships: Python's pydoc topics, package libpython3.11-stdlib) and
 `listops` (the LRA generator, and LRA TSV files), with their input errors."""
-import argparse
-import glob
 import math
 import os
 
 import h5py
 
-from common import Report, run, tiny_config, write_config
+from common import argument_parser, newest_checkpoint, Report, run, tiny_config, write_config
 
 CORPUS = "/usr/lib/python3.11/pydoc_data/topics.py"
 
 
 def final(out_dir):
-    with h5py.File(sorted(glob.glob(os.path.join(out_dir, "ckpt_*.h5")))[-1], "r") as f:
+    with h5py.File(newest_checkpoint(out_dir), "r") as f:
         return {k: f["metrics/eval"][k][-1] for k in ("loss", "acc")}, f["metrics/train/loss"][()]
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--momfmm", required=True)
-    ap.add_argument("--workdir", required=True)
+    ap = argument_parser(__doc__)
     a = ap.parse_args()
     report = Report()
     w = a.workdir

@@ -3,7 +3,6 @@
 small real runs of the momfmm binary: the figures exist and are PNGs, the report's numbers are
 the checkpoints' final eval values (SPEC 3, 4), --group-by train.seed gives mean ± std, a live
 SWMR metrics.h5 with gain_R and gamma is read, and bad paths exit 3 naming the file (SPEC 5)."""
-import argparse
 import glob
 import math
 import os
@@ -12,7 +11,7 @@ import shutil
 import h5py
 import numpy as np
 
-from common import Report, run, tiny_config, write_config
+from common import argument_parser, Report, run, tiny_config, write_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = "/usr/bin/python3"
@@ -132,9 +131,7 @@ def write_live_metrics(live_dir, ckpt_path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--momfmm", required=True)
-    ap.add_argument("--workdir", required=True)
+    ap = argument_parser(__doc__)
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     report = Report()

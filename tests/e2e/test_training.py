@@ -2,25 +2,20 @@
 """Training tests of the core issue: the chain task (L=10) with a 2-layer
 model reaches L_rep < 0.5 L_new, and the copy task accuracy rises well above
 chance. Metrics come from the final checkpoint's /metrics/eval."""
-import argparse
-import glob
 import os
 
 import h5py
 
-from common import Report, run, tiny_config, write_config
+from common import argument_parser, newest_checkpoint, Report, run, tiny_config, write_config
 
 
 def final_eval(out_dir):
-    ckpts = sorted(glob.glob(os.path.join(out_dir, "ckpt_*.h5")))
-    with h5py.File(ckpts[-1], "r") as f:
+    with h5py.File(newest_checkpoint(out_dir), "r") as f:
         return {k: f["metrics/eval"][k][-1] for k in f["metrics/eval"]}
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--momfmm", required=True)
-    ap.add_argument("--workdir", required=True)
+    ap = argument_parser(__doc__)
     a = ap.parse_args()
     report = Report()
 

@@ -20,7 +20,7 @@ load_checkpoint); nothing here hard-codes a dtype except the loaders.
 import configparser
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import h5py
 import numpy as np
