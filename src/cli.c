@@ -136,7 +136,7 @@ static int command_loss(const arguments *a) {
     log_rank0("loss %.9g\n", loss);
     if (a->grads) {
         model_zero_grads(&m);
-        model_backward(&m, b.inputs, b.targets, b.labels, b.B, b.T, count > 0 ? (float)(1.0 / count) : 0.0f, NULL, NULL);
+        model_backward(&m, b.inputs, b.targets, b.labels, b.B, b.T, count > 0 ? (float)(1.0 / count) : 0.0f, NULL);
         char err[CONFIG_PATH_MAX + 256];
         if (process_rank() == 0 && grads_write(a->grads, &m, loss, err, sizeof err) != 0) fail(EXIT_BAD_FILE, "%s", err);
     }

@@ -89,11 +89,11 @@ void dist_check_consistency(const model *m, long long step) {
     MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD);
     for (int r = 1; r < size; r++)
         if (all[r] != all[0]) {
+            /* every rank knows; rank 0 alone reports and takes the job down */
             if (process_rank() == 0)
-                fprintf(stderr, "momfmm: step %lld: parameters of rank %d differ from rank 0 (checksum %016llx vs %016llx)\n",
-                        step, r, (unsigned long long)all[r], (unsigned long long)all[0]);
-            MPI_Barrier(MPI_COMM_WORLD);
-            fail(1, "step %lld: parameter checksum mismatch between ranks 0 and %d", step, r);
+                fail(1, "step %lld: parameters of rank %d differ from rank 0 (checksum %016llx vs %016llx)", step, r,
+                     (unsigned long long)all[r], (unsigned long long)all[0]);
+            MPI_Barrier(MPI_COMM_WORLD); /* never completes: rank 0 aborts the job */
         }
     free(all);
 }
@@ -165,18 +165,24 @@ static void launch(grad_reducer *r, int index) {
     r->n_launched++;
 }
 
-void grad_reducer_progress(grad_reducer *r) {
+static void grad_reducer_progress(void *reducer) {
+    grad_reducer *r = reducer;
     if (!r || !r->active || r->n_launched == 0) return;
     int done;
     MPI_Testall(r->n_buckets, r->requests, &done, MPI_STATUSES_IGNORE);
 }
 
-void grad_reducer_block_done(void *reducer, int layer) {
+static void grad_reducer_block_done(void *reducer, int layer) {
     grad_reducer *r = reducer;
     if (!r->active || (!r->overlap && layer >= 0)) return;
     for (int i = 0; i < r->n_buckets; i++)
         if (!r->buckets[i].launched && (layer < 0 || r->buckets[i].ready_after >= layer)) launch(r, i);
     grad_reducer_progress(r);
+}
+
+backward_hooks grad_reducer_hooks(grad_reducer *r) {
+    backward_hooks hooks = {grad_reducer_block_done, grad_reducer_progress, r};
+    return hooks;
 }
 
 double grad_reducer_finish(grad_reducer *r) {

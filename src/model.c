@@ -329,7 +329,11 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
                        m->d);
 }
 
-static void block_backward(model *m, int l, int B, int T) {
+static void progress(const backward_hooks *hooks) {
+    if (hooks && hooks->progress) hooks->progress(hooks->ctx);
+}
+
+static void block_backward(model *m, int l, int B, int T, const backward_hooks *hooks) {
     activations *a = &m->acts;
     const block_tensors *w = &m->w.blocks[l];
     block_tensors *g = &m->g.blocks[l];
@@ -341,29 +345,34 @@ static void block_backward(model *m, int l, int B, int T) {
      * unchanged and each LayerNorm backward adds its branch into it. */
     matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, a->fc_act + l * bt * ff,
                     w->mlp_proj_weight, rows, m->d_ff, m->d);
+    progress(hooks);
     gelu_backward(a->d_ff, fc_pre, a->fc_tanh + l * bt * ff, a->d_ff, bt * ff);
     matmul_backward(a->d_model_rows, g->fc_weight, g->fc_bias, a->d_ff, a->ln2 + l * bt * d, w->fc_weight, rows,
                     m->d, m->d_ff);
+    progress(hooks);
     layernorm_backward(a->d_residual, g->ln2_weight, g->ln2_bias, a->d_model_rows, mid, w->ln2_weight,
                        a->ln2_mean + l * bt, a->ln2_rstd + l * bt, rows, m->d);
     matmul_backward(a->d_model_rows, g->proj_weight, g->proj_bias, a->d_residual, a->att_out + l * bt * d,
                     w->proj_weight, rows, m->d, m->d);
+    progress(hooks);
     attention_backward(m, l, a->d_model_rows, a->qkv, B, T);
+    progress(hooks);
     matmul_backward(a->d_model_rows, g->qkv_weight, g->qkv_bias, a->qkv, a->ln1 + l * bt * d, w->qkv_weight, rows,
                     m->d, 3 * m->d);
+    progress(hooks);
     layernorm_backward(a->d_residual, g->ln1_weight, g->ln1_bias, a->d_model_rows, x, w->ln1_weight,
                        a->ln1_mean + l * bt, a->ln1_rstd + l * bt, rows, m->d);
 }
 
 void model_backward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
-                    float loss_scale, block_done_fn on_block_done, void *ctx) {
+                    float loss_scale, const backward_hooks *hooks) {
     head_backward(m, targets, labels, B, T, loss_scale);
     for (int l = m->L - 1; l >= 0; l--) {
-        block_backward(m, l, B, T);
-        if (on_block_done) on_block_done(ctx, l);
+        block_backward(m, l, B, T, hooks);
+        if (hooks && hooks->block_done) hooks->block_done(hooks->ctx, l);
     }
     embedding_backward(m->g.tok_emb, inputs, m->acts.d_residual, B * T, m->d);
-    if (on_block_done) on_block_done(ctx, -1);
+    if (hooks && hooks->block_done) hooks->block_done(hooks->ctx, -1);
 }
 
 /* 6 FLOPs per weight per token (forward 2, backward 4) for every matmul,

@@ -108,7 +108,8 @@ step_result trainer_step(trainer *t) {
     res.loss = reduce_forward_results(t, &global_count);
     model_zero_grads(m);
     float scale = global_count > 0 ? (float)(1.0 / global_count) : 0.0f;
-    model_backward(m, b->inputs, b->targets, b->labels, b->B, b->T, scale, grad_reducer_block_done, t->reducer);
+    backward_hooks hooks = grad_reducer_hooks(t->reducer);
+    model_backward(m, b->inputs, b->targets, b->labels, b->B, b->T, scale, &hooks);
     res.allreduce_wait_s = grad_reducer_finish(t->reducer);
     res.grad_norm = grad_global_norm(m->grads, m->n_params);
     clip_gradients(m->grads, m->n_params, res.grad_norm, t->cfg.grad_clip);

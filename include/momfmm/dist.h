@@ -28,11 +28,10 @@ void dist_check_consistency(const model *m, long long step);
 typedef struct grad_reducer grad_reducer;
 grad_reducer *grad_reducer_create(const model *m, double bucket_mb, bool overlap);
 void grad_reducer_free(grad_reducer *r);
-/* block_done_fn for model_backward: launches the buckets that are complete
- * and drives progress of those in flight. */
-void grad_reducer_block_done(void *reducer, int layer);
+/* The backward hooks of model_backward for this reducer: block_done
+ * launches the buckets that are complete, progress (between kernels) lets
+ * MPI advance those in flight. */
+backward_hooks grad_reducer_hooks(grad_reducer *r);
 /* Waits for every bucket; returns seconds spent waiting here. */
 double grad_reducer_finish(grad_reducer *r);
-/* Between backward kernels: let MPI progress the buckets in flight. */
-void grad_reducer_progress(grad_reducer *r);
 #endif

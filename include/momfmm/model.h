@@ -64,9 +64,15 @@ typedef struct {
 } activations;
 
 typedef struct model model;
-/* Called during backward after block `layer` has all its gradients (the data-
- * parallel layer launches all-reduce buckets from here). */
-typedef void (*block_done_fn)(void *ctx, int layer);
+/* Hooks of the backward pass for the data-parallel layer: block_done after
+ * block `layer` has all its gradients (-1: all gradients done), to launch
+ * all-reduce buckets; progress between kernels, because Open MPI advances
+ * non-blocking collectives only inside MPI calls. Either may be NULL. */
+typedef struct {
+    void (*block_done)(void *ctx, int layer);
+    void (*progress)(void *ctx);
+    void *ctx;
+} backward_hooks;
 
 struct model {
     config cfg;
@@ -111,7 +117,7 @@ double model_loss_sum(const model *m, const int32_t *targets, int B, int T, long
  * Gradients accumulate into m->grads (zero them first). */
 void model_backward(model *m, const int32_t *inputs, const int32_t *targets,
                     const int32_t *labels, int B, int T, float loss_scale,
-                    block_done_fn on_block_done, void *ctx);
+                    const backward_hooks *hooks);
 void model_zero_grads(model *m);
 /* Bytes of the activation buffer for B rows of T (saved forward state and
  * backward scratch), so that a run can refuse up front what will not fit. */

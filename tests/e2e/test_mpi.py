@@ -25,7 +25,6 @@ number of ranks (SPEC 2), up to float summation order.
 Usage: test_mpi.py --momfmm BIN --workdir DIR [--quick]
 (--quick drops np = 8, the threads run and the divergence check.)
 """
-import argparse
 import glob
 import os
 import re
@@ -36,7 +35,7 @@ import time
 import h5py
 import numpy as np
 
-from common import Report, env, run, tiny_config, write_config
+from common import Report, argument_parser, env, newest_checkpoint, run, tiny_config, write_config
 
 LOSS_RTOL = 1e-5
 WEIGHT_RTOL = 1e-4
@@ -80,10 +79,10 @@ class Runner:
             cmd = MPIRUN + ["-np", str(np_)] + cmd
         e = env(OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads)
         r = run(cmd, timeout=300, env=e)
-        ckpts = sorted(glob.glob(os.path.join(out_dir, "ckpt_*.h5")))
         if r.returncode != 0:
             print(f"--- {name} np={np_} rc={r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}", flush=True)
-        return r, (ckpts[-1] if ckpts and r.returncode == 0 else None)
+        have = r.returncode == 0 and glob.glob(os.path.join(out_dir, "ckpt_*.h5"))
+        return r, (newest_checkpoint(out_dir) if have else None)
 
 
 def load(ckpt):
@@ -234,12 +233,13 @@ def kill_session(sid):
 
 
 class LongRun:
-    """mpirun -np n on a 100000-step run in its own session, stdout to a log;
+    """mpirun -np n on a 20000-step run (tens of seconds; bounded in case the
+    test itself is killed) in its own session, stdout to a log;
     waits until a step line appeared and n momfmm ranks are children of mpirun.
     close() SIGKILLs, by pid, whatever is left in the session."""
 
     def __init__(self, runner, name, n):
-        path, self.out_dir = runner.config(name, **{"train.steps": 100000, "train.log_interval": 5,
+        path, self.out_dir = runner.config(name, **{"train.steps": 20000, "train.log_interval": 5,
                                                     "train.eval_interval": 0, "dist.check_interval": 50})
         for old in glob.glob(os.path.join(self.out_dir, "ckpt_*.h5")):
             os.remove(old)
@@ -249,13 +249,17 @@ class LongRun:
                                          stderr=subprocess.STDOUT, env=env(), start_new_session=True)
         self.sid = self.proc.pid
         self.ranks, self.started = {}, False
-        deadline = time.time() + 60
-        while time.time() < deadline and self.proc.poll() is None:
-            self.started = re.search(r"^step \d+/", self.log(), re.M) is not None
-            self.ranks = {rank_of(p): p for p, exe in children(self.proc.pid) if exe == runner.momfmm}
-            if self.started and len(self.ranks) == n:
-                break
-            time.sleep(0.1)
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline and self.proc.poll() is None:
+                self.started = re.search(r"^step \d+/", self.log(), re.M) is not None
+                self.ranks = {rank_of(p): p for p, exe in children(self.proc.pid) if exe == runner.momfmm}
+                if self.started and len(self.ranks) == n:
+                    break
+                time.sleep(0.1)
+        except BaseException:
+            self.close()
+            raise
         self.ready = self.started and len(self.ranks) == n and self.proc.poll() is None
 
     def log(self):
@@ -372,12 +376,16 @@ def test_divergence(report, runner):
     report.check("diverged ranks: no checkpoint written", not glob.glob(os.path.join(out_dir, "ckpt_*.h5")))
 
 
+def on_sigterm(signo, frame):
+    raise SystemExit(1)
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--momfmm", required=True)
-    ap.add_argument("--workdir", required=True)
+    ap = argument_parser(__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="skip np=8, the threads run and the divergence check")
     a = ap.parse_args()
+    # CTest's timeout sends SIGTERM first: unwind so that LongRun.close() runs.
+    signal.signal(signal.SIGTERM, on_sigterm)
     os.makedirs(a.workdir, exist_ok=True)
     report = Report()
     R = Runner(a.momfmm, a.workdir)

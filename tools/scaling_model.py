@@ -1,0 +1,118 @@
+#!/usr/bin/python3
+"""Projects data-parallel step time and weak-scaling efficiency of momfmm with
+an alpha-beta cost model of ring all-reduce.
+
+Ring all-reduce of n float32 gradients over p ranks (reduce-scatter then
+all-gather, 2(p-1) messages of n/p floats each):
+
+    t_allreduce(p) = 2 (p - 1) * alpha * k  +  2 (p - 1) / p * 4 n / beta
+
+k: number of gradient buckets (momfmm reduces each dist.bucket_mb bucket with
+   its own all-reduce, so the latency term is paid once per bucket; the
+   default k = ceil(4 n / bucket bytes) from --bucket-mb 4, the dist.bucket_mb
+   default; --bucket-mb 0 gives k = 1, the plain formula),
+alpha: per-message latency (default 2 us, a typical MPI small-message latency
+       over InfiniBand/RoCE; pass --alpha-us 20 for a TCP network),
+beta:  link bandwidth per rank (default 100 Gb/s = 12.5 GB/s).
+
+Weak scaling (fixed per-rank batch): compute time per step stays the measured
+`--compute-ms`; a fraction `--overlap-fraction` of the all-reduce runs behind
+backward (bucketed non-blocking all-reduce, dist.overlap = true) and only the
+rest adds to the step, but never less than the all-reduce outlasting the
+part of the step it can hide behind (--hideable-fraction of compute, the
+backward pass, about 2/3):
+
+    exposed(p) = max((1 - f) * t_ar, t_ar - h * compute)
+    step(p)    = compute + exposed(p)
+    efficiency = compute / step(p)
+
+With --measured-step-ms the p = 2 row is compared with the measured 2-rank
+step. Prints a Markdown table.
+
+Example (bench_d256: 3.68 M parameters, 426 ms compute per step at 1 thread):
+    tools/scaling_model.py --compute-ms 426 --params 3683840 --overlap-fraction 0.5
+"""
+import argparse
+import math
+
+
+def n_buckets(n_params, bucket_mb, bytes_per=4):
+    if bucket_mb <= 0:
+        return 1
+    return max(1, math.ceil(n_params * bytes_per / (bucket_mb * 1024 * 1024)))
+
+
+def latency_seconds(p, alpha, buckets):
+    return 2 * (p - 1) * alpha * buckets if p > 1 else 0.0
+
+
+def allreduce_seconds(p, n_params, alpha, beta_bytes, buckets=1, bytes_per=4):
+    if p <= 1:
+        return 0.0
+    return latency_seconds(p, alpha, buckets) + 2 * (p - 1) / p * n_params * bytes_per / beta_bytes
+
+
+def project(p, compute_s, n_params, alpha, beta_bytes, overlap, hideable, buckets=1):
+    t_ar = allreduce_seconds(p, n_params, alpha, beta_bytes, buckets)
+    exposed = max((1 - overlap) * t_ar, t_ar - hideable * compute_s, 0.0)
+    step = compute_s + exposed
+    return t_ar, exposed, step, compute_s / step
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--compute-ms", type=float, required=True, help="measured compute time of one step per rank (ms)")
+    ap.add_argument("--params", type=float, required=True, help="parameter count n (float32 gradients)")
+    ap.add_argument("--overlap-fraction", type=float, default=0.0,
+                    help="fraction of the all-reduce hidden behind backward (0..1)")
+    ap.add_argument("--hideable-fraction", type=float, default=2 / 3,
+                    help="fraction of the compute time the all-reduce can hide behind (backward); default 2/3")
+    ap.add_argument("--alpha-us", type=float, default=2.0, help="latency per message, microseconds (default 2)")
+    ap.add_argument("--beta-gbps", type=float, default=100.0, help="link bandwidth, Gbit/s (default 100)")
+    ap.add_argument("--bucket-mb", type=float, default=4.0,
+                    help="gradient bucket size (dist.bucket_mb, default 4); 0 = one all-reduce")
+    ap.add_argument("--tokens-per-rank", type=float, default=0.0,
+                    help="tokens per rank per step (prints projected global tokens/s)")
+    ap.add_argument("--ranks", default="8,16,32,64,128,256,512", help="comma-separated p values")
+    ap.add_argument("--measured-step-ms", type=float, default=0.0,
+                    help="measured 2-rank step (ms), to compare with the model's p = 2 row")
+    a = ap.parse_args()
+    if not 0.0 <= a.overlap_fraction <= 1.0:
+        ap.error("--overlap-fraction must be in [0, 1]")
+    compute = a.compute_ms / 1e3
+    alpha = a.alpha_us * 1e-6
+    beta = a.beta_gbps * 1e9 / 8  # bytes per second
+    ranks = [int(x) for x in a.ranks.split(",")]
+    k = n_buckets(a.params, a.bucket_mb)
+    if a.measured_step_ms > 0 and 2 not in ranks:
+        ranks = [2] + ranks
+
+    print(f"α-β ring all-reduce: n = {a.params:,.0f} parameters ({a.params * 4 / 1e6:.1f} MB of float32 "
+          f"gradients) in {k} bucket{'s' if k > 1 else ''}, α = {a.alpha_us:g} µs/message, β = {a.beta_gbps:g} Gb/s ({beta / 1e9:g} GB/s); "
+          f"compute {a.compute_ms:g} ms/step; overlap fraction {a.overlap_fraction:g} "
+          f"(at most {a.hideable_fraction:.2f} of compute can hide it)\n")
+    head = "| p | all-reduce (ms) | latency part (ms) | bandwidth part (ms) | exposed (ms) | step (ms) | efficiency |"
+    sep = "|---:|---:|---:|---:|---:|---:|---:|"
+    if a.tokens_per_rank > 0:
+        head += " global tokens/s |"
+        sep += "---:|"
+    print(head)
+    print(sep)
+    for p in ranks:
+        t_ar, exposed, step, eff = project(p, compute, a.params, alpha, beta, a.overlap_fraction,
+                                         a.hideable_fraction, k)
+        lat = latency_seconds(p, alpha, k)
+        row = (f"| {p} | {t_ar * 1e3:.3f} | {lat * 1e3:.3f} | {(t_ar - lat) * 1e3:.3f} | {exposed * 1e3:.3f} | "
+               f"{step * 1e3:.1f} | {100 * eff:.2f}% |")
+        if a.tokens_per_rank > 0:
+            row += f" {p * a.tokens_per_rank / step:,.0f} |"
+        print(row)
+    if a.measured_step_ms > 0:
+        _, _, step2, _ = project(2, compute, a.params, alpha, beta, a.overlap_fraction, a.hideable_fraction, k)
+        print(f"\nmeasured 2-rank step {a.measured_step_ms:g} ms vs model {step2 * 1e3:.1f} ms "
+              f"(measured efficiency {100 * compute / (a.measured_step_ms / 1e3):.1f}%; on one machine the "
+              "ranks share memory bandwidth and cores, which this network model does not describe)")
+
+
+if __name__ == "__main__":
+    main()
