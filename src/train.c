@@ -41,12 +41,16 @@ static void check_memory(const trainer *t) {
     MPI_Comm_size(node, &local_ranks);
     MPI_Comm_free(&node);
     double available = available_memory();
+    /* shards and nodes differ: decide on the fullest node, everywhere alike */
+    double fill = available > 0 ? need * local_ranks / available : 0, worst_fill = fill;
+    MPI_Allreduce(&fill, &worst_fill, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     log_rank0("memory: %.2f GB per rank (activations for %d x %d, parameters, gradients, moments)\n", need / 1e9,
               t->batch.B, t->batch.T);
-    if (available > 0 && need * local_ranks > available)
-        fail_all(EXIT_USAGE, "this run needs %.1f GB per rank x %d ranks on this node but %.1f GB are available: "
-                 "reduce train.batch_size, data.seq_len or the model (attention.kind = softmax stores T x T per head)",
-                 need / 1e9, local_ranks, available / 1e9);
+    if (worst_fill > 1.0)
+        fail_all(EXIT_USAGE, "this run needs %.0f%% of the available memory on the fullest node (here %.1f GB per rank "
+                 "x %d ranks, %.1f GB available): reduce train.batch_size, data.seq_len or the model "
+                 "(attention.kind = softmax stores T x T per head)",
+                 100 * worst_fill, need / 1e9, local_ranks, available / 1e9);
 }
 
 void trainer_create(trainer *t, const config *cfg) {

@@ -30,7 +30,7 @@ for kind in fmm softmax; do
     rc=$?
     line=$(grep -o 'bench tokens_per_s=.*' <<<"$out")
     if [ $rc -ne 0 ] || [ -z "$line" ]; then
-      why=$(grep -o 'needs [0-9.]* GB per rank' <<<"$out" || true)
+      why=$(grep -oE "needs [0-9]+% of the available memory[^:]*" <<<"$out" || true)
       [ $rc -eq 124 ] && why="timed out"
       stopped="${why:-exit $rc} at T=$T"
       echo "| $kind | $T | — | — | — | — | ${why:-failed (exit $rc)} |"
