@@ -120,36 +120,18 @@ static herr_t write_root_attributes(hid_t file, const model *m, const checkpoint
     return status < 0 ? -1 : 0;
 }
 
-/* Writes the whole image to tmp, fsyncs it, renames it over the target and
- * fsyncs the directory. Plain POSIX calls: a full disk is an ordinary
- * write() error here, and the previous file under `path` is untouched. */
-static int publish(const void *image, size_t size, const char *tmp, const char *path, char *err, size_t err_len) {
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        snprintf(err, err_len, "%s: cannot create: %s", tmp, strerror(errno));
-        return -1;
-    }
-    const char *bytes = image;
-    for (size_t done = 0; done < size;) {
-        ssize_t n = write(fd, bytes + done, size - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            snprintf(err, err_len, "%s: write failed after %zu of %zu bytes: %s", path, done, size,
-                     n < 0 ? strerror(errno) : "no progress");
-            close(fd);
-            unlink(tmp);
-            return -1;
-        }
-        done += (size_t)n;
-    }
-    if (fsync(fd) != 0 || close(fd) != 0) {
+/* fsyncs the written file, renames it over the target, fsyncs the
+ * directory: after a crash, `path` holds the old file or the new one. */
+static int publish(const char *tmp, const char *path, char *err, size_t err_len) {
+    int fd = open(tmp, O_RDONLY);
+    if (fd < 0 || fsync(fd) != 0) {
         snprintf(err, err_len, "%s: fsync failed: %s", tmp, strerror(errno));
-        unlink(tmp);
+        if (fd >= 0) close(fd);
         return -1;
     }
+    close(fd);
     if (rename(tmp, path) != 0) {
         snprintf(err, err_len, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
-        unlink(tmp);
         return -1;
     }
     char *copy = strdup(path);
@@ -164,35 +146,33 @@ static int publish(const void *image, size_t size, const char *tmp, const char *
 
 typedef herr_t (*content_writer)(hid_t file, const void *ctx);
 
-/* Creates `path` through a temporary file; `write` fills it. The HDF5 file
- * is built in memory (core driver, no backing store) and published with
- * POSIX calls: HDF5 1.10.8 crashes at exit after an H5Fclose that failed
- * on a full disk (HDFFV-11052), and an in-memory close cannot fail so. */
+/* Creates `path` through a temporary file; `write` fills it. A file whose
+ * writing or flushing failed (a full disk) is abandoned, not closed:
+ * HDF5 1.10.8 frees a file whose H5Fclose fails yet keeps it registered and
+ * crashes at exit (HDFFV-11052); main() calls H5dont_atexit, so the
+ * abandoned handle is simply left to the operating system. */
 static int write_atomically(const char *path, content_writer write, const void *ctx, char *err, size_t err_len) {
     quiet_hdf5();
     char tmp[CONFIG_PATH_MAX + 64];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-    H5Pset_fapl_core(fapl, 64 << 20, 0);
-    hid_t file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-    H5Pclose(fapl);
+    hid_t file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (file < 0) {
-        snprintf(err, err_len, "%s: cannot create the HDF5 image", path);
+        snprintf(err, err_len, "%s: cannot create (%s)", tmp, strerror(errno));
         return -1;
     }
     herr_t status = write(file, ctx);
     if (status >= 0) status = H5Fflush(file, H5F_SCOPE_GLOBAL);
-    ssize_t size = status >= 0 ? H5Fget_file_image(file, NULL, 0) : -1;
-    void *image = size > 0 ? malloc((size_t)size) : NULL;
-    if (image && H5Fget_file_image(file, image, (size_t)size) != size) status = -1;
-    H5Fclose(file);
-    int rc = -1;
-    if (status < 0 || !image)
-        snprintf(err, err_len, "%s: building the file failed (%s)", path, image ? "HDF5 error" : "out of memory");
-    else
-        rc = publish(image, (size_t)size, tmp, path, err, err_len);
-    free(image);
-    return rc;
+    if (status >= 0) status = H5Fclose(file);
+    if (status < 0) {
+        snprintf(err, err_len, "%s: writing failed (disk full or I/O error)", path);
+        unlink(tmp);
+        return -1;
+    }
+    if (publish(tmp, path, err, err_len) != 0) {
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
 }
 
 typedef struct {
