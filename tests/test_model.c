@@ -76,7 +76,7 @@ static int run_case(const char *tag, void (*adjust)(config *)) {
     double sum = model_loss_sum(&m, c.targets, B, T, &count);
     (void)sum;
     model_zero_grads(&m);
-    model_backward(&m, c.inputs, c.targets, c.labels, B, T, (float)(1.0 / count), NULL, NULL);
+    model_backward(&m, c.inputs, c.targets, c.labels, B, T, (float)(1.0 / count), NULL);
     int fails = 0;
     for (int i = 0; i < m.n_entries; i++) fails += check_tensor(&c, &m.entries[i], tag);
     printf("%-40s %s (%d tensors)\n", tag, fails ? "FAIL" : "ok", m.n_entries);

@@ -64,10 +64,10 @@ if [ -n "$WORK" ]; then
     rm -rf "$WORK" && mkdir -p "$WORK" || exit 1
     WORK=$(cd "$WORK" && pwd)
 else
-    WORK=$(mktemp -d /tmp/momfmm-slurm-work.XXXXXX)
+    WORK=$(mktemp -d --suffix=.momfmm-slurm-work)
     WORK_IS_TEMP=1
 fi
-D=$(mktemp -d /tmp/momfmm-slurm.XXXXXX)
+D=$(mktemp -d --suffix=.momfmm-slurm)
 mkdir -p "$D"/{munge,state,spool,log,run}
 chmod 755 "$D" "$D/munge"
 CONF=$D/slurm.conf
