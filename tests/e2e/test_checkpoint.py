@@ -54,6 +54,7 @@ import time
 import h5py
 import numpy as np
 
+from processes import children, kill_session, rank_of, session_members
 from common import argument_parser, Report, env, run, tiny_config, write_config
 
 MPIRUN = ["mpirun", "--oversubscribe"]
@@ -689,47 +690,6 @@ def test_full_disk(R, report, ini):
 
 # ---- 6. stop signals under mpirun ------------------------------------------------------
 
-def children(pid):
-    out = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                stat = f.read()
-            if int(stat[stat.rfind(")") + 2:].split()[1]) == pid:
-                out.append((int(p), os.path.realpath(f"/proc/{p}/exe")))
-        except OSError:
-            pass
-    return out
-
-
-def rank_of(pid):
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
-                if item.startswith(b"OMPI_COMM_WORLD_RANK="):
-                    return int(item.split(b"=", 1)[1])
-    except OSError:
-        pass
-    return None
-
-
-def session_members(sid):
-    out = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                with open(f"/proc/{p}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2:].split()
-            if int(fields[3]) == sid and fields[0] != "Z":
-                out.append(int(p))
-    return out
-
-
 class LongRun:
     """A 100000-step run (under mpirun when n > 0) in its own session, output
     to a log; waits for a step line (and n rank processes)."""
@@ -769,11 +729,7 @@ class LongRun:
             return None
 
     def close(self):
-        for pid in session_members(self.proc.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_session(self.proc.pid)
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()

@@ -35,6 +35,7 @@ import time
 import h5py
 import numpy as np
 
+from processes import children, kill_session, rank_of, session_members
 from common import Report, argument_parser, env, newest_checkpoint, run, tiny_config, write_config
 
 LOSS_RTOL = 1e-5
@@ -173,64 +174,6 @@ def trained(report, label, result, np_, threads=1):
 
 
 # ---- robustness ------------------------------------------------------------
-
-def children(pid):
-    """(pid, executable path) of the processes whose parent is pid. The ranks
-    show up as `exe` in /proc/<pid>/comm (momfmm re-executes itself through
-    /proc/self/exe to pick the OpenBLAS core), so match the executable."""
-    out = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if int(fields[1]) == pid:
-            try:
-                out.append((int(p), os.path.realpath(f"/proc/{p}/exe")))
-            except OSError:
-                pass
-    return out
-
-
-def session_members(sid):
-    """Live (not zombie) processes whose session id is sid."""
-    out = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
-            out.append(int(p))
-    return out
-
-
-def rank_of(pid):
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
-                if item.startswith(b"OMPI_COMM_WORLD_RANK="):
-                    return int(item.split(b"=", 1)[1])
-    except OSError:
-        pass
-    return None
-
-
-def kill_session(sid):
-    for pid in session_members(sid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
 
 class LongRun:
     """mpirun -np n on a 20000-step run (tens of seconds; bounded in case the
