@@ -473,6 +473,14 @@ void checkpoint_read_state(const char *path, model *m, bool optimizer, metric_ta
         fail(EXIT_BAD_FILE, "%s", err);
 }
 
+void checkpoint_load_model(const char *path, model *m) {
+    config c;
+    checkpoint_info info;
+    checkpoint_read_config(path, &c, &info);
+    model_create(m, &c);
+    checkpoint_read_state(path, m, false, NULL, NULL);
+}
+
 static void check_token_range(reader *r, const char *name, const int32_t *x, size_t n, int lo, int hi) {
     for (size_t i = 0; i < n; i++)
         if (x[i] < lo || x[i] >= hi) reader_fail(r, "%s[%zu] = %d is outside [%d, %d)", name, i, x[i], lo, hi);

@@ -114,19 +114,9 @@ static int command_init(const arguments *a) {
     return 0;
 }
 
-/* Loads a checkpoint's config and weights (SPEC 4: root attributes, /model,
- * /buffers). */
-static void load_model(const char *path, model *m) {
-    config c;
-    checkpoint_info info;
-    checkpoint_read_config(path, &c, &info);
-    model_create(m, &c);
-    checkpoint_read_state(path, m, false, NULL, NULL);
-}
-
 static int command_loss(const arguments *a) {
     model m;
-    load_model(a->positional[0], &m);
+    checkpoint_load_model(a->positional[0], &m);
     batch b;
     tokens_read(a->positional[1], &m, &b);
     model_forward(&m, b.inputs, b.targets, b.labels, b.B, b.T, false);

@@ -218,12 +218,8 @@ static int32_t pick_token(const float *logits, int V, double temperature, uint64
 }
 
 int command_generate(const char *ckpt, const char *prompt, int n_tokens, double temperature, long long seed) {
-    config cfg;
-    checkpoint_info info;
-    checkpoint_read_config(ckpt, &cfg, &info);
     model m;
-    model_create(&m, &cfg);
-    checkpoint_read_state(ckpt, &m, false, NULL, NULL);
+    checkpoint_load_model(ckpt, &m);
     int32_t *tokens;
     int n_prompt = parse_prompt(prompt, m.V, &tokens);
     stream_state st;

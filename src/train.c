@@ -76,6 +76,7 @@ void trainer_create(trainer *t, const config *cfg) {
 }
 
 void trainer_free(trainer *t) {
+    live_metrics_close(t->live);
     grad_reducer_free(t->reducer);
     batch_free(&t->batch);
     data_close(t->data);
@@ -297,14 +298,12 @@ static void log_train(trainer *t, const step_result *r, double tokens_per_s, dou
 /* Rank 0 mirrors the metric tables into metrics.h5 as they grow; a write
  * failure (e.g. a full disk) is reported once and the mirror stops, while
  * training and checkpoints go on. */
-static live_metrics *live = NULL;
-
 static void publish_metrics(trainer *t) {
     char err[256];
-    if (live && live_metrics_append(live, &t->train_log, &t->eval_log, err, sizeof err) != 0) {
+    if (t->live && live_metrics_append(t->live, &t->train_log, &t->eval_log, err, sizeof err) != 0) {
         fprintf(stderr, "momfmm: warning: %s; live metrics stop here (checkpoints keep the history)\n", err);
-        live_metrics_abandon(live);
-        live = NULL;
+        live_metrics_abandon(t->live);
+        t->live = NULL;
     }
 }
 
@@ -401,9 +400,9 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
     if (process_rank() == 0) {
         char err[CONFIG_PATH_MAX + 64];
         char *ini = config_to_ini(&cfg);
-        live = live_metrics_open(cfg.out_dir, ini, &t.train_log, &t.eval_log, err, sizeof err);
+        t.live = live_metrics_open(cfg.out_dir, ini, &t.train_log, &t.eval_log, err, sizeof err);
         free(ini);
-        if (!live) fprintf(stderr, "momfmm: warning: %s; training goes on without it\n", err);
+        if (!t.live) fprintf(stderr, "momfmm: warning: %s; training goes on without it\n", err);
     }
     log_rank0("model: %zu parameters | global batch %d x %d | %lld steps\n", t.model.n_params, cfg.batch_size,
               cfg.seq_len, cfg.steps);
@@ -437,8 +436,6 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
         }
     }
     if (t.step == first_step && t.step >= cfg.steps) log_rank0("nothing to do: already at step %lld of %lld\n", t.step, cfg.steps);
-    live_metrics_close(live);
-    live = NULL;
     trainer_free(&t);
     /* a scheduler reads exit 0 as "done": not so when the last state is lost */
     if (!final_saved) fprintf(stderr, "momfmm: the final checkpoint was not written: exiting with status 1\n");

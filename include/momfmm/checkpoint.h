@@ -33,6 +33,10 @@ void checkpoint_read_config(const char *path, config *c, checkpoint_info *info);
 void checkpoint_read_state(const char *path, model *m, bool optimizer, metric_table *train,
                            metric_table *eval);
 
+/* A model created from a checkpoint's config with its weights and buffers
+ * (SPEC 4: what loss and generate need). Exits 3 on a bad file. */
+void checkpoint_load_model(const char *path, model *m);
+
 /* The same two reads without exiting: 0, or -1 with a message naming the
  * file and the problem (--resume auto skips a checkpoint that fails). */
 int checkpoint_try_read_config(const char *path, config *c, checkpoint_info *info, char *err, size_t err_len);

@@ -4,6 +4,7 @@
 #include "momfmm/config.h"
 #include "momfmm/data.h"
 #include "momfmm/dist.h"
+#include "momfmm/live_metrics.h"
 #include "momfmm/metrics.h"
 #include "momfmm/model.h"
 
@@ -17,6 +18,7 @@ typedef struct {
     metric_table train_log, eval_log;
     long long step, tokens_seen;
     double *reduce_scratch; /* [2 + n_buffer]: loss sum, count, buffer sums */
+    live_metrics *live;     /* rank 0's metrics.h5 while training, else NULL */
 } trainer;
 
 typedef struct {
