@@ -5,11 +5,9 @@ import os
 import signal
 
 
-def children(pid):
-    """(pid, executable path) of the processes whose parent is pid. The ranks
-    show up as `exe` in /proc/<pid>/comm (momfmm re-executes itself through
-    /proc/self/exe to pick the OpenBLAS core), so match the executable."""
-    out = []
+def _process_stats():
+    """(pid, fields of /proc/<pid>/stat after the command name) of every
+    process; fields[0] is the state, [1] the parent, [3] the session."""
     for p in os.listdir("/proc"):
         if not p.isdigit():
             continue
@@ -18,10 +16,18 @@ def children(pid):
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()
+        yield int(p), stat[stat.rfind(")") + 2:].split()
+
+
+def children(pid):
+    """(pid, executable path) of the processes whose parent is pid. The ranks
+    show up as `exe` in /proc/<pid>/comm (momfmm re-executes itself through
+    /proc/self/exe to pick the OpenBLAS core), so match the executable."""
+    out = []
+    for p, fields in _process_stats():
         if int(fields[1]) == pid:
             try:
-                out.append((int(p), os.path.realpath(f"/proc/{p}/exe")))
+                out.append((p, os.path.realpath(f"/proc/{p}/exe")))
             except OSError:
                 pass
     return out
@@ -29,19 +35,7 @@ def children(pid):
 
 def session_members(sid):
     """Live (not zombie) processes whose session id is sid."""
-    out = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
-            out.append(int(p))
-    return out
+    return [p for p, fields in _process_stats() if int(fields[3]) == sid and fields[0] != "Z"]
 
 
 def rank_of(pid):

@@ -23,6 +23,7 @@ import glob
 import os
 import re
 import shutil
+import sys
 import time
 
 from common import argument_parser, Report, env, run
@@ -41,29 +42,15 @@ TINY_SEQ = {"copy": 32, "listops": 32, "text": 32}
 
 
 def parse_suite(path):
-    lines, problems = [], []
-    names = {}
-    with open(path) as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            words = line.split()
-            if len(words) < 2:
-                problems.append(f"line {lineno}: fewer than two words")
-                continue
-            name, config, rest = words[0], words[1], words[2:]
-            if name in names:
-                problems.append(f"line {lineno}: name {name} repeats line {names[name]}")
-            names[name] = lineno
-            sets = []
-            for i in range(0, len(rest), 2):
-                if rest[i] != "--set" or i + 1 >= len(rest) or not re.match(r"^\w+\.\w+=", rest[i + 1]):
-                    problems.append(f"line {lineno}: expected --set section.key=value at {rest[i]}")
-                    break
-                sets.append(rest[i + 1])
-            lines.append((name, config, sets))
-    return lines, problems
+    """The suite list through make_results.py's own parser (one parser for
+    both): ([(name, config, ["section.key=value", ...])], [problem])."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import make_results
+    try:
+        entries = make_results.parse_suite(path)
+    except SystemExit as e:
+        return [], [str(e)]
+    return [(e.name, e.config, [f"{k}={v}" for k, v in e.sets]) for e in entries], []
 
 
 def family(config):
