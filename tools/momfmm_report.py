@@ -1,8 +1,13 @@
 #!/usr/bin/python3
-"""Markdown table comparing momfmm runs.
+"""Markdown table comparing momfmm runs, or the whole RESULTS.md of the experiment suite.
 
     momfmm_report.py RUN_OR_CKPT [RUN_OR_CKPT ...] [--label NAME ...]
                      [--metrics L_new,L_rep,delta_12,acc,loss] [--group-by KEY] [--digits N]
+    momfmm_report.py --results [--runs runs/experiments] [--out RESULTS.md] [--figures figures/]
+                     [--suite configs/experiments/suite.list] [--no-figures]
+
+--results reads every run of the suite (configs/experiments/suite.list, runs from
+tools/run_experiments.sh) and writes RESULTS.md and its figures: see tools/momfmm_results.py.
 
 RUN_OR_CKPT is a run directory (train.out_dir: its metrics.h5, else its newest checkpoint) or
 one checkpoint file (SPEC 4). One row per run, sorted by label: attention kind, momentum gamma
@@ -155,13 +160,26 @@ def group_rows(runs, rows, key):
 
 
 def markdown(header, body):
+    """A Markdown table; cells may be any value (str() of it), '|' is escaped."""
     def line(cells):
-        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+        return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
     rule = "|" + "|".join("---" for _ in header) + "|"
     return "\n".join([line(header), rule] + [line(cells) for cells in body])
 
 
+def results_main(argv):
+    """--results: RESULTS.md from the experiment suite (tools/momfmm_results.py)."""
+    import momfmm_results
+    ap = argparse.ArgumentParser(prog=f"{PROG} --results",
+                                 description="RESULTS.md from the experiment suite's HDF5 files")
+    momfmm_results.add_arguments(ap)
+    return momfmm_results.write_results(ap.parse_args(argv), ap)
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if "--results" in argv:
+        return results_main([a for a in argv if a != "--results"])
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", metavar="RUN_OR_CKPT",
                     help="run directory, checkpoint file, or metrics.h5")

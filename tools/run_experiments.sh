@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the experiment suite (configs/experiments/suite.list) locally, one run after the
-# other, each under mpirun, then `tools/make_results.py` turns the runs into RESULTS.md.
+# other, each under mpirun; then `tools/momfmm_report.py --results` turns the runs into
+# RESULTS.md.
 #
 #   tools/run_experiments.sh [--np N] [--only PATTERN] [--steps-scale F] [--full]
 #                            [--runs DIR] [--suite FILE] [--momfmm BIN] [--set k=v ...]
@@ -29,7 +30,7 @@
 set -u
 me=run_experiments.sh
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-usage() { sed -n '5,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '6,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 die() { echo "$me: $*" >&2; exit 2; }
 
 np=2 only='' scale=1 full=0 runs='' suite=configs/experiments/suite.list
@@ -177,5 +178,5 @@ if [ ${#failed[@]} -gt 0 ]; then
     echo "$me: failed: ${failed[*]}" >&2
     exit 1
 fi
-echo "$me: next: /usr/bin/python3 tools/make_results.py --runs $runs"
+echo "$me: next: /usr/bin/python3 tools/momfmm_report.py --results --runs $runs"
 exit 0

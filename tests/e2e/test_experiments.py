@@ -14,7 +14,7 @@ its suite.list still loads and trains, and the tools that run it and report it s
    rerun skips the finished runs, and --dry-run prints a command for every line.
 4. jobs/experiments.sbatch runs one array task outside Slurm (SLURM_* set by hand) and skips
    it when resubmitted; its default --array matches the suite.
-5. tools/make_results.py over the tiny runs writes RESULTS.md with every family's table, the
+5. tools/momfmm_report.py --results over the tiny runs writes RESULTS.md with every family's table, the
    claims section, "not run" rows for the rest, and figures that exist.
 Prints `N passed, M failed`.
 """
@@ -31,7 +31,7 @@ from common import argument_parser, Report, env, run
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SUITE = os.path.join(ROOT, "configs", "experiments", "suite.list")
 RUNNER = os.path.join(ROOT, "tools", "run_experiments.sh")
-RESULTS = os.path.join(ROOT, "tools", "make_results.py")
+REPORT = os.path.join(ROOT, "tools", "momfmm_report.py")
 SBATCH = os.path.join(ROOT, "jobs", "experiments.sbatch")
 PY = "/usr/bin/python3"
 TINY = ["train.steps=2", "train.eval_interval=2", "train.eval_batches=1", "train.batch_size=2",
@@ -42,12 +42,12 @@ TINY_SEQ = {"copy": 32, "listops": 32, "text": 32}
 
 
 def parse_suite(path):
-    """The suite list through make_results.py's own parser (one parser for
-    both): ([(name, config, ["section.key=value", ...])], [problem])."""
+    """The suite list through the report's own parser (tools/momfmm_suite.py; one parser
+    for both): ([(name, config, ["section.key=value", ...])], [problem])."""
     sys.path.insert(0, os.path.join(ROOT, "tools"))
-    import make_results
+    import momfmm_suite
     try:
-        entries = make_results.parse_suite(path)
+        entries = momfmm_suite.parse_suite(path)
     except SystemExit as e:
         return [], [str(e)]
     return [(e.name, e.config, [f"{k}={v}" for k, v in e.sets]) for e in entries], []
@@ -247,10 +247,10 @@ def main():
     t0 = time.time()
     out = os.path.join(work, "RESULTS.md")
     figs = os.path.join(work, "figures")
-    r = run([PY, RESULTS, "--runs", runs, "--out", out, "--figures", figs], timeout=300, cwd=ROOT)
-    report.check("make_results.py writes RESULTS.md from partial results", r.returncode == 0 and os.path.exists(out),
+    r = run([PY, REPORT, "--results", "--runs", runs, "--out", out, "--figures", figs], timeout=300, cwd=ROOT)
+    report.check("momfmm_report.py --results writes RESULTS.md from partial results", r.returncode == 0 and os.path.exists(out),
                  (r.stdout + r.stderr)[-800:])
-    print(f"  .. make_results {time.time() - t0:.1f} s", flush=True)
+    print(f"  .. results report {time.time() - t0:.1f} s", flush=True)
     text = open(out).read() if os.path.exists(out) else ""
     for heading in ("## Claims: held or not", "### Chain task, L = 10", "### Chain task, L = 30",
                     "### Copy task", "T = 128", "T = 256", "T = 512", "### ListOps", "### Text",

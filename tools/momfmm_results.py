@@ -1,14 +1,14 @@
 #!/usr/bin/python3
-"""RESULTS.md from the experiment suite's HDF5 files.
+"""RESULTS.md from the experiment suite's HDF5 files: `momfmm_report.py --results`.
 
-    make_results.py [--runs runs/experiments] [--out RESULTS.md] [--figures figures/]
-                    [--suite configs/experiments/suite.list] [--no-figures]
+    momfmm_report.py --results [--runs runs/experiments] [--out RESULTS.md]
+                     [--figures figures/] [--suite configs/experiments/suite.list] [--no-figures]
 
-Reads every run of configs/experiments/suite.list (run directory RUNS/NAME: its metrics.h5
-and newest checkpoint, through momfmm_h5.load_run), groups the runs of one configuration
-(suite lines that differ only in train.seed: mean ± sample std over the seeds), and writes
-one Markdown file with, per family of the suite (momentum seed: chain L = 10 and L = 30;
-FMM seed: copy at T = 128, 256, 512, ListOps; text):
+Reads every run of configs/experiments/suite.list (run directory RUNS/NAME, through
+momfmm_suite), groups the runs of one configuration (suite lines that differ only in
+train.seed: mean ± sample std over the seeds), and writes one Markdown file with, per family
+of the suite (momentum seed: chain L = 10 and L = 30; FMM seed: copy at T = 128, 256, 512,
+ListOps; text):
 
   * tables of the final eval metrics (SPEC 3) beside the seed's numbers where the seed
     gives them, with the command that reproduces each row;
@@ -20,11 +20,7 @@ FMM seed: copy at T = 128, 256, 512, ListOps; text):
 A run that is missing is a row saying "not run"; a run that stopped early shows the step it
 reached. Works on any subset of the suite. Paths in the suite are relative to the
 repository root. Exit 0 when the file was written, 2 for a command-line or suite error.
-
-Run with Debian's /usr/bin/python3 (h5py, numpy, matplotlib).
 """
-import argparse
-import configparser
 import datetime
 import math
 import os
@@ -36,15 +32,13 @@ import warnings
 
 import numpy as np
 
-TOOLS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TOOLS)
-sys.path.insert(0, TOOLS)
-from momfmm_h5 import RunError, load_run  # noqa: E402
+from momfmm_report import fmt_value, markdown
+from momfmm_suite import (LN2, NOISE_SE, NOT_RUN, PROG, ROOT, SAME_TOL, TOOLS, attention_label,
+                          close_claim, complete, family_of, find, group_entries, less_claim,
+                          load_entries, momentum_label, parse_suite, same_claim, setting,
+                          target_steps, variant_rank)
 
-PROG = "make_results.py"
 PLOT = os.path.join(TOOLS, "momfmm_plot.py")
-LN2 = math.log(2.0)
-NOT_RUN = "not run"
 ENV_PREFIX = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1"
 
 # The seeds' published numbers, as quoted in the issue. Keys: chain length L -> row -> metric.
@@ -61,334 +55,8 @@ SEED_MOMENTUM = {
 SEED_FMM_LRA_AVERAGE = {"softmax": 58.70, "FMMformer": 60.74}
 SEED_LISTOPS_ACC = {}   # e.g. {"softmax": 0.371, "FMM (band 5, 2 kernels)": ...}
 SEED_COPY_ACC = {}      # {(T, variant label): accuracy}
-
-NOISE_SE = 2.0          # a difference below NOISE_SE standard errors is "within seed noise"
-SAME_TOL = 0.02         # "about unchanged": relative difference within 2 %
 CLOSE_ACC = 0.05        # "matches": accuracy within 0.05
 CLOSE_BPB = 0.05        # "matches": bits per byte within 0.05
-
-
-# ---------------------------------------------------------------- the suite
-class Entry:
-    """One suite line: NAME CONFIG [--set section.key=value ...]."""
-
-    def __init__(self, name, config, sets, lineno, text):
-        self.name, self.config, self.sets, self.lineno, self.text = name, config, sets, lineno, text
-        self.run = None       # momfmm_h5.Run, when the run directory has files
-        self.error = None     # why the run could not be read
-        self.world_size = None
-        self.wall_s = None    # wall time from train.log ("# exit 0 after N s"), if logged
-
-    @property
-    def key(self):
-        """The configuration: config file and overrides without train.seed."""
-        return (self.config, tuple((k, v) for k, v in self.sets if k != "train.seed"))
-
-    @property
-    def seed(self):
-        for k, v in self.sets:
-            if k == "train.seed":
-                return v
-        return None
-
-
-def parse_suite(path):
-    entries, names = [], {}
-    with open(path) as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            words = line.split()
-            if len(words) < 2:
-                raise SystemExit(f"{PROG}: error: {path}:{lineno}: expected 'NAME CONFIG [--set k=v ...]'")
-            name, config, rest = words[0], words[1], words[2:]
-            if name in names:
-                raise SystemExit(f"{PROG}: error: {path}:{lineno}: run name '{name}' repeats line {names[name]}")
-            names[name] = lineno
-            sets = []
-            for i in range(0, len(rest), 2):
-                if rest[i] != "--set" or i + 1 >= len(rest) or "=" not in rest[i + 1] or "." not in rest[i + 1].split("=")[0]:
-                    raise SystemExit(f"{PROG}: error: {path}:{lineno}: expected '--set section.key=value' at '{rest[i]}'")
-                k, v = rest[i + 1].split("=", 1)
-                sets.append((k, v))
-            entries.append(Entry(name, config, sets, lineno, line))
-    return entries
-
-
-_config_cache = {}
-
-
-def base_config(path):
-    if path not in _config_cache:
-        cp = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=(";", "#"))
-        full = os.path.join(ROOT, path)
-        if os.path.exists(full):
-            cp.read(full)
-        _config_cache[path] = cp
-    return _config_cache[path]
-
-
-def setting(entry, key, default=""):
-    """Value of section.key for a suite line: its override, else its config file's value,
-    else default."""
-    for k, v in entry.sets:
-        if k == key:
-            return v
-    section, name = key.split(".", 1)
-    return base_config(entry.config).get(section, name, fallback=default).strip()
-
-
-def family_of(entry):
-    base = os.path.basename(entry.config)
-    base = re.sub(r"(_full)?\.ini$", "", base)
-    m = re.match(r"chain_L(\d+)$", base)
-    if m:
-        return ("chain", int(m.group(1)))
-    m = re.match(r"copy_T(\d+)$", base)
-    if m:
-        return ("copy", int(m.group(1)))
-    if base.startswith("listops"):
-        return ("listops", None)
-    if base.startswith("text"):
-        return ("text", None)
-    return ("other", base)
-
-
-def attention_label(entry):
-    """softmax / linear / band only / FMM 1 kernel / FMM 2 kernels, + momentum."""
-    kind = setting(entry, "attention.kind", "softmax")
-    gamma = float(setting(entry, "momentum.gamma", "0") or 0)
-    if kind == "fmm":
-        bw = int(setting(entry, "fmm.bandwidth", "5") or 0)
-        kernels = [k for k in setting(entry, "fmm.kernels", "elu").split(",") if k.strip()]
-        if bw == 0:
-            label = f"linear ({','.join(kernels)})"
-        elif not kernels:
-            label = f"band only (band {bw})"
-        else:
-            label = f"FMM (band {bw}, {len(kernels)} kernel{'s' if len(kernels) > 1 else ''}: {','.join(kernels)})"
-    else:
-        label = "softmax"
-    if gamma != 0:
-        label = ("momentum-" + label if kind == "fmm" else "momentum softmax") + f", γ={gamma:g}"
-    return label
-
-
-def momentum_label(entry):
-    gamma = float(setting(entry, "momentum.gamma", "0") or 0)
-    parts = [f"γ={gamma:g}"]
-    if setting(entry, "momentum.anchor", "true").lower() in ("false", "0", "no", "off"):
-        parts.append("unanchored")
-    if setting(entry, "momentum.placement", "post_rope") == "pre_rope":
-        parts.append("pre_rope")
-    return ", ".join(parts)
-
-
-# ---------------------------------------------------------------- loading
-def load_entries(entries, runs_dir):
-    for e in entries:
-        path = os.path.join(runs_dir, e.name)
-        if not os.path.isdir(path):
-            continue
-        try:
-            e.run = load_run(path, label=e.name)
-        except RunError as exc:
-            if any(f.endswith(".h5") for f in os.listdir(path)):
-                e.error = str(exc)
-                print(f"{PROG}: warning: {exc}", file=sys.stderr)
-            continue
-        for f in e.run.files:
-            if os.path.basename(f).startswith("ckpt_"):
-                try:
-                    import h5py
-                    with h5py.File(f, "r") as h:
-                        e.world_size = int(h.attrs.get("world_size", 0)) or None
-                except OSError:
-                    pass
-        log = os.path.join(path, "train.log")
-        if os.path.exists(log):
-            with open(log, errors="replace") as f:
-                for line in f:
-                    m = re.match(r"# exit 0 after (\d+) s", line)
-                    if m:  # one line per start of the run (resumed runs have several)
-                        e.wall_s = (e.wall_s or 0) + int(m.group(1))
-
-
-# SPEC 6 defaults of the keys that tell the suite's variants apart.
-SPEC_DEFAULTS = {"attention.kind": "softmax", "momentum.gamma": "0", "momentum.learn_gamma": "false",
-                 "momentum.beta": "0", "momentum.gamma2": "0", "momentum.apply_to": "qk",
-                 "momentum.placement": "post_rope", "momentum.anchor": "true"}
-
-
-def _same(a, b):
-    a, b = (a or "").strip(), (b or "").strip()
-    try:
-        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
-    except ValueError:
-        return a.lower() == b.lower()
-
-
-def _show(v):
-    v = (v or "").strip()
-    try:
-        return f"{float(v):g}"
-    except ValueError:
-        return v or "(empty)"
-
-
-def mismatches(e):
-    """Keys where the run's stored config differs from its suite line (a stale run directory,
-    or a run made with extra overrides): the line's overrides and the config file's
-    model, attention, momentum, fmm and data keys."""
-    if e.run is None or not e.run.has_config:
-        return []
-    keys = [k for k, _ in e.sets]
-    cp = base_config(e.config)
-    for section in ("model", "attention", "momentum", "fmm", "data"):
-        if cp.has_section(section):
-            keys += [f"{section}.{k}" for k in cp.options(section) if f"{section}.{k}" not in keys]
-    keys += [k for k in SPEC_DEFAULTS if k not in keys]
-    out = []
-    for key in keys:
-        want, have = setting(e, key, SPEC_DEFAULTS.get(key, "")), e.run.cfg(key)
-        if have is not None and not _same(want, have):
-            out.append(f"{key} {_show(have)} vs {_show(want)}")
-    return out
-
-
-def target_steps(e):
-    if e.run is not None and e.run.has_config:
-        try:
-            return int(float(e.run.cfg("train.steps", "0")))
-        except ValueError:
-            pass
-    try:
-        return int(setting(e, "train.steps", "0"))
-    except ValueError:
-        return 0
-
-
-def complete(e):
-    return e.run is not None and e.run.step >= target_steps(e) > 0
-
-
-def final(e, key):
-    """Final eval value of a metric for one run (bpb derived from loss), None if absent."""
-    if e.run is None:
-        return None
-    if key == "bpb":
-        v = e.run.final_eval("loss")
-        return None if v is None else v / LN2
-    return e.run.final_eval(key)
-
-
-def values(members, key):
-    out = []
-    for e in members:
-        v = final(e, key)
-        if v is not None and math.isfinite(v):
-            out.append(v)
-    return out
-
-
-def mean_std(vals):
-    if not vals:
-        return None, None
-    arr = np.asarray(vals, float)
-    return float(arr.mean()), (float(arr.std(ddof=1)) if len(arr) > 1 else 0.0)
-
-
-def fmt_num(v, digits=4):
-    if v is None:
-        return "—"
-    if not math.isfinite(v):
-        return "nan"
-    return f"{v:.{digits}f}"
-
-
-def fmt_ms(vals, digits=4):
-    if not vals:
-        return "—"
-    m, s = mean_std(vals)
-    if len(vals) == 1:
-        return fmt_num(m, digits)
-    return f"{fmt_num(m, digits)} ± {fmt_num(s, digits)}"
-
-
-# ---------------------------------------------------------------- groups
-class Group:
-    def __init__(self, members):
-        self.members = members
-        self.first = members[0]
-
-    @property
-    def ran(self):
-        return [e for e in self.members if e.run is not None]
-
-    def vals(self, key):
-        return values(self.ran, key)
-
-    def cell(self, key, digits=4):
-        if not self.ran:
-            return NOT_RUN
-        return fmt_ms(self.vals(key), digits)
-
-    def mean(self, key):
-        return mean_std(self.vals(key))[0]
-
-    def status(self):
-        """'3/3', or 'not run', or '2/3 (1 partial: step 150/400)'."""
-        n = len(self.members)
-        ran = self.ran
-        if not ran:
-            errors = [e for e in self.members if e.error]
-            return NOT_RUN + (f" ({errors[0].error})" if errors else "")
-        done = [e for e in ran if complete(e)]
-        text = f"{len(done)}/{n}"
-        bad = [e for e in self.members if e.error]
-        if bad:
-            text += "; unreadable: " + ", ".join(f"{e.name} ({e.error})" for e in bad)
-        odd = [(e, mismatches(e)) for e in ran]
-        odd = [(e, m) for e, m in odd if m]
-        if odd:
-            text += "; ⚠ run differs from its suite line: " + ", ".join(
-                f"{e.name} ({'; '.join(m[:3])}{'; …' if len(m) > 3 else ''})" for e, m in odd)
-        partial = [e for e in ran if not complete(e)]
-        if partial:
-            text += "; partial: " + ", ".join(f"{e.name} at step {e.run.step}/{target_steps(e)}" for e in partial)
-        return text
-
-    def steps(self):
-        steps = sorted({e.run.step for e in self.ran})
-        return "/".join(map(str, steps)) if steps else "—"
-
-    def only_regex(self):
-        names = [e.name for e in self.members]
-        stems = {re.sub(r"_s\d+$", "", n) for n in names}
-        if len(stems) == 1 and all(re.search(r"_s\d+$", n) for n in names) and len(names) > 1:
-            return f"^{re.escape(stems.pop())}_s[0-9]+$"
-        if len(names) == 1:
-            return f"^{re.escape(names[0])}$"
-        return "^(" + "|".join(re.escape(n) for n in names) + ")$"
-
-
-def group_entries(entries):
-    groups, order = {}, []
-    for e in entries:
-        if e.key not in groups:
-            groups[e.key] = []
-            order.append(e.key)
-        groups[e.key].append(e)
-    return [Group(groups[k]) for k in order]
-
-
-# ---------------------------------------------------------------- markdown helpers
-def table(header, rows):
-    def line(cells):
-        return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
-    return "\n".join([line(header), "|" + "|".join("---" for _ in header) + "|"] + [line(r) for r in rows])
-
 
 class Context:
     def __init__(self, args, entries):
@@ -499,6 +167,19 @@ def figure_links(ctx, paths, wanted):
     return links
 
 
+def append_links(out, links):
+    if links:
+        out += ["\n".join(links), ""]
+
+
+def variant_figures(ctx, out, name, groups, metric_figure, wanted):
+    """The figures of a table whose rows are attention variants (seed 1 of each row):
+    momfmm_plot.py's, plus plot_metric(**metric_figure); links to `wanted` go into out."""
+    pairs = [(attention_label(g.first), first_seed(g)) for g in groups]
+    paths = plot_runs(ctx, name, pairs) + [plot_metric(ctx, name, pairs, **metric_figure)]
+    append_links(out, figure_links(ctx, paths, wanted))
+
+
 def first_seed(group):
     for e in group.members:
         if e.run is not None:
@@ -507,24 +188,43 @@ def first_seed(group):
 
 
 # ---------------------------------------------------------------- sections
+class ChainRows:
+    """The chain family's groups by role: base (γ=0) and mom (γ=0.2), both anchored and
+    post_rope; abl, the ablations (unanchored, pre_rope); sweep, every anchored post_rope γ;
+    shown, the rows of the loss-by-k table."""
+
+    def __init__(self, groups):
+        plain = {}
+        for g in groups:
+            e = g.first
+            anchored = setting(e, "momentum.anchor", "true").lower() not in ("false", "0", "no", "off")
+            post = setting(e, "momentum.placement", "post_rope") == "post_rope"
+            g.gamma = float(setting(e, "momentum.gamma", "0") or 0)
+            g.ablation = "" if anchored and post else ("unanchored" if not anchored else "pre_rope")
+            if not g.ablation:
+                plain[g.gamma] = g
+        self.base, self.mom = plain.get(0.0), plain.get(0.2)
+        self.abl = [g for g in groups if g.ablation]
+        self.sweep = [plain[k] for k in sorted(plain)]
+        self.shown = [g for g in ([self.base, self.mom] + self.abl) if g is not None]
+
+
 def chain_section(ctx, L, groups, out, claims):
     out.append(f"### Chain task, L = {L}\n")
     cfgs = sorted({g.first.config for g in groups})
     out.append(f"Config: {', '.join(f'`{c}`' for c in cfgs)}; overrides per row below. Final eval of each run "
                "(SPEC 3), mean ± sample std over the seeds.\n")
-    plain = {}
-    for g in groups:
-        e = g.first
-        anchored = setting(e, "momentum.anchor", "true").lower() not in ("false", "0", "no", "off")
-        post = setting(e, "momentum.placement", "post_rope") == "post_rope"
-        gamma = float(setting(e, "momentum.gamma", "0") or 0)
-        g.gamma, g.ablation = gamma, ("" if anchored and post else ("unanchored" if not anchored else "pre_rope"))
-        if not g.ablation:
-            plain[gamma] = g
-    seed = SEED_MOMENTUM.get(L, {})
-    base, mom = plain.get(0.0), plain.get(0.2)
+    rows = ChainRows(groups)
+    chain_tables(ctx, L, rows, out)
+    loss_by_k_table(L, rows.shown, out)
+    chain_figures(ctx, L, rows, out)
+    chain_claims(L, rows, claims)
 
-    # main table
+
+def chain_tables(ctx, L, chain, out):
+    """The seed's table (γ = 0 vs 0.2), the ablations and the γ sweep."""
+    seed = SEED_MOMENTUM.get(L, {})
+    base, mom, abl, sweep = chain.base, chain.mom, chain.abl, chain.sweep
     out.append(f"**γ = 0 (baseline) vs γ = 0.2 (momentum), L = {L}** — ours beside the seed's table\n")
     rows = []
     for label, g, srow in (("baseline γ=0", base, seed.get("baseline", {})),
@@ -533,16 +233,14 @@ def chain_section(ctx, L, groups, out, claims):
             rows.append([label, "no suite line"] + ["—"] * 8)
             continue
         rows.append([label, g.status(), g.steps(),
-                     g.cell("L_new"), fmt_num(srow.get("L_new")),
-                     g.cell("L_rep"), fmt_num(srow.get("L_rep")),
-                     g.cell("delta_12"), fmt_num(srow.get("delta_12")),
+                     g.cell("L_new"), fmt_value(srow.get("L_new"), "", 4),
+                     g.cell("L_rep"), fmt_value(srow.get("L_rep"), "", 4),
+                     g.cell("delta_12"), fmt_value(srow.get("delta_12"), "", 4),
                      ctx.reproduce(g)])
-    out.append(table(["row", "runs done", "steps", "L_new (ours)", "L_new (seed)", "L_rep (ours)", "L_rep (seed)",
-                      "Δ1→2 (ours)", "Δ1→2 (seed)", "reproduce"], rows))
+    out.append(markdown(["row", "runs done", "steps", "L_new (ours)", "L_new (seed)", "L_rep (ours)", "L_rep (seed)",
+                         "Δ1→2 (ours)", "Δ1→2 (seed)", "reproduce"], rows))
     out.append("")
 
-    # ablations
-    abl = [g for g in groups if g.ablation]
     if abl or mom is not None:
         out.append(f"**Ablations at γ = 0.2, L = {L}**: unanchored first difference (`momentum.anchor = false`) "
                    "and shear before RoPE (`momentum.placement = pre_rope`)\n")
@@ -553,19 +251,18 @@ def chain_section(ctx, L, groups, out, claims):
             rows.append([momentum_label(g.first) + ("" if g.ablation or g.gamma == 0 else ", anchored, post_rope"),
                          g.status(), g.cell("L_new"), g.cell("L_rep"), g.cell("delta_12"), g.cell("loss"),
                          ctx.reproduce(g)])
-        out.append(table(["variant", "runs done", "L_new", "L_rep", "Δ1→2", "loss", "reproduce"], rows))
+        out.append(markdown(["variant", "runs done", "L_new", "L_rep", "Δ1→2", "loss", "reproduce"], rows))
         out.append("")
 
-    # gamma sweep
-    sweep = [plain[k] for k in sorted(plain)]
     out.append(f"**γ sweep, L = {L}** (anchored, post_rope)\n")
     rows = [[f"{g.gamma:g}", g.status(), g.cell("L_new"), g.cell("L_rep"), g.cell("delta_12"), g.cell("loss"),
              ctx.reproduce(g)] for g in sweep]
-    out.append(table(["γ", "runs done", "L_new", "L_rep", "Δ1→2", "loss", "reproduce"], rows))
+    out.append(markdown(["γ", "runs done", "L_new", "L_rep", "Δ1→2", "loss", "reproduce"], rows))
     out.append("")
 
-    # loss by k
-    shown = [g for g in ([base, mom] + abl) if g is not None]
+
+def loss_by_k_table(L, shown, out):
+    """Eval loss by occurrence count k (SPEC 3 loss_by_k), last eval, mean over seeds."""
     kmax = 0
     per = []
     for g in shown:
@@ -591,11 +288,13 @@ def chain_section(ctx, L, groups, out, claims):
         if m is None:
             rows.append([label] + [NOT_RUN if not g.ran else "—"] * (kmax + 1))
         else:
-            rows.append([label] + [fmt_num(float(v), 3) if math.isfinite(v) else "—" for v in m[:kmax + 1]])
-    out.append(table(["variant"] + [f"k={k}" for k in range(kmax + 1)], rows))
+            rows.append([label] + [fmt_value(float(v), "", 3) if math.isfinite(v) else "—" for v in m[:kmax + 1]])
+    out.append(markdown(["variant"] + [f"k={k}" for k in range(kmax + 1)], rows))
     out.append("")
 
-    # figures
+
+def chain_figures(ctx, L, chain, out):
+    base, mom, shown, sweep = chain.base, chain.mom, chain.shown, chain.sweep
     main = plot_runs(ctx, f"chain_L{L}_main", [(f"{momentum_label(g.first)} {e.name.rsplit('_', 1)[-1]}", e)
                                                for g in (base, mom) if g for e in g.members])
     ablf = plot_runs(ctx, f"chain_L{L}_ablations", [(momentum_label(g.first), first_seed(g)) for g in shown])
@@ -612,7 +311,10 @@ def chain_section(ctx, L, groups, out, claims):
         out.append("\n".join(links))
         out.append("")
 
-    # claims
+
+def chain_claims(L, chain, claims):
+    seed = SEED_MOMENTUM.get(L, {})
+    base, mom, abl, sweep = chain.base, chain.mom, chain.abl, chain.sweep
     sl = seed.get("baseline", {}), seed.get("momentum", {})
 
     def seeds_text(metric):
@@ -638,85 +340,6 @@ def chain_section(ctx, L, groups, out, claims):
                        + ", ".join(f"γ={gm:g}: {v:.4f}" for v, gm in sorted(ran, key=lambda t: t[1]))))
 
 
-def fmt_pair(vals):
-    m, s = mean_std(vals)
-    return fmt_num(m) + (f" ± {fmt_num(s)}" if len(vals) > 1 else "") + f" (n={len(vals)})"
-
-
-def less_claim(text, ga, gb, metric, flip=False):
-    """Claim: mean metric of ga < mean of gb (flip: the claim is stated as gb > ga, which is
-    the same test; values are printed as claimed-side first)."""
-    if ga is None or gb is None:
-        return ("not run", f"{text}: not run (no suite line)")
-    a, b = ga.vals(metric), gb.vals(metric)
-    if not a or not b:
-        return ("not run", f"{text}: not run yet")
-    ma, mb = mean_std(a)[0], mean_std(b)[0]
-    held = ma < mb
-    note, noisy = noise_note(a, b)
-    first, second = (b, a) if flip else (a, b)
-    if noisy:
-        verdict = "within noise"
-        shown = (f"**not shown**: the means go {'the claimed way' if held else 'the other way'}, "
-                 "but by less than the seed-to-seed noise")
-    else:
-        verdict = "held" if held else "did not hold"
-        shown = f"**{verdict}**"
-    return (verdict, f"{text}: {shown} ({fmt_pair(first)} vs {fmt_pair(second)}){note}")
-
-
-def same_claim(text, ga, gb, metric):
-    if ga is None or gb is None:
-        return ("not run", f"{text}: not run (no suite line)")
-    a, b = ga.vals(metric), gb.vals(metric)
-    if not a or not b:
-        return ("not run", f"{text}: not run yet")
-    ma, mb = mean_std(a)[0], mean_std(b)[0]
-    rel = abs(ma - mb) / max(abs(mb), 1e-12)
-    verdict = "held" if rel <= SAME_TOL else "did not hold"
-    return (verdict, f"{text}: **{verdict}** ({fmt_pair(a)} vs {fmt_pair(b)}, {rel:.1%} apart)")
-
-
-def close_claim(text, ga, gb, metric, tol):
-    if ga is None or gb is None:
-        return ("not run", f"{text}: not run (no suite line)")
-    a, b = ga.vals(metric), gb.vals(metric)
-    if not a or not b:
-        return ("not run", f"{text}: not run yet")
-    d = mean_std(a)[0] - mean_std(b)[0]
-    verdict = "held" if abs(d) <= tol else "did not hold"
-    return (verdict, f"{text}: **{verdict}** ({fmt_pair(a)} vs {fmt_pair(b)}, difference {d:+.4f})")
-
-
-def noise_note(a, b):
-    """(note, within_noise): the difference of means against NOISE_SE standard errors."""
-    if len(a) < 2 or len(b) < 2:
-        return " — single seed on at least one side, no spread to judge noise", False
-    se = math.sqrt(np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b))
-    diff = abs(np.mean(a) - np.mean(b))
-    if diff < NOISE_SE * se:
-        return f" — |Δ| = {diff:.4f} < {NOISE_SE:g} s.e. = {NOISE_SE * se:.4f}", True
-    return f" — beyond seed noise (|Δ| = {diff:.4f} ≥ {NOISE_SE:g} s.e. = {NOISE_SE * se:.4f})", False
-
-
-VARIANT_ORDER = ["softmax", "linear", "band only", "FMM (band 5, 1 kernel", "FMM (band 5, 2 kernels",
-                 "momentum softmax", "momentum-FMM"]
-
-
-def variant_rank(label):
-    for i, prefix in enumerate(VARIANT_ORDER):
-        if label.startswith(prefix):
-            return i
-    return len(VARIANT_ORDER)
-
-
-def find(groups, prefix):
-    for g in groups:
-        if attention_label(g.first).startswith(prefix):
-            return g
-    return None
-
-
 def copy_section(ctx, by_T, out, claims):
     out.append("### Copy task (FMM seed)\n")
     cfgs = sorted({g.first.config for gs in by_T.values() for g in gs})
@@ -739,7 +362,7 @@ def copy_section(ctx, by_T, out, claims):
             g = lookup.get((T, lab))
             row.append(g.cell("acc") if g else "no suite line")
             if SEED_COPY_ACC:
-                row.append(fmt_num(SEED_COPY_ACC.get((T, lab))))
+                row.append(fmt_value(SEED_COPY_ACC.get((T, lab)), "", 4))
         rows.append(row)
     header = ["variant"]
     for T in Ts:
@@ -747,7 +370,7 @@ def copy_section(ctx, by_T, out, claims):
         if SEED_COPY_ACC:
             header.append(f"seed T={T}")
     out.append("**Final accuracy per sequence length**\n")
-    out.append(table(header, rows))
+    out.append(markdown(header, rows))
     out.append("")
     for T in Ts:
         groups = sorted(by_T[T], key=lambda g: variant_rank(attention_label(g.first)))
@@ -772,17 +395,12 @@ def copy_section(ctx, by_T, out, claims):
                            (NOT_RUN if not g.ran else "—"))
             row += [g.cell("exact_match", 3), ctx.reproduce(g)]
             rows.append(row)
-        out.append(table(["variant", "runs done"] + [f"step {s}" for s in steps] + ["exact (final)", "reproduce"],
-                         rows))
+        out.append(markdown(["variant", "runs done"] + [f"step {s}" for s in steps] + ["exact (final)", "reproduce"],
+                            rows))
         out.append("")
-        pairs = [(attention_label(g.first), first_seed(g)) for g in groups]
-        figs = plot_runs(ctx, f"copy_T{T}", pairs)
-        acc = plot_metric(ctx, f"copy_T{T}", pairs, "acc", "token accuracy", f"Copy task, T = {T}: eval accuracy")
-        links = figure_links(ctx, figs + [acc], [("acc.png", f"copy T={T}: accuracy vs step"),
-                                                 ("loss.png", f"copy T={T}: loss vs step")])
-        if links:
-            out.append("\n".join(links))
-            out.append("")
+        variant_figures(ctx, out, f"copy_T{T}", groups,
+                        dict(key="acc", ylabel="token accuracy", title=f"Copy task, T = {T}: eval accuracy"),
+                        [("acc.png", f"copy T={T}: accuracy vs step"), ("loss.png", f"copy T={T}: loss vs step")])
         fmm2 = find(groups, "FMM (band 5, 2 kernels")
         fmm1 = find(groups, "FMM (band 5, 1 kernel")
         lin, band, soft = find(groups, "linear"), find(groups, "band only"), find(groups, "softmax")
@@ -810,20 +428,15 @@ def listops_section(ctx, groups, out, claims):
         lab = attention_label(g.first)
         row = [lab, g.status(), g.steps(), g.cell("acc"), g.cell("loss")]
         if SEED_LISTOPS_ACC:
-            row.append(fmt_num(SEED_LISTOPS_ACC.get(lab)))
+            row.append(fmt_value(SEED_LISTOPS_ACC.get(lab), "", 4))
         rows.append(row + [ctx.reproduce(g)])
     header = ["variant", "runs done", "steps", "accuracy", "loss"] + (["seed acc"] if SEED_LISTOPS_ACC else []) + [
         "reproduce"]
-    out.append(table(header, rows))
+    out.append(markdown(header, rows))
     out.append("")
-    pairs = [(attention_label(g.first), first_seed(g)) for g in groups]
-    figs = plot_runs(ctx, "listops", pairs)
-    acc = plot_metric(ctx, "listops", pairs, "acc", "accuracy", "ListOps: eval accuracy")
-    links = figure_links(ctx, figs + [acc], [("acc.png", "ListOps: accuracy vs step"),
-                                             ("loss.png", "ListOps: loss vs step")])
-    if links:
-        out.append("\n".join(links))
-        out.append("")
+    variant_figures(ctx, out, "listops", groups,
+                    dict(key="acc", ylabel="accuracy", title="ListOps: eval accuracy"),
+                    [("acc.png", "ListOps: accuracy vs step"), ("loss.png", "ListOps: loss vs step")])
     soft = find(groups, "softmax")
     fmm = find(groups, "FMM (band 5, 2 kernels")
     mfmm = find(groups, "momentum-FMM")
@@ -842,19 +455,14 @@ def text_section(ctx, groups, out, claims):
     groups = sorted(groups, key=lambda g: variant_rank(attention_label(g.first)))
     rows = [[attention_label(g.first), g.status(), g.steps(), g.cell("bpb"), g.cell("loss"), g.cell("acc"),
              ctx.reproduce(g)] for g in groups]
-    out.append(table(["variant", "runs done", "steps", "bits per byte", "loss (nats)", "byte accuracy", "reproduce"],
-                     rows))
+    out.append(markdown(["variant", "runs done", "steps", "bits per byte", "loss (nats)", "byte accuracy", "reproduce"],
+                        rows))
     out.append("")
-    pairs = [(attention_label(g.first), first_seed(g)) for g in groups]
-    figs = plot_runs(ctx, "text", pairs)
-    bpb = plot_metric(ctx, "text", pairs, "loss", "bits per byte", "Text: eval bits per byte",
-                      transform=lambda y: y / LN2)
-    links = figure_links(ctx, figs + [bpb], [("bpb.png", "text: eval bits per byte vs step"),
-                                             ("loss.png", "text: loss vs step"),
-                                             ("bode.png", "text: momentum filter response")])
-    if links:
-        out.append("\n".join(links))
-        out.append("")
+    variant_figures(ctx, out, "text", groups,
+                    dict(key="loss", ylabel="bits per byte", title="Text: eval bits per byte",
+                         transform=lambda y: y / LN2),
+                    [("bpb.png", "text: eval bits per byte vs step"), ("loss.png", "text: loss vs step"),
+                     ("bode.png", "text: momentum filter response")])
     soft = find(groups, "softmax")
     fmm = find(groups, "FMM (band 5, 2 kernels")
     mom = find(groups, "momentum softmax")
@@ -874,15 +482,17 @@ def git_commit():
         return "unknown"
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+def add_arguments(ap):
+    """The --results mode's options (momfmm_report.py)."""
     ap.add_argument("--runs", default="runs/experiments", help="parent of the run directories (default runs/experiments)")
     ap.add_argument("--out", default="RESULTS.md", help="Markdown file to write (default RESULTS.md)")
     ap.add_argument("--figures", default="figures", help="directory for the figures (default figures/)")
     ap.add_argument("--suite", default=os.path.join(ROOT, "configs", "experiments", "suite.list"),
                     help="suite list (default configs/experiments/suite.list)")
     ap.add_argument("--no-figures", action="store_true", help="skip the figures")
-    args = ap.parse_args(argv)
+
+
+def write_results(args, ap):
     if not os.path.isfile(args.suite):
         ap.error(f"--suite {args.suite}: no such file")
     entries = parse_suite(args.suite)
@@ -930,7 +540,7 @@ def main(argv=None):
     head = [
         "# RESULTS: the seeds' claims, run on momfmm",
         "",
-        f"Generated by `tools/make_results.py` from the HDF5 files under `{args.runs}` "
+        f"Generated by `tools/momfmm_report.py --results` from the HDF5 files under `{args.runs}` "
         f"({datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}, commit {git_commit()}); do not edit by hand. "
         f"Suite: `{os.path.relpath(args.suite, ROOT)}`, {len(entries)} runs: {n_done} finished, "
         f"{n_ran - n_done} partial, {len(entries) - n_ran} not run.",
@@ -939,7 +549,7 @@ def main(argv=None):
         + ("Measured wall time (train.log): " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in sorted(walls.items()))
            + f", total {sum(walls.values()) / 60:.1f} min. " if walls else "")
         + "Every table's numbers are the final eval of each run (SPEC 3). To rerun everything: "
-        f"`tools/run_experiments.sh{ctx.runner_flags}`, then `/usr/bin/python3 tools/make_results.py"
+        f"`tools/run_experiments.sh{ctx.runner_flags}`, then `/usr/bin/python3 tools/momfmm_report.py --results"
         f"{' --runs ' + shlex.quote(args.runs) if os.path.normpath(args.runs) != 'runs/experiments' else ''}`. "
         "The sizes here are for a 2-core machine; `configs/experiments/README.md` compares them with the seeds'.",
         "",
@@ -976,7 +586,3 @@ def main(argv=None):
           f"claims {summary['held']} held, {summary['did not hold']} did not hold, "
           f"{summary['within noise']} within noise, {summary['not run']} not judged")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,411 @@
+#!/usr/bin/python3
+"""The experiment suite (configs/experiments/suite.list) and its runs, for the results report.
+
+One suite line is NAME CONFIG [--set section.key=value ...]; run NAME lives in RUNS/NAME
+(tools/run_experiments.sh). This module parses the suite, reads each run's HDF5 files through
+momfmm_h5.load_run, groups the lines of one configuration (lines that differ only in
+train.seed), and judges the seeds' claims on the groups' numbers (mean ± sample std over
+seeds). tools/momfmm_results.py writes RESULTS.md from it; tests/e2e reuse parse_suite.
+"""
+import configparser
+import math
+import os
+import re
+import sys
+
+import numpy as np
+
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TOOLS)
+sys.path.insert(0, TOOLS)
+from momfmm_h5 import RunError, load_run  # noqa: E402
+from momfmm_report import fmt_group  # noqa: E402
+
+PROG = "momfmm_report.py"
+LN2 = math.log(2.0)
+NOT_RUN = "not run"
+
+NOISE_SE = 2.0          # a difference below NOISE_SE standard errors is "within seed noise"
+SAME_TOL = 0.02         # "about unchanged": relative difference within 2 %
+
+
+# ---------------------------------------------------------------- the suite
+class Entry:
+    """One suite line: NAME CONFIG [--set section.key=value ...]."""
+
+    def __init__(self, name, config, sets, lineno, text):
+        self.name, self.config, self.sets, self.lineno, self.text = name, config, sets, lineno, text
+        self.run = None       # momfmm_h5.Run, when the run directory has files
+        self.error = None     # why the run could not be read
+        self.world_size = None
+        self.wall_s = None    # wall time from train.log ("# exit 0 after N s"), if logged
+
+    @property
+    def key(self):
+        """The configuration: config file and overrides without train.seed."""
+        return (self.config, tuple((k, v) for k, v in self.sets if k != "train.seed"))
+
+    @property
+    def seed(self):
+        for k, v in self.sets:
+            if k == "train.seed":
+                return v
+        return None
+
+
+def parse_suite(path):
+    entries, names = [], {}
+    with open(path) as f:
+        for lineno, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            words = line.split()
+            if len(words) < 2:
+                raise SystemExit(f"{PROG}: error: {path}:{lineno}: expected 'NAME CONFIG [--set k=v ...]'")
+            name, config, rest = words[0], words[1], words[2:]
+            if name in names:
+                raise SystemExit(f"{PROG}: error: {path}:{lineno}: run name '{name}' repeats line {names[name]}")
+            names[name] = lineno
+            sets = []
+            for i in range(0, len(rest), 2):
+                if rest[i] != "--set" or i + 1 >= len(rest) or "=" not in rest[i + 1] or "." not in rest[i + 1].split("=")[0]:
+                    raise SystemExit(f"{PROG}: error: {path}:{lineno}: expected '--set section.key=value' at '{rest[i]}'")
+                k, v = rest[i + 1].split("=", 1)
+                sets.append((k, v))
+            entries.append(Entry(name, config, sets, lineno, line))
+    return entries
+
+
+_config_cache = {}
+
+
+def base_config(path):
+    if path not in _config_cache:
+        cp = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=(";", "#"))
+        full = os.path.join(ROOT, path)
+        if os.path.exists(full):
+            cp.read(full)
+        _config_cache[path] = cp
+    return _config_cache[path]
+
+
+def setting(entry, key, default=""):
+    """Value of section.key for a suite line: its override, else its config file's value,
+    else default."""
+    for k, v in entry.sets:
+        if k == key:
+            return v
+    section, name = key.split(".", 1)
+    return base_config(entry.config).get(section, name, fallback=default).strip()
+
+
+def family_of(entry):
+    base = os.path.basename(entry.config)
+    base = re.sub(r"(_full)?\.ini$", "", base)
+    m = re.match(r"chain_L(\d+)$", base)
+    if m:
+        return ("chain", int(m.group(1)))
+    m = re.match(r"copy_T(\d+)$", base)
+    if m:
+        return ("copy", int(m.group(1)))
+    if base.startswith("listops"):
+        return ("listops", None)
+    if base.startswith("text"):
+        return ("text", None)
+    return ("other", base)
+
+
+def attention_label(entry):
+    """softmax / linear / band only / FMM 1 kernel / FMM 2 kernels, + momentum."""
+    kind = setting(entry, "attention.kind", "softmax")
+    gamma = float(setting(entry, "momentum.gamma", "0") or 0)
+    if kind == "fmm":
+        bw = int(setting(entry, "fmm.bandwidth", "5") or 0)
+        kernels = [k for k in setting(entry, "fmm.kernels", "elu").split(",") if k.strip()]
+        if bw == 0:
+            label = f"linear ({','.join(kernels)})"
+        elif not kernels:
+            label = f"band only (band {bw})"
+        else:
+            label = f"FMM (band {bw}, {len(kernels)} kernel{'s' if len(kernels) > 1 else ''}: {','.join(kernels)})"
+    else:
+        label = "softmax"
+    if gamma != 0:
+        label = ("momentum-" + label if kind == "fmm" else "momentum softmax") + f", γ={gamma:g}"
+    return label
+
+
+def momentum_label(entry):
+    gamma = float(setting(entry, "momentum.gamma", "0") or 0)
+    parts = [f"γ={gamma:g}"]
+    if setting(entry, "momentum.anchor", "true").lower() in ("false", "0", "no", "off"):
+        parts.append("unanchored")
+    if setting(entry, "momentum.placement", "post_rope") == "pre_rope":
+        parts.append("pre_rope")
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------- loading
+def load_entries(entries, runs_dir):
+    for e in entries:
+        path = os.path.join(runs_dir, e.name)
+        if not os.path.isdir(path):
+            continue
+        try:
+            e.run = load_run(path, label=e.name)
+        except RunError as exc:
+            if any(f.endswith(".h5") for f in os.listdir(path)):
+                e.error = str(exc)
+                print(f"{PROG}: warning: {exc}", file=sys.stderr)
+            continue
+        for f in e.run.files:
+            if os.path.basename(f).startswith("ckpt_"):
+                try:
+                    import h5py
+                    with h5py.File(f, "r") as h:
+                        e.world_size = int(h.attrs.get("world_size", 0)) or None
+                except OSError:
+                    pass
+        log = os.path.join(path, "train.log")
+        if os.path.exists(log):
+            with open(log, errors="replace") as f:
+                for line in f:
+                    m = re.match(r"# exit 0 after (\d+) s", line)
+                    if m:  # one line per start of the run (resumed runs have several)
+                        e.wall_s = (e.wall_s or 0) + int(m.group(1))
+
+
+# SPEC 6 defaults of the keys that tell the suite's variants apart.
+SPEC_DEFAULTS = {"attention.kind": "softmax", "momentum.gamma": "0", "momentum.learn_gamma": "false",
+                 "momentum.beta": "0", "momentum.gamma2": "0", "momentum.apply_to": "qk",
+                 "momentum.placement": "post_rope", "momentum.anchor": "true"}
+
+
+def _same(a, b):
+    a, b = (a or "").strip(), (b or "").strip()
+    try:
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+    except ValueError:
+        return a.lower() == b.lower()
+
+
+def _show(v):
+    v = (v or "").strip()
+    try:
+        return f"{float(v):g}"
+    except ValueError:
+        return v or "(empty)"
+
+
+def mismatches(e):
+    """Keys where the run's stored config differs from its suite line (a stale run directory,
+    or a run made with extra overrides): the line's overrides and the config file's
+    model, attention, momentum, fmm and data keys."""
+    if e.run is None or not e.run.has_config:
+        return []
+    keys = [k for k, _ in e.sets]
+    cp = base_config(e.config)
+    for section in ("model", "attention", "momentum", "fmm", "data"):
+        if cp.has_section(section):
+            keys += [f"{section}.{k}" for k in cp.options(section) if f"{section}.{k}" not in keys]
+    keys += [k for k in SPEC_DEFAULTS if k not in keys]
+    out = []
+    for key in keys:
+        want, have = setting(e, key, SPEC_DEFAULTS.get(key, "")), e.run.cfg(key)
+        if have is not None and not _same(want, have):
+            out.append(f"{key} {_show(have)} vs {_show(want)}")
+    return out
+
+
+def target_steps(e):
+    if e.run is not None and e.run.has_config:
+        try:
+            return int(float(e.run.cfg("train.steps", "0")))
+        except ValueError:
+            pass
+    try:
+        return int(setting(e, "train.steps", "0"))
+    except ValueError:
+        return 0
+
+
+def complete(e):
+    return e.run is not None and e.run.step >= target_steps(e) > 0
+
+
+def final(e, key):
+    """Final eval value of a metric for one run (bpb derived from loss), None if absent."""
+    if e.run is None:
+        return None
+    if key == "bpb":
+        v = e.run.final_eval("loss")
+        return None if v is None else v / LN2
+    return e.run.final_eval(key)
+
+
+def values(members, key):
+    out = []
+    for e in members:
+        v = final(e, key)
+        if v is not None and math.isfinite(v):
+            out.append(v)
+    return out
+
+
+def mean_std(vals):
+    if not vals:
+        return None, None
+    arr = np.asarray(vals, float)
+    return float(arr.mean()), (float(arr.std(ddof=1)) if len(arr) > 1 else 0.0)
+
+
+# ---------------------------------------------------------------- groups
+class Group:
+    def __init__(self, members):
+        self.members = members
+        self.first = members[0]
+
+    @property
+    def ran(self):
+        return [e for e in self.members if e.run is not None]
+
+    def vals(self, key):
+        return values(self.ran, key)
+
+    def cell(self, key, digits=4):
+        if not self.ran:
+            return NOT_RUN
+        return fmt_group(self.vals(key), key, digits)
+
+    def mean(self, key):
+        return mean_std(self.vals(key))[0]
+
+    def status(self):
+        """'3/3', or 'not run', or '2/3 (1 partial: step 150/400)'."""
+        n = len(self.members)
+        ran = self.ran
+        if not ran:
+            errors = [e for e in self.members if e.error]
+            return NOT_RUN + (f" ({errors[0].error})" if errors else "")
+        done = [e for e in ran if complete(e)]
+        text = f"{len(done)}/{n}"
+        bad = [e for e in self.members if e.error]
+        if bad:
+            text += "; unreadable: " + ", ".join(f"{e.name} ({e.error})" for e in bad)
+        odd = [(e, mismatches(e)) for e in ran]
+        odd = [(e, m) for e, m in odd if m]
+        if odd:
+            text += "; ⚠ run differs from its suite line: " + ", ".join(
+                f"{e.name} ({'; '.join(m[:3])}{'; …' if len(m) > 3 else ''})" for e, m in odd)
+        partial = [e for e in ran if not complete(e)]
+        if partial:
+            text += "; partial: " + ", ".join(f"{e.name} at step {e.run.step}/{target_steps(e)}" for e in partial)
+        return text
+
+    def steps(self):
+        steps = sorted({e.run.step for e in self.ran})
+        return "/".join(map(str, steps)) if steps else "—"
+
+    def only_regex(self):
+        names = [e.name for e in self.members]
+        stems = {re.sub(r"_s\d+$", "", n) for n in names}
+        if len(stems) == 1 and all(re.search(r"_s\d+$", n) for n in names) and len(names) > 1:
+            return f"^{re.escape(stems.pop())}_s[0-9]+$"
+        if len(names) == 1:
+            return f"^{re.escape(names[0])}$"
+        return "^(" + "|".join(re.escape(n) for n in names) + ")$"
+
+
+def group_entries(entries):
+    groups, order = {}, []
+    for e in entries:
+        if e.key not in groups:
+            groups[e.key] = []
+            order.append(e.key)
+        groups[e.key].append(e)
+    return [Group(groups[k]) for k in order]
+
+
+# ---------------------------------------------------------------- claims
+def fmt_pair(vals):
+    return fmt_group(vals, "", 4) + f" (n={len(vals)})"
+
+
+def claim_sides(text, ga, gb, metric):
+    """(a, b, None): the per-seed values of both groups; or (None, None, verdict) when a
+    side has no suite line or no finished run, so the claim cannot be judged."""
+    if ga is None or gb is None:
+        return None, None, ("not run", f"{text}: not run (no suite line)")
+    a, b = ga.vals(metric), gb.vals(metric)
+    if not a or not b:
+        return None, None, ("not run", f"{text}: not run yet")
+    return a, b, None
+
+
+def less_claim(text, ga, gb, metric, flip=False):
+    """Claim: mean metric of ga < mean of gb (flip: the claim is stated as gb > ga, which is
+    the same test; values are printed as claimed-side first)."""
+    a, b, missing = claim_sides(text, ga, gb, metric)
+    if missing:
+        return missing
+    held = np.mean(a) < np.mean(b)
+    note, noisy = noise_note(a, b)
+    first, second = (b, a) if flip else (a, b)
+    if noisy:
+        verdict = "within noise"
+        shown = (f"**not shown**: the means go {'the claimed way' if held else 'the other way'}, "
+                 "but by less than the seed-to-seed noise")
+    else:
+        verdict = "held" if held else "did not hold"
+        shown = f"**{verdict}**"
+    return (verdict, f"{text}: {shown} ({fmt_pair(first)} vs {fmt_pair(second)}){note}")
+
+
+def same_claim(text, ga, gb, metric):
+    """Claim: the means of ga and gb agree within SAME_TOL relative."""
+    a, b, missing = claim_sides(text, ga, gb, metric)
+    if missing:
+        return missing
+    rel = abs(np.mean(a) - np.mean(b)) / max(abs(np.mean(b)), 1e-12)
+    verdict = "held" if rel <= SAME_TOL else "did not hold"
+    return (verdict, f"{text}: **{verdict}** ({fmt_pair(a)} vs {fmt_pair(b)}, {rel:.1%} apart)")
+
+
+def close_claim(text, ga, gb, metric, tol):
+    """Claim: the means of ga and gb agree within tol (absolute)."""
+    a, b, missing = claim_sides(text, ga, gb, metric)
+    if missing:
+        return missing
+    d = np.mean(a) - np.mean(b)
+    verdict = "held" if abs(d) <= tol else "did not hold"
+    return (verdict, f"{text}: **{verdict}** ({fmt_pair(a)} vs {fmt_pair(b)}, difference {d:+.4f})")
+
+
+def noise_note(a, b):
+    """(note, within_noise): the difference of means against NOISE_SE standard errors."""
+    if len(a) < 2 or len(b) < 2:
+        return " — single seed on at least one side, no spread to judge noise", False
+    se = math.sqrt(np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b))
+    diff = abs(np.mean(a) - np.mean(b))
+    if diff < NOISE_SE * se:
+        return f" — |Δ| = {diff:.4f} < {NOISE_SE:g} s.e. = {NOISE_SE * se:.4f}", True
+    return f" — beyond seed noise (|Δ| = {diff:.4f} ≥ {NOISE_SE:g} s.e. = {NOISE_SE * se:.4f})", False
+
+
+VARIANT_ORDER = ["softmax", "linear", "band only", "FMM (band 5, 1 kernel", "FMM (band 5, 2 kernels",
+                 "momentum softmax", "momentum-FMM"]
+
+
+def variant_rank(label):
+    for i, prefix in enumerate(VARIANT_ORDER):
+        if label.startswith(prefix):
+            return i
+    return len(VARIANT_ORDER)
+
+
+def find(groups, prefix):
+    for g in groups:
+        if attention_label(g.first).startswith(prefix):
+            return g
+    return None
