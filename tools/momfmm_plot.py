@@ -10,6 +10,8 @@ one checkpoint file (SPEC 4). Writes into DIR:
   lr.png           learning rate vs step                                   SPEC 1.4
   l_new_l_rep.png  L_new (solid) and L_rep (dashed) vs step               SPEC 3
   loss_by_k.png    eval loss vs occurrence count k at the last eval        SPEC 3
+  acc.png          eval accuracy vs step (token accuracy; cls: accuracy)   SPEC 3
+  bpb.png          eval bits per byte (loss / ln 2) vs step, text runs     SPEC 2, 3
   gain_r.png       gain_R per block at the last eval (when logged)         SPEC 3
   gamma.png        momentum gamma per head, per layer (learned or fixed)   SPEC 1.2
   bode.png         momentum filter magnitude per head, omega in [0, pi]    SPEC 1.2
@@ -18,6 +20,7 @@ A figure whose data no run has is skipped with a note. Prints the files written.
 missing or corrupt file (naming it), 2 for a command-line error.
 """
 import argparse
+import math
 import os
 import sys
 
@@ -123,6 +126,36 @@ def plot_loss_by_k(runs, out_dir, written):
         drawn = drawn or bool(ok.any())
     ax.set_xticks(range(16))
     return finish(fig, ax, drawn, out_dir, "loss_by_k.png", written, "no /metrics/eval/loss_by_k")
+
+
+def plot_eval_metric(runs, out_dir, written, name, title, ylabel, pick):
+    """One line per run of pick(run): (step, values) of an eval metric, or None."""
+    fig, ax = new_axes(title, "step", ylabel)
+    drawn = False
+    for run, color in zip(runs, colors(len(runs))):
+        points = pick(run)
+        if points:
+            ax.plot(*points, color=color, marker="o", ms=4, label=run.name)
+            drawn = True
+    return finish(fig, ax, drawn, out_dir, name, written, f"no {ylabel}")
+
+
+def plot_acc(runs, out_dir, written):
+    plot_eval_metric(runs, out_dir, written, "acc.png", "Eval accuracy", "accuracy",
+                     lambda run: series(run.eval, "acc"))
+
+
+def text_bpb(run):
+    """(step, eval loss / ln 2) of a text-task run: bits per byte (SPEC 2 `text`, V = 256)."""
+    loss = series(run.eval, "loss")
+    if not loss or run.cfg("data.task") != "text":
+        return None
+    return loss[0], loss[1] / math.log(2.0)
+
+
+def plot_bpb(runs, out_dir, written):
+    plot_eval_metric(runs, out_dir, written, "bpb.png", "Eval bits per byte (text)",
+                     "bits per byte", text_bpb)
 
 
 def plot_gain_r(runs, out_dir, written):
@@ -247,8 +280,8 @@ def main(argv=None):
               file=sys.stderr)
         sys.exit(3)
     written = []
-    for plot in (plot_loss, plot_lr, plot_new_rep, plot_loss_by_k, plot_gain_r, plot_gamma,
-                 plot_bode):
+    for plot in (plot_loss, plot_lr, plot_new_rep, plot_loss_by_k, plot_acc, plot_bpb,
+                 plot_gain_r, plot_gamma, plot_bode):
         plot(runs, args.out, written)
     for path in written:
         print(path)

@@ -24,6 +24,7 @@ Exit 3 for a missing or corrupt file (naming it), 2 for a command-line error.
 import argparse
 import math
 import os
+import signal
 import sys
 
 import numpy as np
@@ -177,6 +178,8 @@ def results_main(argv):
 
 
 def main(argv=None):
+    # `momfmm_report.py ... | head` ends quietly, as other command-line tools do.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     argv = sys.argv[1:] if argv is None else argv
     if "--results" in argv:
         return results_main([a for a in argv if a != "--results"])

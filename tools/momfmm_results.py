@@ -12,8 +12,7 @@ ListOps; text):
 
   * tables of the final eval metrics (SPEC 3) beside the seed's numbers where the seed
     gives them, with the command that reproduces each row;
-  * figures: tools/momfmm_plot.py per table (one seed per configuration) into --figures,
-    plus accuracy-vs-step figures drawn here (momfmm_plot.py has none);
+  * figures: tools/momfmm_plot.py per table (one seed per configuration) into --figures;
   * a claims section: each claim of the seeds, tested on the numbers ("held" / "did not
     hold", with the values), and the exact commands of every run.
 
@@ -33,7 +32,7 @@ import warnings
 import numpy as np
 
 from momfmm_report import fmt_value, markdown
-from momfmm_suite import (LN2, NOISE_SE, NOT_RUN, PROG, ROOT, SAME_TOL, TOOLS, attention_label,
+from momfmm_suite import (NOISE_SE, NOT_RUN, PROG, ROOT, SAME_TOL, TOOLS, attention_label,
                           close_claim, complete, family_of, find, group_entries, less_claim,
                           load_entries, momentum_label, parse_suite, same_claim, setting,
                           target_steps, variant_rank)
@@ -130,34 +129,6 @@ def plot_runs(ctx, name, pairs):
     return [line.strip() for line in r.stdout.splitlines() if line.strip().endswith(".png")]
 
 
-def plot_metric(ctx, name, pairs, key, ylabel, title, transform=None):
-    """metric-vs-step figure (momfmm_plot.py has no accuracy figure): one line per run."""
-    pairs = [(label, e) for label, e in pairs if e is not None and e.run is not None
-             and key in e.run.eval and "step" in e.run.eval and len(e.run.eval[key])]
-    if not pairs or ctx.args.no_figures:
-        return None
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, (label, e) in enumerate(pairs):
-        y = np.asarray(e.run.eval[key], float)
-        if transform:
-            y = transform(y)
-        ax.plot(e.run.eval["step"], y, marker="o", ms=4, color=plt.get_cmap("tab10")(i % 10), label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    os.makedirs(os.path.join(ctx.figures, name), exist_ok=True)
-    path = os.path.join(ctx.figures, name, f"{key if not transform else 'bpb'}.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def figure_links(ctx, paths, wanted):
     by_name = {os.path.basename(p): p for p in paths if p}
     links = []
@@ -172,12 +143,11 @@ def append_links(out, links):
         out += ["\n".join(links), ""]
 
 
-def variant_figures(ctx, out, name, groups, metric_figure, wanted):
-    """The figures of a table whose rows are attention variants (seed 1 of each row):
-    momfmm_plot.py's, plus plot_metric(**metric_figure); links to `wanted` go into out."""
+def variant_figures(ctx, out, name, groups, wanted):
+    """momfmm_plot.py's figures of a table whose rows are attention variants (seed 1 of each
+    row); links to the `wanted` ones go into out."""
     pairs = [(attention_label(g.first), first_seed(g)) for g in groups]
-    paths = plot_runs(ctx, name, pairs) + [plot_metric(ctx, name, pairs, **metric_figure)]
-    append_links(out, figure_links(ctx, paths, wanted))
+    append_links(out, figure_links(ctx, plot_runs(ctx, name, pairs), wanted))
 
 
 def first_seed(group):
@@ -398,9 +368,8 @@ def copy_section(ctx, by_T, out, claims):
         out.append(markdown(["variant", "runs done"] + [f"step {s}" for s in steps] + ["exact (final)", "reproduce"],
                             rows))
         out.append("")
-        variant_figures(ctx, out, f"copy_T{T}", groups,
-                        dict(key="acc", ylabel="token accuracy", title=f"Copy task, T = {T}: eval accuracy"),
-                        [("acc.png", f"copy T={T}: accuracy vs step"), ("loss.png", f"copy T={T}: loss vs step")])
+        variant_figures(ctx, out, f"copy_T{T}", groups, [("acc.png", f"copy T={T}: accuracy vs step"),
+                                                         ("loss.png", f"copy T={T}: loss vs step")])
         fmm2 = find(groups, "FMM (band 5, 2 kernels")
         fmm1 = find(groups, "FMM (band 5, 1 kernel")
         lin, band, soft = find(groups, "linear"), find(groups, "band only"), find(groups, "softmax")
@@ -434,9 +403,8 @@ def listops_section(ctx, groups, out, claims):
         "reproduce"]
     out.append(markdown(header, rows))
     out.append("")
-    variant_figures(ctx, out, "listops", groups,
-                    dict(key="acc", ylabel="accuracy", title="ListOps: eval accuracy"),
-                    [("acc.png", "ListOps: accuracy vs step"), ("loss.png", "ListOps: loss vs step")])
+    variant_figures(ctx, out, "listops", groups, [("acc.png", "ListOps: accuracy vs step"),
+                                                  ("loss.png", "ListOps: loss vs step")])
     soft = find(groups, "softmax")
     fmm = find(groups, "FMM (band 5, 2 kernels")
     mfmm = find(groups, "momentum-FMM")
@@ -458,11 +426,9 @@ def text_section(ctx, groups, out, claims):
     out.append(markdown(["variant", "runs done", "steps", "bits per byte", "loss (nats)", "byte accuracy", "reproduce"],
                         rows))
     out.append("")
-    variant_figures(ctx, out, "text", groups,
-                    dict(key="loss", ylabel="bits per byte", title="Text: eval bits per byte",
-                         transform=lambda y: y / LN2),
-                    [("bpb.png", "text: eval bits per byte vs step"), ("loss.png", "text: loss vs step"),
-                     ("bode.png", "text: momentum filter response")])
+    variant_figures(ctx, out, "text", groups, [("bpb.png", "text: eval bits per byte vs step"),
+                                               ("loss.png", "text: loss vs step"),
+                                               ("bode.png", "text: momentum filter response")])
     soft = find(groups, "softmax")
     fmm = find(groups, "FMM (band 5, 2 kernels")
     mom = find(groups, "momentum softmax")

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PYTHON = "/usr/bin/python3"
 PLOT = os.path.join(ROOT, "tools", "momfmm_plot.py")
 REPORT = os.path.join(ROOT, "tools", "momfmm_report.py")
-FIGURES = ["loss.png", "lr.png", "l_new_l_rep.png", "loss_by_k.png", "gamma.png", "bode.png"]
+FIGURES = ["loss.png", "lr.png", "l_new_l_rep.png", "loss_by_k.png", "acc.png", "gamma.png", "bode.png"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 METRICS = ["L_new", "L_rep", "delta_12", "acc", "loss"]
 
@@ -152,6 +152,7 @@ def main():
                    FIGURES + (["gain_r.png"] if has_gain else []))
     if not has_gain:
         report.check("plot notes the skipped gain_r.png", "skip gain_r.png" in r.stdout)
+    report.check("plot skips bpb.png for chain runs", "skip bpb.png" in r.stdout, r.stdout[-400:])
 
     # The report: header, one row per run sorted by label, numbers from the checkpoints.
     r = tool(REPORT, base, mom)
@@ -196,6 +197,7 @@ def main():
     want = f"{ckpt_metrics(text)[0]['loss'] / math.log(2):.4f}"
     report.check("text run: bpb = loss / ln 2", r.returncode == 0 and rows and
                  rows[0].get("bpb") == want, f"{rows[0].get('bpb') if rows else r.stderr} vs {want}")
+    check_plot(report, os.path.join(a.workdir, "fig_text"), [text], ["text"], ["bpb.png", "loss.png"])
 
     # A live metrics.h5 (SWMR, still open by its writer) with gain_R and per-head gamma.
     live = os.path.join(a.workdir, "live")
