@@ -33,9 +33,9 @@ import numpy as np
 
 from momfmm_report import fmt_value, markdown
 from momfmm_suite import (NOISE_SE, NOT_RUN, PROG, ROOT, SAME_TOL, TOOLS, attention_label,
-                          close_claim, complete, family_of, find, group_entries, less_claim,
-                          load_entries, momentum_label, parse_suite, same_claim, setting,
-                          target_steps, variant_rank)
+                          close_claim, complete, eval_steps, family_of, find, group_entries,
+                          less_claim, load_entries, momentum_label, noise_note, parse_suite,
+                          same_claim, setting, target_steps, variant_rank)
 
 PLOT = os.path.join(TOOLS, "momfmm_plot.py")
 ENV_PREFIX = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1"
@@ -224,10 +224,26 @@ def chain_tables(ctx, L, chain, out):
         out.append(markdown(["variant", "runs done", "L_new", "L_rep", "Δ1→2", "loss", "reproduce"], rows))
         out.append("")
 
+    if base is not None and mom is not None:
+        l_rep_during_training(L, base, mom, out)
+
     out.append(f"**γ sweep, L = {L}** (anchored, post_rope)\n")
     rows = [[f"{g.gamma:g}", g.status(), g.cell("L_new"), g.cell("L_rep"), g.cell("delta_12"), g.cell("loss"),
              ctx.reproduce(g)] for g in sweep]
     out.append(markdown(["γ", "runs done", "L_new", "L_rep", "Δ1→2", "loss", "reproduce"], rows))
+    out.append("")
+
+
+def l_rep_during_training(L, base, mom, out):
+    """Mean L_rep of γ = 0 and γ = 0.2 at evenly spaced eval steps: the seed's single
+    number may come from a stage of training other than our last eval."""
+    steps = eval_steps([base, mom], most=10)
+    if not steps:
+        return
+    out.append(f"**L_rep during training, L = {L}** (mean over seeds at each eval step)\n")
+    rows = [[label] + [fmt_value(g.mean_at("L_rep", s), "", 3) for s in steps]
+            for label, g in (("baseline γ=0", base), ("momentum γ=0.2", mom))]
+    out.append(markdown(["row"] + [f"step {s}" for s in steps], rows))
     out.append("")
 
 
@@ -303,11 +319,29 @@ def chain_claims(L, chain, claims):
                              "(SPEC 1.2: the unanchored variant is kinematically inconsistent)", mom, unanch, "L_rep"))
     claims.append(less_claim(f"Placement Corollary at L={L}: shearing after RoPE (post_rope) gives lower L_rep than "
                              "before it (pre_rope), at γ=0.2", mom, pre, "L_rep"))
-    ran = [(g.mean("L_rep"), g.gamma) for g in sweep if g.mean("L_rep") is not None]
+    if base is not None and mom is not None:
+        claims.append(("observation", momentum_ahead_text(L, base, mom)))
+    ran = [g for g in sweep if g.mean("L_rep") is not None]
     if ran:
-        best = min(ran)
-        claims.append(("observation", f"γ sweep at L={L}: lowest mean L_rep at γ={best[1]:g} ({best[0]:.4f}); "
-                       + ", ".join(f"γ={gm:g}: {v:.4f}" for v, gm in sorted(ran, key=lambda t: t[1]))))
+        best = min(ran, key=lambda g: g.mean("L_rep"))
+        text = (f"γ sweep at L={L}: lowest mean L_rep at γ={best.gamma:g}; "
+                + ", ".join(f"γ={g.gamma:g}: {g.cell('L_rep')}" for g in ran))
+        if base is not None and best is not base and base.vals("L_rep"):
+            text += "; γ={:g} vs γ=0{}".format(best.gamma, noise_note(best.vals("L_rep"), base.vals("L_rep"))[0])
+        claims.append(("observation", text))
+
+
+def momentum_ahead_text(L, base, mom):
+    """At which eval steps the mean L_rep of γ = 0.2 is below the baseline's."""
+    steps = eval_steps([base, mom])
+    pairs = [(s, mom.mean_at("L_rep", s), base.mean_at("L_rep", s)) for s in steps]
+    pairs = [(s, m, b) for s, m, b in pairs if m is not None and b is not None]
+    ahead = [(s, m, b) for s, m, b in pairs if m < b]
+    text = f"L_rep during training at L={L}: γ=0.2 is below γ=0 at {len(ahead)} of {len(pairs)} eval steps"
+    if ahead:
+        s, m, b = max(ahead, key=lambda t: t[2] - t[1])
+        text += (f" (steps {', '.join(str(a[0]) for a in ahead)}; widest gap at step {s}: {m:.4f} vs {b:.4f})")
+    return text + "; see the table \"L_rep during training\"."
 
 
 def copy_section(ctx, by_T, out, claims):
@@ -344,24 +378,14 @@ def copy_section(ctx, by_T, out, claims):
     out.append("")
     for T in Ts:
         groups = sorted(by_T[T], key=lambda g: variant_rank(attention_label(g.first)))
-        steps = sorted({int(s) for g in groups for e in g.ran for s in e.run.eval.get("step", [])})
-        if len(steps) > 6:
-            idx = np.linspace(0, len(steps) - 1, 6).round().astype(int)
-            steps = [steps[i] for i in sorted(set(idx))]
+        steps = eval_steps(groups, most=6)
         out.append(f"**T = {T}: accuracy / loss at each eval step** (mean over seeds)\n")
         rows = []
         for g in groups:
             row = [attention_label(g.first), g.status()]
             for s in steps:
-                accs, losses = [], []
-                for e in g.ran:
-                    st = list(map(int, e.run.eval.get("step", [])))
-                    if s in st:
-                        i = st.index(s)
-                        for key, acc in (("acc", accs), ("loss", losses)):
-                            if key in e.run.eval and math.isfinite(float(e.run.eval[key][i])):
-                                acc.append(float(e.run.eval[key][i]))
-                row.append(f"{np.mean(accs):.3f} / {np.mean(losses):.3f}" if accs and losses else
+                acc, loss = g.mean_at("acc", s), g.mean_at("loss", s)
+                row.append(f"{acc:.3f} / {loss:.3f}" if acc is not None and loss is not None else
                            (NOT_RUN if not g.ran else "—"))
             row += [g.cell("exact_match", 3), ctx.reproduce(g)]
             rows.append(row)

@@ -281,6 +281,18 @@ class Group:
     def mean(self, key):
         return mean_std(self.vals(key))[0]
 
+    def mean_at(self, key, step):
+        """Mean over the seeds of eval metric `key` at eval step `step` (None if no seed has a
+        finite value there)."""
+        vals = []
+        for e in self.ran:
+            steps = [int(s) for s in e.run.eval.get("step", [])]
+            if step in steps and key in e.run.eval:
+                v = float(e.run.eval[key][steps.index(step)])
+                if math.isfinite(v):
+                    vals.append(v)
+        return float(np.mean(vals)) if vals else None
+
     def status(self):
         """'3/3', or 'not run', or '2/3 (1 partial: step 150/400)'."""
         n = len(self.members)
@@ -315,6 +327,15 @@ class Group:
         if len(names) == 1:
             return f"^{re.escape(names[0])}$"
         return "^(" + "|".join(re.escape(n) for n in names) + ")$"
+
+
+def eval_steps(groups, most=None):
+    """The eval steps any run of the groups logged, sorted; with `most`, thinned to at most
+    that many, evenly spaced, keeping the first and the last."""
+    steps = sorted({int(s) for g in groups if g is not None for e in g.ran for s in e.run.eval.get("step", [])})
+    if most and len(steps) > most:
+        steps = [steps[i] for i in sorted(set(np.linspace(0, len(steps) - 1, most).round().astype(int)))]
+    return steps
 
 
 def group_entries(entries):
