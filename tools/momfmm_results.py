@@ -523,6 +523,7 @@ def write_results(args, ap):
     n_done = sum(1 for e in entries if complete(e))
     worlds = sorted({e.world_size for e in entries if e.world_size})
     walls = {}
+    longest = max((e for e in entries if e.wall_s is not None), key=lambda e: e.wall_s, default=None)
     for e in entries:
         if e.wall_s is not None:
             fam = family_of(e)[0]
@@ -537,7 +538,8 @@ def write_results(args, ap):
         "",
         f"Ranks per run: {', '.join(map(str, worlds)) if worlds else 'unknown'}. "
         + ("Measured wall time (train.log): " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in sorted(walls.items()))
-           + f", total {sum(walls.values()) / 60:.1f} min. " if walls else "")
+           + f", total {sum(walls.values()) / 60:.1f} min; longest run {longest.name}, {longest.wall_s} s. "
+           if walls else "")
         + "Every table's numbers are the final eval of each run (SPEC 3). To rerun everything: "
         f"`tools/run_experiments.sh{ctx.runner_flags}`, then `/usr/bin/python3 tools/momfmm_report.py --results"
         f"{' --runs ' + shlex.quote(args.runs) if os.path.normpath(args.runs) != 'runs/experiments' else ''}`. "
