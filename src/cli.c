@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "momfmm/blas_core.h"
+#include "momfmm/float_env.h"
 #include "momfmm/checkpoint.h"
 #include "momfmm/common.h"
 #include "momfmm/dist.h"
@@ -152,6 +153,7 @@ static void block_stop_signals(bool block) {
 int main(int argc, char **argv) {
     block_stop_signals(true);
     blas_core_select(argv); /* before MPI starts: it may re-execute the program */
+    float_env_flush_denormals(); /* before MPI and HDF5 start threads, so they inherit it */
     H5dont_atexit();        /* see live_metrics_abandon */
     dist_init(&argc, &argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {

@@ -11,6 +11,7 @@
 
 #include "momfmm/blas_core.h"
 #include "momfmm/common.h"
+#include "momfmm/float_env.h"
 
 void dist_init(int *argc, char ***argv) {
     int provided;
@@ -42,7 +43,8 @@ void dist_describe(void) {
         for (int q = 0; q < r && !seen; q++) seen = strcmp(h, all + (size_t)q * MPI_MAX_PROCESSOR_NAME) == 0;
         if (!seen) printf(" %s", h);
     }
-    printf(" | OpenBLAS core %s\n", blas_core_description());
+    printf(" | OpenBLAS core %s | subnormals %s\n", blas_core_description(),
+           float_env_flushing() ? "flushed to zero" : "kept (IEEE)");
     fflush(stdout);
     free(all);
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "fd_check.h"
+#include "momfmm/float_env.h"
 #include "momfmm/kernels.h"
 
 static uint64_t rng_state = 42;
@@ -182,9 +183,42 @@ static int test_cross_entropy(void) {
     return fails + !ok;
 }
 
+/* float_env.h: once flushing is on, a product that would be subnormal is 0
+ * (flush-to-zero) and a subnormal operand counts as 0 (denormals-are-zero).
+ * Values are judged by their bits: a float comparison made after the mode
+ * change would itself read a subnormal as 0. */
+#if defined(__x86_64__) || defined(__i386__)
+static uint32_t float_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static bool is_subnormal(float f) { return (float_bits(f) & 0x7f800000u) == 0 && (float_bits(f) & 0x007fffffu) != 0; }
+
+static int test_flush_denormals(void) {
+    volatile float tiny = 1e-30f, scale = 1e-10f, one = 1.0f;
+    volatile float subnormal = tiny * scale; /* 1e-40 under IEEE rules */
+    float_env_flush_denormals();
+    volatile float product = tiny * scale, operand = subnormal * one;
+    bool keep = getenv("MOMFMM_KEEP_DENORMALS") != NULL;
+    int ok = is_subnormal(subnormal) && (keep ? is_subnormal(product) && !float_env_flushing()
+                                              : float_bits(product) == 0 && float_bits(operand) == 0 &&
+                                                    float_env_flushing());
+    printf("%-40s %s\n", keep ? "subnormals kept (MOMFMM_KEEP_DENORMALS)" : "subnormals flushed to zero",
+           ok ? "ok" : "FAIL");
+    return !ok;
+}
+#else
+static int test_flush_denormals(void) {
+    printf("%-40s %s\n", "subnormals flushed to zero", "skipped (not x86)");
+    return 0;
+}
+#endif
+
 int main(void) {
     int fails = test_matmul() + test_layernorm() + test_gelu() + test_embedding() + test_rope() +
-                test_attention(true) + test_attention(false) + test_cross_entropy();
+                test_attention(true) + test_attention(false) + test_cross_entropy() + test_flush_denormals();
     printf("%s: %d failure(s)\n", fails ? "FAILED" : "PASSED", fails);
     return fails != 0;
 }

@@ -271,6 +271,11 @@ def main():
     dangling = [p for p in links if not os.path.exists(os.path.join(work, p))]
     report.check("RESULTS.md links figures that exist", links and not dangling,
                  f"{len(links)} links, dangling: {dangling[:3]}")
+    report.check("RESULTS.md links momfmm_plot.py's accuracy (copy, ListOps) and bits-per-byte (text) figures",
+                 all(any(p.endswith(f) for p in links) for f in ("copy_T128/acc.png", "listops/acc.png", "text/bpb.png")),
+                 f"{links}")
+    report.check("RESULTS.md has L_rep during training for L=10 and L=30",
+                 all(f"**L_rep during training, L = {L}**" in text for L in (10, 30)))
     report.check("figures per family", all(glob.glob(os.path.join(figs, d, "*.png")) for d in
                                            ("chain_L10_main", "chain_L30_main", "copy_T128", "copy_T256",
                                             "copy_T512", "listops", "text")))
