@@ -6,10 +6,10 @@
 #include <string.h>
 
 #include "momfmm/blas_core.h"
-#include "momfmm/float_env.h"
 #include "momfmm/checkpoint.h"
 #include "momfmm/common.h"
 #include "momfmm/dist.h"
+#include "momfmm/float_env.h"
 #include "momfmm/inference.h"
 #include "momfmm/train.h"
 
