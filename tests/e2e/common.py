@@ -71,6 +71,27 @@ def tiny_config(out_dir, **overrides):
     return sections
 
 
+MPIRUN = ["mpirun", "--oversubscribe"]
+
+
+def write_tiny_config(workdir, name, **overrides):
+    """<workdir>/<name>.ini from tiny_config(<workdir>/<name>, **overrides); returns
+    (ini, out_dir, sections)."""
+    out_dir = os.path.join(workdir, name)
+    sections = tiny_config(out_dir, **overrides)
+    return write_config(os.path.join(workdir, name + ".ini"), sections), out_dir, sections
+
+
+def train_command(momfmm, ini, sets=(), np_=None, resume=None):
+    """`momfmm train INI [--set S ...] [--resume R]`, under `mpirun -np np_` when np_ is given."""
+    cmd = [momfmm, "train", ini]
+    for s in sets:
+        cmd += ["--set", s]
+    if resume:
+        cmd += ["--resume", resume]
+    return MPIRUN + ["-np", str(np_)] + cmd if np_ else cmd
+
+
 def write_tokens(path, inputs, targets, labels=None):
     with h5py.File(path, "w") as f:
         f["inputs"] = np.asarray(inputs, dtype=np.int32)

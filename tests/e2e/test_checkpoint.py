@@ -55,9 +55,8 @@ import h5py
 import numpy as np
 
 from processes import children, kill_session, rank_of, session_members
-from common import argument_parser, Report, env, run, tiny_config, write_config
+from common import argument_parser, Report, env, run, train_command, write_tiny_config
 
-MPIRUN = ["mpirun", "--oversubscribe"]
 CKPT_NAME = re.compile(r"^ckpt_(\d{8})\.h5$")
 CKPT_LINE = re.compile(r"^checkpoint (\S+) \| ([\d.]+) MB in ([\d.]+) s \(([\d.]+) MB/s\)$", re.M)
 LOSS_RTOL = 1e-5
@@ -94,20 +93,11 @@ class Runner:
 
     def config(self, name, **overrides):
         """Writes <work>/<name>.ini (tiny_config + overrides), fresh out_dir; returns (ini, out_dir, sections)."""
-        out_dir = os.path.join(self.work, name)
-        shutil.rmtree(out_dir, ignore_errors=True)
-        sections = tiny_config(out_dir, **overrides)
-        return write_config(os.path.join(self.work, name + ".ini"), sections), out_dir, sections
+        shutil.rmtree(os.path.join(self.work, name), ignore_errors=True)
+        return write_tiny_config(self.work, name, **overrides)
 
     def train(self, ini, *sets, resume=None, np_=None, timeout=300):
-        cmd = [self.momfmm, "train", ini]
-        for s in sets:
-            cmd += ["--set", s]
-        if resume:
-            cmd += ["--resume", resume]
-        if np_:
-            cmd = MPIRUN + ["-np", str(np_)] + cmd
-        return run(cmd, timeout=timeout)
+        return run(train_command(self.momfmm, ini, sets, np_=np_, resume=resume), timeout=timeout)
 
     def inspect(self, path):
         return run([self.momfmm, "inspect", path], timeout=60)
@@ -700,9 +690,7 @@ class LongRun:
         over.update(overrides)
         self.ini, self.out_dir, _ = R.config(name, **over)
         self.log_path = os.path.join(R.work, name + ".log")
-        cmd = [R.momfmm, "train", self.ini]
-        if n:
-            cmd = MPIRUN + ["-np", str(n)] + cmd
+        cmd = train_command(R.momfmm, self.ini, np_=n)
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env(),
                                          start_new_session=True)

@@ -36,13 +36,13 @@ import h5py
 import numpy as np
 
 from processes import children, kill_session, rank_of, session_members
-from common import Report, argument_parser, env, newest_checkpoint, run, tiny_config, write_config
+from common import (MPIRUN, Report, argument_parser, env, newest_checkpoint, run, train_command,
+                    write_tiny_config)
 
 LOSS_RTOL = 1e-5
 WEIGHT_RTOL = 1e-4
 STEPS = 15
 BATCH = 25  # not divisible by 2, 3, 4 or 8: every multi-rank run has uneven shards
-MPIRUN = ["mpirun", "--oversubscribe"]
 
 
 def shard_counts(batch, n):
@@ -56,7 +56,6 @@ class Runner:
         self.workdir = os.path.abspath(workdir)
 
     def config(self, name, **overrides):
-        out_dir = os.path.join(self.workdir, name)
         # adam_eps 1e-6: with 1e-8, Adam turns the float rounding noise of
         # near-zero gradients (the low-RoPE-frequency entries of the key bias,
         # ~1e-8, nearly softmax-shift-invariant) into lr-sized steps, so those
@@ -66,18 +65,15 @@ class Runner:
                 "train.log_interval": 1, "train.eval_interval": STEPS, "train.eval_batches": 1,
                 "dist.check_interval": 1}
         base.update(overrides)
-        return write_config(os.path.join(self.workdir, name + ".ini"), tiny_config(out_dir, **base)), out_dir
+        ini, out_dir, _ = write_tiny_config(self.workdir, name, **base)
+        return ini, out_dir
 
     def train(self, name, np_, sets=(), direct=False, threads=1, **overrides):
         """Trains config `name` on np_ ranks; returns (CompletedProcess, checkpoint path or None)."""
         path, out_dir = self.config(name, **overrides)
         for old in glob.glob(os.path.join(out_dir, "ckpt_*.h5")):
             os.remove(old)
-        cmd = [self.momfmm, "train", path]
-        for s in sets:
-            cmd += ["--set", s]
-        if not direct:
-            cmd = MPIRUN + ["-np", str(np_)] + cmd
+        cmd = train_command(self.momfmm, path, sets, np_=None if direct else np_)
         e = env(OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads)
         r = run(cmd, timeout=300, env=e)
         if r.returncode != 0:
@@ -188,7 +184,7 @@ class LongRun:
             os.remove(old)
         self.log_path = os.path.join(runner.workdir, name + ".log")
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(MPIRUN + ["-np", str(n), runner.momfmm, "train", path], stdout=log,
+            self.proc = subprocess.Popen(train_command(runner.momfmm, path, np_=n), stdout=log,
                                          stderr=subprocess.STDOUT, env=env(), start_new_session=True)
         self.sid = self.proc.pid
         self.ranks, self.started = {}, False
@@ -282,7 +278,7 @@ def test_resume_across_np(report, R, ref):
         os.remove(old)
     with open(src, "rb") as fi, open(os.path.join(out_dir, "ckpt_00000010.h5"), "wb") as fo:
         fo.write(fi.read())
-    r = run(MPIRUN + ["-np", "3", R.momfmm, "train", path, "--resume", "auto"], timeout=300)
+    r = run(train_command(R.momfmm, path, np_=3, resume="auto"), timeout=300)
     final = os.path.join(out_dir, f"ckpt_{STEPS:08d}.h5")
     if not report.check("resume: np=3 continues from the np=2 checkpoint to the end", r.returncode == 0 and
                         os.path.exists(final), f"rc {r.returncode} {r.stderr[-300:]}"):
@@ -295,7 +291,7 @@ def test_resume_across_np(report, R, ref):
 
 def test_too_many_ranks(report, runner):
     path, _ = runner.config("np_gt_batch", **{"train.batch_size": 2, "train.steps": 2})
-    r = run(MPIRUN + ["-np", "4", runner.momfmm, "train", path], timeout=120)
+    r = run(train_command(runner.momfmm, path, np_=4), timeout=120)
     msgs = [l for l in r.stderr.splitlines() if l.startswith("momfmm:")]
     named = any(re.search(r"\b2\b", l) and re.search(r"\b4\b", l) and "batch_size" in l for l in msgs)
     report.check("np 4 > batch_size 2: exit 2", r.returncode == 2, f"rc {r.returncode}")
