@@ -31,8 +31,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from momfmm_h5 import load_runs_or_exit  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from momfmm.h5 import load_runs_or_exit  # noqa: E402
 
 PROG = "momfmm_plot.py"
 DPI = 110

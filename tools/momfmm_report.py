@@ -29,8 +29,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from momfmm_h5 import load_runs_or_exit  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from momfmm.h5 import load_runs_or_exit  # noqa: E402
 
 PROG = "momfmm_report.py"
 DEFAULT_METRICS = "L_new,L_rep,delta_12,acc,loss"

@@ -17,8 +17,9 @@ import numpy as np
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
+sys.path.insert(0, os.path.join(TOOLS, "..", "python"))
 sys.path.insert(0, TOOLS)
-from momfmm_h5 import RunError, load_run  # noqa: E402
+from momfmm.h5 import RunError, load_run  # noqa: E402
 from momfmm_report import fmt_group  # noqa: E402
 
 PROG = "momfmm_report.py"

@@ -94,6 +94,70 @@ class Run:
         return float(values[-1])
 
 
+class Checkpoint:
+    """Everything a checkpoint file holds (SPEC 4), as numpy arrays.
+
+    path     the file read
+    attrs    {name: value} of the root attributes (strings decoded)
+    config   configparser.ConfigParser of `config_ini`
+    step     int(attrs["step"])
+    params   {name: array} of /model (names as SPEC 4, e.g. "blocks/0/attn/qkv/weight")
+    optim_m, optim_v  {name: array} of /optim/m and /optim/v (empty when absent or not read)
+    buffers  {name: array} of /buffers, e.g. "blocks/0/attn/prev_q"
+    train, eval  {key: array} of /metrics/train and /metrics/eval
+    """
+
+    def __init__(self, path):
+        self.path = path
+        self.attrs = {}
+        self.config = configparser.ConfigParser(interpolation=None)
+        self.step = 0
+        self.params, self.optim_m, self.optim_v, self.buffers = {}, {}, {}, {}
+        self.train, self.eval = {}, {}
+
+    def datasets(self):
+        """{full HDF5 path: array} of every tensor read ("model/...", "optim/m/...", ...)."""
+        out = {}
+        for prefix, group in (("model", self.params), ("optim/m", self.optim_m),
+                              ("optim/v", self.optim_v), ("buffers", self.buffers)):
+            out.update({f"{prefix}/{k}": v for k, v in group.items()})
+        return out
+
+
+def read_tensor_group(f, group):
+    """{relative name: array} of every dataset below `group` (empty when absent)."""
+    out = {}
+    if group in f:
+        f[group].visititems(lambda n, o: out.__setitem__(n, np.asarray(o[()]))
+                            if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
+def load_checkpoint(path, optim=True, metrics=True):
+    """Reads a checkpoint into a Checkpoint; raises RunError naming the file."""
+    ck = Checkpoint(path)
+    with open_h5(path) as f:
+        try:
+            ck.attrs = {k: (_attr_text(v) if isinstance(v, bytes) else v)
+                        for k, v in f.attrs.items()}
+            fmt = _attr_text(f.attrs.get("format", CHECKPOINT_FORMAT))
+            if fmt != CHECKPOINT_FORMAT:
+                raise RunError(f"{path}: format is '{fmt}', not '{CHECKPOINT_FORMAT}'")
+            if "config_ini" in f.attrs:
+                ck.config.read_string(_attr_text(f.attrs["config_ini"]))
+            ck.step = int(f.attrs.get("step", 0))
+            ck.params = read_tensor_group(f, "model")
+            ck.buffers = read_tensor_group(f, "buffers")
+            if optim:
+                ck.optim_m = read_tensor_group(f, "optim/m")
+                ck.optim_v = read_tensor_group(f, "optim/v")
+        except (OSError, KeyError, ValueError, configparser.Error) as exc:
+            raise RunError(f"{path}: corrupt checkpoint ({str(exc).splitlines()[0]})") from None
+        if metrics:
+            ck.train, ck.eval = read_metrics(f, path)
+    return ck
+
+
 def newest_checkpoint(directory):
     """Path of the checkpoint with the highest step in directory, or None."""
     best = None
