@@ -57,6 +57,16 @@ _Noreturn void fail_all(int exit_code, const char *fmt, ...) {
     finish(exit_code);
 }
 
+int status_fail(status *st, int code, const char *fmt, ...) {
+    if (!st) return code;
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(st->message, sizeof st->message, fmt, args);
+    va_end(args);
+    st->code = code;
+    return code;
+}
+
 void log_rank0(const char *fmt, ...) {
     if (process_rank() != 0) return;
     va_list args;

@@ -62,6 +62,32 @@ void dist_sum_doubles(double *x, int n) {
     if (process_count() > 1) MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
 }
 
+double dist_max_double(double x) {
+    double out = x;
+    if (process_count() > 1) MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return out;
+}
+
+bool dist_any(bool mine) {
+    int in = mine ? 1 : 0, out = in;
+    if (process_count() > 1) MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return out != 0;
+}
+
+void dist_barrier(void) {
+    if (process_count() > 1) MPI_Barrier(MPI_COMM_WORLD);
+}
+
+int dist_node_ranks(void) {
+    if (process_count() == 1) return 1;
+    MPI_Comm node;
+    int n = 1;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &n);
+    MPI_Comm_free(&node);
+    return n;
+}
+
 /* MPI counts are int: move large arrays in pieces. */
 void dist_broadcast_bytes(void *x, size_t n) {
     if (process_count() == 1) return;

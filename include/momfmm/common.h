@@ -7,6 +7,23 @@
 /* SPEC 5: 2 for a config or command-line error, 3 for a bad file. */
 enum { EXIT_USAGE = 2, EXIT_BAD_FILE = 3 };
 
+/* The outcome of a core module's operation (docs/design.md §8.7): code 0 on
+ * success, else an exit code of docs/cli.md §5 (EXIT_USAGE, EXIT_BAD_FILE,
+ * or 1 for an internal failure) and a one-line message naming the file, key
+ * or value. Core modules fill a status and return; only the command layer
+ * turns a failed status into an exit. */
+typedef struct {
+    int code;
+    char message[1024];
+} status;
+
+/* Sets st (when not NULL) to code and the formatted message; returns code,
+ * so that `return status_fail(st, EXIT_BAD_FILE, "...")` reads as it does. */
+int status_fail(status *st, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static inline void status_clear(status *st) {
+    if (st) st->code = 0, st->message[0] = '\0';
+}
+
 /* Prints "momfmm: <message>" on stderr (rank 0 only when every rank fails the
  * same way) and ends the process, or the whole MPI job when it has several
  * ranks and only this one failed. Never returns. */

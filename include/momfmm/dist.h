@@ -18,6 +18,14 @@ void dist_describe(void);
 void dist_check_launch(void);
 
 void dist_sum_doubles(double *x, int n);
+/* Collectives on the world communicator for the layers above (dist.c is the
+ * only file that calls MPI, docs/design.md §8.3); each is a no-op returning
+ * its argument on one rank. */
+double dist_max_double(double x);
+bool dist_any(bool mine);
+void dist_barrier(void);
+/* Ranks sharing this rank's node (MPI_COMM_TYPE_SHARED). */
+int dist_node_ranks(void);
 void dist_broadcast_floats(float *x, size_t n);
 void dist_broadcast_bytes(void *x, size_t n);
 
