@@ -2,4 +2,13 @@
 
 Importable with PYTHONPATH=<repo>/python or from an installed prefix. Run with Debian's
 /usr/bin/python3 (h5py, numpy; torch for the reference model, matplotlib for plots).
+
+Modules (docs/design.md §8.8), each importing only those listed before it:
+  h5       the HDF5 reader: checkpoints, metrics.h5, token files (docs/files.md §4)
+  fmt      Markdown tables and their cells (values, mean ± std over a group)
+  plot     figures of runs (tools/momfmm_plot.py)
+  suite    the experiment suite list, its runs, groups over seeds and claim tests
+  results  RESULTS.md from the suite (tools/momfmm_report.py --results)
+  report   Markdown table comparing runs (tools/momfmm_report.py)
+This file imports none of them, so `import momfmm.h5` loads neither matplotlib nor the rest.
 """

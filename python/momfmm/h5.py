@@ -1,4 +1,6 @@
-"""Shared loading code of the momfmm analysis tools (momfmm_plot.py, momfmm_report.py).
+"""The one HDF5 reader of momfmm's Python side (docs/design.md §8.8): the analysis modules
+(momfmm.plot, momfmm.report, momfmm.suite), the float64 reference model and the tests read every
+checkpoint, metrics and token file through it.
 
 Reads the HDF5 files of SPEC section 4: checkpoints `ckpt_<step 8 digits>.h5` (root attributes,
 `/model`, `/metrics/train`, `/metrics/eval`) and, when a run directory has one, the live
@@ -41,6 +43,8 @@ class Run:
     gamma_source  "learned" (/model), "eval" (/metrics/eval/gamma), "fixed" (config),
                   or "init" (learnable but no trained value found: the config's initial value)
     files     the HDF5 files read
+    attrs     {name: value} of the checkpoint's root attributes (strings decoded; empty without
+              a checkpoint), e.g. world_size
     """
 
     def __init__(self, name, path):
@@ -54,6 +58,7 @@ class Run:
         self.gamma = np.zeros((0, 0))
         self.gamma_source = "fixed"
         self.files = []
+        self.attrs = {}
 
     def cfg(self, key, default=None):
         """Config value of "section.key" as a string, or default."""
@@ -138,8 +143,7 @@ def load_checkpoint(path, optim=True, metrics=True):
     ck = Checkpoint(path)
     with open_h5(path) as f:
         try:
-            ck.attrs = {k: (_attr_text(v) if isinstance(v, bytes) else v)
-                        for k, v in f.attrs.items()}
+            ck.attrs = root_attributes(f)
             fmt = _attr_text(f.attrs.get("format", CHECKPOINT_FORMAT))
             if fmt != CHECKPOINT_FORMAT:
                 raise RunError(f"{path}: format is '{fmt}', not '{CHECKPOINT_FORMAT}'")
@@ -156,6 +160,20 @@ def load_checkpoint(path, optim=True, metrics=True):
         if metrics:
             ck.train, ck.eval = read_metrics(f, path)
     return ck
+
+
+def load_tokens(path):
+    """(inputs [B, T], targets [B, T], labels [B] or None) of a token file (docs/files.md §4:
+    datasets inputs, targets and, for the cls head, labels), as int64 numpy arrays; raises
+    RunError naming the file."""
+    with open_h5(path) as f:
+        try:
+            inputs = np.asarray(f["inputs"][()], dtype=np.int64)
+            targets = np.asarray(f["targets"][()], dtype=np.int64)
+            labels = np.asarray(f["labels"][()], dtype=np.int64) if "labels" in f else None
+        except (OSError, KeyError, ValueError) as exc:
+            raise RunError(f"{path}: not a token file ({str(exc).splitlines()[0]})") from None
+    return inputs, targets, labels
 
 
 def newest_checkpoint(directory):
@@ -186,7 +204,21 @@ def open_h5(path):
 
 
 def _attr_text(value):
+    """A string attribute as str: variable-length (str), fixed-length (bytes), or a
+    one-element array of either."""
+    if isinstance(value, np.ndarray):
+        value = value.reshape(-1)[0]
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _is_text(value):
+    return isinstance(value, bytes) or (isinstance(value, np.ndarray) and value.size == 1
+                                        and value.dtype.kind in "SU")
+
+
+def root_attributes(f):
+    """{name: value} of an open file's root attributes, strings (of any HDF5 storage) as str."""
+    return {k: (_attr_text(v) if _is_text(v) else v) for k, v in f.attrs.items()}
 
 
 def read_metric_group(group):
@@ -226,6 +258,7 @@ def read_checkpoint(run, path):
                 msg = str(exc).splitlines()[0]
                 raise RunError(f"{path}: config_ini attribute is not valid INI ({msg})") from None
             run.step = run.ckpt_step = int(f.attrs.get("step", 0))
+            run.attrs = root_attributes(f)
             gammas = []
             i = 0
             while f"model/blocks/{i}/attn/momentum_gamma" in f:

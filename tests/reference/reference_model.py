@@ -19,12 +19,20 @@ load_checkpoint); nothing here hard-codes a dtype except the loaders.
 """
 import configparser
 import math
+import os
+import sys
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
-import h5py
 import numpy as np
 import torch
+
+# The one HDF5 reader is momfmm.h5 (docs/design.md §8.8); the tests live in the source tree, so
+# they take the package from it (tests/reference/../../python).
+SOURCE_PACKAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+if os.path.isdir(os.path.join(SOURCE_PACKAGES, "momfmm")):
+    sys.path.insert(0, SOURCE_PACKAGES)
+from momfmm import h5  # noqa: E402
 
 LN_EPS = 1e-5  # SPEC 1, item 2
 
@@ -164,50 +172,25 @@ def settings_from_config(cfg: configparser.ConfigParser) -> ModelSettings:
 # --------------------------------------------------------------------------
 # Loaders (SPEC 4)
 # --------------------------------------------------------------------------
-def _attr_text(value) -> str:
-    if isinstance(value, np.ndarray):
-        value = value.reshape(-1)[0]
-    if isinstance(value, (bytes, np.bytes_)):
-        return value.decode("utf-8")
-    return str(value)
-
-
-def _read_group(group: h5py.Group) -> Dict[str, np.ndarray]:
-    """All datasets below `group`, keyed by their path relative to it."""
-    out = {}
-
-    def visit(name, obj):
-        if isinstance(obj, h5py.Dataset):
-            out[name] = obj[()]
-    group.visititems(visit)
-    return out
-
-
 def load_checkpoint(path: str):
-    """Returns (cfg, params, buffers).
+    """Returns (cfg, params, buffers), read by momfmm.h5 (docs/files.md §4 layout).
 
     params: name -> float64 leaf tensor with requires_grad (names as /model).
     buffers: name -> float64 tensor, e.g. "blocks/0/attn/prev_q" (may be empty).
     """
-    with h5py.File(path, "r") as f:
-        cfg = configparser.ConfigParser(interpolation=None)
-        cfg.read_string(_attr_text(f.attrs["config_ini"]))
-        params = {name: torch.tensor(np.asarray(a, dtype=np.float64)).requires_grad_(True)
-                  for name, a in _read_group(f["model"]).items()}
-        buffers = {}
-        if "buffers" in f:
-            buffers = {name: torch.tensor(np.asarray(a, dtype=np.float64))
-                       for name, a in _read_group(f["buffers"]).items()}
-    return cfg, params, buffers
+    ck = h5.load_checkpoint(path, optim=False, metrics=False)
+    params = {name: torch.tensor(np.asarray(a, dtype=np.float64)).requires_grad_(True)
+              for name, a in ck.params.items()}
+    buffers = {name: torch.tensor(np.asarray(a, dtype=np.float64))
+               for name, a in ck.buffers.items()}
+    return ck.config, params, buffers
 
 
 def load_tokens(path: str):
     """Returns (inputs [B,T], targets [B,T], labels [B] or None) as int64 tensors."""
-    with h5py.File(path, "r") as f:
-        inputs = torch.tensor(f["inputs"][()].astype(np.int64))
-        targets = torch.tensor(f["targets"][()].astype(np.int64))
-        labels = torch.tensor(f["labels"][()].astype(np.int64)) if "labels" in f else None
-    return inputs, targets, labels
+    inputs, targets, labels = h5.load_tokens(path)
+    return (torch.from_numpy(inputs), torch.from_numpy(targets),
+            None if labels is None else torch.from_numpy(labels))
 
 
 # --------------------------------------------------------------------------

@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reference_model as ref  # noqa: E402
+from momfmm import h5  # noqa: E402  (found in the source tree by reference_model)
 
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
@@ -212,8 +213,7 @@ def config_mismatches(sections, cfg: configparser.ConfigParser) -> List[str]:
 def init_value_mismatches(path: str, s: ref.ModelSettings) -> List[str]:
     """SPEC 1.2/1.3 initial values: momentum_gamma = momentum.gamma, fmm_blend = 0."""
     bad = []
-    with h5py.File(path, "r") as f:
-        for name, a in ref._read_group(f["model"]).items():
+    for name, a in h5.load_checkpoint(path, optim=False, metrics=False).params.items():
             if name.endswith("momentum_gamma") and not np.allclose(a, np.float32(s.gamma)):
                 bad.append(f"{name} initialised to {a.tolist()}, expected {s.gamma}")
             if name.endswith("fmm_blend") and np.any(a != 0):
@@ -235,7 +235,7 @@ def perturb_checkpoint(path: str, case: Case, s: ref.ModelSettings, rng):
     """Makes every parameter generic (no all-ones LN, no zero biases or blends), sets
     the requested gammas/blends, and fills the momentum buffers with random values."""
     with h5py.File(path, "r+") as f:
-        for name, ds in list(ref._read_group(f["model"]).items()):
+        for name, ds in h5.read_tensor_group(f, "model").items():
             a = np.asarray(ds, dtype=np.float64)
             if name.endswith("momentum_gamma") and case.gammas is not None:
                 a = np.asarray(case.gammas, dtype=np.float64).reshape(a.shape)
@@ -292,14 +292,14 @@ def make_momentum_free_copy(src: str, dst: str):
     shutil.copyfile(src, dst)
     with h5py.File(dst, "r+") as f:
         cp = configparser.ConfigParser(interpolation=None)
-        cp.read_string(ref._attr_text(f.attrs["config_ini"]))
+        cp.read_string(h5.root_attributes(f)["config_ini"])
         for key, val in dict(gamma="0", learn_gamma="false", beta="0", gamma2="0",
                              apply_to="qk", placement="post_rope", anchor="true").items():
             cp.set("momentum", key, val)
         set_text_attr(f, "config_ini", ini_text({s: dict(cp[s]) for s in cp.sections()}))
         for top in ("model", "optim/m", "optim/v"):
             if top in f:
-                for name in list(ref._read_group(f[top])):
+                for name in h5.read_tensor_group(f, top):
                     if name.endswith("momentum_gamma"):
                         del f[top][name]
 
@@ -324,10 +324,10 @@ def c_loss(binary, ckpt, tokens, grads_path):
     if not found:
         return None, f"no `loss <value>` line on stdout: {out.strip()!r}"
     try:
-        with h5py.File(grads_path, "r") as f:
-            grads = ref._read_group(f["grads"]) if "grads" in f else {}
+        with h5.open_h5(grads_path) as f:
+            grads = h5.read_tensor_group(f, "grads")
             attr = float(np.asarray(f.attrs["loss"]).reshape(-1)[0]) if "loss" in f.attrs else None
-    except OSError as e:
+    except (OSError, h5.RunError) as e:
         return None, f"cannot read {grads_path}: {e}"
     return (float(found[-1].group(1)), found[-1].group(1), attr, grads), None
 
@@ -387,10 +387,9 @@ def run_case(binary: str, case: Case, workdir: str):
     if rc != 0:
         return False, f"`momfmm init` exited {rc}", [err.strip() or out.strip()]
     try:
-        cfg, _, _ = ref.load_checkpoint(ck)
-        with h5py.File(ck, "r") as f:
-            c_shapes = {n: a.shape for n, a in ref._read_group(f["model"]).items()}
-    except (OSError, KeyError, ValueError) as e:
+        cfg, params, _ = ref.load_checkpoint(ck)
+        c_shapes = {n: tuple(a.shape) for n, a in params.items()}
+    except (OSError, KeyError, ValueError, h5.RunError) as e:
         return False, "cannot load the checkpoint written by init", [f"{type(e).__name__}: {e}"]
     fails = config_mismatches(sections, cfg)
     if c_shapes != shapes:

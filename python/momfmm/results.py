@@ -1,18 +1,18 @@
-#!/usr/bin/python3
 """RESULTS.md from the experiment suite's HDF5 files: `momfmm_report.py --results`.
 
     momfmm_report.py --results [--runs runs/experiments] [--out RESULTS.md]
                      [--figures figures/] [--suite configs/experiments/suite.list] [--no-figures]
 
 Reads every run of configs/experiments/suite.list (run directory RUNS/NAME, through
-momfmm_suite), groups the runs of one configuration (suite lines that differ only in
+momfmm.suite), groups the runs of one configuration (suite lines that differ only in
 train.seed: mean ± sample std over the seeds), and writes one Markdown file with, per family
 of the suite (momentum seed: chain L = 10 and L = 30; FMM seed: copy at T = 128, 256, 512,
 ListOps; text):
 
   * tables of the final eval metrics (SPEC 3) beside the seed's numbers where the seed
     gives them, with the command that reproduces each row;
-  * figures: tools/momfmm_plot.py per table (one seed per configuration) into --figures;
+  * figures: momfmm.plot (tools/momfmm_plot.py) per table (one seed per configuration) into
+    --figures;
   * a claims section: each claim of the seeds, tested on the numbers ("held" / "did not
     hold", with the values), and the exact commands of every run.
 
@@ -20,7 +20,11 @@ A run that is missing is a row saying "not run"; a run that stopped early shows 
 reached. Works on any subset of the suite. Paths in the suite are relative to the
 repository root. Exit 0 when the file was written, 2 for a command-line or suite error.
 """
+import argparse
+import contextlib
+import copy
 import datetime
+import io
 import math
 import os
 import re
@@ -31,13 +35,13 @@ import warnings
 
 import numpy as np
 
-from momfmm_report import fmt_value, markdown
-from momfmm_suite import (NOISE_SE, NOT_RUN, PROG, ROOT, SAME_TOL, TOOLS, attention_label,
-                          close_claim, complete, eval_steps, family_of, find, group_entries,
-                          less_claim, load_entries, momentum_label, noise_note, parse_suite,
-                          same_claim, setting, target_steps, variant_rank)
+from momfmm import plot
+from momfmm.fmt import fmt_value, markdown
+from momfmm.suite import (NOISE_SE, NOT_RUN, PROG, ROOT, SAME_TOL, attention_label, close_claim,
+                          complete, eval_steps, family_of, find, group_entries, less_claim,
+                          load_entries, momentum_label, noise_note, parse_suite, same_claim,
+                          setting, target_steps, variant_rank)
 
-PLOT = os.path.join(TOOLS, "momfmm_plot.py")
 ENV_PREFIX = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1"
 
 # The seeds' published numbers, as quoted in the issue. Keys: chain length L -> row -> metric.
@@ -115,19 +119,23 @@ def runner_flags(runs):
 
 # ---------------------------------------------------------------- figures
 def plot_runs(ctx, name, pairs):
-    """momfmm_plot.py over [(label, entry)] (entries with runs) into figures/name; returns the
-    list of PNG paths written."""
+    """momfmm.plot's figures of [(label, entry)] (entries with runs) into figures/name; returns
+    the list of PNG paths written. The runs are those already loaded, renamed to the labels."""
     pairs = [(label, e) for label, e in pairs if e is not None and e.run is not None]
     if not pairs or ctx.args.no_figures:
         return []
-    out = os.path.join(ctx.figures, name)
-    cmd = [sys.executable, PLOT] + [os.path.join(ctx.runs, e.name) for _, e in pairs] + ["--out", out, "--label"] + [
-        label for label, _ in pairs]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        print(f"{PROG}: warning: momfmm_plot.py for {name} failed: {r.stderr.strip()}", file=sys.stderr)
+    runs = []
+    for label, e in pairs:
+        run = copy.copy(e.run)
+        run.name = label
+        runs.append(run)
+    try:
+        # momfmm.plot notes each figure it skips on stdout; RESULTS.md's log does not show them.
+        with contextlib.redirect_stdout(io.StringIO()):
+            return plot.write_figures(runs, os.path.join(ctx.figures, name))
+    except (OSError, ValueError) as exc:
+        print(f"{PROG}: warning: momfmm_plot.py for {name} failed: {exc}", file=sys.stderr)
         return []
-    return [line.strip() for line in r.stdout.splitlines() if line.strip().endswith(".png")]
 
 
 def figure_links(ctx, paths, wanted):
@@ -499,6 +507,14 @@ def add_arguments(ap):
     ap.add_argument("--suite", default=os.path.join(ROOT, "configs", "experiments", "suite.list"),
                     help="suite list (default configs/experiments/suite.list)")
     ap.add_argument("--no-figures", action="store_true", help="skip the figures")
+
+
+def main(argv):
+    """`momfmm_report.py --results ...` (argv without --results): writes RESULTS.md."""
+    ap = argparse.ArgumentParser(prog=f"{PROG} --results",
+                                 description="RESULTS.md from the experiment suite's HDF5 files")
+    add_arguments(ap)
+    return write_results(ap.parse_args(argv), ap)
 
 
 def write_results(args, ap):

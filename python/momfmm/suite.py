@@ -1,11 +1,10 @@
-#!/usr/bin/python3
 """The experiment suite (configs/experiments/suite.list) and its runs, for the results report.
 
 One suite line is NAME CONFIG [--set section.key=value ...]; run NAME lives in RUNS/NAME
 (tools/run_experiments.sh). This module parses the suite, reads each run's HDF5 files through
-momfmm_h5.load_run, groups the lines of one configuration (lines that differ only in
+momfmm.h5.load_run, groups the lines of one configuration (lines that differ only in
 train.seed), and judges the seeds' claims on the groups' numbers (mean ± sample std over
-seeds). tools/momfmm_results.py writes RESULTS.md from it; tests/e2e reuse parse_suite.
+seeds). momfmm.results writes RESULTS.md from it; tests/e2e reuse parse_suite.
 """
 import configparser
 import math
@@ -15,13 +14,19 @@ import sys
 
 import numpy as np
 
-TOOLS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TOOLS)
-sys.path.insert(0, os.path.join(TOOLS, "..", "python"))
-sys.path.insert(0, TOOLS)
-from momfmm.h5 import RunError, load_run  # noqa: E402
-from momfmm_report import fmt_group  # noqa: E402
+from momfmm.fmt import fmt_group
+from momfmm.h5 import RunError, load_run
 
+
+def repository_root():
+    """The repository whose configs/ the suite's paths are relative to: the source tree holding
+    this package (python/momfmm/ sits two levels below the root, docs/design.md §8.8), else, for
+    an installed package, the current directory."""
+    source_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return source_root if os.path.isdir(os.path.join(source_root, "configs")) else os.getcwd()
+
+
+ROOT = repository_root()
 PROG = "momfmm_report.py"
 LN2 = math.log(2.0)
 NOT_RUN = "not run"
@@ -36,7 +41,7 @@ class Entry:
 
     def __init__(self, name, config, sets, lineno, text):
         self.name, self.config, self.sets, self.lineno, self.text = name, config, sets, lineno, text
-        self.run = None       # momfmm_h5.Run, when the run directory has files
+        self.run = None       # momfmm.h5.Run, when the run directory has files
         self.error = None     # why the run could not be read
         self.world_size = None
         self.wall_s = None    # wall time from train.log ("# exit 0 after N s"), if logged
@@ -160,14 +165,7 @@ def load_entries(entries, runs_dir):
                 e.error = str(exc)
                 print(f"{PROG}: warning: {exc}", file=sys.stderr)
             continue
-        for f in e.run.files:
-            if os.path.basename(f).startswith("ckpt_"):
-                try:
-                    import h5py
-                    with h5py.File(f, "r") as h:
-                        e.world_size = int(h.attrs.get("world_size", 0)) or None
-                except OSError:
-                    pass
+        e.world_size = int(e.run.attrs.get("world_size", 0)) or None
         log = os.path.join(path, "train.log")
         if os.path.exists(log):
             with open(log, errors="replace") as f:

@@ -1,0 +1,299 @@
+"""Figures of one or more momfmm runs, overlaid.
+
+    momfmm_plot.py RUN_OR_CKPT [RUN_OR_CKPT ...] --out DIR [--label NAME ...]
+
+RUN_OR_CKPT is a run directory (train.out_dir: its metrics.h5, else its newest checkpoint) or
+one checkpoint file (SPEC 4). Writes into DIR:
+
+  loss.png         train loss (lines) and eval loss (markers) vs step      SPEC 3
+  lr.png           learning rate vs step                                   SPEC 1.4
+  l_new_l_rep.png  L_new (solid) and L_rep (dashed) vs step               SPEC 3
+  loss_by_k.png    eval loss vs occurrence count k at the last eval        SPEC 3
+  acc.png          eval accuracy vs step (token accuracy; cls: accuracy)   SPEC 3
+  bpb.png          eval bits per byte (loss / ln 2) vs step, text runs     SPEC 2, 3
+  gain_r.png       gain_R per block at the last eval (when logged)         SPEC 3
+  gamma.png        momentum gamma per head, per layer (learned or fixed)   SPEC 1.2
+  bode.png         momentum filter magnitude per head, omega in [0, pi]    SPEC 1.2
+
+A figure whose data no run has is skipped with a note. Prints the files written. Exit 3 for a
+missing or corrupt file (naming it), 2 for a command-line error.
+"""
+import argparse
+import math
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from momfmm.h5 import load_runs_or_exit  # noqa: E402
+
+PROG = "momfmm_plot.py"
+DPI = 110
+
+
+def colors(n):
+    cmap = plt.get_cmap("tab10")
+    return [cmap(i % 10) for i in range(n)]
+
+
+def series(metrics, key):
+    """(step, values) of a 1-D metric, or None when absent or empty."""
+    if key not in metrics or "step" not in metrics or len(metrics[key]) == 0:
+        return None
+    if metrics[key].ndim != 1:
+        return None
+    return metrics["step"], metrics[key]
+
+
+def new_axes(title, xlabel, ylabel):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    if xlabel == "step":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return fig, ax
+
+
+def save(fig, out_dir, name, written):
+    path = os.path.join(out_dir, name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    written.append(path)
+
+
+def plot_loss(runs, out_dir, written):
+    fig, ax = new_axes("Loss", "step", "cross-entropy (nats)")
+    drawn = False
+    for run, color in zip(runs, colors(len(runs))):
+        tr, ev = series(run.train, "loss"), series(run.eval, "loss")
+        if tr:
+            ax.plot(*tr, color=color, lw=1.2, alpha=0.8, label=f"{run.name} train")
+        if ev:
+            ax.plot(*ev, color=color, ls="--", marker="o", ms=5, label=f"{run.name} eval")
+        drawn = drawn or bool(tr or ev)
+    return finish(fig, ax, drawn, out_dir, "loss.png", written, "no train or eval loss")
+
+
+def plot_lr(runs, out_dir, written):
+    fig, ax = new_axes("Learning rate", "step", "lr")
+    drawn = False
+    for run, color in zip(runs, colors(len(runs))):
+        tr = series(run.train, "lr")
+        if tr:
+            ax.plot(*tr, color=color, label=run.name)
+            drawn = True
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    return finish(fig, ax, drawn, out_dir, "lr.png", written, "no /metrics/train/lr")
+
+
+def plot_new_rep(runs, out_dir, written):
+    fig, ax = new_axes("Eval loss on new (k = 0) and repeated (k >= 1) targets", "step",
+                       "cross-entropy (nats)")
+    drawn = False
+    for run, color in zip(runs, colors(len(runs))):
+        new, rep = series(run.eval, "L_new"), series(run.eval, "L_rep")
+        if new:
+            ax.plot(*new, color=color, marker="o", ms=4, label=f"{run.name} L_new")
+        if rep:
+            ax.plot(*rep, color=color, ls="--", marker="s", ms=4, label=f"{run.name} L_rep")
+        drawn = drawn or bool(new or rep)
+    return finish(fig, ax, drawn, out_dir, "l_new_l_rep.png", written, "no L_new / L_rep")
+
+
+def plot_loss_by_k(runs, out_dir, written):
+    fig, ax = new_axes("Eval loss by occurrence count k (last eval)", "k (15 = k >= 15)",
+                       "cross-entropy (nats)")
+    drawn = False
+    for run, color in zip(runs, colors(len(runs))):
+        by_k = run.eval.get("loss_by_k")
+        if by_k is None or by_k.ndim != 2 or len(by_k) == 0:
+            continue
+        last = by_k[-1]
+        k = np.arange(len(last))
+        ok = np.isfinite(last)  # bins no target reached are NaN
+        step = int(run.eval["step"][-1]) if "step" in run.eval else run.step
+        ax.plot(k[ok], last[ok], color=color, marker="o", label=f"{run.name} (step {step})")
+        drawn = drawn or bool(ok.any())
+    ax.set_xticks(range(16))
+    return finish(fig, ax, drawn, out_dir, "loss_by_k.png", written, "no /metrics/eval/loss_by_k")
+
+
+def plot_eval_metric(runs, out_dir, written, name, title, ylabel, pick):
+    """One line per run of pick(run): (step, values) of an eval metric, or None."""
+    fig, ax = new_axes(title, "step", ylabel)
+    drawn = False
+    for run, color in zip(runs, colors(len(runs))):
+        points = pick(run)
+        if points:
+            ax.plot(*points, color=color, marker="o", ms=4, label=run.name)
+            drawn = True
+    return finish(fig, ax, drawn, out_dir, name, written, f"no {ylabel}")
+
+
+def plot_acc(runs, out_dir, written):
+    plot_eval_metric(runs, out_dir, written, "acc.png", "Eval accuracy", "accuracy",
+                     lambda run: series(run.eval, "acc"))
+
+
+def text_bpb(run):
+    """(step, eval loss / ln 2) of a text-task run: bits per byte (SPEC 2 `text`, V = 256)."""
+    loss = series(run.eval, "loss")
+    if not loss or run.cfg("data.task") != "text":
+        return None
+    return loss[0], loss[1] / math.log(2.0)
+
+
+def plot_bpb(runs, out_dir, written):
+    plot_eval_metric(runs, out_dir, written, "bpb.png", "Eval bits per byte (text)",
+                     "bits per byte", text_bpb)
+
+
+def plot_gain_r(runs, out_dir, written):
+    have = [(r, c) for r, c in zip(runs, colors(len(runs))) if r.eval.get("gain_R") is not None
+            and r.eval["gain_R"].ndim == 2 and len(r.eval["gain_R"])]
+    if not have:
+        print("skip gain_r.png: no run has /metrics/eval/gain_R")
+        return
+    fig, ax = new_axes("Block gain ||F(x+d) - F(x)|| / ||d|| (last eval)", "block", "gain_R")
+    width = 0.8 / len(have)
+    n_max = 0
+    for j, (run, color) in enumerate(have):
+        gain = run.eval["gain_R"][-1]
+        x = np.arange(len(gain)) + (j - (len(have) - 1) / 2) * width
+        ax.bar(x, gain, width, color=color, label=run.name)
+        n_max = max(n_max, len(gain))
+    ax.axhline(1.0, color="k", lw=0.8, ls=":")
+    ax.set_xticks(range(n_max))
+    finish(fig, ax, True, out_dir, "gain_r.png", written, "")
+
+
+def gamma_title(run):
+    kind = {"learned": "learned", "eval": "learned, last eval", "fixed": "fixed",
+            "init": "learnable, initial value"}[run.gamma_source]
+    off = "" if run.momentum_on else ", momentum off"
+    return f"{run.name}: gamma ({kind}{off})"
+
+
+def runs_with_gamma(runs, figure):
+    have = [r for r in runs if r.gamma.size]
+    if not have:
+        print(f"skip {figure}: no run has model.n_layers / model.n_heads or a gamma")
+    return have
+
+
+def plot_gamma(runs, out_dir, written):
+    have = runs_with_gamma(runs, "gamma.png")
+    if not have:
+        return
+    fig, axes = plt.subplots(len(have), 1, figsize=(7, 2.6 * len(have) + 0.6), squeeze=False)
+    head_colors = colors(max(r.gamma.shape[1] for r in have))
+    for ax, run in zip(axes[:, 0], have):
+        n_layers, n_heads = run.gamma.shape
+        width = 0.8 / n_heads
+        for h in range(n_heads):
+            x = np.arange(n_layers) + (h - (n_heads - 1) / 2) * width
+            ax.bar(x, run.gamma[:, h], width, color=head_colors[h], label=f"head {h}")
+        ax.axhline(0.0, color="k", lw=0.8)
+        ax.set_xticks(range(n_layers), [f"layer {i}" for i in range(n_layers)])
+        ax.set_ylabel("gamma")
+        ax.set_title(gamma_title(run), fontsize=10)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    save(fig, out_dir, "gamma.png", written)
+
+
+def momentum_response(run, omega, gamma):
+    """|H(e^{j omega})| of the shear of SPEC 1.2, x_hat = x + gamma p + gamma2 a with
+    p = D x / (1 - beta z^-1), a = (1 - z^-1) p, D = 1 - z^-1. With beta = gamma2 = 0 (the
+    defaults) this is |1 + gamma (1 - e^{-j omega})|: gain 1 at DC, 1 + 2 gamma at Nyquist."""
+    beta = run.cfg_float("momentum.beta")
+    gamma2 = run.cfg_float("momentum.gamma2")
+    zinv = np.exp(-1j * omega)
+    p = (1 - zinv) / (1 - beta * zinv)
+    return np.abs(1 + gamma * p + gamma2 * (1 - zinv) * p)
+
+
+def plot_bode(runs, out_dir, written):
+    have = runs_with_gamma(runs, "bode.png")
+    if not have:
+        return
+    omega = np.linspace(0.0, np.pi, 256)
+    fig, axes = plt.subplots(len(have), 1, figsize=(7, 3.0 * len(have) + 0.6), squeeze=False)
+    for ax, run in zip(axes[:, 0], have):
+        n_layers, n_heads = run.gamma.shape
+        layer_colors = colors(n_layers)
+        for i in range(n_layers):
+            for h in range(n_heads):
+                gain = momentum_response(run, omega, run.gamma[i, h])
+                ax.plot(omega, gain, color=layer_colors[i], lw=1.0, alpha=0.75,
+                        label=f"layer {i}" if h == 0 else None)
+                ax.plot([np.pi], [gain[-1]], "o", color=layer_colors[i], ms=4)
+        ax.plot([0.0], [1.0], "ks", ms=6, label="DC gain 1")
+        ax.plot([], [], "o", color="gray", label="Nyquist gain |1 + 2 gamma|")
+        ax.set_xlim(-0.06, np.pi + 0.06)
+        ax.set_xticks([0, np.pi / 4, np.pi / 2, 3 * np.pi / 4, np.pi],
+                      ["0", "pi/4", "pi/2", "3pi/4", "pi"])
+        ax.set_xlabel("omega (rad / position)")
+        plain = run.cfg_float("momentum.beta") == 0 and run.cfg_float("momentum.gamma2") == 0
+        ax.set_ylabel("|1 + gamma (1 - e^-jw)|" if plain else "|H(e^jw)| (beta, gamma2)")
+        db = ax.secondary_yaxis("right", functions=(
+            lambda g: 20 * np.log10(np.maximum(np.abs(g), 1e-6)), lambda d: 10 ** (d / 20)))
+        db.set_ylabel("dB")
+        ax.set_title(f"{gamma_title(run)}, one curve per head", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    save(fig, out_dir, "bode.png", written)
+
+
+def finish(fig, ax, drawn, out_dir, name, written, why_skipped):
+    if not drawn:
+        plt.close(fig)
+        print(f"skip {name}: {why_skipped} in any run")
+        return
+    ax.legend(fontsize=8, loc="best")
+    save(fig, out_dir, name, written)
+
+
+def write_figures(runs, out_dir):
+    """Every figure of the runs (momfmm.h5.Run, labelled by their names) into out_dir, created
+    if needed (OSError when it cannot be); prints a note for each figure skipped and returns the
+    paths written."""
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    for plot in (plot_loss, plot_lr, plot_new_rep, plot_loss_by_k, plot_acc, plot_bpb,
+                 plot_gain_r, plot_gamma, plot_bode):
+        plot(runs, out_dir, written)
+    return written
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", metavar="RUN_OR_CKPT",
+                    help="run directory, checkpoint file, or metrics.h5")
+    ap.add_argument("--out", required=True, metavar="DIR", help="directory for the PNG files")
+    ap.add_argument("--label", action="extend", nargs="+", default=[], metavar="NAME",
+                    help="names of the runs, in order (default: directory or file names)")
+    args = ap.parse_args(argv)
+    runs = load_runs_or_exit(args.runs, args.label, PROG)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as exc:
+        print(f"{PROG}: error: {args.out}: cannot create directory ({exc.strerror})",
+              file=sys.stderr)
+        sys.exit(3)
+    written = write_figures(runs, args.out)
+    for path in written:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+#!/usr/bin/python3
+"""Checks of the Python package python/momfmm (docs/design.md §8.8).
+
+    /usr/bin/python3 tests/python/test_package.py        (or: pytest tests/python)
+
+1. Every module of the package imports on its own in a fresh interpreter with only
+   PYTHONPATH=python (no module relies on another having been imported first).
+2. The package's import graph, read from the sources with ast, has no cycle.
+3. Nothing in the package touches sys.path; the tools in tools/ import no other tool (only the
+   package, through their bootstrap).
+4. momfmm.h5 reads a small checkpoint and token file written with h5py in the docs/files.md §4
+   layout: load_checkpoint's fields and load_tokens' arrays.
+"""
+import ast
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PYTHON_DIR = os.path.join(ROOT, "python")
+PACKAGE_DIR = os.path.join(PYTHON_DIR, "momfmm")
+TOOLS_DIR = os.path.join(ROOT, "tools")
+PACKAGE = "momfmm"
+
+
+def package_modules():
+    """{module name: source path} of every module of the package ("momfmm", "momfmm.h5", ...)."""
+    out = {}
+    for entry in sorted(os.listdir(PACKAGE_DIR)):
+        if entry.endswith(".py"):
+            stem = entry[:-3]
+            out[PACKAGE if stem == "__init__" else f"{PACKAGE}.{stem}"] = os.path.join(PACKAGE_DIR, entry)
+    return out
+
+
+def imported_modules(tree, module, modules):
+    """Package modules that `module`'s syntax tree imports, wherever the import statement is
+    (a function-level import closes a cycle as surely as a top-level one)."""
+    package = module if module == PACKAGE else module.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from . import x, from .h5 import y
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            # `from momfmm import plot` imports momfmm.plot; `from momfmm.h5 import x`, momfmm.h5
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                     for a in node.names]
+        else:
+            continue
+        found |= {name for name in names if name in modules and name != module}
+    return found
+
+
+def import_graph():
+    modules = package_modules()
+    graph = {}
+    for module, path in modules.items():
+        with open(path) as f:
+            graph[module] = imported_modules(ast.parse(f.read(), path), module, modules)
+    return graph
+
+
+def find_cycle(graph):
+    """One import cycle as a list of modules (first == last), or None."""
+    state = {}  # module -> "open" while on the search path, "done" after
+
+    def visit(module, path):
+        state[module] = "open"
+        for dep in sorted(graph[module]):
+            if state.get(dep) == "open":
+                return path[path.index(dep):] + [dep]
+            if dep not in state:
+                cycle = visit(dep, path + [dep])
+                if cycle:
+                    return cycle
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            cycle = visit(module, [module])
+            if cycle:
+                return cycle
+    return None
+
+
+def uses_sys_path(tree):
+    return any(isinstance(node, ast.Attribute) and node.attr == "path"
+               and isinstance(node.value, ast.Name) and node.value.id == "sys"
+               for node in ast.walk(tree))
+
+
+class PackageTest(unittest.TestCase):
+    def test_every_module_imports_alone(self):
+        env = dict(os.environ, PYTHONPATH=PYTHON_DIR, MPLBACKEND="Agg")
+        for module in package_modules():
+            with self.subTest(module=module):
+                r = subprocess.run([sys.executable, "-c", f"import {module}"], env=env,
+                                   cwd=tempfile.gettempdir(), capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, f"import {module}: {r.stderr.strip()}")
+
+    def test_no_import_cycle(self):
+        graph = import_graph()
+        cycle = find_cycle(graph)
+        self.assertIsNone(cycle, "import cycle: " + " -> ".join(cycle or []))
+        for module, deps in sorted(graph.items()):
+            print(f"  {module} imports {', '.join(sorted(deps)) or '(nothing of the package)'}")
+
+    def test_no_sys_path_in_package(self):
+        for module, path in package_modules().items():
+            with open(path) as f:
+                self.assertFalse(uses_sys_path(ast.parse(f.read(), path)),
+                                 f"{path} touches sys.path (only the tools' bootstrap may)")
+
+    def test_tools_import_no_other_tool(self):
+        tools = {e[:-3] for e in os.listdir(TOOLS_DIR) if e.endswith(".py")}
+        for name in sorted(tools):
+            path = os.path.join(TOOLS_DIR, name + ".py")
+            with open(path) as f:
+                tree = ast.parse(f.read(), path)
+            imported = set()
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    imported |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    imported.add(node.module.split(".")[0])
+            with self.subTest(tool=name):
+                self.assertFalse(imported & tools, f"{path} imports {sorted(imported & tools)}")
+
+    def test_reader_round_trip(self):
+        import h5py
+        import numpy as np
+        sys.path.insert(0, PYTHON_DIR)  # this test file is not part of the package
+        from momfmm import h5
+        weight = np.arange(6, dtype=np.float32).reshape(2, 3)
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt = os.path.join(tmp, "ckpt_00000007.h5")
+            with h5py.File(ckpt, "w") as f:
+                f.attrs["format"] = "momfmm-checkpoint"
+                f.attrs["step"] = np.int64(7)
+                f.attrs["world_size"] = np.int32(2)
+                f.attrs["config_ini"] = np.bytes_(b"[model]\nd_model = 3\n")  # fixed-length
+                f.create_dataset("model/blocks/0/attn/qkv/weight", data=weight)
+                f.create_dataset("optim/m/blocks/0/attn/qkv/weight", data=weight * 2)
+                f.create_dataset("optim/v/blocks/0/attn/qkv/weight", data=weight * 3)
+                f.create_dataset("buffers/blocks/0/attn/prev_q", data=np.ones((1, 3), np.float32))
+                f.create_dataset("metrics/train/step", data=np.array([1, 2, 3]))
+                f.create_dataset("metrics/train/loss", data=np.array([3.0, 2.0]))
+            tokens = os.path.join(tmp, "tokens.h5")
+            with h5py.File(tokens, "w") as f:
+                f.create_dataset("inputs", data=np.array([[1, 2]], np.int32))
+                f.create_dataset("targets", data=np.array([[2, -1]], np.int32))
+
+            ck = h5.load_checkpoint(ckpt)
+            self.assertEqual(ck.step, 7)
+            self.assertEqual(ck.attrs["world_size"], 2)
+            self.assertEqual(ck.config.get("model", "d_model"), "3")
+            np.testing.assert_array_equal(ck.params["blocks/0/attn/qkv/weight"], weight)
+            np.testing.assert_array_equal(ck.optim_v["blocks/0/attn/qkv/weight"], weight * 3)
+            self.assertEqual(sorted(ck.datasets()), [
+                "buffers/blocks/0/attn/prev_q", "model/blocks/0/attn/qkv/weight",
+                "optim/m/blocks/0/attn/qkv/weight", "optim/v/blocks/0/attn/qkv/weight"])
+            self.assertEqual(len(ck.train["loss"]), 2)  # metric columns cut to the shortest
+            self.assertEqual(h5.newest_checkpoint(tmp), ckpt)
+            self.assertEqual(h5.load_checkpoint(ckpt, optim=False, metrics=False).optim_m, {})
+
+            inputs, targets, labels = h5.load_tokens(tokens)
+            self.assertEqual(inputs.dtype, np.int64)
+            np.testing.assert_array_equal(targets, [[2, -1]])
+            self.assertIsNone(labels)
+            with self.assertRaises(h5.RunError):
+                h5.load_tokens(ckpt)
+            with self.assertRaises(h5.RunError):
+                h5.load_checkpoint(os.path.join(tmp, "missing.h5"))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
