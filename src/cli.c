@@ -7,6 +7,7 @@
 
 #include "momfmm/blas_core.h"
 #include "momfmm/checkpoint.h"
+#include "momfmm/cmd_common.h"
 #include "momfmm/common.h"
 #include "momfmm/dist.h"
 #include "momfmm/float_env.h"
