@@ -8,6 +8,8 @@
 #include <stdbool.h>
 
 #include "momfmm/common.h"
+#include "momfmm/config.h"
+#include "momfmm/data.h"
 #include "momfmm/model.h"
 
 /* Ends with st->code and "momfmm: <message>": through fail_all when every
@@ -15,7 +17,16 @@
  * else through fail (this rank alone failed: the whole job is aborted). */
 _Noreturn void exit_on_status(const status *st, bool every_rank_alike);
 
+/* Defaults, the INI file, the --set overrides and the cross-key checks, each
+ * exiting 2 on error; the whole of a command's configuration step. */
+config cmd_load_config(const char *path, int n_overrides, char *const *overrides);
+
 void dist_init(int *argc, char ***argv);
 void dist_check_launch(void);
 void dist_check_consistency(const model *m, long long step);
+void config_load_file(config *c, const char *path);
+void config_apply_override(config *c, const char *assignment);
+/* Exits with exit_code (2 for a config file, 3 for a checkpoint). */
+void config_validate(const config *c, const char *origin, int exit_code);
+data_source *data_open(const config *c);
 #endif
