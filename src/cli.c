@@ -7,6 +7,7 @@
 
 #include "momfmm/blas_core.h"
 #include "momfmm/checkpoint.h"
+#include "momfmm/cmd_common.h"
 #include "momfmm/common.h"
 #include "momfmm/dist.h"
 #include "momfmm/float_env.h"
@@ -98,11 +99,7 @@ static arguments parse_arguments(const char *command, int argc, char **argv, con
 
 static int command_init(const arguments *a) {
     if (!a->out) fail_all(EXIT_USAGE, "init: --out FILE.h5 is required");
-    config c;
-    config_defaults(&c);
-    config_load_file(&c, a->positional[0]);
-    for (int i = 0; i < a->n_overrides; i++) config_apply_override(&c, a->overrides[i]);
-    config_validate(&c, a->positional[0], EXIT_USAGE);
+    config c = cmd_load_config(a->positional[0], a->n_overrides, a->overrides);
     model m;
     model_create(&m, &c);
     model_init_parameters(&m);

@@ -1,25 +1,13 @@
-/* Failure reporting and small utilities (SPEC 5: exit codes). */
+/* Failure reporting and small utilities (SPEC 5: exit codes). MPI itself
+ * (rank, abort, finalise) is dist.c's (docs/design.md §8.3). */
 #include "momfmm/common.h"
 
-#include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
-int process_rank(void) {
-    int initialized = 0, rank = 0;
-    MPI_Initialized(&initialized);
-    if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    return rank;
-}
-
-int process_count(void) {
-    int initialized = 0, size = 1;
-    MPI_Initialized(&initialized);
-    if (initialized) MPI_Comm_size(MPI_COMM_WORLD, &size);
-    return size;
-}
+#include "momfmm/dist.h"
 
 static void print_message(const char *fmt, va_list args) {
     fputs("momfmm: ", stderr);
@@ -29,10 +17,7 @@ static void print_message(const char *fmt, va_list args) {
 }
 
 static _Noreturn void finish(int exit_code) {
-    int initialized = 0, finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (initialized && !finalized) MPI_Finalize();
+    dist_finalize();
     exit(exit_code);
 }
 
@@ -43,7 +28,7 @@ _Noreturn void fail(int exit_code, const char *fmt, ...) {
     va_end(args);
     /* A lone failing rank would leave the others waiting in a collective:
      * take the whole job down with the same code. */
-    if (process_count() > 1) MPI_Abort(MPI_COMM_WORLD, exit_code);
+    if (process_count() > 1) dist_abort(exit_code);
     finish(exit_code);
 }
 
@@ -80,6 +65,12 @@ void *xcalloc(size_t count, size_t size) {
     void *p = calloc(count ? count : 1, size ? size : 1);
     if (!p) fail(1, "out of memory allocating %zu x %zu bytes", count, size);
     return p;
+}
+
+void *xrealloc(void *p, size_t size) {
+    void *q = realloc(p, size ? size : 1);
+    if (!q) fail(1, "out of memory allocating %zu bytes", size);
+    return q;
 }
 
 double wall_seconds(void) {

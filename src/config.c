@@ -152,12 +152,21 @@ static const char *set_value(config *c, const config_key *key, const char *value
     return "unknown key type";
 }
 
+/* A default that does not parse is a bug in KEYS, not an input error: the unit
+ * test runs config_check_defaults, so config_defaults itself cannot fail. */
 void config_defaults(config *c) {
     memset(c, 0, sizeof *c);
+    for (size_t i = 0; i < N_KEYS; i++) set_value(c, &KEYS[i], KEYS[i].fallback);
+}
+
+int config_check_defaults(status *st) {
+    config c;
+    memset(&c, 0, sizeof c);
     for (size_t i = 0; i < N_KEYS; i++) {
-        const char *why = set_value(c, &KEYS[i], KEYS[i].fallback);
-        if (why) fail(1, "internal: default of %s.%s: %s", KEYS[i].section, KEYS[i].name, why);
+        const char *why = set_value(&c, &KEYS[i], KEYS[i].fallback);
+        if (why) return status_fail(st, 1, "internal: default of %s.%s: %s", KEYS[i].section, KEYS[i].name, why);
     }
+    return 0;
 }
 
 typedef struct {
@@ -238,9 +247,13 @@ int config_load_string(config *c, const char *text, const char *origin, char *er
     return rc == 0 ? 0 : -1;
 }
 
-static char *read_whole_file(const char *path) {
+/* The file as a NUL-terminated string (caller frees), or NULL and a status. */
+static char *read_whole_file(const char *path, status *st) {
     FILE *f = fopen(path, "rb");
-    if (!f) fail_all(EXIT_USAGE, "%s: cannot open config: %s", path, strerror(errno));
+    if (!f) {
+        status_fail(st, EXIT_USAGE, "%s: cannot open config: %s", path, strerror(errno));
+        return NULL;
+    }
     size_t cap = 4096, len = 0;
     char *text = xcalloc(cap, 1);
     size_t got;
@@ -248,53 +261,51 @@ static char *read_whole_file(const char *path) {
         len += got;
         if (cap - len < 2) {
             cap *= 2;
-            text = realloc(text, cap);
-            if (!text) fail(1, "out of memory reading %s", path);
+            text = xrealloc(text, cap);
         }
     }
     fclose(f);
     text[len] = '\0';
-    if (strlen(text) != len) fail_all(EXIT_USAGE, "%s: not a text file", path);
+    if (strlen(text) != len) {
+        free(text);
+        status_fail(st, EXIT_USAGE, "%s: not a text file", path);
+        return NULL;
+    }
     return text;
 }
 
-void config_load_file(config *c, const char *path) {
-    char *text = read_whole_file(path);
+int config_try_load_file(config *c, const char *path, status *st) {
+    char *text = read_whole_file(path, st);
+    if (!text) return EXIT_USAGE;
     char err[512];
     int rc = config_load_string(c, text, path, err, sizeof err);
     free(text);
-    if (rc) fail_all(EXIT_USAGE, "%s", err);
+    return rc ? status_fail(st, EXIT_USAGE, "%s", err) : 0;
 }
 
-void config_apply_override(config *c, const char *assignment) {
+int config_try_apply_override(config *c, const char *assignment, status *st) {
     const char *dot = strchr(assignment, '.');
     const char *eq = strchr(assignment, '=');
-    if (!dot || !eq || dot > eq)
-        fail_all(EXIT_USAGE, "--set %s: expected section.key=value", assignment);
+    if (!dot || !eq || dot > eq) return status_fail(st, EXIT_USAGE, "--set %s: expected section.key=value", assignment);
     char section[64], name[64];
     size_t ls = (size_t)(dot - assignment), ln = (size_t)(eq - dot - 1);
-    if (ls >= sizeof section || ln >= sizeof name)
-        fail_all(EXIT_USAGE, "--set %s: key too long", assignment);
+    if (ls >= sizeof section || ln >= sizeof name) return status_fail(st, EXIT_USAGE, "--set %s: key too long", assignment);
     memcpy(section, assignment, ls);
     section[ls] = '\0';
     memcpy(name, dot + 1, ln);
     name[ln] = '\0';
-    parse_state st = {c, "--set", 0, NULL, 0};
+    parse_state ps = {c, "--set", 0, NULL, 0};
     char err[512];
-    st.err = err;
-    st.err_len = sizeof err;
-    if (!handle_pair(&st, section, name, eq + 1)) {
+    ps.err = err;
+    ps.err_len = sizeof err;
+    if (!handle_pair(&ps, section, name, eq + 1)) {
         /* Drop the ":0" line number that has no meaning for --set. */
-        fail_all(EXIT_USAGE, "--set %s", strchr(err, ' ') ? strchr(err, ' ') + 1 : err);
+        return status_fail(st, EXIT_USAGE, "--set %s", strchr(err, ' ') ? strchr(err, ' ') + 1 : err);
     }
+    return 0;
 }
 
 bool config_momentum_enabled(const config *c) { return c->gamma != 0.0 || c->learn_gamma; }
-
-void config_validate(const config *c, const char *origin, int exit_code) {
-    char err[512];
-    if (config_check(c, origin, err, sizeof err) != 0) fail_all(exit_code, "%s", err);
-}
 
 int config_check(const config *c, const char *origin, char *err, size_t err_len) {
 #define REJECT(...)                            \

@@ -38,67 +38,94 @@ void batch_free(batch *b) {
     memset(b, 0, sizeof *b);
 }
 
-static unsigned char *read_file(const char *path, long long *size) {
+/* The file's bytes (NUL-terminated, caller frees), or NULL and a status. */
+static unsigned char *read_file(const char *path, long long *size, status *st) {
     FILE *f = fopen(path, "rb");
-    if (!f) fail_all(EXIT_BAD_FILE, "data.path = %s: cannot open: %s", path, strerror(errno));
+    if (!f) {
+        status_fail(st, EXIT_BAD_FILE, "data.path = %s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
     fseek(f, 0, SEEK_END);
     *size = ftell(f);
     fseek(f, 0, SEEK_SET);
     unsigned char *bytes = xcalloc((size_t)*size + 1, 1);
-    if (fread(bytes, 1, (size_t)*size, f) != (size_t)*size) fail_all(EXIT_BAD_FILE, "data.path = %s: read failed", path);
+    bool complete = fread(bytes, 1, (size_t)*size, f) == (size_t)*size;
     fclose(f);
+    if (!complete) {
+        free(bytes);
+        status_fail(st, EXIT_BAD_FILE, "data.path = %s: read failed", path);
+        return NULL;
+    }
     return bytes;
 }
 
-static void open_text(data_source *d) {
+static int open_text(data_source *d, status *st) {
     const config *c = &d->cfg;
-    d->text = read_file(c->data_path, &d->text_size);
+    d->text = read_file(c->data_path, &d->text_size, st);
+    if (!d->text) return EXIT_BAD_FILE;
     d->split_at = (long long)((1.0 - c->eval_fraction) * (double)d->text_size);
     if (d->split_at < c->seq_len + 1 || d->text_size - d->split_at < c->seq_len + 1)
-        fail_all(EXIT_BAD_FILE, "data.path = %s: %lld bytes is too short for data.seq_len = %d in both splits "
-                 "(data.eval_fraction = %g)", c->data_path, d->text_size, c->seq_len, c->eval_fraction);
+        return status_fail(st, EXIT_BAD_FILE, "data.path = %s: %lld bytes is too short for data.seq_len = %d in both "
+                           "splits (data.eval_fraction = %g)", c->data_path, d->text_size, c->seq_len, c->eval_fraction);
+    return 0;
+}
+
+/* One "Source<TAB>Target" row into the next free row of d; 0, or a status. */
+static int add_listops_row(data_source *d, char *line, int line_no, int *cap, status *st) {
+    const config *c = &d->cfg;
+    char *tab = strchr(line, '\t');
+    if (!tab) return status_fail(st, EXIT_BAD_FILE, "data.path = %s:%d: expected Source<TAB>Target", c->data_path, line_no);
+    *tab = '\0';
+    if (d->n_rows == *cap) {
+        *cap *= 2;
+        d->rows = xrealloc(d->rows, sizeof(int32_t) * (size_t)*cap * c->seq_len);
+        d->row_labels = xrealloc(d->row_labels, sizeof(int32_t) * (size_t)*cap);
+    }
+    int32_t *tokens = d->rows + (size_t)d->n_rows * c->seq_len;
+    int length = listops_tokenize(line, tokens, c->seq_len);
+    int label = atoi(tab + 1);
+    if (length <= 0) return 0; /* longer than data.seq_len (or unknown words): LRA drops these too */
+    if (label < 0 || label > 9)
+        return status_fail(st, EXIT_BAD_FILE, "data.path = %s:%d: Target %s is not 0..9", c->data_path, line_no, tab + 1);
+    d->row_labels[d->n_rows++] = label;
+    return 0;
 }
 
 /* LRA TSV: a header line, then "Source<TAB>Target" rows. */
-static void open_listops_tsv(data_source *d) {
+static int open_listops_tsv(data_source *d, status *st) {
     const config *c = &d->cfg;
     long long size;
-    char *text = (char *)read_file(c->data_path, &size);
-    int cap = 1024, line_no = 0;
+    char *text = (char *)read_file(c->data_path, &size, st);
+    if (!text) return EXIT_BAD_FILE;
+    int cap = 1024, line_no = 0, rc = 0;
     d->rows = xcalloc((size_t)cap * c->seq_len, sizeof(int32_t));
     d->row_labels = xcalloc((size_t)cap, sizeof(int32_t));
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+    for (char *line = strtok(text, "\n"); line && rc == 0; line = strtok(NULL, "\n")) {
         if (++line_no == 1 && strncmp(line, "Source", 6) == 0) continue;
-        char *tab = strchr(line, '\t');
-        if (!tab) fail_all(EXIT_BAD_FILE, "data.path = %s:%d: expected Source<TAB>Target", c->data_path, line_no);
-        *tab = '\0';
-        if (d->n_rows == cap) {
-            cap *= 2;
-            d->rows = realloc(d->rows, sizeof(int32_t) * (size_t)cap * c->seq_len);
-            d->row_labels = realloc(d->row_labels, sizeof(int32_t) * (size_t)cap);
-        }
-        int32_t *tokens = d->rows + (size_t)d->n_rows * c->seq_len;
-        int length = listops_tokenize(line, tokens, c->seq_len);
-        int label = atoi(tab + 1);
-        if (length <= 0) continue; /* longer than data.seq_len (or unknown words): LRA drops these too */
-        if (label < 0 || label > 9) fail_all(EXIT_BAD_FILE, "data.path = %s:%d: Target %s is not 0..9", c->data_path, line_no, tab + 1);
-        d->row_labels[d->n_rows++] = label;
+        rc = add_listops_row(d, line, line_no, &cap, st);
     }
     free(text);
+    if (rc) return rc;
     d->n_train_rows = (int)((1.0 - c->eval_fraction) * d->n_rows);
     if (d->n_train_rows < 1 || d->n_rows - d->n_train_rows < 1)
-        fail_all(EXIT_BAD_FILE, "data.path = %s: %d usable rows (length <= data.seq_len = %d) is too few for both splits",
-                 c->data_path, d->n_rows, c->seq_len);
+        return status_fail(st, EXIT_BAD_FILE,
+                           "data.path = %s: %d usable rows (length <= data.seq_len = %d) is too few for both splits",
+                           c->data_path, d->n_rows, c->seq_len);
+    return 0;
 }
 
-data_source *data_open(const config *c) {
+data_source *data_try_open(const config *c, status *st) {
     data_source *d = xcalloc(1, sizeof *d);
     d->cfg = *c;
-    if (c->task == TASK_TEXT) open_text(d);
-    if (c->task == TASK_LISTOPS && c->data_path[0]) open_listops_tsv(d);
-    if (c->task == TASK_LISTOPS && c->vocab_size < LISTOPS_VOCAB)
-        fail_all(EXIT_USAGE, "data.task = listops needs model.vocab_size >= %d, got %d", LISTOPS_VOCAB, c->vocab_size);
-    return d;
+    int rc = 0;
+    if (c->task == TASK_TEXT) rc = open_text(d, st);
+    if (rc == 0 && c->task == TASK_LISTOPS && c->data_path[0]) rc = open_listops_tsv(d, st);
+    if (rc == 0 && c->task == TASK_LISTOPS && c->vocab_size < LISTOPS_VOCAB)
+        rc = status_fail(st, EXIT_USAGE, "data.task = listops needs model.vocab_size >= %d, got %d", LISTOPS_VOCAB,
+                         c->vocab_size);
+    if (rc == 0) return d;
+    data_close(d);
+    return NULL;
 }
 
 void data_close(data_source *d) {

@@ -1,8 +1,11 @@
-/* MPI data parallelism. The loss is scaled by 1 / (global count of targets)
- * before backward, so the gradient all-reduce is a plain sum. */
+/* MPI data parallelism (docs/design.md §8.3). This is the only file that calls
+ * MPI: it owns the communicators, the thread level and the int-count limit of
+ * every MPI call. The loss is scaled by 1 / (global count of targets) before
+ * backward, so the gradient all-reduce is a plain sum. */
 #include "momfmm/dist.h"
 
 #include <cblas.h>
+#include <limits.h>
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,14 +16,82 @@
 #include "momfmm/common.h"
 #include "momfmm/float_env.h"
 
-void dist_init(int *argc, char ***argv) {
-    int provided;
-    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
-    openblas_set_num_threads(dist_threads());
+/* Created once in dist_try_init, freed in dist_finalize. A private duplicate of
+ * the world keeps our collectives apart from any other library's traffic; the
+ * node communicator (ranks sharing memory) serves dist_node_ranks. */
+static MPI_Comm world = MPI_COMM_NULL;
+static MPI_Comm node = MPI_COMM_NULL;
+
+/* MPI counts are int, so a size_t count goes out in pieces of at most this
+ * many bytes (docs/design.md §8.3). 1 GiB also stays clear of transports that
+ * mishandle single messages above 2 GiB; tests lower it to exercise the split. */
+static size_t max_message_bytes = (size_t)1 << 30;
+
+void dist_set_max_message_bytes(size_t bytes) {
+    max_message_bytes = bytes > 0 && bytes < ((size_t)1 << 30) ? bytes : (size_t)1 << 30;
 }
 
-void dist_finalize(void) { MPI_Finalize(); }
+/* Elements of `element_size` bytes that one MPI call may carry. */
+static size_t max_count(size_t element_size) {
+    size_t n = max_message_bytes / element_size;
+    if (n > INT_MAX) n = INT_MAX;
+    return n > 0 ? n : 1;
+}
+
+static int piece(size_t remaining, size_t element_size) {
+    size_t limit = max_count(element_size);
+    return (int)(remaining < limit ? remaining : limit);
+}
+
+/* MPI_THREAD_FUNNELED: OpenBLAS runs its own worker threads (dist_threads),
+ * so MPI_THREAD_SINGLE would promise MPI a single-threaded process that we
+ * are not; every MPI call, including the progress calls between backward
+ * kernels, comes from the main thread, so nothing above FUNNELED is needed.
+ * An MPI that provides less is refused rather than trusted (exit 1,
+ * docs/design.md §8.7). */
+int dist_try_init(int *argc, char ***argv, status *st) {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+    MPI_Comm_dup(MPI_COMM_WORLD, &world);
+    MPI_Comm_set_errhandler(world, MPI_ERRORS_ARE_FATAL);
+    MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    openblas_set_num_threads(dist_threads());
+    if (provided < MPI_THREAD_FUNNELED)
+        return status_fail(st, 1,
+                           "MPI provides thread level %d, below MPI_THREAD_FUNNELED (%d) that OpenBLAS threads "
+                           "need: use an MPI library built with thread support",
+                           provided, MPI_THREAD_FUNNELED);
+    return 0;
+}
+
+void dist_finalize(void) {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (!initialized || finalized) return;
+    if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
+    if (world != MPI_COMM_NULL) MPI_Comm_free(&world);
+    MPI_Finalize();
+}
+
+_Noreturn void dist_abort(int exit_code) {
+    if (world != MPI_COMM_NULL) MPI_Abort(world, exit_code);
+    exit(exit_code);
+}
+
+/* Before dist_try_init and after dist_finalize the process is a world of one. */
+int process_rank(void) {
+    int rank = 0;
+    if (world != MPI_COMM_NULL) MPI_Comm_rank(world, &rank);
+    return rank;
+}
+
+int process_count(void) {
+    int size = 1;
+    if (world != MPI_COMM_NULL) MPI_Comm_size(world, &size);
+    return size;
+}
 
 int dist_threads(void) {
     const char *env = getenv("OMP_NUM_THREADS");
@@ -33,7 +104,7 @@ void dist_describe(void) {
     int len = 0, size = process_count(), rank = process_rank();
     MPI_Get_processor_name(host, &len);
     char *all = rank == 0 ? xcalloc((size_t)size, MPI_MAX_PROCESSOR_NAME) : NULL;
-    MPI_Gather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, MPI_COMM_WORLD);
+    MPI_Gather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, world);
     if (rank != 0) return;
     printf("momfmm: %d rank%s x %d thread%s on", size, size == 1 ? "" : "s", dist_threads(),
            dist_threads() == 1 ? "" : "s");
@@ -49,53 +120,54 @@ void dist_describe(void) {
     free(all);
 }
 
-void dist_check_launch(void) {
+int dist_try_check_launch(status *st) {
     const char *tasks = getenv("SLURM_STEP_NUM_TASKS");
     if (tasks && atoi(tasks) > 1 && process_count() == 1 && getenv("SLURM_PROCID"))
-        fail(EXIT_USAGE,
-             "srun started %s tasks but MPI sees a world of 1: launch with 'srun --mpi=pmix ...' "
-             "or 'mpirun' inside the allocation",
-             tasks);
+        return status_fail(st, EXIT_USAGE,
+                           "srun started %s tasks but MPI sees a world of 1: launch with 'srun --mpi=pmix ...' "
+                           "or 'mpirun' inside the allocation",
+                           tasks);
+    return 0;
 }
 
-void dist_sum_doubles(double *x, int n) {
-    if (process_count() > 1) MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+void dist_sum_doubles(double *x, size_t n) {
+    if (process_count() == 1) return;
+    for (size_t done = 0; done < n;) {
+        int count = piece(n - done, sizeof(double));
+        MPI_Allreduce(MPI_IN_PLACE, x + done, count, MPI_DOUBLE, MPI_SUM, world);
+        done += (size_t)count;
+    }
 }
 
 double dist_max_double(double x) {
     double out = x;
-    if (process_count() > 1) MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (process_count() > 1) MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_MAX, world);
     return out;
 }
 
 bool dist_any(bool mine) {
     int in = mine ? 1 : 0, out = in;
-    if (process_count() > 1) MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (process_count() > 1) MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, world);
     return out != 0;
 }
 
 void dist_barrier(void) {
-    if (process_count() > 1) MPI_Barrier(MPI_COMM_WORLD);
+    if (process_count() > 1) MPI_Barrier(world);
 }
 
 int dist_node_ranks(void) {
-    if (process_count() == 1) return 1;
-    MPI_Comm node;
     int n = 1;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    MPI_Comm_size(node, &n);
-    MPI_Comm_free(&node);
+    if (node != MPI_COMM_NULL) MPI_Comm_size(node, &n);
     return n;
 }
 
-/* MPI counts are int: move large arrays in pieces. */
 void dist_broadcast_bytes(void *x, size_t n) {
     if (process_count() == 1) return;
     char *p = x;
     for (size_t done = 0; done < n;) {
-        int piece = n - done > (1u << 30) ? (1 << 30) : (int)(n - done);
-        MPI_Bcast(p + done, piece, MPI_BYTE, 0, MPI_COMM_WORLD);
-        done += (size_t)piece;
+        int count = piece(n - done, 1);
+        MPI_Bcast(p + done, count, MPI_BYTE, 0, world);
+        done += (size_t)count;
     }
 }
 
@@ -109,21 +181,20 @@ static uint64_t params_checksum(const model *m) {
     return h;
 }
 
-void dist_check_consistency(const model *m, long long step) {
+/* Every rank gathers every checksum, so every rank returns the same status. */
+int dist_try_check_consistency(const model *m, long long step, status *st) {
     int size = process_count();
-    if (size == 1) return;
+    if (size == 1) return 0;
     uint64_t mine = params_checksum(m);
     uint64_t *all = xcalloc((size_t)size, sizeof(uint64_t));
-    MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD);
-    for (int r = 1; r < size; r++)
-        if (all[r] != all[0]) {
-            /* every rank knows; rank 0 alone reports and takes the job down */
-            if (process_rank() == 0)
-                fail(1, "step %lld: parameters of rank %d differ from rank 0 (checksum %016llx vs %016llx)", step, r,
-                     (unsigned long long)all[r], (unsigned long long)all[0]);
-            MPI_Barrier(MPI_COMM_WORLD); /* never completes: rank 0 aborts the job */
-        }
+    MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, world);
+    int code = 0;
+    for (int r = 1; r < size && code == 0; r++)
+        if (all[r] != all[0])
+            code = status_fail(st, 1, "step %lld: parameters of rank %d differ from rank 0 (checksum %016llx vs %016llx)",
+                               step, r, (unsigned long long)all[r], (unsigned long long)all[0]);
     free(all);
+    return code;
 }
 
 typedef struct {
@@ -149,29 +220,40 @@ static int tensor_ready_after(const model *m, const param_entry *e) {
 }
 
 /* Buckets of about bucket_mb, cut at tensor boundaries, built from the end
- * of the buffer because backward finishes the last blocks first. */
+ * of the buffer because backward finishes the last blocks first. A bucket
+ * never exceeds one MPI call's count (max_count): a larger tensor is cut
+ * inside, so each bucket is one non-blocking all-reduce (docs/design.md §8.3). */
 grad_reducer *grad_reducer_create(const model *m, double bucket_mb, bool overlap) {
     grad_reducer *r = xcalloc(1, sizeof *r);
     r->grads = m->grads;
     r->overlap = overlap;
     r->active = process_count() > 1;
-    r->buckets = xcalloc((size_t)m->n_entries, sizeof(bucket));
-    r->requests = xcalloc((size_t)m->n_entries, sizeof(MPI_Request));
-    for (int i = 0; i < m->n_entries; i++) r->requests[i] = MPI_REQUEST_NULL;
+    size_t cap = max_count(sizeof(float));
+    /* every bucket starts at a tensor's end or follows a full one */
+    size_t max_buckets = (size_t)m->n_entries + m->n_params / cap + 1;
+    r->buckets = xcalloc(max_buckets, sizeof(bucket));
+    r->requests = xcalloc(max_buckets, sizeof(MPI_Request));
+    for (size_t i = 0; i < max_buckets; i++) r->requests[i] = MPI_REQUEST_NULL;
     size_t limit = (size_t)(bucket_mb * 1024 * 1024 / sizeof(float));
     if (limit < 1) limit = 1;
     bucket *current = NULL;
     for (int i = m->n_entries - 1; i >= 0; i--) {
         const param_entry *e = &m->entries[i];
-        if (!current || current->count >= limit) {
-            current = &r->buckets[r->n_buckets++];
-            current->start = e->offset + e->numel;
-            current->ready_after = m->L;
-        }
-        current->start = e->offset;
-        current->count += e->numel;
         int ready = tensor_ready_after(m, e);
-        if (ready < current->ready_after) current->ready_after = ready;
+        size_t end = e->offset + e->numel; /* [e->offset, end) is not in a bucket yet */
+        do {
+            if (!current || current->count >= limit || current->count >= cap) {
+                current = &r->buckets[r->n_buckets++];
+                current->start = end;
+                current->ready_after = m->L;
+            }
+            size_t room = cap - current->count, left = end - e->offset;
+            size_t taken = left < room ? left : room;
+            current->start -= taken;
+            current->count += taken;
+            end -= taken;
+            if (ready < current->ready_after) current->ready_after = ready;
+        } while (end > e->offset);
     }
     return r;
 }
@@ -188,7 +270,7 @@ static void launch(grad_reducer *r, int index) {
     b->launched = true;
     /* Same buckets with and without overlap: identical message sizes give
      * identical reduction order, so overlap does not change the weights. */
-    MPI_Iallreduce(MPI_IN_PLACE, r->grads + b->start, (int)b->count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
+    MPI_Iallreduce(MPI_IN_PLACE, r->grads + b->start, (int)b->count, MPI_FLOAT, MPI_SUM, world,
                    &r->requests[index]);
     r->n_launched++;
 }

@@ -76,8 +76,7 @@ void metrics_finish(const metric_sums *s, eval_metrics *out) {
 void metric_table_init(metric_table *t) { memset(t, 0, sizeof *t); }
 
 void metric_table_add_column(metric_table *t, const char *name, int width, bool integer) {
-    t->columns = realloc(t->columns, sizeof(metric_column) * (size_t)(t->n_columns + 1));
-    if (!t->columns) fail(1, "out of memory");
+    t->columns = xrealloc(t->columns, sizeof(metric_column) * (size_t)(t->n_columns + 1));
     metric_column *c = &t->columns[t->n_columns++];
     memset(c, 0, sizeof *c);
     strncpy(c->name, name, sizeof c->name - 1);
@@ -107,8 +106,7 @@ int metric_column_shape(const metric_column *c, long long rows, unsigned long lo
 void metric_table_append(metric_table *t, const double *row) {
     if (t->n_rows == t->capacity) {
         t->capacity = t->capacity ? 2 * t->capacity : 64;
-        t->values = realloc(t->values, sizeof(double) * (size_t)(t->capacity * t->row_width));
-        if (!t->values) fail(1, "out of memory");
+        t->values = xrealloc(t->values, sizeof(double) * (size_t)(t->capacity * t->row_width));
     }
     memcpy(t->values + t->n_rows * t->row_width, row, sizeof(double) * (size_t)t->row_width);
     t->n_rows++;

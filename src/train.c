@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "momfmm/checkpoint.h"
+#include "momfmm/cmd_common.h"
 #include "momfmm/common.h"
 #include "momfmm/live_metrics.h"
 #include "momfmm/optimizer.h"

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "fd_check.h"
+#include "momfmm/cmd_common.h"
 #include "momfmm/dist.h"
 #include "momfmm/model.h"
 #include "momfmm/optimizer.h"

@@ -7,6 +7,7 @@
 
 #include "fd_check.h"
 #include "momfmm/common.h"
+#include "momfmm/cmd_common.h"
 #include "momfmm/dist.h"
 #include "momfmm/model.h"
 

@@ -38,8 +38,14 @@ _Noreturn void fail_all(int exit_code, const char *fmt, ...)
 /* Prints a message from rank 0 only. */
 void log_rank0(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Running out of memory ends the process (exit 1) from wherever it happens:
+ * the one failure that core modules do not return as a status
+ * (docs/design.md §8.7). */
 void *xcalloc(size_t count, size_t size);
+void *xrealloc(void *p, size_t size);
 double wall_seconds(void);
+/* This rank and the number of ranks (0 and 1 without MPI); defined in dist.c,
+ * the one file that calls MPI (docs/design.md §8.3). */
 int process_rank(void);
 int process_count(void);
 #endif

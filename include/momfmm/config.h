@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "momfmm/common.h"
+
 typedef enum { ATTENTION_SOFTMAX = 0, ATTENTION_FMM = 1 } attention_kind;
 typedef enum { HEAD_LM = 0, HEAD_CLS = 1 } head_kind;
 typedef enum { APPLY_QK = 0, APPLY_Q = 1 } momentum_target;
@@ -54,24 +56,25 @@ typedef struct {
 
 /* Defaults of SPEC 6 (and of configs/README.md). */
 void config_defaults(config *c);
+/* Code 1 naming the key when a compiled-in default does not parse (a bug,
+ * caught by the unit test). */
+int config_check_defaults(status *st);
 
 /* Reads an INI file over the defaults. On an unknown section or key or a bad
- * value it exits 2 naming the file, the line and the key. */
-void config_load_file(config *c, const char *path);
+ * value, EXIT_USAGE naming the file, the line and the key (docs/design.md
+ * §8.7; the command layer's config_load_file in cmd_common.h exits on it). */
+int config_try_load_file(config *c, const char *path, status *st);
 
 /* Reads INI text (e.g. a checkpoint's config_ini attribute); `origin` names
  * the source in messages. Returns 0, or -1 with a message in err. */
 int config_load_string(config *c, const char *text, const char *origin,
                        char *err, size_t err_len);
 
-/* Applies one "section.key=value" override; exits 2 on error. */
-void config_apply_override(config *c, const char *assignment);
+/* Applies one "section.key=value" override; EXIT_USAGE on error. */
+int config_try_apply_override(config *c, const char *assignment, status *st);
 
-/* Cross-key checks (d_model % n_heads, even head dimension, ...); exits with
- * exit_code (2 for a config file, 3 for a checkpoint)
- * naming `origin` and the key. */
-void config_validate(const config *c, const char *origin, int exit_code);
-/* The same checks, returning 0 or -1 with the message in err. */
+/* Cross-key checks (d_model % n_heads, even head dimension, ...) naming
+ * `origin` and the key; returns 0 or -1 with the message in err. */
 int config_check(const config *c, const char *origin, char *err, size_t err_len);
 
 /* The full resolved config as INI text (SPEC 4 `config_ini`). Caller frees. */

@@ -20,8 +20,10 @@ void batch_alloc(batch *b, int B, int T);
 void batch_free(batch *b);
 
 typedef struct data_source data_source;
-/* Opens what a task needs (e.g. the text file); exits 2/3 on bad config or file. */
-data_source *data_open(const config *c);
+/* Opens what a task needs (e.g. the text file); NULL and a status of
+ * EXIT_USAGE or EXIT_BAD_FILE on a bad config or file (docs/design.md §8.7;
+ * the command layer's data_open in cmd_common.h exits on it). */
+data_source *data_try_open(const config *c, status *st);
 void data_close(data_source *d);
 
 /* Fills rows for global sample indices [first, first + b->B) of (split, step). */

@@ -6,18 +6,30 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "momfmm/common.h"
 #include "momfmm/model.h"
 
-void dist_init(int *argc, char ***argv);
+/* Starts MPI, creates the world and node communicators and sets the OpenBLAS
+ * threads; a failed status (exit 1) when MPI lacks the thread support needed.
+ * The command layer's dist_init (cmd_common.h) exits on that status. */
+int dist_try_init(int *argc, char ***argv, status *st);
+/* Frees the communicators and finalises MPI; a no-op when MPI is not running. */
 void dist_finalize(void);
+/* Ends every rank of the job with exit_code (MPI_Abort): for a failure only
+ * this rank has seen, which would leave the others waiting in a collective. */
+_Noreturn void dist_abort(int exit_code);
+/* Test hook: the largest message of one MPI call, in bytes (default and
+ * ceiling 1 GiB); size_t counts go out in pieces of at most this size. */
+void dist_set_max_message_bytes(size_t bytes);
 /* Threads per rank from OMP_NUM_THREADS (default 1), applied to OpenBLAS. */
 int dist_threads(void);
 /* One start-up line: ranks x threads and hosts. */
 void dist_describe(void);
-/* Exits 2 when srun started several tasks that MPI does not see as one job. */
-void dist_check_launch(void);
+/* EXIT_USAGE when srun started several tasks that MPI does not see as one job. */
+int dist_try_check_launch(status *st);
 
-void dist_sum_doubles(double *x, int n);
+/* In-place sum over ranks, in pieces of one MPI call each. */
+void dist_sum_doubles(double *x, size_t n);
 /* Collectives on the world communicator for the layers above (dist.c is the
  * only file that calls MPI, docs/design.md §8.3); each is a no-op returning
  * its argument on one rank. */
@@ -29,9 +41,9 @@ int dist_node_ranks(void);
 void dist_broadcast_floats(float *x, size_t n);
 void dist_broadcast_bytes(void *x, size_t n);
 
-/* Parameter checksum compared across ranks; aborts naming the step and the
- * ranks that disagree. */
-void dist_check_consistency(const model *m, long long step);
+/* Parameter checksum compared across ranks; every rank gets the same failed
+ * status (code 1) naming the step and the first rank that differs from rank 0. */
+int dist_try_check_consistency(const model *m, long long step, status *st);
 
 typedef struct grad_reducer grad_reducer;
 grad_reducer *grad_reducer_create(const model *m, double bucket_mb, bool overlap);
