@@ -55,17 +55,14 @@ static bool cpu_has_avx512_bf16(void) {
 
 bool gemm_cpu_has_bf16(void) { return cpu_has_avx512_bf16() || cpu_has_amx_bf16(); }
 
-static bool bf16_forced(void) {
-    const char *force = getenv("MOMFMM_FORCE_BF16");
-    return force && strcmp(force, "1") == 0;
-}
-
 const char *gemm_unavailable_reason(gemm_engine engine) {
     if (engine == GEMM_OPENBLAS) return NULL;
 #ifndef MOMFMM_HAVE_ONEDNN
-    return "momfmm was built without oneDNN (cmake/onednn.cmake did not find it)";
+    return "momfmm was built without oneDNN (see cmake/onednn.cmake)";
 #else
-    if (engine == GEMM_ONEDNN_BF16 && !gemm_cpu_has_bf16() && !bf16_forced())
+    const char *force = getenv("MOMFMM_FORCE_BF16");
+    bool forced = force && strcmp(force, "1") == 0;
+    if (engine == GEMM_ONEDNN_BF16 && !gemm_cpu_has_bf16() && !forced)
         return "the CPU has neither AVX512_BF16 nor AMX-BF16 (MOMFMM_FORCE_BF16=1 overrides)";
     return NULL;
 #endif
