@@ -2,11 +2,16 @@
  * or oneDNN, with optional bf16 operands (docs/scale.md §7).
  *
  * Why an engine layer: at the model's shapes (M = batch x seq rows = 2048,
- * N, K = 256..1024, one thread per rank) the product is where the time goes,
- * and oneDNN's matmul is faster than OpenBLAS sgemm on AVX-512 CPUs. The
- * bf16 engine keeps what docs/scale.md §7 asks of mixed precision: operands
+ * N, K = 256..1024, one thread per rank) the products are where the time
+ * goes, and oneDNN's matmul beats OpenBLAS sgemm on AVX-512 CPUs. The bf16
+ * engine keeps what docs/scale.md §7 asks of mixed precision: operands
  * rounded to bf16 (8 significant bits), products accumulated and stored in
  * fp32, so the optimizer still sees fp32 gradients and master weights.
+ * Whether bf16 is faster depends on the CPU: it needs AMX or a vdpbf16ps
+ * that keeps pace with the fp32 FMAs; where vdpbf16ps delivers half the
+ * FLOP rate of the FMAs (measured on a virtualised Xeon with AVX512_BF16 and
+ * no AMX) bf16 is slower than oneDNN fp32. tools/bench_gemm.c measures it at a config's
+ * shapes.
  *
  * Conventions are cblas_sgemm's, row-major:
  *   C[M x N] = alpha * op(A)[M x K] * op(B)[K x N] + beta * C
@@ -53,7 +58,8 @@ gemm_engine gemm_ctx_engine(const gemm_ctx *ctx);
 
 /* For the start-up line, e.g. "onednn-bf16 (oneDNN 2.6.3: brg:avx512_core_bf16)":
  * the engine and the implementations oneDNN picked so far (a probe shape at
- * creation, then every cached primitive). Valid until the next gemm call. */
+ * creation, then every cached primitive). Owned by ctx, rewritten by the
+ * next gemm_describe. */
 const char *gemm_describe(gemm_ctx *ctx);
 
 /* An operand in fp32 and, optionally, a bf16 copy of it with the same layout
