@@ -1,0 +1,103 @@
+/* The GEMM engine: every fp32 matrix product of the model, through OpenBLAS
+ * or oneDNN, with optional bf16 operands (docs/scale.md §7).
+ *
+ * Why an engine layer: at the model's shapes (M = batch x seq rows = 2048,
+ * N, K = 256..1024, one thread per rank) the products are where the time
+ * goes, and oneDNN's matmul beats OpenBLAS sgemm on AVX-512 CPUs. The bf16
+ * engine keeps what docs/scale.md §7 asks of mixed precision: operands
+ * rounded to bf16 (8 significant bits), products accumulated and stored in
+ * fp32, so the optimizer still sees fp32 gradients and master weights.
+ * Whether bf16 is faster depends on the CPU: it needs AMX or a vdpbf16ps
+ * that keeps pace with the fp32 FMAs; where vdpbf16ps delivers half the
+ * FLOP rate of the FMAs (measured on a virtualised Xeon with AVX512_BF16 and
+ * no AMX) bf16 is slower than oneDNN fp32. tools/bench_gemm.c measures it at a config's
+ * shapes.
+ *
+ * Conventions are cblas_sgemm's, row-major:
+ *   C[M x N] = alpha * op(A)[M x K] * op(B)[K x N] + beta * C
+ * where op(A) = A (A is M x K, leading dimension lda >= K) or, with trans_a,
+ * A^T (A stored K x M, lda >= M); likewise B. The engine is chosen once at
+ * start-up; a gemm_ctx belongs to one model (not shared between threads). */
+#ifndef MOMFMM_GEMM_H
+#define MOMFMM_GEMM_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    GEMM_OPENBLAS,    /* cblas_sgemm: the reference, always available */
+    GEMM_ONEDNN_F32,  /* oneDNN matmul primitive, fp32 operands */
+    GEMM_ONEDNN_BF16, /* oneDNN matmul primitive, bf16 operands, fp32 accumulate and C */
+} gemm_engine;
+
+/* "openblas", "onednn-f32", "onednn-bf16" (the names a config would use). */
+const char *gemm_engine_name(gemm_engine engine);
+/* Parses one of those names; false when it is none of them. */
+bool gemm_engine_parse(const char *name, gemm_engine *engine);
+
+/* NULL when the engine can run here; otherwise why not, in one line: momfmm
+ * built without oneDNN (cmake/onednn.cmake), or, for bf16, a CPU without
+ * AVX512_BF16 / AMX-BF16, where oneDNN would fall back to slow reference or
+ * emulated code. MOMFMM_FORCE_BF16=1 skips the CPU check (for testing the
+ * bf16 path on any AVX-512 machine). */
+const char *gemm_unavailable_reason(gemm_engine engine);
+
+/* Whether the CPU executes bf16 dot products natively (AVX512_BF16 or
+ * AMX-BF16), ignoring MOMFMM_FORCE_BF16. */
+bool gemm_cpu_has_bf16(void);
+
+typedef struct gemm_ctx gemm_ctx;
+
+/* A context for one engine, or NULL when gemm_unavailable_reason(engine) is
+ * not NULL. threads is the thread count oneDNN uses (its OpenMP runtime);
+ * pass the one OpenBLAS was given (dist_threads()), so that both engines run
+ * with the same parallelism — one thread per rank by default. */
+gemm_ctx *gemm_create(gemm_engine engine, int threads);
+void gemm_destroy(gemm_ctx *ctx);
+gemm_engine gemm_ctx_engine(const gemm_ctx *ctx);
+
+/* For the start-up line, e.g. "onednn-bf16 (oneDNN 2.6.3: brg:avx512_core_bf16)":
+ * the engine and the implementations oneDNN picked so far (a probe shape at
+ * creation, then every cached primitive). Owned by ctx, rewritten by the
+ * next gemm_describe. */
+const char *gemm_describe(gemm_ctx *ctx);
+
+/* An operand in fp32 and, optionally, a bf16 copy of it with the same layout
+ * and leading dimension. The model keeps bf16 copies of its weights,
+ * refreshed once per optimizer step (gemm_f32_to_bf16), and passes them here
+ * so that weights are converted once per step while activations — new at
+ * every call — are converted by the bf16 engine per call. f32 is always
+ * required: the fp32 engines read only f32 and ignore bf16. */
+typedef struct {
+    const float *f32;
+    const uint16_t *bf16; /* NULL: converted from f32 per call (bf16 engine only) */
+} gemm_operand;
+
+/* C = alpha * op(A) * op(B) + beta * C with both operands given in fp32. */
+void gemm(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
+          int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+/* The same with operands that may carry bf16 copies (see gemm_operand). */
+void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, gemm_operand A,
+                int lda, gemm_operand B, int ldb, float beta, float *C, int ldc);
+
+/* oneDNN primitives this context has created (a cache miss each); the count
+ * stays put once every shape has been seen, which the tests check. Always 0
+ * for GEMM_OPENBLAS. */
+size_t gemm_primitives_created(const gemm_ctx *ctx);
+
+/* fp32 -> bf16 with round-to-nearest-even, as vcvtne2ps2bf16 does it: NaN
+ * stays a quiet NaN, subnormal inputs become signed zero (the instruction
+ * treats them as zero, so both paths give the same bits). Uses AVX512_BF16
+ * when the CPU has it, else gemm_f32_to_bf16_portable. */
+void gemm_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+void gemm_f32_to_bf16_portable(uint16_t *dst, const float *src, size_t n);
+
+static inline float gemm_bf16_to_f32(uint16_t h) {
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+#endif

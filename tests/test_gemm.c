@@ -1,0 +1,252 @@
+/* The GEMM engine (gemm.h; docs/scale.md §7): oneDNN fp32 and bf16 against
+ * cblas_sgemm for every transpose combination, odd sizes, padded leading
+ * dimensions, alpha and beta; the bf16 rounding itself; bf16 copies of
+ * operands; the primitive cache. Engines this build or CPU lacks are
+ * reported as skipped. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "fd_check.h"
+#include "momfmm/gemm.h"
+
+static int check(const char *name, int ok) {
+    printf("%-60s %s\n", name, ok ? "ok" : "FAIL");
+    return !ok;
+}
+
+/* Error bounds, elementwise and worst-case (no statistical √K argument, so
+ * they hold for every input). With S = |op(A)| |op(B)| (products of
+ * magnitudes summed over K) and u = 2^-24 the fp32 unit roundoff:
+ * - an fp32 engine's C differs from the exact alpha A B + beta C0 by at most
+ *   (gamma_K + 3u) (|alpha| S + |beta C0|), gamma_K = K u / (1 - K u) for
+ *   the K-term sum, 3u for scaling by alpha, adding beta C0 and storing;
+ * - the bf16 engine first rounds each operand to 8 significant bits
+ *   (relative error <= u16 = 2^-8, half the 2^-7 spacing above 1), so each product a' b' is within
+ *   (2 u16 + u16^2) |a b| of a b, then accumulates in fp32 as above.
+ * Comparing two engines adds their bounds. The bf16 bound is loose on
+ * random data (errors cancel), so a second check compares the bf16 engine
+ * with the exact product of the bf16-rounded operands, where only the fp32
+ * bound remains: that catches a wrong rounding (truncation, say). */
+static const double U32 = 1.0 / 16777216.0, U16 = 1.0 / 256.0;
+
+static double fp32_bound(int K, float alpha, double S, float beta, float c0) {
+    double gamma = K * U32 / (1.0 - K * U32);
+    return (gamma + 3 * U32) * (fabs(alpha) * S + fabs(beta * c0));
+}
+
+static double bf16_bound(int K, float alpha, double S, float beta, float c0) {
+    double rounding = 2 * U16 + U16 * U16;
+    return fabs(alpha) * rounding * S + fp32_bound(K, alpha, (1 + rounding) * S, beta, c0);
+}
+
+typedef struct {
+    bool trans_a, trans_b;
+    int M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+    float *A, *B, *C0; /* C0: C before the call, padding included */
+} problem;
+
+static int rows_of(bool trans, int r, int c) { return trans ? c : r; }
+static int cols_of(bool trans, int r, int c) { return trans ? r : c; }
+static float element(const float *X, bool trans, int ld, int r, int c) {
+    return trans ? X[(size_t)c * ld + r] : X[(size_t)r * ld + c];
+}
+
+/* Padding between rows holds NaN in A and B (must never be read) and a
+ * sentinel in C (must never be written). */
+static float *matrix(int rows, int cols, int ld, float padding, uint64_t *rng) {
+    float *X = malloc(sizeof(float) * (size_t)rows * ld);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < ld; c++) X[(size_t)r * ld + c] = c < cols ? fd_uniform(rng) : padding;
+    return X;
+}
+
+static problem make_problem(bool ta, bool tb, int M, int N, int K, int pad, float alpha, float beta, uint64_t *rng) {
+    problem p = {ta, tb, M, N, K, cols_of(ta, M, K) + pad, cols_of(tb, K, N) + 2 * pad, N + pad, alpha, beta,
+                 NULL, NULL, NULL};
+    p.A = matrix(rows_of(ta, M, K), cols_of(ta, M, K), p.lda, NAN, rng);
+    p.B = matrix(rows_of(tb, K, N), cols_of(tb, K, N), p.ldb, NAN, rng);
+    p.C0 = matrix(M, N, p.ldc, 12345.0f, rng);
+    return p;
+}
+
+static void free_problem(problem *p) { free(p->A), free(p->B), free(p->C0); }
+
+static float *run(gemm_ctx *ctx, const problem *p) {
+    size_t n = (size_t)p->M * p->ldc;
+    float *C = malloc(sizeof(float) * n);
+    memcpy(C, p->C0, sizeof(float) * n);
+    gemm(ctx, p->trans_a, p->trans_b, p->M, p->N, p->K, p->alpha, p->A, p->lda, p->B, p->ldb, p->beta, C, p->ldc);
+    return C;
+}
+
+static float *run_cblas(const problem *p) {
+    size_t n = (size_t)p->M * p->ldc;
+    float *C = malloc(sizeof(float) * n);
+    memcpy(C, p->C0, sizeof(float) * n);
+    cblas_sgemm(CblasRowMajor, p->trans_a ? CblasTrans : CblasNoTrans, p->trans_b ? CblasTrans : CblasNoTrans, p->M,
+                p->N, p->K, p->alpha, p->A, p->lda, p->B, p->ldb, p->beta, C, p->ldc);
+    return C;
+}
+
+static float round_bf16(float x) {
+    uint16_t h;
+    gemm_f32_to_bf16_portable(&h, &x, 1);
+    return gemm_bf16_to_f32(h);
+}
+
+/* max over C of |C - C_ref| / bound (<= 1 passes); a touched padding
+ * element counts as infinitely wrong. exact_bf16: C_ref is the exact
+ * product of the bf16-rounded operands, else cblas_sgemm's result. */
+static double error_ratio(const problem *p, const float *C, const float *cblas_C, bool bf16_engine, bool exact_bf16) {
+    double worst = 0;
+    for (int i = 0; i < p->M; i++) {
+        for (int j = p->N; j < p->ldc; j++)
+            if (C[(size_t)i * p->ldc + j] != 12345.0f) return INFINITY;
+        for (int j = 0; j < p->N; j++) {
+            double S = 0, exact = 0;
+            for (int k = 0; k < p->K; k++) {
+                double a = element(p->A, p->trans_a, p->lda, i, k), b = element(p->B, p->trans_b, p->ldb, k, j);
+                if (exact_bf16) a = round_bf16((float)a), b = round_bf16((float)b);
+                S += fabs(a * b);
+                exact += a * b;
+            }
+            float c0 = p->C0[(size_t)i * p->ldc + j];
+            double ref = exact_bf16 ? p->alpha * exact + p->beta * c0 : cblas_C[(size_t)i * p->ldc + j];
+            double bound = exact_bf16 ? fp32_bound(p->K, p->alpha, S, p->beta, c0)
+                                      : fp32_bound(p->K, p->alpha, S, p->beta, c0) +
+                                            (bf16_engine ? bf16_bound : fp32_bound)(p->K, p->alpha, S, p->beta, c0);
+            double ratio = fabs(C[(size_t)i * p->ldc + j] - ref) / (bound + 1e-30);
+            if (!(ratio <= worst)) worst = ratio; /* NaN propagates as a failure */
+        }
+    }
+    return worst;
+}
+
+static const int shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {33, 17, 65}, {129, 3, 257}, {64, 96, 128}};
+enum { SHAPES = sizeof shapes / sizeof shapes[0] };
+
+/* Every shape x transposes x leading dims (minimal, padded) x alpha x beta;
+ * returns the worst error ratio (and the one against exact bf16 products). */
+static double sweep(gemm_ctx *ctx, bool bf16_engine, double *worst_exact) {
+    uint64_t rng = 42;
+    double worst = 0;
+    *worst_exact = 0;
+    for (int s = 0; s < SHAPES; s++)
+        for (int t = 0; t < 4; t++)
+            for (int pad = 0; pad <= 3; pad += 3)
+                for (int ab = 0; ab < 4; ab++) {
+                    problem p = make_problem(t & 1, t >> 1, shapes[s][0], shapes[s][1], shapes[s][2], pad,
+                                             ab & 1 ? 0.5f : 1.0f, ab & 2 ? 1.0f : 0.0f, &rng);
+                    float *C = run(ctx, &p), *R = run_cblas(&p);
+                    double r = error_ratio(&p, C, R, bf16_engine, false);
+                    if (!(r <= worst)) worst = r;
+                    if (bf16_engine) {
+                        double e = error_ratio(&p, C, R, true, true);
+                        if (!(e <= *worst_exact)) *worst_exact = e;
+                    }
+                    free(C), free(R), free_problem(&p);
+                }
+    return worst;
+}
+
+static int test_conversion(void) {
+    int fails = 0;
+    const float specials[] = {1.0f, 1.0f + 0x1p-8f, 1.0f + 0x3p-8f, -2.5f, 0.0f, -0.0f, INFINITY, -INFINITY,
+                              NAN, 0x1p-130f, -0x1p-140f, 3.4028235e38f, 0x1p-126f, 1.0f + 0x1p-9f};
+    const uint16_t expected[] = {0x3f80, 0x3f80, 0x3f82, 0xc020, 0x0000, 0x8000, 0x7f80, 0xff80,
+                                 0x7fc0, 0x0000, 0x8000, 0x7f80, 0x0080, 0x3f80};
+    enum { NS = sizeof specials / sizeof specials[0] };
+    uint16_t got[NS];
+    gemm_f32_to_bf16_portable(got, specials, NS);
+    fails += check("bf16: round to nearest even, NaN, inf, subnormal -> 0", memcmp(got, expected, sizeof got) == 0);
+
+    /* The AVX512_BF16 path against the portable one, bit for bit, with a
+     * length that leaves a masked tail. */
+    enum { N = 1000 + 17 };
+    float x[N];
+    uint64_t rng = 7;
+    for (int i = 0; i < N; i++) x[i] = fd_uniform(&rng) * ldexpf(1.0f, (int)(fd_uniform(&rng) * 140.0f));
+    memcpy(x, specials, sizeof specials);
+    uint16_t native[N], portable[N];
+    gemm_f32_to_bf16(native, x, N);
+    gemm_f32_to_bf16_portable(portable, x, N);
+    if (gemm_cpu_has_bf16())
+        fails += check("bf16: vcvtne2ps2bf16 path == portable, bit for bit", memcmp(native, portable, sizeof native) == 0);
+    else
+        printf("%-60s skipped (no AVX512_BF16)\n", "bf16: vcvtne2ps2bf16 path == portable");
+    return fails;
+}
+
+/* A bf16 copy passed with the operand gives the same bits as converting per
+ * call (both dense, so the same primitive runs). */
+static int test_bf16_copies(gemm_ctx *ctx) {
+    uint64_t rng = 3;
+    problem p = make_problem(false, true, 48, 40, 72, 0, 1.0f, 1.0f, &rng);
+    size_t na = (size_t)p.M * p.lda, nb = (size_t)p.N * p.ldb, nc = (size_t)p.M * p.ldc;
+    uint16_t *A16 = malloc(2 * na), *B16 = malloc(2 * nb);
+    gemm_f32_to_bf16(A16, p.A, na);
+    gemm_f32_to_bf16(B16, p.B, nb);
+    float *C = run(ctx, &p), *C2 = malloc(sizeof(float) * nc);
+    memcpy(C2, p.C0, sizeof(float) * nc);
+    gemm_mixed(ctx, false, true, p.M, p.N, p.K, 1.0f, (gemm_operand){p.A, A16}, p.lda, (gemm_operand){p.B, B16}, p.ldb,
+               1.0f, C2, p.ldc);
+    int fails = check("bf16: pre-converted operands == per-call conversion", memcmp(C, C2, sizeof(float) * nc) == 0);
+    free(A16), free(B16), free(C), free(C2), free_problem(&p);
+    return fails;
+}
+
+static int test_edges(gemm_ctx *ctx) {
+    float A[4] = {1, 2, 3, 4}, B[4] = {5, 6, 7, 8}, C[4] = {1, NAN, 3, 4};
+    gemm(ctx, false, false, 2, 2, 0, 1.0f, A, 1, B, 2, 0.0f, C, 2);
+    int ok = C[0] == 0 && C[1] == 0 && C[2] == 0 && C[3] == 0;
+    float D[4] = {1, 2, 3, 4};
+    gemm(ctx, false, false, 2, 2, 0, 1.0f, A, 1, B, 2, 2.0f, D, 2);
+    ok = ok && D[0] == 2 && D[3] == 8;
+    gemm(ctx, false, false, 0, 2, 2, 1.0f, A, 2, B, 2, 0.0f, D, 2);
+    ok = ok && D[0] == 2;
+    return check("K = 0 gives beta C (beta 0 clears NaN); M = 0 is a no-op", ok);
+}
+
+static int test_engine(gemm_engine engine) {
+    const char *why = gemm_unavailable_reason(engine);
+    gemm_ctx *ctx = gemm_create(engine, 1);
+    char name[96];
+    snprintf(name, sizeof name, "%s: created iff available", gemm_engine_name(engine));
+    int fails = check(name, (ctx == NULL) == (why != NULL));
+    if (!ctx) {
+        printf("%-60s skipped (%s)\n", gemm_engine_name(engine), why);
+        return fails;
+    }
+    bool bf16 = engine == GEMM_ONEDNN_BF16;
+    double exact, worst = sweep(ctx, bf16, &exact);
+    size_t created = gemm_primitives_created(ctx);
+    double again_exact, again = sweep(ctx, bf16, &again_exact);
+    printf("  %s: worst |C - cblas| / bound %.3g", gemm_describe(ctx), worst);
+    if (bf16) printf(", vs exact bf16 products %.3g", exact);
+    printf(", %zu primitives\n", created);
+    snprintf(name, sizeof name, "%s: NN/NT/TN/TT, odd sizes, lds, alpha, beta", gemm_engine_name(engine));
+    fails += check(name, worst <= 1.0 && again <= 1.0);
+    if (bf16) fails += check("bf16: round-to-nearest operands, fp32 accumulation", exact <= 1.0 && again_exact <= 1.0);
+    snprintf(name, sizeof name, "%s: primitive cache reused on repeated shapes", gemm_engine_name(engine));
+    fails += check(name, engine == GEMM_OPENBLAS ? created == 0
+                                                 : created > 0 && gemm_primitives_created(ctx) == created);
+    fails += test_edges(ctx);
+    if (bf16) fails += test_bf16_copies(ctx);
+    gemm_destroy(ctx);
+    return fails;
+}
+
+int main(void) {
+    int fails = test_conversion();
+    gemm_engine parsed;
+    fails += check("engine names parse", gemm_engine_parse("onednn-bf16", &parsed) && parsed == GEMM_ONEDNN_BF16 &&
+                                             !gemm_engine_parse("bf16", &parsed));
+    for (int e = GEMM_OPENBLAS; e <= GEMM_ONEDNN_BF16; e++) fails += test_engine((gemm_engine)e);
+    printf("%s: %d failure(s)\n", fails ? "FAILED" : "PASSED", fails);
+    return fails != 0;
+}
