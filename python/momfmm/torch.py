@@ -20,7 +20,7 @@ only be reached as `momfmm.torch`. Run with Debian's /usr/bin/python3 (torch, h5
 import dataclasses
 import json
 import math
-from typing import List, Optional
+from typing import List
 
 import numpy as np
 import torch

@@ -11,7 +11,8 @@ are away from their initial values):
 2. greedy `momfmm generate` (causal lm configs) prints the ids momfmm.torch.generate returns;
 3. the logits equal those of tests/reference/reference_model.py (float64): float32 within
    1e-5·max(1, max|logit|), float64 within 1e-9;
-4. export writes a state_dict whose keys are the checkpoint's tensors under PyTorch names with the
+4. float64 gradients of that loss equal `momfmm loss --grads` within 1e-4 per tensor;
+5. export writes a state_dict whose keys are the checkpoint's tensors under PyTorch names with the
    same shapes and values, and build(config JSON) + load_state_dict reproduces the logits.
 """
 import json
@@ -35,6 +36,7 @@ import reference_model as ref  # noqa: E402
 
 BINARY = os.environ.get("MOMFMM_BIN", os.path.join(ROOT, "build", "momfmm"))
 LOSS_RTOL = 1e-5
+GRAD_RTOL = 1e-4
 LOGIT_TOL32 = 1e-5
 LOGIT_TOL64 = 1e-9
 PROMPT = [1, 2, 3]
@@ -149,8 +151,11 @@ class Case:
         self.config = mt.ModelConfig.from_ini(h5.load_checkpoint(self.ckpt, False, False).config)
         self.tokens = os.path.join(d, "tokens.h5")
         write_tokens(self.tokens, self.config, T, rng)
-        self.c_loss = float(re.search(r"^loss\s+(\S+)", run(["loss", self.ckpt, self.tokens]),
-                                      re.M).group(1))
+        grads = os.path.join(d, "grads.h5")
+        out = run(["loss", self.ckpt, self.tokens, "--grads", grads])
+        self.c_loss = float(re.search(r"^loss\s+(\S+)", out, re.M).group(1))
+        with h5.open_h5(grads) as f:
+            self.c_grads = h5.read_tensor_group(f, "grads")
         self.c_generated = None
         if self.config.head == "lm" and self.config.causal:
             out = run(["generate", self.ckpt, "--prompt", ",".join(map(str, PROMPT)),
@@ -216,6 +221,22 @@ class TorchInteropTest(unittest.TestCase):
             worst = max(errs)
             return (f"rel err f32 {errs[0]:.1e} f64 {errs[1]:.1e}",
                     None if worst <= LOSS_RTOL else f"C loss {case.c_loss}, rel errs {errs}")
+        self.check_all(check)
+
+    def test_gradients_match_c(self):
+        """The module is differentiable: float64 gradients of the loss equal `momfmm loss
+        --grads` within 1e-4 of each tensor's largest entry (the parity tests' tolerance)."""
+        def check(case):
+            model = mt.load(case.ckpt, dtype=torch.float64)
+            mt.loss(model, *mt.load_tokens(case.tokens)).backward()
+            params = dict(model.named_parameters())
+            if set(params) != {mt.state_name(n) for n in case.c_grads}:
+                return "-", "parameter names differ from the C gradients"
+            worst = 0.0
+            for name, g in case.c_grads.items():
+                got = params[mt.state_name(name)].grad.numpy()
+                worst = max(worst, float(np.abs(got - g).max()) / max(float(np.abs(g).max()), 1e-6))
+            return f"max|diff|/max|g| {worst:.1e}", None if worst <= GRAD_RTOL else f"grads {worst:.1e}"
         self.check_all(check)
 
     def test_generate_matches_c(self):
