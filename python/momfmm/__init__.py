@@ -10,5 +10,6 @@ Modules (docs/design.md §8.8), each importing only those listed before it:
   suite    the experiment suite list, its runs, groups over seeds and claim tests
   results  RESULTS.md from the suite (tools/momfmm_report.py --results)
   report   Markdown table comparing runs (tools/momfmm_report.py)
+  torch    a checkpoint as a PyTorch nn.Module: load, export, loss, generate (needs torch)
 This file imports none of them, so `import momfmm.h5` loads neither matplotlib nor the rest.
 """
