@@ -15,6 +15,7 @@
 #include "momfmm/kernels.h"
 #include "momfmm/readouts.h"
 #include "momfmm/rng.h"
+#include "momfmm/stream.h"
 #include "momfmm/train.h"
 
 /* A trainer whose state is the checkpoint's (config, weights, buffers). */
@@ -109,7 +110,8 @@ static double stream_batch(model *m, const batch *b, int segment, const float *f
                            int32_t *predictions) {
     int T = b->T, S = b->B, V = m->V;
     stream_state st;
-    stream_create(&st, m, S, T, segment);
+    status err;
+    if (stream_create(&st, m, S, T, segment, &err)) fail_all(err.code, "%s", err.message);
     float *seg_logits = xcalloc((size_t)S * segment * V, sizeof(float));
     int32_t *tokens = xcalloc((size_t)S * segment, sizeof(int32_t));
     float *probs = xcalloc((size_t)V, sizeof(float));
@@ -117,7 +119,7 @@ static double stream_batch(model *m, const batch *b, int segment, const float *f
     for (int pos = 0; pos < T; pos += segment) {
         int n = T - pos < segment ? T - pos : segment;
         for (int s = 0; s < S; s++) memcpy(tokens + (size_t)s * n, b->inputs + (size_t)s * T + pos, sizeof(int32_t) * n);
-        stream_forward(m, &st, tokens, n, seg_logits);
+        if (stream_forward(m, &st, tokens, n, seg_logits, &err)) fail(err.code, "%s", err.message);
         for (int s = 0; s < S; s++)
             for (int r = 0; r < n; r++) {
                 size_t at = (size_t)s * T + pos + r;
@@ -223,9 +225,10 @@ int command_generate(const char *ckpt, const char *prompt, int n_tokens, double 
     int32_t *tokens;
     int n_prompt = parse_prompt(prompt, m.V, &tokens);
     stream_state st;
-    stream_create(&st, &m, 1, n_prompt + n_tokens, n_prompt);
+    status err;
+    if (stream_create(&st, &m, 1, n_prompt + n_tokens, n_prompt, &err)) fail_all(err.code, "%s", err.message);
     float *logits = xcalloc((size_t)n_prompt * m.V, sizeof(float));
-    stream_forward(&m, &st, tokens, n_prompt, logits);
+    if (stream_forward(&m, &st, tokens, n_prompt, logits, &err)) fail(err.code, "%s", err.message);
     const float *last = logits + (size_t)(n_prompt - 1) * m.V;
     uint64_t key = rng_key((uint64_t)seed, 0x6E4, 0, 0);
     log_rank0("prompt:");
@@ -235,7 +238,7 @@ int command_generate(const char *ckpt, const char *prompt, int n_tokens, double 
         int32_t next = pick_token(last, m.V, temperature, key, (uint64_t)i);
         log_rank0(" %d", next);
         if (i + 1 < n_tokens) {
-            stream_forward(&m, &st, &next, 1, logits);
+            if (stream_forward(&m, &st, &next, 1, logits, &err)) fail(err.code, "%s", err.message);
             last = logits;
         }
     }

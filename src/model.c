@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "momfmm/attention.h"
 #include "momfmm/common.h"
 #include "momfmm/kernels.h"
 #include "momfmm/rng.h"
@@ -175,7 +176,7 @@ static size_t activation_plan(const model *m, activations *a, int B, int T, carv
         {&a->ln1, L * bt * d}, {&a->ln1_mean, L * bt}, {&a->ln1_rstd, L * bt},
         {&a->q_hat, L * bt * d}, {&a->k_hat, L * bt * d}, {&a->v_heads, L * bt * d},
         {&a->p_q, keep_p ? L * bt * d : 0}, {&a->p_k, keep_p ? L * bt * d : 0},
-        {&a->att_saved, L * B * m->H * attention_saved_per_head(m, T)},
+        {&a->att_saved, L * B * m->H * attention_saved_per_head(&m->cfg, &m->fmm, T)},
         {&a->att_out, L * bt * d},
         {&a->ln2, L * bt * d}, {&a->ln2_mean, L * bt}, {&a->ln2_rstd, L * bt},
         {&a->fc_pre, L * bt * ff}, {&a->fc_act, L * bt * ff}, {&a->fc_tanh, L * bt * ff},
@@ -184,7 +185,7 @@ static size_t activation_plan(const model *m, activations *a, int B, int T, carv
         {&a->pooled, lm ? 0 : (size_t)B * d}, {&a->losses, bt},
         {&a->qkv, bt * 3 * d}, {&a->d_residual, bt * d}, {&a->d_model_rows, bt * d},
         {&a->d_ff, bt * ff}, {&a->d_pooled, lm ? 0 : (size_t)B * d},
-        {&a->head_scratch, attention_scratch_per_head(m, T)},
+        {&a->head_scratch, attention_scratch_per_head(&m->cfg, &m->fmm, T)},
     };
     size_t n = sizeof all / sizeof all[0];
     memcpy(plan, all, sizeof all);
@@ -248,6 +249,31 @@ static void unpool_valid_positions(float *dx, const float *d_pooled, const int32
     }
 }
 
+attention_layer model_attention_layer(model *m, int l, bool collect_buffers) {
+    const block_tensors *w = &m->w.blocks[l], *g = &m->g.blocks[l];
+    size_t buffers = (size_t)l * 2 * m->H * m->dh;
+    attention_layer a = {
+        .cfg = &m->cfg, .fmm = &m->fmm, .d = m->d, .H = m->H, .dh = m->dh, .momentum = m->momentum,
+        .rope_cos = m->rope_cos, .rope_sin = m->rope_sin, .gamma = w->momentum_gamma, .blend = w->fmm_blend,
+        .d_gamma = g->momentum_gamma, .d_blend = g->fmm_blend, .buffers = m->buffers + buffers,
+        .buffer_sums = collect_buffers ? m->buffer_sums + buffers : NULL,
+    };
+    return a;
+}
+
+/* Block l's slice of the saved attention state (a view for attention.c,
+ * which knows nothing of `activations`, docs/design.md §8.1). */
+static attention_saved attention_state(const model *m, int l, int B, int T) {
+    const activations *a = &m->acts;
+    size_t heads = (size_t)l * B * T * m->d, saved = (size_t)l * B * m->H * attention_saved_per_head(&m->cfg, &m->fmm, T);
+    attention_saved s = {
+        .q_hat = a->q_hat + heads, .k_hat = a->k_hat + heads, .v_heads = a->v_heads + heads,
+        .p_q = a->p_q ? a->p_q + heads : NULL, .p_k = a->p_k ? a->p_k + heads : NULL,
+        .saved = a->att_saved + saved, .scratch = a->head_scratch,
+    };
+    return s;
+}
+
 void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
     activations *a = &m->acts;
     size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
@@ -258,7 +284,9 @@ void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
     float *fc_pre = a->fc_pre + l * bt * ff, *fc_act = a->fc_act + l * bt * ff, *fc_tanh = a->fc_tanh + l * bt * ff;
     layernorm_forward(ln1, a->ln1_mean + l * bt, a->ln1_rstd + l * bt, x, w->ln1_weight, w->ln1_bias, rows, m->d);
     matmul_forward(a->qkv, ln1, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d);
-    attention_forward(m, l, a->qkv, att, B, T, collect_buffers);
+    attention_layer view = model_attention_layer(m, l, collect_buffers);
+    attention_saved saved = attention_state(m, l, B, T);
+    attention_forward(&view, &saved, a->qkv, att, B, T);
     matmul_forward(mid, att, w->proj_weight, w->proj_bias, rows, m->d, m->d);
     add_into(mid, x, bt * d);
     layernorm_forward(ln2, a->ln2_mean + l * bt, a->ln2_rstd + l * bt, mid, w->ln2_weight, w->ln2_bias, rows, m->d);
@@ -355,7 +383,9 @@ static void block_backward(model *m, int l, int B, int T, const backward_hooks *
     matmul_backward(a->d_model_rows, g->proj_weight, g->proj_bias, a->d_residual, a->att_out + l * bt * d,
                     w->proj_weight, rows, m->d, m->d);
     progress(hooks);
-    attention_backward(m, l, a->d_model_rows, a->qkv, B, T);
+    attention_layer view = model_attention_layer(m, l, false);
+    attention_saved saved = attention_state(m, l, B, T);
+    attention_backward(&view, &saved, a->d_model_rows, a->qkv, B, T);
     progress(hooks);
     matmul_backward(a->d_model_rows, g->qkv_weight, g->qkv_bias, a->qkv, a->ln1 + l * bt * d, w->qkv_weight, rows,
                     m->d, 3 * m->d);
