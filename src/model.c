@@ -74,7 +74,8 @@ static void bind_tensors(const model *m, float *base, model_tensors *view) {
     }
 }
 
-void model_create(model *m, const config *cfg) {
+/* training: params, grads, adam_m, adam_v in one allocation; else params. */
+static int model_build(model *m, const config *cfg, bool training, status *err) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->d = cfg->d_model;
@@ -87,21 +88,23 @@ void model_create(model *m, const config *cfg) {
     m->momentum = config_momentum_enabled(cfg);
     char bad[64];
     if (fmm_parse_kernels(cfg->fmm_kernels, &m->fmm, bad, sizeof bad) != 0)
-        fail_all(EXIT_USAGE, "fmm.kernels: unknown feature map '%s'", bad);
+        return status_fail(err, EXIT_USAGE, "fmm.kernels: unknown feature map '%s'", bad);
     m->fmm.bandwidth = cfg->fmm_bandwidth;
     m->fmm.causal = cfg->causal;
     m->fmm.eps = (float)cfg->fmm_eps;
     m->fmm.chunk = cfg->fmm_chunk;
     build_layout(m);
-    float *all = xcalloc(4 * m->n_params, sizeof(float));
+    float *all = xcalloc((training ? 4 : 1) * m->n_params, sizeof(float));
     m->params = all;
-    m->grads = all + m->n_params;
-    m->adam_m = all + 2 * m->n_params;
-    m->adam_v = all + 3 * m->n_params;
     m->w.blocks = xcalloc((size_t)m->L, sizeof(block_tensors));
     m->g.blocks = xcalloc((size_t)m->L, sizeof(block_tensors));
     bind_tensors(m, m->params, &m->w);
-    bind_tensors(m, m->grads, &m->g);
+    if (training) {
+        m->grads = all + m->n_params;
+        m->adam_m = all + 2 * m->n_params;
+        m->adam_v = all + 3 * m->n_params;
+        bind_tensors(m, m->grads, &m->g);
+    }
     m->n_buffer = (size_t)m->L * 2 * m->H * m->dh;
     m->buffers = xcalloc(2 * m->n_buffer, sizeof(float));
     m->buffer_sums = m->buffers + m->n_buffer;
@@ -109,6 +112,13 @@ void model_create(model *m, const config *cfg) {
     m->rope_cos = xcalloc((size_t)m->rope_positions * m->dh, sizeof(float));
     m->rope_sin = m->rope_cos + (size_t)m->rope_positions * m->dh / 2;
     rope_tables(m->rope_cos, m->rope_sin, m->rope_positions, m->dh, cfg->rope_base);
+    return 0;
+}
+
+int model_create(model *m, const config *cfg, status *err) { return model_build(m, cfg, true, err); }
+
+int model_create_for_inference(model *m, const config *cfg, status *err) {
+    return model_build(m, cfg, false, err);
 }
 
 static void activations_free(activations *a) {
@@ -186,6 +196,7 @@ static size_t activation_plan(const model *m, activations *a, int B, int T, carv
         {&a->qkv, bt * 3 * d}, {&a->d_residual, bt * d}, {&a->d_model_rows, bt * d},
         {&a->d_ff, bt * ff}, {&a->d_pooled, lm ? 0 : (size_t)B * d},
         {&a->head_scratch, attention_scratch_per_head(&m->cfg, &m->fmm, T)},
+        {&a->probs, !m->keep_logits ? 0 : lm ? bt * m->V : (size_t)B * m->n_out},
     };
     size_t n = sizeof all / sizeof all[0];
     memcpy(plan, all, sizeof all);
@@ -202,10 +213,11 @@ size_t model_activation_bytes(const model *m, int B, int T) {
 
 static void activations_reserve(model *m, int B, int T) {
     activations *a = &m->acts;
-    if (a->mem && B <= a->B && T <= a->T) return;
+    if (a->mem && B <= a->B && T <= a->T && a->kept_logits == m->keep_logits) return;
     activations_free(a);
     a->B = B;
     a->T = T;
+    a->kept_logits = m->keep_logits;
     carve plan[ACTIVATION_SLOTS];
     size_t total = 0, n = activation_plan(m, a, B, T, plan);
     for (size_t i = 0; i < n; i++) total += plan[i].count;
@@ -215,6 +227,7 @@ static void activations_reserve(model *m, int B, int T) {
         *plan[i].slot = plan[i].count ? cursor : NULL;
         cursor += plan[i].count;
     }
+    if (!a->probs) a->probs = a->logits; /* the softmax works in place */
     a->predictions = xcalloc((size_t)B * T, sizeof(int32_t));
 }
 
@@ -297,6 +310,12 @@ void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
     add_into(out, mid, bt * d);
 }
 
+/* The softmax runs on a copy when the model keeps its logits: the same
+ * kernel on the same values, so probabilities and losses are unchanged. */
+static void copy_logits_to_probs(activations *a, size_t n) {
+    if (a->probs != a->logits) memcpy(a->probs, a->logits, sizeof(float) * n);
+}
+
 void model_forward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B,
                    int T, bool collect_buffers) {
     activations_reserve(m, B, T);
@@ -310,11 +329,13 @@ void model_forward(model *m, const int32_t *inputs, const int32_t *targets, cons
                       m->w.ln_f_bias, rows, m->d);
     if (m->cfg.head == HEAD_LM) {
         matmul_forward(a->logits, a->ln_f, m->w.head_weight, NULL, rows, m->d, m->V);
-        cross_entropy_forward(a->logits, a->losses, a->predictions, targets, rows, m->V);
+        copy_logits_to_probs(a, bt * m->V);
+        cross_entropy_forward(a->probs, a->losses, a->predictions, targets, rows, m->V);
     } else {
         pool_valid_positions(a->pooled, a->ln_f, targets, B, T, m->d);
         matmul_forward(a->logits, a->pooled, m->w.cls_weight, m->w.cls_bias, B, m->d, m->n_out);
-        cross_entropy_forward(a->logits, a->losses, a->predictions, labels, B, m->n_out);
+        copy_logits_to_probs(a, (size_t)B * m->n_out);
+        cross_entropy_forward(a->probs, a->losses, a->predictions, labels, B, m->n_out);
     }
 }
 
@@ -341,13 +362,13 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
     activations *a = &m->acts;
     int rows = B * T;
     if (m->cfg.head == HEAD_LM) {
-        cross_entropy_backward(a->logits, targets, rows, m->V, scale);
-        matmul_backward(a->d_model_rows, m->g.head_weight, NULL, a->logits, a->ln_f, m->w.head_weight, rows, m->d,
+        cross_entropy_backward(a->probs, targets, rows, m->V, scale);
+        matmul_backward(a->d_model_rows, m->g.head_weight, NULL, a->probs, a->ln_f, m->w.head_weight, rows, m->d,
                         m->V);
     } else {
         float *d_pooled = a->d_pooled;
-        cross_entropy_backward(a->logits, labels, B, m->n_out, scale);
-        matmul_backward(d_pooled, m->g.cls_weight, m->g.cls_bias, a->logits, a->pooled, m->w.cls_weight, B, m->d,
+        cross_entropy_backward(a->probs, labels, B, m->n_out, scale);
+        matmul_backward(d_pooled, m->g.cls_weight, m->g.cls_bias, a->probs, a->pooled, m->w.cls_weight, B, m->d,
                         m->n_out);
         unpool_valid_positions(a->d_model_rows, d_pooled, targets, B, T, m->d);
     }

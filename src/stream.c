@@ -14,13 +14,18 @@ typedef struct {
     size_t count;
 } stream_carve;
 
-int stream_create(stream_state *st, const model *m, int S, int capacity, int n_max, status *err) {
-    memset(st, 0, sizeof *st);
+int stream_check(const model *m, int capacity, status *err) {
     if (!m->cfg.causal || m->cfg.head != HEAD_LM)
         return status_fail(err, EXIT_USAGE, "streaming needs a causal lm model (model.causal = true, model.head = lm)");
     if (capacity > m->rope_positions)
         return status_fail(err, EXIT_USAGE, "stream of %d positions is longer than the model's %d (model.max_seq_len)",
                            capacity, m->rope_positions);
+    return 0;
+}
+
+int stream_create(stream_state *st, const model *m, int S, int capacity, int n_max, status *err) {
+    memset(st, 0, sizeof *st);
+    if (stream_check(m, capacity, err) != 0) return err ? err->code : EXIT_USAGE;
     st->S = S, st->capacity = capacity, st->n_max = n_max;
     size_t L = (size_t)m->L, heads = (size_t)S * m->H, dh = (size_t)m->dh, rows = (size_t)S * n_max;
     size_t d = (size_t)m->d, ff = (size_t)m->d_ff;

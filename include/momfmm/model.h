@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "momfmm/attention.h"
+#include "momfmm/common.h"
 #include "momfmm/config.h"
 #include "momfmm/fmm.h"
 
@@ -40,7 +41,8 @@ typedef struct {
 
 /* Saved forward state and backward scratch for a batch of B rows of T. */
 typedef struct {
-    int B, T; /* capacity */
+    int B, T;          /* capacity */
+    bool kept_logits;  /* laid out with probs apart from logits */
     float *residual;                   /* [L+1][B*T*d]: block inputs, final stream */
     float *mid;                        /* [L][B*T*d]: after attention */
     float *ln1, *ln1_mean, *ln1_rstd;  /* [L][B*T*d], [L][B*T] */
@@ -52,6 +54,8 @@ typedef struct {
     float *fc_pre, *fc_act, *fc_tanh;  /* [L][B*T*d_ff] */
     float *ln_f, *ln_f_mean, *ln_f_rstd;
     float *logits;                     /* [B*T*V] (lm) or [B*n_classes] (cls) */
+    float *probs;                      /* the same shape: softmax of logits; == logits (overwritten)
+                                        * unless the model keeps logits */
     float *pooled;                     /* [B*d] (cls) */
     float *losses;                     /* [B*T] (lm) or [B] (cls) */
     int32_t *predictions;              /* [B*T] or [B] */
@@ -83,7 +87,11 @@ struct model {
     param_entry *entries;
     int n_entries;
     size_t n_params;
-    float *params, *grads, *adam_m, *adam_v;
+    float *params, *grads, *adam_m, *adam_v; /* grads, moments: NULL for inference */
+    /* The forward leaves logits in acts.logits and probabilities in
+     * acts.probs (eval --stream compares logits, docs/design.md §8.5);
+     * otherwise the softmax overwrites the logits, saving B*T*V floats. */
+    bool keep_logits;
     model_tensors w, g;       /* views into params and grads */
     /* SPEC 1.2 momentum buffers prev_q, prev_k: [L][2][H][dh]. buffer_sums
      * collects this rank's sum of last-position vectors during a training
@@ -95,9 +103,14 @@ struct model {
     activations acts;
 };
 
-/* Builds the layout and allocates every buffer; parameters are zero until
- * model_init_parameters or a checkpoint fills them. */
-void model_create(model *m, const config *cfg);
+/* Builds the layout and allocates every buffer (parameters, gradients,
+ * AdamW moments); parameters are zero until model_init_parameters or a
+ * checkpoint fills them. Returns 0, or EXIT_USAGE in err for a config that
+ * config_check would reject (an unknown fmm.kernels name). */
+int model_create(model *m, const config *cfg, status *err);
+/* The same with parameters only: forward passes (eval, inspect, generate),
+ * no backward and no optimizer step. */
+int model_create_for_inference(model *m, const config *cfg, status *err);
 void model_free(model *m);
 /* Deterministic initialisation from train.seed (identical on every rank). */
 void model_init_parameters(model *m);

@@ -22,8 +22,10 @@ typedef struct {
     float *mem;
 } stream_state;
 
-/* Returns 0, or EXIT_USAGE in st for a model that cannot stream (not causal
- * lm) or a capacity beyond the model's positions. */
+/* 0 when the model can stream `capacity` positions, else EXIT_USAGE in err:
+ * not a causal lm model, or a capacity beyond the model's positions. */
+int stream_check(const model *m, int capacity, status *err);
+/* Returns 0, or the failure of stream_check. */
 int stream_create(stream_state *st, const model *m, int S, int capacity, int n_max, status *err);
 void stream_free(stream_state *st);
 /* Feeds tokens [S][n] (n <= n_max, pos + n <= capacity); logits [S][n][V].
