@@ -278,7 +278,8 @@ attention_layer model_attention_layer(model *m, int l, bool collect_buffers) {
  * which knows nothing of `activations`, docs/design.md §8.1). */
 static attention_saved attention_state(const model *m, int l, int B, int T) {
     const activations *a = &m->acts;
-    size_t heads = (size_t)l * B * T * m->d, saved = (size_t)l * B * m->H * attention_saved_per_head(&m->cfg, &m->fmm, T);
+    size_t heads = (size_t)l * B * T * m->d;
+    size_t saved = (size_t)l * B * m->H * attention_saved_per_head(&m->cfg, &m->fmm, T);
     attention_saved s = {
         .q_hat = a->q_hat + heads, .k_hat = a->k_hat + heads, .v_heads = a->v_heads + heads,
         .p_q = a->p_q ? a->p_q + heads : NULL, .p_k = a->p_k ? a->p_k + heads : NULL,

@@ -28,7 +28,9 @@ static int make_directory(const char *path, status *err) {
 }
 
 /* The temporary name of a write to `path`: unique per process. */
-static void temporary_path(const char *path, char *tmp, size_t len) { snprintf(tmp, len, "%s.tmp.%d", path, (int)getpid()); }
+static void temporary_path(const char *path, char *tmp, size_t len) {
+    snprintf(tmp, len, "%s.tmp.%d", path, (int)getpid());
+}
 
 static bool is_temporary_name(const char *name) {
     unsigned long long step;
