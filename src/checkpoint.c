@@ -1,7 +1,9 @@
-/* HDF5 files of SPEC 4. Writes go to a temporary name that is flushed,
- * fsync'ed and renamed, so a crash never leaves half a file under a
- * checkpoint's name; reads check every attribute, dataset and shape and
- * exit 3 naming the file and what is wrong. */
+/* HDF5 files of SPEC 4: the file format only (names, listing, pruning and
+ * temporary names are the store's, docs/design.md §8.4). Writes go to the
+ * temporary name the caller gives, flushed, fsync'ed and renamed, so a crash
+ * never leaves half a file under a checkpoint's name; reads check every
+ * attribute, dataset and shape and return EXIT_BAD_FILE naming the file and
+ * what is wrong. */
 #include "momfmm/checkpoint.h"
 
 #include <errno.h>
@@ -122,18 +124,16 @@ static herr_t write_root_attributes(hid_t file, const model *m, const checkpoint
 
 /* fsyncs the written file, renames it over the target, fsyncs the
  * directory: after a crash, `path` holds the old file or the new one. */
-static int publish(const char *tmp, const char *path, char *err, size_t err_len) {
+static int publish(const char *tmp, const char *path, status *err) {
     int fd = open(tmp, O_RDONLY);
     if (fd < 0 || fsync(fd) != 0) {
-        snprintf(err, err_len, "%s: fsync failed: %s", tmp, strerror(errno));
+        status_fail(err, EXIT_BAD_FILE, "%s: fsync failed: %s", tmp, strerror(errno));
         if (fd >= 0) close(fd);
         return -1;
     }
     close(fd);
-    if (rename(tmp, path) != 0) {
-        snprintf(err, err_len, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
-        return -1;
-    }
+    if (rename(tmp, path) != 0)
+        return status_fail(err, EXIT_BAD_FILE, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
     char *copy = strdup(path);
     int dir = open(dirname(copy), O_RDONLY | O_DIRECTORY);
     free(copy);
@@ -151,26 +151,20 @@ typedef herr_t (*content_writer)(hid_t file, const void *ctx);
  * HDF5 1.10.8 frees a file whose H5Fclose fails yet keeps it registered and
  * crashes at exit (HDFFV-11052); main() calls H5dont_atexit, so the
  * abandoned handle is simply left to the operating system. */
-static int write_atomically(const char *path, content_writer write, const void *ctx, char *err, size_t err_len) {
+static int write_atomically(const char *path, const char *tmp, content_writer write, const void *ctx, status *err) {
     quiet_hdf5();
-    char tmp[CONFIG_PATH_MAX + 64];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     hid_t file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (file < 0) {
-        snprintf(err, err_len, "%s: cannot create (%s)", tmp, strerror(errno));
-        return -1;
-    }
-    herr_t status = write(file, ctx);
-    if (status >= 0) status = H5Fflush(file, H5F_SCOPE_GLOBAL);
-    if (status >= 0) status = H5Fclose(file);
-    if (status < 0) {
-        snprintf(err, err_len, "%s: writing failed (disk full or I/O error)", path);
+    if (file < 0) return status_fail(err, EXIT_BAD_FILE, "%s: cannot create (%s)", tmp, strerror(errno));
+    herr_t written = write(file, ctx);
+    if (written >= 0) written = H5Fflush(file, H5F_SCOPE_GLOBAL);
+    if (written >= 0) written = H5Fclose(file);
+    if (written < 0) {
         unlink(tmp);
-        return -1;
+        return status_fail(err, EXIT_BAD_FILE, "%s: writing failed (disk full or I/O error)", path);
     }
-    if (publish(tmp, path, err, err_len) != 0) {
+    if (publish(tmp, path, err) != 0) {
         unlink(tmp);
-        return -1;
+        return EXIT_BAD_FILE;
     }
     return 0;
 }
@@ -193,10 +187,10 @@ static herr_t write_checkpoint_content(hid_t file, const void *ctx) {
     return 0;
 }
 
-int checkpoint_write(const char *path, const model *m, const checkpoint_info *info, const metric_table *train,
-                     const metric_table *eval, char *err, size_t err_len) {
+int checkpoint_write(const char *path, const char *tmp, const model *m, const checkpoint_info *info,
+                     const metric_table *train, const metric_table *eval, status *err) {
     checkpoint_content content = {m, info, train, eval};
-    return write_atomically(path, write_checkpoint_content, &content, err, err_len);
+    return write_atomically(path, tmp, write_checkpoint_content, &content, err);
 }
 
 typedef struct {
@@ -210,9 +204,9 @@ static herr_t write_grads_content(hid_t file, const void *ctx) {
     return write_tensors(file, "/grads", c->m, c->m->grads);
 }
 
-int grads_write(const char *path, const model *m, double loss, char *err, size_t err_len) {
+int grads_write(const char *path, const char *tmp, const model *m, double loss, status *err) {
     grads_content content = {m, loss};
-    return write_atomically(path, write_grads_content, &content, err, err_len);
+    return write_atomically(path, tmp, write_grads_content, &content, err);
 }
 
 /* ---- reading ------------------------------------------------------------ */
@@ -402,27 +396,32 @@ static void read_metric_table(reader *r, const char *group, metric_table *t) {
     free(row);
 }
 
-/* Runs body(r, ctx) on an opened file; 0, or -1 with the message in err. */
+/* Runs body(r, ctx) on an opened file; 0, or EXIT_BAD_FILE with the
+ * message in err (which may be NULL). */
 typedef void (*reader_body)(reader *r, void *ctx);
 
-static int reader_run(const char *path, const char *what, reader_body body, void *ctx, char *err, size_t err_len) {
+static int reader_run_into(const char *path, const char *what, reader_body body, void *ctx, status *err) {
+    status_clear(err);
     /* on the heap: a local changed after setjmp would be indeterminate after longjmp */
     reader *r = xcalloc(1, sizeof *r);
     r->path = path;
     r->file = -1;
-    r->err = err;
-    r->err_len = err_len;
-    err[0] = '\0';
-    int status = 0;
+    r->err = err->message;
+    r->err_len = sizeof err->message;
     if (setjmp(r->on_error) == 0) {
         reader_open(r, what);
         body(r, ctx);
     } else {
-        status = -1;
+        err->code = EXIT_BAD_FILE;
     }
     if (r->file >= 0) H5Fclose(r->file);
     free(r);
-    return status;
+    return err->code;
+}
+
+static int reader_run(const char *path, const char *what, reader_body body, void *ctx, status *err) {
+    status ignored;
+    return reader_run_into(path, what, body, ctx, err ? err : &ignored);
 }
 
 typedef struct {
@@ -451,34 +450,26 @@ static void state_body(reader *r, void *ctx) {
     if (q->eval) read_metric_table(r, "/metrics/eval", q->eval);
 }
 
-int checkpoint_try_read_config(const char *path, config *c, checkpoint_info *info, char *err, size_t err_len) {
+int checkpoint_read_config(const char *path, config *c, checkpoint_info *info, status *err) {
     read_request q = {.c = c, .info = info};
-    return reader_run(path, "checkpoint", config_body, &q, err, err_len);
+    return reader_run(path, "checkpoint", config_body, &q, err);
 }
 
-int checkpoint_try_read_state(const char *path, model *m, bool optimizer, metric_table *train, metric_table *eval,
-                              char *err, size_t err_len) {
+int checkpoint_read_state(const char *path, model *m, bool optimizer, metric_table *train, metric_table *eval,
+                          status *err) {
     read_request q = {.m = m, .optimizer = optimizer, .train = train, .eval = eval};
-    return reader_run(path, "checkpoint", state_body, &q, err, err_len);
+    return reader_run(path, "checkpoint", state_body, &q, err);
 }
 
-void checkpoint_read_config(const char *path, config *c, checkpoint_info *info) {
-    char err[CONFIG_PATH_MAX + 512];
-    if (checkpoint_try_read_config(path, c, info, err, sizeof err) != 0) fail(EXIT_BAD_FILE, "%s", err);
-}
-
-void checkpoint_read_state(const char *path, model *m, bool optimizer, metric_table *train, metric_table *eval) {
-    char err[CONFIG_PATH_MAX + 512];
-    if (checkpoint_try_read_state(path, m, optimizer, train, eval, err, sizeof err) != 0)
-        fail(EXIT_BAD_FILE, "%s", err);
-}
-
-void checkpoint_load_model(const char *path, model *m) {
+int checkpoint_load_model(const char *path, model *m, bool training, status *err) {
     config c;
     checkpoint_info info;
-    checkpoint_read_config(path, &c, &info);
-    model_create(m, &c);
-    checkpoint_read_state(path, m, false, NULL, NULL);
+    int rc = checkpoint_read_config(path, &c, &info, err);
+    if (rc != 0) return rc;
+    rc = training ? model_create(m, &c, err) : model_create_for_inference(m, &c, err);
+    if (rc == 0) rc = checkpoint_read_state(path, m, false, NULL, NULL, err);
+    if (rc != 0) model_free(m);
+    return rc;
 }
 
 static void check_token_range(reader *r, const char *name, const int32_t *x, size_t n, int lo, int hi) {
@@ -511,8 +502,7 @@ static void tokens_body(reader *r, void *ctx) {
     }
 }
 
-void tokens_read(const char *path, const model *m, batch *b) {
-    char err[CONFIG_PATH_MAX + 512];
+int tokens_read(const char *path, const model *m, batch *b, status *err) {
     read_request q = {.m = (model *)m, .b = b};
-    if (reader_run(path, "token file", tokens_body, &q, err, sizeof err) != 0) fail(EXIT_BAD_FILE, "%s", err);
+    return reader_run(path, "token file", tokens_body, &q, err);
 }

@@ -6,13 +6,12 @@
 #include <string.h>
 
 #include "momfmm/blas_core.h"
-#include "momfmm/checkpoint.h"
 #include "momfmm/cmd_common.h"
+#include "momfmm/commands.h"
 #include "momfmm/common.h"
 #include "momfmm/dist.h"
 #include "momfmm/float_env.h"
-#include "momfmm/inference.h"
-#include "momfmm/train.h"
+#include "momfmm/store.h"
 
 #define MAX_OVERRIDES 256
 
@@ -101,12 +100,12 @@ static int command_init(const arguments *a) {
     if (!a->out) fail_all(EXIT_USAGE, "init: --out FILE.h5 is required");
     config c = cmd_load_config(a->positional[0], a->n_overrides, a->overrides);
     model m;
-    model_create(&m, &c);
+    status err;
+    if (model_create(&m, &c, &err) != 0) fail_all(err.code, "%s", err.message);
     model_init_parameters(&m);
     checkpoint_info info = {0, 0, process_count()};
-    char err[CONFIG_PATH_MAX + 256];
-    if (process_rank() == 0 && checkpoint_write(a->out, &m, &info, NULL, NULL, err, sizeof err) != 0)
-        fail(EXIT_BAD_FILE, "%s", err);
+    if (process_rank() == 0 && store_write_checkpoint(a->out, &m, &info, NULL, NULL, &err) != 0)
+        fail(err.code, "%s", err.message);
     log_rank0("wrote %s: %zu parameters\n", a->out, m.n_params);
     model_free(&m);
     return 0;
@@ -114,9 +113,10 @@ static int command_init(const arguments *a) {
 
 static int command_loss(const arguments *a) {
     model m;
-    checkpoint_load_model(a->positional[0], &m);
     batch b;
-    tokens_read(a->positional[1], &m, &b);
+    status err;
+    if (checkpoint_load_model(a->positional[0], &m, true, &err) != 0 || tokens_read(a->positional[1], &m, &b, &err) != 0)
+        fail(err.code, "%s", err.message);
     model_forward(&m, b.inputs, b.targets, b.labels, b.B, b.T, false);
     long long count;
     double sum = model_loss_sum(&m, b.targets, b.B, b.T, &count);
@@ -125,8 +125,7 @@ static int command_loss(const arguments *a) {
     if (a->grads) {
         model_zero_grads(&m);
         model_backward(&m, b.inputs, b.targets, b.labels, b.B, b.T, count > 0 ? (float)(1.0 / count) : 0.0f, NULL);
-        char err[CONFIG_PATH_MAX + 256];
-        if (process_rank() == 0 && grads_write(a->grads, &m, loss, err, sizeof err) != 0) fail(EXIT_BAD_FILE, "%s", err);
+        if (process_rank() == 0 && store_write_grads(a->grads, &m, loss, &err) != 0) fail(err.code, "%s", err.message);
     }
     batch_free(&b);
     model_free(&m);

@@ -121,6 +121,17 @@ int metric_table_column_offset(const metric_table *t, const char *name) {
     return -1;
 }
 
+void metric_table_set(const metric_table *t, double *row, const char *name, const double *values) {
+    int offset = 0;
+    for (int i = 0; i < t->n_columns; i++) {
+        if (strcmp(t->columns[i].name, name) == 0) {
+            memcpy(row + offset, values, sizeof(double) * (size_t)t->columns[i].width);
+            return;
+        }
+        offset += t->columns[i].width;
+    }
+}
+
 void metric_table_free(metric_table *t) {
     free(t->columns);
     free(t->values);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "momfmm/attention.h"
 #include "momfmm/common.h"
 #include "momfmm/kernels.h"
 #include "momfmm/rng.h"
@@ -73,7 +74,8 @@ static void bind_tensors(const model *m, float *base, model_tensors *view) {
     }
 }
 
-void model_create(model *m, const config *cfg) {
+/* training: params, grads, adam_m, adam_v in one allocation; else params. */
+static int model_build(model *m, const config *cfg, bool training, status *err) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->d = cfg->d_model;
@@ -86,21 +88,23 @@ void model_create(model *m, const config *cfg) {
     m->momentum = config_momentum_enabled(cfg);
     char bad[64];
     if (fmm_parse_kernels(cfg->fmm_kernels, &m->fmm, bad, sizeof bad) != 0)
-        fail_all(EXIT_USAGE, "fmm.kernels: unknown feature map '%s'", bad);
+        return status_fail(err, EXIT_USAGE, "fmm.kernels: unknown feature map '%s'", bad);
     m->fmm.bandwidth = cfg->fmm_bandwidth;
     m->fmm.causal = cfg->causal;
     m->fmm.eps = (float)cfg->fmm_eps;
     m->fmm.chunk = cfg->fmm_chunk;
     build_layout(m);
-    float *all = xcalloc(4 * m->n_params, sizeof(float));
+    float *all = xcalloc((training ? 4 : 1) * m->n_params, sizeof(float));
     m->params = all;
-    m->grads = all + m->n_params;
-    m->adam_m = all + 2 * m->n_params;
-    m->adam_v = all + 3 * m->n_params;
     m->w.blocks = xcalloc((size_t)m->L, sizeof(block_tensors));
     m->g.blocks = xcalloc((size_t)m->L, sizeof(block_tensors));
     bind_tensors(m, m->params, &m->w);
-    bind_tensors(m, m->grads, &m->g);
+    if (training) {
+        m->grads = all + m->n_params;
+        m->adam_m = all + 2 * m->n_params;
+        m->adam_v = all + 3 * m->n_params;
+        bind_tensors(m, m->grads, &m->g);
+    }
     m->n_buffer = (size_t)m->L * 2 * m->H * m->dh;
     m->buffers = xcalloc(2 * m->n_buffer, sizeof(float));
     m->buffer_sums = m->buffers + m->n_buffer;
@@ -108,6 +112,13 @@ void model_create(model *m, const config *cfg) {
     m->rope_cos = xcalloc((size_t)m->rope_positions * m->dh, sizeof(float));
     m->rope_sin = m->rope_cos + (size_t)m->rope_positions * m->dh / 2;
     rope_tables(m->rope_cos, m->rope_sin, m->rope_positions, m->dh, cfg->rope_base);
+    return 0;
+}
+
+int model_create(model *m, const config *cfg, status *err) { return model_build(m, cfg, true, err); }
+
+int model_create_for_inference(model *m, const config *cfg, status *err) {
+    return model_build(m, cfg, false, err);
 }
 
 static void activations_free(activations *a) {
@@ -175,7 +186,7 @@ static size_t activation_plan(const model *m, activations *a, int B, int T, carv
         {&a->ln1, L * bt * d}, {&a->ln1_mean, L * bt}, {&a->ln1_rstd, L * bt},
         {&a->q_hat, L * bt * d}, {&a->k_hat, L * bt * d}, {&a->v_heads, L * bt * d},
         {&a->p_q, keep_p ? L * bt * d : 0}, {&a->p_k, keep_p ? L * bt * d : 0},
-        {&a->att_saved, L * B * m->H * attention_saved_per_head(m, T)},
+        {&a->att_saved, L * B * m->H * attention_saved_per_head(&m->cfg, &m->fmm, T)},
         {&a->att_out, L * bt * d},
         {&a->ln2, L * bt * d}, {&a->ln2_mean, L * bt}, {&a->ln2_rstd, L * bt},
         {&a->fc_pre, L * bt * ff}, {&a->fc_act, L * bt * ff}, {&a->fc_tanh, L * bt * ff},
@@ -184,7 +195,8 @@ static size_t activation_plan(const model *m, activations *a, int B, int T, carv
         {&a->pooled, lm ? 0 : (size_t)B * d}, {&a->losses, bt},
         {&a->qkv, bt * 3 * d}, {&a->d_residual, bt * d}, {&a->d_model_rows, bt * d},
         {&a->d_ff, bt * ff}, {&a->d_pooled, lm ? 0 : (size_t)B * d},
-        {&a->head_scratch, attention_scratch_per_head(m, T)},
+        {&a->head_scratch, attention_scratch_per_head(&m->cfg, &m->fmm, T)},
+        {&a->probs, !m->keep_logits ? 0 : lm ? bt * m->V : (size_t)B * m->n_out},
     };
     size_t n = sizeof all / sizeof all[0];
     memcpy(plan, all, sizeof all);
@@ -201,10 +213,11 @@ size_t model_activation_bytes(const model *m, int B, int T) {
 
 static void activations_reserve(model *m, int B, int T) {
     activations *a = &m->acts;
-    if (a->mem && B <= a->B && T <= a->T) return;
+    if (a->mem && B <= a->B && T <= a->T && a->kept_logits == m->keep_logits) return;
     activations_free(a);
     a->B = B;
     a->T = T;
+    a->kept_logits = m->keep_logits;
     carve plan[ACTIVATION_SLOTS];
     size_t total = 0, n = activation_plan(m, a, B, T, plan);
     for (size_t i = 0; i < n; i++) total += plan[i].count;
@@ -214,6 +227,7 @@ static void activations_reserve(model *m, int B, int T) {
         *plan[i].slot = plan[i].count ? cursor : NULL;
         cursor += plan[i].count;
     }
+    if (!a->probs) a->probs = a->logits; /* the softmax works in place */
     a->predictions = xcalloc((size_t)B * T, sizeof(int32_t));
 }
 
@@ -248,6 +262,32 @@ static void unpool_valid_positions(float *dx, const float *d_pooled, const int32
     }
 }
 
+attention_layer model_attention_layer(model *m, int l, bool collect_buffers) {
+    const block_tensors *w = &m->w.blocks[l], *g = &m->g.blocks[l];
+    size_t buffers = (size_t)l * 2 * m->H * m->dh;
+    attention_layer a = {
+        .cfg = &m->cfg, .fmm = &m->fmm, .d = m->d, .H = m->H, .dh = m->dh, .momentum = m->momentum,
+        .rope_cos = m->rope_cos, .rope_sin = m->rope_sin, .gamma = w->momentum_gamma, .blend = w->fmm_blend,
+        .d_gamma = g->momentum_gamma, .d_blend = g->fmm_blend, .buffers = m->buffers + buffers,
+        .buffer_sums = collect_buffers ? m->buffer_sums + buffers : NULL,
+    };
+    return a;
+}
+
+/* Block l's slice of the saved attention state (a view for attention.c,
+ * which knows nothing of `activations`, docs/design.md §8.1). */
+static attention_saved attention_state(const model *m, int l, int B, int T) {
+    const activations *a = &m->acts;
+    size_t heads = (size_t)l * B * T * m->d;
+    size_t saved = (size_t)l * B * m->H * attention_saved_per_head(&m->cfg, &m->fmm, T);
+    attention_saved s = {
+        .q_hat = a->q_hat + heads, .k_hat = a->k_hat + heads, .v_heads = a->v_heads + heads,
+        .p_q = a->p_q ? a->p_q + heads : NULL, .p_k = a->p_k ? a->p_k + heads : NULL,
+        .saved = a->att_saved + saved, .scratch = a->head_scratch,
+    };
+    return s;
+}
+
 void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
     activations *a = &m->acts;
     size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
@@ -258,7 +298,9 @@ void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
     float *fc_pre = a->fc_pre + l * bt * ff, *fc_act = a->fc_act + l * bt * ff, *fc_tanh = a->fc_tanh + l * bt * ff;
     layernorm_forward(ln1, a->ln1_mean + l * bt, a->ln1_rstd + l * bt, x, w->ln1_weight, w->ln1_bias, rows, m->d);
     matmul_forward(a->qkv, ln1, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d);
-    attention_forward(m, l, a->qkv, att, B, T, collect_buffers);
+    attention_layer view = model_attention_layer(m, l, collect_buffers);
+    attention_saved saved = attention_state(m, l, B, T);
+    attention_forward(&view, &saved, a->qkv, att, B, T);
     matmul_forward(mid, att, w->proj_weight, w->proj_bias, rows, m->d, m->d);
     add_into(mid, x, bt * d);
     layernorm_forward(ln2, a->ln2_mean + l * bt, a->ln2_rstd + l * bt, mid, w->ln2_weight, w->ln2_bias, rows, m->d);
@@ -267,6 +309,12 @@ void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
     float *out = a->residual + (l + 1) * bt * d;
     matmul_forward(out, fc_act, w->mlp_proj_weight, w->mlp_proj_bias, rows, m->d_ff, m->d);
     add_into(out, mid, bt * d);
+}
+
+/* The softmax runs on a copy when the model keeps its logits: the same
+ * kernel on the same values, so probabilities and losses are unchanged. */
+static void copy_logits_to_probs(activations *a, size_t n) {
+    if (a->probs != a->logits) memcpy(a->probs, a->logits, sizeof(float) * n);
 }
 
 void model_forward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B,
@@ -282,11 +330,13 @@ void model_forward(model *m, const int32_t *inputs, const int32_t *targets, cons
                       m->w.ln_f_bias, rows, m->d);
     if (m->cfg.head == HEAD_LM) {
         matmul_forward(a->logits, a->ln_f, m->w.head_weight, NULL, rows, m->d, m->V);
-        cross_entropy_forward(a->logits, a->losses, a->predictions, targets, rows, m->V);
+        copy_logits_to_probs(a, bt * m->V);
+        cross_entropy_forward(a->probs, a->losses, a->predictions, targets, rows, m->V);
     } else {
         pool_valid_positions(a->pooled, a->ln_f, targets, B, T, m->d);
         matmul_forward(a->logits, a->pooled, m->w.cls_weight, m->w.cls_bias, B, m->d, m->n_out);
-        cross_entropy_forward(a->logits, a->losses, a->predictions, labels, B, m->n_out);
+        copy_logits_to_probs(a, (size_t)B * m->n_out);
+        cross_entropy_forward(a->probs, a->losses, a->predictions, labels, B, m->n_out);
     }
 }
 
@@ -313,13 +363,13 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
     activations *a = &m->acts;
     int rows = B * T;
     if (m->cfg.head == HEAD_LM) {
-        cross_entropy_backward(a->logits, targets, rows, m->V, scale);
-        matmul_backward(a->d_model_rows, m->g.head_weight, NULL, a->logits, a->ln_f, m->w.head_weight, rows, m->d,
+        cross_entropy_backward(a->probs, targets, rows, m->V, scale);
+        matmul_backward(a->d_model_rows, m->g.head_weight, NULL, a->probs, a->ln_f, m->w.head_weight, rows, m->d,
                         m->V);
     } else {
         float *d_pooled = a->d_pooled;
-        cross_entropy_backward(a->logits, labels, B, m->n_out, scale);
-        matmul_backward(d_pooled, m->g.cls_weight, m->g.cls_bias, a->logits, a->pooled, m->w.cls_weight, B, m->d,
+        cross_entropy_backward(a->probs, labels, B, m->n_out, scale);
+        matmul_backward(d_pooled, m->g.cls_weight, m->g.cls_bias, a->probs, a->pooled, m->w.cls_weight, B, m->d,
                         m->n_out);
         unpool_valid_positions(a->d_model_rows, d_pooled, targets, B, T, m->d);
     }
@@ -355,7 +405,9 @@ static void block_backward(model *m, int l, int B, int T, const backward_hooks *
     matmul_backward(a->d_model_rows, g->proj_weight, g->proj_bias, a->d_residual, a->att_out + l * bt * d,
                     w->proj_weight, rows, m->d, m->d);
     progress(hooks);
-    attention_backward(m, l, a->d_model_rows, a->qkv, B, T);
+    attention_layer view = model_attention_layer(m, l, false);
+    attention_saved saved = attention_state(m, l, B, T);
+    attention_backward(&view, &saved, a->d_model_rows, a->qkv, B, T);
     progress(hooks);
     matmul_backward(a->d_model_rows, g->qkv_weight, g->qkv_bias, a->qkv, a->ln1 + l * bt * d, w->qkv_weight, rows,
                     m->d, 3 * m->d);

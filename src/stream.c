@@ -1,25 +1,31 @@
 /* Streaming inference (SPEC 1.2, 5: `generate`, `eval --stream`): the model
  * of model.c run on segments of a stream, with the caches and carries of
- * stream_state; see model.h. */
+ * stream_state; see stream.h (docs/design.md §8.6). */
+#include "momfmm/stream.h"
+
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/common.h"
+#include "momfmm/attention.h"
 #include "momfmm/kernels.h"
-#include "momfmm/model.h"
 
 typedef struct {
     float **slot;
     size_t count;
 } stream_carve;
 
-void stream_create(stream_state *st, const model *m, int S, int capacity, int n_max) {
+int stream_check(const model *m, int capacity, status *err) {
     if (!m->cfg.causal || m->cfg.head != HEAD_LM)
-        fail_all(EXIT_USAGE, "streaming needs a causal lm model (model.causal = true, model.head = lm)");
+        return status_fail(err, EXIT_USAGE, "streaming needs a causal lm model (model.causal = true, model.head = lm)");
     if (capacity > m->rope_positions)
-        fail_all(EXIT_USAGE, "stream of %d positions is longer than the model's %d (model.max_seq_len)", capacity,
-                 m->rope_positions);
+        return status_fail(err, EXIT_USAGE, "stream of %d positions is longer than the model's %d (model.max_seq_len)",
+                           capacity, m->rope_positions);
+    return 0;
+}
+
+int stream_create(stream_state *st, const model *m, int S, int capacity, int n_max, status *err) {
     memset(st, 0, sizeof *st);
+    if (stream_check(m, capacity, err) != 0) return err ? err->code : EXIT_USAGE;
     st->S = S, st->capacity = capacity, st->n_max = n_max;
     size_t L = (size_t)m->L, heads = (size_t)S * m->H, dh = (size_t)m->dh, rows = (size_t)S * n_max;
     size_t d = (size_t)m->d, ff = (size_t)m->d_ff;
@@ -29,7 +35,7 @@ void stream_create(stream_state *st, const model *m, int S, int capacity, int n_
         {&st->far_state, L * heads * fmm_stream_state_floats(&m->fmm, m->dh)},
         {&st->x, rows * d}, {&st->mid, rows * d}, {&st->ln, rows * d}, {&st->qkv, rows * 3 * d},
         {&st->att, rows * d}, {&st->fc, rows * ff}, {&st->fc_tanh, rows * ff}, {&st->stats, 2 * rows},
-        {&st->head_scratch, 4 * (size_t)n_max * dh + fmm_stream_scratch_floats(&m->fmm, m->dh)},
+        {&st->head_scratch, attention_stream_scratch_floats(&m->fmm, n_max, m->dh)},
         {&st->probs, (size_t)n_max * capacity},
     };
     size_t total = 0, n = sizeof plan / sizeof plan[0];
@@ -40,6 +46,7 @@ void stream_create(stream_state *st, const model *m, int S, int capacity, int n_
         *plan[i].slot = cursor;
         cursor += plan[i].count;
     }
+    return 0;
 }
 
 void stream_free(stream_state *st) {
@@ -51,6 +58,19 @@ static void add_rows(float *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
+/* Block l's slice of the caches and carries, for attention.c. */
+static attention_stream_layer stream_layer(const model *m, const stream_state *st, int l) {
+    size_t heads = (size_t)l * st->S * m->H, dh = (size_t)m->dh;
+    attention_stream_layer a = {
+        .S = st->S, .capacity = st->capacity, .pos = st->pos,
+        .k_cache = st->k_cache + heads * st->capacity * dh, .v_cache = st->v_cache + heads * st->capacity * dh,
+        .carry_x = st->carry_x + 2 * heads * dh, .carry_p = st->carry_p + 2 * heads * dh,
+        .far_state = st->far_state + heads * fmm_stream_state_floats(&m->fmm, m->dh),
+        .scratch = st->head_scratch, .probs = st->probs,
+    };
+    return a;
+}
+
 /* One block on the segment, the same kernels as model_block_forward. */
 static void stream_block(model *m, stream_state *st, int l, int rows, int n) {
     const block_tensors *w = &m->w.blocks[l];
@@ -58,7 +78,9 @@ static void stream_block(model *m, stream_state *st, int l, int rows, int n) {
     float *mean = st->stats, *rstd = st->stats + rows;
     layernorm_forward(st->ln, mean, rstd, st->x, w->ln1_weight, w->ln1_bias, rows, m->d);
     matmul_forward(st->qkv, st->ln, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d);
-    attention_stream_forward(m, st, l, st->qkv, st->att, n);
+    attention_layer view = model_attention_layer(m, l, false);
+    attention_stream_layer cache = stream_layer(m, st, l);
+    attention_stream_forward(&view, &cache, st->qkv, st->att, n);
     matmul_forward(st->mid, st->att, w->proj_weight, w->proj_bias, rows, m->d, m->d);
     add_rows(st->mid, st->x, rd);
     layernorm_forward(st->ln, mean, rstd, st->mid, w->ln2_weight, w->ln2_bias, rows, m->d);
@@ -68,13 +90,15 @@ static void stream_block(model *m, stream_state *st, int l, int rows, int n) {
     add_rows(st->x, st->mid, rd);
 }
 
-void stream_forward(model *m, stream_state *st, const int32_t *tokens, int n, float *logits) {
+int stream_forward(model *m, stream_state *st, const int32_t *tokens, int n, float *logits, status *err) {
     if (n > st->n_max || st->pos + n > st->capacity)
-        fail(1, "internal: stream segment of %d at %d exceeds %d / %d", n, st->pos, st->n_max, st->capacity);
+        return status_fail(err, 1, "internal: stream segment of %d at %d exceeds %d / %d", n, st->pos, st->n_max,
+                           st->capacity);
     int rows = st->S * n;
     embedding_forward(st->x, tokens, m->w.tok_emb, rows, m->d);
     for (int l = 0; l < m->L; l++) stream_block(m, st, l, rows, n);
     layernorm_forward(st->ln, st->stats, st->stats + rows, st->x, m->w.ln_f_weight, m->w.ln_f_bias, rows, m->d);
     matmul_forward(logits, st->ln, m->w.head_weight, NULL, rows, m->d, m->V);
     st->pos += n;
+    return 0;
 }

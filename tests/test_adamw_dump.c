@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
     cfg.attention = ATTENTION_FMM, cfg.learn_gamma = true, cfg.gamma = 0.1;
     cfg.weight_decay = 0.1, cfg.warmup = 2, cfg.steps = STEPS, cfg.lr = 3e-2, cfg.min_lr = 1e-3;
     model m;
-    model_create(&m, &cfg);
+    model_create(&m, &cfg, NULL);
     model_init_parameters(&m);
     int fails = check_decay_mask(&m);
     size_t n = m.n_params;

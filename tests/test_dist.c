@@ -61,7 +61,7 @@ static void test_grad_reducer(bool overlap) {
     config_defaults(&cfg);
     cfg.vocab_size = 11, cfg.d_model = 16, cfg.n_heads = 2, cfg.n_layers = 2, cfg.d_ff = 24, cfg.seq_len = 8;
     model m;
-    model_create(&m, &cfg);
+    model_create(&m, &cfg, NULL);
     int size = process_count(), rank = process_rank();
     for (size_t i = 0; i < m.n_params; i++) m.grads[i] = (float)((rank + 1) * (int)(i % 13));
     grad_reducer *r = grad_reducer_create(&m, 0.0001, overlap);

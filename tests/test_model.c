@@ -59,7 +59,7 @@ static int run_case(const char *tag, void (*adjust)(config *)) {
     cfg.seq_len = T, cfg.chain_len = 3, cfg.fmm_chunk = 4, cfg.fmm_bandwidth = 3;
     adjust(&cfg);
     model m;
-    model_create(&m, &cfg);
+    model_create(&m, &cfg, NULL);
     model_init_parameters(&m);
     uint64_t state = 7;
     /* larger weights than the 0.02 init make every path carry gradient */

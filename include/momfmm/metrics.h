@@ -59,6 +59,9 @@ void metric_table_add_matrix_column(metric_table *t, const char *name, int outer
 void metric_table_append(metric_table *t, const double *row);
 /* Column offset within a row, or -1. */
 int metric_table_column_offset(const metric_table *t, const char *name);
+/* Copies the column's width of values into its place in `row` (the one
+ * place that maps names to row positions; a name not in t is ignored). */
+void metric_table_set(const metric_table *t, double *row, const char *name, const double *values);
 void metric_table_free(metric_table *t);
 
 /* The train and eval tables with the columns of SPEC 3/4; eval also has

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "momfmm/attention.h"
+#include "momfmm/common.h"
 #include "momfmm/config.h"
 #include "momfmm/fmm.h"
 
@@ -39,7 +41,8 @@ typedef struct {
 
 /* Saved forward state and backward scratch for a batch of B rows of T. */
 typedef struct {
-    int B, T; /* capacity */
+    int B, T;          /* capacity */
+    bool kept_logits;  /* laid out with probs apart from logits */
     float *residual;                   /* [L+1][B*T*d]: block inputs, final stream */
     float *mid;                        /* [L][B*T*d]: after attention */
     float *ln1, *ln1_mean, *ln1_rstd;  /* [L][B*T*d], [L][B*T] */
@@ -51,6 +54,8 @@ typedef struct {
     float *fc_pre, *fc_act, *fc_tanh;  /* [L][B*T*d_ff] */
     float *ln_f, *ln_f_mean, *ln_f_rstd;
     float *logits;                     /* [B*T*V] (lm) or [B*n_classes] (cls) */
+    float *probs;                      /* the same shape: softmax of logits; == logits (overwritten)
+                                        * unless the model keeps logits */
     float *pooled;                     /* [B*d] (cls) */
     float *losses;                     /* [B*T] (lm) or [B] (cls) */
     int32_t *predictions;              /* [B*T] or [B] */
@@ -82,7 +87,11 @@ struct model {
     param_entry *entries;
     int n_entries;
     size_t n_params;
-    float *params, *grads, *adam_m, *adam_v;
+    float *params, *grads, *adam_m, *adam_v; /* grads, moments: NULL for inference */
+    /* The forward leaves logits in acts.logits and probabilities in
+     * acts.probs (eval --stream compares logits, docs/design.md §8.5);
+     * otherwise the softmax overwrites the logits, saving B*T*V floats. */
+    bool keep_logits;
     model_tensors w, g;       /* views into params and grads */
     /* SPEC 1.2 momentum buffers prev_q, prev_k: [L][2][H][dh]. buffer_sums
      * collects this rank's sum of last-position vectors during a training
@@ -94,9 +103,14 @@ struct model {
     activations acts;
 };
 
-/* Builds the layout and allocates every buffer; parameters are zero until
- * model_init_parameters or a checkpoint fills them. */
-void model_create(model *m, const config *cfg);
+/* Builds the layout and allocates every buffer (parameters, gradients,
+ * AdamW moments); parameters are zero until model_init_parameters or a
+ * checkpoint fills them. Returns 0, or EXIT_USAGE in err for a config that
+ * config_check would reject (an unknown fmm.kernels name). */
+int model_create(model *m, const config *cfg, status *err);
+/* The same with parameters only: forward passes (eval, inspect, generate),
+ * no backward and no optimizer step. */
+int model_create_for_inference(model *m, const config *cfg, status *err);
 void model_free(model *m);
 /* Deterministic initialisation from train.seed (identical on every rank). */
 void model_init_parameters(model *m);
@@ -119,39 +133,15 @@ void model_backward(model *m, const int32_t *inputs, const int32_t *targets,
                     const int32_t *labels, int B, int T, float loss_scale,
                     const backward_hooks *hooks);
 void model_zero_grads(model *m);
+/* Block `layer`'s view for the attention sublayer (attention.h): settings,
+ * rope tables, that block's gamma and blend with their gradients, its
+ * momentum buffers, and (with collect_buffers) where to sum the last-position
+ * vectors. */
+attention_layer model_attention_layer(model *m, int layer, bool collect_buffers);
 /* Bytes of the activation buffer for B rows of T (saved forward state and
  * backward scratch), so that a run can refuse up front what will not fit. */
 size_t model_activation_bytes(const model *m, int B, int T);
 /* Matmul FLOPs of one forward+backward per token (for throughput figures). */
 double model_flops_per_token(const model *m, int T);
 
-/* Streaming inference (stream.c; SPEC 1.2): S sequences advance together
- * through segments of tokens; each layer keeps a key/value cache, the
- * momentum carry (each sequence's previous x and p per head), and for FMM
- * the far-field state, so a stream fed in segments gives the logits of the
- * whole stream fed at once. Causal lm models only. */
-typedef struct {
-    int S, capacity, pos, n_max;      /* sequences, positions, consumed, segment cap */
-    float *k_cache, *v_cache;         /* [L][S][H][capacity][dh] (k-hat after shear, RoPE) */
-    float *carry_x, *carry_p;         /* [L][2][S][H][dh] */
-    float *far_state;                 /* [L][S][H][fmm_stream_state_floats] */
-    float *x, *mid, *ln, *qkv, *att;  /* segment activations [S*n_max][...] */
-    float *fc, *fc_tanh, *stats;      /* MLP and LayerNorm scratch */
-    float *head_scratch, *probs;      /* per-head temporaries, attention weights */
-    float *mem;
-} stream_state;
-
-void stream_create(stream_state *st, const model *m, int S, int capacity, int n_max);
-void stream_free(stream_state *st);
-/* Feeds tokens [S][n] (n <= n_max, pos + n <= capacity); logits [S][n][V]. */
-void stream_forward(model *m, stream_state *st, const int32_t *tokens, int n, float *logits);
-
-/* Attention sublayer (attention.c): qkv [B*T*3d] -> merged heads [B*T*d]. */
-size_t attention_saved_per_head(const model *m, int T);
-size_t attention_scratch_per_head(const model *m, int T);
-void attention_forward(model *m, int layer, const float *qkv, float *out, int B, int T,
-                       bool collect_buffers);
-void attention_backward(model *m, int layer, const float *d_out, float *d_qkv, int B, int T);
-/* The same sublayer on a streamed segment: qkv [S*n*3d] -> out [S*n*d]. */
-void attention_stream_forward(model *m, stream_state *st, int layer, const float *qkv, float *out, int n);
 #endif

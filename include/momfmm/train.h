@@ -1,41 +1,50 @@
-/* The training loop, evaluation and the throughput benchmark. */
+/* The trainer (SPEC 1.4, 2, 3): data-parallel optimisation steps, periodic
+ * evaluation into the metric tables, resume and save through the checkpoint
+ * store. A core module (docs/design.md §8.1): it returns a status and never
+ * exits; the commands (commands.h) run it. */
 #ifndef MOMFMM_TRAIN_H
 #define MOMFMM_TRAIN_H
+#include <stddef.h>
+
+#include "momfmm/common.h"
 #include "momfmm/config.h"
-#include "momfmm/data.h"
 #include "momfmm/dist.h"
-#include "momfmm/live_metrics.h"
+#include "momfmm/eval.h"
 #include "momfmm/metrics.h"
 #include "momfmm/model.h"
 
 typedef struct {
     config cfg;
     model model;
-    data_source *data;
-    batch batch;          /* this rank's shard of the global batch */
-    int shard_first;      /* first global sample index of this rank */
+    rank_shard shard;       /* this rank's shard of the global batch */
     grad_reducer *reducer;
     metric_table train_log, eval_log;
     long long step, tokens_seen;
     double *reduce_scratch; /* [2 + n_buffer]: loss sum, count, buffer sums */
-    live_metrics *live;     /* rank 0's metrics.h5 while training, else NULL */
 } trainer;
 
 typedef struct {
     double loss, grad_norm, lr, allreduce_wait_s;
 } step_result;
 
-void trainer_create(trainer *t, const config *cfg);
+/* A model at step 0 (initialised from train.seed, identical on every rank),
+ * its data shard and gradient reducer. Returns 0, or EXIT_USAGE in err (the
+ * same on every rank): more ranks than rows, or buffers that do not fit in
+ * the fullest node's memory. */
+int trainer_create(trainer *t, const config *cfg, status *err);
 void trainer_free(trainer *t);
 /* One optimisation step at t->step + 1 (forward, backward, all-reduce,
  * clipping, AdamW); advances t->step. */
 step_result trainer_step(trainer *t);
-/* Eval metrics on train.eval_batches batches of the eval split; also the
- * per-block gain_R [n_layers] (SPEC 3), when gain_R is not NULL. */
-void trainer_evaluate(trainer *t, eval_metrics *out, double *gain_R);
-/* Appends an eval row (SPEC 3 metrics, gain_R, gamma) to t->eval_log. */
-void trainer_log_eval(trainer *t, eval_metrics *out);
-
-int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume);
-int command_bench(const char *config_path, int n_overrides, char **overrides, int steps);
+/* Evaluates (eval.h) and appends the row of t->step to t->eval_log; r must
+ * be eval_result_init'ed for t->model. */
+int trainer_log_eval(trainer *t, eval_result *r, status *err);
+/* --resume: `how` is a checkpoint path, which must load, or "auto", the
+ * newest checkpoint in train.out_dir that loads (none: step 0). Returns 0,
+ * or EXIT_BAD_FILE in err (a file that does not load, or a config that
+ * changes the model or the data). */
+int trainer_resume(trainer *t, const char *how, status *err);
+/* Rank 0 writes the checkpoint of t->step into train.out_dir and prunes
+ * (store.h); path receives its name. Other ranks return 0 at once. */
+int trainer_save(const trainer *t, char *path, size_t len, status *err);
 #endif

@@ -1,30 +1,32 @@
-/* inspect, eval and generate (SPEC 5): everything here needs only a
- * checkpoint's root attributes, /model and /buffers (plus /metrics for
- * inspect's history). */
-#include "momfmm/inference.h"
-
+/* The commands that read a checkpoint (SPEC 5): inspect, eval and generate.
+ * They need only a checkpoint's root attributes, /model and /buffers (plus
+ * /metrics for inspect's history): a model for inference, and for eval a
+ * data shard and the evaluation module (docs/design.md §8.5), never a
+ * trainer. A failed status becomes an exit here (§8.7). */
 #include <ctype.h>
-#include <mpi.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "momfmm/checkpoint.h"
+#include "momfmm/commands.h"
 #include "momfmm/common.h"
-#include "momfmm/kernels.h"
+#include "momfmm/eval.h"
 #include "momfmm/readouts.h"
 #include "momfmm/rng.h"
-#include "momfmm/train.h"
+#include "momfmm/stream.h"
 
-/* A trainer whose state is the checkpoint's (config, weights, buffers). */
-static void load_trainer(const char *ckpt, trainer *t, checkpoint_info *info, bool with_history) {
+/* A model for inference holding the checkpoint's weights and buffers, and
+ * with `train`/`eval` its metric history; a bad file exits 3. */
+static void load_checkpoint(const char *ckpt, model *m, checkpoint_info *info, metric_table *train,
+                            metric_table *eval) {
     config cfg;
-    checkpoint_read_config(ckpt, &cfg, info);
-    trainer_create(t, &cfg);
-    checkpoint_read_state(ckpt, &t->model, false, with_history ? &t->train_log : NULL,
-                          with_history ? &t->eval_log : NULL);
-    t->step = info->step;
+    status err;
+    if (checkpoint_read_config(ckpt, &cfg, info, &err) != 0) fail(err.code, "%s", err.message);
+    if (model_create_for_inference(m, &cfg, &err) != 0) fail_all(err.code, "%s", err.message);
+    if (train) metric_tables_standard(train, eval, cfg.n_layers, cfg.n_heads);
+    if (checkpoint_read_state(ckpt, m, false, train, eval, &err) != 0) fail(err.code, "%s", err.message);
 }
 
 static void print_parameter_groups(const model *m) {
@@ -67,69 +69,43 @@ static void print_filter_gains(const model *m) {
         printf("momentum: off\n");
         return;
     }
-    double *gammas = xcalloc((size_t)m->L * m->H, sizeof(double));
-    momentum_gammas(m, gammas);
+    eval_result r;
+    eval_result_init(&r, m);
+    eval_readouts(m, &r);
     printf("momentum filter |H| per head (DC, Nyquist) with beta %g, gamma2 %g, %s gamma:\n", m->cfg.beta,
            m->cfg.gamma2, m->cfg.learn_gamma ? "learned" : "fixed");
     for (int l = 0; l < m->L; l++) {
         printf("  block %d:", l);
         for (int h = 0; h < m->H; h++) {
-            double g = gammas[l * m->H + h];
+            double g = r.gamma[l * m->H + h];
             printf("  h%d gamma %.4f |H(0)| %.4f |H(pi)| %.4f", h, g, momentum_filter_gain(0, g, m->cfg.beta, m->cfg.gamma2),
                    momentum_filter_gain(M_PI, g, m->cfg.beta, m->cfg.gamma2));
         }
         printf("\n");
     }
-    free(gammas);
+    eval_result_free(&r);
 }
 
 int command_inspect(const char *ckpt) {
-    trainer t;
+    model m;
     checkpoint_info info;
-    load_trainer(ckpt, &t, &info, true);
+    metric_table train, eval;
+    load_checkpoint(ckpt, &m, &info, &train, &eval);
     if (process_rank() == 0) {
-        char *ini = config_to_ini(&t.cfg);
+        char *ini = config_to_ini(&m.cfg);
         printf("checkpoint %s\nstep %lld | tokens_seen %lld | written by %d rank%s\n", ckpt, info.step,
                info.tokens_seen, info.world_size, info.world_size == 1 ? "" : "s");
-        print_parameter_groups(&t.model);
-        print_last_row("train metrics", &t.train_log);
-        print_last_row("eval metrics", &t.eval_log);
-        print_filter_gains(&t.model);
+        print_parameter_groups(&m);
+        print_last_row("train metrics", &train);
+        print_last_row("eval metrics", &eval);
+        print_filter_gains(&m);
         printf("config:\n%s", ini);
         free(ini);
     }
-    trainer_free(&t);
+    metric_table_free(&train);
+    metric_table_free(&eval);
+    model_free(&m);
     return 0;
-}
-
-/* Streams this rank's eval rows in segments; returns the largest logit
- * difference from the full forward and fills losses/predictions from the
- * streamed logits. */
-static double stream_batch(model *m, const batch *b, int segment, const float *full_logits, float *losses,
-                           int32_t *predictions) {
-    int T = b->T, S = b->B, V = m->V;
-    stream_state st;
-    stream_create(&st, m, S, T, segment);
-    float *seg_logits = xcalloc((size_t)S * segment * V, sizeof(float));
-    int32_t *tokens = xcalloc((size_t)S * segment, sizeof(int32_t));
-    float *probs = xcalloc((size_t)V, sizeof(float));
-    double max_diff = 0;
-    for (int pos = 0; pos < T; pos += segment) {
-        int n = T - pos < segment ? T - pos : segment;
-        for (int s = 0; s < S; s++) memcpy(tokens + (size_t)s * n, b->inputs + (size_t)s * T + pos, sizeof(int32_t) * n);
-        stream_forward(m, &st, tokens, n, seg_logits);
-        for (int s = 0; s < S; s++)
-            for (int r = 0; r < n; r++) {
-                size_t at = (size_t)s * T + pos + r;
-                const float *mine = seg_logits + ((size_t)s * n + r) * V, *full = full_logits + at * V;
-                for (int v = 0; v < V; v++) max_diff = fmax(max_diff, fabs((double)mine[v] - full[v]));
-                memcpy(probs, mine, sizeof(float) * V);
-                cross_entropy_forward(probs, losses + at, predictions + at, b->targets + at, 1, V);
-            }
-    }
-    free(seg_logits), free(tokens), free(probs);
-    stream_free(&st);
-    return max_diff;
 }
 
 static void print_eval(const char *how, const eval_metrics *e) {
@@ -138,44 +114,32 @@ static void print_eval(const char *how, const eval_metrics *e) {
 }
 
 int command_eval(const char *ckpt, bool stream, int segment) {
-    trainer t;
+    model m;
     checkpoint_info info;
-    load_trainer(ckpt, &t, &info, false);
-    eval_metrics e;
-    trainer_log_eval(&t, &e);
-    print_eval("eval", &e);
-    const double *gain_R = t.eval_log.values + 7 + OCCURRENCE_BINS;
+    load_checkpoint(ckpt, &m, &info, NULL, NULL);
+    rank_shard shard;
+    eval_result r;
+    status err;
+    if (rank_shard_open(&shard, &m.cfg, &err) != 0) fail_all(err.code, "%s", err.message);
+    eval_result_init(&r, &m);
+    if (evaluate(&m, &shard, stream ? segment : 0, &r, &err) != 0) {
+        /* a model that cannot stream is refused alike on every rank, before any work */
+        if (err.code == EXIT_USAGE) fail_all(err.code, "%s", err.message);
+        fail(err.code, "%s", err.message);
+    }
+    print_eval("eval", &r.metrics);
     log_rank0("gain_R");
-    for (int l = 0; l < t.model.L; l++) log_rank0(" %.4f", gain_R[l]);
+    for (int l = 0; l < m.L; l++) log_rank0(" %.4f", r.gain_R[l]);
     log_rank0("\n");
-    if (stream) {
-        model *m = &t.model;
-        batch *b = &t.batch;
-        size_t rows = (size_t)b->B * b->T;
-        float *full = xcalloc(rows * m->V, sizeof(float)), *losses = xcalloc(rows, sizeof(float));
-        int32_t *predictions = xcalloc(rows, sizeof(int32_t));
-        metric_sums sums;
-        memset(&sums, 0, sizeof sums);
-        double max_diff = 0;
-        for (int i = 0; i < t.cfg.eval_batches; i++) {
-            data_fill(t.data, b, SPLIT_EVAL, i, t.shard_first);
-            model_forward(m, b->inputs, b->targets, b->labels, b->B, b->T, false);
-            /* model_forward leaves probabilities; logits are recomputed for the comparison */
-            matmul_forward(full, m->acts.ln_f, m->w.head_weight, NULL, (int)rows, m->d, m->V);
-            max_diff = fmax(max_diff, stream_batch(m, b, segment, full, losses, predictions));
-            metrics_accumulate(&sums, b, losses, predictions, false, m->V);
-        }
-        dist_sum_doubles((double *)&sums, (int)METRIC_SUMS_DOUBLES);
-        metrics_finish(&sums, &e);
-        double global_diff = max_diff;
-        MPI_Allreduce(&max_diff, &global_diff, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (r.streamed) {
         char how[64];
         snprintf(how, sizeof how, "eval --stream (segments of %d)", segment);
-        print_eval(how, &e);
-        log_rank0("stream max |logit difference| vs full forward: %.3e\n", global_diff);
-        free(full), free(losses), free(predictions);
+        print_eval(how, &r.stream_metrics);
+        log_rank0("stream max |logit difference| vs full forward: %.3e\n", r.stream_max_diff);
     }
-    trainer_free(&t);
+    eval_result_free(&r);
+    rank_shard_close(&shard);
+    model_free(&m);
     return 0;
 }
 
@@ -219,13 +183,14 @@ static int32_t pick_token(const float *logits, int V, double temperature, uint64
 
 int command_generate(const char *ckpt, const char *prompt, int n_tokens, double temperature, long long seed) {
     model m;
-    checkpoint_load_model(ckpt, &m);
+    status err;
+    if (checkpoint_load_model(ckpt, &m, false, &err) != 0) fail(err.code, "%s", err.message);
     int32_t *tokens;
     int n_prompt = parse_prompt(prompt, m.V, &tokens);
     stream_state st;
-    stream_create(&st, &m, 1, n_prompt + n_tokens, n_prompt);
+    if (stream_create(&st, &m, 1, n_prompt + n_tokens, n_prompt, &err)) fail_all(err.code, "%s", err.message);
     float *logits = xcalloc((size_t)n_prompt * m.V, sizeof(float));
-    stream_forward(&m, &st, tokens, n_prompt, logits);
+    if (stream_forward(&m, &st, tokens, n_prompt, logits, &err)) fail(err.code, "%s", err.message);
     const float *last = logits + (size_t)(n_prompt - 1) * m.V;
     uint64_t key = rng_key((uint64_t)seed, 0x6E4, 0, 0);
     log_rank0("prompt:");
@@ -235,7 +200,7 @@ int command_generate(const char *ckpt, const char *prompt, int n_tokens, double 
         int32_t next = pick_token(last, m.V, temperature, key, (uint64_t)i);
         log_rank0(" %d", next);
         if (i + 1 < n_tokens) {
-            stream_forward(&m, &st, &next, 1, logits);
+            if (stream_forward(&m, &st, &next, 1, logits, &err)) fail(err.code, "%s", err.message);
             last = logits;
         }
     }

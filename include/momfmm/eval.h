@@ -1,0 +1,51 @@
+/* Evaluation (SPEC 3; docs/design.md §8.5): the eval metrics of a model on
+ * the eval split, with the momentum read-outs (gain_R per block, gamma per
+ * head) and optionally the streaming comparison. One module for training's
+ * periodic eval, `eval` and `inspect`; it needs a model and a data shard,
+ * never a trainer (no optimizer moments, no gradient reducer). */
+#ifndef MOMFMM_EVAL_H
+#define MOMFMM_EVAL_H
+#include <stdbool.h>
+
+#include "momfmm/common.h"
+#include "momfmm/config.h"
+#include "momfmm/data.h"
+#include "momfmm/metrics.h"
+#include "momfmm/model.h"
+
+/* This rank's shard of the global batch (SPEC 2) and its data source. */
+typedef struct {
+    data_source *data;
+    batch batch;
+    int first; /* global index of the shard's first row */
+} rank_shard;
+
+/* Returns 0, or EXIT_USAGE in err when there are more ranks than rows. */
+int rank_shard_open(rank_shard *s, const config *cfg, status *err);
+void rank_shard_close(rank_shard *s);
+
+typedef struct {
+    eval_metrics metrics;         /* SPEC 3 over train.eval_batches batches */
+    double *gain_R;               /* [n_layers] */
+    double *gamma;                /* [n_layers * n_heads]: learned or fixed, 0 without momentum */
+    bool streamed;                /* the fields below are filled */
+    eval_metrics stream_metrics;  /* the same batches through the streaming path */
+    double stream_max_diff;       /* largest |logit difference| streaming vs full forward */
+} eval_result;
+
+void eval_result_init(eval_result *r, const model *m);
+void eval_result_free(eval_result *r);
+
+/* The read-outs that need no data: gamma per head. */
+void eval_readouts(const model *m, eval_result *r);
+
+/* Evaluates on the eval split (batches 0 .. train.eval_batches - 1, this
+ * rank's shard, summed over ranks). stream_segment > 0 also feeds each
+ * batch through the streaming path in segments of that many tokens.
+ * Collective: every rank calls it. Returns 0, or EXIT_USAGE in err when the
+ * model cannot stream. */
+int evaluate(model *m, rank_shard *shard, int stream_segment, eval_result *r, status *err);
+
+/* One row of the eval table of metric_tables_standard (SPEC 3/4). */
+void eval_result_row(const eval_result *r, long long step, const metric_table *eval_log, double *row);
+#endif

@@ -1,0 +1,55 @@
+/* The checkpoint store (docs/design.md §8.4): the run directory
+ * train.out_dir and everything about where checkpoint files go. Checkpoints
+ * are named ckpt_<8-digit step>.h5; a write goes to a temporary name
+ * (<final name>.tmp.<pid>) that is renamed into place, and a run starting in
+ * the directory removes temporaries an interrupted write left. Pruning keeps
+ * the newest train.keep checkpoints at or below the run's step. Auto-resume
+ * takes the newest checkpoint that loads. The file format is checkpoint.h's. */
+#ifndef MOMFMM_STORE_H
+#define MOMFMM_STORE_H
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "momfmm/checkpoint.h"
+#include "momfmm/common.h"
+#include "momfmm/config.h"
+
+#define STORE_PATH_MAX (CONFIG_PATH_MAX + 64)
+
+/* Creates dir (with parents) and removes stale temporaries, reporting each.
+ * Returns 0, or EXIT_USAGE in err when dir cannot be created. Rank 0 only. */
+int store_open(const char *dir, status *err);
+
+/* dir/ckpt_<8 digits>.h5 */
+void store_checkpoint_path(const char *dir, long long step, char *path, size_t len);
+
+/* Checkpoint paths in dir, oldest first. */
+typedef struct {
+    char **paths;
+    int n;
+} store_listing;
+void store_list(const char *dir, store_listing *out);
+void store_listing_free(store_listing *l);
+
+/* Writes any checkpoint or gradient file atomically through a temporary name. */
+int store_write_checkpoint(const char *path, const model *m, const checkpoint_info *info, const metric_table *train,
+                           const metric_table *eval, status *err);
+int store_write_grads(const char *path, const model *m, double loss, status *err);
+
+/* The checkpoint of info->step in dir, then pruning to the newest `keep`
+ * at or below that step. Fills path (len bytes) with the file written. */
+int store_save(const char *dir, int keep, const model *m, const checkpoint_info *info, const metric_table *train,
+               const metric_table *eval, char *path, size_t len, status *err);
+
+/* Keeps the newest `keep` checkpoints at or below `step`; files from later
+ * steps (another timeline) are neither counted nor deleted. */
+void store_prune(const char *dir, int keep, long long step);
+
+/* Tries load(path, ctx, err) on the checkpoints of dir, newest first, until
+ * one returns 0 (*resumed = true). A checkpoint that returns STORE_SKIP is
+ * reported and skipped (never deleted); any other code ends the search and
+ * is returned, with its message in err. */
+enum { STORE_SKIP = -1 };
+typedef int (*store_loader)(const char *path, void *ctx, status *err);
+int store_resume_newest(const char *dir, store_loader load, void *ctx, bool *resumed, status *err);
+#endif

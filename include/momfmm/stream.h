@@ -1,0 +1,34 @@
+/* Streaming inference (SPEC 1.2, 5: `generate`, `eval --stream`;
+ * docs/design.md §8.6): S sequences advance together through segments of
+ * tokens; each layer keeps a key/value cache, the momentum carry (each
+ * sequence's previous x and p per head), and for FMM the far-field state, so
+ * a stream fed in segments gives the logits of the whole stream fed at once.
+ * Causal lm models only. */
+#ifndef MOMFMM_STREAM_H
+#define MOMFMM_STREAM_H
+#include <stdint.h>
+
+#include "momfmm/common.h"
+#include "momfmm/model.h"
+
+typedef struct {
+    int S, capacity, pos, n_max;      /* sequences, positions, consumed, segment cap */
+    float *k_cache, *v_cache;         /* [L][S][H][capacity][dh] (k-hat after shear, RoPE) */
+    float *carry_x, *carry_p;         /* [L][2][S][H][dh] */
+    float *far_state;                 /* [L][S][H][fmm_stream_state_floats] */
+    float *x, *mid, *ln, *qkv, *att;  /* segment activations [S*n_max][...] */
+    float *fc, *fc_tanh, *stats;      /* MLP and LayerNorm scratch */
+    float *head_scratch, *probs;      /* per-head temporaries, attention weights */
+    float *mem;
+} stream_state;
+
+/* 0 when the model can stream `capacity` positions, else EXIT_USAGE in err:
+ * not a causal lm model, or a capacity beyond the model's positions. */
+int stream_check(const model *m, int capacity, status *err);
+/* Returns 0, or the failure of stream_check. */
+int stream_create(stream_state *st, const model *m, int S, int capacity, int n_max, status *err);
+void stream_free(stream_state *st);
+/* Feeds tokens [S][n] (n <= n_max, pos + n <= capacity); logits [S][n][V].
+ * Returns 0, or 1 (internal) in err for a segment beyond those bounds. */
+int stream_forward(model *m, stream_state *st, const int32_t *tokens, int n, float *logits, status *err);
+#endif

@@ -1,0 +1,213 @@
+/* The `train` and `bench` commands (SPEC 5; docs/design.md §8.1, §8.7): run
+ * the trainer, log, publish metrics, checkpoint on signals; a failed status
+ * becomes an exit here and nowhere below. */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include "momfmm/cmd_common.h"
+#include "momfmm/commands.h"
+#include "momfmm/common.h"
+#include "momfmm/live_metrics.h"
+#include "momfmm/store.h"
+#include "momfmm/train.h"
+
+static volatile sig_atomic_t stop_requested = 0;
+static void request_stop(int signo) { stop_requested = signo; }
+
+/* SPEC 5: SIGTERM, SIGINT, SIGUSR1 finish the step, checkpoint, exit 0. */
+static void install_stop_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = request_stop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+    /* main() blocked these from start-up on; one that came meanwhile is
+     * delivered now, as a stop request */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGUSR1);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+}
+
+/* Every rank stops at the same step: a signal seen by any rank counts. */
+static bool ranks_agree_to_stop(void) { return dist_any(stop_requested != 0); }
+
+/* Every rank meets the same failures in trainer_create (same config, the
+ * fullest node's memory decided everywhere alike). */
+static void create_trainer(trainer *t, const config *cfg) {
+    status err;
+    if (trainer_create(t, cfg, &err) != 0) fail_all(err.code, "%s", err.message);
+}
+
+/* Returns false when rank 0 could not write the checkpoint. */
+static bool save_checkpoint(const trainer *t) {
+    if (process_rank() != 0) return true;
+    char path[STORE_PATH_MAX];
+    status err;
+    double start = wall_seconds();
+    if (trainer_save(t, path, sizeof path, &err) != 0) {
+        fprintf(stderr, "momfmm: checkpoint at step %lld not written: %s\n", t->step, err.message);
+        return false;
+    }
+    struct stat st;
+    double seconds = wall_seconds() - start, mb = stat(path, &st) == 0 ? st.st_size / 1e6 : 0;
+    printf("checkpoint %s | %.1f MB in %.2f s (%.0f MB/s)\n", path, mb, seconds, mb / (seconds > 0 ? seconds : 1e-9));
+    fflush(stdout);
+    return true;
+}
+
+static void log_train(trainer *t, const step_result *r, double tokens_per_s, double elapsed, long long steps_done) {
+    double row[5] = {(double)t->step, r->loss, r->lr, r->grad_norm, tokens_per_s};
+    metric_table_append(&t->train_log, row);
+    double eta = steps_done > 0 ? elapsed / steps_done * (double)(t->cfg.steps - t->step) : 0;
+    log_rank0("step %lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | ETA %dm%02ds\n", t->step,
+              t->cfg.steps, r->loss, r->lr, r->grad_norm, tokens_per_s, (int)(eta / 60), (int)fmod(eta, 60));
+}
+
+/* Rank 0 mirrors the metric tables into metrics.h5 as they grow; a write
+ * failure (e.g. a full disk) is reported once and the mirror stops, while
+ * training and checkpoints go on. */
+static void publish_metrics(trainer *t, live_metrics **live) {
+    char err[256];
+    if (*live && live_metrics_append(*live, &t->train_log, &t->eval_log, err, sizeof err) != 0) {
+        fprintf(stderr, "momfmm: warning: %s; live metrics stop here (checkpoints keep the history)\n", err);
+        live_metrics_abandon(*live);
+        *live = NULL;
+    }
+}
+
+static live_metrics *open_live_metrics(const trainer *t) {
+    if (process_rank() != 0) return NULL;
+    char err[CONFIG_PATH_MAX + 64];
+    char *ini = config_to_ini(&t->cfg);
+    live_metrics *live = live_metrics_open(t->cfg.out_dir, ini, &t->train_log, &t->eval_log, err, sizeof err);
+    free(ini);
+    if (!live) fprintf(stderr, "momfmm: warning: %s; training goes on without it\n", err);
+    return live;
+}
+
+static void log_eval(trainer *t) {
+    eval_result r;
+    status err;
+    eval_result_init(&r, &t->model);
+    if (trainer_log_eval(t, &r, &err) != 0) fail(err.code, "%s", err.message);
+    const eval_metrics *e = &r.metrics;
+    log_rank0("eval step %lld | loss %.4f | L_new %.4f | L_rep %.4f | delta_12 %.4f | acc %.4f | exact %.4f | gain_R",
+              t->step, e->loss, e->L_new, e->L_rep, e->delta_12, e->acc, e->exact_match);
+    for (int l = 0; l < t->model.L; l++) log_rank0(" %.3f", r.gain_R[l]);
+    log_rank0("\n");
+    eval_result_free(&r);
+}
+
+/* One step with its logging, eval and checkpoint; false once the run must
+ * stop. *final_saved is whether the last state is on disk. */
+typedef struct {
+    long long first_step, interval_tokens;
+    double start, interval_start;
+    live_metrics *live;
+    bool final_saved;
+} train_loop;
+
+static bool train_one_step(trainer *t, train_loop *loop) {
+    const config *cfg = &t->cfg;
+    step_result r = trainer_step(t);
+    loop->interval_tokens += (long long)cfg->batch_size * cfg->seq_len;
+    bool logged = false;
+    if (t->step % cfg->log_interval == 0 || t->step == cfg->steps) {
+        double now = wall_seconds();
+        log_train(t, &r, loop->interval_tokens / (now - loop->interval_start), now - loop->start,
+                  t->step - loop->first_step);
+        loop->interval_start = now;
+        loop->interval_tokens = 0;
+        logged = true;
+    }
+    if (cfg->eval_interval > 0 && (t->step % cfg->eval_interval == 0 || t->step == cfg->steps)) {
+        log_eval(t);
+        logged = true;
+    }
+    if (logged) publish_metrics(t, &loop->live);
+    if (cfg->check_interval > 0 && t->step % cfg->check_interval == 0) dist_check_consistency(&t->model, t->step);
+    bool stopped = ranks_agree_to_stop();
+    if (stopped) log_rank0("stop requested: writing a checkpoint at step %lld\n", t->step);
+    bool periodic = cfg->ckpt_interval > 0 && t->step % cfg->ckpt_interval == 0;
+    if (periodic || stopped || t->step == cfg->steps) {
+        bool saved = save_checkpoint(t);
+        if (stopped || t->step == cfg->steps) loop->final_saved = saved;
+    }
+    return !stopped;
+}
+
+int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume) {
+    config cfg = cmd_load_config(config_path, n_overrides, overrides);
+    dist_check_launch();
+    install_stop_handlers();
+    status err;
+    if (process_rank() == 0 && store_open(cfg.out_dir, &err) != 0) fail(err.code, "%s", err.message);
+    trainer t;
+    create_trainer(&t, &cfg);
+    dist_describe();
+    if (resume && trainer_resume(&t, resume, &err) != 0) fail_all(err.code, "%s", err.message);
+    train_loop loop = {.first_step = t.step, .live = open_live_metrics(&t), .final_saved = true};
+    log_rank0("model: %zu parameters | global batch %d x %d | %lld steps\n", t.model.n_params, cfg.batch_size,
+              cfg.seq_len, cfg.steps);
+    loop.start = loop.interval_start = wall_seconds();
+    bool running = true;
+    while (t.step < cfg.steps && running) running = train_one_step(&t, &loop);
+    if (t.step == loop.first_step && t.step >= cfg.steps)
+        log_rank0("nothing to do: already at step %lld of %lld\n", t.step, cfg.steps);
+    live_metrics_close(loop.live);
+    trainer_free(&t);
+    /* a scheduler reads exit 0 as "done": not so when the last state is lost */
+    if (!loop.final_saved) fprintf(stderr, "momfmm: the final checkpoint was not written: exiting with status 1\n");
+    return loop.final_saved ? 0 : 1;
+}
+
+/* ---- bench command ------------------------------------------------------ */
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Times `steps` training steps after two warm-up steps and reports the
+ * median step (robust on a shared machine), as tools/bench_torch.py does. */
+int command_bench(const char *config_path, int n_overrides, char **overrides, int steps) {
+    config cfg = cmd_load_config(config_path, n_overrides, overrides);
+    cfg.steps = steps + 2;
+    trainer t;
+    create_trainer(&t, &cfg);
+    dist_describe();
+    for (int i = 0; i < 2; i++) trainer_step(&t); /* warm-up: allocations, caches */
+    double wait = 0, *times = xcalloc((size_t)steps, sizeof(double));
+    for (int i = 0; i < steps; i++) {
+        dist_barrier();
+        double start = wall_seconds();
+        wait += trainer_step(&t).allreduce_wait_s;
+        dist_barrier();
+        times[i] = wall_seconds() - start;
+    }
+    qsort(times, (size_t)steps, sizeof(double), compare_doubles);
+    double median = times[steps / 2];
+    double tokens = (double)cfg.batch_size * cfg.seq_len;
+    double flops = model_flops_per_token(&t.model, cfg.seq_len) * tokens;
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    double max_rss_mb = dist_max_double(usage.ru_maxrss / 1024.0);
+    log_rank0("bench: %d ranks x %d threads | batch %d x %d | %s attention | %d steps | step min %.1f ms, max %.1f ms\n",
+              process_count(), dist_threads(), cfg.batch_size, cfg.seq_len,
+              cfg.attention == ATTENTION_FMM ? "fmm" : "softmax", steps, 1e3 * times[0], 1e3 * times[steps - 1]);
+    log_rank0("bench tokens_per_s=%.1f ms_per_step=%.3f gflops=%.3f allreduce_wait_ms=%.3f peak_rss_mb=%.1f\n",
+              tokens / median, 1e3 * median, flops / median / 1e9, 1e3 * wait / steps, max_rss_mb);
+    free(times);
+    trainer_free(&t);
+    return 0;
+}

@@ -1,0 +1,145 @@
+/* Evaluation (SPEC 3; docs/design.md §8.5); see eval.h. */
+#include "momfmm/eval.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "momfmm/dist.h"
+#include "momfmm/kernels.h"
+#include "momfmm/readouts.h"
+#include "momfmm/stream.h"
+
+int rank_shard_open(rank_shard *s, const config *cfg, status *err) {
+    memset(s, 0, sizeof *s);
+    int size = process_count(), count;
+    if (size > cfg->batch_size)
+        return status_fail(err, EXIT_USAGE,
+                           "train.batch_size = %d is smaller than the number of ranks (%d): every rank needs a sample",
+                           cfg->batch_size, size);
+    s->data = data_try_open(cfg, err);
+    if (!s->data) return err->code;
+    shard_range(cfg->batch_size, process_rank(), size, &s->first, &count);
+    batch_alloc(&s->batch, count, cfg->seq_len);
+    return 0;
+}
+
+void rank_shard_close(rank_shard *s) {
+    batch_free(&s->batch);
+    data_close(s->data);
+    memset(s, 0, sizeof *s);
+}
+
+void eval_result_init(eval_result *r, const model *m) {
+    memset(r, 0, sizeof *r);
+    r->gain_R = xcalloc((size_t)m->L * (1 + m->H), sizeof(double));
+    r->gamma = r->gain_R + m->L;
+}
+
+void eval_result_free(eval_result *r) {
+    free(r->gain_R);
+    memset(r, 0, sizeof *r);
+}
+
+void eval_readouts(const model *m, eval_result *r) { momentum_gammas(m, r->gamma); }
+
+/* Streams the batch's rows in segments; returns the largest difference from
+ * the full forward's logits and fills losses/predictions from the streamed
+ * logits. -1 with err on a failure. */
+static double stream_batch(model *m, const batch *b, int segment, const float *full_logits, float *losses,
+                           int32_t *predictions, status *err) {
+    int T = b->T, S = b->B, V = m->V;
+    stream_state st;
+    if (stream_create(&st, m, S, T, segment, err) != 0) return -1;
+    float *seg_logits = xcalloc((size_t)S * segment * V, sizeof(float));
+    int32_t *tokens = xcalloc((size_t)S * segment, sizeof(int32_t));
+    float *probs = xcalloc((size_t)V, sizeof(float));
+    double max_diff = 0;
+    for (int pos = 0; pos < T && max_diff >= 0; pos += segment) {
+        int n = T - pos < segment ? T - pos : segment;
+        for (int s = 0; s < S; s++) memcpy(tokens + (size_t)s * n, b->inputs + (size_t)s * T + pos, sizeof(int32_t) * n);
+        if (stream_forward(m, &st, tokens, n, seg_logits, err) != 0) {
+            max_diff = -1;
+            break;
+        }
+        for (int s = 0; s < S; s++)
+            for (int r = 0; r < n; r++) {
+                size_t at = (size_t)s * T + pos + r;
+                const float *mine = seg_logits + ((size_t)s * n + r) * V, *full = full_logits + at * V;
+                for (int v = 0; v < V; v++) max_diff = fmax(max_diff, fabs((double)mine[v] - full[v]));
+                memcpy(probs, mine, sizeof(float) * V);
+                cross_entropy_forward(probs, losses + at, predictions + at, b->targets + at, 1, V);
+            }
+    }
+    free(seg_logits), free(tokens), free(probs);
+    stream_free(&st);
+    return max_diff;
+}
+
+/* Running sums of one evaluation, reduced over ranks at the end. */
+typedef struct {
+    metric_sums full, streamed;
+    double *gains;   /* [L + 1]: gain ratio sums per block, then the row count */
+    float *losses;   /* [B*T] streamed losses */
+    int32_t *predictions;
+    double max_diff;
+} eval_sums;
+
+static int evaluate_batch(model *m, rank_shard *shard, int i, int segment, eval_sums *e, status *err) {
+    batch *b = &shard->batch;
+    data_fill(shard->data, b, SPLIT_EVAL, i, shard->first);
+    model_forward(m, b->inputs, b->targets, b->labels, b->B, b->T, false);
+    metrics_accumulate(&e->full, b, m->acts.losses, m->acts.predictions, m->cfg.head == HEAD_CLS, m->V);
+    block_gains(m, b->B, b->T, (uint64_t)m->cfg.seed + (uint64_t)i, e->gains);
+    e->gains[m->L] += b->B;
+    if (segment <= 0) return 0;
+    /* block_gains leaves the forward's logits as they were */
+    double diff = stream_batch(m, b, segment, m->acts.logits, e->losses, e->predictions, err);
+    if (diff < 0) return err->code;
+    e->max_diff = fmax(e->max_diff, diff);
+    metrics_accumulate(&e->streamed, b, e->losses, e->predictions, false, m->V);
+    return 0;
+}
+
+int evaluate(model *m, rank_shard *shard, int stream_segment, eval_result *r, status *err) {
+    if (stream_segment > 0 && stream_check(m, shard->batch.T, err) != 0) return err->code;
+    eval_sums e;
+    memset(&e, 0, sizeof e);
+    size_t rows = (size_t)shard->batch.B * shard->batch.T;
+    e.gains = xcalloc((size_t)m->L + 1, sizeof(double));
+    e.losses = xcalloc(rows, sizeof(float));
+    e.predictions = xcalloc(rows, sizeof(int32_t));
+    m->keep_logits = stream_segment > 0;
+    int rc = 0;
+    for (int i = 0; i < m->cfg.eval_batches && rc == 0; i++) rc = evaluate_batch(m, shard, i, stream_segment, &e, err);
+    m->keep_logits = false;
+    if (rc == 0) {
+        dist_sum_doubles((double *)&e.full, (int)METRIC_SUMS_DOUBLES);
+        metrics_finish(&e.full, &r->metrics);
+        dist_sum_doubles(e.gains, m->L + 1);
+        for (int l = 0; l < m->L; l++) r->gain_R[l] = e.gains[l] / e.gains[m->L];
+        eval_readouts(m, r);
+        r->streamed = stream_segment > 0;
+    }
+    if (rc == 0 && r->streamed) {
+        dist_sum_doubles((double *)&e.streamed, (int)METRIC_SUMS_DOUBLES);
+        metrics_finish(&e.streamed, &r->stream_metrics);
+        r->stream_max_diff = dist_max_double(e.max_diff);
+    }
+    free(e.gains), free(e.losses), free(e.predictions);
+    return rc;
+}
+
+void eval_result_row(const eval_result *r, long long step, const metric_table *eval_log, double *row) {
+    const eval_metrics *e = &r->metrics;
+    const struct {
+        const char *name;
+        double value;
+    } scalars[] = {{"step", (double)step}, {"loss", e->loss}, {"L_new", e->L_new}, {"L_rep", e->L_rep},
+                   {"delta_12", e->delta_12}, {"acc", e->acc}, {"exact_match", e->exact_match}};
+    for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++)
+        metric_table_set(eval_log, row, scalars[i].name, &scalars[i].value);
+    metric_table_set(eval_log, row, "loss_by_k", e->loss_by_k);
+    metric_table_set(eval_log, row, "gain_R", r->gain_R);
+    metric_table_set(eval_log, row, "gamma", r->gamma);
+}
