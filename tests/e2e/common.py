@@ -1,13 +1,11 @@
-"""Helpers shared by the end-to-end tests: run momfmm, write configs and
-token files, report in the `N passed, M failed` form CTest logs show."""
-import argparse
-import glob
+"""Helpers shared by the end-to-end tests (pytest modules beside this file):
+run momfmm, write configs and token files, and collect named checks."""
 import os
 import subprocess
-import sys
 
 import h5py
 import numpy as np
+from momfmm.h5 import load_checkpoint, newest_checkpoint
 
 ROOT_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
@@ -15,19 +13,6 @@ ROOT_ENV = {
     "OMP_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
 }
-
-
-def argument_parser(description=None):
-    """The arguments every end-to-end test takes (CTest passes both)."""
-    ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--momfmm", required=True, help="the momfmm binary under test")
-    ap.add_argument("--workdir", required=True, help="scratch directory for configs and runs")
-    return ap
-
-
-def newest_checkpoint(out_dir):
-    """Path of the highest-step ckpt_*.h5 in a run directory."""
-    return sorted(glob.glob(os.path.join(out_dir, "ckpt_*.h5")))[-1]
 
 
 def env(**extra):
@@ -71,7 +56,9 @@ def tiny_config(out_dir, **overrides):
     return sections
 
 
-MPIRUN = ["mpirun", "--oversubscribe"]
+# The MPI launcher CMake found (FindMPI's MPIEXEC_EXECUTABLE, passed by CTest
+# as MPIEXEC); plain `mpirun` when the tests run outside CTest.
+MPIRUN = [os.environ.get("MPIEXEC") or "mpirun", "--oversubscribe"]
 
 
 def write_tiny_config(workdir, name, **overrides):
@@ -92,6 +79,14 @@ def train_command(momfmm, ini, sets=(), np_=None, resume=None):
     return MPIRUN + ["-np", str(np_)] + cmd if np_ else cmd
 
 
+def load_newest(out_dir, **kw):
+    """The highest-step checkpoint of a run directory, through the package's
+    one reader (momfmm.h5.load_checkpoint; docs/design.md §8.8)."""
+    path = newest_checkpoint(out_dir)
+    assert path, f"no checkpoint in {out_dir}"
+    return load_checkpoint(path, **kw)
+
+
 def write_tokens(path, inputs, targets, labels=None):
     with h5py.File(path, "w") as f:
         f["inputs"] = np.asarray(inputs, dtype=np.int32)
@@ -102,20 +97,33 @@ def write_tokens(path, inputs, targets, labels=None):
 
 
 class Report:
-    """Collects named checks; finish() prints `N passed, M failed` and exits."""
+    """Named checks of one test (the `report` fixture of conftest.py): each
+    check() prints PASS or FAIL with its detail and the test goes on, so one
+    failure does not hide the checks after it; conftest fails the test after
+    it returns when any check failed, naming every failed check. Fixtures
+    that train once for several tests use one too and call assert_all()."""
+
+    made = []  # every Report of the session, for conftest's summary line
 
     def __init__(self):
         self.passed = 0
-        self.failed = 0
+        self.failures = []
+        Report.made.append(self)
 
     def check(self, name, ok, detail=""):
-        print(f"{'PASS' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
+        ok = bool(ok)
+        line = f"{name}{': ' + detail if detail else ''}"
+        print(f"{'PASS' if ok else 'FAIL'} {line}", flush=True)
         if ok:
             self.passed += 1
         else:
-            self.failed += 1
+            self.failures.append(line)
         return ok
 
-    def finish(self):
-        print(f"{self.passed} passed, {self.failed} failed")
-        sys.exit(1 if self.failed else 0)
+    @property
+    def failed(self):
+        return len(self.failures)
+
+    def assert_all(self):
+        assert not self.failures, (f"{self.failed} of {self.passed + self.failed} checks failed:\n  "
+                                   + "\n  ".join(self.failures))

@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """Bad input (SPEC 5): every case exits with the documented code (2 config
 or command line, 3 file) and a one-line message naming the file and the key
 or value; no crash, and input files are left untouched."""
@@ -8,8 +7,9 @@ import shutil
 
 import h5py
 import numpy as np
+import pytest
 
-from common import argument_parser, Report, run, tiny_config, write_config, write_tokens
+from common import run, tiny_config, write_config, write_tokens
 
 
 def digest(path):
@@ -17,67 +17,79 @@ def digest(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def expect(report, name, result, code, *needles):
+def expected_failure(result, code, needles):
+    """(ok, detail): exit `code` with every needle in stderr, and no crash."""
     msg = result.stderr.strip()
     ok = result.returncode == code and all(n in msg for n in needles)
     ok = ok and "Segmentation" not in msg and "AddressSanitizer" not in msg
-    report.check(name, ok, f"rc {result.returncode} (want {code}); stderr: {msg[:300]!r}")
+    return ok, f"rc {result.returncode} (want {code}); stderr: {msg[:300]!r}"
 
 
-def config_cases(a, report, work):
-    base = tiny_config(os.path.join(work, "run"))
-    good = write_config(os.path.join(work, "good.ini"), base)
+def expect(report, name, result, code, *needles):
+    report.check(name, *expected_failure(result, code, needles))
 
-    def ini(name, text):
-        path = os.path.join(work, name)
-        with open(path, "w") as f:
+
+# The command line of each case uses INI (the case's own file, holding its
+# text), GOOD (a valid config) or NOPE (a missing file).
+INI, GOOD, NOPE = "<ini>", "<good>", "<nope>"
+# (case, INI file name, its text, momfmm arguments, exit code, needles in the message)
+CONFIG_CASES = [
+    ("unknown section", "section.ini", "[model]\nd_model = 32\n[modle]\nn_heads = 4\n", ["train", INI],
+     2, ("section.ini:4", "modle")),
+    ("unknown key", "key.ini", "[model]\nd_model = 32\nd_modle = 4\n", ["train", INI],
+     2, ("key.ini:3", "model.d_modle")),
+    ("non-numeric value", "value.ini", "[model]\nd_model = abc\n", ["train", INI],
+     2, ("value.ini:2", "model.d_model", "abc")),
+    ("negative size", "neg.ini", "[model]\nn_layers = -1\n", ["train", INI], 2, ("neg.ini:2", "model.n_layers")),
+    ("d_model not divisible by n_heads", "div.ini", "[model]\nd_model = 30\nn_heads = 4\n", ["train", INI], 2,
+     ("div.ini", "model.d_model", "model.n_heads")),
+    ("odd head dimension", "odd.ini", "[model]\nd_model = 12\nn_heads = 4\n", ["train", INI], 2, ("odd.ini", "odd")),
+    ("unknown task", "task.ini", "[data]\ntask = sorting\n", ["train", INI],
+     2, ("task.ini:2", "data.task", "sorting")),
+    ("unknown attention kind", "kind.ini", "[attention]\nkind = flash\n", ["train", INI],
+     2, ("kind.ini:2", "attention.kind")),
+    ("fmm bandwidth < 0", "band.ini", "[attention]\nkind = fmm\n[fmm]\nbandwidth = -1\n", ["train", INI],
+     2, ("band.ini:4", "fmm.bandwidth")),
+    ("unknown fmm kernel", "kern.ini", "[attention]\nkind = fmm\n[fmm]\nkernels = elu,relu\n", ["train", INI],
+     2, ("kern.ini", "fmm.kernels", "relu")),
+    ("fmm chunk <= 0", "chunk.ini", "[attention]\nkind = fmm\n[fmm]\nchunk = 0\n", ["train", INI],
+     2, ("chunk.ini:4", "fmm.chunk")),
+    ("bad boolean", "bool.ini", "[model]\ncausal = maybe\n", ["train", INI], 2, ("bool.ini:2", "model.causal")),
+    ("malformed INI line", "garbage.ini", "[model\nd_model = 32\n", ["train", INI], 2, ("garbage.ini:1")),
+    ("missing config file", None, None, ["train", NOPE], 2, ("nope.ini")),
+    ("--set unknown key", None, None, ["train", GOOD, "--set", "model.nope=1"], 2, ("model.nope")),
+    ("--set bad value", None, None, ["train", GOOD, "--set", "train.lr=fast"], 2, ("train.lr", "fast")),
+    ("--set without section", None, None, ["train", GOOD, "--set", "lr=1"], 2, ("lr=1")),
+    ("unknown command", None, None, ["fly"], 2, ("fly")),
+    ("missing argument", None, None, ["train"], 2, ("missing")),
+    ("unknown option", None, None, ["train", GOOD, "--fast"], 2, ("--fast")),
+    ("init without --out", None, None, ["init", GOOD], 2, ("--out")),
+]
+
+
+@pytest.fixture(scope="module")
+def good_ini(workdir):
+    return write_config(os.path.join(workdir, "good.ini"), tiny_config(os.path.join(workdir, "run")))
+
+
+@pytest.mark.parametrize("case,name,text,args,code,needles", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
+def test_config_error(momfmm, workdir, good_ini, case, name, text, args, code, needles):
+    paths = {GOOD: good_ini, NOPE: os.path.join(workdir, "nope.ini")}
+    if name:
+        paths[INI] = os.path.join(workdir, name)
+        with open(paths[INI], "w") as f:
             f.write(text)
-        return path
-
-    p = ini("section.ini", "[model]\nd_model = 32\n[modle]\nn_heads = 4\n")
-    expect(report, "unknown section", run([a.momfmm, "train", p]), 2, "section.ini:4", "modle")
-    p = ini("key.ini", "[model]\nd_model = 32\nd_modle = 4\n")
-    expect(report, "unknown key", run([a.momfmm, "train", p]), 2, "key.ini:3", "model.d_modle")
-    p = ini("value.ini", "[model]\nd_model = abc\n")
-    expect(report, "non-numeric value", run([a.momfmm, "train", p]), 2, "value.ini:2", "model.d_model", "abc")
-    p = ini("neg.ini", "[model]\nn_layers = -1\n")
-    expect(report, "negative size", run([a.momfmm, "train", p]), 2, "neg.ini:2", "model.n_layers")
-    p = ini("div.ini", "[model]\nd_model = 30\nn_heads = 4\n")
-    expect(report, "d_model not divisible by n_heads", run([a.momfmm, "train", p]), 2, "div.ini",
-           "model.d_model", "model.n_heads")
-    p = ini("odd.ini", "[model]\nd_model = 12\nn_heads = 4\n")
-    expect(report, "odd head dimension", run([a.momfmm, "train", p]), 2, "odd.ini", "odd")
-    p = ini("task.ini", "[data]\ntask = sorting\n")
-    expect(report, "unknown task", run([a.momfmm, "train", p]), 2, "task.ini:2", "data.task", "sorting")
-    p = ini("kind.ini", "[attention]\nkind = flash\n")
-    expect(report, "unknown attention kind", run([a.momfmm, "train", p]), 2, "kind.ini:2", "attention.kind")
-    p = ini("band.ini", "[attention]\nkind = fmm\n[fmm]\nbandwidth = -1\n")
-    expect(report, "fmm bandwidth < 0", run([a.momfmm, "train", p]), 2, "band.ini:4", "fmm.bandwidth")
-    p = ini("kern.ini", "[attention]\nkind = fmm\n[fmm]\nkernels = elu,relu\n")
-    expect(report, "unknown fmm kernel", run([a.momfmm, "train", p]), 2, "kern.ini", "fmm.kernels", "relu")
-    p = ini("chunk.ini", "[attention]\nkind = fmm\n[fmm]\nchunk = 0\n")
-    expect(report, "fmm chunk <= 0", run([a.momfmm, "train", p]), 2, "chunk.ini:4", "fmm.chunk")
-    p = ini("bool.ini", "[model]\ncausal = maybe\n")
-    expect(report, "bad boolean", run([a.momfmm, "train", p]), 2, "bool.ini:2", "model.causal")
-    p = ini("garbage.ini", "[model\nd_model = 32\n")
-    expect(report, "malformed INI line", run([a.momfmm, "train", p]), 2, "garbage.ini:1")
-    expect(report, "missing config file", run([a.momfmm, "train", os.path.join(work, "nope.ini")]), 2, "nope.ini")
-    expect(report, "--set unknown key", run([a.momfmm, "train", good, "--set", "model.nope=1"]), 2, "model.nope")
-    expect(report, "--set bad value", run([a.momfmm, "train", good, "--set", "train.lr=fast"]), 2, "train.lr", "fast")
-    expect(report, "--set without section", run([a.momfmm, "train", good, "--set", "lr=1"]), 2, "lr=1")
-    expect(report, "unknown command", run([a.momfmm, "fly"]), 2, "fly")
-    expect(report, "missing argument", run([a.momfmm, "train"]), 2, "missing")
-    expect(report, "unknown option", run([a.momfmm, "train", good, "--fast"]), 2, "--fast")
-    expect(report, "init without --out", run([a.momfmm, "init", good]), 2, "--out")
-    return good
+    ok, detail = expected_failure(run([momfmm] + [paths.get(x, x) for x in args]), code, needles)
+    assert ok, f"{case}: {detail}"
 
 
-def file_cases(a, report, work, good_ini):
+def test_file_errors(momfmm, workdir, report, good_ini):
+    work = workdir
     ck = os.path.join(work, "ck.h5")
-    r = run([a.momfmm, "init", good_ini, "--out", ck])
+    r = run([momfmm, "init", good_ini, "--out", ck])
     report.check("init writes a checkpoint", r.returncode == 0 and os.path.exists(ck), r.stderr)
     tok = write_tokens(os.path.join(work, "tok.h5"), np.ones((2, 16)), np.ones((2, 16)))
-    r = run([a.momfmm, "loss", ck, tok])
+    r = run([momfmm, "loss", ck, tok])
     report.check("loss on good files", r.returncode == 0 and r.stdout.startswith("loss "), r.stdout + r.stderr)
 
     def variant(name, edit):
@@ -89,10 +101,10 @@ def file_cases(a, report, work, good_ini):
 
     def check_file(name, path, *needles, tokens=tok):
         before = digest(path)
-        expect(report, name, run([a.momfmm, "loss", path, tokens]), 3, *needles)
+        expect(report, name, run([momfmm, "loss", path, tokens]), 3, *needles)
         report.check(name + ": file untouched", digest(path) == before)
 
-    expect(report, "missing checkpoint", run([a.momfmm, "loss", os.path.join(work, "none.h5"), tok]), 3, "none.h5")
+    expect(report, "missing checkpoint", run([momfmm, "loss", os.path.join(work, "none.h5"), tok]), 3, "none.h5")
     empty = os.path.join(work, "empty.h5")
     open(empty, "w").close()
     check_file("empty checkpoint", empty, "empty.h5")
@@ -129,17 +141,3 @@ def file_cases(a, report, work, good_ini):
     check_file("token file without /targets", ck, "notargets.h5", "/targets", tokens=missing)
     long_tok = write_tokens(os.path.join(work, "long.h5"), np.ones((1, 64)), np.ones((1, 64)))
     check_file("token file longer than the model", ck, "long.h5", "T = 64", tokens=long_tok)
-
-
-def main():
-    ap = argument_parser(__doc__)
-    a = ap.parse_args()
-    os.makedirs(a.workdir, exist_ok=True)
-    report = Report()
-    good = config_cases(a, report, a.workdir)
-    file_cases(a, report, a.workdir, good)
-    report.finish()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,188 +1,58 @@
-#!/usr/bin/python3
-"""Checkpoints (SPEC 4, 5): layout, resume, crash safety, bad files, full
-disk, stop signals, live metrics.
+"""Checkpoints (SPEC 4, 5): layout, resume, bad files, full disk (crashes and
+signals: test_checkpoint_stop.py). One class per group; CTest runs each as
+its own entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
 
-- layout: after short runs (momentum with learned gamma; then fmm with
+- TestLayout: after short runs (momentum with learned gamma; then fmm with
   learned gamma, 3 layers) h5py reads every dataset and each shape matches
   the config: every parameter name of SPEC 4 in PyTorch shape, /optim/m and
   /optim/v mirror /model, /buffers [H, dh], /metrics/train 1-D (step int64),
   /metrics/eval loss_by_k [n, 16], gain_R [n, L], gamma [n, L, H]; the root
   attributes, and config_ini parsed with configparser equals the config used;
   `h5dump -H` reads the file.
-- bit-exact resume: 2N steps straight vs N steps + `--resume auto` + N more
+- TestResume: 2N steps straight vs N steps + `--resume auto` + N more
   (train.steps changed from N to 2N; constant schedule, so the lr of the
   first N steps does not depend on train.steps), and vs `--resume PATH`:
   /model, /optim, /buffers and the metric history bitwise equal (momentum
   with anchor = false, so the buffers enter the loss; a control run with
-  zeroed buffers shows they do); the same for fmm attention.
-- another number of ranks: N steps at np = 1, resumed at np = 2 under
-  mpirun, matches the straight run (loss 1e-5, weights 1e-4 relative).
-- crash: a run that checkpoints every step is SIGKILLed at random moments
-  8 times, resuming with --resume auto each time; every ckpt_*.h5 left
-  behind loads, temporary files never carry a checkpoint's name, and the
-  last run reaches train.steps.
-- bad files with --resume PATH (empty, truncated, not HDF5, wrong format,
-  newer format_version, missing dataset, wrong shapes, model keys changed):
-  exit 3 naming the file and the problem, the file untouched, nothing
-  trained; `momfmm inspect` and `eval` exit 3 as well unless the damage is
-  only in /optim (which they do not read, SPEC 4). --resume auto skips a
-  corrupt newest checkpoint (reported, kept) and resumes bitwise from the
-  older one; pruning (train.keep) never deletes the run's own new
+  zeroed buffers shows they do); the same for fmm attention. Another number
+  of ranks: N steps at np = 1, resumed at np = 2 under mpirun, matches the
+  straight run (loss 1e-5, weights 1e-4 relative).
+- TestBadFiles: --resume PATH with bad files (empty, truncated, not HDF5,
+  wrong format, newer format_version, missing dataset, wrong shapes, model
+  keys changed): exit 3 naming the file and the problem, the file untouched,
+  nothing trained; `momfmm inspect` and `eval` exit 3 as well unless the
+  damage is only in /optim (which they do not read, SPEC 4). --resume auto
+  skips a corrupt newest checkpoint (reported, kept) and resumes bitwise from
+  the older one; pruning (train.keep) never deletes the run's own new
   checkpoints because of a corrupt newer file.
-- full disk (a 600 KB tmpfs as train.out_dir): a checkpoint that does not
-  fit is reported naming its path, the previous one is intact and loads,
-  no temporary file is left, the program does not crash.
-- stop signals: SIGTERM to one of 4 ranks, and SIGUSR1 to mpirun, stop
-  every rank at one step with "stop requested", a checkpoint at that step
-  that loads, exit 0.
-- live metrics: metrics.h5 read with h5py (SWMR) while a run writes it:
-  rows grow, values finite, config_ini present; after SIGTERM it holds the
-  same history as the final checkpoint.
+- TestFullDisk (a 600 KB tmpfs as train.out_dir): a checkpoint that does not
+  fit is reported naming its path, the previous one is intact and loads, no
+  temporary file is left, the program does not crash.
 
-Usage: test_checkpoint.py --momfmm BIN --workdir DIR [--seed S] [--only GROUP,...]
+Checkpoints are read with the package's reader (momfmm.h5.load_checkpoint);
+h5py writes the corrupted variants, and reads the whole file once for the
+claim that plain h5py can (SPEC 4).
 """
 import configparser
-import hashlib
 import os
-import random
 import re
 import shutil
-import signal
-import subprocess
-import time
 
 import h5py
 import numpy as np
+import pytest
+from momfmm.h5 import load_checkpoint
 
-from processes import children, kill_session, rank_of, session_members
-from common import argument_parser, Report, env, run, train_command, write_tiny_config
+from common import run
+from ckpt_util import (LOSS_RTOL, N, RESUME, WEIGHT_RTOL, Runner, bitwise_report, checkpoints, ckpt, digest,
+                       load_state, rel_losses, rel_tensors, tail)
 
-CKPT_NAME = re.compile(r"^ckpt_(\d{8})\.h5$")
 CKPT_LINE = re.compile(r"^checkpoint (\S+) \| ([\d.]+) MB in ([\d.]+) s \(([\d.]+) MB/s\)$", re.M)
-LOSS_RTOL = 1e-5
-WEIGHT_RTOL = 1e-4
 
 
-def digest(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def ckpt(out_dir, step):
-    return os.path.join(out_dir, f"ckpt_{step:08d}.h5")
-
-
-def checkpoints(out_dir):
-    """{step: path} of files named exactly ckpt_<8 digits>.h5."""
-    out = {}
-    for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
-        m = CKPT_NAME.match(name)
-        if m:
-            out[int(m.group(1))] = os.path.join(out_dir, name)
-    return out
-
-
-def tail(result, n=600):
-    return f"rc {result.returncode}; stdout ...{result.stdout[-n:]!r}; stderr ...{result.stderr[-n:]!r}"
-
-
-class Runner:
-    def __init__(self, momfmm, workdir):
-        self.momfmm = os.path.realpath(momfmm)
-        self.work = os.path.abspath(workdir)
-
-    def config(self, name, **overrides):
-        """Writes <work>/<name>.ini (tiny_config + overrides), fresh out_dir; returns (ini, out_dir, sections)."""
-        shutil.rmtree(os.path.join(self.work, name), ignore_errors=True)
-        return write_tiny_config(self.work, name, **overrides)
-
-    def train(self, ini, *sets, resume=None, np_=None, timeout=300):
-        return run(train_command(self.momfmm, ini, sets, np_=np_, resume=resume), timeout=timeout)
-
-    def inspect(self, path):
-        return run([self.momfmm, "inspect", path], timeout=60)
-
-
-# ---- reading checkpoints ----------------------------------------------------
-
-def datasets(f, group):
-    """{name relative to group: dataset} of every dataset under group."""
-    out = {}
-    if group in f:
-        f[group].visititems(lambda n, o: out.__setitem__(n, o) if isinstance(o, h5py.Dataset) else None)
-    return out
-
-
-def load_state(path):
-    """Every dataset (as arrays) and root attribute of a checkpoint."""
-    out = {}
-    with h5py.File(path, "r") as f:
-        f.visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
-        attrs = {k: f.attrs[k] for k in f.attrs}
-    return out, attrs
-
-
-def same_bits(a, b):
-    """Bitwise equal arrays; NaN equals NaN whatever its payload."""
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.dtype.kind == "f":
-        nan = np.isnan(a)
-        if not np.array_equal(nan, np.isnan(b)):
-            return False
-        a, b = np.where(nan, 0, a), np.where(nan, 0, b)
-    return a.tobytes() == b.tobytes()
-
-
-def compared_keys(state):
-    """The state that must survive a resume exactly: tensors, buffers and the
-    metric history except the wall-clock tokens_per_s."""
-    return sorted(k for k in state if k.split("/")[0] in ("model", "optim", "buffers")
-                  or (k.startswith("metrics/") and not k.endswith("tokens_per_s")))
-
-
-def bitwise_report(a_path, b_path):
-    """(ok, detail): every compared dataset and step/tokens_seen bitwise equal."""
-    (a, aa), (b, ba) = load_state(a_path), load_state(b_path)
-    keys = compared_keys(a)
-    if keys != compared_keys(b):
-        return False, f"dataset sets differ: {sorted(set(keys) ^ set(compared_keys(b)))[:6]}"
-    differ = [k for k in keys if not same_bits(a[k], b[k])]
-    for attr in ("step", "tokens_seen"):
-        if int(aa[attr]) != int(ba[attr]):
-            differ.append(f"attr {attr} {aa[attr]} vs {ba[attr]}")
-    detail = f"{len(keys)} datasets compared"
-    if differ:
-        worst = max((float(np.nanmax(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64))))
-                     for k in differ if k in a and a[k].shape == b[k].shape and a[k].size), default=0.0)
-        detail += f"; {len(differ)} differ, e.g. {differ[:4]}, worst |diff| {worst:.3g}"
-    return not differ, detail
-
-
-def rel_tensors(a, b, prefixes):
-    """Worst max|a-b| / max|a| over the datasets under prefixes; and where."""
-    worst, where = 0.0, ""
-    for k in a:
-        if k.split("/")[0] not in prefixes:
-            continue
-        if k not in b or a[k].shape != b[k].shape:
-            return float("inf"), k + " missing or reshaped"
-        x, y = a[k].astype(np.float64), b[k].astype(np.float64)
-        rel = float(np.max(np.abs(x - y)) / max(float(np.max(np.abs(x))), 1e-30)) if x.size else 0.0
-        if rel > worst:
-            worst, where = rel, k
-    return worst, where
-
-
-def rel_losses(a, b, key):
-    x, y = a[key], b.get(key)
-    if y is None or x.shape != y.shape:
-        return float("inf")
-    ok = ~np.isnan(x)
-    if not np.array_equal(ok, ~np.isnan(y)):
-        return float("inf")
-    return float(np.max(np.abs(x[ok] - y[ok]) / np.maximum(np.abs(x[ok]), 1e-30))) if ok.any() else 0.0
+@pytest.fixture(scope="module")
+def R(momfmm, workdir):
+    return Runner(momfmm, workdir)
 
 
 # ---- 1. layout --------------------------------------------------------------
@@ -232,9 +102,9 @@ def check_layout(R, report, label, path, s):
     train_steps = logged_steps(t["steps"], t["log_interval"])
     eval_steps = logged_steps(t["steps"], t["eval_interval"])
     n_eval = len(eval_steps)
+    # SPEC 4 promises the file to plain h5py: this one check reads it so.
+    bad = []
     with h5py.File(path, "r") as f:
-        bad = []
-
         def read_all(name, obj):
             if isinstance(obj, h5py.Dataset):
                 try:
@@ -242,73 +112,73 @@ def check_layout(R, report, label, path, s):
                 except Exception as e:  # noqa: BLE001 - any failure to read is the finding
                     bad.append(f"{name}: {e}")
         f.visititems(read_all)
-        report.check(f"layout {label}: h5py reads every dataset", not bad, "; ".join(bad[:3]))
+    report.check(f"layout {label}: h5py reads every dataset", not bad, "; ".join(bad[:3]))
 
-        model = datasets(f, "model")
-        shapes = {k: v.shape for k, v in model.items()}
-        wrong = sorted(k for k in set(want) | set(shapes) if want.get(k) != shapes.get(k))
-        report.check(f"layout {label}: /model has the SPEC 4 names in PyTorch shapes ({len(want)} tensors)",
-                     not wrong and all(v.dtype == np.float32 for v in model.values()),
-                     "; ".join(f"{k}: {shapes.get(k)} (want {want.get(k)})" for k in wrong[:6]))
-        for moment in ("m", "v"):
-            opt = datasets(f, f"optim/{moment}")
-            mism = sorted(k for k in set(opt) | set(model)
-                          if k not in opt or k not in model or opt[k].shape != model[k].shape
-                          or opt[k].dtype != np.float32)
-            report.check(f"layout {label}: /optim/{moment} mirrors /model", not mism, f"differ: {mism[:6]}")
+    ck = load_checkpoint(path)
+    model = ck.params
+    shapes = {k: v.shape for k, v in model.items()}
+    wrong = sorted(k for k in set(want) | set(shapes) if want.get(k) != shapes.get(k))
+    report.check(f"layout {label}: /model has the SPEC 4 names in PyTorch shapes ({len(want)} tensors)",
+                 not wrong and all(v.dtype == np.float32 for v in model.values()),
+                 "; ".join(f"{k}: {shapes.get(k)} (want {want.get(k)})" for k in wrong[:6]))
+    for moment, opt in (("m", ck.optim_m), ("v", ck.optim_v)):
+        mism = sorted(k for k in set(opt) | set(model)
+                      if k not in opt or k not in model or opt[k].shape != model[k].shape
+                      or opt[k].dtype != np.float32)
+        report.check(f"layout {label}: /optim/{moment} mirrors /model", not mism, f"differ: {mism[:6]}")
 
-        bufs = datasets(f, "buffers")
-        want_b = {f"blocks/{i}/attn/{w}": (H, d // H) for i in range(L) for w in ("prev_q", "prev_k")}
-        got_b = {k: v.shape for k, v in bufs.items()}
-        report.check(f"layout {label}: /buffers/blocks/<i>/attn/prev_q, prev_k are [H, dh] = [{H}, {d // H}]",
-                     got_b == want_b and all(v.dtype == np.float32 for v in bufs.values()),
-                     f"got {sorted(got_b.items())[:4]}")
+    bufs = ck.buffers
+    want_b = {f"blocks/{i}/attn/{w}": (H, d // H) for i in range(L) for w in ("prev_q", "prev_k")}
+    got_b = {k: v.shape for k, v in bufs.items()}
+    report.check(f"layout {label}: /buffers/blocks/<i>/attn/prev_q, prev_k are [H, dh] = [{H}, {d // H}]",
+                 got_b == want_b and all(v.dtype == np.float32 for v in bufs.values()),
+                 f"got {sorted(got_b.items())[:4]}")
 
-        tr = datasets(f, "metrics/train")
-        keys_ok = set(tr) == {"step", "loss", "lr", "grad_norm", "tokens_per_s"}
-        shapes_ok = all(v.shape == (len(train_steps),) for v in tr.values())
-        types_ok = keys_ok and tr["step"].dtype == np.int64 and all(
-            v.dtype == np.float64 for k, v in tr.items() if k != "step")
-        steps_ok = keys_ok and list(tr["step"][()]) == train_steps
-        report.check(f"layout {label}: /metrics/train/* 1-D with {len(train_steps)} rows, step int64 = {train_steps}",
-                     keys_ok and shapes_ok and types_ok and steps_ok,
-                     f"{ {k: (v.shape, str(v.dtype)) for k, v in tr.items()} }")
+    tr = ck.train
+    keys_ok = set(tr) == {"step", "loss", "lr", "grad_norm", "tokens_per_s"}
+    shapes_ok = all(v.shape == (len(train_steps),) for v in tr.values())
+    types_ok = keys_ok and tr["step"].dtype == np.int64 and all(
+        v.dtype == np.float64 for k, v in tr.items() if k != "step")
+    steps_ok = keys_ok and list(tr["step"]) == train_steps
+    report.check(f"layout {label}: /metrics/train/* 1-D with {len(train_steps)} rows, step int64 = {train_steps}",
+                 keys_ok and shapes_ok and types_ok and steps_ok,
+                 f"{ {k: (v.shape, str(v.dtype)) for k, v in tr.items()} }")
 
-        ev = datasets(f, "metrics/eval")
-        want_e = {k: (n_eval,) for k in ("step", "loss", "L_new", "L_rep", "delta_12", "acc", "exact_match")}
-        want_e.update({"loss_by_k": (n_eval, 16), "gain_R": (n_eval, L), "gamma": (n_eval, L, H)})
-        got_e = {k: v.shape for k, v in ev.items()}
-        types_ok = "step" in ev and ev["step"].dtype == np.int64 and all(
-            v.dtype == np.float64 for k, v in ev.items() if k != "step")
-        steps_ok = "step" in ev and list(ev["step"][()]) == eval_steps
-        report.check(f"layout {label}: /metrics/eval: loss_by_k [{n_eval}, 16], gain_R [{n_eval}, {L}], "
-                     f"gamma [{n_eval}, {L}, {H}], the rest [{n_eval}], step int64 = {eval_steps}",
-                     got_e == want_e and types_ok and steps_ok, f"got {got_e}")
-        if s.get("momentum", {}).get("learn_gamma") and got_e == want_e:
-            last = np.stack([model[f"blocks/{i}/attn/momentum_gamma"][()] for i in range(L)]).astype(np.float64)
-            report.check(f"layout {label}: the last eval's gamma row is the learned momentum_gamma",
-                         np.array_equal(ev["gamma"][-1], last), f"{ev['gamma'][-1].ravel()[:4]} vs {last.ravel()[:4]}")
+    ev = ck.eval
+    want_e = {k: (n_eval,) for k in ("step", "loss", "L_new", "L_rep", "delta_12", "acc", "exact_match")}
+    want_e.update({"loss_by_k": (n_eval, 16), "gain_R": (n_eval, L), "gamma": (n_eval, L, H)})
+    got_e = {k: v.shape for k, v in ev.items()}
+    types_ok = "step" in ev and ev["step"].dtype == np.int64 and all(
+        v.dtype == np.float64 for k, v in ev.items() if k != "step")
+    steps_ok = "step" in ev and list(ev["step"]) == eval_steps
+    report.check(f"layout {label}: /metrics/eval: loss_by_k [{n_eval}, 16], gain_R [{n_eval}, {L}], "
+                 f"gamma [{n_eval}, {L}, {H}], the rest [{n_eval}], step int64 = {eval_steps}",
+                 got_e == want_e and types_ok and steps_ok, f"got {got_e}")
+    if s.get("momentum", {}).get("learn_gamma") and got_e == want_e:
+        last = np.stack([model[f"blocks/{i}/attn/momentum_gamma"] for i in range(L)]).astype(np.float64)
+        report.check(f"layout {label}: the last eval's gamma row is the learned momentum_gamma",
+                     np.array_equal(ev["gamma"][-1], last), f"{ev['gamma'][-1].ravel()[:4]} vs {last.ravel()[:4]}")
 
-        a = f.attrs
-        tokens = t["steps"] * t["batch_size"] * s["data"]["seq_len"]
-        got = {k: (a[k].item() if hasattr(a.get(k), "item") else a.get(k))
-               for k in ("format", "format_version", "step", "tokens_seen", "world_size")}
-        want_a = {"format": "momfmm-checkpoint", "format_version": 1, "step": t["steps"], "tokens_seen": tokens,
-                  "world_size": 1}
-        report.check(f"layout {label}: root attributes {want_a}", got == want_a, f"got {got}")
-        ini = a.get("config_ini")
-        parser = configparser.ConfigParser()
-        try:
-            parser.read_string(ini if isinstance(ini, str) else "")
-            differ = [f"{sec}.{k}: {v!r} vs {parser.get(sec, k, fallback=None)!r}"
-                      for sec, keys in s.items() for k, v in keys.items()
-                      if not parser.has_option(sec, k) or not same_value(v, parser.get(sec, k))]
-            missing = [sec for sec in ("model", "attention", "momentum", "fmm", "data", "train", "dist")
-                       if not parser.has_section(sec)]
-        except configparser.Error as e:
-            differ, missing = [str(e)], []
-        report.check(f"layout {label}: config_ini parses (configparser) and equals the config used, all sections",
-                     isinstance(ini, str) and not differ and not missing, f"differ {differ[:4]} missing {missing}")
+    a = ck.attrs
+    tokens = t["steps"] * t["batch_size"] * s["data"]["seq_len"]
+    got = {k: (a[k].item() if hasattr(a.get(k), "item") else a.get(k))
+           for k in ("format", "format_version", "step", "tokens_seen", "world_size")}
+    want_a = {"format": "momfmm-checkpoint", "format_version": 1, "step": t["steps"], "tokens_seen": tokens,
+              "world_size": 1}
+    report.check(f"layout {label}: root attributes {want_a}", got == want_a, f"got {got}")
+    ini = a.get("config_ini")
+    parser = configparser.ConfigParser()
+    try:
+        parser.read_string(ini if isinstance(ini, str) else "")
+        differ = [f"{sec}.{k}: {v!r} vs {parser.get(sec, k, fallback=None)!r}"
+                  for sec, keys in s.items() for k, v in keys.items()
+                  if not parser.has_option(sec, k) or not same_value(v, parser.get(sec, k))]
+        missing = [sec for sec in ("model", "attention", "momentum", "fmm", "data", "train", "dist")
+                   if not parser.has_section(sec)]
+    except configparser.Error as e:
+        differ, missing = [str(e)], []
+    report.check(f"layout {label}: config_ini parses (configparser) and equals the config used, all sections",
+                 isinstance(ini, str) and not differ and not missing, f"differ {differ[:4]} missing {missing}")
 
     r = run(["h5dump", "-H", path], timeout=60)
     needles = ['GROUP "model"', 'DATASET "tok_emb"', 'GROUP "optim"', 'DATASET "prev_q"', 'DATASET "loss_by_k"',
@@ -318,118 +188,125 @@ def check_layout(R, report, label, path, s):
                  f"rc {r.returncode}, missing {[n for n in needles if n not in r.stdout]} {r.stderr[:200]!r}")
 
 
-def test_layout(R, report):
-    runs = [
-        ("momentum", {"momentum.gamma": 0.5, "momentum.learn_gamma": True, "momentum.beta": 0.5,
-                      "train.steps": 4}),
-        ("fmm", {"model.vocab_size": 24, "model.d_model": 16, "model.n_heads": 2, "model.n_layers": 3,
-                 "model.d_ff": 48, "attention.kind": "fmm", "fmm.bandwidth": 3, "fmm.kernels": "elu,tanh",
-                 "momentum.gamma": 0.3, "momentum.learn_gamma": True, "momentum.gamma2": 0.1,
-                 "train.steps": 5, "train.log_interval": 2, "train.eval_interval": 3}),
-    ]
-    for label, overrides in runs:
-        ini, out_dir, sections = R.config("layout_" + label, **overrides)
+LAYOUT_RUNS = {
+    "momentum": {"momentum.gamma": 0.5, "momentum.learn_gamma": True, "momentum.beta": 0.5, "train.steps": 4},
+    "fmm": {"model.vocab_size": 24, "model.d_model": 16, "model.n_heads": 2, "model.n_layers": 3,
+            "model.d_ff": 48, "attention.kind": "fmm", "fmm.bandwidth": 3, "fmm.kernels": "elu,tanh",
+            "momentum.gamma": 0.3, "momentum.learn_gamma": True, "momentum.gamma2": 0.1,
+            "train.steps": 5, "train.log_interval": 2, "train.eval_interval": 3},
+}
+
+
+class TestLayout:
+    @pytest.mark.parametrize("label", sorted(LAYOUT_RUNS))
+    def test_layout(self, R, report, label):
+        ini, out_dir, sections = R.config("layout_" + label, **LAYOUT_RUNS[label])
         r = R.train(ini)
         path = ckpt(out_dir, sections["train"]["steps"])
-        if report.check(f"layout {label}: training writes {os.path.basename(path)}",
-                        r.returncode == 0 and os.path.exists(path), tail(r)):
-            check_layout(R, report, label, path, sections)
-            line = CKPT_LINE.search(r.stdout)
-            report.check(f"layout {label}: log line 'checkpoint <path> | <MB> MB in <s> s (<MB/s> MB/s)'",
-                         line is not None and line.group(1) == path, f"{line.group(0) if line else r.stdout[-300:]}")
+        assert r.returncode == 0 and os.path.exists(path), \
+            f"layout {label}: training writes {os.path.basename(path)}: {tail(r)}"
+        check_layout(R, report, label, path, sections)
+        line = CKPT_LINE.search(r.stdout)
+        report.check(f"layout {label}: log line 'checkpoint <path> | <MB> MB in <s> s (<MB/s> MB/s)'",
+                     line is not None and line.group(1) == path, f"{line.group(0) if line else r.stdout[-300:]}")
 
 
 # ---- 2. resume ---------------------------------------------------------------
 
-N = 4  # steps before the resume; runs go to 2N
-
-RESUME = {
-    "momentum.gamma": 0.5, "momentum.beta": 0.5, "momentum.learn_gamma": True, "momentum.anchor": False,
-    "train.schedule": "constant", "train.warmup": 2, "train.log_interval": 1, "train.eval_interval": 2,
-    "train.ckpt_interval": 2, "train.keep": 10,
-    # adam_eps 1e-6 (as in test_mpi.py): with 1e-8 Adam turns float-rounding
-    # noise of near-zero gradients into lr-sized steps, which only matters for
-    # the np = 2 comparison (conditioning, not a checkpoint error).
-    "train.adam_eps": 1e-6,
-}
+@pytest.fixture(scope="module")
+def straight(R):
+    """The 2N-step straight run (checkpoints every 2 steps, all kept): its
+    out_dir, the reference of the resume and bad-file tests."""
+    ini, out_dir, _ = R.config("straight", **RESUME, **{"train.steps": 2 * N})
+    r = R.train(ini)
+    assert r.returncode == 0 and os.path.exists(ckpt(out_dir, 2 * N)), \
+        f"resume: straight run of {2 * N} steps: {tail(r)}"
+    return out_dir
 
 
-def test_resume(R, report):
-    """Returns (ini, straight out_dir) for the corrupt-file tests."""
-    ini_s, straight, _ = R.config("straight", **RESUME, **{"train.steps": 2 * N})
-    r = R.train(ini_s)
-    final = ckpt(straight, 2 * N)
-    if not report.check(f"resume: straight run of {2 * N} steps", r.returncode == 0 and os.path.exists(final), tail(r)):
-        return None
-    with h5py.File(final, "r") as f:
-        buf_norm = sum(float(np.abs(d[()]).sum()) for d in datasets(f, "buffers").values())
-    report.check("resume: momentum buffers are non-zero (anchor = false: they enter the loss)", buf_norm > 0,
-                 f"sum |buffers| = {buf_norm:.3g}")
+@pytest.fixture(scope="module")
+def split(R):
+    """(ini, out_dir, checkpoint at N) of a run of the first N steps."""
+    ini, out_dir, _ = R.config("split", **RESUME, **{"train.steps": N})
+    r = R.train(ini)
+    half = ckpt(out_dir, N)
+    assert r.returncode == 0 and os.path.exists(half), f"resume: first {N} steps: {tail(r)}"
+    return ini, out_dir, half
 
-    ini_r, split, _ = R.config("split", **RESUME, **{"train.steps": N})
-    r = R.train(ini_r)
-    half = ckpt(split, N)
-    if not report.check(f"resume: first {N} steps", r.returncode == 0 and os.path.exists(half), tail(r)):
-        return None
-    half_digest = digest(half)
-    r = R.train(ini_r, f"train.steps={2 * N}", resume="auto")
-    ok = r.returncode == 0 and f"resumed from {half} at step {N}" in r.stdout
-    report.check(f"resume: --resume auto picks {os.path.basename(half)} and runs to step {2 * N}",
-                 ok and os.path.exists(ckpt(split, 2 * N)), tail(r))
-    report.check("resume: changing train.steps is a warning naming the key and both values",
-                 f"train.steps: {N} vs {2 * N}" in r.stdout + r.stderr and "warning" in r.stdout + r.stderr, tail(r))
-    if os.path.exists(ckpt(split, 2 * N)):
-        ok, detail = bitwise_report(final, ckpt(split, 2 * N))
-        report.check(f"resume: {N} + --resume auto + {N} steps equals {2 * N} straight bitwise "
-                     "(/model, /optim, /buffers, metric history)", ok, detail)
 
-    ini_p, by_path, _ = R.config("by_path", **RESUME, **{"train.steps": 2 * N})
-    r = R.train(ini_p, resume=half)
-    if report.check("resume: --resume PATH runs", r.returncode == 0 and os.path.exists(ckpt(by_path, 2 * N)), tail(r)):
-        ok, detail = bitwise_report(final, ckpt(by_path, 2 * N))
-        report.check("resume: --resume PATH equals the straight run bitwise", ok, detail)
-    report.check("resume: the checkpoint resumed from is untouched", digest(half) == half_digest)
+class TestResume:
+    def test_buffers_nonzero(self, report, straight):
+        buffers = load_checkpoint(ckpt(straight, 2 * N), optim=False, metrics=False).buffers
+        buf_norm = sum(float(np.abs(v).sum()) for v in buffers.values())
+        report.check("resume: momentum buffers are non-zero (anchor = false: they enter the loss)", buf_norm > 0,
+                     f"sum |buffers| = {buf_norm:.3g}")
 
-    # control: zeroed buffers must change the result, or the comparison above
-    # would not see a resume that drops them
-    ini_z, zeroed, _ = R.config("zeroed", **RESUME, **{"train.steps": 2 * N})
-    os.makedirs(zeroed, exist_ok=True)
-    zero_src = os.path.join(R.work, "zeroed_buffers.h5")
-    shutil.copy(half, zero_src)
-    with h5py.File(zero_src, "r+") as f:
-        for d in datasets(f, "buffers").values():
-            d[...] = 0
-    r = R.train(ini_z, resume=zero_src)
-    if r.returncode == 0 and os.path.exists(ckpt(zeroed, 2 * N)):
-        a, _ = load_state(final)
+    def test_resume_auto(self, R, report, straight, split):
+        ini_r, split_dir, half = split
+        r = R.train(ini_r, f"train.steps={2 * N}", resume="auto")
+        ok = r.returncode == 0 and f"resumed from {half} at step {N}" in r.stdout
+        report.check(f"resume: --resume auto picks {os.path.basename(half)} and runs to step {2 * N}",
+                     ok and os.path.exists(ckpt(split_dir, 2 * N)), tail(r))
+        report.check("resume: changing train.steps is a warning naming the key and both values",
+                     f"train.steps: {N} vs {2 * N}" in r.stdout + r.stderr and "warning" in r.stdout + r.stderr,
+                     tail(r))
+        if os.path.exists(ckpt(split_dir, 2 * N)):
+            ok, detail = bitwise_report(ckpt(straight, 2 * N), ckpt(split_dir, 2 * N))
+            report.check(f"resume: {N} + --resume auto + {N} steps equals {2 * N} straight bitwise "
+                         "(/model, /optim, /buffers, metric history)", ok, detail)
+
+    def test_resume_path(self, R, report, straight, split):
+        half = split[2]
+        half_digest = digest(half)
+        ini_p, by_path, _ = R.config("by_path", **RESUME, **{"train.steps": 2 * N})
+        r = R.train(ini_p, resume=half)
+        if report.check("resume: --resume PATH runs", r.returncode == 0 and os.path.exists(ckpt(by_path, 2 * N)),
+                        tail(r)):
+            ok, detail = bitwise_report(ckpt(straight, 2 * N), ckpt(by_path, 2 * N))
+            report.check("resume: --resume PATH equals the straight run bitwise", ok, detail)
+        report.check("resume: the checkpoint resumed from is untouched", digest(half) == half_digest)
+
+    def test_zeroed_buffers_control(self, R, straight, split):
+        """Zeroed buffers must change the result, or the bitwise comparisons
+        would not see a resume that drops them."""
+        ini_z, zeroed, _ = R.config("zeroed", **RESUME, **{"train.steps": 2 * N})
+        os.makedirs(zeroed, exist_ok=True)
+        zero_src = os.path.join(R.work, "zeroed_buffers.h5")
+        shutil.copy(split[2], zero_src)
+        with h5py.File(zero_src, "r+") as f:
+            f["buffers"].visititems(lambda n, o: o.__setitem__(Ellipsis, 0) if isinstance(o, h5py.Dataset) else None)
+        r = R.train(ini_z, resume=zero_src)
+        assert r.returncode == 0 and os.path.exists(ckpt(zeroed, 2 * N)), \
+            f"resume control: run from zeroed buffers: {tail(r)}"
+        a, _ = load_state(ckpt(straight, 2 * N))
         b, _ = load_state(ckpt(zeroed, 2 * N))
         rel, where = rel_tensors(a, b, ("model",))
-        report.check("resume control: zeroing the buffers of the N checkpoint changes the final weights", rel > 1e-6,
-                     f"max rel diff {rel:.3g} at {where}")
-    else:
-        report.check("resume control: run from zeroed buffers", False, tail(r))
+        assert rel > 1e-6, ("resume control: zeroing the buffers of the N checkpoint changes the final weights: "
+                            f"max rel diff {rel:.3g} at {where}")
 
-    # fmm attention (with momentum): same bitwise resume
-    fmm = dict(RESUME, **{"attention.kind": "fmm", "fmm.bandwidth": 3, "fmm.kernels": "elu,elu_flip",
-                          "fmm.chunk": 4})
-    ini_fs, fs, _ = R.config("fmm_straight", **fmm, **{"train.steps": 2 * N})
-    ini_fr, fr, _ = R.config("fmm_split", **fmm, **{"train.steps": N})
-    r1 = R.train(ini_fs)
-    r2 = R.train(ini_fr)
-    r3 = R.train(ini_fr, f"train.steps={2 * N}", resume="auto")
-    if report.check("resume fmm: straight, first half and --resume auto run",
-                    all(x.returncode == 0 for x in (r1, r2, r3)) and os.path.exists(ckpt(fr, 2 * N)),
-                    " | ".join(tail(x, 200) for x in (r1, r2, r3) if x.returncode)):
-        ok, detail = bitwise_report(ckpt(fs, 2 * N), ckpt(fr, 2 * N))
-        report.check("resume fmm: resumed equals straight bitwise", ok, detail)
+    def test_fmm(self, R, report):
+        """fmm attention (with momentum): the same bitwise resume."""
+        fmm = dict(RESUME, **{"attention.kind": "fmm", "fmm.bandwidth": 3, "fmm.kernels": "elu,elu_flip",
+                              "fmm.chunk": 4})
+        ini_fs, fs, _ = R.config("fmm_straight", **fmm, **{"train.steps": 2 * N})
+        ini_fr, fr, _ = R.config("fmm_split", **fmm, **{"train.steps": N})
+        r1 = R.train(ini_fs)
+        r2 = R.train(ini_fr)
+        r3 = R.train(ini_fr, f"train.steps={2 * N}", resume="auto")
+        if report.check("resume fmm: straight, first half and --resume auto run",
+                        all(x.returncode == 0 for x in (r1, r2, r3)) and os.path.exists(ckpt(fr, 2 * N)),
+                        " | ".join(tail(x, 200) for x in (r1, r2, r3) if x.returncode)):
+            ok, detail = bitwise_report(ckpt(fs, 2 * N), ckpt(fr, 2 * N))
+            report.check("resume fmm: resumed equals straight bitwise", ok, detail)
 
-    # N steps at np = 1, the rest at np = 2
-    ini_x, x_dir, _ = R.config("np2", **RESUME, **{"train.steps": 2 * N})
-    r = R.train(ini_x, resume=half, np_=2)
-    got = ckpt(x_dir, 2 * N)
-    if report.check("resume np 1 -> 2: mpirun -np 2 --resume PATH (written by 1 rank) runs",
-                    r.returncode == 0 and os.path.exists(got) and "resuming on 2" in r.stdout, tail(r)):
-        a, _ = load_state(final)
+    def test_np1_to_np2(self, R, report, straight, split):
+        """N steps at np = 1, the rest at np = 2."""
+        ini_x, x_dir, _ = R.config("np2", **RESUME, **{"train.steps": 2 * N})
+        r = R.train(ini_x, resume=split[2], np_=2)
+        got = ckpt(x_dir, 2 * N)
+        assert r.returncode == 0 and os.path.exists(got) and "resuming on 2" in r.stdout, \
+            f"resume np 1 -> 2: mpirun -np 2 --resume PATH (written by 1 rank) runs: {tail(r)}"
+        a, _ = load_state(ckpt(straight, 2 * N))
         b, battrs = load_state(got)
         worst_loss = max(rel_losses(a, b, k) for k in ("metrics/train/loss", "metrics/eval/loss",
                                                        "metrics/eval/L_new", "metrics/eval/L_rep"))
@@ -440,99 +317,104 @@ def test_resume(R, report):
                      rel <= WEIGHT_RTOL, f"worst {rel:.3g} at {where}")
         report.check("resume np 1 -> 2: world_size attribute 2", int(battrs["world_size"]) == 2,
                      f"{battrs['world_size']}")
-    return ini_p, straight
-
-
-# ---- 3. crash ------------------------------------------------------------------
-
-def test_crash(R, report, rng, kills=8):
-    ini, out_dir, _ = R.config("crash", **{
-        "model.vocab_size": 256, "model.d_model": 128, "model.d_ff": 512, "train.steps": 100000,
-        "train.schedule": "constant", "train.ckpt_interval": 1, "train.keep": 3, "train.eval_interval": 0,
-        "train.log_interval": 1})
-    os.makedirs(out_dir, exist_ok=True)
-    log_path = os.path.join(R.work, "crash.log")
-    bad, resumes, tmp_seen, notes = [], [], 0, []
-    newest = 0
-    for i in range(kills):
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen([R.momfmm, "train", ini, "--resume", "auto"], stdout=log,
-                                    stderr=subprocess.STDOUT, env=env())
-        try:
-            deadline = time.time() + 60
-            while time.time() < deadline and proc.poll() is None and max(checkpoints(out_dir), default=0) <= newest:
-                time.sleep(0.002)
-            time.sleep(rng.uniform(0.0, 0.4))
-        finally:
-            proc.kill()
-            proc.wait()
-        with open(log_path) as f:
-            text = f.read()
-        if "skipping checkpoint" in text:
-            bad.append(f"kill {i}: a visible checkpoint did not load: "
-                       f"{re.findall(r'warning: skipping.*', text)[:2]}")
-        m = re.search(r"^resumed from (\S+) at step (\d+)", text, re.M)
-        resumes.append(int(m.group(2)) if m else 0)
-        names = os.listdir(out_dir)
-        tmp_seen += sum(".tmp." in n for n in names)
-        for n in names:
-            if n.startswith("ckpt_") and n.endswith(".h5") and not CKPT_NAME.match(n):
-                bad.append(f"kill {i}: unexpected name {n}")
-        found = checkpoints(out_dir)
-        for step, path in sorted(found.items()):
-            r = R.inspect(path)
-            if r.returncode != 0:
-                bad.append(f"kill {i}: {os.path.basename(path)} does not load: {r.stderr.strip()[:200]}")
-        newest = max(found, default=newest)
-        notes.append(newest)
-    report.check(f"crash: {kills} SIGKILLs at random moments: every ckpt_*.h5 left behind loads (momfmm inspect), "
-                 "no temporary file under a checkpoint's name",
-                 not bad and newest > 0, "; ".join(bad[:4]) or
-                 f"newest step after each kill {notes}; resumed at {resumes}; "
-                 f"{tmp_seen} leftover *.tmp.* sightings (kills during writes)")
-    report.check("crash: each --resume auto continued from the newest checkpoint of the previous run",
-                 all(resumes[i] == notes[i - 1] for i in range(1, kills)), f"resumed {resumes} newest {notes}")
-    target = newest + 3
-    r = R.train(ini, f"train.steps={target}", resume="auto")
-    final = ckpt(out_dir, target)
-    ok = r.returncode == 0 and f"resumed from {ckpt(out_dir, newest)} at step {newest}" in r.stdout
-    report.check(f"crash: the last run resumes at step {newest} and reaches train.steps = {target}",
-                 ok and os.path.exists(final) and R.inspect(final).returncode == 0, tail(r))
-    left = [n for n in os.listdir(out_dir) if ".tmp." in n]
-    print(f"     crash: {len(left)} temporary files left in {out_dir}: {left[:3]}", flush=True)
 
 
 # ---- 4. bad files -----------------------------------------------------------------
 
-def test_bad_files(R, report, ini, straight):
-    base = ckpt(straight, N)
+def from_bytes(make):
+    """A bad-file maker: the file holds make(bytes of the good checkpoint)."""
+    def maker(base, path):
+        with open(base, "rb") as src, open(path, "wb") as dst:
+            dst.write(make(src.read()))
+    return maker
+
+
+def edited(edit):
+    """A bad-file maker: a copy of the good checkpoint, edited with h5py."""
+    def maker(base, path):
+        shutil.copy(base, path)
+        with h5py.File(path, "r+") as f:
+            edit(f)
+    return maker
+
+
+def reshape(name, shape):
+    def edit(f):
+        del f[name]
+        f[name] = np.zeros(shape, dtype=np.float32)
+    return edit
+
+
+GONE = "/optim/v/blocks/1/mlp/fc/weight"
+# (case, file name, maker, needles in the message, --set overrides, readers):
+# readers True: `momfmm inspect` and `eval` exit 3 too; False: they read the
+# file (the damage is in /optim only); None: not run (the file itself is good).
+BAD_FILES = [
+    ("empty", "empty.h5", from_bytes(lambda d: b""), ("not an HDF5",), (), True),
+    ("truncated", "truncated.h5", from_bytes(lambda d: d[: len(d) // 2]), (), (), True),
+    ("not HDF5", "text.h5", from_bytes(lambda d: b"step 4 loss 3.5\n" * 100), ("HDF5",), (), True),
+    ("wrong format attribute", "format.h5", edited(lambda f: f.attrs.__setitem__("format", "other-format")),
+     ("format", "other-format"), (), True),
+    ("newer format_version", "version.h5", edited(lambda f: f.attrs.__setitem__("format_version", np.int32(2))),
+     ("format_version", "2"), (), True),
+    ("missing dataset", "missing.h5", edited(lambda f: f.__delitem__(GONE)), (GONE,), (), False),
+    ("wrong shape /model", "shape.h5", edited(reshape("model/ln_f/weight", (31,))),
+     ("/model/ln_f/weight", "[31]", "[32]"), (), True),
+    ("wrong shape /buffers", "bufshape.h5", edited(reshape("buffers/blocks/0/attn/prev_q", (4, 7))),
+     ("/buffers/blocks/0/attn/prev_q", "[4, 7]", "[4, 8]"), (), True),
+    ("wrong shape /optim/m", "optshape.h5", edited(reshape("optim/m/tok_emb", (32, 31))),
+     ("/optim/m/tok_emb",), (), False),
+    ("model keys changed", "config.h5", shutil.copy, ("model.d_ff: 64 vs 128", "momentum.beta"),
+     ("model.d_ff=128", "momentum.beta=0.25"), None),
+]
+
+
+def drop(name):
+    return edited(lambda f: f.__delitem__(name))
+
+
+def narrow_gain(f):
+    g = f["metrics/eval/gain_R"][()]
+    del f["metrics/eval/gain_R"]
+    f["metrics/eval/gain_R"] = g[:, :1]
+
+
+# (case, maker of the corrupt newest checkpoint from ckpt_00000006.h5, needle)
+CORRUPT_NEWEST = [
+    ("truncated", from_bytes(lambda d: d[:5000]), "ckpt_00000006.h5"),
+    # /model, /buffers and /optim/m are already read when the load fails
+    ("missing /optim/v", drop("optim/v/blocks/0/attn/qkv/weight"), "/optim/v/blocks/0/attn/qkv/weight"),
+    # everything but /metrics/eval is already read when the load fails
+    ("bad /metrics/eval", edited(narrow_gain), "/metrics/eval/gain_R"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_setup(R, straight):
+    """(ini, a fresh work directory) for the bad-file tests; train.out_dir is set per test."""
+    ini, _, _ = R.config("bad_cfg", **RESUME, **{"train.steps": 2 * N})
     work = os.path.join(R.work, "bad")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    out_dir = os.path.join(work, "out")
+    return ini, work
 
-    def variant(name, edit=None, data=None):
-        path = os.path.join(work, name)
-        if data is not None:
-            with open(path, "wb") as f:
-                f.write(data)
-        else:
-            shutil.copy(base, path)
-            with h5py.File(path, "r+") as f:
-                edit(f)
-        return path
 
-    def expect(name, path, *needles, sets=(), readers=True):
+class TestBadFiles:
+    @pytest.mark.parametrize("case,name,make,needles,sets,readers", BAD_FILES, ids=[c[0] for c in BAD_FILES])
+    def test_resume_path(self, R, report, straight, bad_setup, case, name, make, needles, sets, readers):
         """--resume PATH exits 3; `momfmm inspect` and `eval` exit 3 too when the
         damage is in what they read (root attributes, /model, /buffers), and
         read the file when it is only in /optim (SPEC 4)."""
+        ini, work = bad_setup
+        path = os.path.join(work, name)
+        make(ckpt(straight, N), path)
+        out_dir = os.path.join(work, "out_" + os.path.splitext(name)[0])
         before = digest(path)
-        shutil.rmtree(out_dir, ignore_errors=True)
         r = R.train(ini, f"train.out_dir={out_dir}", *sets, resume=path)
         msg = r.stderr.strip()
         ok = r.returncode == 3 and os.path.basename(path) in msg and all(n in msg for n in needles)
         ok = ok and "Segmentation" not in msg and "signal" not in msg and len(msg.splitlines()) == 1
-        report.check(f"bad file {name}: exit 3 naming the file and the problem", ok,
+        report.check(f"bad file {case}: exit 3 naming the file and the problem", ok,
                      f"rc {r.returncode}; stderr {msg[:300]!r}")
         if readers is not None:
             got = []
@@ -544,104 +426,60 @@ def test_bad_files(R, report, ini, straight):
                 got.append(good)
                 if not good:
                     print(f"     {command} {path}: rc {x.returncode} {m[:200]!r}", flush=True)
-            report.check(f"bad file {name}: momfmm inspect and eval " +
+            report.check(f"bad file {case}: momfmm inspect and eval " +
                          ("exit 3 naming it" if readers else "read it (the damage is in /optim only)"), all(got))
-        report.check(f"bad file {name}: file untouched, nothing trained",
+        report.check(f"bad file {case}: file untouched, nothing trained",
                      digest(path) == before and not checkpoints(out_dir)
                      and not re.search(r"^step \d+/", r.stdout, re.M))
 
-    with open(base, "rb") as f:
-        data = f.read()
-    expect("empty", variant("empty.h5", data=b""), "not an HDF5")
-    expect("truncated", variant("truncated.h5", data=data[: len(data) // 2]))
-    expect("not HDF5", variant("text.h5", data=b"step 4 loss 3.5\n" * 100), "HDF5")
-    expect("wrong format attribute", variant("format.h5", lambda f: f.attrs.__setitem__("format", "other-format")),
-           "format", "other-format")
-    expect("newer format_version", variant("version.h5", lambda f: f.attrs.__setitem__(
-        "format_version", np.int32(2))), "format_version", "2")
-    gone = "/optim/v/blocks/1/mlp/fc/weight"
-    expect("missing dataset", variant("missing.h5", lambda f: f.__delitem__(gone)), gone, readers=False)
-
-    def reshape(name, shape):
-        def edit(f):
-            del f[name]
-            f[name] = np.zeros(shape, dtype=np.float32)
-        return edit
-    expect("wrong shape /model", variant("shape.h5", reshape("model/ln_f/weight", (31,))),
-           "/model/ln_f/weight", "[31]", "[32]")
-    expect("wrong shape /buffers", variant("bufshape.h5", reshape("buffers/blocks/0/attn/prev_q", (4, 7))),
-           "/buffers/blocks/0/attn/prev_q", "[4, 7]", "[4, 8]")
-    expect("wrong shape /optim/m", variant("optshape.h5", reshape("optim/m/tok_emb", (32, 31))),
-           "/optim/m/tok_emb", readers=False)
-    expect("model keys changed", shutil.copy(base, os.path.join(work, "config.h5")),
-           "model.d_ff: 64 vs 128", "momentum.beta", sets=("model.d_ff=128", "momentum.beta=0.25"), readers=None)
-
-    # --resume auto: a corrupt newest checkpoint is reported, kept, skipped
-    six = ckpt(straight, 6)
-
-    def truncated(p):
-        with open(six, "rb") as src, open(p, "wb") as dst:
-            dst.write(src.read()[:5000])
-
-    def drop(name):
-        def make(p):
-            shutil.copy(six, p)
-            with h5py.File(p, "r+") as f:
-                del f[name]
-        return make
-
-    def narrow_gain(p):
-        shutil.copy(six, p)
-        with h5py.File(p, "r+") as f:
-            g = f["metrics/eval/gain_R"][()]
-            del f["metrics/eval/gain_R"]
-            f["metrics/eval/gain_R"] = g[:, :1]
-
-    cases = [
-        ("truncated", truncated, "ckpt_00000006.h5"),
-        # /model, /buffers and /optim/m are already read when the load fails
-        ("missing /optim/v", drop("optim/v/blocks/0/attn/qkv/weight"), "/optim/v/blocks/0/attn/qkv/weight"),
-        # everything but /metrics/eval is already read when the load fails
-        ("bad /metrics/eval", narrow_gain, "/metrics/eval/gain_R"),
-    ]
-    for label, make, needle in cases:
-        auto = os.path.join(work, "auto_" + re.sub(r"\W+", "_", label))
+    @pytest.mark.parametrize("case,make,needle", CORRUPT_NEWEST, ids=[c[0] for c in CORRUPT_NEWEST])
+    def test_resume_auto_corrupt_newest(self, R, report, straight, bad_setup, case, make, needle):
+        """--resume auto: a corrupt newest checkpoint is reported, kept, skipped."""
+        ini, work = bad_setup
+        auto = os.path.join(work, "auto_" + re.sub(r"\W+", "_", case))
         os.makedirs(auto)
-        shutil.copy(base, ckpt(auto, N))
+        shutil.copy(ckpt(straight, N), ckpt(auto, N))
         corrupt = ckpt(auto, 6)
-        make(corrupt)
+        make(ckpt(straight, 6), corrupt)
         before = digest(corrupt)
         # ckpt_interval 0: nothing at step 6 replaces the corrupt file
         r = R.train(ini, f"train.out_dir={auto}", "train.ckpt_interval=0", resume="auto")
         text = r.stdout + r.stderr
         ok = (r.returncode == 0 and "warning: skipping checkpoint that does not load" in text and corrupt in text
               and needle in text and f"resumed from {ckpt(auto, N)} at step {N}" in text)
-        report.check(f"resume auto, corrupt newest ({label}): reported with the reason, older one used", ok, tail(r))
-        report.check(f"resume auto, corrupt newest ({label}): the corrupt file still exists, unchanged",
+        report.check(f"resume auto, corrupt newest ({case}): reported with the reason, older one used", ok, tail(r))
+        report.check(f"resume auto, corrupt newest ({case}): the corrupt file still exists, unchanged",
                      os.path.exists(corrupt) and digest(corrupt) == before)
         if os.path.exists(ckpt(auto, 2 * N)):
             ok, detail = bitwise_report(ckpt(straight, 2 * N), ckpt(auto, 2 * N))
-            report.check(f"resume auto, corrupt newest ({label}): result equals the straight run bitwise", ok, detail)
+            report.check(f"resume auto, corrupt newest ({case}): result equals the straight run bitwise", ok, detail)
 
-    # train.keep must not let a corrupt newer file push out the run's own checkpoints
-    auto = os.path.join(work, "auto_keep")
-    os.makedirs(auto)
-    shutil.copy(base, ckpt(auto, N))
-    corrupt = ckpt(auto, 50)
-    with open(corrupt, "wb") as f:
-        f.write(data[:5000])
-    r = R.train(ini, f"train.out_dir={auto}", "train.keep=1", resume="auto")
-    found = checkpoints(auto)
-    loads = [s for s, p in found.items() if R.inspect(p).returncode == 0]
-    report.check("resume auto + train.keep = 1 with a corrupt ckpt_00000050.h5: the run's final checkpoint "
-                 f"(step {2 * N}) survives pruning and the corrupt file is not deleted",
-                 r.returncode == 0 and 2 * N in loads and os.path.exists(corrupt),
-                 f"rc {r.returncode}; checkpoints left {sorted(found)}, loadable {sorted(loads)}")
+    def test_keep_with_corrupt_newer(self, R, straight, bad_setup):
+        """train.keep must not let a corrupt newer file push out the run's own checkpoints."""
+        ini, work = bad_setup
+        auto = os.path.join(work, "auto_keep")
+        os.makedirs(auto)
+        shutil.copy(ckpt(straight, N), ckpt(auto, N))
+        corrupt = ckpt(auto, 50)
+        from_bytes(lambda d: d[:5000])(ckpt(straight, N), corrupt)
+        r = R.train(ini, f"train.out_dir={auto}", "train.keep=1", resume="auto")
+        found = checkpoints(auto)
+        loads = [s for s, p in found.items() if R.inspect(p).returncode == 0]
+        assert r.returncode == 0 and 2 * N in loads and os.path.exists(corrupt), (
+            "resume auto + train.keep = 1 with a corrupt ckpt_00000050.h5: the run's final checkpoint "
+            f"(step {2 * N}) survives pruning and the corrupt file is not deleted: "
+            f"rc {r.returncode}; checkpoints left {sorted(found)}, loadable {sorted(loads)}")
 
 
 # ---- 5. full disk ---------------------------------------------------------------------
 
-def test_full_disk(R, report, ini):
+class TestFullDisk:
+    def test_full_disk(self, R, report):
+        check_full_disk(R, report)
+
+
+def check_full_disk(R, report):
+    ini, _, _ = R.config("disk_cfg", **RESUME, **{"train.steps": 2 * N})
     mnt = os.path.join(R.work, "tmpfs")
     os.makedirs(mnt, exist_ok=True)
     while os.path.ismount(mnt):  # left mounted by an aborted earlier run
@@ -649,14 +487,12 @@ def test_full_disk(R, report, ini):
             break
     r = run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", mnt], timeout=30)
     if r.returncode != 0:
-        report.check("full disk: skipped: cannot mount a tmpfs", True, r.stderr.strip()[:200])
-        return
+        pytest.skip(f"full disk: cannot mount a tmpfs: {r.stderr.strip()[:200]}")
     try:
         r = R.train(ini, f"train.out_dir={mnt}", "train.steps=2", "train.keep=1")
         first = ckpt(mnt, 2)
-        if not report.check("full disk: a first checkpoint fits in the 600 KB tmpfs",
-                            r.returncode == 0 and os.path.exists(first), tail(r)):
-            return
+        assert r.returncode == 0 and os.path.exists(first), \
+            f"full disk: a first checkpoint fits in the 600 KB tmpfs: {tail(r)}"
         before = digest(first)
         st = os.statvfs(mnt)
         free = st.f_bavail * st.f_frsize
@@ -676,201 +512,3 @@ def test_full_disk(R, report, ini):
                      f"left {left}")
     finally:
         run(["umount", mnt], timeout=30)
-
-
-# ---- 6. stop signals under mpirun ------------------------------------------------------
-
-class LongRun:
-    """A 100000-step run (under mpirun when n > 0) in its own session, output
-    to a log; waits for a step line (and n rank processes)."""
-
-    def __init__(self, R, name, n, **overrides):
-        over = {"train.steps": 100000, "train.log_interval": 1, "train.eval_interval": 0,
-                "dist.check_interval": 50}
-        over.update(overrides)
-        self.ini, self.out_dir, _ = R.config(name, **over)
-        self.log_path = os.path.join(R.work, name + ".log")
-        cmd = train_command(R.momfmm, self.ini, np_=n)
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env(),
-                                         start_new_session=True)
-        self.ranks = {}
-        started = False
-        deadline = time.time() + 60
-        while time.time() < deadline and self.proc.poll() is None:
-            started = re.search(r"^step \d+/", self.log(), re.M) is not None
-            if n:
-                self.ranks = {rank_of(p): p for p, exe in children(self.proc.pid) if exe == R.momfmm}
-            if started and len(self.ranks) == n:
-                break
-            time.sleep(0.05)
-        self.ready = started and len(self.ranks) == n and self.proc.poll() is None
-
-    def log(self):
-        with open(self.log_path) as f:
-            return f.read()
-
-    def wait(self, seconds):
-        try:
-            return self.proc.wait(timeout=seconds)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def close(self):
-        kill_session(self.proc.pid)
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-
-
-def check_stopped(R, report, label, job, rc, world):
-    text = job.log()
-    m = re.search(r"^stop requested: writing a checkpoint at step (\d+)", text, re.M)
-    report.check(f"{label}: exit 0 with 'stop requested'", rc == 0 and m is not None,
-                 f"rc {rc}; log ...{text[-400:]!r}")
-    if not m:
-        return None
-    step = int(m.group(1))
-    path = ckpt(job.out_dir, step)
-    ok = os.path.exists(path) and R.inspect(path).returncode == 0
-    attrs = {}
-    if ok:
-        with h5py.File(path, "r") as f:
-            attrs = {k: int(f.attrs[k]) for k in ("step", "world_size")}
-    report.check(f"{label}: a checkpoint at the stop step ({step}) that loads, world_size {world}",
-                 ok and attrs == {"step": step, "world_size": world} and len(re.findall("stop requested", text)) == 1,
-                 f"{path} exists {os.path.exists(path)} attrs {attrs}")
-    return path
-
-
-def test_signals(R, report):
-    job = LongRun(R, "sigterm", 4)
-    try:
-        if report.check("SIGTERM to one rank: 4 ranks started", job.ready, f"ranks {sorted(map(str, job.ranks))}"):
-            os.kill(job.ranks[2], signal.SIGTERM)
-            rc = job.wait(60)
-            check_stopped(R, report, "SIGTERM to rank 2 of 4", job, rc, 4)
-            time.sleep(0.3)
-            left = [p for p in session_members(job.proc.pid) if p != job.proc.pid]
-            report.check("SIGTERM to rank 2 of 4: no process left behind", not left, f"left {left}")
-    finally:
-        job.close()
-    job = LongRun(R, "sigusr1", 4)
-    try:
-        if report.check("SIGUSR1 to mpirun: 4 ranks started", job.ready, f"ranks {sorted(map(str, job.ranks))}"):
-            os.kill(job.proc.pid, signal.SIGUSR1)
-            rc = job.wait(60)
-            check_stopped(R, report, "SIGUSR1 to mpirun -np 4", job, rc, 4)
-    finally:
-        job.close()
-
-
-# ---- 7. live metrics ----------------------------------------------------------------------
-
-def test_live_metrics(R, report):
-    job = LongRun(R, "live", 0, **{"train.eval_interval": 10})
-    path = os.path.join(job.out_dir, "metrics.h5")
-    rows, problems, ini = [], [], None
-    try:
-        if not report.check("live metrics: a long run started", job.ready, repr(job.log()[-300:])):
-            return
-        names = ("step", "loss", "lr", "grad_norm", "tokens_per_s")
-        for _ in range(5):
-            time.sleep(0.3)
-            try:
-                with h5py.File(path, "r", libver="latest", swmr=True) as f:
-                    cols = [f[f"metrics/train/{k}"][()] for k in names]
-                    n_eval = f["metrics/eval/loss"].shape[0]
-                    ini = f.attrs.get("config_ini", ini)
-            except (OSError, KeyError) as e:
-                problems.append(f"read failed: {e}")
-                continue
-            # Each dataset is seen as of its own read while the writer appends
-            # (step first, then loss, ...): a later column may be one row
-            # behind an earlier one, or any number ahead; the last row's
-            # extent may be visible before its value. Check the common rows.
-            lens = [len(c) for c in cols]
-            n = min(lens)
-            rows.append(n)
-            if any(lens[i] < lens[i - 1] - 1 for i in range(1, len(lens))):
-                problems.append(f"column lengths {lens}")
-            if not all(np.isfinite(c[:n]).all() for c in cols[1:]):
-                problems.append(f"non-finite values in the first {n} rows")
-            step = cols[0]
-            if n == 0 or list(step[:n - 1]) != list(range(1, n)) or step[n - 1] not in (n, 0):
-                problems.append(f"steps not 1..{n}: {list(step[:n])[-5:]}")
-            if not (n - 1) // 10 <= n_eval <= max(lens) // 10 + 1:
-                problems.append(f"{n_eval} eval rows at {lens} train rows")
-        report.check("live metrics: h5py (swmr=True) opened 5 times while the run writes metrics.h5: rows grow, "
-                     "values finite, steps 1..n, eval rows every 10 steps",
-                     len(rows) == 5 and all(b > a for a, b in zip(rows, rows[1:])) and not problems,
-                     f"rows {rows}; {problems[:3]}")
-        # one handle kept open: refresh() shows the new rows
-        seen = []
-        try:
-            with h5py.File(path, "r", libver="latest", swmr=True) as f:
-                d = f["metrics/train/loss"]
-                for _ in range(3):
-                    d.refresh()
-                    seen.append(d.shape[0])
-                    time.sleep(0.3)
-                tail_ok = bool(np.isfinite(d[max(0, seen[-1] - 50):seen[-1] - 1]).all())
-        except (OSError, KeyError) as e:
-            seen.append(str(e))
-            tail_ok = False
-        report.check("live metrics: a reader that keeps the file open sees new rows after refresh()",
-                     len(seen) == 3 and all(isinstance(x, int) for x in seen) and seen[0] < seen[1] < seen[2]
-                     and tail_ok, f"rows {seen}")
-        parser = configparser.ConfigParser()
-        try:
-            parser.read_string(ini if isinstance(ini, str) else "")
-            same = parser.get("train", "out_dir", fallback=None) == job.out_dir
-        except configparser.Error:
-            same = False
-        report.check("live metrics: config_ini root attribute (the resolved config)", same, f"{str(ini)[:80]!r}")
-        job.proc.send_signal(signal.SIGTERM)
-        rc = job.wait(60)
-        final = check_stopped(R, report, "live metrics: SIGTERM to a single process", job, rc, 1)
-        if final:
-            with h5py.File(final, "r") as c, h5py.File(path, "r", libver="latest", swmr=True) as m:
-                same = all(same_bits(c[f"metrics/{k}"][()], m[f"metrics/{k}"][()])
-                           for k in ("train/step", "train/loss", "train/tokens_per_s", "eval/loss", "eval/loss_by_k"))
-            report.check("live metrics: after the stop, metrics.h5 holds the same history as the checkpoint", same)
-    finally:
-        job.close()
-
-
-def main():
-    ap = argument_parser(__doc__)
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--only", default="layout,resume,bad,disk,crash,signals,live",
-                    help="comma-separated groups (bad and disk need resume)")
-    a = ap.parse_args()
-    os.makedirs(a.workdir, exist_ok=True)
-    seed = a.seed if a.seed is not None else random.randrange(1 << 30)
-    print(f"seed {seed} (crash-test kill times; rerun with --seed {seed})", flush=True)
-    R = Runner(a.momfmm, a.workdir)
-    report = Report()
-    t0 = time.time()
-    only = set(a.only.split(","))
-    if "layout" in only:
-        test_layout(R, report)
-    resumed = test_resume(R, report) if only & {"resume", "bad", "disk"} else None
-    if resumed:
-        ini, straight = resumed
-        if "bad" in only:
-            test_bad_files(R, report, ini, straight)
-        if "disk" in only:
-            test_full_disk(R, report, ini)
-    if "crash" in only:
-        test_crash(R, report, random.Random(seed))
-    if "signals" in only:
-        test_signals(R, report)
-    if "live" in only:
-        test_live_metrics(R, report)
-    print(f"took {time.time() - t0:.0f} s", flush=True)
-    report.finish()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,8 +1,7 @@
-#!/usr/bin/python3
 """The experiment suite cannot rot: every config of configs/experiments/ and every line of
 its suite.list still loads and trains, and the tools that run it and report it still work.
 
-    test_experiments.py --momfmm BIN --workdir DIR
+One test per numbered item below (CTest entry e2e_experiments).
 
 1. suite.list parses (unique names, readable configs, --set pairs) and covers what the issue
    asks: chain L = 10 and 30 with the gamma sweep and both ablations, copy at T = 128, 256,
@@ -16,24 +15,26 @@ its suite.list still loads and trains, and the tools that run it and report it s
    it when resubmitted; its default --array matches the suite.
 5. tools/momfmm_report.py --results over the tiny runs writes RESULTS.md with every family's table, the
    claims section, "not run" rows for the rest, and figures that exist.
-Prints `N passed, M failed`.
+momfmm_suite is the package's momfmm.suite (python/ on PYTHONPATH, set by CTest).
 """
 import concurrent.futures
 import glob
 import os
 import re
-import shutil
 import sys
 import time
 
-from common import argument_parser, Report, env, run
+import pytest
+
+from momfmm import suite as momfmm_suite
+from common import env, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SUITE = os.path.join(ROOT, "configs", "experiments", "suite.list")
 RUNNER = os.path.join(ROOT, "tools", "run_experiments.sh")
 REPORT = os.path.join(ROOT, "tools", "momfmm_report.py")
 SBATCH = os.path.join(ROOT, "jobs", "experiments.sbatch")
-PY = "/usr/bin/python3"
+PY = sys.executable
 TINY = ["train.steps=2", "train.eval_interval=2", "train.eval_batches=1", "train.batch_size=2",
         "train.log_interval=1"]
 # data.seq_len for the tiny runs where the task allows a short one (chain keeps its T: the
@@ -42,10 +43,8 @@ TINY_SEQ = {"copy": 32, "listops": 32, "text": 32}
 
 
 def parse_suite(path):
-    """The suite list through the report's own parser (tools/momfmm_suite.py; one parser
+    """The suite list through the report's own parser (momfmm.suite; one parser
     for both): ([(name, config, ["section.key=value", ...])], [problem])."""
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    import momfmm_suite
     try:
         entries = momfmm_suite.parse_suite(path)
     except SystemExit as e:
@@ -120,18 +119,15 @@ def init_one(binary, config, sets, out):
     return ok, ("" if ok else (tail[-1] if tail else f"exit {r.returncode}"))
 
 
-def main():
-    ap = argument_parser(__doc__)
-    a = ap.parse_args()
-    binary = os.path.abspath(a.momfmm)
-    work = os.path.abspath(a.workdir)
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    report = Report()
-    t_start = time.time()
+@pytest.fixture(scope="module")
+def suite():
+    """The lines of configs/experiments/suite.list: [(name, config, sets)], [problems]."""
+    return parse_suite(SUITE)
 
-    # ---- 1. the suite list ----
-    lines, problems = parse_suite(SUITE)
+
+def test_suite_list(report, suite):
+    """1. suite.list parses and covers what the issue asks."""
+    lines, problems = suite
     report.check("suite.list parses, names unique", not problems and lines, "; ".join(problems[:3]))
     missing = sorted({c for _, c, _ in lines if not os.path.isfile(os.path.join(ROOT, c))})
     report.check("every suite config exists", not missing, ", ".join(missing))
@@ -142,7 +138,12 @@ def main():
     text_cfg = open(os.path.join(ROOT, "configs", "experiments", "text.ini")).read()
     report.check("text.ini names its corpus's Debian package", "libpython3.11-stdlib" in text_cfg)
 
-    # ---- 2. every line's overrides validate (momfmm init), and every *_full.ini ----
+
+def test_init_validates(momfmm, workdir, report, suite):
+    """2. every line's overrides validate (momfmm init), and every *_full.ini."""
+    binary, work = momfmm, workdir
+    lines, _ = suite
+    configs = sorted({c for _, c, _ in lines})
     t0 = time.time()
     jobs = [(name, config, sets) for name, config, sets in lines]
     first = {}
@@ -163,7 +164,13 @@ def main():
                  "; ".join(f"{n}: {m}" for n, m in bad[:3]))
     print(f"  .. init checks {time.time() - t0:.1f} s", flush=True)
 
-    # ---- 3. tiny training of every config file through the runner ----
+
+@pytest.fixture(scope="module")
+def tiny_runs(momfmm, workdir, suite):
+    """3. tiny training of every config file through the runner: (runs directory,
+    chosen names, {family: names}, {family: (ok, output)})."""
+    binary, work = momfmm, workdir
+    lines, _ = suite
     t0 = time.time()
     runs = os.path.join(work, "runs")
     picked = {}
@@ -181,7 +188,7 @@ def main():
     for name, config, _ in lines:
         if name in chosen:
             by_family.setdefault(family(config), []).append(name)
-    ok_all = True
+    results = {}
     for fam, names in sorted(by_family.items()):
         extra = []
         for kv in TINY + ([f"data.seq_len={TINY_SEQ[fam]}"] if fam in TINY_SEQ else []):
@@ -192,9 +199,21 @@ def main():
         ok = r.returncode == 0 and all(os.path.exists(os.path.join(runs, n, "ckpt_00000002.h5")) and
                                        os.path.exists(os.path.join(runs, n, "metrics.h5")) and
                                        os.path.exists(os.path.join(runs, n, "train.log")) for n in names)
-        ok_all &= ok
-        report.check(f"tiny run of {fam}: {', '.join(names)}", ok, (r.stdout + r.stderr)[-600:] if not ok else "")
+        results[fam] = (ok, (r.stdout + r.stderr)[-600:] if not ok else "")
     print(f"  .. tiny training {time.time() - t0:.1f} s", flush=True)
+    return runs, chosen, by_family, results
+
+
+def test_tiny_runs(momfmm, report, suite, tiny_runs):
+    """3. the tiny runs trained, a rerun skips, --dry-run lists every line."""
+    binary = momfmm
+    lines, _ = suite
+    runs, chosen, by_family, results = tiny_runs
+    ok_all = True
+    for fam, names in sorted(by_family.items()):
+        ok, detail = results[fam]
+        ok_all &= ok
+        report.check(f"tiny run of {fam}: {', '.join(names)}", ok, detail)
     if ok_all:
         name = chosen[0]
         fam = [f for f, ns in by_family.items() if name in ns][0]
@@ -214,7 +233,11 @@ def main():
     r = run(["bash", RUNNER, "--only", "no-such-run"], timeout=60)
     report.check("run_experiments.sh --only matching nothing exits 2", r.returncode == 2, r.stderr.strip())
 
-    # ---- 4. the Slurm array script, one task, outside Slurm ----
+
+def test_sbatch(momfmm, workdir, report, suite):
+    """4. the Slurm array script, one task, outside Slurm."""
+    binary, work = momfmm, workdir
+    lines, _ = suite
     t0 = time.time()
     r = run(["bash", "-n", SBATCH])
     report.check("jobs/experiments.sbatch: bash -n", r.returncode == 0, r.stderr)
@@ -243,7 +266,12 @@ def main():
                  r.returncode == 2 and "--array=0-0" in r.stderr, r.stderr.strip())
     print(f"  .. sbatch {time.time() - t0:.1f} s", flush=True)
 
-    # ---- 5. RESULTS.md from the tiny runs ----
+
+def test_results_report(workdir, report, suite, tiny_runs):
+    """5. RESULTS.md from the tiny runs."""
+    work = workdir
+    lines, _ = suite
+    runs = tiny_runs[0]
     t0 = time.time()
     out = os.path.join(work, "RESULTS.md")
     figs = os.path.join(work, "figures")
@@ -279,9 +307,3 @@ def main():
     report.check("figures per family", all(glob.glob(os.path.join(figs, d, "*.png")) for d in
                                            ("chain_L10_main", "chain_L30_main", "copy_T128", "copy_T256",
                                             "copy_T512", "listops", "text")))
-    print(f"  .. total {time.time() - t_start:.1f} s", flush=True)
-    report.finish()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,29 +1,26 @@
-#!/usr/bin/python3
 """Data-parallel (MPI) tests: the same config trains the same model at any
-number of ranks (SPEC 2), up to float summation order.
+number of ranks (SPEC 2), up to float summation order. One class per group,
+each its own CTest entry (e2e_mpi_<group>, tests/CMakeLists.txt):
 
-- np = 1, 2, 3, 4, 8 on one config (global batch 25: uneven shards at 2, 3, 4
+- TestEquality: np = 1, 2, 3, 4, 8 on one config (global batch 25: uneven shards at 2, 3, 4
   and 8 ranks): every step's loss within 1e-5 relative of np = 1, every
   /model tensor within 1e-4 (max |diff| / max |value|), eval loss likewise;
   mpirun -np 1 equals the plain process bitwise; 2 ranks x 2 threads matches.
-- bitwise reproducibility: np = 4 twice; overlap on vs off (same buckets);
+- TestReproducibility: np = 4 twice; overlap on vs off (same buckets);
   many tiny buckets (dist.bucket_mb = 0.001) within tolerance.
-- momentum (gamma 0.2, anchor false: the buffers enter the loss) at np = 4
+- TestMomentum: momentum (gamma 0.2, anchor false: the buffers enter the loss) at np = 4
   vs 1: losses, weights and the /buffers prev_q, prev_k; a control run
   (anchor true) shows the buffers move the trajectory far beyond tolerance.
-- copy task (masked targets, uneven counted targets per rank) at np = 3;
-  fmm attention at np = 2.
-- resume: a checkpoint written at np = 2 continues at np = 3 to the same
-  final state (weights, buffers) as np = 1 straight through.
-- robustness: SIGUSR1 to one rank stops every rank at the same step with a
+  A checkpoint written at np = 2 continues at np = 3 to the same final
+  state (weights, buffers) as np = 1 straight through.
+- TestCopy: the copy task (masked targets, uneven counted targets per rank)
+  at np = 3; TestFmm: fmm attention at np = 2.
+- TestRobustness: SIGUSR1 to one rank stops every rank at the same step with a
   checkpoint and exit 0; a rank killed with SIGKILL ends the job non-zero within 30 s
   with no process left behind; np > batch exits 2 naming both numbers;
   ranks that diverge (MPMD launch with a different lr on rank 1) are caught
   by the parameter checksum (dist.check_interval).
-- the start-up line `momfmm: N ranks x T threads on <hosts>` shows N and T.
-
-Usage: test_mpi.py --momfmm BIN --workdir DIR [--quick]
-(--quick drops np = 8, the threads run and the divergence check.)
+- every run: the start-up line `momfmm: N ranks x T threads on <hosts>` shows N and T.
 """
 import glob
 import os
@@ -32,12 +29,12 @@ import signal
 import subprocess
 import time
 
-import h5py
 import numpy as np
+import pytest
+from momfmm.h5 import load_checkpoint, newest_checkpoint
 
 from processes import children, kill_session, rank_of, session_members
-from common import (MPIRUN, Report, argument_parser, env, newest_checkpoint, run, train_command,
-                    write_tiny_config)
+from common import MPIRUN, Report, env, run, train_command, write_tiny_config
 
 LOSS_RTOL = 1e-5
 WEIGHT_RTOL = 1e-4
@@ -82,19 +79,14 @@ class Runner:
         return r, (newest_checkpoint(out_dir) if have else None)
 
 
-def load(ckpt):
+def load(path):
     """Checkpoint -> dict of arrays: loss, eval_loss, model/..., buffers/..., optim/..., attrs."""
-    out = {}
-    with h5py.File(ckpt, "r") as f:
-        out["loss"] = f["metrics/train/loss"][:]
-        out["eval_loss"] = f["metrics/eval/loss"][:] if "metrics/eval/loss" in f else np.zeros(0)
-        out["world_size"] = int(f.attrs["world_size"])
-        out["step"] = int(f.attrs["step"])
-
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset) and name.split("/")[0] in ("model", "buffers", "optim"):
-                out[name] = obj[()]
-        f.visititems(visit)
+    ck = load_checkpoint(path)
+    out = ck.datasets()
+    out["loss"] = ck.train["loss"]
+    out["eval_loss"] = ck.eval.get("loss", np.zeros(0))
+    out["world_size"] = int(ck.attrs["world_size"])
+    out["step"] = ck.step
     return out
 
 
@@ -223,13 +215,12 @@ class LongRun:
         self.proc.wait()
 
 
-def test_kill(report, runner):
+def check_kill(report, runner):
     """SIGKILL one non-zero rank mid-run: mpirun must end non-zero within 30 s."""
     job = LongRun(runner, "kill", 3)
     try:
-        if not report.check("kill: training started on 3 ranks (a step line, 3 momfmm children of mpirun)",
-                            job.ready, f"ranks {sorted(k for k in job.ranks if k is not None)}"):
-            return
+        assert job.ready, ("kill: training started on 3 ranks (a step line, 3 momfmm children of mpirun): "
+                           f"ranks {sorted(k for k in job.ranks if k is not None)}")
         os.kill(job.ranks[1], signal.SIGKILL)
         rc, took = job.wait(30)
         report.check("kill: mpirun ends with a non-zero status within 30 s of SIGKILL to rank 1",
@@ -241,13 +232,12 @@ def test_kill(report, runner):
         job.close()
 
 
-def test_stop_signal(report, runner):
+def check_stop_signal(report, runner):
     """SIGUSR1 to rank 2 alone: every rank stops at the same step, rank 0
     writes a checkpoint, the job exits 0 (SPEC 5: a signal seen by any rank counts)."""
     job = LongRun(runner, "usr1", 3)
     try:
-        if not report.check("usr1: training started on 3 ranks", job.ready):
-            return
+        assert job.ready, "usr1: training started on 3 ranks"
         os.kill(job.ranks[2], signal.SIGUSR1)
         rc, took = job.wait(30)
         text = job.log()
@@ -258,20 +248,19 @@ def test_stop_signal(report, runner):
                      f"rc {rc} after {took:.1f} s, {m.group(0) if m else 'no stop line'}, "
                      f"{[os.path.basename(c) for c in ckpts]}")
         if ok:
-            with h5py.File(ckpts[0], "r") as f:
-                report.check("usr1: checkpoint step attribute = the stop step", int(f.attrs["step"]) == int(m.group(1)))
+            step = load_checkpoint(ckpts[0], optim=False, metrics=False).step
+            report.check("usr1: checkpoint step attribute = the stop step", step == int(m.group(1)))
     finally:
         job.close()
 
 
-def test_resume_across_np(report, R, ref):
+def check_resume_across_np(report, R, ref):
     """Checkpoint written at np=2 (step 10), resumed at np=3: the final state
     matches np=1 trained straight through (momentum buffers carried)."""
     mom = {"momentum.gamma": 0.2, "momentum.anchor": False}
     r, _ = R.train("resume_np2", 2, **mom, **{"train.ckpt_interval": 5, "train.keep": 5})
     src = os.path.join(R.workdir, "resume_np2", "ckpt_00000010.h5")
-    if not report.check("resume: np=2 run wrote ckpt_00000010.h5", r.returncode == 0 and os.path.exists(src)):
-        return
+    assert r.returncode == 0 and os.path.exists(src), "resume: np=2 run wrote ckpt_00000010.h5"
     path, out_dir = R.config("resume_np3", **mom)
     os.makedirs(out_dir, exist_ok=True)
     for old in glob.glob(os.path.join(out_dir, "ckpt_*.h5")):
@@ -280,16 +269,15 @@ def test_resume_across_np(report, R, ref):
         fo.write(fi.read())
     r = run(train_command(R.momfmm, path, np_=3, resume="auto"), timeout=300)
     final = os.path.join(out_dir, f"ckpt_{STEPS:08d}.h5")
-    if not report.check("resume: np=3 continues from the np=2 checkpoint to the end", r.returncode == 0 and
-                        os.path.exists(final), f"rc {r.returncode} {r.stderr[-300:]}"):
-        return
+    assert r.returncode == 0 and os.path.exists(final), \
+        f"resume: np=3 continues from the np=2 checkpoint to the end: rc {r.returncode} {r.stderr[-300:]}"
     got = load(final)
     report.check("resume: checkpoint world_size = 3 and 15 loss rows", got["world_size"] == 3 and
                  len(got["loss"]) == STEPS, f"{got['world_size']}, {len(got['loss'])}")
     compare(report, "np=2 -> resume at np=3 vs np=1 straight", ref, got, buffers=True)
 
 
-def test_too_many_ranks(report, runner):
+def check_too_many_ranks(report, runner):
     path, _ = runner.config("np_gt_batch", **{"train.batch_size": 2, "train.steps": 2})
     r = run(train_command(runner.momfmm, path, np_=4), timeout=120)
     msgs = [l for l in r.stderr.splitlines() if l.startswith("momfmm:")]
@@ -299,7 +287,7 @@ def test_too_many_ranks(report, runner):
                  f"{msgs}")
 
 
-def test_divergence(report, runner):
+def check_divergence(report, runner):
     """MPMD launch: rank 1 uses a different lr, so parameters differ after step 1;
     the checksum at dist.check_interval = 3 must stop the job naming step 3."""
     path, out_dir = runner.config("diverge", **{"dist.check_interval": 3, "train.steps": 10,
@@ -315,55 +303,78 @@ def test_divergence(report, runner):
     report.check("diverged ranks: no checkpoint written", not glob.glob(os.path.join(out_dir, "ckpt_*.h5")))
 
 
-def on_sigterm(signo, frame):
-    raise SystemExit(1)
+# ---- the groups ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def R(momfmm, workdir):
+    return Runner(momfmm, workdir)
 
 
-def main():
-    ap = argument_parser(__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="skip np=8, the threads run and the divergence check")
-    a = ap.parse_args()
-    # CTest's timeout sends SIGTERM first: unwind so that LongRun.close() runs.
-    signal.signal(signal.SIGTERM, on_sigterm)
-    os.makedirs(a.workdir, exist_ok=True)
+def train_once(R, label, name, np_, threads=1, **kw):
+    """A run that several tests compare against (module fixtures): its checks
+    must all pass, or every test using it errors naming the failed check."""
     report = Report()
-    R = Runner(a.momfmm, a.workdir)
-    t_start = time.time()
+    state = trained(report, label, R.train(name, np_, threads=threads, **kw), np_, threads=threads)
+    report.assert_all()
+    return state
 
-    # The configuration itself must exercise uneven shards.
-    for n in (2, 3, 4, 8):
+
+@pytest.fixture(scope="module")
+def ref(R):
+    """np = 1, the plain process: the reference of every comparison."""
+    return train_once(R, "np=1", "base_np1", 1, direct=True)
+
+
+@pytest.fixture(scope="module")
+def base4(R):
+    return train_once(R, "np=4", "base_np4", 4)
+
+
+MOMENTUM = {"momentum.gamma": 0.2, "momentum.anchor": False}
+
+
+@pytest.fixture(scope="module")
+def mom1(R):
+    return train_once(R, "momentum np=1", "mom_np1", 1, direct=True, **MOMENTUM)
+
+
+class TestEquality:
+    @pytest.mark.parametrize("n", (2, 3, 4, 8))
+    def test_uneven_shards(self, n):
+        """The configuration itself must exercise uneven shards."""
         c = shard_counts(BATCH, n)
         assert len(set(c)) > 1 and min(c) >= 1, (n, c)
 
-    # ---- same config at every np --------------------------------------------
-    ref = trained(report, "np=1", R.train("base_np1", 1, direct=True), 1)
-    if ref is None:
-        report.finish()
-    got = trained(report, "mpirun -np 1", R.train("base_mpi1", 1), 1)
-    if got:
-        differ, worst = bitwise_diff(ref, got, "model")
-        report.check("mpirun -np 1 equals the plain process bitwise",
-                     not differ and ref["loss"].tobytes() == got["loss"].tobytes(), f"{len(differ)} tensors differ")
-    nps = (2, 3, 4) if a.quick else (2, 3, 4, 8)
-    states = {}
-    for n in nps:
-        states[n] = trained(report, f"np={n}", R.train(f"base_np{n}", n), n)
-        if states[n]:
-            compare(report, f"np={n} (shards {shard_counts(BATCH, n)})", ref, states[n])
-    if not a.quick:
+    def test_mpirun_np1_bitwise(self, R, report, ref):
+        got = trained(report, "mpirun -np 1", R.train("base_mpi1", 1), 1)
+        if got:
+            differ, worst = bitwise_diff(ref, got, "model")
+            report.check("mpirun -np 1 equals the plain process bitwise",
+                         not differ and ref["loss"].tobytes() == got["loss"].tobytes(),
+                         f"{len(differ)} tensors differ")
+
+    @pytest.mark.parametrize("n", (2, 3, 4, 8))
+    def test_np(self, R, report, ref, n):
+        got = trained(report, f"np={n}", R.train(f"base_np{n}", n), n)
+        if got:
+            compare(report, f"np={n} (shards {shard_counts(BATCH, n)})", ref, got)
+
+    def test_np2_threads2(self, R, report, ref):
         got = trained(report, "np=2 x 2 threads", R.train("base_np2_t2", 2, threads=2), 2, threads=2)
         if got:
             compare(report, "np=2 x 2 threads", ref, got)
 
-    # ---- bitwise reproducibility and reduction variants ---------------------
-    base4 = states.get(4)
-    if base4:
+
+class TestReproducibility:
+    def test_np4_twice(self, R, report, base4):
         again = trained(report, "np=4 again", R.train("base_np4_again", 4), 4)
         if again:
             differ, worst = bitwise_diff(base4, again, "model")
             report.check("np=4 twice: bitwise-identical weights and losses",
                          not differ and base4["loss"].tobytes() == again["loss"].tobytes(),
                          f"{len(differ)} tensors differ, worst {worst:.2e}")
+
+    def test_overlap_off(self, R, report, base4):
         off = trained(report, "np=4 overlap off", R.train("np4_overlap_off", 4, sets=["dist.overlap=false"]), 4)
         if off:
             differ, worst = bitwise_diff(base4, off, "model")
@@ -372,6 +383,8 @@ def main():
                          not differ and not differ_m and base4["loss"].tobytes() == off["loss"].tobytes(),
                          f"{len(differ)} weight tensors differ (worst {worst:.2e}), "
                          f"{len(differ_m)} moment tensors differ (worst {worst_m:.2e})")
+
+    def test_small_buckets(self, R, report, ref, base4):
         small = trained(report, "np=4 bucket_mb=0.001",
                         R.train("np4_small_buckets", 4, sets=["dist.bucket_mb=0.001"]), 4)
         if small:
@@ -380,56 +393,67 @@ def main():
             print(f"info: bucket_mb=0.001 vs 4 at np=4: {len(differ)} tensors not bitwise equal, "
                   f"worst abs diff {worst:.2e}")
 
-    # ---- momentum: buffers averaged over ranks -------------------------------
-    mom = {"momentum.gamma": 0.2, "momentum.anchor": False}
-    m1 = trained(report, "momentum np=1", R.train("mom_np1", 1, direct=True, **mom), 1)
-    m4 = trained(report, "momentum np=4", R.train("mom_np4", 4, **mom), 4)
-    if m1 and m4:
-        compare(report, "momentum gamma=0.2 anchor=false np=4", m1, m4, buffers=True)
-        names = sorted(tensors(m1, "buffers"))
+
+class TestMomentum:
+    """Buffers averaged over ranks."""
+
+    def test_np4(self, R, report, mom1):
+        m4 = trained(report, "momentum np=4", R.train("mom_np4", 4, **MOMENTUM), 4)
+        if m4:
+            compare(report, "momentum gamma=0.2 anchor=false np=4", mom1, m4, buffers=True)
+        names = sorted(tensors(mom1, "buffers"))
         expect = [f"buffers/blocks/{i}/attn/{b}" for i in range(2) for b in ("prev_k", "prev_q")]
-        scale = min((float(np.max(np.abs(m1[k]))) for k in names), default=0.0)
+        scale = min((float(np.max(np.abs(mom1[k]))) for k in names), default=0.0)
         report.check("momentum: checkpoint holds prev_q, prev_k [H, dh] per block, non-zero",
-                     names == expect and all(m1[k].shape == (4, 8) for k in names) and scale > 1e-3,
+                     names == expect and all(mom1[k].shape == (4, 8) for k in names) and scale > 1e-3,
                      f"{names}, smallest max|buffer| {scale:.3g}")
-        # Control: with anchor = false the buffers enter the loss (d_0 = x_0 - buf).
-        # The anchored run ignores them; its weights move far beyond the
-        # tolerance, while its per-step losses may stay within ~1e-5: that is why
-        # the buffers themselves are compared above, not only losses.
-        test_resume_across_np(report, R, m1)
+
+    def test_resume_across_np(self, R, report, mom1):
+        check_resume_across_np(report, R, mom1)
+
+    def test_control_anchor(self, R, report, mom1):
+        """With anchor = false the buffers enter the loss (d_0 = x_0 - buf).
+        The anchored run ignores them; its weights move far beyond the
+        tolerance, while its per-step losses may stay within ~1e-5: that is
+        why the buffers themselves are compared, not only losses."""
         ctrl = trained(report, "momentum anchor=true np=1",
                        R.train("mom_anchor_np1", 1, direct=True, **{"momentum.gamma": 0.2}), 1)
         if ctrl:
-            gap = loss_rel(m1["loss"], ctrl["loss"])
-            wgap, _ = tensor_rel(m1, ctrl, "model")
+            gap = loss_rel(mom1["loss"], ctrl["loss"])
+            wgap, _ = tensor_rel(mom1, ctrl, "model")
             report.check("momentum control: using the buffers moves the weights by >10x the tolerance",
                          wgap > 10 * WEIGHT_RTOL, f"weight gap {wgap:.2e}, loss gap {gap:.2e}")
 
-    # ---- copy task: masked targets, uneven counts per rank -------------------
-    copy = {"data.task": "copy", "model.vocab_size": 12}
-    c1 = trained(report, "copy np=1", R.train("copy_np1", 1, direct=True, **copy), 1)
-    c3 = trained(report, "copy np=3", R.train("copy_np3", 3, **copy), 3)
-    if c1 and c3:
-        compare(report, "copy np=3 (masked targets)", c1, c3)
 
-    # ---- fmm attention ---------------------------------------------------------
-    fmm = {"attention.kind": "fmm", "fmm.kernels": "elu,elu_flip", "fmm.bandwidth": 4}
-    f1 = trained(report, "fmm np=1", R.train("fmm_np1", 1, direct=True, **fmm), 1)
-    f2 = trained(report, "fmm np=2", R.train("fmm_np2", 2, **fmm), 2)
-    if f1 and f2:
-        compare(report, "fmm np=2", f1, f2)
-        report.check("fmm: checkpoint has fmm_blend", "model/blocks/0/attn/fmm_blend" in f2)
-
-    # ---- robustness -----------------------------------------------------------
-    test_too_many_ranks(report, R)
-    test_kill(report, R)
-    test_stop_signal(report, R)
-    if not a.quick:
-        test_divergence(report, R)
-
-    print(f"test_mpi: {time.time() - t_start:.1f} s")
-    report.finish()
+class TestCopy:
+    def test_copy_np3(self, R, report):
+        """Masked targets, uneven counts of counted targets per rank."""
+        copy = {"data.task": "copy", "model.vocab_size": 12}
+        c1 = trained(report, "copy np=1", R.train("copy_np1", 1, direct=True, **copy), 1)
+        c3 = trained(report, "copy np=3", R.train("copy_np3", 3, **copy), 3)
+        if c1 and c3:
+            compare(report, "copy np=3 (masked targets)", c1, c3)
 
 
-if __name__ == "__main__":
-    main()
+class TestFmm:
+    def test_fmm_np2(self, R, report):
+        fmm = {"attention.kind": "fmm", "fmm.kernels": "elu,elu_flip", "fmm.bandwidth": 4}
+        f1 = trained(report, "fmm np=1", R.train("fmm_np1", 1, direct=True, **fmm), 1)
+        f2 = trained(report, "fmm np=2", R.train("fmm_np2", 2, **fmm), 2)
+        if f1 and f2:
+            compare(report, "fmm np=2", f1, f2)
+            report.check("fmm: checkpoint has fmm_blend", "model/blocks/0/attn/fmm_blend" in f2)
+
+
+class TestRobustness:
+    def test_too_many_ranks(self, R, report):
+        check_too_many_ranks(report, R)
+
+    def test_kill_one_rank(self, R, report):
+        check_kill(report, R)
+
+    def test_usr1_to_one_rank(self, R, report):
+        check_stop_signal(report, R)
+
+    def test_divergence(self, R, report):
+        check_divergence(report, R)

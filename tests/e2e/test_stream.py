@@ -1,21 +1,22 @@
-#!/usr/bin/python3
 """Streaming inference (SPEC 1.2; issue: momentum attention, item 3): for every
 momentum and attention variant, feeding the eval sequences token by token (and
 in segments) through `momfmm eval --stream` gives the logits of one full
 forward (max abs difference <= 1e-4), and `momfmm generate` continues a prompt
-exactly as greedy decoding with the independent PyTorch reference does."""
+exactly as greedy decoding with the independent PyTorch reference does.
+
+reference_model is tests/reference/reference_model.py (on PYTHONPATH, set by
+CTest beside <source>/python)."""
 import os
 import re
-import sys
 
 import h5py
 import numpy as np
+import pytest
 import torch
+from momfmm.h5 import load_checkpoint
 
-from common import argument_parser, Report, run, tiny_config, write_config
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reference"))
-import reference_model as ref  # noqa: E402
+import reference_model as ref
+from common import run, tiny_config, write_config
 
 VARIANTS = {
     "softmax": {},
@@ -60,8 +61,10 @@ def perturb(path, rng):
 
 
 def greedy_reference(ckpt, prompt, n_new):
-    cfg, params, buffers = ref.load_checkpoint(ckpt)
-    s = ref.settings_from_config(cfg)
+    ck = load_checkpoint(ckpt, optim=False, metrics=False)
+    params = {k: torch.tensor(v.astype(np.float64)) for k, v in ck.params.items()}
+    buffers = {k: torch.tensor(v.astype(np.float64)) for k, v in ck.buffers.items()}
+    s = ref.settings_from_config(ck.config)
     tokens = list(prompt)
     gaps = []
     with torch.no_grad():
@@ -74,24 +77,26 @@ def greedy_reference(ckpt, prompt, n_new):
     return tokens[len(prompt):], gaps
 
 
-def check_variant(a, report, name, overrides, rng):
-    work = os.path.join(a.workdir, name)
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_variant(momfmm, workdir, report, name):
+    overrides = VARIANTS[name]
+    rng = np.random.default_rng([5, list(VARIANTS).index(name)])
+    work = os.path.join(workdir, name)
     sets = {"model.vocab_size": 29, "data.seq_len": 24, "train.batch_size": 3, "train.eval_batches": 2}
     sets.update(overrides)
     cfg = write_config(os.path.join(work, "cfg.ini"), tiny_config(os.path.join(work, "run"), **sets))
     ckpt = os.path.join(work, "ck.h5")
-    r = run([a.momfmm, "init", cfg, "--out", ckpt])
-    if not report.check(f"{name}: init", r.returncode == 0, r.stderr):
-        return
+    r = run([momfmm, "init", cfg, "--out", ckpt])
+    assert r.returncode == 0, f"{name}: init: {r.stderr}"
     perturb(ckpt, rng)
     for segment in (1, 5):
-        r = run([a.momfmm, "eval", ckpt, "--stream", "--segment", segment])
+        r = run([momfmm, "eval", ckpt, "--stream", "--segment", segment])
         m = DIFF_LINE.search(r.stdout)
         diff = float(m.group(1)) if m else float("inf")
         report.check(f"{name}: stream in segments of {segment} = full forward", r.returncode == 0 and diff <= 1e-4,
                      f"max |logit diff| {diff:.3e}" + (f"; rc {r.returncode} {r.stderr.strip()}" if r.returncode else ""))
     prompt = [3, 7, 1, 3, 7, 1]
-    r = run([a.momfmm, "generate", ckpt, "--prompt", ",".join(map(str, prompt)), "--tokens", 8])
+    r = run([momfmm, "generate", ckpt, "--prompt", ",".join(map(str, prompt)), "--tokens", 8])
     m = re.search(r"generated:((?: \d+)+)", r.stdout)
     if not report.check(f"{name}: generate runs", r.returncode == 0 and m is not None, r.stdout + r.stderr):
         return
@@ -104,23 +109,12 @@ def check_variant(a, report, name, overrides, rng):
                  f"momfmm {ours} reference {theirs}")
 
 
-def main():
-    ap = argument_parser(__doc__)
-    a = ap.parse_args()
-    report = Report()
-    rng = np.random.default_rng(5)
-    for name, overrides in VARIANTS.items():
-        check_variant(a, report, name, overrides, rng)
-    work = os.path.join(a.workdir, "noncausal")
+def test_generate_errors(momfmm, workdir, report):
+    work = os.path.join(workdir, "noncausal")
     cfg = write_config(os.path.join(work, "cfg.ini"), tiny_config(work, **{"model.causal": False}))
     ckpt = os.path.join(work, "ck.h5")
-    run([a.momfmm, "init", cfg, "--out", ckpt])
-    r = run([a.momfmm, "generate", ckpt, "--prompt", "1,2"])
+    run([momfmm, "init", cfg, "--out", ckpt])
+    r = run([momfmm, "generate", ckpt, "--prompt", "1,2"])
     report.check("non-causal model: generate exits 2", r.returncode == 2 and "causal" in r.stderr, r.stderr)
-    r = run([a.momfmm, "generate", ckpt, "--prompt", "1,999"])
+    r = run([momfmm, "generate", ckpt, "--prompt", "1,999"])
     report.check("prompt token outside the vocabulary exits 2", r.returncode == 2 and "999" in r.stderr, r.stderr)
-    report.finish()
-
-
-if __name__ == "__main__":
-    main()

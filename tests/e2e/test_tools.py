@@ -1,20 +1,21 @@
-#!/usr/bin/python3
 """End-to-end test of the analysis tools (tools/momfmm_plot.py, tools/momfmm_report.py) on
 small real runs of the momfmm binary: the figures exist and are PNGs, the report's numbers are
 the checkpoints' final eval values (SPEC 3, 4), --group-by train.seed gives mean ± std, a live
 SWMR metrics.h5 with gain_R and gamma is read, and bad paths exit 3 naming the file (SPEC 5)."""
-import glob
 import math
 import os
 import shutil
+import sys
 
 import h5py
 import numpy as np
+import pytest
+from momfmm.h5 import load_checkpoint, newest_checkpoint
 
-from common import argument_parser, Report, run, tiny_config, write_config
+from common import Report, load_newest, run, tiny_config, write_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PYTHON = "/usr/bin/python3"
+PYTHON = sys.executable
 PLOT = os.path.join(ROOT, "tools", "momfmm_plot.py")
 REPORT = os.path.join(ROOT, "tools", "momfmm_report.py")
 FIGURES = ["loss.png", "lr.png", "l_new_l_rep.png", "loss_by_k.png", "acc.png", "gamma.png", "bode.png"]
@@ -32,15 +33,10 @@ def train(report, binary, workdir, name, **overrides):
     return out_dir
 
 
-def newest_ckpt(out_dir):
-    return sorted(glob.glob(os.path.join(out_dir, "ckpt_*.h5")))[-1]
-
-
 def ckpt_metrics(out_dir):
     """(final eval values, best eval loss, median tokens/s) of the newest checkpoint."""
-    with h5py.File(newest_ckpt(out_dir), "r") as f:
-        ev = {k: f["metrics/eval"][k][()] for k in f["metrics/eval"]}
-        tps = f["metrics/train/tokens_per_s"][()]
+    ck = load_newest(out_dir, optim=False)
+    ev, tps = ck.eval, ck.train["tokens_per_s"]
     return {k: float(v[-1]) for k, v in ev.items() if v.ndim == 1}, float(np.min(ev["loss"])), \
         float(np.median(tps))
 
@@ -109,11 +105,10 @@ def write_live_metrics(live_dir, ckpt_path):
     open file (the writer) and the values the tools must show."""
     os.makedirs(live_dir, exist_ok=True)
     shutil.copy(ckpt_path, live_dir)
-    with h5py.File(ckpt_path, "r") as src:
-        train = {k: src["metrics/train"][k][()] for k in src["metrics/train"]}
-        ev = {k: src["metrics/eval"][k][()] for k in src["metrics/eval"]}
-        n_layers = sum(1 for k in src["model/blocks"])
-        n_heads = src["model/blocks/0/attn/momentum_gamma"].shape[0]
+    src = load_checkpoint(ckpt_path, optim=False)
+    train, ev = src.train, dict(src.eval)
+    n_layers = len({k.split("/")[1] for k in src.params if k.startswith("blocks/")})
+    n_heads = src.params["blocks/0/attn/momentum_gamma"].shape[0]
     ev = {k: np.concatenate([v, v[-1:]]) for k, v in ev.items()}
     ev["step"][-1], ev["L_rep"][-1] = 30, 1.2345678
     n = len(ev["step"])
@@ -130,31 +125,34 @@ def write_live_metrics(live_dir, ckpt_path):
     return f, {"L_rep": "1.2346", "steps": "30", "learned γ (mean)": "0.3500"}
 
 
-def main():
-    ap = argument_parser(__doc__)
-    a = ap.parse_args()
-    os.makedirs(a.workdir, exist_ok=True)
+@pytest.fixture(scope="module")
+def runs(momfmm, workdir):
+    """{label: run directory} of three small real runs (momentum with learned
+    gamma, baseline, momentum with another seed) and a text-task copy."""
     report = Report()
-
-    mom = train(report, a.momfmm, a.workdir, "mom",
-                **{"momentum.gamma": 0.2, "momentum.learn_gamma": True})
-    base = train(report, a.momfmm, a.workdir, "base")
-    mom7 = train(report, a.momfmm, a.workdir, "mom_seed7", **{
+    mom = train(report, momfmm, workdir, "mom", **{"momentum.gamma": 0.2, "momentum.learn_gamma": True})
+    base = train(report, momfmm, workdir, "base")
+    mom7 = train(report, momfmm, workdir, "mom_seed7", **{
         "momentum.gamma": 0.2, "momentum.learn_gamma": True, "train.seed": 7})
-    text = text_run(os.path.join(a.workdir, "text"), newest_ckpt(base))
-    if report.failed:
-        report.finish()
+    report.assert_all()
+    text = text_run(os.path.join(workdir, "text"), newest_checkpoint(base))
+    return {"mom": mom, "base": base, "mom7": mom7, "text": text}
 
-    # Figures of two runs, overlaid; gain_r.png only when the binary logs gain_R.
-    with h5py.File(newest_ckpt(mom), "r") as f:
-        has_gain = "metrics/eval/gain_R" in f
-    r = check_plot(report, os.path.join(a.workdir, "fig"), [mom, base], ["mom", "base"],
+
+def test_plot(workdir, report, runs):
+    """Figures of two runs, overlaid; gain_r.png only when the binary logs gain_R."""
+    mom, base = runs["mom"], runs["base"]
+    has_gain = "gain_R" in load_newest(mom, optim=False).eval
+    r = check_plot(report, os.path.join(workdir, "fig"), [mom, base], ["mom", "base"],
                    FIGURES + (["gain_r.png"] if has_gain else []))
     if not has_gain:
         report.check("plot notes the skipped gain_r.png", "skip gain_r.png" in r.stdout)
     report.check("plot skips bpb.png for chain runs", "skip bpb.png" in r.stdout, r.stdout[-400:])
 
-    # The report: header, one row per run sorted by label, numbers from the checkpoints.
+
+def test_report(report, runs):
+    """The report: header, one row per run sorted by label, numbers from the checkpoints."""
+    mom, base = runs["mom"], runs["base"]
     r = tool(REPORT, base, mom)
     report.check("report exits 0", r.returncode == 0, r.stderr.strip()[-400:])
     print(r.stdout)
@@ -169,42 +167,50 @@ def main():
         report.check("report marks learned γ", by_label["mom"]["learned γ (mean)"] != "—"
                      and by_label["base"]["γ"] == "off", str(by_label))
 
-    # A checkpoint file and --label give the same numbers under the given name.
-    r = tool(REPORT, newest_ckpt(mom), "--label", "momckpt")
+
+def test_report_checkpoint_label(report, runs):
+    """A checkpoint file and --label give the same numbers under the given name."""
+    r = tool(REPORT, newest_checkpoint(runs["mom"]), "--label", "momckpt")
     _, rows = parse_table(r.stdout)
     report.check("report on a checkpoint file with --label", r.returncode == 0 and len(rows) == 1)
-    check_report_rows(report, {row["run"]: row for row in rows}, {"momckpt": mom})
+    check_report_rows(report, {row["run"]: row for row in rows}, {"momckpt": runs["mom"]})
 
-    # --group-by train.seed: mom and mom_seed7 become one row with mean ± sample std.
+
+def test_report_group_by(report, runs):
+    """--group-by train.seed: mom and mom_seed7 become one row with mean ± sample std."""
+    mom, base, mom7 = runs["mom"], runs["base"], runs["mom7"]
     r = tool(REPORT, mom, base, mom7, "--label", "mom_s1", "base", "mom_s7",
              "--group-by", "train.seed", "--metrics", "L_rep,loss")
     print(r.stdout)
     _, rows = parse_table(r.stdout)
-    report.check("group-by: two rows (base, mom_s*)",
-                 r.returncode == 0 and [row["run"] for row in rows] == ["base", "mom_s*"],
-                 str([row.get("run") for row in rows]))
-    if len(rows) == 2:
-        vals = np.array([ckpt_metrics(d)[0]["L_rep"] for d in (mom, mom7)])
-        want = f"{vals.mean():.4f} ± {vals.std(ddof=1):.4f}"
-        report.check("group-by: L_rep is mean ± std over seeds", rows[1]["L_rep"] == want,
-                     f"{rows[1]['L_rep']} vs {want}")
-        report.check("group-by: n = 2, seeds listed", rows[1]["n"] == "2" and
-                     rows[1]["train.seed"] == "1234,7", str(rows[1]))
+    assert r.returncode == 0 and [row["run"] for row in rows] == ["base", "mom_s*"], \
+        f"group-by: two rows (base, mom_s*): {[row.get('run') for row in rows]}"
+    vals = np.array([ckpt_metrics(d)[0]["L_rep"] for d in (mom, mom7)])
+    want = f"{vals.mean():.4f} ± {vals.std(ddof=1):.4f}"
+    report.check("group-by: L_rep is mean ± std over seeds", rows[1]["L_rep"] == want,
+                 f"{rows[1]['L_rep']} vs {want}")
+    report.check("group-by: n = 2, seeds listed", rows[1]["n"] == "2" and
+                 rows[1]["train.seed"] == "1234,7", str(rows[1]))
 
-    # Text task: bits per byte = eval loss / ln 2.
+
+def test_text_bpb(workdir, report, runs):
+    """Text task: bits per byte = eval loss / ln 2."""
+    text = runs["text"]
     r = tool(REPORT, text)
     _, rows = parse_table(r.stdout)
     want = f"{ckpt_metrics(text)[0]['loss'] / math.log(2):.4f}"
     report.check("text run: bpb = loss / ln 2", r.returncode == 0 and rows and
                  rows[0].get("bpb") == want, f"{rows[0].get('bpb') if rows else r.stderr} vs {want}")
-    check_plot(report, os.path.join(a.workdir, "fig_text"), [text], ["text"], ["bpb.png", "loss.png"])
+    check_plot(report, os.path.join(workdir, "fig_text"), [text], ["text"], ["bpb.png", "loss.png"])
 
-    # A live metrics.h5 (SWMR, still open by its writer) with gain_R and per-head gamma.
-    live = os.path.join(a.workdir, "live")
+
+def test_live_metrics(workdir, report, runs):
+    """A live metrics.h5 (SWMR, still open by its writer) with gain_R and per-head gamma."""
+    live = os.path.join(workdir, "live")
     shutil.rmtree(live, ignore_errors=True)
-    writer, expect = write_live_metrics(live, newest_ckpt(mom))
+    writer, expect = write_live_metrics(live, newest_checkpoint(runs["mom"]))
     try:
-        check_plot(report, os.path.join(a.workdir, "fig_live"), [live], ["live"],
+        check_plot(report, os.path.join(workdir, "fig_live"), [live], ["live"],
                    FIGURES + ["gain_r.png"])
         r = tool(REPORT, live)
         _, rows = parse_table(r.stdout)
@@ -214,23 +220,21 @@ def main():
     finally:
         writer.close()
 
-    # Bad paths: exit 3 with the path in a one-line message.
-    missing = os.path.join(a.workdir, "no_such_run")
-    corrupt = os.path.join(a.workdir, "corrupt.h5")
-    with open(corrupt, "wb") as f:
-        f.write(b"not an HDF5 file\n" * 10)
-    empty = os.path.join(a.workdir, "empty_dir")
-    os.makedirs(empty, exist_ok=True)
-    for what, path in (("missing path", missing), ("corrupt file", corrupt), ("empty dir", empty)):
-        for script, extra in ((PLOT, ["--out", os.path.join(a.workdir, "fig_bad")]), (REPORT, [])):
-            r = tool(script, mom, path, *extra)
-            name = os.path.basename(script)
-            report.check(f"{name} {what}: exit 3 naming it",
-                         r.returncode == 3 and path in r.stderr and
-                         len(r.stderr.strip().splitlines()) == 1,
-                         f"rc {r.returncode} {r.stderr.strip()}")
-    report.finish()
 
-
-if __name__ == "__main__":
-    main()
+@pytest.mark.parametrize("what", ("missing path", "corrupt file", "empty dir"))
+@pytest.mark.parametrize("script", (PLOT, REPORT), ids=os.path.basename)
+def test_bad_path(workdir, runs, what, script):
+    """Bad paths: exit 3 with the path in a one-line message."""
+    if what == "missing path":
+        path = os.path.join(workdir, "no_such_run")
+    elif what == "corrupt file":
+        path = os.path.join(workdir, "corrupt.h5")
+        with open(path, "wb") as f:
+            f.write(b"not an HDF5 file\n" * 10)
+    else:
+        path = os.path.join(workdir, "empty_dir")
+        os.makedirs(path, exist_ok=True)
+    extra = ["--out", os.path.join(workdir, "fig_bad")] if script == PLOT else []
+    r = tool(script, runs["mom"], path, *extra)
+    assert r.returncode == 3 and path in r.stderr and len(r.stderr.strip().splitlines()) == 1, \
+        f"{os.path.basename(script)} {what}: exit 3 naming it: rc {r.returncode} {r.stderr.strip()}"

@@ -30,6 +30,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 PY=/usr/bin/python3
+MPIEXEC=${MPIEXEC:-mpirun} # FindMPI's MPIEXEC_EXECUTABLE under CTest
 START=$SECONDS
 DEADLINE=$((SECONDS + ${SLURM_TEST_BUDGET:-480})) # CTest TIMEOUT is 600: stop and clean up before it
 passed=0
@@ -50,7 +51,7 @@ note() { echo "  .. $* ($((SECONDS - START)) s)"; }
 
 # ---- can the cluster run here? ----
 [ "$(id -u)" -eq 0 ] || skip "needs root (slurmctld and slurmd run as SlurmUser=root)"
-for c in munged slurmctld slurmd sbatch srun scontrol scancel squeue sinfo mpirun; do
+for c in munged slurmctld slurmd sbatch srun scontrol scancel squeue sinfo "$MPIEXEC"; do
     command -v "$c" >/dev/null 2>&1 ||
         skip "$c not found: install slurmctld slurmd slurm-client munge (tools/install_deps.sh)"
 done
@@ -432,8 +433,8 @@ mpi_sum=$(md5sum <"$mpi_ckpt" 2>/dev/null)
 # While the preempted jobs wait in the queue, the uninterrupted reference run.
 requeued() { [ "$(job_field "${P_ID[train]}" Restarts)" = 1 ] && [ "$(job_field "${P_ID[train_srun]}" Restarts)" = 1 ]; }
 wait_for 60 requeued || note "jobs ${P_ID[*]} not both requeued yet"
-note "reference run: mpirun -np 4 outside Slurm"
-mpirun --oversubscribe -np 4 -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$MOMFMM_BIN" train long.ini \
+note "reference run: $MPIEXEC -np 4 outside Slurm"
+"$MPIEXEC" --oversubscribe -np 4 -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$MOMFMM_BIN" train long.ini \
     --set train.out_dir=runs/reference >reference.log 2>&1
 ref_rc=$?
 wait_jobs 150 "${P_ID[@]}" "$J_MPI"

@@ -1,0 +1,209 @@
+"""Checkpoints under crashes and signals (SPEC 4, 5); one class per group,
+each its own CTest entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
+
+- TestCrash: a run that checkpoints every step is SIGKILLed at random moments
+  8 times, resuming with --resume auto each time; every ckpt_*.h5 left
+  behind loads, temporary files never carry a checkpoint's name, and the
+  last run reaches train.steps (seed: $MOMFMM_TEST_SEED, else random, printed).
+- TestStopSignals: SIGTERM to one of 4 ranks, and SIGUSR1 to mpirun, stop
+  every rank at one step with "stop requested", a checkpoint at that step
+  that loads, exit 0.
+- TestLiveMetrics: metrics.h5 read with h5py (SWMR) while a run writes it:
+  rows grow, values finite, config_ini present; after SIGTERM it holds the
+  same history as the final checkpoint.
+"""
+import configparser
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from processes import session_members
+from common import env
+from ckpt_util import CKPT_NAME, LongRun, Runner, check_stopped, checkpoints, ckpt, load_state, same_bits, tail
+
+
+@pytest.fixture(scope="module")
+def R(momfmm, workdir):
+    return Runner(momfmm, workdir)
+
+
+# ---- 3. crash ------------------------------------------------------------------
+
+def crash_rng():
+    seed = int(os.environ.get("MOMFMM_TEST_SEED") or random.randrange(1 << 30))
+    print(f"seed {seed} (crash-test kill times; rerun with MOMFMM_TEST_SEED={seed})", flush=True)
+    return random.Random(seed)
+
+
+class TestCrash:
+    def test_sigkill_and_resume(self, R, report):
+        check_crash(R, report, crash_rng())
+
+
+def check_crash(R, report, rng, kills=8):
+    ini, out_dir, _ = R.config("crash", **{
+        "model.vocab_size": 256, "model.d_model": 128, "model.d_ff": 512, "train.steps": 100000,
+        "train.schedule": "constant", "train.ckpt_interval": 1, "train.keep": 3, "train.eval_interval": 0,
+        "train.log_interval": 1})
+    os.makedirs(out_dir, exist_ok=True)
+    log_path = os.path.join(R.work, "crash.log")
+    bad, resumes, tmp_seen, notes = [], [], 0, []
+    newest = 0
+    for i in range(kills):
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([R.momfmm, "train", ini, "--resume", "auto"], stdout=log,
+                                    stderr=subprocess.STDOUT, env=env())
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline and proc.poll() is None and max(checkpoints(out_dir), default=0) <= newest:
+                time.sleep(0.002)
+            time.sleep(rng.uniform(0.0, 0.4))
+        finally:
+            proc.kill()
+            proc.wait()
+        with open(log_path) as f:
+            text = f.read()
+        if "skipping checkpoint" in text:
+            bad.append(f"kill {i}: a visible checkpoint did not load: "
+                       f"{re.findall(r'warning: skipping.*', text)[:2]}")
+        m = re.search(r"^resumed from (\S+) at step (\d+)", text, re.M)
+        resumes.append(int(m.group(2)) if m else 0)
+        names = os.listdir(out_dir)
+        tmp_seen += sum(".tmp." in n for n in names)
+        for n in names:
+            if n.startswith("ckpt_") and n.endswith(".h5") and not CKPT_NAME.match(n):
+                bad.append(f"kill {i}: unexpected name {n}")
+        found = checkpoints(out_dir)
+        for step, path in sorted(found.items()):
+            r = R.inspect(path)
+            if r.returncode != 0:
+                bad.append(f"kill {i}: {os.path.basename(path)} does not load: {r.stderr.strip()[:200]}")
+        newest = max(found, default=newest)
+        notes.append(newest)
+    report.check(f"crash: {kills} SIGKILLs at random moments: every ckpt_*.h5 left behind loads (momfmm inspect), "
+                 "no temporary file under a checkpoint's name",
+                 not bad and newest > 0, "; ".join(bad[:4]) or
+                 f"newest step after each kill {notes}; resumed at {resumes}; "
+                 f"{tmp_seen} leftover *.tmp.* sightings (kills during writes)")
+    report.check("crash: each --resume auto continued from the newest checkpoint of the previous run",
+                 all(resumes[i] == notes[i - 1] for i in range(1, kills)), f"resumed {resumes} newest {notes}")
+    target = newest + 3
+    r = R.train(ini, f"train.steps={target}", resume="auto")
+    final = ckpt(out_dir, target)
+    ok = r.returncode == 0 and f"resumed from {ckpt(out_dir, newest)} at step {newest}" in r.stdout
+    report.check(f"crash: the last run resumes at step {newest} and reaches train.steps = {target}",
+                 ok and os.path.exists(final) and R.inspect(final).returncode == 0, tail(r))
+    left = [n for n in os.listdir(out_dir) if ".tmp." in n]
+    print(f"     crash: {len(left)} temporary files left in {out_dir}: {left[:3]}", flush=True)
+
+
+class TestStopSignals:
+    def test_sigterm_to_one_rank(self, R, report):
+        job = LongRun(R, "sigterm", 4)
+        try:
+            assert job.ready, f"SIGTERM to one rank: 4 ranks started: ranks {sorted(map(str, job.ranks))}"
+            os.kill(job.ranks[2], signal.SIGTERM)
+            rc = job.wait(60)
+            check_stopped(R, report, "SIGTERM to rank 2 of 4", job, rc, 4)
+            time.sleep(0.3)
+            left = [p for p in session_members(job.proc.pid) if p != job.proc.pid]
+            report.check("SIGTERM to rank 2 of 4: no process left behind", not left, f"left {left}")
+        finally:
+            job.close()
+
+    def test_sigusr1_to_mpirun(self, R, report):
+        job = LongRun(R, "sigusr1", 4)
+        try:
+            assert job.ready, f"SIGUSR1 to mpirun: 4 ranks started: ranks {sorted(map(str, job.ranks))}"
+            os.kill(job.proc.pid, signal.SIGUSR1)
+            rc = job.wait(60)
+            check_stopped(R, report, "SIGUSR1 to mpirun -np 4", job, rc, 4)
+        finally:
+            job.close()
+
+
+# ---- 7. live metrics ----------------------------------------------------------------------
+
+class TestLiveMetrics:
+    def test_swmr_reader(self, R, report):
+        check_live_metrics(R, report)
+
+
+def check_live_metrics(R, report):
+    job = LongRun(R, "live", 0, **{"train.eval_interval": 10})
+    path = os.path.join(job.out_dir, "metrics.h5")
+    rows, problems, ini = [], [], None
+    try:
+        assert job.ready, f"live metrics: a long run started: {job.log()[-300:]!r}"
+        names = ("step", "loss", "lr", "grad_norm", "tokens_per_s")
+        for _ in range(5):
+            time.sleep(0.3)
+            try:
+                with h5py.File(path, "r", libver="latest", swmr=True) as f:
+                    cols = [f[f"metrics/train/{k}"][()] for k in names]
+                    n_eval = f["metrics/eval/loss"].shape[0]
+                    ini = f.attrs.get("config_ini", ini)
+            except (OSError, KeyError) as e:
+                problems.append(f"read failed: {e}")
+                continue
+            # Each dataset is seen as of its own read while the writer appends
+            # (step first, then loss, ...): a later column may be one row
+            # behind an earlier one, or any number ahead; the last row's
+            # extent may be visible before its value. Check the common rows.
+            lens = [len(c) for c in cols]
+            n = min(lens)
+            rows.append(n)
+            if any(lens[i] < lens[i - 1] - 1 for i in range(1, len(lens))):
+                problems.append(f"column lengths {lens}")
+            if not all(np.isfinite(c[:n]).all() for c in cols[1:]):
+                problems.append(f"non-finite values in the first {n} rows")
+            step = cols[0]
+            if n == 0 or list(step[:n - 1]) != list(range(1, n)) or step[n - 1] not in (n, 0):
+                problems.append(f"steps not 1..{n}: {list(step[:n])[-5:]}")
+            if not (n - 1) // 10 <= n_eval <= max(lens) // 10 + 1:
+                problems.append(f"{n_eval} eval rows at {lens} train rows")
+        report.check("live metrics: h5py (swmr=True) opened 5 times while the run writes metrics.h5: rows grow, "
+                     "values finite, steps 1..n, eval rows every 10 steps",
+                     len(rows) == 5 and all(b > a for a, b in zip(rows, rows[1:])) and not problems,
+                     f"rows {rows}; {problems[:3]}")
+        # one handle kept open: refresh() shows the new rows
+        seen = []
+        try:
+            with h5py.File(path, "r", libver="latest", swmr=True) as f:
+                d = f["metrics/train/loss"]
+                for _ in range(3):
+                    d.refresh()
+                    seen.append(d.shape[0])
+                    time.sleep(0.3)
+                tail_ok = bool(np.isfinite(d[max(0, seen[-1] - 50):seen[-1] - 1]).all())
+        except (OSError, KeyError) as e:
+            seen.append(str(e))
+            tail_ok = False
+        report.check("live metrics: a reader that keeps the file open sees new rows after refresh()",
+                     len(seen) == 3 and all(isinstance(x, int) for x in seen) and seen[0] < seen[1] < seen[2]
+                     and tail_ok, f"rows {seen}")
+        parser = configparser.ConfigParser()
+        try:
+            parser.read_string(ini if isinstance(ini, str) else "")
+            same = parser.get("train", "out_dir", fallback=None) == job.out_dir
+        except configparser.Error:
+            same = False
+        report.check("live metrics: config_ini root attribute (the resolved config)", same, f"{str(ini)[:80]!r}")
+        job.proc.send_signal(signal.SIGTERM)
+        rc = job.wait(60)
+        final = check_stopped(R, report, "live metrics: SIGTERM to a single process", job, rc, 1)
+        if final:
+            c, _ = load_state(final)
+            with h5py.File(path, "r", libver="latest", swmr=True) as m:
+                same = all(same_bits(c[f"metrics/{k}"], m[f"metrics/{k}"][()])
+                           for k in ("train/step", "train/loss", "train/tokens_per_s", "eval/loss", "eval/loss_by_k"))
+            report.check("live metrics: after the stop, metrics.h5 holds the same history as the checkpoint", same)
+    finally:
+        job.close()
