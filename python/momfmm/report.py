@@ -1,4 +1,4 @@
-"""Markdown table comparing momfmm runs, or the whole RESULTS.md of the experiment suite.
+"""Markdown table comparing momfmm runs, or the results report of the experiment suite.
 
     momfmm_report.py RUN_OR_CKPT [RUN_OR_CKPT ...] [--label NAME ...] [--out FILE]
                      [--metrics L_new,L_rep,delta_12,acc,loss] [--digits N]

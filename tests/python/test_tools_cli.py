@@ -18,7 +18,6 @@ docs/files.md §4, mpirun is a stand-in script on PATH.
 5. run_experiments.sh's "next" command names the suite, the runs and an --out in the run
    directory; Slurm's .out files go under runs/ (gitignored), not the submit directory.
 """
-import configparser
 import os
 import re
 import shutil
