@@ -3,16 +3,19 @@
 # a table of array task, overrides and run directory, then the table that
 # tools/momfmm_report.py prints for the run directories.
 #
-#   jobs/collect_sweep.sh [--runs DIR] [-o FILE] ARRAY_JOB_ID
+#   jobs/collect_sweep.sh [--runs DIR] [--out FILE] ARRAY_JOB_ID
 #
 # --runs: where the sweep put its runs (default $MOMFMM_RUNS or runs, relative
 # to the current directory, i.e. the directory the sweep was submitted from).
-# -o: also write the report to FILE. MOMFMM_REPORT overrides the report tool.
+# --out FILE (or -o FILE): also write the report to FILE. MOMFMM_REPORT overrides
+# the report tool. The overrides column shows each task's sweep line as written
+# (`--set section.key=value ...`, see jobs/sweep.sbatch).
 # Exit: 0 report written; 1 no runs found or the report tool failed; 2 usage;
 # 3 the report tool is missing.
 set -u
 me=collect_sweep.sh
-usage() { echo "usage: jobs/$me [--runs DIR] [-o FILE] ARRAY_JOB_ID" >&2; exit 2; }
+usage() { echo "usage: jobs/$me [--runs DIR] [--out FILE] ARRAY_JOB_ID" >&2; exit 2; }
+help() { sed -n '2,/^set -u/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 runs=${MOMFMM_RUNS:-runs}
 out=
@@ -20,8 +23,8 @@ id=
 while [ $# -gt 0 ]; do
     case $1 in
     --runs) [ $# -ge 2 ] || usage; runs=$2; shift 2 ;;
-    -o) [ $# -ge 2 ] || usage; out=$2; shift 2 ;;
-    -h | --help) usage ;;
+    -o | --out) [ $# -ge 2 ] || usage; out=$2; shift 2 ;;
+    -h | --help) help ;;
     -*) echo "$me: unknown option $1" >&2; usage ;;
     *) [ -z "$id" ] || usage; id=$1; shift ;;
     esac

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Markdown table comparing momfmm runs, or RESULTS.md of the experiment suite.
+"""Markdown table comparing momfmm runs, or the results report of the experiment suite.
 
 The command-line entry point of momfmm.report (python/momfmm/report.py; docs/design.md §8.8).
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the experiment suite (configs/experiments/suite.list) locally, one run after the
-# other, each under mpirun; then `tools/momfmm_report.py --results` turns the runs into
-# RESULTS.md.
+# other, each under mpirun; then `tools/momfmm_report.py --results` turns the runs into a
+# results report (the command is printed at the end, with this run's --runs and --suite).
 #
 #   tools/run_experiments.sh [--np N] [--only PATTERN] [--steps-scale F] [--full]
 #                            [--runs DIR] [--suite FILE] [--momfmm BIN] [--set k=v ...]
@@ -17,20 +17,26 @@
 #                  directory runs/experiments_full).
 # --runs DIR       parent of the run directories (default runs/experiments); run NAME
 #                  writes DIR/NAME/{ckpt_*.h5,metrics.h5,train.log}.
-# --suite FILE     the suite list (default configs/experiments/suite.list).
+# --suite FILE     the suite list (default configs/experiments/suite.list): lines
+#                  NAME CONFIG [--set section.key=value ...], the override syntax of
+#                  momfmm train and of jobs/sweep.sbatch's sweep lines.
 # --momfmm BIN     the binary (default build/momfmm, or $MOMFMM).
 # --set k=v        extra override applied after the line's own (repeatable; for tests).
 # --dry-run        print each command instead of running it; --list prints the names.
 #
 # A run whose final checkpoint (DIR/NAME/ckpt_<steps>.h5) exists is skipped; any other
 # run starts with --resume auto, so an interrupted suite continues where it stopped.
-# Paths are relative to the repository root (the script changes there first).
+# Paths are relative to the repository root (the script changes there first). At the end
+# it prints the command that writes the results report of exactly these runs (--runs,
+# --suite) to DIR/RESULTS.md; the repository's RESULTS.md changes only with --out RESULTS.md.
 # Exit: 0 all selected runs finished or were skipped; 1 some run failed (the others still
 # run; see DIR/NAME/train.log); 2 usage or suite-list error.
 set -u
 me=run_experiments.sh
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 usage() { sed -n '6,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+# --help: the whole header (usage, options, exit codes) on stdout, exit 0.
+help() { sed -n '2,/^set -u/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0; }
 die() { echo "$me: $*" >&2; exit 2; }
 
 np=2 only='' scale=1 full=0 runs='' suite=configs/experiments/suite.list
@@ -49,13 +55,14 @@ while [ $# -gt 0 ]; do
         extra+=(--set "$2"); shift 2 ;;
     --dry-run) dry=1; shift ;;
     --list) list=1; shift ;;
-    -h | --help) usage ;;
+    -h | --help) help ;;
     *) echo "$me: unknown argument '$1'" >&2; usage ;;
     esac
 done
 [[ $np =~ ^[1-9][0-9]*$ ]] || die "--np $np: expected a positive integer"
 [[ $scale =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] && awk -v s="$scale" 'BEGIN{exit !(s > 0)}' ||
     die "--steps-scale $scale: expected a positive number"
+caller_dir=$(pwd)
 cd "$root" || die "cannot enter $root"
 if [ -z "$runs" ]; then
     runs=runs/experiments
@@ -91,7 +98,7 @@ while IFS= read -r line || [ -n "$line" ]; do
     i=0
     while [ $i -lt ${#rest[@]} ]; do
         [ "${rest[$i]}" = --set ] && [ $((i + 1)) -lt ${#rest[@]} ] && [[ ${rest[$((i + 1))]} == *.*=* ]] ||
-            die "$suite:$n: expected '--set section.key=value' at '${rest[$i]}'"
+            die "$suite:$n: expected '--set section.key=value' at '${rest[$i]}' (overrides are written as for momfmm train)"
         [[ ${rest[$((i + 1))]} == train.out_dir=* ]] && die "$suite:$n: train.out_dir is set by the runner"
         i=$((i + 2))
     done
@@ -178,5 +185,12 @@ if [ ${#failed[@]} -gt 0 ]; then
     echo "$me: failed: ${failed[*]}" >&2
     exit 1
 fi
-echo "$me: next: /usr/bin/python3 tools/momfmm_report.py --results --runs $runs"
+# The report of exactly these runs: same --runs and --suite, into the run directory (not
+# the repository's RESULTS.md, which only --out RESULTS.md rewrites).
+next=(/usr/bin/python3 tools/momfmm_report.py --results --runs "$runs")
+[ "$suite" = configs/experiments/suite.list ] || next+=(--suite "$suite")
+next+=(--out "$runs/RESULTS.md")
+where=
+[ "$caller_dir" = "$root" ] || where="cd $(printf '%q' "$root") && "
+echo "$me: next, the results report of these runs: $where$(printf '%q ' "${next[@]}" | sed 's/ $//')"
 exit 0

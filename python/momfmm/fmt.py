@@ -12,6 +12,28 @@ import numpy as np
 MISSING = "—"
 
 
+def shortest(value):
+    """A number in the shortest form that reads back as the same float: 0.2, not
+    0.20000000000000001; whole numbers without a decimal point (3, not 3.0). Python's repr of a
+    float is the shortest string that parses back to the same float, which %g (6 digits) and
+    %.17g (too many) are not."""
+    number = float(value)
+    if number.is_integer() and abs(number) < 1e16:
+        return str(int(number))
+    return repr(number)
+
+
+def config_value(text):
+    """A config value as read from config_ini, for display: numbers in their shortest
+    round-trip form ("0.20000000000000001" -> "0.2"), anything else stripped as it is."""
+    text = (text or "").strip()
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return shortest(number) if math.isfinite(number) else text
+
+
 def fmt_value(value, column, digits):
     """One cell: MISSING for None, strings as they are, integers plainly, tokens/s without
     decimals, other floats with `digits` decimals."""

@@ -1,12 +1,14 @@
-"""Markdown table comparing momfmm runs, or the whole RESULTS.md of the experiment suite.
+"""Markdown table comparing momfmm runs, or the results report of the experiment suite.
 
-    momfmm_report.py RUN_OR_CKPT [RUN_OR_CKPT ...] [--label NAME ...]
-                     [--metrics L_new,L_rep,delta_12,acc,loss] [--group-by KEY] [--digits N]
-    momfmm_report.py --results [--runs runs/experiments] [--out RESULTS.md] [--figures figures/]
-                     [--suite configs/experiments/suite.list] [--no-figures]
+    momfmm_report.py RUN_OR_CKPT [RUN_OR_CKPT ...] [--label NAME ...] [--out FILE]
+                     [--metrics L_new,L_rep,delta_12,acc,loss] [--digits N]
+                     [--group-by KEY | --average-over KEY]
+    momfmm_report.py --results [--runs runs/experiments] [--suite FILE] [--out FILE]
+                     [--figures DIR | --no-figures] [--allow-empty]
 
---results reads every run of the suite (configs/experiments/suite.list, runs from
-tools/run_experiments.sh) and writes RESULTS.md and its figures: see momfmm.results.
+Both modes write Markdown to stdout, or to FILE with --out; nothing else is written unless
+asked for (in particular not the repository's RESULTS.md: regenerate it with
+`--results --out RESULTS.md`).
 
 RUN_OR_CKPT is a run directory (train.out_dir: its metrics.h5, else its newest checkpoint) or
 one checkpoint file (SPEC 4). One row per run, sorted by label: attention kind, momentum gamma
@@ -14,11 +16,18 @@ one checkpoint file (SPEC 4). One row per run, sorted by label: attention kind, 
 (SPEC 1.3), steps, the final eval metrics chosen with --metrics (SPEC 3), the best eval loss, the
 median train tokens/s, and for `text` runs bits per byte = final eval loss / ln 2.
 
---group-by KEY (e.g. train.seed) merges runs whose configs differ only in KEY (and in
-train.out_dir and other bookkeeping keys) into one row: numbers become mean ± sample std over
-the group, with the group size n and the KEY values listed.
+--group-by KEY (a config key section.key, e.g. momentum.gamma) gives one row per value of KEY,
+as GROUP BY does in SQL or pandas: the runs sharing a value are aggregated, numbers becoming
+mean ± sample std over them, with their count n and their labels.
+--average-over KEY (e.g. train.seed) merges runs whose configs differ only in KEY (and in
+train.out_dir and other bookkeeping keys) into one row: mean ± sample std over KEY's values,
+with n and the values listed.
 
-Exit 3 for a missing or corrupt file (naming it), 2 for a command-line error.
+--results reads every run of the suite (configs/experiments/suite.list, runs from
+tools/run_experiments.sh) and writes its results report and figures: see momfmm.results.
+
+Exit 3 for a missing or corrupt file (naming it), 2 for a command-line error (and for
+--results when no run of the suite exists, unless --allow-empty).
 """
 import argparse
 import math
@@ -29,13 +38,14 @@ import sys
 import numpy as np
 
 from momfmm import results
-from momfmm.fmt import MISSING, fmt_group, fmt_value, markdown
+from momfmm.fmt import MISSING, config_value, fmt_group, fmt_value, markdown, shortest
 from momfmm.h5 import load_runs_or_exit
 
 PROG = "momfmm_report.py"
 DEFAULT_METRICS = "L_new,L_rep,delta_12,acc,loss"
 KNOWN_METRICS = {"loss", "L_new", "L_rep", "delta_12", "acc", "exact_match"}
-# Keys that say where and how often a run writes, not what it computes: ignored by --group-by.
+# Keys that say where and how often a run writes, not what it computes: ignored by
+# --average-over.
 BOOKKEEPING = {"train.out_dir", "train.keep", "train.ckpt_interval", "train.log_interval"}
 
 
@@ -43,11 +53,11 @@ def momentum_cell(run):
     """Configured gamma (the initial value when learned) and non-default momentum options."""
     if not run.momentum_on:
         return "off"
-    parts = [f"{run.cfg_float('momentum.gamma'):g}"]
-    for key, default, fmt in (("beta", 0.0, "β={:g}"), ("gamma2", 0.0, "γ2={:g}")):
-        value = run.cfg_float(f"momentum.{key}", default)
-        if value != default:
-            parts.append(fmt.format(value))
+    parts = [shortest(run.cfg_float("momentum.gamma"))]
+    for key, label in (("beta", "β"), ("gamma2", "γ2")):
+        value = run.cfg_float(f"momentum.{key}", 0.0)
+        if value != 0.0:
+            parts.append(f"{label}={shortest(value)}")
     if run.cfg("momentum.apply_to", "qk") != "qk":
         parts.append("q only")
     if run.cfg("momentum.placement", "post_rope") != "post_rope":
@@ -61,7 +71,7 @@ def fmm_cell(run):
     if run.cfg("attention.kind", "softmax") != "fmm":
         return None
     kernels = run.cfg("fmm.kernels", "elu").strip() or "none"
-    return f"bw={run.cfg('fmm.bandwidth', '5')} {kernels}"
+    return f"bw={config_value(run.cfg('fmm.bandwidth', '5'))} {kernels}"
 
 
 def row_of(run, metrics, with_bpb):
@@ -91,16 +101,16 @@ def row_of(run, metrics, with_bpb):
     return row
 
 
-def config_signature(run, group_key):
-    """Every (section.key, value) of the run's config except group_key and bookkeeping."""
-    ignore = BOOKKEEPING | {group_key}
+def config_signature(run, averaged_key):
+    """Every (section.key, value) of the run's config except averaged_key and bookkeeping."""
+    ignore = BOOKKEEPING | {averaged_key}
     items = []
     for section in sorted(run.config.sections()):
         if section == "dist":
             continue
         for key, value in sorted(run.config.items(section)):
             if f"{section}.{key}" not in ignore:
-                items.append((f"{section}.{key}", value.strip()))
+                items.append((f"{section}.{key}", config_value(value)))
     return tuple(items)
 
 
@@ -115,8 +125,33 @@ def group_label(names):
     return f"{prefix}*{suffix}"
 
 
-def group_rows(runs, rows, key):
-    """[(label, [rows], [key values])] of runs sharing a config signature, sorted by label."""
+def key_value(run, key):
+    """KEY's value in the run's config, as shown and compared: the shortest form of a number
+    (so 0.2 and 0.20000000000000001 are one value), MISSING when the config lacks the key."""
+    value = run.cfg(key)
+    return MISSING if value is None else config_value(value)
+
+
+def value_order(value):
+    """Sort key of KEY's values: numbers by value, then other strings, MISSING last."""
+    try:
+        return (0, float(value), "")
+    except ValueError:
+        return (2 if value == MISSING else 1, 0.0, value)
+
+
+def rows_by_value(runs, rows, key):
+    """--group-by: [(value, [rows], [labels])], one per distinct value of key, in value order."""
+    groups = {}
+    for run, row in sorted(zip(runs, rows), key=lambda m: (m[0].name, m[0].path)):
+        groups.setdefault(key_value(run, key), []).append((run, row))
+    return [(value, [m[1] for m in members], [m[0].name for m in members])
+            for value, members in sorted(groups.items(), key=lambda g: value_order(g[0]))]
+
+
+def rows_averaged_over(runs, rows, key):
+    """--average-over: [(label, [rows], [key values])] of runs sharing a config signature
+    (all but key), sorted by label."""
     groups = {}
     for run, row in zip(runs, rows):
         groups.setdefault(config_signature(run, key), []).append((run, row))
@@ -125,34 +160,76 @@ def group_rows(runs, rows, key):
         members.sort(key=lambda m: (m[0].name, m[0].path))
         names = [m[0].name for m in members]
         out.append((group_label(names), [m[1] for m in members],
-                    [m[0].cfg(key, MISSING) for m in members]))
+                    [key_value(m[0], key) for m in members]))
     return sorted(out, key=lambda g: (g[0], [r["run"] for r in g[1]]))
+
+
+def build_parser():
+    """One parser for both modes, so that `--help` shows --results and its options too."""
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                 epilog="Both modes print to stdout unless --out FILE is given.")
+    ap.add_argument("paths", nargs="*", metavar="RUN_OR_CKPT",
+                    help="run directory, checkpoint file, or metrics.h5")
+    ap.add_argument("--out", metavar="FILE",
+                    help="write the Markdown to FILE instead of stdout (with --results, the "
+                         "figures go to FILE's directory/figures unless --figures says otherwise)")
+    table = ap.add_argument_group("comparison table of RUN_OR_CKPT ...")
+    table.add_argument("--label", action="extend", nargs="+", default=[], metavar="NAME",
+                       help="names of the runs, in order (default: directory or file names)")
+    table.add_argument("--metrics", default=None,
+                       help=f"comma-separated final eval metrics (default {DEFAULT_METRICS})")
+    table.add_argument("--group-by", metavar="KEY",
+                       help="one row per value of config key KEY (section.key, e.g. "
+                            "momentum.gamma); runs sharing it: mean ± std")
+    table.add_argument("--average-over", metavar="KEY",
+                       help="merge runs whose configs differ only in KEY (e.g. train.seed) into "
+                            "one row: mean ± std over KEY")
+    table.add_argument("--digits", type=int, default=None, help="decimals of the numbers (default 4)")
+    suite = ap.add_argument_group("--results: the experiment suite's results report (momfmm.results)")
+    suite.add_argument("--results", action="store_true",
+                       help="report every run of the suite: tables beside the seeds' numbers, "
+                            "claims, figures, commands")
+    results.add_arguments(suite)
+    return ap
+
+
+TABLE_OPTIONS = ("label", "metrics", "group_by", "average_over", "digits")
 
 
 def main(argv=None):
     # `momfmm_report.py ... | head` ends quietly, as other command-line tools do.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    argv = sys.argv[1:] if argv is None else argv
-    if "--results" in argv:
-        return results.main([a for a in argv if a != "--results"])
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", metavar="RUN_OR_CKPT",
-                    help="run directory, checkpoint file, or metrics.h5")
-    ap.add_argument("--label", action="extend", nargs="+", default=[], metavar="NAME",
-                    help="names of the runs, in order (default: directory or file names)")
-    ap.add_argument("--metrics", default=DEFAULT_METRICS,
-                    help=f"comma-separated final eval metrics (default {DEFAULT_METRICS})")
-    ap.add_argument("--group-by", metavar="KEY",
-                    help="config key (section.key) to aggregate over, e.g. train.seed")
-    ap.add_argument("--digits", type=int, default=4, help="decimals of the numbers (default 4)")
-    args = ap.parse_args(argv)
-    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    ap = build_parser()
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    table_given = [f"--{o.replace('_', '-')}" for o in TABLE_OPTIONS
+                   if getattr(args, o) not in (None, [])]
+    if args.results:
+        if args.paths:
+            ap.error(f"--results reads the suite's runs under --runs DIR; it takes no "
+                     f"RUN_OR_CKPT ('{args.paths[0]}')")
+        if table_given:
+            ap.error(f"{table_given[0]} is an option of the comparison table, not of --results")
+        return results.write_results(args, ap)
+    results_given = results.options_given(args)
+    if results_given:
+        ap.error(f"{results_given[0]} is an option of --results")
+    if not args.paths:
+        ap.error("give one or more RUN_OR_CKPT, or --results")
+    return write_table(args, ap)
+
+
+def write_table(args, ap):
+    metrics_text = args.metrics if args.metrics is not None else DEFAULT_METRICS
+    digits = 4 if args.digits is None else args.digits
+    metrics = [m.strip() for m in metrics_text.split(",") if m.strip()]
     if not metrics:
         ap.error("--metrics: empty list")
-    if args.group_by is not None and (args.group_by.count(".") != 1 or
-                                      not all(args.group_by.split("."))):
-        ap.error(f"--group-by: '{args.group_by}' is not a section.key config key")
-    runs = load_runs_or_exit(args.runs, args.label, PROG)
+    if args.group_by and args.average_over:
+        ap.error("--group-by and --average-over exclude each other")
+    for option, key in (("--group-by", args.group_by), ("--average-over", args.average_over)):
+        if key is not None and (key.count(".") != 1 or not all(key.split("."))):
+            ap.error(f"{option}: '{key}' is not a section.key config key")
+    runs = load_runs_or_exit(args.paths, args.label, PROG)
     available = KNOWN_METRICS | {k for r in runs for k, v in r.eval.items() if v.ndim == 1}
     unknown = [m for m in metrics if m not in available]
     if unknown:
@@ -162,26 +239,28 @@ def main(argv=None):
     rows = [row_of(r, metrics, with_bpb) for r in runs]
     columns = list(rows[0])
 
-    if args.group_by is None:
-        order = sorted(zip(runs, rows), key=lambda m: (m[0].name, m[0].path))
-        body = [[fmt_value(row[c], c, args.digits) for c in columns] for _, row in order]
-        header = columns
-    else:
-        header = columns[:1] + ["n", args.group_by] + columns[1:]
-        body = []
-        for label, members, keys in group_rows(runs, rows, args.group_by):
-            cells = [fmt_group([m[c] for m in members], c, args.digits) for c in columns[1:]]
-            body.append([label, str(len(members)), ",".join(keys)] + cells)
-    print(markdown(header, body))
-    print()
     notes = ["metrics: final eval", "best loss: lowest eval loss",
              "tokens/s: median of the train log"]
     if with_bpb:
         notes.append("bpb = eval loss / ln 2 (text task)")
     if args.group_by:
-        notes.append(f"mean ± sample std over {args.group_by}")
-    print("; ".join(notes) + ".")
-    return 0
+        header = [args.group_by, "n", "runs"] + columns[1:]
+        body = [[value, str(len(members)), ", ".join(names)]
+                + [fmt_group([m[c] for m in members], c, digits) for c in columns[1:]]
+                for value, members, names in rows_by_value(runs, rows, args.group_by)]
+        notes.append(f"one row per {args.group_by}; mean ± sample std over the runs sharing it")
+    elif args.average_over:
+        header = columns[:1] + ["n", args.average_over] + columns[1:]
+        body = [[label, str(len(members)), ",".join(keys)]
+                + [fmt_group([m[c] for m in members], c, digits) for c in columns[1:]]
+                for label, members, keys in rows_averaged_over(runs, rows, args.average_over)]
+        notes.append(f"mean ± sample std over {args.average_over}")
+    else:
+        order = sorted(zip(runs, rows), key=lambda m: (m[0].name, m[0].path))
+        body = [[fmt_value(row[c], c, digits) for c in columns] for _, row in order]
+        header = columns
+    text = markdown(header, body) + "\n\n" + "; ".join(notes) + ".\n"
+    return results.emit(text, args.out)
 
 
 if __name__ == "__main__":

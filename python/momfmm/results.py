@@ -1,24 +1,29 @@
-"""RESULTS.md from the experiment suite's HDF5 files: `momfmm_report.py --results`.
+"""The experiment suite's results report from its HDF5 files: `momfmm_report.py --results`.
 
-    momfmm_report.py --results [--runs runs/experiments] [--out RESULTS.md]
-                     [--figures figures/] [--suite configs/experiments/suite.list] [--no-figures]
+    momfmm_report.py --results [--runs runs/experiments] [--suite configs/experiments/suite.list]
+                     [--out FILE] [--figures DIR | --no-figures] [--allow-empty]
 
-Reads every run of configs/experiments/suite.list (run directory RUNS/NAME, through
-momfmm.suite), groups the runs of one configuration (suite lines that differ only in
-train.seed: mean ± sample std over the seeds), and writes one Markdown file with, per family
-of the suite (momentum seed: chain L = 10 and L = 30; FMM seed: copy at T = 128, 256, 512,
-ListOps; text):
+Reads every run of the suite (run directory RUNS/NAME, through momfmm.suite), groups the runs
+of one configuration (suite lines that differ only in train.seed: mean ± sample std over the
+seeds), and writes one Markdown report with, per family of the suite (momentum seed: chain
+L = 10 and L = 30; FMM seed: copy at T = 128, 256, 512, ListOps; text):
 
   * tables of the final eval metrics (SPEC 3) beside the seed's numbers where the seed
     gives them, with the command that reproduces each row;
-  * figures: momfmm.plot (tools/momfmm_plot.py) per table (one seed per configuration) into
-    --figures;
+  * figures: momfmm.plot (tools/momfmm_plot.py) per table (one seed per configuration);
   * a claims section: each claim of the seeds, tested on the numbers ("held" / "did not
     hold", with the values), and the exact commands of every run.
 
+Where it goes: stdout, or FILE with --out; figures into --figures DIR, by default the
+directory figures/ beside FILE (none on stdout without --figures). Nothing in the source tree
+changes unless named: the repository's RESULTS.md is rewritten by
+`--results --out RESULTS.md` (its figures then go to figures/, which RESULTS.md links).
+
 A run that is missing is a row saying "not run"; a run that stopped early shows the step it
-reached. Works on any subset of the suite. Paths in the suite are relative to the
-repository root. Exit 0 when the file was written, 2 for a command-line or suite error.
+reached. Works on any subset of the suite, but not on none of it: when no run of the suite
+exists under --runs (a mistyped --runs, or nothing run yet) it writes nothing and exits 2,
+unless --allow-empty. Paths in the suite are relative to the repository root. Exit 0 when the
+report was written, 2 for a command-line or suite error or no run.
 """
 import argparse
 import contextlib
@@ -36,7 +41,7 @@ import warnings
 import numpy as np
 
 from momfmm import plot
-from momfmm.fmt import fmt_value, markdown
+from momfmm.fmt import fmt_value, markdown, shortest
 from momfmm.suite import (NOISE_SE, NOT_RUN, PROG, ROOT, SAME_TOL, attention_label, close_claim,
                           complete, eval_steps, family_of, find, group_entries, less_claim,
                           load_entries, momentum_label, noise_note, parse_suite, same_claim,
@@ -61,15 +66,17 @@ SEED_COPY_ACC = {}      # {(T, variant label): accuracy}
 CLOSE_ACC = 0.05        # "matches": accuracy within 0.05
 COPY_LEARNED = 0.5      # copy claims are judged where softmax's accuracy reaches this (chance ≈ 0.1)
 CLOSE_BPB = 0.05        # "matches": bits per byte within 0.05
+SUITE = os.path.join(ROOT, "configs", "experiments", "suite.list")
 
 class Context:
     def __init__(self, args, entries):
         self.args = args
         self.entries = entries
         self.runs = args.runs
-        self.out_dir = os.path.dirname(os.path.abspath(args.out))
+        # Figure links are relative to the report's directory (the current one on stdout).
+        self.out_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else os.getcwd()
         self.figures = args.figures
-        self.runner_flags = runner_flags(args.runs)
+        self.runner_flags = runner_flags(args.runs, args.suite)
 
     def reproduce(self, group):
         flags = self.runner_flags
@@ -100,7 +107,9 @@ class Context:
         return os.path.relpath(path, self.out_dir)
 
 
-def runner_flags(runs):
+def runner_flags(runs, suite=SUITE):
+    """tools/run_experiments.sh's options that make runs under `runs` from `suite`, so the
+    commands the report prints rerun exactly these runs."""
     norm = os.path.normpath(runs)
     flags = ""
     base = os.path.basename(norm)
@@ -114,7 +123,17 @@ def runner_flags(runs):
         default += f"_x{m.group(1)}"
     if norm != os.path.normpath(default):
         flags += f" --runs {shlex.quote(runs)}"
+    if os.path.realpath(suite) != os.path.realpath(SUITE):
+        flags += f" --suite {shlex.quote(root_relative(suite))}"
     return flags
+
+
+def root_relative(path):
+    """path as tools/run_experiments.sh reads it: relative to the repository root (where the
+    runner changes first) when inside it, else absolute."""
+    full = os.path.abspath(path)
+    rel = os.path.relpath(full, ROOT)
+    return full if rel.startswith("..") else rel
 
 
 # ---------------------------------------------------------------- figures
@@ -122,7 +141,7 @@ def plot_runs(ctx, name, pairs):
     """momfmm.plot's figures of [(label, entry)] (entries with runs) into figures/name; returns
     the list of PNG paths written. The runs are those already loaded, renamed to the labels."""
     pairs = [(label, e) for label, e in pairs if e is not None and e.run is not None]
-    if not pairs or ctx.args.no_figures:
+    if not pairs or ctx.args.no_figures or ctx.figures is None:
         return []
     runs = []
     for label, e in pairs:
@@ -242,7 +261,7 @@ def chain_tables(ctx, L, chain, out):
         l_rep_during_training(L, base, mom, out)
 
     out.append(f"**γ sweep, L = {L}** (anchored, post_rope)\n")
-    rows = [[f"{g.gamma:g}", g.status(), g.cell("L_new"), g.cell("L_rep"), g.cell("delta_12"), g.cell("loss"),
+    rows = [[shortest(g.gamma), g.status(), g.cell("L_new"), g.cell("L_rep"), g.cell("delta_12"), g.cell("loss"),
              ctx.reproduce(g)] for g in sweep]
     out.append(markdown(["γ", "runs done", "L_new", "L_rep", "Δ1→2", "loss", "reproduce"], rows))
     out.append("")
@@ -338,10 +357,10 @@ def chain_claims(L, chain, claims):
     ran = [g for g in sweep if g.mean("L_rep") is not None]
     if ran:
         best = min(ran, key=lambda g: g.mean("L_rep"))
-        text = (f"γ sweep at L={L}: lowest mean L_rep at γ={best.gamma:g}; "
-                + ", ".join(f"γ={g.gamma:g}: {g.cell('L_rep')}" for g in ran))
+        text = (f"γ sweep at L={L}: lowest mean L_rep at γ={shortest(best.gamma)}; "
+                + ", ".join(f"γ={shortest(g.gamma)}: {g.cell('L_rep')}" for g in ran))
         if base is not None and best is not base and base.vals("L_rep"):
-            text += "; γ={:g} vs γ=0{}".format(best.gamma, noise_note(best.vals("L_rep"), base.vals("L_rep"))[0])
+            text += "; γ={} vs γ=0{}".format(shortest(best.gamma), noise_note(best.vals("L_rep"), base.vals("L_rep"))[0])
         claims.append(("observation", text))
 
 
@@ -499,31 +518,75 @@ def git_commit():
         return "unknown"
 
 
+RESULTS_DEFAULTS = {"runs": "runs/experiments", "suite": SUITE, "figures": None,
+                    "no_figures": False, "allow_empty": False}
+
+
 def add_arguments(ap):
-    """The --results mode's options (momfmm_report.py)."""
-    ap.add_argument("--runs", default="runs/experiments", help="parent of the run directories (default runs/experiments)")
-    ap.add_argument("--out", default="RESULTS.md", help="Markdown file to write (default RESULTS.md)")
-    ap.add_argument("--figures", default="figures", help="directory for the figures (default figures/)")
-    ap.add_argument("--suite", default=os.path.join(ROOT, "configs", "experiments", "suite.list"),
-                    help="suite list (default configs/experiments/suite.list)")
+    """The --results mode's options (momfmm_report.py adds them to its own parser, with --out)."""
+    ap.add_argument("--runs", metavar="DIR", help="parent of the run directories (default runs/experiments)")
+    ap.add_argument("--suite", metavar="FILE", help="suite list (default configs/experiments/suite.list)")
+    ap.add_argument("--figures", metavar="DIR",
+                    help="directory for the figures (default: figures/ beside --out; without --out "
+                         "no figures)")
     ap.add_argument("--no-figures", action="store_true", help="skip the figures")
+    ap.add_argument("--allow-empty", action="store_true",
+                    help="write the report even when no run of the suite exists (every row "
+                         "'not run'); without it that is an error, exit 2")
+
+
+def options_given(args):
+    """The --results options set on the command line, as "--name" (for the table mode's error)."""
+    return [f"--{k.replace('_', '-')}" for k, default in RESULTS_DEFAULTS.items()
+            if getattr(args, k, None) not in (None, False)]
+
+
+def fill_defaults(args):
+    for key, default in RESULTS_DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, default)
+    if args.figures is None and args.out is not None and not args.no_figures:
+        args.figures = os.path.join(os.path.dirname(args.out), "figures")
+    return args
+
+
+def emit(text, out):
+    """Markdown to stdout, or to the file out (its directory created): the only place a report
+    goes, so a committed file changes only when named with --out."""
+    if out is None:
+        sys.stdout.write(text)
+        return 0
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        f.write(text)
+    return 0
 
 
 def main(argv):
-    """`momfmm_report.py --results ...` (argv without --results): writes RESULTS.md."""
+    """`python3 -m momfmm.results ...`: the same as `momfmm_report.py --results ...`."""
     ap = argparse.ArgumentParser(prog=f"{PROG} --results",
-                                 description="RESULTS.md from the experiment suite's HDF5 files")
+                                 description="Results report of the experiment suite's HDF5 files")
+    ap.add_argument("--out", metavar="FILE", help="write to FILE instead of stdout")
     add_arguments(ap)
     return write_results(ap.parse_args(argv), ap)
 
 
 def write_results(args, ap):
+    """The results report of args.suite's runs under args.runs, to args.out (stdout if None),
+    figures into args.figures (none if None). Refuses when no run exists: a report of nothing
+    but "not run" rows is what a mistyped --runs produces, not something to keep."""
+    fill_defaults(args)
     if not os.path.isfile(args.suite):
         ap.error(f"--suite {args.suite}: no such file")
     entries = parse_suite(args.suite)
-    if not os.path.isdir(args.runs):
-        print(f"{PROG}: note: {args.runs}: no such directory; every row will say '{NOT_RUN}'", file=sys.stderr)
     load_entries(entries, args.runs)
+    if not any(e.run is not None for e in entries) and not args.allow_empty:
+        where = args.runs if os.path.isdir(args.runs) else f"{args.runs} (no such directory)"
+        print(f"{PROG}: error: no run of {root_relative(args.suite)} under {where}: nothing to report "
+              "(check --runs; --allow-empty writes the all-'not run' report anyway)", file=sys.stderr)
+        return 2
+    if args.figures is None and not args.no_figures:
+        print(f"{PROG}: note: no figures without --out FILE or --figures DIR", file=sys.stderr)
     ctx = Context(args, entries)
 
     fams = {}
@@ -568,7 +631,7 @@ def write_results(args, ap):
         "",
         f"Generated by `tools/momfmm_report.py --results` from the HDF5 files under `{args.runs}` "
         f"({datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}, commit {git_commit()}); do not edit by hand. "
-        f"Suite: `{os.path.relpath(args.suite, ROOT)}`, {len(entries)} runs: {n_done} finished, "
+        f"Suite: `{root_relative(args.suite)}`, {len(entries)} runs: {n_done} finished, "
         f"{n_ran - n_done} partial, {len(entries) - n_ran} not run.",
         "",
         f"Ranks per run: {', '.join(map(str, worlds)) if worlds else 'unknown'}. "
@@ -576,8 +639,7 @@ def write_results(args, ap):
            + f", total {sum(walls.values()) / 60:.1f} min; longest run {longest.name}, {longest.wall_s} s. "
            if walls else "")
         + "Every table's numbers are the final eval of each run (SPEC 3). To rerun everything: "
-        f"`tools/run_experiments.sh{ctx.runner_flags}`, then `/usr/bin/python3 tools/momfmm_report.py --results"
-        f"{' --runs ' + shlex.quote(args.runs) if os.path.normpath(args.runs) != 'runs/experiments' else ''}`. "
+        f"`tools/run_experiments.sh{ctx.runner_flags}`, then `{report_command(args)}`. "
         "The sizes here are for a 2-core machine; `configs/experiments/README.md` compares them with the seeds'.",
         "",
     ]
@@ -589,7 +651,7 @@ def write_results(args, ap):
                    f"{summary['within noise']} not shown (difference within seed noise), {summary['not run']} could not "
                    f"be judged because runs are missing, {summary['not judged']} not judged because the reference "
                    "did not learn the task at this size. A claim \"held\" when the means (over seeds) move the claimed way by more "
-                   f"than {NOISE_SE:g} standard errors of the difference of means (where both sides have several seeds; "
+                   f"than {shortest(NOISE_SE)} standard errors of the difference of means (where both sides have several seeds; "
                    "with a single seed the direction alone decides, and the line says so), \"did not hold\" when they "
                    "move the other way by as much; thresholds of \"matches\" and \"about unchanged\" claims are in "
                    "the claim.", ""]
@@ -607,10 +669,21 @@ def write_results(args, ap):
     commands += ["```", "", "</details>", ""]
 
     text = "\n".join(head + claim_lines + body + commands)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(f"wrote {args.out}: {n_done} finished, {n_ran - n_done} partial, {len(entries) - n_ran} not run; "
-          f"claims {summary['held']} held, {summary['did not hold']} did not hold, "
-          f"{summary['within noise']} within noise, {summary['not run']} not run, {summary['not judged']} not judged")
+    emit(text, args.out)
+    print(f"{'wrote ' + args.out if args.out else 'results'}: {n_done} finished, {n_ran - n_done} partial, "
+          f"{len(entries) - n_ran} not run; claims {summary['held']} held, {summary['did not hold']} did not hold, "
+          f"{summary['within noise']} within noise, {summary['not run']} not run, {summary['not judged']} not judged",
+          file=sys.stderr if args.out is None else sys.stdout)
     return 0
+
+
+def report_command(args):
+    """The command that writes this report again, with the options that shaped it."""
+    words = ["/usr/bin/python3", "tools/momfmm_report.py", "--results"]
+    if os.path.normpath(args.runs) != "runs/experiments":
+        words += ["--runs", args.runs]
+    if os.path.realpath(args.suite) != os.path.realpath(SUITE):
+        words += ["--suite", root_relative(args.suite)]
+    if args.out:
+        words += ["--out", args.out]
+    return " ".join(shlex.quote(w) for w in words)

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from momfmm.fmt import fmt_group
+from momfmm.fmt import config_value, fmt_group, shortest
 from momfmm.h5 import RunError, load_run
 
 
@@ -59,6 +59,20 @@ class Entry:
         return None
 
 
+def parse_overrides(words):
+    """[(section.key, value)] of override words `--set section.key=value ...`: the one syntax
+    of suite lines, of jobs/sweep.sbatch's sweep lines and of momfmm train (docs/cli.md §5).
+    Raises ValueError naming the first word that does not fit."""
+    sets = []
+    for i in range(0, len(words), 2):
+        pair = words[i + 1] if i + 1 < len(words) else ""
+        key = pair.split("=", 1)[0]
+        if words[i] != "--set" or "=" not in pair or "." not in key:
+            raise ValueError(f"expected '--set section.key=value' at '{words[i]}'")
+        sets.append(tuple(pair.split("=", 1)))
+    return sets
+
+
 def parse_suite(path):
     entries, names = [], {}
     with open(path) as f:
@@ -73,12 +87,10 @@ def parse_suite(path):
             if name in names:
                 raise SystemExit(f"{PROG}: error: {path}:{lineno}: run name '{name}' repeats line {names[name]}")
             names[name] = lineno
-            sets = []
-            for i in range(0, len(rest), 2):
-                if rest[i] != "--set" or i + 1 >= len(rest) or "=" not in rest[i + 1] or "." not in rest[i + 1].split("=")[0]:
-                    raise SystemExit(f"{PROG}: error: {path}:{lineno}: expected '--set section.key=value' at '{rest[i]}'")
-                k, v = rest[i + 1].split("=", 1)
-                sets.append((k, v))
+            try:
+                sets = parse_overrides(rest)
+            except ValueError as exc:
+                raise SystemExit(f"{PROG}: error: {path}:{lineno}: {exc}") from None
             entries.append(Entry(name, config, sets, lineno, line))
     return entries
 
@@ -138,13 +150,13 @@ def attention_label(entry):
     else:
         label = "softmax"
     if gamma != 0:
-        label = ("momentum-" + label if kind == "fmm" else "momentum softmax") + f", γ={gamma:g}"
+        label = ("momentum-" + label if kind == "fmm" else "momentum softmax") + f", γ={shortest(gamma)}"
     return label
 
 
 def momentum_label(entry):
     gamma = float(setting(entry, "momentum.gamma", "0") or 0)
-    parts = [f"γ={gamma:g}"]
+    parts = [f"γ={shortest(gamma)}"]
     if setting(entry, "momentum.anchor", "true").lower() in ("false", "0", "no", "off"):
         parts.append("unanchored")
     if setting(entry, "momentum.placement", "post_rope") == "pre_rope":
@@ -190,11 +202,7 @@ def _same(a, b):
 
 
 def _show(v):
-    v = (v or "").strip()
-    try:
-        return f"{float(v):g}"
-    except ValueError:
-        return v or "(empty)"
+    return config_value(v) or "(empty)"
 
 
 def mismatches(e):
@@ -409,8 +417,8 @@ def noise_note(a, b):
     se = math.sqrt(np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b))
     diff = abs(np.mean(a) - np.mean(b))
     if diff < NOISE_SE * se:
-        return f" — |Δ| = {diff:.4f} < {NOISE_SE:g} s.e. = {NOISE_SE * se:.4f}", True
-    return f" — beyond seed noise (|Δ| = {diff:.4f} ≥ {NOISE_SE:g} s.e. = {NOISE_SE * se:.4f})", False
+        return f" — |Δ| = {diff:.4f} < {shortest(NOISE_SE)} s.e. = {NOISE_SE * se:.4f}", True
+    return f" — beyond seed noise (|Δ| = {diff:.4f} ≥ {shortest(NOISE_SE)} s.e. = {NOISE_SE * se:.4f})", False
 
 
 VARIANT_ORDER = ["softmax", "linear", "band only", "FMM (band 5, 1 kernel", "FMM (band 5, 2 kernels",

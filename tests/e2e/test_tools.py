@@ -1,6 +1,6 @@
 """End-to-end test of the analysis tools (tools/momfmm_plot.py, tools/momfmm_report.py) on
 small real runs of the momfmm binary: the figures exist and are PNGs, the report's numbers are
-the checkpoints' final eval values (SPEC 3, 4), --group-by train.seed gives mean ± std, a live
+the checkpoints' final eval values (SPEC 3, 4), --average-over train.seed gives mean ± std, a live
 SWMR metrics.h5 with gain_R and gamma is read, and bad paths exit 3 naming the file (SPEC 5)."""
 import math
 import os
@@ -176,11 +176,11 @@ def test_report_checkpoint_label(report, runs):
     check_report_rows(report, {row["run"]: row for row in rows}, {"momckpt": runs["mom"]})
 
 
-def test_report_group_by(report, runs):
-    """--group-by train.seed: mom and mom_seed7 become one row with mean ± sample std."""
+def test_report_average_over(report, runs):
+    """--average-over train.seed: mom and mom_seed7 become one row with mean ± sample std."""
     mom, base, mom7 = runs["mom"], runs["base"], runs["mom7"]
     r = tool(REPORT, mom, base, mom7, "--label", "mom_s1", "base", "mom_s7",
-             "--group-by", "train.seed", "--metrics", "L_rep,loss")
+             "--average-over", "train.seed", "--metrics", "L_rep,loss")
     print(r.stdout)
     _, rows = parse_table(r.stdout)
     assert r.returncode == 0 and [row["run"] for row in rows] == ["base", "mom_s*"], \

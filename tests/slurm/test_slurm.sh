@@ -341,7 +341,9 @@ log_interval = 10
 eval_interval = 100
 eval_batches = 1
 EOF
-printf '%s\n' '# test sweep' 'momentum.gamma=0' '' 'momentum.gamma=0.2' 'attention.kind=fmm momentum.gamma=0.1' >sweep.txt
+printf '%s\n' '# test sweep' '--set momentum.gamma=0' '' '--set momentum.gamma=0.2' \
+    '--set attention.kind=fmm --set momentum.gamma=0.1' >sweep.txt
+mkdir -p runs/slurm # the job files' #SBATCH --output=runs/slurm/...
 
 # ---- 1. train.sbatch (mpirun, 8 ranks), train_srun.sbatch (srun, 4), a sweep of 3, all queued at once ----
 J_MPI=$(sbatch --parsable --nodes=1 --ntasks=8 --overcommit --time=5 "$ROOT/jobs/train.sbatch" tiny.ini 2>&1)
@@ -359,19 +361,19 @@ note "first batch done"
 # train.sbatch: per-job run dir, %x-%j.out, 8 ranks
 if job_ok "train.sbatch (mpirun, 8 tasks) completes" "$J_MPI"; then
     d=runs/momfmm-$J_MPI
-    if r=$(h5 ckpt "$d" 30 8 6); then pass "train.sbatch checkpoint" "$d/$r"; else fail "train.sbatch checkpoint" "$d: $r"; show_log "momfmm-$J_MPI.out"; fi
-    [ -f "momfmm-$J_MPI.out" ] && grep -q "^step 30/30" "momfmm-$J_MPI.out" &&
-        pass "train.sbatch output file" "momfmm-$J_MPI.out (%x-%j.out) has the training log" ||
-        fail "train.sbatch output file" "momfmm-$J_MPI.out missing or without 'step 30/30'"
+    if r=$(h5 ckpt "$d" 30 8 6); then pass "train.sbatch checkpoint" "$d/$r"; else fail "train.sbatch checkpoint" "$d: $r"; show_log "runs/slurm/momfmm-$J_MPI.out"; fi
+    [ -f "runs/slurm/momfmm-$J_MPI.out" ] && grep -q "^step 30/30" "runs/slurm/momfmm-$J_MPI.out" &&
+        pass "train.sbatch output file" "runs/slurm/momfmm-$J_MPI.out (%x-%j.out) has the training log" ||
+        fail "train.sbatch output file" "runs/slurm/momfmm-$J_MPI.out missing or without 'step 30/30'"
 else
-    show_log "momfmm-$J_MPI.out"
+    show_log "runs/slurm/momfmm-$J_MPI.out"
 fi
 # train_srun.sbatch: --set train.out_dir wins, 4 ranks
 if job_ok "train_srun.sbatch (srun --mpi=pmix, 4 tasks) completes" "$J_SRUN"; then
     if r=$(h5 ckpt runs/srun_run 30 4 6); then pass "train_srun.sbatch checkpoint (--set train.out_dir wins)" "runs/srun_run/$r"
-    else fail "train_srun.sbatch checkpoint" "runs/srun_run: $r"; show_log "momfmm-$J_SRUN.out"; fi
+    else fail "train_srun.sbatch checkpoint" "runs/srun_run: $r"; show_log "runs/slurm/momfmm-$J_SRUN.out"; fi
 else
-    show_log "momfmm-$J_SRUN.out"
+    show_log "runs/slurm/momfmm-$J_SRUN.out"
 fi
 # sweep: 3 run dirs with the right overrides, one report
 if job_ok "sweep.sbatch array 0-2%2 completes" "$J_SWEEP"; then
@@ -385,7 +387,7 @@ if job_ok "sweep.sbatch array 0-2%2 completes" "$J_SWEEP"; then
     h5 config "runs/momfmm-sweep-${J_SWEEP}_2" '^\s*kind\s*=\s*fmm' || { ok=; msg+="task 2 config has no kind = fmm; "; }
     [ -n "$ok" ] && pass "sweep run directories" "runs/momfmm-sweep-${J_SWEEP}_{0,1,2} at step 20 with their overrides" ||
         fail "sweep run directories" "$msg"
-    [ -z "$ok" ] && for t in 0 1 2; do show_log "momfmm-sweep-${J_SWEEP}_$t.out"; done
+    [ -z "$ok" ] && for t in 0 1 2; do show_log "runs/slurm/momfmm-sweep-${J_SWEEP}_$t.out"; done
 fi
 report=$("$ROOT/jobs/collect_sweep.sh" -o sweep_report.md "$J_SWEEP" 2>&1)
 rc=$?
@@ -418,12 +420,12 @@ done
 note "submitted the preemption jobs ${P_ID[train]} (mpirun) and ${P_ID[train_srun]} (srun)"
 for script in train train_srun; do
     j=${P_ID[$script]}
-    if wait_for 90 grep -qsE '^step [0-9]+/300' "preempt-$script-$j.out"; then
+    if wait_for 90 grep -qsE '^step [0-9]+/300' "runs/slurm/preempt-$script-$j.out"; then
         scancel --signal=USR1 --batch "$j"
-        note "sent USR1 to job $j after: $(grep -E '^step [0-9]+/300' "preempt-$script-$j.out" | tail -n 1 | cut -d'|' -f1)"
+        note "sent USR1 to job $j after: $(grep -E '^step [0-9]+/300' "runs/slurm/preempt-$script-$j.out" | tail -n 1 | cut -d'|' -f1)"
     else
         fail "preemption job $script.sbatch" "job $j did not log a step: $(job_field "$j" JobState)"
-        show_log "preempt-$script-$j.out"
+        show_log "runs/slurm/preempt-$script-$j.out"
     fi
 done
 # A finished job that is requeued must not train again.
@@ -442,7 +444,7 @@ note "preempted jobs and the requeued finished job done"
 
 for script in train train_srun; do
     j=${P_ID[$script]}
-    P_OUT=preempt-$script-$j.out
+    P_OUT=runs/slurm/preempt-$script-$j.out
     P_DIR=runs/preempt-$script-$j
     t="$script.sbatch preempted:"
     before=$failed
@@ -477,12 +479,12 @@ done
 
 # the requeued finished job: started again, did nothing, left its checkpoint alone
 if job_ok "requeued finished job completes" "$J_MPI"; then
-    if [ "$(job_field "$J_MPI" Restarts)" = 1 ] && grep -q '^nothing to do' "momfmm-$J_MPI.out" &&
+    if [ "$(job_field "$J_MPI" Restarts)" = 1 ] && grep -q '^nothing to do' "runs/slurm/momfmm-$J_MPI.out" &&
         [ "$(md5sum <"$mpi_ckpt" 2>/dev/null)" = "$mpi_sum" ] && [ "$(ls runs/momfmm-$J_MPI/ckpt_*.h5 | wc -l)" = 1 ]; then
         pass "finished job does not run again" "restart 1 logged 'nothing to do'; ckpt_00000030.h5 unchanged"
     else
-        fail "finished job does not run again" "Restarts=$(job_field "$J_MPI" Restarts); $(grep -m1 'nothing to do' "momfmm-$J_MPI.out")"
-        show_log "momfmm-$J_MPI.out"
+        fail "finished job does not run again" "Restarts=$(job_field "$J_MPI" Restarts); $(grep -m1 'nothing to do' "runs/slurm/momfmm-$J_MPI.out")"
+        show_log "runs/slurm/momfmm-$J_MPI.out"
     fi
 fi
 
