@@ -1,4 +1,8 @@
-/* Command line of SPEC 5: `momfmm <command> ...`. Usage errors exit 2. */
+/* Command line of docs/cli.md §5: `momfmm <command> ...`. One table of
+ * commands and one of options drive parsing, defaults, the usage lines and
+ * the help texts, so that what help prints is what the parser does. Usage
+ * errors exit 2, with a "did you mean" when a word is close to a known one;
+ * help and --version exit 0 without starting MPI. */
 #include <hdf5.h>
 #include <signal.h>
 #include <stdio.h>
@@ -12,18 +16,178 @@
 #include "momfmm/dist.h"
 #include "momfmm/float_env.h"
 #include "momfmm/store.h"
+#include "momfmm/suggest.h"
+#include "momfmm/version.h"
 
 #define MAX_OVERRIDES 256
+#define MAX_COUNT (1 << 30)
 
-static const char *USAGE =
-    "usage: momfmm <command> ...\n"
-    "  train CONFIG.ini [--set section.key=value ...] [--resume auto|PATH]\n"
-    "  init CONFIG.ini --out FILE.h5 [--set ...]\n"
-    "  loss CKPT.h5 TOKENS.h5 [--grads OUT.h5]\n"
-    "  bench CONFIG.ini [--set ...] [--steps N]\n"
-    "  eval CKPT.h5 [--stream [--segment N]]\n"
-    "  inspect CKPT.h5\n"
-    "  generate CKPT.h5 --prompt TOKENS [--tokens N] [--temperature T] [--seed S]\n";
+/* An option: its letter in the commands' lists, the value's name (NULL for
+ * a switch), the default as the text the option would take (applied by the
+ * parser itself, so help and behaviour agree) and the help line. */
+typedef struct {
+    char letter;
+    const char *flag, *metavar, *fallback, *help;
+} option_spec;
+
+static const option_spec OPTIONS[] = {
+    {'s', "--set", "SECTION.KEY=VALUE", NULL, "override one config key after the file; repeatable (up to 256)"},
+    {'r', "--resume", "auto|PATH", NULL,
+     "continue from the newest loadable checkpoint in train.out_dir (auto) or from PATH; "
+     "without it a run starts at step 0"},
+    {'o', "--out", "FILE.h5", NULL, "the checkpoint to write"},
+    {'g', "--grads", "OUT.h5", NULL, "also write the gradient of the loss for every parameter; default: none"},
+    {'n', "--steps", "N", "10", "timed steps, after two warm-up steps"},
+    {'S', "--stream", NULL, NULL, "also run the batches through streaming inference and compare the logits"},
+    {'L', "--segment", "N", "1", "tokens per segment of --stream"},
+    {'p', "--prompt", "TOKENS", NULL, "token ids separated by commas and/or spaces"},
+    {'k', "--tokens", "N", "32", "new tokens to generate"},
+    {'t', "--temperature", "T", "0", "0 = greedy; T > 0 samples from softmax(z / T)"},
+    {'e', "--seed", "S", "0", "seed of the sampling"},
+};
+#define N_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
+
+typedef struct {
+    const char *name, *operands;
+    int n_operands;
+    const char *options, *required; /* option letters */
+    const char *summary;
+} command_spec;
+
+static const command_spec COMMANDS[] = {
+    {"train", "CONFIG.ini", 1, "sr", "",
+     "Train the model of the config; train rows, eval rows, checkpoints and metrics.h5 go to train.out_dir."},
+    {"init", "CONFIG.ini", 1, "so", "o", "Write the step-0 checkpoint of the config (initial parameters)."},
+    {"loss", "CKPT.h5 TOKENS.h5", 2, "g", "", "Print the loss of the checkpoint's model on a token file."},
+    {"eval", "CKPT.h5", 1, "SL", "", "Print the eval metrics of the checkpoint on its config's eval split."},
+    {"inspect", "CKPT.h5", 1, "", "",
+     "Print a checkpoint's step, parameter counts, last metrics, momentum gains and config."},
+    {"generate", "CKPT.h5", 1, "pkte", "p", "Continue a prompt through streaming inference."},
+    {"bench", "CONFIG.ini", 1, "sn", "", "Time training steps and report tokens/s, ms/step and GFLOP/s."},
+};
+#define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
+
+static const suggest_alias COMMAND_ALIASES[] = {
+    {"training", "train"}, {"fit", "train"}, {"evaluate", "eval"}, {"test", "eval"}, {"sample", "generate"},
+    {"gen", "generate"}, {"show", "inspect"}, {"info", "inspect"}, {"benchmark", "bench"},
+    {"version", "--version"}, {"-v", "--version"}, {NULL, NULL},
+};
+
+static const suggest_alias OPTION_ALIASES[] = {
+    {"-o", "--out"}, {"--output", "--out"}, {"--temp", "--temperature"}, {"--max-tokens", "--tokens"},
+    {"--num-tokens", "--tokens"}, {"--override", "--set"}, {"-s", "--set"}, {NULL, NULL},
+};
+
+static const command_spec *find_command(const char *name) {
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(COMMANDS[i].name, name)) return &COMMANDS[i];
+    return NULL;
+}
+
+static const option_spec *find_option(const char *flag) {
+    for (size_t i = 0; i < N_OPTIONS; i++)
+        if (!strcmp(OPTIONS[i].flag, flag)) return &OPTIONS[i];
+    return NULL;
+}
+
+static bool accepts(const command_spec *cmd, const option_spec *o) { return strchr(cmd->options, o->letter) != NULL; }
+
+/* "train CONFIG.ini [--set SECTION.KEY=VALUE ...] [--resume auto|PATH]" */
+static void synopsis(const command_spec *cmd, char *out, size_t len) {
+    size_t n = (size_t)snprintf(out, len, "%s %s", cmd->name, cmd->operands);
+    for (size_t i = 0; i < N_OPTIONS && n < len; i++) {
+        const option_spec *o = &OPTIONS[i];
+        if (!accepts(cmd, o)) continue;
+        bool required = strchr(cmd->required, o->letter) != NULL;
+        n += (size_t)snprintf(out + n, len - n, " %s%s%s%s%s%s", required ? "" : "[", o->flag, o->metavar ? " " : "",
+                              o->metavar ? o->metavar : "", o->letter == 's' ? " ..." : "", required ? "" : "]");
+    }
+}
+
+/* The command's usage line and where its options are listed, for errors. */
+static const char *usage_of(const command_spec *cmd) {
+    static char text[512];
+    char line[256];
+    synopsis(cmd, line, sizeof line);
+    snprintf(text, sizeof text, "usage: momfmm %s\n(momfmm help %s lists the options and their defaults)", line,
+             cmd->name);
+    return text;
+}
+
+static const char *usage_all(void) {
+    static char text[2048];
+    size_t n = (size_t)snprintf(text, sizeof text, "usage: momfmm <command> ...\n");
+    for (size_t i = 0; i < N_COMMANDS && n < sizeof text; i++) {
+        char line[256];
+        synopsis(&COMMANDS[i], line, sizeof line);
+        n += (size_t)snprintf(text + n, sizeof text - n, "  %s\n", line);
+    }
+    if (n < sizeof text) snprintf(text + n, sizeof text - n, "  help [COMMAND] | COMMAND --help | --version");
+    return text;
+}
+
+static void print_overview(void) {
+    printf("momfmm %s: transformers with momentum attention and FMM attention, trained data-parallel over MPI\n\n",
+           version_number());
+    printf("usage: momfmm <command> ARGUMENTS [OPTIONS]\n\ncommands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        printf("  %-9s %-18s %s\n", COMMANDS[i].name, COMMANDS[i].operands, COMMANDS[i].summary);
+    printf("\n  momfmm help COMMAND, momfmm COMMAND --help   a command's options and their defaults\n"
+           "  momfmm --version                             version, git revision, MPI, OpenBLAS and HDF5 versions\n"
+           "\nexit codes: 0 success, 1 internal failure, 2 config or command-line error, 3 bad file.\n"
+           "The commands are described in docs/cli.md, the config keys in docs/config.md.\n");
+}
+
+static void print_command_help(const command_spec *cmd) {
+    char line[256];
+    synopsis(cmd, line, sizeof line);
+    printf("usage: momfmm %s\n\n%s\n\noptions:\n", line, cmd->summary);
+    int width = (int)strlen("-h, --help");
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        const option_spec *o = &OPTIONS[i];
+        int w = (int)(strlen(o->flag) + (o->metavar ? 1 + strlen(o->metavar) : 0));
+        if (accepts(cmd, o) && w > width) width = w;
+    }
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        const option_spec *o = &OPTIONS[i];
+        if (!accepts(cmd, o)) continue;
+        char name[64], fallback[64] = "";
+        snprintf(name, sizeof name, "%s%s%s", o->flag, o->metavar ? " " : "", o->metavar ? o->metavar : "");
+        if (strchr(cmd->required, o->letter)) snprintf(fallback, sizeof fallback, " (required)");
+        else if (o->fallback) snprintf(fallback, sizeof fallback, " (default: %s)", o->fallback);
+        else if (!o->metavar) snprintf(fallback, sizeof fallback, " (default: off)");
+        printf("  %-*s  %s%s\n", width, name, o->help, fallback);
+    }
+    printf("  %-*s  %s\n", width, "-h, --help", "print this help and exit");
+    if (strchr(cmd->options, 's')) printf("\nConfig keys, their defaults and limits: docs/config.md.\n");
+}
+
+/* "; did you mean train?" for an unknown command, or "". */
+static void suggest_command(const char *word, char *out, size_t len) {
+    const char *names[N_COMMANDS + 1];
+    for (size_t i = 0; i < N_COMMANDS; i++) names[i] = COMMANDS[i].name;
+    names[N_COMMANDS] = "help";
+    const char *best = suggest_alias_lookup(COMMAND_ALIASES, word);
+    if (!best) best = suggest_closest(word, names, N_COMMANDS + 1);
+    if (best) snprintf(out, len, "; did you mean %s?", best);
+    else out[0] = '\0';
+}
+
+/* "; did you mean --steps?" among the options the command takes (compared
+ * without their dashes, which would make every pair look close), or "". */
+static void suggest_option(const command_spec *cmd, const char *arg, char *out, size_t len) {
+    const char *best = suggest_alias_lookup(OPTION_ALIASES, arg);
+    if (best && !accepts(cmd, find_option(best))) best = NULL;
+    const char *bare = arg + strspn(arg, "-");
+    for (size_t i = 0; i < N_OPTIONS && !best; i++) {
+        if (!accepts(cmd, &OPTIONS[i])) continue;
+        const char *known = OPTIONS[i].flag + 2;
+        if (suggest_is_close(bare, known, suggest_distance(bare, known, 2))) best = OPTIONS[i].flag;
+    }
+    if (!best && suggest_is_close(bare, "help", suggest_distance(bare, "help", 2))) best = "--help";
+    if (best) snprintf(out, len, "; did you mean %s?", best);
+    else out[0] = '\0';
+}
 
 typedef struct {
     const char *positional[2];
@@ -37,67 +201,124 @@ typedef struct {
     long long seed;
 } arguments;
 
-static int parse_positive(const char *flag, const char *value) {
+static int parse_count(const char *flag, const char *value) {
     char *end;
     long v = strtol(value, &end, 10);
-    if (*end || v <= 0 || v > 1 << 30) fail_all(EXIT_USAGE, "%s %s: expected a positive integer", flag, value);
+    if (end == value || *end || v < 1 || v > MAX_COUNT)
+        fail_all(EXIT_USAGE, "%s %s: expected an integer in [1, %d]", flag, value, MAX_COUNT);
     return (int)v;
 }
 
 static double parse_number(const char *flag, const char *value) {
     char *end;
     double v = strtod(value, &end);
-    if (*end || end == value || !(v >= 0) || v > 1e15) fail_all(EXIT_USAGE, "%s %s: expected a number >= 0", flag, value);
+    if (*end || end == value || !(v >= 0) || v > 1e15)
+        fail_all(EXIT_USAGE, "%s %s: expected a number in [0, 1e15]", flag, value);
     return v;
 }
 
-/* Options each command accepts: 's' --set, 'o' --out, 'g' --grads,
- * 'r' --resume, 'n' --steps, 'S' --stream, 'L' --segment, 'p' --prompt,
- * 'k' --tokens, 't' --temperature, 'e' --seed. */
-static arguments parse_arguments(const char *command, int argc, char **argv, const char *allowed, int positional) {
+static void apply_option(arguments *a, const command_spec *cmd, const option_spec *o, char *value) {
+    switch (o->letter) {
+    case 's':
+        if (a->n_overrides == MAX_OVERRIDES) fail_all(EXIT_USAGE, "%s: more than %d --set options", cmd->name, MAX_OVERRIDES);
+        a->overrides[a->n_overrides++] = value;
+        break;
+    case 'o': a->out = value; break;
+    case 'g': a->grads = value; break;
+    case 'r': a->resume = value; break;
+    case 'n': a->steps = parse_count(o->flag, value); break;
+    case 'S': a->stream = true; break;
+    case 'L': a->segment = parse_count(o->flag, value); break;
+    case 'p': a->prompt = value; break;
+    case 'k': a->tokens = parse_count(o->flag, value); break;
+    case 't': a->temperature = parse_number(o->flag, value); break;
+    case 'e': a->seed = (long long)parse_number(o->flag, value); break;
+    }
+}
+
+/* "bench" for --steps: the commands that take an option, for a message. */
+static void commands_taking(const option_spec *o, char *out, size_t len) {
+    size_t n = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < N_COMMANDS && n < len; i++)
+        if (accepts(&COMMANDS[i], o)) n += (size_t)snprintf(out + n, len - n, "%s%s", n ? ", " : "", COMMANDS[i].name);
+}
+
+static arguments parse_arguments(const command_spec *cmd, int argc, char **argv) {
     arguments a;
     memset(&a, 0, sizeof a);
-    a.steps = 10, a.segment = 1, a.tokens = 32;
-    static const struct { const char *flag; char option; bool takes_value; } options[] = {
-        {"--set", 's', true}, {"--out", 'o', true}, {"--grads", 'g', true}, {"--resume", 'r', true},
-        {"--steps", 'n', true}, {"--stream", 'S', false}, {"--segment", 'L', true}, {"--prompt", 'p', true},
-        {"--tokens", 'k', true}, {"--temperature", 't', true}, {"--seed", 'e', true},
-    };
+    for (size_t o = 0; o < N_OPTIONS; o++)
+        if (OPTIONS[o].fallback && accepts(cmd, &OPTIONS[o])) apply_option(&a, cmd, &OPTIONS[o], (char *)OPTIONS[o].fallback);
+    bool given[N_OPTIONS] = {false};
     for (int i = 0; i < argc; i++) {
-        const char *arg = argv[i];
-        char option = 0;
-        bool takes_value = false;
-        for (size_t o = 0; o < sizeof options / sizeof options[0]; o++)
-            if (!strcmp(arg, options[o].flag)) option = options[o].option, takes_value = options[o].takes_value;
-        if (option && !strchr(allowed, option)) fail_all(EXIT_USAGE, "%s: option %s is not accepted\n%s", command, arg, USAGE);
-        if (option && takes_value && i + 1 >= argc) fail_all(EXIT_USAGE, "%s: option %s needs a value", command, arg);
-        if (!option && arg[0] == '-' && arg[1]) fail_all(EXIT_USAGE, "%s: unknown option %s\n%s", command, arg, USAGE);
-        switch (option) {
-        case 's':
-            if (a.n_overrides == MAX_OVERRIDES) fail_all(EXIT_USAGE, "%s: too many --set options", command);
-            a.overrides[a.n_overrides++] = argv[++i];
-            break;
-        case 'o': a.out = argv[++i]; break;
-        case 'g': a.grads = argv[++i]; break;
-        case 'r': a.resume = argv[++i]; break;
-        case 'n': a.steps = parse_positive("--steps", argv[++i]); break;
-        case 'S': a.stream = true; break;
-        case 'L': a.segment = parse_positive("--segment", argv[++i]); break;
-        case 'p': a.prompt = argv[++i]; break;
-        case 'k': a.tokens = parse_positive("--tokens", argv[++i]); break;
-        case 't': a.temperature = parse_number("--temperature", argv[++i]); break;
-        case 'e': a.seed = (long long)parse_number("--seed", argv[++i]); break;
-        default:
-            if (a.n_positional == positional) fail_all(EXIT_USAGE, "%s: unexpected argument '%s'\n%s", command, arg, USAGE);
-            a.positional[a.n_positional++] = arg;
+        char *arg = argv[i];
+        const option_spec *o = find_option(arg);
+        char hint[128];
+        if (o && !accepts(cmd, o)) {
+            commands_taking(o, hint, sizeof hint);
+            fail_all(EXIT_USAGE, "%s: option %s is not accepted (%s takes it)\n%s", cmd->name, arg, hint, usage_of(cmd));
         }
+        if (!o && arg[0] == '-' && arg[1]) {
+            suggest_option(cmd, arg, hint, sizeof hint);
+            fail_all(EXIT_USAGE, "%s: unknown option %s%s\n%s", cmd->name, arg, hint, usage_of(cmd));
+        }
+        if (!o) {
+            if (a.n_positional == cmd->n_operands)
+                fail_all(EXIT_USAGE, "%s: unexpected argument '%s'\n%s", cmd->name, arg, usage_of(cmd));
+            a.positional[a.n_positional++] = arg;
+            continue;
+        }
+        if (o->metavar && i + 1 >= argc) fail_all(EXIT_USAGE, "%s: option %s needs a value (%s)", cmd->name, arg, o->metavar);
+        given[o - OPTIONS] = true;
+        apply_option(&a, cmd, o, o->metavar ? argv[++i] : NULL);
     }
-    if (a.n_positional != positional) fail_all(EXIT_USAGE, "%s: missing argument\n%s", command, USAGE);
+    if (a.n_positional != cmd->n_operands)
+        fail_all(EXIT_USAGE, "%s: missing argument (%s)\n%s", cmd->name, cmd->operands, usage_of(cmd));
+    for (size_t o = 0; o < N_OPTIONS; o++)
+        if (strchr(cmd->required, OPTIONS[o].letter) && !given[o])
+            fail_all(EXIT_USAGE, "%s: %s %s is required\n%s", cmd->name, OPTIONS[o].flag, OPTIONS[o].metavar, usage_of(cmd));
     return a;
 }
 
+/* Whether -h or --help stands among the arguments as an option (not as the
+ * value of one, such as a --set). */
+static bool asks_for_help(int argc, char **argv) {
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return true;
+        const option_spec *o = find_option(argv[i]);
+        if (o && o->metavar) i++;
+    }
+    return false;
+}
+
+/* --version, help [COMMAND] and COMMAND --help: answered before MPI starts,
+ * so they work on a login node without a launcher. Returns false for
+ * anything else. */
+static bool answer_without_mpi(int argc, char **argv) {
+    const char *first = argv[1];
+    if (!strcmp(first, "--version") || !strcmp(first, "-V")) {
+        version_print();
+        return true;
+    }
+    bool help = !strcmp(first, "help") || !strcmp(first, "--help") || !strcmp(first, "-h");
+    if (help && (argc == 2 || !strcmp(argv[2], "help"))) {
+        print_overview();
+        return true;
+    }
+    const char *name = help ? argv[2] : first;
+    const command_spec *cmd = find_command(name);
+    if (help && !cmd) {
+        char hint[128];
+        suggest_command(name, hint, sizeof hint);
+        fail_all(EXIT_USAGE, "help: unknown command '%s'%s\n%s", name, hint, usage_all());
+    }
+    if (help && argc > 3) fail_all(EXIT_USAGE, "help: unexpected argument '%s' (usage: momfmm help [COMMAND])", argv[3]);
+    if (!cmd || (!help && !asks_for_help(argc - 2, argv + 2))) return false;
+    print_command_help(cmd);
+    return true;
+}
+
 static int command_init(const arguments *a) {
-    if (!a->out) fail_all(EXIT_USAGE, "init: --out FILE.h5 is required");
     config c = cmd_load_config(a->positional[0], a->n_overrides, a->overrides);
     model m;
     status err;
@@ -132,6 +353,17 @@ static int command_loss(const arguments *a) {
     return 0;
 }
 
+static int run_command(const command_spec *cmd, arguments *a) {
+    const char *name = cmd->name;
+    if (!strcmp(name, "train")) return command_train(a->positional[0], a->n_overrides, a->overrides, a->resume);
+    if (!strcmp(name, "init")) return command_init(a);
+    if (!strcmp(name, "loss")) return command_loss(a);
+    if (!strcmp(name, "bench")) return command_bench(a->positional[0], a->n_overrides, a->overrides, a->steps);
+    if (!strcmp(name, "eval")) return command_eval(a->positional[0], a->stream, a->segment);
+    if (!strcmp(name, "inspect")) return command_inspect(a->positional[0]);
+    return command_generate(a->positional[0], a->prompt, a->tokens, a->temperature, a->seed);
+}
+
 /* Stop signals (SIGTERM, SIGINT, SIGUSR1) stay blocked from the first
  * instruction until `train` has its handlers in place: a Slurm warning
  * signal that arrives during start-up (re-exec, MPI_Init, config) is then
@@ -151,43 +383,18 @@ int main(int argc, char **argv) {
     blas_core_select(argv); /* before MPI starts: it may re-execute the program */
     float_env_flush_denormals(); /* before MPI and HDF5 start threads, so they inherit it */
     H5dont_atexit();        /* see live_metrics_abandon */
+    if (argc >= 2 && answer_without_mpi(argc, argv)) return 0;
     dist_init(&argc, &argv);
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        if (argc < 2) fail_all(EXIT_USAGE, "no command given\n%s", USAGE);
-        log_rank0("%s", USAGE);
-        dist_finalize();
-        return 0;
+    if (argc < 2) fail_all(EXIT_USAGE, "no command given\n%s", usage_all());
+    const command_spec *cmd = find_command(argv[1]);
+    if (!cmd) {
+        char hint[128];
+        suggest_command(argv[1], hint, sizeof hint);
+        fail_all(EXIT_USAGE, "unknown command '%s'%s\n%s", argv[1], hint, usage_all());
     }
-    const char *command = argv[1];
-    int rest_count = argc - 2;
-    char **rest = argv + 2;
-    int rc;
-    if (strcmp(command, "train") != 0) block_stop_signals(false); /* default actions elsewhere */
-    if (!strcmp(command, "train")) {
-        arguments a = parse_arguments(command, rest_count, rest, "sr", 1);
-        rc = command_train(a.positional[0], a.n_overrides, a.overrides, a.resume);
-    } else if (!strcmp(command, "init")) {
-        arguments a = parse_arguments(command, rest_count, rest, "so", 1);
-        rc = command_init(&a);
-    } else if (!strcmp(command, "loss")) {
-        arguments a = parse_arguments(command, rest_count, rest, "g", 2);
-        rc = command_loss(&a);
-    } else if (!strcmp(command, "bench")) {
-        arguments a = parse_arguments(command, rest_count, rest, "sn", 1);
-        rc = command_bench(a.positional[0], a.n_overrides, a.overrides, a.steps);
-    } else if (!strcmp(command, "eval")) {
-        arguments a = parse_arguments(command, rest_count, rest, "SL", 1);
-        rc = command_eval(a.positional[0], a.stream, a.segment);
-    } else if (!strcmp(command, "inspect")) {
-        arguments a = parse_arguments(command, rest_count, rest, "", 1);
-        rc = command_inspect(a.positional[0]);
-    } else if (!strcmp(command, "generate")) {
-        arguments a = parse_arguments(command, rest_count, rest, "pkte", 1);
-        if (!a.prompt) fail_all(EXIT_USAGE, "generate: --prompt TOKENS is required");
-        rc = command_generate(a.positional[0], a.prompt, a.tokens, a.temperature, a.seed);
-    } else {
-        fail_all(EXIT_USAGE, "unknown command '%s'\n%s", command, USAGE);
-    }
+    if (strcmp(cmd->name, "train") != 0) block_stop_signals(false); /* default actions elsewhere */
+    arguments a = parse_arguments(cmd, argc - 2, argv + 2);
+    int rc = run_command(cmd, &a);
     dist_finalize();
     return rc;
 }

@@ -2,9 +2,11 @@
  * (rank, abort, finalise) is dist.c's (docs/design.md §8.3). */
 #include "momfmm/common.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "momfmm/dist.h"
@@ -77,4 +79,16 @@ double wall_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* %.17g always round-trips, so the loop ends by 17 at the latest; infinities
+ * and NaN print as %g does. Whole numbers below 1e16 keep their digits
+ * (10000, not 1e+04). */
+char *format_shortest_double(double x, char *out, size_t len) {
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(out, len, "%.*g", digits, x);
+        if (isnan(x) || strtod(out, NULL) == x) break;
+    }
+    if (strchr(out, 'e') && x == floor(x) && fabs(x) < 1e16) snprintf(out, len, "%.0f", x);
+    return out;
 }

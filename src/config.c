@@ -4,8 +4,8 @@
 #include "momfmm/config.h"
 
 #include <errno.h>
-#include <ini.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +13,8 @@
 
 #include "momfmm/common.h"
 #include "momfmm/fmm.h"
+#include "momfmm/listops.h"
+#include "momfmm/suggest.h"
 
 typedef enum { KEY_INT, KEY_INT64, KEY_DOUBLE, KEY_BOOL, KEY_STRING, KEY_ENUM } key_type;
 
@@ -30,6 +32,11 @@ typedef struct {
 } config_key;
 
 #define OFF(f) offsetof(config, f), sizeof(((config *)0)->f)
+/* An open end: messages state only the other limit. Two limits guard the
+ * arithmetic rather than taste (docs/config.md §6): n_classes >= 2, since
+ * one class makes every cross-entropy 0 or worse; adam_eps >= 1e-30, since
+ * AdamW divides by sqrt(v) + eps (in float), and a parameter whose gradient
+ * has stayed 0 would otherwise get 0/0. */
 #define BIG 1e18
 static const config_key KEYS[] = {
     {"model", "vocab_size", KEY_INT, OFF(vocab_size), "64", 2, 1 << 24, NULL, ROLE_MODEL},
@@ -41,7 +48,7 @@ static const config_key KEYS[] = {
     {"model", "rope_base", KEY_DOUBLE, OFF(rope_base), "10000", 1e-6, BIG, NULL, ROLE_MODEL},
     {"model", "causal", KEY_BOOL, OFF(causal), "true", 0, 1, NULL, ROLE_MODEL},
     {"model", "head", KEY_ENUM, OFF(head), "lm", 0, 0, "lm|cls", ROLE_MODEL},
-    {"model", "n_classes", KEY_INT, OFF(n_classes), "10", 1, 1 << 20, NULL, ROLE_MODEL},
+    {"model", "n_classes", KEY_INT, OFF(n_classes), "10", 2, 1 << 20, NULL, ROLE_MODEL},
     {"attention", "kind", KEY_ENUM, OFF(attention), "softmax", 0, 0, "softmax|fmm", ROLE_MODEL},
     {"momentum", "gamma", KEY_DOUBLE, OFF(gamma), "0", -BIG, BIG, NULL, ROLE_MODEL},
     {"momentum", "learn_gamma", KEY_BOOL, OFF(learn_gamma), "false", 0, 1, NULL, ROLE_MODEL},
@@ -73,7 +80,7 @@ static const config_key KEYS[] = {
     {"train", "weight_decay", KEY_DOUBLE, OFF(weight_decay), "0.01", 0, BIG, NULL, ROLE_SCHEDULE},
     {"train", "beta1", KEY_DOUBLE, OFF(beta1), "0.9", 0, 0.999999, NULL, ROLE_SCHEDULE},
     {"train", "beta2", KEY_DOUBLE, OFF(beta2), "0.999", 0, 0.999999999, NULL, ROLE_SCHEDULE},
-    {"train", "adam_eps", KEY_DOUBLE, OFF(adam_eps), "1e-8", 0, BIG, NULL, ROLE_SCHEDULE},
+    {"train", "adam_eps", KEY_DOUBLE, OFF(adam_eps), "1e-8", 1e-30, BIG, NULL, ROLE_SCHEDULE},
     {"train", "grad_clip", KEY_DOUBLE, OFF(grad_clip), "1.0", 0, BIG, NULL, ROLE_SCHEDULE},
     {"train", "seed", KEY_INT64, OFF(seed), "1234", 0, BIG, NULL, ROLE_MODEL},
     {"train", "log_interval", KEY_INT, OFF(log_interval), "10", 1, 1 << 30, NULL, ROLE_SCHEDULE},
@@ -88,14 +95,63 @@ static const config_key KEYS[] = {
 };
 #define N_KEYS (sizeof(KEYS) / sizeof(KEYS[0]))
 
-static const config_key *find_key(const char *section, const char *name, bool *section_known) {
-    *section_known = false;
-    for (size_t i = 0; i < N_KEYS; i++) {
-        if (strcmp(KEYS[i].section, section) != 0) continue;
-        *section_known = true;
-        if (strcmp(KEYS[i].name, name) == 0) return &KEYS[i];
-    }
+static const config_key *find_key(const char *section, const char *name) {
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strcmp(KEYS[i].section, section) && !strcmp(KEYS[i].name, name)) return &KEYS[i];
     return NULL;
+}
+
+/* The first KEYS row of a section (its index stands for the section), or -1. */
+static int section_index(const char *section) {
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strcmp(KEYS[i].section, section)) return (int)i;
+    return -1;
+}
+
+/* Names people bring from other trainers (docs/config.md §6: suggestions). */
+static const suggest_alias KEY_ALIASES[] = {
+    {"learning_rate", "train.lr"}, {"learningrate", "train.lr"}, {"max_lr", "train.lr"},
+    {"n_head", "model.n_heads"}, {"num_heads", "model.n_heads"}, {"nhead", "model.n_heads"},
+    {"n_layer", "model.n_layers"}, {"num_layers", "model.n_layers"}, {"depth", "model.n_layers"},
+    {"vocab", "model.vocab_size"}, {"n_vocab", "model.vocab_size"}, {"hidden_size", "model.d_model"},
+    {"n_embd", "model.d_model"}, {"dim", "model.d_model"}, {"ffn_dim", "model.d_ff"},
+    {"intermediate_size", "model.d_ff"}, {"batch", "train.batch_size"}, {"bs", "train.batch_size"},
+    {"max_steps", "train.steps"}, {"num_steps", "train.steps"}, {"iterations", "train.steps"},
+    {"warmup_steps", "train.warmup"}, {"max_grad_norm", "train.grad_clip"}, {"clip", "train.grad_clip"},
+    {"wd", "train.weight_decay"}, {"output_dir", "train.out_dir"}, {"run_dir", "train.out_dir"},
+    {"seq_length", "data.seq_len"}, {"block_size", "data.seq_len"}, {"context_length", "data.seq_len"},
+    {"momentum", "momentum.gamma"}, {"attention", "attention.kind"}, {NULL, NULL},
+};
+
+/* "; did you mean section.key?" for an unknown key, or "": an alias first,
+ * then the key whose name is closest, counting a different section as one
+ * more edit (so "[modle] n_heads" finds model.n_heads). */
+static void suggest_key(const char *section, const char *name, char *out, size_t len) {
+    const char *alias = suggest_alias_lookup(KEY_ALIASES, name);
+    if (alias) {
+        snprintf(out, len, "; did you mean %s?", alias);
+        return;
+    }
+    const config_key *best = NULL;
+    int best_score = 3;
+    for (size_t i = 0; i < N_KEYS; i++) {
+        int d = suggest_distance(name, KEYS[i].name, 2);
+        int score = d + (strcmp(section, KEYS[i].section) != 0);
+        if (score < best_score && suggest_is_close(name, KEYS[i].name, d)) best = &KEYS[i], best_score = score;
+    }
+    if (best) snprintf(out, len, "; did you mean %s.%s?", best->section, best->name);
+    else out[0] = '\0';
+}
+
+/* "; did you mean [section]?" for an unknown section, or "". */
+static void suggest_section(const char *section, char *out, size_t len) {
+    const char *names[N_KEYS];
+    size_t n = 0;
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (section_index(KEYS[i].section) == (int)i) names[n++] = KEYS[i].section;
+    const char *best = suggest_closest(section, names, n);
+    if (best) snprintf(out, len, "; did you mean [%s]?", best);
+    else out[0] = '\0';
 }
 
 static int parse_enum(const char *choices, const char *value) {
@@ -111,8 +167,22 @@ static int parse_enum(const char *choices, const char *value) {
     return -1;
 }
 
-/* Stores `value` into the field of `key`; returns NULL or a reason. */
-static const char *set_value(config *c, const config_key *key, const char *value) {
+/* "; did you mean chain?" for a mistyped word of "a|b|c", or "". */
+static void suggest_choice(const char *choices, const char *value, char *out, size_t len) {
+    char words[256];
+    const char *list[16];
+    size_t n = 0;
+    snprintf(words, sizeof words, "%s", choices);
+    for (char *w = strtok(words, "|"); w && n < 16; w = strtok(NULL, "|")) list[n++] = w;
+    const char *best = suggest_closest(value, list, n);
+    if (best) snprintf(out, len, "; did you mean %s?", best);
+    else out[0] = '\0';
+}
+
+typedef enum { SET_OK, SET_SYNTAX, SET_RANGE, SET_TOO_LONG, SET_CHOICE } set_result;
+
+/* Stores `value` into the field of `key`. */
+static set_result set_value(config *c, const config_key *key, const char *value) {
     char *field = (char *)c + key->offset;
     char *end = NULL;
     errno = 0;
@@ -120,36 +190,36 @@ static const char *set_value(config *c, const config_key *key, const char *value
     case KEY_INT:
     case KEY_INT64: {
         long long v = strtoll(value, &end, 10);
-        if (end == value || *end || errno) return "expected an integer";
-        if ((double)v < key->min || (double)v > key->max) return "out of range";
+        if (end == value || *end) return SET_SYNTAX;
+        if (errno == ERANGE || (double)v < key->min || (double)v > key->max) return SET_RANGE;
         if (key->type == KEY_INT) *(int *)field = (int)v;
         else *(long long *)field = v;
-        return NULL;
+        return SET_OK;
     }
     case KEY_DOUBLE: {
         double v = strtod(value, &end);
-        if (end == value || *end || errno || !isfinite(v)) return "expected a number";
-        if (v < key->min || v > key->max) return "out of range";
+        if (end == value || *end || !isfinite(v)) return SET_SYNTAX;
+        if (v < key->min || v > key->max) return SET_RANGE;
         *(double *)field = v;
-        return NULL;
+        return SET_OK;
     }
     case KEY_BOOL:
         if (!strcmp(value, "true") || !strcmp(value, "1") || !strcmp(value, "yes")) *(bool *)field = true;
         else if (!strcmp(value, "false") || !strcmp(value, "0") || !strcmp(value, "no")) *(bool *)field = false;
-        else return "expected true or false";
-        return NULL;
+        else return SET_CHOICE;
+        return SET_OK;
     case KEY_STRING:
-        if (strlen(value) >= key->size) return "too long";
+        if (strlen(value) >= key->size) return SET_TOO_LONG;
         strcpy(field, value);
-        return NULL;
+        return SET_OK;
     case KEY_ENUM: {
         int v = parse_enum(key->choices, value);
-        if (v < 0) return "not one of the allowed values";
+        if (v < 0) return SET_CHOICE;
         *(int *)field = v;
-        return NULL;
+        return SET_OK;
     }
     }
-    return "unknown key type";
+    return SET_SYNTAX;
 }
 
 /* A default that does not parse is a bug in KEYS, not an input error: the unit
@@ -162,89 +232,190 @@ void config_defaults(config *c) {
 int config_check_defaults(status *st) {
     config c;
     memset(&c, 0, sizeof c);
-    for (size_t i = 0; i < N_KEYS; i++) {
-        const char *why = set_value(&c, &KEYS[i], KEYS[i].fallback);
-        if (why) return status_fail(st, 1, "internal: default of %s.%s: %s", KEYS[i].section, KEYS[i].name, why);
-    }
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (set_value(&c, &KEYS[i], KEYS[i].fallback) != SET_OK)
+            return status_fail(st, 1, "internal: default of %s.%s does not parse", KEYS[i].section, KEYS[i].name);
     return 0;
 }
 
+/* The value as typed, cut to 60 characters for a message. */
+static const char *shown(const char *value, char *buf, size_t len) {
+    if (strlen(value) <= 60) return value;
+    snprintf(buf, len, "%.57s...", value);
+    return buf;
+}
+
+/* "must be >= 0", "must be in [1, 4096]": limits at +-BIG are open ends. */
+static void describe_range(const config_key *key, char *out, size_t len) {
+    char lo[32], hi[32];
+    format_shortest_double(key->min, lo, sizeof lo);
+    format_shortest_double(key->max, hi, sizeof hi);
+    if (key->max >= BIG && key->min <= -BIG) snprintf(out, len, "must be finite");
+    else if (key->max >= BIG) snprintf(out, len, "must be >= %s", lo);
+    else if (key->min <= -BIG) snprintf(out, len, "must be <= %s", hi);
+    else snprintf(out, len, "must be in [%s, %s]", lo, hi);
+}
+
+/* Why `value` does not fit `key`, as "section.key = value ..." text. */
+static void describe_bad_value(const config_key *key, const char *value, set_result why, char *out, size_t len) {
+    char cut[64], detail[160];
+    const char *v = shown(value, cut, sizeof cut);
+    switch (why) {
+    case SET_RANGE:
+        describe_range(key, detail, sizeof detail);
+        snprintf(out, len, "%s.%s = %s is out of range: %s", key->section, key->name, v, detail);
+        return;
+    case SET_TOO_LONG:
+        snprintf(out, len, "%s.%s = '%s': longer than %zu characters", key->section, key->name, v, key->size - 1);
+        return;
+    case SET_CHOICE: {
+        const char *choices = key->type == KEY_BOOL ? "true|false" : key->choices;
+        suggest_choice(choices, value, detail, sizeof detail);
+        if (key->type == KEY_BOOL)
+            snprintf(out, len, "%s.%s = '%s': expected true or false%s", key->section, key->name, v, detail);
+        else
+            snprintf(out, len, "%s.%s = '%s': not one of the allowed values (allowed: %s)%s", key->section,
+                     key->name, v, key->choices, detail);
+        return;
+    }
+    default:
+        snprintf(out, len, "%s.%s = '%s': expected %s", key->section, key->name, v,
+                 key->type == KEY_DOUBLE ? "a number" : "an integer");
+    }
+}
+
+/* One parse: the file (or --set) being read, the line, and where each key
+ * and section was first set, so that a repeat names both lines. */
 typedef struct {
     config *c;
     const char *origin;
-    int line;
+    int line;              /* 0 for --set */
+    char *section;         /* current [section], NULL before the first */
+    int key_line[N_KEYS];  /* line that set KEYS[i], 0 = not yet */
+    int section_line[N_KEYS]; /* by section_index */
     char *err;
     size_t err_len;
 } parse_state;
 
-static int handle_pair(void *user, const char *section, const char *name, const char *value) {
-    parse_state *st = user;
-    bool section_known;
-    const config_key *key = find_key(section, name, &section_known);
+/* Writes "<origin>:<line>: <message>" (or "--set <message>") and returns -1. */
+static int reject(parse_state *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int reject(parse_state *st, const char *fmt, ...) {
+    int n = st->line > 0 ? snprintf(st->err, st->err_len, "%s:%d: ", st->origin, st->line)
+                         : snprintf(st->err, st->err_len, "%s ", st->origin);
+    if (n < 0 || (size_t)n >= st->err_len) return -1;
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(st->err + n, st->err_len - (size_t)n, fmt, args);
+    va_end(args);
+    return -1;
+}
+
+static int assign(parse_state *st, const char *name, const char *value) {
+    char hint[160], cut[64];
+    if (!st->section) {
+        suggest_key("", name, hint, sizeof hint);
+        return reject(st, "key %s is outside any [section]%s", shown(name, cut, sizeof cut), hint);
+    }
+    const config_key *key = find_key(st->section, name);
     if (!key) {
-        if (!section_known)
-            snprintf(st->err, st->err_len, "%s:%d: unknown section [%s] (key %s)", st->origin,
-                     st->line, section, name);
-        else
-            snprintf(st->err, st->err_len, "%s:%d: unknown key %s.%s", st->origin, st->line,
-                     section, name);
-        return 0;
+        suggest_key(st->section, name, hint, sizeof hint);
+        if (section_index(st->section) < 0) {
+            if (!hint[0]) suggest_section(st->section, hint, sizeof hint);
+            return reject(st, "unknown section [%s] (key %s)%s", st->section, shown(name, cut, sizeof cut), hint);
+        }
+        return reject(st, "unknown key %s.%s%s", st->section, shown(name, cut, sizeof cut), hint);
     }
-    const char *why = set_value(st->c, key, value);
-    if (why) {
-        char allowed[160] = "";
-        if (key->type == KEY_ENUM) snprintf(allowed, sizeof allowed, " (allowed: %s)", key->choices);
-        snprintf(st->err, st->err_len, "%s:%d: %s.%s = '%s': %s%s", st->origin, st->line, section,
-                 name, value, why, allowed);
-        return 0;
-    }
-    return 1;
+    size_t index = (size_t)(key - KEYS);
+    if (st->line > 0 && st->key_line[index])
+        return reject(st, "duplicate key %s.%s (first set at line %d)", key->section, key->name, st->key_line[index]);
+    st->key_line[index] = st->line;
+    set_result why = set_value(st->c, key, value);
+    if (why == SET_OK) return 0;
+    char message[512];
+    describe_bad_value(key, value, why, message, sizeof message);
+    return reject(st, "%s", message);
 }
 
-/* inih's reader callback; counting lines here gives the handler its line
- * number, since inih calls the handler right after reading each line. */
-typedef struct {
-    const char *cursor;
-    parse_state *state;
-} string_stream;
-
-/* inih reports a malformed line only by number after the whole parse, and
- * keeps going; checking here stops at the first bad line with a reason. */
-static bool line_is_well_formed(const char *line) {
-    while (*line == ' ' || *line == '\t' || *line == '\r') line++;
-    if (!*line || *line == '\n' || *line == ';' || *line == '#') return true;
-    if (*line == '[') return strchr(line, ']') != NULL;
-    return strchr(line, '=') != NULL || strchr(line, ':') != NULL;
+static char *copy_string(const char *s) {
+    size_t n = strlen(s) + 1;
+    return memcpy(xcalloc(n, 1), s, n);
 }
 
-static char *read_line(char *buf, int size, void *stream) {
-    string_stream *s = stream;
-    parse_state *st = s->state;
-    if (!*s->cursor || st->err[0]) return NULL;
-    int n = 0;
-    while (n < size - 1 && s->cursor[n] && s->cursor[n] != '\n') n++;
-    if (s->cursor[n] == '\n' && n < size - 1) n++;
-    memcpy(buf, s->cursor, (size_t)n);
-    buf[n] = '\0';
-    s->cursor += n;
-    st->line++;
-    if (!line_is_well_formed(buf)) {
-        int shown = (int)strcspn(buf, "\r\n");
-        snprintf(st->err, st->err_len, "%s:%d: malformed line (expected [section] or key = value): %.*s",
-                 st->origin, st->line, shown < 60 ? shown : 60, buf);
-        return NULL;
-    }
-    return buf;
+static char *strip(char *s) {
+    while (*s == ' ' || *s == '\t') s++;
+    size_t n = strlen(s);
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\r')) s[--n] = '\0';
+    return s;
 }
 
+static int malformed(parse_state *st, const char *line) {
+    char cut[64];
+    return reject(st, "malformed line (expected [section] or key = value): %s", shown(line, cut, sizeof cut));
+}
+
+/* "[name]", then only a comment; a known section may appear once. */
+static int start_section(parse_state *st, char *line) {
+    char *close = strchr(line, ']');
+    if (!close) return malformed(st, line);
+    char *rest = strip(close + 1);
+    if (*rest && *rest != ';' && *rest != '#') return malformed(st, line);
+    *close = '\0';
+    free(st->section);
+    st->section = copy_string(strip(line + 1));
+    int index = section_index(st->section);
+    if (index < 0) return 0; /* reported with its first key, which names both */
+    if (st->section_line[index])
+        return reject(st, "duplicate section [%s] (first at line %d)", st->section, st->section_line[index]);
+    st->section_line[index] = st->line;
+    return 0;
+}
+
+/* The syntax inih accepted (docs/config.md §6): "key = value" or
+ * "key: value", a ';' after whitespace starts a comment, blanks and lines
+ * starting with ';' or '#' are skipped. */
+static int parse_line(parse_state *st, char *line) {
+    char *s = strip(line);
+    if (!*s || *s == ';' || *s == '#') return 0;
+    if (*s == '[') return start_section(st, s);
+    char *separator = s + strcspn(s, "=:");
+    if (!*separator || separator == s) return malformed(st, s);
+    *separator = '\0';
+    char *value = separator + 1;
+    for (char *p = value + 1; *p; p++)
+        if (*p == ';' && (p[-1] == ' ' || p[-1] == '\t')) {
+            *p = '\0';
+            break;
+        }
+    return assign(st, strip(s), strip(value));
+}
+
+/* Lines of any length: each is copied whole into a buffer that grows to
+ * fit (docs/config.md §6), unlike inih's fixed line buffer, which split a
+ * long line and parsed its tail as a line of its own. */
 int config_load_string(config *c, const char *text, const char *origin, char *err, size_t err_len) {
-    parse_state st = {c, origin, 0, err, err_len};
-    string_stream stream = {text, &st};
+    parse_state st;
+    memset(&st, 0, sizeof st);
+    st.c = c, st.origin = origin, st.err = err, st.err_len = err_len;
     err[0] = '\0';
-    int rc = ini_parse_stream(read_line, &stream, handle_pair, &st);
-    if (err[0]) return -1;
-    if (rc != 0) snprintf(err, err_len, "%s:%d: malformed line", origin, rc > 0 ? rc : st.line);
-    return rc == 0 ? 0 : -1;
+    if (!strncmp(text, "\xEF\xBB\xBF", 3)) text += 3; /* a UTF-8 byte-order mark */
+    size_t cap = 256;
+    char *line = xcalloc(cap, 1);
+    int rc = 0;
+    for (const char *p = text; *p && rc == 0;) {
+        size_t n = strcspn(p, "\n");
+        if (n + 1 > cap) {
+            cap = n + 1;
+            line = xrealloc(line, cap);
+        }
+        memcpy(line, p, n);
+        line[n] = '\0';
+        p += n + (p[n] == '\n');
+        st.line++;
+        rc = parse_line(&st, line);
+    }
+    free(line);
+    free(st.section);
+    return rc;
 }
 
 /* The file as a NUL-terminated string (caller frees), or NULL and a status. */
@@ -277,32 +448,40 @@ static char *read_whole_file(const char *path, status *st) {
 int config_try_load_file(config *c, const char *path, status *st) {
     char *text = read_whole_file(path, st);
     if (!text) return EXIT_USAGE;
-    char err[512];
+    char err[sizeof st->message];
     int rc = config_load_string(c, text, path, err, sizeof err);
     free(text);
     return rc ? status_fail(st, EXIT_USAGE, "%s", err) : 0;
 }
 
 int config_try_apply_override(config *c, const char *assignment, status *st) {
-    const char *dot = strchr(assignment, '.');
     const char *eq = strchr(assignment, '=');
-    if (!dot || !eq || dot > eq) return status_fail(st, EXIT_USAGE, "--set %s: expected section.key=value", assignment);
-    char section[64], name[64];
-    size_t ls = (size_t)(dot - assignment), ln = (size_t)(eq - dot - 1);
-    if (ls >= sizeof section || ln >= sizeof name) return status_fail(st, EXIT_USAGE, "--set %s: key too long", assignment);
-    memcpy(section, assignment, ls);
-    section[ls] = '\0';
-    memcpy(name, dot + 1, ln);
-    name[ln] = '\0';
-    parse_state ps = {c, "--set", 0, NULL, 0};
-    char err[512];
-    ps.err = err;
-    ps.err_len = sizeof err;
-    if (!handle_pair(&ps, section, name, eq + 1)) {
-        /* Drop the ":0" line number that has no meaning for --set. */
-        return status_fail(st, EXIT_USAGE, "--set %s", strchr(err, ' ') ? strchr(err, ' ') + 1 : err);
+    const char *dot = strchr(assignment, '.');
+    if (!eq || !dot || dot > eq) {
+        char hint[160] = "";
+        if (eq) {
+            char *name = copy_string(assignment);
+            name[eq - assignment] = '\0';
+            const char *alias = suggest_alias_lookup(KEY_ALIASES, name);
+            for (size_t i = 0; !alias && i < N_KEYS; i++)
+                if (!strcmp(KEYS[i].name, name)) snprintf(hint, sizeof hint, "; did you mean %s.%s", KEYS[i].section, name);
+            if (alias) snprintf(hint, sizeof hint, "; did you mean %s", alias);
+            if (hint[0]) snprintf(hint + strlen(hint), sizeof hint - strlen(hint), "=%.40s?", eq + 1);
+            free(name);
+        }
+        return status_fail(st, EXIT_USAGE, "--set %s: expected section.key=value%s", assignment, hint);
     }
-    return 0;
+    char *copy = copy_string(assignment);
+    copy[dot - assignment] = copy[eq - assignment] = '\0';
+    char err[sizeof st->message];
+    parse_state ps;
+    memset(&ps, 0, sizeof ps);
+    ps.c = c, ps.origin = "--set", ps.err = err, ps.err_len = sizeof err;
+    ps.section = copy_string(copy);
+    int rc = assign(&ps, copy + (dot - assignment) + 1, eq + 1);
+    free(ps.section);
+    free(copy);
+    return rc ? status_fail(st, EXIT_USAGE, "%s", err) : 0;
 }
 
 bool config_momentum_enabled(const config *c) { return c->gamma != 0.0 || c->learn_gamma; }
@@ -322,6 +501,10 @@ int config_check(const config *c, const char *origin, char *err, size_t err_len)
         REJECT("%s: data.seq_len = %d exceeds model.max_seq_len = %d", origin, c->seq_len, c->max_seq_len);
     if (c->head == HEAD_CLS && c->task != TASK_LISTOPS)
         REJECT("%s: model.head = cls needs data.task = listops", origin);
+    /* ListOps labels are the values 0..9, one per digit token. */
+    if (c->head == HEAD_CLS && c->n_classes < LISTOPS_MIN - LISTOPS_DIGIT0)
+        REJECT("%s: model.n_classes = %d is below the %d classes of data.task = listops", origin, c->n_classes,
+               LISTOPS_MIN - LISTOPS_DIGIT0);
     if (c->head == HEAD_LM && c->task == TASK_LISTOPS)
         REJECT("%s: data.task = listops needs model.head = cls", origin);
     if (c->task == TASK_COPY && c->vocab_size < 11)
@@ -354,7 +537,7 @@ static void format_value(const config *c, const config_key *key, char *out, size
     switch (key->type) {
     case KEY_INT: snprintf(out, len, "%d", *(const int *)field); break;
     case KEY_INT64: snprintf(out, len, "%lld", *(const long long *)field); break;
-    case KEY_DOUBLE: snprintf(out, len, "%.17g", *(const double *)field); break;
+    case KEY_DOUBLE: format_shortest_double(*(const double *)field, out, len); break;
     case KEY_BOOL: snprintf(out, len, "%s", *(const bool *)field ? "true" : "false"); break;
     case KEY_STRING: snprintf(out, len, "%s", field); break;
     case KEY_ENUM: {

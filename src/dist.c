@@ -65,6 +65,23 @@ int dist_try_init(int *argc, char ***argv, status *st) {
     return 0;
 }
 
+void dist_build_version(char *out, size_t len) {
+#ifdef OMPI_MAJOR_VERSION
+    snprintf(out, len, "Open MPI %d.%d.%d, MPI %d.%d", OMPI_MAJOR_VERSION, OMPI_MINOR_VERSION, OMPI_RELEASE_VERSION,
+             MPI_VERSION, MPI_SUBVERSION);
+#else
+    snprintf(out, len, "MPI %d.%d", MPI_VERSION, MPI_SUBVERSION);
+#endif
+}
+
+void dist_library_version(char *out, size_t len) {
+    char text[MPI_MAX_LIBRARY_VERSION_STRING];
+    int n = 0;
+    MPI_Get_library_version(text, &n);
+    text[n] = '\0';
+    snprintf(out, len, "%.*s", (int)strcspn(text, "\n"), text);
+}
+
 void dist_finalize(void) {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);

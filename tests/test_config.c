@@ -1,23 +1,60 @@
 /* Config errors come back as a status naming the file, line or key, with the
- * exit code of docs/design.md §8.7, instead of ending the process; and every
- * compiled-in default parses (config_defaults relies on it). */
+ * exit code of docs/design.md §8.7, instead of ending the process; every
+ * compiled-in default parses (config_defaults relies on it); lines of any
+ * length, duplicates, suggestions and range messages (docs/config.md §6);
+ * numbers in config_ini in their shortest round-trip form. */
+#include <float.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "momfmm/common.h"
 #include "momfmm/config.h"
+#include "momfmm/suggest.h"
 
 static int failures;
 
+#define CHECK(cond, ...)                        \
+    do {                                        \
+        if (!(cond)) {                          \
+            failures++;                         \
+            fprintf(stderr, "FAIL: " __VA_ARGS__); \
+            fputc('\n', stderr);                \
+        }                                       \
+    } while (0)
+
 static void expect(int rc, const status *st, int code, const char *message) {
     bool ok = rc == code && (code == 0 || (st->code == code && strcmp(st->message, message) == 0));
-    if (!ok) {
-        failures++;
-        fprintf(stderr, "FAIL: expected %d '%s', got %d '%s'\n", code, message, rc, rc ? st->message : "");
-    }
+    CHECK(ok, "expected %d '%s', got %d '%s'", code, message, rc, rc ? st->message : "");
 }
 
-int main(void) {
+/* Parses `text` over the defaults; `message` "" expects success. */
+static config expect_text(const char *text, const char *message) {
+    config c;
+    config_defaults(&c);
+    char err[1024];
+    int rc = config_load_string(&c, text, "t.ini", err, sizeof err);
+    if (message[0]) CHECK(rc != 0 && !strcmp(err, message), "'%.60s': expected '%s', got '%s'", text, message, rc ? err : "");
+    else CHECK(rc == 0, "'%.60s': expected success, got '%s'", text, err);
+    return c;
+}
+
+static void expect_override(const char *assignment, const char *message) {
+    config c;
+    config_defaults(&c);
+    status st;
+    status_clear(&st);
+    expect(config_try_apply_override(&c, assignment, &st), &st, EXIT_USAGE, message);
+}
+
+static char *repeat(char ch, size_t n) {
+    char *s = malloc(n + 1);
+    memset(s, ch, n);
+    s[n] = '\0';
+    return s;
+}
+
+static void test_statuses(void) {
     status st;
     status_clear(&st);
     expect(config_check_defaults(&st), &st, 0, "");
@@ -26,11 +63,117 @@ int main(void) {
     expect(config_try_load_file(&c, "/nonexistent/x.ini", &st), &st, EXIT_USAGE,
            "/nonexistent/x.ini: cannot open config: No such file or directory");
     expect(config_try_apply_override(&c, "model.d_model=32", &st), &st, 0, "");
-    if (c.d_model != 32) failures++, fprintf(stderr, "FAIL: override did not set model.d_model\n");
+    CHECK(c.d_model == 32, "override did not set model.d_model");
     expect(config_try_apply_override(&c, "d_model", &st), &st, EXIT_USAGE, "--set d_model: expected section.key=value");
     expect(config_try_apply_override(&c, "model.nope=1", &st), &st, EXIT_USAGE, "--set unknown key model.nope");
     expect(config_try_apply_override(&c, "model.d_model=abc", &st), &st, EXIT_USAGE,
            "--set model.d_model = 'abc': expected an integer");
+}
+
+/* A line used to be cut at inih's 200-byte buffer and its tail parsed as a
+ * line of its own. */
+static void test_long_lines(void) {
+    size_t n = 10000;
+    char *pad = repeat('x', n), *text = malloc(3 * n);
+    snprintf(text, 3 * n, "[train]\n; %s lr = 1000000\nsteps = 5\n", pad);
+    config c = expect_text(text, "");
+    CHECK(c.lr == 1e-3 && c.steps == 5, "long comment: lr %g steps %lld", c.lr, c.steps);
+    snprintf(text, 3 * n, "[train]\nlr = 0.5 %*s; %s\n", (int)n, "", pad);
+    c = expect_text(text, "");
+    CHECK(c.lr == 0.5, "value before long padding and comment: lr %g", c.lr);
+    char *dir = repeat('d', 1000);
+    snprintf(text, 3 * n, "[train]\nout_dir = /%s\n", dir);
+    c = expect_text(text, "");
+    CHECK(strlen(c.out_dir) == 1001, "1001-byte out_dir read as %zu bytes", strlen(c.out_dir));
+    snprintf(text, 3 * n, "[train]\nout_dir = %s\n", pad);
+    expect_text(text, "t.ini:2: train.out_dir = "
+                      "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...': longer than 1023 characters");
+    /* config_ini of a checkpoint goes through the same reader */
+    char *ini = config_to_ini(&c);
+    config back = expect_text(ini, "");
+    CHECK(config_compare_keys(&c, &back, true, NULL, 0) == 0 && config_compare_keys(&c, &back, false, NULL, 0) == 0,
+          "config_ini with a long out_dir does not read back");
+    free(ini), free(dir), free(pad), free(text);
+}
+
+static void test_syntax(void) {
+    expect_text("\xEF\xBB\xBF[model]\r\n  d_model: 32 ; inline\r\n# c\n\n[ fmm ]\nkernels = elu,tanh\n", "");
+    expect_text("[train]\nlr = 1\nlr = 2\n", "t.ini:3: duplicate key train.lr (first set at line 2)");
+    expect_text("[train]\nlr = 1\n[model]\n\n[train]\n", "t.ini:5: duplicate section [train] (first at line 1)");
+    expect_text("[model\n", "t.ini:1: malformed line (expected [section] or key = value): [model");
+    expect_text("[model] junk\n", "t.ini:1: malformed line (expected [section] or key = value): [model] junk");
+    expect_text("[model]\n= 3\n", "t.ini:2: malformed line (expected [section] or key = value): = 3");
+}
+
+static void test_suggestions(void) {
+    expect_text("[train]\nlrr = 1\n", "t.ini:2: unknown key train.lrr; did you mean train.lr?");
+    expect_text("[train]\nlearning_rate = 1\n", "t.ini:2: unknown key train.learning_rate; did you mean train.lr?");
+    expect_text("[model]\nn_head = 2\n", "t.ini:2: unknown key model.n_head; did you mean model.n_heads?");
+    expect_text("[momentum]\ngama = 0.5\n", "t.ini:2: unknown key momentum.gama; did you mean momentum.gamma?");
+    expect_text("[trian]\nlr = 1\n", "t.ini:2: unknown section [trian] (key lr); did you mean train.lr?");
+    expect_text("[modle]\nfoo = 1\n", "t.ini:2: unknown section [modle] (key foo); did you mean [model]?");
+    expect_text("[train]\nd_model = 32\n", "t.ini:2: unknown key train.d_model; did you mean model.d_model?");
+    expect_text("lr = 1\n", "t.ini:1: key lr is outside any [section]; did you mean train.lr?");
+    expect_text("[data]\ntask = chian\n",
+                "t.ini:2: data.task = 'chian': not one of the allowed values (allowed: chain|copy|listops|text); "
+                "did you mean chain?");
+    expect_text("[model]\ncausal = ture\n", "t.ini:2: model.causal = 'ture': expected true or false; did you mean true?");
+    expect_override("train.lrr=1", "--set unknown key train.lrr; did you mean train.lr?");
+    expect_override("learning_rate=3e-4", "--set learning_rate=3e-4: expected section.key=value; did you mean train.lr=3e-4?");
+    expect_override("n_heads=2", "--set n_heads=2: expected section.key=value; did you mean model.n_heads=2?");
+    CHECK(suggest_distance("trian", "train", 2) == 1, "trian/train distance");
+    const char *commands[] = {"train", "init", "loss", "eval", "inspect", "generate", "bench"};
+    CHECK(suggest_closest("trian", commands, 7) == commands[0], "trian -> train");
+    CHECK(suggest_closest("fly", commands, 7) == NULL, "fly has no suggestion");
+}
+
+static void test_limits(void) {
+    expect_text("[train]\nsteps = -5\n", "t.ini:2: train.steps = -5 is out of range: must be >= 0");
+    expect_text("[model]\nn_heads = 0\n", "t.ini:2: model.n_heads = 0 is out of range: must be in [1, 4096]");
+    expect_text("[model]\nn_layers = 99999999999999999999\n",
+                "t.ini:2: model.n_layers = 99999999999999999999 is out of range: must be in [1, 4096]");
+    expect_text("[model]\nn_classes = 1\n", "t.ini:2: model.n_classes = 1 is out of range: must be in [2, 1048576]");
+    expect_text("[train]\nadam_eps = 0\n", "t.ini:2: train.adam_eps = 0 is out of range: must be >= 1e-30");
+    expect_override("train.steps=-5", "--set train.steps = -5 is out of range: must be >= 0");
+    config c = expect_text("[model]\nhead = cls\nn_classes = 5\n[data]\ntask = listops\n", "");
+    char err[512];
+    CHECK(config_check(&c, "t.ini", err, sizeof err) != 0 &&
+              !strcmp(err, "t.ini: model.n_classes = 5 is below the 10 classes of data.task = listops"),
+          "listops with 5 classes: '%s'", err);
+}
+
+static void test_shortest_numbers(void) {
+    static const struct {
+        double x;
+        const char *text;
+    } cases[] = {{0.1, "0.1"}, {0.2, "0.2"}, {1e-6, "1e-06"}, {3e-4, "0.0003"}, {1.0 / 3, "0.3333333333333333"},
+                 {1e300, "1e+300"}, {4.9406564584124654e-324, "5e-324"}, {-0.0, "-0"}, {10000, "10000"},
+                 {0.999999999, "0.999999999"}, {1e18, "1e+18"}, {1048576, "1048576"},
+                 {DBL_MIN / 3, "7.41691286169067e-309"}, {DBL_MAX, "1.7976931348623157e+308"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[32];
+        format_shortest_double(cases[i].x, out, sizeof out);
+        CHECK(!strcmp(out, cases[i].text) && strtod(out, NULL) == cases[i].x, "shortest(%.17g): '%s', want '%s'",
+              cases[i].x, out, cases[i].text);
+    }
+    config c;
+    config_defaults(&c);
+    c.lr = 0.2, c.gamma = 1.0 / 3;
+    char *ini = config_to_ini(&c);
+    CHECK(strstr(ini, "lr = 0.2\n") && strstr(ini, "gamma = 0.3333333333333333\n") && strstr(ini, "eps = 1e-06\n"),
+          "config_ini numbers:\n%s", ini);
+    config back = expect_text(ini, "");
+    CHECK(back.lr == c.lr && back.gamma == c.gamma, "config_ini numbers do not read back");
+    free(ini);
+}
+
+int main(void) {
+    test_statuses();
+    test_long_lines();
+    test_syntax();
+    test_suggestions();
+    test_limits();
+    test_shortest_numbers();
     printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
     return failures != 0;
 }

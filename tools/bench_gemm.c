@@ -16,29 +16,18 @@
  * first round (JIT, first touch) is discarded and the median over the rest
  * is printed. */
 #include <cblas.h>
-#include <ini.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "momfmm/blas_core.h"
 #include "momfmm/common.h"
+#include "momfmm/config.h"
 #include "momfmm/gemm.h"
 
 typedef struct {
     int d_model, d_ff, vocab, seq_len, batch;
 } dims;
-
-static int read_key(void *user, const char *section, const char *name, const char *value) {
-    dims *d = user;
-    int v = atoi(value);
-    if (!strcmp(section, "model") && !strcmp(name, "d_model")) d->d_model = v;
-    if (!strcmp(section, "model") && !strcmp(name, "d_ff")) d->d_ff = v;
-    if (!strcmp(section, "model") && !strcmp(name, "vocab_size")) d->vocab = v;
-    if (!strcmp(section, "data") && !strcmp(name, "seq_len")) d->seq_len = v;
-    if (!strcmp(section, "train") && !strcmp(name, "batch_size")) d->batch = v;
-    return 1;
-}
 
 typedef struct {
     char name[32];
@@ -103,13 +92,14 @@ int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : "configs/bench_d256.ini";
     int rounds = argc > 2 ? atoi(argv[2]) : 7;
     if (rounds < 2 || rounds > MAX_ROUNDS) rounds = 7;
-    dims d = {0};
-    if (ini_parse(path, read_key, &d) != 0 || d.d_model <= 0 || d.seq_len <= 0 || d.batch <= 0) {
-        fprintf(stderr, "bench_gemm: cannot read d_model, seq_len, batch_size from %s\n", path);
+    config c;
+    status err;
+    config_defaults(&c);
+    if (config_try_load_file(&c, path, &err) != 0) {
+        fprintf(stderr, "bench_gemm: %s\n", err.message);
         return 2;
     }
-    if (d.d_ff <= 0) d.d_ff = 4 * d.d_model;
-    if (d.vocab <= 0) d.vocab = 256;
+    dims d = {c.d_model, c.d_ff, c.vocab_size, c.seq_len, c.batch_size};
     product products[MAX_PRODUCTS];
     int n = model_products(&d, products);
 

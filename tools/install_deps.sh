@@ -7,7 +7,6 @@ packages=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   libhdf5-dev hdf5-tools libdnnl-dev
-  libinih-dev
   python3-torch python3-h5py python3-numpy python3-matplotlib python3-pytest
   slurmctld slurmd slurm-client munge
 )

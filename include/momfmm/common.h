@@ -44,6 +44,11 @@ void log_rank0(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void *xcalloc(size_t count, size_t size);
 void *xrealloc(void *p, size_t size);
 double wall_seconds(void);
+
+/* x in the fewest significant digits (%.1g ... %.17g) that strtod reads back
+ * as exactly x: 0.2 rather than 0.20000000000000001 (docs/config.md §6, the
+ * config_ini text). `out` needs room for 32 bytes; returns out. */
+char *format_shortest_double(double x, char *out, size_t len);
 /* This rank and the number of ranks (0 and 1 without MPI); defined in dist.c,
  * the one file that calls MPI (docs/design.md §8.3). */
 int process_rank(void);

@@ -60,13 +60,17 @@ void config_defaults(config *c);
  * caught by the unit test). */
 int config_check_defaults(status *st);
 
-/* Reads an INI file over the defaults. On an unknown section or key or a bad
- * value, EXIT_USAGE naming the file, the line and the key (docs/design.md
- * §8.7; the command layer's config_load_file in cmd_common.h exits on it). */
+/* Reads an INI file over the defaults. On an unknown section or key (with a
+ * "did you mean" when one is close), a key or section set twice (naming both
+ * lines), a value out of its range (stating the range) or otherwise bad,
+ * EXIT_USAGE naming the file, the line and the key (docs/config.md §6,
+ * docs/design.md §8.7; the command layer's config_load_file in cmd_common.h
+ * exits on it). Lines may be of any length. */
 int config_try_load_file(config *c, const char *path, status *st);
 
-/* Reads INI text (e.g. a checkpoint's config_ini attribute); `origin` names
- * the source in messages. Returns 0, or -1 with a message in err. */
+/* Reads INI text (e.g. a checkpoint's config_ini attribute) with the same
+ * rules; `origin` names the source in messages. Returns 0, or -1 with a
+ * message in err. */
 int config_load_string(config *c, const char *text, const char *origin,
                        char *err, size_t err_len);
 
@@ -77,7 +81,8 @@ int config_try_apply_override(config *c, const char *assignment, status *st);
  * `origin` and the key; returns 0 or -1 with the message in err. */
 int config_check(const config *c, const char *origin, char *err, size_t err_len);
 
-/* The full resolved config as INI text (SPEC 4 `config_ini`). Caller frees. */
+/* The full resolved config as INI text (SPEC 4 `config_ini`), numbers in
+ * their shortest round-trip form. Caller frees. */
 char *config_to_ini(const config *c);
 
 /* True when momentum attention is on (SPEC 1.2). */

@@ -13,6 +13,11 @@
  * threads; a failed status (exit 1) when MPI lacks the thread support needed.
  * The command layer's dist_init (cmd_common.h) exits on that status. */
 int dist_try_init(int *argc, char ***argv, status *st);
+/* The MPI this binary was built against ("Open MPI 4.1.4, MPI 3.1") and the
+ * one it runs with (first line of MPI_Get_library_version, which MPI allows
+ * before MPI_Init: `momfmm --version` does not start MPI; docs/cli.md §5). */
+void dist_build_version(char *out, size_t len);
+void dist_library_version(char *out, size_t len);
 /* Frees the communicators and finalises MPI; a no-op when MPI is not running. */
 void dist_finalize(void);
 /* Ends every rank of the job with exit_code (MPI_Abort): for a failure only

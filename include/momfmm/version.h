@@ -1,0 +1,12 @@
+/* `momfmm --version` (docs/cli.md §5): this program's version and git
+ * revision, and the MPI, OpenBLAS and HDF5 it was built with and runs with. */
+#ifndef MOMFMM_VERSION_H
+#define MOMFMM_VERSION_H
+
+/* "0.2.0" and "<git describe --always --dirty>" (or "unknown"). */
+const char *version_number(void);
+const char *version_revision(void);
+
+/* Prints the version lines on stdout; needs neither MPI nor a file. */
+void version_print(void);
+#endif

@@ -1,0 +1,187 @@
+"""Command line (docs/cli.md §5) and config reader (docs/config.md §6):
+--version, help, COMMAND --help; "did you mean" for unknown commands,
+options, sections and keys; ranges in messages; duplicate keys; config lines
+of any length, and a checkpoint whose config_ini holds one, read back.
+
+Run: MOMFMM_BIN=build/momfmm /usr/bin/python3 -m pytest tests/e2e/test_cli.py
+"""
+import os
+import re
+import subprocess
+
+import pytest
+
+COMMANDS = ["train", "init", "loss", "eval", "inspect", "generate", "bench"]
+# Each command's options, and the defaults its help must state.
+OPTIONS = {
+    "train": ["--set", "--resume"],
+    "init": ["--set", "--out"],
+    "loss": ["--grads"],
+    "eval": ["--stream", "--segment"],
+    "inspect": [],
+    "generate": ["--prompt", "--tokens", "--temperature", "--seed"],
+    "bench": ["--set", "--steps"],
+}
+DEFAULTS = {"bench": ["--steps N", "(default: 10)"], "eval": ["--segment N", "(default: 1)"],
+            "generate": ["--tokens N", "(default: 32)", "(default: 0)"]}
+TINY = """[model]
+vocab_size = 32
+d_model = 32
+n_heads = 4
+n_layers = 1
+d_ff = 64
+
+[data]
+seq_len = 16
+chain_len = 5
+
+[train]
+steps = 2
+batch_size = 2
+lr = 0.003
+out_dir = {out_dir}
+"""
+
+
+@pytest.fixture
+def momfmm_bin():
+    path = os.environ.get("MOMFMM_BIN")
+    if not path:
+        pytest.skip("MOMFMM_BIN is not set")
+    return path
+
+
+def run(*args):
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def write(path, text):
+    path.write_text(text)
+    return path
+
+
+def usage_error(result, *needles):
+    """Exit 2, one `momfmm:` message containing every needle, no crash."""
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("momfmm: "), result.stderr
+    for needle in needles:
+        assert needle in result.stderr, f"{needle!r} not in {result.stderr!r}"
+    assert "AddressSanitizer" not in result.stderr and "Segmentation" not in result.stderr
+
+
+def test_version(momfmm_bin):
+    r = run(momfmm_bin, "--version")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert re.fullmatch(r"momfmm \d+\.\d+\.\d+ \(git \S+\)", lines[0]), lines[0]
+    for library in ("MPI", "OpenBLAS", "HDF5"):
+        line = next((l for l in lines if l.startswith(library + ":")), "")
+        assert "built with" in line and "running" in line, r.stdout
+    assert re.search(r"HDF5: +built with \d+\.\d+\.\d+; running \d+\.\d+\.\d+", r.stdout), r.stdout
+
+
+def test_help_lists_every_command(momfmm_bin):
+    for args in (["help"], ["--help"], ["-h"]):
+        r = run(momfmm_bin, *args)
+        assert r.returncode == 0, r.stderr
+        for command in COMMANDS:
+            assert re.search(rf"^  {command} ", r.stdout, re.M), (args, r.stdout)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_command_help(momfmm_bin, command):
+    for args in ([command, "--help"], [command, "-h"], ["help", command], [command, "x.ini", "--help"]):
+        r = run(momfmm_bin, *args)
+        assert r.returncode == 0, (args, r.stderr)
+        assert r.stdout.startswith(f"usage: momfmm {command} "), r.stdout
+        for option in OPTIONS[command] + ["--help"]:
+            assert re.search(rf"^  (-h, )?{option}\b", r.stdout, re.M), (option, r.stdout)
+        for needle in DEFAULTS.get(command, []):
+            assert needle in r.stdout, (needle, r.stdout)
+
+
+def test_unknown_command_and_option(momfmm_bin, tmp_path):
+    usage_error(run(momfmm_bin, "trian"), "unknown command 'trian'", "did you mean train?")
+    usage_error(run(momfmm_bin, "help", "trian"), "did you mean train?")
+    usage_error(run(momfmm_bin, "fly"), "unknown command 'fly'")
+    ini = write(tmp_path / "tiny.ini", TINY.format(out_dir=tmp_path / "run"))
+    usage_error(run(momfmm_bin, "bench", ini, "--step", "3"), "unknown option --step", "did you mean --steps?")
+    usage_error(run(momfmm_bin, "init", ini, "-o", "x.h5"), "unknown option -o", "did you mean --out?")
+    usage_error(run(momfmm_bin, "generate", "x.h5", "--steps", "3"), "--steps is not accepted", "bench")
+    usage_error(run(momfmm_bin, "bench", ini, "--steps", "0"), "--steps 0", "[1, 1073741824]")
+
+
+@pytest.mark.parametrize("section, line, suggestion", [
+    ("train", "lrr = 1", "unknown key train.lrr; did you mean train.lr?"),
+    ("train", "learning_rate = 1", "unknown key train.learning_rate; did you mean train.lr?"),
+    ("model", "n_head = 2", "unknown key model.n_head; did you mean model.n_heads?"),
+    ("momentum", "gama = 0.5", "unknown key momentum.gama; did you mean momentum.gamma?"),
+    ("trian", "lr = 1", "unknown section [trian] (key lr); did you mean train.lr?"),
+    ("data", "task = chian", "data.task = 'chian': not one of the allowed values (allowed: chain|copy|listops|text); "
+                             "did you mean chain?"),
+])
+def test_unknown_key_suggestions(momfmm_bin, tmp_path, section, line, suggestion):
+    ini = write(tmp_path / "bad.ini", f"[{section}]\n{line}\n")
+    usage_error(run(momfmm_bin, "train", ini), "bad.ini:2: " + suggestion)
+
+
+def test_set_suggestions_and_ranges(momfmm_bin, tmp_path):
+    ini = write(tmp_path / "tiny.ini", TINY.format(out_dir=tmp_path / "run"))
+    out = tmp_path / "x.h5"
+    usage_error(run(momfmm_bin, "init", ini, "--out", out, "--set", "train.lrr=1"), "did you mean train.lr?")
+    usage_error(run(momfmm_bin, "init", ini, "--out", out, "--set", "learning_rate=1"), "did you mean train.lr=1?")
+    usage_error(run(momfmm_bin, "init", ini, "--out", out, "--set", "train.steps=-5"),
+                "train.steps = -5 is out of range: must be >= 0")
+    usage_error(run(momfmm_bin, "init", ini, "--out", out, "--set", "model.n_heads=0"),
+                "model.n_heads = 0 is out of range: must be in [1, 4096]")
+    usage_error(run(momfmm_bin, "init", ini, "--out", out, "--set", "model.n_classes=1"), "model.n_classes")
+    assert not out.exists()
+
+
+def test_duplicates(momfmm_bin, tmp_path):
+    ini = write(tmp_path / "dup.ini", TINY.format(out_dir=tmp_path / "run") + "lr = 0.1\n")
+    line = TINY.count("\n") + 1
+    first = TINY.splitlines().index("lr = 0.003") + 1
+    usage_error(run(momfmm_bin, "init", ini, "--out", tmp_path / "x.h5"),
+                f"dup.ini:{line}: duplicate key train.lr (first set at line {first})")
+    ini = write(tmp_path / "dupsec.ini", TINY.format(out_dir=tmp_path / "run") + "[model]\n")
+    usage_error(run(momfmm_bin, "init", ini, "--out", tmp_path / "x.h5"), "duplicate section [model] (first at line 1)")
+
+
+def inspect_config(momfmm_bin, ckpt):
+    r = run(momfmm_bin, "inspect", ckpt)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_long_lines_end_to_end(momfmm_bin, tmp_path):
+    """A 10k-character comment ending in `lr = 1000000` stays a comment; a
+    long value is read whole; numbers come back in their shortest form."""
+    out_dir = str(tmp_path / ("d" * 200) / ("e" * 200) / ("f" * 200))
+    text = TINY.format(out_dir=out_dir).replace("[train]\n", "[train]\n; " + "x" * 10000 + " lr = 1000000\n")
+    text = text.replace("[model]\n", "[model]\n" + " " * 5000 + "n_layers = 2 " + " " * 5000 + "; " + "y" * 5000 + "\n")
+    text = text.replace("n_layers = 1\n", "")
+    ini = write(tmp_path / "long.ini", text)
+    ckpt = tmp_path / "long.h5"
+    r = run(momfmm_bin, "init", ini, "--out", ckpt)
+    assert r.returncode == 0, r.stderr
+    shown = inspect_config(momfmm_bin, ckpt)
+    assert re.search(r"^lr = 0\.003$", shown, re.M), shown
+    assert re.search(r"^n_layers = 2$", shown, re.M), shown
+    assert f"out_dir = {out_dir}\n" in shown
+    assert "1000000" not in shown and "0.0030000000000000001" not in shown
+
+
+def test_checkpoint_with_long_out_dir(momfmm_bin, tmp_path):
+    """A 300-byte out_dir in config_ini (past the old 200-byte line buffer)."""
+    out_dir = "/" + "/".join(["p" * 99] * 3)
+    assert len(out_dir) == 300
+    ini = write(tmp_path / "dir.ini", TINY.format(out_dir=out_dir))
+    ckpt = tmp_path / "dir.h5"
+    r = run(momfmm_bin, "init", ini, "--out", ckpt)
+    assert r.returncode == 0, r.stderr
+    assert f"out_dir = {out_dir}\n" in inspect_config(momfmm_bin, ckpt)
+    r = run(momfmm_bin, "eval", ckpt)
+    assert r.returncode == 0, r.stderr
