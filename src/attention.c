@@ -1,4 +1,4 @@
-/* Attention sublayer (SPEC 1.1-1.3; docs/design.md §8.1): split q, k, v into
+/* Attention sublayer (docs/model.md §1.1-1.3; docs/design.md §8.1): split q, k, v into
  * heads, rotate and shear q and k, run softmax or FMM attention per head,
  * merge the heads. Per-head vectors are stored head-major [B, H, T, dh] so
  * every kernel sees contiguous [T, dh] matrices. */
@@ -56,7 +56,7 @@ static void add_last_position(float *sum, const float *x, int T, int dh) {
     for (int i = 0; i < dh; i++) sum[i] += last[i];
 }
 
-/* raw (unrotated q or k of one head) -> dst = q-hat or k-hat (SPEC 1.2):
+/* raw (unrotated q or k of one head) -> dst = q-hat or k-hat (docs/model.md §1.2):
  * post_rope shears the rotated vectors, pre_rope rotates the sheared ones. */
 static void prepare_vector(const attention_layer *a, int h, int which, float *raw, float *dst, float *p, int T) {
     if (!is_sheared(a, which)) {
@@ -153,7 +153,7 @@ void attention_backward(const attention_layer *a, const attention_saved *s, cons
     }
 }
 
-/* ---- streaming (SPEC 1.2: carry each sequence's previous vectors) ------- */
+/* ---- streaming (docs/model.md §1.2: carry each sequence's previous vectors) ------- */
 
 /* prepare_vector for positions pos..pos+n-1 of stream s: at pos 0 the shear
  * starts as in training (anchor or buffer); later it continues from the

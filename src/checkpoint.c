@@ -1,4 +1,4 @@
-/* HDF5 files of SPEC 4: the file format only (names, listing, pruning and
+/* HDF5 files of docs/files.md §4: the file format only (names, listing, pruning and
  * temporary names are the store's, docs/design.md §8.4). Writes go to the
  * temporary name the caller gives, flushed, fsync'ed and renamed, so a crash
  * never leaves half a file under a checkpoint's name; reads check every

@@ -1,4 +1,4 @@
-/* The commands that read a checkpoint (SPEC 5): inspect, eval and generate.
+/* The commands that read a checkpoint (docs/cli.md §5): inspect, eval and generate.
  * They need only a checkpoint's root attributes, /model and /buffers (plus
  * /metrics for inspect's history): a model for inference, and for eval a
  * data shard and the evaluation module (docs/design.md §8.5), never a
@@ -63,7 +63,7 @@ static void print_last_row(const char *title, const metric_table *t) {
     printf("\n");
 }
 
-/* SPEC 1.2 read-out: the shear as a high-pass filter, per layer and head. */
+/* docs/model.md §1.2 read-out: the shear as a high-pass filter, per layer and head. */
 static void print_filter_gains(const model *m) {
     if (!m->momentum) {
         printf("momentum: off\n");

@@ -1,4 +1,4 @@
-/* The `train` and `bench` commands (SPEC 5; docs/design.md §8.1, §8.7): run
+/* The `train` and `bench` commands (docs/cli.md §5; docs/design.md §8.1, §8.7): run
  * the trainer, log, publish metrics, checkpoint on signals; a failed status
  * becomes an exit here and nowhere below. */
 #include <math.h>
@@ -19,7 +19,7 @@
 static volatile sig_atomic_t stop_requested = 0;
 static void request_stop(int signo) { stop_requested = signo; }
 
-/* SPEC 5: SIGTERM, SIGINT, SIGUSR1 finish the step, checkpoint, exit 0. */
+/* docs/cli.md §5: SIGTERM, SIGINT, SIGUSR1 finish the step, checkpoint, exit 0. */
 static void install_stop_handlers(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

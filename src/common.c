@@ -1,4 +1,4 @@
-/* Failure reporting and small utilities (SPEC 5: exit codes). MPI itself
+/* Failure reporting and small utilities (docs/cli.md §5: exit codes). MPI itself
  * (rank, abort, finalise) is dist.c's (docs/design.md §8.3). */
 #include "momfmm/common.h"
 

@@ -1,4 +1,4 @@
-/* INI configuration (SPEC 6), table-driven: one row per key gives its section,
+/* INI configuration (docs/config.md §6), table-driven: one row per key gives its section,
  * name, type, default and limits, so parsing, validation, the resolved
  * `config_ini` text and the resume comparison all read the same table. */
 #include "momfmm/config.h"

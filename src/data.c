@@ -1,4 +1,4 @@
-/* Task generators of SPEC 2 (chain, copy, listops, text). Each sample draws
+/* Task generators of docs/tasks.md §2 (chain, copy, listops, text). Each sample draws
  * from its own counter stream keyed by (seed, split, step, global index). */
 #include "momfmm/data.h"
 

@@ -1,4 +1,4 @@
-/* Evaluation (SPEC 3; docs/design.md §8.5); see eval.h. */
+/* Evaluation (docs/metrics.md §3; docs/design.md §8.5); see eval.h. */
 #include "momfmm/eval.h"
 
 #include <math.h>

@@ -1,10 +1,10 @@
-/* FMM attention for one head (SPEC 1.3): a banded softmax near field plus a
+/* FMM attention for one head (docs/model.md §1.3): a banded softmax near field plus a
  * multi-kernel linear-attention far field, blended by sigmoid logits.
  *
  * Layout of `saved` (fmm_head_saved_floats):
  *   [T, W]           near-field probabilities, if bandwidth > 0 (W = band width)
  *   r x [T, dh + 1]  per far kernel: numerator (dh columns) and denominator
- *                    (last column, before eps) of SPEC 1.3's far_l,i
+ *                    (last column, before eps) of docs/model.md §1.3's far_l,i
  * The near and far outputs are not saved: the blend gradients are recomputed
  * from these in O(T * (W + dh)).
  *
@@ -31,7 +31,7 @@
 #define FMM_DEFAULT_CHUNK 16
 
 /* ------------------------------------------------------------------------ */
-/* Kernel list parsing (SPEC 1.3 / 6: fmm.kernels = "elu,elu_flip")          */
+/* Kernel list parsing (docs/model.md §1.3 / 6: fmm.kernels = "elu,elu_flip")          */
 /* ------------------------------------------------------------------------ */
 
 static const struct { const char *name; feature_map map; } feature_names[] = {
@@ -182,7 +182,7 @@ static void add_scaled(float *restrict y, float a, const float *restrict x, int 
 }
 
 /* ------------------------------------------------------------------------ */
-/* Near field: softmax over the band only (SPEC 1.3), O(T * W * dh)          */
+/* Near field: softmax over the band only (docs/model.md §1.3), O(T * W * dh)          */
 /* ------------------------------------------------------------------------ */
 
 /* Row i's keys are j in [*lo, *hi]; P[i, j - base] holds p_ij. */
@@ -255,7 +255,7 @@ static double band_softmax_backward(const band_geometry *g, const float *q,
 }
 
 /* ------------------------------------------------------------------------ */
-/* Feature maps φ of SPEC 1.3 (all strictly positive, so normalisers are > 0) */
+/* Feature maps φ of docs/model.md §1.3 (all strictly positive, so normalisers are > 0) */
 /* ------------------------------------------------------------------------ */
 
 /* Branch-free forms (the sign of x is random, so branches mispredict half
@@ -429,7 +429,7 @@ static void linear_attention_product(const lin_operands *o, int T, sum_range ran
 }
 
 /* ------------------------------------------------------------------------ */
-/* Far field (SPEC 1.3): far_l,i = num_l,i / (den_l,i + eps)                 */
+/* Far field (docs/model.md §1.3): far_l,i = num_l,i / (den_l,i + eps)                 */
 /* ------------------------------------------------------------------------ */
 
 /* [v | 1]: the ones column makes the last output column Σ φ(q_i)·φ(k_j). */

@@ -1,4 +1,4 @@
-/* Streaming FMM attention (SPEC 1.3, causal) for generation and
+/* Streaming FMM attention (docs/model.md §1.3, causal) for generation and
  * `eval --stream`: the near field looks back over the band in the key cache;
  * the far field is the recurrent form of linear attention, a running
  * [dh, dh] state and [dh] normaliser per kernel. */

@@ -1,4 +1,4 @@
-/* Layer kernels of SPEC 1; see kernels.h for the conventions. */
+/* Layer kernels of docs/model.md §1; see kernels.h for the conventions. */
 #include "momfmm/kernels.h"
 
 #include "momfmm/fastmath.h"

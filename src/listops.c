@@ -1,4 +1,4 @@
-/* ListOps generator and evaluator (SPEC 2, after LRA's listops.py). */
+/* ListOps generator and evaluator (docs/tasks.md §2, after LRA's listops.py). */
 #include "momfmm/listops.h"
 
 #include <stdbool.h>

@@ -1,4 +1,4 @@
-/* SPEC 3 metrics: L_new, L_rep, loss_by_k, delta_12, acc, exact match. */
+/* docs/metrics.md §3 metrics: L_new, L_rep, loss_by_k, delta_12, acc, exact match. */
 #include "momfmm/metrics.h"
 
 #include <stdlib.h>

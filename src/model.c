@@ -1,4 +1,4 @@
-/* The transformer of SPEC 1: parameter layout, initialisation, forward and
+/* The transformer of docs/model.md §1: parameter layout, initialisation, forward and
  * backward. Attention lives in attention.c, the kernels in kernels.c. */
 #include "momfmm/model.h"
 
@@ -29,7 +29,7 @@ static void add_entry(model *m, const char *name, int rows, int cols, bool decay
     m->n_params += e->numel;
 }
 
-/* SPEC 4 names and PyTorch shapes, in forward order. */
+/* docs/files.md §4 names and PyTorch shapes, in forward order. */
 static void build_layout(model *m) {
     const config *c = &m->cfg;
     m->entries = xcalloc((size_t)(16 * c->n_layers + 8), sizeof(param_entry));
@@ -146,7 +146,7 @@ const param_entry *model_find_param(const model *m, const char *name) {
 
 /* GPT-2 style: N(0, 0.02) weights, residual projections scaled by
  * 1/sqrt(2 L), zero biases, unit LayerNorm gains; gamma from the config,
- * blend logits 0 (SPEC 1.3). Each tensor draws from its own counter stream. */
+ * blend logits 0 (docs/model.md §1.3). Each tensor draws from its own counter stream. */
 void model_init_parameters(model *m) {
     uint64_t seed = (uint64_t)m->cfg.seed;
     float residual_scale = 1.0f / sqrtf(2.0f * (float)m->L);
@@ -235,7 +235,7 @@ static void add_into(float *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
-/* SPEC 1 item 4, cls: mean of x over the valid positions (targets != -1). */
+/* docs/model.md §1 item 4, cls: mean of x over the valid positions (targets != -1). */
 static void pool_valid_positions(float *pooled, const float *x, const int32_t *mask, int B, int T, int d) {
     for (int b = 0; b < B; b++) {
         float *out = pooled + (size_t)b * d;

@@ -1,4 +1,4 @@
-/* Momentum shear of SPEC 1.2, forward and adjoint, for one head of one
+/* Momentum shear of docs/model.md §1.2, forward and adjoint, for one head of one
  * sequence.  x is [T, dh] row-major.  O(T * dh) time, no allocation. */
 #include "momfmm/momentum.h"
 
@@ -8,7 +8,7 @@
  * lives on the stack, so the forward needs neither scratch nor the p output. */
 #define MOM_BLOCK 64
 
-/* SPEC 1.2:
+/* docs/model.md §1.2:
  *   d_t = x_t - x_{t-1} (t >= 1),  d_0 = 0 (anchored) or x_0 - prev,
  *   p_t = d_t + beta p_{t-1},      a_t = p_t - p_{t-1},
  *   p_{-1} = 0, or the previous segment's last p when streaming,

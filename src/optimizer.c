@@ -1,4 +1,4 @@
-/* AdamW with PyTorch semantics (SPEC 1.4): bias-corrected moments, eps after
+/* AdamW with PyTorch semantics (docs/model.md §1.4): bias-corrected moments, eps after
  * the square root, decoupled weight decay p -= lr * wd * p applied first. */
 #include "momfmm/optimizer.h"
 

@@ -1,4 +1,4 @@
-/* The trainer (SPEC 1.4, 2, 3): data-parallel steps, evaluation into the
+/* The trainer (docs/model.md §1.4, 2, 3): data-parallel steps, evaluation into the
  * metric tables, resume and save through the store (docs/design.md §8.4,
  * §8.5). Returns statuses; the commands are in cmd_train.c. */
 #include "momfmm/train.h"
@@ -73,7 +73,7 @@ void trainer_free(trainer *t) {
 }
 
 /* One reduction carries the loss sum, the target count and the momentum
- * buffer sums (SPEC 1.2: buffers are the global-batch mean). */
+ * buffer sums (docs/model.md §1.2: buffers are the global-batch mean). */
 static double reduce_forward_results(trainer *t, double *global_count) {
     model *m = &t->model;
     const batch *b = &t->shard.batch;
@@ -134,7 +134,7 @@ static void trainer_reset(trainer *t) {
 /* Loads `path` into the trainer (a store_loader). A file that does not load
  * is STORE_SKIP with the reason (the trainer is then reset); a config that
  * changes the model or the data is EXIT_BAD_FILE listing every differing
- * key (SPEC 4, resume). */
+ * key (docs/files.md §4, resume). */
 static int try_resume(const char *path, void *ctx, status *err) {
     trainer *t = ctx;
     config saved;

@@ -1,4 +1,4 @@
-/* Runs the C AdamW (SPEC 1.4) for a few steps on a tiny model's parameter
+/* Runs the C AdamW (docs/model.md §1.4) for a few steps on a tiny model's parameter
  * layout with random gradients and writes inputs and results for
  * tests/reference/test_adamw.py, which replays them in torch.optim.AdamW.
  * Also checks the weight-decay mask: 2-D weights only. */

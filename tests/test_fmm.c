@@ -1,4 +1,4 @@
-/* Tests of the FMM attention kernels (src/fmm.c, SPEC 1.3).
+/* Tests of the FMM attention kernels (src/fmm.c, docs/model.md §1.3).
  *   test_fmm          run every check, one line each; exit 1 on any failure
  *   test_fmm --bench  time fmm_head_forward + fmm_head_backward per token */
 #define _POSIX_C_SOURCE 200809L   /* clock_gettime under -std=c11 */
@@ -91,7 +91,7 @@ static double case_loss(void *ctx) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* Naive O(T²) double-precision reference of SPEC 1.3                        */
+/* Naive O(T²) double-precision reference of docs/model.md §1.3                        */
 /* ------------------------------------------------------------------------ */
 
 static double ref_feature(feature_map m, double x) {
@@ -293,7 +293,7 @@ static double rel_diff(const float *a, const float *b, size_t n) {
     return m / scale;
 }
 
-/* The chunk length only reorders float sums (SPEC 1.3 defines no chunking). */
+/* The chunk length only reorders float sums (docs/model.md §1.3 defines no chunking). */
 static int chunk_invariance_test(const char *label, bool causal, const char *kernels) {
     const int T = 100, dh = 16, chunks[] = {4, 16, 100, 0};
     fmm_case base, c;

@@ -1,4 +1,4 @@
-/* ListOps (SPEC 2): evaluator on known expressions, tokenizer on LRA's
+/* ListOps (docs/tasks.md §2): evaluator on known expressions, tokenizer on LRA's
  * source format, and the generator's lengths, tokens and values. */
 #include <stdio.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* Tests of the momentum shear (SPEC 1.2): finite differences of dx and dgamma,
+/* Tests of the momentum shear (docs/model.md §1.2): finite differences of dx and dgamma,
  * a double-precision reference forward, the identity at zero coefficients and
  * segmented (streaming) forwards.  One line per check; exit status = failures. */
 #include "momfmm/momentum.h"
@@ -18,7 +18,7 @@ static momentum_coeffs coeffs(float gamma, float beta, float gamma2) {
     return c;
 }
 
-/* Reference forward in double, written straight from SPEC 1.2 with one column
+/* Reference forward in double, written straight from docs/model.md §1.2 with one column
  * at a time.  p_init (NULL: p_{-1} = 0) is the extra state a stream carries. */
 static void naive_forward(const float *x, const float *prev, const double *p_init,
                           double *xhat, double *p, momentum_coeffs c, int T, int dh) {

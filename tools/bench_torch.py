@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Training throughput of the momfmm model in PyTorch float32, next to `momfmm bench`.
 
-Builds the SPEC 1 model (pre-LN, RoPE, softmax attention, gelu-tanh MLP, lm head)
+Builds the docs/model.md §1 model (pre-LN, RoPE, softmax attention, gelu-tanh MLP, lm head)
 from a momfmm INI config (model.*, data.seq_len, train.batch_size, train.lr,
 train.weight_decay, train.beta1/beta2/adam_eps), feeds random tokens and times
 `--steps` steps of forward + backward + torch.optim.AdamW after `--warmup`
@@ -97,7 +97,7 @@ def training_flops_per_step(V, d, n_layers, d_ff, T, B):
 
 
 class Settings:
-    """The config values the benchmark needs (SPEC 6 names and defaults)."""
+    """The config values the benchmark needs (docs/config.md §6 names and defaults)."""
 
     def __init__(self, cp: configparser.ConfigParser):
         g = lambda s, k, d=None: cp.get(s, k, fallback=d)  # noqa: E731
@@ -125,7 +125,7 @@ class Settings:
 
 
 class Block(nn.Module):
-    """Pre-LN block: x += Attn(LN1 x); x += MLP(LN2 x) (SPEC 1)."""
+    """Pre-LN block: x += Attn(LN1 x); x += MLP(LN2 x) (docs/model.md §1)."""
 
     def __init__(self, s: Settings, cos, sin, mask):
         super().__init__()

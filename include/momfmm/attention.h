@@ -1,4 +1,4 @@
-/* The attention sublayer (SPEC 1.1-1.3): split q, k, v into heads, rotate
+/* The attention sublayer (docs/model.md §1.1-1.3): split q, k, v into heads, rotate
  * (RoPE) and shear (momentum) q and k, run softmax or FMM attention per head,
  * merge the heads. In the layers of docs/design.md §8.1 it sits below the
  * model and above the kernels: it sees one block through attention_layer,
@@ -33,7 +33,7 @@ typedef struct {
     float *scratch;                   /* attention_scratch_per_head floats, reused */
 } attention_saved;
 
-/* One block's streaming state for S sequences (SPEC 1.2: the carry). */
+/* One block's streaming state for S sequences (docs/model.md §1.2: the carry). */
 typedef struct {
     int S, capacity, pos;             /* sequences, cache positions, positions consumed */
     float *k_cache, *v_cache;         /* [S][H][capacity][dh] (k-hat after shear, RoPE) */

@@ -1,4 +1,4 @@
-/* HDF5 files of SPEC 4: checkpoints, token files and gradient files. The
+/* HDF5 files of docs/files.md §4: checkpoints, token files and gradient files. The
  * file format only: where checkpoints go, their names and temporary names
  * are the store's (store.h, docs/design.md §8.4). Every function returns 0,
  * or an exit code (EXIT_BAD_FILE) with a message naming the file and the
@@ -21,7 +21,7 @@ typedef struct {
     int world_size;
 } checkpoint_info;
 
-/* Writes the SPEC 4 layout to `path` atomically: into `tmp` (a name in the
+/* Writes the docs/files.md §4 layout to `path` atomically: into `tmp` (a name in the
  * same directory), flushed, fsync'ed, renamed to `path`, directory fsync'ed.
  * Metrics tables may be NULL. On a failure the previous file under `path`,
  * if any, is left as it was. */
@@ -42,7 +42,7 @@ int checkpoint_read_state(const char *path, model *m, bool optimizer, metric_tab
  * buffers: what loss and generate need. On a failure m is freed. */
 int checkpoint_load_model(const char *path, model *m, bool training, status *err);
 
-/* Token file (SPEC 4): /inputs, /targets int32 [B,T], /labels [B] for cls;
+/* Token file (docs/files.md §4): /inputs, /targets int32 [B,T], /labels [B] for cls;
  * tokens out of the vocabulary are a bad file too. */
 int tokens_read(const char *path, const model *m, batch *b, status *err);
 

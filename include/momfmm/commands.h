@@ -1,4 +1,4 @@
-/* The command layer of SPEC 5 (docs/design.md §8.1, §8.7): each command
+/* The command layer of docs/cli.md §5 (docs/design.md §8.1, §8.7): each command
  * runs the core modules and turns a failed status into the exit codes of
  * docs/cli.md §5; nothing below this layer exits. cmd_train.c has train and
  * bench, cmd_checkpoint.c the commands that read a checkpoint. */
@@ -9,7 +9,7 @@
 int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume);
 int command_bench(const char *config_path, int n_overrides, char **overrides, int steps);
 int command_inspect(const char *ckpt);
-/* Eval metrics of SPEC 3; with stream, the eval batches also go through the
+/* Eval metrics of docs/metrics.md §3; with stream, the eval batches also go through the
  * streaming path in segments of `segment` tokens, and the largest logit
  * difference from the full forward is reported. */
 int command_eval(const char *ckpt, bool stream, int segment);

@@ -1,10 +1,10 @@
-/* Shared helpers: exit codes of SPEC 5, failure reporting, allocation. */
+/* Shared helpers: exit codes of docs/cli.md §5, failure reporting, allocation. */
 #ifndef MOMFMM_COMMON_H
 #define MOMFMM_COMMON_H
 #include <stddef.h>
 #include <stdint.h>
 
-/* SPEC 5: 2 for a config or command-line error, 3 for a bad file. */
+/* docs/cli.md §5: 2 for a config or command-line error, 3 for a bad file. */
 enum { EXIT_USAGE = 2, EXIT_BAD_FILE = 3 };
 
 /* The outcome of a core module's operation (docs/design.md §8.7): code 0 on

@@ -1,4 +1,4 @@
-/* The resolved configuration of SPEC 6: every INI key, typed, with defaults. */
+/* The resolved configuration of docs/config.md §6: every INI key, typed, with defaults. */
 #ifndef MOMFMM_CONFIG_H
 #define MOMFMM_CONFIG_H
 #include <stdbool.h>
@@ -54,7 +54,7 @@ typedef struct {
     int check_interval;
 } config;
 
-/* Defaults of SPEC 6 (and of configs/README.md). */
+/* Defaults of docs/config.md §6 (and of configs/README.md). */
 void config_defaults(config *c);
 /* Code 1 naming the key when a compiled-in default does not parse (a bug,
  * caught by the unit test). */
@@ -81,11 +81,11 @@ int config_try_apply_override(config *c, const char *assignment, status *st);
  * `origin` and the key; returns 0 or -1 with the message in err. */
 int config_check(const config *c, const char *origin, char *err, size_t err_len);
 
-/* The full resolved config as INI text (SPEC 4 `config_ini`), numbers in
+/* The full resolved config as INI text (docs/files.md §4 `config_ini`), numbers in
  * their shortest round-trip form. Caller frees. */
 char *config_to_ini(const config *c);
 
-/* True when momentum attention is on (SPEC 1.2). */
+/* True when momentum attention is on (docs/model.md §1.2). */
 bool config_momentum_enabled(const config *c);
 
 /* Compares the keys that change the model or the data (model_keys = true;

@@ -1,4 +1,4 @@
-/* Tasks of SPEC 2. Every sample is a pure function of (seed, split, step,
+/* Tasks of docs/tasks.md §2. Every sample is a pure function of (seed, split, step,
  * global sample index), so any rank can make its own shard and a resumed
  * run needs no generator state. */
 #ifndef MOMFMM_DATA_H
@@ -29,6 +29,6 @@ void data_close(data_source *d);
 /* Fills rows for global sample indices [first, first + b->B) of (split, step). */
 void data_fill(const data_source *d, batch *b, int split, long long step, long long first);
 
-/* Rows of global batch `global_B` that rank r of n takes (SPEC 2). */
+/* Rows of global batch `global_B` that rank r of n takes (docs/tasks.md §2). */
 void shard_range(int global_B, int rank, int n_ranks, int *first, int *count);
 #endif

@@ -1,4 +1,4 @@
-/* Data parallelism over MPI (SPEC 1.2, 2; issue "Data parallel"): ranks run
+/* Data parallelism over MPI (docs/model.md §1.2, 2; issue "Data parallel"): ranks run
  * forward and backward on their shard; gradients are summed with bucketed
  * non-blocking all-reduce launched during backward. */
 #ifndef MOMFMM_DIST_H

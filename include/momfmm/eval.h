@@ -1,4 +1,4 @@
-/* Evaluation (SPEC 3; docs/design.md §8.5): the eval metrics of a model on
+/* Evaluation (docs/metrics.md §3; docs/design.md §8.5): the eval metrics of a model on
  * the eval split, with the momentum read-outs (gain_R per block, gamma per
  * head) and optionally the streaming comparison. One module for training's
  * periodic eval, `eval` and `inspect`; it needs a model and a data shard,
@@ -13,7 +13,7 @@
 #include "momfmm/metrics.h"
 #include "momfmm/model.h"
 
-/* This rank's shard of the global batch (SPEC 2) and its data source. */
+/* This rank's shard of the global batch (docs/tasks.md §2) and its data source. */
 typedef struct {
     data_source *data;
     batch batch;
@@ -25,7 +25,7 @@ int rank_shard_open(rank_shard *s, const config *cfg, status *err);
 void rank_shard_close(rank_shard *s);
 
 typedef struct {
-    eval_metrics metrics;         /* SPEC 3 over train.eval_batches batches */
+    eval_metrics metrics;         /* docs/metrics.md §3 over train.eval_batches batches */
     double *gain_R;               /* [n_layers] */
     double *gamma;                /* [n_layers * n_heads]: learned or fixed, 0 without momentum */
     bool streamed;                /* the fields below are filled */
@@ -46,6 +46,6 @@ void eval_readouts(const model *m, eval_result *r);
  * model cannot stream. */
 int evaluate(model *m, rank_shard *shard, int stream_segment, eval_result *r, status *err);
 
-/* One row of the eval table of metric_tables_standard (SPEC 3/4). */
+/* One row of the eval table of metric_tables_standard (docs/metrics.md §3/4). */
 void eval_result_row(const eval_result *r, long long step, const metric_table *eval_log, double *row);
 #endif

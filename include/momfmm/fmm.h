@@ -1,4 +1,4 @@
-/* FMM attention for one head (SPEC 1.3): banded softmax near field plus
+/* FMM attention for one head (docs/model.md §1.3): banded softmax near field plus
  * multi-kernel linear far field, blended by sigmoid(w_near), sigmoid(w_far).
  * Every array is row-major [T, dh] for one (batch row, head); nothing here is
  * ever T x T.  Memory is O(T * (bandwidth + dh)) per head. */
@@ -12,7 +12,7 @@
 typedef enum { FEATURE_ELU = 0, FEATURE_ELU_FLIP = 1, FEATURE_TANH = 2 } feature_map;
 
 typedef struct {
-    int bandwidth;          /* k of SPEC 1.3; 0 drops the near field */
+    int bandwidth;          /* k of docs/model.md §1.3; 0 drops the near field */
     bool causal;
     int n_kernels;          /* r; 0 drops the far field */
     feature_map kernels[FMM_MAX_KERNELS];
@@ -30,7 +30,7 @@ size_t fmm_head_saved_floats(const fmm_settings *s, int T, int dh);
 size_t fmm_head_scratch_floats(const fmm_settings *s, int T, int dh);
 
 /* out = sigmoid(blend_near) * near + sigmoid(blend_far) * (1/r) sum_l far_l.
- * q, k are the (possibly sheared, rotated) q-hat, k-hat of SPEC 1.3. */
+ * q, k are the (possibly sheared, rotated) q-hat, k-hat of docs/model.md §1.3. */
 void fmm_head_forward(const fmm_settings *s, const float *q, const float *k,
                       const float *v, float blend_near, float blend_far,
                       float *out, float *saved, float *scratch, int T, int dh);
@@ -42,7 +42,7 @@ void fmm_head_backward(const fmm_settings *s, const float *q, const float *k,
                        float *dq, float *dk, float *dv,
                        float *d_blend_near, float *d_blend_far,
                        float *scratch, int T, int dh);
-/* phi(x) of a feature map (SPEC 1.3), the same function the kernels use. */
+/* phi(x) of a feature map (docs/model.md §1.3), the same function the kernels use. */
 float fmm_feature(feature_map m, float x);
 
 /* Streaming (causal) FMM for one head (fmm_stream.c): queries q [n, dh] at

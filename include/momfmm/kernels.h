@@ -1,4 +1,4 @@
-/* Layer kernels of SPEC 1, each forward beside its backward. Row-major
+/* Layer kernels of docs/model.md §1, each forward beside its backward. Row-major
  * float32; `rows` is B*T. Backward functions say whether they overwrite (=)
  * or accumulate (+=) into each gradient. Every matrix product goes through
  * cblas_sgemm. */
@@ -8,14 +8,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Linear layer, PyTorch convention (SPEC 1.5): out = inp W^T + b, W [out_dim, in_dim]. */
+/* Linear layer, PyTorch convention (docs/model.md §1.5): out = inp W^T + b, W [out_dim, in_dim]. */
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                     int rows, int in_dim, int out_dim);
 /* dinp = dout W (skipped if NULL); dweight += dout^T inp; dbias += column sums. */
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                      const float *inp, const float *weight, int rows, int in_dim, int out_dim);
 
-/* LayerNorm with eps 1e-5 (SPEC 1.2); saves mean and 1/std per row. */
+/* LayerNorm with eps 1e-5 (docs/model.md §1.2); saves mean and 1/std per row. */
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                        const float *weight, const float *bias, int rows, int dim);
 /* dinp += ..., dweight += ..., dbias += ... */
@@ -23,7 +23,7 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
                         const float *inp, const float *weight, const float *mean,
                         const float *rstd, int rows, int dim);
 
-/* GELU, tanh approximation (SPEC 1.3). tanh_saved keeps the tanh term for
+/* GELU, tanh approximation (docs/model.md §1.3). tanh_saved keeps the tanh term for
  * the backward, which then needs no transcendental function. */
 void gelu_forward(float *out, float *tanh_saved, const float *inp, size_t n);
 /* dinp = dout * gelu'(inp); dinp may alias dout. */
@@ -34,14 +34,14 @@ void embedding_forward(float *out, const int32_t *tokens, const float *table, in
 /* dtable[tokens[r]] += dout[r]. */
 void embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int rows, int dim);
 
-/* RoPE (SPEC 1.1) in place on one head's [T, dh] vectors at positions
+/* RoPE (docs/model.md §1.1) in place on one head's [T, dh] vectors at positions
  * pos0..pos0+T-1; tables are [max_positions, dh/2] of cos and sin of t*theta_j. */
 void rope_tables(float *cos_table, float *sin_table, int max_positions, int dh, double base);
 void rope_forward(float *x, const float *cos_table, const float *sin_table, int T, int dh, int pos0);
 /* The inverse rotation, which is also the adjoint: applied to a gradient in place. */
 void rope_backward(float *dx, const float *cos_table, const float *sin_table, int T, int dh, int pos0);
 
-/* Softmax attention of one head (SPEC 1.3 `softmax`): q [Tq, dh] at positions
+/* Softmax attention of one head (docs/model.md §1.3 `softmax`): q [Tq, dh] at positions
  * q_pos0.., k, v [Tk, dh] at positions 0..Tk-1; probs [Tq, Tk] saved. Causal
  * masks j > q_pos0 + i. */
 void softmax_attention_forward(float *out, float *probs, const float *q, const float *k,

@@ -1,4 +1,4 @@
-/* ListOps (SPEC 2, after LRA): nested MIN/MAX/MED/SM expressions over
+/* ListOps (docs/tasks.md §2, after LRA): nested MIN/MAX/MED/SM expressions over
  * digits, classified by their value (10 classes). */
 #ifndef MOMFMM_LISTOPS_H
 #define MOMFMM_LISTOPS_H

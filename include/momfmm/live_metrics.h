@@ -1,5 +1,5 @@
 /* metrics.h5 in the run directory (issue: live metrics): the /metrics
- * tables of SPEC 4, appended at every log and eval and readable while the
+ * tables of docs/files.md §4, appended at every log and eval and readable while the
  * run writes them, through HDF5 single-writer/multiple-reader (SWMR) mode.
  * Readers: h5py.File(path, "r", libver="latest", swmr=True). */
 #ifndef MOMFMM_LIVE_METRICS_H

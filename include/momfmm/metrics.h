@@ -1,5 +1,5 @@
-/* Metrics of SPEC 3 and the in-memory history that checkpoints store under
- * /metrics (SPEC 4). Sums and counts are kept apart so that data-parallel
+/* Metrics of docs/metrics.md §3 and the in-memory history that checkpoints store under
+ * /metrics (docs/files.md §4). Sums and counts are kept apart so that data-parallel
  * ranks reduce them exactly (one MPI_Allreduce of the whole struct). */
 #ifndef MOMFMM_METRICS_H
 #define MOMFMM_METRICS_H
@@ -23,7 +23,7 @@ typedef struct {
     double loss_by_k[OCCURRENCE_BINS];
 } eval_metrics;
 
-/* Occurrence count k of each target (SPEC 3): how often the target token
+/* Occurrence count k of each target (docs/metrics.md §3): how often the target token
  * appeared among inputs[0..t]. counts_scratch holds vocab_size ints. */
 void occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int *counts_scratch,
                        int vocab_size, int *k_out);
@@ -64,7 +64,7 @@ int metric_table_column_offset(const metric_table *t, const char *name);
 void metric_table_set(const metric_table *t, double *row, const char *name, const double *values);
 void metric_table_free(metric_table *t);
 
-/* The train and eval tables with the columns of SPEC 3/4; eval also has
+/* The train and eval tables with the columns of docs/metrics.md §3/4; eval also has
  * gain_R [n, n_layers] and the per-head momentum gamma [n, n_layers, n_heads]. */
 void metric_tables_standard(metric_table *train, metric_table *eval, int n_layers, int n_heads);
 #endif

@@ -1,4 +1,4 @@
-/* The transformer of SPEC 1. Parameters, gradients and AdamW moments are four
+/* The transformer of docs/model.md §1. Parameters, gradients and AdamW moments are four
  * contiguous buffers of n_params floats sharing one layout (as llm.c does):
  * the param_entry table names each tensor's slice, so all-reduce, checksums
  * and checkpoints are one loop. Activations are one more buffer. */
@@ -16,11 +16,11 @@
 #define PARAM_NAME_MAX 64
 
 typedef struct {
-    char name[PARAM_NAME_MAX]; /* SPEC 4 name, e.g. "blocks/0/attn/qkv/weight" */
+    char name[PARAM_NAME_MAX]; /* docs/files.md §4 name, e.g. "blocks/0/attn/qkv/weight" */
     int ndim;
     int shape[2];
     size_t offset, numel;
-    bool decay;   /* AdamW weight decay applies (2-D weights, SPEC 1.4) */
+    bool decay;   /* AdamW weight decay applies (2-D weights, docs/model.md §1.4) */
     int layer;    /* block index, or -1 */
     size_t slot;  /* byte offset of the float* in model_tensors / block_tensors */
 } param_entry;
@@ -93,7 +93,7 @@ struct model {
      * otherwise the softmax overwrites the logits, saving B*T*V floats. */
     bool keep_logits;
     model_tensors w, g;       /* views into params and grads */
-    /* SPEC 1.2 momentum buffers prev_q, prev_k: [L][2][H][dh]. buffer_sums
+    /* docs/model.md §1.2 momentum buffers prev_q, prev_k: [L][2][H][dh]. buffer_sums
      * collects this rank's sum of last-position vectors during a training
      * forward, so that averaging over the global batch is one reduction. */
     float *buffers, *buffer_sums;

@@ -1,4 +1,4 @@
-/* Momentum shear of SPEC 1.2 for one head of one sequence: x is [T, dh]. */
+/* Momentum shear of docs/model.md §1.2 for one head of one sequence: x is [T, dh]. */
 #ifndef MOMFMM_MOMENTUM_H
 #define MOMFMM_MOMENTUM_H
 #include <stddef.h>
@@ -22,7 +22,7 @@ void momentum_shear_forward(const float *x, const float *prev, const float *p_pr
 /* Adds dL/dx into dx ([T, dh]).  If d_gamma != NULL adds dL/dgamma (needs p
  * from the forward).  anchored: nonzero iff the forward ran with prev == NULL
  * (unanchored, x_0 reaches p_0 through d_0 = x_0 - prev).  The buffer prev
- * carries no gradient (SPEC 1.2).  scratch: dh floats. */
+ * carries no gradient (docs/model.md §1.2).  scratch: dh floats. */
 void momentum_shear_backward(const float *dxhat, const float *p, float *dx,
                              float *d_gamma, momentum_coeffs c, int anchored,
                              float *scratch, int T, int dh);

@@ -1,4 +1,4 @@
-/* AdamW, learning-rate schedule and global-norm clipping (SPEC 1.4). */
+/* AdamW, learning-rate schedule and global-norm clipping (docs/model.md §1.4). */
 #ifndef MOMFMM_OPTIMIZER_H
 #define MOMFMM_OPTIMIZER_H
 #include <stddef.h>
@@ -25,6 +25,6 @@ typedef struct {
 
 void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, long long t,
                   const adamw_settings *s, int decay);
-/* The whole model, tensor by tensor so that decay follows SPEC 1.4. */
+/* The whole model, tensor by tensor so that decay follows docs/model.md §1.4. */
 void adamw_step_model(model *mdl, long long t, const adamw_settings *s);
 #endif

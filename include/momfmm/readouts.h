@@ -1,4 +1,4 @@
-/* Read-outs of the momentum seed computed at every eval (SPEC 3, SPEC 1.2):
+/* Read-outs of the momentum seed computed at every eval (docs/metrics.md §3, docs/model.md §1.2):
  * the per-block gain R, the per-head gamma, and the shear's filter gains. */
 #ifndef MOMFMM_READOUTS_H
 #define MOMFMM_READOUTS_H
@@ -6,7 +6,7 @@
 
 #include "momfmm/model.h"
 
-/* gain_R of SPEC 3 for every block on the activations of the last forward
+/* gain_R of docs/metrics.md §3 for every block on the activations of the last forward
  * (B rows of T): ||F(x + delta) - F(x)|| / ||delta|| per row, delta random
  * with ||delta|| = 1e-3 ||x||. Adds each row's ratio into ratio_sums[layer]
  * (the caller divides by the number of rows, after reducing over ranks).
@@ -16,7 +16,7 @@ void block_gains(model *m, int B, int T, uint64_t seed, double *ratio_sums);
 /* gamma_h of every layer and head, learned or fixed: out[layer * H + h]. */
 void momentum_gammas(const model *m, double *out);
 
-/* |H(e^{jw})| of the shear x -> x + gamma p + gamma2 a (SPEC 1.2), whose
+/* |H(e^{jw})| of the shear x -> x + gamma p + gamma2 a (docs/model.md §1.2), whose
  * transfer function is H(z) = 1 + (gamma + gamma2 (1 - z^-1)) (1 - z^-1) /
  * (1 - beta z^-1): 1 at DC, 1 + 2 (gamma + 2 gamma2) / (1 + beta) at Nyquist
  * (the seed's high-pass view: 1 + 2 gamma for beta = gamma2 = 0). */

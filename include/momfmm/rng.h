@@ -1,4 +1,4 @@
-/* Counter-based random numbers (SPEC 2): every draw is a pure function of a
+/* Counter-based random numbers (docs/tasks.md §2): every draw is a pure function of a
  * key and a counter, so samples and initial weights need no hidden state and
  * are the same on every rank and after a resume. */
 #ifndef MOMFMM_RNG_H

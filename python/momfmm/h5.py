@@ -2,11 +2,11 @@
 (momfmm.plot, momfmm.report, momfmm.suite), the float64 reference model and the tests read every
 checkpoint, metrics and token file through it.
 
-Reads the HDF5 files of SPEC section 4: checkpoints `ckpt_<step 8 digits>.h5` (root attributes,
+Reads the HDF5 files of docs/files.md §4: checkpoints `ckpt_<step 8 digits>.h5` (root attributes,
 `/model`, `/metrics/train`, `/metrics/eval`) and, when a run directory has one, the live
 `metrics.h5` (same `/metrics/...` datasets, written with HDF5 SWMR). Metric names are those of
-SPEC section 3. Every failure to read a file raises RunError with a one-line message naming the
-file; `load_runs_or_exit` turns it into exit code 3, the code of SPEC 5 for a missing, corrupt or
+docs/metrics.md §3. Every failure to read a file raises RunError with a one-line message naming the
+file; `load_runs_or_exit` turns it into exit code 3, the code of docs/cli.md §5 for a missing, corrupt or
 incompatible file.
 
 Run with Debian's /usr/bin/python3 (h5py, numpy).
@@ -37,9 +37,9 @@ class Run:
     config    configparser.ConfigParser of the checkpoint's `config_ini` (empty if none)
     step      the latest step known (checkpoint attribute, or last logged step)
     ckpt_step the step of the checkpoint read, None without one
-    train     {key: 1-D numpy array} of /metrics/train (SPEC 3: step, loss, lr, ...)
+    train     {key: 1-D numpy array} of /metrics/train (docs/metrics.md §3: step, loss, lr, ...)
     eval      {key: numpy array} of /metrics/eval (loss_by_k [n, 16], gain_R, gamma, ...)
-    gamma     [n_layers, n_heads] float64 momentum gamma per layer and head (SPEC 1.2)
+    gamma     [n_layers, n_heads] float64 momentum gamma per layer and head (docs/model.md §1.2)
     gamma_source  "learned" (/model), "eval" (/metrics/eval/gamma), "fixed" (config),
                   or "init" (learnable but no trained value found: the config's initial value)
     files     the HDF5 files read
@@ -100,13 +100,13 @@ class Run:
 
 
 class Checkpoint:
-    """Everything a checkpoint file holds (SPEC 4), as numpy arrays.
+    """Everything a checkpoint file holds (docs/files.md §4), as numpy arrays.
 
     path     the file read
     attrs    {name: value} of the root attributes (strings decoded)
     config   configparser.ConfigParser of `config_ini`
     step     int(attrs["step"])
-    params   {name: array} of /model (names as SPEC 4, e.g. "blocks/0/attn/qkv/weight")
+    params   {name: array} of /model (names as docs/files.md §4, e.g. "blocks/0/attn/qkv/weight")
     optim_m, optim_v  {name: array} of /optim/m and /optim/v (empty when absent or not read)
     buffers  {name: array} of /buffers, e.g. "blocks/0/attn/prev_q"
     train, eval  {key: array} of /metrics/train and /metrics/eval
@@ -290,7 +290,7 @@ def read_live_metrics(run, path):
 
 
 def resolve_gamma(run):
-    """Per-layer per-head gamma (SPEC 1.2): learned values from /model; the last row of
+    """Per-layer per-head gamma (docs/model.md §1.2): learned values from /model; the last row of
     /metrics/eval/gamma when it is newer than the checkpoint or /model has none; else the
     config's momentum.gamma for every head."""
     n_layers = int(run.cfg_float("model.n_layers", 0))

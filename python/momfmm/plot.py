@@ -3,17 +3,17 @@
     momfmm_plot.py RUN_OR_CKPT [RUN_OR_CKPT ...] --out DIR [--label NAME ...]
 
 RUN_OR_CKPT is a run directory (train.out_dir: its metrics.h5, else its newest checkpoint) or
-one checkpoint file (SPEC 4). Writes into DIR:
+one checkpoint file (docs/files.md §4). Writes into DIR:
 
-  loss.png         train loss (lines) and eval loss (markers) vs step      SPEC 3
-  lr.png           learning rate vs step                                   SPEC 1.4
-  l_new_l_rep.png  L_new (solid) and L_rep (dashed) vs step               SPEC 3
-  loss_by_k.png    eval loss vs occurrence count k at the last eval        SPEC 3
-  acc.png          eval accuracy vs step (token accuracy; cls: accuracy)   SPEC 3
-  bpb.png          eval bits per byte (loss / ln 2) vs step, text runs     SPEC 2, 3
-  gain_r.png       gain_R per block at the last eval (when logged)         SPEC 3
-  gamma.png        momentum gamma per head, per layer (learned or fixed)   SPEC 1.2
-  bode.png         momentum filter magnitude per head, omega in [0, pi]    SPEC 1.2
+  loss.png         train loss (lines) and eval loss (markers) vs step      docs/metrics.md §3
+  lr.png           learning rate vs step                                   docs/model.md §1.4
+  l_new_l_rep.png  L_new (solid) and L_rep (dashed) vs step               docs/metrics.md §3
+  loss_by_k.png    eval loss vs occurrence count k at the last eval        docs/metrics.md §3
+  acc.png          eval accuracy vs step (token accuracy; cls: accuracy)   docs/metrics.md §3
+  bpb.png          eval bits per byte (loss / ln 2) vs step, text runs     docs/tasks.md §2, 3
+  gain_r.png       gain_R per block at the last eval (when logged)         docs/metrics.md §3
+  gamma.png        momentum gamma per head, per layer (learned or fixed)   docs/model.md §1.2
+  bode.png         momentum filter magnitude per head, omega in [0, pi]    docs/model.md §1.2
 
 A figure whose data no run has is skipped with a note. Prints the files written. Exit 3 for a
 missing or corrupt file (naming it), 2 for a command-line error.
@@ -144,7 +144,7 @@ def plot_acc(runs, out_dir, written):
 
 
 def text_bpb(run):
-    """(step, eval loss / ln 2) of a text-task run: bits per byte (SPEC 2 `text`, V = 256)."""
+    """(step, eval loss / ln 2) of a text-task run: bits per byte (docs/tasks.md §2 `text`, V = 256)."""
     loss = series(run.eval, "loss")
     if not loss or run.cfg("data.task") != "text":
         return None
@@ -211,7 +211,7 @@ def plot_gamma(runs, out_dir, written):
 
 
 def momentum_response(run, omega, gamma):
-    """|H(e^{j omega})| of the shear of SPEC 1.2, x_hat = x + gamma p + gamma2 a with
+    """|H(e^{j omega})| of the shear of docs/model.md §1.2, x_hat = x + gamma p + gamma2 a with
     p = D x / (1 - beta z^-1), a = (1 - z^-1) p, D = 1 - z^-1. With beta = gamma2 = 0 (the
     defaults) this is |1 + gamma (1 - e^{-j omega})|: gain 1 at DC, 1 + 2 gamma at Nyquist."""
     beta = run.cfg_float("momentum.beta")

@@ -11,9 +11,9 @@ asked for (in particular not the repository's RESULTS.md: regenerate it with
 `--results --out RESULTS.md`).
 
 RUN_OR_CKPT is a run directory (train.out_dir: its metrics.h5, else its newest checkpoint) or
-one checkpoint file (SPEC 4). One row per run, sorted by label: attention kind, momentum gamma
-(SPEC 1.2) and whether it is learned (then the mean learned value), fmm bandwidth and kernels
-(SPEC 1.3), steps, the final eval metrics chosen with --metrics (SPEC 3), the best eval loss, the
+one checkpoint file (docs/files.md §4). One row per run, sorted by label: attention kind, momentum gamma
+(docs/model.md §1.2) and whether it is learned (then the mean learned value), fmm bandwidth and kernels
+(docs/model.md §1.3), steps, the final eval metrics chosen with --metrics (docs/metrics.md §3), the best eval loss, the
 median train tokens/s, and for `text` runs bits per byte = final eval loss / ln 2.
 
 --group-by KEY (a config key section.key, e.g. momentum.gamma) gives one row per value of KEY,

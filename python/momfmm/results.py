@@ -8,7 +8,7 @@ of one configuration (suite lines that differ only in train.seed: mean ± sample
 seeds), and writes one Markdown report with, per family of the suite (momentum seed: chain
 L = 10 and L = 30; FMM seed: copy at T = 128, 256, 512, ListOps; text):
 
-  * tables of the final eval metrics (SPEC 3) beside the seed's numbers where the seed
+  * tables of the final eval metrics (docs/metrics.md §3) beside the seed's numbers where the seed
     gives them, with the command that reproduces each row;
   * figures: momfmm.plot (tools/momfmm_plot.py) per table (one seed per configuration);
   * a claims section: each claim of the seeds, tested on the numbers ("held" / "did not
@@ -216,7 +216,7 @@ def chain_section(ctx, L, groups, out, claims):
     out.append(f"### Chain task, L = {L}\n")
     cfgs = sorted({g.first.config for g in groups})
     out.append(f"Config: {', '.join(f'`{c}`' for c in cfgs)}; overrides per row below. Final eval of each run "
-               "(SPEC 3), mean ± sample std over the seeds.\n")
+               "(docs/metrics.md §3), mean ± sample std over the seeds.\n")
     rows = ChainRows(groups)
     chain_tables(ctx, L, rows, out)
     loss_by_k_table(L, rows.shown, out)
@@ -281,7 +281,7 @@ def l_rep_during_training(L, base, mom, out):
 
 
 def loss_by_k_table(L, shown, out):
-    """Eval loss by occurrence count k (SPEC 3 loss_by_k), last eval, mean over seeds."""
+    """Eval loss by occurrence count k (docs/metrics.md §3 loss_by_k), last eval, mean over seeds."""
     kmax = 0
     per = []
     for g in shown:
@@ -349,7 +349,7 @@ def chain_claims(L, chain, claims):
     unanch = next((g for g in abl if g.ablation == "unanchored"), None)
     pre = next((g for g in abl if g.ablation == "pre_rope"), None)
     claims.append(less_claim(f"anchoring matters at L={L}: anchored γ=0.2 has lower L_rep than unanchored "
-                             "(SPEC 1.2: the unanchored variant is kinematically inconsistent)", mom, unanch, "L_rep"))
+                             "(docs/model.md §1.2: the unanchored variant is kinematically inconsistent)", mom, unanch, "L_rep"))
     claims.append(less_claim(f"Placement Corollary at L={L}: shearing after RoPE (post_rope) gives lower L_rep than "
                              "before it (pre_rope), at γ=0.2", mom, pre, "L_rep"))
     if base is not None and mom is not None:
@@ -381,7 +381,7 @@ def copy_section(ctx, by_T, out, claims):
     out.append("### Copy task (FMM seed)\n")
     cfgs = sorted({g.first.config for gs in by_T.values() for g in gs})
     out.append(f"Configs: {', '.join(f'`{c}`' for c in cfgs)}. Accuracy = token accuracy over the separator and "
-               "the copied symbols (SPEC 3; chance ≈ 0.1), exact = whole-sequence exact match. Final eval, mean ± "
+               "the copied symbols (docs/metrics.md §3; chance ≈ 0.1), exact = whole-sequence exact match. Final eval, mean ± "
                "sample std over seeds.\n")
     Ts = sorted(by_T)
     variants = []
@@ -638,7 +638,7 @@ def write_results(args, ap):
         + ("Measured wall time (train.log): " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in sorted(walls.items()))
            + f", total {sum(walls.values()) / 60:.1f} min; longest run {longest.name}, {longest.wall_s} s. "
            if walls else "")
-        + "Every table's numbers are the final eval of each run (SPEC 3). To rerun everything: "
+        + "Every table's numbers are the final eval of each run (docs/metrics.md §3). To rerun everything: "
         f"`tools/run_experiments.sh{ctx.runner_flags}`, then `{report_command(args)}`. "
         "The sizes here are for a 2-core machine; `configs/experiments/README.md` compares them with the seeds'.",
         "",

@@ -187,8 +187,8 @@ def load_entries(entries, runs_dir):
                         e.wall_s = (e.wall_s or 0) + int(m.group(1))
 
 
-# SPEC 6 defaults of the keys that tell the suite's variants apart.
-SPEC_DEFAULTS = {"attention.kind": "softmax", "momentum.gamma": "0", "momentum.learn_gamma": "false",
+# docs/config.md §6 defaults of the keys that tell the suite's variants apart.
+DOCUMENTED_DEFAULTS = {"attention.kind": "softmax", "momentum.gamma": "0", "momentum.learn_gamma": "false",
                  "momentum.beta": "0", "momentum.gamma2": "0", "momentum.apply_to": "qk",
                  "momentum.placement": "post_rope", "momentum.anchor": "true"}
 
@@ -216,10 +216,10 @@ def mismatches(e):
     for section in ("model", "attention", "momentum", "fmm", "data"):
         if cp.has_section(section):
             keys += [f"{section}.{k}" for k in cp.options(section) if f"{section}.{k}" not in keys]
-    keys += [k for k in SPEC_DEFAULTS if k not in keys]
+    keys += [k for k in DOCUMENTED_DEFAULTS if k not in keys]
     out = []
     for key in keys:
-        want, have = setting(e, key, SPEC_DEFAULTS.get(key, "")), e.run.cfg(key)
+        want, have = setting(e, key, DOCUMENTED_DEFAULTS.get(key, "")), e.run.cfg(key)
         if have is not None and not _same(want, have):
             out.append(f"{key} {_show(have)} vs {_show(want)}")
     return out

@@ -1,4 +1,4 @@
-"""Bad input (SPEC 5): every case exits with the documented code (2 config
+"""Bad input (docs/cli.md §5): every case exits with the documented code (2 config
 or command line, 3 file) and a one-line message naming the file and the key
 or value; no crash, and input files are left untouched."""
 import hashlib

@@ -1,10 +1,10 @@
-"""Checkpoints (SPEC 4, 5): layout, resume, bad files, full disk (crashes and
+"""Checkpoints (docs/files.md §4, 5): layout, resume, bad files, full disk (crashes and
 signals: test_checkpoint_stop.py). One class per group; CTest runs each as
 its own entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
 
 - TestLayout: after short runs (momentum with learned gamma; then fmm with
   learned gamma, 3 layers) h5py reads every dataset and each shape matches
-  the config: every parameter name of SPEC 4 in PyTorch shape, /optim/m and
+  the config: every parameter name of docs/files.md §4 in PyTorch shape, /optim/m and
   /optim/v mirror /model, /buffers [H, dh], /metrics/train 1-D (step int64),
   /metrics/eval loss_by_k [n, 16], gain_R [n, L], gamma [n, L, H]; the root
   attributes, and config_ini parsed with configparser equals the config used;
@@ -21,7 +21,7 @@ its own entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
   wrong format, newer format_version, missing dataset, wrong shapes, model
   keys changed): exit 3 naming the file and the problem, the file untouched,
   nothing trained; `momfmm inspect` and `eval` exit 3 as well unless the
-  damage is only in /optim (which they do not read, SPEC 4). --resume auto
+  damage is only in /optim (which they do not read, docs/files.md §4). --resume auto
   skips a corrupt newest checkpoint (reported, kept) and resumes bitwise from
   the older one; pruning (train.keep) never deletes the run's own new
   checkpoints because of a corrupt newer file.
@@ -31,7 +31,7 @@ its own entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
 
 Checkpoints are read with the package's reader (momfmm.h5.load_checkpoint);
 h5py writes the corrupted variants, and reads the whole file once for the
-claim that plain h5py can (SPEC 4).
+claim that plain h5py can (docs/files.md §4).
 """
 import configparser
 import os
@@ -58,7 +58,7 @@ def R(momfmm, workdir):
 # ---- 1. layout --------------------------------------------------------------
 
 def expected_parameters(s):
-    """SPEC 4 parameter names and PyTorch shapes for config sections s."""
+    """docs/files.md §4 parameter names and PyTorch shapes for config sections s."""
     m = s["model"]
     V, d, H, L, F = m["vocab_size"], m["d_model"], m["n_heads"], m["n_layers"], m["d_ff"]
     learn = s.get("momentum", {}).get("learn_gamma", False)
@@ -102,7 +102,7 @@ def check_layout(R, report, label, path, s):
     train_steps = logged_steps(t["steps"], t["log_interval"])
     eval_steps = logged_steps(t["steps"], t["eval_interval"])
     n_eval = len(eval_steps)
-    # SPEC 4 promises the file to plain h5py: this one check reads it so.
+    # docs/files.md §4 promises the file to plain h5py: this one check reads it so.
     bad = []
     with h5py.File(path, "r") as f:
         def read_all(name, obj):
@@ -118,7 +118,7 @@ def check_layout(R, report, label, path, s):
     model = ck.params
     shapes = {k: v.shape for k, v in model.items()}
     wrong = sorted(k for k in set(want) | set(shapes) if want.get(k) != shapes.get(k))
-    report.check(f"layout {label}: /model has the SPEC 4 names in PyTorch shapes ({len(want)} tensors)",
+    report.check(f"layout {label}: /model has the docs/files.md §4 names in PyTorch shapes ({len(want)} tensors)",
                  not wrong and all(v.dtype == np.float32 for v in model.values()),
                  "; ".join(f"{k}: {shapes.get(k)} (want {want.get(k)})" for k in wrong[:6]))
     for moment, opt in (("m", ck.optim_m), ("v", ck.optim_v)):
@@ -404,7 +404,7 @@ class TestBadFiles:
     def test_resume_path(self, R, report, straight, bad_setup, case, name, make, needles, sets, readers):
         """--resume PATH exits 3; `momfmm inspect` and `eval` exit 3 too when the
         damage is in what they read (root attributes, /model, /buffers), and
-        read the file when it is only in /optim (SPEC 4)."""
+        read the file when it is only in /optim (docs/files.md §4)."""
         ini, work = bad_setup
         path = os.path.join(work, name)
         make(ckpt(straight, N), path)

@@ -1,4 +1,4 @@
-"""Checkpoints under crashes and signals (SPEC 4, 5); one class per group,
+"""Checkpoints under crashes and signals (docs/files.md §4, 5); one class per group,
 each its own CTest entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
 
 - TestCrash: a run that checkpoints every step is SIGKILLed at random moments

@@ -1,5 +1,5 @@
 """Data-parallel (MPI) tests: the same config trains the same model at any
-number of ranks (SPEC 2), up to float summation order. One class per group,
+number of ranks (docs/tasks.md §2), up to float summation order. One class per group,
 each its own CTest entry (e2e_mpi_<group>, tests/CMakeLists.txt):
 
 - TestEquality: np = 1, 2, 3, 4, 8 on one config (global batch 25: uneven shards at 2, 3, 4
@@ -43,7 +43,7 @@ BATCH = 25  # not divisible by 2, 3, 4 or 8: every multi-rank run has uneven sha
 
 
 def shard_counts(batch, n):
-    """SPEC 2: rank r takes global samples [r*B/n, (r+1)*B/n)."""
+    """docs/tasks.md §2: rank r takes global samples [r*B/n, (r+1)*B/n)."""
     return [(r + 1) * batch // n - r * batch // n for r in range(n)]
 
 
@@ -234,7 +234,7 @@ def check_kill(report, runner):
 
 def check_stop_signal(report, runner):
     """SIGUSR1 to rank 2 alone: every rank stops at the same step, rank 0
-    writes a checkpoint, the job exits 0 (SPEC 5: a signal seen by any rank counts)."""
+    writes a checkpoint, the job exits 0 (docs/cli.md §5: a signal seen by any rank counts)."""
     job = LongRun(runner, "usr1", 3)
     try:
         assert job.ready, "usr1: training started on 3 ranks"

@@ -1,4 +1,4 @@
-"""Streaming inference (SPEC 1.2; issue: momentum attention, item 3): for every
+"""Streaming inference (docs/model.md §1.2; issue: momentum attention, item 3): for every
 momentum and attention variant, feeding the eval sequences token by token (and
 in segments) through `momfmm eval --stream` gives the logits of one full
 forward (max abs difference <= 1e-4), and `momfmm generate` continues a prompt

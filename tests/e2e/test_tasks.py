@@ -1,4 +1,4 @@
-"""Tasks of SPEC 2 beyond chain and copy: `text` (byte-level LM on a corpus
+"""Tasks of docs/tasks.md §2 beyond chain and copy: `text` (byte-level LM on a corpus
 that Debian ships: Python's pydoc topics, package libpython3.11-stdlib) and
 `listops` (the LRA generator, and LRA TSV files), with their input errors."""
 import math

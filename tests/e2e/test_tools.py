@@ -1,7 +1,7 @@
 """End-to-end test of the analysis tools (tools/momfmm_plot.py, tools/momfmm_report.py) on
 small real runs of the momfmm binary: the figures exist and are PNGs, the report's numbers are
-the checkpoints' final eval values (SPEC 3, 4), --average-over train.seed gives mean ± std, a live
-SWMR metrics.h5 with gain_R and gamma is read, and bad paths exit 3 naming the file (SPEC 5)."""
+the checkpoints' final eval values (docs/metrics.md §3, 4), --average-over train.seed gives mean ± std, a live
+SWMR metrics.h5 with gain_R and gamma is read, and bad paths exit 3 naming the file (docs/cli.md §5)."""
 import math
 import os
 import shutil

@@ -1,12 +1,12 @@
-"""Independent float64 PyTorch reference of the momfmm model (SPEC section 1).
+"""Independent float64 PyTorch reference of the momfmm model (docs/model.md §1).
 
 Written for clarity, not speed: every attention variant is a direct O(T^2)
 computation with explicit masks, so it shares none of the C implementation's
 tricks (banded storage, chunked linear attention, fused kernels).
 
 Public API
-    load_checkpoint(path)  -> (cfg, params, buffers)       SPEC 4 layout
-    load_tokens(path)      -> (inputs, targets, labels)    SPEC 4 token file
+    load_checkpoint(path)  -> (cfg, params, buffers)       docs/files.md §4 layout
+    load_tokens(path)      -> (inputs, targets, labels)    docs/files.md §4 token file
     forward_loss(cfg, params, buffers, inputs, targets, labels=None) -> loss
     loss_and_grads(cfg, params, buffers, inputs, targets, labels=None)
                            -> (loss: float, grads: dict name -> float64 tensor)
@@ -34,9 +34,9 @@ if os.path.isdir(os.path.join(SOURCE_PACKAGES, "momfmm")):
     sys.path.insert(0, SOURCE_PACKAGES)
 from momfmm import h5  # noqa: E402
 
-LN_EPS = 1e-5  # SPEC 1, item 2
+LN_EPS = 1e-5  # docs/model.md §1, item 2
 
-# SPEC 1.3 feature maps, phi(x) > 0 elementwise.
+# docs/model.md §1.3 feature maps, phi(x) > 0 elementwise.
 FEATURE_MAPS = {
     "elu": lambda x: torch.nn.functional.elu(x) + 1.0,
     "elu_flip": lambda x: torch.nn.functional.elu(-x) + 1.0,
@@ -45,11 +45,11 @@ FEATURE_MAPS = {
 
 
 # --------------------------------------------------------------------------
-# Configuration (SPEC 6 keys, SPEC 1 semantics)
+# Configuration (docs/config.md §6 keys, docs/model.md §1 semantics)
 # --------------------------------------------------------------------------
 @dataclass
 class ModelSettings:
-    """The config keys the model math depends on, with SPEC 6 defaults."""
+    """The config keys the model math depends on, with docs/config.md §6 defaults."""
     vocab_size: int
     d_model: int
     n_heads: int
@@ -77,12 +77,12 @@ class ModelSettings:
 
     @property
     def momentum_on(self) -> bool:
-        """SPEC 1.2: enabled when gamma != 0 or learn_gamma = true."""
+        """docs/model.md §1.2: enabled when gamma != 0 or learn_gamma = true."""
         return self.gamma != 0.0 or self.learn_gamma
 
 
 def parameter_shapes(s: ModelSettings) -> Dict[str, Tuple[int, ...]]:
-    """SPEC 4 parameter names and PyTorch shapes for these settings."""
+    """docs/files.md §4 parameter names and PyTorch shapes for these settings."""
     d, H, F = s.d_model, s.n_heads, s.d_ff
     shapes = {"tok_emb": (s.vocab_size, d), "ln_f/weight": (d,), "ln_f/bias": (d,)}
     for i in range(s.n_layers):
@@ -117,7 +117,7 @@ def parse_kernel_list(text: str) -> List[str]:
 
 
 def settings_from_config(cfg: configparser.ConfigParser) -> ModelSettings:
-    """Reads the resolved config, falling back to SPEC 6 defaults."""
+    """Reads the resolved config, falling back to docs/config.md §6 defaults."""
     def get(sec, key, default=None):
         if cfg.has_option(sec, key):
             return cfg.get(sec, key).strip()
@@ -170,7 +170,7 @@ def settings_from_config(cfg: configparser.ConfigParser) -> ModelSettings:
 
 
 # --------------------------------------------------------------------------
-# Loaders (SPEC 4)
+# Loaders (docs/files.md §4)
 # --------------------------------------------------------------------------
 def load_checkpoint(path: str):
     """Returns (cfg, params, buffers), read by momfmm.h5 (docs/files.md §4 layout).
@@ -194,7 +194,7 @@ def load_tokens(path: str):
 
 
 # --------------------------------------------------------------------------
-# Elementary layers (SPEC 1, items 2-5)
+# Elementary layers (docs/model.md §1, items 2-5)
 # --------------------------------------------------------------------------
 def layer_norm(x, weight, bias):
     mean = x.mean(dim=-1, keepdim=True)
@@ -213,7 +213,7 @@ def linear(x, weight, bias=None):
 
 
 # --------------------------------------------------------------------------
-# RoPE (SPEC 1.1) and momentum (SPEC 1.2); x is [B, H, T, dh]
+# RoPE (docs/model.md §1.1) and momentum (docs/model.md §1.2); x is [B, H, T, dh]
 # --------------------------------------------------------------------------
 def apply_rope(x, base: float):
     """Rotates pairs (2j, 2j+1) at position t by t * base^(-2j/dh)."""
@@ -254,7 +254,7 @@ def momentum_shear(x, gamma, beta: float, gamma2: float, anchor: bool, buf):
 
 
 # --------------------------------------------------------------------------
-# Attention kinds (SPEC 1.3); q, k, v are [B, H, T, dh]
+# Attention kinds (docs/model.md §1.3); q, k, v are [B, H, T, dh]
 # --------------------------------------------------------------------------
 def _masked_softmax_attention(q, k, v, allowed):
     """softmax over the keys j with allowed[i, j] of s_ij = q_i.k_j / sqrt(dh)."""
@@ -313,7 +313,7 @@ def fmm_attention(q, k, v, blend, bandwidth: int, kernels: List[str], eps: float
 
 
 # --------------------------------------------------------------------------
-# The model (SPEC 1)
+# The model (docs/model.md §1)
 # --------------------------------------------------------------------------
 def _buffer(buffers, layer: int, which: str, H: int, dh: int, like):
     """Momentum buffer prev_q / prev_k [H, dh] of a layer; absent -> zeros."""
@@ -324,7 +324,7 @@ def _buffer(buffers, layer: int, which: str, H: int, dh: int, like):
 
 
 def attention_layer(s: ModelSettings, params, buffers, layer: int, u):
-    """SPEC 1.1-1.3: qkv projection, RoPE, momentum, attention kind, output proj."""
+    """docs/model.md §1.1-1.3: qkv projection, RoPE, momentum, attention kind, output proj."""
     B, T, d = u.shape
     H, dh = s.n_heads, s.head_dim
     pre = f"blocks/{layer}/attn/"
@@ -391,7 +391,7 @@ def _cross_entropy(logits, target):
 
 
 def forward_loss(cfg, params, buffers, inputs, targets, labels=None):
-    """Scalar loss of SPEC 1 item 4.
+    """Scalar loss of docs/model.md §1 item 4.
 
     lm: mean cross-entropy over positions with target != -1.
     cls: x is averaged over the positions with target != -1 (targets act as the

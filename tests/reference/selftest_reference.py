@@ -1,12 +1,12 @@
 #!/usr/bin/python3
 """Self-check of reference_model.py, runnable without the C binary.
 
-1. Builds random checkpoints and token files with h5py in the SPEC 4 layout,
+1. Builds random checkpoints and token files with h5py in the docs/files.md §4 layout,
    loads them through load_checkpoint / load_tokens, and compares the autograd
    gradients of loss_and_grads with central finite differences in float64
    (momentum + FMM configs, a cls config, a non-causal softmax config).
 2. Compares the vectorised building blocks with naive per-position loops written
-   from SPEC 1.1-1.3 (momentum recursion, band softmax, running-sum linear
+   from docs/model.md §1.1-1.3 (momentum recursion, band softmax, running-sum linear
    attention) and checks identities: FMM near field with bandwidth >= T equals
    the full softmax; gamma = 0 momentum equals plain softmax attention; RoPE
    scores depend only on the position difference; anchored momentum ignores the
@@ -60,7 +60,7 @@ def ini_text(overrides):
 
 
 def write_random_checkpoint(path, text, rng):
-    """Random parameters and buffers in the SPEC 4 layout, written by h5py."""
+    """Random parameters and buffers in the docs/files.md §4 layout, written by h5py."""
     cp = configparser.ConfigParser(interpolation=None)
     cp.read_string(text)
     s = ref.settings_from_config(cp)
@@ -109,7 +109,7 @@ def finite_difference_check(label, overrides, workdir, seed, per_tensor=6, h=1e-
     cfg, params, buffers = ref.load_checkpoint(ck)
     inputs, targets, labels = ref.load_tokens(tok)
     loss, grads = ref.loss_and_grads(cfg, params, buffers, inputs, targets, labels)
-    assert set(grads) == set(ref.parameter_shapes(s)), "parameter names differ from SPEC 4"
+    assert set(grads) == set(ref.parameter_shapes(s)), "parameter names differ from docs/files.md §4"
     worst = 0.0
     for name in sorted(params):
         p = params[name]
@@ -132,7 +132,7 @@ def finite_difference_check(label, overrides, workdir, seed, per_tensor=6, h=1e-
 
 
 # --------------------------------------------------------------------------
-# Naive per-position implementations straight from the SPEC text.
+# Naive per-position implementations straight from the text of docs/model.md.
 def naive_momentum(x, gamma, beta, gamma2, anchor, buf):
     """x: [T, dh] numpy for one head of one sequence."""
     T = x.shape[0]

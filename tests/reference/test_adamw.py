@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Compares the C AdamW (SPEC 1.4) with torch.optim.AdamW in float64.
+"""Compares the C AdamW (docs/model.md §1.4) with torch.optim.AdamW in float64.
 
 Input file (written by a C test, or by --selftest):
     /params0      float32 [n]      initial parameters

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Parity harness: `momfmm loss --grads` against the float64 PyTorch reference.
 
-For every case: write a small INI config (SPEC 6), `momfmm init CFG --out ck.h5`,
-check that the checkpoint echoes the config and holds exactly the SPEC 4
+For every case: write a small INI config (docs/config.md §6), `momfmm init CFG --out ck.h5`,
+check that the checkpoint echoes the config and holds exactly the docs/files.md §4
 parameters, perturb the checkpoint with h5py (weights, LayerNorm, biases,
 fmm_blend, momentum_gamma, momentum buffers), then for several token batches run
 `momfmm loss ck.h5 tok.h5 --grads g.h5` and compare with reference_model.py:
@@ -143,7 +143,7 @@ def _ini_value(v) -> str:
 
 
 def case_sections(case: Case, out_dir: str) -> Dict[str, Dict[str, str]]:
-    """The complete config of a case: every SPEC 6 section."""
+    """The complete config of a case: every docs/config.md §6 section."""
     is_cls = case.group == "cls"
     model = dict(vocab_size=0, d_model=0, n_heads=0, n_layers=0, d_ff=0, max_seq_len=case.T,
                  rope_base=10000, causal=True, head="cls" if is_cls else "lm")
@@ -208,10 +208,10 @@ def config_mismatches(sections, cfg: configparser.ConfigParser) -> List[str]:
 
 
 # --------------------------------------------------------------------------
-# Checkpoint and token files (SPEC 4)
+# Checkpoint and token files (docs/files.md §4)
 # --------------------------------------------------------------------------
 def init_value_mismatches(path: str, s: ref.ModelSettings) -> List[str]:
-    """SPEC 1.2/1.3 initial values: momentum_gamma = momentum.gamma, fmm_blend = 0."""
+    """docs/model.md §1.2/1.3 initial values: momentum_gamma = momentum.gamma, fmm_blend = 0."""
     bad = []
     for name, a in h5.load_checkpoint(path, optim=False, metrics=False).params.items():
             if name.endswith("momentum_gamma") and not np.allclose(a, np.float32(s.gamma)):
@@ -288,7 +288,7 @@ def write_tokens(path: str, case: Case, s: ref.ModelSettings, batch: int, rng):
 
 
 def make_momentum_free_copy(src: str, dst: str):
-    """Same checkpoint, momentum section reset to SPEC defaults (momentum off)."""
+    """Same checkpoint, momentum section reset to the defaults of docs/config.md §6 (momentum off)."""
     shutil.copyfile(src, dst)
     with h5py.File(dst, "r+") as f:
         cp = configparser.ConfigParser(interpolation=None)
@@ -393,7 +393,7 @@ def run_case(binary: str, case: Case, workdir: str):
         return False, "cannot load the checkpoint written by init", [f"{type(e).__name__}: {e}"]
     fails = config_mismatches(sections, cfg)
     if c_shapes != shapes:
-        fails.append(f"/model names/shapes differ from SPEC 4: missing "
+        fails.append(f"/model names/shapes differ from docs/files.md §4: missing "
                      f"{sorted(set(shapes) - set(c_shapes))}, extra "
                      f"{sorted(set(c_shapes) - set(shapes))}, shape mismatches "
                      f"{[n for n in shapes if n in c_shapes and tuple(c_shapes[n]) != shapes[n]]}")
