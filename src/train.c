@@ -139,7 +139,7 @@ void trainer_evaluate(trainer *t, eval_metrics *out, double *gain_R) {
         model_forward(m, b->inputs, b->targets, b->labels, b->B, b->T, false);
         metrics_accumulate(&sums, b, m->acts.losses, m->acts.predictions, t->cfg.head == HEAD_CLS, m->V);
         if (gain_R) {
-            block_gains(m, b->B, b->T, (uint64_t)t->cfg.seed + (uint64_t)i, gains);
+            block_gains(m, b->B, b->T, (uint64_t)t->cfg.seed + (uint64_t)i, t->shard_first, gains);
             gains[m->L] += b->B;
         }
     }
