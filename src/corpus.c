@@ -10,6 +10,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+static const char *kind_of(mode_t mode) {
+    return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISSOCK(mode) ? "a socket"
+                                                                       : "a device";
+}
+
 int corpus_map_file(const char *path, const unsigned char **bytes, long long *size, status *st) {
     /* stat first, so that a device is never opened; O_NONBLOCK, so that a
      * FIFO swapped in between cannot block the open; fstat to be sure. */
@@ -17,7 +22,7 @@ int corpus_map_file(const char *path, const unsigned char **bytes, long long *si
     if (stat(path, &s) != 0)
         return status_fail(st, EXIT_BAD_FILE, "data.path = %s: cannot open: %s", path, strerror(errno));
     if (!S_ISREG(s.st_mode))
-        return status_fail(st, EXIT_BAD_FILE, "data.path = %s: not a regular file (a FIFO, device or socket)", path);
+        return status_fail(st, EXIT_BAD_FILE, "data.path = %s: not a regular file but %s", path, kind_of(s.st_mode));
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return status_fail(st, EXIT_BAD_FILE, "data.path = %s: cannot open: %s", path, strerror(errno));
     if (fstat(fd, &s) != 0 || !S_ISREG(s.st_mode)) {
