@@ -2,25 +2,32 @@
  * from its own counter stream keyed by (seed, split, step, global index). */
 #include "momfmm/data.h"
 
+#include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <errno.h>
-#include <stdio.h>
-
 #include "momfmm/common.h"
+#include "momfmm/corpus.h"
 #include "momfmm/listops.h"
 #include "momfmm/rng.h"
 
 struct data_source {
     config cfg;
-    /* text: the file's bytes; train = [0, split_at), eval = [split_at, size) */
-    unsigned char *text;
-    long long text_size, split_at;
+    /* text: the documents of data.path, mapped; train = stream bytes
+     * [0, train_end), eval = [eval_start, text.size) (docs/tasks.md §2) */
+    corpus text;
+    long long train_end, eval_start;
     /* listops from LRA TSV rows: tokens [n_rows][T] and labels; the last
      * data.eval_fraction of the rows are the eval split */
     int32_t *rows, *row_labels;
     int n_rows, n_train_rows;
+    /* scratch allocated once at open, so that no sample lives on the stack
+     * (T and L come from the config) or is allocated per step: the T + 1
+     * tokens of a sample; chain's L tokens and a bitmap of the V tokens
+     * already in the chain */
+    int32_t *sequence, *chain;
+    uint64_t *chain_seen;
 };
 
 void batch_alloc(batch *b, int B, int T) {
@@ -38,36 +45,27 @@ void batch_free(batch *b) {
     memset(b, 0, sizeof *b);
 }
 
-/* The file's bytes (NUL-terminated, caller frees), or NULL and a status. */
-static unsigned char *read_file(const char *path, long long *size, status *st) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        status_fail(st, EXIT_BAD_FILE, "data.path = %s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    fseek(f, 0, SEEK_END);
-    *size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *bytes = xcalloc((size_t)*size + 1, 1);
-    bool complete = fread(bytes, 1, (size_t)*size, f) == (size_t)*size;
-    fclose(f);
-    if (!complete) {
-        free(bytes);
-        status_fail(st, EXIT_BAD_FILE, "data.path = %s: read failed", path);
-        return NULL;
-    }
-    return bytes;
-}
-
 static int open_text(data_source *d, status *st) {
     const config *c = &d->cfg;
-    d->text = read_file(c->data_path, &d->text_size, st);
-    if (!d->text) return EXIT_BAD_FILE;
-    d->split_at = (long long)((1.0 - c->eval_fraction) * (double)d->text_size);
-    if (d->split_at < c->seq_len + 1 || d->text_size - d->split_at < c->seq_len + 1)
-        return status_fail(st, EXIT_BAD_FILE, "data.path = %s: %lld bytes is too short for data.seq_len = %d in both "
-                           "splits (data.eval_fraction = %g)", c->data_path, d->text_size, c->seq_len, c->eval_fraction);
+    if (corpus_open(&d->text, c->data_path, st)) return EXIT_BAD_FILE;
+    corpus_split(&d->text, c->eval_fraction, &d->train_end, &d->eval_start);
+    long long eval_bytes = d->text.size - d->eval_start;
+    if (d->train_end < c->seq_len + 1 || eval_bytes < c->seq_len + 1)
+        return status_fail(st, EXIT_BAD_FILE, "data.path = %s: %d document(s) of %lld bytes split into %lld train and "
+                           "%lld eval bytes, too short for data.seq_len = %d in both splits (data.eval_fraction = %g)",
+                           c->data_path, d->text.n_docs, d->text.size, d->train_end, eval_bytes, c->seq_len,
+                           c->eval_fraction);
     return 0;
+}
+
+/* A Target field: one integer 0..9 (surrounding blanks allowed); -1 if not. */
+static int parse_label(const char *field) {
+    char *end;
+    errno = 0;
+    long value = strtol(field, &end, 10);
+    bool digits = end != field;
+    while (*end == ' ' || *end == '\t' || *end == '\r') end++;
+    return digits && !*end && errno == 0 && value >= 0 && value <= 9 ? (int)value : -1;
 }
 
 /* One "Source<TAB>Target" row into the next free row of d; 0, or a status. */
@@ -76,6 +74,10 @@ static int add_listops_row(data_source *d, char *line, int line_no, int *cap, st
     char *tab = strchr(line, '\t');
     if (!tab) return status_fail(st, EXIT_BAD_FILE, "data.path = %s:%d: expected Source<TAB>Target", c->data_path, line_no);
     *tab = '\0';
+    int label = parse_label(tab + 1);
+    if (label < 0)
+        return status_fail(st, EXIT_BAD_FILE, "data.path = %s:%d: Target '%s' is not an integer 0..9", c->data_path,
+                           line_no, tab + 1);
     if (d->n_rows == *cap) {
         *cap *= 2;
         d->rows = xrealloc(d->rows, sizeof(int32_t) * (size_t)*cap * c->seq_len);
@@ -83,28 +85,43 @@ static int add_listops_row(data_source *d, char *line, int line_no, int *cap, st
     }
     int32_t *tokens = d->rows + (size_t)d->n_rows * c->seq_len;
     int length = listops_tokenize(line, tokens, c->seq_len);
-    int label = atoi(tab + 1);
-    if (length <= 0) return 0; /* longer than data.seq_len (or unknown words): LRA drops these too */
-    if (label < 0 || label > 9)
-        return status_fail(st, EXIT_BAD_FILE, "data.path = %s:%d: Target %s is not 0..9", c->data_path, line_no, tab + 1);
+    if (length == LISTOPS_UNKNOWN_WORD)
+        return status_fail(st, EXIT_BAD_FILE, "data.path = %s:%d: Source has a word other than [MIN [MAX [MED [SM ] "
+                           "( ) and the digits", c->data_path, line_no);
+    if (length <= 0) return 0; /* empty, or longer than data.seq_len: LRA drops these too */
     d->row_labels[d->n_rows++] = label;
     return 0;
 }
 
-/* LRA TSV: a header line, then "Source<TAB>Target" rows. */
-static int open_listops_tsv(data_source *d, status *st) {
-    const config *c = &d->cfg;
-    long long size;
-    char *text = (char *)read_file(c->data_path, &size, st);
-    if (!text) return EXIT_BAD_FILE;
-    int cap = 1024, line_no = 0, rc = 0;
-    d->rows = xcalloc((size_t)cap * c->seq_len, sizeof(int32_t));
+/* LRA TSV: a header line, then "Source<TAB>Target" rows; blank lines are
+ * skipped. The file is mapped and each line copied into a reused buffer. */
+static int parse_listops_tsv(data_source *d, const unsigned char *bytes, long long size, status *st) {
+    int cap = 1024, rc = 0;
+    d->rows = xcalloc((size_t)cap * d->cfg.seq_len, sizeof(int32_t));
     d->row_labels = xcalloc((size_t)cap, sizeof(int32_t));
-    for (char *line = strtok(text, "\n"); line && rc == 0; line = strtok(NULL, "\n")) {
-        if (++line_no == 1 && strncmp(line, "Source", 6) == 0) continue;
+    char *line = NULL;
+    long long line_cap = 0, pos = 0;
+    for (int line_no = 1; pos < size && rc == 0; line_no++) {
+        const unsigned char *newline = memchr(bytes + pos, '\n', (size_t)(size - pos));
+        long long length = newline ? newline - (bytes + pos) : size - pos;
+        if (length + 1 > line_cap) line = xrealloc(line, (size_t)(line_cap = length + 1));
+        memcpy(line, bytes + pos, (size_t)length);
+        line[length] = '\0';
+        pos += length + 1;
+        if (length == 0 || (line_no == 1 && strncmp(line, "Source", 6) == 0)) continue;
         rc = add_listops_row(d, line, line_no, &cap, st);
     }
-    free(text);
+    free(line);
+    return rc;
+}
+
+static int open_listops_tsv(data_source *d, status *st) {
+    const config *c = &d->cfg;
+    const unsigned char *bytes;
+    long long size;
+    if (corpus_map_file(c->data_path, &bytes, &size, st)) return EXIT_BAD_FILE;
+    int rc = parse_listops_tsv(d, bytes, size, st);
+    corpus_unmap(bytes, size);
     if (rc) return rc;
     d->n_train_rows = (int)((1.0 - c->eval_fraction) * d->n_rows);
     if (d->n_train_rows < 1 || d->n_rows - d->n_train_rows < 1)
@@ -114,24 +131,65 @@ static int open_listops_tsv(data_source *d, status *st) {
     return 0;
 }
 
+static listops_limits listops_limits_of(const config *c) {
+    return (listops_limits){c->listops_min_len, c->listops_max_len, c->listops_max_depth, c->listops_max_args};
+}
+
+/* Limits that no expression can meet would make the generator retry for
+ * ever (docs/tasks.md §2): refuse them, and limits that almost none meet. */
+static int check_listops_limits(data_source *d, status *st) {
+    const config *c = &d->cfg;
+    listops_limits lim = listops_limits_of(c);
+    int cap = c->listops_max_len < c->seq_len ? c->listops_max_len : c->seq_len;
+    if (cap < LISTOPS_SHORTEST)
+        return status_fail(st, EXIT_USAGE, "data.listops_max_len = %d and data.seq_len = %d allow %d tokens, but the "
+                           "shortest expression (an operator, two digits and ']') has %d", c->listops_max_len,
+                           c->seq_len, cap, (int)LISTOPS_SHORTEST);
+    long long longest = listops_longest(&lim);
+    if (c->listops_min_len > longest)
+        return status_fail(st, EXIT_USAGE, "data.listops_min_len = %d exceeds the longest expression (%lld tokens) "
+                           "that data.listops_max_depth = %d and data.listops_max_args = %d allow",
+                           c->listops_min_len, longest, c->listops_max_depth, c->listops_max_args);
+    int length;
+    uint64_t key = rng_key((uint64_t)c->seed, SPLIT_EVAL, 0, 0);
+    if (listops_generate(key, &lim, c->seq_len, d->sequence, &length) < 0)
+        return status_fail(st, EXIT_USAGE, "data.listops_min_len = %d, data.listops_max_len = %d: no expression of an "
+                           "allowed length in %d attempts; widen the range", c->listops_min_len,
+                           c->listops_max_len, LISTOPS_MAX_ATTEMPTS);
+    return 0;
+}
+
+static int open_listops(data_source *d, status *st) {
+    const config *c = &d->cfg;
+    if (c->vocab_size < LISTOPS_VOCAB)
+        return status_fail(st, EXIT_USAGE, "data.task = listops needs model.vocab_size >= %d, got %d", LISTOPS_VOCAB,
+                           c->vocab_size);
+    return c->data_path[0] ? open_listops_tsv(d, st) : check_listops_limits(d, st);
+}
+
 data_source *data_try_open(const config *c, status *st) {
     data_source *d = xcalloc(1, sizeof *d);
     d->cfg = *c;
+    d->sequence = xcalloc((size_t)c->seq_len + 1, sizeof(int32_t));
+    if (c->task == TASK_CHAIN) {
+        d->chain = xcalloc((size_t)c->chain_len, sizeof(int32_t));
+        d->chain_seen = xcalloc(((size_t)c->vocab_size + 63) / 64, sizeof(uint64_t));
+    }
     int rc = 0;
     if (c->task == TASK_TEXT) rc = open_text(d, st);
-    if (rc == 0 && c->task == TASK_LISTOPS && c->data_path[0]) rc = open_listops_tsv(d, st);
-    if (rc == 0 && c->task == TASK_LISTOPS && c->vocab_size < LISTOPS_VOCAB)
-        rc = status_fail(st, EXIT_USAGE, "data.task = listops needs model.vocab_size >= %d, got %d", LISTOPS_VOCAB,
-                         c->vocab_size);
+    if (c->task == TASK_LISTOPS) rc = open_listops(d, st);
     if (rc == 0) return d;
     data_close(d);
     return NULL;
 }
 
 void data_close(data_source *d) {
-    free(d->text);
+    corpus_close(&d->text);
     free(d->rows);
     free(d->row_labels);
+    free(d->sequence);
+    free(d->chain);
+    free(d->chain_seen);
     free(d);
 }
 
@@ -142,20 +200,21 @@ void shard_range(int global_B, int rank, int n_ranks, int *first, int *count) {
 }
 
 /* chain: L distinct tokens repeated to T+1; after the first pass each token
- * is replaced by a random one with probability data.noise. */
-static void chain_sample(const config *c, uint64_t key, int32_t *seq, int len) {
-    int L = c->chain_len;
-    uint64_t counter = 0;
-    int32_t chain[L];
-    for (int i = 0; i < L; i++) {
-        int32_t token;
-        bool repeated;
-        do {
-            token = (int32_t)rng_below(key, counter++, (uint32_t)c->vocab_size);
-            repeated = false;
-            for (int j = 0; j < i; j++) repeated |= chain[j] == token;
-        } while (repeated);
-        chain[i] = token;
+ * is replaced by a random one with probability data.noise. Only the chain
+ * tokens the sequence reaches are drawn (token i's draws depend on tokens
+ * before it alone), and a bitmap of the tokens drawn so far replaces a scan
+ * of them: the same tokens in O(L) instead of O(L^2). */
+static void chain_sample(const data_source *d, uint64_t key, int32_t *seq, int len) {
+    const config *c = &d->cfg;
+    int L = c->chain_len, drawn = L < len ? L : len;
+    int32_t *chain = d->chain;
+    uint64_t *seen = d->chain_seen, counter = 0;
+    for (int i = 0; i < drawn; i++) {
+        uint32_t token;
+        do token = rng_below(key, counter++, (uint32_t)c->vocab_size);
+        while (seen[token / 64] >> (token % 64) & 1);
+        seen[token / 64] |= 1ULL << (token % 64);
+        chain[i] = (int32_t)token;
     }
     for (int t = 0; t < len; t++) {
         seq[t] = chain[t % L];
@@ -163,6 +222,7 @@ static void chain_sample(const config *c, uint64_t key, int32_t *seq, int len) {
         if (t >= L && c->noise > 0 && rng_uniform(key, (1ULL << 40) + 2 * (uint64_t)t) < c->noise)
             seq[t] = (int32_t)rng_below(key, (1ULL << 40) + 2 * (uint64_t)t + 1, (uint32_t)c->vocab_size);
     }
+    for (int i = 0; i < drawn; i++) seen[chain[i] / 64] = 0; /* clear for the next sample */
 }
 
 /* copy: [s_1..s_n, 0, s_1..s_n, 0, 0 ...], symbols 1..10, n uniform in
@@ -179,12 +239,13 @@ static void copy_sample(const config *c, uint64_t key, int32_t *seq, int32_t *ta
     (void)c;
 }
 
-/* text: T + 1 bytes from a random offset of the split. */
+/* text: T + 1 consecutive bytes of the split's stream from a random offset
+ * (they may run across a separator into the next document). */
 static void text_sample(const data_source *d, uint64_t key, int split, int32_t *seq, int len) {
-    long long lo = split == SPLIT_TRAIN ? 0 : d->split_at, hi = split == SPLIT_TRAIN ? d->split_at : d->text_size;
+    long long lo = split == SPLIT_TRAIN ? 0 : d->eval_start, hi = split == SPLIT_TRAIN ? d->train_end : d->text.size;
     long long span = hi - lo - len + 1;
     long long start = lo + (long long)(rng_uniform(key, 0) * (double)span);
-    for (int t = 0; t < len; t++) seq[t] = d->text[start + t];
+    corpus_read(&d->text, start, len, seq);
 }
 
 /* listops: a generated expression, or a TSV row of the split; targets mark
@@ -200,8 +261,13 @@ static void listops_sample(const data_source *d, uint64_t key, int split, int32_
         *label = d->row_labels[row];
         for (length = 0; length < T && inputs[length] != LISTOPS_PAD; length++) {}
     } else {
-        listops_limits lim = {c->listops_min_len, c->listops_max_len, c->listops_max_depth, c->listops_max_args};
+        listops_limits lim = listops_limits_of(c);
         *label = listops_generate(key, &lim, T, inputs, &length);
+        /* check_listops_limits let these limits through, so this is a rare miss */
+        if (*label < 0)
+            fail(EXIT_USAGE, "data.listops_min_len = %d, data.listops_max_len = %d: no expression of an allowed "
+                 "length in %d attempts; widen the range", c->listops_min_len, c->listops_max_len,
+                 LISTOPS_MAX_ATTEMPTS);
     }
     for (int t = 0; t < T; t++) targets[t] = t < length ? 0 : -1;
 }
@@ -209,7 +275,7 @@ static void listops_sample(const data_source *d, uint64_t key, int split, int32_
 void data_fill(const data_source *d, batch *b, int split, long long step, long long first) {
     const config *c = &d->cfg;
     int T = b->T;
-    int32_t seq[T + 1];
+    int32_t *seq = d->sequence;
     for (int r = 0; r < b->B; r++) {
         uint64_t key = rng_key((uint64_t)c->seed, (uint64_t)split, (uint64_t)step, (uint64_t)(first + r));
         int32_t *inputs = b->inputs + (size_t)r * T, *targets = b->targets + (size_t)r * T;
@@ -224,7 +290,7 @@ void data_fill(const data_source *d, batch *b, int split, long long step, long l
         } else if (c->task == TASK_COPY) {
             copy_sample(c, key, seq, targets, T);
         } else {
-            chain_sample(c, key, seq, T + 1);
+            chain_sample(d, key, seq, T + 1);
             memcpy(targets, seq + 1, sizeof(int32_t) * T);
         }
         memcpy(inputs, seq, sizeof(int32_t) * T);

@@ -90,7 +90,7 @@ static int evaluate_batch(model *m, rank_shard *shard, int i, int segment, eval_
     data_fill(shard->data, b, SPLIT_EVAL, i, shard->first);
     model_forward(m, b->inputs, b->targets, b->labels, b->B, b->T, false);
     metrics_accumulate(&e->full, b, m->acts.losses, m->acts.predictions, m->cfg.head == HEAD_CLS, m->V);
-    block_gains(m, b->B, b->T, (uint64_t)m->cfg.seed + (uint64_t)i, e->gains);
+    block_gains(m, b->B, b->T, (uint64_t)m->cfg.seed + (uint64_t)i, shard->first, e->gains);
     e->gains[m->L] += b->B;
     if (segment <= 0) return 0;
     /* block_gains leaves the forward's logits as they were */

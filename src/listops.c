@@ -71,9 +71,20 @@ int listops_evaluate(const int32_t *tokens, int length) {
     return pos == length ? v : -1;
 }
 
+long long listops_longest(const listops_limits *lim) {
+    /* a node at depth >= max_depth is a digit; above, an operator with
+     * max_args arguments one level down; saturated well above any T */
+    long long length = 1;
+    for (int depth = lim->max_depth - 1; depth >= 0; depth--) {
+        long long op = 2 + (long long)lim->max_args * length;
+        length = op < (1LL << 40) ? op : (1LL << 40);
+    }
+    return length;
+}
+
 int listops_generate(uint64_t key, const listops_limits *lim, int T, int32_t *tokens, int *length) {
     int cap = lim->max_len < T ? lim->max_len : T;
-    for (uint64_t attempt = 0;; attempt++) {
+    for (uint64_t attempt = 0; attempt < LISTOPS_MAX_ATTEMPTS; attempt++) {
         generator g = {rng_key(key, attempt, 0x11, 0), 0, lim, tokens, 0, cap, false};
         /* the root is always an operator, as in LRA's data */
         emit(&g, LISTOPS_MIN + (int32_t)rng_below(g.key, g.counter++, 4));
@@ -85,6 +96,8 @@ int listops_generate(uint64_t key, const listops_limits *lim, int T, int32_t *to
         *length = g.len;
         return listops_evaluate(tokens, g.len);
     }
+    *length = 0;
+    return -1;
 }
 
 int listops_tokenize(const char *source, int32_t *tokens, int T) {
@@ -102,7 +115,8 @@ int listops_tokenize(const char *source, int32_t *tokens, int T) {
         else if (len == 1 && *p >= '0' && *p <= '9') token = LISTOPS_DIGIT0 + (*p - '0');
         for (size_t w = 0; w < sizeof words / sizeof words[0] && token == -1; w++)
             if (strlen(words[w].word) == len && strncmp(p, words[w].word, len) == 0) token = words[w].token;
-        if (token == -1 || (token >= 0 && n == T)) return -1;
+        if (token == -1) return LISTOPS_UNKNOWN_WORD;
+        if (token >= 0 && n == T) return LISTOPS_TOO_LONG;
         if (token >= 0) tokens[n++] = token;
         p += len;
     }

@@ -15,7 +15,7 @@ static double row_norm(const float *x, size_t n) {
     return sqrt(s);
 }
 
-void block_gains(model *m, int B, int T, uint64_t seed, double *ratio_sums) {
+void block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums) {
     activations *a = &m->acts;
     size_t row = (size_t)T * m->d, bt_d = (size_t)B * row;
     float *saved_in = xcalloc(2 * bt_d, sizeof(float)), *saved_out = saved_in + bt_d;
@@ -26,7 +26,9 @@ void block_gains(model *m, int B, int T, uint64_t seed, double *ratio_sums) {
         memcpy(saved_out, out, sizeof(float) * bt_d);
         for (int b = 0; b < B; b++) {
             float *x = in + b * row;
-            uint64_t key = rng_key(seed, 0x6A1, (uint64_t)l, (uint64_t)b);
+            /* keyed by the global sample index, as the samples are: the same
+             * delta for the same row at any rank count (docs/metrics.md §3) */
+            uint64_t key = rng_key(seed, 0x6A1, (uint64_t)l, (uint64_t)(first_row + b));
             double target = 1e-3 * row_norm(x, row), norm = 0;
             for (size_t i = 0; i < row; i++) norm += pow(rng_normal(key, i), 2);
             double scale = target / sqrt(norm);

@@ -20,13 +20,15 @@ void batch_alloc(batch *b, int B, int T);
 void batch_free(batch *b);
 
 typedef struct data_source data_source;
-/* Opens what a task needs (e.g. the text file); NULL and a status of
+/* Opens what a task needs (the text corpus, mapped; a TSV file; scratch
+ * buffers) and checks that its limits can be met; NULL and a status of
  * EXIT_USAGE or EXIT_BAD_FILE on a bad config or file (docs/design.md §8.7;
  * the command layer's data_open in cmd_common.h exits on it). */
 data_source *data_try_open(const config *c, status *st);
 void data_close(data_source *d);
 
-/* Fills rows for global sample indices [first, first + b->B) of (split, step). */
+/* Fills rows for global sample indices [first, first + b->B) of (split, step);
+ * b->T is at most data.seq_len (the scratch of data_try_open is that long). */
 void data_fill(const data_source *d, batch *b, int split, long long step, long long first);
 
 /* Rows of global batch `global_B` that rank r of n takes (docs/tasks.md §2). */

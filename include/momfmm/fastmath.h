@@ -19,22 +19,37 @@
 
 /* e^x for x <= 0: 2^n e^r with n = round(x / ln 2), |r| <= ln2 / 2, degree-6
  * Taylor polynomial for e^r; max relative error 2.5e-7 (2 ulp) over
- * [-87, 0]; x < -87 is clamped (e^-87 is still a normal float). */
+ * [-87, 0]; x < -87 (-inf included) is clamped (e^-87 is still a normal
+ * float). Every other input is well defined too, so that a NaN logit shows
+ * up as a NaN loss rather than as undefined behaviour: x > 88 (+inf
+ * included) is clamped to 88 (e^88 is near FLT_MAX), and NaN gives NaN. The
+ * clamps and the NaN pass-through are integer minima and masks on the bit
+ * pattern: float comparisons and selects here stop GCC vectorising the
+ * callers' loops (under -ftrapping-math). */
 static inline float exp_nonpositive(float x) {
     const float round_magic = 12582912.0f; /* 1.5 * 2^23: x + it rounds to int */
-    /* clamp x >= -87 as an integer min: for x <= 0 the bit pattern grows
-     * with |x|; 0xC2AE0000 is -87.0f */
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    u = u < 0xC2AE0000u ? u : 0xC2AE0000u;
-    memcpy(&x, &u, sizeof x);
+    uint32_t input;
+    memcpy(&input, &x, sizeof input);
+    /* As unsigned, negative floats grow with |x| (0xC2AE0000 = -87.0f); as
+     * signed, positive floats grow with x (0x42B00000 = 88.0f). NaNs are
+     * clamped as well (and restored below), so n is an integer in
+     * [-126, 127] and the exponent bits below are a normal float's. */
+    uint32_t u = input < 0xC2AE0000u ? input : 0xC2AE0000u;
+    int32_t clamped = (int32_t)u < 0x42B00000 ? (int32_t)u : 0x42B00000;
+    memcpy(&x, &clamped, sizeof x);
     float n = (x * 1.44269504f + round_magic) - round_magic;
     float r = (x - n * 0.693145752f) - n * 1.42860677e-6f; /* ln 2 = hi + lo */
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
-    int32_t bits = ((int32_t)n + 127) << 23; /* 2^n, n in [-126, 0] */
-    float scale;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23; /* 2^n */
+    float scale, result;
     memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+    result = p * scale;
+    /* all ones when |input| is above +inf's bit pattern, i.e. a NaN */
+    uint32_t nan_mask = (uint32_t)((int32_t)(0x7F800000u - (input & 0x7FFFFFFFu)) >> 31), out;
+    memcpy(&out, &result, sizeof out);
+    out = (out & ~nan_mask) | (input & nan_mask);
+    memcpy(&result, &out, sizeof result);
+    return result;
 }
 
 /* Sums and maxima in 16 independent lanes: the compiler vectorises these

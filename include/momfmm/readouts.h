@@ -7,11 +7,13 @@
 #include "momfmm/model.h"
 
 /* gain_R of docs/metrics.md §3 for every block on the activations of the last forward
- * (B rows of T): ||F(x + delta) - F(x)|| / ||delta|| per row, delta random
- * with ||delta|| = 1e-3 ||x||. Adds each row's ratio into ratio_sums[layer]
- * (the caller divides by the number of rows, after reducing over ranks).
+ * (B rows of T, global sample indices first_row ... first_row + B - 1):
+ * ||F(x + delta) - F(x)|| / ||delta|| per row, delta random with ||delta|| =
+ * 1e-3 ||x||, keyed by (seed, block, global sample index) so that it does not
+ * depend on the rank count. Adds each row's ratio into ratio_sums[layer] (the
+ * caller sums over ranks, then divides by the global number of rows).
  * Leaves the forward's outputs as they were. */
-void block_gains(model *m, int B, int T, uint64_t seed, double *ratio_sums);
+void block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums);
 
 /* gamma_h of every layer and head, learned or fixed: out[layer * H + h]. */
 void momentum_gammas(const model *m, double *out);
