@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <libgen.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -365,6 +366,14 @@ static void read_buffers(reader *r, model *m) {
         }
 }
 
+/* A text checkpoint written before /metrics/<table>/bpb existed (docs/files.md §4):
+ * the column follows from the loss, bits per byte = loss / ln 2. */
+static void derive_bpb(metric_table *t, long long rows, int offset) {
+    int loss = metric_table_column_offset(t, "loss");
+    for (long long i = 0; i < rows && loss >= 0; i++)
+        t->values[i * t->row_width + offset] = t->values[i * t->row_width + loss] / M_LN2;
+}
+
 /* A missing group means an empty history (e.g. a step-0 checkpoint). */
 static void read_metric_table(reader *r, const char *group, metric_table *t) {
     t->n_rows = 0;
@@ -382,6 +391,11 @@ static void read_metric_table(reader *r, const char *group, metric_table *t) {
     for (int c = 0; c < t->n_columns; c++) {
         const metric_column *col = &t->columns[c];
         snprintf(name, sizeof name, "%s/%s", group, col->name);
+        if (!strcmp(col->name, "bpb") && H5Lexists(r->file, name, H5P_DEFAULT) <= 0) {
+            derive_bpb(t, rows, offset);
+            offset += col->width;
+            continue;
+        }
         unsigned long long shape[3];
         int ndim_want = metric_column_shape(col, rows, shape);
         hsize_t want[3] = {shape[0], shape[1], shape[2]};

@@ -26,6 +26,7 @@ static void load_checkpoint(const char *ckpt, model *m, checkpoint_info *info, m
     if (checkpoint_read_config(ckpt, &cfg, info, &err) != 0) fail(err.code, "%s", err.message);
     if (model_create_for_inference(m, &cfg, &err) != 0) fail_all(err.code, "%s", err.message);
     if (train) metric_tables_standard(train, eval, cfg.n_layers, cfg.n_heads);
+    if (train) metric_tables_add_task_columns(train, eval, cfg.task);
     if (checkpoint_read_state(ckpt, m, false, train, eval, &err) != 0) fail(err.code, "%s", err.message);
 }
 
@@ -42,6 +43,13 @@ static void print_parameter_groups(const model *m) {
     }
 }
 
+/* A table value as text: "—" for an empty bin (NaN), never nan (docs/metrics.md §3). */
+static const char *shown_value(double v, const char *format, char *buf, size_t len) {
+    if (isnan(v)) return metric_text(v, 0, buf, len);
+    snprintf(buf, len, format, v);
+    return buf;
+}
+
 static void print_last_row(const char *title, const metric_table *t) {
     if (t->n_rows == 0) {
         printf("%s: none\n", title);
@@ -52,10 +60,12 @@ static void print_last_row(const char *title, const metric_table *t) {
     int offset = 0;
     for (int c = 0; c < t->n_columns; c++) {
         const metric_column *col = &t->columns[c];
-        if (col->width == 1) printf(" %s %.6g", col->name, row[offset]);
+        char value[32];
+        if (col->width == 1) printf(" %s %s", col->name, shown_value(row[offset], "%.6g", value, sizeof value));
         else if (col->inner <= 1) {
             printf(" %s [", col->name);
-            for (int j = 0; j < col->width; j++) printf("%s%.4g", j ? " " : "", row[offset + j]);
+            for (int j = 0; j < col->width; j++)
+                printf("%s%s", j ? " " : "", shown_value(row[offset + j], "%.4g", value, sizeof value));
             printf("]");
         }
         offset += col->width;
@@ -86,6 +96,18 @@ static void print_filter_gains(const model *m) {
     eval_result_free(&r);
 }
 
+/* The last eval row in the metrics the task is read by (docs/metrics.md §3). */
+static void print_task_metrics(const config *cfg, const metric_table *eval) {
+    if (eval->n_rows == 0) return;
+    static const char *task_names[] = {"chain", "copy", "listops", "text"};
+    eval_metrics e;
+    char shown[256];
+    eval_metrics_from_row(eval, eval->n_rows - 1, &e);
+    eval_metrics_format(&e, cfg->task, 4, shown, sizeof shown);
+    printf("last eval (%s, step %.0f): %s\n", task_names[cfg->task], eval->values[(eval->n_rows - 1) * eval->row_width],
+           shown);
+}
+
 int command_inspect(const char *ckpt) {
     model m;
     checkpoint_info info;
@@ -98,6 +120,7 @@ int command_inspect(const char *ckpt) {
         print_parameter_groups(&m);
         print_last_row("train metrics", &train);
         print_last_row("eval metrics", &eval);
+        print_task_metrics(&m.cfg, &eval);
         print_filter_gains(&m);
         printf("config:\n%s", ini);
         free(ini);
@@ -108,9 +131,10 @@ int command_inspect(const char *ckpt) {
     return 0;
 }
 
-static void print_eval(const char *how, const eval_metrics *e) {
-    log_rank0("%s | loss %.6f | L_new %.6f | L_rep %.6f | delta_12 %.6f | acc %.6f | exact %.6f\n", how, e->loss,
-              e->L_new, e->L_rep, e->delta_12, e->acc, e->exact_match);
+static void print_eval(const char *how, const eval_metrics *e, int task) {
+    char shown[256];
+    eval_metrics_format(e, task, 6, shown, sizeof shown);
+    log_rank0("%s | %s\n", how, shown);
 }
 
 int command_eval(const char *ckpt, bool stream, int segment) {
@@ -127,14 +151,14 @@ int command_eval(const char *ckpt, bool stream, int segment) {
         if (err.code == EXIT_USAGE) fail_all(err.code, "%s", err.message);
         fail(err.code, "%s", err.message);
     }
-    print_eval("eval", &r.metrics);
+    print_eval("eval", &r.metrics, m.cfg.task);
     log_rank0("gain_R");
     for (int l = 0; l < m.L; l++) log_rank0(" %.4f", r.gain_R[l]);
     log_rank0("\n");
     if (r.streamed) {
         char how[64];
         snprintf(how, sizeof how, "eval --stream (segments of %d)", segment);
-        print_eval(how, &r.stream_metrics);
+        print_eval(how, &r.stream_metrics, m.cfg.task);
         log_rank0("stream max |logit difference| vs full forward: %.3e\n", r.stream_max_diff);
     }
     eval_result_free(&r);

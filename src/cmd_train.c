@@ -66,11 +66,20 @@ static bool save_checkpoint(const trainer *t) {
 }
 
 static void log_train(trainer *t, const step_result *r, double tokens_per_s, double elapsed, long long steps_done) {
-    double row[5] = {(double)t->step, r->loss, r->lr, r->grad_norm, tokens_per_s};
+    double row[16] = {0}, step = (double)t->step, bpb = r->loss / M_LN2;
+    const struct {
+        const char *name;
+        const double *value;
+    } columns[] = {{"step", &step}, {"loss", &r->loss}, {"lr", &r->lr}, {"grad_norm", &r->grad_norm},
+                   {"tokens_per_s", &tokens_per_s}, {"bpb", &bpb}};
+    for (size_t i = 0; i < sizeof columns / sizeof columns[0]; i++)
+        metric_table_set(&t->train_log, row, columns[i].name, columns[i].value);
     metric_table_append(&t->train_log, row);
     double eta = steps_done > 0 ? elapsed / steps_done * (double)(t->cfg.steps - t->step) : 0;
-    log_rank0("step %lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | ETA %dm%02ds\n", t->step,
-              t->cfg.steps, r->loss, r->lr, r->grad_norm, tokens_per_s, (int)(eta / 60), (int)fmod(eta, 60));
+    char text_bpb[32] = ""; /* docs/metrics.md §3: text is read in bits per byte */
+    if (t->cfg.task == TASK_TEXT) snprintf(text_bpb, sizeof text_bpb, " | bpb %.4f", bpb);
+    log_rank0("step %lld/%lld | loss %.4f%s | lr %.3e | grad_norm %.3f | %.0f tok/s | ETA %dm%02ds\n", t->step,
+              t->cfg.steps, r->loss, text_bpb, r->lr, r->grad_norm, tokens_per_s, (int)(eta / 60), (int)fmod(eta, 60));
 }
 
 /* Rank 0 mirrors the metric tables into metrics.h5 as they grow; a write
@@ -100,9 +109,9 @@ static void log_eval(trainer *t) {
     status err;
     eval_result_init(&r, &t->model);
     if (trainer_log_eval(t, &r, &err) != 0) fail(err.code, "%s", err.message);
-    const eval_metrics *e = &r.metrics;
-    log_rank0("eval step %lld | loss %.4f | L_new %.4f | L_rep %.4f | delta_12 %.4f | acc %.4f | exact %.4f | gain_R",
-              t->step, e->loss, e->L_new, e->L_rep, e->delta_12, e->acc, e->exact_match);
+    char shown[256];
+    eval_metrics_format(&r.metrics, t->cfg.task, 4, shown, sizeof shown);
+    log_rank0("eval step %lld | %s | gain_R", t->step, shown);
     for (int l = 0; l < t->model.L; l++) log_rank0(" %.3f", r.gain_R[l]);
     log_rank0("\n");
     eval_result_free(&r);

@@ -59,6 +59,7 @@ int trainer_create(trainer *t, const config *cfg, status *err) {
     if (rank_shard_open(&t->shard, cfg, err) != 0 || check_memory(t, err) != 0) return err->code;
     t->reducer = grad_reducer_create(&t->model, cfg->bucket_mb, cfg->overlap);
     metric_tables_standard(&t->train_log, &t->eval_log, cfg->n_layers, cfg->n_heads);
+    metric_tables_add_task_columns(&t->train_log, &t->eval_log, cfg->task);
     t->reduce_scratch = xcalloc(2 + t->model.n_buffer, sizeof(double));
     return 0;
 }
