@@ -2,8 +2,7 @@
  * They need only a checkpoint's root attributes, /model and /buffers (plus
  * /metrics for inspect's history): a model for inference, and for eval a
  * data shard and the evaluation module (docs/design.md §8.5), never a
- * trainer. A failed status becomes an exit here (§8.7). */
-#include <ctype.h>
+ * trainer; generate is in cmd_generate.c. A failed status becomes an exit here (§8.7). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,8 +13,6 @@
 #include "momfmm/common.h"
 #include "momfmm/eval.h"
 #include "momfmm/readouts.h"
-#include "momfmm/rng.h"
-#include "momfmm/stream.h"
 
 /* A model for inference holding the checkpoint's weights and buffers, and
  * with `train`/`eval` its metric history; a bad file exits 3. */
@@ -163,74 +160,6 @@ int command_eval(const char *ckpt, bool stream, int segment) {
     }
     eval_result_free(&r);
     rank_shard_close(&shard);
-    model_free(&m);
-    return 0;
-}
-
-static int parse_prompt(const char *text, int vocab, int32_t **out) {
-    int n = 0, cap = 16;
-    int32_t *tokens = xcalloc((size_t)cap, sizeof(int32_t));
-    for (const char *p = text; *p;) {
-        while (*p == ',' || isspace((unsigned char)*p)) p++;
-        if (!*p) break;
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v >= vocab)
-            fail_all(EXIT_USAGE, "--prompt: '%.20s' is not a token in [0, %d)", p, vocab);
-        if (n == cap) tokens = realloc(tokens, sizeof(int32_t) * (size_t)(cap *= 2));
-        tokens[n++] = (int32_t)v;
-        p = end;
-    }
-    if (n == 0) fail_all(EXIT_USAGE, "--prompt: no tokens");
-    *out = tokens;
-    return n;
-}
-
-static int32_t pick_token(const float *logits, int V, double temperature, uint64_t key, uint64_t counter) {
-    int best = 0;
-    for (int v = 1; v < V; v++) best = logits[v] > logits[best] ? v : best;
-    if (temperature <= 0) return best;
-    double total = 0, *weights = xcalloc((size_t)V, sizeof(double));
-    for (int v = 0; v < V; v++) total += weights[v] = exp((logits[v] - logits[best]) / temperature);
-    double u = rng_uniform(key, counter) * total;
-    int chosen = V - 1;
-    for (int v = 0; v < V; v++) {
-        if (u < weights[v]) {
-            chosen = v;
-            break;
-        }
-        u -= weights[v];
-    }
-    free(weights);
-    return chosen;
-}
-
-int command_generate(const char *ckpt, const char *prompt, int n_tokens, double temperature, long long seed) {
-    model m;
-    status err;
-    if (checkpoint_load_model(ckpt, &m, false, &err) != 0) fail(err.code, "%s", err.message);
-    int32_t *tokens;
-    int n_prompt = parse_prompt(prompt, m.V, &tokens);
-    stream_state st;
-    if (stream_create(&st, &m, 1, n_prompt + n_tokens, n_prompt, &err)) fail_all(err.code, "%s", err.message);
-    float *logits = xcalloc((size_t)n_prompt * m.V, sizeof(float));
-    if (stream_forward(&m, &st, tokens, n_prompt, logits, &err)) fail(err.code, "%s", err.message);
-    const float *last = logits + (size_t)(n_prompt - 1) * m.V;
-    uint64_t key = rng_key((uint64_t)seed, 0x6E4, 0, 0);
-    log_rank0("prompt:");
-    for (int i = 0; i < n_prompt; i++) log_rank0(" %d", tokens[i]);
-    log_rank0("\ngenerated:");
-    for (int i = 0; i < n_tokens; i++) {
-        int32_t next = pick_token(last, m.V, temperature, key, (uint64_t)i);
-        log_rank0(" %d", next);
-        if (i + 1 < n_tokens) {
-            if (stream_forward(&m, &st, &next, 1, logits, &err)) fail(err.code, "%s", err.message);
-            last = logits;
-        }
-    }
-    log_rank0("\n");
-    free(logits), free(tokens);
-    stream_free(&st);
     model_free(&m);
     return 0;
 }
