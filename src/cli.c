@@ -353,7 +353,7 @@ static int command_init(const arguments *a) {
     status err;
     if (model_create(&m, &c, &err) != 0) fail_all(err.code, "%s", err.message);
     model_init_parameters(&m);
-    checkpoint_info info = {0, 0, process_count()};
+    checkpoint_info info = {.world_size = process_count()};
     if (process_rank() == 0 && store_write_checkpoint(a->out, &m, &info, NULL, NULL, &err) != 0)
         fail(err.code, "%s", err.message);
     log_rank0("wrote %s: %zu parameters\n", a->out, m.n_params);
@@ -384,7 +384,7 @@ static int command_loss(const arguments *a) {
 
 static int run_command(const command_spec *cmd, arguments *a) {
     const char *name = cmd->name;
-    if (!strcmp(name, "train")) return command_train(a->positional[0], a->n_overrides, a->overrides, a->resume);
+    if (!strcmp(name, "train")) return command_train(a->positional[0], a->n_overrides, a->overrides, a->resume, a->init);
     if (!strcmp(name, "init")) return command_init(a);
     if (!strcmp(name, "loss")) return command_loss(a);
     if (!strcmp(name, "bench")) return command_bench(a->positional[0], a->n_overrides, a->overrides, a->steps);
