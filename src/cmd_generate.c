@@ -5,12 +5,11 @@
  * (docs/model.md, streaming), until --tokens or the --stop byte sequence.
  * Every rank computes the same continuation (the sampler's random numbers
  * depend only on the seed and the position), and rank 0 prints it. */
+#include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <ctype.h>
-#include <math.h>
 
 #include "momfmm/checkpoint.h"
 #include "momfmm/commands.h"
