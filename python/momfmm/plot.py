@@ -268,10 +268,38 @@ def write_figures(runs, out_dir):
     paths written."""
     os.makedirs(out_dir, exist_ok=True)
     written = []
-    for plot in (plot_loss, plot_lr, plot_new_rep, plot_loss_by_k, plot_acc, plot_bpb,
-                 plot_gain_r, plot_gamma, plot_bode):
-        plot(runs, out_dir, written)
+    for plot, name, fits, why in FIGURES:
+        chosen = [run for run in runs if fits(run)]
+        if chosen:
+            plot(chosen, out_dir, written)
+        else:
+            print(f"skip {name}: {why}")
     return written
+
+
+def task_of(run):
+    """data.task of a run, or None when the run has no config (every figure may fit)."""
+    return run.cfg("data.task") if run.has_config else None
+
+
+def task_in(*tasks):
+    return lambda run: task_of(run) in (None,) + tasks
+
+
+# Each figure with the runs it fits (docs/metrics.md §3: the metrics that fit the task):
+# occurrence-count losses for the chain task, accuracy for copy and listops, bits per
+# byte for text, gamma and the shear's frequency response only where momentum is on.
+FIGURES = (
+    (plot_loss, "loss.png", lambda run: True, ""),
+    (plot_lr, "lr.png", lambda run: True, ""),
+    (plot_new_rep, "l_new_l_rep.png", task_in("chain"), "L_new / L_rep fit the chain task only"),
+    (plot_loss_by_k, "loss_by_k.png", task_in("chain"), "loss by k fits the chain task only"),
+    (plot_acc, "acc.png", task_in("copy", "listops"), "accuracy fits the copy and listops tasks only"),
+    (plot_bpb, "bpb.png", task_in("text"), "bits per byte fit the text task only"),
+    (plot_gain_r, "gain_r.png", lambda run: True, ""),
+    (plot_gamma, "gamma.png", lambda run: run.momentum_on or not run.has_config, "no run has momentum on"),
+    (plot_bode, "bode.png", lambda run: run.momentum_on or not run.has_config, "no run has momentum on"),
+)
 
 
 def main(argv=None):

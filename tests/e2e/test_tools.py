@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PYTHON = sys.executable
 PLOT = os.path.join(ROOT, "tools", "momfmm_plot.py")
 REPORT = os.path.join(ROOT, "tools", "momfmm_report.py")
-FIGURES = ["loss.png", "lr.png", "l_new_l_rep.png", "loss_by_k.png", "acc.png", "gamma.png", "bode.png"]
+FIGURES = ["loss.png", "lr.png", "l_new_l_rep.png", "loss_by_k.png", "gamma.png", "bode.png"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 METRICS = ["L_new", "L_rep", "delta_12", "acc", "loss"]
 
@@ -148,6 +148,8 @@ def test_plot(workdir, report, runs):
     if not has_gain:
         report.check("plot notes the skipped gain_r.png", "skip gain_r.png" in r.stdout)
     report.check("plot skips bpb.png for chain runs", "skip bpb.png" in r.stdout, r.stdout[-400:])
+    report.check("plot skips acc.png for chain runs (accuracy fits copy and listops)",
+                 "skip acc.png" in r.stdout, r.stdout[-400:])
 
 
 def test_report(report, runs):
@@ -201,7 +203,10 @@ def test_text_bpb(workdir, report, runs):
     want = f"{ckpt_metrics(text)[0]['loss'] / math.log(2):.4f}"
     report.check("text run: bpb = loss / ln 2", r.returncode == 0 and rows and
                  rows[0].get("bpb") == want, f"{rows[0].get('bpb') if rows else r.stderr} vs {want}")
-    check_plot(report, os.path.join(workdir, "fig_text"), [text], ["text"], ["bpb.png", "loss.png"])
+    r = check_plot(report, os.path.join(workdir, "fig_text"), [text], ["text"], ["bpb.png", "loss.png"])
+    for name in ("l_new_l_rep.png", "loss_by_k.png", "acc.png"):
+        report.check(f"text run: plot skips {name} (docs/metrics.md §3: metrics that fit the task)",
+                     f"skip {name}" in r.stdout, r.stdout[-400:])
 
 
 def test_live_metrics(workdir, report, runs):
