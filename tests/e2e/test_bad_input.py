@@ -207,3 +207,8 @@ def test_run_directory_and_metrics_file(momfmm, workdir, report):
         r = run([momfmm, command, empty])
         expect(report, f"{command} of a run directory without checkpoints", r, 3, "empty_run",
                "no checkpoint", "empty_run/metrics.h5")
+
+    # resume messages print config numbers in their shortest form too
+    r = run([momfmm, "train", ini, "--set", "train.lr=0.1", "--set", "train.steps=6", "--resume", "auto"])
+    report.check("resume warning in shortest form", r.returncode == 0 and "train.lr: 0.003 vs 0.1" in r.stdout
+                 and f"resumed from {os.path.join(run_dir, 'ckpt_00000002.h5')}" in r.stdout, r.stdout + r.stderr)
