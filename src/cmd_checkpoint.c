@@ -2,7 +2,9 @@
  * They need only a checkpoint's root attributes, /model and /buffers (plus
  * /metrics for inspect's history): a model for inference, and for eval a
  * data shard and the evaluation module (docs/design.md §8.5), never a
- * trainer. A failed status becomes an exit here (§8.7). */
+ * trainer. inspect and eval also take a run directory (its newest checkpoint
+ * that loads, chosen by the store, docs/design.md §8.4), and inspect a run's
+ * live metrics.h5. A failed status becomes an exit here (§8.7). */
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -63,7 +65,7 @@ static void load_file(const char *path, loaded_checkpoint *c) {
 }
 
 /* "; ..." naming dir/metrics.h5 when there is one, else "". */
-static const char *access_metrics_hint(const char *dir) {
+static const char *metrics_file_hint(const char *dir) {
     static char hint[STORE_PATH_MAX + 64];
     char path[STORE_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/metrics.h5", dir);
@@ -90,7 +92,7 @@ static void load_run_directory(const char *dir, loaded_checkpoint *c) {
             status_fail(&choice.err, EXIT_BAD_FILE, "%s: %s%s", dir,
                         l.n ? "no checkpoint in this run directory loads (see the warnings above)"
                             : "no checkpoint (ckpt_<step>.h5) in this directory",
-                        access_metrics_hint(dir));
+                        metrics_file_hint(dir));
             store_listing_free(&l);
         }
     }
