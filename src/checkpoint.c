@@ -219,6 +219,7 @@ int grads_write(const char *path, const char *tmp, const model *m, double loss, 
  * it. This keeps each helper a straight line of checks. */
 typedef struct {
     const char *path;
+    unsigned open_flags; /* H5F_ACC_RDONLY, with H5F_ACC_SWMR_READ for a live file */
     hid_t file;
     char *err;
     size_t err_len;
@@ -241,7 +242,9 @@ static void reader_open(reader *r, const char *what) {
     if (H5Fis_hdf5(r->path) <= 0) reader_fail(r, "not an HDF5 file (empty, truncated or corrupt)");
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
-    r->file = H5Fopen(r->path, H5F_ACC_RDONLY, fapl);
+    r->file = H5Fopen(r->path, r->open_flags, fapl);
+    /* a file in the old format (no SWMR) opens without the flag */
+    if (r->file < 0 && (r->open_flags & H5F_ACC_SWMR_READ)) r->file = H5Fopen(r->path, H5F_ACC_RDONLY, fapl);
     H5Pclose(fapl);
     if (r->file < 0) reader_fail(r, "cannot open %s as HDF5 (corrupt?)", what);
 }
@@ -321,6 +324,17 @@ static void read_checked(reader *r, const char *name, hid_t mem_type, int ndim, 
     H5Dclose(dset);
 }
 
+/* The root attribute config_ini, parsed and checked. */
+static void read_config_ini(reader *r, config *c) {
+    char *ini = read_attr_string(r, "config_ini");
+    char origin[CONFIG_PATH_MAX + 32], err[512];
+    snprintf(origin, sizeof origin, "config_ini");
+    config_defaults(c);
+    int bad = config_load_string(c, ini, origin, err, sizeof err) != 0 || config_check(c, origin, err, sizeof err) != 0;
+    free(ini);
+    if (bad) reader_fail(r, "%s", err);
+}
+
 static void read_config_body(reader *r, config *c, checkpoint_info *info) {
     char *format = read_attr_string(r, "format");
     bool ours = strcmp(format, CHECKPOINT_FORMAT) == 0;
@@ -344,13 +358,7 @@ static void read_config_body(reader *r, config *c, checkpoint_info *info) {
         snprintf(info->init_from, sizeof info->init_from, "%s", init_from);
         free(init_from);
     }
-    char *ini = read_attr_string(r, "config_ini");
-    char origin[CONFIG_PATH_MAX + 32], err[512];
-    snprintf(origin, sizeof origin, "config_ini");
-    config_defaults(c);
-    int bad = config_load_string(c, ini, origin, err, sizeof err) != 0 || config_check(c, origin, err, sizeof err) != 0;
-    free(ini);
-    if (bad) reader_fail(r, "%s", err);
+    read_config_ini(r, c);
 }
 
 static void read_tensors(reader *r, const char *group, const model *m, float *base) {
@@ -381,17 +389,53 @@ static void derive_bpb(metric_table *t, long long rows, int offset) {
         t->values[i * t->row_width + offset] = t->values[i * t->row_width + loss] / M_LN2;
 }
 
+/* The first dims[0] rows of a column whose other dimensions are dims[1..]:
+ * all of its rows unless `live`, where a run may have appended more. */
+static void read_first_rows(reader *r, const char *name, bool live, int ndim, const hsize_t *dims, double *out) {
+    hsize_t got[H5S_MAX_RANK] = {0};
+    int got_ndim;
+    hid_t dset = open_dataset(r, name, &got_ndim, got);
+    bool same = got_ndim == ndim && (live ? got[0] >= dims[0] : got[0] == dims[0]);
+    for (int i = 1; same && i < ndim; i++) same = got[i] == dims[i];
+    if (!same) {
+        char want[64], have[64];
+        format_shape(want, sizeof want, ndim, dims);
+        format_shape(have, sizeof have, got_ndim, got);
+        reader_fail(r, "%s has shape %s, expected %s", name, have, want);
+    }
+    hid_t file_space = H5Dget_space(dset), mem_space = H5Screate_simple(ndim, dims, NULL);
+    hsize_t start[H5S_MAX_RANK] = {0};
+    herr_t status = H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, NULL, dims, NULL);
+    if (status >= 0 && dims[0] > 0) status = H5Dread(dset, H5T_NATIVE_DOUBLE, mem_space, file_space, H5P_DEFAULT, out);
+    H5Sclose(mem_space);
+    H5Sclose(file_space);
+    if (status < 0) reader_fail(r, "cannot read %s (corrupt or wrong type)", name);
+    H5Dclose(dset);
+}
+
+/* Rows of a table: those of its first column in a checkpoint; in a live
+ * file, where the writer extends one column after another (live_metrics.c),
+ * the rows that every column holds already. */
+static long long table_rows(reader *r, const char *group, const metric_table *t, bool live) {
+    long long rows = -1;
+    for (int c = 0; c < (live ? t->n_columns : 1); c++) {
+        char name[128];
+        snprintf(name, sizeof name, "%s/%s", group, t->columns[c].name);
+        hsize_t dims[H5S_MAX_RANK] = {0};
+        int ndim;
+        H5Dclose(open_dataset(r, name, &ndim, dims));
+        if (c == 0 && ndim != 1) reader_fail(r, "%s is not 1-D", name);
+        if (rows < 0 || (long long)dims[0] < rows) rows = (long long)dims[0];
+    }
+    return rows;
+}
+
 /* A missing group means an empty history (e.g. a step-0 checkpoint). */
-static void read_metric_table(reader *r, const char *group, metric_table *t) {
+static void read_metric_table(reader *r, const char *group, metric_table *t, bool live) {
     t->n_rows = 0;
     if (H5Lexists(r->file, group, H5P_DEFAULT) <= 0) return;
     char name[128];
-    snprintf(name, sizeof name, "%s/%s", group, t->columns[0].name);
-    hsize_t dims[H5S_MAX_RANK] = {0};
-    int ndim;
-    H5Dclose(open_dataset(r, name, &ndim, dims));
-    if (ndim != 1) reader_fail(r, "%s is not 1-D", name);
-    long long rows = (long long)dims[0];
+    long long rows = table_rows(r, group, t, live);
     double *column = xcalloc((size_t)rows * (size_t)t->row_width + 1, sizeof(double));
     double *row = xcalloc((size_t)t->row_width, sizeof(double));
     int offset = 0;
@@ -406,7 +450,7 @@ static void read_metric_table(reader *r, const char *group, metric_table *t) {
         unsigned long long shape[3];
         int ndim_want = metric_column_shape(col, rows, shape);
         hsize_t want[3] = {shape[0], shape[1], shape[2]};
-        read_checked(r, name, H5T_NATIVE_DOUBLE, ndim_want, want, column);
+        read_first_rows(r, name, live, ndim_want, want, column);
         for (long long i = 0; i < rows; i++) {
             if (c == 0) metric_table_append(t, row);
             for (int j = 0; j < col->width; j++) t->values[i * t->row_width + offset + j] = column[i * col->width + j];
@@ -421,11 +465,13 @@ static void read_metric_table(reader *r, const char *group, metric_table *t) {
  * message in err (which may be NULL). */
 typedef void (*reader_body)(reader *r, void *ctx);
 
-static int reader_run_into(const char *path, const char *what, reader_body body, void *ctx, status *err) {
+static int reader_run_into(const char *path, unsigned open_flags, const char *what, reader_body body, void *ctx,
+                           status *err) {
     status_clear(err);
     /* on the heap: a local changed after setjmp would be indeterminate after longjmp */
     reader *r = xcalloc(1, sizeof *r);
     r->path = path;
+    r->open_flags = open_flags;
     r->file = -1;
     r->err = err->message;
     r->err_len = sizeof err->message;
@@ -442,7 +488,7 @@ static int reader_run_into(const char *path, const char *what, reader_body body,
 
 static int reader_run(const char *path, const char *what, reader_body body, void *ctx, status *err) {
     status ignored;
-    return reader_run_into(path, what, body, ctx, err ? err : &ignored);
+    return reader_run_into(path, H5F_ACC_RDONLY, what, body, ctx, err ? err : &ignored);
 }
 
 typedef struct {
@@ -467,8 +513,8 @@ static void state_body(reader *r, void *ctx) {
         read_tensors(r, "/optim/m", q->m, q->m->adam_m);
         read_tensors(r, "/optim/v", q->m, q->m->adam_v);
     }
-    if (q->train) read_metric_table(r, "/metrics/train", q->train);
-    if (q->eval) read_metric_table(r, "/metrics/eval", q->eval);
+    if (q->train) read_metric_table(r, "/metrics/train", q->train, false);
+    if (q->eval) read_metric_table(r, "/metrics/eval", q->eval, false);
 }
 
 int checkpoint_read_config(const char *path, config *c, checkpoint_info *info, status *err) {
@@ -484,8 +530,8 @@ int checkpoint_read_state(const char *path, model *m, bool optimizer, metric_tab
 
 static void metrics_body(reader *r, void *ctx) {
     read_request *q = ctx;
-    read_metric_table(r, "/metrics/train", q->train);
-    read_metric_table(r, "/metrics/eval", q->eval);
+    read_metric_table(r, "/metrics/train", q->train, false);
+    read_metric_table(r, "/metrics/eval", q->eval, false);
 }
 
 int checkpoint_read_metrics(const char *path, metric_table *train, metric_table *eval, status *err) {
@@ -502,6 +548,27 @@ int checkpoint_load_model(const char *path, model *m, bool training, status *err
     if (rc == 0) rc = checkpoint_read_state(path, m, false, NULL, NULL, err);
     if (rc != 0) model_free(m);
     return rc;
+}
+
+/* metrics.h5 (live_metrics.h): config_ini and /metrics/{train,eval}. */
+static void metrics_file_body(reader *r, void *ctx) {
+    read_request *q = ctx;
+    if (H5Aexists(r->file, "format") > 0) reader_fail(r, "has a root attribute 'format': not a metrics file");
+    read_config_ini(r, q->c);
+    if (H5Lexists(r->file, "/metrics", H5P_DEFAULT) <= 0) reader_fail(r, "no /metrics group: not a metrics file");
+    metric_tables_standard(q->train, q->eval, q->c->n_layers, q->c->n_heads);
+    metric_tables_add_task_columns(q->train, q->eval, q->c->task);
+    read_metric_table(r, "/metrics/train", q->train, true);
+    read_metric_table(r, "/metrics/eval", q->eval, true);
+}
+
+int metrics_file_read(const char *path, config *c, metric_table *train, metric_table *eval, status *err) {
+    metric_table_init(train);
+    metric_table_init(eval);
+    read_request q = {.c = c, .train = train, .eval = eval};
+    status ignored;
+    return reader_run_into(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, "metrics file", metrics_file_body, &q,
+                           err ? err : &ignored);
 }
 
 static void check_token_range(reader *r, const char *name, const int32_t *x, size_t n, int lo, int hi) {

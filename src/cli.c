@@ -65,9 +65,11 @@ static const command_spec COMMANDS[] = {
      "Train the model of the config; train rows, eval rows, checkpoints and metrics.h5 go to train.out_dir."},
     {"init", "CONFIG.ini", 1, "so", "o", "Write the step-0 checkpoint of the config (initial parameters)."},
     {"loss", "CKPT.h5 TOKENS.h5", 2, "g", "", "Print the loss of the checkpoint's model on a token file."},
-    {"eval", "CKPT.h5", 1, "SL", "", "Print the eval metrics of the checkpoint on its config's eval split."},
-    {"inspect", "CKPT.h5", 1, "", "",
-     "Print a checkpoint's step, parameter counts, last metrics, momentum gains and config."},
+    {"eval", "CKPT.h5|RUN_DIR", 1, "SL", "",
+     "Print the eval metrics of the checkpoint (a run directory's newest) on its config's eval split."},
+    {"inspect", "CKPT.h5|RUN_DIR", 1, "", "",
+     "Print a checkpoint's (a run directory's newest) step, parameter counts, last metrics, momentum gains and "
+     "config; given a metrics.h5, the latest rows of its run."},
     {"generate", "CKPT.h5", 1, "pTkteKUZ", "", "Continue a prompt (--prompt or --text) through streaming inference."},
     {"bench", "CONFIG.ini", 1, "sn", "", "Time training steps and report tokens/s, ms/step and GFLOP/s."},
 };

@@ -2,29 +2,110 @@
  * They need only a checkpoint's root attributes, /model and /buffers (plus
  * /metrics for inspect's history): a model for inference, and for eval a
  * data shard and the evaluation module (docs/design.md §8.5), never a
- * trainer; generate is in cmd_generate.c. A failed status becomes an exit here (§8.7). */
+ * trainer; generate is in cmd_generate.c. inspect and eval also take a run
+ * directory (its newest checkpoint that loads, chosen by the store,
+ * docs/design.md §8.4), and inspect a run's live metrics.h5. A failed status
+ * becomes an exit here (§8.7). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "momfmm/checkpoint.h"
 #include "momfmm/commands.h"
 #include "momfmm/common.h"
+#include "momfmm/dist.h"
 #include "momfmm/eval.h"
 #include "momfmm/readouts.h"
+#include "momfmm/store.h"
 
-/* A model for inference holding the checkpoint's weights and buffers, and
- * with `train`/`eval` its metric history; a bad file exits 3. */
-static void load_checkpoint(const char *ckpt, model *m, checkpoint_info *info, metric_table *train,
-                            metric_table *eval) {
+/* What inspect and eval read: a model for inference holding a checkpoint's
+ * weights and buffers, and with `history` its metric tables. */
+typedef struct {
+    bool history;
+    model m;
+    checkpoint_info info;
+    metric_table train, eval;
+    char path[STORE_PATH_MAX]; /* the checkpoint read */
+} loaded_checkpoint;
+
+static void unload(loaded_checkpoint *c) {
+    if (c->history) {
+        metric_table_free(&c->train);
+        metric_table_free(&c->eval);
+    }
+    model_free(&c->m);
+}
+
+/* A store_loader: STORE_SKIP with the reason when `path` does not load as a
+ * checkpoint, another code (every rank alike) when its model cannot be made. */
+static int try_load(const char *path, void *ctx, status *err) {
+    loaded_checkpoint *c = ctx;
     config cfg;
+    if (checkpoint_read_config(path, &cfg, &c->info, err) != 0) return STORE_SKIP;
+    if (model_create_for_inference(&c->m, &cfg, err) != 0) return err->code;
+    if (c->history) {
+        metric_tables_standard(&c->train, &c->eval, cfg.n_layers, cfg.n_heads);
+        metric_tables_add_task_columns(&c->train, &c->eval, cfg.task);
+    }
+    if (checkpoint_read_state(path, &c->m, false, c->history ? &c->train : NULL, c->history ? &c->eval : NULL,
+                              err) == 0) {
+        snprintf(c->path, sizeof c->path, "%s", path);
+        return 0;
+    }
+    unload(c);
+    return STORE_SKIP;
+}
+
+static void load_file(const char *path, loaded_checkpoint *c) {
     status err;
-    if (checkpoint_read_config(ckpt, &cfg, info, &err) != 0) fail(err.code, "%s", err.message);
-    if (model_create_for_inference(m, &cfg, &err) != 0) fail_all(err.code, "%s", err.message);
-    if (train) metric_tables_standard(train, eval, cfg.n_layers, cfg.n_heads);
-    if (train) metric_tables_add_task_columns(train, eval, cfg.task);
-    if (checkpoint_read_state(ckpt, m, false, train, eval, &err) != 0) fail(err.code, "%s", err.message);
+    int rc = try_load(path, c, &err);
+    if (rc == STORE_SKIP) fail(EXIT_BAD_FILE, "%s", err.message);
+    if (rc != 0) fail_all(rc, "%s", err.message);
+}
+
+/* "; ..." naming dir/metrics.h5 when there is one, else "". */
+static const char *metrics_file_hint(const char *dir) {
+    static char hint[STORE_PATH_MAX + 64];
+    char path[STORE_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/metrics.h5", dir);
+    hint[0] = '\0';
+    if (access(path, R_OK) == 0) snprintf(hint, sizeof hint, "; its metrics so far: momfmm inspect %s", path);
+    return hint;
+}
+
+/* A run directory stands for its newest checkpoint that loads (docs/cli.md
+ * §5, the store's choice as for --resume auto, docs/design.md §8.4). Rank 0
+ * chooses and tells the others, so that every rank reads the same file even
+ * while a run is writing newer ones. */
+static void load_run_directory(const char *dir, loaded_checkpoint *c) {
+    struct {
+        int code;
+        char path[STORE_PATH_MAX];
+        status err;
+    } choice = {0};
+    if (process_rank() == 0) {
+        choice.code = store_load_newest(dir, try_load, c, choice.path, sizeof choice.path, &choice.err);
+        if (choice.code == STORE_SKIP) {
+            store_listing l;
+            store_list(dir, &l);
+            status_fail(&choice.err, EXIT_BAD_FILE, "%s: %s%s", dir,
+                        l.n ? "no checkpoint in this run directory loads (see the warnings above)"
+                            : "no checkpoint (ckpt_<step>.h5) in this directory",
+                        metrics_file_hint(dir));
+            store_listing_free(&l);
+        }
+    }
+    dist_broadcast_bytes(&choice, sizeof choice);
+    if (choice.code != 0) fail_all(choice.err.code, "%s", choice.err.message);
+    if (process_rank() != 0) load_file(choice.path, c);
+}
+
+/* A checkpoint file, or a run directory's newest checkpoint that loads. */
+static void load_checkpoint(const char *path_or_dir, loaded_checkpoint *c) {
+    if (store_is_directory(path_or_dir)) load_run_directory(path_or_dir, c);
+    else load_file(path_or_dir, c);
 }
 
 static void print_parameter_groups(const model *m) {
@@ -47,18 +128,14 @@ static const char *shown_value(double v, const char *format, char *buf, size_t l
     return buf;
 }
 
-static void print_last_row(const char *title, const metric_table *t) {
-    if (t->n_rows == 0) {
-        printf("%s: none\n", title);
-        return;
-    }
-    const double *row = t->values + (t->n_rows - 1) * t->row_width;
-    printf("%s (%lld rows), last:", title, t->n_rows);
+static void print_row(const metric_table *t, long long i) {
+    const double *row = t->values + i * t->row_width;
     int offset = 0;
     for (int c = 0; c < t->n_columns; c++) {
         const metric_column *col = &t->columns[c];
         char value[32];
-        if (col->width == 1) printf(" %s %s", col->name, shown_value(row[offset], "%.6g", value, sizeof value));
+        if (col->integer) printf(" %s %lld", col->name, (long long)row[offset]);
+        else if (col->width == 1) printf(" %s %s", col->name, shown_value(row[offset], "%.6g", value, sizeof value));
         else if (col->inner <= 1) {
             printf(" %s [", col->name);
             for (int j = 0; j < col->width; j++)
@@ -70,6 +147,22 @@ static void print_last_row(const char *title, const metric_table *t) {
     printf("\n");
 }
 
+/* The newest `count` rows of a table, oldest first. */
+static void print_last_rows(const char *title, const metric_table *t, long long count) {
+    if (t->n_rows == 0) {
+        printf("%s: none\n", title);
+        return;
+    }
+    long long first = t->n_rows > count ? t->n_rows - count : 0;
+    const char *rows = t->n_rows == 1 ? "row" : "rows";
+    if (count == 1) printf("%s (%lld %s), last:", title, t->n_rows, rows);
+    else printf("%s (%lld %s), last %lld:\n", title, t->n_rows, rows, t->n_rows - first);
+    for (long long i = first; i < t->n_rows; i++) {
+        if (count != 1) printf(" ");
+        print_row(t, i);
+    }
+}
+
 /* docs/model.md §1.2 read-out: the shear as a high-pass filter, per layer and head. */
 static void print_filter_gains(const model *m) {
     if (!m->momentum) {
@@ -79,8 +172,10 @@ static void print_filter_gains(const model *m) {
     eval_result r;
     eval_result_init(&r, m);
     eval_readouts(m, &r);
-    printf("momentum filter |H| per head (DC, Nyquist) with beta %g, gamma2 %g, %s gamma:\n", m->cfg.beta,
-           m->cfg.gamma2, m->cfg.learn_gamma ? "learned" : "fixed");
+    char beta[32], gamma2[32];
+    printf("momentum filter |H| per head (DC, Nyquist) with beta %s, gamma2 %s, %s gamma:\n",
+           format_shortest_double(m->cfg.beta, beta, sizeof beta),
+           format_shortest_double(m->cfg.gamma2, gamma2, sizeof gamma2), m->cfg.learn_gamma ? "learned" : "fixed");
     for (int l = 0; l < m->L; l++) {
         printf("  block %d:", l);
         for (int h = 0; h < m->H; h++) {
@@ -105,26 +200,55 @@ static void print_task_metrics(const config *cfg, const metric_table *eval) {
            shown);
 }
 
-int command_inspect(const char *ckpt) {
-    model m;
-    checkpoint_info info;
+/* inspect of a metrics.h5 (live_metrics.h): a run may be writing it. */
+static void inspect_metrics_file(const char *path, const status *checkpoint_err) {
+    config cfg;
     metric_table train, eval;
-    load_checkpoint(ckpt, &m, &info, &train, &eval);
+    status err;
+    if (metrics_file_read(path, &cfg, &train, &eval, &err) != 0) {
+        metric_table_free(&train);
+        metric_table_free(&eval);
+        fail(checkpoint_err->code, "%s", checkpoint_err->message); /* neither: the checkpoint's reason */
+    }
     if (process_rank() == 0) {
-        char *ini = config_to_ini(&m.cfg);
-        printf("checkpoint %s\nstep %lld | tokens_seen %lld | written by %d rank%s\n", ckpt, info.step,
-               info.tokens_seen, info.world_size, info.world_size == 1 ? "" : "s");
-        print_parameter_groups(&m);
-        print_last_row("train metrics", &train);
-        print_last_row("eval metrics", &eval);
-        print_task_metrics(&m.cfg, &eval);
-        print_filter_gains(&m);
+        char *ini = config_to_ini(&cfg);
+        printf("metrics file: %s (the live metrics of run directory %s; a run may still be appending)\n", path,
+               cfg.out_dir);
+        print_last_rows("train metrics", &train, 5);
+        print_last_rows("eval metrics", &eval, 3);
         printf("config:\n%s", ini);
         free(ini);
     }
     metric_table_free(&train);
     metric_table_free(&eval);
-    model_free(&m);
+}
+
+int command_inspect(const char *ckpt) {
+    loaded_checkpoint c = {.history = true};
+    status err;
+    if (!store_is_directory(ckpt)) {
+        int rc = try_load(ckpt, &c, &err);
+        if (rc == STORE_SKIP) {
+            inspect_metrics_file(ckpt, &err);
+            return 0;
+        }
+        if (rc != 0) fail_all(rc, "%s", err.message);
+    } else {
+        load_run_directory(ckpt, &c);
+    }
+    if (process_rank() == 0) {
+        char *ini = config_to_ini(&c.m.cfg);
+        printf("checkpoint: %s\nstep %lld | tokens_seen %lld | written by %d rank%s\n", c.path, c.info.step,
+               c.info.tokens_seen, c.info.world_size, c.info.world_size == 1 ? "" : "s");
+        print_parameter_groups(&c.m);
+        print_last_rows("train metrics", &c.train, 1);
+        print_last_rows("eval metrics", &c.eval, 1);
+        print_task_metrics(&c.m.cfg, &c.eval);
+        print_filter_gains(&c.m);
+        printf("config:\n%s", ini);
+        free(ini);
+    }
+    unload(&c);
     return 0;
 }
 
@@ -135,9 +259,10 @@ static void print_eval(const char *how, const eval_metrics *e, int task) {
 }
 
 int command_eval(const char *ckpt, bool stream, int segment) {
-    model m;
-    checkpoint_info info;
-    load_checkpoint(ckpt, &m, &info, NULL, NULL);
+    loaded_checkpoint c = {.history = false};
+    load_checkpoint(ckpt, &c);
+    log_rank0("checkpoint: %s\n", c.path);
+    model m = c.m;
     rank_shard shard;
     eval_result r;
     status err;

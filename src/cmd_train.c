@@ -243,9 +243,9 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
     install_stop_handlers();
     status err;
     if (process_rank() == 0 && store_open(cfg.out_dir, &err) != 0) fail(err.code, "%s", err.message);
+    dist_describe(); /* the start-up line first, then what the trainer reports (memory) */
     trainer t;
     create_trainer(&t, &cfg);
-    dist_describe();
     if (resume && trainer_resume(&t, resume, &err) != 0) fail_all(err.code, "%s", err.message);
     if (init && trainer_init_from(&t, init, &err) != 0) fail_all(err.code, "%s", err.message);
     train_loop loop = {.first_step = t.step, .live = open_live_metrics(&t), .final_saved = true};
@@ -283,9 +283,9 @@ static int compare_doubles(const void *a, const void *b) {
 int command_bench(const char *config_path, int n_overrides, char **overrides, int steps) {
     config cfg = cmd_load_config(config_path, n_overrides, overrides);
     cfg.steps = steps + 2;
+    dist_describe();
     trainer t;
     create_trainer(&t, &cfg);
-    dist_describe();
     for (int i = 0; i < 2; i++) trainer_step(&t); /* warm-up: allocations, caches */
     double wait = 0, *times = xcalloc((size_t)steps, sizeof(double));
     for (int i = 0; i < steps; i++) {

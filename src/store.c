@@ -137,15 +137,26 @@ int store_save(const char *dir, int keep, const model *m, const checkpoint_info 
     return rc;
 }
 
-int store_resume_newest(const char *dir, store_loader load, void *ctx, bool *resumed, status *err) {
+int store_load_newest(const char *dir, store_loader load, void *ctx, char *path, size_t len, status *err) {
     store_listing l;
     store_list(dir, &l);
     int rc = STORE_SKIP;
     for (int i = l.n - 1; i >= 0 && rc == STORE_SKIP; i--) {
         rc = load(l.paths[i], ctx, err);
         if (rc == STORE_SKIP) log_rank0("warning: skipping checkpoint that does not load: %s\n", err->message);
+        else if (rc == 0 && path) snprintf(path, len, "%s", l.paths[i]);
     }
     store_listing_free(&l);
+    return rc;
+}
+
+int store_resume_newest(const char *dir, store_loader load, void *ctx, bool *resumed, status *err) {
+    int rc = store_load_newest(dir, load, ctx, NULL, 0, err);
     *resumed = rc == 0;
     return rc == STORE_SKIP ? 0 : rc;
+}
+
+bool store_is_directory(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }

@@ -10,7 +10,7 @@ import os
 import sys
 
 # Bootstrap: an entry point finds its package; the package itself never touches sys.path.
-SOURCE_PACKAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
+SOURCE_PACKAGES = os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "python")
 if os.path.isdir(os.path.join(SOURCE_PACKAGES, "momfmm")):
     sys.path.insert(0, SOURCE_PACKAGES)
 from momfmm import plot  # noqa: E402

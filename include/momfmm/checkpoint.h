@@ -47,6 +47,12 @@ int checkpoint_read_metrics(const char *path, metric_table *train, metric_table 
  * buffers: what loss and generate need. On a failure m is freed. */
 int checkpoint_load_model(const char *path, model *m, bool training, status *err);
 
+/* A run's metrics.h5 (live_metrics.h), which the run may still be writing
+ * (opened for SWMR reading): the config of root attribute config_ini and
+ * the standard tables (metric_tables_standard) with the rows that every
+ * column holds. The caller frees the tables, also after a failure. */
+int metrics_file_read(const char *path, config *c, metric_table *train, metric_table *eval, status *err);
+
 /* Token file (docs/files.md §4): /inputs, /targets int32 [B,T], /labels [B] for cls;
  * tokens out of the vocabulary are a bad file too. */
 int tokens_read(const char *path, const model *m, batch *b, status *err);

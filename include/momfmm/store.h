@@ -58,4 +58,13 @@ void store_prune(const char *dir, int keep, long long step);
 enum { STORE_SKIP = -1 };
 typedef int (*store_loader)(const char *path, void *ctx, status *err);
 int store_resume_newest(const char *dir, store_loader load, void *ctx, bool *resumed, status *err);
+
+/* The search of store_resume_newest, for the commands that read a run
+ * directory (inspect, eval; docs/cli.md §5): returns 0 with the path of the
+ * checkpoint that loaded in path (len bytes; path may be NULL), STORE_SKIP
+ * when none did (or there is none), or the code that ended the search. */
+int store_load_newest(const char *dir, store_loader load, void *ctx, char *path, size_t len, status *err);
+
+/* Whether path names a directory (a run directory rather than a file). */
+bool store_is_directory(const char *path);
 #endif

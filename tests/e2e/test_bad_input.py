@@ -1,6 +1,9 @@
 """Bad input (docs/cli.md §5): every case exits with the documented code (2 config
 or command line, 3 file) and a one-line message naming the file and the key
-or value; no crash, and input files are left untouched."""
+or value (with a "did you mean" where one fits, and the range of a number
+out of range); no crash, and input files are left untouched. Also the
+messages of issue 15 that used to be wrong: `inspect metrics.h5`, `inspect`
+and `eval` of a run directory."""
 import hashlib
 import os
 import shutil
@@ -64,6 +67,21 @@ CONFIG_CASES = [
     ("missing argument", None, None, ["train"], 2, ("missing")),
     ("unknown option", None, None, ["train", GOOD, "--fast"], 2, ("--fast")),
     ("init without --out", None, None, ["init", GOOD], 2, ("--out")),
+    # issue 15's examples: suggestions (edit distance, aliases) and ranges
+    ("key train.lrr", "lrr.ini", "[train]\nlrr = 1\n", ["train", INI], 2,
+     ("lrr.ini:2", "unknown key train.lrr", "did you mean train.lr?")),
+    ("alias train.learning_rate", "lr_alias.ini", "[train]\nlearning_rate = 1\n", ["train", INI], 2,
+     ("lr_alias.ini:2", "train.learning_rate", "did you mean train.lr?")),
+    ("alias model.n_head", "heads.ini", "[model]\nn_head = 2\n", ["train", INI], 2,
+     ("heads.ini:2", "model.n_head", "did you mean model.n_heads?")),
+    ("key momentum.gama", "gama.ini", "[momentum]\ngama = 0.5\n", ["train", INI], 2,
+     ("gama.ini:2", "momentum.gama", "did you mean momentum.gamma?")),
+    ("--set train.lrr", None, None, ["train", GOOD, "--set", "train.lrr=1"], 2, ("train.lrr", "did you mean train.lr?")),
+    ("--set learning_rate", None, None, ["train", GOOD, "--set", "train.learning_rate=1"], 2,
+     ("train.learning_rate", "did you mean train.lr")),
+    ("command trian", None, None, ["trian"], 2, ("unknown command 'trian'", "did you mean train?")),
+    ("train.steps=-5 states the range", None, None, ["train", GOOD, "--set", "train.steps=-5"], 2,
+     ("train.steps = -5 is out of range", "must be >= 0")),
 ]
 
 
@@ -141,3 +159,56 @@ def test_file_errors(momfmm, workdir, report, good_ini):
     check_file("token file without /targets", ck, "notargets.h5", "/targets", tokens=missing)
     long_tok = write_tokens(os.path.join(work, "long.h5"), np.ones((1, 64)), np.ones((1, 64)))
     check_file("token file longer than the model", ck, "long.h5", "T = 64", tokens=long_tok)
+
+
+def test_run_directory_and_metrics_file(momfmm, workdir, report):
+    """issue 15: `inspect metrics.h5` shows the run's latest rows (it used to say
+    "cannot open checkpoint as HDF5 (corrupt?)"); `inspect RUN_DIR` and `eval
+    RUN_DIR` read the newest checkpoint that loads and name it; a directory
+    without one exits 3; floats print in their shortest form; the memory
+    line belongs to train alone, after the start-up line."""
+    run_dir = os.path.join(workdir, "rundir")
+    ini = write_config(os.path.join(workdir, "rundir.ini"),
+                       tiny_config(run_dir, **{"train.steps": 4, "train.ckpt_interval": 2, "train.keep": 3,
+                                               "momentum.gamma": 0.2}))
+    r = run([momfmm, "train", ini])
+    report.check("train the run", r.returncode == 0, r.stderr)
+    lines = r.stdout.splitlines()
+    order = [next((i for i, l in enumerate(lines) if l.startswith(p)), -1) for p in ("momfmm: 1 rank", "memory:")]
+    report.check("start-up line before the memory line", 0 <= order[0] < order[1], r.stdout)
+
+    metrics = os.path.join(run_dir, "metrics.h5")
+    r = run([momfmm, "inspect", metrics])
+    report.check("inspect metrics.h5: its latest rows, not 'corrupt'",
+                 r.returncode == 0 and "corrupt" not in r.stderr and "train metrics (4 rows)" in r.stdout
+                 and "step 4 loss" in r.stdout, r.stdout + r.stderr)
+
+    newest = os.path.join(run_dir, "ckpt_00000004.h5")
+    for command in ("inspect", "eval"):
+        r = run([momfmm, command, run_dir])
+        report.check(f"{command} RUN_DIR names its newest checkpoint",
+                     r.returncode == 0 and r.stdout.startswith(f"checkpoint: {newest}\n"), r.stdout + r.stderr)
+        report.check(f"{command}: no memory line", "memory:" not in r.stdout, r.stdout)
+    r = run([momfmm, "inspect", run_dir])
+    report.check("inspect: gamma in shortest form", "\ngamma = 0.2\n" in r.stdout
+                 and "0.20000000000000001" not in r.stdout, r.stdout)
+
+    with open(newest, "r+b") as f:  # the newest no longer loads: the one before it is used
+        f.truncate(100)
+    r = run([momfmm, "inspect", run_dir])
+    report.check("inspect RUN_DIR skips a checkpoint that does not load",
+                 r.returncode == 0 and "skipping checkpoint" in r.stdout
+                 and f"checkpoint: {os.path.join(run_dir, 'ckpt_00000002.h5')}\n" in r.stdout, r.stdout + r.stderr)
+
+    empty = os.path.join(workdir, "empty_run")
+    os.makedirs(empty, exist_ok=True)
+    shutil.copy(metrics, empty)
+    for command in ("inspect", "eval"):
+        r = run([momfmm, command, empty])
+        expect(report, f"{command} of a run directory without checkpoints", r, 3, "empty_run",
+               "no checkpoint", "empty_run/metrics.h5")
+
+    # resume messages print config numbers in their shortest form too
+    r = run([momfmm, "train", ini, "--set", "train.lr=0.1", "--set", "train.steps=6", "--resume", "auto"])
+    report.check("resume warning in shortest form", r.returncode == 0 and "train.lr: 0.003 vs 0.1" in r.stdout
+                 and f"resumed from {os.path.join(run_dir, 'ckpt_00000002.h5')}" in r.stdout, r.stdout + r.stderr)
