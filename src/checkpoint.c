@@ -119,6 +119,7 @@ static herr_t write_root_attributes(hid_t file, const model *m, const checkpoint
     status |= write_attr(file, "step", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->step);
     status |= write_attr(file, "tokens_seen", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->tokens_seen);
     status |= write_attr(file, "world_size", H5T_NATIVE_INT, H5T_STD_I32LE, &info->world_size);
+    status |= write_attr(file, "skipped_steps", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->skipped_steps);
     status |= h5_write_string_attr(file, "config_ini", ini);
     free(ini);
     return status < 0 ? -1 : 0;
@@ -417,6 +418,9 @@ static void read_config_body(reader *r, config *c, checkpoint_info *info) {
     if (info->tokens_seen < 0) reader_fail(r, "tokens_seen = %lld is negative", info->tokens_seen);
     if (world_size < 1 || world_size > INT_MAX) reader_fail(r, "world_size = %lld is not a number of ranks", world_size);
     info->world_size = (int)world_size;
+    /* added later (docs/files.md §4): absent means none skipped */
+    info->skipped_steps = H5Aexists(r->file, "skipped_steps") > 0 ? read_attr_int(r, "skipped_steps") : 0;
+    if (info->skipped_steps < 0) reader_fail(r, "skipped_steps = %lld is negative", info->skipped_steps);
     char *ini = read_attr_string(r, "config_ini");
     char origin[CONFIG_PATH_MAX + 32], err[512];
     snprintf(origin, sizeof origin, "config_ini");

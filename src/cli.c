@@ -324,7 +324,7 @@ static int command_init(const arguments *a) {
     status err;
     if (model_create(&m, &c, &err) != 0) fail_all(err.code, "%s", err.message);
     model_init_parameters(&m);
-    checkpoint_info info = {0, 0, process_count()};
+    checkpoint_info info = {.world_size = process_count()};
     if (process_rank() == 0 && store_write_checkpoint(a->out, &m, &info, NULL, NULL, &err) != 0)
         fail(err.code, "%s", err.message);
     log_rank0("wrote %s: %zu parameters\n", a->out, m.n_params);

@@ -48,11 +48,17 @@ static void create_trainer(trainer *t, const config *cfg) {
     if (trainer_create(t, cfg, &err) != 0) fail_all(err.code, "%s", err.message);
 }
 
-/* Returns false when rank 0 could not write the checkpoint. */
+/* Returns false when rank 0 could not write the checkpoint. Weights that
+ * are not finite are never written: they would prune the good checkpoints
+ * (docs/design.md §8.7, divergence guard). */
 static bool save_checkpoint(const trainer *t) {
     if (process_rank() != 0) return true;
     char path[STORE_PATH_MAX];
     status err;
+    if (!trainer_weights_finite(t)) {
+        fprintf(stderr, "momfmm: checkpoint at step %lld not written: the weights are not finite\n", t->step);
+        return false;
+    }
     double start = wall_seconds();
     if (trainer_save(t, path, sizeof path, &err) != 0) {
         fprintf(stderr, "momfmm: checkpoint at step %lld not written: %s\n", t->step, err.message);
@@ -114,8 +120,28 @@ typedef struct {
     long long first_step, interval_tokens;
     double start, interval_start;
     live_metrics *live;
-    bool final_saved;
+    bool final_saved, diverged;
 } train_loop;
+
+/* A non-finite loss or gradient norm (the same on every rank): with
+ * train.on_nonfinite = stop the run ends at once, keeping the checkpoints
+ * it has (exit EXIT_DIVERGED); with skip the update was skipped and the run
+ * goes on. Returns whether to stop. */
+static bool stop_on_nonfinite(trainer *t, train_loop *loop, const step_result *r) {
+    if (!r->nonfinite) return false;
+    if (t->cfg.on_nonfinite == NONFINITE_SKIP) {
+        log_rank0("step %lld: non-finite loss %g or grad_norm %g: update skipped (%lld skipped so far)\n", t->step,
+                  r->loss, r->grad_norm, t->skipped_steps);
+        return false;
+    }
+    if (process_rank() == 0)
+        fprintf(stderr,
+                "momfmm: training diverged at step %lld (loss %g, grad_norm %g): stopping without a checkpoint of "
+                "this step; the checkpoints in %s are kept (train.on_nonfinite = skip skips such steps instead)\n",
+                t->step, r->loss, r->grad_norm, t->cfg.out_dir);
+    loop->diverged = true;
+    return true;
+}
 
 static bool train_one_step(trainer *t, train_loop *loop) {
     const config *cfg = &t->cfg;
@@ -130,11 +156,12 @@ static bool train_one_step(trainer *t, train_loop *loop) {
         loop->interval_tokens = 0;
         logged = true;
     }
-    if (cfg->eval_interval > 0 && (t->step % cfg->eval_interval == 0 || t->step == cfg->steps)) {
+    if (cfg->eval_interval > 0 && !r.nonfinite && (t->step % cfg->eval_interval == 0 || t->step == cfg->steps)) {
         log_eval(t);
         logged = true;
     }
     if (logged) publish_metrics(t, &loop->live);
+    if (stop_on_nonfinite(t, loop, &r)) return false;
     if (cfg->check_interval > 0 && t->step % cfg->check_interval == 0) dist_check_consistency(&t->model, t->step);
     bool stopped = ranks_agree_to_stop();
     if (stopped) log_rank0("stop requested: writing a checkpoint at step %lld\n", t->step);
@@ -167,6 +194,7 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
     live_metrics_close(loop.live);
     trainer_free(&t);
     /* a scheduler reads exit 0 as "done": not so when the last state is lost */
+    if (loop.diverged) return EXIT_DIVERGED;
     if (!loop.final_saved) fprintf(stderr, "momfmm: the final checkpoint was not written: exiting with status 1\n");
     return loop.final_saved ? 0 : 1;
 }

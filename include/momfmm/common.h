@@ -5,8 +5,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* docs/cli.md §5: 2 for a config or command-line error, 3 for a bad file. */
-enum { EXIT_USAGE = 2, EXIT_BAD_FILE = 3 };
+/* docs/cli.md §5: 2 for a config or command-line error, 3 for a bad file,
+ * 4 for a training run stopped by a non-finite loss or gradient norm. */
+enum { EXIT_USAGE = 2, EXIT_BAD_FILE = 3, EXIT_DIVERGED = 4 };
 
 /* The outcome of a core module's operation (docs/design.md §8.7): code 0 on
  * success, else an exit code of docs/cli.md §5 (EXIT_USAGE, EXIT_BAD_FILE,
