@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "momfmm/blas_core.h"
 #include "momfmm/cmd_common.h"
@@ -44,6 +45,9 @@ static const option_spec OPTIONS[] = {
     {'k', "--tokens", "N", "32", "new tokens to generate"},
     {'t', "--temperature", "T", "0", "0 = greedy; T > 0 samples from softmax(z / T)"},
     {'e', "--seed", "S", "0", "seed of the sampling"},
+    {'w', "--overwrite", NULL, NULL,
+     "start at step 0 in a train.out_dir holding an earlier run: its checkpoints and metrics.h5 are removed first"},
+    {'f', "--force", NULL, NULL, "replace an existing output file (never one of the command's inputs)"},
 };
 #define N_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
 
@@ -55,10 +59,10 @@ typedef struct {
 } command_spec;
 
 static const command_spec COMMANDS[] = {
-    {"train", "CONFIG.ini", 1, "sr", "",
+    {"train", "CONFIG.ini", 1, "srw", "",
      "Train the model of the config; train rows, eval rows, checkpoints and metrics.h5 go to train.out_dir."},
-    {"init", "CONFIG.ini", 1, "so", "o", "Write the step-0 checkpoint of the config (initial parameters)."},
-    {"loss", "CKPT.h5 TOKENS.h5", 2, "g", "", "Print the loss of the checkpoint's model on a token file."},
+    {"init", "CONFIG.ini", 1, "sof", "o", "Write the step-0 checkpoint of the config (initial parameters)."},
+    {"loss", "CKPT.h5 TOKENS.h5", 2, "gf", "", "Print the loss of the checkpoint's model on a token file."},
     {"eval", "CKPT.h5", 1, "SL", "", "Print the eval metrics of the checkpoint on its config's eval split."},
     {"inspect", "CKPT.h5", 1, "", "",
      "Print a checkpoint's step, parameter counts, last metrics, momentum gains and config."},
@@ -196,7 +200,7 @@ typedef struct {
     int n_overrides;
     const char *out, *grads, *resume, *prompt;
     int steps, segment, tokens;
-    bool stream;
+    bool stream, overwrite, force;
     double temperature;
     long long seed;
 } arguments;
@@ -233,6 +237,8 @@ static void apply_option(arguments *a, const command_spec *cmd, const option_spe
     case 'k': a->tokens = parse_count(o->flag, value); break;
     case 't': a->temperature = parse_number(o->flag, value); break;
     case 'e': a->seed = (long long)parse_number(o->flag, value); break;
+    case 'w': a->overwrite = true; break;
+    case 'f': a->force = true; break;
     }
 }
 
@@ -318,7 +324,24 @@ static bool answer_without_mpi(int argc, char **argv) {
     return true;
 }
 
+/* An output file must not replace one of the command's inputs, nor any
+ * existing file without --force, nor be a special file (docs/cli.md §5):
+ * a mistyped --grads or --out would otherwise destroy a trained checkpoint
+ * without a word. Every rank sees the same paths and fails alike. */
+static void check_output_path(const char *flag, const char *out, const arguments *a) {
+    struct stat st, input;
+    if (stat(out, &st) != 0) return;
+    for (int i = 0; i < a->n_positional; i++)
+        if (stat(a->positional[i], &input) == 0 && input.st_dev == st.st_dev && input.st_ino == st.st_ino)
+            fail_all(EXIT_USAGE, "%s %s: is the input %s; choose another file", flag, out, a->positional[i]);
+    if (!S_ISREG(st.st_mode)) fail_all(EXIT_USAGE, "%s %s: exists and is not a regular file", flag, out);
+    if (!a->force)
+        fail_all(EXIT_USAGE, "%s %s: the file exists; remove it, choose another name, or pass --force to replace it",
+                 flag, out);
+}
+
 static int command_init(const arguments *a) {
+    check_output_path("--out", a->out, a);
     config c = cmd_load_config(a->positional[0], a->n_overrides, a->overrides);
     model m;
     status err;
@@ -333,6 +356,7 @@ static int command_init(const arguments *a) {
 }
 
 static int command_loss(const arguments *a) {
+    if (a->grads) check_output_path("--grads", a->grads, a);
     model m;
     batch b;
     status err;
@@ -355,7 +379,8 @@ static int command_loss(const arguments *a) {
 
 static int run_command(const command_spec *cmd, arguments *a) {
     const char *name = cmd->name;
-    if (!strcmp(name, "train")) return command_train(a->positional[0], a->n_overrides, a->overrides, a->resume);
+    if (!strcmp(name, "train"))
+        return command_train(a->positional[0], a->n_overrides, a->overrides, a->resume, a->overwrite);
     if (!strcmp(name, "init")) return command_init(a);
     if (!strcmp(name, "loss")) return command_loss(a);
     if (!strcmp(name, "bench")) return command_bench(a->positional[0], a->n_overrides, a->overrides, a->steps);

@@ -173,12 +173,13 @@ static bool train_one_step(trainer *t, train_loop *loop) {
     return !stopped;
 }
 
-int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume) {
+int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume, bool overwrite) {
     config cfg = cmd_load_config(config_path, n_overrides, overrides);
     dist_check_launch();
     install_stop_handlers();
     status err;
-    if (process_rank() == 0 && store_open(cfg.out_dir, &err) != 0) fail(err.code, "%s", err.message);
+    if (process_rank() == 0 && store_open_run(cfg.out_dir, resume != NULL, overwrite, &err) != 0)
+        fail(err.code, "%s", err.message);
     trainer t;
     create_trainer(&t, &cfg);
     dist_describe();

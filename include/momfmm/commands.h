@@ -6,7 +6,7 @@
 #define MOMFMM_COMMANDS_H
 #include <stdbool.h>
 
-int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume);
+int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume, bool overwrite);
 int command_bench(const char *config_path, int n_overrides, char **overrides, int steps);
 int command_inspect(const char *ckpt);
 /* Eval metrics of docs/metrics.md §3; with stream, the eval batches also go through the

@@ -20,6 +20,14 @@
  * Returns 0, or EXIT_USAGE in err when dir cannot be created. Rank 0 only. */
 int store_open(const char *dir, status *err);
 
+/* store_open for a training run (docs/design.md §8.4): also locks dir for the
+ * life of the process (dir/.lock, flock: released on any exit), so that a
+ * second concurrent run is refused (EXIT_USAGE naming the holder's pid),
+ * and refuses a directory holding an earlier run's checkpoints unless the
+ * run resumes or overwrites (which removes the checkpoints and
+ * metrics.h5 first). Rank 0 only. */
+int store_open_run(const char *dir, bool resuming, bool overwrite, status *err);
+
 /* dir/ckpt_<8 digits>.h5 */
 void store_checkpoint_path(const char *dir, long long step, char *path, size_t len);
 
