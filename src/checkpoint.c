@@ -157,7 +157,11 @@ typedef herr_t (*content_writer)(hid_t file, const void *ctx);
 static int write_atomically(const char *path, const char *tmp, content_writer write, const void *ctx, status *err) {
     quiet_hdf5();
     hid_t file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (file < 0) return status_fail(err, EXIT_BAD_FILE, "%s: cannot create (%s)", tmp, strerror(errno));
+    if (file < 0) {
+        int cause = errno;
+        unlink(tmp); /* a full disk may have left it created and empty */
+        return status_fail(err, EXIT_BAD_FILE, "%s: cannot create (%s)", tmp, strerror(cause));
+    }
     herr_t written = write(file, ctx);
     if (written >= 0) written = H5Fflush(file, H5F_SCOPE_GLOBAL);
     if (written >= 0) written = H5Fclose(file);

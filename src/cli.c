@@ -404,6 +404,7 @@ static void block_stop_signals(bool block) {
 }
 
 int main(int argc, char **argv) {
+    stop_handlers_install_early();
     block_stop_signals(true);
     blas_core_select(argv); /* before MPI starts: it may re-execute the program */
     float_env_flush_denormals(); /* before MPI and HDF5 start threads, so they inherit it */
@@ -417,7 +418,7 @@ int main(int argc, char **argv) {
         suggest_command(argv[1], hint, sizeof hint);
         fail_all(EXIT_USAGE, "unknown command '%s'%s\n%s", argv[1], hint, usage_all());
     }
-    if (strcmp(cmd->name, "train") != 0) block_stop_signals(false); /* default actions elsewhere */
+    if (strcmp(cmd->name, "train") != 0) stop_handlers_release(); /* default actions elsewhere */
     arguments a = parse_arguments(cmd, argc - 2, argv + 2);
     int rc = run_command(cmd, &a);
     dist_finalize();

@@ -38,6 +38,35 @@ static void install_stop_handlers(void) {
     sigprocmask(SIG_UNBLOCK, &set, NULL);
 }
 
+/* docs/design.md §8.7: the stop handlers go in before anything else runs
+ * (main's first instruction, before MPI start-up), so that a stop signal
+ * arriving at any moment of start-up is recorded, never the default action
+ * that kills the rank; main() also keeps them blocked until train unblocks. */
+void stop_handlers_install_early(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = request_stop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* Commands other than train: default actions again, and a stop signal that
+ * came during start-up takes its default action now. */
+void stop_handlers_release(void) {
+    int pending = (int)stop_requested;
+    int signals[] = {SIGTERM, SIGINT, SIGUSR1};
+    sigset_t set;
+    sigemptyset(&set);
+    for (int i = 0; i < 3; i++) {
+        signal(signals[i], SIG_DFL);
+        sigaddset(&set, signals[i]);
+    }
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+    if (pending) raise(pending);
+}
+
 /* Every rank stops at the same step: a signal seen by any rank counts. */
 static bool ranks_agree_to_stop(void) { return dist_any(stop_requested != 0); }
 
@@ -51,7 +80,7 @@ static void create_trainer(trainer *t, const config *cfg) {
 /* Returns false when rank 0 could not write the checkpoint. Weights that
  * are not finite are never written: they would prune the good checkpoints
  * (docs/design.md §8.7, divergence guard). */
-static bool save_checkpoint(const trainer *t) {
+static bool save_checkpoint(const trainer *t, bool signal_stop) {
     if (process_rank() != 0) return true;
     char path[STORE_PATH_MAX];
     status err;
@@ -67,6 +96,7 @@ static bool save_checkpoint(const trainer *t) {
     struct stat st;
     double seconds = wall_seconds() - start, mb = stat(path, &st) == 0 ? st.st_size / 1e6 : 0;
     printf("checkpoint %s | %.1f MB in %.2f s (%.0f MB/s)\n", path, mb, seconds, mb / (seconds > 0 ? seconds : 1e-9));
+    if (signal_stop) store_mark_stopped(t->cfg.out_dir, path, (int)stop_requested);
     fflush(stdout);
     return true;
 }
@@ -167,7 +197,7 @@ static bool train_one_step(trainer *t, train_loop *loop) {
     if (stopped) log_rank0("stop requested: writing a checkpoint at step %lld\n", t->step);
     bool periodic = cfg->ckpt_interval > 0 && t->step % cfg->ckpt_interval == 0;
     if (periodic || stopped || t->step == cfg->steps) {
-        bool saved = save_checkpoint(t);
+        bool saved = save_checkpoint(t, stopped);
         if (stopped || t->step == cfg->steps) loop->final_saved = saved;
     }
     return !stopped;

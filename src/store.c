@@ -129,6 +129,9 @@ int store_open_run(const char *dir, bool resuming, bool overwrite, status *err) 
                            "to continue it, or --overwrite to replace it",
                            dir, held, held == 1 ? "" : "s", newest);
     if (overwrite && !resuming) remove_earlier_run(dir);
+    char marker[STORE_PATH_MAX];
+    snprintf(marker, sizeof marker, "%s/STOPPED", dir);
+    remove(marker); /* the marker of an earlier stop (store_mark_stopped) */
     remove_stale_temporaries(dir);
     return 0;
 }
@@ -207,4 +210,14 @@ int store_resume_newest(const char *dir, store_loader load, void *ctx, bool *res
     store_listing_free(&l);
     *resumed = rc == 0;
     return rc == STORE_SKIP ? 0 : rc;
+}
+
+void store_mark_stopped(const char *dir, const char *checkpoint, int signo) {
+    char marker[STORE_PATH_MAX];
+    snprintf(marker, sizeof marker, "%s/STOPPED", dir);
+    FILE *f = fopen(marker, "w");
+    if (f) {
+        fprintf(f, "signal %d: checkpoint %s\n", signo, checkpoint);
+        fclose(f);
+    }
 }

@@ -6,6 +6,10 @@
 #define MOMFMM_COMMANDS_H
 #include <stdbool.h>
 
+/* Stop-signal handlers (docs/cli.md §5): installed first thing in main, and
+ * released to the default actions for commands other than train. */
+void stop_handlers_install_early(void);
+void stop_handlers_release(void);
 int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume, bool overwrite);
 int command_bench(const char *config_path, int n_overrides, char **overrides, int steps);
 int command_inspect(const char *ckpt);

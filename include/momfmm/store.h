@@ -28,6 +28,11 @@ int store_open(const char *dir, status *err);
  * metrics.h5 first). Rank 0 only. */
 int store_open_run(const char *dir, bool resuming, bool overwrite, status *err);
 
+/* dir/STOPPED, naming the checkpoint a signal stop wrote: the job scripts
+ * (jobs/ *.sbatch) read it to report the stop as a success whatever the
+ * launcher's exit status (docs/cli.md §5). store_open_run removes it. */
+void store_mark_stopped(const char *dir, const char *checkpoint, int signo);
+
 /* dir/ckpt_<8 digits>.h5 */
 void store_checkpoint_path(const char *dir, long long step, char *path, size_t len);
 
