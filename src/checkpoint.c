@@ -347,6 +347,10 @@ static unsigned long long checked_elements(reader *r, const char *name, hid_t ds
     if (n > 0 && (filters == 0 ? stored < bytes : stored == 0))
         reader_fail(r, "%s declares %llu elements (%llu bytes) but the file stores %llu bytes of it", name, n, bytes,
                     stored);
+    double available = memory_available_bytes();
+    if (available > 0 && (double)bytes > available)
+        reader_fail(r, "%s declares %llu elements (%.3g GB), more than the %.3g GB of memory available", name, n,
+                    (double)bytes / 1e9, available / 1e9);
     return n;
 }
 
