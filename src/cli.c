@@ -403,9 +403,16 @@ static void block_stop_signals(bool block) {
     sigprocmask(block ? SIG_BLOCK : SIG_UNBLOCK, &set, NULL);
 }
 
-int main(int argc, char **argv) {
+/* Before main: as soon as the executable's own code runs (the libraries'
+ * constructors, OpenBLAS starting its threads, run before it), so that a
+ * stop signal during the rest of start-up is recorded or held, never
+ * fatal (docs/design.md §8.7). */
+__attribute__((constructor)) static void guard_stop_signals(void) {
     stop_handlers_install_early();
     block_stop_signals(true);
+}
+
+int main(int argc, char **argv) {
     blas_core_select(argv); /* before MPI starts: it may re-execute the program */
     float_env_flush_denormals(); /* before MPI and HDF5 start threads, so they inherit it */
     H5dont_atexit();        /* see live_metrics_abandon */
