@@ -11,11 +11,13 @@
 #include <hdf5.h>
 #include <libgen.h>
 #include <math.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "momfmm/common.h"
@@ -118,6 +120,7 @@ static herr_t write_root_attributes(hid_t file, const model *m, const checkpoint
     status |= write_attr(file, "step", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->step);
     status |= write_attr(file, "tokens_seen", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->tokens_seen);
     status |= write_attr(file, "world_size", H5T_NATIVE_INT, H5T_STD_I32LE, &info->world_size);
+    status |= write_attr(file, "skipped_steps", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->skipped_steps);
     status |= h5_write_string_attr(file, "config_ini", ini);
     if (info->init_from[0]) status |= h5_write_string_attr(file, "init_from", info->init_from);
     free(ini);
@@ -156,7 +159,11 @@ typedef herr_t (*content_writer)(hid_t file, const void *ctx);
 static int write_atomically(const char *path, const char *tmp, content_writer write, const void *ctx, status *err) {
     quiet_hdf5();
     hid_t file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (file < 0) return status_fail(err, EXIT_BAD_FILE, "%s: cannot create (%s)", tmp, strerror(errno));
+    if (file < 0) {
+        int cause = errno;
+        unlink(tmp); /* a full disk may have left it created and empty */
+        return status_fail(err, EXIT_BAD_FILE, "%s: cannot create (%s)", tmp, strerror(cause));
+    }
     herr_t written = write(file, ctx);
     if (written >= 0) written = H5Fflush(file, H5F_SCOPE_GLOBAL);
     if (written >= 0) written = H5Fclose(file);
@@ -239,6 +246,8 @@ static _Noreturn void reader_fail(reader *r, const char *fmt, ...) {
 static void reader_open(reader *r, const char *what) {
     quiet_hdf5();
     if (access(r->path, R_OK) != 0) reader_fail(r, "cannot open %s: %s", what, strerror(errno));
+    /* a FIFO or a device would block the open or read forever (docs/files.md §4) */
+    if (!path_is_regular_file(r->path)) reader_fail(r, "cannot open %s: not a regular file", what);
     if (H5Fis_hdf5(r->path) <= 0) reader_fail(r, "not an HDF5 file (empty, truncated or corrupt)");
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
@@ -249,10 +258,28 @@ static void reader_open(reader *r, const char *what) {
     if (r->file < 0) reader_fail(r, "cannot open %s as HDF5 (corrupt?)", what);
 }
 
-/* Reads a string attribute, variable- or fixed-length. Caller frees. */
-static char *read_attr_string(reader *r, const char *name) {
+/* Bounds on what a file may declare before anything is allocated for it
+ * (docs/files.md §4, hostile input): a string attribute, and a dataset's
+ * elements (2^31, the int counts of the model and the batch). */
+#define MAX_ATTR_STRING ((size_t)1 << 26)
+#define MAX_DATASET_ELEMENTS ((unsigned long long)1 << 31)
+
+/* Root attribute `name`, which must exist and hold one value (a scalar
+ * dataspace): an array in its place would overflow the one value read. */
+static hid_t open_scalar_attr(reader *r, const char *name) {
     if (H5Aexists(r->file, name) <= 0) reader_fail(r, "missing root attribute '%s'", name);
     hid_t attr = H5Aopen(r->file, name, H5P_DEFAULT);
+    if (attr < 0) reader_fail(r, "cannot open attribute '%s'", name);
+    hid_t space = H5Aget_space(attr);
+    H5S_class_t kind = H5Sget_simple_extent_type(space);
+    H5Sclose(space);
+    if (kind != H5S_SCALAR) reader_fail(r, "attribute '%s' must be a single value (scalar), not an array", name);
+    return attr;
+}
+
+/* Reads a string attribute, variable- or fixed-length. Caller frees. */
+static char *read_attr_string(reader *r, const char *name) {
+    hid_t attr = open_scalar_attr(r, name);
     hid_t type = H5Aget_type(attr);
     if (H5Tget_class(type) != H5T_STRING) reader_fail(r, "attribute '%s' is not a string", name);
     hid_t mem = H5Tcopy(H5T_C_S1);
@@ -267,6 +294,7 @@ static char *read_attr_string(reader *r, const char *name) {
         H5free_memory(value);
     } else {
         size_t size = H5Tget_size(type);
+        if (size == 0 || size > MAX_ATTR_STRING) reader_fail(r, "attribute '%s' has an implausible size %zu", name, size);
         H5Tset_size(mem, size + 1);
         result = xcalloc(size + 2, 1);
         if (H5Aread(attr, mem, result) < 0) reader_fail(r, "cannot read attribute '%s'", name);
@@ -278,9 +306,8 @@ static char *read_attr_string(reader *r, const char *name) {
 }
 
 static long long read_attr_int(reader *r, const char *name) {
-    if (H5Aexists(r->file, name) <= 0) reader_fail(r, "missing root attribute '%s'", name);
     long long value = 0;
-    hid_t attr = H5Aopen(r->file, name, H5P_DEFAULT);
+    hid_t attr = open_scalar_attr(r, name);
     hid_t type = H5Aget_type(attr);
     if (H5Tget_class(type) != H5T_INTEGER || H5Aread(attr, H5T_NATIVE_LLONG, &value) < 0)
         reader_fail(r, "attribute '%s' is not an integer", name);
@@ -304,7 +331,45 @@ static hid_t open_dataset(reader *r, const char *name, int *ndim, hsize_t *dims)
     hid_t space = H5Dget_space(dset);
     *ndim = H5Sget_simple_extent_dims(space, dims, NULL);
     H5Sclose(space);
+    if (*ndim < 0) reader_fail(r, "%s has no readable shape", name);
     return dset;
+}
+
+/* The elements dataset `name` declares, overflow-checked and bounded; then
+ * that the file stores them: a dataset without filters must hold all its
+ * bytes (unallocated chunks would be read as fill values, and a declared
+ * shape of 10^9 rows in a small file must not become an allocation). */
+static unsigned long long checked_elements(reader *r, const char *name, hid_t dset, int ndim, const hsize_t *dims) {
+    unsigned long long n = 1;
+    for (int i = 0; i < ndim; i++)
+        if (__builtin_mul_overflow(n, (unsigned long long)dims[i], &n) || n > MAX_DATASET_ELEMENTS)
+            reader_fail(r, "%s declares more than %llu elements", name, MAX_DATASET_ELEMENTS);
+    hid_t type = H5Dget_type(dset), dcpl = H5Dget_create_plist(dset);
+    unsigned long long bytes = n * H5Tget_size(type), stored = H5Dget_storage_size(dset);
+    int filters = dcpl >= 0 ? H5Pget_nfilters(dcpl) : 0;
+    H5Pclose(dcpl);
+    H5Tclose(type);
+    if (n > 0 && (filters == 0 ? stored < bytes : stored == 0))
+        reader_fail(r, "%s declares %llu elements (%llu bytes) but the file stores %llu bytes of it", name, n, bytes,
+                    stored);
+    double available = memory_available_bytes();
+    if (available > 0 && (double)bytes > available)
+        reader_fail(r, "%s declares %llu elements (%.3g GB), more than the %.3g GB of memory available", name, n,
+                    (double)bytes / 1e9, available / 1e9);
+    return n;
+}
+
+/* Token ids, labels and step counters are integers: a float dataset would
+ * be truncated silently by the conversion. */
+static void require_integer(reader *r, const char *name, hid_t dset) {
+    hid_t type = H5Dget_type(dset);
+    H5T_class_t kind = H5Tget_class(type);
+    H5Tclose(type);
+    static const char *names[] = {"integer", "float", "time", "string", "bitfield", "opaque", "compound",
+                                  "reference", "enum", "variable-length", "array"};
+    if (kind != H5T_INTEGER)
+        reader_fail(r, "%s must hold integers, not %s values", name,
+                    kind >= 0 && kind < (int)(sizeof names / sizeof names[0]) ? names[kind] : "unknown");
 }
 
 static void read_checked(reader *r, const char *name, hid_t mem_type, int ndim, const hsize_t *dims, void *out) {
@@ -319,6 +384,7 @@ static void read_checked(reader *r, const char *name, hid_t mem_type, int ndim, 
         format_shape(have, sizeof have, got_ndim, got);
         reader_fail(r, "%s has shape %s, expected %s", name, have, want);
     }
+    checked_elements(r, name, dset, got_ndim, got);
     if (H5Dread(dset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
         reader_fail(r, "cannot read %s (corrupt or wrong type)", name);
     H5Dclose(dset);
@@ -333,6 +399,26 @@ static void read_config_ini(reader *r, config *c) {
     int bad = config_load_string(c, ini, origin, err, sizeof err) != 0 || config_check(c, origin, err, sizeof err) != 0;
     free(ini);
     if (bad) reader_fail(r, "%s", err);
+}
+
+/* The floats of the model a config describes (docs/files.md §4 parameter
+ * table, RoPE tables), estimated in double so nothing overflows. */
+static double model_floats(const config *c) {
+    double d = c->d_model, ff = c->d_ff, V = c->vocab_size, H = c->n_heads;
+    double block = 4 * d * d + 2 * d * ff + 9 * d + ff + 3 * H;
+    double head = c->head == HEAD_LM ? V * d : (double)c->n_classes * (d + 1);
+    double positions = c->max_seq_len > c->seq_len ? c->max_seq_len : c->seq_len;
+    return V * d + c->n_layers * block + 2 * d + head + positions * (d / H);
+}
+
+/* A config from a file whose model (times `copies`: 4 with gradients and
+ * moments) cannot fit in memory is a bad file, refused before allocating. */
+static void check_model_fits(reader *r, const config *c, int copies) {
+    double bytes = 4.0 * copies * model_floats(c), available = memory_available_bytes();
+    if (available > 0 && bytes > available)
+        reader_fail(r, "config_ini describes a model of %.3g GB (model.d_model = %d, model.vocab_size = %d, "
+                       "model.n_layers = %d), more than the %.3g GB of memory available",
+                    bytes / 1e9, c->d_model, c->vocab_size, c->n_layers, available / 1e9);
 }
 
 static void read_config_body(reader *r, config *c, checkpoint_info *info) {
@@ -351,7 +437,14 @@ static void read_config_body(reader *r, config *c, checkpoint_info *info) {
                     CHECKPOINT_FORMAT_VERSION);
     info->step = read_attr_int(r, "step");
     info->tokens_seen = read_attr_int(r, "tokens_seen");
-    info->world_size = (int)read_attr_int(r, "world_size");
+    long long world_size = read_attr_int(r, "world_size");
+    if (info->step < 0) reader_fail(r, "step = %lld is negative", info->step);
+    if (info->tokens_seen < 0) reader_fail(r, "tokens_seen = %lld is negative", info->tokens_seen);
+    if (world_size < 1 || world_size > INT_MAX) reader_fail(r, "world_size = %lld is not a number of ranks", world_size);
+    info->world_size = (int)world_size;
+    /* added later (docs/files.md §4): absent means none skipped */
+    info->skipped_steps = H5Aexists(r->file, "skipped_steps") > 0 ? read_attr_int(r, "skipped_steps") : 0;
+    if (info->skipped_steps < 0) reader_fail(r, "skipped_steps = %lld is negative", info->skipped_steps);
     info->init_from[0] = '\0';
     if (H5Aexists(r->file, "init_from") > 0) {
         char *init_from = read_attr_string(r, "init_from");
@@ -359,6 +452,7 @@ static void read_config_body(reader *r, config *c, checkpoint_info *info) {
         free(init_from);
     }
     read_config_ini(r, c);
+    check_model_fits(r, c, 1);
 }
 
 static void read_tensors(reader *r, const char *group, const model *m, float *base) {
@@ -423,8 +517,11 @@ static long long table_rows(reader *r, const char *group, const metric_table *t,
         snprintf(name, sizeof name, "%s/%s", group, t->columns[c].name);
         hsize_t dims[H5S_MAX_RANK] = {0};
         int ndim;
-        H5Dclose(open_dataset(r, name, &ndim, dims));
+        hid_t dset = open_dataset(r, name, &ndim, dims);
         if (c == 0 && ndim != 1) reader_fail(r, "%s is not 1-D", name);
+        /* rows the file really stores, before row_width times them is allocated */
+        checked_elements(r, name, dset, ndim, dims);
+        H5Dclose(dset);
         if (rows < 0 || (long long)dims[0] < rows) rows = (long long)dims[0];
     }
     return rows;
@@ -544,6 +641,10 @@ int checkpoint_load_model(const char *path, model *m, bool training, status *err
     checkpoint_info info;
     int rc = checkpoint_read_config(path, &c, &info, err);
     if (rc != 0) return rc;
+    double bytes = 16.0 * model_floats(&c), available = memory_available_bytes();
+    if (training && available > 0 && bytes > available)
+        return status_fail(err, EXIT_BAD_FILE, "%s: config_ini describes a model needing %.3g GB with gradients "
+                           "and moments, more than the %.3g GB available", path, bytes / 1e9, available / 1e9);
     rc = training ? model_create(m, &c, err) : model_create_for_inference(m, &c, err);
     if (rc == 0) rc = checkpoint_read_state(path, m, false, NULL, NULL, err);
     if (rc != 0) model_free(m);
@@ -554,6 +655,8 @@ int checkpoint_load_model(const char *path, model *m, bool training, status *err
 static void metrics_file_body(reader *r, void *ctx) {
     read_request *q = ctx;
     if (H5Aexists(r->file, "format") > 0) reader_fail(r, "has a root attribute 'format': not a metrics file");
+    /* a checkpoint that lost its format attribute is a broken checkpoint, not a metrics file */
+    if (H5Lexists(r->file, "/model", H5P_DEFAULT) > 0) reader_fail(r, "has a /model group: not a metrics file");
     read_config_ini(r, q->c);
     if (H5Lexists(r->file, "/metrics", H5P_DEFAULT) <= 0) reader_fail(r, "no /metrics group: not a metrics file");
     metric_tables_standard(q->train, q->eval, q->c->n_layers, q->c->n_heads);
@@ -576,16 +679,40 @@ static void check_token_range(reader *r, const char *name, const int32_t *x, siz
         if (x[i] < lo || x[i] >= hi) reader_fail(r, "%s[%zu] = %d is outside [%d, %d)", name, i, x[i], lo, hi);
 }
 
+/* A token file's [B, T] whose activations cannot fit in memory is refused
+ * before the batch and the activations are allocated. */
+static void check_batch_fits(reader *r, const model *m, const hsize_t *dims) {
+    if (dims[0] > INT_MAX) reader_fail(r, "/inputs has B = %llu rows, more than %d", (unsigned long long)dims[0], INT_MAX);
+    double bytes = (double)model_activation_bytes(m, (int)dims[0], (int)dims[1]);
+    double available = memory_available_bytes();
+    if (available > 0 && bytes > available)
+        reader_fail(r, "/inputs of %llu x %llu tokens needs %.3g GB of activations, more than the %.3g GB available",
+                    (unsigned long long)dims[0], (unsigned long long)dims[1], bytes / 1e9, available / 1e9);
+}
+
 static void tokens_body(reader *r, void *ctx) {
     read_request *q = ctx;
     const model *m = q->m;
     hsize_t dims[H5S_MAX_RANK] = {0};
     int ndim;
-    H5Dclose(open_dataset(r, "/inputs", &ndim, dims));
+    hid_t inputs = open_dataset(r, "/inputs", &ndim, dims);
     if (ndim != 2 || dims[0] == 0 || dims[1] == 0) reader_fail(r, "/inputs must be a non-empty [B, T] int32 array");
-    if ((int)dims[1] > m->rope_positions)
+    if (dims[1] > (hsize_t)m->rope_positions)
         reader_fail(r, "/inputs has T = %llu, longer than the model's %d positions", (unsigned long long)dims[1],
                     m->rope_positions);
+    require_integer(r, "/inputs", inputs);
+    checked_elements(r, "/inputs", inputs, ndim, dims);
+    H5Dclose(inputs);
+    check_batch_fits(r, m, dims);
+    hsize_t other[H5S_MAX_RANK];
+    hid_t targets = open_dataset(r, "/targets", &ndim, other);
+    require_integer(r, "/targets", targets);
+    H5Dclose(targets);
+    if (m->cfg.head == HEAD_CLS && H5Lexists(r->file, "/labels", H5P_DEFAULT) > 0) {
+        hid_t labels = open_dataset(r, "/labels", &ndim, other);
+        require_integer(r, "/labels", labels);
+        H5Dclose(labels);
+    }
     batch *b = q->b;
     batch_alloc(b, (int)dims[0], (int)dims[1]);
     size_t n = (size_t)b->B * b->T;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "momfmm/blas_core.h"
 #include "momfmm/cmd_common.h"
@@ -50,6 +51,9 @@ static const option_spec OPTIONS[] = {
     {'Z', "--stop", "BYTES", NULL, "stop once the output ends with these bytes (\\n, \\t, \\xNN escapes)"},
     {'I', "--init", "CKPT.h5", NULL,
      "start from a checkpoint's weights and buffers at step 0, with a fresh optimizer (fine-tuning)"},
+    {'w', "--overwrite", NULL, NULL,
+     "start at step 0 in a train.out_dir holding an earlier run: its checkpoints and metrics.h5 are removed first"},
+    {'f', "--force", NULL, NULL, "replace an existing output file (never one of the command's inputs)"},
 };
 #define N_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
 
@@ -61,10 +65,10 @@ typedef struct {
 } command_spec;
 
 static const command_spec COMMANDS[] = {
-    {"train", "CONFIG.ini", 1, "srI", "",
+    {"train", "CONFIG.ini", 1, "srIw", "",
      "Train the model of the config; train rows, eval rows, checkpoints and metrics.h5 go to train.out_dir."},
-    {"init", "CONFIG.ini", 1, "so", "o", "Write the step-0 checkpoint of the config (initial parameters)."},
-    {"loss", "CKPT.h5 TOKENS.h5", 2, "g", "", "Print the loss of the checkpoint's model on a token file."},
+    {"init", "CONFIG.ini", 1, "sof", "o", "Write the step-0 checkpoint of the config (initial parameters)."},
+    {"loss", "CKPT.h5 TOKENS.h5", 2, "gf", "", "Print the loss of the checkpoint's model on a token file."},
     {"eval", "CKPT.h5|RUN_DIR", 1, "SL", "",
      "Print the eval metrics of the checkpoint (a run directory's newest) on its config's eval split."},
     {"inspect", "CKPT.h5|RUN_DIR", 1, "", "",
@@ -204,7 +208,7 @@ typedef struct {
     int n_overrides;
     const char *out, *grads, *resume, *prompt;
     int steps, segment, tokens;
-    bool stream;
+    bool stream, overwrite, force;
     double temperature;
     long long seed;
     const char *text, *stop, *init;
@@ -264,6 +268,8 @@ static void apply_option(arguments *a, const command_spec *cmd, const option_spe
     case 'U': a->top_p = parse_probability(o->flag, value); break;
     case 'Z': a->stop = value; break;
     case 'I': a->init = value; break;
+    case 'w': a->overwrite = true; break;
+    case 'f': a->force = true; break;
     }
 }
 
@@ -349,7 +355,24 @@ static bool answer_without_mpi(int argc, char **argv) {
     return true;
 }
 
+/* An output file must not replace one of the command's inputs, nor any
+ * existing file without --force, nor be a special file (docs/cli.md §5):
+ * a mistyped --grads or --out would otherwise destroy a trained checkpoint
+ * without a word. Every rank sees the same paths and fails alike. */
+static void check_output_path(const char *flag, const char *out, const arguments *a) {
+    struct stat st, input;
+    if (stat(out, &st) != 0) return;
+    for (int i = 0; i < a->n_positional; i++)
+        if (stat(a->positional[i], &input) == 0 && input.st_dev == st.st_dev && input.st_ino == st.st_ino)
+            fail_all(EXIT_USAGE, "%s %s: is the input %s; choose another file", flag, out, a->positional[i]);
+    if (!S_ISREG(st.st_mode)) fail_all(EXIT_USAGE, "%s %s: exists and is not a regular file", flag, out);
+    if (!a->force)
+        fail_all(EXIT_USAGE, "%s %s: the file exists; remove it, choose another name, or pass --force to replace it",
+                 flag, out);
+}
+
 static int command_init(const arguments *a) {
+    check_output_path("--out", a->out, a);
     config c = cmd_load_config(a->positional[0], a->n_overrides, a->overrides);
     model m;
     status err;
@@ -364,6 +387,7 @@ static int command_init(const arguments *a) {
 }
 
 static int command_loss(const arguments *a) {
+    if (a->grads) check_output_path("--grads", a->grads, a);
     model m;
     batch b;
     status err;
@@ -386,7 +410,8 @@ static int command_loss(const arguments *a) {
 
 static int run_command(const command_spec *cmd, arguments *a) {
     const char *name = cmd->name;
-    if (!strcmp(name, "train")) return command_train(a->positional[0], a->n_overrides, a->overrides, a->resume, a->init);
+    if (!strcmp(name, "train"))
+        return command_train(a->positional[0], a->n_overrides, a->overrides, a->resume, a->init, a->overwrite);
     if (!strcmp(name, "init")) return command_init(a);
     if (!strcmp(name, "loss")) return command_loss(a);
     if (!strcmp(name, "bench")) return command_bench(a->positional[0], a->n_overrides, a->overrides, a->steps);
@@ -411,8 +436,16 @@ static void block_stop_signals(bool block) {
     sigprocmask(block ? SIG_BLOCK : SIG_UNBLOCK, &set, NULL);
 }
 
-int main(int argc, char **argv) {
+/* Before main: as soon as the executable's own code runs (the libraries'
+ * constructors, OpenBLAS starting its threads, run before it), so that a
+ * stop signal during the rest of start-up is recorded or held, never
+ * fatal (docs/design.md §8.7). */
+__attribute__((constructor)) static void guard_stop_signals(void) {
+    stop_handlers_install_early();
     block_stop_signals(true);
+}
+
+int main(int argc, char **argv) {
     blas_core_select(argv); /* before MPI starts: it may re-execute the program */
     float_env_flush_denormals(); /* before MPI and HDF5 start threads, so they inherit it */
     H5dont_atexit();        /* see live_metrics_abandon */
@@ -425,7 +458,7 @@ int main(int argc, char **argv) {
         suggest_command(argv[1], hint, sizeof hint);
         fail_all(EXIT_USAGE, "unknown command '%s'%s\n%s", argv[1], hint, usage_all());
     }
-    if (strcmp(cmd->name, "train") != 0) block_stop_signals(false); /* default actions elsewhere */
+    if (strcmp(cmd->name, "train") != 0) stop_handlers_release(); /* default actions elsewhere */
     arguments a = parse_arguments(cmd, argc - 2, argv + 2);
     int rc = run_command(cmd, &a);
     dist_finalize();

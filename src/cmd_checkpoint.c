@@ -263,6 +263,9 @@ int command_eval(const char *ckpt, bool stream, int segment) {
     load_checkpoint(ckpt, &c);
     log_rank0("checkpoint: %s\n", c.path);
     model m = c.m;
+    /* a segment longer than a sequence streams nothing more, and would size buffers by it */
+    if (stream && segment > m.cfg.seq_len)
+        fail_all(EXIT_USAGE, "--segment %d exceeds the checkpoint's data.seq_len = %d", segment, m.cfg.seq_len);
     rank_shard shard;
     eval_result r;
     status err;

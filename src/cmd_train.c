@@ -40,6 +40,35 @@ static void install_stop_handlers(void) {
     sigprocmask(SIG_UNBLOCK, &set, NULL);
 }
 
+/* docs/design.md §8.7: the stop handlers go in before anything else runs
+ * (main's first instruction, before MPI start-up), so that a stop signal
+ * arriving at any moment of start-up is recorded, never the default action
+ * that kills the rank; main() also keeps them blocked until train unblocks. */
+void stop_handlers_install_early(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = request_stop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* Commands other than train: default actions again, and a stop signal that
+ * came during start-up takes its default action now. */
+void stop_handlers_release(void) {
+    int pending = (int)stop_requested;
+    int signals[] = {SIGTERM, SIGINT, SIGUSR1};
+    sigset_t set;
+    sigemptyset(&set);
+    for (int i = 0; i < 3; i++) {
+        signal(signals[i], SIG_DFL);
+        sigaddset(&set, signals[i]);
+    }
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+    if (pending) raise(pending);
+}
+
 /* Every rank stops at the same step: a signal seen by any rank counts. */
 static bool ranks_agree_to_stop(void) { return dist_any(stop_requested != 0); }
 
@@ -51,10 +80,15 @@ static void create_trainer(trainer *t, const config *cfg) {
 }
 
 /* Returns false when rank 0 could not write the checkpoint; path receives
- * its name. */
-static bool save_checkpoint(const trainer *t, char *path) {
+ * its name. Weights that are not finite are never written: they would prune
+ * the good checkpoints (docs/design.md §8.7, divergence guard). */
+static bool save_checkpoint(const trainer *t, char *path, bool signal_stop) {
     if (process_rank() != 0) return true;
     status err;
+    if (!trainer_weights_finite(t)) {
+        fprintf(stderr, "momfmm: checkpoint at step %lld not written: the weights are not finite\n", t->step);
+        return false;
+    }
     double start = wall_seconds();
     if (trainer_save(t, path, STORE_PATH_MAX, &err) != 0) {
         fprintf(stderr, "momfmm: checkpoint at step %lld not written: %s\n", t->step, err.message);
@@ -63,6 +97,7 @@ static bool save_checkpoint(const trainer *t, char *path) {
     struct stat st;
     double seconds = wall_seconds() - start, mb = stat(path, &st) == 0 ? st.st_size / 1e6 : 0;
     printf("checkpoint %s | %.1f MB in %.2f s (%.0f MB/s)\n", path, mb, seconds, mb / (seconds > 0 ? seconds : 1e-9));
+    if (signal_stop) store_mark_stopped(t->cfg.out_dir, path, (int)stop_requested);
     fflush(stdout);
     return true;
 }
@@ -119,7 +154,7 @@ typedef struct {
     long long first_step, interval_tokens;
     double start, interval_start;
     live_metrics *live;
-    bool final_saved;
+    bool final_saved, diverged;
     eval_record last_eval, best_eval; /* best: of best.h5 with train.keep_best */
     char latest[STORE_PATH_MAX];      /* the last checkpoint written */
 } train_loop;
@@ -184,6 +219,26 @@ static void log_eval(trainer *t, train_loop *loop) {
     eval_result_free(&r);
 }
 
+/* A non-finite loss or gradient norm (the same on every rank): with
+ * train.on_nonfinite = stop the run ends at once, keeping the checkpoints
+ * it has (exit EXIT_DIVERGED); with skip the update was skipped and the run
+ * goes on. Returns whether to stop. */
+static bool stop_on_nonfinite(trainer *t, train_loop *loop, const step_result *r) {
+    if (!r->nonfinite) return false;
+    if (t->cfg.on_nonfinite == NONFINITE_SKIP) {
+        log_rank0("step %lld: non-finite loss %g or grad_norm %g: update skipped (%lld skipped so far)\n", t->step,
+                  r->loss, r->grad_norm, t->skipped_steps);
+        return false;
+    }
+    if (process_rank() == 0)
+        fprintf(stderr,
+                "momfmm: training diverged at step %lld (loss %g, grad_norm %g): stopping without a checkpoint of "
+                "this step; the checkpoints in %s are kept (train.on_nonfinite = skip skips such steps instead)\n",
+                t->step, r->loss, r->grad_norm, t->cfg.out_dir);
+    loop->diverged = true;
+    return true;
+}
+
 static bool train_one_step(trainer *t, train_loop *loop) {
     const config *cfg = &t->cfg;
     step_result r = trainer_step(t);
@@ -197,17 +252,18 @@ static bool train_one_step(trainer *t, train_loop *loop) {
         loop->interval_tokens = 0;
         logged = true;
     }
-    if (cfg->eval_interval > 0 && (t->step % cfg->eval_interval == 0 || t->step == cfg->steps)) {
+    if (cfg->eval_interval > 0 && !r.nonfinite && (t->step % cfg->eval_interval == 0 || t->step == cfg->steps)) {
         log_eval(t, loop);
         logged = true;
     }
     if (logged) publish_metrics(t, &loop->live);
+    if (stop_on_nonfinite(t, loop, &r)) return false;
     if (cfg->check_interval > 0 && t->step % cfg->check_interval == 0) dist_check_consistency(&t->model, t->step);
     bool stopped = ranks_agree_to_stop();
     if (stopped) log_rank0("stop requested: writing a checkpoint at step %lld\n", t->step);
     bool periodic = cfg->ckpt_interval > 0 && t->step % cfg->ckpt_interval == 0;
     if (periodic || stopped || t->step == cfg->steps) {
-        bool saved = save_checkpoint(t, loop->latest);
+        bool saved = save_checkpoint(t, loop->latest, stopped);
         if (stopped || t->step == cfg->steps) loop->final_saved = saved;
     }
     return !stopped;
@@ -234,7 +290,8 @@ static void print_summary(const trainer *t, const train_loop *loop, double secon
     fflush(stdout);
 }
 
-int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume, const char *init) {
+int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume, const char *init,
+                  bool overwrite) {
     if (resume && init)
         fail_all(EXIT_USAGE, "train: --init starts a new run at step 0 from a checkpoint's weights, --resume continues "
                              "a run: give one of them");
@@ -242,7 +299,8 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
     dist_check_launch();
     install_stop_handlers();
     status err;
-    if (process_rank() == 0 && store_open(cfg.out_dir, &err) != 0) fail(err.code, "%s", err.message);
+    if (process_rank() == 0 && store_open_run(cfg.out_dir, resume != NULL, overwrite, &err) != 0)
+        fail(err.code, "%s", err.message);
     dist_describe(); /* the start-up line first, then what the trainer reports (memory) */
     trainer t;
     create_trainer(&t, &cfg);
@@ -267,6 +325,7 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
     live_metrics_close(loop.live);
     trainer_free(&t);
     /* a scheduler reads exit 0 as "done": not so when the last state is lost */
+    if (loop.diverged) return EXIT_DIVERGED;
     if (!loop.final_saved) fprintf(stderr, "momfmm: the final checkpoint was not written: exiting with status 1\n");
     return loop.final_saved ? 0 : 1;
 }

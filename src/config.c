@@ -90,6 +90,7 @@ static const config_key KEYS[] = {
     {"train", "keep", KEY_INT, OFF(keep), "3", 1, 1 << 20, NULL, ROLE_SCHEDULE},
     {"train", "keep_best", KEY_BOOL, OFF(keep_best), "false", 0, 1, NULL, ROLE_SCHEDULE},
     {"train", "out_dir", KEY_STRING, OFF(out_dir), "runs/default", 0, 0, NULL, ROLE_SCHEDULE},
+    {"train", "on_nonfinite", KEY_ENUM, OFF(on_nonfinite), "stop", 0, 0, "stop|skip", ROLE_SCHEDULE},
     {"dist", "bucket_mb", KEY_DOUBLE, OFF(bucket_mb), "4", 1e-3, 1e6, NULL, ROLE_SCHEDULE},
     {"dist", "overlap", KEY_BOOL, OFF(overlap), "true", 0, 1, NULL, ROLE_SCHEDULE},
     {"dist", "check_interval", KEY_INT, OFF(check_interval), "100", 0, 1 << 30, NULL, ROLE_SCHEDULE},

@@ -4,9 +4,11 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -68,6 +70,70 @@ static void remove_stale_temporaries(const char *dir) {
 
 int store_open(const char *dir, status *err) {
     if (make_directory(dir, err) != 0) return EXIT_USAGE;
+    remove_stale_temporaries(dir);
+    return 0;
+}
+
+/* dir/.lock, locked with flock for the life of the process: the kernel
+ * releases it however the process ends (exit, signal, crash), so a stale
+ * lock file never blocks a later run. The descriptor is deliberately kept
+ * open (and not inherited by exec'ed children). */
+static int lock_directory(const char *dir, status *err) {
+    char path[STORE_PATH_MAX];
+    snprintf(path, sizeof path, "%s/.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0664);
+    if (fd < 0) return status_fail(err, EXIT_USAGE, "train.out_dir = %s: cannot create %s: %s", dir, path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char holder[32] = "";
+        ssize_t n = read(fd, holder, sizeof holder - 1);
+        holder[n > 0 ? n : 0] = '\0';
+        close(fd);
+        return status_fail(err, EXIT_USAGE,
+                           "train.out_dir = %s is in use by another run (pid %s holds %s): one run per directory",
+                           dir, holder[0] ? strtok(holder, "\n") : "unknown", path);
+    }
+    char pid[32];
+    int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) != 0 || write(fd, pid, (size_t)len) != len)
+        log_rank0("warning: %s: cannot record this run's pid\n", path);
+    return 0;
+}
+
+/* Checkpoints and metrics.h5 of an earlier run, removed for --overwrite. */
+static void remove_earlier_run(const char *dir) {
+    store_listing l;
+    store_list(dir, &l);
+    for (int i = 0; i < l.n; i++) remove(l.paths[i]);
+    char metrics[STORE_PATH_MAX];
+    snprintf(metrics, sizeof metrics, "%s/metrics.h5", dir);
+    remove(metrics);
+    log_rank0("--overwrite: removed %d checkpoint%s and metrics.h5 of the earlier run in %s\n", l.n,
+              l.n == 1 ? "" : "s", dir);
+    store_listing_free(&l);
+}
+
+int store_open_run(const char *dir, bool resuming, bool overwrite, status *err) {
+    if (make_directory(dir, err) != 0 || lock_directory(dir, err) != 0) return err->code;
+    store_listing l;
+    store_list(dir, &l);
+    int held = l.n, special = -1;
+    char newest[STORE_PATH_MAX] = "";
+    if (held) snprintf(newest, sizeof newest, "%s", l.paths[held - 1]);
+    for (int i = 0; i < held && special < 0; i++)
+        if (!path_is_regular_file(l.paths[i])) special = i;
+    /* a special file (a FIFO) under a checkpoint's name would block a read forever */
+    if (special >= 0) status_fail(err, EXIT_BAD_FILE, "%s: not a regular file (a FIFO or device?)", l.paths[special]);
+    store_listing_free(&l);
+    if (special >= 0) return EXIT_BAD_FILE;
+    if (held && !resuming && !overwrite)
+        return status_fail(err, EXIT_USAGE,
+                           "train.out_dir = %s holds %d checkpoint%s of an earlier run (newest %s): pass --resume auto "
+                           "to continue it, or --overwrite to replace it",
+                           dir, held, held == 1 ? "" : "s", newest);
+    if (overwrite && !resuming) remove_earlier_run(dir);
+    char marker[STORE_PATH_MAX];
+    snprintf(marker, sizeof marker, "%s/STOPPED", dir);
+    remove(marker); /* the marker of an earlier stop (store_mark_stopped) */
     remove_stale_temporaries(dir);
     return 0;
 }
@@ -159,4 +225,14 @@ int store_resume_newest(const char *dir, store_loader load, void *ctx, bool *res
 bool store_is_directory(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+void store_mark_stopped(const char *dir, const char *checkpoint, int signo) {
+    char marker[STORE_PATH_MAX];
+    snprintf(marker, sizeof marker, "%s/STOPPED", dir);
+    FILE *f = fopen(marker, "w");
+    if (f) {
+        fprintf(f, "signal %d: checkpoint %s\n", signo, checkpoint);
+        fclose(f);
+    }
 }

@@ -3,6 +3,7 @@
  * §8.5). Returns statuses; the commands are in cmd_train.c. */
 #include "momfmm/train.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,8 +86,13 @@ static double reduce_forward_results(trainer *t, double *global_count) {
     bool buffers = m->momentum;
     for (size_t i = 0; buffers && i < m->n_buffer; i++) r[2 + i] = m->buffer_sums[i];
     dist_sum_doubles(r, 2 + (buffers ? (int)m->n_buffer : 0));
-    for (size_t i = 0; buffers && i < m->n_buffer; i++) m->buffers[i] = (float)(r[2 + i] / t->cfg.batch_size);
+    /* a non-finite sum would poison every later step: such a step keeps the
+     * old buffers, and its NaN loss makes it a skipped step */
+    bool finite = isfinite(r[0]);
+    for (size_t i = 0; buffers && i < m->n_buffer; i++) finite = finite && isfinite(r[2 + i]);
+    for (size_t i = 0; finite && buffers && i < m->n_buffer; i++) m->buffers[i] = (float)(r[2 + i] / t->cfg.batch_size);
     *global_count = r[1];
+    if (!finite) return NAN;
     return r[1] > 0 ? r[0] / r[1] : 0.0;
 }
 
@@ -105,10 +111,17 @@ step_result trainer_step(trainer *t) {
     model_backward(m, b->inputs, b->targets, b->labels, b->B, b->T, scale, &hooks);
     res.allreduce_wait_s = grad_reducer_finish(t->reducer);
     res.grad_norm = grad_global_norm(m->grads, m->n_params);
-    clip_gradients(m->grads, m->n_params, res.grad_norm, t->cfg.grad_clip);
     res.lr = learning_rate(&t->cfg, step);
-    adamw_settings s = {res.lr, t->cfg.beta1, t->cfg.beta2, t->cfg.adam_eps, t->cfg.weight_decay};
-    adamw_step_model(m, step, &s);
+    /* the loss and the norm are global after the reductions: every rank
+     * takes the same branch (docs/design.md §8.7, divergence guard) */
+    res.nonfinite = !isfinite(res.loss) || !isfinite(res.grad_norm);
+    if (res.nonfinite) {
+        t->skipped_steps++;
+    } else {
+        clip_gradients(m->grads, m->n_params, res.grad_norm, t->cfg.grad_clip);
+        adamw_settings s = {res.lr, t->cfg.beta1, t->cfg.beta2, t->cfg.adam_eps, t->cfg.weight_decay};
+        adamw_step_model(m, step, &s);
+    }
     t->step = step;
     t->tokens_seen += (long long)t->cfg.batch_size * t->cfg.seq_len;
     return res;
@@ -129,7 +142,7 @@ static void trainer_reset(trainer *t) {
     model_init_parameters(m);
     memset(m->adam_m, 0, sizeof(float) * 2 * m->n_params);
     t->train_log.n_rows = t->eval_log.n_rows = 0;
-    t->step = t->tokens_seen = 0;
+    t->step = t->tokens_seen = t->skipped_steps = 0;
 }
 
 /* Loads `path` into the trainer (a store_loader). A file that does not load
@@ -155,6 +168,7 @@ static int try_resume(const char *path, void *ctx, status *err) {
     t->step = info.step;
     t->tokens_seen = info.tokens_seen;
     snprintf(t->init_from, sizeof t->init_from, "%s", info.init_from);
+    t->skipped_steps = info.skipped_steps;
     if (info.world_size != process_count())
         log_rank0("note: checkpoint written by %d ranks, resuming on %d (same math up to float summation order)\n",
                   info.world_size, process_count());
@@ -195,7 +209,15 @@ int trainer_init_from(trainer *t, const char *path, status *err) {
 
 int trainer_save(const trainer *t, char *path, size_t len, status *err) {
     if (process_rank() != 0) return 0;
-    checkpoint_info info = {.step = t->step, .tokens_seen = t->tokens_seen, .world_size = process_count()};
+    checkpoint_info info = {.step = t->step, .tokens_seen = t->tokens_seen, .world_size = process_count(),
+                            .skipped_steps = t->skipped_steps};
     snprintf(info.init_from, sizeof info.init_from, "%s", t->init_from);
     return store_save(t->cfg.out_dir, t->cfg.keep, &t->model, &info, &t->train_log, &t->eval_log, path, len, err);
+}
+
+bool trainer_weights_finite(const trainer *t) {
+    const model *m = &t->model;
+    for (size_t i = 0; i < m->n_params; i++)
+        if (!isfinite(m->params[i])) return false;
+    return true;
 }

@@ -20,6 +20,7 @@ typedef struct {
     long long step, tokens_seen;
     int world_size;
     char init_from[CONFIG_PATH_MAX]; /* root attribute init_from: the --init checkpoint, or "" */
+    long long skipped_steps; /* root attribute, absent in older files (0) */
 } checkpoint_info;
 
 /* Writes the docs/files.md §4 layout to `path` atomically: into `tmp` (a name in the

@@ -6,8 +6,14 @@
 #define MOMFMM_COMMANDS_H
 #include <stdbool.h>
 
-/* With `init`, the run starts from that checkpoint's weights (fine-tuning). */
-int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume, const char *init);
+/* Stop-signal handlers (docs/cli.md §5): installed first thing in main, and
+ * released to the default actions for commands other than train. */
+void stop_handlers_install_early(void);
+void stop_handlers_release(void);
+/* With `init`, the run starts from that checkpoint's weights (fine-tuning);
+ * with `overwrite`, an earlier run's checkpoints in out_dir are removed. */
+int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume, const char *init,
+                  bool overwrite);
 int command_bench(const char *config_path, int n_overrides, char **overrides, int steps);
 int command_inspect(const char *ckpt);
 /* Eval metrics of docs/metrics.md §3; with stream, the eval batches also go through the

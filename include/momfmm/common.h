@@ -1,11 +1,13 @@
 /* Shared helpers: exit codes of docs/cli.md §5, failure reporting, allocation. */
 #ifndef MOMFMM_COMMON_H
 #define MOMFMM_COMMON_H
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* docs/cli.md §5: 2 for a config or command-line error, 3 for a bad file. */
-enum { EXIT_USAGE = 2, EXIT_BAD_FILE = 3 };
+/* docs/cli.md §5: 2 for a config or command-line error, 3 for a bad file,
+ * 4 for a training run stopped by a non-finite loss or gradient norm. */
+enum { EXIT_USAGE = 2, EXIT_BAD_FILE = 3, EXIT_DIVERGED = 4 };
 
 /* The outcome of a core module's operation (docs/design.md §8.7): code 0 on
  * success, else an exit code of docs/cli.md §5 (EXIT_USAGE, EXIT_BAD_FILE,
@@ -44,6 +46,13 @@ void log_rank0(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void *xcalloc(size_t count, size_t size);
 void *xrealloc(void *p, size_t size);
 double wall_seconds(void);
+
+/* MemAvailable of /proc/meminfo in bytes, or 0 when unknown: the bound on
+ * sizes that files and options declare (docs/files.md §4, hostile input). */
+double memory_available_bytes(void);
+/* Whether path names a regular file (or a link to one): FIFOs and devices
+ * are refused before opening them, as an open or read could block forever. */
+bool path_is_regular_file(const char *path);
 
 /* x in the fewest significant digits (%.1g ... %.17g) that strtod reads back
  * as exactly x: 0.2 rather than 0.20000000000000001 (docs/config.md §6, the

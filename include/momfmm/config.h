@@ -12,6 +12,7 @@ typedef enum { HEAD_LM = 0, HEAD_CLS = 1 } head_kind;
 typedef enum { APPLY_QK = 0, APPLY_Q = 1 } momentum_target;
 typedef enum { PLACEMENT_POST_ROPE = 0, PLACEMENT_PRE_ROPE = 1 } momentum_placement;
 typedef enum { SCHEDULE_COSINE = 0, SCHEDULE_CONSTANT = 1 } lr_schedule;
+typedef enum { NONFINITE_STOP = 0, NONFINITE_SKIP = 1 } nonfinite_policy;
 typedef enum { TASK_CHAIN = 0, TASK_COPY = 1, TASK_LISTOPS = 2, TASK_TEXT = 3 } task_kind;
 
 #define CONFIG_PATH_MAX 1024
@@ -49,6 +50,7 @@ typedef struct {
     int schedule; /* lr_schedule */
     long long seed;
     char out_dir[CONFIG_PATH_MAX];
+    int on_nonfinite; /* nonfinite_policy */
     /* [dist] */
     double bucket_mb;
     bool overlap;

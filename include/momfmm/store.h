@@ -26,6 +26,19 @@ int store_open(const char *dir, status *err);
 #define STORE_BEST_NAME "best.h5"
 void store_best_path(const char *dir, char *path, size_t len);
 
+/* store_open for a training run (docs/design.md §8.4): also locks dir for the
+ * life of the process (dir/.lock, flock: released on any exit), so that a
+ * second concurrent run is refused (EXIT_USAGE naming the holder's pid),
+ * and refuses a directory holding an earlier run's checkpoints unless the
+ * run resumes or overwrites (which removes the checkpoints and
+ * metrics.h5 first). Rank 0 only. */
+int store_open_run(const char *dir, bool resuming, bool overwrite, status *err);
+
+/* dir/STOPPED, naming the checkpoint a signal stop wrote: the job scripts
+ * (jobs/ *.sbatch) read it to report the stop as a success whatever the
+ * launcher's exit status (docs/cli.md §5). store_open_run removes it. */
+void store_mark_stopped(const char *dir, const char *checkpoint, int signo);
+
 /* dir/ckpt_<8 digits>.h5 */
 void store_checkpoint_path(const char *dir, long long step, char *path, size_t len);
 

@@ -4,6 +4,7 @@
  * exits; the commands (commands.h) run it. */
 #ifndef MOMFMM_TRAIN_H
 #define MOMFMM_TRAIN_H
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "momfmm/common.h"
@@ -20,12 +21,14 @@ typedef struct {
     grad_reducer *reducer;
     metric_table train_log, eval_log;
     long long step, tokens_seen;
+    long long skipped_steps; /* non-finite steps skipped (train.on_nonfinite = skip) */
     double *reduce_scratch; /* [2 + n_buffer]: loss sum, count, buffer sums */
     char init_from[CONFIG_PATH_MAX]; /* --init checkpoint of this run's timeline, or "" */
 } trainer;
 
 typedef struct {
     double loss, grad_norm, lr, allreduce_wait_s;
+    bool nonfinite; /* the loss or the gradient norm was NaN or infinite: no update */
 } step_result;
 
 /* A model at step 0 (initialised from train.seed, identical on every rank),
@@ -35,7 +38,11 @@ typedef struct {
 int trainer_create(trainer *t, const config *cfg, status *err);
 void trainer_free(trainer *t);
 /* One optimisation step at t->step + 1 (forward, backward, all-reduce,
- * clipping, AdamW); advances t->step. */
+ * clipping, AdamW); advances t->step. A step whose global loss or gradient
+ * norm is not finite (the same on every rank after the reductions) changes
+ * neither the parameters, the moments nor the momentum buffers and is
+ * counted in t->skipped_steps; the caller stops or goes on
+ * (train.on_nonfinite, docs/design.md §8.7). */
 step_result trainer_step(trainer *t);
 /* Evaluates (eval.h) and appends the row of t->step to t->eval_log; r must
  * be eval_result_init'ed for t->model. */
@@ -53,4 +60,7 @@ int trainer_init_from(trainer *t, const char *path, status *err);
 /* Rank 0 writes the checkpoint of t->step into train.out_dir and prunes
  * (store.h); path receives its name. Other ranks return 0 at once. */
 int trainer_save(const trainer *t, char *path, size_t len, status *err);
+/* Whether every parameter is finite: a checkpoint of NaN or infinite
+ * weights is never written (it would prune the good ones). */
+bool trainer_weights_finite(const trainer *t);
 #endif

@@ -507,7 +507,7 @@ def check_full_disk(R, report):
                      f"rc {r.returncode}; stderr {r.stderr.strip()[:400]!r}")
         report.check("full disk: the previous checkpoint is intact (same sha256) and loads",
                      digest(first) == before and R.inspect(first).returncode == 0)
-        left = [n for n in os.listdir(mnt) if n not in ("filler", "metrics.h5", os.path.basename(first))]
+        left = [n for n in os.listdir(mnt) if n not in ("filler", "metrics.h5", ".lock", os.path.basename(first))]
         report.check("full disk: no half-written file left (neither ckpt_00000004.h5 nor a temporary)", not left,
                      f"left {left}")
     finally:
