@@ -89,9 +89,11 @@ static const config_key KEYS[] = {
     {"train", "ckpt_interval", KEY_INT, OFF(ckpt_interval), "0", 0, 1 << 30, NULL, ROLE_SCHEDULE},
     {"train", "keep", KEY_INT, OFF(keep), "3", 1, 1 << 20, NULL, ROLE_SCHEDULE},
     {"train", "out_dir", KEY_STRING, OFF(out_dir), "runs/default", 0, 0, NULL, ROLE_SCHEDULE},
+    {"train", "micro_batch", KEY_INT, OFF(micro_batch), "0", 0, 1 << 24, NULL, ROLE_SCHEDULE},
     {"dist", "bucket_mb", KEY_DOUBLE, OFF(bucket_mb), "4", 1e-3, 1e6, NULL, ROLE_SCHEDULE},
     {"dist", "overlap", KEY_BOOL, OFF(overlap), "true", 0, 1, NULL, ROLE_SCHEDULE},
     {"dist", "check_interval", KEY_INT, OFF(check_interval), "100", 0, 1 << 30, NULL, ROLE_SCHEDULE},
+    {"dist", "zero", KEY_INT, OFF(zero), "0", 0, 1, NULL, ROLE_SCHEDULE},
 };
 #define N_KEYS (sizeof(KEYS) / sizeof(KEYS[0]))
 

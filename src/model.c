@@ -357,6 +357,13 @@ double model_loss_sum(const model *m, const int32_t *targets, int B, int T, long
     return sum;
 }
 
+long long model_target_count(const model *m, const int32_t *targets, int B, int T) {
+    if (m->cfg.head == HEAD_CLS) return B;
+    long long n = 0;
+    for (int i = 0; i < B * T; i++) n += targets[i] >= 0;
+    return n;
+}
+
 void model_zero_grads(model *m) { memset(m->grads, 0, sizeof(float) * m->n_params); }
 
 static void head_backward(model *m, const int32_t *targets, const int32_t *labels, int B, int T, float scale) {

@@ -12,6 +12,12 @@
 #include "momfmm/optimizer.h"
 #include "momfmm/store.h"
 
+/* Rows per forward/backward: train.micro_batch, or the whole shard when 0
+ * or larger (docs/scale.md §7, micro-batches). */
+static int micro_rows(const config *cfg, int shard_rows) {
+    return cfg->micro_batch > 0 && cfg->micro_batch < shard_rows ? cfg->micro_batch : shard_rows;
+}
+
 /* MemAvailable of /proc/meminfo in bytes, or 0 when unknown. */
 static double available_memory(void) {
     FILE *f = fopen("/proc/meminfo", "r");
@@ -28,13 +34,14 @@ static double available_memory(void) {
 static int check_memory(const trainer *t, status *err) {
     const model *m = &t->model;
     const batch *b = &t->shard.batch;
-    double need = (double)model_activation_bytes(m, b->B, b->T) + 4.0 * sizeof(float) * m->n_params;
+    int rows = micro_rows(&t->cfg, b->B);
+    double need = (double)model_activation_bytes(m, rows, b->T) + 4.0 * sizeof(float) * m->n_params;
     int local_ranks = dist_node_ranks();
     double available = available_memory();
     /* shards and nodes differ: decide on the fullest node, everywhere alike */
     double fill = available > 0 ? need * local_ranks / available : 0, worst_fill = dist_max_double(fill);
     log_rank0("memory: %.2f GB per rank (activations for %d x %d, parameters, gradients, moments)\n", need / 1e9,
-              b->B, b->T);
+              rows, b->T);
     if (worst_fill > 1.0)
         return status_fail(err, EXIT_USAGE,
                            "this run needs %.0f%% of the available memory on the fullest node (here %.1f GB per rank "
@@ -72,21 +79,43 @@ void trainer_free(trainer *t) {
     model_free(&t->model);
 }
 
-/* One reduction carries the loss sum, the target count and the momentum
- * buffer sums (docs/model.md §1.2: buffers are the global-batch mean). */
-static double reduce_forward_results(trainer *t, double *global_count) {
+/* The global count of targets, known from the data alone: backward scales
+ * every micro-batch's loss by its inverse, so the count precedes the first
+ * forward and the gradient reduction stays a plain sum (docs/design.md §8.3). */
+static double global_target_count(trainer *t) {
+    const batch *b = &t->shard.batch;
+    double count = (double)model_target_count(&t->model, b->targets, b->B, b->T);
+    dist_sum_doubles(&count, 1);
+    return count;
+}
+
+/* One reduction carries the loss sum and the momentum buffer sums accumulated
+ * over the micro-batches (docs/model.md §1.2: buffers are the global-batch
+ * mean; backward does not read them, so they change after it). */
+static double reduce_forward_results(trainer *t, double global_count) {
+    model *m = &t->model;
+    double *r = t->reduce_scratch;
+    bool buffers = m->momentum;
+    dist_sum_doubles(r, 1 + (buffers ? m->n_buffer : 0));
+    for (size_t i = 0; buffers && i < m->n_buffer; i++) m->buffers[i] = (float)(r[1 + i] / t->cfg.batch_size);
+    return global_count > 0 ? r[0] / global_count : 0.0;
+}
+
+/* Forward and backward of rows [first, first + rows) of the shard, adding
+ * the loss sum and buffer sums to reduce_scratch and the gradients to
+ * m->grads; hooks (the reducer's, last micro-batch only) or NULL. */
+static void micro_step(trainer *t, int first, int rows, float scale, const backward_hooks *hooks) {
     model *m = &t->model;
     const batch *b = &t->shard.batch;
+    size_t offset = (size_t)first * b->T;
+    const int32_t *inputs = b->inputs + offset, *targets = b->targets + offset;
+    const int32_t *labels = b->labels ? b->labels + first : NULL;
+    model_forward(m, inputs, targets, labels, rows, b->T, m->momentum);
     long long count;
     double *r = t->reduce_scratch;
-    r[0] = model_loss_sum(m, b->targets, b->B, b->T, &count);
-    r[1] = (double)count;
-    bool buffers = m->momentum;
-    for (size_t i = 0; buffers && i < m->n_buffer; i++) r[2 + i] = m->buffer_sums[i];
-    dist_sum_doubles(r, 2 + (buffers ? (int)m->n_buffer : 0));
-    for (size_t i = 0; buffers && i < m->n_buffer; i++) m->buffers[i] = (float)(r[2 + i] / t->cfg.batch_size);
-    *global_count = r[1];
-    return r[1] > 0 ? r[0] / r[1] : 0.0;
+    r[0] += model_loss_sum(m, targets, rows, b->T, &count);
+    for (size_t i = 0; m->momentum && i < m->n_buffer; i++) r[1 + i] += m->buffer_sums[i];
+    model_backward(m, inputs, targets, labels, rows, b->T, scale, hooks);
 }
 
 step_result trainer_step(trainer *t) {
@@ -95,14 +124,20 @@ step_result trainer_step(trainer *t) {
     step_result res = {0};
     long long step = t->step + 1;
     data_fill(t->shard.data, b, SPLIT_TRAIN, step, t->shard.first);
-    model_forward(m, b->inputs, b->targets, b->labels, b->B, b->T, m->momentum);
-    double global_count;
-    res.loss = reduce_forward_results(t, &global_count);
-    model_zero_grads(m);
+    double global_count = global_target_count(t);
     float scale = global_count > 0 ? (float)(1.0 / global_count) : 0.0f;
+    model_zero_grads(m);
+    memset(t->reduce_scratch, 0, sizeof(double) * (1 + m->n_buffer));
+    /* the reduction overlaps only the last micro-batch's backward: earlier
+     * ones add into the same gradients */
     backward_hooks hooks = grad_reducer_hooks(t->reducer);
-    model_backward(m, b->inputs, b->targets, b->labels, b->B, b->T, scale, &hooks);
+    int rows = micro_rows(&t->cfg, b->B);
+    for (int first = 0; first < b->B; first += rows) {
+        bool last = first + rows >= b->B;
+        micro_step(t, first, last ? b->B - first : rows, scale, last ? &hooks : NULL);
+    }
     res.allreduce_wait_s = grad_reducer_finish(t->reducer);
+    res.loss = reduce_forward_results(t, global_count);
     res.grad_norm = grad_global_norm(m->grads, m->n_params);
     clip_gradients(m->grads, m->n_params, res.grad_norm, t->cfg.grad_clip);
     res.lr = learning_rate(&t->cfg, step);

@@ -127,6 +127,10 @@ void model_forward(model *m, const int32_t *inputs, const int32_t *targets,
 void model_block_forward(model *m, int layer, int B, int T, bool collect_buffers);
 /* Sum of this rank's per-target (lm) or per-row (cls) losses, and their count. */
 double model_loss_sum(const model *m, const int32_t *targets, int B, int T, long long *count);
+/* The count of model_loss_sum before any forward: the trainer needs the
+ * global count of the whole batch before the first micro-batch's backward
+ * (docs/scale.md §7, gradient accumulation). */
+long long model_target_count(const model *m, const int32_t *targets, int B, int T);
 /* Backward of loss_scale * sum of losses (loss_scale = 1 / global count).
  * Gradients accumulate into m->grads (zero them first). */
 void model_backward(model *m, const int32_t *inputs, const int32_t *targets,

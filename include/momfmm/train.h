@@ -20,7 +20,7 @@ typedef struct {
     grad_reducer *reducer;
     metric_table train_log, eval_log;
     long long step, tokens_seen;
-    double *reduce_scratch; /* [2 + n_buffer]: loss sum, count, buffer sums */
+    double *reduce_scratch; /* [1 + n_buffer]: loss sum, buffer sums over the micro-batches */
 } trainer;
 
 typedef struct {
