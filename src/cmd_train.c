@@ -50,11 +50,13 @@ static void create_trainer(trainer *t, const config *cfg) {
 
 /* Returns false when rank 0 could not write the checkpoint. */
 static bool save_checkpoint(const trainer *t) {
-    if (process_rank() != 0) return true;
     char path[STORE_PATH_MAX];
     status err;
     double start = wall_seconds();
-    if (trainer_save(t, path, sizeof path, &err) != 0) {
+    /* every rank: with dist.zero = 1 all ranks send their moment slices */
+    int rc = trainer_save(t, path, sizeof path, &err);
+    if (process_rank() != 0) return true;
+    if (rc != 0) {
         fprintf(stderr, "momfmm: checkpoint at step %lld not written: %s\n", t->step, err.message);
         return false;
     }

@@ -74,6 +74,12 @@ static void bind_tensors(const model *m, float *base, model_tensors *view) {
     }
 }
 
+void model_moment_range(size_t n, int rank, int ranks, size_t *first, size_t *count) {
+    size_t lo = n * (size_t)rank / (size_t)ranks, hi = n * (size_t)(rank + 1) / (size_t)ranks;
+    *first = lo;
+    *count = hi - lo;
+}
+
 /* training: params, grads, adam_m, adam_v in one allocation; else params. */
 static int model_build(model *m, const config *cfg, bool training, status *err) {
     memset(m, 0, sizeof *m);
@@ -94,7 +100,12 @@ static int model_build(model *m, const config *cfg, bool training, status *err) 
     m->fmm.eps = (float)cfg->fmm_eps;
     m->fmm.chunk = cfg->fmm_chunk;
     build_layout(m);
-    float *all = xcalloc((training ? 4 : 1) * m->n_params, sizeof(float));
+    /* with dist.zero = 1 the moments cover this rank's slice only */
+    m->moment_first = 0;
+    m->moment_count = m->n_params;
+    if (training && cfg->zero)
+        model_moment_range(m->n_params, process_rank(), process_count(), &m->moment_first, &m->moment_count);
+    float *all = xcalloc((training ? 2 : 1) * m->n_params + (training ? 2 * m->moment_count : 0), sizeof(float));
     m->params = all;
     m->w.blocks = xcalloc((size_t)m->L, sizeof(block_tensors));
     m->g.blocks = xcalloc((size_t)m->L, sizeof(block_tensors));
@@ -102,7 +113,7 @@ static int model_build(model *m, const config *cfg, bool training, status *err) 
     if (training) {
         m->grads = all + m->n_params;
         m->adam_m = all + 2 * m->n_params;
-        m->adam_v = all + 3 * m->n_params;
+        m->adam_v = m->adam_m + m->moment_count;
         bind_tensors(m, m->grads, &m->g);
     }
     m->n_buffer = (size_t)m->L * 2 * m->H * m->dh;

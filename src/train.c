@@ -3,6 +3,7 @@
  * §8.5). Returns statuses; the commands are in cmd_train.c. */
 #include "momfmm/train.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,7 @@ int trainer_create(trainer *t, const config *cfg, status *err) {
     dist_broadcast_floats(t->model.params, t->model.n_params);
     if (rank_shard_open(&t->shard, cfg, err) != 0 || check_memory(t, err) != 0) return err->code;
     t->reducer = grad_reducer_create(&t->model, cfg->bucket_mb, cfg->overlap);
+    if (cfg->zero) grad_reducer_shard(t->reducer, &t->model);
     metric_tables_standard(&t->train_log, &t->eval_log, cfg->n_layers, cfg->n_heads);
     t->reduce_scratch = xcalloc(2 + t->model.n_buffer, sizeof(double));
     return 0;
@@ -118,6 +120,32 @@ static void micro_step(trainer *t, int first, int rows, float scale, const backw
     model_backward(m, inputs, targets, labels, rows, b->T, scale, hooks);
 }
 
+typedef struct {
+    model *m;
+    const float *grads; /* the slice's reduced gradients, element 0 = moment_first */
+    long long step;
+    adamw_settings s;
+} slice_step;
+
+static void update_slice(void *ctx, size_t lo, size_t hi) {
+    slice_step *c = ctx;
+    adamw_step_range(c->m, lo, hi, c->grads + (lo - c->m->moment_first), c->step, &c->s);
+}
+
+/* ZeRO-1 (docs/scale.md §7): the exact global norm from the slices' sums of
+ * squares, clipping and AdamW on this rank's slice, then the parameters
+ * all-gathered bucket by bucket. */
+static void sharded_update(trainer *t, long long step, step_result *res) {
+    model *m = &t->model;
+    float *grads = grad_reducer_slice(t->reducer);
+    double squares = grad_sum_squares(grads, m->moment_count);
+    dist_sum_doubles(&squares, 1);
+    res->grad_norm = sqrt(squares);
+    clip_gradients(grads, m->moment_count, res->grad_norm, t->cfg.grad_clip);
+    slice_step c = {m, grads, step, {res->lr, t->cfg.beta1, t->cfg.beta2, t->cfg.adam_eps, t->cfg.weight_decay}};
+    res->allreduce_wait_s += grad_reducer_gather(t->reducer, m->params, update_slice, &c);
+}
+
 step_result trainer_step(trainer *t) {
     model *m = &t->model;
     batch *b = &t->shard.batch;
@@ -138,11 +166,15 @@ step_result trainer_step(trainer *t) {
     }
     res.allreduce_wait_s = grad_reducer_finish(t->reducer);
     res.loss = reduce_forward_results(t, global_count);
-    res.grad_norm = grad_global_norm(m->grads, m->n_params);
-    clip_gradients(m->grads, m->n_params, res.grad_norm, t->cfg.grad_clip);
     res.lr = learning_rate(&t->cfg, step);
-    adamw_settings s = {res.lr, t->cfg.beta1, t->cfg.beta2, t->cfg.adam_eps, t->cfg.weight_decay};
-    adamw_step_model(m, step, &s);
+    if (t->cfg.zero) {
+        sharded_update(t, step, &res);
+    } else {
+        res.grad_norm = grad_global_norm(m->grads, m->n_params);
+        clip_gradients(m->grads, m->n_params, res.grad_norm, t->cfg.grad_clip);
+        adamw_settings s = {res.lr, t->cfg.beta1, t->cfg.beta2, t->cfg.adam_eps, t->cfg.weight_decay};
+        adamw_step_model(m, step, &s);
+    }
     t->step = step;
     t->tokens_seen += (long long)t->cfg.batch_size * t->cfg.seq_len;
     return res;
@@ -161,7 +193,7 @@ int trainer_log_eval(trainer *t, eval_result *r, status *err) {
 static void trainer_reset(trainer *t) {
     model *m = &t->model;
     model_init_parameters(m);
-    memset(m->adam_m, 0, sizeof(float) * 2 * m->n_params);
+    memset(m->adam_m, 0, sizeof(float) * 2 * m->moment_count);
     t->train_log.n_rows = t->eval_log.n_rows = 0;
     t->step = t->tokens_seen = 0;
 }
@@ -209,8 +241,51 @@ int trainer_resume(trainer *t, const char *how, status *err) {
     return dist_try_check_consistency(&t->model, t->step, err);
 }
 
+/* ZeRO-1 save (docs/scale.md §7): every rank takes part in gathering one
+ * moment tensor at a time to rank 0, which writes it; no rank holds the full
+ * optimizer state. */
+typedef struct {
+    const model *m;
+    float *tensor; /* rank 0: the largest tensor */
+    int done;      /* tensors gathered so far, m's entries then v's */
+} moment_gather;
+
+static const float *gather_moment(void *ctx, int which, const param_entry *e) {
+    moment_gather *g = ctx;
+    dist_gather_slices(which ? g->m->adam_v : g->m->adam_m, g->m->n_params, e->offset, e->offset + e->numel,
+                       g->tensor);
+    g->done++;
+    return g->tensor;
+}
+
+/* The gathers rank 0 has not asked for (all of them on other ranks, the rest
+ * on rank 0 when its write failed early), so that no rank waits forever. */
+static void finish_gathers(moment_gather *g) {
+    while (g->done < 2 * g->m->n_entries) {
+        const param_entry *e = &g->m->entries[g->done % g->m->n_entries];
+        gather_moment(g, g->done / g->m->n_entries, e);
+    }
+}
+
 int trainer_save(const trainer *t, char *path, size_t len, status *err) {
-    if (process_rank() != 0) return 0;
+    bool sharded = t->cfg.zero && process_count() > 1;
+    if (process_rank() != 0 && !sharded) return 0;
     checkpoint_info info = {t->step, t->tokens_seen, process_count()};
-    return store_save(t->cfg.out_dir, t->cfg.keep, &t->model, &info, &t->train_log, &t->eval_log, path, len, err);
+    moment_gather g = {&t->model, NULL, 0};
+    if (sharded) {
+        size_t largest = 1;
+        for (int i = 0; i < t->model.n_entries; i++)
+            if (t->model.entries[i].numel > largest) largest = t->model.entries[i].numel;
+        if (process_rank() == 0) g.tensor = xcalloc(largest, sizeof(float));
+        checkpoint_set_moment_source(gather_moment, &g);
+    }
+    int rc = 0;
+    if (process_rank() == 0)
+        rc = store_save(t->cfg.out_dir, t->cfg.keep, &t->model, &info, &t->train_log, &t->eval_log, path, len, err);
+    if (sharded) {
+        finish_gathers(&g);
+        checkpoint_set_moment_source(NULL, NULL);
+    }
+    free(g.tensor);
+    return rc;
 }

@@ -88,6 +88,10 @@ struct model {
     int n_entries;
     size_t n_params;
     float *params, *grads, *adam_m, *adam_v; /* grads, moments: NULL for inference */
+    /* The moments cover elements [moment_first, moment_first + moment_count)
+     * of the flat buffer: all of it, or this rank's ZeRO-1 slice
+     * (dist.zero = 1, docs/scale.md §7); adam_m[0] is element moment_first. */
+    size_t moment_first, moment_count;
     /* The forward leaves logits in acts.logits and probabilities in
      * acts.probs (eval --stream compares logits, docs/design.md §8.5);
      * otherwise the softmax overwrites the logits, saving B*T*V floats. */
@@ -112,6 +116,10 @@ int model_create(model *m, const config *cfg, status *err);
  * no backward and no optimizer step. */
 int model_create_for_inference(model *m, const config *cfg, status *err);
 void model_free(model *m);
+/* Rank `rank`'s slice of n elements split over `ranks` (ZeRO-1, docs/scale.md §7):
+ * [n*rank/ranks, n*(rank+1)/ranks), contiguous and in rank order, uneven
+ * when ranks does not divide n. */
+void model_moment_range(size_t n, int rank, int ranks, size_t *first, size_t *count);
 /* Deterministic initialisation from train.seed (identical on every rank). */
 void model_init_parameters(model *m);
 const param_entry *model_find_param(const model *m, const char *name);
