@@ -209,6 +209,10 @@ int command_bench(const char *config_path, int n_overrides, char **overrides, in
               cfg.attention == ATTENTION_FMM ? "fmm" : "softmax", steps, 1e3 * times[0], 1e3 * times[steps - 1]);
     log_rank0("bench tokens_per_s=%.1f ms_per_step=%.3f gflops=%.3f allreduce_wait_ms=%.3f peak_rss_mb=%.1f\n",
               tokens / median, 1e3 * median, flops / median / 1e9, 1e3 * wait / steps, max_rss_mb);
+    memory_use u = trainer_memory(&t); /* rank 0's: the largest ZeRO-1 slice is at most one element more */
+    log_rank0("bench memory param_bytes_per_param=%.3f grad_bytes_per_param=%.3f moment_bytes_per_param=%.3f "
+              "activation_mb=%.3f\n",
+              u.param_bytes, u.grad_bytes, u.moment_bytes, u.activation_bytes / 1e6);
     free(times);
     trainer_free(&t);
     return 0;

@@ -30,19 +30,31 @@ static double available_memory(void) {
     return kb * 1024.0;
 }
 
+memory_use trainer_memory(const trainer *t) {
+    const model *m = &t->model;
+    const batch *b = &t->shard.batch;
+    double n = (double)m->n_params, slice = (double)m->moment_count / (n > 0 ? n : 1);
+    bool sharded = t->cfg.zero && process_count() > 1;
+    memory_use u = {sizeof(float), sizeof(float) * (1 + (sharded ? slice : 0)), 2 * sizeof(float) * slice, 0};
+    u.activation_bytes = (double)model_activation_bytes(m, micro_rows(&t->cfg, b->B), b->T);
+    return u;
+}
+
 /* Refuses up front (exit 2) a run whose buffers cannot fit in this node's
  * memory, rather than being killed mid-allocation. */
 static int check_memory(const trainer *t, status *err) {
     const model *m = &t->model;
     const batch *b = &t->shard.batch;
     int rows = micro_rows(&t->cfg, b->B);
-    double need = (double)model_activation_bytes(m, rows, b->T) + 4.0 * sizeof(float) * m->n_params;
+    memory_use u = trainer_memory(t);
+    double need = u.activation_bytes + (u.param_bytes + u.grad_bytes + u.moment_bytes) * m->n_params;
     int local_ranks = dist_node_ranks();
     double available = available_memory();
     /* shards and nodes differ: decide on the fullest node, everywhere alike */
     double fill = available > 0 ? need * local_ranks / available : 0, worst_fill = dist_max_double(fill);
-    log_rank0("memory: %.2f GB per rank (activations for %d x %d, parameters, gradients, moments)\n", need / 1e9,
-              rows, b->T);
+    log_rank0("memory: %.2f GB per rank | activations %.1f MB for %d x %d | bytes per parameter: parameters %.2f, "
+              "gradients %.2f, moments %.2f\n",
+              need / 1e9, u.activation_bytes / 1e6, rows, b->T, u.param_bytes, u.grad_bytes, u.moment_bytes);
     if (worst_fill > 1.0)
         return status_fail(err, EXIT_USAGE,
                            "this run needs %.0f%% of the available memory on the fullest node (here %.1f GB per rank "

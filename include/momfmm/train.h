@@ -36,6 +36,13 @@ void trainer_free(trainer *t);
 /* One optimisation step at t->step + 1 (forward, backward, all-reduce,
  * clipping, AdamW); advances t->step. */
 step_result trainer_step(trainer *t);
+/* This rank's memory: bytes per parameter of the parameters, gradients
+ * (with the ZeRO-1 slice of reduced gradients) and AdamW moments (8/np with
+ * dist.zero = 1), and the activation bytes of one micro-batch (docs/scale.md §7). */
+typedef struct {
+    double param_bytes, grad_bytes, moment_bytes, activation_bytes;
+} memory_use;
+memory_use trainer_memory(const trainer *t);
 /* Evaluates (eval.h) and appends the row of t->step to t->eval_log; r must
  * be eval_result_init'ed for t->model. */
 int trainer_log_eval(trainer *t, eval_result *r, status *err);
