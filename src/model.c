@@ -80,7 +80,15 @@ void model_moment_range(size_t n, int rank, int ranks, size_t *first, size_t *co
     *count = hi - lo;
 }
 
-/* training: params, grads, adam_m, adam_v in one allocation; else params. */
+void model_shard_moments(model *m, int rank, int ranks) {
+    free(m->adam_m);
+    model_moment_range(m->n_params, rank, ranks, &m->moment_first, &m->moment_count);
+    m->adam_m = xcalloc(2 * m->moment_count + 1, sizeof(float));
+    m->adam_v = m->adam_m + m->moment_count;
+}
+
+/* training: params and grads in one allocation, adam_m and adam_v in
+ * another (model_shard_moments replaces it); else params. */
 static int model_build(model *m, const config *cfg, bool training, status *err) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
@@ -100,20 +108,17 @@ static int model_build(model *m, const config *cfg, bool training, status *err) 
     m->fmm.eps = (float)cfg->fmm_eps;
     m->fmm.chunk = cfg->fmm_chunk;
     build_layout(m);
-    /* with dist.zero = 1 the moments cover this rank's slice only */
     m->moment_first = 0;
     m->moment_count = m->n_params;
-    if (training && cfg->zero)
-        model_moment_range(m->n_params, process_rank(), process_count(), &m->moment_first, &m->moment_count);
-    float *all = xcalloc((training ? 2 : 1) * m->n_params + (training ? 2 * m->moment_count : 0), sizeof(float));
+    float *all = xcalloc((training ? 2 : 1) * m->n_params, sizeof(float));
     m->params = all;
     m->w.blocks = xcalloc((size_t)m->L, sizeof(block_tensors));
     m->g.blocks = xcalloc((size_t)m->L, sizeof(block_tensors));
     bind_tensors(m, m->params, &m->w);
     if (training) {
         m->grads = all + m->n_params;
-        m->adam_m = all + 2 * m->n_params;
-        m->adam_v = m->adam_m + m->moment_count;
+        m->adam_m = xcalloc(2 * m->n_params, sizeof(float));
+        m->adam_v = m->adam_m + m->n_params;
         bind_tensors(m, m->grads, &m->g);
     }
     m->n_buffer = (size_t)m->L * 2 * m->H * m->dh;
@@ -141,6 +146,7 @@ static void activations_free(activations *a) {
 void model_free(model *m) {
     activations_free(&m->acts);
     free(m->params);
+    free(m->adam_m);
     free(m->w.blocks);
     free(m->g.blocks);
     free(m->buffers);

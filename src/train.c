@@ -72,6 +72,7 @@ int trainer_create(trainer *t, const config *cfg, status *err) {
                            "train.batch_size = %d is smaller than the number of ranks (%d): every rank needs a sample",
                            cfg->batch_size, process_count());
     if (model_create(&t->model, cfg, err) != 0) return err->code;
+    if (cfg->zero) model_shard_moments(&t->model, process_rank(), process_count());
     model_init_parameters(&t->model);
     /* Every rank initialises from the same seed; the broadcast makes the
      * identical start explicit rather than assumed. */

@@ -120,6 +120,9 @@ void model_free(model *m);
  * [n*rank/ranks, n*(rank+1)/ranks), contiguous and in rank order, uneven
  * when ranks does not divide n. */
 void model_moment_range(size_t n, int rank, int ranks, size_t *first, size_t *count);
+/* Keeps the AdamW moments of rank's slice only, zeroed (the trainer with
+ * dist.zero = 1, before any step or resume). */
+void model_shard_moments(model *m, int rank, int ranks);
 /* Deterministic initialisation from train.seed (identical on every rank). */
 void model_init_parameters(model *m);
 const param_entry *model_find_param(const model *m, const char *name);
