@@ -17,15 +17,26 @@ any world size. One class per group, each its own CTest entry
 - TestResume: a run at np = 4, zero = 1 checkpoints at step 10; resuming it at
   np = 4, zero = 1 ends bitwise equal to the uninterrupted run; at np = 3,
   zero = 1 and at np = 1, zero = 0 within 1e-5 (weights, moments, buffers).
+- TestKillDuringSave: SIGKILL of rank 2 of 4 (zero = 1) while checkpoints are
+  being gathered and written (every 2 steps) ends the job; every ckpt_*.h5
+  left loads, and `--resume auto` at np = 3 continues from the newest to the
+  end with exit 0.
 - TestBadValues: train.micro_batch = -1, dist.zero = 2 and a non-number exit 2
   naming the key.
 """
+import glob
 import os
 import shutil
+import signal
+import subprocess
+import time
 
 import numpy as np
 
-from common import load_newest, run, train_command, write_tiny_config
+from momfmm.h5 import load_checkpoint
+
+from common import env, load_newest, run, train_command, write_tiny_config
+from processes import children, kill_session, rank_of
 
 LOSS_TOL = 1e-5
 WEIGHT_TOL = 1e-4  # micro-batches: summation order, as test_mpi.py
@@ -130,6 +141,54 @@ class TestResume:
                 report.check("np 4 zero 1 -> np 4 zero 1: bitwise", max(diffs) == 0, detail)
             else:
                 report.check(f"np 4 zero 1 -> np {n} zero {zero}: within 1e-5", max(diffs) <= ZERO_TOL, detail)
+
+
+class TestKillDuringSave:
+    def test_sigkill_during_sharded_save(self, momfmm, workdir, report):
+        overrides = base_overrides(**{"train.steps": 20000, "train.ckpt_interval": 2, "train.keep": 3,
+                                      "train.eval_interval": 0, "train.log_interval": 50, "dist.zero": 1,
+                                      "model.d_model": 64, "model.d_ff": 256})
+        ini, out_dir, _ = write_tiny_config(workdir, "killed", **overrides)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        log_path = os.path.join(workdir, "killed.log")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(train_command(momfmm, ini, np_=4), stdout=log, stderr=subprocess.STDOUT,
+                                    env=env(), start_new_session=True)
+        caught_tmp = False
+        try:
+            deadline = time.time() + 60
+            victim = None
+            while time.time() < deadline and proc.poll() is None:
+                ranks = {rank_of(p): p for p, exe in children(proc.pid) if exe == momfmm}
+                victim = ranks.get(2)
+                have = glob.glob(os.path.join(out_dir, "ckpt_*.h5"))
+                caught_tmp = bool(glob.glob(os.path.join(out_dir, "ckpt_*.h5.tmp.*")))
+                if victim and have and caught_tmp:
+                    break
+                time.sleep(0.005)
+            assert victim, "rank 2 not found"
+            os.kill(victim, signal.SIGKILL)
+            rc = proc.wait(timeout=30)
+            report.check("SIGKILL of rank 2 ends the job non-zero", rc != 0, f"rc {rc}")
+        finally:
+            kill_session(proc.pid)
+        print(f"killed while a temporary file existed: {caught_tmp}")
+        files = sorted(glob.glob(os.path.join(out_dir, "ckpt_*.h5")))
+        loadable = []
+        for f in files:
+            try:
+                loadable.append(load_checkpoint(f).step)
+            except Exception as exc:  # a finished name must never be a torn file
+                report.check(f"{os.path.basename(f)} loads", False, str(exc))
+        report.check("checkpoints left load", bool(loadable), f"steps {loadable}")
+        if not loadable:
+            return
+        target = max(loadable) + 4
+        r = run(train_command(momfmm, ini, sets=[f"train.steps={target}"], np_=3, resume="auto"), timeout=120)
+        report.check("--resume auto at np 3 continues to the end", r.returncode == 0 and
+                     "resumed from" in r.stdout, f"rc {r.returncode}: {r.stderr.strip()[-300:]}")
+        final = load_newest(out_dir)
+        report.check("the resumed run reaches its last step", final.step == target, f"step {final.step}")
 
 
 class TestBadValues:
