@@ -71,6 +71,27 @@ static herr_t write_tensors(hid_t file, const char *group, const model *m, const
     return 0;
 }
 
+static moment_source moments_from = NULL;
+static void *moments_ctx = NULL;
+
+void checkpoint_set_moment_source(moment_source source, void *ctx) {
+    moments_from = source;
+    moments_ctx = ctx;
+}
+
+static herr_t write_moments(hid_t file, const char *group, int which, const model *m) {
+    if (!moments_from) return write_tensors(file, group, m, which ? m->adam_v : m->adam_m);
+    for (int i = 0; i < m->n_entries; i++) {
+        const param_entry *e = &m->entries[i];
+        char name[256];
+        snprintf(name, sizeof name, "%s/%s", group, e->name);
+        hsize_t dims[2] = {(hsize_t)e->shape[0], (hsize_t)e->shape[1]};
+        const float *tensor = moments_from(moments_ctx, which, e);
+        if (write_dataset(file, name, H5T_NATIVE_FLOAT, H5T_IEEE_F32LE, e->ndim, dims, tensor) < 0) return -1;
+    }
+    return 0;
+}
+
 static herr_t write_buffers(hid_t file, const model *m) {
     for (int l = 0; l < m->L; l++)
         for (int which = 0; which < 2; which++) {
@@ -188,8 +209,8 @@ static herr_t write_checkpoint_content(hid_t file, const void *ctx) {
     const checkpoint_content *c = ctx;
     if (write_root_attributes(file, c->m, c->info) < 0) return -1;
     if (write_tensors(file, "/model", c->m, c->m->params) < 0) return -1;
-    if (write_tensors(file, "/optim/m", c->m, c->m->adam_m) < 0) return -1;
-    if (write_tensors(file, "/optim/v", c->m, c->m->adam_v) < 0) return -1;
+    if (write_moments(file, "/optim/m", 0, c->m) < 0) return -1;
+    if (write_moments(file, "/optim/v", 1, c->m) < 0) return -1;
     if (c->m->momentum && write_buffers(file, c->m) < 0) return -1;
     if (c->train && write_metric_table(file, "/metrics/train", c->train) < 0) return -1;
     if (c->eval && write_metric_table(file, "/metrics/eval", c->eval) < 0) return -1;
@@ -372,7 +393,8 @@ static void require_integer(reader *r, const char *name, hid_t dset) {
                     kind >= 0 && kind < (int)(sizeof names / sizeof names[0]) ? names[kind] : "unknown");
 }
 
-static void read_checked(reader *r, const char *name, hid_t mem_type, int ndim, const hsize_t *dims, void *out) {
+/* The dataset `name`, whose shape must be ndim x dims. */
+static hid_t open_checked(reader *r, const char *name, int ndim, const hsize_t *dims) {
     hsize_t got[H5S_MAX_RANK] = {0};
     int got_ndim;
     hid_t dset = open_dataset(r, name, &got_ndim, got);
@@ -385,6 +407,11 @@ static void read_checked(reader *r, const char *name, hid_t mem_type, int ndim, 
         reader_fail(r, "%s has shape %s, expected %s", name, have, want);
     }
     checked_elements(r, name, dset, got_ndim, got);
+    return dset;
+}
+
+static void read_checked(reader *r, const char *name, hid_t mem_type, int ndim, const hsize_t *dims, void *out) {
+    hid_t dset = open_checked(r, name, ndim, dims);
     if (H5Dread(dset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
         reader_fail(r, "cannot read %s (corrupt or wrong type)", name);
     H5Dclose(dset);
@@ -462,6 +489,54 @@ static void read_tensors(reader *r, const char *group, const model *m, float *ba
         snprintf(name, sizeof name, "%s/%s", group, e->name);
         hsize_t dims[2] = {(hsize_t)e->shape[0], (hsize_t)e->shape[1]};
         read_checked(r, name, H5T_NATIVE_FLOAT, e->ndim, dims, base + e->offset);
+    }
+}
+
+/* Selects flat elements [begin, end) of a row-major rows x cols space: a
+ * partial first row, whole rows, a partial last row. */
+static void select_flat_range(hid_t space, int ndim, hsize_t cols, hsize_t begin, hsize_t end) {
+    if (ndim == 1) {
+        hsize_t start = begin, count = end - begin;
+        H5Sselect_hyperslab(space, H5S_SELECT_SET, &start, NULL, &count, NULL);
+        return;
+    }
+    hsize_t r0 = begin / cols, c0 = begin % cols, r1 = (end - 1) / cols, c1 = (end - 1) % cols;
+    hsize_t start[2] = {r0, c0}, count[2] = {1, r0 == r1 ? c1 - c0 + 1 : cols - c0};
+    H5Sselect_hyperslab(space, H5S_SELECT_SET, start, NULL, count, NULL);
+    if (r0 == r1) return;
+    if (r1 > r0 + 1) {
+        hsize_t mid_start[2] = {r0 + 1, 0}, mid_count[2] = {r1 - r0 - 1, cols};
+        H5Sselect_hyperslab(space, H5S_SELECT_OR, mid_start, NULL, mid_count, NULL);
+    }
+    hsize_t last_start[2] = {r1, 0}, last_count[2] = {1, c1 + 1};
+    H5Sselect_hyperslab(space, H5S_SELECT_OR, last_start, NULL, last_count, NULL);
+}
+
+/* The moments of the model's range only: whole tensors as read_tensors,
+ * a tensor cut by the range as a hyperslab of its flat elements. */
+static void read_moments(reader *r, const char *group, const model *m, float *base) {
+    size_t first = m->moment_first, last = first + m->moment_count;
+    for (int i = 0; i < m->n_entries; i++) {
+        const param_entry *e = &m->entries[i];
+        size_t a = e->offset > first ? e->offset : first, end = e->offset + e->numel, b = end < last ? end : last;
+        if (a >= b) continue;
+        char name[256];
+        snprintf(name, sizeof name, "%s/%s", group, e->name);
+        hsize_t dims[2] = {(hsize_t)e->shape[0], (hsize_t)e->shape[1]};
+        if (b - a == e->numel) {
+            read_checked(r, name, H5T_NATIVE_FLOAT, e->ndim, dims, base + (a - first));
+            continue;
+        }
+        hid_t dset = open_checked(r, name, e->ndim, dims);
+        hid_t file_space = H5Dget_space(dset);
+        select_flat_range(file_space, e->ndim, dims[1], a - e->offset, b - e->offset);
+        hsize_t n = b - a;
+        hid_t mem_space = H5Screate_simple(1, &n, NULL);
+        herr_t ok = H5Dread(dset, H5T_NATIVE_FLOAT, mem_space, file_space, H5P_DEFAULT, base + (a - first));
+        H5Sclose(mem_space);
+        H5Sclose(file_space);
+        H5Dclose(dset);
+        if (ok < 0) reader_fail(r, "cannot read %s (corrupt or wrong type)", name);
     }
 }
 
@@ -607,8 +682,8 @@ static void state_body(reader *r, void *ctx) {
     read_tensors(r, "/model", q->m, q->m->params);
     if (q->m->momentum) read_buffers(r, q->m);
     if (q->optimizer) {
-        read_tensors(r, "/optim/m", q->m, q->m->adam_m);
-        read_tensors(r, "/optim/v", q->m, q->m->adam_v);
+        read_moments(r, "/optim/m", q->m, q->m->adam_m);
+        read_moments(r, "/optim/v", q->m, q->m->adam_v);
     }
     if (q->train) read_metric_table(r, "/metrics/train", q->train, false);
     if (q->eval) read_metric_table(r, "/metrics/eval", q->eval, false);

@@ -81,16 +81,19 @@ static void create_trainer(trainer *t, const config *cfg) {
 
 /* Returns false when rank 0 could not write the checkpoint; path receives
  * its name. Weights that are not finite are never written: they would prune
- * the good checkpoints (docs/design.md §8.7, divergence guard). */
+ * the good checkpoints (docs/design.md §8.7, divergence guard); every rank
+ * holds the same weights, so every rank decides alike. */
 static bool save_checkpoint(const trainer *t, char *path, bool signal_stop) {
-    if (process_rank() != 0) return true;
     status err;
     if (!trainer_weights_finite(t)) {
         fprintf(stderr, "momfmm: checkpoint at step %lld not written: the weights are not finite\n", t->step);
         return false;
     }
     double start = wall_seconds();
-    if (trainer_save(t, path, STORE_PATH_MAX, &err) != 0) {
+    /* every rank: with dist.zero = 1 all ranks send their moment slices */
+    int rc = trainer_save(t, path, STORE_PATH_MAX, &err);
+    if (process_rank() != 0) return true;
+    if (rc != 0) {
         fprintf(stderr, "momfmm: checkpoint at step %lld not written: %s\n", t->step, err.message);
         return false;
     }
@@ -366,6 +369,10 @@ int command_bench(const char *config_path, int n_overrides, char **overrides, in
               cfg.attention == ATTENTION_FMM ? "fmm" : "softmax", steps, 1e3 * times[0], 1e3 * times[steps - 1]);
     log_rank0("bench tokens_per_s=%.1f ms_per_step=%.3f gflops=%.3f allreduce_wait_ms=%.3f peak_rss_mb=%.1f\n",
               tokens / median, 1e3 * median, flops / median / 1e9, 1e3 * wait / steps, max_rss_mb);
+    memory_use u = trainer_memory(&t); /* rank 0's: the largest ZeRO-1 slice is at most one element more */
+    log_rank0("bench memory param_bytes_per_param=%.3f grad_bytes_per_param=%.3f moment_bytes_per_param=%.3f "
+              "activation_mb=%.3f\n",
+              u.param_bytes, u.grad_bytes, u.moment_bytes, u.activation_bytes / 1e6);
     free(times);
     trainer_free(&t);
     return 0;

@@ -226,6 +226,13 @@ struct grad_reducer {
     MPI_Request *requests;
     int n_buckets, n_launched;
     bool overlap, active;
+    /* ZeRO-1 (docs/scale.md §7): this rank's slice [first, first + count) of
+     * the flat buffer; slice receives its reduced gradients; counts and
+     * displs give every rank's part of each bucket ([n_buckets][ranks]) */
+    bool sharded;
+    size_t first, count;
+    float *slice;
+    int *counts, *displs;
 };
 
 /* The block after whose backward a tensor's gradient is final: its own block;
@@ -275,8 +282,82 @@ grad_reducer *grad_reducer_create(const model *m, double bucket_mb, bool overlap
     return r;
 }
 
+void grad_reducer_shard(grad_reducer *r, const model *m) {
+    int ranks = process_count();
+    r->sharded = true;
+    r->first = m->moment_first;
+    r->count = m->moment_count;
+    if (!r->active) return; /* one rank: the slice is the whole buffer */
+    r->slice = xcalloc(r->count ? r->count : 1, sizeof(float));
+    r->counts = xcalloc((size_t)r->n_buckets * ranks, sizeof(int));
+    r->displs = xcalloc((size_t)r->n_buckets * ranks, sizeof(int));
+    for (int i = 0; i < r->n_buckets; i++)
+        for (int q = 0; q < ranks; q++) {
+            size_t first, count, start = r->buckets[i].start, end = start + r->buckets[i].count;
+            model_moment_range(m->n_params, q, ranks, &first, &count);
+            size_t lo = first > start ? first : start, hi = first + count < end ? first + count : end;
+            r->counts[i * ranks + q] = lo < hi ? (int)(hi - lo) : 0;
+            r->displs[i * ranks + q] = lo < hi ? (int)(lo - start) : 0;
+        }
+}
+
+float *grad_reducer_slice(grad_reducer *r) { return r->slice ? r->slice : r->grads + r->first; }
+
+/* This rank's part [lo, hi) of bucket i; false when empty. */
+static bool my_part(const grad_reducer *r, int i, size_t *lo, size_t *hi) {
+    size_t start = r->buckets[i].start, end = start + r->buckets[i].count;
+    *lo = r->first > start ? r->first : start;
+    *hi = r->first + r->count < end ? r->first + r->count : end;
+    return *lo < *hi;
+}
+
+double grad_reducer_gather(grad_reducer *r, float *params, slice_update update, void *ctx) {
+    if (!r->active) {
+        update(ctx, r->first, r->first + r->count);
+        return 0.0;
+    }
+    int ranks = process_count();
+    /* update a bucket's part, then start its all-gather while the next
+     * part updates */
+    for (int i = 0; i < r->n_buckets; i++) {
+        size_t lo, hi;
+        if (my_part(r, i, &lo, &hi)) update(ctx, lo, hi);
+        MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, params + r->buckets[i].start, r->counts + i * ranks,
+                        r->displs + i * ranks, MPI_FLOAT, world, &r->requests[i]);
+        int done;
+        MPI_Testall(i + 1, r->requests, &done, MPI_STATUSES_IGNORE);
+    }
+    double start = wall_seconds();
+    MPI_Waitall(r->n_buckets, r->requests, MPI_STATUSES_IGNORE);
+    return wall_seconds() - start;
+}
+
+void dist_gather_slices(const float *mine, size_t n, size_t lo, size_t hi, float *out) {
+    int ranks = process_count(), rank = process_rank();
+    size_t first, count;
+    model_moment_range(n, rank, ranks, &first, &count);
+    if (ranks == 1) {
+        memcpy(out, mine + (lo - first), sizeof(float) * (hi - lo));
+        return;
+    }
+    int *counts = xcalloc(2 * (size_t)ranks, sizeof(int)), *displs = counts + ranks;
+    for (int q = 0; q < ranks; q++) {
+        size_t f, c;
+        model_moment_range(n, q, ranks, &f, &c);
+        size_t a = f > lo ? f : lo, b = f + c < hi ? f + c : hi;
+        counts[q] = a < b ? (int)(b - a) : 0;
+        displs[q] = a < b ? (int)(a - lo) : 0;
+    }
+    const float *send = counts[rank] ? mine + (lo > first ? lo - first : 0) : mine;
+    MPI_Gatherv(send, counts[rank], MPI_FLOAT, out, counts, displs, MPI_FLOAT, 0, world);
+    free(counts);
+}
+
 void grad_reducer_free(grad_reducer *r) {
     if (!r) return;
+    free(r->slice);
+    free(r->counts);
+    free(r->displs);
     free(r->buckets);
     free(r->requests);
     free(r);
@@ -287,8 +368,17 @@ static void launch(grad_reducer *r, int index) {
     b->launched = true;
     /* Same buckets with and without overlap: identical message sizes give
      * identical reduction order, so overlap does not change the weights. */
-    MPI_Iallreduce(MPI_IN_PLACE, r->grads + b->start, (int)b->count, MPI_FLOAT, MPI_SUM, world,
-                   &r->requests[index]);
+    if (r->sharded) {
+        /* each rank receives the sum of its part of the bucket (ZeRO-1):
+         * the data volume of a reduce-scatter, half an all-reduce's */
+        size_t lo, hi;
+        float *recv = my_part(r, index, &lo, &hi) ? r->slice + (lo - r->first) : r->slice;
+        MPI_Ireduce_scatter(r->grads + b->start, recv, r->counts + (size_t)index * process_count(), MPI_FLOAT,
+                            MPI_SUM, world, &r->requests[index]);
+    } else {
+        MPI_Iallreduce(MPI_IN_PLACE, r->grads + b->start, (int)b->count, MPI_FLOAT, MPI_SUM, world,
+                       &r->requests[index]);
+    }
     r->n_launched++;
 }
 

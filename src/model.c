@@ -74,7 +74,21 @@ static void bind_tensors(const model *m, float *base, model_tensors *view) {
     }
 }
 
-/* training: params, grads, adam_m, adam_v in one allocation; else params. */
+void model_moment_range(size_t n, int rank, int ranks, size_t *first, size_t *count) {
+    size_t lo = n * (size_t)rank / (size_t)ranks, hi = n * (size_t)(rank + 1) / (size_t)ranks;
+    *first = lo;
+    *count = hi - lo;
+}
+
+void model_shard_moments(model *m, int rank, int ranks) {
+    free(m->adam_m);
+    model_moment_range(m->n_params, rank, ranks, &m->moment_first, &m->moment_count);
+    m->adam_m = xcalloc(2 * m->moment_count + 1, sizeof(float));
+    m->adam_v = m->adam_m + m->moment_count;
+}
+
+/* training: params and grads in one allocation, adam_m and adam_v in
+ * another (model_shard_moments replaces it); else params. */
 static int model_build(model *m, const config *cfg, bool training, status *err) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
@@ -94,15 +108,17 @@ static int model_build(model *m, const config *cfg, bool training, status *err) 
     m->fmm.eps = (float)cfg->fmm_eps;
     m->fmm.chunk = cfg->fmm_chunk;
     build_layout(m);
-    float *all = xcalloc((training ? 4 : 1) * m->n_params, sizeof(float));
+    m->moment_first = 0;
+    m->moment_count = m->n_params;
+    float *all = xcalloc((training ? 2 : 1) * m->n_params, sizeof(float));
     m->params = all;
     m->w.blocks = xcalloc((size_t)m->L, sizeof(block_tensors));
     m->g.blocks = xcalloc((size_t)m->L, sizeof(block_tensors));
     bind_tensors(m, m->params, &m->w);
     if (training) {
         m->grads = all + m->n_params;
-        m->adam_m = all + 2 * m->n_params;
-        m->adam_v = all + 3 * m->n_params;
+        m->adam_m = xcalloc(2 * m->n_params, sizeof(float));
+        m->adam_v = m->adam_m + m->n_params;
         bind_tensors(m, m->grads, &m->g);
     }
     m->n_buffer = (size_t)m->L * 2 * m->H * m->dh;
@@ -130,6 +146,7 @@ static void activations_free(activations *a) {
 void model_free(model *m) {
     activations_free(&m->acts);
     free(m->params);
+    free(m->adam_m);
     free(m->w.blocks);
     free(m->g.blocks);
     free(m->buffers);
@@ -355,6 +372,13 @@ double model_loss_sum(const model *m, const int32_t *targets, int B, int T, long
         }
     *count = n;
     return sum;
+}
+
+long long model_target_count(const model *m, const int32_t *targets, int B, int T) {
+    if (m->cfg.head == HEAD_CLS) return B;
+    long long n = 0;
+    for (int i = 0; i < B * T; i++) n += targets[i] >= 0;
+    return n;
 }
 
 void model_zero_grads(model *m) { memset(m->grads, 0, sizeof(float) * m->n_params); }

@@ -16,11 +16,13 @@ double learning_rate(const config *c, long long step) {
     return c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(M_PI * progress));
 }
 
-double grad_global_norm(const float *grads, size_t n) {
+double grad_sum_squares(const float *grads, size_t n) {
     double sum = 0;
     for (size_t i = 0; i < n; i++) sum += (double)grads[i] * grads[i];
-    return sqrt(sum);
+    return sum;
 }
+
+double grad_global_norm(const float *grads, size_t n) { return sqrt(grad_sum_squares(grads, n)); }
 
 void clip_gradients(float *grads, size_t n, double norm, double max_norm) {
     if (max_norm <= 0 || norm <= max_norm) return;
@@ -52,5 +54,16 @@ void adamw_step_model(model *mdl, long long t, const adamw_settings *s) {
         const param_entry *e = &mdl->entries[i];
         adamw_update(mdl->params + e->offset, mdl->grads + e->offset, mdl->adam_m + e->offset,
                      mdl->adam_v + e->offset, e->numel, t, s, e->decay);
+    }
+}
+
+void adamw_step_range(model *mdl, size_t lo, size_t hi, const float *grads, long long t, const adamw_settings *s) {
+    for (int i = 0; i < mdl->n_entries; i++) {
+        const param_entry *e = &mdl->entries[i];
+        size_t a = e->offset > lo ? e->offset : lo, end = e->offset + e->numel, b = end < hi ? end : hi;
+        if (a >= b) continue;
+        size_t moment = a - mdl->moment_first;
+        adamw_update(mdl->params + a, grads + (a - lo), mdl->adam_m + moment, mdl->adam_v + moment, b - a, t, s,
+                     e->decay);
     }
 }

@@ -13,6 +13,12 @@
 #include "momfmm/optimizer.h"
 #include "momfmm/store.h"
 
+/* Rows per forward/backward: train.micro_batch, or the whole shard when 0
+ * or larger (docs/scale.md §7, micro-batches). */
+static int micro_rows(const config *cfg, int shard_rows) {
+    return cfg->micro_batch > 0 && cfg->micro_batch < shard_rows ? cfg->micro_batch : shard_rows;
+}
+
 /* MemAvailable of /proc/meminfo in bytes, or 0 when unknown. */
 static double available_memory(void) {
     FILE *f = fopen("/proc/meminfo", "r");
@@ -24,18 +30,31 @@ static double available_memory(void) {
     return kb * 1024.0;
 }
 
+memory_use trainer_memory(const trainer *t) {
+    const model *m = &t->model;
+    const batch *b = &t->shard.batch;
+    double n = (double)m->n_params, slice = (double)m->moment_count / (n > 0 ? n : 1);
+    bool sharded = t->cfg.zero && process_count() > 1;
+    memory_use u = {sizeof(float), sizeof(float) * (1 + (sharded ? slice : 0)), 2 * sizeof(float) * slice, 0};
+    u.activation_bytes = (double)model_activation_bytes(m, micro_rows(&t->cfg, b->B), b->T);
+    return u;
+}
+
 /* Refuses up front (exit 2) a run whose buffers cannot fit in this node's
  * memory, rather than being killed mid-allocation. */
 static int check_memory(const trainer *t, status *err) {
     const model *m = &t->model;
     const batch *b = &t->shard.batch;
-    double need = (double)model_activation_bytes(m, b->B, b->T) + 4.0 * sizeof(float) * m->n_params;
+    int rows = micro_rows(&t->cfg, b->B);
+    memory_use u = trainer_memory(t);
+    double need = u.activation_bytes + (u.param_bytes + u.grad_bytes + u.moment_bytes) * m->n_params;
     int local_ranks = dist_node_ranks();
     double available = available_memory();
     /* shards and nodes differ: decide on the fullest node, everywhere alike */
     double fill = available > 0 ? need * local_ranks / available : 0, worst_fill = dist_max_double(fill);
-    log_rank0("memory: %.2f GB per rank (activations for %d x %d, parameters, gradients, moments)\n", need / 1e9,
-              b->B, b->T);
+    log_rank0("memory: %.2f GB per rank | activations %.1f MB for %d x %d | bytes per parameter: parameters %.2f, "
+              "gradients %.2f, moments %.2f\n",
+              need / 1e9, u.activation_bytes / 1e6, rows, b->T, u.param_bytes, u.grad_bytes, u.moment_bytes);
     if (worst_fill > 1.0)
         return status_fail(err, EXIT_USAGE,
                            "this run needs %.0f%% of the available memory on the fullest node (here %.1f GB per rank "
@@ -53,12 +72,14 @@ int trainer_create(trainer *t, const config *cfg, status *err) {
                            "train.batch_size = %d is smaller than the number of ranks (%d): every rank needs a sample",
                            cfg->batch_size, process_count());
     if (model_create(&t->model, cfg, err) != 0) return err->code;
+    if (cfg->zero) model_shard_moments(&t->model, process_rank(), process_count());
     model_init_parameters(&t->model);
     /* Every rank initialises from the same seed; the broadcast makes the
      * identical start explicit rather than assumed. */
     dist_broadcast_floats(t->model.params, t->model.n_params);
     if (rank_shard_open(&t->shard, cfg, err) != 0 || check_memory(t, err) != 0) return err->code;
     t->reducer = grad_reducer_create(&t->model, cfg->bucket_mb, cfg->overlap);
+    if (cfg->zero) grad_reducer_shard(t->reducer, &t->model);
     metric_tables_standard(&t->train_log, &t->eval_log, cfg->n_layers, cfg->n_heads);
     metric_tables_add_task_columns(&t->train_log, &t->eval_log, cfg->task);
     t->reduce_scratch = xcalloc(2 + t->model.n_buffer, sizeof(double));
@@ -74,26 +95,78 @@ void trainer_free(trainer *t) {
     model_free(&t->model);
 }
 
-/* One reduction carries the loss sum, the target count and the momentum
- * buffer sums (docs/model.md §1.2: buffers are the global-batch mean). */
-static double reduce_forward_results(trainer *t, double *global_count) {
-    model *m = &t->model;
+/* The global count of targets, known from the data alone: backward scales
+ * every micro-batch's loss by its inverse, so the count precedes the first
+ * forward and the gradient reduction stays a plain sum (docs/design.md §8.3). */
+static double global_target_count(trainer *t) {
     const batch *b = &t->shard.batch;
-    long long count;
+    double count = (double)model_target_count(&t->model, b->targets, b->B, b->T);
+    dist_sum_doubles(&count, 1);
+    return count;
+}
+
+/* One reduction carries the loss sum and the momentum buffer sums accumulated
+ * over the micro-batches (docs/model.md §1.2: buffers are the global-batch
+ * mean; backward does not read them, so they change after it). */
+static double reduce_forward_results(trainer *t, double global_count) {
+    model *m = &t->model;
     double *r = t->reduce_scratch;
-    r[0] = model_loss_sum(m, b->targets, b->B, b->T, &count);
-    r[1] = (double)count;
     bool buffers = m->momentum;
-    for (size_t i = 0; buffers && i < m->n_buffer; i++) r[2 + i] = m->buffer_sums[i];
-    dist_sum_doubles(r, 2 + (buffers ? (int)m->n_buffer : 0));
+    dist_sum_doubles(r, 1 + (buffers ? m->n_buffer : 0));
     /* a non-finite sum would poison every later step: such a step keeps the
      * old buffers, and its NaN loss makes it a skipped step */
     bool finite = isfinite(r[0]);
-    for (size_t i = 0; buffers && i < m->n_buffer; i++) finite = finite && isfinite(r[2 + i]);
-    for (size_t i = 0; finite && buffers && i < m->n_buffer; i++) m->buffers[i] = (float)(r[2 + i] / t->cfg.batch_size);
-    *global_count = r[1];
+    for (size_t i = 0; buffers && i < m->n_buffer; i++) finite = finite && isfinite(r[1 + i]);
+    for (size_t i = 0; finite && buffers && i < m->n_buffer; i++) m->buffers[i] = (float)(r[1 + i] / t->cfg.batch_size);
     if (!finite) return NAN;
-    return r[1] > 0 ? r[0] / r[1] : 0.0;
+    return global_count > 0 ? r[0] / global_count : 0.0;
+}
+
+/* Forward and backward of rows [first, first + rows) of the shard, adding
+ * the loss sum and buffer sums to reduce_scratch and the gradients to
+ * m->grads; hooks (the reducer's, last micro-batch only) or NULL. */
+static void micro_step(trainer *t, int first, int rows, float scale, const backward_hooks *hooks) {
+    model *m = &t->model;
+    const batch *b = &t->shard.batch;
+    size_t offset = (size_t)first * b->T;
+    const int32_t *inputs = b->inputs + offset, *targets = b->targets + offset;
+    const int32_t *labels = b->labels ? b->labels + first : NULL;
+    model_forward(m, inputs, targets, labels, rows, b->T, m->momentum);
+    long long count;
+    double *r = t->reduce_scratch;
+    r[0] += model_loss_sum(m, targets, rows, b->T, &count);
+    for (size_t i = 0; m->momentum && i < m->n_buffer; i++) r[1 + i] += m->buffer_sums[i];
+    model_backward(m, inputs, targets, labels, rows, b->T, scale, hooks);
+}
+
+typedef struct {
+    model *m;
+    const float *grads; /* the slice's reduced gradients, element 0 = moment_first */
+    long long step;
+    adamw_settings s;
+} slice_step;
+
+static void update_slice(void *ctx, size_t lo, size_t hi) {
+    slice_step *c = ctx;
+    adamw_step_range(c->m, lo, hi, c->grads + (lo - c->m->moment_first), c->step, &c->s);
+}
+
+/* ZeRO-1 (docs/scale.md §7): the exact global norm from the slices' sums of
+ * squares. */
+static double sharded_grad_norm(trainer *t) {
+    double squares = grad_sum_squares(grad_reducer_slice(t->reducer), t->model.moment_count);
+    dist_sum_doubles(&squares, 1);
+    return sqrt(squares);
+}
+
+/* ZeRO-1: clipping and AdamW on this rank's slice, then the parameters
+ * all-gathered bucket by bucket. */
+static void sharded_update(trainer *t, long long step, step_result *res) {
+    model *m = &t->model;
+    float *grads = grad_reducer_slice(t->reducer);
+    clip_gradients(grads, m->moment_count, res->grad_norm, t->cfg.grad_clip);
+    slice_step c = {m, grads, step, {res->lr, t->cfg.beta1, t->cfg.beta2, t->cfg.adam_eps, t->cfg.weight_decay}};
+    res->allreduce_wait_s += grad_reducer_gather(t->reducer, m->params, update_slice, &c);
 }
 
 step_result trainer_step(trainer *t) {
@@ -102,21 +175,29 @@ step_result trainer_step(trainer *t) {
     step_result res = {0};
     long long step = t->step + 1;
     data_fill(t->shard.data, b, SPLIT_TRAIN, step, t->shard.first);
-    model_forward(m, b->inputs, b->targets, b->labels, b->B, b->T, m->momentum);
-    double global_count;
-    res.loss = reduce_forward_results(t, &global_count);
-    model_zero_grads(m);
+    double global_count = global_target_count(t);
     float scale = global_count > 0 ? (float)(1.0 / global_count) : 0.0f;
+    model_zero_grads(m);
+    memset(t->reduce_scratch, 0, sizeof(double) * (1 + m->n_buffer));
+    /* the reduction overlaps only the last micro-batch's backward: earlier
+     * ones add into the same gradients */
     backward_hooks hooks = grad_reducer_hooks(t->reducer);
-    model_backward(m, b->inputs, b->targets, b->labels, b->B, b->T, scale, &hooks);
+    int rows = micro_rows(&t->cfg, b->B);
+    for (int first = 0; first < b->B; first += rows) {
+        bool last = first + rows >= b->B;
+        micro_step(t, first, last ? b->B - first : rows, scale, last ? &hooks : NULL);
+    }
     res.allreduce_wait_s = grad_reducer_finish(t->reducer);
-    res.grad_norm = grad_global_norm(m->grads, m->n_params);
+    res.loss = reduce_forward_results(t, global_count);
     res.lr = learning_rate(&t->cfg, step);
+    res.grad_norm = t->cfg.zero ? sharded_grad_norm(t) : grad_global_norm(m->grads, m->n_params);
     /* the loss and the norm are global after the reductions: every rank
      * takes the same branch (docs/design.md §8.7, divergence guard) */
     res.nonfinite = !isfinite(res.loss) || !isfinite(res.grad_norm);
     if (res.nonfinite) {
         t->skipped_steps++;
+    } else if (t->cfg.zero) {
+        sharded_update(t, step, &res);
     } else {
         clip_gradients(m->grads, m->n_params, res.grad_norm, t->cfg.grad_clip);
         adamw_settings s = {res.lr, t->cfg.beta1, t->cfg.beta2, t->cfg.adam_eps, t->cfg.weight_decay};
@@ -140,7 +221,7 @@ int trainer_log_eval(trainer *t, eval_result *r, status *err) {
 static void trainer_reset(trainer *t) {
     model *m = &t->model;
     model_init_parameters(m);
-    memset(m->adam_m, 0, sizeof(float) * 2 * m->n_params);
+    memset(m->adam_m, 0, sizeof(float) * 2 * m->moment_count);
     t->train_log.n_rows = t->eval_log.n_rows = 0;
     t->step = t->tokens_seen = t->skipped_steps = 0;
 }
@@ -207,12 +288,55 @@ int trainer_init_from(trainer *t, const char *path, status *err) {
     return dist_try_check_consistency(&t->model, t->step, err);
 }
 
+/* ZeRO-1 save (docs/scale.md §7): every rank takes part in gathering one
+ * moment tensor at a time to rank 0, which writes it; no rank holds the full
+ * optimizer state. */
+typedef struct {
+    const model *m;
+    float *tensor; /* rank 0: the largest tensor */
+    int done;      /* tensors gathered so far, m's entries then v's */
+} moment_gather;
+
+static const float *gather_moment(void *ctx, int which, const param_entry *e) {
+    moment_gather *g = ctx;
+    dist_gather_slices(which ? g->m->adam_v : g->m->adam_m, g->m->n_params, e->offset, e->offset + e->numel,
+                       g->tensor);
+    g->done++;
+    return g->tensor;
+}
+
+/* The gathers rank 0 has not asked for (all of them on other ranks, the rest
+ * on rank 0 when its write failed early), so that no rank waits forever. */
+static void finish_gathers(moment_gather *g) {
+    while (g->done < 2 * g->m->n_entries) {
+        const param_entry *e = &g->m->entries[g->done % g->m->n_entries];
+        gather_moment(g, g->done / g->m->n_entries, e);
+    }
+}
+
 int trainer_save(const trainer *t, char *path, size_t len, status *err) {
-    if (process_rank() != 0) return 0;
+    bool sharded = t->cfg.zero && process_count() > 1;
+    if (process_rank() != 0 && !sharded) return 0;
     checkpoint_info info = {.step = t->step, .tokens_seen = t->tokens_seen, .world_size = process_count(),
                             .skipped_steps = t->skipped_steps};
     snprintf(info.init_from, sizeof info.init_from, "%s", t->init_from);
-    return store_save(t->cfg.out_dir, t->cfg.keep, &t->model, &info, &t->train_log, &t->eval_log, path, len, err);
+    moment_gather g = {&t->model, NULL, 0};
+    if (sharded) {
+        size_t largest = 1;
+        for (int i = 0; i < t->model.n_entries; i++)
+            if (t->model.entries[i].numel > largest) largest = t->model.entries[i].numel;
+        if (process_rank() == 0) g.tensor = xcalloc(largest, sizeof(float));
+        checkpoint_set_moment_source(gather_moment, &g);
+    }
+    int rc = 0;
+    if (process_rank() == 0)
+        rc = store_save(t->cfg.out_dir, t->cfg.keep, &t->model, &info, &t->train_log, &t->eval_log, path, len, err);
+    if (sharded) {
+        finish_gathers(&g);
+        checkpoint_set_moment_source(NULL, NULL);
+    }
+    free(g.tensor);
+    return rc;
 }
 
 bool trainer_weights_finite(const trainer *t) {

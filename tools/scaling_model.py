@@ -26,11 +26,27 @@ backward pass, about 2/3):
     step(p)    = compute + exposed(p)
     efficiency = compute / step(p)
 
+ZeRO-1 (--zero, dist.zero = 1, docs/scale.md §7): the gradients are
+reduce-scattered in the same buckets, overlapped with backward as above, and
+the parameters all-gathered after the sharded AdamW update, which only the
+(small) update itself can hide:
+
+    t_rs(p) = t_ag(p) = (p - 1) * alpha * k  +  (p - 1) / p * 4 n / beta
+    exposed(p) = max((1 - f) * t_rs, t_rs - h * compute) + t_ag
+
+the same bytes as the all-reduce, half of them after backward.
+
+Memory per rank (bytes per parameter, activations not included): parameters
+4, gradients 4, AdamW moments 8; with --zero the moments are 8/p and the
+reduced gradient slice adds 4/p. The table gives GB per rank for n.
+
 With --measured-step-ms the p = 2 row is compared with the measured 2-rank
 step. Prints a Markdown table.
 
 Example (bench_d256: 3.68 M parameters, 426 ms compute per step at 1 thread):
     tools/scaling_model.py --compute-ms 426 --params 3683840 --overlap-fraction 0.5
+A 1B-parameter model with ZeRO-1 at 8-512 ranks:
+    tools/scaling_model.py --compute-ms 2000 --params 1e9 --overlap-fraction 0.5 --zero
 """
 import argparse
 import math
@@ -52,11 +68,31 @@ def allreduce_seconds(p, n_params, alpha, beta_bytes, buckets=1, bytes_per=4):
     return latency_seconds(p, alpha, buckets) + 2 * (p - 1) / p * n_params * bytes_per / beta_bytes
 
 
-def project(p, compute_s, n_params, alpha, beta_bytes, overlap, hideable, buckets=1):
-    t_ar = allreduce_seconds(p, n_params, alpha, beta_bytes, buckets)
-    exposed = max((1 - overlap) * t_ar, t_ar - hideable * compute_s, 0.0)
+def half_seconds(p, n_params, alpha, beta_bytes, buckets=1, bytes_per=4):
+    """One reduce-scatter or one all-gather: half the ring all-reduce."""
+    if p <= 1:
+        return 0.0
+    return (p - 1) * alpha * buckets + (p - 1) / p * n_params * bytes_per / beta_bytes
+
+
+def project(p, compute_s, n_params, alpha, beta_bytes, overlap, hideable, buckets=1, zero=False):
+    """(communication s, exposed s, step s, efficiency); with zero the
+    communication is reduce-scatter (hidden like the all-reduce) + all-gather
+    (exposed)."""
+    if zero:
+        t_rs = t_ag = half_seconds(p, n_params, alpha, beta_bytes, buckets)
+        exposed = max((1 - overlap) * t_rs, t_rs - hideable * compute_s, 0.0) + t_ag
+        t_ar = t_rs + t_ag
+    else:
+        t_ar = allreduce_seconds(p, n_params, alpha, beta_bytes, buckets)
+        exposed = max((1 - overlap) * t_ar, t_ar - hideable * compute_s, 0.0)
     step = compute_s + exposed
     return t_ar, exposed, step, compute_s / step
+
+
+def bytes_per_param(p, zero):
+    """Parameters, gradients (+ the reduced slice with zero), moments."""
+    return 4 + 4 + (12 / p if zero and p > 1 else 8 / p if zero else 8)
 
 
 def main():
@@ -74,6 +110,8 @@ def main():
     ap.add_argument("--tokens-per-rank", type=float, default=0.0,
                     help="tokens per rank per step (prints projected global tokens/s)")
     ap.add_argument("--ranks", default="8,16,32,64,128,256,512", help="comma-separated p values")
+    ap.add_argument("--zero", action="store_true",
+                    help="ZeRO-1 (dist.zero = 1): reduce-scatter + all-gather, moments sharded")
     ap.add_argument("--measured-step-ms", type=float, default=0.0,
                     help="measured 2-rank step (ms), to compare with the model's p = 2 row")
     a = ap.parse_args()
@@ -87,12 +125,14 @@ def main():
     if a.measured_step_ms > 0 and 2 not in ranks:
         ranks = [2] + ranks
 
-    print(f"α-β ring all-reduce: n = {a.params:,.0f} parameters ({a.params * 4 / 1e6:.1f} MB of float32 "
+    print(f"α-β ring {'reduce-scatter + all-gather (ZeRO-1)' if a.zero else 'all-reduce'}: n = {a.params:,.0f} parameters ({a.params * 4 / 1e6:.1f} MB of float32 "
           f"gradients) in {k} bucket{'s' if k > 1 else ''}, α = {a.alpha_us:g} µs/message, β = {a.beta_gbps:g} Gb/s ({beta / 1e9:g} GB/s); "
           f"compute {a.compute_ms:g} ms/step; overlap fraction {a.overlap_fraction:g} "
           f"(at most {a.hideable_fraction:.2f} of compute can hide it)\n")
-    head = "| p | all-reduce (ms) | latency part (ms) | bandwidth part (ms) | exposed (ms) | step (ms) | efficiency |"
-    sep = "|---:|---:|---:|---:|---:|---:|---:|"
+    comm = "reduce-scatter + all-gather" if a.zero else "all-reduce"
+    head = (f"| p | {comm} (ms) | latency part (ms) | bandwidth part (ms) | exposed (ms) | step (ms) | efficiency "
+            "| bytes/param per rank | GB per rank (no activations) |")
+    sep = "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     if a.tokens_per_rank > 0:
         head += " global tokens/s |"
         sep += "---:|"
@@ -100,15 +140,17 @@ def main():
     print(sep)
     for p in ranks:
         t_ar, exposed, step, eff = project(p, compute, a.params, alpha, beta, a.overlap_fraction,
-                                         a.hideable_fraction, k)
-        lat = latency_seconds(p, alpha, k)
+                                           a.hideable_fraction, k, a.zero)
+        lat = latency_seconds(p, alpha, k)  # 2 (p - 1) alpha k for both schemes
+        per = bytes_per_param(p, a.zero)
         row = (f"| {p} | {t_ar * 1e3:.3f} | {lat * 1e3:.3f} | {(t_ar - lat) * 1e3:.3f} | {exposed * 1e3:.3f} | "
-               f"{step * 1e3:.1f} | {100 * eff:.2f}% |")
+               f"{step * 1e3:.1f} | {100 * eff:.2f}% | {per:.3f} | {per * a.params / 1e9:.2f} |")
         if a.tokens_per_rank > 0:
             row += f" {p * a.tokens_per_rank / step:,.0f} |"
         print(row)
     if a.measured_step_ms > 0:
-        _, _, step2, _ = project(2, compute, a.params, alpha, beta, a.overlap_fraction, a.hideable_fraction, k)
+        _, _, step2, _ = project(2, compute, a.params, alpha, beta, a.overlap_fraction, a.hideable_fraction, k,
+                                 a.zero)
         print(f"\nmeasured 2-rank step {a.measured_step_ms:g} ms vs model {step2 * 1e3:.1f} ms "
               f"(measured efficiency {100 * compute / (a.measured_step_ms / 1e3):.1f}%; on one machine the "
               "ranks share memory bandwidth and cores, which this network model does not describe)")

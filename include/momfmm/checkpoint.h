@@ -16,6 +16,17 @@
 #define CHECKPOINT_FORMAT "momfmm-checkpoint"
 #define CHECKPOINT_FORMAT_VERSION 1
 
+/* ZeRO-1 (docs/scale.md §7): the full tensor e of moment `which` (0 = /optim/m,
+ * 1 = /optim/v), gathered from the ranks' slices one tensor at a time. Called
+ * for m's entries in order, then v's. */
+typedef const float *(*moment_source)(void *ctx, int which, const param_entry *e);
+
+/* Until reset to NULL, checkpoint_write takes /optim/m|v from `source`
+ * instead of the model's own full moment buffers (the trainer's sharded
+ * save; a setting rather than an argument so that the store's interface
+ * stays as it is). */
+void checkpoint_set_moment_source(moment_source source, void *ctx);
+
 typedef struct {
     long long step, tokens_seen;
     int world_size;
@@ -34,7 +45,8 @@ int checkpoint_write(const char *path, const char *tmp, const model *m, const ch
 int checkpoint_read_config(const char *path, config *c, checkpoint_info *info, status *err);
 
 /* Fills parameters and buffers of a model created from that config; with
- * `optimizer` also /optim, with tables also /metrics. A missing dataset or a
+ * `optimizer` also /optim (only the model's moment range: a ZeRO-1 rank reads
+ * its slice as hyperslabs, docs/scale.md §7), with tables also /metrics. A missing dataset or a
  * wrong shape names both. */
 int checkpoint_read_state(const char *path, model *m, bool optimizer, metric_table *train, metric_table *eval,
                           status *err);

@@ -55,6 +55,8 @@ typedef struct {
     double bucket_mb;
     bool overlap;
     int check_interval;
+    int micro_batch; /* train.micro_batch: rows per forward/backward, 0 = the whole shard */
+    int zero;        /* dist.zero: 1 = ZeRO-1, AdamW moments sharded over ranks */
 } config;
 
 /* Defaults of docs/config.md §6 (and of configs/README.md). */

@@ -59,4 +59,23 @@ void grad_reducer_free(grad_reducer *r);
 backward_hooks grad_reducer_hooks(grad_reducer *r);
 /* Waits for every bucket; returns seconds spent waiting here. */
 double grad_reducer_finish(grad_reducer *r);
+
+/* ZeRO-1 (dist.zero = 1, docs/scale.md §7). grad_reducer_shard switches the
+ * reducer to reduce-scatter: each bucket is one non-blocking
+ * MPI_Ireduce_scatter delivering the sum of this rank's part (m's moment
+ * range) into the slice buffer, same buckets and overlap as the all-reduce. */
+void grad_reducer_shard(grad_reducer *r, const model *m);
+/* The reduced gradients of this rank's slice (element 0 = m->moment_first),
+ * after grad_reducer_finish; writable (clipping scales them). */
+float *grad_reducer_slice(grad_reducer *r);
+/* Updates elements [lo, hi) of the flat buffer, inside this rank's slice. */
+typedef void (*slice_update)(void *ctx, size_t lo, size_t hi);
+/* Bucket by bucket: update this rank's part, then launch a non-blocking
+ * in-place MPI_Iallgatherv of the bucket's parameters; waits for all.
+ * Returns seconds spent waiting. */
+double grad_reducer_gather(grad_reducer *r, float *params, slice_update update, void *ctx);
+/* Elements [lo, hi) of a flat buffer of n elements sharded by
+ * model_moment_range, gathered on rank 0 into out (hi - lo floats); `mine`
+ * is this rank's slice. Collective; out is only written on rank 0. */
+void dist_gather_slices(const float *mine, size_t n, size_t lo, size_t hi, float *out);
 #endif

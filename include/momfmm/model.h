@@ -88,6 +88,10 @@ struct model {
     int n_entries;
     size_t n_params;
     float *params, *grads, *adam_m, *adam_v; /* grads, moments: NULL for inference */
+    /* The moments cover elements [moment_first, moment_first + moment_count)
+     * of the flat buffer: all of it, or this rank's ZeRO-1 slice
+     * (dist.zero = 1, docs/scale.md §7); adam_m[0] is element moment_first. */
+    size_t moment_first, moment_count;
     /* The forward leaves logits in acts.logits and probabilities in
      * acts.probs (eval --stream compares logits, docs/design.md §8.5);
      * otherwise the softmax overwrites the logits, saving B*T*V floats. */
@@ -112,6 +116,13 @@ int model_create(model *m, const config *cfg, status *err);
  * no backward and no optimizer step. */
 int model_create_for_inference(model *m, const config *cfg, status *err);
 void model_free(model *m);
+/* Rank `rank`'s slice of n elements split over `ranks` (ZeRO-1, docs/scale.md §7):
+ * [n*rank/ranks, n*(rank+1)/ranks), contiguous and in rank order, uneven
+ * when ranks does not divide n. */
+void model_moment_range(size_t n, int rank, int ranks, size_t *first, size_t *count);
+/* Keeps the AdamW moments of rank's slice only, zeroed (the trainer with
+ * dist.zero = 1, before any step or resume). */
+void model_shard_moments(model *m, int rank, int ranks);
 /* Deterministic initialisation from train.seed (identical on every rank). */
 void model_init_parameters(model *m);
 const param_entry *model_find_param(const model *m, const char *name);
@@ -127,6 +138,10 @@ void model_forward(model *m, const int32_t *inputs, const int32_t *targets,
 void model_block_forward(model *m, int layer, int B, int T, bool collect_buffers);
 /* Sum of this rank's per-target (lm) or per-row (cls) losses, and their count. */
 double model_loss_sum(const model *m, const int32_t *targets, int B, int T, long long *count);
+/* The count of model_loss_sum before any forward: the trainer needs the
+ * global count of the whole batch before the first micro-batch's backward
+ * (docs/scale.md §7, gradient accumulation). */
+long long model_target_count(const model *m, const int32_t *targets, int B, int T);
 /* Backward of loss_scale * sum of losses (loss_scale = 1 / global count).
  * Gradients accumulate into m->grads (zero them first). */
 void model_backward(model *m, const int32_t *inputs, const int32_t *targets,

@@ -10,6 +10,9 @@
  * then cosine from lr to min_lr over the remaining steps, or constant. */
 double learning_rate(const config *c, long long step);
 
+/* Sum of squares in double: ZeRO-1 sums it over the ranks' slices for the
+ * exact global norm (docs/scale.md §7). */
+double grad_sum_squares(const float *grads, size_t n);
 /* Global L2 norm of the gradient buffer (double accumulation). */
 double grad_global_norm(const float *grads, size_t n);
 
@@ -27,4 +30,8 @@ void adamw_update(float *params, const float *grads, float *m, float *v, size_t 
                   const adamw_settings *s, int decay);
 /* The whole model, tensor by tensor so that decay follows docs/model.md §1.4. */
 void adamw_step_model(model *mdl, long long t, const adamw_settings *s);
+/* AdamW on elements [lo, hi) of the flat buffer, inside the model's moment
+ * range (ZeRO-1 slice, docs/scale.md §7); grads[0] is element lo. Weight decay
+ * follows each tensor's param_entry, so a slice may cut tensors anywhere. */
+void adamw_step_range(model *mdl, size_t lo, size_t hi, const float *grads, long long t, const adamw_settings *s);
 #endif

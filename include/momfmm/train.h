@@ -22,7 +22,7 @@ typedef struct {
     metric_table train_log, eval_log;
     long long step, tokens_seen;
     long long skipped_steps; /* non-finite steps skipped (train.on_nonfinite = skip) */
-    double *reduce_scratch; /* [2 + n_buffer]: loss sum, count, buffer sums */
+    double *reduce_scratch; /* [1 + n_buffer]: loss sum, buffer sums over the micro-batches */
     char init_from[CONFIG_PATH_MAX]; /* --init checkpoint of this run's timeline, or "" */
 } trainer;
 
@@ -44,6 +44,13 @@ void trainer_free(trainer *t);
  * counted in t->skipped_steps; the caller stops or goes on
  * (train.on_nonfinite, docs/design.md §8.7). */
 step_result trainer_step(trainer *t);
+/* This rank's memory: bytes per parameter of the parameters, gradients
+ * (with the ZeRO-1 slice of reduced gradients) and AdamW moments (8/np with
+ * dist.zero = 1), and the activation bytes of one micro-batch (docs/scale.md §7). */
+typedef struct {
+    double param_bytes, grad_bytes, moment_bytes, activation_bytes;
+} memory_use;
+memory_use trainer_memory(const trainer *t);
 /* Evaluates (eval.h) and appends the row of t->step to t->eval_log; r must
  * be eval_result_init'ed for t->model. */
 int trainer_log_eval(trainer *t, eval_result *r, status *err);

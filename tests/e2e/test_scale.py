@@ -1,0 +1,200 @@
+"""Scale features of docs/scale.md §7: gradient accumulation (train.micro_batch)
+and the ZeRO-1 sharded optimizer (dist.zero = 1) with checkpoints that resume at
+any world size. One class per group, each its own CTest entry
+(e2e_scale_<group>, tests/CMakeLists.txt):
+
+- TestMicroBatch: micro-batches of 1, 3 (not dividing the shard of 10), 4 and
+  20 (larger than the shard) train the model of the whole-shard step: losses
+  within 1e-5, weights within 1e-4 (max |diff| / max |value| per tensor, the
+  float-summation-order tolerance of test_mpi.py: Adam turns rounding noise of
+  near-zero gradients into lr-sized steps); larger than the shard is bitwise
+  the whole shard. At np = 2 with uneven shards (5 and 6 rows, hence a
+  different number of micro-batches per rank) likewise.
+- TestZero: dist.zero = 1 vs 0 at np = 1..5 (the tiny model's parameter count
+  is not divisible by 3, 4 or 5: uneven slices): weights and /optim within
+  1e-5, losses within 1e-5; the start-up line shows moments 8/np bytes per
+  parameter.
+- TestResume: a run at np = 4, zero = 1 checkpoints at step 10; resuming it at
+  np = 4, zero = 1 ends bitwise equal to the uninterrupted run; at np = 3,
+  zero = 1 and at np = 1, zero = 0 within 1e-5 (weights, moments, buffers).
+- TestKillDuringSave: SIGKILL of rank 2 of 4 (zero = 1) while checkpoints are
+  being gathered and written (every 2 steps) ends the job; every ckpt_*.h5
+  left loads, and `--resume auto` at np = 3 continues from the newest to the
+  end with exit 0.
+- TestBadValues: train.micro_batch = -1, dist.zero = 2 and a non-number exit 2
+  naming the key.
+"""
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import numpy as np
+
+from momfmm.h5 import load_checkpoint
+
+from common import env, load_newest, run, train_command, write_tiny_config
+from processes import children, kill_session, rank_of
+
+LOSS_TOL = 1e-5
+WEIGHT_TOL = 1e-4  # micro-batches: summation order, as test_mpi.py
+ZERO_TOL = 1e-5
+STEPS = 20
+
+
+def base_overrides(**extra):
+    # momentum with anchor false: the buffers (global-batch means) enter the
+    # loss, so summing them over micro-batches or slices is tested too
+    o = {"train.steps": STEPS, "train.batch_size": 10, "train.adam_eps": 1e-6, "train.eval_interval": STEPS,
+         "train.log_interval": 1, "momentum.gamma": 0.2, "momentum.anchor": False}
+    o.update(extra)
+    return o
+
+
+def train(momfmm, workdir, name, np_=None, resume=None, **overrides):
+    """Trains config `name` afresh; returns (CompletedProcess, newest checkpoint or None)."""
+    ini, out_dir, _ = write_tiny_config(workdir, name, **base_overrides(**overrides))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    r = run(train_command(momfmm, ini, np_=np_, resume=resume), timeout=120)
+    if r.returncode != 0:
+        print(f"--- {name} rc={r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}", flush=True)
+        return r, None
+    return r, load_newest(out_dir)
+
+
+def rel_diff(a, b, prefix):
+    """Largest per-tensor max |a - b| / max |a| over the datasets under prefix."""
+    da, db = a.datasets(), b.datasets()
+    worst = 0.0
+    for key, x in da.items():
+        if key.startswith(prefix):
+            y = db[key]
+            worst = max(worst, float(np.max(np.abs(x - y)) / max(float(np.max(np.abs(x))), 1e-30)))
+    return worst
+
+
+def loss_diff(a, b):
+    return float(np.max(np.abs(a.train["loss"] - b.train["loss"])))
+
+
+class TestMicroBatch:
+    def test_micro_batches_match_whole_shard(self, momfmm, workdir, report):
+        _, ref = train(momfmm, workdir, "mb_ref")
+        assert ref is not None
+        for mb in (1, 3, 4, 20):
+            _, got = train(momfmm, workdir, f"mb_{mb}", **{"train.micro_batch": mb})
+            if got is None:
+                report.check(f"micro_batch {mb} trains", False)
+                continue
+            w, l, b = rel_diff(ref, got, "model/"), loss_diff(ref, got), rel_diff(ref, got, "buffers")
+            report.check(f"micro_batch {mb}: weights", w <= WEIGHT_TOL, f"{w:.2e}")
+            report.check(f"micro_batch {mb}: losses", l <= LOSS_TOL, f"{l:.2e}")
+            report.check(f"micro_batch {mb}: momentum buffers", b <= WEIGHT_TOL, f"{b:.2e}")
+            if mb >= 10:
+                report.check(f"micro_batch {mb} > shard is the whole shard bitwise", w == 0 and l == 0)
+
+    def test_uneven_shards_two_ranks(self, momfmm, workdir, report):
+        _, ref = train(momfmm, workdir, "mb_np2_ref", np_=2, **{"train.batch_size": 11})
+        _, got = train(momfmm, workdir, "mb_np2_2", np_=2, **{"train.batch_size": 11, "train.micro_batch": 2})
+        assert ref is not None and got is not None
+        w, l = rel_diff(ref, got, "model/"), loss_diff(ref, got)
+        report.check("np 2, shards 5 and 6, micro_batch 2: weights", w <= WEIGHT_TOL, f"{w:.2e}")
+        report.check("np 2, shards 5 and 6, micro_batch 2: losses", l <= LOSS_TOL, f"{l:.2e}")
+
+
+class TestZero:
+    def test_zero1_matches_replicated(self, momfmm, workdir, report):
+        for n in (1, 2, 3, 4, 5):
+            _, ref = train(momfmm, workdir, f"z0_np{n}", np_=n)
+            r, got = train(momfmm, workdir, f"z1_np{n}", np_=n, **{"dist.zero": 1})
+            if ref is None or got is None:
+                report.check(f"np {n}: both runs train", False)
+                continue
+            w, o, l = rel_diff(ref, got, "model/"), rel_diff(ref, got, "optim/"), loss_diff(ref, got)
+            report.check(f"np {n} zero 1 vs 0: weights", w <= ZERO_TOL, f"{w:.2e}")
+            report.check(f"np {n} zero 1 vs 0: moments (gathered into full tensors)", o <= ZERO_TOL, f"{o:.2e}")
+            report.check(f"np {n} zero 1 vs 0: losses", l <= LOSS_TOL, f"{l:.2e}")
+            # rank 0's slice is floor(n_params / n) elements: 8/n bytes per parameter or just below
+            line = next((s for s in r.stdout.splitlines() if s.startswith("memory:")), "")
+            moments = float(line.split("moments ")[1]) if "moments " in line else -1
+            report.check(f"np {n}: start-up line shows moments ~8/np bytes per parameter",
+                         abs(moments - 8 / n) < 0.01, line)
+
+
+class TestResume:
+    def test_resume_any_world_size(self, momfmm, workdir, report):
+        every10 = {"train.ckpt_interval": 10, "train.keep": 5}
+        _, full = train(momfmm, workdir, "full_np4_z1", np_=4, **{"dist.zero": 1}, **every10)
+        assert full is not None
+        half = os.path.join(workdir, "full_np4_z1", "ckpt_00000010.h5")
+        assert os.path.exists(half)
+        for name, n, zero in (("same_np4_z1", 4, 1), ("np3_z1", 3, 1), ("np1_z0", 1, 0)):
+            _, got = train(momfmm, workdir, name, np_=n, resume=half, **{"dist.zero": zero}, **every10)
+            if got is None:
+                report.check(f"{name}: resumes", False)
+                continue
+            diffs = [rel_diff(full, got, p) for p in ("model/", "optim/", "buffers")] + [loss_diff(full, got)]
+            detail = "weights %.2e, moments %.2e, buffers %.2e, losses %.2e" % tuple(diffs)
+            if name.startswith("same"):
+                report.check("np 4 zero 1 -> np 4 zero 1: bitwise", max(diffs) == 0, detail)
+            else:
+                report.check(f"np 4 zero 1 -> np {n} zero {zero}: within 1e-5", max(diffs) <= ZERO_TOL, detail)
+
+
+class TestKillDuringSave:
+    def test_sigkill_during_sharded_save(self, momfmm, workdir, report):
+        overrides = base_overrides(**{"train.steps": 20000, "train.ckpt_interval": 2, "train.keep": 3,
+                                      "train.eval_interval": 0, "train.log_interval": 50, "dist.zero": 1,
+                                      "model.d_model": 64, "model.d_ff": 256})
+        ini, out_dir, _ = write_tiny_config(workdir, "killed", **overrides)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        log_path = os.path.join(workdir, "killed.log")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(train_command(momfmm, ini, np_=4), stdout=log, stderr=subprocess.STDOUT,
+                                    env=env(), start_new_session=True)
+        caught_tmp = False
+        try:
+            deadline = time.time() + 60
+            victim = None
+            while time.time() < deadline and proc.poll() is None:
+                ranks = {rank_of(p): p for p, exe in children(proc.pid) if exe == momfmm}
+                victim = ranks.get(2)
+                have = glob.glob(os.path.join(out_dir, "ckpt_*.h5"))
+                caught_tmp = bool(glob.glob(os.path.join(out_dir, "ckpt_*.h5.tmp.*")))
+                if victim and have and caught_tmp:
+                    break
+                time.sleep(0.005)
+            assert victim, "rank 2 not found"
+            os.kill(victim, signal.SIGKILL)
+            rc = proc.wait(timeout=30)
+            report.check("SIGKILL of rank 2 ends the job non-zero", rc != 0, f"rc {rc}")
+        finally:
+            kill_session(proc.pid)
+        print(f"killed while a temporary file existed: {caught_tmp}")
+        files = sorted(glob.glob(os.path.join(out_dir, "ckpt_*.h5")))
+        loadable = []
+        for f in files:
+            try:
+                loadable.append(load_checkpoint(f).step)
+            except Exception as exc:  # a finished name must never be a torn file
+                report.check(f"{os.path.basename(f)} loads", False, str(exc))
+        report.check("checkpoints left load", bool(loadable), f"steps {loadable}")
+        if not loadable:
+            return
+        target = max(loadable) + 4
+        r = run(train_command(momfmm, ini, sets=[f"train.steps={target}"], np_=3, resume="auto"), timeout=120)
+        report.check("--resume auto at np 3 continues to the end", r.returncode == 0 and
+                     "resumed from" in r.stdout, f"rc {r.returncode}: {r.stderr.strip()[-300:]}")
+        final = load_newest(out_dir)
+        report.check("the resumed run reaches its last step", final.step == target, f"step {final.step}")
+
+
+class TestBadValues:
+    def test_bad_values_exit_2(self, momfmm, workdir, report):
+        for key, value in (("train.micro_batch", -1), ("dist.zero", 2), ("train.micro_batch", "two")):
+            ini, _, _ = write_tiny_config(workdir, "bad", **base_overrides())
+            r = run(train_command(momfmm, ini, sets=[f"{key}={value}"]), timeout=60)
+            report.check(f"{key} = {value}: exit 2 naming the key", r.returncode == 2 and key.split(".")[1] in r.stderr,
+                         f"rc {r.returncode}: {r.stderr.strip()[:200]}")
