@@ -44,6 +44,8 @@ static const option_spec OPTIONS[] = {
     {'k', "--tokens", "N", "32", "new tokens to generate"},
     {'t', "--temperature", "T", "0", "0 = greedy; T > 0 samples from softmax(z / T)"},
     {'e', "--seed", "S", "0", "seed of the sampling"},
+    {'P', "--precision", "fp32|bf16", NULL,
+     "precision of the matrix products (docs/scale.md §7); default: the checkpoint's train.precision"},
 };
 #define N_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
 
@@ -58,11 +60,11 @@ static const command_spec COMMANDS[] = {
     {"train", "CONFIG.ini", 1, "sr", "",
      "Train the model of the config; train rows, eval rows, checkpoints and metrics.h5 go to train.out_dir."},
     {"init", "CONFIG.ini", 1, "so", "o", "Write the step-0 checkpoint of the config (initial parameters)."},
-    {"loss", "CKPT.h5 TOKENS.h5", 2, "g", "", "Print the loss of the checkpoint's model on a token file."},
-    {"eval", "CKPT.h5", 1, "SL", "", "Print the eval metrics of the checkpoint on its config's eval split."},
+    {"loss", "CKPT.h5 TOKENS.h5", 2, "gP", "", "Print the loss of the checkpoint's model on a token file."},
+    {"eval", "CKPT.h5", 1, "SLP", "", "Print the eval metrics of the checkpoint on its config's eval split."},
     {"inspect", "CKPT.h5", 1, "", "",
      "Print a checkpoint's step, parameter counts, last metrics, momentum gains and config."},
-    {"generate", "CKPT.h5", 1, "pkte", "p", "Continue a prompt through streaming inference."},
+    {"generate", "CKPT.h5", 1, "pkteP", "p", "Continue a prompt through streaming inference."},
     {"bench", "CONFIG.ini", 1, "sn", "", "Time training steps and report tokens/s, ms/step and GFLOP/s."},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
@@ -199,6 +201,7 @@ typedef struct {
     bool stream;
     double temperature;
     long long seed;
+    const char *precision; /* --precision, NULL: the checkpoint's */
 } arguments;
 
 static int parse_count(const char *flag, const char *value) {
@@ -233,6 +236,7 @@ static void apply_option(arguments *a, const command_spec *cmd, const option_spe
     case 'k': a->tokens = parse_count(o->flag, value); break;
     case 't': a->temperature = parse_number(o->flag, value); break;
     case 'e': a->seed = (long long)parse_number(o->flag, value); break;
+    case 'P': a->precision = value; break;
     }
 }
 
@@ -355,6 +359,9 @@ static int command_loss(const arguments *a) {
 
 static int run_command(const command_spec *cmd, arguments *a) {
     const char *name = cmd->name;
+    /* eval, generate, loss: the checkpoint's precision, or --precision (docs/scale.md §7) */
+    if (!strcmp(name, "eval") || !strcmp(name, "generate") || !strcmp(name, "loss"))
+        cmd_use_checkpoint_precision(a->positional[0], a->precision);
     if (!strcmp(name, "train")) return command_train(a->positional[0], a->n_overrides, a->overrides, a->resume);
     if (!strcmp(name, "init")) return command_init(a);
     if (!strcmp(name, "loss")) return command_loss(a);

@@ -12,6 +12,9 @@ typedef enum { HEAD_LM = 0, HEAD_CLS = 1 } head_kind;
 typedef enum { APPLY_QK = 0, APPLY_Q = 1 } momentum_target;
 typedef enum { PLACEMENT_POST_ROPE = 0, PLACEMENT_PRE_ROPE = 1 } momentum_placement;
 typedef enum { SCHEDULE_COSINE = 0, SCHEDULE_CONSTANT = 1 } lr_schedule;
+/* train.precision and train.gemm (docs/scale.md §7) */
+typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1 } precision_kind;
+typedef enum { GEMM_IMPL_OPENBLAS = 0, GEMM_IMPL_ONEDNN = 1 } gemm_impl;
 typedef enum { TASK_CHAIN = 0, TASK_COPY = 1, TASK_LISTOPS = 2, TASK_TEXT = 3 } task_kind;
 
 #define CONFIG_PATH_MAX 1024
@@ -48,6 +51,8 @@ typedef struct {
     int schedule; /* lr_schedule */
     long long seed;
     char out_dir[CONFIG_PATH_MAX];
+    int precision; /* precision_kind */
+    int gemm;      /* gemm_impl */
     /* [dist] */
     double bucket_mb;
     bool overlap;
