@@ -697,7 +697,9 @@ int checkpoint_read_config(const char *path, config *c, checkpoint_info *info, s
 int checkpoint_read_state(const char *path, model *m, bool optimizer, metric_table *train, metric_table *eval,
                           status *err) {
     read_request q = {.m = m, .optimizer = optimizer, .train = train, .eval = eval};
-    return reader_run(path, "checkpoint", state_body, &q, err);
+    int rc = reader_run(path, "checkpoint", state_body, &q, err);
+    model_params_changed(m);
+    return rc;
 }
 
 static void metrics_body(reader *r, void *ctx) {

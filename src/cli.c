@@ -54,6 +54,8 @@ static const option_spec OPTIONS[] = {
     {'w', "--overwrite", NULL, NULL,
      "start at step 0 in a train.out_dir holding an earlier run: its checkpoints and metrics.h5 are removed first"},
     {'f', "--force", NULL, NULL, "replace an existing output file (never one of the command's inputs)"},
+    {'P', "--precision", "fp32|bf16", NULL,
+     "precision of the matrix products (docs/scale.md §7); default: the checkpoint's train.precision"},
 };
 #define N_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
 
@@ -68,13 +70,13 @@ static const command_spec COMMANDS[] = {
     {"train", "CONFIG.ini", 1, "srIw", "",
      "Train the model of the config; train rows, eval rows, checkpoints and metrics.h5 go to train.out_dir."},
     {"init", "CONFIG.ini", 1, "sof", "o", "Write the step-0 checkpoint of the config (initial parameters)."},
-    {"loss", "CKPT.h5 TOKENS.h5", 2, "gf", "", "Print the loss of the checkpoint's model on a token file."},
-    {"eval", "CKPT.h5|RUN_DIR", 1, "SL", "",
+    {"loss", "CKPT.h5 TOKENS.h5", 2, "gfP", "", "Print the loss of the checkpoint's model on a token file."},
+    {"eval", "CKPT.h5|RUN_DIR", 1, "SLP", "",
      "Print the eval metrics of the checkpoint (a run directory's newest) on its config's eval split."},
     {"inspect", "CKPT.h5|RUN_DIR", 1, "", "",
      "Print a checkpoint's (a run directory's newest) step, parameter counts, last metrics, momentum gains and "
      "config; given a metrics.h5, the latest rows of its run."},
-    {"generate", "CKPT.h5", 1, "pTkteKUZ", "", "Continue a prompt (--prompt or --text) through streaming inference."},
+    {"generate", "CKPT.h5", 1, "pTkteKUZP", "", "Continue a prompt (--prompt or --text) through streaming inference."},
     {"bench", "CONFIG.ini", 1, "sn", "", "Time training steps and report tokens/s, ms/step and GFLOP/s."},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
@@ -214,6 +216,7 @@ typedef struct {
     const char *text, *stop, *init;
     int top_k;
     double top_p;
+    const char *precision; /* --precision, NULL: the checkpoint's */
 } arguments;
 
 static int parse_count(const char *flag, const char *value) {
@@ -270,6 +273,7 @@ static void apply_option(arguments *a, const command_spec *cmd, const option_spe
     case 'I': a->init = value; break;
     case 'w': a->overwrite = true; break;
     case 'f': a->force = true; break;
+    case 'P': a->precision = value; break;
     }
 }
 
@@ -410,6 +414,9 @@ static int command_loss(const arguments *a) {
 
 static int run_command(const command_spec *cmd, arguments *a) {
     const char *name = cmd->name;
+    /* eval, generate, loss: the checkpoint's precision, or --precision (docs/scale.md §7) */
+    if (!strcmp(name, "eval") || !strcmp(name, "generate") || !strcmp(name, "loss"))
+        cmd_use_checkpoint_precision(a->positional[0], a->precision);
     if (!strcmp(name, "train"))
         return command_train(a->positional[0], a->n_overrides, a->overrides, a->resume, a->init, a->overwrite);
     if (!strcmp(name, "init")) return command_init(a);

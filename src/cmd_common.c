@@ -2,7 +2,13 @@
  * returns (docs/design.md §8.7: exit codes; §8.1: only commands exit). */
 #include "momfmm/cmd_common.h"
 
+#include "momfmm/checkpoint.h"
 #include "momfmm/dist.h"
+#include "momfmm/gemm.h"
+#include "momfmm/store.h"
+
+#include <stdio.h>
+#include <string.h>
 
 _Noreturn void exit_on_status(const status *st, bool every_rank_alike) {
     if (every_rank_alike) fail_all(st->code, "%s", st->message);
@@ -58,4 +64,57 @@ data_source *data_open(const config *c) {
     data_source *d = data_try_open(c, &st);
     if (!d) exit_on_status(&st, true);
     return d;
+}
+
+static gemm_engine engine_of(const config *c) {
+    if (c->precision == PRECISION_BF16) return GEMM_ONEDNN_BF16;
+    return c->gemm == GEMM_IMPL_ONEDNN ? GEMM_ONEDNN_F32 : GEMM_OPENBLAS;
+}
+
+void cmd_use_precision(const config *c) {
+    gemm_engine engine = engine_of(c);
+    const char *why = gemm_unavailable_reason(engine);
+    if (why)
+        fail_all(EXIT_USAGE, "%s cannot run here: %s", c->precision == PRECISION_BF16 ? "train.precision = bf16"
+                                                                                    : "train.gemm = onednn",
+                 why);
+    gemm_ctx *previous = gemm_default();
+    /* oneDNN threads like OpenBLAS: dist_threads() per rank */
+    gemm_set_default(gemm_create(engine, dist_threads()));
+    gemm_destroy(previous);
+}
+
+/* The config of `path`, or of a run directory's newest checkpoint whose
+ * config reads (listed oldest first by the store); false when none reads:
+ * the command itself then reports the file's problem. */
+static bool read_checkpoint_config(const char *path, config *c) {
+    checkpoint_info info;
+    status st;
+    if (!store_is_directory(path)) return checkpoint_read_config(path, c, &info, &st) == 0;
+    store_listing l;
+    store_list(path, &l);
+    bool found = false;
+    for (int i = l.n - 1; i >= 0 && !found; i--) found = checkpoint_read_config(l.paths[i], c, &info, &st) == 0;
+    store_listing_free(&l);
+    return found;
+}
+
+void cmd_use_checkpoint_precision(const char *ckpt, const char *precision) {
+    config c;
+    if (!read_checkpoint_config(ckpt, &c)) config_defaults(&c);
+    if (precision) {
+        char assignment[64];
+        snprintf(assignment, sizeof assignment, "train.precision=%s", precision);
+        config_apply_override(&c, assignment); /* the key's own check: fp32|bf16, did you mean */
+    }
+    cmd_use_precision(&c);
+}
+
+const char *cmd_precision_description(void) {
+    static char text[512];
+    gemm_ctx *ctx = gemm_default();
+    bool bf16 = ctx && gemm_ctx_engine(ctx) == GEMM_ONEDNN_BF16;
+    snprintf(text, sizeof text, "%s | gemm %s", bf16 ? "bf16" : "fp32",
+             ctx ? gemm_describe(ctx) : "openblas sgemm");
+    return text;
 }

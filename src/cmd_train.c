@@ -14,6 +14,7 @@
 #include "momfmm/cmd_common.h"
 #include "momfmm/commands.h"
 #include "momfmm/common.h"
+#include "momfmm/gemm.h"
 #include "momfmm/live_metrics.h"
 #include "momfmm/store.h"
 #include "momfmm/train.h"
@@ -299,6 +300,7 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
         fail_all(EXIT_USAGE, "train: --init starts a new run at step 0 from a checkpoint's weights, --resume continues "
                              "a run: give one of them");
     config cfg = cmd_load_config(config_path, n_overrides, overrides);
+    cmd_use_precision(&cfg);
     dist_check_launch();
     install_stop_handlers();
     status err;
@@ -313,9 +315,15 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
     if (cfg.keep_best && t.step > 0 && process_rank() == 0) read_best_so_far(&t, &loop.best_eval);
     log_rank0("model: %zu parameters | global batch %d x %d | %lld steps\n", t.model.n_params, cfg.batch_size,
               cfg.seq_len, cfg.steps);
+    log_rank0("precision %s\n", cmd_precision_description());
     loop.start = loop.interval_start = wall_seconds();
     bool running = true;
-    while (t.step < cfg.steps && running) running = train_one_step(&t, &loop);
+    while (t.step < cfg.steps && running) {
+        running = train_one_step(&t, &loop);
+        /* oneDNN has now picked the implementation of every product shape */
+        if (t.step == loop.first_step + 1 && gemm_default() && gemm_ctx_engine(gemm_default()) != GEMM_OPENBLAS)
+            log_rank0("precision %s (after the first step)\n", cmd_precision_description());
+    }
     if (t.step == loop.first_step && t.step >= cfg.steps)
         log_rank0("nothing to do: already at step %lld of %lld\n", t.step, cfg.steps);
     if (!loop.last_eval.known && t.eval_log.n_rows > 0) {
@@ -344,6 +352,7 @@ static int compare_doubles(const void *a, const void *b) {
  * median step (robust on a shared machine), as tools/bench_torch.py does. */
 int command_bench(const char *config_path, int n_overrides, char **overrides, int steps) {
     config cfg = cmd_load_config(config_path, n_overrides, overrides);
+    cmd_use_precision(&cfg);
     cfg.steps = steps + 2;
     dist_describe();
     trainer t;
@@ -367,6 +376,7 @@ int command_bench(const char *config_path, int n_overrides, char **overrides, in
     log_rank0("bench: %d ranks x %d threads | batch %d x %d | %s attention | %d steps | step min %.1f ms, max %.1f ms\n",
               process_count(), dist_threads(), cfg.batch_size, cfg.seq_len,
               cfg.attention == ATTENTION_FMM ? "fmm" : "softmax", steps, 1e3 * times[0], 1e3 * times[steps - 1]);
+    log_rank0("bench precision %s\n", cmd_precision_description());
     log_rank0("bench tokens_per_s=%.1f ms_per_step=%.3f gflops=%.3f allreduce_wait_ms=%.3f peak_rss_mb=%.1f\n",
               tokens / median, 1e3 * median, flops / median / 1e9, 1e3 * wait / steps, max_rss_mb);
     memory_use u = trainer_memory(&t); /* rank 0's: the largest ZeRO-1 slice is at most one element more */

@@ -12,12 +12,12 @@
  * value matrix augmented by a column of ones, so the numerator and the
  * normaliser Σ φ(q_i)·φ(k_j) come out of the same matmuls.  Its backward is
  * the same primitive three more times (forward-time state for dq, reverse-time
- * states for dk and dv).  All matmuls go through cblas_sgemm. */
+ * states for dk and dv).  All matmuls go through gemm_product (gemm.h). */
 #include "momfmm/fmm.h"
 
 #include "momfmm/fastmath.h"
+#include "momfmm/gemm.h"
 
-#include <cblas.h>
 #include <ctype.h>
 #include <math.h>
 #include <stdint.h>
@@ -362,10 +362,12 @@ static sum_range reversed(sum_range r) {
     return r == SUM_PAST ? SUM_FUTURE : r == SUM_FUTURE ? SUM_PAST : SUM_ALL;
 }
 
-static void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K,
+/* Through the process-wide GEMM engine (gemm.h; docs/scale.md §7): cblas_sgemm
+ * itself for fp32/OpenBLAS, oneDNN's matmul for the other engines. */
+static void sgemm(bool ta, bool tb, int M, int N, int K,
                   const float *A, int lda, const float *B, int ldb, float beta,
                   float *C, int ldc) {
-    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    gemm_product(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* Zeroes the block entries (i, j) outside the range: j > i for SUM_PAST,
@@ -396,13 +398,13 @@ static void linear_attention_chunk(const lin_operands *o, int start, int len,
     const float *Ac = o->A + (size_t)start * m, *Bc = o->B + (size_t)start * m;
     const float *Xc = o->X + (size_t)start * n;
     float *Yc = o->Y + (size_t)start * n;
-    sgemm(CblasNoTrans, CblasTrans, len, len, m, Ac, m, Bc, m, 0.0f, block, len);
+    sgemm(false, true, len, len, m, Ac, m, Bc, m, 0.0f, block, len);
     mask_block(block, len, range);
-    sgemm(CblasNoTrans, CblasNoTrans, len, n, len, block, len, Xc, n, 0.0f, Yc, n);
+    sgemm(false, false, len, n, len, block, len, Xc, n, 0.0f, Yc, n);
     if (!first)
-        sgemm(CblasNoTrans, CblasNoTrans, len, n, m, Ac, m, state, n, 1.0f, Yc, n);
+        sgemm(false, false, len, n, m, Ac, m, state, n, 1.0f, Yc, n);
     if (!last)
-        sgemm(CblasTrans, CblasNoTrans, m, n, len, Bc, m, Xc, n, first ? 0.0f : 1.0f,
+        sgemm(true, false, m, n, len, Bc, m, Xc, n, first ? 0.0f : 1.0f,
               state, n);
 }
 
@@ -413,9 +415,9 @@ static void linear_attention_chunk(const lin_operands *o, int start, int len,
 static void linear_attention_product(const lin_operands *o, int T, sum_range range,
                                      int C, float *block, float *state) {
     if (range == SUM_ALL) {
-        sgemm(CblasTrans, CblasNoTrans, o->m, o->n, T, o->B, o->m, o->X, o->n, 0.0f,
+        sgemm(true, false, o->m, o->n, T, o->B, o->m, o->X, o->n, 0.0f,
               state, o->n);
-        sgemm(CblasNoTrans, CblasNoTrans, T, o->n, o->m, o->A, o->m, state, o->n, 0.0f,
+        sgemm(false, false, T, o->n, o->m, o->A, o->m, state, o->n, 0.0f,
               o->Y, o->n);
         return;
     }

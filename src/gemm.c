@@ -23,6 +23,10 @@ struct gemm_ctx {
     gemm_onednn *dnn; /* NULL for GEMM_OPENBLAS */
 #endif
     char description[384];
+    /* The registered weights (gemm_register_weights): fp32 and bf16 copy. */
+    const float *weights;
+    uint16_t *weights_bf16;
+    size_t n_weights, weights_capacity, refreshes;
 };
 
 static const char *const engine_names[] = {"openblas", "onednn-f32", "onednn-bf16"};
@@ -60,9 +64,12 @@ const char *gemm_unavailable_reason(gemm_engine engine) {
 #ifndef MOMFMM_HAVE_ONEDNN
     return "momfmm was built without oneDNN (see cmake/onednn.cmake)";
 #else
-    const char *force = getenv("MOMFMM_FORCE_BF16");
+    const char *force = getenv("MOMFMM_FORCE_BF16"), *fake = getenv("MOMFMM_FAKE_NO_BF16");
     bool forced = force && strcmp(force, "1") == 0;
-    if (engine == GEMM_ONEDNN_BF16 && !gemm_cpu_has_bf16() && !forced)
+    /* MOMFMM_FAKE_NO_BF16=1 plays a CPU without bf16, so that tests reach
+     * the refusal (docs/scale.md §7) on any machine */
+    bool has_bf16 = gemm_cpu_has_bf16() && !(fake && strcmp(fake, "1") == 0);
+    if (engine == GEMM_ONEDNN_BF16 && !has_bf16 && !forced)
         return "the CPU has neither AVX512_BF16 nor AMX-BF16 (MOMFMM_FORCE_BF16=1 overrides)";
     return NULL;
 #endif
@@ -85,6 +92,7 @@ void gemm_destroy(gemm_ctx *ctx) {
 #ifdef MOMFMM_HAVE_ONEDNN
     gemm_onednn_destroy(ctx->dnn);
 #endif
+    free(ctx->weights_bf16);
     free(ctx);
 }
 
@@ -182,3 +190,63 @@ void gemm_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
     else
         gemm_f32_to_bf16_portable(dst, src, n);
 }
+
+/* ---- The process-wide engine (gemm.h) ---------------------------------- */
+
+static gemm_ctx *default_ctx;
+
+void gemm_set_default(gemm_ctx *ctx) { default_ctx = ctx; }
+gemm_ctx *gemm_default(void) { return default_ctx; }
+
+static bool uses_weight_copy(const gemm_ctx *ctx) {
+    return ctx && ctx->engine == GEMM_ONEDNN_BF16;
+}
+
+/* The bf16 copy of an operand inside the registered weights, else NULL
+ * (converted per call). The copy has the same layout, so the same offset. */
+static const uint16_t *weight_copy(const gemm_ctx *ctx, const float *p) {
+    if (!ctx->weights_bf16 || p < ctx->weights || p >= ctx->weights + ctx->n_weights) return NULL;
+    return ctx->weights_bf16 + (p - ctx->weights);
+}
+
+void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+                  const float *B, int ldb, float beta, float *C, int ldc) {
+    gemm_ctx *ctx = default_ctx;
+    if (!ctx || ctx->engine == GEMM_OPENBLAS) {
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N,
+                    K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    gemm_operand a = {A, NULL}, b = {B, NULL};
+    if (uses_weight_copy(ctx)) {
+        a.bf16 = weight_copy(ctx, A);
+        b.bf16 = weight_copy(ctx, B);
+    }
+    gemm_mixed(ctx, trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
+}
+
+void gemm_register_weights(gemm_ctx *ctx, const float *params, size_t n) {
+    if (!uses_weight_copy(ctx)) return;
+    if (n > ctx->weights_capacity || !ctx->weights_bf16) {
+        free(ctx->weights_bf16);
+        ctx->weights_bf16 = xcalloc(n ? n : 1, sizeof *ctx->weights_bf16);
+        ctx->weights_capacity = n;
+    }
+    ctx->weights = params;
+    ctx->n_weights = n;
+    gemm_refresh_weights(ctx, params);
+}
+
+void gemm_refresh_weights(gemm_ctx *ctx, const float *params) {
+    if (!uses_weight_copy(ctx) || params != ctx->weights) return;
+    gemm_f32_to_bf16(ctx->weights_bf16, params, ctx->n_weights);
+    ctx->refreshes++;
+}
+
+void gemm_unregister_weights(gemm_ctx *ctx, const float *params) {
+    if (!ctx || params != ctx->weights) return;
+    ctx->weights = NULL;
+    ctx->n_weights = 0;
+}
+
+size_t gemm_weight_refreshes(const gemm_ctx *ctx) { return ctx ? ctx->refreshes : 0; }

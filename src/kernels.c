@@ -2,8 +2,8 @@
 #include "momfmm/kernels.h"
 
 #include "momfmm/fastmath.h"
+#include "momfmm/gemm.h"
 
-#include <cblas.h>
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -15,17 +15,17 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
         for (int r = 0; r < rows; r++) memcpy(out + (size_t)r * out_dim, bias, sizeof(float) * out_dim);
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out_dim, in_dim, 1.0f, inp, in_dim,
-                weight, in_dim, beta, out, out_dim);
+    gemm_product(false, true, rows, out_dim, in_dim, 1.0f, inp, in_dim,
+                 weight, in_dim, beta, out, out_dim);
 }
 
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                      const float *inp, const float *weight, int rows, int in_dim, int out_dim) {
     if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, in_dim, out_dim, 1.0f, dout,
-                    out_dim, weight, in_dim, 0.0f, dinp, in_dim);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out_dim, in_dim, rows, 1.0f, dout, out_dim,
-                inp, in_dim, 1.0f, dweight, in_dim);
+        gemm_product(false, false, rows, in_dim, out_dim, 1.0f, dout,
+                     out_dim, weight, in_dim, 0.0f, dinp, in_dim);
+    gemm_product(true, false, out_dim, in_dim, rows, 1.0f, dout, out_dim,
+                 inp, in_dim, 1.0f, dweight, in_dim);
     if (dbias)
         for (int r = 0; r < rows; r++) {
             const float *row = dout + (size_t)r * out_dim;
@@ -175,11 +175,11 @@ void softmax_attention_forward(float *out, float *probs, const float *q, const f
         int rows = Tq - i0 < ATTENTION_BLOCK ? Tq - i0 : ATTENTION_BLOCK;
         int keys = visible_keys(i0, rows, Tk, q_pos0, causal);
         float *p = probs + (size_t)i0 * Tk;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, dh, scale, q + (size_t)i0 * dh, dh, k,
-                    dh, 0.0f, p, Tk);
+        gemm_product(false, true, rows, keys, dh, scale, q + (size_t)i0 * dh, dh, k,
+                     dh, 0.0f, p, Tk);
         softmax_rows(p, i0, rows, Tk, q_pos0, causal);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, dh, keys, 1.0f, p, Tk, v, dh, 0.0f,
-                    out + (size_t)i0 * dh, dh);
+        gemm_product(false, false, rows, dh, keys, 1.0f, p, Tk, v, dh, 0.0f,
+                     out + (size_t)i0 * dh, dh);
     }
 }
 
@@ -207,15 +207,15 @@ void softmax_attention_backward(float *dq, float *dk, float *dv, const float *do
         int keys = visible_keys(i0, rows, Tk, 0, causal);
         const float *p = probs + (size_t)i0 * Tk, *dout_rows = dout + (size_t)i0 * dh;
         float *ds = scratch + (size_t)i0 * Tk;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, dh, 1.0f, dout_rows, dh, v, dh, 0.0f, ds,
-                    Tk);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, dh, rows, 1.0f, p, Tk, dout_rows, dh, 1.0f, dv,
-                    dh);
+        gemm_product(false, true, rows, keys, dh, 1.0f, dout_rows, dh, v, dh, 0.0f, ds,
+                     Tk);
+        gemm_product(true, false, keys, dh, rows, 1.0f, p, Tk, dout_rows, dh, 1.0f, dv,
+                     dh);
         softmax_rows_backward(ds, p, rows, keys, Tk);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, dh, keys, scale, ds, Tk, k, dh, 0.0f,
-                    dq + (size_t)i0 * dh, dh);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, dh, rows, scale, ds, Tk, q + (size_t)i0 * dh, dh,
-                    1.0f, dk, dh);
+        gemm_product(false, false, rows, dh, keys, scale, ds, Tk, k, dh, 0.0f,
+                     dq + (size_t)i0 * dh, dh);
+        gemm_product(true, false, keys, dh, rows, scale, ds, Tk, q + (size_t)i0 * dh, dh,
+                     1.0f, dk, dh);
     }
 }
 

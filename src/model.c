@@ -9,6 +9,7 @@
 
 #include "momfmm/attention.h"
 #include "momfmm/common.h"
+#include "momfmm/gemm.h"
 #include "momfmm/kernels.h"
 #include "momfmm/rng.h"
 
@@ -128,6 +129,9 @@ static int model_build(model *m, const config *cfg, bool training, status *err) 
     m->rope_cos = xcalloc((size_t)m->rope_positions * m->dh, sizeof(float));
     m->rope_sin = m->rope_cos + (size_t)m->rope_positions * m->dh / 2;
     rope_tables(m->rope_cos, m->rope_sin, m->rope_positions, m->dh, cfg->rope_base);
+    /* the bf16 engine keeps a bf16 copy of the whole parameter buffer
+     * (docs/scale.md §7); a no-op for fp32 */
+    gemm_register_weights(gemm_default(), m->params, m->n_params);
     return 0;
 }
 
@@ -144,6 +148,7 @@ static void activations_free(activations *a) {
 }
 
 void model_free(model *m) {
+    gemm_unregister_weights(gemm_default(), m->params);
     activations_free(&m->acts);
     free(m->params);
     free(m->adam_m);
@@ -185,7 +190,10 @@ void model_init_parameters(model *m) {
         }
     }
     memset(m->buffers, 0, sizeof(float) * m->n_buffer);
+    model_params_changed(m);
 }
+
+void model_params_changed(const model *m) { gemm_refresh_weights(gemm_default(), m->params); }
 
 typedef struct {
     float **slot;

@@ -77,6 +77,7 @@ int trainer_create(trainer *t, const config *cfg, status *err) {
     /* Every rank initialises from the same seed; the broadcast makes the
      * identical start explicit rather than assumed. */
     dist_broadcast_floats(t->model.params, t->model.n_params);
+    model_params_changed(&t->model);
     if (rank_shard_open(&t->shard, cfg, err) != 0 || check_memory(t, err) != 0) return err->code;
     t->reducer = grad_reducer_create(&t->model, cfg->bucket_mb, cfg->overlap);
     if (cfg->zero) grad_reducer_shard(t->reducer, &t->model);
@@ -203,6 +204,7 @@ step_result trainer_step(trainer *t) {
         adamw_settings s = {res.lr, t->cfg.beta1, t->cfg.beta2, t->cfg.adam_eps, t->cfg.weight_decay};
         adamw_step_model(m, step, &s);
     }
+    if (!res.nonfinite) model_params_changed(m); /* the once-per-step bf16 refresh, docs/scale.md §7 */
     t->step = step;
     t->tokens_seen += (long long)t->cfg.batch_size * t->cfg.seq_len;
     return res;

@@ -12,6 +12,8 @@
 
 #include "fd_check.h"
 #include "momfmm/gemm.h"
+#include "momfmm/model.h"
+#include "momfmm/optimizer.h"
 
 static int check(const char *name, int ok) {
     printf("%-60s %s\n", name, ok ? "ok" : "FAIL");
@@ -241,12 +243,79 @@ static int test_engine(gemm_engine engine) {
     return fails;
 }
 
+/* The process-wide engine as the model uses it (docs/scale.md §7): a
+ * product whose operand lies in the registered parameters reads their bf16
+ * copy (a change of the fp32 weights is invisible until the refresh); a
+ * training step (fmm and softmax models) creates no primitive after the
+ * first steps, and refreshes the copy exactly once. */
+static int train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size_t *refreshes) {
+    config cfg;
+    config_defaults(&cfg);
+    cfg.vocab_size = 19, cfg.d_model = 32, cfg.n_heads = 2, cfg.n_layers = 2, cfg.d_ff = 48, cfg.seq_len = 24;
+    cfg.attention = attention, cfg.fmm_chunk = 8, cfg.gamma = 0.2;
+    enum { B = 3, T = 24 };
+    int32_t inputs[B * T], targets[B * T];
+    for (int i = 0; i < B * T; i++) inputs[i] = (int32_t)((i * 7 + 3) % 19), targets[i] = (int32_t)((i * 5 + 1) % 19);
+    model m;
+    model_create(&m, &cfg, NULL);
+    model_init_parameters(&m);
+    size_t refresh0 = gemm_weight_refreshes(ctx);
+    adamw_settings s = {1e-3, 0.9, 0.95, 1e-8, 0.0};
+    for (int step = 1; step <= 10; step++) {
+        model_forward(&m, inputs, targets, NULL, B, T, m.momentum);
+        model_zero_grads(&m);
+        model_backward(&m, inputs, targets, NULL, B, T, 1.0f / (B * T), NULL);
+        adamw_step_model(&m, step, &s);
+        model_params_changed(&m);
+        if (step == 2) *created_at_2 = gemm_primitives_created(ctx);
+    }
+    *refreshes = gemm_weight_refreshes(ctx) - refresh0;
+    model_free(&m);
+    return 0;
+}
+
+static int test_default_engine(gemm_engine engine) {
+    gemm_ctx *ctx = gemm_create(engine, 1);
+    if (!ctx) return 0;
+    gemm_set_default(ctx);
+    int fails = 0;
+    char name[96];
+    if (engine == GEMM_ONEDNN_BF16) {
+        float W[6] = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f}, x[3] = {1.0f, 1.0f, 1.0f}, y[2];
+        gemm_register_weights(ctx, W, 6);
+        W[0] = 1.0f + 1.0f / 64; /* changes the bf16 value: 1 + 2^-6 */
+        gemm_product(false, true, 1, 2, 3, 1.0f, x, 3, W, 3, 0.0f, y, 2);
+        bool stale = y[0] == 6.0f;
+        gemm_refresh_weights(ctx, W);
+        gemm_product(false, true, 1, 2, 3, 1.0f, x, 3, W, 3, 0.0f, y, 2);
+        fails += check("bf16: weights read from their copy until refreshed", stale && y[0] == 6.0f + 1.0f / 64);
+        gemm_unregister_weights(ctx, W);
+    }
+    for (int attention = ATTENTION_SOFTMAX; attention <= ATTENTION_FMM; attention++) {
+        size_t at_2 = 0, refreshes = 0;
+        train_steps(ctx, attention, &at_2, &refreshes);
+        size_t at_10 = gemm_primitives_created(ctx);
+        snprintf(name, sizeof name, "%s %s: no new primitive after step 2 (%zu)", gemm_engine_name(engine),
+                 attention == ATTENTION_FMM ? "fmm" : "softmax", at_10);
+        fails += check(name, at_10 == at_2 && at_10 > 0);
+        if (engine == GEMM_ONEDNN_BF16) {
+            snprintf(name, sizeof name, "bf16 %s: weights refreshed once per step (%zu in 10 steps)",
+                     attention == ATTENTION_FMM ? "fmm" : "softmax", refreshes);
+            fails += check(name, refreshes == 10);
+        }
+    }
+    gemm_set_default(NULL);
+    gemm_destroy(ctx);
+    return fails;
+}
+
 int main(void) {
     int fails = test_conversion();
     gemm_engine parsed;
     fails += check("engine names parse", gemm_engine_parse("onednn-bf16", &parsed) && parsed == GEMM_ONEDNN_BF16 &&
                                              !gemm_engine_parse("bf16", &parsed));
     for (int e = GEMM_OPENBLAS; e <= GEMM_ONEDNN_BF16; e++) fails += test_engine((gemm_engine)e);
+    for (int e = GEMM_ONEDNN_F32; e <= GEMM_ONEDNN_BF16; e++) fails += test_default_engine((gemm_engine)e);
     printf("%s: %d failure(s)\n", fails ? "FAILED" : "PASSED", fails);
     return fails != 0;
 }

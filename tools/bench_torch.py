@@ -9,9 +9,13 @@ untimed steps. Then, with `--momfmm PATH`, runs `PATH bench CONFIG` with
 OMP_NUM_THREADS / OPENBLAS_NUM_THREADS set to the same thread count and parses
 its line `bench tokens_per_s=<f> ms_per_step=<f> gflops=<f>`.
 
+With `--bf16` both sides run mixed precision (docs/scale.md §7): torch's forward
+under `torch.autocast('cpu', dtype=torch.bfloat16)` (its backward follows the
+forward's dtypes), momfmm with `--set train.precision=bf16`.
+
 Usage:
     /usr/bin/python3 tools/bench_torch.py CONFIG.ini [--momfmm build/momfmm]
-        [--threads N] [--steps 20] [--warmup 3] [--set section.key=value ...]
+        [--threads N] [--steps 20] [--warmup 3] [--set section.key=value ...] [--bf16]
 
 The torch model covers softmax attention without momentum only; other settings
 are reported and ignored on the torch side.
@@ -46,6 +50,11 @@ def run_momfmm(binary, config, sets, threads):
     return tuple(float(x) for x in found[-1].groups()) + (core.group(1) if core else "",)
 
 
+def momfmm_sets(args):
+    """The --set overrides momfmm gets: the user's, plus train.precision=bf16 with --bf16."""
+    return list(args.set) + (["train.precision=bf16"] if args.bf16 else [])
+
+
 def momfmm_first_then_same_blas_core():
     """Like-for-like BLAS: OpenBLAS reads OPENBLAS_CORETYPE only when it loads
     (at `import torch`), and momfmm may choose a faster core than OpenBLAS's
@@ -58,9 +67,10 @@ def momfmm_first_then_same_blas_core():
     ap.add_argument("--momfmm")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--bf16", action="store_true")
     known, _ = ap.parse_known_args()
     try:
-        tps, ms, gf, core = run_momfmm(known.momfmm, known.config, known.set, known.threads)
+        tps, ms, gf, core = run_momfmm(known.momfmm, known.config, momfmm_sets(known), known.threads)
     except (OSError, RuntimeError) as e:
         sys.exit(f"momfmm bench failed: {e}")
     env = dict(os.environ)
@@ -175,8 +185,8 @@ class Model(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def time_torch(s: Settings, steps: int, warmup: int, seed: int = 0):
-    """Returns the median seconds per training step."""
+def time_torch(s: Settings, steps: int, warmup: int, seed: int = 0, bf16: bool = False):
+    """Returns the median seconds per training step (bf16: forward under autocast)."""
     torch.manual_seed(seed)
     model = Model(s)
     decay = [p for p in model.parameters() if p.dim() == 2]
@@ -189,7 +199,9 @@ def time_torch(s: Settings, steps: int, warmup: int, seed: int = 0):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        model(inputs, targets).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(inputs, targets)
+        loss.backward()
         opt.step()
 
     for _ in range(warmup):
@@ -225,6 +237,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of both programs")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="config override, applied to both sides")
+    ap.add_argument("--bf16", action="store_true",
+                    help="mixed precision: torch autocast bfloat16, momfmm train.precision=bf16")
     args = ap.parse_args()
 
     cp = configparser.ConfigParser(interpolation=None)
@@ -245,7 +259,8 @@ def main():
     tokens = s.B * s.T
     flops = training_flops_per_step(s.V, s.d, s.n_layers, s.d_ff, s.T, s.B)
     print(f"model: V={s.V} d={s.d} H={s.H} layers={s.n_layers} d_ff={s.d_ff} T={s.T} "
-          f"B={s.B} threads={args.threads} steps={args.steps} warmup={args.warmup} rounds={args.rounds}")
+          f"B={s.B} threads={args.threads} steps={args.steps} warmup={args.warmup} rounds={args.rounds} "
+          f"precision={'bf16' if args.bf16 else 'fp32'}")
     # Rounds alternate the two programs so that a noisy neighbour on a shared
     # machine hits both alike; each side reports the median over rounds.
     torch_ms, momfmm_ms, momfmm_gf = [], [], []
@@ -256,10 +271,10 @@ def main():
         print(f"OpenBLAS core: momfmm {core or '?'}, torch {torch_blas_core()} "
               f"(OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')})")
     for r in range(args.rounds):
-        torch_ms.append(1e3 * time_torch(s, args.steps, args.warmup))
+        torch_ms.append(1e3 * time_torch(s, args.steps, args.warmup, bf16=args.bf16))
         line = f"round {r + 1}: torch {torch_ms[-1]:.1f} ms/step"
         if args.momfmm and r > 0:
-            _, ms, gf, _ = run_momfmm(args.momfmm, args.config, args.set, args.threads)
+            _, ms, gf, _ = run_momfmm(args.momfmm, args.config, momfmm_sets(args), args.threads)
             momfmm_ms.append(ms)
             momfmm_gf.append(gf)
         if args.momfmm:

@@ -29,4 +29,16 @@ void config_apply_override(config *c, const char *assignment);
 /* Exits with exit_code (2 for a config file, 3 for a checkpoint). */
 void config_validate(const config *c, const char *origin, int exit_code);
 data_source *data_open(const config *c);
+
+/* docs/scale.md §7: makes the GEMM engine of train.precision and train.gemm
+ * the process-wide one (gemm_set_default) before any model exists; exits 2
+ * naming what is missing when this build or this CPU cannot run it. */
+void cmd_use_precision(const config *c);
+/* eval, generate and loss: the precision and GEMM of the checkpoint's
+ * config, with `precision` ("fp32" or "bf16", from --precision) overriding
+ * train.precision when not NULL. */
+void cmd_use_checkpoint_precision(const char *ckpt, const char *precision);
+/* "bf16 | gemm onednn-bf16 (oneDNN 2.6.3: brg:avx512_core_bf16)": the
+ * precision and the implementations run so far, for the start-up line. */
+const char *cmd_precision_description(void);
 #endif

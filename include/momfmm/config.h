@@ -13,6 +13,9 @@ typedef enum { APPLY_QK = 0, APPLY_Q = 1 } momentum_target;
 typedef enum { PLACEMENT_POST_ROPE = 0, PLACEMENT_PRE_ROPE = 1 } momentum_placement;
 typedef enum { SCHEDULE_COSINE = 0, SCHEDULE_CONSTANT = 1 } lr_schedule;
 typedef enum { NONFINITE_STOP = 0, NONFINITE_SKIP = 1 } nonfinite_policy;
+/* train.precision and train.gemm (docs/scale.md §7) */
+typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1 } precision_kind;
+typedef enum { GEMM_IMPL_OPENBLAS = 0, GEMM_IMPL_ONEDNN = 1 } gemm_impl;
 typedef enum { TASK_CHAIN = 0, TASK_COPY = 1, TASK_LISTOPS = 2, TASK_TEXT = 3 } task_kind;
 
 #define CONFIG_PATH_MAX 1024
@@ -51,6 +54,8 @@ typedef struct {
     long long seed;
     char out_dir[CONFIG_PATH_MAX];
     int on_nonfinite; /* nonfinite_policy */
+    int precision; /* precision_kind */
+    int gemm;      /* gemm_impl */
     /* [dist] */
     double bucket_mb;
     bool overlap;

@@ -100,4 +100,30 @@ static inline float gemm_bf16_to_f32(uint16_t h) {
     } v = {.u = (uint32_t)h << 16};
     return v.f;
 }
+/* ---- The process-wide engine the model's products run on ---------------
+ * cblas is process-wide, so the engine is too: the command layer picks it
+ * once at start-up from train.precision and train.gemm (docs/scale.md §7)
+ * and the kernels (kernels.c, fmm.c) call gemm_product, which runs on it.
+ * With no engine set, or GEMM_OPENBLAS, gemm_product is exactly the
+ * cblas_sgemm call the kernels made before, so fp32 results stay
+ * bit-identical. The default context is not destroyed by the setter. */
+void gemm_set_default(gemm_ctx *ctx);
+gemm_ctx *gemm_default(void); /* NULL when none is set */
+
+/* gemm() on the default engine; with the bf16 engine an operand that lies
+ * inside the registered weights is read from their bf16 copy. */
+void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+                  const float *B, int ldb, float beta, float *C, int ldc);
+
+/* The model's parameters are one contiguous buffer of n floats; with the
+ * bf16 engine, registering allocates its bf16 copy once (no-op for the fp32
+ * engines or a NULL ctx). gemm_refresh_weights reconverts the whole copy: the
+ * model calls it whenever the fp32 parameters change (initialisation,
+ * loading, each optimizer step). gemm_unregister_weights forgets them (the
+ * model is freed) when `params` is the registered buffer. */
+void gemm_register_weights(gemm_ctx *ctx, const float *params, size_t n);
+void gemm_refresh_weights(gemm_ctx *ctx, const float *params);
+void gemm_unregister_weights(gemm_ctx *ctx, const float *params);
+/* How many times the bf16 copy was (re)converted: once per optimizer step. */
+size_t gemm_weight_refreshes(const gemm_ctx *ctx);
 #endif

@@ -1,7 +1,7 @@
 /* Layer kernels of docs/model.md §1, each forward beside its backward. Row-major
  * float32; `rows` is B*T. Backward functions say whether they overwrite (=)
  * or accumulate (+=) into each gradient. Every matrix product goes through
- * cblas_sgemm. */
+ * gemm_product (gemm.h): cblas_sgemm in fp32, oneDNN when docs/scale.md §7 asks. */
 #ifndef MOMFMM_KERNELS_H
 #define MOMFMM_KERNELS_H
 #include <stdbool.h>

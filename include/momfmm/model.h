@@ -125,6 +125,10 @@ void model_moment_range(size_t n, int rank, int ranks, size_t *first, size_t *co
 void model_shard_moments(model *m, int rank, int ranks);
 /* Deterministic initialisation from train.seed (identical on every rank). */
 void model_init_parameters(model *m);
+/* To be called whenever m->params change (initialisation, loading, an
+ * optimizer step, a broadcast): refreshes the bf16 copy of the weights when
+ * the GEMM engine is bf16 (docs/scale.md §7), else does nothing. */
+void model_params_changed(const model *m);
 const param_entry *model_find_param(const model *m, const char *name);
 
 /* Forward on B rows of T tokens (T <= data.seq_len). targets: [B*T] for lm

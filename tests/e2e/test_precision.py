@@ -1,0 +1,168 @@
+"""bf16 mixed precision (docs/scale.md §7), one class per CTest entry (e2e_precision_<group>):
+
+- TestConvergence: the chain (chain_len 10) and copy tasks trained in fp32 and in bf16 over
+  3 seeds each reach the same final eval loss within the spread of the seeds (the
+  numbers are printed).
+- TestRanks: np = 1 and np = 4 in bf16 give the same per-step loss within 1e-5 relative
+  (the gradient reduction is fp32).
+- TestResume: a checkpoint written in fp32 resumes in bf16 with a warning naming
+  train.precision, and back; eval, loss and generate take the checkpoint's precision
+  and --precision overrides it.
+- TestRefusal: a CPU without bf16 (MOMFMM_FAKE_NO_BF16=1 plays one) exits 2 naming
+  AVX512_BF16, for train and for eval --precision bf16; a bad --precision value exits 2.
+
+The bf16 runs set MOMFMM_FORCE_BF16=1 so that they also run (slowly, emulated by
+oneDNN) on a CPU without native bf16; the build must have oneDNN (tests/CMakeLists.txt
+registers this module only then).
+"""
+import os
+import re
+
+import numpy as np
+from momfmm.h5 import load_checkpoint, newest_checkpoint
+
+from common import Report, env, run, train_command, write_tiny_config, write_tokens
+
+BF16 = "train.precision=bf16"
+FP32 = "train.precision=fp32"
+
+
+def bf16_env(**extra):
+    return env(MOMFMM_FORCE_BF16=1, **extra)
+
+
+def train(momfmm, workdir, name, sets=(), np_=None, resume=None, extra_env=None, **overrides):
+    ini, out_dir, _ = write_tiny_config(workdir, name, **overrides)
+    r = run(train_command(momfmm, ini, sets, np_=np_, resume=resume), timeout=300, env=bf16_env(**(extra_env or {})))
+    if r.returncode != 0:
+        print(f"--- {name} rc={r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}", flush=True)
+    return r, ini, out_dir
+
+
+def eval_losses(stdout):
+    return [float(m) for m in re.findall(r"^eval step \d+ \| loss (\S+)", stdout, re.M)]
+
+
+def step_losses(stdout):
+    return [float(m) for m in re.findall(r"^step \d+/\d+ \| loss (\S+)", stdout, re.M)]
+
+
+# ---------------------------------------------------------------------------
+TASKS = {
+    "chain": {"data.task": "chain", "data.seq_len": 32, "data.chain_len": 10, "momentum.gamma": 0.2},
+    "copy": {"data.task": "copy", "data.seq_len": 32},
+}
+SEEDS = (1, 2, 3)
+STEPS = 150
+
+
+class TestConvergence:
+    def test_bf16_reaches_the_fp32_loss(self, momfmm, workdir, report):
+        for task, keys in TASKS.items():
+            finals = {}
+            for precision in ("fp32", "bf16"):
+                finals[precision] = []
+                for seed in SEEDS:
+                    r, _, _ = train(momfmm, workdir, f"{task}_{precision}_{seed}",
+                                    sets=[f"train.precision={precision}"],
+                                    **keys, **{"train.steps": STEPS, "train.batch_size": 8, "train.seed": seed,
+                                               "train.eval_interval": STEPS, "train.eval_batches": 4,
+                                               "train.log_interval": 50, "train.warmup": 10,
+                                               "train.lr": 3e-3})
+                    losses = eval_losses(r.stdout)
+                    report.check(f"{task} {precision} seed {seed}: trains", r.returncode == 0 and losses,
+                                 f"rc {r.returncode}")
+                    if losses:
+                        finals[precision].append(losses[-1])
+            if len(finals["fp32"]) != len(SEEDS) or len(finals["bf16"]) != len(SEEDS):
+                continue
+            f32, b16 = np.array(finals["fp32"]), np.array(finals["bf16"])
+            spread = max(np.ptp(f32), np.ptp(b16))
+            gap = abs(f32.mean() - b16.mean())
+            report.check(f"{task}: bf16 mean final eval loss within the seeds' spread of fp32's", gap <= spread,
+                         f"fp32 {np.round(f32, 4).tolist()} (mean {f32.mean():.4f}), "
+                         f"bf16 {np.round(b16, 4).tolist()} (mean {b16.mean():.4f}), gap {gap:.4f}, "
+                         f"spread {spread:.4f}")
+
+
+# ---------------------------------------------------------------------------
+class TestRanks:
+    def test_np1_equals_np4(self, momfmm, workdir, report):
+        keys = {"train.steps": 15, "train.batch_size": 24, "train.adam_eps": 1e-6, "train.warmup": 2,
+                "train.log_interval": 1, "train.eval_interval": 15, "train.eval_batches": 1}
+        curves = {}
+        for n in (1, 4):
+            r, _, _ = train(momfmm, workdir, f"ranks_np{n}", sets=[BF16], np_=n, **keys)
+            curves[n] = np.array(step_losses(r.stdout))
+            report.check(f"np={n} bf16 trains", r.returncode == 0 and curves[n].size == 15, f"rc {r.returncode}")
+            if r.returncode != 0:
+                return
+        # the log prints 4 decimals: compare the checkpoint's full-precision history
+        hist = {n: load_checkpoint(newest_checkpoint(os.path.join(workdir, f"ranks_np{n}"))).train["loss"]
+                for n in (1, 4)}
+        rel = float(np.max(np.abs(hist[1] - hist[4]) / np.abs(hist[1])))
+        report.check("np=4 per-step loss (checkpoint history) within 1e-5 relative of np=1", rel <= 1e-5,
+                     f"{hist[1].size} steps, worst {rel:.2e}")
+
+
+# ---------------------------------------------------------------------------
+class TestResume:
+    def test_across_precisions(self, momfmm, workdir, report):
+        keys = {"train.steps": 4, "train.ckpt_interval": 2}
+        for first, then in (("fp32", "bf16"), ("bf16", "fp32")):
+            name = f"resume_{first}_to_{then}"
+            r, ini, out_dir = train(momfmm, workdir, name, sets=[f"train.precision={first}"], **keys)
+            report.check(f"{first} run", r.returncode == 0, r.stderr[-300:])
+            r2 = run(train_command(momfmm, ini, [f"train.precision={then}", "train.steps=8"], resume="auto"),
+                     timeout=300, env=bf16_env())
+            out = r2.stdout + r2.stderr
+            report.check(f"{first} checkpoint resumes in {then}", r2.returncode == 0 and "resumed from" in out,
+                         out[-400:])
+            report.check(f"{first} -> {then}: warning names train.precision",
+                         re.search(rf"warning:.*train\.precision: {first} vs {then}", out) is not None, out[-400:])
+            report.check(f"{first} -> {then}: start-up line says {then}", f"precision {then} |" in out, "")
+
+    def test_commands_take_the_checkpoint_precision(self, momfmm, workdir, report):
+        r, ini, out_dir = train(momfmm, workdir, "cmd_bf16", sets=[BF16], **{"train.steps": 2})
+        report.check("bf16 run", r.returncode == 0, r.stderr[-300:])
+        ck = os.path.join(out_dir, "ckpt_00000002.h5")
+        rng = np.random.default_rng(0)
+        tok = write_tokens(os.path.join(workdir, "tok.h5"), rng.integers(0, 32, (2, 16)), rng.integers(0, 32, (2, 16)))
+        losses = {}
+        for label, extra in (("checkpoint's (bf16)", []), ("bf16", ["--precision", "bf16"]),
+                             ("fp32", ["--precision", "fp32"])):
+            rl = run([momfmm, "loss", ck, tok] + extra, env=bf16_env())
+            m = re.search(r"^loss (\S+)", rl.stdout, re.M)
+            report.check(f"loss with {label} precision", rl.returncode == 0 and m, rl.stderr[-300:])
+            losses[label] = float(m.group(1)) if m else None
+        if None not in losses.values():
+            report.check("loss: the checkpoint's precision is bf16", losses["checkpoint's (bf16)"] == losses["bf16"],
+                         str(losses))
+            a, b = losses["bf16"], losses["fp32"]
+            report.check("loss: --precision fp32 differs from bf16 by bf16 rounding only",
+                         a != b and abs(a - b) <= 1e-2 * abs(b), str(losses))
+        for cmd in (["eval", ck, "--precision", "fp32"], ["eval", ck],
+                    ["generate", ck, "--prompt", "1 2 3", "--tokens", "4", "--precision", "bf16"]):
+            rc = run([momfmm] + cmd, env=bf16_env())
+            report.check(" ".join(cmd[:1] + cmd[2:]) + " runs", rc.returncode == 0, rc.stderr[-300:])
+
+
+# ---------------------------------------------------------------------------
+class TestRefusal:
+    def test_no_bf16_cpu_exits_2(self, momfmm, workdir, report):
+        ini, out_dir, _ = write_tiny_config(workdir, "refuse", **{"train.steps": 2})
+        fake = env(MOMFMM_FAKE_NO_BF16=1)
+        r = run(train_command(momfmm, ini, [BF16]), env=fake)
+        report.check("train.precision = bf16 without AVX512_BF16: exit 2 naming it",
+                     r.returncode == 2 and "AVX512_BF16" in r.stderr, f"rc {r.returncode}: {r.stderr.strip()}")
+        r = run(train_command(momfmm, ini, [FP32, "train.steps=2"]), env=fake)
+        report.check("fp32 runs on the same CPU", r.returncode == 0, r.stderr[-300:])
+        ck = os.path.join(out_dir, "ckpt_00000002.h5")
+        r = run([momfmm, "eval", ck, "--precision", "bf16"], env=fake)
+        report.check("eval --precision bf16 without AVX512_BF16: exit 2", r.returncode == 2 and "AVX512_BF16" in r.stderr,
+                     f"rc {r.returncode}: {r.stderr.strip()}")
+        r = run([momfmm, "eval", ck, "--precision", "fp16"])
+        report.check("--precision fp16: exit 2 naming the choices", r.returncode == 2 and "bf16" in r.stderr,
+                     f"rc {r.returncode}: {r.stderr.strip()}")
+        r = run(train_command(momfmm, ini, ["train.precision=bf32"]))
+        report.check("train.precision = bf32: exit 2", r.returncode == 2, r.stderr.strip())
