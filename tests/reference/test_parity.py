@@ -408,7 +408,8 @@ def rel_err(a, b):
 def run_case(binary: str, case: Case, workdir: str):
     """Returns (ok, summary line, list of failure lines)."""
     d = os.path.join(workdir, case.group, case.name)
-    os.makedirs(d, exist_ok=True)
+    shutil.rmtree(d, ignore_errors=True)  # a rerun starts clean: momfmm refuses to overwrite (docs/cli.md §5)
+    os.makedirs(d)
     rng = np.random.default_rng(case.seed)
     sections = case_sections(case, os.path.join(d, "run"))
     cfg_path, ck = os.path.join(d, "config.ini"), os.path.join(d, "ck.h5")
