@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <libgen.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -365,6 +366,10 @@ static void read_buffers(reader *r, model *m) {
         }
 }
 
+/* Columns added to /metrics/eval after format_version 1 was fixed (docs/files.md §4):
+ * a file written before them lacks them, and reads as NaN there. */
+static bool column_added_later(const char *name) { return strcmp(name, "gain_R_attn") == 0; }
+
 /* A missing group means an empty history (e.g. a step-0 checkpoint). */
 static void read_metric_table(reader *r, const char *group, metric_table *t) {
     t->n_rows = 0;
@@ -385,7 +390,10 @@ static void read_metric_table(reader *r, const char *group, metric_table *t) {
         unsigned long long shape[3];
         int ndim_want = metric_column_shape(col, rows, shape);
         hsize_t want[3] = {shape[0], shape[1], shape[2]};
-        read_checked(r, name, H5T_NATIVE_DOUBLE, ndim_want, want, column);
+        if (column_added_later(col->name) && H5Lexists(r->file, name, H5P_DEFAULT) <= 0)
+            for (size_t i = 0; i < (size_t)rows * col->width; i++) column[i] = NAN;
+        else
+            read_checked(r, name, H5T_NATIVE_DOUBLE, ndim_want, want, column);
         for (long long i = 0; i < rows; i++) {
             if (c == 0) metric_table_append(t, row);
             for (int j = 0; j < col->width; j++) t->values[i * t->row_width + offset + j] = column[i * col->width + j];
