@@ -31,7 +31,7 @@ SEED_R_RANGE = (0.37, 0.60)              # "R = ||ΔF|| / ||Δx|| lies in [0.37,
 SEED_TEXT_BEST_GAMMA, SEED_TEXT_GAIN = 0.01, 0.65   # "γ = 0.01 is best (+0.65 %)"
 R_SAME_TOL = 0.10                        # "R independent of γ": per layer, (max − min) / mean over γ within 10 %
 K_COLUMNS = (0, 1, 2, 3, "≥10")
-SEED_SCALE_HOURS = {"chain_seed": 18.5, "seed_R": 1.0, "text_seed": 4.0}   # projected, np = 2, quiet machine
+SEED_SCALE_HOURS = {"chain_seed": 17, "seed_R": 1, "text_seed": 1.7}   # projected, np = 2, quiet machine
 ONLY = {"chain_seed": "^chain_seed_L", "seed_R": "^chain_seed_R_", "text_seed": "^text_seed_"}
 
 
