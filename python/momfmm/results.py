@@ -616,7 +616,8 @@ def write_results(args, ap):
     if ("text", None) in fams:
         body.append("## Text (both seeds)\n")
         text_section(ctx, fams[("text", None)], body, claims)
-    seed_scale.section(ctx, fams, body, claims)   # the seed's claims at its own scale (momfmm/seed_scale.py)
+    # the seed's claims at its own scale (momfmm/seed_scale.py)
+    seed_scale.section(ctx, fams, body, claims, SEED_MOMENTUM, loss_by_k_table)
 
     n_ran = sum(1 for e in entries if e.run is not None)
     n_done = sum(1 for e in entries if complete(e))

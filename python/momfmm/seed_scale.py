@@ -10,7 +10,9 @@ Three families of configs/experiments/suite.list (configs/experiments/README.md,
   text_seed_*     bytes of text, γ = 0, 0.01, 0.05, 0.15, 0.3, three seeds: bits per byte vs γ.
 
 Each claim is judged by momfmm.suite's rules (held / did not hold / within noise / not run). A
-family with no run yet says so, with the command that runs it. momfmm.results calls section().
+family with no run yet says so, with the command that runs it. momfmm.results calls section()
+and hands in what it shares with the small-scale chain section (the seed's table and the
+loss-by-k table writer), so that this module does not import momfmm.results back.
 """
 import math
 import os
@@ -19,7 +21,6 @@ import warnings
 import numpy as np
 
 from momfmm import plot
-from momfmm import results
 from momfmm.fmt import fmt_group, fmt_value, markdown, shortest
 from momfmm.suite import NOT_RUN, SAME_TOL, final, less_claim, no_worse_claim, same_claim, setting
 
@@ -60,7 +61,17 @@ def not_run_yet(ctx, fam, groups, out):
     return True
 
 
-def section(ctx, fams, out, claims):
+class ChainRoles:
+    """A chain family's groups at one L: base (γ = 0) and mom (γ = 0.2)."""
+
+    def __init__(self, groups):
+        self.base = next((g for g in groups if gamma_of(g) == 0), None)
+        self.mom = next((g for g in groups if gamma_of(g) == 0.2), None)
+
+
+def section(ctx, fams, out, claims, seed_momentum, loss_by_k_table):
+    """The section into out and its claims; seed_momentum: the seed's chain table {L: {row:
+    {metric: value}}}; loss_by_k_table(L, groups, out): the loss-by-k table writer."""
     chain, r_runs, text = (fams.get((k, None), []) for k in ("chain_seed", "seed_R", "text_seed"))
     if not (chain or r_runs or text):
         return
@@ -70,7 +81,7 @@ def section(ctx, fams, out, claims):
                "`configs/experiments/chain_seed.ini` and `text_seed.ini` say why T, the depth and the steps are what "
                "they are. Mean ± sample std over seeds; final eval of each run.\n")
     if chain:
-        chain_part(ctx, chain, out, claims)
+        chain_part(ctx, chain, out, claims, seed_momentum, loss_by_k_table)
     if r_runs:
         r_part(ctx, r_runs, out, claims)
     if text:
@@ -82,30 +93,30 @@ def by_chain_len(groups):
     by_L = {}
     for g in groups:
         by_L.setdefault(int(setting(g.first, "data.chain_len", "0")), []).append(g)
-    return {L: results.ChainRows(gs) for L, gs in sorted(by_L.items())}
+    return {L: ChainRoles(gs) for L, gs in sorted(by_L.items())}
 
 
-def chain_part(ctx, groups, out, claims):
+def chain_part(ctx, groups, out, claims, seed_momentum, loss_by_k_table):
     out.append("### Chain task at seed scale, L = 10, 20, 30, 40 (`chain_seed.ini`)\n")
     rows_by_L = by_chain_len(groups)
     not_run_yet(ctx, "chain_seed", groups, out)
-    chain_table(ctx, rows_by_L, out)
+    chain_table(ctx, rows_by_L, out, seed_momentum)
     improvement_part(ctx, rows_by_L, out, claims)
     if 30 in rows_by_L:
         loss_by_k_vs_seed(rows_by_L[30], out, claims)
     for L, rows in rows_by_L.items():
-        results.loss_by_k_table(L, [g for g in (rows.base, rows.mom) if g is not None], out)
+        loss_by_k_table(L, [g for g in (rows.base, rows.mom) if g is not None], out)
     for L in (10, 30):
         if L in rows_by_L:
-            chain_claims(L, rows_by_L[L], claims)
+            chain_claims(L, rows_by_L[L], claims, seed_momentum.get(L, {}))
 
 
-def chain_table(ctx, rows_by_L, out):
+def chain_table(ctx, rows_by_L, out, seed_momentum):
     out.append("**γ = 0 (baseline) vs γ = 0.2 (momentum)** — ours beside the seed's table (the seed gives L = 10 "
                "and L = 30)\n")
     body = []
     for L, rows in rows_by_L.items():
-        seed = results.SEED_MOMENTUM.get(L, {})
+        seed = seed_momentum.get(L, {})
         for label, g, srow in (("baseline γ=0", rows.base, seed.get("baseline", {})),
                                ("momentum γ=0.2", rows.mom, seed.get("momentum", {}))):
             if g is None:
@@ -198,8 +209,7 @@ def loss_by_k_vs_seed(rows, out, claims):
                       else ("not run", f"seed scale: γ=0.2 lowers the loss at {kt} at L=30: not run (no suite line)"))
 
 
-def chain_claims(L, rows, claims):
-    seed = results.SEED_MOMENTUM.get(L, {})
+def chain_claims(L, rows, claims, seed):
     sb, sm = seed.get("baseline", {}), seed.get("momentum", {})
 
     def seed_text(metric):
