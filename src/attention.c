@@ -160,7 +160,7 @@ void attention_backward(const attention_layer *a, const attention_saved *s, cons
  * carried x_{t-1} and p_{t-1}, which it then updates. */
 static void prepare_stream_vector(const attention_layer *a, const attention_stream_layer *st, int s, int h,
                                   int which, float *raw, float *dst, float *p, int n) {
-    int dh = a->dh, pos = st->pos;
+    int dh = a->dh, pos = st->rope_pos;
     if (!is_sheared(a, which)) {
         memcpy(dst, raw, sizeof(float) * n * dh);
         rope_forward(dst, a->rope_cos, a->rope_sin, n, dh, pos);
@@ -168,10 +168,10 @@ static void prepare_stream_vector(const attention_layer *a, const attention_stre
     }
     size_t carry = (((size_t)which * st->S + s) * a->H + h) * dh;
     float *carry_x = st->carry_x + carry, *carry_p = st->carry_p + carry;
-    const float *prev = pos > 0 ? carry_x : a->cfg->anchor ? NULL : a->buffers + head_buffer(a, which, h);
+    const float *prev = st->continued ? carry_x : a->cfg->anchor ? NULL : a->buffers + head_buffer(a, which, h);
     bool post = a->cfg->placement == PLACEMENT_POST_ROPE;
     if (post) rope_forward(raw, a->rope_cos, a->rope_sin, n, dh, pos);
-    momentum_shear_forward(raw, prev, pos > 0 ? carry_p : NULL, dst, p, head_coeffs(a, h), n, dh);
+    momentum_shear_forward(raw, prev, st->continued ? carry_p : NULL, dst, p, head_coeffs(a, h), n, dh);
     memcpy(carry_x, raw + (size_t)(n - 1) * dh, sizeof(float) * dh);
     memcpy(carry_p, p + (size_t)(n - 1) * dh, sizeof(float) * dh);
     if (!post) rope_forward(dst, a->rope_cos, a->rope_sin, n, dh, pos);

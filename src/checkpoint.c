@@ -119,6 +119,7 @@ static herr_t write_root_attributes(hid_t file, const model *m, const checkpoint
     status |= write_attr(file, "tokens_seen", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->tokens_seen);
     status |= write_attr(file, "world_size", H5T_NATIVE_INT, H5T_STD_I32LE, &info->world_size);
     status |= h5_write_string_attr(file, "config_ini", ini);
+    if (info->init_from[0]) status |= h5_write_string_attr(file, "init_from", info->init_from);
     free(ini);
     return status < 0 ? -1 : 0;
 }
@@ -337,6 +338,12 @@ static void read_config_body(reader *r, config *c, checkpoint_info *info) {
     info->step = read_attr_int(r, "step");
     info->tokens_seen = read_attr_int(r, "tokens_seen");
     info->world_size = (int)read_attr_int(r, "world_size");
+    info->init_from[0] = '\0';
+    if (H5Aexists(r->file, "init_from") > 0) {
+        char *init_from = read_attr_string(r, "init_from");
+        snprintf(info->init_from, sizeof info->init_from, "%s", init_from);
+        free(init_from);
+    }
     char *ini = read_attr_string(r, "config_ini");
     char origin[CONFIG_PATH_MAX + 32], err[512];
     snprintf(origin, sizeof origin, "config_ini");
@@ -366,6 +373,14 @@ static void read_buffers(reader *r, model *m) {
         }
 }
 
+/* A text checkpoint written before /metrics/<table>/bpb existed (docs/files.md §4):
+ * the column follows from the loss, bits per byte = loss / ln 2. */
+static void derive_bpb(metric_table *t, long long rows, int offset) {
+    int loss = metric_table_column_offset(t, "loss");
+    for (long long i = 0; i < rows && loss >= 0; i++)
+        t->values[i * t->row_width + offset] = t->values[i * t->row_width + loss] / M_LN2;
+}
+
 /* Columns added to /metrics/eval after format_version 1 was fixed (docs/files.md §4):
  * a file written before them lacks them, and reads as NaN there. */
 static bool column_added_later(const char *name) { return strcmp(name, "gain_R_attn") == 0; }
@@ -387,6 +402,11 @@ static void read_metric_table(reader *r, const char *group, metric_table *t) {
     for (int c = 0; c < t->n_columns; c++) {
         const metric_column *col = &t->columns[c];
         snprintf(name, sizeof name, "%s/%s", group, col->name);
+        if (!strcmp(col->name, "bpb") && H5Lexists(r->file, name, H5P_DEFAULT) <= 0) {
+            derive_bpb(t, rows, offset);
+            offset += col->width;
+            continue;
+        }
         unsigned long long shape[3];
         int ndim_want = metric_column_shape(col, rows, shape);
         hsize_t want[3] = {shape[0], shape[1], shape[2]};
@@ -467,6 +487,17 @@ int checkpoint_read_state(const char *path, model *m, bool optimizer, metric_tab
                           status *err) {
     read_request q = {.m = m, .optimizer = optimizer, .train = train, .eval = eval};
     return reader_run(path, "checkpoint", state_body, &q, err);
+}
+
+static void metrics_body(reader *r, void *ctx) {
+    read_request *q = ctx;
+    read_metric_table(r, "/metrics/train", q->train);
+    read_metric_table(r, "/metrics/eval", q->eval);
+}
+
+int checkpoint_read_metrics(const char *path, metric_table *train, metric_table *eval, status *err) {
+    read_request q = {.train = train, .eval = eval};
+    return reader_run(path, "checkpoint", metrics_body, &q, err);
 }
 
 int checkpoint_load_model(const char *path, model *m, bool training, status *err) {

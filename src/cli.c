@@ -44,6 +44,12 @@ static const option_spec OPTIONS[] = {
     {'k', "--tokens", "N", "32", "new tokens to generate"},
     {'t', "--temperature", "T", "0", "0 = greedy; T > 0 samples from softmax(z / T)"},
     {'e', "--seed", "S", "0", "seed of the sampling"},
+    {'T', "--text", "TEXT", NULL, "a prompt of text, as bytes (byte-level models, vocab_size 256); prints text"},
+    {'K', "--top-k", "K", "0", "sample among the K most likely tokens; 0 = all"},
+    {'U', "--top-p", "P", "1", "sample among the fewest tokens holding probability P, in (0, 1]"},
+    {'Z', "--stop", "BYTES", NULL, "stop once the output ends with these bytes (\\n, \\t, \\xNN escapes)"},
+    {'I', "--init", "CKPT.h5", NULL,
+     "start from a checkpoint's weights and buffers at step 0, with a fresh optimizer (fine-tuning)"},
 };
 #define N_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
 
@@ -55,14 +61,14 @@ typedef struct {
 } command_spec;
 
 static const command_spec COMMANDS[] = {
-    {"train", "CONFIG.ini", 1, "sr", "",
+    {"train", "CONFIG.ini", 1, "srI", "",
      "Train the model of the config; train rows, eval rows, checkpoints and metrics.h5 go to train.out_dir."},
     {"init", "CONFIG.ini", 1, "so", "o", "Write the step-0 checkpoint of the config (initial parameters)."},
     {"loss", "CKPT.h5 TOKENS.h5", 2, "g", "", "Print the loss of the checkpoint's model on a token file."},
     {"eval", "CKPT.h5", 1, "SL", "", "Print the eval metrics of the checkpoint on its config's eval split."},
     {"inspect", "CKPT.h5", 1, "", "",
      "Print a checkpoint's step, parameter counts, last metrics, momentum gains and config."},
-    {"generate", "CKPT.h5", 1, "pkte", "p", "Continue a prompt through streaming inference."},
+    {"generate", "CKPT.h5", 1, "pTkteKUZ", "", "Continue a prompt (--prompt or --text) through streaming inference."},
     {"bench", "CONFIG.ini", 1, "sn", "", "Time training steps and report tokens/s, ms/step and GFLOP/s."},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
@@ -199,6 +205,9 @@ typedef struct {
     bool stream;
     double temperature;
     long long seed;
+    const char *text, *stop, *init;
+    int top_k;
+    double top_p;
 } arguments;
 
 static int parse_count(const char *flag, const char *value) {
@@ -214,6 +223,21 @@ static double parse_number(const char *flag, const char *value) {
     double v = strtod(value, &end);
     if (*end || end == value || !(v >= 0) || v > 1e15)
         fail_all(EXIT_USAGE, "%s %s: expected a number in [0, 1e15]", flag, value);
+    return v;
+}
+
+static int parse_top_k(const char *flag, const char *value) {
+    char *end;
+    long v = strtol(value, &end, 10);
+    if (end == value || *end || v < 0 || v > MAX_COUNT)
+        fail_all(EXIT_USAGE, "%s %s: expected an integer in [0, %d] (0 = every token)", flag, value, MAX_COUNT);
+    return (int)v;
+}
+
+static double parse_probability(const char *flag, const char *value) {
+    char *end;
+    double v = strtod(value, &end);
+    if (*end || end == value || !(v > 0 && v <= 1)) fail_all(EXIT_USAGE, "%s %s: expected a number in (0, 1]", flag, value);
     return v;
 }
 
@@ -233,6 +257,11 @@ static void apply_option(arguments *a, const command_spec *cmd, const option_spe
     case 'k': a->tokens = parse_count(o->flag, value); break;
     case 't': a->temperature = parse_number(o->flag, value); break;
     case 'e': a->seed = (long long)parse_number(o->flag, value); break;
+    case 'T': a->text = value; break;
+    case 'K': a->top_k = parse_top_k(o->flag, value); break;
+    case 'U': a->top_p = parse_probability(o->flag, value); break;
+    case 'Z': a->stop = value; break;
+    case 'I': a->init = value; break;
     }
 }
 
@@ -324,7 +353,7 @@ static int command_init(const arguments *a) {
     status err;
     if (model_create(&m, &c, &err) != 0) fail_all(err.code, "%s", err.message);
     model_init_parameters(&m);
-    checkpoint_info info = {0, 0, process_count()};
+    checkpoint_info info = {.world_size = process_count()};
     if (process_rank() == 0 && store_write_checkpoint(a->out, &m, &info, NULL, NULL, &err) != 0)
         fail(err.code, "%s", err.message);
     log_rank0("wrote %s: %zu parameters\n", a->out, m.n_params);
@@ -355,13 +384,15 @@ static int command_loss(const arguments *a) {
 
 static int run_command(const command_spec *cmd, arguments *a) {
     const char *name = cmd->name;
-    if (!strcmp(name, "train")) return command_train(a->positional[0], a->n_overrides, a->overrides, a->resume);
+    if (!strcmp(name, "train")) return command_train(a->positional[0], a->n_overrides, a->overrides, a->resume, a->init);
     if (!strcmp(name, "init")) return command_init(a);
     if (!strcmp(name, "loss")) return command_loss(a);
     if (!strcmp(name, "bench")) return command_bench(a->positional[0], a->n_overrides, a->overrides, a->steps);
     if (!strcmp(name, "eval")) return command_eval(a->positional[0], a->stream, a->segment);
     if (!strcmp(name, "inspect")) return command_inspect(a->positional[0]);
-    return command_generate(a->positional[0], a->prompt, a->tokens, a->temperature, a->seed);
+    generate_options g = {.prompt = a->prompt, .text = a->text, .stop = a->stop, .n_tokens = a->tokens,
+                          .top_k = a->top_k, .temperature = a->temperature, .top_p = a->top_p, .seed = a->seed};
+    return command_generate(a->positional[0], &g);
 }
 
 /* Stop signals (SIGTERM, SIGINT, SIGUSR1) stay blocked from the first

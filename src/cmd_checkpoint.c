@@ -2,8 +2,7 @@
  * They need only a checkpoint's root attributes, /model and /buffers (plus
  * /metrics for inspect's history): a model for inference, and for eval a
  * data shard and the evaluation module (docs/design.md §8.5), never a
- * trainer. A failed status becomes an exit here (§8.7). */
-#include <ctype.h>
+ * trainer; generate is in cmd_generate.c. A failed status becomes an exit here (§8.7). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,8 +13,6 @@
 #include "momfmm/common.h"
 #include "momfmm/eval.h"
 #include "momfmm/readouts.h"
-#include "momfmm/rng.h"
-#include "momfmm/stream.h"
 
 /* A model for inference holding the checkpoint's weights and buffers, and
  * with `train`/`eval` its metric history; a bad file exits 3. */
@@ -26,6 +23,7 @@ static void load_checkpoint(const char *ckpt, model *m, checkpoint_info *info, m
     if (checkpoint_read_config(ckpt, &cfg, info, &err) != 0) fail(err.code, "%s", err.message);
     if (model_create_for_inference(m, &cfg, &err) != 0) fail_all(err.code, "%s", err.message);
     if (train) metric_tables_standard(train, eval, cfg.n_layers, cfg.n_heads);
+    if (train) metric_tables_add_task_columns(train, eval, cfg.task);
     if (checkpoint_read_state(ckpt, m, false, train, eval, &err) != 0) fail(err.code, "%s", err.message);
 }
 
@@ -42,6 +40,13 @@ static void print_parameter_groups(const model *m) {
     }
 }
 
+/* A table value as text: "—" for an empty bin (NaN), never nan (docs/metrics.md §3). */
+static const char *shown_value(double v, const char *format, char *buf, size_t len) {
+    if (isnan(v)) return metric_text(v, 0, buf, len);
+    snprintf(buf, len, format, v);
+    return buf;
+}
+
 static void print_last_row(const char *title, const metric_table *t) {
     if (t->n_rows == 0) {
         printf("%s: none\n", title);
@@ -52,10 +57,12 @@ static void print_last_row(const char *title, const metric_table *t) {
     int offset = 0;
     for (int c = 0; c < t->n_columns; c++) {
         const metric_column *col = &t->columns[c];
-        if (col->width == 1) printf(" %s %.6g", col->name, row[offset]);
+        char value[32];
+        if (col->width == 1) printf(" %s %s", col->name, shown_value(row[offset], "%.6g", value, sizeof value));
         else if (col->inner <= 1) {
             printf(" %s [", col->name);
-            for (int j = 0; j < col->width; j++) printf("%s%.4g", j ? " " : "", row[offset + j]);
+            for (int j = 0; j < col->width; j++)
+                printf("%s%s", j ? " " : "", shown_value(row[offset + j], "%.4g", value, sizeof value));
             printf("]");
         }
         offset += col->width;
@@ -86,6 +93,18 @@ static void print_filter_gains(const model *m) {
     eval_result_free(&r);
 }
 
+/* The last eval row in the metrics the task is read by (docs/metrics.md §3). */
+static void print_task_metrics(const config *cfg, const metric_table *eval) {
+    if (eval->n_rows == 0) return;
+    static const char *task_names[] = {"chain", "copy", "listops", "text"};
+    eval_metrics e;
+    char shown[256];
+    eval_metrics_from_row(eval, eval->n_rows - 1, &e);
+    eval_metrics_format(&e, cfg->task, 4, shown, sizeof shown);
+    printf("last eval (%s, step %.0f): %s\n", task_names[cfg->task], eval->values[(eval->n_rows - 1) * eval->row_width],
+           shown);
+}
+
 int command_inspect(const char *ckpt) {
     model m;
     checkpoint_info info;
@@ -98,6 +117,7 @@ int command_inspect(const char *ckpt) {
         print_parameter_groups(&m);
         print_last_row("train metrics", &train);
         print_last_row("eval metrics", &eval);
+        print_task_metrics(&m.cfg, &eval);
         print_filter_gains(&m);
         printf("config:\n%s", ini);
         free(ini);
@@ -108,9 +128,10 @@ int command_inspect(const char *ckpt) {
     return 0;
 }
 
-static void print_eval(const char *how, const eval_metrics *e) {
-    log_rank0("%s | loss %.6f | L_new %.6f | L_rep %.6f | delta_12 %.6f | acc %.6f | exact %.6f\n", how, e->loss,
-              e->L_new, e->L_rep, e->delta_12, e->acc, e->exact_match);
+static void print_eval(const char *how, const eval_metrics *e, int task) {
+    char shown[256];
+    eval_metrics_format(e, task, 6, shown, sizeof shown);
+    log_rank0("%s | %s\n", how, shown);
 }
 
 int command_eval(const char *ckpt, bool stream, int segment) {
@@ -127,86 +148,18 @@ int command_eval(const char *ckpt, bool stream, int segment) {
         if (err.code == EXIT_USAGE) fail_all(err.code, "%s", err.message);
         fail(err.code, "%s", err.message);
     }
-    print_eval("eval", &r.metrics);
+    print_eval("eval", &r.metrics, m.cfg.task);
     log_rank0("gain_R");
     for (int l = 0; l < m.L; l++) log_rank0(" %.4f", r.gain_R[l]);
     log_rank0("\n");
     if (r.streamed) {
         char how[64];
         snprintf(how, sizeof how, "eval --stream (segments of %d)", segment);
-        print_eval(how, &r.stream_metrics);
+        print_eval(how, &r.stream_metrics, m.cfg.task);
         log_rank0("stream max |logit difference| vs full forward: %.3e\n", r.stream_max_diff);
     }
     eval_result_free(&r);
     rank_shard_close(&shard);
-    model_free(&m);
-    return 0;
-}
-
-static int parse_prompt(const char *text, int vocab, int32_t **out) {
-    int n = 0, cap = 16;
-    int32_t *tokens = xcalloc((size_t)cap, sizeof(int32_t));
-    for (const char *p = text; *p;) {
-        while (*p == ',' || isspace((unsigned char)*p)) p++;
-        if (!*p) break;
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v >= vocab)
-            fail_all(EXIT_USAGE, "--prompt: '%.20s' is not a token in [0, %d)", p, vocab);
-        if (n == cap) tokens = realloc(tokens, sizeof(int32_t) * (size_t)(cap *= 2));
-        tokens[n++] = (int32_t)v;
-        p = end;
-    }
-    if (n == 0) fail_all(EXIT_USAGE, "--prompt: no tokens");
-    *out = tokens;
-    return n;
-}
-
-static int32_t pick_token(const float *logits, int V, double temperature, uint64_t key, uint64_t counter) {
-    int best = 0;
-    for (int v = 1; v < V; v++) best = logits[v] > logits[best] ? v : best;
-    if (temperature <= 0) return best;
-    double total = 0, *weights = xcalloc((size_t)V, sizeof(double));
-    for (int v = 0; v < V; v++) total += weights[v] = exp((logits[v] - logits[best]) / temperature);
-    double u = rng_uniform(key, counter) * total;
-    int chosen = V - 1;
-    for (int v = 0; v < V; v++) {
-        if (u < weights[v]) {
-            chosen = v;
-            break;
-        }
-        u -= weights[v];
-    }
-    free(weights);
-    return chosen;
-}
-
-int command_generate(const char *ckpt, const char *prompt, int n_tokens, double temperature, long long seed) {
-    model m;
-    status err;
-    if (checkpoint_load_model(ckpt, &m, false, &err) != 0) fail(err.code, "%s", err.message);
-    int32_t *tokens;
-    int n_prompt = parse_prompt(prompt, m.V, &tokens);
-    stream_state st;
-    if (stream_create(&st, &m, 1, n_prompt + n_tokens, n_prompt, &err)) fail_all(err.code, "%s", err.message);
-    float *logits = xcalloc((size_t)n_prompt * m.V, sizeof(float));
-    if (stream_forward(&m, &st, tokens, n_prompt, logits, &err)) fail(err.code, "%s", err.message);
-    const float *last = logits + (size_t)(n_prompt - 1) * m.V;
-    uint64_t key = rng_key((uint64_t)seed, 0x6E4, 0, 0);
-    log_rank0("prompt:");
-    for (int i = 0; i < n_prompt; i++) log_rank0(" %d", tokens[i]);
-    log_rank0("\ngenerated:");
-    for (int i = 0; i < n_tokens; i++) {
-        int32_t next = pick_token(last, m.V, temperature, key, (uint64_t)i);
-        log_rank0(" %d", next);
-        if (i + 1 < n_tokens) {
-            if (stream_forward(&m, &st, &next, 1, logits, &err)) fail(err.code, "%s", err.message);
-            last = logits;
-        }
-    }
-    log_rank0("\n");
-    free(logits), free(tokens);
-    stream_free(&st);
     model_free(&m);
     return 0;
 }

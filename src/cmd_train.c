@@ -8,7 +8,9 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "momfmm/checkpoint.h"
 #include "momfmm/cmd_common.h"
 #include "momfmm/commands.h"
 #include "momfmm/common.h"
@@ -48,13 +50,13 @@ static void create_trainer(trainer *t, const config *cfg) {
     if (trainer_create(t, cfg, &err) != 0) fail_all(err.code, "%s", err.message);
 }
 
-/* Returns false when rank 0 could not write the checkpoint. */
-static bool save_checkpoint(const trainer *t) {
+/* Returns false when rank 0 could not write the checkpoint; path receives
+ * its name. */
+static bool save_checkpoint(const trainer *t, char *path) {
     if (process_rank() != 0) return true;
-    char path[STORE_PATH_MAX];
     status err;
     double start = wall_seconds();
-    if (trainer_save(t, path, sizeof path, &err) != 0) {
+    if (trainer_save(t, path, STORE_PATH_MAX, &err) != 0) {
         fprintf(stderr, "momfmm: checkpoint at step %lld not written: %s\n", t->step, err.message);
         return false;
     }
@@ -66,11 +68,20 @@ static bool save_checkpoint(const trainer *t) {
 }
 
 static void log_train(trainer *t, const step_result *r, double tokens_per_s, double elapsed, long long steps_done) {
-    double row[5] = {(double)t->step, r->loss, r->lr, r->grad_norm, tokens_per_s};
+    double row[16] = {0}, step = (double)t->step, bpb = r->loss / M_LN2;
+    const struct {
+        const char *name;
+        const double *value;
+    } columns[] = {{"step", &step}, {"loss", &r->loss}, {"lr", &r->lr}, {"grad_norm", &r->grad_norm},
+                   {"tokens_per_s", &tokens_per_s}, {"bpb", &bpb}};
+    for (size_t i = 0; i < sizeof columns / sizeof columns[0]; i++)
+        metric_table_set(&t->train_log, row, columns[i].name, columns[i].value);
     metric_table_append(&t->train_log, row);
     double eta = steps_done > 0 ? elapsed / steps_done * (double)(t->cfg.steps - t->step) : 0;
-    log_rank0("step %lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | ETA %dm%02ds\n", t->step,
-              t->cfg.steps, r->loss, r->lr, r->grad_norm, tokens_per_s, (int)(eta / 60), (int)fmod(eta, 60));
+    char text_bpb[32] = ""; /* docs/metrics.md §3: text is read in bits per byte */
+    if (t->cfg.task == TASK_TEXT) snprintf(text_bpb, sizeof text_bpb, " | bpb %.4f", bpb);
+    log_rank0("step %lld/%lld | loss %.4f%s | lr %.3e | grad_norm %.3f | %.0f tok/s | ETA %dm%02ds\n", t->step,
+              t->cfg.steps, r->loss, text_bpb, r->lr, r->grad_norm, tokens_per_s, (int)(eta / 60), (int)fmod(eta, 60));
 }
 
 /* Rank 0 mirrors the metric tables into metrics.h5 as they grow; a write
@@ -95,18 +106,12 @@ static live_metrics *open_live_metrics(const trainer *t) {
     return live;
 }
 
-static void log_eval(trainer *t) {
-    eval_result r;
-    status err;
-    eval_result_init(&r, &t->model);
-    if (trainer_log_eval(t, &r, &err) != 0) fail(err.code, "%s", err.message);
-    const eval_metrics *e = &r.metrics;
-    log_rank0("eval step %lld | loss %.4f | L_new %.4f | L_rep %.4f | delta_12 %.4f | acc %.4f | exact %.4f | gain_R",
-              t->step, e->loss, e->L_new, e->L_rep, e->delta_12, e->acc, e->exact_match);
-    for (int l = 0; l < t->model.L; l++) log_rank0(" %.3f", r.gain_R[l]);
-    log_rank0("\n");
-    eval_result_free(&r);
-}
+/* An eval of the run: its step and metrics (docs/metrics.md §3). */
+typedef struct {
+    bool known;
+    long long step;
+    eval_metrics metrics;
+} eval_record;
 
 /* One step with its logging, eval and checkpoint; false once the run must
  * stop. *final_saved is whether the last state is on disk. */
@@ -115,7 +120,69 @@ typedef struct {
     double start, interval_start;
     live_metrics *live;
     bool final_saved;
+    eval_record last_eval, best_eval; /* best: of best.h5 with train.keep_best */
+    char latest[STORE_PATH_MAX];      /* the last checkpoint written */
 } train_loop;
+
+/* The lowest-loss row of an eval table into *best when lower than it. */
+static void keep_lowest(eval_record *best, const metric_table *eval) {
+    for (long long i = 0; i < eval->n_rows; i++) {
+        eval_metrics e;
+        eval_metrics_from_row(eval, i, &e);
+        if (!isnan(e.loss) && (!best->known || e.loss < best->metrics.loss))
+            *best = (eval_record){true, (long long)eval->values[i * eval->row_width], e};
+    }
+}
+
+/* train.keep_best on a resumed run: the best so far is best.h5's, so that
+ * a resume from an older checkpoint does not replace a better file. Rank 0. */
+static void read_best_so_far(const trainer *t, eval_record *best) {
+    char path[STORE_PATH_MAX];
+    store_best_path(t->cfg.out_dir, path, sizeof path);
+    metric_table train, eval;
+    metric_tables_standard(&train, &eval, t->cfg.n_layers, t->cfg.n_heads);
+    metric_tables_add_task_columns(&train, &eval, t->cfg.task);
+    status err;
+    if (access(path, F_OK) == 0 && checkpoint_read_metrics(path, &train, &eval, &err) == 0) keep_lowest(best, &eval);
+    else if (access(path, F_OK) == 0) fprintf(stderr, "momfmm: warning: %s; it will be replaced\n", err.message);
+    if (best->known) printf("best so far: eval loss %.4f at step %lld (%s)\n", best->metrics.loss, best->step, path);
+    metric_table_free(&train);
+    metric_table_free(&eval);
+}
+
+/* Rank 0 writes best.h5 when the eval just logged beats the best so far. */
+static void save_if_best(const trainer *t, train_loop *loop) {
+    if (!t->cfg.keep_best || process_rank() != 0) return;
+    const eval_record *now = &loop->last_eval;
+    if (isnan(now->metrics.loss) || (loop->best_eval.known && now->metrics.loss >= loop->best_eval.metrics.loss)) return;
+    char path[STORE_PATH_MAX];
+    store_best_path(t->cfg.out_dir, path, sizeof path);
+    checkpoint_info info = {.step = t->step, .tokens_seen = t->tokens_seen, .world_size = process_count()};
+    snprintf(info.init_from, sizeof info.init_from, "%s", t->init_from);
+    status err;
+    if (store_write_checkpoint(path, &t->model, &info, &t->train_log, &t->eval_log, &err) != 0) {
+        fprintf(stderr, "momfmm: warning: best checkpoint not written: %s\n", err.message);
+        return;
+    }
+    loop->best_eval = *now;
+    printf("best %s | eval loss %.4f at step %lld\n", path, now->metrics.loss, t->step);
+    fflush(stdout);
+}
+
+static void log_eval(trainer *t, train_loop *loop) {
+    eval_result r;
+    status err;
+    eval_result_init(&r, &t->model);
+    if (trainer_log_eval(t, &r, &err) != 0) fail(err.code, "%s", err.message);
+    char shown[256];
+    eval_metrics_format(&r.metrics, t->cfg.task, 4, shown, sizeof shown);
+    log_rank0("eval step %lld | %s | gain_R", t->step, shown);
+    for (int l = 0; l < t->model.L; l++) log_rank0(" %.3f", r.gain_R[l]);
+    log_rank0("\n");
+    loop->last_eval = (eval_record){true, t->step, r.metrics};
+    save_if_best(t, loop);
+    eval_result_free(&r);
+}
 
 static bool train_one_step(trainer *t, train_loop *loop) {
     const config *cfg = &t->cfg;
@@ -131,7 +198,7 @@ static bool train_one_step(trainer *t, train_loop *loop) {
         logged = true;
     }
     if (cfg->eval_interval > 0 && (t->step % cfg->eval_interval == 0 || t->step == cfg->steps)) {
-        log_eval(t);
+        log_eval(t, loop);
         logged = true;
     }
     if (logged) publish_metrics(t, &loop->live);
@@ -140,13 +207,37 @@ static bool train_one_step(trainer *t, train_loop *loop) {
     if (stopped) log_rank0("stop requested: writing a checkpoint at step %lld\n", t->step);
     bool periodic = cfg->ckpt_interval > 0 && t->step % cfg->ckpt_interval == 0;
     if (periodic || stopped || t->step == cfg->steps) {
-        bool saved = save_checkpoint(t);
+        bool saved = save_checkpoint(t, loop->latest);
         if (stopped || t->step == cfg->steps) loop->final_saved = saved;
     }
     return !stopped;
 }
 
-int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume) {
+/* docs/cli.md §5: the run's summary on rank 0. */
+static void print_summary(const trainer *t, const train_loop *loop, double seconds) {
+    if (process_rank() != 0) return;
+    long long steps = t->step - loop->first_step;
+    double tokens = (double)steps * t->cfg.batch_size * t->cfg.seq_len;
+    printf("summary: step %lld of %lld (%lld this run) | %.1f s | %.0f tok/s\n", t->step, t->cfg.steps, steps, seconds,
+           seconds > 0 ? tokens / seconds : 0.0);
+    const eval_record *shown[] = {&loop->last_eval, &loop->best_eval};
+    const char *names[] = {"final eval", "best eval"};
+    for (int i = 0; i < 2; i++) {
+        char text[256];
+        if (!shown[i]->known) continue;
+        eval_metrics_format(&shown[i]->metrics, t->cfg.task, 4, text, sizeof text);
+        printf("summary: %s (step %lld) | %s\n", names[i], shown[i]->step, text);
+    }
+    char best[STORE_PATH_MAX] = "none (train.keep_best = false)";
+    if (t->cfg.keep_best) store_best_path(t->cfg.out_dir, best, sizeof best);
+    printf("summary: checkpoints | latest %s | best %s\n", loop->latest[0] ? loop->latest : "none written", best);
+    fflush(stdout);
+}
+
+int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume, const char *init) {
+    if (resume && init)
+        fail_all(EXIT_USAGE, "train: --init starts a new run at step 0 from a checkpoint's weights, --resume continues "
+                             "a run: give one of them");
     config cfg = cmd_load_config(config_path, n_overrides, overrides);
     dist_check_launch();
     install_stop_handlers();
@@ -156,7 +247,9 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
     create_trainer(&t, &cfg);
     dist_describe();
     if (resume && trainer_resume(&t, resume, &err) != 0) fail_all(err.code, "%s", err.message);
+    if (init && trainer_init_from(&t, init, &err) != 0) fail_all(err.code, "%s", err.message);
     train_loop loop = {.first_step = t.step, .live = open_live_metrics(&t), .final_saved = true};
+    if (cfg.keep_best && t.step > 0 && process_rank() == 0) read_best_so_far(&t, &loop.best_eval);
     log_rank0("model: %zu parameters | global batch %d x %d | %lld steps\n", t.model.n_params, cfg.batch_size,
               cfg.seq_len, cfg.steps);
     loop.start = loop.interval_start = wall_seconds();
@@ -164,6 +257,13 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
     while (t.step < cfg.steps && running) running = train_one_step(&t, &loop);
     if (t.step == loop.first_step && t.step >= cfg.steps)
         log_rank0("nothing to do: already at step %lld of %lld\n", t.step, cfg.steps);
+    if (!loop.last_eval.known && t.eval_log.n_rows > 0) {
+        loop.last_eval.known = true;
+        loop.last_eval.step = (long long)t.eval_log.values[(t.eval_log.n_rows - 1) * t.eval_log.row_width];
+        eval_metrics_from_row(&t.eval_log, t.eval_log.n_rows - 1, &loop.last_eval.metrics);
+    }
+    if (!cfg.keep_best) keep_lowest(&loop.best_eval, &t.eval_log);
+    print_summary(&t, &loop, wall_seconds() - loop.start);
     live_metrics_close(loop.live);
     trainer_free(&t);
     /* a scheduler reads exit 0 as "done": not so when the last state is lost */

@@ -88,6 +88,7 @@ static const config_key KEYS[] = {
     {"train", "eval_batches", KEY_INT, OFF(eval_batches), "4", 1, 1 << 20, NULL, ROLE_SCHEDULE},
     {"train", "ckpt_interval", KEY_INT, OFF(ckpt_interval), "0", 0, 1 << 30, NULL, ROLE_SCHEDULE},
     {"train", "keep", KEY_INT, OFF(keep), "3", 1, 1 << 20, NULL, ROLE_SCHEDULE},
+    {"train", "keep_best", KEY_BOOL, OFF(keep_best), "false", 0, 1, NULL, ROLE_SCHEDULE},
     {"train", "out_dir", KEY_STRING, OFF(out_dir), "runs/default", 0, 0, NULL, ROLE_SCHEDULE},
     {"dist", "bucket_mb", KEY_DOUBLE, OFF(bucket_mb), "4", 1e-3, 1e6, NULL, ROLE_SCHEDULE},
     {"dist", "overlap", KEY_BOOL, OFF(overlap), "true", 0, 1, NULL, ROLE_SCHEDULE},
@@ -573,6 +574,29 @@ int config_compare_keys(const config *a, const config *b, bool model_keys, char 
     if (out_len) out[0] = '\0';
     for (size_t i = 0; i < N_KEYS; i++) {
         if ((KEYS[i].role == ROLE_MODEL) != model_keys) continue;
+        char va[CONFIG_PATH_MAX + 32], vb[CONFIG_PATH_MAX + 32];
+        format_value(a, &KEYS[i], va, sizeof va);
+        format_value(b, &KEYS[i], vb, sizeof vb);
+        if (strcmp(va, vb) == 0) continue;
+        differing++;
+        if (len < out_len)
+            len += (size_t)snprintf(out + len, out_len - len, "%s%s.%s: %s vs %s", differing > 1 ? "; " : "",
+                                    KEYS[i].section, KEYS[i].name, va, vb);
+    }
+    return differing;
+}
+
+static bool is_architecture_key(const config_key *k) {
+    return k->role == ROLE_MODEL && strcmp(k->section, "data") != 0 && strcmp(k->section, "train") != 0 &&
+           strcmp(k->section, "dist") != 0;
+}
+
+int config_compare_architecture(const config *a, const config *b, char *out, size_t out_len) {
+    int differing = 0;
+    size_t len = 0;
+    if (out_len) out[0] = '\0';
+    for (size_t i = 0; i < N_KEYS; i++) {
+        if (!is_architecture_key(&KEYS[i])) continue;
         char va[CONFIG_PATH_MAX + 32], vb[CONFIG_PATH_MAX + 32];
         format_value(a, &KEYS[i], va, sizeof va);
         format_value(b, &KEYS[i], vb, sizeof vb);

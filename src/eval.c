@@ -144,6 +144,7 @@ void eval_result_row(const eval_result *r, long long step, const metric_table *e
     for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++)
         metric_table_set(eval_log, row, scalars[i].name, &scalars[i].value);
     metric_table_set(eval_log, row, "loss_by_k", e->loss_by_k);
+    metric_table_set(eval_log, row, "bpb", &e->bpb);
     metric_table_set(eval_log, row, "gain_R", r->gain_R);
     metric_table_set(eval_log, row, "gain_R_attn", r->gain_R_attn);
     metric_table_set(eval_log, row, "gamma", r->gamma);

@@ -110,10 +110,14 @@ void embedding_backward(float *dtable, const int32_t *tokens, const float *dout,
 }
 
 void rope_tables(float *cos_table, float *sin_table, int max_positions, int dh, double base) {
+    rope_tables_from(cos_table, sin_table, 0, max_positions, dh, base);
+}
+
+void rope_tables_from(float *cos_table, float *sin_table, long long first, int count, int dh, double base) {
     int half = dh / 2;
-    for (int t = 0; t < max_positions; t++)
+    for (int t = 0; t < count; t++)
         for (int j = 0; j < half; j++) {
-            double angle = t * pow(base, -2.0 * j / dh);
+            double angle = (double)(first + t) * pow(base, -2.0 * j / dh);
             cos_table[(size_t)t * half + j] = (float)cos(angle);
             sin_table[(size_t)t * half + j] = (float)sin(angle);
         }

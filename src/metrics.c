@@ -1,6 +1,8 @@
 /* docs/metrics.md §3 metrics: L_new, L_rep, loss_by_k, delta_12, acc, exact match. */
 #include "momfmm/metrics.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,6 +73,31 @@ void metrics_finish(const metric_sums *s, eval_metrics *out) {
     out->exact_match = ratio(s->exact_sequences, s->sequences);
     for (int k = 0; k < OCCURRENCE_BINS; k++) out->loss_by_k[k] = ratio(s->by_k_sum[k], s->by_k_count[k]);
     out->delta_12 = out->loss_by_k[0] - out->loss_by_k[1];
+    out->bpb = out->loss / M_LN2;
+}
+
+const char *metric_text(double value, int digits, char *buf, size_t len) {
+    if (isfinite(value)) snprintf(buf, len, "%.*f", digits, value);
+    else snprintf(buf, len, "%s", isnan(value) ? "—" : value > 0 ? "inf" : "-inf");
+    return buf;
+}
+
+void eval_metrics_format(const eval_metrics *e, int task, int digits, char *out, size_t len) {
+    const struct {
+        const char *name;
+        double value;
+        int task; /* -1: every task */
+    } shown[] = {{"loss", e->loss, -1},         {"bpb", e->bpb, TASK_TEXT},        {"acc", e->acc, TASK_COPY},
+                 {"exact", e->exact_match, TASK_COPY}, {"acc", e->acc, TASK_LISTOPS}, {"L_new", e->L_new, TASK_CHAIN},
+                 {"L_rep", e->L_rep, TASK_CHAIN}, {"delta_12", e->delta_12, TASK_CHAIN}};
+    size_t n = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < sizeof shown / sizeof shown[0] && n < len; i++) {
+        if (shown[i].task >= 0 && shown[i].task != task) continue;
+        char value[32];
+        n += (size_t)snprintf(out + n, len - n, "%s%s %s", n ? " | " : "", shown[i].name,
+                              metric_text(shown[i].value, digits, value, sizeof value));
+    }
 }
 
 void metric_table_init(metric_table *t) { memset(t, 0, sizeof *t); }
@@ -157,4 +184,29 @@ void metric_tables_standard(metric_table *train, metric_table *eval, int n_layer
     metric_table_add_column(eval, "gain_R", n_layers, false);
     metric_table_add_column(eval, "gain_R_attn", n_layers, false);
     metric_table_add_matrix_column(eval, "gamma", n_layers, n_heads);
+}
+
+void metric_tables_add_task_columns(metric_table *train, metric_table *eval, int task) {
+    if (task != TASK_TEXT) return;
+    if (train) metric_table_add_column(train, "bpb", 1, false);
+    if (eval) metric_table_add_column(eval, "bpb", 1, false);
+}
+
+/* Column `name` of row `index`, or NaN when the table lacks it. */
+static double row_value(const metric_table *t, long long index, const char *name) {
+    int offset = metric_table_column_offset(t, name);
+    return offset < 0 ? NAN : t->values[index * t->row_width + offset];
+}
+
+void eval_metrics_from_row(const metric_table *eval, long long index, eval_metrics *out) {
+    out->loss = row_value(eval, index, "loss");
+    out->L_new = row_value(eval, index, "L_new");
+    out->L_rep = row_value(eval, index, "L_rep");
+    out->delta_12 = row_value(eval, index, "delta_12");
+    out->acc = row_value(eval, index, "acc");
+    out->exact_match = row_value(eval, index, "exact_match");
+    out->bpb = out->loss / M_LN2;
+    int offset = metric_table_column_offset(eval, "loss_by_k");
+    for (int k = 0; k < OCCURRENCE_BINS; k++)
+        out->loss_by_k[k] = offset < 0 ? NAN : eval->values[index * eval->row_width + offset + k];
 }

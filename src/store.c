@@ -35,6 +35,8 @@ static void temporary_path(const char *path, char *tmp, size_t len) {
 static bool is_temporary_name(const char *name) {
     unsigned long long step;
     int used = 0;
+    sscanf(name, STORE_BEST_NAME ".tmp.%*d%n", &used);
+    if (used > 0 && name[used] == '\0') return true;
     return sscanf(name, "ckpt_%8llu.h5.tmp.%*d%n", &step, &used) == 1 && used > 0 && name[used] == '\0';
 }
 
@@ -75,6 +77,8 @@ void store_checkpoint_path(const char *dir, long long step, char *path, size_t l
     snprintf(name, sizeof name, CHECKPOINT_NAME, step);
     snprintf(path, len, "%s/%s", dir, name);
 }
+
+void store_best_path(const char *dir, char *path, size_t len) { snprintf(path, len, "%s/" STORE_BEST_NAME, dir); }
 
 static int compare_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 

@@ -37,6 +37,7 @@ int stream_create(stream_state *st, const model *m, int S, int capacity, int n_m
         {&st->att, rows * d}, {&st->fc, rows * ff}, {&st->fc_tanh, rows * ff}, {&st->stats, 2 * rows},
         {&st->head_scratch, attention_stream_scratch_floats(&m->fmm, n_max, m->dh)},
         {&st->probs, (size_t)n_max * capacity},
+        {&st->rope_cos, (size_t)n_max * (dh / 2)}, {&st->rope_sin, (size_t)n_max * (dh / 2)},
     };
     size_t total = 0, n = sizeof plan / sizeof plan[0];
     for (size_t i = 0; i < n; i++) total += plan[i].count;
@@ -67,6 +68,7 @@ static attention_stream_layer stream_layer(const model *m, const stream_state *s
         .carry_x = st->carry_x + 2 * heads * dh, .carry_p = st->carry_p + 2 * heads * dh,
         .far_state = st->far_state + heads * fmm_stream_state_floats(&m->fmm, m->dh),
         .scratch = st->head_scratch, .probs = st->probs,
+        .rope_pos = 0, .continued = st->dropped + st->pos > 0,
     };
     return a;
 }
@@ -79,6 +81,7 @@ static void stream_block(model *m, stream_state *st, int l, int rows, int n) {
     layernorm_forward(st->ln, mean, rstd, st->x, w->ln1_weight, w->ln1_bias, rows, m->d);
     matmul_forward(st->qkv, st->ln, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d);
     attention_layer view = model_attention_layer(m, l, false);
+    view.rope_cos = st->rope_cos, view.rope_sin = st->rope_sin; /* the segment's absolute positions */
     attention_stream_layer cache = stream_layer(m, st, l);
     attention_stream_forward(&view, &cache, st->qkv, st->att, n);
     matmul_forward(st->mid, st->att, w->proj_weight, w->proj_bias, rows, m->d, m->d);
@@ -95,10 +98,24 @@ int stream_forward(model *m, stream_state *st, const int32_t *tokens, int n, flo
         return status_fail(err, 1, "internal: stream segment of %d at %d exceeds %d / %d", n, st->pos, st->n_max,
                            st->capacity);
     int rows = st->S * n;
+    rope_tables_from(st->rope_cos, st->rope_sin, st->dropped + st->pos, n, m->dh, m->cfg.rope_base);
     embedding_forward(st->x, tokens, m->w.tok_emb, rows, m->d);
     for (int l = 0; l < m->L; l++) stream_block(m, st, l, rows, n);
     layernorm_forward(st->ln, st->stats, st->stats + rows, st->x, m->w.ln_f_weight, m->w.ln_f_bias, rows, m->d);
     matmul_forward(logits, st->ln, m->w.head_weight, NULL, rows, m->d, m->V);
     st->pos += n;
     return 0;
+}
+
+void stream_slide(const model *m, stream_state *st, int keep) {
+    if (keep >= st->pos) return;
+    int drop = st->pos - keep;
+    size_t dh = (size_t)m->dh, caches = (size_t)m->L * st->S * m->H;
+    for (size_t c = 0; c < caches; c++) {
+        float *k = st->k_cache + c * st->capacity * dh, *v = st->v_cache + c * st->capacity * dh;
+        memmove(k, k + drop * dh, sizeof(float) * keep * dh);
+        memmove(v, v + drop * dh, sizeof(float) * keep * dh);
+    }
+    st->dropped += drop;
+    st->pos = keep;
 }

@@ -59,6 +59,7 @@ int trainer_create(trainer *t, const config *cfg, status *err) {
     if (rank_shard_open(&t->shard, cfg, err) != 0 || check_memory(t, err) != 0) return err->code;
     t->reducer = grad_reducer_create(&t->model, cfg->bucket_mb, cfg->overlap);
     metric_tables_standard(&t->train_log, &t->eval_log, cfg->n_layers, cfg->n_heads);
+    metric_tables_add_task_columns(&t->train_log, &t->eval_log, cfg->task);
     t->reduce_scratch = xcalloc(2 + t->model.n_buffer, sizeof(double));
     return 0;
 }
@@ -153,6 +154,7 @@ static int try_resume(const char *path, void *ctx, status *err) {
         log_rank0("warning: schedule keys changed since the checkpoint (checkpoint vs now): %s\n", diff);
     t->step = info.step;
     t->tokens_seen = info.tokens_seen;
+    snprintf(t->init_from, sizeof t->init_from, "%s", info.init_from);
     if (info.world_size != process_count())
         log_rank0("note: checkpoint written by %d ranks, resuming on %d (same math up to float summation order)\n",
                   info.world_size, process_count());
@@ -174,8 +176,26 @@ int trainer_resume(trainer *t, const char *how, status *err) {
     return dist_try_check_consistency(&t->model, t->step, err);
 }
 
+int trainer_init_from(trainer *t, const char *path, status *err) {
+    config saved;
+    checkpoint_info info;
+    if (checkpoint_read_config(path, &saved, &info, err) != 0) return err->code;
+    char diff[4096];
+    if (config_compare_architecture(&saved, &t->cfg, diff, sizeof diff) > 0)
+        return status_fail(err, EXIT_BAD_FILE,
+                           "--init %s: the model differs from the config's (checkpoint vs now): %s", path, diff);
+    if (checkpoint_read_state(path, &t->model, false, NULL, NULL, err) != 0) return err->code;
+    /* an absolute name, so that the record stays meaningful from anywhere */
+    char *absolute = realpath(path, NULL);
+    snprintf(t->init_from, sizeof t->init_from, "%s", absolute ? absolute : path);
+    free(absolute);
+    log_rank0("initialised from %s (step %lld): fresh optimizer, step 0\n", path, info.step);
+    return dist_try_check_consistency(&t->model, t->step, err);
+}
+
 int trainer_save(const trainer *t, char *path, size_t len, status *err) {
     if (process_rank() != 0) return 0;
-    checkpoint_info info = {t->step, t->tokens_seen, process_count()};
+    checkpoint_info info = {.step = t->step, .tokens_seen = t->tokens_seen, .world_size = process_count()};
+    snprintf(info.init_from, sizeof info.init_from, "%s", t->init_from);
     return store_save(t->cfg.out_dir, t->cfg.keep, &t->model, &info, &t->train_log, &t->eval_log, path, len, err);
 }

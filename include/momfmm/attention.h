@@ -41,6 +41,8 @@ typedef struct {
     float *far_state;                 /* [S][H][fmm_stream_state_floats] */
     float *scratch;                   /* attention_stream_scratch_floats */
     float *probs;                     /* [n_max][capacity] attention weights */
+    int rope_pos;                     /* the segment's first row in the layer's rope tables */
+    bool continued;                   /* an earlier position exists (perhaps slid out of the cache) */
 } attention_stream_layer;
 
 /* Floats per (row, head) kept between forward and backward, and the

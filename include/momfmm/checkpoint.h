@@ -19,6 +19,7 @@
 typedef struct {
     long long step, tokens_seen;
     int world_size;
+    char init_from[CONFIG_PATH_MAX]; /* root attribute init_from: the --init checkpoint, or "" */
 } checkpoint_info;
 
 /* Writes the docs/files.md §4 layout to `path` atomically: into `tmp` (a name in the
@@ -36,6 +37,10 @@ int checkpoint_read_config(const char *path, config *c, checkpoint_info *info, s
  * wrong shape names both. */
 int checkpoint_read_state(const char *path, model *m, bool optimizer, metric_table *train, metric_table *eval,
                           status *err);
+
+/* Only the /metrics tables (built for the checkpoint's config, as
+ * checkpoint_read_state's): e.g. the history of best.h5. */
+int checkpoint_read_metrics(const char *path, metric_table *train, metric_table *eval, status *err);
 
 /* A model created from a checkpoint's config (with gradients and moments
  * when `training`, else model_create_for_inference) holding its weights and

@@ -6,14 +6,24 @@
 #define MOMFMM_COMMANDS_H
 #include <stdbool.h>
 
-int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume);
+/* With `init`, the run starts from that checkpoint's weights (fine-tuning). */
+int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume, const char *init);
 int command_bench(const char *config_path, int n_overrides, char **overrides, int steps);
 int command_inspect(const char *ckpt);
 /* Eval metrics of docs/metrics.md §3; with stream, the eval batches also go through the
  * streaming path in segments of `segment` tokens, and the largest logit
  * difference from the full forward is reported. */
 int command_eval(const char *ckpt, bool stream, int segment);
-/* Greedy (temperature 0) or sampled continuation of a comma- or
- * space-separated token prompt, through the streaming path. */
-int command_generate(const char *ckpt, const char *prompt, int n_tokens, double temperature, long long seed);
+/* The options of `generate` (docs/cli.md §5), checked by the parser except
+ * what needs the model (--text on a vocabulary other than bytes). */
+typedef struct {
+    const char *prompt, *text, *stop; /* ids; or text bytes; stop bytes (NULL: none) */
+    int n_tokens, top_k;              /* top_k 0: every token */
+    double temperature, top_p;        /* temperature 0: greedy; top_p in (0, 1] */
+    long long seed;
+} generate_options;
+/* Greedy or sampled continuation of a prompt of ids or of text, through
+ * the streaming path with a sliding window past model.max_seq_len
+ * (cmd_generate.c). */
+int command_generate(const char *ckpt, const generate_options *options);
 #endif

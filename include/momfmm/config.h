@@ -44,6 +44,7 @@ typedef struct {
     long long steps;
     int batch_size, warmup, log_interval, eval_interval, eval_batches;
     int ckpt_interval, keep;
+    bool keep_best; /* best.h5: the checkpoint of the lowest eval loss (docs/design.md §8.4) */
     double lr, min_lr, weight_decay, beta1, beta2, adam_eps, grad_clip;
     int schedule; /* lr_schedule */
     long long seed;
@@ -92,4 +93,8 @@ bool config_momentum_enabled(const config *c);
  * they must match on resume) or the schedule keys (false; they may change).
  * Writes "section.key: a vs b; ..." into out; returns how many differ. */
 int config_compare_keys(const config *a, const config *b, bool model_keys, char *out, size_t out_len);
+/* The same over the keys that define the network alone (sections model,
+ * attention, momentum, fmm): what `train --init` requires to match, while
+ * data, train and dist keys may change (docs/cli.md §5). */
+int config_compare_architecture(const config *a, const config *b, char *out, size_t out_len);
 #endif

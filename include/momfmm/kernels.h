@@ -37,6 +37,9 @@ void embedding_backward(float *dtable, const int32_t *tokens, const float *dout,
 /* RoPE (docs/model.md §1.1) in place on one head's [T, dh] vectors at positions
  * pos0..pos0+T-1; tables are [max_positions, dh/2] of cos and sin of t*theta_j. */
 void rope_tables(float *cos_table, float *sin_table, int max_positions, int dh, double base);
+/* Rows first..first+count-1 of rope_tables, in rows 0..count-1 (the same
+ * values): RoPE at absolute positions of an unbounded stream. */
+void rope_tables_from(float *cos_table, float *sin_table, long long first, int count, int dh, double base);
 void rope_forward(float *x, const float *cos_table, const float *sin_table, int T, int dh, int pos0);
 /* The inverse rotation, which is also the adjoint: applied to a gradient in place. */
 void rope_backward(float *dx, const float *cos_table, const float *sin_table, int T, int dh, int pos0);

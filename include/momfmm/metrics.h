@@ -4,6 +4,7 @@
 #ifndef MOMFMM_METRICS_H
 #define MOMFMM_METRICS_H
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "momfmm/data.h"
@@ -21,7 +22,17 @@ typedef struct {
 typedef struct {
     double loss, L_new, L_rep, delta_12, acc, exact_match;
     double loss_by_k[OCCURRENCE_BINS];
+    double bpb; /* bits per predicted byte, loss / ln 2 (docs/metrics.md §3, text) */
 } eval_metrics;
+
+/* "1.234" with `digits` decimals, or "—" for a value with no data (an empty
+ * bin is NaN in the tables, docs/metrics.md §3; never printed as nan). */
+const char *metric_text(double value, int digits, char *buf, size_t len);
+/* The metrics a task is read by (docs/metrics.md §3), as "loss 1.2345 | bpb 1.7811":
+ * text loss and bits per byte; copy accuracy and exact match; listops
+ * accuracy; chain L_new, L_rep, delta_12. */
+void eval_metrics_format(const eval_metrics *e, int task, int digits, char *out, size_t len);
+
 
 /* Occurrence count k of each target (docs/metrics.md §3): how often the target token
  * appeared among inputs[0..t]. counts_scratch holds vocab_size ints. */
@@ -67,4 +78,9 @@ void metric_table_free(metric_table *t);
 /* The train and eval tables with the columns of docs/metrics.md §3/4; eval also has
  * gain_R [n, n_layers] and the per-head momentum gamma [n, n_layers, n_heads]. */
 void metric_tables_standard(metric_table *train, metric_table *eval, int n_layers, int n_heads);
+/* Adds the columns of the task (docs/files.md §4): `bpb` to both tables for
+ * text. Called after metric_tables_standard. */
+void metric_tables_add_task_columns(metric_table *train, metric_table *eval, int task);
+/* The eval_metrics of row `index` of an eval table (fields it lacks are NaN). */
+void eval_metrics_from_row(const metric_table *eval, long long index, eval_metrics *out);
 #endif

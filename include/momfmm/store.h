@@ -20,6 +20,12 @@
  * Returns 0, or EXIT_USAGE in err when dir cannot be created. Rank 0 only. */
 int store_open(const char *dir, status *err);
 
+/* train.keep_best (docs/design.md §8.4): dir/best.h5, the checkpoint of the
+ * lowest eval loss so far, written atomically (store_write_checkpoint) and
+ * never pruned (not a checkpoint name, so neither listed nor resumed). */
+#define STORE_BEST_NAME "best.h5"
+void store_best_path(const char *dir, char *path, size_t len);
+
 /* dir/ckpt_<8 digits>.h5 */
 void store_checkpoint_path(const char *dir, long long step, char *path, size_t len);
 

@@ -21,6 +21,7 @@ typedef struct {
     metric_table train_log, eval_log;
     long long step, tokens_seen;
     double *reduce_scratch; /* [2 + n_buffer]: loss sum, count, buffer sums */
+    char init_from[CONFIG_PATH_MAX]; /* --init checkpoint of this run's timeline, or "" */
 } trainer;
 
 typedef struct {
@@ -44,6 +45,11 @@ int trainer_log_eval(trainer *t, eval_result *r, status *err);
  * or EXIT_BAD_FILE in err (a file that does not load, or a config that
  * changes the model or the data). */
 int trainer_resume(trainer *t, const char *how, status *err);
+/* --init (fine-tuning, docs/cli.md §5): the weights and momentum buffers of the
+ * checkpoint at `path`, with the fresh optimizer and step 0 of
+ * trainer_create. Returns 0, or EXIT_BAD_FILE in err: a file that does not
+ * load, or one whose architecture keys differ (listing every one). */
+int trainer_init_from(trainer *t, const char *path, status *err);
 /* Rank 0 writes the checkpoint of t->step into train.out_dir and prunes
  * (store.h); path receives its name. Other ranks return 0 at once. */
 int trainer_save(const trainer *t, char *path, size_t len, status *err);

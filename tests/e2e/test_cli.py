@@ -14,12 +14,12 @@ import pytest
 COMMANDS = ["train", "init", "loss", "eval", "inspect", "generate", "bench"]
 # Each command's options, and the defaults its help must state.
 OPTIONS = {
-    "train": ["--set", "--resume"],
+    "train": ["--set", "--resume", "--init"],
     "init": ["--set", "--out"],
     "loss": ["--grads"],
     "eval": ["--stream", "--segment"],
     "inspect": [],
-    "generate": ["--prompt", "--tokens", "--temperature", "--seed"],
+    "generate": ["--prompt", "--text", "--tokens", "--temperature", "--seed", "--top-k", "--top-p", "--stop"],
     "bench": ["--set", "--steps"],
 }
 DEFAULTS = {"bench": ["--steps N", "(default: 10)"], "eval": ["--segment N", "(default: 1)"],
