@@ -558,6 +558,11 @@ static void derive_bpb(metric_table *t, long long rows, int offset) {
         t->values[i * t->row_width + offset] = t->values[i * t->row_width + loss] / M_LN2;
 }
 
+/* Columns added to /metrics after format_version 1 was fixed (docs/files.md §4):
+ * a file written before them lacks them: gain_R_attn reads as NaN there,
+ * bpb follows from the loss (derive_bpb). */
+static bool column_added_later(const char *name) { return strcmp(name, "gain_R_attn") == 0 || strcmp(name, "bpb") == 0; }
+
 /* The first dims[0] rows of a column whose other dimensions are dims[1..]:
  * all of its rows unless `live`, where a run may have appended more. */
 static void read_first_rows(reader *r, const char *name, bool live, int ndim, const hsize_t *dims, double *out) {
@@ -590,6 +595,7 @@ static long long table_rows(reader *r, const char *group, const metric_table *t,
     for (int c = 0; c < (live ? t->n_columns : 1); c++) {
         char name[128];
         snprintf(name, sizeof name, "%s/%s", group, t->columns[c].name);
+        if (column_added_later(t->columns[c].name) && H5Lexists(r->file, name, H5P_DEFAULT) <= 0) continue;
         hsize_t dims[H5S_MAX_RANK] = {0};
         int ndim;
         hid_t dset = open_dataset(r, name, &ndim, dims);
@@ -622,7 +628,10 @@ static void read_metric_table(reader *r, const char *group, metric_table *t, boo
         unsigned long long shape[3];
         int ndim_want = metric_column_shape(col, rows, shape);
         hsize_t want[3] = {shape[0], shape[1], shape[2]};
-        read_first_rows(r, name, live, ndim_want, want, column);
+        if (column_added_later(col->name) && H5Lexists(r->file, name, H5P_DEFAULT) <= 0)
+            for (size_t i = 0; i < (size_t)rows * col->width; i++) column[i] = NAN;
+        else
+            read_first_rows(r, name, live, ndim_want, want, column);
         for (long long i = 0; i < rows; i++) {
             if (c == 0) metric_table_append(t, row);
             for (int j = 0; j < col->width; j++) t->values[i * t->row_width + offset + j] = column[i * col->width + j];

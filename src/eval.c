@@ -32,8 +32,9 @@ void rank_shard_close(rank_shard *s) {
 
 void eval_result_init(eval_result *r, const model *m) {
     memset(r, 0, sizeof *r);
-    r->gain_R = xcalloc((size_t)m->L * (1 + m->H), sizeof(double));
-    r->gamma = r->gain_R + m->L;
+    r->gain_R = xcalloc((size_t)m->L * (2 + m->H), sizeof(double));
+    r->gain_R_attn = r->gain_R + m->L;
+    r->gamma = r->gain_R_attn + m->L;
 }
 
 void eval_result_free(eval_result *r) {
@@ -79,7 +80,8 @@ static double stream_batch(model *m, const batch *b, int segment, const float *f
 /* Running sums of one evaluation, reduced over ranks at the end. */
 typedef struct {
     metric_sums full, streamed;
-    double *gains;   /* [L + 1]: gain ratio sums per block, then the row count */
+    double *gains;   /* [2L + 1]: gain ratio sums per block, the row count, then the
+                      * attention sublayer's ratio sums per layer (gain_R_attn) */
     float *losses;   /* [B*T] streamed losses */
     int32_t *predictions;
     double max_diff;
@@ -90,7 +92,8 @@ static int evaluate_batch(model *m, rank_shard *shard, int i, int segment, eval_
     data_fill(shard->data, b, SPLIT_EVAL, i, shard->first);
     model_forward(m, b->inputs, b->targets, b->labels, b->B, b->T, false);
     metrics_accumulate(&e->full, b, m->acts.losses, m->acts.predictions, m->cfg.head == HEAD_CLS, m->V);
-    block_gains(m, b->B, b->T, (uint64_t)m->cfg.seed + (uint64_t)i, shard->first, e->gains);
+    block_gains(m, b->B, b->T, (uint64_t)m->cfg.seed + (uint64_t)i, shard->first, e->gains,
+                e->gains + m->L + 1);
     e->gains[m->L] += b->B;
     if (segment <= 0) return 0;
     /* block_gains leaves the forward's logits as they were */
@@ -106,7 +109,7 @@ int evaluate(model *m, rank_shard *shard, int stream_segment, eval_result *r, st
     eval_sums e;
     memset(&e, 0, sizeof e);
     size_t rows = (size_t)shard->batch.B * shard->batch.T;
-    e.gains = xcalloc((size_t)m->L + 1, sizeof(double));
+    e.gains = xcalloc(2 * (size_t)m->L + 1, sizeof(double));
     e.losses = xcalloc(rows, sizeof(float));
     e.predictions = xcalloc(rows, sizeof(int32_t));
     m->keep_logits = stream_segment > 0;
@@ -116,8 +119,9 @@ int evaluate(model *m, rank_shard *shard, int stream_segment, eval_result *r, st
     if (rc == 0) {
         dist_sum_doubles((double *)&e.full, (int)METRIC_SUMS_DOUBLES);
         metrics_finish(&e.full, &r->metrics);
-        dist_sum_doubles(e.gains, m->L + 1);
+        dist_sum_doubles(e.gains, 2 * m->L + 1);
         for (int l = 0; l < m->L; l++) r->gain_R[l] = e.gains[l] / e.gains[m->L];
+        for (int l = 0; l < m->L; l++) r->gain_R_attn[l] = e.gains[m->L + 1 + l] / e.gains[m->L];
         eval_readouts(m, r);
         r->streamed = stream_segment > 0;
     }
@@ -142,5 +146,6 @@ void eval_result_row(const eval_result *r, long long step, const metric_table *e
     metric_table_set(eval_log, row, "loss_by_k", e->loss_by_k);
     metric_table_set(eval_log, row, "bpb", &e->bpb);
     metric_table_set(eval_log, row, "gain_R", r->gain_R);
+    metric_table_set(eval_log, row, "gain_R_attn", r->gain_R_attn);
     metric_table_set(eval_log, row, "gamma", r->gamma);
 }

@@ -182,6 +182,7 @@ void metric_tables_standard(metric_table *train, metric_table *eval, int n_layer
     metric_table_add_column(eval, "exact_match", 1, false);
     metric_table_add_column(eval, "loss_by_k", OCCURRENCE_BINS, false);
     metric_table_add_column(eval, "gain_R", n_layers, false);
+    metric_table_add_column(eval, "gain_R_attn", n_layers, false);
     metric_table_add_matrix_column(eval, "gamma", n_layers, n_heads);
 }
 

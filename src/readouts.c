@@ -15,15 +15,33 @@ static double row_norm(const float *x, size_t n) {
     return sqrt(s);
 }
 
-void block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums) {
+/* Sum over the rows of ||y'_b - y_b|| / ||delta_b||, with y = (after - before) when
+ * before is given (a sublayer without its residual path) and y = after otherwise. */
+static void add_row_ratios(const float *after, const float *after_saved, const float *before,
+                           const float *before_saved, const double *delta_norms, int B, size_t row,
+                           double *ratio_sum) {
+    for (int b = 0; b < B; b++) {
+        double diff = 0;
+        for (size_t i = b * row; i < (b + 1) * row; i++) {
+            double d = (double)after[i] - after_saved[i];
+            if (before) d -= (double)before[i] - before_saved[i];
+            diff += d * d;
+        }
+        if (delta_norms[b] > 0) *ratio_sum += sqrt(diff) / delta_norms[b];
+    }
+}
+
+void block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums,
+                 double *attn_ratio_sums) {
     activations *a = &m->acts;
     size_t row = (size_t)T * m->d, bt_d = (size_t)B * row;
-    float *saved_in = xcalloc(2 * bt_d, sizeof(float)), *saved_out = saved_in + bt_d;
+    float *saved_in = xcalloc(3 * bt_d, sizeof(float)), *saved_out = saved_in + bt_d, *saved_mid = saved_out + bt_d;
     double *delta_norms = xcalloc((size_t)B, sizeof(double));
     for (int l = 0; l < m->L; l++) {
-        float *in = a->residual + l * bt_d, *out = a->residual + (l + 1) * bt_d;
+        float *in = a->residual + l * bt_d, *out = a->residual + (l + 1) * bt_d, *mid = a->mid + l * bt_d;
         memcpy(saved_in, in, sizeof(float) * bt_d);
         memcpy(saved_out, out, sizeof(float) * bt_d);
+        memcpy(saved_mid, mid, sizeof(float) * bt_d);
         for (int b = 0; b < B; b++) {
             float *x = in + b * row;
             /* keyed by the global sample index, as the samples are: the same
@@ -42,16 +60,12 @@ void block_gains(model *m, int B, int T, uint64_t seed, long long first_row, dou
             delta_norms[b] = sqrt(added);
         }
         model_block_forward(m, l, B, T, false);
-        for (int b = 0; b < B; b++) {
-            double diff = 0;
-            for (size_t i = 0; i < row; i++) {
-                double d = (double)out[b * row + i] - saved_out[b * row + i];
-                diff += d * d;
-            }
-            if (delta_norms[b] > 0) ratio_sums[l] += sqrt(diff) / delta_norms[b];
-        }
+        add_row_ratios(out, saved_out, NULL, NULL, delta_norms, B, row, &ratio_sums[l]);
+        /* mid = x + A(LN1(x)): the attention sublayer alone is mid - x (docs/metrics.md §3) */
+        if (attn_ratio_sums) add_row_ratios(mid, saved_mid, in, saved_in, delta_norms, B, row, &attn_ratio_sums[l]);
         memcpy(in, saved_in, sizeof(float) * bt_d);
         memcpy(out, saved_out, sizeof(float) * bt_d);
+        memcpy(mid, saved_mid, sizeof(float) * bt_d);
     }
     free(saved_in);
     free(delta_norms);

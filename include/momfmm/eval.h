@@ -27,6 +27,7 @@ void rank_shard_close(rank_shard *s);
 typedef struct {
     eval_metrics metrics;         /* docs/metrics.md §3 over train.eval_batches batches */
     double *gain_R;               /* [n_layers] */
+    double *gain_R_attn;          /* [n_layers]: attention sublayer without its residual */
     double *gamma;                /* [n_layers * n_heads]: learned or fixed, 0 without momentum */
     bool streamed;                /* the fields below are filled */
     eval_metrics stream_metrics;  /* the same batches through the streaming path */

@@ -12,8 +12,12 @@
  * 1e-3 ||x||, keyed by (seed, block, global sample index) so that it does not
  * depend on the rank count. Adds each row's ratio into ratio_sums[layer] (the
  * caller sums over ranks, then divides by the global number of rows).
+ * With attn_ratio_sums (may be NULL), the same delta also gives gain_R_attn of
+ * docs/metrics.md §3: ||A(LN1(x + delta)) - A(LN1(x))|| / ||delta||, the attention
+ * sublayer's output before its residual add, summed per layer the same way.
  * Leaves the forward's outputs as they were. */
-void block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums);
+void block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums,
+                 double *attn_ratio_sums);
 
 /* gamma_h of every layer and head, learned or fixed: out[layer * H + h]. */
 void momentum_gammas(const model *m, double *out);

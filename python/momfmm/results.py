@@ -40,7 +40,7 @@ import warnings
 
 import numpy as np
 
-from momfmm import plot
+from momfmm import plot, seed_scale
 from momfmm.fmt import fmt_value, markdown, shortest
 from momfmm.suite import (NOISE_SE, NOT_RUN, PROG, ROOT, SAME_TOL, attention_label, close_claim,
                           complete, eval_steps, family_of, find, group_entries, less_claim,
@@ -616,6 +616,8 @@ def write_results(args, ap):
     if ("text", None) in fams:
         body.append("## Text (both seeds)\n")
         text_section(ctx, fams[("text", None)], body, claims)
+    # the seed's claims at its own scale (momfmm/seed_scale.py)
+    seed_scale.section(ctx, fams, body, claims, SEED_MOMENTUM, loss_by_k_table)
 
     n_ran = sum(1 for e in entries if e.run is not None)
     n_done = sum(1 for e in entries if complete(e))

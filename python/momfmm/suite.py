@@ -121,6 +121,10 @@ def setting(entry, key, default=""):
 def family_of(entry):
     base = os.path.basename(entry.config)
     base = re.sub(r"(_full)?\.ini$", "", base)
+    if base == "chain_seed":  # the seed-scale families (momfmm.seed_scale): L sweep and R runs
+        return ("seed_R", None) if entry.name.startswith("chain_seed_R_") else ("chain_seed", None)
+    if base == "text_seed":
+        return ("text_seed", None)
     m = re.match(r"chain_L(\d+)$", base)
     if m:
         return ("chain", int(m.group(1)))
@@ -388,6 +392,21 @@ def less_claim(text, ga, gb, metric, flip=False):
         verdict = "held" if held else "did not hold"
         shown = f"**{verdict}**"
     return (verdict, f"{text}: {shown} ({fmt_pair(first)} vs {fmt_pair(second)}){note}")
+
+
+def no_worse_claim(text, ga, gb, metric):
+    """Claim: ga's mean metric is not above gb's ("no degradation"): held when it is lower or
+    higher by less than the seed noise (NOISE_SE standard errors; the line says which), did not
+    hold when higher by more. With a single seed on a side, a higher mean does not hold."""
+    a, b, missing = claim_sides(text, ga, gb, metric)
+    if missing:
+        return missing
+    note, noisy = noise_note(a, b)
+    worse = np.mean(a) > np.mean(b)
+    verdict = "did not hold" if worse and not noisy else "held"
+    how = ("higher, within seed noise" if worse else "not higher") if verdict == "held" else "higher beyond seed noise"
+    rel = (np.mean(a) - np.mean(b)) / max(abs(np.mean(b)), 1e-12)
+    return (verdict, f"{text}: **{verdict}** ({how}: {fmt_pair(a)} vs {fmt_pair(b)}, {rel:+.2%}){note}")
 
 
 def same_claim(text, ga, gb, metric):

@@ -146,7 +146,8 @@ def check_layout(R, report, label, path, s):
 
     ev = ck.eval
     want_e = {k: (n_eval,) for k in ("step", "loss", "L_new", "L_rep", "delta_12", "acc", "exact_match")}
-    want_e.update({"loss_by_k": (n_eval, 16), "gain_R": (n_eval, L), "gamma": (n_eval, L, H)})
+    want_e.update({"loss_by_k": (n_eval, 16), "gain_R": (n_eval, L), "gain_R_attn": (n_eval, L),
+                   "gamma": (n_eval, L, H)})
     got_e = {k: v.shape for k, v in ev.items()}
     types_ok = "step" in ev and ev["step"].dtype == np.int64 and all(
         v.dtype == np.float64 for k, v in ev.items() if k != "step")
@@ -431,6 +432,24 @@ class TestBadFiles:
         report.check(f"bad file {case}: file untouched, nothing trained",
                      digest(path) == before and not checkpoints(out_dir)
                      and not re.search(r"^step \d+/", r.stdout, re.M))
+
+    def test_resume_without_gain_r_attn(self, R, report, straight, bad_setup):
+        """A checkpoint written before /metrics/eval/gain_R_attn existed (docs/files.md §4)
+        resumes: its old eval rows read as NaN there, the new rows are measured."""
+        ini, work = bad_setup
+        path = os.path.join(work, "no_gain_r_attn.h5")
+        drop("metrics/eval/gain_R_attn")(ckpt(straight, N), path)
+        out_dir = os.path.join(work, "out_no_gain_r_attn")
+        r = R.train(ini, f"train.out_dir={out_dir}", resume=path)
+        done = checkpoints(out_dir)
+        ok = r.returncode == 0 and done
+        if ok:
+            with h5py.File(done[max(done)], "r") as f:
+                g = f["metrics/eval/gain_R_attn"][()]
+                old = len(f["metrics/eval/step"][()]) - int(np.sum(f["metrics/eval/step"][()] > N))
+            ok = bool(np.isnan(g[:old]).all() and np.isfinite(g[old:]).all() and len(g) > old)
+        report.check("a checkpoint without gain_R_attn resumes; its old rows are NaN, the new ones measured", ok,
+                     f"rc {r.returncode}; {r.stderr.strip()[:300]!r}")
 
     @pytest.mark.parametrize("case,make,needle", CORRUPT_NEWEST, ids=[c[0] for c in CORRUPT_NEWEST])
     def test_resume_auto_corrupt_newest(self, R, report, straight, bad_setup, case, make, needle):

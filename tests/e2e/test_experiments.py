@@ -5,7 +5,10 @@ One test per numbered item below (CTest entry e2e_experiments).
 
 1. suite.list parses (unique names, readable configs, --set pairs) and covers what the issue
    asks: chain L = 10 and 30 with the gamma sweep and both ablations, copy at T = 128, 256,
-   512 with the five attention variants, ListOps with three, text with four, several seeds.
+   512 with the five attention variants, ListOps with three, text with four, several seeds;
+   the seed-scale families: chain_seed at L = 10, 20, 30, 40 with gamma 0 and 0.2 (3 seeds,
+   T holding eleven passes of the longest chain), the R runs at gamma 0, 0.1, 0.2, 0.3, and
+   text_seed at gamma 0, 0.01, 0.05, 0.15, 0.3 (3 seeds).
 2. Every suite line's overrides validate: `momfmm init CONFIG --set ... --out` (fast; the
    model is built and written, nothing trained); every *_full.ini too, with its first line.
 3. A tiny version of every config file trains through tools/run_experiments.sh under mpirun
@@ -14,7 +17,8 @@ One test per numbered item below (CTest entry e2e_experiments).
 4. jobs/experiments.sbatch runs one array task outside Slurm (SLURM_* set by hand) and skips
    it when resubmitted; its default --array matches the suite.
 5. tools/momfmm_report.py --results over the tiny runs writes RESULTS.md with every family's table, the
-   claims section, "not run" rows for the rest, and figures that exist.
+   claims section, "not run" rows for the rest, and figures that exist; the "Seed scale" section
+   renders from tiny seed-scale runs, and says "Not run yet" with the command when none exist.
 momfmm_suite is the package's momfmm.suite (python/ on PYTHONPATH, set by CTest).
 """
 import concurrent.futures
@@ -39,7 +43,10 @@ TINY = ["train.steps=2", "train.eval_interval=2", "train.eval_batches=1", "train
         "train.log_interval=1"]
 # data.seq_len for the tiny runs where the task allows a short one (chain keeps its T: the
 # chain of 30 tokens must repeat inside the sequence for L_rep to exist).
-TINY_SEQ = {"copy": 32, "listops": 32, "text": 32}
+TINY_SEQ = {"copy": 32, "listops": 32, "text": 32, "text_seed": 32}
+# The seed-scale chain runs of the tiny pass: two configurations x two seeds at L = 30 (mean ± std
+# and computed claims) and two R runs (the R table over gamma).
+TINY_SEED_CHAIN = r"^chain_seed_(L30_g0(\.2)?_s[12]|R_g0(\.2)?_s1)$"
 
 
 def parse_suite(path):
@@ -105,6 +112,27 @@ def check_coverage(report, lines):
     report.check("suite: text softmax, FMM, momentum, momentum-FMM with several seeds",
                  {("softmax", None), ("fmm", None), ("softmax", "0.2"), ("fmm", "0.2")} <= variants and len(rows) >= 8,
                  f"{sorted(map(str, variants))}, {len(rows)} lines")
+    check_seed_scale_coverage(report, by_cfg)
+
+
+def check_seed_scale_coverage(report, by_cfg):
+    rows = by_cfg.get("chain_seed.ini", [])
+    main = [(n, s) for n, s in rows if n.startswith("chain_seed_L")]
+    have = {(setting(s, "data.chain_len"), setting(s, "momentum.gamma"), setting(s, "train.seed")) for _, s in main}
+    want = {(L, g, s) for L in ("10", "20", "30", "40") for g in ("0", "0.2") for s in ("1", "2", "3")}
+    report.check("suite: chain_seed L = 10, 20, 30, 40 x gamma 0, 0.2 x seeds 1..3", want <= have,
+                 f"missing {sorted(want - have)[:4]}")
+    cp = momfmm_suite.base_config("configs/experiments/chain_seed.ini")
+    T = int(cp.get("data", "seq_len"))
+    report.check("chain_seed.ini: T holds eleven passes of the longest chain (k bins up to 10)", T >= 11 * 40, f"T = {T}")
+    r_gammas = {setting(s, "momentum.gamma") for n, s in rows if n.startswith("chain_seed_R_")}
+    report.check("suite: chain_seed R runs at gamma 0, 0.1, 0.2, 0.3", {"0", "0.1", "0.2", "0.3"} <= r_gammas,
+                 f"have {sorted(r_gammas)}")
+    rows = by_cfg.get("text_seed.ini", [])
+    have = {(setting(s, "momentum.gamma"), setting(s, "train.seed")) for _, s in rows}
+    want = {(g, s) for g in ("0", "0.01", "0.05", "0.15", "0.3") for s in ("1", "2", "3")}
+    report.check("suite: text_seed gamma 0, 0.01, 0.05, 0.15, 0.3 x seeds 1..3", want <= have,
+                 f"missing {sorted(want - have)[:4]}")
 
 
 def init_one(binary, config, sets, out):
@@ -182,6 +210,10 @@ def tiny_runs(momfmm, workdir, suite):
             # two configurations x two seeds: the report's mean ± std and a computed claim
             want = [n for n in names if re.match(r"^chain_L30_g0(\.2)?_s[12]$", n)]
             chosen += want or names[:1]
+        elif os.path.basename(config) == "chain_seed.ini":
+            chosen += [n for n in names if re.match(TINY_SEED_CHAIN, n)] or names[:1]
+        elif os.path.basename(config) == "text_seed.ini":
+            chosen += [n for n in names if re.match(r"^text_seed_g0(\.01)?_s1$", n)] or names[:1]
         else:
             chosen.append(names[0])
     by_family = {}
@@ -307,3 +339,42 @@ def test_results_report(workdir, report, suite, tiny_runs):
     report.check("figures per family", all(glob.glob(os.path.join(figs, d, "*.png")) for d in
                                            ("chain_L10_main", "chain_L30_main", "copy_T128", "copy_T256",
                                             "copy_T512", "listops", "text")))
+    check_seed_scale_section(report, text, figs)
+
+
+def check_seed_scale_section(report, text, figs):
+    """5. the "Seed scale" section from the tiny seed-scale runs."""
+    section = text.split("## Seed scale", 1)[-1].split("## Commands of every run", 1)[0] if "## Seed scale" in text else ""
+    report.check("RESULTS.md has the 'Seed scale' section with its three parts",
+                 all(h in section for h in ("### Chain task at seed scale", "### Energy ratio R",
+                                            "### Text at seed scale")))
+    report.check("seed scale: the seed's L = 30 loss-by-k and L_rep-improvement numbers beside ours",
+                 all(v in section for v in ("2.3598", "1.2309", "1.5645", "0.6515", "1.4266", "0.5334", "52.5", "4.1")))
+    row = re.search(r"^\| 30 \| momentum γ=0\.2 \| 2/3 \|.*$", section, re.M)
+    report.check("seed scale: the L = 30 momentum row is a mean ± std over two seeds",
+                 row is not None and "±" in row.group(0), row.group(0) if row else "row not found")
+    row = re.search(r"^\| 0\.2 \| 1/1.*$", section, re.M)
+    report.check("seed scale: the R table has gain_R and gain_R_attn per layer for gamma 0.2",
+                 "gain_R_attn layer 1" in section and row is not None and "not run" not in row.group(0).split("|")[4],
+                 row.group(0)[:200] if row else "row not found")
+    report.check("seed scale: the L_rep improvement table has a number at L = 30",
+                 re.search(r"^\| 30 \| -?[0-9.]+( ± [0-9.]+)? \| 2 \| 52\.5 \|$", section, re.M) is not None)
+    for claim in ("γ=0.2 lowers L_rep at L=30", "R does not depend on γ (gain_R_attn", "text: γ=0.01 does not degrade"):
+        line = re.search(r"^- seed scale: " + re.escape(claim) + ".*$", text, re.M)
+        report.check(f"seed-scale claim judged: {claim}",
+                     line is not None and any(v in line.group(0) for v in ("**held**", "**did not hold**", "**not shown**")),
+                     line.group(0)[:200] if line else "claim line not found")
+    report.check("seed-scale figures exist", all(os.path.exists(os.path.join(figs, "seed_scale", f)) for f in
+                                                 ("l_rep_improvement.png", "energy_ratio.png", "text_bpb_vs_gamma.png")))
+
+
+def test_seed_scale_not_run(workdir, report):
+    """5. without seed-scale runs the section says "Not run yet" with the command of each family."""
+    empty = os.path.join(workdir, "no_runs")
+    os.makedirs(empty, exist_ok=True)
+    r = run([PY, REPORT, "--results", "--runs", empty, "--allow-empty", "--no-figures"], timeout=120, cwd=ROOT)
+    text = r.stdout
+    report.check("seed scale without runs: 'Not run yet' with the command, per family",
+                 r.returncode == 0 and all(f"**Not run yet.** Run: `tools/run_experiments.sh --runs {empty} --only '{p}'`"
+                                           in text for p in ("^chain_seed_L", "^chain_seed_R_", "^text_seed_")),
+                 (r.stderr or text)[-400:])
