@@ -22,23 +22,14 @@
 static volatile sig_atomic_t stop_requested = 0;
 static void request_stop(int signo) { stop_requested = signo; }
 
-/* docs/cli.md §5: SIGTERM, SIGINT, SIGUSR1 finish the step, checkpoint, exit 0. */
-static void install_stop_handlers(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = request_stop;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
-    /* main() blocked these from start-up on; one that came meanwhile is
-     * delivered now, as a stop request */
+static const int STOP_SIGNALS[] = {SIGTERM, SIGINT, SIGUSR1};
+enum { N_STOP_SIGNALS = sizeof STOP_SIGNALS / sizeof STOP_SIGNALS[0] };
+
+static sigset_t stop_signal_set(void) {
     sigset_t set;
     sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGUSR1);
-    sigprocmask(SIG_UNBLOCK, &set, NULL);
+    for (int i = 0; i < N_STOP_SIGNALS; i++) sigaddset(&set, STOP_SIGNALS[i]);
+    return set;
 }
 
 /* docs/design.md §8.7: the stop handlers go in before anything else runs
@@ -50,22 +41,24 @@ void stop_handlers_install_early(void) {
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = request_stop;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
+    for (int i = 0; i < N_STOP_SIGNALS; i++) sigaction(STOP_SIGNALS[i], &sa, NULL);
+}
+
+/* docs/cli.md §5: SIGTERM, SIGINT, SIGUSR1 finish the step, checkpoint, exit
+ * 0. main() blocked them from start-up on; one that came meanwhile is
+ * delivered now, as a stop request. */
+static void install_stop_handlers(void) {
+    stop_handlers_install_early();
+    sigset_t set = stop_signal_set();
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
 }
 
 /* Commands other than train: default actions again, and a stop signal that
  * came during start-up takes its default action now. */
 void stop_handlers_release(void) {
     int pending = (int)stop_requested;
-    int signals[] = {SIGTERM, SIGINT, SIGUSR1};
-    sigset_t set;
-    sigemptyset(&set);
-    for (int i = 0; i < 3; i++) {
-        signal(signals[i], SIG_DFL);
-        sigaddset(&set, signals[i]);
-    }
+    for (int i = 0; i < N_STOP_SIGNALS; i++) signal(STOP_SIGNALS[i], SIG_DFL);
+    sigset_t set = stop_signal_set();
     sigprocmask(SIG_UNBLOCK, &set, NULL);
     if (pending) raise(pending);
 }

@@ -575,12 +575,15 @@ char *config_to_ini(const config *c) {
     return text;
 }
 
-int config_compare_keys(const config *a, const config *b, bool model_keys, char *out, size_t out_len) {
+/* "section.key: a vs b; ..." for every key of the table where `wanted` holds
+ * and the two configs differ; returns how many differ. */
+static int compare_where(const config *a, const config *b, bool (*wanted)(const config_key *), char *out,
+                         size_t out_len) {
     int differing = 0;
     size_t len = 0;
     if (out_len) out[0] = '\0';
     for (size_t i = 0; i < N_KEYS; i++) {
-        if ((KEYS[i].role == ROLE_MODEL) != model_keys) continue;
+        if (!wanted(&KEYS[i])) continue;
         char va[CONFIG_PATH_MAX + 32], vb[CONFIG_PATH_MAX + 32];
         format_value(a, &KEYS[i], va, sizeof va);
         format_value(b, &KEYS[i], vb, sizeof vb);
@@ -591,6 +594,13 @@ int config_compare_keys(const config *a, const config *b, bool model_keys, char 
                                     KEYS[i].section, KEYS[i].name, va, vb);
     }
     return differing;
+}
+
+static bool is_model_key(const config_key *k) { return k->role == ROLE_MODEL; }
+static bool is_schedule_key(const config_key *k) { return k->role != ROLE_MODEL; }
+
+int config_compare_keys(const config *a, const config *b, bool model_keys, char *out, size_t out_len) {
+    return compare_where(a, b, model_keys ? is_model_key : is_schedule_key, out, out_len);
 }
 
 static bool is_architecture_key(const config_key *k) {
@@ -599,19 +609,5 @@ static bool is_architecture_key(const config_key *k) {
 }
 
 int config_compare_architecture(const config *a, const config *b, char *out, size_t out_len) {
-    int differing = 0;
-    size_t len = 0;
-    if (out_len) out[0] = '\0';
-    for (size_t i = 0; i < N_KEYS; i++) {
-        if (!is_architecture_key(&KEYS[i])) continue;
-        char va[CONFIG_PATH_MAX + 32], vb[CONFIG_PATH_MAX + 32];
-        format_value(a, &KEYS[i], va, sizeof va);
-        format_value(b, &KEYS[i], vb, sizeof vb);
-        if (strcmp(va, vb) == 0) continue;
-        differing++;
-        if (len < out_len)
-            len += (size_t)snprintf(out + len, out_len - len, "%s%s.%s: %s vs %s", differing > 1 ? "; " : "",
-                                    KEYS[i].section, KEYS[i].name, va, vb);
-    }
-    return differing;
+    return compare_where(a, b, is_architecture_key, out, out_len);
 }

@@ -19,17 +19,6 @@ static int micro_rows(const config *cfg, int shard_rows) {
     return cfg->micro_batch > 0 && cfg->micro_batch < shard_rows ? cfg->micro_batch : shard_rows;
 }
 
-/* MemAvailable of /proc/meminfo in bytes, or 0 when unknown. */
-static double available_memory(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    double kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb * 1024.0;
-}
-
 memory_use trainer_memory(const trainer *t) {
     const model *m = &t->model;
     const batch *b = &t->shard.batch;
@@ -49,7 +38,7 @@ static int check_memory(const trainer *t, status *err) {
     memory_use u = trainer_memory(t);
     double need = u.activation_bytes + (u.param_bytes + u.grad_bytes + u.moment_bytes) * m->n_params;
     int local_ranks = dist_node_ranks();
-    double available = available_memory();
+    double available = memory_available_bytes();
     /* shards and nodes differ: decide on the fullest node, everywhere alike */
     double fill = available > 0 ? need * local_ranks / available : 0, worst_fill = dist_max_double(fill);
     log_rank0("memory: %.2f GB per rank | activations %.1f MB for %d x %d | bytes per parameter: parameters %.2f, "
