@@ -1,0 +1,56 @@
+/* Reading HDF5 files that may be hostile (docs/files.md §4, hostile files):
+ * every attribute and dataset is checked for existence, rank, shape, type
+ * and size before anything is read or allocated, and only regular files are
+ * opened. Used by the checkpoint, token and metrics readers (checkpoint.c). */
+#ifndef MOMFMM_H5READER_H
+#define MOMFMM_H5READER_H
+#include <hdf5.h>
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "momfmm/common.h"
+
+/* A read in progress. Any problem formats a message and jumps back to the
+ * entry point (reader_run), which closes the file: files are opened with
+ * H5F_CLOSE_STRONG, so closing the file releases every object still open in
+ * it. This keeps each helper a straight line of checks. */
+typedef struct {
+    const char *path;
+    unsigned open_flags; /* H5F_ACC_RDONLY, with H5F_ACC_SWMR_READ for a live file */
+    hid_t file;
+    char *err;
+    size_t err_len;
+    jmp_buf on_error;
+} reader;
+
+/* Formats "<path>: <message>" into the status and jumps back to reader_run. */
+_Noreturn void reader_fail(reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Root attribute `name`, which must exist and be one value (scalar). */
+hid_t open_scalar_attr(reader *r, const char *name);
+/* A string attribute, variable- or fixed-length (at most 64 MiB); caller frees. */
+char *read_attr_string(reader *r, const char *name);
+long long read_attr_int(reader *r, const char *name);
+/* "[a, b, ...]" */
+void format_shape(char *out, size_t len, int ndim, const hsize_t *dims);
+/* Dataset `name` with its rank and dims; fails when it is missing. */
+hid_t open_dataset(reader *r, const char *name, int *ndim, hsize_t *dims);
+/* The elements a dataset declares, overflow-checked, bounded, stored in the
+ * file and fitting in memory. */
+unsigned long long checked_elements(reader *r, const char *name, hid_t dset, int ndim, const hsize_t *dims);
+/* Fails unless the dataset holds integers. */
+void require_integer(reader *r, const char *name, hid_t dset);
+/* The dataset `name`, whose shape must be ndim x dims (checked_elements too). */
+hid_t open_checked(reader *r, const char *name, int ndim, const hsize_t *dims);
+void read_checked(reader *r, const char *name, hid_t mem_type, int ndim, const hsize_t *dims, void *out);
+
+/* Opens `path` (open_flags: H5F_ACC_RDONLY, with H5F_ACC_SWMR_READ for a
+ * live file; `what` names it in messages) and runs body(r, ctx); 0, or
+ * EXIT_BAD_FILE with the message in err (which may be NULL for
+ * reader_run). */
+typedef void (*reader_body)(reader *r, void *ctx);
+int reader_run_into(const char *path, unsigned open_flags, const char *what, reader_body body, void *ctx,
+                    status *err);
+int reader_run(const char *path, const char *what, reader_body body, void *ctx, status *err);
+#endif
