@@ -159,9 +159,7 @@ static cached_primitive *create_primitive(gemm_onednn *dnn, const primitive_key 
     }
     if (dnn->cached == dnn->cache_capacity) {
         dnn->cache_capacity = dnn->cache_capacity ? 2 * dnn->cache_capacity : 16;
-        cached_primitive *grown = realloc(dnn->cache, dnn->cache_capacity * sizeof *grown);
-        if (!grown) fail(1, "out of memory growing the GEMM primitive cache");
-        dnn->cache = grown;
+        dnn->cache = xrealloc(dnn->cache, dnn->cache_capacity * sizeof *dnn->cache);
     }
     cached_primitive *entry = &dnn->cache[dnn->cached++];
     *entry = (cached_primitive){.key = *key};

@@ -155,7 +155,7 @@ void store_list(const char *dir, store_listing *out) {
     struct dirent *entry;
     while (d && (entry = readdir(d))) {
         if (!is_checkpoint_name(entry->d_name)) continue;
-        if (n == cap) paths = realloc(paths, sizeof(char *) * (size_t)(cap *= 2));
+        if (n == cap) paths = xrealloc(paths, sizeof(char *) * (size_t)(cap *= 2));
         paths[n] = xcalloc(STORE_PATH_MAX, 1);
         snprintf(paths[n++], STORE_PATH_MAX, "%s/%s", dir, entry->d_name);
     }
