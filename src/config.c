@@ -13,6 +13,7 @@
 
 #include "momfmm/common.h"
 #include "momfmm/fmm.h"
+#include "momfmm/ini.h"
 #include "momfmm/listops.h"
 #include "momfmm/suggest.h"
 
@@ -349,27 +350,12 @@ static char *copy_string(const char *s) {
     return memcpy(xcalloc(n, 1), s, n);
 }
 
-static char *strip(char *s) {
-    while (*s == ' ' || *s == '\t') s++;
-    size_t n = strlen(s);
-    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\r')) s[--n] = '\0';
-    return s;
-}
-
-static int malformed(parse_state *st, const char *line) {
-    char cut[64];
-    return reject(st, "malformed line (expected [section] or key = value): %s", shown(line, cut, sizeof cut));
-}
-
-/* "[name]", then only a comment; a known section may appear once. */
-static int start_section(parse_state *st, char *line) {
-    char *close = strchr(line, ']');
-    if (!close) return malformed(st, line);
-    char *rest = strip(close + 1);
-    if (*rest && *rest != ';' && *rest != '#') return malformed(st, line);
-    *close = '\0';
+/* ini_handlers of a config file: a known section may appear once. */
+static int on_section(void *ctx, int line, const char *name) {
+    parse_state *st = ctx;
+    st->line = line;
     free(st->section);
-    st->section = copy_string(strip(line + 1));
+    st->section = copy_string(name);
     int index = section_index(st->section);
     if (index < 0) return 0; /* reported with its first key, which names both */
     if (st->section_line[index])
@@ -378,83 +364,32 @@ static int start_section(parse_state *st, char *line) {
     return 0;
 }
 
-/* The syntax inih accepted (docs/config.md §6): "key = value" or
- * "key: value", a ';' after whitespace starts a comment, blanks and lines
- * starting with ';' or '#' are skipped. */
-static int parse_line(parse_state *st, char *line) {
-    char *s = strip(line);
-    if (!*s || *s == ';' || *s == '#') return 0;
-    if (*s == '[') return start_section(st, s);
-    char *separator = s + strcspn(s, "=:");
-    if (!*separator || separator == s) return malformed(st, s);
-    *separator = '\0';
-    char *value = separator + 1;
-    for (char *p = value + 1; *p; p++)
-        if (*p == ';' && (p[-1] == ' ' || p[-1] == '\t')) {
-            *p = '\0';
-            break;
-        }
-    return assign(st, strip(s), strip(value));
+static int on_pair(void *ctx, int line, const char *key, const char *value) {
+    parse_state *st = ctx;
+    st->line = line;
+    return assign(st, key, value);
 }
 
-/* Lines of any length: each is copied whole into a buffer that grows to
- * fit (docs/config.md §6), unlike inih's fixed line buffer, which split a
- * long line and parsed its tail as a line of its own. */
+static int on_malformed(void *ctx, int line, const char *text) {
+    parse_state *st = ctx;
+    char cut[64];
+    st->line = line;
+    return reject(st, "malformed line (expected [section] or key = value): %s", shown(text, cut, sizeof cut));
+}
+
 int config_load_string(config *c, const char *text, const char *origin, char *err, size_t err_len) {
     parse_state st;
     memset(&st, 0, sizeof st);
     st.c = c, st.origin = origin, st.err = err, st.err_len = err_len;
     err[0] = '\0';
-    if (!strncmp(text, "\xEF\xBB\xBF", 3)) text += 3; /* a UTF-8 byte-order mark */
-    size_t cap = 256;
-    char *line = xcalloc(cap, 1);
-    int rc = 0;
-    for (const char *p = text; *p && rc == 0;) {
-        size_t n = strcspn(p, "\n");
-        if (n + 1 > cap) {
-            cap = n + 1;
-            line = xrealloc(line, cap);
-        }
-        memcpy(line, p, n);
-        line[n] = '\0';
-        p += n + (p[n] == '\n');
-        st.line++;
-        rc = parse_line(&st, line);
-    }
-    free(line);
+    ini_handlers h = {on_section, on_pair, on_malformed, &st};
+    int rc = ini_parse(text, &h);
     free(st.section);
     return rc;
 }
 
-/* The file as a NUL-terminated string (caller frees), or NULL and a status. */
-static char *read_whole_file(const char *path, status *st) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        status_fail(st, EXIT_USAGE, "%s: cannot open config: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 4096, len = 0;
-    char *text = xcalloc(cap, 1);
-    size_t got;
-    while ((got = fread(text + len, 1, cap - len - 1, f)) > 0) {
-        len += got;
-        if (cap - len < 2) {
-            cap *= 2;
-            text = xrealloc(text, cap);
-        }
-    }
-    fclose(f);
-    text[len] = '\0';
-    if (strlen(text) != len) {
-        free(text);
-        status_fail(st, EXIT_USAGE, "%s: not a text file", path);
-        return NULL;
-    }
-    return text;
-}
-
 int config_try_load_file(config *c, const char *path, status *st) {
-    char *text = read_whole_file(path, st);
+    char *text = ini_read_file(path, st);
     if (!text) return EXIT_USAGE;
     char err[sizeof st->message];
     int rc = config_load_string(c, text, path, err, sizeof err);

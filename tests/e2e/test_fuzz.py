@@ -266,6 +266,11 @@ def test_special_files(momfmm, base):
     r = run(momfmm, "train", ini, "--set", f"train.out_dir={out}", "--resume", "auto", timeout=20)
     assert_refused(r, "train --resume auto with a FIFO checkpoint", codes=(3,))
     assert "ckpt_00000009.h5" in r.stderr
+    # a config that is a FIFO (would block) or a directory (would read as empty)
+    for config, what in ((fifo, "a FIFO"), (d, "a directory")):
+        r = run(momfmm, "init", config, "--out", os.path.join(d, "never.h5"), timeout=20)
+        assert_refused(r, f"init with {what} as the config", codes=(2,))
+        assert "not a regular file" in r.stderr
 
 
 def test_malformed_configs(momfmm, base):

@@ -1,0 +1,26 @@
+/* The INI syntax of config files (docs/config.md §6): "[section]" lines,
+ * "key = value" or "key: value" lines, blank lines and comments (a line
+ * starting with ';' or '#', or ';' after whitespace), CRLF line ends and a
+ * UTF-8 byte-order mark; lines of any length. What the sections and keys
+ * mean is config.c's; this module only splits the text. */
+#ifndef MOMFMM_INI_H
+#define MOMFMM_INI_H
+#include "momfmm/common.h"
+
+/* Called for each section header, each pair, and each line that is neither
+ * (text: the stripped line); `line` counts from 1. A non-zero return stops
+ * the parse and is returned by ini_parse. */
+typedef struct {
+    int (*section)(void *ctx, int line, const char *name);
+    int (*pair)(void *ctx, int line, const char *key, const char *value);
+    int (*malformed)(void *ctx, int line, const char *text);
+    void *ctx;
+} ini_handlers;
+
+int ini_parse(const char *text, const ini_handlers *h);
+
+/* A config file as a NUL-terminated string (caller frees), or NULL and a
+ * status naming the file (EXIT_USAGE): missing, unreadable, not a regular
+ * file (a FIFO would block, a directory would read as empty), or not text. */
+char *ini_read_file(const char *path, status *st);
+#endif
