@@ -388,30 +388,6 @@ static void derive_bpb(metric_table *t, long long rows, int offset) {
  * bpb follows from the loss (derive_bpb). */
 static bool column_added_later(const char *name) { return strcmp(name, "gain_R_attn") == 0 || strcmp(name, "bpb") == 0; }
 
-/* The first dims[0] rows of a column whose other dimensions are dims[1..]:
- * all of its rows unless `live`, where a run may have appended more. */
-static void read_first_rows(reader *r, const char *name, bool live, int ndim, const hsize_t *dims, double *out) {
-    hsize_t got[H5S_MAX_RANK] = {0};
-    int got_ndim;
-    hid_t dset = open_dataset(r, name, &got_ndim, got);
-    bool same = got_ndim == ndim && (live ? got[0] >= dims[0] : got[0] == dims[0]);
-    for (int i = 1; same && i < ndim; i++) same = got[i] == dims[i];
-    if (!same) {
-        char want[64], have[64];
-        format_shape(want, sizeof want, ndim, dims);
-        format_shape(have, sizeof have, got_ndim, got);
-        reader_fail(r, "%s has shape %s, expected %s", name, have, want);
-    }
-    hid_t file_space = H5Dget_space(dset), mem_space = H5Screate_simple(ndim, dims, NULL);
-    hsize_t start[H5S_MAX_RANK] = {0};
-    herr_t status = H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, NULL, dims, NULL);
-    if (status >= 0 && dims[0] > 0) status = H5Dread(dset, H5T_NATIVE_DOUBLE, mem_space, file_space, H5P_DEFAULT, out);
-    H5Sclose(mem_space);
-    H5Sclose(file_space);
-    if (status < 0) reader_fail(r, "cannot read %s (corrupt or wrong type)", name);
-    H5Dclose(dset);
-}
-
 /* Rows of a table: those of its first column in a checkpoint; in a live
  * file, where the writer extends one column after another (live_metrics.c),
  * the rows that every column holds already. */
@@ -456,7 +432,7 @@ static void read_metric_table(reader *r, const char *group, metric_table *t, boo
         if (column_added_later(col->name) && H5Lexists(r->file, name, H5P_DEFAULT) <= 0)
             for (size_t i = 0; i < (size_t)rows * col->width; i++) column[i] = NAN;
         else
-            read_first_rows(r, name, live, ndim_want, want, column);
+            read_leading_rows(r, name, live, ndim_want, want, column);
         for (long long i = 0; i < rows; i++) {
             if (c == 0) metric_table_append(t, row);
             for (int j = 0; j < col->width; j++) t->values[i * t->row_width + offset + j] = column[i * col->width + j];

@@ -150,13 +150,12 @@ void require_integer(reader *r, const char *name, hid_t dset) {
                     kind >= 0 && kind < (int)(sizeof names / sizeof names[0]) ? names[kind] : "unknown");
 }
 
-/* The dataset `name`, whose shape must be ndim x dims. */
-hid_t open_checked(reader *r, const char *name, int ndim, const hsize_t *dims) {
+hid_t open_checked_rows(reader *r, const char *name, int ndim, const hsize_t *dims, bool more_rows) {
     hsize_t got[H5S_MAX_RANK] = {0};
     int got_ndim;
     hid_t dset = open_dataset(r, name, &got_ndim, got);
-    bool same = got_ndim == ndim;
-    for (int i = 0; same && i < ndim; i++) same = got[i] == dims[i];
+    bool same = got_ndim == ndim && (more_rows ? got[0] >= dims[0] : got[0] == dims[0]);
+    for (int i = 1; same && i < ndim; i++) same = got[i] == dims[i];
     if (!same) {
         char want[64], have[64];
         format_shape(want, sizeof want, ndim, dims);
@@ -165,6 +164,22 @@ hid_t open_checked(reader *r, const char *name, int ndim, const hsize_t *dims) {
     }
     checked_elements(r, name, dset, got_ndim, got);
     return dset;
+}
+
+hid_t open_checked(reader *r, const char *name, int ndim, const hsize_t *dims) {
+    return open_checked_rows(r, name, ndim, dims, false);
+}
+
+void read_leading_rows(reader *r, const char *name, bool more_rows, int ndim, const hsize_t *dims, double *out) {
+    hid_t dset = open_checked_rows(r, name, ndim, dims, more_rows);
+    hid_t file_space = H5Dget_space(dset), mem_space = H5Screate_simple(ndim, dims, NULL);
+    hsize_t start[H5S_MAX_RANK] = {0};
+    herr_t status = H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, NULL, dims, NULL);
+    if (status >= 0 && dims[0] > 0) status = H5Dread(dset, H5T_NATIVE_DOUBLE, mem_space, file_space, H5P_DEFAULT, out);
+    H5Sclose(mem_space);
+    H5Sclose(file_space);
+    if (status < 0) reader_fail(r, "cannot read %s (corrupt or wrong type)", name);
+    H5Dclose(dset);
 }
 
 void read_checked(reader *r, const char *name, hid_t mem_type, int ndim, const hsize_t *dims, void *out) {

@@ -43,7 +43,13 @@ unsigned long long checked_elements(reader *r, const char *name, hid_t dset, int
 void require_integer(reader *r, const char *name, hid_t dset);
 /* The dataset `name`, whose shape must be ndim x dims (checked_elements too). */
 hid_t open_checked(reader *r, const char *name, int ndim, const hsize_t *dims);
+/* The same, where with more_rows the dataset may hold more than dims[0]
+ * rows (a live file that a run keeps appending to). */
+hid_t open_checked_rows(reader *r, const char *name, int ndim, const hsize_t *dims, bool more_rows);
 void read_checked(reader *r, const char *name, hid_t mem_type, int ndim, const hsize_t *dims, void *out);
+/* The first dims[0] rows, as doubles, of a dataset whose other dimensions
+ * are dims[1..]: all of its rows unless `more_rows` (open_checked_rows). */
+void read_leading_rows(reader *r, const char *name, bool more_rows, int ndim, const hsize_t *dims, double *out);
 
 /* Opens `path` (open_flags: H5F_ACC_RDONLY, with H5F_ACC_SWMR_READ for a
  * live file; `what` names it in messages) and runs body(r, ctx); 0, or
