@@ -18,10 +18,12 @@ _Noreturn void exit_on_status(const status *st, bool every_rank_alike) {
 /* Every rank reads the same file and arguments, so every rank fails alike. */
 config cmd_load_config(const char *path, int n_overrides, char *const *overrides) {
     config c;
+    status st;
     config_defaults(&c);
-    config_load_file(&c, path);
-    for (int i = 0; i < n_overrides; i++) config_apply_override(&c, overrides[i]);
-    config_validate(&c, path, EXIT_USAGE);
+    if (config_try_load_file(&c, path, &st) != 0) exit_on_status(&st, true);
+    for (int i = 0; i < n_overrides; i++)
+        if (config_try_apply_override(&c, overrides[i], &st) != 0) exit_on_status(&st, true);
+    if (config_check(&c, path, st.message, sizeof st.message) != 0) fail_all(EXIT_USAGE, "%s", st.message);
     return c;
 }
 
@@ -41,29 +43,6 @@ void dist_check_launch(void) {
 void dist_check_consistency(const model *m, long long step) {
     status st;
     if (dist_try_check_consistency(m, step, &st) != 0) exit_on_status(&st, true);
-}
-
-void config_load_file(config *c, const char *path) {
-    status st;
-    if (config_try_load_file(c, path, &st) != 0) exit_on_status(&st, true);
-}
-
-void config_apply_override(config *c, const char *assignment) {
-    status st;
-    if (config_try_apply_override(c, assignment, &st) != 0) exit_on_status(&st, true);
-}
-
-void config_validate(const config *c, const char *origin, int exit_code) {
-    char err[512];
-    if (config_check(c, origin, err, sizeof err) != 0) fail_all(exit_code, "%s", err);
-}
-
-/* Every rank opens the same file the same way. */
-data_source *data_open(const config *c) {
-    status st;
-    data_source *d = data_try_open(c, &st);
-    if (!d) exit_on_status(&st, true);
-    return d;
 }
 
 static gemm_engine engine_of(const config *c) {
@@ -105,7 +84,8 @@ void cmd_use_checkpoint_precision(const char *ckpt, const char *precision) {
     if (precision) {
         char assignment[64];
         snprintf(assignment, sizeof assignment, "train.precision=%s", precision);
-        config_apply_override(&c, assignment); /* the key's own check: fp32|bf16, did you mean */
+        status st; /* the key's own check: fp32|bf16, did you mean */
+        if (config_try_apply_override(&c, assignment, &st) != 0) exit_on_status(&st, true);
     }
     cmd_use_precision(&c);
 }

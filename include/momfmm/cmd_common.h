@@ -24,11 +24,6 @@ config cmd_load_config(const char *path, int n_overrides, char *const *overrides
 void dist_init(int *argc, char ***argv);
 void dist_check_launch(void);
 void dist_check_consistency(const model *m, long long step);
-void config_load_file(config *c, const char *path);
-void config_apply_override(config *c, const char *assignment);
-/* Exits with exit_code (2 for a config file, 3 for a checkpoint). */
-void config_validate(const config *c, const char *origin, int exit_code);
-data_source *data_open(const config *c);
 
 /* docs/scale.md §7: makes the GEMM engine of train.precision and train.gemm
  * the process-wide one (gemm_set_default) before any model exists; exits 2

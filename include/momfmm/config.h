@@ -74,7 +74,7 @@ int config_check_defaults(status *st);
  * "did you mean" when one is close), a key or section set twice (naming both
  * lines), a value out of its range (stating the range) or otherwise bad,
  * EXIT_USAGE naming the file, the line and the key (docs/config.md §6,
- * docs/design.md §8.7; the command layer's config_load_file in cmd_common.h
+ * docs/design.md §8.7; the command layer's cmd_load_config in cmd_common.h
  * exits on it). Lines may be of any length. */
 int config_try_load_file(config *c, const char *path, status *st);
 

@@ -22,8 +22,7 @@ void batch_free(batch *b);
 typedef struct data_source data_source;
 /* Opens what a task needs (the text corpus, mapped; a TSV file; scratch
  * buffers) and checks that its limits can be met; NULL and a status of
- * EXIT_USAGE or EXIT_BAD_FILE on a bad config or file (docs/design.md §8.7;
- * the command layer's data_open in cmd_common.h exits on it). */
+ * EXIT_USAGE or EXIT_BAD_FILE on a bad config or file (docs/design.md §8.7). */
 data_source *data_try_open(const config *c, status *st);
 void data_close(data_source *d);
 
