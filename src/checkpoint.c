@@ -23,89 +23,52 @@
 #include "momfmm/common.h"
 #include "momfmm/h5reader.h"
 #include "momfmm/h5util.h"
+#include "momfmm/h5writer.h"
 
-/* HDF5 prints its error stack by default; our messages name the problem. */
-static void quiet_hdf5(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+/* ---- writing (through the atomic, optionally collective writer, h5writer.h) */
 
-/* ---- writing ------------------------------------------------------------ */
-
-static herr_t write_dataset(hid_t file, const char *name, hid_t mem_type, hid_t file_type, int ndim,
-                            const hsize_t *dims, const void *data) {
-    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
-    H5Pset_create_intermediate_group(lcpl, 1);
-    hid_t space = H5Screate_simple(ndim, dims, NULL);
-    hid_t dset = H5Dcreate2(file, name, file_type, space, lcpl, H5P_DEFAULT, H5P_DEFAULT);
-    herr_t status = dset < 0 ? -1 : H5Dwrite(dset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
-    if (dset >= 0) H5Dclose(dset);
-    H5Sclose(space);
-    H5Pclose(lcpl);
-    return status;
+/* The flat elements [first, last) of the parameter and moment tensors this
+ * writer writes: alone all, together its ZeRO-1 slice (docs/scale.md §7). */
+static void writer_range(const h5writer *w, const model *m, size_t *first, size_t *last) {
+    *first = w->together ? m->moment_first : 0;
+    *last = w->together ? m->moment_first + m->moment_count : m->n_params;
 }
 
-static herr_t write_attr(hid_t obj, const char *name, hid_t mem_type, hid_t file_type, const void *value) {
-    hid_t space = H5Screate(H5S_SCALAR);
-    hid_t attr = H5Acreate2(obj, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
-    herr_t status = attr < 0 ? -1 : H5Awrite(attr, mem_type, value);
-    if (attr >= 0) H5Aclose(attr);
-    H5Sclose(space);
-    return status;
-}
-
-herr_t h5_write_string_attr(hid_t obj, const char *name, const char *value) {
-    hid_t type = H5Tcopy(H5T_C_S1);
-    H5Tset_size(type, H5T_VARIABLE);
-    H5Tset_cset(type, H5T_CSET_UTF8);
-    herr_t status = write_attr(obj, name, type, type, &value);
-    H5Tclose(type);
-    return status;
-}
-
-static herr_t write_tensors(hid_t file, const char *group, const model *m, const float *base) {
+/* One dataset per parameter under group, from the flat buffer `base`
+ * whose element 0 is flat element `base_first` (0 for parameters and
+ * gradients, the slice's first element for ZeRO-1 moments): each writer
+ * writes the part of each tensor inside its range. */
+static herr_t write_tensors(const h5writer *w, const char *group, const model *m, const float *base,
+                            size_t base_first) {
+    size_t first, last;
+    writer_range(w, m, &first, &last);
     for (int i = 0; i < m->n_entries; i++) {
         const param_entry *e = &m->entries[i];
         char name[256];
         snprintf(name, sizeof name, "%s/%s", group, e->name);
         hsize_t dims[2] = {(hsize_t)e->shape[0], (hsize_t)e->shape[1]};
-        if (write_dataset(file, name, H5T_NATIVE_FLOAT, H5T_IEEE_F32LE, e->ndim, dims, base + e->offset) < 0)
+        size_t a = e->offset > first ? e->offset : first, end = e->offset + e->numel, b = end < last ? end : last;
+        if (a >= b) a = b = e->offset; /* the tensor lies outside this writer's range */
+        if (h5writer_range(w, name, H5T_NATIVE_FLOAT, H5T_IEEE_F32LE, e->ndim, dims, a - e->offset, b - e->offset,
+                        base + (a > base_first ? a - base_first : 0)) < 0)
             return -1;
     }
     return 0;
 }
 
-static moment_source moments_from = NULL;
-static void *moments_ctx = NULL;
-
-void checkpoint_set_moment_source(moment_source source, void *ctx) {
-    moments_from = source;
-    moments_ctx = ctx;
-}
-
-static herr_t write_moments(hid_t file, const char *group, int which, const model *m) {
-    if (!moments_from) return write_tensors(file, group, m, which ? m->adam_v : m->adam_m);
-    for (int i = 0; i < m->n_entries; i++) {
-        const param_entry *e = &m->entries[i];
-        char name[256];
-        snprintf(name, sizeof name, "%s/%s", group, e->name);
-        hsize_t dims[2] = {(hsize_t)e->shape[0], (hsize_t)e->shape[1]};
-        const float *tensor = moments_from(moments_ctx, which, e);
-        if (write_dataset(file, name, H5T_NATIVE_FLOAT, H5T_IEEE_F32LE, e->ndim, dims, tensor) < 0) return -1;
-    }
-    return 0;
-}
-
-static herr_t write_buffers(hid_t file, const model *m) {
+static herr_t write_buffers(const h5writer *w, const model *m) {
     for (int l = 0; l < m->L; l++)
         for (int which = 0; which < 2; which++) {
             char name[128];
             snprintf(name, sizeof name, "/buffers/blocks/%d/attn/%s", l, which ? "prev_k" : "prev_q");
             hsize_t dims[2] = {(hsize_t)m->H, (hsize_t)m->dh};
             const float *data = m->buffers + (size_t)(l * 2 + which) * m->H * m->dh;
-            if (write_dataset(file, name, H5T_NATIVE_FLOAT, H5T_IEEE_F32LE, 2, dims, data) < 0) return -1;
+            if (h5writer_dataset(w, name, H5T_NATIVE_FLOAT, H5T_IEEE_F32LE, 2, dims, data) < 0) return -1;
         }
     return 0;
 }
 
-static herr_t write_metric_table(hid_t file, const char *group, const metric_table *t) {
+static herr_t write_metric_table(const h5writer *w, const char *group, const metric_table *t) {
     size_t rows = (size_t)t->n_rows;
     double *column = xcalloc(rows * (size_t)t->row_width + 1, sizeof(double));
     herr_t status = 0;
@@ -123,9 +86,9 @@ static herr_t write_metric_table(hid_t file, const char *group, const metric_tab
         if (col->integer) {
             long long *ints = (long long *)column;
             for (size_t r = 0; r < rows; r++) ints[r] = (long long)column[r];
-            status = write_dataset(file, name, H5T_NATIVE_LLONG, H5T_STD_I64LE, ndim, dims, ints);
+            status = h5writer_dataset(w, name, H5T_NATIVE_LLONG, H5T_STD_I64LE, ndim, dims, ints);
         } else {
-            status = write_dataset(file, name, H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, ndim, dims, column);
+            status = h5writer_dataset(w, name, H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, ndim, dims, column);
         }
         offset += col->width;
     }
@@ -133,71 +96,23 @@ static herr_t write_metric_table(hid_t file, const char *group, const metric_tab
     return status;
 }
 
-static herr_t write_root_attributes(hid_t file, const model *m, const checkpoint_info *info) {
+/* Attributes are written by every writer with the same values (collective
+ * in parallel HDF5). */
+static herr_t write_root_attributes(const h5writer *w, const model *m, const checkpoint_info *info) {
     int version = CHECKPOINT_FORMAT_VERSION;
     char *ini = config_to_ini(&m->cfg);
     herr_t status = 0;
+    hid_t file = w->file;
     status |= h5_write_string_attr(file, "format", CHECKPOINT_FORMAT);
-    status |= write_attr(file, "format_version", H5T_NATIVE_INT, H5T_STD_I32LE, &version);
-    status |= write_attr(file, "step", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->step);
-    status |= write_attr(file, "tokens_seen", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->tokens_seen);
-    status |= write_attr(file, "world_size", H5T_NATIVE_INT, H5T_STD_I32LE, &info->world_size);
-    status |= write_attr(file, "skipped_steps", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->skipped_steps);
+    status |= h5_write_attr(file, "format_version", H5T_NATIVE_INT, H5T_STD_I32LE, &version);
+    status |= h5_write_attr(file, "step", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->step);
+    status |= h5_write_attr(file, "tokens_seen", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->tokens_seen);
+    status |= h5_write_attr(file, "world_size", H5T_NATIVE_INT, H5T_STD_I32LE, &info->world_size);
+    status |= h5_write_attr(file, "skipped_steps", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->skipped_steps);
     status |= h5_write_string_attr(file, "config_ini", ini);
     if (info->init_from[0]) status |= h5_write_string_attr(file, "init_from", info->init_from);
     free(ini);
-    return status < 0 ? -1 : 0;
-}
-
-/* fsyncs the written file, renames it over the target, fsyncs the
- * directory: after a crash, `path` holds the old file or the new one. */
-static int publish(const char *tmp, const char *path, status *err) {
-    int fd = open(tmp, O_RDONLY);
-    if (fd < 0 || fsync(fd) != 0) {
-        status_fail(err, EXIT_BAD_FILE, "%s: fsync failed: %s", tmp, strerror(errno));
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    close(fd);
-    if (rename(tmp, path) != 0)
-        return status_fail(err, EXIT_BAD_FILE, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
-    char *copy = strdup(path);
-    int dir = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-    free(copy);
-    if (dir >= 0) {
-        fsync(dir);
-        close(dir);
-    }
-    return 0;
-}
-
-typedef herr_t (*content_writer)(hid_t file, const void *ctx);
-
-/* Creates `path` through a temporary file; `write` fills it. A file whose
- * writing or flushing failed (a full disk) is abandoned, not closed:
- * HDF5 1.10.8 frees a file whose H5Fclose fails yet keeps it registered and
- * crashes at exit (HDFFV-11052); main() calls H5dont_atexit, so the
- * abandoned handle is simply left to the operating system. */
-static int write_atomically(const char *path, const char *tmp, content_writer write, const void *ctx, status *err) {
-    quiet_hdf5();
-    hid_t file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (file < 0) {
-        int cause = errno;
-        unlink(tmp); /* a full disk may have left it created and empty */
-        return status_fail(err, EXIT_BAD_FILE, "%s: cannot create (%s)", tmp, strerror(cause));
-    }
-    herr_t written = write(file, ctx);
-    if (written >= 0) written = H5Fflush(file, H5F_SCOPE_GLOBAL);
-    if (written >= 0) written = H5Fclose(file);
-    if (written < 0) {
-        unlink(tmp);
-        return status_fail(err, EXIT_BAD_FILE, "%s: writing failed (disk full or I/O error)", path);
-    }
-    if (publish(tmp, path, err) != 0) {
-        unlink(tmp);
-        return EXIT_BAD_FILE;
-    }
-    return 0;
+    return h5writer_agree(w, status < 0 ? -1 : 0);
 }
 
 typedef struct {
@@ -206,22 +121,26 @@ typedef struct {
     const metric_table *train, *eval;
 } checkpoint_content;
 
-static herr_t write_checkpoint_content(hid_t file, const void *ctx) {
+static herr_t write_checkpoint_content(const h5writer *w, const void *ctx) {
     const checkpoint_content *c = ctx;
-    if (write_root_attributes(file, c->m, c->info) < 0) return -1;
-    if (write_tensors(file, "/model", c->m, c->m->params) < 0) return -1;
-    if (write_moments(file, "/optim/m", 0, c->m) < 0) return -1;
-    if (write_moments(file, "/optim/v", 1, c->m) < 0) return -1;
-    if (c->m->momentum && write_buffers(file, c->m) < 0) return -1;
-    if (c->train && write_metric_table(file, "/metrics/train", c->train) < 0) return -1;
-    if (c->eval && write_metric_table(file, "/metrics/eval", c->eval) < 0) return -1;
+    const model *m = c->m;
+    if (write_root_attributes(w, m, c->info) < 0) return -1;
+    if (write_tensors(w, "/model", m, m->params, 0) < 0) return -1;
+    if (write_tensors(w, "/optim/m", m, m->adam_m, m->moment_first) < 0) return -1;
+    if (write_tensors(w, "/optim/v", m, m->adam_v, m->moment_first) < 0) return -1;
+    if (m->momentum && write_buffers(w, m) < 0) return -1;
+    if (c->train && write_metric_table(w, "/metrics/train", c->train) < 0) return -1;
+    if (c->eval && write_metric_table(w, "/metrics/eval", c->eval) < 0) return -1;
     return 0;
 }
 
 int checkpoint_write(const char *path, const char *tmp, const model *m, const checkpoint_info *info,
-                     const metric_table *train, const metric_table *eval, status *err) {
+                     const metric_table *train, const metric_table *eval, checkpoint_writers writers, status *err) {
+    if (writers == CHECKPOINT_ALONE && m->moment_count != m->n_params)
+        return status_fail(err, EXIT_BAD_FILE, "%s: this rank holds only a ZeRO-1 slice of the moments: the ranks "
+                           "must write it together", path);
     checkpoint_content content = {m, info, train, eval};
-    return write_atomically(path, tmp, write_checkpoint_content, &content, err);
+    return h5writer_run(path, tmp, writers == CHECKPOINT_TOGETHER, write_checkpoint_content, &content, err);
 }
 
 typedef struct {
@@ -229,15 +148,15 @@ typedef struct {
     double loss;
 } grads_content;
 
-static herr_t write_grads_content(hid_t file, const void *ctx) {
+static herr_t write_grads_content(const h5writer *w, const void *ctx) {
     const grads_content *c = ctx;
-    if (write_attr(file, "loss", H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, &c->loss) < 0) return -1;
-    return write_tensors(file, "/grads", c->m, c->m->grads);
+    if (h5writer_agree(w, h5_write_attr(w->file, "loss", H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, &c->loss)) < 0) return -1;
+    return write_tensors(w, "/grads", c->m, c->m->grads, 0);
 }
 
 int grads_write(const char *path, const char *tmp, const model *m, double loss, status *err) {
     grads_content content = {m, loss};
-    return write_atomically(path, tmp, write_grads_content, &content, err);
+    return h5writer_run(path, tmp, false, write_grads_content, &content, err);
 }
 
 /* ---- reading (through the hostile-file reader, h5reader.h) ------------ */
@@ -317,26 +236,6 @@ static void read_tensors(reader *r, const char *group, const model *m, float *ba
     }
 }
 
-/* Selects flat elements [begin, end) of a row-major rows x cols space: a
- * partial first row, whole rows, a partial last row. */
-static void select_flat_range(hid_t space, int ndim, hsize_t cols, hsize_t begin, hsize_t end) {
-    if (ndim == 1) {
-        hsize_t start = begin, count = end - begin;
-        H5Sselect_hyperslab(space, H5S_SELECT_SET, &start, NULL, &count, NULL);
-        return;
-    }
-    hsize_t r0 = begin / cols, c0 = begin % cols, r1 = (end - 1) / cols, c1 = (end - 1) % cols;
-    hsize_t start[2] = {r0, c0}, count[2] = {1, r0 == r1 ? c1 - c0 + 1 : cols - c0};
-    H5Sselect_hyperslab(space, H5S_SELECT_SET, start, NULL, count, NULL);
-    if (r0 == r1) return;
-    if (r1 > r0 + 1) {
-        hsize_t mid_start[2] = {r0 + 1, 0}, mid_count[2] = {r1 - r0 - 1, cols};
-        H5Sselect_hyperslab(space, H5S_SELECT_OR, mid_start, NULL, mid_count, NULL);
-    }
-    hsize_t last_start[2] = {r1, 0}, last_count[2] = {1, c1 + 1};
-    H5Sselect_hyperslab(space, H5S_SELECT_OR, last_start, NULL, last_count, NULL);
-}
-
 /* The moments of the model's range only: whole tensors as read_tensors,
  * a tensor cut by the range as a hyperslab of its flat elements. */
 static void read_moments(reader *r, const char *group, const model *m, float *base) {
@@ -354,7 +253,7 @@ static void read_moments(reader *r, const char *group, const model *m, float *ba
         }
         hid_t dset = open_checked(r, name, e->ndim, dims);
         hid_t file_space = H5Dget_space(dset);
-        select_flat_range(file_space, e->ndim, dims[1], a - e->offset, b - e->offset);
+        h5_select_flat_range(file_space, e->ndim, dims, a - e->offset, b - e->offset);
         hsize_t n = b - a;
         hid_t mem_space = H5Screate_simple(1, &n, NULL);
         herr_t ok = H5Dread(dset, H5T_NATIVE_FLOAT, mem_space, file_space, H5P_DEFAULT, base + (a - first));

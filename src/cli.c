@@ -383,7 +383,7 @@ static int command_init(const arguments *a) {
     if (model_create(&m, &c, &err) != 0) fail_all(err.code, "%s", err.message);
     model_init_parameters(&m);
     checkpoint_info info = {.world_size = process_count()};
-    if (process_rank() == 0 && store_write_checkpoint(a->out, &m, &info, NULL, NULL, &err) != 0)
+    if (process_rank() == 0 && store_write_checkpoint(a->out, &m, &info, NULL, NULL, CHECKPOINT_ALONE, &err) != 0)
         fail(err.code, "%s", err.message);
     log_rank0("wrote %s: %zu parameters\n", a->out, m.n_params);
     model_free(&m);
@@ -456,6 +456,10 @@ int main(int argc, char **argv) {
     blas_core_select(argv); /* before MPI starts: it may re-execute the program */
     float_env_flush_denormals(); /* before MPI and HDF5 start threads, so they inherit it */
     H5dont_atexit();        /* see live_metrics_abandon */
+    /* Started before MPI, parallel HDF5 does not hook MPI_Finalize to close
+     * itself: that hook would close the files a failed write abandoned and
+     * crash (HDFFV-11052, docs/scale.md §7); the operating system frees them. */
+    H5open();
     if (argc >= 2 && answer_without_mpi(argc, argv)) return 0;
     dist_init(&argc, &argv);
     if (argc < 2) fail_all(EXIT_USAGE, "no command given\n%s", usage_all());

@@ -84,7 +84,7 @@ static bool save_checkpoint(const trainer *t, char *path, bool signal_stop) {
         return false;
     }
     double start = wall_seconds();
-    /* every rank: with dist.zero = 1 all ranks send their moment slices */
+    /* every rank: with dist.zero = 1 all ranks write the file together */
     int rc = trainer_save(t, path, STORE_PATH_MAX, &err);
     if (process_rank() != 0) return true;
     if (rc != 0) {
@@ -93,7 +93,11 @@ static bool save_checkpoint(const trainer *t, char *path, bool signal_stop) {
     }
     struct stat st;
     double seconds = wall_seconds() - start, mb = stat(path, &st) == 0 ? st.st_size / 1e6 : 0;
-    printf("checkpoint %s | %.1f MB in %.2f s (%.0f MB/s)\n", path, mb, seconds, mb / (seconds > 0 ? seconds : 1e-9));
+    char together[64] = "";
+    if (trainer_writers(t) == CHECKPOINT_TOGETHER)
+        snprintf(together, sizeof together, " | %d ranks together (MPI-IO)", process_count());
+    printf("checkpoint %s | %.1f MB in %.2f s (%.0f MB/s)%s\n", path, mb, seconds, mb / (seconds > 0 ? seconds : 1e-9),
+           together);
     if (signal_stop) store_mark_stopped(t->cfg.out_dir, path, (int)stop_requested);
     fflush(stdout);
     return true;
@@ -182,23 +186,24 @@ static void read_best_so_far(const trainer *t, eval_record *best) {
     metric_table_free(&eval);
 }
 
-/* Rank 0 writes best.h5 when the eval just logged beats the best so far. */
+/* best.h5 when the eval just logged beats the best so far: rank 0 decides
+ * (it alone read the best so far back on resume), every rank takes part in
+ * the write (trainer_save_best). */
 static void save_if_best(const trainer *t, train_loop *loop) {
-    if (!t->cfg.keep_best || process_rank() != 0) return;
+    if (!t->cfg.keep_best) return;
     const eval_record *now = &loop->last_eval;
-    if (isnan(now->metrics.loss) || (loop->best_eval.known && now->metrics.loss >= loop->best_eval.metrics.loss)) return;
-    char path[STORE_PATH_MAX];
-    store_best_path(t->cfg.out_dir, path, sizeof path);
-    checkpoint_info info = {.step = t->step, .tokens_seen = t->tokens_seen, .world_size = process_count()};
-    snprintf(info.init_from, sizeof info.init_from, "%s", t->init_from);
+    bool better = !isnan(now->metrics.loss) && (!loop->best_eval.known || now->metrics.loss < loop->best_eval.metrics.loss);
+    if (!dist_any(process_rank() == 0 && better)) return;
     status err;
-    if (store_write_checkpoint(path, &t->model, &info, &t->train_log, &t->eval_log, &err) != 0) {
-        fprintf(stderr, "momfmm: warning: best checkpoint not written: %s\n", err.message);
+    if (trainer_save_best(t, &err) != 0) {
+        if (process_rank() == 0) fprintf(stderr, "momfmm: warning: best checkpoint not written: %s\n", err.message);
         return;
     }
     loop->best_eval = *now;
-    printf("best %s | eval loss %.4f at step %lld\n", path, now->metrics.loss, t->step);
-    fflush(stdout);
+    char path[STORE_PATH_MAX];
+    store_best_path(t->cfg.out_dir, path, sizeof path);
+    log_rank0("best %s | eval loss %.4f at step %lld\n", path, now->metrics.loss, t->step);
+    if (process_rank() == 0) fflush(stdout);
 }
 
 static void log_eval(trainer *t, train_loop *loop) {

@@ -429,6 +429,10 @@ int config_try_apply_override(config *c, const char *assignment, status *st) {
 
 bool config_momentum_enabled(const config *c) { return c->gamma != 0.0 || c->learn_gamma; }
 
+int config_micro_rows(const config *c, int shard_rows) {
+    return c->micro_batch > 0 && c->micro_batch < shard_rows ? c->micro_batch : shard_rows;
+}
+
 int config_check(const config *c, const char *origin, char *err, size_t err_len) {
 #define REJECT(...)                            \
     do {                                       \

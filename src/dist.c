@@ -4,6 +4,8 @@
  * backward, so the gradient all-reduce is a plain sum. */
 #include "momfmm/dist.h"
 
+#include <hdf5.h>
+
 #include <cblas.h>
 #include <limits.h>
 #include <mpi.h>
@@ -14,6 +16,7 @@
 
 #include "momfmm/blas_core.h"
 #include "momfmm/common.h"
+#include "momfmm/dist_hdf5.h"
 #include "momfmm/float_env.h"
 
 /* Created once in dist_try_init, freed in dist_finalize. A private duplicate of
@@ -332,26 +335,7 @@ double grad_reducer_gather(grad_reducer *r, float *params, slice_update update, 
     return wall_seconds() - start;
 }
 
-void dist_gather_slices(const float *mine, size_t n, size_t lo, size_t hi, float *out) {
-    int ranks = process_count(), rank = process_rank();
-    size_t first, count;
-    model_moment_range(n, rank, ranks, &first, &count);
-    if (ranks == 1) {
-        memcpy(out, mine + (lo - first), sizeof(float) * (hi - lo));
-        return;
-    }
-    int *counts = xcalloc(2 * (size_t)ranks, sizeof(int)), *displs = counts + ranks;
-    for (int q = 0; q < ranks; q++) {
-        size_t f, c;
-        model_moment_range(n, q, ranks, &f, &c);
-        size_t a = f > lo ? f : lo, b = f + c < hi ? f + c : hi;
-        counts[q] = a < b ? (int)(b - a) : 0;
-        displs[q] = a < b ? (int)(a - lo) : 0;
-    }
-    const float *send = counts[rank] ? mine + (lo > first ? lo - first : 0) : mine;
-    MPI_Gatherv(send, counts[rank], MPI_FLOAT, out, counts, displs, MPI_FLOAT, 0, world);
-    free(counts);
-}
+int dist_hdf5_mpio(hid_t fapl) { return H5Pset_fapl_mpio(fapl, world, MPI_INFO_NULL) < 0 ? -1 : 0; }
 
 void grad_reducer_free(grad_reducer *r) {
     if (!r) return;

@@ -87,21 +87,42 @@ typedef struct {
     double max_diff;
 } eval_sums;
 
+/* Rows [first, first + rows) of b as a batch of their own (no copy). */
+static batch rows_of(const batch *b, int first, int rows) {
+    size_t at = (size_t)first * b->T;
+    return (batch){rows, b->T, b->inputs + at, b->targets + at, b->labels ? b->labels + first : NULL};
+}
+
+/* One forward of rows v (global sample index first_row onwards) into the
+ * sums; gain_R's random directions are keyed by sample, so the rows may
+ * come in any grouping. */
+static int evaluate_rows(model *m, const batch *v, long long first_row, uint64_t seed, int segment, eval_sums *e,
+                         status *err) {
+    model_forward(m, v->inputs, v->targets, v->labels, v->B, v->T, false);
+    metrics_accumulate(&e->full, v, m->acts.losses, m->acts.predictions, m->cfg.head == HEAD_CLS, m->V);
+    block_gains(m, v->B, v->T, seed, first_row, e->gains, e->gains + m->L + 1);
+    e->gains[m->L] += v->B;
+    if (segment <= 0) return 0;
+    /* block_gains leaves the forward's logits as they were */
+    double diff = stream_batch(m, v, segment, m->acts.logits, e->losses, e->predictions, err);
+    if (diff < 0) return err->code;
+    e->max_diff = fmax(e->max_diff, diff);
+    metrics_accumulate(&e->streamed, v, e->losses, e->predictions, false, m->V);
+    return 0;
+}
+
+/* Eval batch i of this rank's shard, in forwards of train.micro_batch rows
+ * as training takes them (docs/scale.md §7), so that evaluating needs no
+ * more activation memory than a training step. */
 static int evaluate_batch(model *m, rank_shard *shard, int i, int segment, eval_sums *e, status *err) {
     batch *b = &shard->batch;
     data_fill(shard->data, b, SPLIT_EVAL, i, shard->first);
-    model_forward(m, b->inputs, b->targets, b->labels, b->B, b->T, false);
-    metrics_accumulate(&e->full, b, m->acts.losses, m->acts.predictions, m->cfg.head == HEAD_CLS, m->V);
-    block_gains(m, b->B, b->T, (uint64_t)m->cfg.seed + (uint64_t)i, shard->first, e->gains,
-                e->gains + m->L + 1);
-    e->gains[m->L] += b->B;
-    if (segment <= 0) return 0;
-    /* block_gains leaves the forward's logits as they were */
-    double diff = stream_batch(m, b, segment, m->acts.logits, e->losses, e->predictions, err);
-    if (diff < 0) return err->code;
-    e->max_diff = fmax(e->max_diff, diff);
-    metrics_accumulate(&e->streamed, b, e->losses, e->predictions, false, m->V);
-    return 0;
+    int rows = config_micro_rows(&m->cfg, b->B), rc = 0;
+    for (int first = 0; first < b->B && rc == 0; first += rows) {
+        batch v = rows_of(b, first, b->B - first < rows ? b->B - first : rows);
+        rc = evaluate_rows(m, &v, shard->first + first, (uint64_t)m->cfg.seed + (uint64_t)i, segment, e, err);
+    }
+    return rc;
 }
 
 int evaluate(model *m, rank_shard *shard, int stream_segment, eval_result *r, status *err) {

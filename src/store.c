@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "momfmm/dist.h"
+
 #define CHECKPOINT_NAME "ckpt_%08lld.h5"
 #define CHECKPOINT_NAME_LEN 16 /* strlen("ckpt_00000000.h5") */
 
@@ -30,8 +32,11 @@ static int make_directory(const char *path, status *err) {
 }
 
 /* The temporary name of a write to `path`: unique per process. */
-static void temporary_path(const char *path, char *tmp, size_t len) {
-    snprintf(tmp, len, "%s.tmp.%d", path, (int)getpid());
+/* Ranks writing together use one name: rank 0's pid. */
+static void temporary_path(const char *path, checkpoint_writers writers, char *tmp, size_t len) {
+    int pid = (int)getpid();
+    if (writers == CHECKPOINT_TOGETHER) dist_broadcast_bytes(&pid, sizeof pid);
+    snprintf(tmp, len, "%s.tmp.%d", path, pid);
 }
 
 static bool is_temporary_name(const char *name) {
@@ -183,23 +188,23 @@ void store_prune(const char *dir, int keep, long long step) {
 }
 
 int store_write_checkpoint(const char *path, const model *m, const checkpoint_info *info, const metric_table *train,
-                           const metric_table *eval, status *err) {
+                           const metric_table *eval, checkpoint_writers writers, status *err) {
     char tmp[STORE_PATH_MAX + 32];
-    temporary_path(path, tmp, sizeof tmp);
-    return checkpoint_write(path, tmp, m, info, train, eval, err);
+    temporary_path(path, writers, tmp, sizeof tmp);
+    return checkpoint_write(path, tmp, m, info, train, eval, writers, err);
 }
 
 int store_write_grads(const char *path, const model *m, double loss, status *err) {
     char tmp[STORE_PATH_MAX + 32];
-    temporary_path(path, tmp, sizeof tmp);
+    temporary_path(path, CHECKPOINT_ALONE, tmp, sizeof tmp);
     return grads_write(path, tmp, m, loss, err);
 }
 
 int store_save(const char *dir, int keep, const model *m, const checkpoint_info *info, const metric_table *train,
-               const metric_table *eval, char *path, size_t len, status *err) {
+               const metric_table *eval, checkpoint_writers writers, char *path, size_t len, status *err) {
     store_checkpoint_path(dir, info->step, path, len);
-    int rc = store_write_checkpoint(path, m, info, train, eval, err);
-    if (rc == 0) store_prune(dir, keep, info->step);
+    int rc = store_write_checkpoint(path, m, info, train, eval, writers, err);
+    if (rc == 0 && (writers == CHECKPOINT_ALONE || process_rank() == 0)) store_prune(dir, keep, info->step);
     return rc;
 }
 

@@ -13,19 +13,13 @@
 #include "momfmm/optimizer.h"
 #include "momfmm/store.h"
 
-/* Rows per forward/backward: train.micro_batch, or the whole shard when 0
- * or larger (docs/scale.md §7, micro-batches). */
-static int micro_rows(const config *cfg, int shard_rows) {
-    return cfg->micro_batch > 0 && cfg->micro_batch < shard_rows ? cfg->micro_batch : shard_rows;
-}
-
 memory_use trainer_memory(const trainer *t) {
     const model *m = &t->model;
     const batch *b = &t->shard.batch;
     double n = (double)m->n_params, slice = (double)m->moment_count / (n > 0 ? n : 1);
     bool sharded = t->cfg.zero && process_count() > 1;
     memory_use u = {sizeof(float), sizeof(float) * (1 + (sharded ? slice : 0)), 2 * sizeof(float) * slice, 0};
-    u.activation_bytes = (double)model_activation_bytes(m, micro_rows(&t->cfg, b->B), b->T);
+    u.activation_bytes = (double)model_activation_bytes(m, config_micro_rows(&t->cfg, b->B), b->T);
     return u;
 }
 
@@ -34,7 +28,7 @@ memory_use trainer_memory(const trainer *t) {
 static int check_memory(const trainer *t, status *err) {
     const model *m = &t->model;
     const batch *b = &t->shard.batch;
-    int rows = micro_rows(&t->cfg, b->B);
+    int rows = config_micro_rows(&t->cfg, b->B);
     memory_use u = trainer_memory(t);
     double need = u.activation_bytes + (u.param_bytes + u.grad_bytes + u.moment_bytes) * m->n_params;
     int local_ranks = dist_node_ranks();
@@ -172,7 +166,7 @@ step_result trainer_step(trainer *t) {
     /* the reduction overlaps only the last micro-batch's backward: earlier
      * ones add into the same gradients */
     backward_hooks hooks = grad_reducer_hooks(t->reducer);
-    int rows = micro_rows(&t->cfg, b->B);
+    int rows = config_micro_rows(&t->cfg, b->B);
     for (int first = 0; first < b->B; first += rows) {
         bool last = first + rows >= b->B;
         micro_step(t, first, last ? b->B - first : rows, scale, last ? &hooks : NULL);
@@ -279,55 +273,32 @@ int trainer_init_from(trainer *t, const char *path, status *err) {
     return dist_try_check_consistency(&t->model, t->step, err);
 }
 
-/* ZeRO-1 save (docs/scale.md §7): every rank takes part in gathering one
- * moment tensor at a time to rank 0, which writes it; no rank holds the full
- * optimizer state. */
-typedef struct {
-    const model *m;
-    float *tensor; /* rank 0: the largest tensor */
-    int done;      /* tensors gathered so far, m's entries then v's */
-} moment_gather;
-
-static const float *gather_moment(void *ctx, int which, const param_entry *e) {
-    moment_gather *g = ctx;
-    dist_gather_slices(which ? g->m->adam_v : g->m->adam_m, g->m->n_params, e->offset, e->offset + e->numel,
-                       g->tensor);
-    g->done++;
-    return g->tensor;
+checkpoint_writers trainer_writers(const trainer *t) {
+    return t->cfg.zero && process_count() > 1 ? CHECKPOINT_TOGETHER : CHECKPOINT_ALONE;
 }
 
-/* The gathers rank 0 has not asked for (all of them on other ranks, the rest
- * on rank 0 when its write failed early), so that no rank waits forever. */
-static void finish_gathers(moment_gather *g) {
-    while (g->done < 2 * g->m->n_entries) {
-        const param_entry *e = &g->m->entries[g->done % g->m->n_entries];
-        gather_moment(g, g->done / g->m->n_entries, e);
-    }
-}
-
-int trainer_save(const trainer *t, char *path, size_t len, status *err) {
-    bool sharded = t->cfg.zero && process_count() > 1;
-    if (process_rank() != 0 && !sharded) return 0;
+static checkpoint_info info_of(const trainer *t) {
     checkpoint_info info = {.step = t->step, .tokens_seen = t->tokens_seen, .world_size = process_count(),
                             .skipped_steps = t->skipped_steps};
     snprintf(info.init_from, sizeof info.init_from, "%s", t->init_from);
-    moment_gather g = {&t->model, NULL, 0};
-    if (sharded) {
-        size_t largest = 1;
-        for (int i = 0; i < t->model.n_entries; i++)
-            if (t->model.entries[i].numel > largest) largest = t->model.entries[i].numel;
-        if (process_rank() == 0) g.tensor = xcalloc(largest, sizeof(float));
-        checkpoint_set_moment_source(gather_moment, &g);
-    }
-    int rc = 0;
-    if (process_rank() == 0)
-        rc = store_save(t->cfg.out_dir, t->cfg.keep, &t->model, &info, &t->train_log, &t->eval_log, path, len, err);
-    if (sharded) {
-        finish_gathers(&g);
-        checkpoint_set_moment_source(NULL, NULL);
-    }
-    free(g.tensor);
-    return rc;
+    return info;
+}
+
+int trainer_save(const trainer *t, char *path, size_t len, status *err) {
+    checkpoint_writers writers = trainer_writers(t);
+    if (process_rank() != 0 && writers == CHECKPOINT_ALONE) return 0;
+    checkpoint_info info = info_of(t);
+    return store_save(t->cfg.out_dir, t->cfg.keep, &t->model, &info, &t->train_log, &t->eval_log, writers, path, len,
+                      err);
+}
+
+int trainer_save_best(const trainer *t, status *err) {
+    checkpoint_writers writers = trainer_writers(t);
+    if (process_rank() != 0 && writers == CHECKPOINT_ALONE) return 0;
+    char path[STORE_PATH_MAX];
+    store_best_path(t->cfg.out_dir, path, sizeof path);
+    checkpoint_info info = info_of(t);
+    return store_write_checkpoint(path, &t->model, &info, &t->train_log, &t->eval_log, writers, err);
 }
 
 bool trainer_weights_finite(const trainer *t) {

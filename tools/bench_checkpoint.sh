@@ -9,13 +9,25 @@
 # goes first; the disk may be shared) and the median ratio. Target:
 # checkpoint time <= 2 x dd time.
 #
-# Usage: tools/bench_checkpoint.sh [OUT_DIR]    (default runs/bench_checkpoint)
+# With --ranks N it compares instead, on the same model under mpirun -np N,
+# the checkpoint written by rank 0 alone (dist.zero = 0) with the one all
+# ranks write together through parallel HDF5 (dist.zero = 1, docs/scale.md
+# §7), alternating which goes first, and prints both times per round and
+# their medians.
+#
+# Usage: tools/bench_checkpoint.sh [--ranks N] [OUT_DIR]  (default runs/bench_checkpoint)
 # Environment: MOMFMM (binary, default build/momfmm), ROUNDS (default 3).
 # Everything written goes into a temporary directory under OUT_DIR, removed
 # at the end (and OUT_DIR too if this script created it and it is empty).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${MOMFMM:-$root/build/momfmm}
+ranks=0
+if [ "${1:-}" = --ranks ]; then
+    [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || { echo "bench_checkpoint: --ranks needs a positive integer" >&2; exit 2; }
+    ranks=$2
+    shift 2
+fi
 out=${1:-$root/runs/bench_checkpoint}
 rounds=${ROUNDS:-3}
 [ -x "$bin" ] || { echo "bench_checkpoint: $bin is not an executable (build first, or set MOMFMM)" >&2; exit 2; }
@@ -41,13 +53,40 @@ chain_len = 5
 
 [train]
 steps = 1
-batch_size = 1
+batch_size = $(( ranks > 1 ? ranks : 1 ))
 eval_interval = 0
 log_interval = 1
 out_dir = $work/run
 EOF
 
 now() { date +%s.%N; }
+median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+
+# --ranks N: seconds of the step-1 checkpoint at dist.zero = $1 under mpirun -np N
+ranks_checkpoint() {
+    rm -rf "$work/run"
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np "$ranks" \
+        "$bin" train "$work/bench.ini" --set dist.zero="$1" > "$work/train.log" 2>&1 ||
+        { cat "$work/train.log" >&2; exit 1; }
+    grep '^checkpoint ' "$work/train.log" | tail -1 > "$work/line"
+    params=$(sed -n 's/^model: \([0-9]*\) parameters.*/\1/p' "$work/train.log")
+    rm -rf "$work/run"
+}
+if [ "$ranks" -gt 0 ]; then
+    z0=() z1=()
+    for ((r = 1; r <= rounds; r++)); do
+        for zero in $( ((r % 2)) && echo "0 1" || echo "1 0"); do
+            ranks_checkpoint "$zero"
+            seconds=$(awk '{print $7}' "$work/line")
+            if [ "$zero" = 0 ]; then z0+=("$seconds"); else z1+=("$seconds"); fi
+            printf 'round %d: np %d zero %d | %s parameters | %s\n' "$r" "$ranks" "$zero" "$params" \
+                "$(cut -d'|' -f2- "$work/line" | sed 's/^ //')"
+        done
+    done
+    printf 'median checkpoint time at np %d over %d rounds: zero 0 (rank 0 alone) %s s | zero 1 (all ranks, MPI-IO) %s s\n' \
+        "$ranks" "$rounds" "$(printf '%s\n' "${z0[@]}" | median)" "$(printf '%s\n' "${z1[@]}" | median)"
+    exit 0
+fi
 ratios=()
 printf 'out_dir %s (%s)\n' "$out" "$(df -h --output=source,fstype "$out" | tail -1 | tr -s ' ')"
 for ((r = 1; r <= rounds; r++)); do
@@ -80,6 +119,6 @@ for ((r = 1; r <= rounds; r++)); do
         "$r" "$params" "$ck_mb" "$ck_s" "$(awk -v m="$ck_mb" -v s="$ck_s" 'BEGIN {printf "%.0f", m / s}')" \
         "$dd_mb" "$dd_s" "$(awk -v m="$dd_mb" -v s="$dd_s" 'BEGIN {printf "%.0f", m / s}')" "$ratio"
 done
-median=$(printf '%s\n' "${ratios[@]}" | sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')
+median=$(printf '%s\n' "${ratios[@]}" | median)
 verdict=$(awk -v m="$median" 'BEGIN {print (m <= 2) ? "within" : "OVER"}')
 printf 'median checkpoint/dd time ratio %s over %d rounds: %s the target (<= 2)\n' "$median" "$rounds" "$verdict"

@@ -6,7 +6,7 @@ packages=(
   build-essential cmake pkg-config
   libopenmpi-dev openmpi-bin
   libopenblas-dev
-  libhdf5-dev hdf5-tools libdnnl-dev
+  libhdf5-dev libhdf5-openmpi-dev hdf5-tools libdnnl-dev
   python3-torch python3-h5py python3-numpy python3-matplotlib python3-pytest
   slurmctld slurmd slurm-client munge
 )

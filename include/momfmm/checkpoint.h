@@ -16,16 +16,15 @@
 #define CHECKPOINT_FORMAT "momfmm-checkpoint"
 #define CHECKPOINT_FORMAT_VERSION 1
 
-/* ZeRO-1 (docs/scale.md §7): the full tensor e of moment `which` (0 = /optim/m,
- * 1 = /optim/v), gathered from the ranks' slices one tensor at a time. Called
- * for m's entries in order, then v's. */
-typedef const float *(*moment_source)(void *ctx, int which, const param_entry *e);
-
-/* Until reset to NULL, checkpoint_write takes /optim/m|v from `source`
- * instead of the model's own full moment buffers (the trainer's sharded
- * save; a setting rather than an argument so that the store's interface
- * stays as it is). */
-void checkpoint_set_moment_source(moment_source source, void *ctx);
+/* Who writes a file (docs/scale.md §7). ALONE: the calling rank holds the
+ * whole state and writes the file by itself. TOGETHER: every rank calls
+ * with the same arguments (ZeRO-1: each holds only its slice of the
+ * moments, m->moment_first ...); the file is opened through parallel HDF5
+ * (MPI-IO), each rank writes its slice of /model and /optim/m|v with
+ * collective writes, rank 0 the attributes' data, buffers and metrics, and
+ * rank 0 renames the file into place once all have closed it; every rank
+ * returns the same outcome. */
+typedef enum { CHECKPOINT_ALONE, CHECKPOINT_TOGETHER } checkpoint_writers;
 
 typedef struct {
     long long step, tokens_seen;
@@ -35,11 +34,11 @@ typedef struct {
 } checkpoint_info;
 
 /* Writes the docs/files.md §4 layout to `path` atomically: into `tmp` (a name in the
- * same directory), flushed, fsync'ed, renamed to `path`, directory fsync'ed.
- * Metrics tables may be NULL. On a failure the previous file under `path`,
- * if any, is left as it was. */
+ * same directory, the same on every writer), flushed, fsync'ed, renamed to
+ * `path`, directory fsync'ed. Metrics tables may be NULL. On a failure the
+ * previous file under `path`, if any, is left as it was. */
 int checkpoint_write(const char *path, const char *tmp, const model *m, const checkpoint_info *info,
-                     const metric_table *train, const metric_table *eval, status *err);
+                     const metric_table *train, const metric_table *eval, checkpoint_writers writers, status *err);
 
 /* The resolved config of a checkpoint (root attribute config_ini) and its info. */
 int checkpoint_read_config(const char *path, config *c, checkpoint_info *info, status *err);

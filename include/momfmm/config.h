@@ -97,6 +97,9 @@ char *config_to_ini(const config *c);
 
 /* True when momentum attention is on (docs/model.md §1.2). */
 bool config_momentum_enabled(const config *c);
+/* Rows per forward/backward of a shard of shard_rows: train.micro_batch, or
+ * the whole shard when 0 or larger (docs/scale.md §7, micro-batches). */
+int config_micro_rows(const config *c, int shard_rows);
 
 /* Compares the keys that change the model or the data (model_keys = true;
  * they must match on resume) or the schedule keys (false; they may change).

@@ -74,8 +74,4 @@ typedef void (*slice_update)(void *ctx, size_t lo, size_t hi);
  * in-place MPI_Iallgatherv of the bucket's parameters; waits for all.
  * Returns seconds spent waiting. */
 double grad_reducer_gather(grad_reducer *r, float *params, slice_update update, void *ctx);
-/* Elements [lo, hi) of a flat buffer of n elements sharded by
- * model_moment_range, gathered on rank 0 into out (hi - lo floats); `mine`
- * is this rank's slice. Collective; out is only written on rank 0. */
-void dist_gather_slices(const float *mine, size_t n, size_t lo, size_t hi, float *out);
 #endif

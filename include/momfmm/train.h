@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "momfmm/common.h"
+#include "momfmm/checkpoint.h"
 #include "momfmm/config.h"
 #include "momfmm/dist.h"
 #include "momfmm/eval.h"
@@ -64,9 +65,18 @@ int trainer_resume(trainer *t, const char *how, status *err);
  * trainer_create. Returns 0, or EXIT_BAD_FILE in err: a file that does not
  * load, or one whose architecture keys differ (listing every one). */
 int trainer_init_from(trainer *t, const char *path, status *err);
-/* Rank 0 writes the checkpoint of t->step into train.out_dir and prunes
- * (store.h); path receives its name. Other ranks return 0 at once. */
+/* Who writes the checkpoints (docs/scale.md §7): with ZeRO-1 on several
+ * ranks no rank holds all the moments, so all write together; otherwise
+ * rank 0 alone. */
+checkpoint_writers trainer_writers(const trainer *t);
+/* The checkpoint of t->step into train.out_dir, pruned (store.h); path
+ * receives its name. Every rank calls: with dist.zero = 1 on several ranks
+ * all write the file together (docs/scale.md §7) and all return its
+ * outcome; otherwise rank 0 writes it and the others return 0 at once. */
 int trainer_save(const trainer *t, char *path, size_t len, status *err);
+/* train.keep_best: best.h5 from the current state, written as trainer_save
+ * writes (every rank calls), never pruned. */
+int trainer_save_best(const trainer *t, status *err);
 /* Whether every parameter is finite: a checkpoint of NaN or infinite
  * weights is never written (it would prune the good ones). */
 bool trainer_weights_finite(const trainer *t);

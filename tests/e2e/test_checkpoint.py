@@ -47,7 +47,8 @@ from common import run
 from ckpt_util import (LOSS_RTOL, N, RESUME, WEIGHT_RTOL, Runner, bitwise_report, checkpoints, ckpt, digest,
                        load_state, rel_losses, rel_tensors, tail)
 
-CKPT_LINE = re.compile(r"^checkpoint (\S+) \| ([\d.]+) MB in ([\d.]+) s \(([\d.]+) MB/s\)$", re.M)
+CKPT_LINE = re.compile(r"^checkpoint (\S+) \| ([\d.]+) MB in ([\d.]+) s \(([\d.]+) MB/s\)"
+                       r"(?: \| (\d+) ranks together \(MPI-IO\))?$", re.M)
 
 
 @pytest.fixture(scope="module")
@@ -496,9 +497,16 @@ class TestFullDisk:
     def test_full_disk(self, R, report):
         check_full_disk(R, report)
 
+    def test_full_disk_collective(self, R, report):
+        # dist.zero = 1 at np = 2: both ranks write the file through MPI-IO
+        # (docs/scale.md §7); a failure on the full disk must end in the same
+        # outcome on both ranks, not a rank waiting forever in a collective
+        check_full_disk(R, report, np_=2, zero=1)
 
-def check_full_disk(R, report):
-    ini, _, _ = R.config("disk_cfg", **RESUME, **{"train.steps": 2 * N})
+
+def check_full_disk(R, report, np_=None, zero=0):
+    what = "full disk" if np_ is None else f"full disk, np {np_} zero {zero}"
+    ini, _, _ = R.config("disk_cfg", **RESUME, **{"train.steps": 2 * N, "dist.zero": zero})
     mnt = os.path.join(R.work, "tmpfs")
     os.makedirs(mnt, exist_ok=True)
     while os.path.ismount(mnt):  # left mounted by an aborted earlier run
@@ -508,26 +516,27 @@ def check_full_disk(R, report):
     if r.returncode != 0:
         pytest.skip(f"full disk: cannot mount a tmpfs: {r.stderr.strip()[:200]}")
     try:
-        r = R.train(ini, f"train.out_dir={mnt}", "train.steps=2", "train.keep=1")
+        r = R.train(ini, f"train.out_dir={mnt}", "train.steps=2", "train.keep=1", np_=np_)
         first = ckpt(mnt, 2)
         assert r.returncode == 0 and os.path.exists(first), \
-            f"full disk: a first checkpoint fits in the 600 KB tmpfs: {tail(r)}"
+            f"{what}: a first checkpoint fits in the 600 KB tmpfs: {tail(r)}"
         before = digest(first)
         st = os.statvfs(mnt)
         free = st.f_bavail * st.f_frsize
         with open(os.path.join(mnt, "filler"), "wb") as f:
             f.write(b"\0" * max(0, free - 40 * 1024))
-        r = R.train(ini, f"train.out_dir={mnt}", "train.steps=4", "train.keep=1", resume="auto")
+        r = R.train(ini, f"train.out_dir={mnt}", "train.steps=4", "train.keep=1", resume="auto", np_=np_,
+                    timeout=120)
         second = ckpt(mnt, 4)
-        report.check("full disk: the error names the checkpoint ('checkpoint at step 4 not written: <path>')",
+        report.check(f"{what}: the error names the checkpoint ('checkpoint at step 4 not written: <path>')",
                      "checkpoint at step 4 not written" in r.stderr and second in r.stderr, tail(r))
-        report.check("full disk: the program does not crash after the failed write",
+        report.check(f"{what}: the program does not crash after the failed write",
                      r.returncode >= 0 and "Segmentation" not in r.stderr and "signal" not in r.stderr,
                      f"rc {r.returncode}; stderr {r.stderr.strip()[:400]!r}")
-        report.check("full disk: the previous checkpoint is intact (same sha256) and loads",
+        report.check(f"{what}: the previous checkpoint is intact (same sha256) and loads",
                      digest(first) == before and R.inspect(first).returncode == 0)
         left = [n for n in os.listdir(mnt) if n not in ("filler", "metrics.h5", ".lock", os.path.basename(first))]
-        report.check("full disk: no half-written file left (neither ckpt_00000004.h5 nor a temporary)", not left,
+        report.check(f"{what}: no half-written file left (neither ckpt_00000004.h5 nor a temporary)", not left,
                      f"left {left}")
     finally:
         run(["umount", mnt], timeout=30)
