@@ -10,7 +10,10 @@
 # directories and collect_sweep.sh reports them; jobs sent USR1 (one per
 # launcher) checkpoint, requeue themselves, resume and end with the same
 # weights, bit for bit, as an uninterrupted run; a requeued finished job does
-# not train again.
+# not train again; a train.sbatch job at 4 tasks with dist.zero=1, sent USR1
+# and, once requeued, held, set to NumTasks=3 and released, starts again with
+# 3 ranks, resumes the 4-rank checkpoint and ends within 1e-5 of an
+# uninterrupted run.
 #
 # Needs root (the daemons run as SlurmUser=root) and the packages slurmctld,
 # slurmd, slurm-client and munge (tools/install_deps.sh). Where they are
@@ -229,6 +232,9 @@ cat >"$WORK/h5check.py" <<'EOF'
 """ckpt DIR STEP WORLD NLOG: the newest checkpoint in DIR has step STEP,
 world_size WORLD and NLOG rows of /metrics/train/loss.
 same A B: every /model, /optim and /buffers dataset of A equals B's, bitwise.
+close A B TOL: the same step, and every /model, /optim and /buffers dataset
+  of B within TOL of A's: max |a - b| / max |a| per dataset.
+world FILE: prints the checkpoint's step and world_size.
 config DIR REGEX: the newest checkpoint's config_ini matches REGEX."""
 import glob, os, re, sys
 import h5py
@@ -279,6 +285,35 @@ elif cmd == "same":
         out.append(f"train loss log {'identical' if same_loss else 'differs'} ({len(la)} vs {len(lb)} rows)")
     print("; ".join(out))
     sys.exit(0 if ok else 1)
+elif cmd == "close":
+    a, b, tol = sys.argv[2], sys.argv[3], float(sys.argv[4])
+    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+        out, ok = [], int(fa.attrs["step"]) == int(fb.attrs["step"])
+        if not ok:
+            out.append(f"steps differ ({int(fa.attrs['step'])} vs {int(fb.attrs['step'])})")
+        for group in ("model", "optim", "buffers"):
+            names = datasets(fa, group)
+            if group != "buffers" and not names:
+                sys.exit(f"{a}: no /{group} datasets")
+            if datasets(fb, group) != names:
+                ok = False
+                out.append(f"/{group}: the dataset names differ")
+                continue
+            worst, where = 0.0, ""
+            for n in names:
+                x = fa[group][n][()].astype(np.float64)
+                y = fb[group][n][()].astype(np.float64)
+                r = (float(np.max(np.abs(x - y))) / max(float(np.max(np.abs(x))), 1e-30)
+                     if x.shape == y.shape else float("inf"))
+                if not r <= worst:  # NaN counts as worst
+                    worst, where = (r if r == r else float("inf")), n
+            out.append(f"/{group}: {len(names)} datasets, max rel diff {worst:.2e}" + (f" ({where})" if where else ""))
+            ok = ok and worst <= tol
+    print("; ".join(out))
+    sys.exit(0 if ok else 1)
+elif cmd == "world":
+    with h5py.File(sys.argv[2], "r") as f:
+        print(int(f.attrs["step"]), int(f.attrs["world_size"]))
 elif cmd == "config":
     d, pattern = sys.argv[2], sys.argv[3]
     with h5py.File(newest(d), "r") as f:
@@ -340,6 +375,37 @@ warmup = 10
 log_interval = 10
 eval_interval = 100
 eval_batches = 1
+EOF
+# Requeue onto fewer tasks (dist.zero = 1, 4 tasks, then 3): 100 steps, a
+# checkpoint every 20. adam_eps 1e-6 as in e2e_scale_resume: with 1e-8, Adam
+# turns the rounding noise of zero gradients (the key bias) into lr-sized steps.
+cat >fewer.ini <<'EOF'
+[model]
+vocab_size = 32
+d_model = 64
+n_heads = 4
+n_layers = 2
+d_ff = 128
+
+[momentum]
+gamma = 0.1
+
+[data]
+task = chain
+seq_len = 64
+chain_len = 8
+
+[train]
+steps = 100
+batch_size = 32
+lr = 3e-3
+warmup = 10
+adam_eps = 1e-6
+log_interval = 5
+eval_interval = 50
+eval_batches = 1
+ckpt_interval = 20
+keep = 10
 EOF
 printf '%s\n' '# test sweep' '--set momentum.gamma=0' '' '--set momentum.gamma=0.2' \
     '--set attention.kind=fmm --set momentum.gamma=0.1' >sweep.txt
@@ -487,6 +553,76 @@ if job_ok "requeued finished job completes" "$J_MPI"; then
         show_log "runs/slurm/momfmm-$J_MPI.out"
     fi
 fi
+
+# ---- 3. requeued onto fewer tasks: dist.zero = 1 at 4 tasks, resumed at 3 ----
+# The README's commands: USR1, the script requeues the job; while it waits
+# (cred_expire) hold it, set NumTasks=3, release it. mpirun then starts 3 ranks
+# (it reads SLURM_TASKS_PER_NODE), which resume the 4-rank checkpoint.
+FEWER_TOL=1e-5 # e2e_scale_resume's tolerance for np 4 -> np 3
+Z=$(sbatch --parsable --job-name=fewer --nodes=1 --ntasks=4 --overcommit --time=5 "$ROOT/jobs/train.sbatch" fewer.ini \
+    --set dist.zero=1 2>&1)
+[[ $Z =~ ^[0-9]+$ ]] || { fail "sbatch" "submission failed: $Z"; echo "$passed passed, $failed failed"; exit 1; }
+Z_OUT=runs/slurm/fewer-$Z.out
+Z_DIR=runs/fewer-$Z
+t="train.sbatch requeued onto fewer tasks:"
+note "submitted job $Z (4 tasks, dist.zero=1)"
+z_preempted=
+if wait_for 90 grep -qsE '^step 40/100' "$Z_OUT" && [ -f "$Z_DIR/ckpt_00000020.h5" ]; then
+    scancel --signal=USR1 --batch "$Z"
+    note "sent USR1 to job $Z after: $(grep -E '^step [0-9]+/100' "$Z_OUT" | tail -n 1 | cut -d'|' -f1)"
+    z_preempted=1
+else
+    fail "$t preemption" "job $Z did not reach step 40 with ckpt_00000020.h5: $(job_field "$Z" JobState)"
+    show_log "$Z_OUT"
+fi
+z_pending() { [ "$(job_field "$Z" Restarts)" = 1 ] && [ "$(job_field "$Z" JobState)" = PENDING ]; }
+z_update=
+if [ -n "$z_preempted" ] && wait_for 60 z_pending; then
+    z_update=$({ scontrol hold "$Z" && scontrol update JobId="$Z" NumTasks=3 && scontrol release "$Z"; } 2>&1) &&
+        z_update=ok || z_update="failed: $z_update"
+    note "requeued job $Z: hold, NumTasks=3, release: $z_update"
+elif [ -n "$z_preempted" ]; then
+    note "job $Z not back in the queue: $(job_field "$Z" JobState), Restarts=$(job_field "$Z" Restarts)"
+fi
+# While the requeued job waits, the uninterrupted reference at 4 ranks.
+"$MPIEXEC" --oversubscribe -np 4 -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$MOMFMM_BIN" train fewer.ini \
+    --set dist.zero=1 --set train.out_dir=runs/reference_fewer >reference_fewer.log 2>&1
+zref_rc=$?
+wait_jobs 120 "$Z"
+note "job $Z done"
+
+before=$failed
+if job_ok "$t job completes" "$Z"; then
+    # Slurm's record, what momfmm started with each time, what the script logged
+    ranks=$(grep -oP '^momfmm: \K[0-9]+(?= ranks)' "$Z_OUT" | tr '\n' ' ')
+    logged=$(grep -oP ' ranks \K[0-9]+' "$Z_DIR/slurm_jobs.log" 2>/dev/null | tr '\n' ' ')
+    if [ "$z_update" = ok ] && [ "$(job_field "$Z" NumTasks)" = 3 ] && [ "$(job_field "$Z" Restarts)" = 1 ] &&
+        [ "$ranks" = "4 3 " ] && [ "$logged" = "4 3 " ]; then
+        pass "$t 4 ranks, then 3" "NumTasks=3 after requeue; momfmm start-up lines: $ranks; slurm_jobs.log: $logged"
+    else
+        fail "$t 4 ranks, then 3" "hold/update/release: ${z_update:-not run}; NumTasks=$(job_field "$Z" NumTasks), Restarts=$(job_field "$Z" Restarts); momfmm started with '$ranks' ranks; slurm_jobs.log '$logged'"
+    fi
+    stop_line=$(grep -m1 '^stop requested' "$Z_OUT")
+    k=$(echo "$stop_line" | grep -oP 'step \K[0-9]+')
+    ck=$(printf 'ckpt_%08d.h5' "${k:-0}")
+    resumed=$(grep -m1 '^resumed from' "$Z_OUT")
+    w=$(h5 world "$Z_DIR/$ck" | tail -n 1)
+    if [ -n "$k" ] && [ "$k" -ge 40 ] && [ "$k" -lt 100 ] && [ "$w" = "$k 4" ] &&
+        echo "$resumed" | grep -q "$Z_DIR/$ck at step $k\$"; then
+        pass "$t resumed the 4-rank checkpoint" "'$stop_line'; $ck has world_size 4; '$resumed'"
+    else
+        fail "$t resumed the 4-rank checkpoint" "'$stop_line'; $ck: step, world_size '$w'; '$resumed'"
+    fi
+    if r=$(h5 ckpt "$Z_DIR" 100 3 20); then pass "$t finished at 3 ranks" "$r"; else fail "$t finished at 3 ranks" "$r"; fi
+    if [ $zref_rc -ne 0 ]; then
+        fail "$t weights" "reference run failed (exit $zref_rc): $(tail -n 3 reference_fewer.log)"
+    elif r=$(h5 close runs/reference_fewer/ckpt_00000100.h5 "$Z_DIR/ckpt_00000100.h5" "$FEWER_TOL"); then
+        pass "$t weights within $FEWER_TOL" "vs uninterrupted (4 ranks, zero 1): $r"
+    else
+        fail "$t weights within $FEWER_TOL" "vs uninterrupted (4 ranks, zero 1): $r"
+    fi
+fi
+[ $failed -gt "$before" ] && show_log "$Z_OUT"
 
 note "done"
 echo "$passed passed, $failed failed"
