@@ -21,7 +21,7 @@
  * with the same arguments (ZeRO-1: each holds only its slice of the
  * moments, m->moment_first ...); the file is opened through parallel HDF5
  * (MPI-IO), each rank writes its slice of /model and /optim/m|v with
- * collective writes, rank 0 the attributes' data, buffers and metrics, and
+ * MPI-IO writes, rank 0 the attributes' data, buffers and metrics, and
  * rank 0 renames the file into place once all have closed it; every rank
  * returns the same outcome. */
 typedef enum { CHECKPOINT_ALONE, CHECKPOINT_TOGETHER } checkpoint_writers;
