@@ -10,10 +10,11 @@
 # directories and collect_sweep.sh reports them; jobs sent USR1 (one per
 # launcher) checkpoint, requeue themselves, resume and end with the same
 # weights, bit for bit, as an uninterrupted run; a requeued finished job does
-# not train again; a train.sbatch job at 4 tasks with dist.zero=1, sent USR1
-# and, once requeued, held, set to NumTasks=3 and released, starts again with
-# 3 ranks, resumes the 4-rank checkpoint and ends within 1e-5 of an
-# uninterrupted run.
+# not train again; a train.sbatch and a train_srun.sbatch job at 4 tasks with
+# dist.zero=1, sent USR1 and, once requeued, held, set to NumTasks=3 and
+# released, start again with 3 ranks, resume the 4-rank checkpoint and end
+# within 1e-5 of an uninterrupted run; the four job scripts' copies of
+# slurm_ranks are identical.
 #
 # Needs root (the daemons run as SlurmUser=root) and the packages slurmctld,
 # slurmd, slurm-client and munge (tools/install_deps.sh). Where they are
@@ -411,6 +412,17 @@ printf '%s\n' '# test sweep' '--set momentum.gamma=0' '' '--set momentum.gamma=0
     '--set attention.kind=fmm --set momentum.gamma=0.1' >sweep.txt
 mkdir -p runs/slurm # the job files' #SBATCH --output=runs/slurm/...
 
+# ---- 0. the job scripts' copies of slurm_ranks (the rank count) are identical ----
+sums=$(for f in train train_srun sweep experiments; do
+    sed -n '/^slurm_ranks() {$/,/^}$/p' "$ROOT/jobs/$f.sbatch" | md5sum | cut -c1-8
+done | tr '\n' ' ')
+if [ "$(echo "$sums" | tr ' ' '\n' | grep -c .)" = 4 ] && [ "$(echo "$sums" | tr ' ' '\n' | sort -u | grep -c .)" = 1 ] &&
+    grep -q 'SLURM_TASKS_PER_NODE' <(sed -n '/^slurm_ranks() {$/,/^}$/p' "$ROOT/jobs/train.sbatch"); then
+    pass "slurm_ranks identical in the 4 job scripts" "md5 $sums"
+else
+    fail "slurm_ranks identical in the 4 job scripts" "md5 of train, train_srun, sweep, experiments: $sums"
+fi
+
 # ---- 1. train.sbatch (mpirun, 8 ranks), train_srun.sbatch (srun, 4), a sweep of 3, all queued at once ----
 J_MPI=$(sbatch --parsable --nodes=1 --ntasks=8 --overcommit --time=5 "$ROOT/jobs/train.sbatch" tiny.ini 2>&1)
 J_SRUN=$(sbatch --parsable --nodes=1 --ntasks=4 --overcommit --time=5 "$ROOT/jobs/train_srun.sbatch" tiny.ini \
@@ -556,73 +568,94 @@ fi
 
 # ---- 3. requeued onto fewer tasks: dist.zero = 1 at 4 tasks, resumed at 3 ----
 # The README's commands: USR1, the script requeues the job; while it waits
-# (cred_expire) hold it, set NumTasks=3, release it. mpirun then starts 3 ranks
-# (it reads SLURM_TASKS_PER_NODE), which resume the 4-rank checkpoint.
+# (cred_expire) hold it, set NumTasks=3, release it. One job per launcher, run
+# side by side: mpirun starts 3 ranks (it reads SLURM_TASKS_PER_NODE), srun
+# as many as train_srun.sbatch passes as --ntasks (its default, SLURM_NTASKS,
+# still says 4); the 3 ranks resume the 4-rank checkpoint.
 FEWER_TOL=1e-5 # e2e_scale_resume's tolerance for np 4 -> np 3
-Z=$(sbatch --parsable --job-name=fewer --nodes=1 --ntasks=4 --overcommit --time=5 "$ROOT/jobs/train.sbatch" fewer.ini \
-    --set dist.zero=1 2>&1)
-[[ $Z =~ ^[0-9]+$ ]] || { fail "sbatch" "submission failed: $Z"; echo "$passed passed, $failed failed"; exit 1; }
-Z_OUT=runs/slurm/fewer-$Z.out
-Z_DIR=runs/fewer-$Z
-t="train.sbatch requeued onto fewer tasks:"
-note "submitted job $Z (4 tasks, dist.zero=1)"
-z_preempted=
-if wait_for 90 grep -qsE '^step 40/100' "$Z_OUT" && [ -f "$Z_DIR/ckpt_00000020.h5" ]; then
-    scancel --signal=USR1 --batch "$Z"
-    note "sent USR1 to job $Z after: $(grep -E '^step [0-9]+/100' "$Z_OUT" | tail -n 1 | cut -d'|' -f1)"
-    z_preempted=1
-else
-    fail "$t preemption" "job $Z did not reach step 40 with ckpt_00000020.h5: $(job_field "$Z" JobState)"
-    show_log "$Z_OUT"
-fi
-z_pending() { [ "$(job_field "$Z" Restarts)" = 1 ] && [ "$(job_field "$Z" JobState)" = PENDING ]; }
-z_update=
-if [ -n "$z_preempted" ] && wait_for 60 z_pending; then
-    z_update=$({ scontrol hold "$Z" && scontrol update JobId="$Z" NumTasks=3 && scontrol release "$Z"; } 2>&1) &&
-        z_update=ok || z_update="failed: $z_update"
-    note "requeued job $Z: hold, NumTasks=3, release: $z_update"
-elif [ -n "$z_preempted" ]; then
-    note "job $Z not back in the queue: $(job_field "$Z" JobState), Restarts=$(job_field "$Z" Restarts)"
-fi
-# While the requeued job waits, the uninterrupted reference at 4 ranks.
+declare -A Z_ID=() Z_UPDATE=()
+for script in train train_srun; do
+    j=$(sbatch --parsable --job-name="fewer-$script" --nodes=1 --ntasks=4 --overcommit --time=5 \
+        "$ROOT/jobs/$script.sbatch" fewer.ini --set dist.zero=1 2>&1)
+    [[ $j =~ ^[0-9]+$ ]] || { fail "sbatch" "submission failed: $j"; echo "$passed passed, $failed failed"; exit 1; }
+    Z_ID[$script]=$j
+done
+note "submitted jobs ${Z_ID[train]} (train.sbatch) and ${Z_ID[train_srun]} (train_srun.sbatch): 4 tasks, dist.zero=1"
+for script in train train_srun; do
+    j=${Z_ID[$script]}
+    Z_OUT=runs/slurm/fewer-$script-$j.out
+    if wait_for 90 grep -qsE '^step 40/100' "$Z_OUT" && [ -f "runs/fewer-$script-$j/ckpt_00000020.h5" ]; then
+        scancel --signal=USR1 --batch "$j"
+        note "sent USR1 to job $j after: $(grep -E '^step [0-9]+/100' "$Z_OUT" | tail -n 1 | cut -d'|' -f1)"
+        Z_UPDATE[$script]="not run (job not back in the queue)"
+    else
+        fail "$script.sbatch requeued onto fewer tasks: preemption" "job $j did not reach step 40 with ckpt_00000020.h5: $(job_field "$j" JobState)"
+        show_log "$Z_OUT"
+    fi
+done
+# Each requeued job is held as soon as it is pending, before cred_expire (10 s) lets it start.
+z_update() { # updates every preempted job that is back in the queue; true when none is left
+    local script j u left=
+    for script in "${!Z_UPDATE[@]}"; do
+        [ "${Z_UPDATE[$script]}" = "not run (job not back in the queue)" ] || continue
+        j=${Z_ID[$script]}
+        if [ "$(job_field "$j" Restarts)" = 1 ] && [ "$(job_field "$j" JobState)" = PENDING ]; then
+            u=$({ scontrol hold "$j" && scontrol update JobId="$j" NumTasks=3 && scontrol release "$j"; } 2>&1) &&
+                u=ok || u="failed: $u"
+            Z_UPDATE[$script]=$u
+            note "requeued job $j: hold, NumTasks=3, release: $u"
+        else
+            left=1
+        fi
+    done
+    [ -z "$left" ]
+}
+wait_for 60 z_update || note "not back in the queue: $(for s in "${!Z_UPDATE[@]}"; do j=${Z_ID[$s]}; echo "job $j $(job_field "$j" JobState) Restarts=$(job_field "$j" Restarts)"; done)"
+# While the requeued jobs run, the uninterrupted reference at 4 ranks.
 "$MPIEXEC" --oversubscribe -np 4 -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$MOMFMM_BIN" train fewer.ini \
     --set dist.zero=1 --set train.out_dir=runs/reference_fewer >reference_fewer.log 2>&1
 zref_rc=$?
-wait_jobs 120 "$Z"
-note "job $Z done"
+wait_jobs 120 "${Z_ID[@]}"
+note "jobs ${Z_ID[*]} done"
 
-before=$failed
-if job_ok "$t job completes" "$Z"; then
-    # Slurm's record, what momfmm started with each time, what the script logged
-    ranks=$(grep -oP '^momfmm: \K[0-9]+(?= ranks)' "$Z_OUT" | tr '\n' ' ')
-    logged=$(grep -oP ' ranks \K[0-9]+' "$Z_DIR/slurm_jobs.log" 2>/dev/null | tr '\n' ' ')
-    if [ "$z_update" = ok ] && [ "$(job_field "$Z" NumTasks)" = 3 ] && [ "$(job_field "$Z" Restarts)" = 1 ] &&
-        [ "$ranks" = "4 3 " ] && [ "$logged" = "4 3 " ]; then
-        pass "$t 4 ranks, then 3" "NumTasks=3 after requeue; momfmm start-up lines: $ranks; slurm_jobs.log: $logged"
-    else
-        fail "$t 4 ranks, then 3" "hold/update/release: ${z_update:-not run}; NumTasks=$(job_field "$Z" NumTasks), Restarts=$(job_field "$Z" Restarts); momfmm started with '$ranks' ranks; slurm_jobs.log '$logged'"
+for script in train train_srun; do
+    j=${Z_ID[$script]}
+    Z_OUT=runs/slurm/fewer-$script-$j.out
+    Z_DIR=runs/fewer-$script-$j
+    t="$script.sbatch requeued onto fewer tasks:"
+    before=$failed
+    if job_ok "$t job completes" "$j"; then
+        # Slurm's record, what momfmm started with each time, what the script logged
+        ranks=$(grep -oP '^momfmm: \K[0-9]+(?= ranks)' "$Z_OUT" | tr '\n' ' ')
+        logged=$(grep -oP ' ranks \K[0-9]+' "$Z_DIR/slurm_jobs.log" 2>/dev/null | tr '\n' ' ')
+        if [ "${Z_UPDATE[$script]:-}" = ok ] && [ "$(job_field "$j" NumTasks)" = 3 ] &&
+            [ "$(job_field "$j" Restarts)" = 1 ] && [ "$ranks" = "4 3 " ] && [ "$logged" = "4 3 " ]; then
+            pass "$t 4 ranks, then 3" "NumTasks=3 after requeue; momfmm start-up lines: $ranks; slurm_jobs.log: $logged"
+        else
+            fail "$t 4 ranks, then 3" "hold/update/release: ${Z_UPDATE[$script]:-not run}; NumTasks=$(job_field "$j" NumTasks), Restarts=$(job_field "$j" Restarts); momfmm started with '$ranks' ranks; slurm_jobs.log '$logged'"
+        fi
+        stop_line=$(grep -m1 '^stop requested' "$Z_OUT")
+        k=$(echo "$stop_line" | grep -oP 'step \K[0-9]+')
+        ck=$(printf 'ckpt_%08d.h5' "${k:-0}")
+        resumed=$(grep -m1 '^resumed from' "$Z_OUT")
+        w=$(h5 world "$Z_DIR/$ck" | tail -n 1)
+        if [ -n "$k" ] && [ "$k" -ge 40 ] && [ "$k" -lt 100 ] && [ "$w" = "$k 4" ] &&
+            echo "$resumed" | grep -q "$Z_DIR/$ck at step $k\$"; then
+            pass "$t resumed the 4-rank checkpoint" "'$stop_line'; $ck has world_size 4; '$resumed'"
+        else
+            fail "$t resumed the 4-rank checkpoint" "'$stop_line'; $ck: step, world_size '$w'; '$resumed'"
+        fi
+        if r=$(h5 ckpt "$Z_DIR" 100 3 20); then pass "$t finished at 3 ranks" "$r"; else fail "$t finished at 3 ranks" "$r"; fi
+        if [ $zref_rc -ne 0 ]; then
+            fail "$t weights" "reference run failed (exit $zref_rc): $(tail -n 3 reference_fewer.log)"
+        elif r=$(h5 close runs/reference_fewer/ckpt_00000100.h5 "$Z_DIR/ckpt_00000100.h5" "$FEWER_TOL"); then
+            pass "$t weights within $FEWER_TOL" "vs uninterrupted (4 ranks, zero 1): $r"
+        else
+            fail "$t weights within $FEWER_TOL" "vs uninterrupted (4 ranks, zero 1): $r"
+        fi
     fi
-    stop_line=$(grep -m1 '^stop requested' "$Z_OUT")
-    k=$(echo "$stop_line" | grep -oP 'step \K[0-9]+')
-    ck=$(printf 'ckpt_%08d.h5' "${k:-0}")
-    resumed=$(grep -m1 '^resumed from' "$Z_OUT")
-    w=$(h5 world "$Z_DIR/$ck" | tail -n 1)
-    if [ -n "$k" ] && [ "$k" -ge 40 ] && [ "$k" -lt 100 ] && [ "$w" = "$k 4" ] &&
-        echo "$resumed" | grep -q "$Z_DIR/$ck at step $k\$"; then
-        pass "$t resumed the 4-rank checkpoint" "'$stop_line'; $ck has world_size 4; '$resumed'"
-    else
-        fail "$t resumed the 4-rank checkpoint" "'$stop_line'; $ck: step, world_size '$w'; '$resumed'"
-    fi
-    if r=$(h5 ckpt "$Z_DIR" 100 3 20); then pass "$t finished at 3 ranks" "$r"; else fail "$t finished at 3 ranks" "$r"; fi
-    if [ $zref_rc -ne 0 ]; then
-        fail "$t weights" "reference run failed (exit $zref_rc): $(tail -n 3 reference_fewer.log)"
-    elif r=$(h5 close runs/reference_fewer/ckpt_00000100.h5 "$Z_DIR/ckpt_00000100.h5" "$FEWER_TOL"); then
-        pass "$t weights within $FEWER_TOL" "vs uninterrupted (4 ranks, zero 1): $r"
-    else
-        fail "$t weights within $FEWER_TOL" "vs uninterrupted (4 ranks, zero 1): $r"
-    fi
-fi
-[ $failed -gt "$before" ] && show_log "$Z_OUT"
+    [ $failed -gt "$before" ] && show_log "$Z_OUT"
+done
 
 note "done"
 echo "$passed passed, $failed failed"
