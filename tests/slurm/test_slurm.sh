@@ -380,22 +380,9 @@ EOF
 # Requeue onto fewer tasks (dist.zero = 1, 4 tasks, then 3): 100 steps, a
 # checkpoint every 20. adam_eps 1e-6 as in e2e_scale_resume: with 1e-8, Adam
 # turns the rounding noise of zero gradients (the key bias) into lr-sized steps.
-cat >fewer.ini <<'EOF'
-[model]
-vocab_size = 32
-d_model = 64
-n_heads = 4
-n_layers = 2
-d_ff = 128
-
-[momentum]
-gamma = 0.1
-
-[data]
-task = chain
-seq_len = 64
-chain_len = 8
-
+# long.ini's model and data with its own [train] section
+sed '/^\[train\]/,$d' long.ini >fewer.ini
+cat >>fewer.ini <<'EOF'
 [train]
 steps = 100
 batch_size = 32
