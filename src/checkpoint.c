@@ -50,7 +50,7 @@ static herr_t write_tensors(const h5writer *w, const char *group, const model *m
         size_t a = e->offset > first ? e->offset : first, end = e->offset + e->numel, b = end < last ? end : last;
         if (a >= b) a = b = e->offset; /* the tensor lies outside this writer's range */
         if (h5writer_range(w, name, H5T_NATIVE_FLOAT, H5T_IEEE_F32LE, e->ndim, dims, a - e->offset, b - e->offset,
-                        base + (a > base_first ? a - base_first : 0)) < 0)
+                           base + (a > base_first ? a - base_first : 0)) < 0)
             return -1;
     }
     return 0;

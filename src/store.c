@@ -31,8 +31,8 @@ static int make_directory(const char *path, status *err) {
     return 0;
 }
 
-/* The temporary name of a write to `path`: unique per process. */
-/* Ranks writing together use one name: rank 0's pid. */
+/* The temporary name of a write to `path`: unique per process; ranks
+ * writing together (docs/scale.md §7) use one name, rank 0's. */
 static void temporary_path(const char *path, checkpoint_writers writers, char *tmp, size_t len) {
     int pid = (int)getpid();
     if (writers == CHECKPOINT_TOGETHER) dist_broadcast_bytes(&pid, sizeof pid);
