@@ -135,12 +135,12 @@ static herr_t write_checkpoint_content(const h5writer *w, const void *ctx) {
 }
 
 int checkpoint_write(const char *path, const char *tmp, const model *m, const checkpoint_info *info,
-                     const metric_table *train, const metric_table *eval, checkpoint_writers writers, status *err) {
-    if (writers == CHECKPOINT_ALONE && m->moment_count != m->n_params)
+                     const metric_table *train, const metric_table *eval, h5writer_mode writers, status *err) {
+    if (writers == H5WRITER_ALONE && m->moment_count != m->n_params)
         return status_fail(err, EXIT_BAD_FILE, "%s: this rank holds only a ZeRO-1 slice of the moments: the ranks "
                            "must write it together", path);
     checkpoint_content content = {m, info, train, eval};
-    return h5writer_run(path, tmp, writers == CHECKPOINT_TOGETHER, write_checkpoint_content, &content, err);
+    return h5writer_run(path, tmp, writers, write_checkpoint_content, &content, err);
 }
 
 typedef struct {
@@ -156,7 +156,7 @@ static herr_t write_grads_content(const h5writer *w, const void *ctx) {
 
 int grads_write(const char *path, const char *tmp, const model *m, double loss, status *err) {
     grads_content content = {m, loss};
-    return h5writer_run(path, tmp, false, write_grads_content, &content, err);
+    return h5writer_run(path, tmp, H5WRITER_ALONE, write_grads_content, &content, err);
 }
 
 /* ---- reading (through the hostile-file reader, h5reader.h) ------------ */

@@ -383,7 +383,7 @@ static int command_init(const arguments *a) {
     if (model_create(&m, &c, &err) != 0) fail_all(err.code, "%s", err.message);
     model_init_parameters(&m);
     checkpoint_info info = {.world_size = process_count()};
-    if (process_rank() == 0 && store_write_checkpoint(a->out, &m, &info, NULL, NULL, CHECKPOINT_ALONE, &err) != 0)
+    if (process_rank() == 0 && store_write_checkpoint(a->out, &m, &info, NULL, NULL, H5WRITER_ALONE, &err) != 0)
         fail(err.code, "%s", err.message);
     log_rank0("wrote %s: %zu parameters\n", a->out, m.n_params);
     model_free(&m);

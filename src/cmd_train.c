@@ -94,8 +94,10 @@ static bool save_checkpoint(const trainer *t, char *path, bool signal_stop) {
     struct stat st;
     double seconds = wall_seconds() - start, mb = stat(path, &st) == 0 ? st.st_size / 1e6 : 0;
     char together[64] = "";
-    if (trainer_writers(t) == CHECKPOINT_TOGETHER)
-        snprintf(together, sizeof together, " | %d ranks together (MPI-IO)", process_count());
+    h5writer_mode writers = trainer_writers(t);
+    if (writers != H5WRITER_ALONE)
+        snprintf(together, sizeof together, " | %d ranks together (MPI-IO%s)", process_count(),
+                 writers == H5WRITER_COLLECTIVE ? ", collective" : "");
     printf("checkpoint %s | %.1f MB in %.2f s (%.0f MB/s)%s\n", path, mb, seconds, mb / (seconds > 0 ? seconds : 1e-9),
            together);
     if (signal_stop) store_mark_stopped(t->cfg.out_dir, path, (int)stop_requested);

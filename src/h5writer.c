@@ -116,15 +116,17 @@ static int publish(const char *tmp, const char *path, status *err) {
 }
 
 /* Together: the file through MPI-IO on every rank. Metadata operations
- * are collective; data transfers independent: a rank's part of a tensor is
- * one contiguous byte range of the file, which leaves collective buffering
- * nothing to merge, and its extra exchange made checkpoints slower here
- * (docs/scale.md §7: 2.5 s vs 1.5 s for 303 MB at np = 4). */
-static hid_t create_file(h5writer *w, const char *tmp) {
+ * are collective; data transfers independent by default: a rank's part of a
+ * tensor is one contiguous byte range of the file, which leaves collective
+ * buffering nothing to merge on one node, and its extra exchange made
+ * checkpoints slower here (docs/scale.md §7: 1.8 s vs 1.4 s for 303 MB at
+ * np = 4); a parallel file system may favour the collective mode
+ * (dist.collective_io). */
+static hid_t create_file(h5writer *w, h5writer_mode mode, const char *tmp) {
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     if (w->together) {
         w->dxpl = H5Pcreate(H5P_DATASET_XFER);
-        H5Pset_dxpl_mpio(w->dxpl, H5FD_MPIO_INDEPENDENT);
+        H5Pset_dxpl_mpio(w->dxpl, mode == H5WRITER_COLLECTIVE ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
     }
     hid_t file = w->together && dist_hdf5_mpio(fapl) != 0 ? -1 : H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     H5Pclose(fapl);
@@ -136,10 +138,10 @@ static hid_t create_file(h5writer *w, const char *tmp) {
  * registered and crashes at exit (HDFFV-11052); main() calls H5dont_atexit
  * and starts HDF5 before MPI (so that parallel HDF5 does not close it at
  * MPI_Finalize either), and the operating system frees the handle. */
-static int write_and_publish(const char *path, const char *tmp, h5writer *w, h5writer_body body, const void *ctx,
-                             status *err) {
+static int write_and_publish(const char *path, const char *tmp, h5writer *w, h5writer_mode mode, h5writer_body body,
+                             const void *ctx, status *err) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our messages name the problem */
-    w->file = create_file(w, tmp);
+    w->file = create_file(w, mode, tmp);
     int cause = errno;
     if (h5writer_agree(w, w->file < 0 ? -1 : 0) < 0) {
         if (w->leader) unlink(tmp); /* a full disk may have left it created and empty */
@@ -162,10 +164,11 @@ static int write_and_publish(const char *path, const char *tmp, h5writer *w, h5w
     return rc;
 }
 
-int h5writer_run(const char *path, const char *tmp, bool together, h5writer_body body, const void *ctx,
+int h5writer_run(const char *path, const char *tmp, h5writer_mode mode, h5writer_body body, const void *ctx,
                  status *err) {
+    bool together = mode != H5WRITER_ALONE;
     h5writer w = {.file = -1, .dxpl = H5P_DEFAULT, .together = together, .leader = !together || process_rank() == 0};
-    int rc = write_and_publish(path, tmp, &w, body, ctx, err);
+    int rc = write_and_publish(path, tmp, &w, mode, body, ctx, err);
     if (w.dxpl != H5P_DEFAULT) H5Pclose(w.dxpl);
     return rc;
 }

@@ -33,9 +33,9 @@ static int make_directory(const char *path, status *err) {
 
 /* The temporary name of a write to `path`: unique per process; ranks
  * writing together (docs/scale.md §7) use one name, rank 0's. */
-static void temporary_path(const char *path, checkpoint_writers writers, char *tmp, size_t len) {
+static void temporary_path(const char *path, h5writer_mode writers, char *tmp, size_t len) {
     int pid = (int)getpid();
-    if (writers == CHECKPOINT_TOGETHER) dist_broadcast_bytes(&pid, sizeof pid);
+    if (writers != H5WRITER_ALONE) dist_broadcast_bytes(&pid, sizeof pid);
     snprintf(tmp, len, "%s.tmp.%d", path, pid);
 }
 
@@ -188,7 +188,7 @@ void store_prune(const char *dir, int keep, long long step) {
 }
 
 int store_write_checkpoint(const char *path, const model *m, const checkpoint_info *info, const metric_table *train,
-                           const metric_table *eval, checkpoint_writers writers, status *err) {
+                           const metric_table *eval, h5writer_mode writers, status *err) {
     char tmp[STORE_PATH_MAX + 32];
     temporary_path(path, writers, tmp, sizeof tmp);
     return checkpoint_write(path, tmp, m, info, train, eval, writers, err);
@@ -196,15 +196,15 @@ int store_write_checkpoint(const char *path, const model *m, const checkpoint_in
 
 int store_write_grads(const char *path, const model *m, double loss, status *err) {
     char tmp[STORE_PATH_MAX + 32];
-    temporary_path(path, CHECKPOINT_ALONE, tmp, sizeof tmp);
+    temporary_path(path, H5WRITER_ALONE, tmp, sizeof tmp);
     return grads_write(path, tmp, m, loss, err);
 }
 
 int store_save(const char *dir, int keep, const model *m, const checkpoint_info *info, const metric_table *train,
-               const metric_table *eval, checkpoint_writers writers, char *path, size_t len, status *err) {
+               const metric_table *eval, h5writer_mode writers, char *path, size_t len, status *err) {
     store_checkpoint_path(dir, info->step, path, len);
     int rc = store_write_checkpoint(path, m, info, train, eval, writers, err);
-    if (rc == 0 && (writers == CHECKPOINT_ALONE || process_rank() == 0)) store_prune(dir, keep, info->step);
+    if (rc == 0 && (writers == H5WRITER_ALONE || process_rank() == 0)) store_prune(dir, keep, info->step);
     return rc;
 }
 

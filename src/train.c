@@ -273,8 +273,9 @@ int trainer_init_from(trainer *t, const char *path, status *err) {
     return dist_try_check_consistency(&t->model, t->step, err);
 }
 
-checkpoint_writers trainer_writers(const trainer *t) {
-    return t->cfg.zero && process_count() > 1 ? CHECKPOINT_TOGETHER : CHECKPOINT_ALONE;
+h5writer_mode trainer_writers(const trainer *t) {
+    if (!t->cfg.zero || process_count() == 1) return H5WRITER_ALONE;
+    return t->cfg.collective_io ? H5WRITER_COLLECTIVE : H5WRITER_TOGETHER;
 }
 
 static checkpoint_info info_of(const trainer *t) {
@@ -285,16 +286,16 @@ static checkpoint_info info_of(const trainer *t) {
 }
 
 int trainer_save(const trainer *t, char *path, size_t len, status *err) {
-    checkpoint_writers writers = trainer_writers(t);
-    if (process_rank() != 0 && writers == CHECKPOINT_ALONE) return 0;
+    h5writer_mode writers = trainer_writers(t);
+    if (process_rank() != 0 && writers == H5WRITER_ALONE) return 0;
     checkpoint_info info = info_of(t);
     return store_save(t->cfg.out_dir, t->cfg.keep, &t->model, &info, &t->train_log, &t->eval_log, writers, path, len,
                       err);
 }
 
 int trainer_save_best(const trainer *t, status *err) {
-    checkpoint_writers writers = trainer_writers(t);
-    if (process_rank() != 0 && writers == CHECKPOINT_ALONE) return 0;
+    h5writer_mode writers = trainer_writers(t);
+    if (process_rank() != 0 && writers == H5WRITER_ALONE) return 0;
     char path[STORE_PATH_MAX];
     store_best_path(t->cfg.out_dir, path, sizeof path);
     checkpoint_info info = info_of(t);

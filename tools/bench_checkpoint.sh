@@ -12,8 +12,9 @@
 # With --ranks N it compares instead, on the same model under mpirun -np N,
 # the checkpoint written by rank 0 alone (dist.zero = 0) with the one all
 # ranks write together through parallel HDF5 (dist.zero = 1, docs/scale.md
-# §7), alternating which goes first, and prints both times per round and
-# their medians.
+# §7), with independent and with collective data transfers
+# (dist.collective_io), rotating which goes first, and prints every time
+# and the medians.
 #
 # Usage: tools/bench_checkpoint.sh [--ranks N] [OUT_DIR]  (default runs/bench_checkpoint)
 # Environment: MOMFMM (binary, default build/momfmm), ROUNDS (default 3).
@@ -62,29 +63,34 @@ EOF
 now() { date +%s.%N; }
 median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 
-# --ranks N: seconds of the step-1 checkpoint at dist.zero = $1 under mpirun -np N
+# --ranks N: the step-1 checkpoint's log line at dist.zero = $1, dist.collective_io = $2
 ranks_checkpoint() {
     rm -rf "$work/run"
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np "$ranks" \
-        "$bin" train "$work/bench.ini" --set dist.zero="$1" > "$work/train.log" 2>&1 ||
+        "$bin" train "$work/bench.ini" --set dist.zero="$1" --set dist.collective_io="$2" > "$work/train.log" 2>&1 ||
         { cat "$work/train.log" >&2; exit 1; }
     grep '^checkpoint ' "$work/train.log" | tail -1 > "$work/line"
     params=$(sed -n 's/^model: \([0-9]*\) parameters.*/\1/p' "$work/train.log")
     rm -rf "$work/run"
 }
 if [ "$ranks" -gt 0 ]; then
-    z0=() z1=()
+    variants=("0 false" "1 false" "1 true")
+    labels=("zero 0 (rank 0 alone)" "zero 1 (all ranks, independent)" "zero 1 (all ranks, collective)")
+    declare -A seconds
     for ((r = 1; r <= rounds; r++)); do
-        for zero in $( ((r % 2)) && echo "0 1" || echo "1 0"); do
-            ranks_checkpoint "$zero"
-            seconds=$(awk '{print $7}' "$work/line")
-            if [ "$zero" = 0 ]; then z0+=("$seconds"); else z1+=("$seconds"); fi
-            printf 'round %d: np %d zero %d | %s parameters | %s\n' "$r" "$ranks" "$zero" "$params" \
+        for ((i = 0; i < 3; i++)); do
+            v=$(((r + i) % 3))
+            # shellcheck disable=SC2086
+            ranks_checkpoint ${variants[v]}
+            seconds[$v]+="$(awk '{print $7}' "$work/line") "
+            printf 'round %d: np %d %s | %s parameters | %s\n' "$r" "$ranks" "${labels[v]}" "$params" \
                 "$(cut -d'|' -f2- "$work/line" | sed 's/^ //')"
         done
     done
-    printf 'median checkpoint time at np %d over %d rounds: zero 0 (rank 0 alone) %s s | zero 1 (all ranks, MPI-IO) %s s\n' \
-        "$ranks" "$rounds" "$(printf '%s\n' "${z0[@]}" | median)" "$(printf '%s\n' "${z1[@]}" | median)"
+    for v in 0 1 2; do
+        printf 'median checkpoint time at np %d over %d rounds: %s %s s\n' "$ranks" "$rounds" "${labels[v]}" \
+            "$(tr ' ' '\n' <<<"${seconds[$v]}" | sed '/^$/d' | median)"
+    done
     exit 0
 fi
 ratios=()

@@ -10,21 +10,23 @@
 #include "momfmm/common.h"
 #include "momfmm/config.h"
 #include "momfmm/data.h"
+#include "momfmm/h5writer.h"
 #include "momfmm/metrics.h"
 #include "momfmm/model.h"
 
 #define CHECKPOINT_FORMAT "momfmm-checkpoint"
 #define CHECKPOINT_FORMAT_VERSION 1
 
-/* Who writes a file (docs/scale.md §7). ALONE: the calling rank holds the
- * whole state and writes the file by itself. TOGETHER: every rank calls
- * with the same arguments (ZeRO-1: each holds only its slice of the
+/* Who writes a file (docs/scale.md §7), an h5writer_mode (h5writer.h).
+ * H5WRITER_ALONE: the calling rank holds the whole state and writes the
+ * file by itself. H5WRITER_TOGETHER and H5WRITER_COLLECTIVE: every rank
+ * calls with the same arguments (ZeRO-1: each holds only its slice of the
  * moments, m->moment_first ...); the file is opened through parallel HDF5
  * (MPI-IO), each rank writes its slice of /model and /optim/m|v with
- * MPI-IO writes, rank 0 the attributes' data, buffers and metrics, and
+ * independent (TOGETHER) or collective (COLLECTIVE, dist.collective_io)
+ * data transfers, rank 0 the attributes' data, buffers and metrics, and
  * rank 0 renames the file into place once all have closed it; every rank
  * returns the same outcome. */
-typedef enum { CHECKPOINT_ALONE, CHECKPOINT_TOGETHER } checkpoint_writers;
 
 typedef struct {
     long long step, tokens_seen;
@@ -38,7 +40,7 @@ typedef struct {
  * `path`, directory fsync'ed. Metrics tables may be NULL. On a failure the
  * previous file under `path`, if any, is left as it was. */
 int checkpoint_write(const char *path, const char *tmp, const model *m, const checkpoint_info *info,
-                     const metric_table *train, const metric_table *eval, checkpoint_writers writers, status *err);
+                     const metric_table *train, const metric_table *eval, h5writer_mode writers, status *err);
 
 /* The resolved config of a checkpoint (root attribute config_ini) and its info. */
 int checkpoint_read_config(const char *path, config *c, checkpoint_info *info, status *err);

@@ -62,6 +62,7 @@ typedef struct {
     int check_interval;
     int micro_batch; /* train.micro_batch: rows per forward/backward, 0 = the whole shard */
     int zero;        /* dist.zero: 1 = ZeRO-1, AdamW moments sharded over ranks */
+    bool collective_io; /* dist.collective_io: ZeRO-1 checkpoint data through MPI-IO collective buffering */
 } config;
 
 /* Defaults of docs/config.md §6 (and of configs/README.md). */

@@ -18,6 +18,11 @@ typedef struct {
     bool together, leader;
 } h5writer;
 
+/* How a file is written: by one process alone; by all ranks together with
+ * independent data transfers; or together with collective ones (MPI-IO
+ * collective buffering). Metadata is collective whenever together. */
+typedef enum { H5WRITER_ALONE, H5WRITER_TOGETHER, H5WRITER_COLLECTIVE } h5writer_mode;
+
 /* Together, all writers return -1 when any failed (so that none goes on to
  * the next collective call alone and waits forever); alone, status. */
 herr_t h5writer_agree(const h5writer *w, herr_t status);
@@ -41,6 +46,6 @@ typedef herr_t (*h5writer_body)(const h5writer *w, const void *ctx);
  * Returns 0, or EXIT_BAD_FILE with a message naming the file; together,
  * every writer returns the leader's outcome. On a failure the previous
  * file under `path`, if any, is left as it was. */
-int h5writer_run(const char *path, const char *tmp, bool together, h5writer_body body, const void *ctx,
+int h5writer_run(const char *path, const char *tmp, h5writer_mode mode, h5writer_body body, const void *ctx,
                  status *err);
 #endif

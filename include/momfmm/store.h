@@ -51,16 +51,16 @@ void store_list(const char *dir, store_listing *out);
 void store_listing_free(store_listing *l);
 
 /* Writes any checkpoint or gradient file atomically through a temporary name
- * (with CHECKPOINT_TOGETHER every rank calls, and the name is rank 0's). */
+ * (with H5WRITER_TOGETHER every rank calls, and the name is rank 0's). */
 int store_write_checkpoint(const char *path, const model *m, const checkpoint_info *info, const metric_table *train,
-                           const metric_table *eval, checkpoint_writers writers, status *err);
+                           const metric_table *eval, h5writer_mode writers, status *err);
 int store_write_grads(const char *path, const model *m, double loss, status *err);
 
 /* The checkpoint of info->step in dir, then pruning (by rank 0) to the
  * newest `keep` at or below that step. Fills path (len bytes) with the
  * file written. */
 int store_save(const char *dir, int keep, const model *m, const checkpoint_info *info, const metric_table *train,
-               const metric_table *eval, checkpoint_writers writers, char *path, size_t len, status *err);
+               const metric_table *eval, h5writer_mode writers, char *path, size_t len, status *err);
 
 /* Keeps the newest `keep` checkpoints at or below `step`; files from later
  * steps (another timeline) are neither counted nor deleted. */

@@ -68,7 +68,7 @@ int trainer_init_from(trainer *t, const char *path, status *err);
 /* Who writes the checkpoints (docs/scale.md §7): with ZeRO-1 on several
  * ranks no rank holds all the moments, so all write together; otherwise
  * rank 0 alone. */
-checkpoint_writers trainer_writers(const trainer *t);
+h5writer_mode trainer_writers(const trainer *t);
 /* The checkpoint of t->step into train.out_dir, pruned (store.h); path
  * receives its name. Every rank calls: with dist.zero = 1 on several ranks
  * all write the file together (docs/scale.md §7) and all return its

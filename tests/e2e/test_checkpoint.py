@@ -48,7 +48,7 @@ from ckpt_util import (LOSS_RTOL, N, RESUME, WEIGHT_RTOL, Runner, bitwise_report
                        load_state, rel_losses, rel_tensors, tail)
 
 CKPT_LINE = re.compile(r"^checkpoint (\S+) \| ([\d.]+) MB in ([\d.]+) s \(([\d.]+) MB/s\)"
-                       r"(?: \| (\d+) ranks together \(MPI-IO\))?$", re.M)
+                       r"(?: \| (\d+) ranks together \(MPI-IO(?:, collective)?\))?$", re.M)
 
 
 @pytest.fixture(scope="module")
@@ -497,16 +497,19 @@ class TestFullDisk:
     def test_full_disk(self, R, report):
         check_full_disk(R, report)
 
-    def test_full_disk_collective(self, R, report):
+    def test_full_disk_together(self, R, report):
         # dist.zero = 1 at np = 2: both ranks write the file through MPI-IO
-        # (docs/scale.md §7); a failure on the full disk must end in the same
-        # outcome on both ranks, not a rank waiting forever in a collective
+        # (docs/scale.md §7), with independent and with collective transfers;
+        # a failure on the full disk must end in the same outcome on both
+        # ranks, not a rank waiting forever in a collective call
         check_full_disk(R, report, np_=2, zero=1)
+        check_full_disk(R, report, np_=2, zero=1, collective=True)
 
 
-def check_full_disk(R, report, np_=None, zero=0):
-    what = "full disk" if np_ is None else f"full disk, np {np_} zero {zero}"
-    ini, _, _ = R.config("disk_cfg", **RESUME, **{"train.steps": 2 * N, "dist.zero": zero})
+def check_full_disk(R, report, np_=None, zero=0, collective=False):
+    what = "full disk" if np_ is None else f"full disk, np {np_} zero {zero}{', collective' if collective else ''}"
+    ini, _, _ = R.config("disk_cfg", **RESUME,
+                         **{"train.steps": 2 * N, "dist.zero": zero, "dist.collective_io": collective})
     mnt = os.path.join(R.work, "tmpfs")
     os.makedirs(mnt, exist_ok=True)
     while os.path.ismount(mnt):  # left mounted by an aborted earlier run

@@ -16,7 +16,8 @@ any world size. One class per group, each its own CTest entry
   is not divisible by 3, 4 or 5: uneven slices): weights and /optim within
   1e-5, losses within 1e-5; the start-up line shows moments 8/np bytes per
   parameter; the checkpoint line says the ranks wrote it together (MPI-IO)
-  when np > 1. best.h5 (train.keep_best) at np = 3, zero 1 vs 0.
+  when np > 1. best.h5 (train.keep_best) at np = 3, zero 1 vs 0. Collective
+  transfers (dist.collective_io) write the same tensors as independent ones.
 - TestResume: a run at np = 4, zero = 1 checkpoints at step 10; resuming it at
   np = 4, zero = 1 ends bitwise equal to the uninterrupted run; at np = 3,
   zero = 1 and at np = 1, zero = 0 within 1e-5 (weights, moments, buffers).
@@ -170,6 +171,18 @@ class TestZero:
             together = f"| {n} ranks together (MPI-IO)" in r.stdout
             report.check(f"np {n} zero 1: checkpoint written {'by all ranks together' if n > 1 else 'by rank 0'}",
                          together == (n > 1), next((s for s in r.stdout.splitlines() if s.startswith("checkpoint ")), ""))
+
+    def test_collective_transfers(self, momfmm, workdir, report):
+        # dist.collective_io: the same file through MPI-IO collective buffering
+        _, ref = train(momfmm, workdir, "io_indep", np_=3, **{"dist.zero": 1})
+        r, got = train(momfmm, workdir, "io_coll", np_=3, **{"dist.zero": 1, "dist.collective_io": True})
+        assert ref is not None and got is not None
+        line = next((s for s in r.stdout.splitlines() if s.startswith("checkpoint ")), "")
+        report.check("np 3 zero 1 collective_io: the checkpoint line says so",
+                     line.endswith("| 3 ranks together (MPI-IO, collective)"), line)
+        same = all(np.array_equal(x, got.datasets()[k]) for k, x in ref.datasets().items()
+                   if k.startswith(("model/", "optim/", "buffers")))
+        report.check("np 3 zero 1: collective and independent transfers write the same tensors", same)
 
     def test_keep_best_with_zero1(self, momfmm, workdir, report):
         # best.h5 is a full checkpoint too: with zero = 1 the ranks write it
