@@ -262,19 +262,20 @@ def finish(fig, ax, drawn, out_dir, name, written, why_skipped):
     save(fig, out_dir, name, written)
 
 
-def plot_points(path, title, xlabel, ylabel, curves, note=None):
+def plot_points(path, title, xlabel, ylabel, curves, band=None):
     """One summary figure across runs (the results report's seed-scale section): curves is
     [(label, xs, means, stds or None)], drawn as points with error bars joined by lines;
-    note, a line of text under the title. Writes PNG `path` (its directory created) and
-    returns it, or None when no curve has a point."""
+    band, (low, high, label): a shaded horizontal range in the legend (e.g. a range the
+    seed reports). Writes PNG `path` (its directory created) and returns it, or None when
+    no curve has a point."""
     curves = [c for c in curves if len(c[1])]
     if not curves:
         return None
     fig, ax = new_axes(title, xlabel, ylabel)
     for (label, xs, ys, errs), color in zip(curves, colors(len(curves))):
         ax.errorbar(xs, ys, yerr=errs, color=color, marker="o", ms=5, capsize=3, label=label)
-    if note:
-        ax.text(0.01, 0.99, note, transform=ax.transAxes, va="top", fontsize=8)
+    if band:
+        ax.axhspan(band[0], band[1], color="0.85", zorder=0, label=band[2])
     ax.legend(fontsize=8, loc="best")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.tight_layout()

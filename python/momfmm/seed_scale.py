@@ -274,7 +274,7 @@ def r_figure(ctx, groups, n_layers, out):
             curves.append((f"{key} layer {i}", [p[0] for p in pts], [p[1] for p in pts], None))
     path = plot.plot_points(os.path.join(ctx.figures, "seed_scale", "energy_ratio.png"),
                             "Energy ratio per layer vs γ (L = 30, last eval)", "γ", "ratio",
-                            curves, note=f"seed's range [{SEED_R_RANGE[0]}, {SEED_R_RANGE[1]}]")
+                            curves, band=(*SEED_R_RANGE, f"seed's range [{SEED_R_RANGE[0]}, {SEED_R_RANGE[1]}]"))
     if path:
         out += [f"![R per layer vs γ]({ctx.rel(path)})", ""]
 
