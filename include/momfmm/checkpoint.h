@@ -17,17 +17,6 @@
 #define CHECKPOINT_FORMAT "momfmm-checkpoint"
 #define CHECKPOINT_FORMAT_VERSION 1
 
-/* Who writes a file (docs/scale.md §7), an h5writer_mode (h5writer.h).
- * H5WRITER_ALONE: the calling rank holds the whole state and writes the
- * file by itself. H5WRITER_TOGETHER and H5WRITER_COLLECTIVE: every rank
- * calls with the same arguments (ZeRO-1: each holds only its slice of the
- * moments, m->moment_first ...); the file is opened through parallel HDF5
- * (MPI-IO), each rank writes its slice of /model and /optim/m|v with
- * independent (TOGETHER) or collective (COLLECTIVE, dist.collective_io)
- * data transfers, rank 0 the attributes' data, buffers and metrics, and
- * rank 0 renames the file into place once all have closed it; every rank
- * returns the same outcome. */
-
 typedef struct {
     long long step, tokens_seen;
     int world_size;
@@ -38,7 +27,16 @@ typedef struct {
 /* Writes the docs/files.md §4 layout to `path` atomically: into `tmp` (a name in the
  * same directory, the same on every writer), flushed, fsync'ed, renamed to
  * `path`, directory fsync'ed. Metrics tables may be NULL. On a failure the
- * previous file under `path`, if any, is left as it was. */
+ * previous file under `path`, if any, is left as it was.
+ * Who writes (docs/scale.md §7): with H5WRITER_ALONE the calling rank holds
+ * the whole state and writes the file by itself. With H5WRITER_TOGETHER or
+ * H5WRITER_COLLECTIVE every rank calls with the same arguments (ZeRO-1:
+ * each holds only its slice of the moments, m->moment_first ...); the file
+ * is opened through parallel HDF5 (MPI-IO), every rank writes the same
+ * attributes and its slice of /model and /optim/m|v, with independent
+ * (TOGETHER) or collective (COLLECTIVE, dist.collective_io) data
+ * transfers, rank 0 the buffers and metrics; rank 0 renames the file into
+ * place once all have closed it, and every rank returns the same outcome. */
 int checkpoint_write(const char *path, const char *tmp, const model *m, const checkpoint_info *info,
                      const metric_table *train, const metric_table *eval, h5writer_mode writers, status *err);
 
