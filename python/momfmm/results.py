@@ -40,7 +40,7 @@ from momfmm import seed_scale
 from momfmm.fmt import fmt_value, markdown, shortest
 from momfmm.results_context import (SUITE, Context, figure_links, first_seed, plot_runs, root_relative,
                                     variant_figures)
-from momfmm.suite import (NOISE_SE, NOT_RUN, PROG, ROOT, SAME_TOL, attention_label, close_claim,
+from momfmm.suite import (NOISE_SE, PROG, ROOT, SAME_TOL, attention_label, close_claim,
                           complete, eval_steps, family_of, find, group_entries, less_claim,
                           load_entries, momentum_label, noise_note, parse_suite, same_claim,
                           setting, variant_rank)
@@ -178,7 +178,7 @@ def loss_by_k_table(L, shown, out):
     for g, m in per:
         label = momentum_label(g.first)
         if m is None:
-            rows.append([label] + [NOT_RUN if not g.ran else "—"] * (kmax + 1))
+            rows.append([label] + [g.missing()] * (kmax + 1))
         else:
             rows.append([label] + [fmt_value(float(v), "", 3) if math.isfinite(v) else "—" for v in m[:kmax + 1]])
     out.append(markdown(["variant"] + [f"k={k}" for k in range(kmax + 1)], rows))
@@ -225,8 +225,9 @@ def chain_claims(L, chain, claims):
                              "(docs/model.md §1.2: the unanchored variant is kinematically inconsistent)", mom, unanch, "L_rep"))
     claims.append(less_claim(f"Placement Corollary at L={L}: shearing after RoPE (post_rope) gives lower L_rep than "
                              "before it (pre_rope), at γ=0.2", mom, pre, "L_rep"))
-    if base is not None and mom is not None:
-        claims.append(("observation", momentum_ahead_text(L, base, mom)))
+    ahead = momentum_ahead_text(L, base, mom) if base is not None and mom is not None else None
+    if ahead:
+        claims.append(("observation", ahead))
     ran = [g for g in sweep if g.mean("L_rep") is not None]
     if ran:
         best = min(ran, key=lambda g: g.mean("L_rep"))
@@ -238,10 +239,13 @@ def chain_claims(L, chain, claims):
 
 
 def momentum_ahead_text(L, base, mom):
-    """At which eval steps the mean L_rep of γ = 0.2 is below the baseline's."""
+    """At which eval steps the mean L_rep of γ = 0.2 is below the baseline's (None before
+    both rows have an eval step in common)."""
     steps = eval_steps([base, mom])
     pairs = [(s, mom.mean_at("L_rep", s), base.mean_at("L_rep", s)) for s in steps]
     pairs = [(s, m, b) for s, m, b in pairs if m is not None and b is not None]
+    if not pairs:
+        return None
     ahead = [(s, m, b) for s, m, b in pairs if m < b]
     text = f"L_rep during training at L={L}: γ=0.2 is below γ=0 at {len(ahead)} of {len(pairs)} eval steps"
     if ahead:
@@ -292,7 +296,7 @@ def copy_section(ctx, by_T, out, claims):
             for s in steps:
                 acc, loss = g.mean_at("acc", s), g.mean_at("loss", s)
                 row.append(f"{acc:.3f} / {loss:.3f}" if acc is not None and loss is not None else
-                           (NOT_RUN if not g.ran else "—"))
+                           g.missing())
             row += [g.cell("exact_match", 3), ctx.reproduce(g)]
             rows.append(row)
         out.append(markdown(["variant", "runs done"] + [f"step {s}" for s in steps] + ["exact (final)", "reproduce"],

@@ -251,7 +251,7 @@ def r_part(ctx, groups, out, claims):
         cells = []
         for key in ("gain_R", "gain_R_attn"):
             per_run = layer_values(g, key)
-            cells += [fmt_group([v[i] for v in per_run], "", 3) if per_run else (NOT_RUN if not g.ran else "—")
+            cells += [fmt_group([v[i] for v in per_run], "", 3) if per_run else g.missing()
                       for i in range(n_layers)]
         body.append([shortest(gamma_of(g)), g.status(), g.steps()] + cells + [ctx.reproduce(g)])
     header = (["γ", "runs done", "steps"] + [f"gain_R layer {i}" for i in range(n_layers)]

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from momfmm.fmt import config_value, fmt_group, shortest
+from momfmm.fmt import MISSING, config_value, fmt_group, shortest
 from momfmm.h5 import RunError, load_run
 
 
@@ -30,6 +30,7 @@ ROOT = repository_root()
 PROG = "momfmm_report.py"
 LN2 = math.log(2.0)
 NOT_RUN = "not run"
+NO_EVAL = "no eval yet"  # a partial run stopped before its first eval
 
 NOISE_SE = 2.0          # a difference below NOISE_SE standard errors is "within seed noise"
 SAME_TOL = 0.02         # "about unchanged": relative difference within 2 %
@@ -285,9 +286,8 @@ class Group:
         return values(self.ran, key)
 
     def cell(self, key, digits=4):
-        if not self.ran:
-            return NOT_RUN
-        return fmt_group(self.vals(key), key, digits)
+        vals = self.vals(key)
+        return fmt_group(vals, key, digits) if vals else self.missing()
 
     def mean(self, key):
         return mean_std(self.vals(key))[0]
@@ -325,6 +325,13 @@ class Group:
         if partial:
             text += "; partial: " + ", ".join(f"{e.name} at step {e.run.step}/{target_steps(e)}" for e in partial)
         return text
+
+    def missing(self):
+        """What a table cell shows when the group has no value: not run, no eval yet (only
+        partial runs stopped before their first eval), or — (the runs do not log it)."""
+        if not self.ran:
+            return NOT_RUN
+        return NO_EVAL if not any(len(e.run.eval.get("step", [])) for e in self.ran) else MISSING
 
     def steps(self):
         steps = sorted({e.run.step for e in self.ran})

@@ -378,3 +378,23 @@ def test_seed_scale_not_run(workdir, report):
                  r.returncode == 0 and all(f"**Not run yet.** Run: `tools/run_experiments.sh --runs {empty} --only '{p}'`"
                                            in text for p in ("^chain_seed_L", "^chain_seed_R_", "^text_seed_")),
                  (r.stderr or text)[-400:])
+
+
+def test_seed_scale_no_eval_yet(momfmm, workdir, report):
+    """5. a run without an eval yet (stopped before its first, or, as here, with
+    train.eval_interval = 0) reads "no eval yet", not "—" (no target with that k) and not an
+    observation over 0 eval steps."""
+    runs = os.path.join(workdir, "no_eval_runs")
+    sets = [kv for kv in TINY if not kv.startswith("train.eval_interval=")] + ["train.eval_interval=0"]
+    extra = [a for kv in sets for a in ("--set", kv)]
+    r = run(["bash", RUNNER, "--np", "2", "--runs", runs, "--momfmm", momfmm,
+             "--only", r"^chain_seed_L30_g0_s1$"] + extra, timeout=300)
+    report.check("a 2-step seed-scale run without evals trains", r.returncode == 0, (r.stdout + r.stderr)[-600:])
+    r = run([PY, REPORT, "--results", "--runs", runs, "--no-figures"], timeout=120, cwd=ROOT)
+    text = r.stdout
+    row = re.search(r"^\| 30 \| baseline γ=0 \| 1/3 \|.*$", text, re.M)
+    report.check("seed scale: a run without an eval shows 'no eval yet'",
+                 r.returncode == 0 and row is not None and "| no eval yet |" in row.group(0),
+                 row.group(0)[:300] if row else (r.stderr or text)[-400:])
+    report.check("loss-by-k of that run says 'no eval yet'", re.search(r"^\| γ=0 \| no eval yet \|", text, re.M) is not None)
+    report.check("no observation over 0 eval steps", "at 0 of 0 eval steps" not in text)
