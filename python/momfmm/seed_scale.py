@@ -7,6 +7,8 @@ Three families of configs/experiments/suite.list (configs/experiments/README.md,
                   beside the seed's numbers, the L_rep improvement vs L (table and figure);
   chain_seed_R_*  L = 30, γ = 0, 0.1, 0.2, 0.3: the energy ratio per layer, both as gain_R (whole
                   block, residual included) and gain_R_attn (attention sublayer alone), docs/metrics.md §3;
+                  one seed per γ, so the L = 30 runs of chain_seed_L* (γ = 0 vs 0.2, three seeds)
+                  add R's seed spread;
   text_seed_*     bytes of text, γ = 0, 0.01, 0.05, 0.15, 0.3, three seeds: bits per byte vs γ.
 
 Each claim is judged by momfmm.suite's rules (held / did not hold / within noise / not run). A
@@ -22,7 +24,7 @@ import numpy as np
 
 from momfmm import plot
 from momfmm.fmt import fmt_group, fmt_value, markdown, shortest
-from momfmm.suite import NOT_RUN, SAME_TOL, final, less_claim, no_worse_claim, same_claim, setting
+from momfmm.suite import NOT_RUN, SAME_TOL, final, less_claim, no_worse_claim, noise_note, same_claim, setting
 
 # The seed's numbers, as quoted in the issue (γ = 0 "baseline" vs γ = 0.2 "momentum").
 SEED_IMPROVEMENT = {10: 4.1, 30: 52.5}   # L_rep improvement of γ = 0.2 over γ = 0, %
@@ -84,6 +86,9 @@ def section(ctx, fams, out, claims, seed_momentum, loss_by_k_table):
         chain_part(ctx, chain, out, claims, seed_momentum, loss_by_k_table)
     if r_runs:
         r_part(ctx, r_runs, out, claims)
+    l30 = by_chain_len(chain).get(30)
+    if l30 is not None and l30.base is not None and l30.mom is not None:
+        r_seeds_part(l30, out, claims)
     if text:
         text_part(ctx, text, out, claims)
 
@@ -262,6 +267,49 @@ def r_part(ctx, groups, out, claims):
     for key, what in (("gain_R", "whole block, residual included"), ("gain_R_attn", "attention sublayer alone")):
         claims.append(r_independent_claim(groups, key, what))
     claims.append(r_range_claim(groups))
+
+
+def r_seeds_part(rows, out, claims):
+    """R with its seed spread: the R family has one seed per γ, so the L = 30 runs of the chain
+    family (γ = 0 and 0.2, several seeds, longer training) show whether a difference over γ is
+    larger than the noise between seeds."""
+    groups = [rows.base, rows.mom]
+    out.append("**R with seed spread: the L = 30 runs of the chain family** (γ = 0 vs 0.2, their own steps, last "
+               "eval, mean ± std over seeds; the R family above has one seed per γ)\n")
+    n_layers = max((len(v) for g in groups for v in layer_values(g, "gain_R")),
+                   default=int(setting(rows.base.first, "model.n_layers", "0") or 0))
+    body = [[shortest(gamma_of(g)), g.status(), g.steps()]
+            + [fmt_group(col, "", 3) if col else g.missing() for key in ("gain_R", "gain_R_attn")
+               for col in layer_columns(g, key, n_layers)] for g in groups]
+    out.append(markdown(["γ", "runs done", "steps"] + [f"gain_R layer {i}" for i in range(n_layers)]
+                        + [f"gain_R_attn layer {i}" for i in range(n_layers)], body))
+    out.append("")
+    for key, what in (("gain_R", "whole block"), ("gain_R_attn", "attention sublayer alone")):
+        claims.append(r_noise_claim(rows, key, what, n_layers))
+
+
+def layer_columns(group, key, n_layers):
+    """Per layer, the last eval's value of `key` of each run: [[run values] per layer]."""
+    per_run = layer_values(group, key)
+    return [[v[i] for v in per_run if len(v) > i] for i in range(n_layers)]
+
+
+def r_noise_claim(rows, key, what, n_layers):
+    """"R does not depend on γ", γ = 0.2 vs 0 with seeds: held when every layer's means agree
+    within R_SAME_TOL or within the seed noise, did not hold when a layer's differ by more than both."""
+    text = (f"seed scale: R does not depend on γ, against seed noise ({key}, {what}; L = 30 chain runs, γ = 0.2 vs "
+            f"0): per layer within {R_SAME_TOL:.0%} or within seed noise")
+    a_cols, b_cols = layer_columns(rows.mom, key, n_layers), layer_columns(rows.base, key, n_layers)
+    if not n_layers or not all(a_cols) or not all(b_cols):
+        return ("not run", f"{text}: not run yet")
+    parts, apart = [], False
+    for i, (a, b) in enumerate(zip(a_cols, b_cols)):
+        rel = abs(np.mean(a) - np.mean(b)) / max(abs(np.mean(b)), 1e-12)
+        note, noisy = noise_note(a, b)
+        apart |= rel > R_SAME_TOL and not noisy
+        parts.append(f"layer {i}: {fmt_group(a, '', 3)} vs {fmt_group(b, '', 3)}, {rel:.1%} apart{note}")
+    verdict = "did not hold" if apart else "held"
+    return (verdict, f"{text}: **{verdict}** ({'; '.join(parts)})")
 
 
 def r_figure(ctx, groups, n_layers, out):

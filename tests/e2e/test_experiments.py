@@ -357,9 +357,17 @@ def check_seed_scale_section(report, text, figs):
     report.check("seed scale: the R table has gain_R and gain_R_attn per layer for gamma 0.2",
                  "gain_R_attn layer 1" in section and row is not None and "not run" not in row.group(0).split("|")[4],
                  row.group(0)[:200] if row else "row not found")
+    spread = section.split("**R with seed spread", 1)[-1].split("###", 1)[0]
+    row = re.search(r"^\| 0\.2 \| 2/3 \|.*$", spread, re.M)
+    report.check("seed scale: R with seed spread from the L = 30 chain runs, mean ± std per layer",
+                 "**R with seed spread" in section and row is not None and row.group(0).count("±") == 4,
+                 row.group(0)[:200] if row else "row not found")
+    report.check("seed scale: the R table with seed spread follows the R family's table",
+                 section.find("**R with seed spread") > section.find("### Energy ratio R"))
     report.check("seed scale: the L_rep improvement table has a number at L = 30",
                  re.search(r"^\| 30 \| -?[0-9.]+( ± [0-9.]+)? \| 2 \| 52\.5 \|$", section, re.M) is not None)
-    for claim in ("γ=0.2 lowers L_rep at L=30", "R does not depend on γ (gain_R_attn", "text: γ=0.01 does not degrade"):
+    for claim in ("γ=0.2 lowers L_rep at L=30", "R does not depend on γ (gain_R_attn", "text: γ=0.01 does not degrade",
+                  "R does not depend on γ, against seed noise (gain_R_attn"):
         line = re.search(r"^- seed scale: " + re.escape(claim) + ".*$", text, re.M)
         report.check(f"seed-scale claim judged: {claim}",
                      line is not None and any(v in line.group(0) for v in ("**held**", "**did not hold**", "**not shown**")),
