@@ -4,7 +4,8 @@ Three families of configs/experiments/suite.list (configs/experiments/README.md,
 
   chain_seed_L*   chain task (docs/tasks.md §2), d 256, vocabulary 1024, T 448, L = 10, 20, 30, 40,
                   γ = 0 vs 0.2, three seeds: the L = 10 and L = 30 tables and the loss-by-k table
-                  beside the seed's numbers, the L_rep improvement vs L (table and figure);
+                  beside the seed's numbers, the L_rep improvement vs L (table and figure), and
+                  per L the training curves and loss by k of every run (momfmm.plot);
   chain_seed_R_*  L = 30, γ = 0, 0.1, 0.2, 0.3: the energy ratio per layer, both as gain_R (whole
                   block, residual included) and gain_R_attn (attention sublayer alone), docs/metrics.md §3;
                   one seed per γ, so the L = 30 runs of chain_seed_L* (γ = 0 vs 0.2, three seeds)
@@ -24,7 +25,9 @@ import numpy as np
 
 from momfmm import plot
 from momfmm.fmt import fmt_group, fmt_value, markdown, shortest
-from momfmm.suite import NOT_RUN, SAME_TOL, final, less_claim, no_worse_claim, noise_note, same_claim, setting
+from momfmm.results_context import figure_links, plot_runs
+from momfmm.suite import (NOT_RUN, SAME_TOL, final, less_claim, momentum_label, no_worse_claim, noise_note,
+                          same_claim, setting)
 
 # The seed's numbers, as quoted in the issue (γ = 0 "baseline" vs γ = 0.2 "momentum").
 SEED_IMPROVEMENT = {10: 4.1, 30: 52.5}   # L_rep improvement of γ = 0.2 over γ = 0, %
@@ -111,9 +114,25 @@ def chain_part(ctx, groups, out, claims, seed_momentum, loss_by_k_table):
         loss_by_k_vs_seed(rows_by_L[30], out, claims)
     for L, rows in rows_by_L.items():
         loss_by_k_table(L, [g for g in (rows.base, rows.mom) if g is not None], out)
+    chain_figures(ctx, rows_by_L, out)
     for L in (10, 30):
         if L in rows_by_L:
             chain_claims(L, rows_by_L[L], claims, seed_momentum.get(L, {}))
+
+
+def chain_figures(ctx, rows_by_L, out):
+    """Per L, the training curves and loss by k of every run, γ = 0 vs 0.2, as the small-scale
+    chain sections show them."""
+    links = []
+    for L, rows in rows_by_L.items():
+        paths = plot_runs(ctx, os.path.join("seed_scale", f"chain_L{L}"),
+                          [(f"{momentum_label(g.first)} {e.name.rsplit('_', 1)[-1]}", e)
+                           for g in (rows.base, rows.mom) if g is not None for e in g.members])
+        links += figure_links(ctx, paths, [
+            ("l_new_l_rep.png", f"seed scale, L={L}: L_new and L_rep vs step, γ=0 vs γ=0.2, all seeds"),
+            ("loss_by_k.png", f"seed scale, L={L}: loss by k, γ=0 vs γ=0.2")])
+    if links:
+        out += ["Figures (tools/momfmm_plot.py):\n", "\n".join(links), ""]
 
 
 def chain_table(ctx, rows_by_L, out, seed_momentum):

@@ -373,7 +373,10 @@ def check_seed_scale_section(report, text, figs):
                      line is not None and any(v in line.group(0) for v in ("**held**", "**did not hold**", "**not shown**")),
                      line.group(0)[:200] if line else "claim line not found")
     report.check("seed-scale figures exist", all(os.path.exists(os.path.join(figs, "seed_scale", f)) for f in
-                                                 ("l_rep_improvement.png", "energy_ratio.png", "text_bpb_vs_gamma.png")))
+                                                 ("l_rep_improvement.png", "energy_ratio.png", "text_bpb_vs_gamma.png",
+                                                  "chain_L30/l_new_l_rep.png", "chain_L30/loss_by_k.png")))
+    report.check("seed scale links its L = 30 training curves and loss by k",
+                 all(f"seed_scale/chain_L30/{f})" in section for f in ("l_new_l_rep.png", "loss_by_k.png")))
 
 
 def test_seed_scale_not_run(workdir, report):
