@@ -1,0 +1,125 @@
+#!/usr/bin/python3
+"""The results report's rules for judging a claim (momfmm.suite, momfmm.seed_scale), on made-up
+per-seed values, so that each verdict is reached on purpose:
+
+    /usr/bin/python3 tests/python/test_claims.py        (or: pytest tests/python)
+
+1. noise_note: a single seed has no spread; a difference below NOISE_SE standard errors of the
+   difference of means is within the noise, a larger one is beyond it.
+2. less_claim, no_worse_claim, same_claim: held / did not hold / within noise / not run.
+3. The energy ratio's claims: "R does not depend on γ" over the one-seed γ sweep (10 % rule), and
+   against the seed noise of the L = 30 chain runs (held, not shown, did not hold).
+"""
+import unittest
+
+import numpy as np
+
+from momfmm.seed_scale import ChainRoles, r_independent_claim, r_noise_claim
+from momfmm.suite import less_claim, no_worse_claim, noise_note, same_claim
+
+
+class Values:
+    """A group as the claim rules read it: per-seed values of one metric."""
+
+    def __init__(self, vals):
+        self._vals = list(vals)
+
+    def vals(self, _metric):
+        return self._vals
+
+
+class Run:
+    def __init__(self, eval_tables):
+        self.eval = eval_tables
+
+
+class Entry:
+    def __init__(self, run):
+        self.run = run
+
+
+class Entry0:
+    """A suite line's settings for momfmm.suite.setting: the gamma override only."""
+
+    def __init__(self, gamma):
+        self.sets = [("momentum.gamma", str(gamma))]
+        self.config = "configs/experiments/chain_seed.ini"
+
+
+class LayerGroup:
+    """A group whose runs logged per-layer gain_R and gain_R_attn at their last eval."""
+
+    def __init__(self, gamma, per_run):
+        self.first = Entry0(gamma)
+        self.ran = [Entry(Run({"gain_R": np.array([layers]), "gain_R_attn": np.array([layers])}))
+                    for layers in per_run]
+
+
+class NoiseNote(unittest.TestCase):
+    def test_single_seed_has_no_spread(self):
+        note, noisy = noise_note([1.0], [2.0, 2.1])
+        self.assertFalse(noisy)
+        self.assertIn("single seed", note)
+
+    def test_within_and_beyond(self):
+        self.assertTrue(noise_note([1.0, 1.2, 0.8], [1.05, 1.25, 0.85])[1])
+        note, noisy = noise_note([1.0, 1.01, 0.99], [2.0, 2.01, 1.99])
+        self.assertFalse(noisy)
+        self.assertIn("beyond seed noise", note)
+
+
+class ClaimRules(unittest.TestCase):
+    def test_less_claim(self):
+        low, high = Values([1.0, 1.01, 0.99]), Values([2.0, 2.01, 1.99])
+        self.assertEqual(less_claim("c", low, high, "m")[0], "held")
+        self.assertEqual(less_claim("c", high, low, "m")[0], "did not hold")
+        self.assertEqual(less_claim("c", high, low, "m", flip=True)[0], "did not hold")
+        verdict, line = less_claim("c", Values([1.0, 1.3, 0.7]), Values([1.05, 1.35, 0.75]), "m")
+        self.assertEqual(verdict, "within noise")
+        self.assertIn("**not shown**", line)
+        self.assertEqual(less_claim("c", None, high, "m")[0], "not run")
+        self.assertEqual(less_claim("c", Values([]), high, "m")[0], "not run")
+
+    def test_no_worse_claim(self):
+        base = Values([1.0, 1.2, 0.8])
+        self.assertEqual(no_worse_claim("c", Values([1.05, 1.25, 0.85]), base, "m")[0], "held")
+        verdict, line = no_worse_claim("c", Values([3.0, 3.01, 2.99]), Values([1.0, 1.01, 0.99]), "m")
+        self.assertEqual(verdict, "did not hold")
+        self.assertIn("higher beyond seed noise", line)
+        self.assertEqual(no_worse_claim("c", Values([2.0]), Values([1.0]), "m")[0], "did not hold")
+
+    def test_same_claim(self):
+        self.assertEqual(same_claim("c", Values([1.01]), Values([1.0]), "m")[0], "held")
+        self.assertEqual(same_claim("c", Values([1.05]), Values([1.0]), "m")[0], "did not hold")
+
+
+class EnergyRatio(unittest.TestCase):
+    def test_independent_over_gamma_sweep(self):
+        flat = [LayerGroup(g, [[1.0, 2.0]]) for g in (0, 0.1, 0.2)]
+        self.assertEqual(r_independent_claim(flat, "gain_R", "w")[0], "held")
+        moved = flat[:2] + [LayerGroup(0.2, [[1.0, 2.5]])]
+        verdict, line = r_independent_claim(moved, "gain_R", "w")
+        self.assertEqual(verdict, "did not hold")
+        self.assertIn("one seed per γ", line)
+        self.assertEqual(r_independent_claim(flat[:1], "gain_R", "w")[0], "not run")
+
+    def test_against_seed_noise(self):
+        def rows(base, mom):
+            return ChainRoles([LayerGroup(0, base), LayerGroup(0.2, mom)])
+        base = [[1.0, 2.0], [1.02, 2.02], [0.98, 1.98]]
+        close = [[1.03, 2.05], [1.05, 2.07], [1.01, 2.03]]
+        self.assertEqual(r_noise_claim(rows(base, close), "gain_R", "w", 2)[0], "held")
+        far = [[1.5, 2.0], [1.52, 2.02], [1.48, 1.98]]
+        verdict, line = r_noise_claim(rows(base, far), "gain_R", "w", 2)
+        self.assertEqual(verdict, "did not hold")
+        self.assertIn("layer 0: 1.500 ± 0.020 vs 1.000 ± 0.020, 50.0% apart", line)
+        noisy_base = [[1.0, 2.0], [2.0, 2.0], [0.5, 2.0]]
+        noisy_mom = [[1.6, 2.0], [2.6, 2.0], [0.9, 2.0]]
+        verdict, line = r_noise_claim(rows(noisy_base, noisy_mom), "gain_R", "w", 2)
+        self.assertEqual(verdict, "within noise")
+        self.assertIn("**not shown**", line)
+        self.assertEqual(r_noise_claim(rows(base, []), "gain_R", "w", 2)[0], "not run")
+
+
+if __name__ == "__main__":
+    unittest.main()
