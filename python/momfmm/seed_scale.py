@@ -56,6 +56,22 @@ def gamma_of(group):
     return float(setting(group.first, "momentum.gamma", "0") or 0)
 
 
+def precision(group):
+    """The train.precision each run of the group recorded; for a group not run yet, its config's."""
+    used = sorted({e.run.cfg("train.precision", "fp32") or "fp32" for e in group.ran})
+    return "/".join(used) if used else (setting(group.first, "train.precision", "fp32") or "fp32")
+
+
+def precision_summary(groups):
+    """One phrase for the section's opening: which precision the runs used."""
+    used = sorted({e.run.cfg("train.precision", "fp32") or "fp32" for g in groups for e in g.ran})
+    if not used:
+        return "precision as the configs set it (fp32; no run yet)"
+    if len(used) == 1:
+        return f"{used[0]} in every run (the tables' precision column)"
+    return f"precisions {', '.join(used)}: each row's is in its table's precision column"
+
+
 def not_run_yet(ctx, fam, groups, out):
     """True (and the note with the command) when no run of the family exists yet."""
     if any(g.ran for g in groups):
@@ -82,7 +98,8 @@ def section(ctx, fams, out, claims, seed_momentum, loss_by_k_table):
         return
     out.append("## Seed scale: the momentum seed's claims at its own configuration\n")
     out.append("The seed's recommended configuration: d_model 256, 8 heads (d_head 32), γ 0.2 vs 0, β 0, lr 3e-4, "
-               "batch 32, weight decay 0.01, vocabulary 1024 (the chain task; 256 bytes for text), 2 layers, fp32. "
+               "batch 32, weight decay 0.01, vocabulary 1024 (the chain task; 256 bytes for text), 2 layers; "
+               f"{precision_summary(chain + r_runs + text)}. "
                "`configs/experiments/chain_seed.ini` and `text_seed.ini` say why T, the depth and the steps are what "
                "they are. Mean ± sample std over seeds; final eval of each run.\n")
     if chain:
@@ -145,10 +162,10 @@ def chain_table(ctx, rows_by_L, out, seed_momentum):
                                ("momentum γ=0.2", rows.mom, seed.get("momentum", {}))):
             if g is None:
                 continue
-            body.append([L, label, g.status(), g.steps(), g.cell("L_new"), fmt_value(srow.get("L_new"), "", 4),
+            body.append([L, label, g.status(), g.steps(), precision(g), g.cell("L_new"), fmt_value(srow.get("L_new"), "", 4),
                          g.cell("L_rep"), fmt_value(srow.get("L_rep"), "", 4), g.cell("delta_12"),
                          fmt_value(srow.get("delta_12"), "", 4), ctx.reproduce(g)])
-    out.append(markdown(["L", "row", "runs done", "steps", "L_new (ours)", "L_new (seed)", "L_rep (ours)",
+    out.append(markdown(["L", "row", "runs done", "steps", "precision", "L_new (ours)", "L_new (seed)", "L_rep (ours)",
                          "L_rep (seed)", "Δ1→2 (ours)", "Δ1→2 (seed)", "reproduce"], body))
     out.append("")
 
@@ -277,8 +294,8 @@ def r_part(ctx, groups, out, claims):
             per_run = layer_values(g, key)
             cells += [fmt_group([v[i] for v in per_run], "", 3) if per_run else g.missing()
                       for i in range(n_layers)]
-        body.append([shortest(gamma_of(g)), g.status(), g.steps()] + cells + [ctx.reproduce(g)])
-    header = (["γ", "runs done", "steps"] + [f"gain_R layer {i}" for i in range(n_layers)]
+        body.append([shortest(gamma_of(g)), g.status(), g.steps(), precision(g)] + cells + [ctx.reproduce(g)])
+    header = (["γ", "runs done", "steps", "precision"] + [f"gain_R layer {i}" for i in range(n_layers)]
               + [f"gain_R_attn layer {i}" for i in range(n_layers)] + ["reproduce"])
     out.append(markdown(header, body))
     out.append("")
@@ -393,9 +410,9 @@ def text_part(ctx, groups, out, claims):
     for g in groups:
         m = g.mean("bpb")
         rel = f"{100 * (b0 - m) / b0:+.2f} %" if m is not None and b0 else "—"
-        body.append([shortest(gamma_of(g)), g.status(), g.steps(), g.cell("bpb"), rel, g.cell("loss"),
+        body.append([shortest(gamma_of(g)), g.status(), g.steps(), precision(g), g.cell("bpb"), rel, g.cell("loss"),
                      ctx.reproduce(g)])
-    out.append(markdown(["γ", "runs done", "steps", "bits per byte", "improvement vs γ=0", "loss (nats)", "reproduce"],
+    out.append(markdown(["γ", "runs done", "steps", "precision", "bits per byte", "improvement vs γ=0", "loss (nats)", "reproduce"],
                         body))
     out.append("")
     if ctx.figures and not ctx.args.no_figures:

@@ -355,7 +355,8 @@ def check_seed_scale_section(report, text, figs):
                  row is not None and "±" in row.group(0), row.group(0) if row else "row not found")
     row = re.search(r"^\| 0\.2 \| 1/1.*$", section, re.M)
     report.check("seed scale: the R table has gain_R and gain_R_attn per layer for gamma 0.2",
-                 "gain_R_attn layer 1" in section and row is not None and "not run" not in row.group(0).split("|")[4],
+                 "gain_R_attn layer 1" in section and row is not None and
+                 re.match(r"^\| 0\.2 \| 1/1[^|]* \| \d+ \| fp32 \| [0-9.]+ \|", row.group(0)) is not None,
                  row.group(0)[:200] if row else "row not found")
     spread = section.split("**R with seed spread", 1)[-1].split("###", 1)[0]
     row = re.search(r"^\| 0\.2 \| 2/3 \|.*$", spread, re.M)
@@ -364,6 +365,9 @@ def check_seed_scale_section(report, text, figs):
                  row.group(0)[:200] if row else "row not found")
     report.check("seed scale: the R table with seed spread follows the R family's table",
                  section.find("**R with seed spread") > section.find("### Energy ratio R"))
+    report.check("seed scale: each row says its precision, and the opening says fp32 throughout",
+                 re.search(r"^\| 30 \| momentum γ=0\.2 \| 2/3 \| \d+ \| fp32 \|", section, re.M) is not None
+                 and "fp32 in every run" in section)
     report.check("seed scale: the L_rep improvement table has a number at L = 30",
                  re.search(r"^\| 30 \| -?[0-9.]+( ± [0-9.]+)? \| 2 \| 52\.5 \|$", section, re.M) is not None)
     for claim in ("γ=0.2 lowers L_rep at L=30", "R does not depend on γ (gain_R_attn", "text: γ=0.01 does not degrade",
