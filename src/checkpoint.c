@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "momfmm/build_info.h"
 #include "momfmm/common.h"
 #include "momfmm/h5reader.h"
 #include "momfmm/h5util.h"
@@ -111,6 +112,7 @@ static herr_t write_root_attributes(const h5writer *w, const model *m, const che
     status |= h5_write_attr(file, "skipped_steps", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->skipped_steps);
     status |= h5_write_string_attr(file, "config_ini", ini);
     if (info->init_from[0]) status |= h5_write_string_attr(file, "init_from", info->init_from);
+    status |= h5_write_string_attr(file, "momfmm_version", build_description());
     free(ini);
     return h5writer_agree(w, status < 0 ? -1 : 0);
 }
@@ -221,6 +223,15 @@ static void read_config_body(reader *r, config *c, checkpoint_info *info) {
         char *init_from = read_attr_string(r, "init_from");
         snprintf(info->init_from, sizeof info->init_from, "%s", init_from);
         free(init_from);
+    }
+    info->written_by[0] = '\0';
+    if (H5Aexists(r->file, "momfmm_version") > 0) {
+        char *written_by = read_attr_string(r, "momfmm_version");
+        snprintf(info->written_by, sizeof info->written_by, "%s", written_by);
+        free(written_by);
+        /* shown by inspect: a file's control characters stay out of the terminal */
+        for (char *ch = info->written_by; *ch; ch++)
+            if ((unsigned char)*ch < 0x20 || *ch == 0x7f) *ch = '?';
     }
     read_config_ini(r, c);
     check_model_fits(r, c, 1);

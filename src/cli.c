@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "momfmm/blas_core.h"
+#include "momfmm/build_info.h"
 #include "momfmm/cmd_common.h"
 #include "momfmm/commands.h"
 #include "momfmm/common.h"
@@ -142,7 +143,7 @@ static const char *usage_all(void) {
 
 static void print_overview(void) {
     printf("momfmm %s: transformers with momentum attention and FMM attention, trained data-parallel over MPI\n\n",
-           version_number());
+           build_version_number());
     printf("usage: momfmm <command> ARGUMENTS [OPTIONS]\n\ncommands:\n");
     for (size_t i = 0; i < N_COMMANDS; i++)
         printf("  %-9s %-18s %s\n", COMMANDS[i].name, COMMANDS[i].operands, COMMANDS[i].summary);

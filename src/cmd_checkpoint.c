@@ -238,8 +238,9 @@ int command_inspect(const char *ckpt) {
     }
     if (process_rank() == 0) {
         char *ini = config_to_ini(&c.m.cfg);
-        printf("checkpoint: %s\nstep %lld | tokens_seen %lld | written by %d rank%s\n", c.path, c.info.step,
-               c.info.tokens_seen, c.info.world_size, c.info.world_size == 1 ? "" : "s");
+        printf("checkpoint: %s\nstep %lld | tokens_seen %lld | written by %d rank%s%s%s\n", c.path, c.info.step,
+               c.info.tokens_seen, c.info.world_size, c.info.world_size == 1 ? "" : "s",
+               c.info.written_by[0] ? " of " : "", c.info.written_by);
         print_parameter_groups(&c.m);
         print_last_rows("train metrics", &c.train, 1);
         print_last_rows("eval metrics", &c.eval, 1);

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "momfmm/blas_core.h"
+#include "momfmm/build_info.h"
 #include "momfmm/common.h"
 #include "momfmm/dist_hdf5.h"
 #include "momfmm/float_env.h"
@@ -134,8 +135,8 @@ void dist_describe(void) {
         for (int q = 0; q < r && !seen; q++) seen = strcmp(h, all + (size_t)q * MPI_MAX_PROCESSOR_NAME) == 0;
         if (!seen) printf(" %s", h);
     }
-    printf(" | OpenBLAS core %s | subnormals %s\n", blas_core_description(),
-           float_env_flushing() ? "flushed to zero" : "kept (IEEE)");
+    printf(" | OpenBLAS core %s | subnormals %s | version %s (git %s)\n", blas_core_description(),
+           float_env_flushing() ? "flushed to zero" : "kept (IEEE)", build_version_number(), build_revision());
     fflush(stdout);
     free(all);
 }

@@ -1,6 +1,5 @@
-/* `momfmm --version` (docs/cli.md §5). The version and the revision come
- * from cmake/version.cmake as compile definitions of this file; the library
- * versions from each library's header (built with) and from the library
+/* `momfmm --version` (docs/cli.md §5). The version and the revision are
+ * build_info.c's; the library versions from each library's header (built with) and from the library
  * itself (runs with), since a shared library may be replaced after the
  * build. MPI's are dist.c's, the one file that calls MPI (docs/design.md §8.3). */
 #include "momfmm/version.h"
@@ -11,17 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "momfmm/build_info.h"
 #include "momfmm/dist.h"
-
-#ifndef MOMFMM_VERSION
-#define MOMFMM_VERSION "0.0.0"
-#endif
-#ifndef MOMFMM_GIT_REVISION
-#define MOMFMM_GIT_REVISION "unknown"
-#endif
-
-const char *version_number(void) { return MOMFMM_VERSION; }
-const char *version_revision(void) { return MOMFMM_GIT_REVISION; }
 
 /* OPENBLAS_VERSION is " OpenBLAS 0.3.21 ": the number alone. */
 static void openblas_build_version(char *out, size_t len) {
@@ -38,7 +28,7 @@ void version_print(void) {
     openblas_build_version(blas_built, sizeof blas_built);
     unsigned major = 0, minor = 0, release = 0;
     H5get_libversion(&major, &minor, &release);
-    printf("momfmm %s (git %s)\n", version_number(), version_revision());
+    printf("%s\n", build_description());
     printf("MPI:      built with %s; running %s\n", mpi_built, mpi_running);
     printf("OpenBLAS: built with %s; running %s\n", blas_built, openblas_get_config());
     printf("HDF5:     built with %d.%d.%d; running %u.%u.%u\n", H5_VERS_MAJOR, H5_VERS_MINOR, H5_VERS_RELEASE, major,

@@ -3,10 +3,6 @@
 #ifndef MOMFMM_VERSION_H
 #define MOMFMM_VERSION_H
 
-/* "0.2.0" and "<git describe --always --dirty>" (or "unknown"). */
-const char *version_number(void);
-const char *version_revision(void);
-
 /* Prints the version lines on stdout; needs neither MPI nor a file. */
 void version_print(void);
 #endif

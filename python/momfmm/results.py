@@ -40,7 +40,7 @@ from momfmm import seed_scale
 from momfmm.fmt import fmt_value, markdown, shortest
 from momfmm.results_context import (SUITE, Context, figure_links, first_seed, plot_runs, root_relative,
                                     variant_figures)
-from momfmm.suite import (NOISE_SE, PROG, ROOT, SAME_TOL, attention_label, close_claim,
+from momfmm.suite import (NOISE_SE, PROG, ROOT, SAME_TOL, attention_label, builds_text, close_claim,
                           complete, eval_steps, family_of, find, group_entries, less_claim,
                           load_entries, momentum_label, noise_note, parse_suite, same_claim,
                           setting, variant_rank)
@@ -517,6 +517,7 @@ def write_results(args, ap):
         + ("Measured wall time (train.log): " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in sorted(walls.items()))
            + f", total {sum(walls.values()) / 60:.1f} min; longest run {longest.name}, {longest.wall_s} s. "
            if walls else "")
+        + f"Builds that wrote the runs' checkpoints: {builds_text(entries)}. "
         + "Every table's numbers are the final eval of each run (docs/metrics.md §3). To rerun everything: "
         f"`tools/run_experiments.sh{ctx.runner_flags}`, then `{report_command(args)}`. "
         "The sizes here are for a 2-core machine; `configs/experiments/README.md` compares them with the seeds'.",

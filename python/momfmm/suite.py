@@ -246,6 +246,24 @@ def complete(e):
     return e.run is not None and e.run.step >= target_steps(e) > 0
 
 
+def builds_text(entries):
+    """Which builds wrote the runs' newest checkpoints (root attribute momfmm_version,
+    docs/files.md §4), with run counts; older files do not record it."""
+    counts = {}
+    for e in entries:
+        if e.run is not None:
+            build = e.run.attrs.get("momfmm_version") or ""
+            counts[build] = counts.get(build, 0) + 1
+    if not counts:
+        return "none (no run yet)"
+    named = [f"{b} ({n} run{'s' if n != 1 else ''})" for b, n in sorted(counts.items()) if b]
+    if "" in counts:
+        n = counts[""]
+        named.append(f"not recorded ({n} run{'s' if n != 1 else ''}, checkpoints of builds before the "
+                     "attribute; their train.log names the binary)")
+    return "; ".join(named)
+
+
 def final(e, key):
     """Final eval value of a metric for one run (bpb derived from loss), None if absent."""
     if e.run is None:

@@ -168,6 +168,10 @@ def check_layout(R, report, label, path, s):
     want_a = {"format": "momfmm-checkpoint", "format_version": 1, "step": t["steps"], "tokens_seen": tokens,
               "world_size": 1}
     report.check(f"layout {label}: root attributes {want_a}", got == want_a, f"got {got}")
+    build = run([R.momfmm, "--version"], timeout=30).stdout.splitlines()[:1]
+    report.check(f"layout {label}: momfmm_version is the first line of momfmm --version, and inspect shows it",
+                 build and a.get("momfmm_version") == build[0] and f"rank of {build[0]}\n" in R.inspect(path).stdout,
+                 f"{a.get('momfmm_version')!r} vs {build}")
     ini = a.get("config_ini")
     parser = configparser.ConfigParser()
     try:
@@ -211,6 +215,18 @@ class TestLayout:
         line = CKPT_LINE.search(r.stdout)
         report.check(f"layout {label}: log line 'checkpoint <path> | <MB> MB in <s> s (<MB/s> MB/s)'",
                      line is not None and line.group(1) == path, f"{line.group(0) if line else r.stdout[-300:]}")
+
+    def test_build_with_control_characters(self, R, report):
+        """momfmm_version is a file's text: inspect shows it without its control characters."""
+        ini, out_dir, sections = R.config("layout_build", **LAYOUT_RUNS[sorted(LAYOUT_RUNS)[0]])
+        assert R.train(ini).returncode == 0
+        path = ckpt(out_dir, sections["train"]["steps"])
+        with h5py.File(path, "r+") as f:
+            f.attrs["momfmm_version"] = "momfmm 9\x1b[2J\nfake line"
+        r = R.inspect(path)
+        report.check("inspect: a momfmm_version with control characters loads and prints as '?'",
+                     r.returncode == 0 and "rank of momfmm 9?[2J?fake line\n" in r.stdout and "\x1b" not in r.stdout,
+                     r.stdout[:300] + r.stderr[-300:])
 
 
 # ---- 2. resume ---------------------------------------------------------------

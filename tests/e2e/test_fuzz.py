@@ -123,6 +123,8 @@ def checkpoint_cases(rng):
         set_attr("config_ini", "[model]\nnot_a_key = 1\n"),
         set_attr("config_ini", "x" * 100000),
         del_attr("format"), del_attr("step"), del_attr("config_ini"),
+        set_attr("momfmm_version", np.int32(3)),
+        set_attr("momfmm_version", np.array([b"momfmm 0.2.0", b"x"])),
     ]
     tensor = "model/tok_emb"
     cases += [
