@@ -299,7 +299,7 @@ def test_sbatch(momfmm, workdir, report, suite):
     print(f"  .. sbatch {time.time() - t0:.1f} s", flush=True)
 
 
-def test_results_report(workdir, report, suite, tiny_runs):
+def test_results_report(momfmm, workdir, report, suite, tiny_runs):
     """5. RESULTS.md from the tiny runs."""
     work = workdir
     lines, _ = suite
@@ -319,6 +319,11 @@ def test_results_report(workdir, report, suite, tiny_runs):
     report.check("RESULTS.md shows the seed's L=30 numbers beside ours",
                  all(v in text for v in ("1.7451", "0.8288", "6.9860", "7.0202", "4.6262", "5.7893", "1.2785", "1.2262")))
     report.check("RESULTS.md marks missing runs 'not run'", "| not run |" in text)
+    build = run([momfmm, "--version"], timeout=30).stdout.splitlines()[:1]
+    report.check("RESULTS.md names the build that wrote the runs, with their count",
+                 bool(build) and re.search(r"Builds that wrote the runs' checkpoints: " + re.escape(build[0])
+                                           + r" \(\d+ runs\)\.", text) is not None,
+                 (re.search(r"Builds that wrote[^.]*\.", text) or [text[:300]])[0] if text else "")
     row = re.search(r"^\| momentum γ=0\.2 \| 2/3 \|.*$", text, re.M)
     report.check("RESULTS.md aggregates two seeds (mean ± std) in the L=30 momentum row",
                  row is not None and "±" in row.group(0), row.group(0) if row else "row not found")
