@@ -162,11 +162,11 @@ def chain_table(ctx, rows_by_L, out, seed_momentum):
                                ("momentum γ=0.2", rows.mom, seed.get("momentum", {}))):
             if g is None:
                 continue
-            body.append([L, label, g.status(), g.steps(), precision(g), g.cell("L_new"), fmt_value(srow.get("L_new"), "", 4),
-                         g.cell("L_rep"), fmt_value(srow.get("L_rep"), "", 4), g.cell("delta_12"),
+            body.append([L, label, g.status(), g.steps(), precision(g), g.cell("L_new"),
+                         fmt_value(srow.get("L_new"), "", 4), g.cell("L_rep"), fmt_value(srow.get("L_rep"), "", 4), g.cell("delta_12"),
                          fmt_value(srow.get("delta_12"), "", 4), ctx.reproduce(g)])
-    out.append(markdown(["L", "row", "runs done", "steps", "precision", "L_new (ours)", "L_new (seed)", "L_rep (ours)",
-                         "L_rep (seed)", "Δ1→2 (ours)", "Δ1→2 (seed)", "reproduce"], body))
+    out.append(markdown(["L", "row", "runs done", "steps", "precision", "L_new (ours)", "L_new (seed)",
+                         "L_rep (ours)", "L_rep (seed)", "Δ1→2 (ours)", "Δ1→2 (seed)", "reproduce"], body))
     out.append("")
 
 
@@ -410,10 +410,10 @@ def text_part(ctx, groups, out, claims):
     for g in groups:
         m = g.mean("bpb")
         rel = f"{100 * (b0 - m) / b0:+.2f} %" if m is not None and b0 else "—"
-        body.append([shortest(gamma_of(g)), g.status(), g.steps(), precision(g), g.cell("bpb"), rel, g.cell("loss"),
-                     ctx.reproduce(g)])
-    out.append(markdown(["γ", "runs done", "steps", "precision", "bits per byte", "improvement vs γ=0", "loss (nats)", "reproduce"],
-                        body))
+        body.append([shortest(gamma_of(g)), g.status(), g.steps(), precision(g), g.cell("bpb"), rel,
+                     g.cell("loss"), ctx.reproduce(g)])
+    out.append(markdown(["γ", "runs done", "steps", "precision", "bits per byte", "improvement vs γ=0", "loss (nats)",
+                         "reproduce"], body))
     out.append("")
     if ctx.figures and not ctx.args.no_figures:
         pts = [(gamma_of(g), g.vals("bpb")) for g in groups if g.vals("bpb")]
