@@ -252,7 +252,8 @@ def builds_text(entries):
     counts = {}
     for e in entries:
         if e.run is not None:
-            build = e.run.attrs.get("momfmm_version") or ""
+            value = e.run.attrs.get("momfmm_version")
+            build = "" if value is None else str(value)  # a file's text: any type, shown as it is
             counts[build] = counts.get(build, 0) + 1
     if not counts:
         return "none (no run yet)"

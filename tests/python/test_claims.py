@@ -9,13 +9,15 @@ per-seed values, so that each verdict is reached on purpose:
 2. less_claim, no_worse_claim, same_claim: held / did not hold / within noise / not run.
 3. The energy ratio's claims: "R does not depend on γ" over the one-seed γ sweep (10 % rule), and
    against the seed noise of the L = 30 chain runs (held, not shown, did not hold).
+4. The report's line on the builds behind the runs (momfmm_version): counted per build, older
+   files "not recorded", and a file's attribute of any type shown rather than failing the report.
 """
 import unittest
 
 import numpy as np
 
 from momfmm.seed_scale import ChainRoles, r_independent_claim, r_noise_claim
-from momfmm.suite import less_claim, no_worse_claim, noise_note, same_claim
+from momfmm.suite import builds_text, less_claim, no_worse_claim, noise_note, same_claim
 
 
 class Values:
@@ -119,6 +121,21 @@ class EnergyRatio(unittest.TestCase):
         self.assertEqual(verdict, "within noise")
         self.assertIn("**not shown**", line)
         self.assertEqual(r_noise_claim(rows(base, []), "gain_R", "w", 2)[0], "not run")
+
+
+class Builds(unittest.TestCase):
+    def test_counts_and_odd_values(self):
+        class Attrs:
+            def __init__(self, attrs):
+                self.attrs = attrs
+        entries = [Entry(Attrs({"momfmm_version": "momfmm 0.2.0 (git a)"})),
+                   Entry(Attrs({"momfmm_version": "momfmm 0.2.0 (git a)"})),
+                   Entry(Attrs({"momfmm_version": np.int32(7)})), Entry(Attrs({})), Entry(None)]
+        text = builds_text(entries)
+        self.assertIn("momfmm 0.2.0 (git a) (2 runs)", text)
+        self.assertIn("7 (1 run)", text)
+        self.assertIn("not recorded (1 run", text)
+        self.assertEqual(builds_text([Entry(None)]), "none (no run yet)")
 
 
 if __name__ == "__main__":
