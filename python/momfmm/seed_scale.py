@@ -56,15 +56,20 @@ def gamma_of(group):
     return float(setting(group.first, "momentum.gamma", "0") or 0)
 
 
+def run_precisions(groups):
+    """The train.precision values the groups' runs recorded, sorted."""
+    return sorted({e.run.cfg("train.precision", "fp32") or "fp32" for g in groups for e in g.ran})
+
+
 def precision(group):
     """The train.precision each run of the group recorded; for a group not run yet, its config's."""
-    used = sorted({e.run.cfg("train.precision", "fp32") or "fp32" for e in group.ran})
+    used = run_precisions([group])
     return "/".join(used) if used else (setting(group.first, "train.precision", "fp32") or "fp32")
 
 
 def precision_summary(groups):
     """One phrase for the section's opening: which precision the runs used."""
-    used = sorted({e.run.cfg("train.precision", "fp32") or "fp32" for g in groups for e in g.ran})
+    used = run_precisions(groups)
     if not used:
         return "precision as the configs set it (fp32; no run yet)"
     if len(used) == 1:
