@@ -9,6 +9,7 @@ Modules (docs/design.md §8.8), each importing only those listed before it:
   plot     figures of runs (tools/momfmm_plot.py)
   suite    the experiment suite list, its runs, groups over seeds and claim tests
   results_context  what the results report's sections share: links, commands, figures
+  chain_report  the chain task's per-L tables: L_rep per eval step, loss by k
   seed_scale  RESULTS.md's seed-scale section (chain L = 10-40, R vs gamma, text gamma sweep)
   results  RESULTS.md from the suite (tools/momfmm_report.py --results)
   report   Markdown table comparing runs (tools/momfmm_report.py)

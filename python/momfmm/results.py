@@ -27,16 +27,13 @@ report was written, 2 for a command-line or suite error or no run.
 """
 import argparse
 import datetime
-import math
 import os
 import shlex
 import subprocess
 import sys
-import warnings
-
-import numpy as np
 
 from momfmm import seed_scale
+from momfmm.chain_report import l_rep_during_training, loss_by_k_table, momentum_ahead_text
 from momfmm.fmt import fmt_value, markdown, shortest
 from momfmm.results_context import (SUITE, Context, figure_links, first_seed, plot_runs, root_relative,
                                     variant_figures)
@@ -140,51 +137,6 @@ def chain_tables(ctx, L, chain, out):
     out.append("")
 
 
-def l_rep_during_training(L, base, mom, out):
-    """Mean L_rep of γ = 0 and γ = 0.2 at evenly spaced eval steps: the seed's single
-    number may come from a stage of training other than our last eval."""
-    steps = eval_steps([base, mom], most=10)
-    if not steps:
-        return
-    out.append(f"**L_rep during training, L = {L}** (mean over seeds at each eval step)\n")
-    rows = [[label] + [fmt_value(g.mean_at("L_rep", s), "", 3) for s in steps]
-            for label, g in (("baseline γ=0", base), ("momentum γ=0.2", mom))]
-    out.append(markdown(["row"] + [f"step {s}" for s in steps], rows))
-    out.append("")
-
-
-def loss_by_k_table(L, shown, out):
-    """Eval loss by occurrence count k (docs/metrics.md §3 loss_by_k), last eval, mean over seeds."""
-    kmax = 0
-    per = []
-    for g in shown:
-        rows_k = [e.run.eval["loss_by_k"][-1] for e in g.ran
-                  if "loss_by_k" in e.run.eval and e.run.eval["loss_by_k"].ndim == 2 and len(e.run.eval["loss_by_k"])]
-        if rows_k:
-            arr = np.asarray(rows_k, float)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # bins no target reached stay NaN
-                m = np.nanmean(arr, axis=0)
-            finite = np.where(np.isfinite(m))[0]
-            if len(finite):
-                kmax = max(kmax, int(finite[-1]))
-            per.append((g, m))
-        else:
-            per.append((g, None))
-    kmax = min(max(kmax, 3), 15)
-    out.append(f"**Eval loss by occurrence count k, L = {L}** (last eval, mean over seeds; `loss_by_k`; "
-               "k = 15 holds k ≥ 15; — = no target with that k)\n")
-    rows = []
-    for g, m in per:
-        label = momentum_label(g.first)
-        if m is None:
-            rows.append([label] + [g.missing()] * (kmax + 1))
-        else:
-            rows.append([label] + [fmt_value(float(v), "", 3) if math.isfinite(v) else "—" for v in m[:kmax + 1]])
-    out.append(markdown(["variant"] + [f"k={k}" for k in range(kmax + 1)], rows))
-    out.append("")
-
-
 def chain_figures(ctx, L, chain, out):
     base, mom, shown, sweep = chain.base, chain.mom, chain.shown, chain.sweep
     main = plot_runs(ctx, f"chain_L{L}_main", [(f"{momentum_label(g.first)} {e.name.rsplit('_', 1)[-1]}", e)
@@ -236,22 +188,6 @@ def chain_claims(L, chain, claims):
         if base is not None and best is not base and base.vals("L_rep"):
             text += "; γ={} vs γ=0{}".format(shortest(best.gamma), noise_note(best.vals("L_rep"), base.vals("L_rep"))[0])
         claims.append(("observation", text))
-
-
-def momentum_ahead_text(L, base, mom):
-    """At which eval steps the mean L_rep of γ = 0.2 is below the baseline's (None before
-    both rows have an eval step in common)."""
-    steps = eval_steps([base, mom])
-    pairs = [(s, mom.mean_at("L_rep", s), base.mean_at("L_rep", s)) for s in steps]
-    pairs = [(s, m, b) for s, m, b in pairs if m is not None and b is not None]
-    if not pairs:
-        return None
-    ahead = [(s, m, b) for s, m, b in pairs if m < b]
-    text = f"L_rep during training at L={L}: γ=0.2 is below γ=0 at {len(ahead)} of {len(pairs)} eval steps"
-    if ahead:
-        s, m, b = max(ahead, key=lambda t: t[2] - t[1])
-        text += (f" (steps {', '.join(str(a[0]) for a in ahead)}; widest gap at step {s}: {m:.4f} vs {b:.4f})")
-    return text + "; see the table \"L_rep during training\"."
 
 
 def copy_section(ctx, by_T, out, claims):
@@ -494,7 +430,7 @@ def write_results(args, ap):
         body.append("## Text (both seeds)\n")
         text_section(ctx, fams[("text", None)], body, claims)
     # the seed's claims at its own scale (momfmm/seed_scale.py)
-    seed_scale.section(ctx, fams, body, claims, SEED_MOMENTUM, loss_by_k_table)
+    seed_scale.section(ctx, fams, body, claims, SEED_MOMENTUM)
 
     n_ran = sum(1 for e in entries if e.run is not None)
     n_done = sum(1 for e in entries if complete(e))

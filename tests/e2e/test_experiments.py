@@ -384,6 +384,15 @@ def check_seed_scale_section(report, text, figs):
     report.check("seed-scale figures exist", all(os.path.exists(os.path.join(figs, "seed_scale", f)) for f in
                                                  ("l_rep_improvement.png", "energy_ratio.png", "text_bpb_vs_gamma.png",
                                                   "chain_L30/l_new_l_rep.png", "chain_L30/loss_by_k.png")))
+    report.check("seed scale: L_rep at each eval step at L = 30, and at how many γ=0.2 is ahead",
+                 "**L_rep during training, L = 30**" in section
+                 and re.search(r"^- seed scale: L_rep during training at L=30: γ=0\.2 is below γ=0 at \d+ of \d+ eval steps",
+                               text, re.M) is not None)
+    line = re.search(r"^- seed scale: the advantage grows with L.*$", text, re.M)
+    report.check("seed-scale claim listed: the advantage grows with L (larger and positive at L=30; the tiny "
+                 "runs have no L = 10, tests/python/test_claims.py judges the rule)",
+                 line is not None and "and positive" in line.group(0),
+                 line.group(0)[:200] if line else "claim line not found")
     report.check("seed scale links its L = 30 training curves and loss by k",
                  all(f"seed_scale/chain_L30/{f})" in section for f in ("l_new_l_rep.png", "loss_by_k.png")))
 

@@ -7,16 +7,18 @@ per-seed values, so that each verdict is reached on purpose:
 1. noise_note: a single seed has no spread; a difference below NOISE_SE standard errors of the
    difference of means is within the noise, a larger one is beyond it.
 2. less_claim, no_worse_claim, same_claim: held / did not hold / within noise / not run.
-3. The energy ratio's claims: "R does not depend on γ" over the one-seed γ sweep (10 % rule), and
+3. "The advantage grows with L": a larger L = 30 improvement holds only when it is positive
+   (two losses of momentum, the smaller at L = 30, do not make a growing advantage).
+4. The energy ratio's claims: "R does not depend on γ" over the one-seed γ sweep (10 % rule), and
    against the seed noise of the L = 30 chain runs (held, not shown, did not hold).
-4. The report's line on the builds behind the runs (momfmm_version): counted per build, older
+5. The report's line on the builds behind the runs (momfmm_version): counted per build, older
    files "not recorded", and a file's attribute of any type shown rather than failing the report.
 """
 import unittest
 
 import numpy as np
 
-from momfmm.seed_scale import ChainRoles, r_independent_claim, r_noise_claim
+from momfmm.seed_scale import ChainRoles, grows_claim, r_independent_claim, r_noise_claim
 from momfmm.suite import builds_text, less_claim, no_worse_claim, noise_note, same_claim
 
 
@@ -93,6 +95,32 @@ class ClaimRules(unittest.TestCase):
     def test_same_claim(self):
         self.assertEqual(same_claim("c", Values([1.01]), Values([1.0]), "m")[0], "held")
         self.assertEqual(same_claim("c", Values([1.05]), Values([1.0]), "m")[0], "did not hold")
+
+
+class GrowsWithL(unittest.TestCase):
+    def test_positive_and_larger_holds(self):
+        verdict, line = grows_claim([4.0, 5.0, 3.5], [50.0, 52.0, 55.0])
+        self.assertEqual(verdict, "held", line)
+
+    def test_smaller_at_30_does_not_hold(self):
+        verdict, line = grows_claim([40.0, 50.0, 45.0], [10.0, 12.0, 11.0])
+        self.assertEqual(verdict, "did not hold", line)
+
+    def test_two_losses_are_no_growing_advantage(self):
+        # the first seed-scale runs: −1168 % at L = 10, −18 % at L = 30 (one seed each)
+        verdict, line = grows_claim([-1168.1], [-18.1])
+        self.assertEqual(verdict, "did not hold", line)
+        self.assertIn("no advantage at L=30", line)
+        verdict, line = grows_claim([-20.0, -30.0, -10.0], [-15.0, -35.0, 5.0])   # within noise, mean < 0
+        self.assertEqual(verdict, "did not hold", line)
+
+    def test_noise_with_positive_mean_stays_within_noise(self):
+        verdict, _ = grows_claim([10.0, 30.0, 20.0], [15.0, 35.0, 25.0])
+        self.assertEqual(verdict, "within noise")
+
+    def test_missing_length_is_not_run(self):
+        verdict, _ = grows_claim([], [10.0])
+        self.assertNotIn(verdict, ("held", "did not hold", "within noise"))
 
 
 class EnergyRatio(unittest.TestCase):
