@@ -38,7 +38,7 @@ SEED_R_RANGE = (0.37, 0.60)              # "R = ||ΔF|| / ||Δx|| lies in [0.37,
 SEED_TEXT_BEST_GAMMA, SEED_TEXT_GAIN = 0.01, 0.65   # "γ = 0.01 is best (+0.65 %)"
 R_SAME_TOL = 0.10                        # "R independent of γ": per layer, (max − min) / mean over γ within 10 %
 K_COLUMNS = (0, 1, 2, 3, "≥10")
-SEED_SCALE_HOURS = {"chain_seed": 17, "seed_R": 1, "text_seed": 1.7}   # projected, np = 2, quiet machine
+SEED_SCALE_HOURS = {"chain_seed": 12.5, "seed_R": 1.1, "text_seed": 1.5}   # measured, np = 2 (configs/experiments/README.md)
 ONLY = {"chain_seed": "^chain_seed_L", "seed_R": "^chain_seed_R_", "text_seed": "^text_seed_"}
 
 
@@ -83,7 +83,7 @@ def not_run_yet(ctx, fam, groups, out):
     if any(g.ran for g in groups):
         return False
     out.append(f"**Not run yet.** Run: `tools/run_experiments.sh{ctx.runner_flags} --only '{ONLY[fam]}'` "
-               f"(about {shortest(SEED_SCALE_HOURS[fam])} h at np = 2 on a quiet 2-core machine, resumable; "
+               f"(about {shortest(SEED_SCALE_HOURS[fam])} h at np = 2 on a 2-core machine, resumable; "
                "configs/experiments/README.md), then write this report again.\n")
     return True
 
