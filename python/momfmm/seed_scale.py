@@ -132,7 +132,7 @@ def chain_part(ctx, groups, out, claims, seed_momentum):
     rows_by_L = by_chain_len(groups)
     not_run_yet(ctx, "chain_seed", groups, out)
     chain_table(ctx, rows_by_L, out, seed_momentum)
-    improvement_part(ctx, rows_by_L, out, claims)
+    improvement_part(ctx, rows_by_L, out, claims, seed_momentum)
     if 30 in rows_by_L:
         loss_by_k_vs_seed(rows_by_L[30], out, claims)
     for L, rows in rows_by_L.items():
@@ -190,26 +190,44 @@ def chain_table(ctx, rows_by_L, out, seed_momentum):
     out.append("")
 
 
-def improvements(rows):
-    """Per-seed L_rep improvement of γ = 0.2 over γ = 0 in %, pairing the runs of equal train.seed."""
+def paired_l_rep(rows, how):
+    """how(L_rep(γ=0), L_rep(γ=0.2)) per seed, pairing the runs of equal train.seed; pairs where
+    how gives None are left out."""
     if rows.base is None or rows.mom is None:
         return []
     base = {e.seed: final(e, "L_rep") for e in rows.base.ran}
     out = []
     for e in rows.mom.ran:
         b, m = base.get(e.seed), final(e, "L_rep")
-        if b is not None and m is not None and b > 0:
-            out.append(100.0 * (b - m) / b)
+        v = how(b, m) if b is not None and m is not None else None
+        if v is not None:
+            out.append(v)
     return out
 
 
-def improvement_part(ctx, rows_by_L, out, claims):
+def improvements(rows):
+    """Per-seed L_rep improvement of γ = 0.2 over γ = 0 in %."""
+    return paired_l_rep(rows, lambda b, m: 100.0 * (b - m) / b if b > 0 else None)
+
+
+def seed_difference(seed_momentum, L):
+    """The seed's L_rep(γ=0) − L_rep(γ=0.2) at L, or None where it gives no pair."""
+    rows = seed_momentum.get(L, {})
+    b, m = rows.get("baseline", {}).get("L_rep"), rows.get("momentum", {}).get("L_rep")
+    return b - m if b is not None and m is not None else None
+
+
+def improvement_part(ctx, rows_by_L, out, claims, seed_momentum):
     imp = {L: improvements(rows) for L, rows in rows_by_L.items()}
     out.append("**L_rep improvement vs L**: 100 (L_rep(γ=0) − L_rep(γ=0.2)) / L_rep(γ=0), per seed (runs of equal "
-               "`train.seed` paired), mean ± std\n")
-    body = [[L, fmt_group(v, "", 1) if v else NOT_RUN, len(v), fmt_value(SEED_IMPROVEMENT.get(L), "", 1)]
+               "`train.seed` paired), mean ± std; beside it the difference L_rep(γ=0) − L_rep(γ=0.2) in nats, "
+               "which a near-zero L_rep(γ=0) does not inflate\n")
+    body = [[L, fmt_group(v, "", 1) if v else NOT_RUN, len(v), fmt_value(SEED_IMPROVEMENT.get(L), "", 1),
+             fmt_group(paired_l_rep(rows_by_L[L], lambda b, m: b - m), "", 4) if v else NOT_RUN,
+             fmt_value(seed_difference(seed_momentum, L), "", 4)]
             for L, v in imp.items()]
-    out.append(markdown(["L", "improvement % (ours)", "seeds", "improvement % (seed)"], body))
+    out.append(markdown(["L", "improvement % (ours)", "seeds", "improvement % (seed)", "difference (ours)",
+                         "difference (seed)"], body))
     out.append("")
     if ctx.figures and not ctx.args.no_figures:
         ours = [(L, np.mean(v), np.std(v, ddof=1) if len(v) > 1 else 0.0) for L, v in imp.items() if v]
