@@ -192,14 +192,14 @@ def chain_table(ctx, rows_by_L, out, seed_momentum):
 
 def paired_l_rep(rows, how):
     """how(L_rep(γ=0), L_rep(γ=0.2)) per seed, pairing the runs of equal train.seed; pairs where
-    how gives None are left out."""
+    how gives None, or a run diverged (a non-finite L_rep), are left out, as suite.values does."""
     if rows.base is None or rows.mom is None:
         return []
     base = {e.seed: final(e, "L_rep") for e in rows.base.ran}
     out = []
     for e in rows.mom.ran:
         b, m = base.get(e.seed), final(e, "L_rep")
-        v = how(b, m) if b is not None and m is not None else None
+        v = how(b, m) if b is not None and m is not None and math.isfinite(b) and math.isfinite(m) else None
         if v is not None:
             out.append(v)
     return out

@@ -7,8 +7,9 @@ per-seed values, so that each verdict is reached on purpose:
 1. noise_note: a single seed has no spread; a difference below NOISE_SE standard errors of the
    difference of means is within the noise, a larger one is beyond it.
 2. less_claim, no_worse_claim, same_claim: held / did not hold / within noise / not run.
-3. "The advantage grows with L": a larger L = 30 improvement holds only when it is positive
-   (two losses of momentum, the smaller at L = 30, do not make a growing advantage).
+3. The L_rep improvement pairs runs by seed and leaves out a diverged run. "The advantage grows
+   with L": a larger L = 30 improvement holds only when it is positive (two losses of
+   momentum, the smaller at L = 30, do not make a growing advantage).
 4. The energy ratio's claims: "R does not depend on γ" over the one-seed γ sweep (10 % rule), and
    against the seed noise of the L = 30 chain runs (held, not shown, did not hold).
 5. The report's line on the builds behind the runs (momfmm_version): counted per build, older
@@ -18,7 +19,7 @@ import unittest
 
 import numpy as np
 
-from momfmm.seed_scale import ChainRoles, grows_claim, r_independent_claim, r_noise_claim
+from momfmm.seed_scale import ChainRoles, grows_claim, improvements, paired_l_rep, r_independent_claim, r_noise_claim
 from momfmm.suite import builds_text, less_claim, no_worse_claim, noise_note, same_claim
 
 
@@ -121,6 +122,32 @@ class GrowsWithL(unittest.TestCase):
     def test_missing_length_is_not_run(self):
         verdict, _ = grows_claim([], [10.0])
         self.assertNotIn(verdict, ("held", "did not hold", "within noise"))
+
+
+class SeedRun:
+    """A run as the L_rep pairing reads it: its train.seed and final eval L_rep."""
+
+    def __init__(self, seed, l_rep):
+        self.seed, self.l_rep = seed, l_rep
+        self.run = self
+
+    def final_eval(self, _key):
+        return self.l_rep
+
+
+class SeedGroup:
+    def __init__(self, gamma, by_seed):
+        self.first = Entry0(gamma)
+        self.ran = [SeedRun(seed, v) for seed, v in by_seed.items()]
+
+
+class Improvement(unittest.TestCase):
+    def test_pairs_by_seed_and_skips_diverged_runs(self):
+        rows = ChainRoles([SeedGroup(0, {1: 2.0, 2: 1.0, 3: float("nan"), 4: 0.5}),
+                           SeedGroup(0.2, {1: 1.0, 2: 1.5, 3: 0.7, 5: 0.1})])
+        self.assertEqual(improvements(rows), [50.0, -50.0])           # seeds 1, 2; 3 diverged, 4/5 unpaired
+        self.assertEqual(paired_l_rep(rows, lambda b, m: b - m), [1.0, -0.5])
+        self.assertEqual(improvements(ChainRoles([SeedGroup(0, {1: 0.0}), SeedGroup(0.2, {1: 0.1})])), [])
 
 
 class EnergyRatio(unittest.TestCase):
