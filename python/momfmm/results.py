@@ -323,6 +323,15 @@ def text_section(ctx, groups, out, claims):
 
 
 # ---------------------------------------------------------------- main
+def unlogged_text(entries):
+    """The wall times' caveat: starts of a run that logged no exit (still running, or killed with
+    their session) add nothing to them."""
+    n = sum(e.wall_unlogged for e in entries)
+    runs = sum(1 for e in entries if e.wall_unlogged)
+    return (f" (lower bounds: {n} start{'s' if n > 1 else ''} of {runs} run{'s' if runs > 1 else ''} logged no exit, "
+            "still running or killed with their session, and count nothing)" if n else "")
+
+
 def git_commit():
     try:
         r = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
@@ -451,8 +460,8 @@ def write_results(args, ap):
         "",
         f"Ranks per run: {', '.join(map(str, worlds)) if worlds else 'unknown'}. "
         + ("Measured wall time (train.log): " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in sorted(walls.items()))
-           + f", total {sum(walls.values()) / 60:.1f} min; longest run {longest.name}, {longest.wall_s} s. "
-           if walls else "")
+           + f", total {sum(walls.values()) / 60:.1f} min; longest run {longest.name}, {longest.wall_s} s"
+           + unlogged_text(entries) + ". " if walls else "")
         + f"Builds that wrote the runs' checkpoints: {builds_text(entries)}. "
         + "Every table's numbers are the final eval of each run (docs/metrics.md §3). To rerun everything: "
         f"`tools/run_experiments.sh{ctx.runner_flags}`, then `{report_command(args)}`. "

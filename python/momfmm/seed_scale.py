@@ -229,21 +229,26 @@ def improvement_part(ctx, rows_by_L, out, claims, seed_momentum):
     out.append(markdown(["L", "improvement % (ours)", "seeds", "improvement % (seed)", "difference (ours)",
                          "difference (seed)"], body))
     out.append("")
-    if ctx.figures and not ctx.args.no_figures:
-        ours = [(L, np.mean(v), np.std(v, ddof=1) if len(v) > 1 else 0.0) for L, v in imp.items() if v]
-        seed = sorted(SEED_IMPROVEMENT.items())
-        path = plot.plot_points(
-            os.path.join(ctx.figures, "seed_scale", "l_rep_improvement.png"),
-            "L_rep improvement of γ=0.2 over γ=0 vs chain length", "chain length L", "improvement (%)",
-            [("ours (mean ± std over seeds)", [a[0] for a in ours], [a[1] for a in ours], [a[2] for a in ours]),
-             ("seed", [a[0] for a in seed], [a[1] for a in seed], None)])
-        if path:
-            out += [f"![L_rep improvement vs L]({ctx.rel(path)})", ""]
+    improvement_figure(ctx, imp, out)
     if 10 in imp and 30 in imp:
         claims.append(grows_claim(imp[10], imp[30]))
     shown = [f"L={L}: {fmt_group(v, '', 1)} %" for L, v in imp.items() if v]
     if shown:
         claims.append(("observation", "seed scale: L_rep improvement of γ=0.2 over γ=0 by L: " + ", ".join(shown)))
+
+
+def improvement_figure(ctx, imp, out):
+    if not ctx.figures or ctx.args.no_figures:
+        return
+    ours = [(L, np.mean(v), np.std(v, ddof=1) if len(v) > 1 else 0.0) for L, v in imp.items() if v]
+    seed = sorted(SEED_IMPROVEMENT.items())
+    path = plot.plot_points(
+        os.path.join(ctx.figures, "seed_scale", "l_rep_improvement.png"),
+        "L_rep improvement of γ=0.2 over γ=0 vs chain length", "chain length L", "improvement (%)",
+        [("ours (mean ± std over seeds)", [a[0] for a in ours], [a[1] for a in ours], [a[2] for a in ours]),
+         ("seed", [a[0] for a in seed], [a[1] for a in seed], None)])
+    if path:
+        out += [f"![L_rep improvement vs L]({ctx.rel(path)})", ""]
 
 
 def grows_claim(imp10, imp30):

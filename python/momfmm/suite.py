@@ -45,7 +45,8 @@ class Entry:
         self.run = None       # momfmm.h5.Run, when the run directory has files
         self.error = None     # why the run could not be read
         self.world_size = None
-        self.wall_s = None    # wall time from train.log ("# exit 0 after N s"), if logged
+        self.wall_s = None    # wall time from train.log ("# exit RC after N s"), if logged
+        self.wall_unlogged = 0  # starts in train.log without an exit line (their time is not in wall_s)
 
     @property
     def key(self):
@@ -183,13 +184,26 @@ def load_entries(entries, runs_dir):
                 print(f"{PROG}: warning: {exc}", file=sys.stderr)
             continue
         e.world_size = int(e.run.attrs.get("world_size", 0)) or None
-        log = os.path.join(path, "train.log")
-        if os.path.exists(log):
-            with open(log, errors="replace") as f:
-                for line in f:
-                    m = re.match(r"# exit 0 after (\d+) s", line)
-                    if m:  # one line per start of the run (resumed runs have several)
-                        e.wall_s = (e.wall_s or 0) + int(m.group(1))
+        read_wall_time(e, os.path.join(path, "train.log"))
+
+
+def read_wall_time(e, log):
+    """Wall time from the lines tools/run_experiments.sh writes around each start of a run
+    ("# <date> <uptime>" ... "# exit RC after N s"; a resumed run has several): the sum over
+    the starts that logged an exit, and how many starts did not (killed with their session,
+    so the sum is a lower bound)."""
+    if not os.path.exists(log):
+        return
+    starts = exits = 0
+    with open(log, errors="replace") as f:
+        for line in f:
+            m = re.match(r"# exit -?\d+ after (\d+) s", line)
+            if m:
+                e.wall_s = (e.wall_s or 0) + int(m.group(1))
+                exits += 1
+            elif re.match(r"# \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d ", line):
+                starts += 1
+    e.wall_unlogged = max(starts - exits, 0)
 
 
 # docs/config.md §6 defaults of the keys that tell the suite's variants apart.

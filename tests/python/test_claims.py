@@ -14,13 +14,19 @@ per-seed values, so that each verdict is reached on purpose:
    against the seed noise of the L = 30 chain runs (held, not shown, did not hold).
 5. The report's line on the builds behind the runs (momfmm_version): counted per build, older
    files "not recorded", and a file's attribute of any type shown rather than failing the report.
+6. Wall time from train.log: the starts that logged an exit add up, whatever their exit code; a
+   start without one (killed with its session, or still running) makes the figure a lower bound.
 """
+import os
+import tempfile
 import unittest
 
 import numpy as np
 
 from momfmm.seed_scale import ChainRoles, grows_claim, improvements, paired_l_rep, r_independent_claim, r_noise_claim
-from momfmm.suite import builds_text, less_claim, no_worse_claim, noise_note, same_claim
+from momfmm.results import unlogged_text
+from momfmm.suite import Entry as SuiteEntry
+from momfmm.suite import builds_text, less_claim, no_worse_claim, noise_note, read_wall_time, same_claim
 
 
 class Values:
@@ -191,6 +197,39 @@ class Builds(unittest.TestCase):
         self.assertIn("7 (1 run)", text)
         self.assertIn("not recorded (1 run", text)
         self.assertEqual(builds_text([Entry(None)]), "none (no run yet)")
+
+
+class WallTime(unittest.TestCase):
+    LOG = ("# 2026-11-30T19:57:59  19:57:59 up  9:21,  0 user,  load average: 2.02\n"
+           "# mpirun -np 2 momfmm train chain_seed.ini --resume auto\n"
+           "step 1100/1500 | loss 0.7\n"                                        # killed: no exit line
+           "# 2026-11-30T23:19:42  23:19:42 up 12:43,  0 user,  load average: 0.00\n"
+           "# mpirun -np 2 momfmm train chain_seed.ini --resume auto\n"
+           "# exit 143 after 60 s\n"                                            # preempted, time spent
+           "# 2026-11-30T23:21:00  23:21:00 up 12:45,  0 user,  load average: 0.00\n"
+           "# exit 0 after 397 s\n")
+
+    def entry(self, text):
+        e = SuiteEntry("chain_seed_L40_g0.2_s1", "configs/experiments/chain_seed.ini", [], 1, "")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "train.log")
+            if text is not None:
+                with open(path, "w") as f:
+                    f.write(text)
+            read_wall_time(e, path)
+        return e
+
+    def test_sum_and_unlogged_starts(self):
+        e = self.entry(self.LOG)
+        self.assertEqual((e.wall_s, e.wall_unlogged), (457, 1))
+        self.assertIn("lower bounds: 1 start of 1 run logged no exit", unlogged_text([e]))
+
+    def test_complete_or_missing_log(self):
+        e = self.entry(self.LOG.split("step 1100")[0].replace("# mpirun", "# exit 0 after 5 s\n# mpirun", 1))
+        self.assertEqual((e.wall_s, e.wall_unlogged), (5, 0))
+        self.assertEqual(unlogged_text([e]), "")
+        e = self.entry(None)
+        self.assertEqual((e.wall_s, e.wall_unlogged), (None, 0))
 
 
 if __name__ == "__main__":
