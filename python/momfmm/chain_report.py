@@ -29,7 +29,7 @@ def loss_by_k_table(L, shown, out):
     kmax = 0
     per = []
     for g in shown:
-        rows_k = [e.run.eval["loss_by_k"][-1] for e in g.ran
+        rows_k = [e.run.eval["loss_by_k"][-1] for e in g.counted
                   if "loss_by_k" in e.run.eval and e.run.eval["loss_by_k"].ndim == 2 and len(e.run.eval["loss_by_k"])]
         if rows_k:
             arr = np.asarray(rows_k, float)

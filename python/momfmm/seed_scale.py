@@ -44,10 +44,11 @@ ONLY = {"chain_seed": "^chain_seed_L", "seed_R": "^chain_seed_R_", "text_seed": 
 
 class Values:
     """Per-seed values computed here (not a logged metric), in the shape momfmm.suite's claim
-    tests read: .vals(metric) -> [float]."""
+    tests read: .vals(metric) -> [float], and .finished (False: from partial runs only, not judged)."""
 
-    def __init__(self, vals):
+    def __init__(self, vals, finished=True):
         self._vals = [v for v in vals if v is not None and math.isfinite(v)]
+        self.finished = finished
 
     def vals(self, _metric):
         return self._vals
@@ -192,12 +193,13 @@ def chain_table(ctx, rows_by_L, out, seed_momentum):
 
 def paired_l_rep(rows, how):
     """how(L_rep(γ=0), L_rep(γ=0.2)) per seed, pairing the runs of equal train.seed; pairs where
-    how gives None, or a run diverged (a non-finite L_rep), are left out, as suite.values does."""
+    how gives None, or a run diverged (a non-finite L_rep), are left out, as suite.values does;
+    so are partial runs (their last eval is from an earlier step than their partner's)."""
     if rows.base is None or rows.mom is None:
         return []
-    base = {e.seed: final(e, "L_rep") for e in rows.base.ran}
+    base = {e.seed: final(e, "L_rep") for e in rows.base.done}
     out = []
-    for e in rows.mom.ran:
+    for e in rows.mom.done:
         b, m = base.get(e.seed), final(e, "L_rep")
         v = how(b, m) if b is not None and m is not None and math.isfinite(b) and math.isfinite(m) else None
         if v is not None:
@@ -282,7 +284,7 @@ def k_value(e, k):
 
 
 def k_values(group, k):
-    return Values([k_value(e, k) for e in group.ran]) if group is not None else None
+    return Values([k_value(e, k) for e in group.counted], group.finished) if group is not None else None
 
 
 def loss_by_k_vs_seed(rows, out, claims):
@@ -325,7 +327,7 @@ def chain_claims(L, rows, claims, seed):
 def layer_values(group, key):
     """[[per-layer values of the last eval] per run], runs that logged `key` only."""
     out = []
-    for e in group.ran:
+    for e in group.counted:
         table = e.run.eval.get(key)
         if table is not None and table.ndim == 2 and len(table) and np.all(np.isfinite(table[-1])):
             out.append(np.asarray(table[-1], float))
@@ -391,6 +393,8 @@ def r_noise_claim(rows, key, what, n_layers):
     noise, and not shown (within noise) when the only larger differences are within the noise."""
     text = (f"seed scale: R does not depend on γ, against seed noise ({key}, {what}; L = 30 chain runs, γ = 0.2 vs "
             f"0): per layer within {R_SAME_TOL:.0%}")
+    if not (rows.mom.finished and rows.base.finished):
+        return ("not run", f"{text}: not judged yet (no finished run on one side, only partial ones)")
     a_cols, b_cols = layer_columns(rows.mom, key, n_layers), layer_columns(rows.base, key, n_layers)
     if not n_layers or not all(a_cols) or not all(b_cols):
         return ("not run", f"{text}: not run yet")
@@ -428,7 +432,8 @@ def r_figure(ctx, groups, n_layers, out):
 def r_independent_claim(groups, key, what):
     text = (f"seed scale: R does not depend on γ ({key}, {what}): per layer, (max − min) / mean over γ "
             f"within {R_SAME_TOL:.0%}")
-    means = [(gamma_of(g), np.mean(layer_values(g, key), axis=0)) for g in groups if layer_values(g, key)]
+    means = [(gamma_of(g), np.mean(layer_values(g, key), axis=0)) for g in groups
+             if g.finished and layer_values(g, key)]
     if len(means) < 2:
         return ("not run", f"{text}: not run yet")
     text += f" (γ = {', '.join(shortest(gm) for gm, _ in means)}" + (
@@ -438,13 +443,18 @@ def r_independent_claim(groups, key, what):
     verdict = "held" if np.all(spread <= R_SAME_TOL) else "did not hold"
     shown = "; ".join(f"layer {i}: {arr[:, i].min():.3f}..{arr[:, i].max():.3f} ({spread[i]:.1%})"
                       for i in range(arr.shape[1]))
-    seeds = " — one seed per γ: no spread to judge noise" if all(len(g.ran) < 2 for g in groups) else ""
+    seeds = " — one seed per γ: no spread to judge noise" if all(len(g.counted) < 2 for g in groups) else ""
     return (verdict, f"{text}: **{verdict}** ({shown}){seeds}")
 
 
 def r_range_claim(groups):
     lo, hi = SEED_R_RANGE
     text = f"seed scale: R lies in the seed's range [{lo}, {hi}] for every γ and layer (gain_R_attn)"
+    done = [g for g in groups if g.finished]
+    if len(done) < len(groups) and done:
+        text += (f" (the finished γ = {', '.join(shortest(gamma_of(g)) for g in done)} of "
+                 f"{', '.join(shortest(gamma_of(g)) for g in groups)})")
+    groups = done
     vals = [x for g in groups for v in layer_values(g, "gain_R_attn") for x in v]
     if not vals:
         return ("not run", f"{text}: not run yet")

@@ -315,8 +315,24 @@ class Group:
     def ran(self):
         return [e for e in self.members if e.run is not None]
 
+    @property
+    def done(self):
+        return [e for e in self.ran if complete(e)]
+
+    @property
+    def finished(self):
+        """True when a run of the group reached its steps: only then do claims judge it."""
+        return bool(self.done)
+
+    @property
+    def counted(self):
+        """The runs whose last eval the tables show: the finished ones; a group with none
+        finished yet shows its partial runs, and its status says so. A partial run beside a
+        finished one stays out of the means (its last eval is from an earlier step)."""
+        return self.done or self.ran
+
     def vals(self, key):
-        return values(self.ran, key)
+        return values(self.counted, key)
 
     def cell(self, key, digits=4):
         vals = self.vals(key)
@@ -356,7 +372,8 @@ class Group:
                 f"{e.name} ({'; '.join(m[:3])}{'; …' if len(m) > 3 else ''})" for e, m in odd)
         partial = [e for e in ran if not complete(e)]
         if partial:
-            text += "; partial: " + ", ".join(f"{e.name} at step {e.run.step}/{target_steps(e)}" for e in partial)
+            text += "; partial" + (", not in the means" if done else "") + ": " + ", ".join(
+                f"{e.name} at step {e.run.step}/{target_steps(e)}" for e in partial)
         return text
 
     def missing(self):
@@ -367,7 +384,7 @@ class Group:
         return NO_EVAL if not any(len(e.run.eval.get("step", [])) for e in self.ran) else MISSING
 
     def steps(self):
-        steps = sorted({e.run.step for e in self.ran})
+        steps = sorted({e.run.step for e in self.counted})
         return "/".join(map(str, steps)) if steps else "—"
 
     def only_regex(self):
@@ -409,6 +426,8 @@ def claim_sides(text, ga, gb, metric):
     side has no suite line or no finished run, so the claim cannot be judged."""
     if ga is None or gb is None:
         return None, None, ("not run", f"{text}: not run (no suite line)")
+    if not (ga.finished and gb.finished):
+        return None, None, ("not run", f"{text}: not judged yet (no finished run on one side, only partial ones)")
     a, b = ga.vals(metric), gb.vals(metric)
     if not a or not b:
         return None, None, ("not run", f"{text}: not run yet")

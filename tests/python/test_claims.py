@@ -7,7 +7,7 @@ per-seed values, so that each verdict is reached on purpose:
 1. noise_note: a single seed has no spread; a difference below NOISE_SE standard errors of the
    difference of means is within the noise, a larger one is beyond it.
 2. less_claim, no_worse_claim, same_claim: held / did not hold / within noise / not run.
-3. The L_rep improvement pairs runs by seed and leaves out a diverged run. "The advantage grows
+3. The L_rep improvement pairs finished runs by seed and leaves out a diverged run. "The advantage grows
    with L": a larger L = 30 improvement holds only when it is positive (two losses of
    momentum, the smaller at L = 30, do not make a growing advantage).
 4. The energy ratio's claims: "R does not depend on γ" over the one-seed γ sweep (10 % rule), and
@@ -16,6 +16,8 @@ per-seed values, so that each verdict is reached on purpose:
    files "not recorded", and a file's attribute of any type shown rather than failing the report.
 6. Wall time from train.log: the starts that logged an exit add up, whatever their exit code; a
    start without one (killed with its session, or still running) makes the figure a lower bound.
+7. A partial run (still running, or stopped before its steps) stays out of the means beside a
+   finished one; a group with only partial runs shows them, but no claim judges it.
 """
 import os
 import tempfile
@@ -26,11 +28,12 @@ import numpy as np
 from momfmm.seed_scale import ChainRoles, grows_claim, improvements, paired_l_rep, r_independent_claim, r_noise_claim
 from momfmm.results import unlogged_text
 from momfmm.suite import Entry as SuiteEntry
-from momfmm.suite import builds_text, less_claim, no_worse_claim, noise_note, read_wall_time, same_claim
+from momfmm.suite import Group, builds_text, less_claim, no_worse_claim, noise_note, read_wall_time, same_claim
 
 
 class Values:
-    """A group as the claim rules read it: per-seed values of one metric."""
+    """A group as the claim rules read it: per-seed values of one metric, of finished runs."""
+    finished = True
 
     def __init__(self, vals):
         self._vals = list(vals)
@@ -60,9 +63,11 @@ class Entry0:
 class LayerGroup:
     """A group whose runs logged per-layer gain_R and gain_R_attn at their last eval."""
 
+    finished = True
+
     def __init__(self, gamma, per_run):
         self.first = Entry0(gamma)
-        self.ran = [Entry(Run({"gain_R": np.array([layers]), "gain_R_attn": np.array([layers])}))
+        self.counted = [Entry(Run({"gain_R": np.array([layers]), "gain_R_attn": np.array([layers])}))
                     for layers in per_run]
 
 
@@ -144,7 +149,7 @@ class SeedRun:
 class SeedGroup:
     def __init__(self, gamma, by_seed):
         self.first = Entry0(gamma)
-        self.ran = [SeedRun(seed, v) for seed, v in by_seed.items()]
+        self.done = [SeedRun(seed, v) for seed, v in by_seed.items()]
 
 
 class Improvement(unittest.TestCase):
@@ -182,6 +187,56 @@ class EnergyRatio(unittest.TestCase):
         self.assertEqual(verdict, "within noise")
         self.assertIn("**not shown**", line)
         self.assertEqual(r_noise_claim(rows(base, []), "gain_R", "w", 2)[0], "not run")
+
+
+class StepRun:
+    """A run directory as momfmm.suite.Group reads it: its step, its stored train.steps and
+    its last eval's L_rep."""
+    has_config = True
+
+    def __init__(self, step, l_rep):
+        self.step, self.l_rep = step, l_rep
+        self.eval = {"step": np.array([step])}
+
+    def cfg(self, key, default=None):
+        return "1500" if key == "train.steps" else default
+
+    def final_eval(self, _key):
+        return self.l_rep
+
+
+def step_group(gamma, by_seed):
+    """A momfmm.suite.Group of chain_seed runs: {seed: (step, L_rep)}."""
+    entries = []
+    for seed, (step, l_rep) in by_seed.items():
+        e = SuiteEntry(f"chain_seed_L30_g{gamma}_s{seed}", "configs/experiments/chain_seed.ini",
+                       [("momentum.gamma", str(gamma)), ("train.seed", str(seed))], 1, "")
+        e.run = StepRun(step, l_rep)
+        entries.append(e)
+    return Group(entries)
+
+
+class PartialRuns(unittest.TestCase):
+    def test_partial_run_beside_finished_stays_out_of_the_means(self):
+        g = step_group(0.2, {1: (1500, 0.01), 2: (300, 6.5)})
+        self.assertEqual(g.vals("L_rep"), [0.01])
+        self.assertEqual(g.steps(), "1500")
+        self.assertIn("1/2; partial, not in the means: chain_seed_L30_g0.2_s2 at step 300/1500", g.status())
+
+    def test_partial_only_group_is_shown_not_judged(self):
+        partial = step_group(0.2, {1: (300, 6.5)})
+        self.assertEqual(partial.vals("L_rep"), [6.5])
+        self.assertIn("0/1; partial: chain_seed_L30_g0.2_s1 at step 300/1500", partial.status())
+        done = step_group(0, {1: (1500, 0.01), 2: (1500, 0.012)})
+        verdict, line = less_claim("c", partial, done, "L_rep")
+        self.assertEqual(verdict, "not run")
+        self.assertIn("not judged yet", line)
+        self.assertNotEqual(less_claim("c", done, done, "L_rep")[0], "not run")     # finished: judged
+
+    def test_improvement_pairs_finished_runs_only(self):
+        rows = ChainRoles([step_group(0, {1: (1500, 0.02), 2: (1500, 0.02)}),
+                           step_group(0.2, {1: (1500, 0.01), 2: (300, 6.5)})])
+        self.assertEqual(improvements(rows), [50.0])
 
 
 class Builds(unittest.TestCase):
