@@ -224,14 +224,16 @@ def improvement_part(ctx, rows_by_L, out, claims, seed_momentum):
     out.append("**L_rep improvement vs L**: 100 (L_rep(γ=0) − L_rep(γ=0.2)) / L_rep(γ=0), per seed (runs of equal "
                "`train.seed` paired), mean ± std; beside it the difference L_rep(γ=0) − L_rep(γ=0.2) in nats, "
                "which a near-zero L_rep(γ=0) does not inflate\n")
+    diff = {L: paired_l_rep(rows, lambda b, m: b - m) for L, rows in rows_by_L.items()}
+    seed_diff = {L: seed_difference(seed_momentum, L) for L in rows_by_L}
     body = [[L, fmt_group(v, "", 1) if v else NOT_RUN, len(v), fmt_value(SEED_IMPROVEMENT.get(L), "", 1),
-             fmt_group(paired_l_rep(rows_by_L[L], lambda b, m: b - m), "", 4) if v else NOT_RUN,
-             fmt_value(seed_difference(seed_momentum, L), "", 4)]
+             fmt_group(diff[L], "", 4) if diff[L] else NOT_RUN, fmt_value(seed_diff[L], "", 4)]
             for L, v in imp.items()]
     out.append(markdown(["L", "improvement % (ours)", "seeds", "improvement % (seed)", "difference (ours)",
                          "difference (seed)"], body))
     out.append("")
     improvement_figure(ctx, imp, out)
+    difference_figure(ctx, diff, {L: d for L, d in seed_diff.items() if d is not None}, out)
     if 10 in imp and 30 in imp:
         claims.append(grows_claim(imp[10], imp[30]))
     shown = [f"L={L}: {fmt_group(v, '', 1)} %" for L, v in imp.items() if v]
@@ -251,6 +253,22 @@ def improvement_figure(ctx, imp, out):
          ("seed", [a[0] for a in seed], [a[1] for a in seed], None)])
     if path:
         out += [f"![L_rep improvement vs L]({ctx.rel(path)})", ""]
+
+
+def difference_figure(ctx, diff, seed_diff, out):
+    """The improvement in nats: unlike the %, a near-zero L_rep(γ=0) does not blow it up."""
+    if not ctx.figures or ctx.args.no_figures:
+        return
+    ours = [(L, np.mean(v), np.std(v, ddof=1) if len(v) > 1 else 0.0) for L, v in diff.items() if v]
+    seed = sorted(seed_diff.items())
+    path = plot.plot_points(
+        os.path.join(ctx.figures, "seed_scale", "l_rep_difference.png"),
+        "L_rep(γ=0) − L_rep(γ=0.2) vs L (above 0: momentum recalls better)", "chain length L",
+        "difference (nats)",
+        [("ours (mean ± std over seeds)", [a[0] for a in ours], [a[1] for a in ours], [a[2] for a in ours]),
+         ("seed", [a[0] for a in seed], [a[1] for a in seed], None)])
+    if path:
+        out += [f"![L_rep difference vs L, nats]({ctx.rel(path)})", ""]
 
 
 def grows_claim(imp10, imp30):

@@ -383,7 +383,7 @@ def check_seed_scale_section(report, text, figs):
                      line is not None and any(v in line.group(0) for v in ("**held**", "**did not hold**", "**not shown**")),
                      line.group(0)[:200] if line else "claim line not found")
     report.check("seed-scale figures exist", all(os.path.exists(os.path.join(figs, "seed_scale", f)) for f in
-                                                 ("l_rep_improvement.png", "energy_ratio.png", "text_bpb_vs_gamma.png",
+                                                 ("l_rep_improvement.png", "l_rep_difference.png", "energy_ratio.png", "text_bpb_vs_gamma.png",
                                                   "chain_L30/l_new_l_rep.png", "chain_L30/loss_by_k.png")))
     report.check("seed scale: L_rep at each eval step at L = 30, and at how many γ=0.2 is ahead",
                  "**L_rep during training, L = 30**" in section
