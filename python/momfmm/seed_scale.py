@@ -232,8 +232,11 @@ def improvement_part(ctx, rows_by_L, out, claims, seed_momentum):
     out.append(markdown(["L", "improvement % (ours)", "seeds", "improvement % (seed)", "difference (ours)",
                          "difference (seed)"], body))
     out.append("")
-    improvement_figure(ctx, imp, out)
-    difference_figure(ctx, diff, {L: d for L, d in seed_diff.items() if d is not None}, out)
+    by_l_figure(ctx, "l_rep_improvement.png", "L_rep improvement of γ=0.2 over γ=0 vs chain length",
+                "improvement (%)", imp, SEED_IMPROVEMENT, out)
+    # in nats: unlike the %, a near-zero L_rep(γ=0) does not blow it up
+    by_l_figure(ctx, "l_rep_difference.png", "L_rep(γ=0) − L_rep(γ=0.2) vs L (above 0: momentum recalls better)",
+                "difference (nats)", diff, seed_diff, out)
     if 10 in imp and 30 in imp:
         claims.append(grows_claim(imp[10], imp[30]))
     shown = [f"L={L}: {fmt_group(v, '', 1)} %" for L, v in imp.items() if v]
@@ -241,34 +244,18 @@ def improvement_part(ctx, rows_by_L, out, claims, seed_momentum):
         claims.append(("observation", "seed scale: L_rep improvement of γ=0.2 over γ=0 by L: " + ", ".join(shown)))
 
 
-def improvement_figure(ctx, imp, out):
+def by_l_figure(ctx, name, title, ylabel, ours_by_L, seed_by_L, out):
+    """Ours (mean ± std over the per-seed values at each L) beside the seed's, vs L."""
     if not ctx.figures or ctx.args.no_figures:
         return
-    ours = [(L, np.mean(v), np.std(v, ddof=1) if len(v) > 1 else 0.0) for L, v in imp.items() if v]
-    seed = sorted(SEED_IMPROVEMENT.items())
-    path = plot.plot_points(
-        os.path.join(ctx.figures, "seed_scale", "l_rep_improvement.png"),
-        "L_rep improvement of γ=0.2 over γ=0 vs chain length", "chain length L", "improvement (%)",
-        [("ours (mean ± std over seeds)", [a[0] for a in ours], [a[1] for a in ours], [a[2] for a in ours]),
-         ("seed", [a[0] for a in seed], [a[1] for a in seed], None)])
+    ours = [(L, np.mean(v), np.std(v, ddof=1) if len(v) > 1 else 0.0) for L, v in ours_by_L.items() if v]
+    seed = sorted((L, v) for L, v in seed_by_L.items() if v is not None)
+    path = plot.plot_points(os.path.join(ctx.figures, "seed_scale", name), title, "chain length L", ylabel,
+                            [("ours (mean ± std over seeds)", [a[0] for a in ours], [a[1] for a in ours],
+                              [a[2] for a in ours]),
+                             ("seed", [a[0] for a in seed], [a[1] for a in seed], None)])
     if path:
-        out += [f"![L_rep improvement vs L]({ctx.rel(path)})", ""]
-
-
-def difference_figure(ctx, diff, seed_diff, out):
-    """The improvement in nats: unlike the %, a near-zero L_rep(γ=0) does not blow it up."""
-    if not ctx.figures or ctx.args.no_figures:
-        return
-    ours = [(L, np.mean(v), np.std(v, ddof=1) if len(v) > 1 else 0.0) for L, v in diff.items() if v]
-    seed = sorted(seed_diff.items())
-    path = plot.plot_points(
-        os.path.join(ctx.figures, "seed_scale", "l_rep_difference.png"),
-        "L_rep(γ=0) − L_rep(γ=0.2) vs L (above 0: momentum recalls better)", "chain length L",
-        "difference (nats)",
-        [("ours (mean ± std over seeds)", [a[0] for a in ours], [a[1] for a in ours], [a[2] for a in ours]),
-         ("seed", [a[0] for a in seed], [a[1] for a in seed], None)])
-    if path:
-        out += [f"![L_rep difference vs L, nats]({ctx.rel(path)})", ""]
+        out += [f"![{title}]({ctx.rel(path)})", ""]
 
 
 def grows_claim(imp10, imp30):

@@ -151,7 +151,7 @@ def checkpoint_cases(rng):
             name = "model/" + names[int(rng.integers(len(names)))]
             del f[name]
             f.create_dataset(name, data=np.zeros(shape, "f4"))
-        cases.append((f"random tensor reshaped", mutate))
+        cases.append(("random tensor reshaped", mutate))
     return cases
 
 

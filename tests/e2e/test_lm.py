@@ -241,7 +241,7 @@ def test_init(momfmm, lm, workdir, report):
         init_from = dst.attrs["init_from"]
         init_from = init_from.decode() if isinstance(init_from, bytes) else init_from
         report.check("root attribute init_from", init_from == os.path.realpath(lm["best"]), init_from)
-        m, v = [], []
+        m = []   # the moment tensors' names (optim/v has the same ones)
         dst["optim/m"].visit(lambda n: m.append(n) if isinstance(dst["optim/m"][n], h5py.Dataset) else None)
         # one step from zero moments: m = (1 - beta1) g, v = (1 - beta2) g^2, so m^2 / v = 0.01 / 0.001
         ratios = np.concatenate([(dst["optim/m"][n][()].astype(np.float64) ** 2 /

@@ -21,7 +21,7 @@ import re
 import numpy as np
 from momfmm.h5 import load_checkpoint, newest_checkpoint
 
-from common import Report, env, run, train_command, write_tiny_config, write_tokens
+from common import env, run, train_command, write_tiny_config, write_tokens
 
 BF16 = "train.precision=bf16"
 FP32 = "train.precision=fp32"
