@@ -463,7 +463,8 @@ def write_results(args, ap):
            + f", total {sum(walls.values()) / 60:.1f} min; longest run {longest.name}, {longest.wall_s} s"
            + unlogged_text(entries) + ". " if walls else "")
         + f"Builds that wrote the runs' checkpoints: {builds_text(entries)}. "
-        + "Every table's numbers are the final eval of each run (docs/metrics.md §3). To rerun everything: "
+        + "Every table's numbers are the final eval of each finished run (docs/metrics.md §3); a partial run "
+        "counts only in a row with no finished run, which then shows where it stands. To rerun everything: "
         f"`tools/run_experiments.sh{ctx.runner_flags}`, then `{report_command(args)}`. "
         "The sizes here are for a 2-core machine; `configs/experiments/README.md` compares them with the seeds'.",
         "",

@@ -108,7 +108,7 @@ def section(ctx, fams, out, claims, seed_momentum):
                "batch 32, weight decay 0.01, vocabulary 1024 (the chain task; 256 bytes for text), 2 layers; "
                f"{precision_summary(chain + r_runs + text)}. "
                "`configs/experiments/chain_seed.ini` and `text_seed.ini` say why T, the depth and the steps are what "
-               "they are. Mean ± sample std over seeds; final eval of each run.\n")
+               "they are. Mean ± sample std over seeds; final eval of each finished run.\n")
     if chain:
         chain_part(ctx, chain, out, claims, seed_momentum)
     if r_runs:
