@@ -398,11 +398,11 @@ def r_noise_claim(rows, key, what, n_layers):
     noise, and not shown (within noise) when the only larger differences are within the noise."""
     text = (f"seed scale: R does not depend on γ, against seed noise ({key}, {what}; L = 30 chain runs, γ = 0.2 vs "
             f"0): per layer within {R_SAME_TOL:.0%}")
-    if not (rows.mom.finished and rows.base.finished):
-        return ("not run", f"{text}: not judged yet (no finished run on one side, only partial ones)")
     a_cols, b_cols = layer_columns(rows.mom, key, n_layers), layer_columns(rows.base, key, n_layers)
     if not n_layers or not all(a_cols) or not all(b_cols):
         return ("not run", f"{text}: not run yet")
+    if not (rows.mom.finished and rows.base.finished):
+        return ("not run", f"{text}: not judged yet (no finished run on one side, only partial ones)")
     parts, apart, noisy_apart = [], False, False
     for i, (a, b) in enumerate(zip(a_cols, b_cols)):
         rel = abs(np.mean(a) - np.mean(b)) / max(abs(np.mean(b)), 1e-12)

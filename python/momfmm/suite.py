@@ -426,11 +426,11 @@ def claim_sides(text, ga, gb, metric):
     side has no suite line or no finished run, so the claim cannot be judged."""
     if ga is None or gb is None:
         return None, None, ("not run", f"{text}: not run (no suite line)")
-    if not (ga.finished and gb.finished):
-        return None, None, ("not run", f"{text}: not judged yet (no finished run on one side, only partial ones)")
     a, b = ga.vals(metric), gb.vals(metric)
     if not a or not b:
         return None, None, ("not run", f"{text}: not run yet")
+    if not (ga.finished and gb.finished):
+        return None, None, ("not run", f"{text}: not judged yet (no finished run on one side, only partial ones)")
     return a, b, None
 
 

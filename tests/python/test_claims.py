@@ -232,6 +232,9 @@ class PartialRuns(unittest.TestCase):
         self.assertEqual(verdict, "not run")
         self.assertIn("not judged yet", line)
         self.assertNotEqual(less_claim("c", done, done, "L_rep")[0], "not run")     # finished: judged
+        not_run = step_group(0.2, {1: (0, None)})
+        not_run.members[0].run = None                                               # no run directory
+        self.assertEqual(less_claim("c", not_run, done, "L_rep"), ("not run", "c: not run yet"))
 
     def test_improvement_pairs_finished_runs_only(self):
         rows = ChainRoles([step_group(0, {1: (1500, 0.02), 2: (1500, 0.02)}),
