@@ -354,13 +354,13 @@ class Group:
         return float(np.mean(vals)) if vals else None
 
     def status(self):
-        """'3/3', or 'not run', or '2/3 (1 partial: step 150/400)'."""
+        """'3/3', or 'not run', or '2/3; partial, not in the means: NAME at step 150/400'."""
         n = len(self.members)
         ran = self.ran
         if not ran:
             errors = [e for e in self.members if e.error]
             return NOT_RUN + (f" ({errors[0].error})" if errors else "")
-        done = [e for e in ran if complete(e)]
+        done = self.done
         text = f"{len(done)}/{n}"
         bad = [e for e in self.members if e.error]
         if bad:
@@ -370,7 +370,7 @@ class Group:
         if odd:
             text += "; ⚠ run differs from its suite line: " + ", ".join(
                 f"{e.name} ({'; '.join(m[:3])}{'; …' if len(m) > 3 else ''})" for e, m in odd)
-        partial = [e for e in ran if not complete(e)]
+        partial = [e for e in ran if e not in done]
         if partial:
             text += "; partial" + (", not in the means" if done else "") + ": " + ", ".join(
                 f"{e.name} at step {e.run.step}/{target_steps(e)}" for e in partial)
