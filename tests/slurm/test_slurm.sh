@@ -9,7 +9,8 @@
 # 4 tasks) train and checkpoint; a 3-task sweep.sbatch array writes 3 run
 # directories and collect_sweep.sh reports them; jobs sent USR1 (one per
 # launcher) checkpoint, requeue themselves, resume and end with the same
-# weights, bit for bit, as an uninterrupted run; a requeued finished job does
+# weights, optimizer state and metric history, bit for bit, as an
+# uninterrupted run (h5check.py beside this script); a requeued finished job does
 # not train again; a train.sbatch and a train_srun.sbatch job at 4 tasks with
 # dist.zero=1, sent USR1 and, once requeued, held, set to NumTasks=3 and
 # released, start again with 3 ranks, resume the 4-rank checkpoint and end
@@ -229,100 +230,8 @@ job_ok() { # name id: COMPLETED with exit 0 (every array task)
 }
 show_log() { echo "  --- $1 (last 15 lines)"; tail -n 15 "$1" 2>/dev/null | sed 's/^/  | /'; }
 
-cat >"$WORK/h5check.py" <<'EOF'
-"""ckpt DIR STEP WORLD NLOG: the newest checkpoint in DIR has step STEP,
-world_size WORLD and NLOG rows of /metrics/train/loss.
-same A B: every /model, /optim and /buffers dataset of A equals B's, bitwise.
-close A B TOL: the same step, and every /model, /optim and /buffers dataset
-  of B within TOL of A's: max |a - b| / max |a| per dataset.
-world FILE: prints the checkpoint's step and world_size.
-config DIR REGEX: the newest checkpoint's config_ini matches REGEX."""
-import glob, os, re, sys
-import h5py
-import numpy as np
-
-def newest(d):
-    files = sorted(glob.glob(os.path.join(d, "ckpt_*.h5")))
-    if not files:
-        sys.exit(f"no ckpt_*.h5 in {d}")
-    return files[-1]
-
-def datasets(f, group):
-    names = []
-    if group in f:
-        f[group].visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
-    return names
-
-cmd = sys.argv[1]
-if cmd == "ckpt":
-    d, step, world, nlog = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-    path = newest(d)
-    with h5py.File(path, "r") as f:
-        got = (int(f.attrs["step"]), int(f.attrs["world_size"]), len(f["metrics/train/loss"]))
-        n_model = len(datasets(f, "model"))
-    print(f"{os.path.basename(path)}: step {got[0]}, world_size {got[1]}, {got[2]} train-log rows, {n_model} /model datasets")
-    sys.exit(0 if got == (step, world, nlog) and n_model > 0 else 1)
-elif cmd == "same":
-    a, b = sys.argv[2], sys.argv[3]
-    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
-        out, ok = [], True
-        for group in ("model", "optim", "buffers"):
-            names = datasets(fa, group)
-            if group == "model" and not names:
-                sys.exit(f"{a}: no /model datasets")
-            differ, maxdiff = 0, 0.0
-            for n in names:
-                x, y = fa[group][n][()], fb[group][n][()]
-                if x.shape != y.shape or x.tobytes() != y.tobytes():
-                    differ += 1
-                    if x.shape == y.shape:
-                        maxdiff = max(maxdiff, float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))))
-            if datasets(fb, group) != names:
-                differ += 1
-            out.append(f"/{group}: {len(names)} datasets, {differ} differ" + (f" (max |diff| {maxdiff:.3e})" if differ else ""))
-            ok = ok and differ == 0
-        la, lb = fa["metrics/train/loss"][()], fb["metrics/train/loss"][()]
-        same_loss = la.shape == lb.shape and la.tobytes() == lb.tobytes()
-        out.append(f"train loss log {'identical' if same_loss else 'differs'} ({len(la)} vs {len(lb)} rows)")
-    print("; ".join(out))
-    sys.exit(0 if ok else 1)
-elif cmd == "close":
-    a, b, tol = sys.argv[2], sys.argv[3], float(sys.argv[4])
-    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
-        out, ok = [], int(fa.attrs["step"]) == int(fb.attrs["step"])
-        if not ok:
-            out.append(f"steps differ ({int(fa.attrs['step'])} vs {int(fb.attrs['step'])})")
-        for group in ("model", "optim", "buffers"):
-            names = datasets(fa, group)
-            if group != "buffers" and not names:
-                sys.exit(f"{a}: no /{group} datasets")
-            if datasets(fb, group) != names:
-                ok = False
-                out.append(f"/{group}: the dataset names differ")
-                continue
-            worst, where = 0.0, ""
-            for n in names:
-                x = fa[group][n][()].astype(np.float64)
-                y = fb[group][n][()].astype(np.float64)
-                r = (float(np.max(np.abs(x - y))) / max(float(np.max(np.abs(x))), 1e-30)
-                     if x.shape == y.shape else float("inf"))
-                if not r <= worst:  # NaN counts as worst
-                    worst, where = (r if r == r else float("inf")), n
-            out.append(f"/{group}: {len(names)} datasets, max rel diff {worst:.2e}" + (f" ({where})" if where else ""))
-            ok = ok and worst <= tol
-    print("; ".join(out))
-    sys.exit(0 if ok else 1)
-elif cmd == "world":
-    with h5py.File(sys.argv[2], "r") as f:
-        print(int(f.attrs["step"]), int(f.attrs["world_size"]))
-elif cmd == "config":
-    d, pattern = sys.argv[2], sys.argv[3]
-    with h5py.File(newest(d), "r") as f:
-        text = f.attrs["config_ini"]
-        text = text.decode() if isinstance(text, bytes) else str(text)
-    sys.exit(0 if re.search(pattern, text, re.M) else 1)
-EOF
-h5() { "$PY" "$WORK/h5check.py" "$@" 2>&1; }
+# Checkpoint checks (ckpt, same, close, world, config): tests/slurm/h5check.py
+h5() { "$PY" "$ROOT/tests/slurm/h5check.py" "$@" 2>&1; }
 
 cd "$WORK" || exit 1
 # Tiny chain-task model: 30 steps, a train-log row every 5 steps.
