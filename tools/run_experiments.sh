@@ -193,4 +193,8 @@ next+=(--out "$runs/RESULTS.md")
 where=
 [ "$caller_dir" = "$root" ] || where="cd $(printf '%q' "$root") && "
 echo "$me: next, the results report of these runs: $where$(printf '%q ' "${next[@]}" | sed 's/ $//')"
+# runs/ is not committed and may not outlive this machine: the finished runs' results digests
+# do (docs/design.md §8.8; configs/experiments/README.md, "Results digests").
+[ "$runs" = runs/experiments ] && [ "$suite" = configs/experiments/suite.list ] &&
+    echo "$me: to keep them beyond this machine: ${where}/usr/bin/python3 tools/momfmm_report.py --results --save-digests --no-figures >/dev/null && git add results/experiments"
 exit 0

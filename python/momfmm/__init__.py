@@ -7,6 +7,7 @@ Modules (docs/design.md §8.8), each importing only those listed before it:
   h5       the HDF5 reader: checkpoints, metrics.h5, token files (docs/files.md §4)
   fmt      Markdown tables and their cells (values, mean ± std over a group)
   plot     figures of runs (tools/momfmm_plot.py)
+  digest   results digests: a finished run's report data as committed JSON (results/experiments/)
   suite    the experiment suite list, its runs, groups over seeds and claim tests
   results_context  what the results report's sections share: links, commands, figures
   chain_report  the chain task's per-L tables: L_rep per eval step, loss by k

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 
 from momfmm.fmt import MISSING, config_value, fmt_group, shortest
+from momfmm.digest import read_digest
 from momfmm.h5 import RunError, load_run
 
 
@@ -47,6 +48,7 @@ class Entry:
         self.world_size = None
         self.wall_s = None    # wall time from train.log ("# exit RC after N s"), if logged
         self.wall_unlogged = 0  # starts in train.log without an exit line (their time is not in wall_s)
+        self.from_digest = False  # the run was read from its results digest (momfmm.digest)
 
     @property
     def key(self):
@@ -171,20 +173,42 @@ def momentum_label(entry):
 
 
 # ---------------------------------------------------------------- loading
-def load_entries(entries, runs_dir):
+def load_entries(entries, runs_dir, digests=None):
+    """Each entry's run from RUNS/NAME, or from its results digest DIGESTS/NAME.json
+    (momfmm.digest) when the directory is missing or has not reached the digest's step."""
     for e in entries:
         path = os.path.join(runs_dir, e.name)
-        if not os.path.isdir(path):
-            continue
-        try:
-            e.run = load_run(path, label=e.name)
-        except RunError as exc:
-            if any(f.endswith(".h5") for f in os.listdir(path)):
-                e.error = str(exc)
-                print(f"{PROG}: warning: {exc}", file=sys.stderr)
-            continue
-        e.world_size = int(e.run.attrs.get("world_size", 0)) or None
-        read_wall_time(e, os.path.join(path, "train.log"))
+        if os.path.isdir(path):
+            load_directory(e, path)
+        if digests is not None:
+            load_digest(e, os.path.join(digests, e.name + ".json"))
+
+
+def load_directory(e, path):
+    try:
+        e.run = load_run(path, label=e.name)
+    except RunError as exc:
+        if any(f.endswith(".h5") for f in os.listdir(path)):
+            e.error = str(exc)
+            print(f"{PROG}: warning: {exc}", file=sys.stderr)
+        return
+    e.world_size = int(e.run.attrs.get("world_size", 0)) or None
+    read_wall_time(e, os.path.join(path, "train.log"))
+
+
+def load_digest(e, path):
+    if not os.path.exists(path):
+        return
+    try:
+        run, wall_s, unlogged = read_digest(path, name=e.name)
+    except RunError as exc:
+        print(f"{PROG}: warning: {exc}", file=sys.stderr)
+        return
+    if e.run is not None and e.run.step >= run.step:
+        return  # the run directory is as far on as the digest, or further
+    e.run, e.error, e.from_digest = run, None, True
+    e.world_size = int(run.attrs.get("world_size", 0)) or None
+    e.wall_s, e.wall_unlogged = wall_s, unlogged
 
 
 def read_wall_time(e, log):

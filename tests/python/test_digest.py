@@ -1,0 +1,211 @@
+#!/usr/bin/python3
+"""Results digests (momfmm.digest; docs/design.md §8.8), the record of a finished run that
+outlives the machine's runs/ directory:
+
+    /usr/bin/python3 tests/python/test_digest.py        (or: pytest tests/python)
+
+1. A run read from its HDF5 files, digested and read back, is the same run to the report: config,
+   step, attributes, per-head γ and every eval table exact; train columns to 7 digits.
+2. load_entries takes a run from its digest when the run directory is missing or has not reached
+   the digest's step, and keeps the directory's run when it is as far on; the wall time comes with
+   the digest.
+3. A malformed digest (not JSON, another format or version, a bad step, ragged or non-numeric
+   tables, bad INI, a bad γ) raises RunError naming the file; load_entries warns and goes on
+   without that run, never crashing the report. A digest that cannot be written (here: its
+   directory is a file) is a one-line error naming it, and no temporary file is left.
+The end-to-end path (--save-digests, then a report from the digests alone equal to the report from
+the runs) is in tests/e2e/test_experiments.py.
+"""
+import contextlib
+import io
+import json
+import os
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+
+from momfmm.digest import FORMAT, digest_of, read_digest, write_digest
+from momfmm.h5 import RunError, load_run
+from momfmm.results import save_digests
+from momfmm.suite import Entry, load_entries
+
+CONFIG = "[model]\nn_layers = 2\nn_heads = 2\n\n[momentum]\ngamma = 0.2\n\n[train]\nsteps = {steps}\n"
+
+
+def write_run(directory, step, steps=4, version="momfmm 0.2.0 (git test)"):
+    """A run directory as momfmm writes it, reduced to what the reader needs: one checkpoint
+    with its root attributes, config and /metrics tables (docs/files.md §4)."""
+    os.makedirs(directory, exist_ok=True)
+    with h5py.File(os.path.join(directory, f"ckpt_{step:08d}.h5"), "w") as f:
+        f.attrs["format"] = "momfmm-checkpoint"
+        f.attrs["config_ini"] = CONFIG.format(steps=steps)
+        f.attrs["step"] = np.int64(step)
+        f.attrs["world_size"] = np.int32(2)
+        f.attrs["momfmm_version"] = version
+        n = step
+        f["metrics/train/step"] = np.arange(1, n + 1, dtype=np.int64)
+        f["metrics/train/loss"] = np.linspace(7.0, 1.0 / 3.0, n)
+        f["metrics/train/lr"] = np.full(n, 3e-4)
+        f["metrics/train/tokens_per_s"] = np.full(n, 12345.678901)
+        f["metrics/train/grad_norm"] = np.ones(n)
+        f["metrics/eval/step"] = np.array([n], dtype=np.int64)
+        f["metrics/eval/loss"] = np.array([0.123456789012345])
+        f["metrics/eval/loss_by_k"] = np.arange(16, dtype=float).reshape(1, 16) / 7.0
+        f["metrics/eval/gain_R"] = np.array([[1.5, 2.25]])
+    with open(os.path.join(directory, "train.log"), "w") as f:
+        f.write("# 2026-12-01T08:00:00 up 1 s\n# exit 0 after 42 s\n")
+
+
+class RoundTrip(unittest.TestCase):
+    def test_digest_reads_back_as_the_same_run(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            write_run(os.path.join(tmp, "r"), step=4)
+            run = load_run(os.path.join(tmp, "r"), label="r")
+            path = os.path.join(tmp, "digests", "r.json")
+            write_digest(path, run, wall_s=42, wall_unlogged=1)
+            back, wall_s, unlogged = read_digest(path)
+            self.assertEqual((back.name, back.step, back.ckpt_step, wall_s, unlogged), ("r", 4, 4, 42, 1))
+            self.assertEqual(back.cfg("momentum.gamma"), "0.2")
+            self.assertEqual(back.attrs["world_size"], 2)
+            self.assertEqual(back.attrs["momfmm_version"], "momfmm 0.2.0 (git test)")
+            np.testing.assert_array_equal(back.gamma, run.gamma)
+            self.assertEqual(back.gamma_source, run.gamma_source)
+            self.assertEqual(sorted(back.eval), sorted(run.eval))
+            for key in run.eval:  # eval tables exact: the report's numbers do not move
+                np.testing.assert_array_equal(back.eval[key], run.eval[key])
+                self.assertEqual(back.eval[key].shape, run.eval[key].shape)
+            self.assertNotIn("grad_norm", back.train)  # only the columns the report reads
+            np.testing.assert_array_equal(back.train["step"], run.train["step"])
+            np.testing.assert_allclose(back.train["loss"], run.train["loss"], rtol=1e-6)
+            self.assertEqual(back.final_eval("loss"), run.final_eval("loss"))
+            self.assertFalse(os.path.exists(path + f".tmp.{os.getpid()}"))
+
+    def test_digest_is_deterministic(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            write_run(os.path.join(tmp, "r"), step=4)
+            run = load_run(os.path.join(tmp, "r"), label="r")
+            self.assertEqual(json.dumps(digest_of(run, 42)), json.dumps(digest_of(run, 42)))
+
+
+class Precedence(unittest.TestCase):
+    def entries(self, tmp, local_step, digest_step):
+        runs, digests = os.path.join(tmp, "runs"), os.path.join(tmp, "digests")
+        os.makedirs(runs, exist_ok=True)
+        write_run(os.path.join(tmp, "made_elsewhere"), step=digest_step, version="momfmm (elsewhere)")
+        write_digest(os.path.join(digests, "r.json"), load_run(os.path.join(tmp, "made_elsewhere")), wall_s=99)
+        if local_step:
+            write_run(os.path.join(runs, "r"), step=local_step, version="momfmm (here)")
+        e = Entry("r", "configs/x.ini", [], 1, "r configs/x.ini")
+        load_entries([e], runs, digests)
+        return e
+
+    def test_missing_directory_reads_the_digest(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            e = self.entries(tmp, local_step=0, digest_step=4)
+            self.assertTrue(e.from_digest)
+            self.assertEqual((e.run.step, e.wall_s, e.world_size), (4, 99, 2))
+            self.assertEqual(e.run.attrs["momfmm_version"], "momfmm (elsewhere)")
+
+    def test_partial_directory_gives_way_to_a_finished_digest(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            e = self.entries(tmp, local_step=2, digest_step=4)
+            self.assertTrue(e.from_digest)
+            self.assertEqual(e.run.step, 4)
+
+    def test_directory_as_far_on_wins(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            e = self.entries(tmp, local_step=4, digest_step=4)
+            self.assertFalse(e.from_digest)
+            self.assertEqual((e.run.attrs["momfmm_version"], e.wall_s), ("momfmm (here)", 42))
+
+    def test_no_digests_directory(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            e = Entry("r", "configs/x.ini", [], 1, "r configs/x.ini")
+            load_entries([e], tmp, None)
+            self.assertIsNone(e.run)
+
+
+class Malformed(unittest.TestCase):
+    def good(self, tmp):
+        write_run(os.path.join(tmp, "r"), step=4)
+        return digest_of(load_run(os.path.join(tmp, "r")), 42)
+
+    def expect_error(self, tmp, text, fragment):
+        path = os.path.join(tmp, "bad.json")
+        with open(path, "wb") as f:
+            f.write(text if isinstance(text, bytes) else text.encode())
+        with self.assertRaises(RunError) as cm:
+            read_digest(path)
+        message = str(cm.exception)
+        self.assertIn(path, message)
+        self.assertIn(fragment, message)
+        self.assertNotIn("\n", message)
+        e = Entry("bad", "configs/x.ini", [], 1, "bad configs/x.ini")
+        load_entries([e], os.path.join(tmp, "no_runs"), tmp)  # warns, goes on
+        self.assertIsNone(e.run)
+
+    def test_each_defect_is_named(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            good = self.good(tmp)
+
+            def variant(**changes):
+                d = json.loads(json.dumps(good))
+                for key, value in changes.items():
+                    section, _, name = key.partition("__")
+                    if name:
+                        d[section][name] = value
+                    elif value is None:
+                        del d[section]
+                    else:
+                        d[section] = value
+                return json.dumps(d)
+            cases = [
+                ("{not json", "not a readable digest"),
+                ("", "not a readable digest"),
+                ("[" * 100000 + "]" * 100000, "not a readable digest"),
+                ("[1, 2]", f"not a {FORMAT} file"),
+                (variant(format="momfmm-checkpoint"), f"not a {FORMAT} file"),
+                (variant(version=2), "digest version 2"),
+                (variant(step=-1), "step is -1"),
+                (variant(step="4"), 'step is "4"'),
+                (variant(step=1.5), "step is 1.5"),
+                (variant(ckpt_step=True), "ckpt_step is true"),
+                (variant(config_ini=None), "config_ini is not text"),
+                (variant(config_ini="no section"), "config_ini is not valid INI"),
+                (variant(eval__loss="x"), "eval.loss is not a list"),
+                (variant(eval__loss_by_k=[[1.0, 2.0], [3.0]]), "eval.loss_by_k is not a table of numbers"),
+                (variant(eval__loss=["a"]), "eval.loss is not a table of numbers"),
+                (variant(eval__loss=[1.0, 2.0]), "eval columns differ in length"),
+                (variant(train=[1]), "train is not an object"),
+                (variant(gamma=[[1.0], [2.0, 3.0]]), "gamma is not a layers x heads table"),
+                (variant(gamma=[1.0, 2.0]), "gamma is not a layers x heads table"),
+                (variant(attrs=[1]), "attrs or gamma_source malformed"),
+                (variant(wall_s=float("nan")), "wall_s is NaN"),
+                (b"\xff\xfe{", "not a readable digest"),
+            ]
+            for text, fragment in cases:
+                with self.subTest(fragment=fragment, text=text[:40]):
+                    self.expect_error(tmp, text, fragment)
+
+    def test_unwritable_digest_is_an_error(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = os.path.join(tmp, "runs")
+            write_run(os.path.join(runs, "r"), step=4)
+            e = Entry("r", "configs/x.ini", [], 1, "r configs/x.ini")
+            load_entries([e], runs, None)
+            blocker = os.path.join(tmp, "digests")
+            open(blocker, "w").close()
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                self.assertFalse(save_digests([e], blocker))
+            self.assertIn(f"error: cannot write {blocker}/r.json", err.getvalue())
+            self.assertEqual(err.getvalue().count("\n"), 1)
+            with contextlib.redirect_stderr(io.StringIO()):
+                self.assertTrue(save_digests([e], os.path.join(tmp, "ok")))
+            self.assertEqual(os.listdir(os.path.join(tmp, "ok")), ["r.json"])
+
+
+if __name__ == "__main__":
+    unittest.main()
