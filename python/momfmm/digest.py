@@ -42,7 +42,7 @@ def _plain(value):
 
 def _column(values, digits=None):
     """A metric table as nested lists; train columns rounded to `digits` significant digits
-    (float32's precision is about 7), which keeps a 1500-step digest near 60 KB."""
+    (float32's precision is about 7): they are figures, not numbers a table quotes."""
     out = np.asarray(values).tolist()
     if digits is None:
         return out
