@@ -27,6 +27,7 @@ VERSION = 1
 # /metrics/train columns the report and its figures read (momfmm.report, momfmm.plot); the
 # rest (grad_norm, ...) stay in the run's HDF5 files. Every /metrics/eval table is kept.
 TRAIN_KEYS = ("step", "loss", "lr", "tokens_per_s")
+MAX_BYTES = 64 << 20  # a 1500-step run's digest is about 10 KB; anything this large is not one
 
 
 def _plain(value):
@@ -118,6 +119,10 @@ def _number(path, d, key, kind, optional=False):
 
 def read_digest(path, name=None):
     """(Run, wall_s, wall_unlogged) from a digest file. Raises RunError."""
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        raise RunError(f"{path}: not a regular file")  # a FIFO would block the read
+    if os.path.isfile(path) and os.path.getsize(path) > MAX_BYTES:
+        raise RunError(f"{path}: {os.path.getsize(path)} bytes, more than a digest's {MAX_BYTES}")
     try:
         with open(path, encoding="utf-8") as f:
             d = json.load(f)

@@ -39,8 +39,8 @@ import subprocess
 import sys
 
 from momfmm import seed_scale
-from momfmm.digest import write_digest
 from momfmm.chain_report import l_rep_during_training, loss_by_k_table, momentum_ahead_text
+from momfmm.digest import write_digest
 from momfmm.fmt import fmt_value, markdown, shortest
 from momfmm.results_context import (SUITE, Context, figure_links, first_seed, plot_runs, root_relative,
                                     variant_figures)

@@ -10,7 +10,8 @@ outlives the machine's runs/ directory:
    the digest's step, and keeps the directory's run when it is as far on; the wall time comes with
    the digest.
 3. A malformed digest (not JSON, another format or version, a bad step, ragged or non-numeric
-   tables, bad INI, a bad γ) raises RunError naming the file; load_entries warns and goes on
+   tables, bad INI, a bad γ; a FIFO, a directory, a file too large to be one) raises RunError
+   naming the file; load_entries warns and goes on
    without that run, never crashing the report. A digest that cannot be written (here: its
    directory is a file) is a one-line error naming it, and no temporary file is left.
 The end-to-end path (--save-digests, then a report from the digests alone equal to the report from
@@ -188,6 +189,19 @@ class Malformed(unittest.TestCase):
             for text, fragment in cases:
                 with self.subTest(fragment=fragment, text=text[:40]):
                     self.expect_error(tmp, text, fragment)
+
+    def test_fifo_directory_and_huge_file_are_refused_without_reading(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            fifo, directory, huge = (os.path.join(tmp, n + ".json") for n in ("fifo", "dir", "huge"))
+            os.mkfifo(fifo)  # opening it to read would block: it must not be opened
+            os.mkdir(directory)
+            with open(huge, "wb") as f:
+                f.truncate((64 << 20) + 1)
+            for path, fragment in ((fifo, "not a regular file"), (directory, "not a readable digest"),
+                                   (huge, "67108865 bytes, more than a digest's")):
+                with self.subTest(path=path), self.assertRaises(RunError) as cm:
+                    read_digest(path)
+                self.assertIn(f"{path}: {fragment}", str(cm.exception))
 
     def test_unwritable_digest_is_an_error(self):
         with tempfile.TemporaryDirectory() as tmp:
