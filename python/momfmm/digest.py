@@ -89,12 +89,16 @@ def _table(path, split, key, value):
     if not isinstance(value, list):
         raise RunError(f"{path}: {split}.{key} is not a list")
     try:
-        arr = np.asarray(value, dtype=np.int64 if key == "step" else float)
+        arr = np.asarray(value, dtype=float)
     except (TypeError, ValueError, OverflowError):
         raise RunError(f"{path}: {split}.{key} is not a table of numbers") from None
     if arr.ndim < 1:
         raise RunError(f"{path}: {split}.{key} is not a table of numbers")
-    return arr
+    if key != "step":
+        return arr
+    if not (np.isfinite(arr).all() and (arr == np.round(arr)).all() and (abs(arr) < 2.0**62).all()):
+        raise RunError(f"{path}: {split}.step is not a table of whole numbers")
+    return arr.astype(np.int64)
 
 
 def _tables(path, d, split):

@@ -192,8 +192,16 @@ def load_directory(e, path):
             e.error = str(exc)
             print(f"{PROG}: warning: {exc}", file=sys.stderr)
         return
-    e.world_size = int(e.run.attrs.get("world_size", 0)) or None
+    e.world_size = world_size(e.run)
     read_wall_time(e, os.path.join(path, "train.log"))
+
+
+def world_size(run):
+    """The ranks a run was made with (root attribute world_size), None when absent or not a count."""
+    try:
+        return int(run.attrs.get("world_size", 0)) or None
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def load_digest(e, path):
@@ -207,7 +215,7 @@ def load_digest(e, path):
     if e.run is not None and e.run.step >= run.step:
         return  # the run directory is as far on as the digest, or further
     e.run, e.error, e.from_digest = run, None, True
-    e.world_size = int(run.attrs.get("world_size", 0)) or None
+    e.world_size = world_size(run)
     e.wall_s, e.wall_unlogged = wall_s, unlogged
 
 

@@ -121,6 +121,22 @@ class Precedence(unittest.TestCase):
             self.assertFalse(e.from_digest)
             self.assertEqual((e.run.attrs["momfmm_version"], e.wall_s), ("momfmm (here)", 42))
 
+    def test_odd_world_size_is_unknown_not_a_crash(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            write_run(os.path.join(tmp, "r"), step=4)
+            path = os.path.join(tmp, "digests", "r.json")
+            write_digest(path, load_run(os.path.join(tmp, "r")))
+            for odd in ("two", [2, 2], None, 1e400):
+                with open(path) as f:
+                    d = json.load(f)
+                d["attrs"]["world_size"] = odd
+                with open(path, "w") as f:
+                    json.dump(d, f)
+                e = Entry("r", "configs/x.ini", [], 1, "r configs/x.ini")
+                load_entries([e], os.path.join(tmp, "no_runs"), os.path.dirname(path))
+                self.assertTrue(e.from_digest)
+                self.assertIsNone(e.world_size)
+
     def test_no_digests_directory(self):
         with tempfile.TemporaryDirectory() as tmp:
             e = Entry("r", "configs/x.ini", [], 1, "r configs/x.ini")
@@ -184,6 +200,7 @@ class Malformed(unittest.TestCase):
                 (variant(gamma=[1.0, 2.0]), "gamma is not a layers x heads table"),
                 (variant(attrs=[1]), "attrs or gamma_source malformed"),
                 (variant(wall_s=float("nan")), "wall_s is NaN"),
+                (variant(eval__step=[1.5]), "eval.step is not a table of whole numbers"),
                 (b"\xff\xfe{", "not a readable digest"),
             ]
             for text, fragment in cases:
