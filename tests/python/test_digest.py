@@ -29,6 +29,7 @@ import numpy as np
 
 from momfmm.digest import FORMAT, digest_of, read_digest, write_digest
 from momfmm.h5 import RunError, load_run
+from momfmm.results import main as results_main
 from momfmm.results import save_digests
 from momfmm.suite import Entry, load_entries
 
@@ -219,6 +220,19 @@ class Malformed(unittest.TestCase):
                 with self.subTest(path=path), self.assertRaises(RunError) as cm:
                     read_digest(path)
                 self.assertIn(f"{path}: {fragment}", str(cm.exception))
+
+    def test_digests_option_that_is_not_a_directory_exits_2(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            fifo, plain = os.path.join(tmp, "fifo"), os.path.join(tmp, "plain")
+            os.mkfifo(fifo)
+            open(plain, "w").close()
+            for value in ("", fifo, plain):
+                err = io.StringIO()
+                with self.subTest(value=value), contextlib.redirect_stderr(err), \
+                        self.assertRaises(SystemExit) as cm:
+                    results_main(["--runs", tmp, "--digests", value, "--no-figures"])
+                self.assertEqual(cm.exception.code, 2)
+                self.assertIn(f"--digests '{value}': not a directory", err.getvalue())
 
     def test_unwritable_digest_is_an_error(self):
         with tempfile.TemporaryDirectory() as tmp:
