@@ -422,9 +422,10 @@ def write_results(args, ap):
         ap.error(f"--suite {args.suite}: no such file")
     if args.save_digests and args.digests is None:
         ap.error("--save-digests needs --digests DIR (no default with --runs or --no-digests)")
-    if args.digests is not None and (args.digests == "" or os.path.exists(args.digests)
-                                     and not os.path.isdir(args.digests)):
-        ap.error(f"--digests '{args.digests}': not a directory")
+    digests = args.digests
+    if digests == "" or (digests is not None and os.path.exists(digests)
+                         and not os.path.isdir(digests)):
+        ap.error(f"--digests '{digests}': not a directory")
     entries = parse_suite(args.suite)
     load_entries(entries, args.runs, args.digests)
     if args.save_digests and not save_digests(entries, args.digests):
