@@ -29,8 +29,13 @@
 # Paths are relative to the repository root (the script changes there first). At the end
 # it prints the command that writes the results report of exactly these runs (--runs,
 # --suite) to DIR/RESULTS.md; the repository's RESULTS.md changes only with --out RESULTS.md.
+# Stopping: SIGINT (Ctrl-C), SIGTERM, SIGHUP or SIGUSR1 to this script (or to its process
+# group, as Ctrl-C and `timeout` send) stops the suite after the running run has written a
+# checkpoint of its current step: the script asks that run's mpirun with a SIGUSR1, and no
+# later run starts. Running the same command again resumes it (docs/cli.md §5).
 # Exit: 0 all selected runs finished or were skipped; 1 some run failed (the others still
-# run; see DIR/NAME/train.log); 2 usage or suite-list error.
+# run; see DIR/NAME/train.log); 2 usage or suite-list error; 128 + N stopped by signal N
+# (130 for SIGINT, 143 for SIGTERM).
 set -u
 me=run_experiments.sh
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -122,9 +127,55 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-$OMP_NUM_THREADS}
 
+# ---- stop requests (docs/cli.md §5) ----
+# mpirun (Open MPI 4.1.4) answers a SIGINT, SIGTERM or SIGHUP by killing its ranks about 2 s
+# later, before a step longer than that can end and write its stop checkpoint; a SIGUSR1 it
+# forwards to the ranks and waits for them. So each mpirun runs in a process group of its own
+# (set -m below), out of reach of a Ctrl-C or `timeout`, and this script turns any of those
+# signals into a SIGUSR1 to it, repeated every 2 s until momfmm acknowledges (STOPPED), as the
+# job scripts do: mpirun drops a signal that comes before it has started the ranks.
+caught=
+step_pid=
+stop_request() {
+    caught=$1
+    echo "$me: got SIG$1 at $(date '+%H:%M:%S'): the running run checkpoints and stops, no further run starts"
+    [ -n "$step_pid" ] && kill -USR1 "$step_pid" 2>/dev/null
+}
+for sig in INT TERM HUP USR1; do
+    trap "stop_request $sig" "$sig"
+done
+
+# Runs cmd (the array) with its output appended to $2, in its own process group, and waits
+# for it, forwarding stop requests; sets rc to its exit status.
+run_stoppable() {
+    local out=$1 log=$2 r
+    rm -f "$out/STOPPED" # written by momfmm when a signal stop has checkpointed
+    set -m
+    "${cmd[@]}" >>"$log" 2>&1 </dev/null &
+    step_pid=$!
+    set +m
+    [ -n "$caught" ] && kill -USR1 "$step_pid" 2>/dev/null
+    wait "$step_pid" # returns early whenever a trapped signal arrives
+    rc=$?
+    while kill -0 "$step_pid" 2>/dev/null; do
+        if [ -n "$caught" ] && [ ! -f "$out/STOPPED" ]; then
+            sleep 2
+            kill -USR1 "$step_pid" 2>/dev/null
+        else
+            wait "$step_pid"
+            rc=$?
+        fi
+    done
+    wait "$step_pid" 2>/dev/null
+    r=$?
+    [ "$r" -ne 127 ] && rc=$r
+    step_pid=
+}
+
 failed=() done_n=0 skipped=0 k=0
 start_all=$(date +%s)
 for i in "${selected[@]}"; do
+    [ -n "$caught" ] && break
     k=$((k + 1))
     name=${names[$i]} config=${configs[$i]}
     read -r -a line_sets <<<"${sets[$i]}"
@@ -166,11 +217,16 @@ for i in "${selected[@]}"; do
         echo "# $(date '+%Y-%m-%dT%H:%M:%S') $(uptime)"
         echo "# ${cmd[*]}"
     } >>"$out/train.log"
-    "${cmd[@]}" >>"$out/train.log" 2>&1 </dev/null
-    rc=$?
+    run_stoppable "$out" "$out/train.log"
     t1=$(date +%s)
     echo "# exit $rc after $((t1 - t0)) s" >>"$out/train.log"
-    if [ $rc -ne 0 ] || [ ! -e "$final" ]; then
+    if [ -n "$caught" ] && [ ! -e "$final" ]; then
+        if [ -f "$out/STOPPED" ]; then
+            echo "$me: [$k/${#selected[@]}] $name: stopped after $((t1 - t0)) s with a checkpoint ($(head -n 1 "$out/STOPPED")); the same command resumes it"
+        else
+            echo "$me: [$k/${#selected[@]}] $name: stopped after $((t1 - t0)) s (exit $rc) without a stop checkpoint; it resumes from its newest checkpoint in $out" >&2
+        fi
+    elif [ $rc -ne 0 ] || [ ! -e "$final" ]; then
         echo "$me: [$k/${#selected[@]}] $name: FAILED (exit $rc, $((t1 - t0)) s); last lines of $out/train.log:" >&2
         tail -n 5 "$out/train.log" >&2
         failed+=("$name")
@@ -181,10 +237,12 @@ for i in "${selected[@]}"; do
 done
 [ "$dry" = 1 ] && exit 0
 echo "$me: $done_n run, $skipped skipped, ${#failed[@]} failed in $(($(date +%s) - start_all)) s (runs in $runs)"
-if [ ${#failed[@]} -gt 0 ]; then
-    echo "$me: failed: ${failed[*]}" >&2
-    exit 1
+[ ${#failed[@]} -gt 0 ] && echo "$me: failed: ${failed[*]}" >&2
+if [ -n "$caught" ]; then
+    echo "$me: stopped by SIG$caught; the same command continues the suite"
+    exit $((128 + $(kill -l "$caught")))
 fi
+[ ${#failed[@]} -gt 0 ] && exit 1
 # The report of exactly these runs: same --runs and --suite, into the run directory (not
 # the repository's RESULTS.md, which only --out RESULTS.md rewrites).
 next=(/usr/bin/python3 tools/momfmm_report.py --results --runs "$runs")

@@ -21,12 +21,18 @@ One test per numbered item below (CTest entry e2e_experiments).
    renders from tiny seed-scale runs, and says "Not run yet" with the command when none exist.
 6. Results digests (docs/design.md §8.8): --save-digests writes one per finished run, and the report
    from the digests alone, the run directories gone, is the same report.
+7. Stopping (docs/cli.md §5): a SIGTERM to the runner's process group, as Ctrl-C and `timeout`
+   send, reaches only the script, which turns it into a SIGUSR1 for mpirun (mpirun answers a
+   SIGTERM by killing its ranks about 2 s later): the run's STOPPED marker names signal 10 and
+   its checkpoint, the runner exits 143 and starts no further run.
 momfmm_suite is the package's momfmm.suite (python/ on PYTHONPATH, set by CTest).
 """
 import concurrent.futures
 import glob
 import os
 import re
+import signal
+import subprocess
 import sys
 import time
 
@@ -34,6 +40,7 @@ import pytest
 
 from momfmm import suite as momfmm_suite
 from common import env, run
+from processes import kill_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SUITE = os.path.join(ROOT, "configs", "experiments", "suite.list")
@@ -473,3 +480,32 @@ def test_results_from_digests(workdir, report, tiny_runs):
     report.check("a corrupt digest: a warning naming the file, its run 'not run', exit 0",
                  bad.returncode == 0 and f"{chosen[0]}.json: not a readable digest" in bad.stderr
                  and f"results: {len(chosen) - 1} finished" in bad.stderr, bad.stderr[-400:])
+
+
+def test_stop_signal(momfmm, workdir, report):
+    """7. a SIGTERM to the runner's process group checkpoints the running run and stops the suite."""
+    runs = os.path.join(workdir, "stop_runs")
+    suite_file = os.path.join(workdir, "stop_suite.list")
+    with open(suite_file, "w") as f:
+        f.write("first configs/experiments/chain_L10.ini --set train.steps=1000000 --set train.log_interval=1\n"
+                "second configs/experiments/chain_L10.ini --set train.steps=2\n")
+    proc = subprocess.Popen(["bash", RUNNER, "--np", "2", "--runs", runs, "--suite", suite_file, "--momfmm", momfmm],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(),
+                            start_new_session=True)
+    log = os.path.join(runs, "first", "train.log")
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.exists(log) and "\nstep " in open(log).read()):
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        kill_session(proc.pid)  # the runner's mpirun has its own process group, in the same session
+    stopped = os.path.join(runs, "first", "STOPPED")
+    marker = open(stopped).read().strip() if os.path.exists(stopped) else "no STOPPED"
+    ckpt = marker.split("checkpoint ", 1)[-1]
+    report.check("a SIGTERM to the runner's group: exit 143", proc.returncode == 143, f"exit {proc.returncode}: {out[-400:]}")
+    report.check("the ranks got the runner's SIGUSR1 (not the TERM) and checkpointed",
+                 marker.startswith("signal 10: checkpoint ") and os.path.exists(ckpt), marker)
+    report.check("the runner says how to go on and starts no further run",
+                 "the same command resumes it" in out and not os.path.exists(os.path.join(runs, "second")), out[-400:])
