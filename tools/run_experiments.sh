@@ -128,11 +128,11 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-$OMP_NUM_THREADS}
 
 # ---- stop requests (docs/cli.md §5) ----
-# mpirun (Open MPI 4.1.4) answers a SIGINT, SIGTERM or SIGHUP by killing its ranks about 2 s
-# later, before a step longer than that can end and write its stop checkpoint; a SIGUSR1 it
-# forwards to the ranks and waits for them. So each mpirun runs in a process group of its own
-# (set -m below), out of reach of a Ctrl-C or `timeout`, and this script turns any of those
-# signals into a SIGUSR1 to it, repeated every 2 s until momfmm acknowledges (STOPPED), as the
+# mpirun (Open MPI 4.1.4) answers a SIGINT or SIGTERM by killing its ranks about 2 s later,
+# before a step longer than that can end and write its stop checkpoint; a SIGUSR1 it forwards
+# to the ranks and waits for them. So each mpirun runs in a process group of its own (set -m in
+# run_stoppable), out of reach of a Ctrl-C or `timeout`, and this script turns the signals it
+# gets into a SIGUSR1 to it, repeated every 2 s until momfmm acknowledges (STOPPED), as the
 # job scripts do: mpirun drops a signal that comes before it has started the ranks.
 caught=
 step_pid=
