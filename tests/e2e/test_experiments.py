@@ -493,9 +493,16 @@ def test_stop_signal(momfmm, workdir, report):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(),
                             start_new_session=True)
     log = os.path.join(runs, "first", "train.log")
+
+    def stepping():
+        if not os.path.exists(log):
+            return False
+        with open(log) as f:
+            return "\nstep " in f.read()
+
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and not (os.path.exists(log) and "\nstep " in open(log).read()):
+        while time.time() < deadline and not stepping():
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
