@@ -39,3 +39,11 @@ const char *blas_core_description(void) {
         snprintf(text, sizeof text, "%s", openblas_get_corename());
     return text;
 }
+
+int blas_core_threads(void) {
+    const char *env = getenv("OMP_NUM_THREADS");
+    int n = env ? atoi(env) : 1;
+    return n > 0 ? n : 1;
+}
+
+void blas_core_use_threads(int threads) { openblas_set_num_threads(threads > 0 ? threads : 1); }

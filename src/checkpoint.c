@@ -21,7 +21,8 @@
 #include <unistd.h>
 
 #include "momfmm/build_info.h"
-#include "momfmm/common.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 #include "momfmm/h5reader.h"
 #include "momfmm/h5util.h"
 #include "momfmm/h5writer.h"
@@ -44,7 +45,7 @@ static herr_t write_tensors(const h5writer *w, const char *group, const model *m
     size_t first, last;
     writer_range(w, m, &first, &last);
     for (int i = 0; i < m->n_entries; i++) {
-        const param_entry *e = &m->entries[i];
+        const model_param *e = &m->entries[i];
         char name[256];
         snprintf(name, sizeof name, "%s/%s", group, e->name);
         hsize_t dims[2] = {(hsize_t)e->shape[0], (hsize_t)e->shape[1]};
@@ -71,7 +72,7 @@ static herr_t write_buffers(const h5writer *w, const model *m) {
 
 static herr_t write_metric_table(const h5writer *w, const char *group, const metric_table *t) {
     size_t rows = (size_t)t->n_rows;
-    double *column = xcalloc(rows * (size_t)t->row_width + 1, sizeof(double));
+    double *column = sys_calloc(rows * (size_t)t->row_width + 1, sizeof(double));
     herr_t status = 0;
     int offset = 0;
     for (int c = 0; c < t->n_columns && status >= 0; c++) {
@@ -104,15 +105,15 @@ static herr_t write_root_attributes(const h5writer *w, const model *m, const che
     char *ini = config_to_ini(&m->cfg);
     herr_t status = 0;
     hid_t file = w->file;
-    status |= h5_write_string_attr(file, "format", CHECKPOINT_FORMAT);
-    status |= h5_write_attr(file, "format_version", H5T_NATIVE_INT, H5T_STD_I32LE, &version);
-    status |= h5_write_attr(file, "step", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->step);
-    status |= h5_write_attr(file, "tokens_seen", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->tokens_seen);
-    status |= h5_write_attr(file, "world_size", H5T_NATIVE_INT, H5T_STD_I32LE, &info->world_size);
-    status |= h5_write_attr(file, "skipped_steps", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->skipped_steps);
-    status |= h5_write_string_attr(file, "config_ini", ini);
-    if (info->init_from[0]) status |= h5_write_string_attr(file, "init_from", info->init_from);
-    status |= h5_write_string_attr(file, "momfmm_version", build_description());
+    status |= h5util_write_string_attr(file, "format", CHECKPOINT_FORMAT);
+    status |= h5util_write_attr(file, "format_version", H5T_NATIVE_INT, H5T_STD_I32LE, &version);
+    status |= h5util_write_attr(file, "step", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->step);
+    status |= h5util_write_attr(file, "tokens_seen", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->tokens_seen);
+    status |= h5util_write_attr(file, "world_size", H5T_NATIVE_INT, H5T_STD_I32LE, &info->world_size);
+    status |= h5util_write_attr(file, "skipped_steps", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->skipped_steps);
+    status |= h5util_write_string_attr(file, "config_ini", ini);
+    if (info->init_from[0]) status |= h5util_write_string_attr(file, "init_from", info->init_from);
+    status |= h5util_write_string_attr(file, "momfmm_version", build_description());
     free(ini);
     return h5writer_agree(w, status < 0 ? -1 : 0);
 }
@@ -152,11 +153,11 @@ typedef struct {
 
 static herr_t write_grads_content(const h5writer *w, const void *ctx) {
     const grads_content *c = ctx;
-    if (h5writer_agree(w, h5_write_attr(w->file, "loss", H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, &c->loss)) < 0) return -1;
+    if (h5writer_agree(w, h5util_write_attr(w->file, "loss", H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, &c->loss)) < 0) return -1;
     return write_tensors(w, "/grads", c->m, c->m->grads, 0);
 }
 
-int grads_write(const char *path, const char *tmp, const model *m, double loss, status *err) {
+int checkpoint_write_grads(const char *path, const char *tmp, const model *m, double loss, status *err) {
     grads_content content = {m, loss};
     return h5writer_run(path, tmp, H5WRITER_ALONE, write_grads_content, &content, err);
 }
@@ -164,69 +165,65 @@ int grads_write(const char *path, const char *tmp, const model *m, double loss, 
 /* ---- reading (through the hostile-file reader, h5reader.h) ------------ */
 
 /* The root attribute config_ini, parsed and checked. */
-static void read_config_ini(reader *r, config *c) {
-    char *ini = read_attr_string(r, "config_ini");
-    char origin[CONFIG_PATH_MAX + 32], err[512];
-    snprintf(origin, sizeof origin, "config_ini");
+static void read_config_ini(h5reader *r, config *c) {
+    char *ini = h5reader_attr_string(r, "config_ini");
+    status st;
     config_defaults(c);
-    int bad = config_load_string(c, ini, origin, err, sizeof err) != 0 || config_check(c, origin, err, sizeof err) != 0;
+    int bad = config_load_string(c, ini, "config_ini", &st) != 0 || config_check(c, "config_ini", &st) != 0;
     free(ini);
-    if (bad) reader_fail(r, "%s", err);
+    if (bad) h5reader_fail(r, "%s", st.message);
 }
 
-/* The floats of the model a config describes (docs/files.md §4 parameter
- * table, RoPE tables), estimated in double so nothing overflows. */
+/* The floats of the model a config describes: its parameters (the layout
+ * model_create builds) and RoPE tables, in double for the size checks. */
 static double model_floats(const config *c) {
-    double d = c->d_model, ff = c->d_ff, V = c->vocab_size, H = c->n_heads;
-    double block = 4 * d * d + 2 * d * ff + 9 * d + ff + 3 * H;
-    double head = c->head == HEAD_LM ? V * d : (double)c->n_classes * (d + 1);
     double positions = c->max_seq_len > c->seq_len ? c->max_seq_len : c->seq_len;
-    return V * d + c->n_layers * block + 2 * d + head + positions * (d / H);
+    return (double)model_param_count(c) + positions * (c->d_model / c->n_heads);
 }
 
 /* A config from a file whose model (times `copies`: 4 with gradients and
  * moments) cannot fit in memory is a bad file, refused before allocating. */
-static void check_model_fits(reader *r, const config *c, int copies) {
-    double bytes = 4.0 * copies * model_floats(c), available = memory_available_bytes();
+static void check_model_fits(h5reader *r, const config *c, int copies) {
+    double bytes = 4.0 * copies * model_floats(c), available = sys_memory_available();
     if (available > 0 && bytes > available)
-        reader_fail(r, "config_ini describes a model of %.3g GB (model.d_model = %d, model.vocab_size = %d, "
+        h5reader_fail(r, "config_ini describes a model of %.3g GB (model.d_model = %d, model.vocab_size = %d, "
                        "model.n_layers = %d), more than the %.3g GB of memory available",
                     bytes / 1e9, c->d_model, c->vocab_size, c->n_layers, available / 1e9);
 }
 
-static void read_config_body(reader *r, config *c, checkpoint_info *info) {
-    char *format = read_attr_string(r, "format");
+static void read_config_body(h5reader *r, config *c, checkpoint_info *info) {
+    char *format = h5reader_attr_string(r, "format");
     bool ours = strcmp(format, CHECKPOINT_FORMAT) == 0;
     if (!ours) {
         char shown[64];
         snprintf(shown, sizeof shown, "%s", format);
         free(format);
-        reader_fail(r, "format is '%s', expected '%s'", shown, CHECKPOINT_FORMAT);
+        h5reader_fail(r, "format is '%s', expected '%s'", shown, CHECKPOINT_FORMAT);
     }
     free(format);
-    long long version = read_attr_int(r, "format_version");
+    long long version = h5reader_attr_int(r, "format_version");
     if (version < 1 || version > CHECKPOINT_FORMAT_VERSION)
-        reader_fail(r, "format_version %lld is not supported (this build reads 1..%d)", version,
+        h5reader_fail(r, "format_version %lld is not supported (this build reads 1..%d)", version,
                     CHECKPOINT_FORMAT_VERSION);
-    info->step = read_attr_int(r, "step");
-    info->tokens_seen = read_attr_int(r, "tokens_seen");
-    long long world_size = read_attr_int(r, "world_size");
-    if (info->step < 0) reader_fail(r, "step = %lld is negative", info->step);
-    if (info->tokens_seen < 0) reader_fail(r, "tokens_seen = %lld is negative", info->tokens_seen);
-    if (world_size < 1 || world_size > INT_MAX) reader_fail(r, "world_size = %lld is not a number of ranks", world_size);
+    info->step = h5reader_attr_int(r, "step");
+    info->tokens_seen = h5reader_attr_int(r, "tokens_seen");
+    long long world_size = h5reader_attr_int(r, "world_size");
+    if (info->step < 0) h5reader_fail(r, "step = %lld is negative", info->step);
+    if (info->tokens_seen < 0) h5reader_fail(r, "tokens_seen = %lld is negative", info->tokens_seen);
+    if (world_size < 1 || world_size > INT_MAX) h5reader_fail(r, "world_size = %lld is not a number of ranks", world_size);
     info->world_size = (int)world_size;
     /* added later (docs/files.md §4): absent means none skipped */
-    info->skipped_steps = H5Aexists(r->file, "skipped_steps") > 0 ? read_attr_int(r, "skipped_steps") : 0;
-    if (info->skipped_steps < 0) reader_fail(r, "skipped_steps = %lld is negative", info->skipped_steps);
+    info->skipped_steps = H5Aexists(r->file, "skipped_steps") > 0 ? h5reader_attr_int(r, "skipped_steps") : 0;
+    if (info->skipped_steps < 0) h5reader_fail(r, "skipped_steps = %lld is negative", info->skipped_steps);
     info->init_from[0] = '\0';
     if (H5Aexists(r->file, "init_from") > 0) {
-        char *init_from = read_attr_string(r, "init_from");
+        char *init_from = h5reader_attr_string(r, "init_from");
         snprintf(info->init_from, sizeof info->init_from, "%s", init_from);
         free(init_from);
     }
     info->written_by[0] = '\0';
     if (H5Aexists(r->file, "momfmm_version") > 0) {
-        char *written_by = read_attr_string(r, "momfmm_version");
+        char *written_by = h5reader_attr_string(r, "momfmm_version");
         snprintf(info->written_by, sizeof info->written_by, "%s", written_by);
         free(written_by);
         /* shown by inspect: a file's control characters stay out of the terminal */
@@ -237,51 +234,51 @@ static void read_config_body(reader *r, config *c, checkpoint_info *info) {
     check_model_fits(r, c, 1);
 }
 
-static void read_tensors(reader *r, const char *group, const model *m, float *base) {
+static void read_tensors(h5reader *r, const char *group, const model *m, float *base) {
     for (int i = 0; i < m->n_entries; i++) {
-        const param_entry *e = &m->entries[i];
+        const model_param *e = &m->entries[i];
         char name[256];
         snprintf(name, sizeof name, "%s/%s", group, e->name);
         hsize_t dims[2] = {(hsize_t)e->shape[0], (hsize_t)e->shape[1]};
-        read_checked(r, name, H5T_NATIVE_FLOAT, e->ndim, dims, base + e->offset);
+        h5reader_read_checked(r, name, H5T_NATIVE_FLOAT, e->ndim, dims, base + e->offset);
     }
 }
 
 /* The moments of the model's range only: whole tensors as read_tensors,
  * a tensor cut by the range as a hyperslab of its flat elements. */
-static void read_moments(reader *r, const char *group, const model *m, float *base) {
+static void read_moments(h5reader *r, const char *group, const model *m, float *base) {
     size_t first = m->moment_first, last = first + m->moment_count;
     for (int i = 0; i < m->n_entries; i++) {
-        const param_entry *e = &m->entries[i];
+        const model_param *e = &m->entries[i];
         size_t a = e->offset > first ? e->offset : first, end = e->offset + e->numel, b = end < last ? end : last;
         if (a >= b) continue;
         char name[256];
         snprintf(name, sizeof name, "%s/%s", group, e->name);
         hsize_t dims[2] = {(hsize_t)e->shape[0], (hsize_t)e->shape[1]};
         if (b - a == e->numel) {
-            read_checked(r, name, H5T_NATIVE_FLOAT, e->ndim, dims, base + (a - first));
+            h5reader_read_checked(r, name, H5T_NATIVE_FLOAT, e->ndim, dims, base + (a - first));
             continue;
         }
-        hid_t dset = open_checked(r, name, e->ndim, dims);
+        hid_t dset = h5reader_open_checked(r, name, e->ndim, dims);
         hid_t file_space = H5Dget_space(dset);
-        h5_select_flat_range(file_space, e->ndim, dims, a - e->offset, b - e->offset);
+        h5util_select_flat_range(file_space, e->ndim, dims, a - e->offset, b - e->offset);
         hsize_t n = b - a;
         hid_t mem_space = H5Screate_simple(1, &n, NULL);
         herr_t ok = H5Dread(dset, H5T_NATIVE_FLOAT, mem_space, file_space, H5P_DEFAULT, base + (a - first));
         H5Sclose(mem_space);
         H5Sclose(file_space);
         H5Dclose(dset);
-        if (ok < 0) reader_fail(r, "cannot read %s (corrupt or wrong type)", name);
+        if (ok < 0) h5reader_fail(r, "cannot read %s (corrupt or wrong type)", name);
     }
 }
 
-static void read_buffers(reader *r, model *m) {
+static void read_buffers(h5reader *r, model *m) {
     for (int l = 0; l < m->L; l++)
         for (int which = 0; which < 2; which++) {
             char name[128];
             snprintf(name, sizeof name, "/buffers/blocks/%d/attn/%s", l, which ? "prev_k" : "prev_q");
             hsize_t dims[2] = {(hsize_t)m->H, (hsize_t)m->dh};
-            read_checked(r, name, H5T_NATIVE_FLOAT, 2, dims, m->buffers + (size_t)(l * 2 + which) * m->H * m->dh);
+            h5reader_read_checked(r, name, H5T_NATIVE_FLOAT, 2, dims, m->buffers + (size_t)(l * 2 + which) * m->H * m->dh);
         }
 }
 
@@ -301,7 +298,7 @@ static bool column_added_later(const char *name) { return strcmp(name, "gain_R_a
 /* Rows of a table: those of its first column in a checkpoint; in a live
  * file, where the writer extends one column after another (live_metrics.c),
  * the rows that every column holds already. */
-static long long table_rows(reader *r, const char *group, const metric_table *t, bool live) {
+static long long table_rows(h5reader *r, const char *group, const metric_table *t, bool live) {
     long long rows = -1;
     for (int c = 0; c < (live ? t->n_columns : 1); c++) {
         char name[128];
@@ -309,10 +306,10 @@ static long long table_rows(reader *r, const char *group, const metric_table *t,
         if (column_added_later(t->columns[c].name) && H5Lexists(r->file, name, H5P_DEFAULT) <= 0) continue;
         hsize_t dims[H5S_MAX_RANK] = {0};
         int ndim;
-        hid_t dset = open_dataset(r, name, &ndim, dims);
-        if (c == 0 && ndim != 1) reader_fail(r, "%s is not 1-D", name);
+        hid_t dset = h5reader_open_dataset(r, name, &ndim, dims);
+        if (c == 0 && ndim != 1) h5reader_fail(r, "%s is not 1-D", name);
         /* rows the file really stores, before row_width times them is allocated */
-        checked_elements(r, name, dset, ndim, dims);
+        h5reader_checked_elements(r, name, dset, ndim, dims);
         H5Dclose(dset);
         if (rows < 0 || (long long)dims[0] < rows) rows = (long long)dims[0];
     }
@@ -320,13 +317,13 @@ static long long table_rows(reader *r, const char *group, const metric_table *t,
 }
 
 /* A missing group means an empty history (e.g. a step-0 checkpoint). */
-static void read_metric_table(reader *r, const char *group, metric_table *t, bool live) {
+static void read_metric_table(h5reader *r, const char *group, metric_table *t, bool live) {
     t->n_rows = 0;
     if (H5Lexists(r->file, group, H5P_DEFAULT) <= 0) return;
     char name[128];
     long long rows = table_rows(r, group, t, live);
-    double *column = xcalloc((size_t)rows * (size_t)t->row_width + 1, sizeof(double));
-    double *row = xcalloc((size_t)t->row_width, sizeof(double));
+    double *column = sys_calloc((size_t)rows * (size_t)t->row_width + 1, sizeof(double));
+    double *row = sys_calloc((size_t)t->row_width, sizeof(double));
     int offset = 0;
     for (int c = 0; c < t->n_columns; c++) {
         const metric_column *col = &t->columns[c];
@@ -342,7 +339,7 @@ static void read_metric_table(reader *r, const char *group, metric_table *t, boo
         if (column_added_later(col->name) && H5Lexists(r->file, name, H5P_DEFAULT) <= 0)
             for (size_t i = 0; i < (size_t)rows * col->width; i++) column[i] = NAN;
         else
-            read_leading_rows(r, name, live, ndim_want, want, column);
+            h5reader_read_leading_rows(r, name, live, ndim_want, want, column);
         for (long long i = 0; i < rows; i++) {
             if (c == 0) metric_table_append(t, row);
             for (int j = 0; j < col->width; j++) t->values[i * t->row_width + offset + j] = column[i * col->width + j];
@@ -359,15 +356,15 @@ typedef struct {
     model *m;
     bool optimizer;
     metric_table *train, *eval;
-    batch *b;
+    data_batch *b;
 } read_request;
 
-static void config_body(reader *r, void *ctx) {
+static void config_body(h5reader *r, void *ctx) {
     read_request *q = ctx;
     read_config_body(r, q->c, q->info);
 }
 
-static void state_body(reader *r, void *ctx) {
+static void state_body(h5reader *r, void *ctx) {
     read_request *q = ctx;
     read_tensors(r, "/model", q->m, q->m->params);
     if (q->m->momentum) read_buffers(r, q->m);
@@ -381,18 +378,18 @@ static void state_body(reader *r, void *ctx) {
 
 int checkpoint_read_config(const char *path, config *c, checkpoint_info *info, status *err) {
     read_request q = {.c = c, .info = info};
-    return reader_run(path, "checkpoint", config_body, &q, err);
+    return h5reader_run(path, "checkpoint", config_body, &q, err);
 }
 
 int checkpoint_read_state(const char *path, model *m, bool optimizer, metric_table *train, metric_table *eval,
                           status *err) {
     read_request q = {.m = m, .optimizer = optimizer, .train = train, .eval = eval};
-    int rc = reader_run(path, "checkpoint", state_body, &q, err);
+    int rc = h5reader_run(path, "checkpoint", state_body, &q, err);
     model_params_changed(m);
     return rc;
 }
 
-static void metrics_body(reader *r, void *ctx) {
+static void metrics_body(h5reader *r, void *ctx) {
     read_request *q = ctx;
     read_metric_table(r, "/metrics/train", q->train, false);
     read_metric_table(r, "/metrics/eval", q->eval, false);
@@ -400,7 +397,7 @@ static void metrics_body(reader *r, void *ctx) {
 
 int checkpoint_read_metrics(const char *path, metric_table *train, metric_table *eval, status *err) {
     read_request q = {.train = train, .eval = eval};
-    return reader_run(path, "checkpoint", metrics_body, &q, err);
+    return h5reader_run(path, "checkpoint", metrics_body, &q, err);
 }
 
 int checkpoint_load_model(const char *path, model *m, bool training, status *err) {
@@ -408,7 +405,7 @@ int checkpoint_load_model(const char *path, model *m, bool training, status *err
     checkpoint_info info;
     int rc = checkpoint_read_config(path, &c, &info, err);
     if (rc != 0) return rc;
-    double bytes = 16.0 * model_floats(&c), available = memory_available_bytes();
+    double bytes = 16.0 * model_floats(&c), available = sys_memory_available();
     if (training && available > 0 && bytes > available)
         return status_fail(err, EXIT_BAD_FILE, "%s: config_ini describes a model needing %.3g GB with gradients "
                            "and moments, more than the %.3g GB available", path, bytes / 1e9, available / 1e9);
@@ -419,83 +416,83 @@ int checkpoint_load_model(const char *path, model *m, bool training, status *err
 }
 
 /* metrics.h5 (live_metrics.h): config_ini and /metrics/{train,eval}. */
-static void metrics_file_body(reader *r, void *ctx) {
+static void metrics_file_body(h5reader *r, void *ctx) {
     read_request *q = ctx;
-    if (H5Aexists(r->file, "format") > 0) reader_fail(r, "has a root attribute 'format': not a metrics file");
+    if (H5Aexists(r->file, "format") > 0) h5reader_fail(r, "has a root attribute 'format': not a metrics file");
     /* a checkpoint that lost its format attribute is a broken checkpoint, not a metrics file */
-    if (H5Lexists(r->file, "/model", H5P_DEFAULT) > 0) reader_fail(r, "has a /model group: not a metrics file");
+    if (H5Lexists(r->file, "/model", H5P_DEFAULT) > 0) h5reader_fail(r, "has a /model group: not a metrics file");
     read_config_ini(r, q->c);
-    if (H5Lexists(r->file, "/metrics", H5P_DEFAULT) <= 0) reader_fail(r, "no /metrics group: not a metrics file");
+    if (H5Lexists(r->file, "/metrics", H5P_DEFAULT) <= 0) h5reader_fail(r, "no /metrics group: not a metrics file");
     metric_tables_standard(q->train, q->eval, q->c->n_layers, q->c->n_heads);
     metric_tables_add_task_columns(q->train, q->eval, q->c->task);
     read_metric_table(r, "/metrics/train", q->train, true);
     read_metric_table(r, "/metrics/eval", q->eval, true);
 }
 
-int metrics_file_read(const char *path, config *c, metric_table *train, metric_table *eval, status *err) {
+int checkpoint_read_metrics_file(const char *path, config *c, metric_table *train, metric_table *eval, status *err) {
     metric_table_init(train);
     metric_table_init(eval);
     read_request q = {.c = c, .train = train, .eval = eval};
     status ignored;
-    return reader_run_into(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, "metrics file", metrics_file_body, &q,
+    return h5reader_run_into(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, "metrics file", metrics_file_body, &q,
                            err ? err : &ignored);
 }
 
-static void check_token_range(reader *r, const char *name, const int32_t *x, size_t n, int lo, int hi) {
+static void check_token_range(h5reader *r, const char *name, const int32_t *x, size_t n, int lo, int hi) {
     for (size_t i = 0; i < n; i++)
-        if (x[i] < lo || x[i] >= hi) reader_fail(r, "%s[%zu] = %d is outside [%d, %d)", name, i, x[i], lo, hi);
+        if (x[i] < lo || x[i] >= hi) h5reader_fail(r, "%s[%zu] = %d is outside [%d, %d)", name, i, x[i], lo, hi);
 }
 
 /* A token file's [B, T] whose activations cannot fit in memory is refused
  * before the batch and the activations are allocated. */
-static void check_batch_fits(reader *r, const model *m, const hsize_t *dims) {
-    if (dims[0] > INT_MAX) reader_fail(r, "/inputs has B = %llu rows, more than %d", (unsigned long long)dims[0], INT_MAX);
+static void check_batch_fits(h5reader *r, const model *m, const hsize_t *dims) {
+    if (dims[0] > INT_MAX) h5reader_fail(r, "/inputs has B = %llu rows, more than %d", (unsigned long long)dims[0], INT_MAX);
     double bytes = (double)model_activation_bytes(m, (int)dims[0], (int)dims[1]);
-    double available = memory_available_bytes();
+    double available = sys_memory_available();
     if (available > 0 && bytes > available)
-        reader_fail(r, "/inputs of %llu x %llu tokens needs %.3g GB of activations, more than the %.3g GB available",
+        h5reader_fail(r, "/inputs of %llu x %llu tokens needs %.3g GB of activations, more than the %.3g GB available",
                     (unsigned long long)dims[0], (unsigned long long)dims[1], bytes / 1e9, available / 1e9);
 }
 
-static void tokens_body(reader *r, void *ctx) {
+static void tokens_body(h5reader *r, void *ctx) {
     read_request *q = ctx;
     const model *m = q->m;
     hsize_t dims[H5S_MAX_RANK] = {0};
     int ndim;
-    hid_t inputs = open_dataset(r, "/inputs", &ndim, dims);
-    if (ndim != 2 || dims[0] == 0 || dims[1] == 0) reader_fail(r, "/inputs must be a non-empty [B, T] int32 array");
+    hid_t inputs = h5reader_open_dataset(r, "/inputs", &ndim, dims);
+    if (ndim != 2 || dims[0] == 0 || dims[1] == 0) h5reader_fail(r, "/inputs must be a non-empty [B, T] int32 array");
     if (dims[1] > (hsize_t)m->rope_positions)
-        reader_fail(r, "/inputs has T = %llu, longer than the model's %d positions", (unsigned long long)dims[1],
+        h5reader_fail(r, "/inputs has T = %llu, longer than the model's %d positions", (unsigned long long)dims[1],
                     m->rope_positions);
-    require_integer(r, "/inputs", inputs);
-    checked_elements(r, "/inputs", inputs, ndim, dims);
+    h5reader_require_integer(r, "/inputs", inputs);
+    h5reader_checked_elements(r, "/inputs", inputs, ndim, dims);
     H5Dclose(inputs);
     check_batch_fits(r, m, dims);
     hsize_t other[H5S_MAX_RANK];
-    hid_t targets = open_dataset(r, "/targets", &ndim, other);
-    require_integer(r, "/targets", targets);
+    hid_t targets = h5reader_open_dataset(r, "/targets", &ndim, other);
+    h5reader_require_integer(r, "/targets", targets);
     H5Dclose(targets);
     if (m->cfg.head == HEAD_CLS && H5Lexists(r->file, "/labels", H5P_DEFAULT) > 0) {
-        hid_t labels = open_dataset(r, "/labels", &ndim, other);
-        require_integer(r, "/labels", labels);
+        hid_t labels = h5reader_open_dataset(r, "/labels", &ndim, other);
+        h5reader_require_integer(r, "/labels", labels);
         H5Dclose(labels);
     }
-    batch *b = q->b;
-    batch_alloc(b, (int)dims[0], (int)dims[1]);
+    data_batch *b = q->b;
+    data_batch_alloc(b, (int)dims[0], (int)dims[1]);
     size_t n = (size_t)b->B * b->T;
-    read_checked(r, "/inputs", H5T_NATIVE_INT32, 2, dims, b->inputs);
-    read_checked(r, "/targets", H5T_NATIVE_INT32, 2, dims, b->targets);
+    h5reader_read_checked(r, "/inputs", H5T_NATIVE_INT32, 2, dims, b->inputs);
+    h5reader_read_checked(r, "/targets", H5T_NATIVE_INT32, 2, dims, b->targets);
     check_token_range(r, "/inputs", b->inputs, n, 0, m->V);
     if (m->cfg.head == HEAD_CLS) {
         hsize_t label_dims[1] = {dims[0]};
-        read_checked(r, "/labels", H5T_NATIVE_INT32, 1, label_dims, b->labels);
+        h5reader_read_checked(r, "/labels", H5T_NATIVE_INT32, 1, label_dims, b->labels);
         check_token_range(r, "/labels", b->labels, (size_t)b->B, 0, m->n_out);
     } else {
         check_token_range(r, "/targets", b->targets, n, -1, m->V);
     }
 }
 
-int tokens_read(const char *path, const model *m, batch *b, status *err) {
+int checkpoint_read_tokens(const char *path, const model *m, data_batch *b, status *err) {
     read_request q = {.m = (model *)m, .b = b};
-    return reader_run(path, "token file", tokens_body, &q, err);
+    return h5reader_run(path, "token file", tokens_body, &q, err);
 }

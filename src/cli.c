@@ -4,7 +4,6 @@
  * errors exit 2, with a "did you mean" when a word is close to a known one;
  * help and --version exit 0 without starting MPI. */
 #include <hdf5.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,9 +13,12 @@
 #include "momfmm/build_info.h"
 #include "momfmm/cmd_common.h"
 #include "momfmm/commands.h"
-#include "momfmm/common.h"
+#include "momfmm/log.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 #include "momfmm/dist.h"
 #include "momfmm/float_env.h"
+#include "momfmm/signals.h"
 #include "momfmm/store.h"
 #include "momfmm/suggest.h"
 #include "momfmm/version.h"
@@ -60,25 +62,45 @@ static const option_spec OPTIONS[] = {
 };
 #define N_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
 
+typedef struct arguments arguments;
+
 typedef struct {
     const char *name, *operands;
     int n_operands;
     const char *options, *required; /* option letters */
     const char *summary;
+    int (*run)(const arguments *a);
+    /* eval, generate, loss: the products run in the checkpoint's precision
+     * (its train.precision, or --precision; docs/scale.md §7) */
+    bool checkpoint_precision;
 } command_spec;
+
+static int run_train(const arguments *a);
+static int run_init(const arguments *a);
+static int run_loss(const arguments *a);
+static int run_eval(const arguments *a);
+static int run_inspect(const arguments *a);
+static int run_generate(const arguments *a);
+static int run_bench(const arguments *a);
 
 static const command_spec COMMANDS[] = {
     {"train", "CONFIG.ini", 1, "srIw", "",
-     "Train the model of the config; train rows, eval rows, checkpoints and metrics.h5 go to train.out_dir."},
-    {"init", "CONFIG.ini", 1, "sof", "o", "Write the step-0 checkpoint of the config (initial parameters)."},
-    {"loss", "CKPT.h5 TOKENS.h5", 2, "gfP", "", "Print the loss of the checkpoint's model on a token file."},
+     "Train the model of the config; train rows, eval rows, checkpoints and metrics.h5 go to train.out_dir.",
+     run_train, false},
+    {"init", "CONFIG.ini", 1, "sof", "o", "Write the step-0 checkpoint of the config (initial parameters).", run_init,
+     false},
+    {"loss", "CKPT.h5 TOKENS.h5", 2, "gfP", "", "Print the loss of the checkpoint's model on a token file.", run_loss,
+     true},
     {"eval", "CKPT.h5|RUN_DIR", 1, "SLP", "",
-     "Print the eval metrics of the checkpoint (a run directory's newest) on its config's eval split."},
+     "Print the eval metrics of the checkpoint (a run directory's newest) on its config's eval split.", run_eval, true},
     {"inspect", "CKPT.h5|RUN_DIR", 1, "", "",
      "Print a checkpoint's (a run directory's newest) step, parameter counts, last metrics, momentum gains and "
-     "config; given a metrics.h5, the latest rows of its run."},
-    {"generate", "CKPT.h5", 1, "pTkteKUZP", "", "Continue a prompt (--prompt or --text) through streaming inference."},
-    {"bench", "CONFIG.ini", 1, "sn", "", "Time training steps and report tokens/s, ms/step and GFLOP/s."},
+     "config; given a metrics.h5, the latest rows of its run.",
+     run_inspect, false},
+    {"generate", "CKPT.h5", 1, "pTkteKUZP", "", "Continue a prompt (--prompt or --text) through streaming inference.",
+     run_generate, true},
+    {"bench", "CONFIG.ini", 1, "sn", "", "Time training steps and report tokens/s, ms/step and GFLOP/s.", run_bench,
+     false},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
 
@@ -204,7 +226,7 @@ static void suggest_option(const command_spec *cmd, const char *arg, char *out, 
     else out[0] = '\0';
 }
 
-typedef struct {
+struct arguments {
     const char *positional[2];
     int n_positional;
     char *overrides[MAX_OVERRIDES];
@@ -218,13 +240,13 @@ typedef struct {
     int top_k;
     double top_p;
     const char *precision; /* --precision, NULL: the checkpoint's */
-} arguments;
+};
 
 static int parse_count(const char *flag, const char *value) {
     char *end;
     long v = strtol(value, &end, 10);
     if (end == value || *end || v < 1 || v > MAX_COUNT)
-        fail_all(EXIT_USAGE, "%s %s: expected an integer in [1, %d]", flag, value, MAX_COUNT);
+        cmd_fail_all(EXIT_USAGE, "%s %s: expected an integer in [1, %d]", flag, value, MAX_COUNT);
     return (int)v;
 }
 
@@ -232,7 +254,7 @@ static double parse_number(const char *flag, const char *value) {
     char *end;
     double v = strtod(value, &end);
     if (*end || end == value || !(v >= 0) || v > 1e15)
-        fail_all(EXIT_USAGE, "%s %s: expected a number in [0, 1e15]", flag, value);
+        cmd_fail_all(EXIT_USAGE, "%s %s: expected a number in [0, 1e15]", flag, value);
     return v;
 }
 
@@ -240,21 +262,21 @@ static int parse_top_k(const char *flag, const char *value) {
     char *end;
     long v = strtol(value, &end, 10);
     if (end == value || *end || v < 0 || v > MAX_COUNT)
-        fail_all(EXIT_USAGE, "%s %s: expected an integer in [0, %d] (0 = every token)", flag, value, MAX_COUNT);
+        cmd_fail_all(EXIT_USAGE, "%s %s: expected an integer in [0, %d] (0 = every token)", flag, value, MAX_COUNT);
     return (int)v;
 }
 
 static double parse_probability(const char *flag, const char *value) {
     char *end;
     double v = strtod(value, &end);
-    if (*end || end == value || !(v > 0 && v <= 1)) fail_all(EXIT_USAGE, "%s %s: expected a number in (0, 1]", flag, value);
+    if (*end || end == value || !(v > 0 && v <= 1)) cmd_fail_all(EXIT_USAGE, "%s %s: expected a number in (0, 1]", flag, value);
     return v;
 }
 
 static void apply_option(arguments *a, const command_spec *cmd, const option_spec *o, char *value) {
     switch (o->letter) {
     case 's':
-        if (a->n_overrides == MAX_OVERRIDES) fail_all(EXIT_USAGE, "%s: more than %d --set options", cmd->name, MAX_OVERRIDES);
+        if (a->n_overrides == MAX_OVERRIDES) cmd_fail_all(EXIT_USAGE, "%s: more than %d --set options", cmd->name, MAX_OVERRIDES);
         a->overrides[a->n_overrides++] = value;
         break;
     case 'o': a->out = value; break;
@@ -298,27 +320,27 @@ static arguments parse_arguments(const command_spec *cmd, int argc, char **argv)
         char hint[128];
         if (o && !accepts(cmd, o)) {
             commands_taking(o, hint, sizeof hint);
-            fail_all(EXIT_USAGE, "%s: option %s is not accepted (%s takes it)\n%s", cmd->name, arg, hint, usage_of(cmd));
+            cmd_fail_all(EXIT_USAGE, "%s: option %s is not accepted (%s takes it)\n%s", cmd->name, arg, hint, usage_of(cmd));
         }
         if (!o && arg[0] == '-' && arg[1]) {
             suggest_option(cmd, arg, hint, sizeof hint);
-            fail_all(EXIT_USAGE, "%s: unknown option %s%s\n%s", cmd->name, arg, hint, usage_of(cmd));
+            cmd_fail_all(EXIT_USAGE, "%s: unknown option %s%s\n%s", cmd->name, arg, hint, usage_of(cmd));
         }
         if (!o) {
             if (a.n_positional == cmd->n_operands)
-                fail_all(EXIT_USAGE, "%s: unexpected argument '%s'\n%s", cmd->name, arg, usage_of(cmd));
+                cmd_fail_all(EXIT_USAGE, "%s: unexpected argument '%s'\n%s", cmd->name, arg, usage_of(cmd));
             a.positional[a.n_positional++] = arg;
             continue;
         }
-        if (o->metavar && i + 1 >= argc) fail_all(EXIT_USAGE, "%s: option %s needs a value (%s)", cmd->name, arg, o->metavar);
+        if (o->metavar && i + 1 >= argc) cmd_fail_all(EXIT_USAGE, "%s: option %s needs a value (%s)", cmd->name, arg, o->metavar);
         given[o - OPTIONS] = true;
         apply_option(&a, cmd, o, o->metavar ? argv[++i] : NULL);
     }
     if (a.n_positional != cmd->n_operands)
-        fail_all(EXIT_USAGE, "%s: missing argument (%s)\n%s", cmd->name, cmd->operands, usage_of(cmd));
+        cmd_fail_all(EXIT_USAGE, "%s: missing argument (%s)\n%s", cmd->name, cmd->operands, usage_of(cmd));
     for (size_t o = 0; o < N_OPTIONS; o++)
         if (strchr(cmd->required, OPTIONS[o].letter) && !given[o])
-            fail_all(EXIT_USAGE, "%s: %s %s is required\n%s", cmd->name, OPTIONS[o].flag, OPTIONS[o].metavar, usage_of(cmd));
+            cmd_fail_all(EXIT_USAGE, "%s: %s %s is required\n%s", cmd->name, OPTIONS[o].flag, OPTIONS[o].metavar, usage_of(cmd));
     return a;
 }
 
@@ -352,106 +374,41 @@ static bool answer_without_mpi(int argc, char **argv) {
     if (help && !cmd) {
         char hint[128];
         suggest_command(name, hint, sizeof hint);
-        fail_all(EXIT_USAGE, "help: unknown command '%s'%s\n%s", name, hint, usage_all());
+        cmd_fail_all(EXIT_USAGE, "help: unknown command '%s'%s\n%s", name, hint, usage_all());
     }
-    if (help && argc > 3) fail_all(EXIT_USAGE, "help: unexpected argument '%s' (usage: momfmm help [COMMAND])", argv[3]);
+    if (help && argc > 3) cmd_fail_all(EXIT_USAGE, "help: unexpected argument '%s' (usage: momfmm help [COMMAND])", argv[3]);
     if (!cmd || (!help && !asks_for_help(argc - 2, argv + 2))) return false;
     print_command_help(cmd);
     return true;
 }
 
-/* An output file must not replace one of the command's inputs, nor any
- * existing file without --force, nor be a special file (docs/cli.md §5):
- * a mistyped --grads or --out would otherwise destroy a trained checkpoint
- * without a word. Every rank sees the same paths and fails alike. */
-static void check_output_path(const char *flag, const char *out, const arguments *a) {
-    struct stat st, input;
-    if (stat(out, &st) != 0) return;
-    for (int i = 0; i < a->n_positional; i++)
-        if (stat(a->positional[i], &input) == 0 && input.st_dev == st.st_dev && input.st_ino == st.st_ino)
-            fail_all(EXIT_USAGE, "%s %s: is the input %s; choose another file", flag, out, a->positional[i]);
-    if (!S_ISREG(st.st_mode)) fail_all(EXIT_USAGE, "%s %s: exists and is not a regular file", flag, out);
-    if (!a->force)
-        fail_all(EXIT_USAGE, "%s %s: the file exists; remove it, choose another name, or pass --force to replace it",
-                 flag, out);
+static int run_train(const arguments *a) {
+    return command_train(a->positional[0], a->n_overrides, a->overrides, a->resume, a->init, a->overwrite);
 }
 
-static int command_init(const arguments *a) {
-    check_output_path("--out", a->out, a);
-    config c = cmd_load_config(a->positional[0], a->n_overrides, a->overrides);
-    model m;
-    status err;
-    if (model_create(&m, &c, &err) != 0) fail_all(err.code, "%s", err.message);
-    model_init_parameters(&m);
-    checkpoint_info info = {.world_size = process_count()};
-    if (process_rank() == 0 && store_write_checkpoint(a->out, &m, &info, NULL, NULL, H5WRITER_ALONE, &err) != 0)
-        fail(err.code, "%s", err.message);
-    log_rank0("wrote %s: %zu parameters\n", a->out, m.n_params);
-    model_free(&m);
-    return 0;
+static int run_init(const arguments *a) {
+    return command_init(a->positional[0], a->n_overrides, a->overrides, a->out, a->force);
 }
 
-static int command_loss(const arguments *a) {
-    if (a->grads) check_output_path("--grads", a->grads, a);
-    model m;
-    batch b;
-    status err;
-    if (checkpoint_load_model(a->positional[0], &m, true, &err) != 0 || tokens_read(a->positional[1], &m, &b, &err) != 0)
-        fail(err.code, "%s", err.message);
-    model_forward(&m, b.inputs, b.targets, b.labels, b.B, b.T, false);
-    long long count;
-    double sum = model_loss_sum(&m, b.targets, b.B, b.T, &count);
-    double loss = count > 0 ? sum / count : 0.0;
-    log_rank0("loss %.9g\n", loss);
-    if (a->grads) {
-        model_zero_grads(&m);
-        model_backward(&m, b.inputs, b.targets, b.labels, b.B, b.T, count > 0 ? (float)(1.0 / count) : 0.0f, NULL);
-        if (process_rank() == 0 && store_write_grads(a->grads, &m, loss, &err) != 0) fail(err.code, "%s", err.message);
-    }
-    batch_free(&b);
-    model_free(&m);
-    return 0;
-}
+static int run_loss(const arguments *a) { return command_loss(a->positional[0], a->positional[1], a->grads, a->force); }
+static int run_eval(const arguments *a) { return command_eval(a->positional[0], a->stream, a->segment); }
+static int run_inspect(const arguments *a) { return command_inspect(a->positional[0]); }
 
-static int run_command(const command_spec *cmd, arguments *a) {
-    const char *name = cmd->name;
-    /* eval, generate, loss: the checkpoint's precision, or --precision (docs/scale.md §7) */
-    if (!strcmp(name, "eval") || !strcmp(name, "generate") || !strcmp(name, "loss"))
-        cmd_use_checkpoint_precision(a->positional[0], a->precision);
-    if (!strcmp(name, "train"))
-        return command_train(a->positional[0], a->n_overrides, a->overrides, a->resume, a->init, a->overwrite);
-    if (!strcmp(name, "init")) return command_init(a);
-    if (!strcmp(name, "loss")) return command_loss(a);
-    if (!strcmp(name, "bench")) return command_bench(a->positional[0], a->n_overrides, a->overrides, a->steps);
-    if (!strcmp(name, "eval")) return command_eval(a->positional[0], a->stream, a->segment);
-    if (!strcmp(name, "inspect")) return command_inspect(a->positional[0]);
-    generate_options g = {.prompt = a->prompt, .text = a->text, .stop = a->stop, .n_tokens = a->tokens,
-                          .top_k = a->top_k, .temperature = a->temperature, .top_p = a->top_p, .seed = a->seed};
+static int run_generate(const arguments *a) {
+    command_generate_options g = {.prompt = a->prompt, .text = a->text, .stop = a->stop, .n_tokens = a->tokens,
+                                  .top_k = a->top_k, .temperature = a->temperature, .top_p = a->top_p, .seed = a->seed};
     return command_generate(a->positional[0], &g);
 }
 
-/* Stop signals (SIGTERM, SIGINT, SIGUSR1) stay blocked from the first
- * instruction until `train` has its handlers in place: a Slurm warning
- * signal that arrives during start-up (re-exec, MPI_Init, config) is then
- * held pending and handled as a stop request instead of killing the rank.
- * The blocked mask survives execv and is inherited by MPI's threads. */
-static void block_stop_signals(bool block) {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGUSR1);
-    sigprocmask(block ? SIG_BLOCK : SIG_UNBLOCK, &set, NULL);
+static int run_bench(const arguments *a) {
+    return command_bench(a->positional[0], a->n_overrides, a->overrides, a->steps);
 }
 
 /* Before main: as soon as the executable's own code runs (the libraries'
  * constructors, OpenBLAS starting its threads, run before it), so that a
  * stop signal during the rest of start-up is recorded or held, never
  * fatal (docs/design.md §8.7). */
-__attribute__((constructor)) static void guard_stop_signals(void) {
-    stop_handlers_install_early();
-    block_stop_signals(true);
-}
+__attribute__((constructor)) static void guard_stop_signals(void) { signals_guard_startup(); }
 
 int main(int argc, char **argv) {
     blas_core_select(argv); /* before MPI starts: it may re-execute the program */
@@ -462,17 +419,18 @@ int main(int argc, char **argv) {
      * crash (HDFFV-11052, docs/scale.md §7); the operating system frees them. */
     H5open();
     if (argc >= 2 && answer_without_mpi(argc, argv)) return 0;
-    dist_init(&argc, &argv);
-    if (argc < 2) fail_all(EXIT_USAGE, "no command given\n%s", usage_all());
+    cmd_dist_init(&argc, &argv);
+    if (argc < 2) cmd_fail_all(EXIT_USAGE, "no command given\n%s", usage_all());
     const command_spec *cmd = find_command(argv[1]);
     if (!cmd) {
         char hint[128];
         suggest_command(argv[1], hint, sizeof hint);
-        fail_all(EXIT_USAGE, "unknown command '%s'%s\n%s", argv[1], hint, usage_all());
+        cmd_fail_all(EXIT_USAGE, "unknown command '%s'%s\n%s", argv[1], hint, usage_all());
     }
-    if (strcmp(cmd->name, "train") != 0) stop_handlers_release(); /* default actions elsewhere */
+    if (strcmp(cmd->name, "train") != 0) signals_release(); /* default actions elsewhere */
     arguments a = parse_arguments(cmd, argc - 2, argv + 2);
-    int rc = run_command(cmd, &a);
+    if (cmd->checkpoint_precision) cmd_use_checkpoint_precision(a.positional[0], a.precision);
+    int rc = cmd->run(&a);
     dist_finalize();
     return rc;
 }

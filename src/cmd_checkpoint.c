@@ -1,5 +1,6 @@
-/* The commands that read a checkpoint (docs/cli.md §5): inspect, eval and generate.
- * They need only a checkpoint's root attributes, /model and /buffers (plus
+/* The commands that write or read a checkpoint without training (docs/cli.md
+ * §5): init (the step-0 checkpoint), loss (a token file's loss and
+ * gradients), inspect and eval. The readers need only a checkpoint's root attributes, /model and /buffers (plus
  * /metrics for inspect's history): a model for inference, and for eval a
  * data shard and the evaluation module (docs/design.md §8.5), never a
  * trainer; generate is in cmd_generate.c. inspect and eval also take a run
@@ -13,8 +14,11 @@
 #include <unistd.h>
 
 #include "momfmm/checkpoint.h"
+#include "momfmm/cmd_common.h"
 #include "momfmm/commands.h"
-#include "momfmm/common.h"
+#include "momfmm/log.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 #include "momfmm/dist.h"
 #include "momfmm/eval.h"
 #include "momfmm/readouts.h"
@@ -61,8 +65,8 @@ static int try_load(const char *path, void *ctx, status *err) {
 static void load_file(const char *path, loaded_checkpoint *c) {
     status err;
     int rc = try_load(path, c, &err);
-    if (rc == STORE_SKIP) fail(EXIT_BAD_FILE, "%s", err.message);
-    if (rc != 0) fail_all(rc, "%s", err.message);
+    if (rc == STORE_SKIP) cmd_fail(EXIT_BAD_FILE, "%s", err.message);
+    if (rc != 0) cmd_fail_all(rc, "%s", err.message);
 }
 
 /* "; ..." naming dir/metrics.h5 when there is one, else "". */
@@ -85,7 +89,7 @@ static void load_run_directory(const char *dir, loaded_checkpoint *c) {
         char path[STORE_PATH_MAX];
         status err;
     } choice = {0};
-    if (process_rank() == 0) {
+    if (dist_rank() == 0) {
         choice.code = store_load_newest(dir, try_load, c, choice.path, sizeof choice.path, &choice.err);
         if (choice.code == STORE_SKIP) {
             store_listing l;
@@ -98,8 +102,8 @@ static void load_run_directory(const char *dir, loaded_checkpoint *c) {
         }
     }
     dist_broadcast_bytes(&choice, sizeof choice);
-    if (choice.code != 0) fail_all(choice.err.code, "%s", choice.err.message);
-    if (process_rank() != 0) load_file(choice.path, c);
+    if (choice.code != 0) cmd_fail_all(choice.err.code, "%s", choice.err.message);
+    if (dist_rank() != 0) load_file(choice.path, c);
 }
 
 /* A checkpoint file, or a run directory's newest checkpoint that loads. */
@@ -174,14 +178,14 @@ static void print_filter_gains(const model *m) {
     eval_readouts(m, &r);
     char beta[32], gamma2[32];
     printf("momentum filter |H| per head (DC, Nyquist) with beta %s, gamma2 %s, %s gamma:\n",
-           format_shortest_double(m->cfg.beta, beta, sizeof beta),
-           format_shortest_double(m->cfg.gamma2, gamma2, sizeof gamma2), m->cfg.learn_gamma ? "learned" : "fixed");
+           config_format_double(m->cfg.beta, beta, sizeof beta),
+           config_format_double(m->cfg.gamma2, gamma2, sizeof gamma2), m->cfg.learn_gamma ? "learned" : "fixed");
     for (int l = 0; l < m->L; l++) {
         printf("  block %d:", l);
         for (int h = 0; h < m->H; h++) {
             double g = r.gamma[l * m->H + h];
-            printf("  h%d gamma %.4f |H(0)| %.4f |H(pi)| %.4f", h, g, momentum_filter_gain(0, g, m->cfg.beta, m->cfg.gamma2),
-                   momentum_filter_gain(M_PI, g, m->cfg.beta, m->cfg.gamma2));
+            printf("  h%d gamma %.4f |H(0)| %.4f |H(pi)| %.4f", h, g, readouts_filter_gain(0, g, m->cfg.beta, m->cfg.gamma2),
+                   readouts_filter_gain(M_PI, g, m->cfg.beta, m->cfg.gamma2));
         }
         printf("\n");
     }
@@ -192,10 +196,10 @@ static void print_filter_gains(const model *m) {
 static void print_task_metrics(const config *cfg, const metric_table *eval) {
     if (eval->n_rows == 0) return;
     static const char *task_names[] = {"chain", "copy", "listops", "text"};
-    eval_metrics e;
+    metric_values e;
     char shown[256];
-    eval_metrics_from_row(eval, eval->n_rows - 1, &e);
-    eval_metrics_format(&e, cfg->task, 4, shown, sizeof shown);
+    metric_values_from_row(eval, eval->n_rows - 1, &e);
+    metric_values_format(&e, cfg->task, 4, shown, sizeof shown);
     printf("last eval (%s, step %.0f): %s\n", task_names[cfg->task], eval->values[(eval->n_rows - 1) * eval->row_width],
            shown);
 }
@@ -205,12 +209,12 @@ static void inspect_metrics_file(const char *path, const status *checkpoint_err)
     config cfg;
     metric_table train, eval;
     status err;
-    if (metrics_file_read(path, &cfg, &train, &eval, &err) != 0) {
+    if (checkpoint_read_metrics_file(path, &cfg, &train, &eval, &err) != 0) {
         metric_table_free(&train);
         metric_table_free(&eval);
-        fail(checkpoint_err->code, "%s", checkpoint_err->message); /* neither: the checkpoint's reason */
+        cmd_fail(checkpoint_err->code, "%s", checkpoint_err->message); /* neither: the checkpoint's reason */
     }
-    if (process_rank() == 0) {
+    if (dist_rank() == 0) {
         char *ini = config_to_ini(&cfg);
         printf("metrics file: %s (the live metrics of run directory %s; a run may still be appending)\n", path,
                cfg.out_dir);
@@ -232,11 +236,11 @@ int command_inspect(const char *ckpt) {
             inspect_metrics_file(ckpt, &err);
             return 0;
         }
-        if (rc != 0) fail_all(rc, "%s", err.message);
+        if (rc != 0) cmd_fail_all(rc, "%s", err.message);
     } else {
         load_run_directory(ckpt, &c);
     }
-    if (process_rank() == 0) {
+    if (dist_rank() == 0) {
         char *ini = config_to_ini(&c.m.cfg);
         printf("checkpoint: %s\nstep %lld | tokens_seen %lld | written by %d rank%s%s%s\n", c.path, c.info.step,
                c.info.tokens_seen, c.info.world_size, c.info.world_size == 1 ? "" : "s",
@@ -253,9 +257,9 @@ int command_inspect(const char *ckpt) {
     return 0;
 }
 
-static void print_eval(const char *how, const eval_metrics *e, int task) {
+static void print_eval(const char *how, const metric_values *e, int task) {
     char shown[256];
-    eval_metrics_format(e, task, 6, shown, sizeof shown);
+    metric_values_format(e, task, 6, shown, sizeof shown);
     log_rank0("%s | %s\n", how, shown);
 }
 
@@ -266,16 +270,16 @@ int command_eval(const char *ckpt, bool stream, int segment) {
     model m = c.m;
     /* a segment longer than a sequence streams nothing more, and would size buffers by it */
     if (stream && segment > m.cfg.seq_len)
-        fail_all(EXIT_USAGE, "--segment %d exceeds the checkpoint's data.seq_len = %d", segment, m.cfg.seq_len);
-    rank_shard shard;
+        cmd_fail_all(EXIT_USAGE, "--segment %d exceeds the checkpoint's data.seq_len = %d", segment, m.cfg.seq_len);
+    data_shard shard;
     eval_result r;
     status err;
-    if (rank_shard_open(&shard, &m.cfg, &err) != 0) fail_all(err.code, "%s", err.message);
+    if (data_shard_open(&shard, &m.cfg, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
     eval_result_init(&r, &m);
     if (evaluate(&m, &shard, stream ? segment : 0, &r, &err) != 0) {
         /* a model that cannot stream is refused alike on every rank, before any work */
-        if (err.code == EXIT_USAGE) fail_all(err.code, "%s", err.message);
-        fail(err.code, "%s", err.message);
+        if (err.code == EXIT_USAGE) cmd_fail_all(err.code, "%s", err.message);
+        cmd_fail(err.code, "%s", err.message);
     }
     print_eval("eval", &r.metrics, m.cfg.task);
     log_rank0("gain_R");
@@ -288,7 +292,46 @@ int command_eval(const char *ckpt, bool stream, int segment) {
         log_rank0("stream max |logit difference| vs full forward: %.3e\n", r.stream_max_diff);
     }
     eval_result_free(&r);
-    rank_shard_close(&shard);
+    data_shard_close(&shard);
+    model_free(&m);
+    return 0;
+}
+
+int command_init(const char *config_path, int n_overrides, char *const *overrides, const char *out, bool force) {
+    const char *inputs[] = {config_path};
+    cmd_check_output("--out", out, inputs, 1, force);
+    config c = cmd_load_config(config_path, n_overrides, overrides);
+    model m;
+    status err;
+    if (model_create(&m, &c, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
+    model_init_parameters(&m);
+    checkpoint_info info = {.world_size = dist_size()};
+    if (dist_rank() == 0 && store_write_checkpoint(out, &m, &info, NULL, NULL, H5WRITER_ALONE, &err) != 0)
+        cmd_fail(err.code, "%s", err.message);
+    log_rank0("wrote %s: %zu parameters\n", out, m.n_params);
+    model_free(&m);
+    return 0;
+}
+
+int command_loss(const char *ckpt, const char *tokens, const char *grads, bool force) {
+    const char *inputs[] = {ckpt, tokens};
+    if (grads) cmd_check_output("--grads", grads, inputs, 2, force);
+    model m;
+    data_batch b;
+    status err;
+    if (checkpoint_load_model(ckpt, &m, true, &err) != 0 || checkpoint_read_tokens(tokens, &m, &b, &err) != 0)
+        cmd_fail(err.code, "%s", err.message);
+    model_forward(&m, b.inputs, b.targets, b.labels, b.B, b.T, false);
+    long long count;
+    double sum = model_loss_sum(&m, b.targets, b.B, b.T, &count);
+    double loss = count > 0 ? sum / count : 0.0;
+    log_rank0("loss %.9g\n", loss);
+    if (grads) {
+        model_zero_grads(&m);
+        model_backward(&m, b.inputs, b.targets, b.labels, b.B, b.T, count > 0 ? (float)(1.0 / count) : 0.0f, NULL);
+        if (dist_rank() == 0 && store_write_grads(grads, &m, loss, &err) != 0) cmd_fail(err.code, "%s", err.message);
+    }
+    data_batch_free(&b);
     model_free(&m);
     return 0;
 }

@@ -2,17 +2,54 @@
  * returns (docs/design.md §8.7: exit codes; §8.1: only commands exit). */
 #include "momfmm/cmd_common.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "momfmm/blas_core.h"
+#include "momfmm/build_info.h"
 #include "momfmm/checkpoint.h"
 #include "momfmm/dist.h"
+#include "momfmm/float_env.h"
 #include "momfmm/gemm.h"
+#include "momfmm/log.h"
 #include "momfmm/store.h"
 
-#include <stdio.h>
-#include <string.h>
+static void print_message(const char *fmt, va_list args) {
+    fputs("momfmm: ", stderr);
+    vfprintf(stderr, fmt, args);
+    fputc('\n', stderr);
+    fflush(stderr);
+}
 
-_Noreturn void exit_on_status(const status *st, bool every_rank_alike) {
-    if (every_rank_alike) fail_all(st->code, "%s", st->message);
-    fail(st->code, "%s", st->message);
+_Noreturn void cmd_fail(int exit_code, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    print_message(fmt, args);
+    va_end(args);
+    /* A lone failing rank would leave the others waiting in a collective:
+     * take the whole job down with the same code. */
+    if (dist_size() > 1) dist_abort(exit_code);
+    dist_finalize();
+    exit(exit_code);
+}
+
+_Noreturn void cmd_fail_all(int exit_code, const char *fmt, ...) {
+    if (dist_rank() == 0) {
+        va_list args;
+        va_start(args, fmt);
+        print_message(fmt, args);
+        va_end(args);
+    }
+    dist_finalize();
+    exit(exit_code);
+}
+
+_Noreturn void cmd_exit_on_status(const status *st, bool every_rank_alike) {
+    if (every_rank_alike) cmd_fail_all(st->code, "%s", st->message);
+    cmd_fail(st->code, "%s", st->message);
 }
 
 /* Every rank reads the same file and arguments, so every rank fails alike. */
@@ -20,29 +57,30 @@ config cmd_load_config(const char *path, int n_overrides, char *const *overrides
     config c;
     status st;
     config_defaults(&c);
-    if (config_try_load_file(&c, path, &st) != 0) exit_on_status(&st, true);
+    if (config_load_file(&c, path, &st) != 0) cmd_exit_on_status(&st, true);
     for (int i = 0; i < n_overrides; i++)
-        if (config_try_apply_override(&c, overrides[i], &st) != 0) exit_on_status(&st, true);
-    if (config_check(&c, path, st.message, sizeof st.message) != 0) fail_all(EXIT_USAGE, "%s", st.message);
+        if (config_apply_override(&c, overrides[i], &st) != 0) cmd_exit_on_status(&st, true);
+    if (config_check(&c, path, &st) != 0) cmd_exit_on_status(&st, true);
     return c;
 }
 
-void dist_init(int *argc, char ***argv) {
+void cmd_dist_init(int *argc, char ***argv) {
     status st;
-    if (dist_try_init(argc, argv, &st) != 0) exit_on_status(&st, true);
+    if (dist_init(argc, argv, &st) != 0) cmd_exit_on_status(&st, true);
+    blas_core_use_threads(blas_core_threads());
 }
 
-/* A world of one: fail and fail_all are the same here. */
-void dist_check_launch(void) {
+/* A world of one: fail and cmd_fail_all are the same here. */
+void cmd_check_launch(void) {
     status st;
-    if (dist_try_check_launch(&st) != 0) exit_on_status(&st, false);
+    if (dist_check_launch(&st) != 0) cmd_exit_on_status(&st, false);
 }
 
 /* Every rank gathered every checksum and holds the same status, so all of
  * them finish together with exit 1 (docs/design.md §8.7). */
-void dist_check_consistency(const model *m, long long step) {
+void cmd_check_consistency(const model *m, long long step) {
     status st;
-    if (dist_try_check_consistency(m, step, &st) != 0) exit_on_status(&st, true);
+    if (dist_check_consistency(m->params, m->n_params * sizeof(float), step, &st) != 0) cmd_exit_on_status(&st, true);
 }
 
 static gemm_engine engine_of(const config *c) {
@@ -54,12 +92,12 @@ void cmd_use_precision(const config *c) {
     gemm_engine engine = engine_of(c);
     const char *why = gemm_unavailable_reason(engine);
     if (why)
-        fail_all(EXIT_USAGE, "%s cannot run here: %s", c->precision == PRECISION_BF16 ? "train.precision = bf16"
+        cmd_fail_all(EXIT_USAGE, "%s cannot run here: %s", c->precision == PRECISION_BF16 ? "train.precision = bf16"
                                                                                     : "train.gemm = onednn",
                  why);
     gemm_ctx *previous = gemm_default();
-    /* oneDNN threads like OpenBLAS: dist_threads() per rank */
-    gemm_set_default(gemm_create(engine, dist_threads()));
+    /* oneDNN threads like OpenBLAS: blas_core_threads() per rank */
+    gemm_set_default(gemm_create(engine, blas_core_threads()));
     gemm_destroy(previous);
 }
 
@@ -85,7 +123,7 @@ void cmd_use_checkpoint_precision(const char *ckpt, const char *precision) {
         char assignment[64];
         snprintf(assignment, sizeof assignment, "train.precision=%s", precision);
         status st; /* the key's own check: fp32|bf16, did you mean */
-        if (config_try_apply_override(&c, assignment, &st) != 0) exit_on_status(&st, true);
+        if (config_apply_override(&c, assignment, &st) != 0) cmd_exit_on_status(&st, true);
     }
     cmd_use_precision(&c);
 }
@@ -97,4 +135,25 @@ const char *cmd_precision_description(void) {
     snprintf(text, sizeof text, "%s | gemm %s", bf16 ? "bf16" : "fp32",
              ctx ? gemm_describe(ctx) : "openblas sgemm");
     return text;
+}
+
+void cmd_print_banner(void) {
+    char hosts[4096];
+    dist_host_names(hosts, sizeof hosts);
+    int size = dist_size(), threads = blas_core_threads();
+    log_rank0("momfmm: %d rank%s x %d thread%s on%s | OpenBLAS core %s | subnormals %s | version %s (git %s)\n", size,
+              size == 1 ? "" : "s", threads, threads == 1 ? "" : "s", hosts, blas_core_description(),
+              float_env_flushing() ? "flushed to zero" : "kept (IEEE)", build_version_number(), build_revision());
+}
+
+void cmd_check_output(const char *flag, const char *out, const char *const *inputs, int n_inputs, bool force) {
+    struct stat st, input;
+    if (stat(out, &st) != 0) return;
+    for (int i = 0; i < n_inputs; i++)
+        if (stat(inputs[i], &input) == 0 && input.st_dev == st.st_dev && input.st_ino == st.st_ino)
+            cmd_fail_all(EXIT_USAGE, "%s %s: is the input %s; choose another file", flag, out, inputs[i]);
+    if (!S_ISREG(st.st_mode)) cmd_fail_all(EXIT_USAGE, "%s %s: exists and is not a regular file", flag, out);
+    if (!force)
+        cmd_fail_all(EXIT_USAGE, "%s %s: the file exists; remove it, choose another name, or pass --force to replace it",
+                     flag, out);
 }

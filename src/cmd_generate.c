@@ -12,8 +12,12 @@
 #include <string.h>
 
 #include "momfmm/checkpoint.h"
+#include "momfmm/cmd_common.h"
+#include "momfmm/dist.h"
 #include "momfmm/commands.h"
-#include "momfmm/common.h"
+#include "momfmm/log.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 #include "momfmm/rng.h"
 #include "momfmm/stream.h"
 
@@ -21,19 +25,19 @@
 
 static int parse_prompt(const char *text, int vocab, int32_t **out) {
     int n = 0, cap = 16;
-    int32_t *tokens = xcalloc((size_t)cap, sizeof(int32_t));
+    int32_t *tokens = sys_calloc((size_t)cap, sizeof(int32_t));
     for (const char *p = text; *p;) {
         while (*p == ',' || isspace((unsigned char)*p)) p++;
         if (!*p) break;
         char *end;
         long v = strtol(p, &end, 10);
         if (end == p || v < 0 || v >= vocab)
-            fail_all(EXIT_USAGE, "--prompt: '%.20s' is not a token in [0, %d)", p, vocab);
-        if (n == cap) tokens = xrealloc(tokens, sizeof(int32_t) * (size_t)(cap *= 2));
+            cmd_fail_all(EXIT_USAGE, "--prompt: '%.20s' is not a token in [0, %d)", p, vocab);
+        if (n == cap) tokens = sys_realloc(tokens, sizeof(int32_t) * (size_t)(cap *= 2));
         tokens[n++] = (int32_t)v;
         p = end;
     }
-    if (n == 0) fail_all(EXIT_USAGE, "--prompt: no tokens");
+    if (n == 0) cmd_fail_all(EXIT_USAGE, "--prompt: no tokens");
     *out = tokens;
     return n;
 }
@@ -119,7 +123,7 @@ static int by_logit_descending(const void *a, const void *b) {
 
 /* Greedy at temperature 0 or top-k 1; else a draw from softmax(z / T) over
  * the top-k tokens, cut to the smallest set holding top-p of the mass. */
-static int32_t sample_next(const float *logits, int V, const generate_options *o, ranked_token *ranked, uint64_t key,
+static int32_t sample_next(const float *logits, int V, const command_generate_options *o, ranked_token *ranked, uint64_t key,
                            uint64_t counter) {
     int best = 0;
     for (int v = 1; v < V; v++) best = logits[v] > logits[best] ? v : best;
@@ -154,7 +158,7 @@ static const float *feed(model *m, stream_state *st, const int32_t *tokens, int 
         piece = n - done;
         if (piece > st->capacity - st->pos) piece = st->capacity - st->pos;
         if (piece > st->n_max) piece = st->n_max;
-        if (stream_forward(m, st, tokens + done, piece, logits, &err)) fail(err.code, "%s", err.message);
+        if (stream_forward(m, st, tokens + done, piece, logits, &err)) cmd_fail(err.code, "%s", err.message);
     }
     return logits + (size_t)(piece - 1) * m->V;
 }
@@ -163,37 +167,37 @@ static bool ends_with(const int32_t *tokens, int n, const int32_t *stop, int n_s
     return n_stop > 0 && n >= n_stop && memcmp(tokens + n - n_stop, stop, sizeof(int32_t) * (size_t)n_stop) == 0;
 }
 
-static int read_prompt(const generate_options *o, const model *m, int32_t **tokens) {
-    if (!o->prompt == !o->text) fail_all(EXIT_USAGE, "generate: give exactly one of --prompt TOKENS and --text TEXT");
+static int read_prompt(const command_generate_options *o, const model *m, int32_t **tokens) {
+    if (!o->prompt == !o->text) cmd_fail_all(EXIT_USAGE, "generate: give exactly one of --prompt TOKENS and --text TEXT");
     if (o->prompt) return parse_prompt(o->prompt, m->V, tokens);
     if (m->V != BYTE_VOCAB)
-        fail_all(EXIT_USAGE, "--text needs a byte-level model (model.vocab_size = %d), but this one has vocab_size = %d",
+        cmd_fail_all(EXIT_USAGE, "--text needs a byte-level model (model.vocab_size = %d), but this one has vocab_size = %d",
                  BYTE_VOCAB, m->V);
     int n = (int)strlen(o->text);
-    if (n == 0) fail_all(EXIT_USAGE, "--text: empty prompt");
-    *tokens = xcalloc((size_t)n, sizeof(int32_t));
+    if (n == 0) cmd_fail_all(EXIT_USAGE, "--text: empty prompt");
+    *tokens = sys_calloc((size_t)n, sizeof(int32_t));
     for (int i = 0; i < n; i++) (*tokens)[i] = (unsigned char)o->text[i];
     return n;
 }
 
-int command_generate(const char *ckpt, const generate_options *o) {
+int command_generate(const char *ckpt, const command_generate_options *o) {
     model m;
     status err;
-    if (checkpoint_load_model(ckpt, &m, false, &err) != 0) fail(err.code, "%s", err.message);
+    if (checkpoint_load_model(ckpt, &m, false, &err) != 0) cmd_fail(err.code, "%s", err.message);
     int32_t *prompt;
     int n_prompt = read_prompt(o, &m, &prompt);
-    int32_t *stop = xcalloc(strlen(o->stop ? o->stop : "") + 1, sizeof(int32_t));
+    int32_t *stop = sys_calloc(strlen(o->stop ? o->stop : "") + 1, sizeof(int32_t));
     int n_stop = o->stop ? parse_stop(o->stop, stop) : 0;
     long long total = (long long)n_prompt + o->n_tokens;
     int capacity = total < m.rope_positions ? (int)total : m.rope_positions; /* the window */
     int n_max = n_prompt < capacity ? n_prompt : capacity;
     stream_state st;
-    if (stream_create(&st, &m, 1, capacity, n_max, &err)) fail_all(err.code, "%s", err.message);
-    float *logits = xcalloc((size_t)n_max * m.V, sizeof(float));
-    ranked_token *ranked = xcalloc((size_t)m.V, sizeof(ranked_token));
-    int32_t *out = xcalloc((size_t)o->n_tokens, sizeof(int32_t));
-    bool text = o->text != NULL, rank0 = process_rank() == 0;
-    unsigned char *bytes = xcalloc((size_t)n_prompt + o->n_tokens, 1);
+    if (stream_create(&st, &m, 1, capacity, n_max, &err)) cmd_fail_all(err.code, "%s", err.message);
+    float *logits = sys_calloc((size_t)n_max * m.V, sizeof(float));
+    ranked_token *ranked = sys_calloc((size_t)m.V, sizeof(ranked_token));
+    int32_t *out = sys_calloc((size_t)o->n_tokens, sizeof(int32_t));
+    bool text = o->text != NULL, rank0 = dist_rank() == 0;
+    unsigned char *bytes = sys_calloc((size_t)n_prompt + o->n_tokens, 1);
     int n_bytes = 0, printed = 0;
     if (text) {
         for (int i = 0; i < n_prompt; i++) bytes[n_bytes++] = (unsigned char)prompt[i];

@@ -2,7 +2,6 @@
  * the trainer, log, publish metrics, checkpoint on signals; a failed status
  * becomes an exit here and nowhere below. */
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,67 +9,27 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "momfmm/blas_core.h"
 #include "momfmm/checkpoint.h"
 #include "momfmm/cmd_common.h"
 #include "momfmm/commands.h"
-#include "momfmm/common.h"
+#include "momfmm/log.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 #include "momfmm/gemm.h"
 #include "momfmm/live_metrics.h"
+#include "momfmm/signals.h"
 #include "momfmm/store.h"
 #include "momfmm/train.h"
 
-static volatile sig_atomic_t stop_requested = 0;
-static void request_stop(int signo) { stop_requested = signo; }
-
-static const int STOP_SIGNALS[] = {SIGTERM, SIGINT, SIGUSR1};
-enum { N_STOP_SIGNALS = sizeof STOP_SIGNALS / sizeof STOP_SIGNALS[0] };
-
-static sigset_t stop_signal_set(void) {
-    sigset_t set;
-    sigemptyset(&set);
-    for (int i = 0; i < N_STOP_SIGNALS; i++) sigaddset(&set, STOP_SIGNALS[i]);
-    return set;
-}
-
-/* docs/design.md §8.7: the stop handlers go in before anything else runs
- * (main's first instruction, before MPI start-up), so that a stop signal
- * arriving at any moment of start-up is recorded, never the default action
- * that kills the rank; main() also keeps them blocked until train unblocks. */
-void stop_handlers_install_early(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = request_stop;
-    sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < N_STOP_SIGNALS; i++) sigaction(STOP_SIGNALS[i], &sa, NULL);
-}
-
-/* docs/cli.md §5: SIGTERM, SIGINT, SIGUSR1 finish the step, checkpoint, exit
- * 0. main() blocked them from start-up on; one that came meanwhile is
- * delivered now, as a stop request. */
-static void install_stop_handlers(void) {
-    stop_handlers_install_early();
-    sigset_t set = stop_signal_set();
-    sigprocmask(SIG_UNBLOCK, &set, NULL);
-}
-
-/* Commands other than train: default actions again, and a stop signal that
- * came during start-up takes its default action now. */
-void stop_handlers_release(void) {
-    int pending = (int)stop_requested;
-    for (int i = 0; i < N_STOP_SIGNALS; i++) signal(STOP_SIGNALS[i], SIG_DFL);
-    sigset_t set = stop_signal_set();
-    sigprocmask(SIG_UNBLOCK, &set, NULL);
-    if (pending) raise(pending);
-}
-
 /* Every rank stops at the same step: a signal seen by any rank counts. */
-static bool ranks_agree_to_stop(void) { return dist_any(stop_requested != 0); }
+static bool ranks_agree_to_stop(void) { return dist_any(signals_stop_requested() != 0); }
 
 /* Every rank meets the same failures in trainer_create (same config, the
  * fullest node's memory decided everywhere alike). */
 static void create_trainer(trainer *t, const config *cfg) {
     status err;
-    if (trainer_create(t, cfg, &err) != 0) fail_all(err.code, "%s", err.message);
+    if (trainer_create(t, cfg, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
 }
 
 /* Returns false when rank 0 could not write the checkpoint; path receives
@@ -83,29 +42,29 @@ static bool save_checkpoint(const trainer *t, char *path, bool signal_stop) {
         fprintf(stderr, "momfmm: checkpoint at step %lld not written: the weights are not finite\n", t->step);
         return false;
     }
-    double start = wall_seconds();
+    double start = sys_seconds();
     /* every rank: with dist.zero = 1 all ranks write the file together */
     int rc = trainer_save(t, path, STORE_PATH_MAX, &err);
-    if (process_rank() != 0) return true;
+    if (dist_rank() != 0) return true;
     if (rc != 0) {
         fprintf(stderr, "momfmm: checkpoint at step %lld not written: %s\n", t->step, err.message);
         return false;
     }
     struct stat st;
-    double seconds = wall_seconds() - start, mb = stat(path, &st) == 0 ? st.st_size / 1e6 : 0;
+    double seconds = sys_seconds() - start, mb = stat(path, &st) == 0 ? st.st_size / 1e6 : 0;
     char together[64] = "";
     h5writer_mode writers = trainer_writers(t);
     if (writers != H5WRITER_ALONE)
-        snprintf(together, sizeof together, " | %d ranks together (MPI-IO%s)", process_count(),
+        snprintf(together, sizeof together, " | %d ranks together (MPI-IO%s)", dist_size(),
                  writers == H5WRITER_COLLECTIVE ? ", collective" : "");
     printf("checkpoint %s | %.1f MB in %.2f s (%.0f MB/s)%s\n", path, mb, seconds, mb / (seconds > 0 ? seconds : 1e-9),
            together);
-    if (signal_stop) store_mark_stopped(t->cfg.out_dir, path, (int)stop_requested);
+    if (signal_stop) store_mark_stopped(t->cfg.out_dir, path, signals_stop_requested());
     fflush(stdout);
     return true;
 }
 
-static void log_train(trainer *t, const step_result *r, double tokens_per_s, double elapsed, long long steps_done) {
+static void log_train(trainer *t, const train_step_result *r, double tokens_per_s, double elapsed, long long steps_done) {
     double row[16] = {0}, step = (double)t->step, bpb = r->loss / M_LN2;
     const struct {
         const char *name;
@@ -126,21 +85,21 @@ static void log_train(trainer *t, const step_result *r, double tokens_per_s, dou
  * failure (e.g. a full disk) is reported once and the mirror stops, while
  * training and checkpoints go on. */
 static void publish_metrics(trainer *t, live_metrics **live) {
-    char err[256];
-    if (*live && live_metrics_append(*live, &t->train_log, &t->eval_log, err, sizeof err) != 0) {
-        fprintf(stderr, "momfmm: warning: %s; live metrics stop here (checkpoints keep the history)\n", err);
+    status err;
+    if (*live && live_metrics_append(*live, &t->train_log, &t->eval_log, &err) != 0) {
+        fprintf(stderr, "momfmm: warning: %s; live metrics stop here (checkpoints keep the history)\n", err.message);
         live_metrics_abandon(*live);
         *live = NULL;
     }
 }
 
 static live_metrics *open_live_metrics(const trainer *t) {
-    if (process_rank() != 0) return NULL;
-    char err[CONFIG_PATH_MAX + 64];
+    if (dist_rank() != 0) return NULL;
+    status err;
     char *ini = config_to_ini(&t->cfg);
-    live_metrics *live = live_metrics_open(t->cfg.out_dir, ini, &t->train_log, &t->eval_log, err, sizeof err);
+    live_metrics *live = live_metrics_open(t->cfg.out_dir, ini, &t->train_log, &t->eval_log, &err);
     free(ini);
-    if (!live) fprintf(stderr, "momfmm: warning: %s; training goes on without it\n", err);
+    if (!live) fprintf(stderr, "momfmm: warning: %s; training goes on without it\n", err.message);
     return live;
 }
 
@@ -148,7 +107,7 @@ static live_metrics *open_live_metrics(const trainer *t) {
 typedef struct {
     bool known;
     long long step;
-    eval_metrics metrics;
+    metric_values metrics;
 } eval_record;
 
 /* One step with its logging, eval and checkpoint; false once the run must
@@ -165,8 +124,8 @@ typedef struct {
 /* The lowest-loss row of an eval table into *best when lower than it. */
 static void keep_lowest(eval_record *best, const metric_table *eval) {
     for (long long i = 0; i < eval->n_rows; i++) {
-        eval_metrics e;
-        eval_metrics_from_row(eval, i, &e);
+        metric_values e;
+        metric_values_from_row(eval, i, &e);
         if (!isnan(e.loss) && (!best->known || e.loss < best->metrics.loss))
             *best = (eval_record){true, (long long)eval->values[i * eval->row_width], e};
     }
@@ -195,26 +154,26 @@ static void save_if_best(const trainer *t, train_loop *loop) {
     if (!t->cfg.keep_best) return;
     const eval_record *now = &loop->last_eval;
     bool better = !isnan(now->metrics.loss) && (!loop->best_eval.known || now->metrics.loss < loop->best_eval.metrics.loss);
-    if (!dist_any(process_rank() == 0 && better)) return;
+    if (!dist_any(dist_rank() == 0 && better)) return;
     status err;
     if (trainer_save_best(t, &err) != 0) {
-        if (process_rank() == 0) fprintf(stderr, "momfmm: warning: best checkpoint not written: %s\n", err.message);
+        if (dist_rank() == 0) fprintf(stderr, "momfmm: warning: best checkpoint not written: %s\n", err.message);
         return;
     }
     loop->best_eval = *now;
     char path[STORE_PATH_MAX];
     store_best_path(t->cfg.out_dir, path, sizeof path);
     log_rank0("best %s | eval loss %.4f at step %lld\n", path, now->metrics.loss, t->step);
-    if (process_rank() == 0) fflush(stdout);
+    if (dist_rank() == 0) fflush(stdout);
 }
 
 static void log_eval(trainer *t, train_loop *loop) {
     eval_result r;
     status err;
     eval_result_init(&r, &t->model);
-    if (trainer_log_eval(t, &r, &err) != 0) fail(err.code, "%s", err.message);
+    if (trainer_log_eval(t, &r, &err) != 0) cmd_fail(err.code, "%s", err.message);
     char shown[256];
-    eval_metrics_format(&r.metrics, t->cfg.task, 4, shown, sizeof shown);
+    metric_values_format(&r.metrics, t->cfg.task, 4, shown, sizeof shown);
     log_rank0("eval step %lld | %s | gain_R", t->step, shown);
     for (int l = 0; l < t->model.L; l++) log_rank0(" %.3f", r.gain_R[l]);
     log_rank0("\n");
@@ -227,14 +186,14 @@ static void log_eval(trainer *t, train_loop *loop) {
  * train.on_nonfinite = stop the run ends at once, keeping the checkpoints
  * it has (exit EXIT_DIVERGED); with skip the update was skipped and the run
  * goes on. Returns whether to stop. */
-static bool stop_on_nonfinite(trainer *t, train_loop *loop, const step_result *r) {
+static bool stop_on_nonfinite(trainer *t, train_loop *loop, const train_step_result *r) {
     if (!r->nonfinite) return false;
     if (t->cfg.on_nonfinite == NONFINITE_SKIP) {
         log_rank0("step %lld: non-finite loss %g or grad_norm %g: update skipped (%lld skipped so far)\n", t->step,
                   r->loss, r->grad_norm, t->skipped_steps);
         return false;
     }
-    if (process_rank() == 0)
+    if (dist_rank() == 0)
         fprintf(stderr,
                 "momfmm: training diverged at step %lld (loss %g, grad_norm %g): stopping without a checkpoint of "
                 "this step; the checkpoints in %s are kept (train.on_nonfinite = skip skips such steps instead)\n",
@@ -245,11 +204,13 @@ static bool stop_on_nonfinite(trainer *t, train_loop *loop, const step_result *r
 
 static bool train_one_step(trainer *t, train_loop *loop) {
     const config *cfg = &t->cfg;
-    step_result r = trainer_step(t);
+    train_step_result r;
+    status err;
+    if (trainer_step(t, &r, &err) != 0) cmd_fail(err.code, "%s", err.message);
     loop->interval_tokens += (long long)cfg->batch_size * cfg->seq_len;
     bool logged = false;
     if (t->step % cfg->log_interval == 0 || t->step == cfg->steps) {
-        double now = wall_seconds();
+        double now = sys_seconds();
         log_train(t, &r, loop->interval_tokens / (now - loop->interval_start), now - loop->start,
                   t->step - loop->first_step);
         loop->interval_start = now;
@@ -262,7 +223,7 @@ static bool train_one_step(trainer *t, train_loop *loop) {
     }
     if (logged) publish_metrics(t, &loop->live);
     if (stop_on_nonfinite(t, loop, &r)) return false;
-    if (cfg->check_interval > 0 && t->step % cfg->check_interval == 0) dist_check_consistency(&t->model, t->step);
+    if (cfg->check_interval > 0 && t->step % cfg->check_interval == 0) cmd_check_consistency(&t->model, t->step);
     bool stopped = ranks_agree_to_stop();
     if (stopped) log_rank0("stop requested: writing a checkpoint at step %lld\n", t->step);
     bool periodic = cfg->ckpt_interval > 0 && t->step % cfg->ckpt_interval == 0;
@@ -275,7 +236,7 @@ static bool train_one_step(trainer *t, train_loop *loop) {
 
 /* docs/cli.md §5: the run's summary on rank 0. */
 static void print_summary(const trainer *t, const train_loop *loop, double seconds) {
-    if (process_rank() != 0) return;
+    if (dist_rank() != 0) return;
     long long steps = t->step - loop->first_step;
     double tokens = (double)steps * t->cfg.batch_size * t->cfg.seq_len;
     printf("summary: step %lld of %lld (%lld this run) | %.1f s | %.0f tok/s\n", t->step, t->cfg.steps, steps, seconds,
@@ -285,7 +246,7 @@ static void print_summary(const trainer *t, const train_loop *loop, double secon
     for (int i = 0; i < 2; i++) {
         char text[256];
         if (!shown[i]->known) continue;
-        eval_metrics_format(&shown[i]->metrics, t->cfg.task, 4, text, sizeof text);
+        metric_values_format(&shown[i]->metrics, t->cfg.task, 4, text, sizeof text);
         printf("summary: %s (step %lld) | %s\n", names[i], shown[i]->step, text);
     }
     char best[STORE_PATH_MAX] = "none (train.keep_best = false)";
@@ -294,29 +255,29 @@ static void print_summary(const trainer *t, const train_loop *loop, double secon
     fflush(stdout);
 }
 
-int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume, const char *init,
+int command_train(const char *config_path, int n_overrides, char *const *overrides, const char *resume, const char *init,
                   bool overwrite) {
     if (resume && init)
-        fail_all(EXIT_USAGE, "train: --init starts a new run at step 0 from a checkpoint's weights, --resume continues "
+        cmd_fail_all(EXIT_USAGE, "train: --init starts a new run at step 0 from a checkpoint's weights, --resume continues "
                              "a run: give one of them");
     config cfg = cmd_load_config(config_path, n_overrides, overrides);
     cmd_use_precision(&cfg);
-    dist_check_launch();
-    install_stop_handlers();
+    cmd_check_launch();
+    signals_catch_stops();
     status err;
-    if (process_rank() == 0 && store_open_run(cfg.out_dir, resume != NULL, overwrite, &err) != 0)
-        fail(err.code, "%s", err.message);
-    dist_describe(); /* the start-up line first, then what the trainer reports (memory) */
+    if (dist_rank() == 0 && store_open_run(cfg.out_dir, resume != NULL, overwrite, &err) != 0)
+        cmd_fail(err.code, "%s", err.message);
+    cmd_print_banner(); /* the start-up line first, then what the trainer reports (memory) */
     trainer t;
     create_trainer(&t, &cfg);
-    if (resume && trainer_resume(&t, resume, &err) != 0) fail_all(err.code, "%s", err.message);
-    if (init && trainer_init_from(&t, init, &err) != 0) fail_all(err.code, "%s", err.message);
+    if (resume && trainer_resume(&t, resume, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
+    if (init && trainer_init_from(&t, init, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
     train_loop loop = {.first_step = t.step, .live = open_live_metrics(&t), .final_saved = true};
-    if (cfg.keep_best && t.step > 0 && process_rank() == 0) read_best_so_far(&t, &loop.best_eval);
+    if (cfg.keep_best && t.step > 0 && dist_rank() == 0) read_best_so_far(&t, &loop.best_eval);
     log_rank0("model: %zu parameters | global batch %d x %d | %lld steps\n", t.model.n_params, cfg.batch_size,
               cfg.seq_len, cfg.steps);
     log_rank0("precision %s\n", cmd_precision_description());
-    loop.start = loop.interval_start = wall_seconds();
+    loop.start = loop.interval_start = sys_seconds();
     bool running = true;
     while (t.step < cfg.steps && running) {
         running = train_one_step(&t, &loop);
@@ -329,10 +290,10 @@ int command_train(const char *config_path, int n_overrides, char **overrides, co
     if (!loop.last_eval.known && t.eval_log.n_rows > 0) {
         loop.last_eval.known = true;
         loop.last_eval.step = (long long)t.eval_log.values[(t.eval_log.n_rows - 1) * t.eval_log.row_width];
-        eval_metrics_from_row(&t.eval_log, t.eval_log.n_rows - 1, &loop.last_eval.metrics);
+        metric_values_from_row(&t.eval_log, t.eval_log.n_rows - 1, &loop.last_eval.metrics);
     }
     if (!cfg.keep_best) keep_lowest(&loop.best_eval, &t.eval_log);
-    print_summary(&t, &loop, wall_seconds() - loop.start);
+    print_summary(&t, &loop, sys_seconds() - loop.start);
     live_metrics_close(loop.live);
     trainer_free(&t);
     /* a scheduler reads exit 0 as "done": not so when the last state is lost */
@@ -350,21 +311,25 @@ static int compare_doubles(const void *a, const void *b) {
 
 /* Times `steps` training steps after two warm-up steps and reports the
  * median step (robust on a shared machine), as tools/bench_torch.py does. */
-int command_bench(const char *config_path, int n_overrides, char **overrides, int steps) {
+int command_bench(const char *config_path, int n_overrides, char *const *overrides, int steps) {
     config cfg = cmd_load_config(config_path, n_overrides, overrides);
     cmd_use_precision(&cfg);
     cfg.steps = steps + 2;
-    dist_describe();
+    cmd_print_banner();
     trainer t;
     create_trainer(&t, &cfg);
-    for (int i = 0; i < 2; i++) trainer_step(&t); /* warm-up: allocations, caches */
-    double wait = 0, *times = xcalloc((size_t)steps, sizeof(double));
+    train_step_result r;
+    status err;
+    for (int i = 0; i < 2; i++) /* warm-up: allocations, caches */
+        if (trainer_step(&t, &r, &err) != 0) cmd_fail(err.code, "%s", err.message);
+    double wait = 0, *times = sys_calloc((size_t)steps, sizeof(double));
     for (int i = 0; i < steps; i++) {
         dist_barrier();
-        double start = wall_seconds();
-        wait += trainer_step(&t).allreduce_wait_s;
+        double start = sys_seconds();
+        if (trainer_step(&t, &r, &err) != 0) cmd_fail(err.code, "%s", err.message);
+        wait += r.allreduce_wait_s;
         dist_barrier();
-        times[i] = wall_seconds() - start;
+        times[i] = sys_seconds() - start;
     }
     qsort(times, (size_t)steps, sizeof(double), compare_doubles);
     double median = times[steps / 2];
@@ -374,12 +339,12 @@ int command_bench(const char *config_path, int n_overrides, char **overrides, in
     getrusage(RUSAGE_SELF, &usage);
     double max_rss_mb = dist_max_double(usage.ru_maxrss / 1024.0);
     log_rank0("bench: %d ranks x %d threads | batch %d x %d | %s attention | %d steps | step min %.1f ms, max %.1f ms\n",
-              process_count(), dist_threads(), cfg.batch_size, cfg.seq_len,
+              dist_size(), blas_core_threads(), cfg.batch_size, cfg.seq_len,
               cfg.attention == ATTENTION_FMM ? "fmm" : "softmax", steps, 1e3 * times[0], 1e3 * times[steps - 1]);
     log_rank0("bench precision %s\n", cmd_precision_description());
     log_rank0("bench tokens_per_s=%.1f ms_per_step=%.3f gflops=%.3f allreduce_wait_ms=%.3f peak_rss_mb=%.1f\n",
               tokens / median, 1e3 * median, flops / median / 1e9, 1e3 * wait / steps, max_rss_mb);
-    memory_use u = trainer_memory(&t); /* rank 0's: the largest ZeRO-1 slice is at most one element more */
+    train_memory_use u = trainer_memory(&t); /* rank 0's: the largest ZeRO-1 slice is at most one element more */
     log_rank0("bench memory param_bytes_per_param=%.3f grad_bytes_per_param=%.3f moment_bytes_per_param=%.3f "
               "activation_mb=%.3f\n",
               u.param_bytes, u.grad_bytes, u.moment_bytes, u.activation_bytes / 1e6);

@@ -11,13 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/common.h"
-#include "momfmm/fmm.h"
 #include "momfmm/ini.h"
-#include "momfmm/listops.h"
+#include "momfmm/status.h"
 #include "momfmm/suggest.h"
+#include "momfmm/sys.h"
 
-typedef enum { KEY_INT, KEY_INT64, KEY_DOUBLE, KEY_BOOL, KEY_STRING, KEY_ENUM } key_type;
+typedef enum { KEY_INT, KEY_INT64, KEY_DOUBLE, KEY_BOOL, KEY_STRING, KEY_ENUM, KEY_LIST } key_type;
 
 /* Whether a key must agree between a checkpoint and a resumed run. */
 typedef enum { ROLE_SCHEDULE = 0, ROLE_MODEL = 1 } key_role;
@@ -28,7 +27,7 @@ typedef struct {
     size_t offset, size;   /* size: string capacity */
     const char *fallback;  /* default, as INI text */
     double min, max;       /* numeric limits, inclusive */
-    const char *choices;   /* KEY_ENUM: "a|b|c", index = stored value */
+    const char *choices;   /* KEY_ENUM, KEY_LIST: "a|b|c", index = stored value */
     key_role role;
 } config_key;
 
@@ -59,7 +58,7 @@ static const config_key KEYS[] = {
     {"momentum", "placement", KEY_ENUM, OFF(placement), "post_rope", 0, 0, "post_rope|pre_rope", ROLE_MODEL},
     {"momentum", "anchor", KEY_BOOL, OFF(anchor), "true", 0, 1, NULL, ROLE_MODEL},
     {"fmm", "bandwidth", KEY_INT, OFF(fmm_bandwidth), "5", 0, 1 << 24, NULL, ROLE_MODEL},
-    {"fmm", "kernels", KEY_STRING, OFF(fmm_kernels), "elu", 0, 0, NULL, ROLE_MODEL},
+    {"fmm", "kernels", KEY_LIST, OFF(fmm_kernels), "elu", 0, 0, CONFIG_FMM_KERNELS, ROLE_MODEL},
     {"fmm", "eps", KEY_DOUBLE, OFF(fmm_eps), "1e-6", 0, BIG, NULL, ROLE_MODEL},
     {"fmm", "chunk", KEY_INT, OFF(fmm_chunk), "16", 1, 1 << 20, NULL, ROLE_SCHEDULE},
     {"data", "task", KEY_ENUM, OFF(task), "chain", 0, 0, "chain|copy|listops|text", ROLE_MODEL},
@@ -189,7 +188,53 @@ static void suggest_choice(const char *choices, const char *value, char *out, si
     else out[0] = '\0';
 }
 
-typedef enum { SET_OK, SET_SYNTAX, SET_RANGE, SET_TOO_LONG, SET_CHOICE } set_result;
+typedef enum { SET_OK, SET_SYNTAX, SET_RANGE, SET_TOO_LONG, SET_CHOICE, SET_LIST } set_result;
+
+/* "elu, elu_flip": names of `choices` separated by commas (blanks around
+ * them ignored); a blank value is the empty list. */
+static set_result parse_list(const char *choices, const char *value, config_list *out) {
+    config_list list = {0};
+    const char *p = value + strspn(value, " \t");
+    while (*p) {
+        size_t n = strcspn(p, ","), len = n;
+        while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t')) len--;
+        char name[64];
+        if (len == 0 || len >= sizeof name || list.n == CONFIG_LIST_MAX) return SET_LIST;
+        memcpy(name, p, len);
+        name[len] = '\0';
+        int index = parse_enum(choices, name);
+        if (index < 0) return SET_LIST;
+        list.items[list.n++] = index;
+        if (!p[n]) break;
+        p += n + 1;
+        p += strspn(p, " \t");
+        if (!*p) return SET_LIST; /* a trailing comma names an empty item */
+    }
+    *out = list;
+    return SET_OK;
+}
+
+/* The first item of `value` that parse_list refuses, into out. */
+static void bad_list_item(const char *choices, const char *value, char *out, size_t len) {
+    const char *p = value;
+    int n = 0;
+    for (;;) {
+        size_t k = strcspn(p, ",");
+        const char *a = p, *b = p + k;
+        while (a < b && (*a == ' ' || *a == '\t')) a++;
+        while (b > a && (b[-1] == ' ' || b[-1] == '\t')) b--;
+        char name[64] = "";
+        if ((size_t)(b - a) < sizeof name) memcpy(name, a, (size_t)(b - a)), name[b - a] = '\0';
+        if (n == CONFIG_LIST_MAX || !name[0] || parse_enum(choices, name) < 0) {
+            snprintf(out, len, "%.*s", (int)(b - a), a);
+            return;
+        }
+        n++;
+        if (!p[k]) break;
+        p += k + 1;
+    }
+    snprintf(out, len, "%s", "");
+}
 
 /* Stores `value` into the field of `key`. */
 static set_result set_value(config *c, const config_key *key, const char *value) {
@@ -228,6 +273,8 @@ static set_result set_value(config *c, const config_key *key, const char *value)
         *(int *)field = v;
         return SET_OK;
     }
+    case KEY_LIST:
+        return parse_list(key->choices, value, (config_list *)field);
     }
     return SET_SYNTAX;
 }
@@ -258,8 +305,8 @@ static const char *shown(const char *value, char *buf, size_t len) {
 /* "must be >= 0", "must be in [1, 4096]": limits at +-BIG are open ends. */
 static void describe_range(const config_key *key, char *out, size_t len) {
     char lo[32], hi[32];
-    format_shortest_double(key->min, lo, sizeof lo);
-    format_shortest_double(key->max, hi, sizeof hi);
+    config_format_double(key->min, lo, sizeof lo);
+    config_format_double(key->max, hi, sizeof hi);
     if (key->max >= BIG && key->min <= -BIG) snprintf(out, len, "must be finite");
     else if (key->max >= BIG) snprintf(out, len, "must be >= %s", lo);
     else if (key->min <= -BIG) snprintf(out, len, "must be <= %s", hi);
@@ -278,6 +325,16 @@ static void describe_bad_value(const config_key *key, const char *value, set_res
     case SET_TOO_LONG:
         snprintf(out, len, "%s.%s = '%s': longer than %zu characters", key->section, key->name, v, key->size - 1);
         return;
+    case SET_LIST: {
+        char item[64], names[256];
+        bad_list_item(key->choices, value, item, sizeof item);
+        snprintf(names, sizeof names, "%s", key->choices);
+        for (char *bar = strchr(names, '|'); bar; bar = strchr(bar, '|')) *bar = ',';
+        suggest_choice(key->choices, item, detail, sizeof detail);
+        snprintf(out, len, "%s.%s = '%s': '%s' is not one of %s, or more than %d names%s", key->section, key->name,
+                 v, item, names, CONFIG_LIST_MAX, detail);
+        return;
+    }
     case SET_CHOICE: {
         const char *choices = key->type == KEY_BOOL ? "true|false" : key->choices;
         suggest_choice(choices, value, detail, sizeof detail);
@@ -303,21 +360,19 @@ typedef struct {
     char *section;         /* current [section], NULL before the first */
     int key_line[N_KEYS];  /* line that set KEYS[i], 0 = not yet */
     int section_line[N_KEYS]; /* by section_index */
-    char *err;
-    size_t err_len;
+    status *st;
 } parse_state;
 
-/* Writes "<origin>:<line>: <message>" (or "--set <message>") and returns -1. */
-static int reject(parse_state *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int reject(parse_state *st, const char *fmt, ...) {
-    int n = st->line > 0 ? snprintf(st->err, st->err_len, "%s:%d: ", st->origin, st->line)
-                         : snprintf(st->err, st->err_len, "%s ", st->origin);
-    if (n < 0 || (size_t)n >= st->err_len) return -1;
+/* "<origin>:<line>: <message>" (or "--set <message>"): returns EXIT_USAGE. */
+static int reject(parse_state *ps, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int reject(parse_state *ps, const char *fmt, ...) {
+    char message[sizeof ps->st->message];
     va_list args;
     va_start(args, fmt);
-    vsnprintf(st->err + n, st->err_len - (size_t)n, fmt, args);
+    vsnprintf(message, sizeof message, fmt, args);
     va_end(args);
-    return -1;
+    if (ps->line > 0) return status_fail(ps->st, EXIT_USAGE, "%s:%d: %s", ps->origin, ps->line, message);
+    return status_fail(ps->st, EXIT_USAGE, "%s %s", ps->origin, message);
 }
 
 static int assign(parse_state *st, const char *name, const char *value) {
@@ -348,7 +403,7 @@ static int assign(parse_state *st, const char *name, const char *value) {
 
 static char *copy_string(const char *s) {
     size_t n = strlen(s) + 1;
-    return memcpy(xcalloc(n, 1), s, n);
+    return memcpy(sys_calloc(n, 1), s, n);
 }
 
 /* ini_handlers of a config file: a known section may appear once. */
@@ -378,27 +433,26 @@ static int on_malformed(void *ctx, int line, const char *text) {
     return reject(st, "malformed line (expected [section] or key = value): %s", shown(text, cut, sizeof cut));
 }
 
-int config_load_string(config *c, const char *text, const char *origin, char *err, size_t err_len) {
-    parse_state st;
-    memset(&st, 0, sizeof st);
-    st.c = c, st.origin = origin, st.err = err, st.err_len = err_len;
-    err[0] = '\0';
-    ini_handlers h = {on_section, on_pair, on_malformed, &st};
+int config_load_string(config *c, const char *text, const char *origin, status *st) {
+    parse_state ps;
+    memset(&ps, 0, sizeof ps);
+    ps.c = c, ps.origin = origin, ps.st = st;
+    status_clear(st);
+    ini_handlers h = {on_section, on_pair, on_malformed, &ps};
     int rc = ini_parse(text, &h);
-    free(st.section);
+    free(ps.section);
     return rc;
 }
 
-int config_try_load_file(config *c, const char *path, status *st) {
+int config_load_file(config *c, const char *path, status *st) {
     char *text = ini_read_file(path, st);
     if (!text) return EXIT_USAGE;
-    char err[sizeof st->message];
-    int rc = config_load_string(c, text, path, err, sizeof err);
+    int rc = config_load_string(c, text, path, st);
     free(text);
-    return rc ? status_fail(st, EXIT_USAGE, "%s", err) : 0;
+    return rc;
 }
 
-int config_try_apply_override(config *c, const char *assignment, status *st) {
+int config_apply_override(config *c, const char *assignment, status *st) {
     const char *eq = strchr(assignment, '=');
     const char *dot = strchr(assignment, '.');
     if (!eq || !dot || dot > eq) {
@@ -417,15 +471,14 @@ int config_try_apply_override(config *c, const char *assignment, status *st) {
     }
     char *copy = copy_string(assignment);
     copy[dot - assignment] = copy[eq - assignment] = '\0';
-    char err[sizeof st->message];
     parse_state ps;
     memset(&ps, 0, sizeof ps);
-    ps.c = c, ps.origin = "--set", ps.err = err, ps.err_len = sizeof err;
+    ps.c = c, ps.origin = "--set", ps.st = st;
     ps.section = copy_string(copy);
     int rc = assign(&ps, copy + (dot - assignment) + 1, eq + 1);
     free(ps.section);
     free(copy);
-    return rc ? status_fail(st, EXIT_USAGE, "%s", err) : 0;
+    return rc;
 }
 
 bool config_momentum_enabled(const config *c) { return c->gamma != 0.0 || c->learn_gamma; }
@@ -434,25 +487,28 @@ int config_micro_rows(const config *c, int shard_rows) {
     return c->micro_batch > 0 && c->micro_batch < shard_rows ? c->micro_batch : shard_rows;
 }
 
-int config_check(const config *c, const char *origin, char *err, size_t err_len) {
-#define REJECT(...)                            \
-    do {                                       \
-        snprintf(err, err_len, __VA_ARGS__);   \
-        return -1;                             \
-    } while (0)
+#define REJECT(...) return status_fail(st, EXIT_USAGE, __VA_ARGS__)
+int config_check_model(const config *c, const char *origin, status *st) {
     if (c->d_model % c->n_heads != 0)
         REJECT("%s: model.d_model = %d is not divisible by model.n_heads = %d", origin, c->d_model, c->n_heads);
     if ((c->d_model / c->n_heads) % 2 != 0)
         REJECT("%s: model.d_model / model.n_heads = %d is odd; RoPE needs an even head dimension", origin,
                c->d_model / c->n_heads);
+    status_clear(st);
+    return 0;
+}
+
+int config_check(const config *c, const char *origin, status *st) {
+    int rc = config_check_model(c, origin, st);
+    if (rc != 0) return rc;
     if (c->max_seq_len > 0 && c->seq_len > c->max_seq_len)
         REJECT("%s: data.seq_len = %d exceeds model.max_seq_len = %d", origin, c->seq_len, c->max_seq_len);
     if (c->head == HEAD_CLS && c->task != TASK_LISTOPS)
         REJECT("%s: model.head = cls needs data.task = listops", origin);
     /* ListOps labels are the values 0..9, one per digit token. */
-    if (c->head == HEAD_CLS && c->n_classes < LISTOPS_MIN - LISTOPS_DIGIT0)
+    if (c->head == HEAD_CLS && c->n_classes < CONFIG_LISTOPS_CLASSES)
         REJECT("%s: model.n_classes = %d is below the %d classes of data.task = listops", origin, c->n_classes,
-               LISTOPS_MIN - LISTOPS_DIGIT0);
+               CONFIG_LISTOPS_CLASSES);
     if (c->head == HEAD_LM && c->task == TASK_LISTOPS)
         REJECT("%s: data.task = listops needs model.head = cls", origin);
     if (c->task == TASK_COPY && c->vocab_size < 11)
@@ -471,13 +527,17 @@ int config_check(const config *c, const char *origin, char *err, size_t err_len)
     if (c->task == TASK_LISTOPS && !c->data_path[0] && c->listops_min_len > c->seq_len)
         REJECT("%s: data.listops_min_len = %d exceeds data.seq_len = %d", origin, c->listops_min_len, c->seq_len);
     if (c->min_lr > c->lr) REJECT("%s: train.min_lr = %g exceeds train.lr = %g", origin, c->min_lr, c->lr);
-    fmm_settings probe;
-    char bad[64];
-    if (fmm_parse_kernels(c->fmm_kernels, &probe, bad, sizeof bad) != 0)
-        REJECT("%s: fmm.kernels: unknown or too many feature maps at '%s' (allowed: elu, elu_flip, tanh)",
-               origin, bad);
+    status_clear(st);
     return 0;
+}
 #undef REJECT
+
+/* The name of choice `index` of "a|b|c". */
+static void choice_name(const char *choices, int index, char *out, size_t len) {
+    const char *p = choices;
+    for (int i = 0; i < index && p; i++) p = strchr(p, '|') ? strchr(p, '|') + 1 : NULL;
+    size_t n = p ? strcspn(p, "|") : 0;
+    snprintf(out, len, "%.*s", (int)n, p ? p : "");
 }
 
 static void format_value(const config *c, const config_key *key, char *out, size_t len) {
@@ -485,15 +545,19 @@ static void format_value(const config *c, const config_key *key, char *out, size
     switch (key->type) {
     case KEY_INT: snprintf(out, len, "%d", *(const int *)field); break;
     case KEY_INT64: snprintf(out, len, "%lld", *(const long long *)field); break;
-    case KEY_DOUBLE: format_shortest_double(*(const double *)field, out, len); break;
+    case KEY_DOUBLE: config_format_double(*(const double *)field, out, len); break;
     case KEY_BOOL: snprintf(out, len, "%s", *(const bool *)field ? "true" : "false"); break;
     case KEY_STRING: snprintf(out, len, "%s", field); break;
-    case KEY_ENUM: {
-        int index = *(const int *)field;
-        const char *p = key->choices;
-        for (int i = 0; i < index && p; i++) p = strchr(p, '|') ? strchr(p, '|') + 1 : NULL;
-        size_t n = p ? strcspn(p, "|") : 0;
-        snprintf(out, len, "%.*s", (int)n, p ? p : "");
+    case KEY_ENUM: choice_name(key->choices, *(const int *)field, out, len); break;
+    case KEY_LIST: {
+        const config_list *list = (const config_list *)field;
+        size_t used = 0;
+        out[0] = '\0';
+        for (int i = 0; i < list->n && used < len; i++) {
+            char name[64];
+            choice_name(key->choices, list->items[i], name, sizeof name);
+            used += (size_t)snprintf(out + used, len - used, "%s%s", i ? "," : "", name);
+        }
         break;
     }
     }
@@ -501,7 +565,7 @@ static void format_value(const config *c, const config_key *key, char *out, size
 
 char *config_to_ini(const config *c) {
     size_t cap = 64 + N_KEYS * (CONFIG_PATH_MAX + 64), len = 0;
-    char *text = xcalloc(cap, 1);
+    char *text = sys_calloc(cap, 1);
     const char *section = "";
     for (size_t i = 0; i < N_KEYS; i++) {
         if (strcmp(section, KEYS[i].section) != 0) {
@@ -550,4 +614,16 @@ static bool is_architecture_key(const config_key *k) {
 
 int config_compare_architecture(const config *a, const config *b, char *out, size_t out_len) {
     return compare_where(a, b, is_architecture_key, out, out_len);
+}
+
+/* %.17g always round-trips, so the loop ends by 17 at the latest; infinities
+ * and NaN print as %g does. Whole numbers below 1e16 keep their digits
+ * (10000, not 1e+04). */
+char *config_format_double(double x, char *out, size_t len) {
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(out, len, "%.*g", digits, x);
+        if (isnan(x) || strtod(out, NULL) == x) break;
+    }
+    if (strchr(out, 'e') && x == floor(x) && fabs(x) < 1e16) snprintf(out, len, "%.0f", x);
+    return out;
 }

@@ -1,5 +1,6 @@
 /* The text corpus of docs/tasks.md §2; see corpus.h. */
 #include "momfmm/corpus.h"
+#include "momfmm/sys.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -51,7 +52,7 @@ void corpus_unmap(const unsigned char *bytes, long long size) {
 
 static char *copy_string(const char *s) {
     size_t n = strlen(s) + 1;
-    return memcpy(xcalloc(n, 1), s, n);
+    return memcpy(sys_calloc(n, 1), s, n);
 }
 
 static int add_document(corpus *c, const char *path, status *st) {
@@ -59,7 +60,7 @@ static int add_document(corpus *c, const char *path, status *st) {
     if (corpus_map_file(path, &doc.bytes, &doc.size, st)) return EXIT_BAD_FILE;
     if (c->n_docs == c->capacity) {
         c->capacity = c->capacity ? 2 * c->capacity : 16;
-        c->docs = xrealloc(c->docs, sizeof(corpus_document) * (size_t)c->capacity);
+        c->docs = sys_realloc(c->docs, sizeof(corpus_document) * (size_t)c->capacity);
     }
     doc.path = copy_string(path);
     c->docs[c->n_docs++] = doc;
@@ -68,7 +69,7 @@ static int add_document(corpus *c, const char *path, status *st) {
 
 static char *join_path(const char *dir, const char *name) {
     size_t n = strlen(dir) + strlen(name) + 2;
-    char *path = xcalloc(n, 1);
+    char *path = sys_calloc(n, 1);
     strcpy(path, dir);
     if (path[0] && path[strlen(path) - 1] != '/') strcat(path, "/");
     return strcat(path, name);

@@ -7,8 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/common.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 #include "momfmm/corpus.h"
+#include "momfmm/dist.h"
 #include "momfmm/listops.h"
 #include "momfmm/rng.h"
 
@@ -30,15 +32,15 @@ struct data_source {
     uint64_t *chain_seen;
 };
 
-void batch_alloc(batch *b, int B, int T) {
+void data_batch_alloc(data_batch *b, int B, int T) {
     b->B = B;
     b->T = T;
-    b->inputs = xcalloc((size_t)B * T, sizeof(int32_t));
-    b->targets = xcalloc((size_t)B * T, sizeof(int32_t));
-    b->labels = xcalloc((size_t)B, sizeof(int32_t));
+    b->inputs = sys_calloc((size_t)B * T, sizeof(int32_t));
+    b->targets = sys_calloc((size_t)B * T, sizeof(int32_t));
+    b->labels = sys_calloc((size_t)B, sizeof(int32_t));
 }
 
-void batch_free(batch *b) {
+void data_batch_free(data_batch *b) {
     free(b->inputs);
     free(b->targets);
     free(b->labels);
@@ -80,8 +82,8 @@ static int add_listops_row(data_source *d, char *line, int line_no, int *cap, st
                            line_no, tab + 1);
     if (d->n_rows == *cap) {
         *cap *= 2;
-        d->rows = xrealloc(d->rows, sizeof(int32_t) * (size_t)*cap * c->seq_len);
-        d->row_labels = xrealloc(d->row_labels, sizeof(int32_t) * (size_t)*cap);
+        d->rows = sys_realloc(d->rows, sizeof(int32_t) * (size_t)*cap * c->seq_len);
+        d->row_labels = sys_realloc(d->row_labels, sizeof(int32_t) * (size_t)*cap);
     }
     int32_t *tokens = d->rows + (size_t)d->n_rows * c->seq_len;
     int length = listops_tokenize(line, tokens, c->seq_len);
@@ -97,14 +99,14 @@ static int add_listops_row(data_source *d, char *line, int line_no, int *cap, st
  * skipped. The file is mapped and each line copied into a reused buffer. */
 static int parse_listops_tsv(data_source *d, const unsigned char *bytes, long long size, status *st) {
     int cap = 1024, rc = 0;
-    d->rows = xcalloc((size_t)cap * d->cfg.seq_len, sizeof(int32_t));
-    d->row_labels = xcalloc((size_t)cap, sizeof(int32_t));
+    d->rows = sys_calloc((size_t)cap * d->cfg.seq_len, sizeof(int32_t));
+    d->row_labels = sys_calloc((size_t)cap, sizeof(int32_t));
     char *line = NULL;
     long long line_cap = 0, pos = 0;
     for (int line_no = 1; pos < size && rc == 0; line_no++) {
         const unsigned char *newline = memchr(bytes + pos, '\n', (size_t)(size - pos));
         long long length = newline ? newline - (bytes + pos) : size - pos;
-        if (length + 1 > line_cap) line = xrealloc(line, (size_t)(line_cap = length + 1));
+        if (length + 1 > line_cap) line = sys_realloc(line, (size_t)(line_cap = length + 1));
         memcpy(line, bytes + pos, (size_t)length);
         line[length] = '\0';
         pos += length + 1;
@@ -167,13 +169,13 @@ static int open_listops(data_source *d, status *st) {
     return c->data_path[0] ? open_listops_tsv(d, st) : check_listops_limits(d, st);
 }
 
-data_source *data_try_open(const config *c, status *st) {
-    data_source *d = xcalloc(1, sizeof *d);
+data_source *data_open(const config *c, status *st) {
+    data_source *d = sys_calloc(1, sizeof *d);
     d->cfg = *c;
-    d->sequence = xcalloc((size_t)c->seq_len + 1, sizeof(int32_t));
+    d->sequence = sys_calloc((size_t)c->seq_len + 1, sizeof(int32_t));
     if (c->task == TASK_CHAIN) {
-        d->chain = xcalloc((size_t)c->chain_len, sizeof(int32_t));
-        d->chain_seen = xcalloc(((size_t)c->vocab_size + 63) / 64, sizeof(uint64_t));
+        d->chain = sys_calloc((size_t)c->chain_len, sizeof(int32_t));
+        d->chain_seen = sys_calloc(((size_t)c->vocab_size + 63) / 64, sizeof(uint64_t));
     }
     int rc = 0;
     if (c->task == TASK_TEXT) rc = open_text(d, st);
@@ -193,7 +195,7 @@ void data_close(data_source *d) {
     free(d);
 }
 
-void shard_range(int global_B, int rank, int n_ranks, int *first, int *count) {
+void data_shard_range(int global_B, int rank, int n_ranks, int *first, int *count) {
     long long lo = (long long)rank * global_B / n_ranks, hi = (long long)(rank + 1) * global_B / n_ranks;
     *first = (int)lo;
     *count = (int)(hi - lo);
@@ -250,8 +252,8 @@ static void text_sample(const data_source *d, uint64_t key, int split, int32_t *
 
 /* listops: a generated expression, or a TSV row of the split; targets mark
  * the valid (non-padding) positions for the cls head's pooling. */
-static void listops_sample(const data_source *d, uint64_t key, int split, int32_t *inputs, int32_t *targets,
-                           int32_t *label, int T) {
+static int listops_sample(const data_source *d, uint64_t key, int split, int32_t *inputs, int32_t *targets,
+                          int32_t *label, int T, status *st) {
     const config *c = &d->cfg;
     int length;
     if (d->rows) {
@@ -265,14 +267,16 @@ static void listops_sample(const data_source *d, uint64_t key, int split, int32_
         *label = listops_generate(key, &lim, T, inputs, &length);
         /* check_listops_limits let these limits through, so this is a rare miss */
         if (*label < 0)
-            fail(EXIT_USAGE, "data.listops_min_len = %d, data.listops_max_len = %d: no expression of an allowed "
-                 "length in %d attempts; widen the range", c->listops_min_len, c->listops_max_len,
-                 LISTOPS_MAX_ATTEMPTS);
+            return status_fail(st, EXIT_USAGE,
+                               "data.listops_min_len = %d, data.listops_max_len = %d: no expression of an allowed "
+                               "length in %d attempts; widen the range",
+                               c->listops_min_len, c->listops_max_len, LISTOPS_MAX_ATTEMPTS);
     }
     for (int t = 0; t < T; t++) targets[t] = t < length ? 0 : -1;
+    return 0;
 }
 
-void data_fill(const data_source *d, batch *b, int split, long long step, long long first) {
+int data_fill(const data_source *d, data_batch *b, int split, long long step, long long first, status *st) {
     const config *c = &d->cfg;
     int T = b->T;
     int32_t *seq = d->sequence;
@@ -281,7 +285,7 @@ void data_fill(const data_source *d, batch *b, int split, long long step, long l
         int32_t *inputs = b->inputs + (size_t)r * T, *targets = b->targets + (size_t)r * T;
         b->labels[r] = 0;
         if (c->task == TASK_LISTOPS) {
-            listops_sample(d, key, split, inputs, targets, &b->labels[r], T);
+            if (listops_sample(d, key, split, inputs, targets, &b->labels[r], T, st) != 0) return st->code;
             continue;
         }
         if (c->task == TASK_TEXT) {
@@ -295,4 +299,25 @@ void data_fill(const data_source *d, batch *b, int split, long long step, long l
         }
         memcpy(inputs, seq, sizeof(int32_t) * T);
     }
+    return 0;
+}
+
+int data_shard_open(data_shard *s, const config *cfg, status *err) {
+    memset(s, 0, sizeof *s);
+    int size = dist_size(), count;
+    if (size > cfg->batch_size)
+        return status_fail(err, EXIT_USAGE,
+                           "train.batch_size = %d is smaller than the number of ranks (%d): every rank needs a sample",
+                           cfg->batch_size, size);
+    s->data = data_open(cfg, err);
+    if (!s->data) return err->code;
+    data_shard_range(cfg->batch_size, dist_rank(), size, &s->first, &count);
+    data_batch_alloc(&s->batch, count, cfg->seq_len);
+    return 0;
+}
+
+void data_shard_close(data_shard *s) {
+    data_batch_free(&s->batch);
+    data_close(s->data);
+    memset(s, 0, sizeof *s);
 }

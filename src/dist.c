@@ -1,12 +1,12 @@
-/* MPI data parallelism (docs/design.md §8.3). This is the only file that calls
- * MPI: it owns the communicators, the thread level and the int-count limit of
- * every MPI call. The loss is scaled by 1 / (global count of targets) before
+/* The parallel runtime over MPI (docs/design.md §8.3). This is the only file
+ * that calls MPI: it owns the communicators, the thread level and the
+ * int-count limit of every MPI call. It sees buffers and spans, not the
+ * model. The loss is scaled by 1 / (global count of targets) before
  * backward, so the gradient all-reduce is a plain sum. */
 #include "momfmm/dist.h"
 
 #include <hdf5.h>
 
-#include <cblas.h>
 #include <limits.h>
 #include <mpi.h>
 #include <stdint.h>
@@ -14,13 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/blas_core.h"
-#include "momfmm/build_info.h"
-#include "momfmm/common.h"
 #include "momfmm/dist_hdf5.h"
-#include "momfmm/float_env.h"
+#include "momfmm/log.h"
+#include "momfmm/sys.h"
 
-/* Created once in dist_try_init, freed in dist_finalize. A private duplicate of
+/* Created once in dist_init, freed in dist_finalize. A private duplicate of
  * the world keeps our collectives apart from any other library's traffic; the
  * node communicator (ranks sharing memory) serves dist_node_ranks. */
 static MPI_Comm world = MPI_COMM_NULL;
@@ -47,20 +45,27 @@ static int piece(size_t remaining, size_t element_size) {
     return (int)(remaining < limit ? remaining : limit);
 }
 
-/* MPI_THREAD_FUNNELED: OpenBLAS runs its own worker threads (dist_threads),
- * so MPI_THREAD_SINGLE would promise MPI a single-threaded process that we
- * are not; every MPI call, including the progress calls between backward
+/* The panic hook (status.h): a failure on one rank that no caller can
+ * handle ends the whole job, so that no rank waits for it in a collective. */
+static void abort_job(int exit_code) {
+    if (dist_size() > 1) dist_abort(exit_code);
+}
+
+/* MPI_THREAD_FUNNELED: OpenBLAS and oneDNN run their own worker threads, so
+ * MPI_THREAD_SINGLE would promise MPI a single-threaded process that we are
+ * not; every MPI call, including the progress calls between backward
  * kernels, comes from the main thread, so nothing above FUNNELED is needed.
  * An MPI that provides less is refused rather than trusted (exit 1,
  * docs/design.md §8.7). */
-int dist_try_init(int *argc, char ***argv, status *st) {
+int dist_init(int *argc, char ***argv, status *st) {
     int provided = MPI_THREAD_SINGLE;
     MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
     MPI_Comm_dup(MPI_COMM_WORLD, &world);
     MPI_Comm_set_errhandler(world, MPI_ERRORS_ARE_FATAL);
     MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    openblas_set_num_threads(dist_threads());
+    log_set_rank(dist_rank());
+    status_at_panic(abort_job);
     if (provided < MPI_THREAD_FUNNELED)
         return status_fail(st, 1,
                            "MPI provides thread level %d, below MPI_THREAD_FUNNELED (%d) that OpenBLAS threads "
@@ -101,49 +106,39 @@ _Noreturn void dist_abort(int exit_code) {
     exit(exit_code);
 }
 
-/* Before dist_try_init and after dist_finalize the process is a world of one. */
-int process_rank(void) {
+int dist_rank(void) {
     int rank = 0;
     if (world != MPI_COMM_NULL) MPI_Comm_rank(world, &rank);
     return rank;
 }
 
-int process_count(void) {
+int dist_size(void) {
     int size = 1;
     if (world != MPI_COMM_NULL) MPI_Comm_size(world, &size);
     return size;
 }
 
-int dist_threads(void) {
-    const char *env = getenv("OMP_NUM_THREADS");
-    int n = env ? atoi(env) : 1;
-    return n > 0 ? n : 1;
-}
-
-void dist_describe(void) {
+void dist_host_names(char *out, size_t len) {
     char host[MPI_MAX_PROCESSOR_NAME] = {0};
-    int len = 0, size = process_count(), rank = process_rank();
-    MPI_Get_processor_name(host, &len);
-    char *all = rank == 0 ? xcalloc((size_t)size, MPI_MAX_PROCESSOR_NAME) : NULL;
-    MPI_Gather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, world);
-    if (rank != 0) return;
-    printf("momfmm: %d rank%s x %d thread%s on", size, size == 1 ? "" : "s", dist_threads(),
-           dist_threads() == 1 ? "" : "s");
-    for (int r = 0; r < size; r++) {
+    int host_len = 0, size = dist_size(), rank = dist_rank();
+    MPI_Get_processor_name(host, &host_len);
+    char *all = rank == 0 ? sys_calloc((size_t)size, MPI_MAX_PROCESSOR_NAME) : NULL;
+    if (size > 1) MPI_Gather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, world);
+    else if (all) memcpy(all, host, MPI_MAX_PROCESSOR_NAME);
+    if (len) out[0] = '\0';
+    size_t used = 0;
+    for (int r = 0; rank == 0 && r < size && used < len; r++) {
         const char *h = all + (size_t)r * MPI_MAX_PROCESSOR_NAME;
         bool seen = false;
         for (int q = 0; q < r && !seen; q++) seen = strcmp(h, all + (size_t)q * MPI_MAX_PROCESSOR_NAME) == 0;
-        if (!seen) printf(" %s", h);
+        if (!seen) used += (size_t)snprintf(out + used, len - used, " %s", h);
     }
-    printf(" | OpenBLAS core %s | subnormals %s | version %s (git %s)\n", blas_core_description(),
-           float_env_flushing() ? "flushed to zero" : "kept (IEEE)", build_version_number(), build_revision());
-    fflush(stdout);
     free(all);
 }
 
-int dist_try_check_launch(status *st) {
+int dist_check_launch(status *st) {
     const char *tasks = getenv("SLURM_STEP_NUM_TASKS");
-    if (tasks && atoi(tasks) > 1 && process_count() == 1 && getenv("SLURM_PROCID"))
+    if (tasks && atoi(tasks) > 1 && dist_size() == 1 && getenv("SLURM_PROCID"))
         return status_fail(st, EXIT_USAGE,
                            "srun started %s tasks but MPI sees a world of 1: launch with 'srun --mpi=pmix ...' "
                            "or 'mpirun' inside the allocation",
@@ -152,7 +147,7 @@ int dist_try_check_launch(status *st) {
 }
 
 void dist_sum_doubles(double *x, size_t n) {
-    if (process_count() == 1) return;
+    if (dist_size() == 1) return;
     for (size_t done = 0; done < n;) {
         int count = piece(n - done, sizeof(double));
         MPI_Allreduce(MPI_IN_PLACE, x + done, count, MPI_DOUBLE, MPI_SUM, world);
@@ -162,18 +157,18 @@ void dist_sum_doubles(double *x, size_t n) {
 
 double dist_max_double(double x) {
     double out = x;
-    if (process_count() > 1) MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_MAX, world);
+    if (dist_size() > 1) MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_MAX, world);
     return out;
 }
 
 bool dist_any(bool mine) {
     int in = mine ? 1 : 0, out = in;
-    if (process_count() > 1) MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, world);
+    if (dist_size() > 1) MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, world);
     return out != 0;
 }
 
 void dist_barrier(void) {
-    if (process_count() > 1) MPI_Barrier(world);
+    if (dist_size() > 1) MPI_Barrier(world);
 }
 
 int dist_node_ranks(void) {
@@ -183,7 +178,7 @@ int dist_node_ranks(void) {
 }
 
 void dist_broadcast_bytes(void *x, size_t n) {
-    if (process_count() == 1) return;
+    if (dist_size() == 1) return;
     char *p = x;
     for (size_t done = 0; done < n;) {
         int count = piece(n - done, 1);
@@ -194,20 +189,20 @@ void dist_broadcast_bytes(void *x, size_t n) {
 
 void dist_broadcast_floats(float *x, size_t n) { dist_broadcast_bytes(x, n * sizeof(float)); }
 
-static uint64_t params_checksum(const model *m) {
-    /* FNV-1a over the bit patterns: any difference in any weight shows. */
+static uint64_t checksum(const void *bytes, size_t n) {
+    /* FNV-1a over the bit patterns: any difference in any byte shows. */
     uint64_t h = 1469598103934665603ULL;
-    const unsigned char *bytes = (const unsigned char *)m->params;
-    for (size_t i = 0; i < m->n_params * sizeof(float); i++) h = (h ^ bytes[i]) * 1099511628211ULL;
+    const unsigned char *p = bytes;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
     return h;
 }
 
 /* Every rank gathers every checksum, so every rank returns the same status. */
-int dist_try_check_consistency(const model *m, long long step, status *st) {
-    int size = process_count();
+int dist_check_consistency(const void *bytes, size_t n, long long step, status *st) {
+    int size = dist_size();
     if (size == 1) return 0;
-    uint64_t mine = params_checksum(m);
-    uint64_t *all = xcalloc((size_t)size, sizeof(uint64_t));
+    uint64_t mine = checksum(bytes, n);
+    uint64_t *all = sys_calloc((size_t)size, sizeof(uint64_t));
     MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, world);
     int code = 0;
     for (int r = 1; r < size && code == 0; r++)
@@ -218,14 +213,21 @@ int dist_try_check_consistency(const model *m, long long step, status *st) {
     return code;
 }
 
+void dist_partition(size_t n, int rank, int ranks, size_t *first, size_t *count) {
+    size_t lo = n * (size_t)rank / (size_t)ranks, hi = n * (size_t)(rank + 1) / (size_t)ranks;
+    *first = lo;
+    *count = hi - lo;
+}
+
 typedef struct {
     size_t start, count;
     int ready_after; /* launch once backward has finished block `ready_after` (-1: all) */
     bool launched;
 } bucket;
 
-struct grad_reducer {
+struct dist_reducer {
     float *grads;
+    size_t n;
     bucket *buckets;
     MPI_Request *requests;
     int n_buckets, n_launched;
@@ -239,88 +241,80 @@ struct grad_reducer {
     int *counts, *displs;
 };
 
-/* The block after whose backward a tensor's gradient is final: its own block;
- * ln_f and the head finish before every block (n_layers - 1); the embedding
- * only at the very end (-1). */
-static int tensor_ready_after(const model *m, const param_entry *e) {
-    if (e->layer >= 0) return e->layer;
-    return e->offset == 0 ? -1 : m->L - 1;
-}
-
-/* Buckets of about bucket_mb, cut at tensor boundaries, built from the end
+/* Buckets of about bucket_mb, cut at span boundaries, built from the end
  * of the buffer because backward finishes the last blocks first. A bucket
- * never exceeds one MPI call's count (max_count): a larger tensor is cut
+ * never exceeds one MPI call's count (max_count): a larger span is cut
  * inside, so each bucket is one non-blocking all-reduce (docs/design.md §8.3). */
-grad_reducer *grad_reducer_create(const model *m, double bucket_mb, bool overlap) {
-    grad_reducer *r = xcalloc(1, sizeof *r);
-    r->grads = m->grads;
+dist_reducer *dist_reducer_create(float *grads, size_t n, const dist_span *spans, int n_spans, double bucket_mb,
+                                  bool overlap) {
+    dist_reducer *r = sys_calloc(1, sizeof *r);
+    r->grads = grads;
+    r->n = n;
     r->overlap = overlap;
-    r->active = process_count() > 1;
+    r->active = dist_size() > 1;
     size_t cap = max_count(sizeof(float));
-    /* every bucket starts at a tensor's end or follows a full one */
-    size_t max_buckets = (size_t)m->n_entries + m->n_params / cap + 1;
-    r->buckets = xcalloc(max_buckets, sizeof(bucket));
-    r->requests = xcalloc(max_buckets, sizeof(MPI_Request));
+    /* every bucket starts at a span's end or follows a full one */
+    size_t max_buckets = (size_t)n_spans + n / cap + 1;
+    r->buckets = sys_calloc(max_buckets, sizeof(bucket));
+    r->requests = sys_calloc(max_buckets, sizeof(MPI_Request));
     for (size_t i = 0; i < max_buckets; i++) r->requests[i] = MPI_REQUEST_NULL;
     size_t limit = (size_t)(bucket_mb * 1024 * 1024 / sizeof(float));
     if (limit < 1) limit = 1;
     bucket *current = NULL;
-    for (int i = m->n_entries - 1; i >= 0; i--) {
-        const param_entry *e = &m->entries[i];
-        int ready = tensor_ready_after(m, e);
-        size_t end = e->offset + e->numel; /* [e->offset, end) is not in a bucket yet */
+    for (int i = n_spans - 1; i >= 0; i--) {
+        const dist_span *e = &spans[i];
+        size_t end = e->offset + e->count; /* [e->offset, end) is not in a bucket yet */
         do {
             if (!current || current->count >= limit || current->count >= cap) {
                 current = &r->buckets[r->n_buckets++];
                 current->start = end;
-                current->ready_after = m->L;
+                current->ready_after = INT_MAX;
             }
             size_t room = cap - current->count, left = end - e->offset;
             size_t taken = left < room ? left : room;
             current->start -= taken;
             current->count += taken;
             end -= taken;
-            if (ready < current->ready_after) current->ready_after = ready;
+            if (e->ready_after < current->ready_after) current->ready_after = e->ready_after;
         } while (end > e->offset);
     }
     return r;
 }
 
-void grad_reducer_shard(grad_reducer *r, const model *m) {
-    int ranks = process_count();
+void dist_reducer_shard(dist_reducer *r) {
+    int ranks = dist_size();
     r->sharded = true;
-    r->first = m->moment_first;
-    r->count = m->moment_count;
+    dist_partition(r->n, dist_rank(), ranks, &r->first, &r->count);
     if (!r->active) return; /* one rank: the slice is the whole buffer */
-    r->slice = xcalloc(r->count ? r->count : 1, sizeof(float));
-    r->counts = xcalloc((size_t)r->n_buckets * ranks, sizeof(int));
-    r->displs = xcalloc((size_t)r->n_buckets * ranks, sizeof(int));
+    r->slice = sys_calloc(r->count ? r->count : 1, sizeof(float));
+    r->counts = sys_calloc((size_t)r->n_buckets * ranks, sizeof(int));
+    r->displs = sys_calloc((size_t)r->n_buckets * ranks, sizeof(int));
     for (int i = 0; i < r->n_buckets; i++)
         for (int q = 0; q < ranks; q++) {
             size_t first, count, start = r->buckets[i].start, end = start + r->buckets[i].count;
-            model_moment_range(m->n_params, q, ranks, &first, &count);
+            dist_partition(r->n, q, ranks, &first, &count);
             size_t lo = first > start ? first : start, hi = first + count < end ? first + count : end;
             r->counts[i * ranks + q] = lo < hi ? (int)(hi - lo) : 0;
             r->displs[i * ranks + q] = lo < hi ? (int)(lo - start) : 0;
         }
 }
 
-float *grad_reducer_slice(grad_reducer *r) { return r->slice ? r->slice : r->grads + r->first; }
+float *dist_reducer_slice(dist_reducer *r) { return r->slice ? r->slice : r->grads + r->first; }
 
 /* This rank's part [lo, hi) of bucket i; false when empty. */
-static bool my_part(const grad_reducer *r, int i, size_t *lo, size_t *hi) {
+static bool my_part(const dist_reducer *r, int i, size_t *lo, size_t *hi) {
     size_t start = r->buckets[i].start, end = start + r->buckets[i].count;
     *lo = r->first > start ? r->first : start;
     *hi = r->first + r->count < end ? r->first + r->count : end;
     return *lo < *hi;
 }
 
-double grad_reducer_gather(grad_reducer *r, float *params, slice_update update, void *ctx) {
+double dist_reducer_gather(dist_reducer *r, float *params, dist_slice_update update, void *ctx) {
     if (!r->active) {
         update(ctx, r->first, r->first + r->count);
         return 0.0;
     }
-    int ranks = process_count();
+    int ranks = dist_size();
     /* update a bucket's part, then start its all-gather while the next
      * part updates */
     for (int i = 0; i < r->n_buckets; i++) {
@@ -331,14 +325,14 @@ double grad_reducer_gather(grad_reducer *r, float *params, slice_update update, 
         int done;
         MPI_Testall(i + 1, r->requests, &done, MPI_STATUSES_IGNORE);
     }
-    double start = wall_seconds();
+    double start = sys_seconds();
     MPI_Waitall(r->n_buckets, r->requests, MPI_STATUSES_IGNORE);
-    return wall_seconds() - start;
+    return sys_seconds() - start;
 }
 
 int dist_hdf5_mpio(hid_t fapl) { return H5Pset_fapl_mpio(fapl, world, MPI_INFO_NULL) < 0 ? -1 : 0; }
 
-void grad_reducer_free(grad_reducer *r) {
+void dist_reducer_free(dist_reducer *r) {
     if (!r) return;
     free(r->slice);
     free(r->counts);
@@ -348,7 +342,7 @@ void grad_reducer_free(grad_reducer *r) {
     free(r);
 }
 
-static void launch(grad_reducer *r, int index) {
+static void launch(dist_reducer *r, int index) {
     bucket *b = &r->buckets[index];
     b->launched = true;
     /* Same buckets with and without overlap: identical message sizes give
@@ -358,7 +352,7 @@ static void launch(grad_reducer *r, int index) {
          * the data volume of a reduce-scatter, half an all-reduce's */
         size_t lo, hi;
         float *recv = my_part(r, index, &lo, &hi) ? r->slice + (lo - r->first) : r->slice;
-        MPI_Ireduce_scatter(r->grads + b->start, recv, r->counts + (size_t)index * process_count(), MPI_FLOAT,
+        MPI_Ireduce_scatter(r->grads + b->start, recv, r->counts + (size_t)index * dist_size(), MPI_FLOAT,
                             MPI_SUM, world, &r->requests[index]);
     } else {
         MPI_Iallreduce(MPI_IN_PLACE, r->grads + b->start, (int)b->count, MPI_FLOAT, MPI_SUM, world,
@@ -367,32 +361,25 @@ static void launch(grad_reducer *r, int index) {
     r->n_launched++;
 }
 
-static void grad_reducer_progress(void *reducer) {
-    grad_reducer *r = reducer;
+void dist_reducer_progress(dist_reducer *r) {
     if (!r || !r->active || r->n_launched == 0) return;
     int done;
     MPI_Testall(r->n_buckets, r->requests, &done, MPI_STATUSES_IGNORE);
 }
 
-static void grad_reducer_block_done(void *reducer, int layer) {
-    grad_reducer *r = reducer;
+void dist_reducer_block_done(dist_reducer *r, int layer) {
     if (!r->active || (!r->overlap && layer >= 0)) return;
     for (int i = 0; i < r->n_buckets; i++)
         if (!r->buckets[i].launched && (layer < 0 || r->buckets[i].ready_after >= layer)) launch(r, i);
-    grad_reducer_progress(r);
+    dist_reducer_progress(r);
 }
 
-backward_hooks grad_reducer_hooks(grad_reducer *r) {
-    backward_hooks hooks = {grad_reducer_block_done, grad_reducer_progress, r};
-    return hooks;
-}
-
-double grad_reducer_finish(grad_reducer *r) {
+double dist_reducer_finish(dist_reducer *r) {
     if (!r->active) return 0.0;
-    grad_reducer_block_done(r, -1);
-    double start = wall_seconds();
+    dist_reducer_block_done(r, -1);
+    double start = sys_seconds();
     MPI_Waitall(r->n_buckets, r->requests, MPI_STATUSES_IGNORE);
-    double waited = wall_seconds() - start;
+    double waited = sys_seconds() - start;
     for (int i = 0; i < r->n_buckets; i++) {
         r->buckets[i].launched = false;
         r->requests[i] = MPI_REQUEST_NULL;

@@ -9,30 +9,11 @@
 #include "momfmm/kernels.h"
 #include "momfmm/readouts.h"
 #include "momfmm/stream.h"
-
-int rank_shard_open(rank_shard *s, const config *cfg, status *err) {
-    memset(s, 0, sizeof *s);
-    int size = process_count(), count;
-    if (size > cfg->batch_size)
-        return status_fail(err, EXIT_USAGE,
-                           "train.batch_size = %d is smaller than the number of ranks (%d): every rank needs a sample",
-                           cfg->batch_size, size);
-    s->data = data_try_open(cfg, err);
-    if (!s->data) return err->code;
-    shard_range(cfg->batch_size, process_rank(), size, &s->first, &count);
-    batch_alloc(&s->batch, count, cfg->seq_len);
-    return 0;
-}
-
-void rank_shard_close(rank_shard *s) {
-    batch_free(&s->batch);
-    data_close(s->data);
-    memset(s, 0, sizeof *s);
-}
+#include "momfmm/sys.h"
 
 void eval_result_init(eval_result *r, const model *m) {
     memset(r, 0, sizeof *r);
-    r->gain_R = xcalloc((size_t)m->L * (2 + m->H), sizeof(double));
+    r->gain_R = sys_calloc((size_t)m->L * (2 + m->H), sizeof(double));
     r->gain_R_attn = r->gain_R + m->L;
     r->gamma = r->gain_R_attn + m->L;
 }
@@ -42,19 +23,19 @@ void eval_result_free(eval_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-void eval_readouts(const model *m, eval_result *r) { momentum_gammas(m, r->gamma); }
+void eval_readouts(const model *m, eval_result *r) { readouts_gammas(m, r->gamma); }
 
 /* Streams the batch's rows in segments; returns the largest difference from
  * the full forward's logits and fills losses/predictions from the streamed
  * logits. -1 with err on a failure. */
-static double stream_batch(model *m, const batch *b, int segment, const float *full_logits, float *losses,
+static double stream_batch(model *m, const data_batch *b, int segment, const float *full_logits, float *losses,
                            int32_t *predictions, status *err) {
     int T = b->T, S = b->B, V = m->V;
     stream_state st;
     if (stream_create(&st, m, S, T, segment, err) != 0) return -1;
-    float *seg_logits = xcalloc((size_t)S * segment * V, sizeof(float));
-    int32_t *tokens = xcalloc((size_t)S * segment, sizeof(int32_t));
-    float *probs = xcalloc((size_t)V, sizeof(float));
+    float *seg_logits = sys_calloc((size_t)S * segment * V, sizeof(float));
+    int32_t *tokens = sys_calloc((size_t)S * segment, sizeof(int32_t));
+    float *probs = sys_calloc((size_t)V, sizeof(float));
     double max_diff = 0;
     for (int pos = 0; pos < T && max_diff >= 0; pos += segment) {
         int n = T - pos < segment ? T - pos : segment;
@@ -88,22 +69,22 @@ typedef struct {
 } eval_sums;
 
 /* Rows [first, first + rows) of b as a batch of their own (no copy). */
-static batch rows_of(const batch *b, int first, int rows) {
+static data_batch rows_of(const data_batch *b, int first, int rows) {
     size_t at = (size_t)first * b->T;
-    return (batch){rows, b->T, b->inputs + at, b->targets + at, b->labels ? b->labels + first : NULL};
+    return (data_batch){rows, b->T, b->inputs + at, b->targets + at, b->labels ? b->labels + first : NULL};
 }
 
 /* One forward of rows v (global sample index first_row onwards) into the
  * sums; gain_R's random directions are keyed by sample, so the rows may
  * come in any grouping. */
-static int evaluate_rows(model *m, const batch *v, long long first_row, uint64_t seed, int segment, eval_sums *e,
+static int evaluate_rows(model *m, const data_batch *v, long long first_row, uint64_t seed, int segment, eval_sums *e,
                          status *err) {
     model_forward(m, v->inputs, v->targets, v->labels, v->B, v->T, false);
     metrics_accumulate(&e->full, v, m->acts.losses, m->acts.predictions, m->cfg.head == HEAD_CLS, m->V);
-    block_gains(m, v->B, v->T, seed, first_row, e->gains, e->gains + m->L + 1);
+    readouts_block_gains(m, v->B, v->T, seed, first_row, e->gains, e->gains + m->L + 1);
     e->gains[m->L] += v->B;
     if (segment <= 0) return 0;
-    /* block_gains leaves the forward's logits as they were */
+    /* readouts_block_gains leaves the forward's logits as they were */
     double diff = stream_batch(m, v, segment, m->acts.logits, e->losses, e->predictions, err);
     if (diff < 0) return err->code;
     e->max_diff = fmax(e->max_diff, diff);
@@ -114,25 +95,25 @@ static int evaluate_rows(model *m, const batch *v, long long first_row, uint64_t
 /* Eval batch i of this rank's shard, in forwards of train.micro_batch rows
  * as training takes them (docs/scale.md §7), so that evaluating needs no
  * more activation memory than a training step. */
-static int evaluate_batch(model *m, rank_shard *shard, int i, int segment, eval_sums *e, status *err) {
-    batch *b = &shard->batch;
-    data_fill(shard->data, b, SPLIT_EVAL, i, shard->first);
+static int evaluate_batch(model *m, data_shard *shard, int i, int segment, eval_sums *e, status *err) {
+    data_batch *b = &shard->batch;
+    if (data_fill(shard->data, b, SPLIT_EVAL, i, shard->first, err) != 0) return err->code;
     int rows = config_micro_rows(&m->cfg, b->B), rc = 0;
     for (int first = 0; first < b->B && rc == 0; first += rows) {
-        batch v = rows_of(b, first, b->B - first < rows ? b->B - first : rows);
+        data_batch v = rows_of(b, first, b->B - first < rows ? b->B - first : rows);
         rc = evaluate_rows(m, &v, shard->first + first, (uint64_t)m->cfg.seed + (uint64_t)i, segment, e, err);
     }
     return rc;
 }
 
-int evaluate(model *m, rank_shard *shard, int stream_segment, eval_result *r, status *err) {
+int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, status *err) {
     if (stream_segment > 0 && stream_check(m, shard->batch.T, err) != 0) return err->code;
     eval_sums e;
     memset(&e, 0, sizeof e);
     size_t rows = (size_t)shard->batch.B * shard->batch.T;
-    e.gains = xcalloc(2 * (size_t)m->L + 1, sizeof(double));
-    e.losses = xcalloc(rows, sizeof(float));
-    e.predictions = xcalloc(rows, sizeof(int32_t));
+    e.gains = sys_calloc(2 * (size_t)m->L + 1, sizeof(double));
+    e.losses = sys_calloc(rows, sizeof(float));
+    e.predictions = sys_calloc(rows, sizeof(int32_t));
     m->keep_logits = stream_segment > 0;
     int rc = 0;
     for (int i = 0; i < m->cfg.eval_batches && rc == 0; i++) rc = evaluate_batch(m, shard, i, stream_segment, &e, err);
@@ -156,7 +137,7 @@ int evaluate(model *m, rank_shard *shard, int stream_segment, eval_result *r, st
 }
 
 void eval_result_row(const eval_result *r, long long step, const metric_table *eval_log, double *row) {
-    const eval_metrics *e = &r->metrics;
+    const metric_values *e = &r->metrics;
     const struct {
         const char *name;
         double value;

@@ -15,10 +15,9 @@
  * states for dk and dv).  All matmuls go through gemm_product (gemm.h). */
 #include "momfmm/fmm.h"
 
-#include "momfmm/fastmath.h"
+#include "momfmm/fast_math.h"
 #include "momfmm/gemm.h"
 
-#include <ctype.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -29,69 +28,6 @@
  * (tests/test_fmm.c --bench, dh 32 and 64, T 1K-64K) C = 8..16 is fastest,
  * 64 is 1.15-1.5x slower, 128 1.5-2x. */
 #define FMM_DEFAULT_CHUNK 16
-
-/* ------------------------------------------------------------------------ */
-/* Kernel list parsing (docs/model.md §1.3 / 6: fmm.kernels = "elu,elu_flip")          */
-/* ------------------------------------------------------------------------ */
-
-static const struct { const char *name; feature_map map; } feature_names[] = {
-    {"elu", FEATURE_ELU}, {"elu_flip", FEATURE_ELU_FLIP}, {"tanh", FEATURE_TANH},
-};
-
-static void copy_token(char *buf, size_t buf_len, const char *tok, size_t len) {
-    if (!buf || buf_len == 0) return;
-    if (len > buf_len - 1) len = buf_len - 1;
-    memcpy(buf, tok, len);
-    buf[len] = '\0';
-}
-
-static int lookup_feature(const char *tok, size_t len, feature_map *out) {
-    for (size_t i = 0; i < sizeof feature_names / sizeof feature_names[0]; i++) {
-        if (strlen(feature_names[i].name) == len &&
-            memcmp(feature_names[i].name, tok, len) == 0) {
-            *out = feature_names[i].map;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-static int is_blank(const char *str) {
-    for (; *str; str++)
-        if (!isspace((unsigned char)*str)) return 0;
-    return 1;
-}
-
-/* Empty (or all-blank) means no far field.  An empty token inside a list
- * ("elu,,tanh") is an error naming the empty token.  s is only written on
- * success. */
-int fmm_parse_kernels(const char *list, fmm_settings *s, char *bad_name_buf,
-                      size_t buf_len) {
-    feature_map parsed[FMM_MAX_KERNELS];
-    int n = 0;
-    if (list && !is_blank(list)) {
-        const char *p = list;
-        for (;;) {
-            const char *end = strchr(p, ',');
-            if (!end) end = p + strlen(p);
-            const char *a = p, *b = end;
-            while (a < b && isspace((unsigned char)*a)) a++;
-            while (b > a && isspace((unsigned char)b[-1])) b--;
-            feature_map map;
-            if (n == FMM_MAX_KERNELS || lookup_feature(a, (size_t)(b - a), &map)) {
-                copy_token(bad_name_buf, buf_len, a, (size_t)(b - a));
-                return -1;
-            }
-            parsed[n++] = map;
-            if (*end == '\0') break;
-            p = end + 1;
-        }
-    }
-    s->n_kernels = n;
-    for (int i = 0; i < n; i++) s->kernels[i] = parsed[i];
-    if (bad_name_buf && buf_len) bad_name_buf[0] = '\0';
-    return 0;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Sizes                                                                     */
@@ -266,14 +202,14 @@ static double band_softmax_backward(const band_geometry *g, const float *q,
  *   tanh(x) + 1 = 2 / (1 + e^-2x); with t = e^-2|x| <= 1 nothing overflows:
  *                 2 / (1 + t) for x >= 0, 2t / (1 + t) for x < 0. */
 static inline float phi_elu(float x) {
-    float pos = (float)(x > 0.0f), e = exp_nonpositive(0.5f * (x - fabsf(x)));
+    float pos = (float)(x > 0.0f), e = fast_exp_nonpositive(0.5f * (x - fabsf(x)));
     return e + pos * (x + 1.0f - e);
 }
 
 static inline float phi_elu_flip(float x) { return phi_elu(-x); }
 
 static inline float phi_tanh(float x) {
-    float neg = (float)(x < 0.0f), t = exp_nonpositive(-2.0f * fabsf(x));
+    float neg = (float)(x < 0.0f), t = fast_exp_nonpositive(-2.0f * fabsf(x));
     return 2.0f / (1.0f + t) * (1.0f + neg * (t - 1.0f));
 }
 
@@ -290,14 +226,14 @@ static inline float slope_tanh(float x, float phi) {
     return phi * (2.0f - phi);
 }
 
-static float feature_value(feature_map m, float x) {
+static float feature_value(fmm_feature_map m, float x) {
     return m == FEATURE_ELU ? phi_elu(x) : m == FEATURE_ELU_FLIP ? phi_elu_flip(x)
                                                                  : phi_tanh(x);
 }
 
-float fmm_feature(feature_map m, float x) { return feature_value(m, x); }
+float fmm_feature(fmm_feature_map m, float x) { return feature_value(m, x); }
 
-static float feature_slope(feature_map m, float x, float phi) {
+static float feature_slope(fmm_feature_map m, float x, float phi) {
     return m == FEATURE_ELU ? slope_elu(x, phi)
            : m == FEATURE_ELU_FLIP ? slope_elu_flip(x, phi) : slope_tanh(x, phi);
 }
@@ -306,7 +242,7 @@ static float feature_slope(feature_map m, float x, float phi) {
  * in blocks of VEC_BLOCK (restrict: no alias checks), then a scalar tail. */
 #define VEC_BLOCK 16
 
-static void feature_block(feature_map m, const float *restrict x, float *restrict phi) {
+static void feature_block(fmm_feature_map m, const float *restrict x, float *restrict phi) {
     switch (m) {
     case FEATURE_ELU:
         for (int i = 0; i < VEC_BLOCK; i++) phi[i] = phi_elu(x[i]);
@@ -320,13 +256,13 @@ static void feature_block(feature_map m, const float *restrict x, float *restric
     }
 }
 
-static void apply_feature_map(feature_map m, const float *x, float *phi, size_t n) {
+static void apply_feature_map(fmm_feature_map m, const float *x, float *phi, size_t n) {
     size_t i = 0;
     for (; i + VEC_BLOCK <= n; i += VEC_BLOCK) feature_block(m, x + i, phi + i);
     for (; i < n; i++) phi[i] = feature_value(m, x[i]);
 }
 
-static void chain_block(feature_map m, const float *restrict x, const float *restrict phi,
+static void chain_block(fmm_feature_map m, const float *restrict x, const float *restrict phi,
                         const float *restrict dphi, float *restrict dx) {
     switch (m) {
     case FEATURE_ELU:
@@ -342,7 +278,7 @@ static void chain_block(feature_map m, const float *restrict x, const float *res
 }
 
 /* dx += dphi ⊙ φ'(x): the chain rule through the feature map (n values). */
-static void feature_chain(feature_map m, const float *x, const float *phi,
+static void feature_chain(fmm_feature_map m, const float *x, const float *phi,
                           const float *dphi, float *dx, size_t n) {
     size_t i = 0;
     for (; i + VEC_BLOCK <= n; i += VEC_BLOCK)
@@ -451,7 +387,7 @@ typedef struct {
 
 /* Writes kernel l's [num | den] into nd ([T, dh + 1]), adds
  * weight * num / (den + eps) to out.  Expects fc->sc.v_aug = [v | 1]. */
-static void far_kernel_forward(const far_context *fc, feature_map m, const float *q,
+static void far_kernel_forward(const far_context *fc, fmm_feature_map m, const float *q,
                                const float *k, float weight, float *nd, float *out) {
     int T = fc->T, dh = fc->dh;
     apply_feature_map(m, q, fc->sc.phi_q, (size_t)T * dh);
@@ -488,7 +424,7 @@ static double build_u_aug(const far_context *fc, const float *nd, const float *d
  *   dφk_j = Σ_{i>=j} (v'_j·u'_i) φq_i       reverse-time state  U'ᵀ φQ
  *   dv'_j = Σ_{i>=j} (φk_j·φq_i) u'_i       reverse-time state  φQᵀ U'
  * Adds into dq, dk, dv; returns Σ_i dout_i · far_l,i. */
-static double far_kernel_backward(const far_context *fc, feature_map m, const float *q,
+static double far_kernel_backward(const far_context *fc, fmm_feature_map m, const float *q,
                                   const float *k, float weight, const float *nd,
                                   const float *dout, float *dq, float *dk, float *dv) {
     int T = fc->T, dh = fc->dh, e = dh + 1;

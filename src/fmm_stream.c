@@ -35,7 +35,7 @@ static void near_row(const float *qi, const float *k_all, const float *v_all, in
 }
 
 /* Adds key/value j to a kernel's state, then reads the far field of q_i. */
-static void far_row(feature_map map, float eps, const float *qi, const float *kj, const float *vj, float *state,
+static void far_row(fmm_feature_map map, float eps, const float *qi, const float *kj, const float *vj, float *state,
                     float *out, float *phi, int dh) {
     float *numerator = state, *normaliser = state + (size_t)dh * dh;
     for (int a = 0; a < dh; a++) phi[a] = fmm_feature(map, kj[a]);

@@ -4,11 +4,11 @@
 #include "momfmm/gemm.h"
 
 #include "momfmm/blas_core.h"
-#include "momfmm/common.h"
+#include "momfmm/cpu.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 
 #include <cblas.h>
-#include <cpuid.h>
-#include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,23 +42,6 @@ bool gemm_engine_parse(const char *name, gemm_engine *engine) {
     return false;
 }
 
-/* AMX-BF16 is CPUID leaf 7, subleaf 0, EDX bit 22; gcc 12's
- * __builtin_cpu_supports does not know it. (AMX also needs the kernel's
- * permission for the tile state, which oneDNN requests itself.) */
-static bool cpu_has_amx_bf16(void) {
-    unsigned eax, ebx, ecx, edx;
-    return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && ((edx >> 22) & 1u);
-}
-
-/* __builtin_cpu_supports also checks that the OS saves the AVX-512 state. */
-static bool cpu_has_avx512_bf16(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
-}
-
-bool gemm_cpu_has_bf16(void) { return cpu_has_avx512_bf16() || cpu_has_amx_bf16(); }
-
 const char *gemm_unavailable_reason(gemm_engine engine) {
     if (engine == GEMM_OPENBLAS) return NULL;
 #ifndef MOMFMM_HAVE_ONEDNN
@@ -68,7 +51,7 @@ const char *gemm_unavailable_reason(gemm_engine engine) {
     bool forced = force && strcmp(force, "1") == 0;
     /* MOMFMM_FAKE_NO_BF16=1 plays a CPU without bf16, so that tests reach
      * the refusal (docs/scale.md §7) on any machine */
-    bool has_bf16 = gemm_cpu_has_bf16() && !(fake && strcmp(fake, "1") == 0);
+    bool has_bf16 = cpu_has_bf16() && !(fake && strcmp(fake, "1") == 0);
     if (engine == GEMM_ONEDNN_BF16 && !has_bf16 && !forced)
         return "the CPU has neither AVX512_BF16 nor AMX-BF16 (MOMFMM_FORCE_BF16=1 overrides)";
     return NULL;
@@ -77,7 +60,7 @@ const char *gemm_unavailable_reason(gemm_engine engine) {
 
 gemm_ctx *gemm_create(gemm_engine engine, int threads) {
     if (gemm_unavailable_reason(engine)) return NULL;
-    gemm_ctx *ctx = xcalloc(1, sizeof *ctx);
+    gemm_ctx *ctx = sys_calloc(1, sizeof *ctx);
     ctx->engine = engine;
 #ifdef MOMFMM_HAVE_ONEDNN
     if (engine != GEMM_OPENBLAS) ctx->dnn = gemm_onednn_create(engine == GEMM_ONEDNN_BF16, threads > 0 ? threads : 1);
@@ -134,7 +117,8 @@ void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, 
     }
 #ifdef MOMFMM_HAVE_ONEDNN
     if (ctx->dnn) {
-        gemm_onednn_run(ctx->dnn, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        gemm_onednn_run(ctx->dnn, trans_a, trans_b, M, N, K, alpha, A.f32, A.bf16, lda, B.f32, B.bf16, ldb, beta, C,
+                        ldc);
         return;
     }
 #endif
@@ -147,48 +131,6 @@ void gemm(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float 
           const float *B, int ldb, float beta, float *C, int ldc) {
     gemm_mixed(ctx, trans_a, trans_b, M, N, K, alpha, (gemm_operand){A, NULL}, lda, (gemm_operand){B, NULL}, ldb,
                beta, C, ldc);
-}
-
-/* Round-to-nearest-even on the upper 16 bits, with the instruction's
- * treatment of NaN (quietened) and of subnormal inputs (signed zero). */
-static uint16_t f32_to_bf16_one(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    if ((u & 0x7f800000u) == 0) return (uint16_t)((u >> 16) & 0x8000u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-void gemm_f32_to_bf16_portable(uint16_t *dst, const float *src, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = f32_to_bf16_one(src[i]);
-}
-
-/* vcvtne2ps2bf16 converts 32 floats per instruction; the tail goes through
- * the 16-wide form with masked loads and stores. */
-__attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"))) static void f32_to_bf16_avx512(uint16_t *dst,
-                                                                                              const float *src,
-                                                                                              size_t n) {
-    size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m512 low = _mm512_loadu_ps(src + i), high = _mm512_loadu_ps(src + i + 16);
-        _mm512_storeu_si512((void *)(dst + i), (__m512i)_mm512_cvtne2ps_pbh(high, low));
-    }
-    for (; i < n; i += 16) {
-        size_t left = n - i < 16 ? n - i : 16;
-        __mmask16 mask = (__mmask16)((1u << left) - 1u);
-        __m256bh packed = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, src + i));
-        _mm256_mask_storeu_epi16((void *)(dst + i), mask, (__m256i)packed);
-    }
-}
-
-void gemm_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
-    static int native = -1; /* decided once: the CPU does not change */
-    if (native < 0) native = cpu_has_avx512_bf16();
-    if (native)
-        f32_to_bf16_avx512(dst, src, n);
-    else
-        gemm_f32_to_bf16_portable(dst, src, n);
 }
 
 /* ---- The process-wide engine (gemm.h) ---------------------------------- */
@@ -229,7 +171,7 @@ void gemm_register_weights(gemm_ctx *ctx, const float *params, size_t n) {
     if (!uses_weight_copy(ctx)) return;
     if (n > ctx->weights_capacity || !ctx->weights_bf16) {
         free(ctx->weights_bf16);
-        ctx->weights_bf16 = xcalloc(n ? n : 1, sizeof *ctx->weights_bf16);
+        ctx->weights_bf16 = sys_calloc(n ? n : 1, sizeof *ctx->weights_bf16);
         ctx->weights_capacity = n;
     }
     ctx->weights = params;
@@ -239,7 +181,7 @@ void gemm_register_weights(gemm_ctx *ctx, const float *params, size_t n) {
 
 void gemm_refresh_weights(gemm_ctx *ctx, const float *params) {
     if (!uses_weight_copy(ctx) || params != ctx->weights) return;
-    gemm_f32_to_bf16(ctx->weights_bf16, params, ctx->n_weights);
+    cpu_f32_to_bf16(ctx->weights_bf16, params, ctx->n_weights);
     ctx->refreshes++;
 }
 

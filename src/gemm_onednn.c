@@ -18,7 +18,9 @@
  * otherwise. */
 #include "gemm_onednn.h"
 
-#include "momfmm/common.h"
+#include "momfmm/cpu.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -60,10 +62,13 @@ struct gemm_onednn {
     char text[320];
 };
 
+/* A oneDNN call that fails here (primitive creation for a shape, execution)
+ * is an internal error with no caller able to recover mid-product: it
+ * panics (exit 1, every rank; docs/design.md §8.7) naming the call. */
 #define DNNL_CHECK(call)                                                                                   \
     do {                                                                                                   \
         dnnl_status_t check_status_ = (call);                                                              \
-        if (check_status_ != dnnl_success) fail(1, "oneDNN: %s: %s", #call, dnnl_status2str(check_status_)); \
+        if (check_status_ != dnnl_success) status_panic(1, "oneDNN: %s: %s", #call, dnnl_status2str(check_status_)); \
     } while (0)
 
 /* oneDNN's OpenMP runtime reads its thread count from the calling thread's
@@ -81,7 +86,7 @@ static void use_threads(const gemm_onednn *dnn) {
 
 static void *aligned_bytes(size_t bytes) {
     void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) fail(1, "out of memory allocating %zu bytes", bytes);
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) status_panic(1, "out of memory allocating %zu bytes", bytes);
     return p;
 }
 
@@ -159,7 +164,7 @@ static cached_primitive *create_primitive(gemm_onednn *dnn, const primitive_key 
     }
     if (dnn->cached == dnn->cache_capacity) {
         dnn->cache_capacity = dnn->cache_capacity ? 2 * dnn->cache_capacity : 16;
-        dnn->cache = xrealloc(dnn->cache, dnn->cache_capacity * sizeof *dnn->cache);
+        dnn->cache = sys_realloc(dnn->cache, dnn->cache_capacity * sizeof *dnn->cache);
     }
     cached_primitive *entry = &dnn->cache[dnn->cached++];
     *entry = (cached_primitive){.key = *key};
@@ -184,7 +189,7 @@ static cached_primitive *find_primitive(gemm_onednn *dnn, const primitive_key *k
 }
 
 gemm_onednn *gemm_onednn_create(bool bf16, int threads) {
-    gemm_onednn *dnn = xcalloc(1, sizeof *dnn);
+    gemm_onednn *dnn = sys_calloc(1, sizeof *dnn);
     dnn->bf16 = bf16;
     dnn->threads = threads;
     DNNL_CHECK(dnnl_engine_create(&dnn->engine, dnnl_cpu, 0));
@@ -229,10 +234,11 @@ const char *gemm_onednn_describe(gemm_onednn *dnn) {
 /* The bf16 form of an operand stored as rows x cols with leading dimension
  * ld: its own bf16 copy when it has one, else a dense conversion into buf.
  * *used_ld is the leading dimension of what is returned. */
-static const uint16_t *bf16_operand(bf16_buffer *buf, gemm_operand op, int rows, int cols, int ld, int *used_ld) {
-    if (op.bf16) {
+static const uint16_t *bf16_operand(bf16_buffer *buf, const float *f32, const uint16_t *copy, int rows, int cols,
+                                    int ld, int *used_ld) {
+    if (copy) {
         *used_ld = ld;
-        return op.bf16;
+        return copy;
     }
     size_t need = (size_t)rows * (size_t)cols;
     if (need > buf->capacity) { /* only when a larger operand first appears */
@@ -241,17 +247,18 @@ static const uint16_t *bf16_operand(bf16_buffer *buf, gemm_operand op, int rows,
         buf->capacity = need;
     }
     for (int r = 0; r < rows; r++)
-        gemm_f32_to_bf16(buf->data + (size_t)r * cols, op.f32 + (size_t)r * ld, (size_t)cols);
+        cpu_f32_to_bf16(buf->data + (size_t)r * cols, f32 + (size_t)r * ld, (size_t)cols);
     *used_ld = cols;
     return buf->data;
 }
 
-void gemm_onednn_run(gemm_onednn *dnn, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                     gemm_operand A, int lda, gemm_operand B, int ldb, float beta, float *C, int ldc) {
-    const void *a = A.f32, *b = B.f32;
+void gemm_onednn_run(gemm_onednn *dnn, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
+                     const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta, float *C,
+                     int ldc) {
+    const void *a = A, *b = B;
     if (dnn->bf16) {
-        a = bf16_operand(&dnn->a_bf16, A, trans_a ? K : M, trans_a ? M : K, lda, &lda);
-        b = bf16_operand(&dnn->b_bf16, B, trans_b ? N : K, trans_b ? K : N, ldb, &ldb);
+        a = bf16_operand(&dnn->a_bf16, A, A16, trans_a ? K : M, trans_a ? M : K, lda, &lda);
+        b = bf16_operand(&dnn->b_bf16, B, B16, trans_b ? N : K, trans_b ? K : N, ldb, &ldb);
     }
     primitive_key key = {trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta};
     cached_primitive *p = find_primitive(dnn, &key);

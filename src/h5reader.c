@@ -9,31 +9,33 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "momfmm/common.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 
 
-_Noreturn void reader_fail(reader *r, const char *fmt, ...) {
-    int used = snprintf(r->err, r->err_len, "%s: ", r->path);
+_Noreturn void h5reader_fail(h5reader *r, const char *fmt, ...) {
+    int used = snprintf(r->err->message, sizeof r->err->message, "%s: ", r->path);
     va_list args;
     va_start(args, fmt);
-    if (used >= 0 && (size_t)used < r->err_len) vsnprintf(r->err + used, r->err_len - (size_t)used, fmt, args);
+    if (used >= 0 && (size_t)used < sizeof r->err->message)
+        vsnprintf(r->err->message + used, sizeof r->err->message - (size_t)used, fmt, args);
     va_end(args);
     longjmp(r->on_error, 1);
 }
 
-static void reader_open(reader *r, const char *what) {
+static void reader_open(h5reader *r, const char *what) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* failures come back as messages, not HDF5 error stacks */
-    if (access(r->path, R_OK) != 0) reader_fail(r, "cannot open %s: %s", what, strerror(errno));
+    if (access(r->path, R_OK) != 0) h5reader_fail(r, "cannot open %s: %s", what, strerror(errno));
     /* a FIFO or a device would block the open or read forever (docs/files.md §4) */
-    if (!path_is_regular_file(r->path)) reader_fail(r, "cannot open %s: not a regular file", what);
-    if (H5Fis_hdf5(r->path) <= 0) reader_fail(r, "not an HDF5 file (empty, truncated or corrupt)");
+    if (!sys_is_regular_file(r->path)) h5reader_fail(r, "cannot open %s: not a regular file", what);
+    if (H5Fis_hdf5(r->path) <= 0) h5reader_fail(r, "not an HDF5 file (empty, truncated or corrupt)");
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
     r->file = H5Fopen(r->path, r->open_flags, fapl);
     /* a file in the old format (no SWMR) opens without the flag */
     if (r->file < 0 && (r->open_flags & H5F_ACC_SWMR_READ)) r->file = H5Fopen(r->path, H5F_ACC_RDONLY, fapl);
     H5Pclose(fapl);
-    if (r->file < 0) reader_fail(r, "cannot open %s as HDF5 (corrupt?)", what);
+    if (r->file < 0) h5reader_fail(r, "cannot open %s as HDF5 (corrupt?)", what);
 }
 
 /* Bounds on what a file may declare before anything is allocated for it
@@ -44,22 +46,22 @@ static void reader_open(reader *r, const char *what) {
 
 /* Root attribute `name`, which must exist and hold one value (a scalar
  * dataspace): an array in its place would overflow the one value read. */
-hid_t open_scalar_attr(reader *r, const char *name) {
-    if (H5Aexists(r->file, name) <= 0) reader_fail(r, "missing root attribute '%s'", name);
+hid_t h5reader_open_scalar_attr(h5reader *r, const char *name) {
+    if (H5Aexists(r->file, name) <= 0) h5reader_fail(r, "missing root attribute '%s'", name);
     hid_t attr = H5Aopen(r->file, name, H5P_DEFAULT);
-    if (attr < 0) reader_fail(r, "cannot open attribute '%s'", name);
+    if (attr < 0) h5reader_fail(r, "cannot open attribute '%s'", name);
     hid_t space = H5Aget_space(attr);
     H5S_class_t kind = H5Sget_simple_extent_type(space);
     H5Sclose(space);
-    if (kind != H5S_SCALAR) reader_fail(r, "attribute '%s' must be a single value (scalar), not an array", name);
+    if (kind != H5S_SCALAR) h5reader_fail(r, "attribute '%s' must be a single value (scalar), not an array", name);
     return attr;
 }
 
 /* Reads a string attribute, variable- or fixed-length. Caller frees. */
-char *read_attr_string(reader *r, const char *name) {
-    hid_t attr = open_scalar_attr(r, name);
+char *h5reader_attr_string(h5reader *r, const char *name) {
+    hid_t attr = h5reader_open_scalar_attr(r, name);
     hid_t type = H5Aget_type(attr);
-    if (H5Tget_class(type) != H5T_STRING) reader_fail(r, "attribute '%s' is not a string", name);
+    if (H5Tget_class(type) != H5T_STRING) h5reader_fail(r, "attribute '%s' is not a string", name);
     hid_t mem = H5Tcopy(H5T_C_S1);
     /* HDF5 will not convert between ASCII and UTF-8: read in the file's charset */
     H5Tset_cset(mem, H5Tget_cset(type));
@@ -67,15 +69,15 @@ char *read_attr_string(reader *r, const char *name) {
     if (H5Tis_variable_str(type) > 0) {
         char *value = NULL;
         H5Tset_size(mem, H5T_VARIABLE);
-        if (H5Aread(attr, mem, &value) < 0 || !value) reader_fail(r, "cannot read attribute '%s'", name);
+        if (H5Aread(attr, mem, &value) < 0 || !value) h5reader_fail(r, "cannot read attribute '%s'", name);
         result = strdup(value);
         H5free_memory(value);
     } else {
         size_t size = H5Tget_size(type);
-        if (size == 0 || size > MAX_ATTR_STRING) reader_fail(r, "attribute '%s' has an implausible size %zu", name, size);
+        if (size == 0 || size > MAX_ATTR_STRING) h5reader_fail(r, "attribute '%s' has an implausible size %zu", name, size);
         H5Tset_size(mem, size + 1);
-        result = xcalloc(size + 2, 1);
-        if (H5Aread(attr, mem, result) < 0) reader_fail(r, "cannot read attribute '%s'", name);
+        result = sys_calloc(size + 2, 1);
+        if (H5Aread(attr, mem, result) < 0) h5reader_fail(r, "cannot read attribute '%s'", name);
     }
     H5Tclose(mem);
     H5Tclose(type);
@@ -83,18 +85,18 @@ char *read_attr_string(reader *r, const char *name) {
     return result;
 }
 
-long long read_attr_int(reader *r, const char *name) {
+long long h5reader_attr_int(h5reader *r, const char *name) {
     long long value = 0;
-    hid_t attr = open_scalar_attr(r, name);
+    hid_t attr = h5reader_open_scalar_attr(r, name);
     hid_t type = H5Aget_type(attr);
     if (H5Tget_class(type) != H5T_INTEGER || H5Aread(attr, H5T_NATIVE_LLONG, &value) < 0)
-        reader_fail(r, "attribute '%s' is not an integer", name);
+        h5reader_fail(r, "attribute '%s' is not an integer", name);
     H5Tclose(type);
     H5Aclose(attr);
     return value;
 }
 
-void format_shape(char *out, size_t len, int ndim, const hsize_t *dims) {
+void h5reader_format_shape(char *out, size_t len, int ndim, const hsize_t *dims) {
     size_t used = (size_t)snprintf(out, len, "[");
     for (int i = 0; i < ndim && used < len; i++)
         used += (size_t)snprintf(out + used, len - used, "%s%llu", i ? ", " : "", (unsigned long long)dims[i]);
@@ -102,14 +104,14 @@ void format_shape(char *out, size_t len, int ndim, const hsize_t *dims) {
 }
 
 /* Rank and dims of dataset `name`; fails if it is missing. */
-hid_t open_dataset(reader *r, const char *name, int *ndim, hsize_t *dims) {
-    if (H5Lexists(r->file, name, H5P_DEFAULT) <= 0) reader_fail(r, "missing dataset %s", name);
+hid_t h5reader_open_dataset(h5reader *r, const char *name, int *ndim, hsize_t *dims) {
+    if (H5Lexists(r->file, name, H5P_DEFAULT) <= 0) h5reader_fail(r, "missing dataset %s", name);
     hid_t dset = H5Dopen2(r->file, name, H5P_DEFAULT);
-    if (dset < 0) reader_fail(r, "%s is not a dataset", name);
+    if (dset < 0) h5reader_fail(r, "%s is not a dataset", name);
     hid_t space = H5Dget_space(dset);
     *ndim = H5Sget_simple_extent_dims(space, dims, NULL);
     H5Sclose(space);
-    if (*ndim < 0) reader_fail(r, "%s has no readable shape", name);
+    if (*ndim < 0) h5reader_fail(r, "%s has no readable shape", name);
     return dset;
 }
 
@@ -117,88 +119,87 @@ hid_t open_dataset(reader *r, const char *name, int *ndim, hsize_t *dims) {
  * that the file stores them: a dataset without filters must hold all its
  * bytes (unallocated chunks would be read as fill values, and a declared
  * shape of 10^9 rows in a small file must not become an allocation). */
-unsigned long long checked_elements(reader *r, const char *name, hid_t dset, int ndim, const hsize_t *dims) {
+unsigned long long h5reader_checked_elements(h5reader *r, const char *name, hid_t dset, int ndim, const hsize_t *dims) {
     unsigned long long n = 1;
     for (int i = 0; i < ndim; i++)
         if (__builtin_mul_overflow(n, (unsigned long long)dims[i], &n) || n > MAX_DATASET_ELEMENTS)
-            reader_fail(r, "%s declares more than %llu elements", name, MAX_DATASET_ELEMENTS);
+            h5reader_fail(r, "%s declares more than %llu elements", name, MAX_DATASET_ELEMENTS);
     hid_t type = H5Dget_type(dset), dcpl = H5Dget_create_plist(dset);
     unsigned long long bytes = n * H5Tget_size(type), stored = H5Dget_storage_size(dset);
     int filters = dcpl >= 0 ? H5Pget_nfilters(dcpl) : 0;
     H5Pclose(dcpl);
     H5Tclose(type);
     if (n > 0 && (filters == 0 ? stored < bytes : stored == 0))
-        reader_fail(r, "%s declares %llu elements (%llu bytes) but the file stores %llu bytes of it", name, n, bytes,
+        h5reader_fail(r, "%s declares %llu elements (%llu bytes) but the file stores %llu bytes of it", name, n, bytes,
                     stored);
-    double available = memory_available_bytes();
+    double available = sys_memory_available();
     if (available > 0 && (double)bytes > available)
-        reader_fail(r, "%s declares %llu elements (%.3g GB), more than the %.3g GB of memory available", name, n,
+        h5reader_fail(r, "%s declares %llu elements (%.3g GB), more than the %.3g GB of memory available", name, n,
                     (double)bytes / 1e9, available / 1e9);
     return n;
 }
 
 /* Token ids, labels and step counters are integers: a float dataset would
  * be truncated silently by the conversion. */
-void require_integer(reader *r, const char *name, hid_t dset) {
+void h5reader_require_integer(h5reader *r, const char *name, hid_t dset) {
     hid_t type = H5Dget_type(dset);
     H5T_class_t kind = H5Tget_class(type);
     H5Tclose(type);
     static const char *names[] = {"integer", "float", "time", "string", "bitfield", "opaque", "compound",
                                   "reference", "enum", "variable-length", "array"};
     if (kind != H5T_INTEGER)
-        reader_fail(r, "%s must hold integers, not %s values", name,
+        h5reader_fail(r, "%s must hold integers, not %s values", name,
                     kind >= 0 && kind < (int)(sizeof names / sizeof names[0]) ? names[kind] : "unknown");
 }
 
-hid_t open_checked_rows(reader *r, const char *name, int ndim, const hsize_t *dims, bool more_rows) {
+hid_t h5reader_open_checked_rows(h5reader *r, const char *name, int ndim, const hsize_t *dims, bool more_rows) {
     hsize_t got[H5S_MAX_RANK] = {0};
     int got_ndim;
-    hid_t dset = open_dataset(r, name, &got_ndim, got);
+    hid_t dset = h5reader_open_dataset(r, name, &got_ndim, got);
     bool same = got_ndim == ndim && (more_rows ? got[0] >= dims[0] : got[0] == dims[0]);
     for (int i = 1; same && i < ndim; i++) same = got[i] == dims[i];
     if (!same) {
         char want[64], have[64];
-        format_shape(want, sizeof want, ndim, dims);
-        format_shape(have, sizeof have, got_ndim, got);
-        reader_fail(r, "%s has shape %s, expected %s", name, have, want);
+        h5reader_format_shape(want, sizeof want, ndim, dims);
+        h5reader_format_shape(have, sizeof have, got_ndim, got);
+        h5reader_fail(r, "%s has shape %s, expected %s", name, have, want);
     }
-    checked_elements(r, name, dset, got_ndim, got);
+    h5reader_checked_elements(r, name, dset, got_ndim, got);
     return dset;
 }
 
-hid_t open_checked(reader *r, const char *name, int ndim, const hsize_t *dims) {
-    return open_checked_rows(r, name, ndim, dims, false);
+hid_t h5reader_open_checked(h5reader *r, const char *name, int ndim, const hsize_t *dims) {
+    return h5reader_open_checked_rows(r, name, ndim, dims, false);
 }
 
-void read_leading_rows(reader *r, const char *name, bool more_rows, int ndim, const hsize_t *dims, double *out) {
-    hid_t dset = open_checked_rows(r, name, ndim, dims, more_rows);
+void h5reader_read_leading_rows(h5reader *r, const char *name, bool more_rows, int ndim, const hsize_t *dims, double *out) {
+    hid_t dset = h5reader_open_checked_rows(r, name, ndim, dims, more_rows);
     hid_t file_space = H5Dget_space(dset), mem_space = H5Screate_simple(ndim, dims, NULL);
     hsize_t start[H5S_MAX_RANK] = {0};
     herr_t status = H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, NULL, dims, NULL);
     if (status >= 0 && dims[0] > 0) status = H5Dread(dset, H5T_NATIVE_DOUBLE, mem_space, file_space, H5P_DEFAULT, out);
     H5Sclose(mem_space);
     H5Sclose(file_space);
-    if (status < 0) reader_fail(r, "cannot read %s (corrupt or wrong type)", name);
+    if (status < 0) h5reader_fail(r, "cannot read %s (corrupt or wrong type)", name);
     H5Dclose(dset);
 }
 
-void read_checked(reader *r, const char *name, hid_t mem_type, int ndim, const hsize_t *dims, void *out) {
-    hid_t dset = open_checked(r, name, ndim, dims);
+void h5reader_read_checked(h5reader *r, const char *name, hid_t mem_type, int ndim, const hsize_t *dims, void *out) {
+    hid_t dset = h5reader_open_checked(r, name, ndim, dims);
     if (H5Dread(dset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
-        reader_fail(r, "cannot read %s (corrupt or wrong type)", name);
+        h5reader_fail(r, "cannot read %s (corrupt or wrong type)", name);
     H5Dclose(dset);
 }
 
-int reader_run_into(const char *path, unsigned open_flags, const char *what, reader_body body, void *ctx,
+int h5reader_run_into(const char *path, unsigned open_flags, const char *what, h5reader_body body, void *ctx,
                            status *err) {
     status_clear(err);
     /* on the heap: a local changed after setjmp would be indeterminate after longjmp */
-    reader *r = xcalloc(1, sizeof *r);
+    h5reader *r = sys_calloc(1, sizeof *r);
     r->path = path;
     r->open_flags = open_flags;
     r->file = -1;
-    r->err = err->message;
-    r->err_len = sizeof err->message;
+    r->err = err;
     if (setjmp(r->on_error) == 0) {
         reader_open(r, what);
         body(r, ctx);
@@ -210,8 +211,8 @@ int reader_run_into(const char *path, unsigned open_flags, const char *what, rea
     return err->code;
 }
 
-int reader_run(const char *path, const char *what, reader_body body, void *ctx, status *err) {
+int h5reader_run(const char *path, const char *what, h5reader_body body, void *ctx, status *err) {
     status ignored;
-    return reader_run_into(path, H5F_ACC_RDONLY, what, body, ctx, err ? err : &ignored);
+    return h5reader_run_into(path, H5F_ACC_RDONLY, what, body, ctx, err ? err : &ignored);
 }
 

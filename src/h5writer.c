@@ -17,7 +17,7 @@ herr_t h5writer_agree(const h5writer *w, herr_t status) {
     return w->together ? (dist_any(status < 0) ? -1 : 0) : status;
 }
 
-void h5_select_flat_range(hid_t space, int ndim, const hsize_t *dims, hsize_t begin, hsize_t end) {
+void h5util_select_flat_range(hid_t space, int ndim, const hsize_t *dims, hsize_t begin, hsize_t end) {
     hsize_t total = 1;
     for (int i = 0; i < ndim; i++) total *= dims[i];
     if (begin >= end) {
@@ -57,7 +57,7 @@ herr_t h5writer_range(const h5writer *w, const char *name, hid_t mem_type, hid_t
         hsize_t n = hi > lo ? hi - lo : 1;
         hid_t mem = H5Screate_simple(1, &n, NULL);
         if (hi <= lo) H5Sselect_none(mem);
-        h5_select_flat_range(space, ndim, dims, lo, hi);
+        h5util_select_flat_range(space, ndim, dims, lo, hi);
         status = H5Dwrite(dset, mem_type, mem, space, w->dxpl, data);
         H5Sclose(mem);
     }
@@ -75,7 +75,7 @@ herr_t h5writer_dataset(const h5writer *w, const char *name, hid_t mem_type, hid
     return h5writer_range(w, name, mem_type, file_type, ndim, dims, 0, w->leader ? total : 0, data);
 }
 
-herr_t h5_write_attr(hid_t obj, const char *name, hid_t mem_type, hid_t file_type, const void *value) {
+herr_t h5util_write_attr(hid_t obj, const char *name, hid_t mem_type, hid_t file_type, const void *value) {
     hid_t space = H5Screate(H5S_SCALAR);
     hid_t attr = H5Acreate2(obj, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
     herr_t status = attr < 0 ? -1 : H5Awrite(attr, mem_type, value);
@@ -84,11 +84,11 @@ herr_t h5_write_attr(hid_t obj, const char *name, hid_t mem_type, hid_t file_typ
     return status;
 }
 
-herr_t h5_write_string_attr(hid_t obj, const char *name, const char *value) {
+herr_t h5util_write_string_attr(hid_t obj, const char *name, const char *value) {
     hid_t type = H5Tcopy(H5T_C_S1);
     H5Tset_size(type, H5T_VARIABLE);
     H5Tset_cset(type, H5T_CSET_UTF8);
-    herr_t status = h5_write_attr(obj, name, type, type, &value);
+    herr_t status = h5util_write_attr(obj, name, type, type, &value);
     H5Tclose(type);
     return status;
 }
@@ -167,7 +167,7 @@ static int write_and_publish(const char *path, const char *tmp, h5writer *w, h5w
 int h5writer_run(const char *path, const char *tmp, h5writer_mode mode, h5writer_body body, const void *ctx,
                  status *err) {
     bool together = mode != H5WRITER_ALONE;
-    h5writer w = {.file = -1, .dxpl = H5P_DEFAULT, .together = together, .leader = !together || process_rank() == 0};
+    h5writer w = {.file = -1, .dxpl = H5P_DEFAULT, .together = together, .leader = !together || dist_rank() == 0};
     int rc = write_and_publish(path, tmp, &w, mode, body, ctx, err);
     if (w.dxpl != H5P_DEFAULT) H5Pclose(w.dxpl);
     return rc;

@@ -1,5 +1,6 @@
 /* The INI syntax (docs/config.md §6); see ini.h. */
 #include "momfmm/ini.h"
+#include "momfmm/sys.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -48,13 +49,13 @@ static int parse_line(const ini_handlers *h, int number, char *line) {
 int ini_parse(const char *text, const ini_handlers *h) {
     if (!strncmp(text, "\xEF\xBB\xBF", 3)) text += 3; /* a UTF-8 byte-order mark */
     size_t cap = 256;
-    char *line = xcalloc(cap, 1);
+    char *line = sys_calloc(cap, 1);
     int rc = 0, number = 0;
     for (const char *p = text; *p && rc == 0;) {
         size_t n = strcspn(p, "\n");
         if (n + 1 > cap) {
             cap = n + 1;
-            line = xrealloc(line, cap);
+            line = sys_realloc(line, cap);
         }
         memcpy(line, p, n);
         line[n] = '\0';
@@ -70,7 +71,7 @@ char *ini_read_file(const char *path, status *st) {
         status_fail(st, EXIT_USAGE, "%s: cannot open config: %s", path, strerror(errno));
         return NULL;
     }
-    if (!path_is_regular_file(path)) {
+    if (!sys_is_regular_file(path)) {
         status_fail(st, EXIT_USAGE, "%s: cannot open config: not a regular file", path);
         return NULL;
     }
@@ -80,13 +81,13 @@ char *ini_read_file(const char *path, status *st) {
         return NULL;
     }
     size_t cap = 4096, len = 0;
-    char *text = xcalloc(cap, 1);
+    char *text = sys_calloc(cap, 1);
     size_t got;
     while ((got = fread(text + len, 1, cap - len - 1, f)) > 0) {
         len += got;
         if (cap - len < 2) {
             cap *= 2;
-            text = xrealloc(text, cap);
+            text = sys_realloc(text, cap);
         }
     }
     fclose(f);

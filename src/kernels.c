@@ -1,7 +1,7 @@
 /* Layer kernels of docs/model.md §1; see kernels.h for the conventions. */
 #include "momfmm/kernels.h"
 
-#include "momfmm/fastmath.h"
+#include "momfmm/fast_math.h"
 #include "momfmm/gemm.h"
 
 #include <float.h>
@@ -76,7 +76,7 @@ VECTOR_CLONES void layernorm_backward(float *dinp, float *dweight, float *dbias,
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 
-static inline float gelu_tanh_term(float x) { return tanh_fast(GELU_SCALE * (x + 0.044715f * x * x * x)); }
+static inline float gelu_tanh_term(float x) { return fast_tanh(GELU_SCALE * (x + 0.044715f * x * x * x)); }
 
 VECTOR_CLONES void gelu_forward(float *out, float *tanh_saved, const float *inp, size_t n) {
     for (size_t i = 0; i < n; i++) {
@@ -160,9 +160,9 @@ VECTOR_CLONES static void softmax_rows(float *probs, int i0, int rows, int Tk, i
     for (int r = 0; r < rows; r++) {
         float *row = probs + (size_t)r * Tk;
         int n_keys = visible_keys(i0 + r, 1, Tk, q_pos0, causal);
-        float max = max_lanes(row, n_keys);
-        for (int j = 0; j < n_keys; j++) row[j] = exp_nonpositive(row[j] - max);
-        float inv = 1.0f / sum_lanes(row, n_keys);
+        float max = fast_max_lanes(row, n_keys);
+        for (int j = 0; j < n_keys; j++) row[j] = fast_exp_nonpositive(row[j] - max);
+        float inv = 1.0f / fast_sum_lanes(row, n_keys);
         for (int j = 0; j < n_keys; j++) row[j] *= inv;
         for (int j = n_keys; j < Tk; j++) row[j] = 0.0f;
     }
@@ -223,14 +223,14 @@ VECTOR_CLONES void cross_entropy_forward(float *probs, float *losses, int32_t *p
                            const int32_t *targets, int rows, int n_classes) {
     for (int r = 0; r < rows; r++) {
         float *p = probs + (size_t)r * n_classes;
-        float max = max_lanes(p, n_classes);
+        float max = fast_max_lanes(p, n_classes);
         int argmax = 0;
         while (argmax < n_classes - 1 && p[argmax] != max) argmax++; /* the first maximum */
         int target = targets[r];
         /* log-sum-exp form: exact even where p[target] underflows to 0 */
         float target_logit = target >= 0 ? p[target] - max : 0.0f;
-        for (int c = 0; c < n_classes; c++) p[c] = exp_nonpositive(p[c] - max);
-        double sum = sum_lanes(p, n_classes);
+        for (int c = 0; c < n_classes; c++) p[c] = fast_exp_nonpositive(p[c] - max);
+        double sum = fast_sum_lanes(p, n_classes);
         float inv = (float)(1.0 / sum);
         for (int c = 0; c < n_classes; c++) p[c] *= inv;
         predictions[r] = argmax;

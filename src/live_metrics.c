@@ -10,7 +10,8 @@
 #include <string.h>
 
 #include "momfmm/checkpoint.h"
-#include "momfmm/common.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 #include "momfmm/h5util.h"
 
 #define MAX_COLUMNS 32
@@ -59,7 +60,7 @@ static int create_table(hid_t file, const char *group, const metric_table *t, li
 static int append_rows(live_table *lt, const metric_table *t) {
     long long first = lt->rows_written, count = t->n_rows - first;
     if (count <= 0) return 0;
-    double *block = xcalloc((size_t)(count * t->row_width), sizeof(double));
+    double *block = sys_calloc((size_t)(count * t->row_width), sizeof(double));
     int offset = 0, status = 0;
     for (int c = 0; c < t->n_columns && status >= 0; c++) {
         const metric_column *col = &t->columns[c];
@@ -93,32 +94,29 @@ static int append_rows(live_table *lt, const metric_table *t) {
 }
 
 live_metrics *live_metrics_open(const char *dir, const char *config_ini, const metric_table *train,
-                                const metric_table *eval, char *err, size_t err_len) {
+                                const metric_table *eval, status *err) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     char path[CONFIG_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/metrics.h5", dir);
-    live_metrics *lm = xcalloc(1, sizeof *lm);
+    live_metrics *lm = sys_calloc(1, sizeof *lm);
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST); /* SWMR needs the latest format */
     lm->file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     H5Pclose(fapl);
-    bool ok = lm->file >= 0 && h5_write_string_attr(lm->file, "config_ini", config_ini) >= 0 && create_table(lm->file, "train", train, &lm->train) == 0 &&
+    bool ok = lm->file >= 0 && h5util_write_string_attr(lm->file, "config_ini", config_ini) >= 0 && create_table(lm->file, "train", train, &lm->train) == 0 &&
               create_table(lm->file, "eval", eval, &lm->eval) == 0 && append_rows(&lm->train, train) == 0 &&
               append_rows(&lm->eval, eval) == 0 && H5Fstart_swmr_write(lm->file) >= 0;
     if (!ok) {
-        snprintf(err, err_len, "%s: cannot create the live metrics file", path);
+        status_fail(err, EXIT_BAD_FILE, "%s: cannot create the live metrics file", path);
         live_metrics_close(lm);
         return NULL;
     }
     return lm;
 }
 
-int live_metrics_append(live_metrics *lm, const metric_table *train, const metric_table *eval, char *err,
-                        size_t err_len) {
-    if (append_rows(&lm->train, train) != 0 || append_rows(&lm->eval, eval) != 0) {
-        snprintf(err, err_len, "metrics.h5: append failed (disk full?)");
-        return -1;
-    }
+int live_metrics_append(live_metrics *lm, const metric_table *train, const metric_table *eval, status *err) {
+    if (append_rows(&lm->train, train) != 0 || append_rows(&lm->eval, eval) != 0)
+        return status_fail(err, EXIT_BAD_FILE, "metrics.h5: append failed (disk full?)");
     return 0;
 }
 

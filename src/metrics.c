@@ -6,9 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/common.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 
-void occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int *counts_scratch,
+void metric_occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int *counts_scratch,
                        int vocab_size, int *k_out) {
     memset(counts_scratch, 0, sizeof(int) * vocab_size);
     for (int t = 0; t < T; t++) {
@@ -17,7 +18,7 @@ void occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int
     }
 }
 
-static void accumulate_classification(metric_sums *s, const batch *b, const float *losses,
+static void accumulate_classification(metric_sums *s, const data_batch *b, const float *losses,
                                       const int32_t *predictions) {
     for (int r = 0; r < b->B; r++) {
         s->loss_sum += losses[r];
@@ -28,17 +29,17 @@ static void accumulate_classification(metric_sums *s, const batch *b, const floa
     s->sequences = s->count;
 }
 
-void metrics_accumulate(metric_sums *s, const batch *b, const float *losses, const int32_t *predictions,
+void metrics_accumulate(metric_sums *s, const data_batch *b, const float *losses, const int32_t *predictions,
                         bool classification, int vocab_size) {
     if (classification) {
         accumulate_classification(s, b, losses, predictions);
         return;
     }
     int T = b->T;
-    int *counts = xcalloc((size_t)vocab_size + T, sizeof(int)), *k = counts + vocab_size;
+    int *counts = sys_calloc((size_t)vocab_size + T, sizeof(int)), *k = counts + vocab_size;
     for (int r = 0; r < b->B; r++) {
         const int32_t *inputs = b->inputs + (size_t)r * T, *targets = b->targets + (size_t)r * T;
-        occurrence_counts(inputs, targets, T, counts, vocab_size, k);
+        metric_occurrence_counts(inputs, targets, T, counts, vocab_size, k);
         bool exact = true, any = false;
         for (int t = 0; t < T; t++) {
             if (targets[t] < 0) continue;
@@ -65,7 +66,7 @@ void metrics_accumulate(metric_sums *s, const batch *b, const float *losses, con
 
 static double ratio(double sum, double count) { return count > 0 ? sum / count : 0.0 / 0.0; }
 
-void metrics_finish(const metric_sums *s, eval_metrics *out) {
+void metrics_finish(const metric_sums *s, metric_values *out) {
     out->loss = ratio(s->loss_sum, s->count);
     out->acc = ratio(s->correct, s->count);
     out->L_new = ratio(s->new_sum, s->new_count);
@@ -82,7 +83,7 @@ const char *metric_text(double value, int digits, char *buf, size_t len) {
     return buf;
 }
 
-void eval_metrics_format(const eval_metrics *e, int task, int digits, char *out, size_t len) {
+void metric_values_format(const metric_values *e, int task, int digits, char *out, size_t len) {
     const struct {
         const char *name;
         double value;
@@ -103,7 +104,7 @@ void eval_metrics_format(const eval_metrics *e, int task, int digits, char *out,
 void metric_table_init(metric_table *t) { memset(t, 0, sizeof *t); }
 
 void metric_table_add_column(metric_table *t, const char *name, int width, bool integer) {
-    t->columns = xrealloc(t->columns, sizeof(metric_column) * (size_t)(t->n_columns + 1));
+    t->columns = sys_realloc(t->columns, sizeof(metric_column) * (size_t)(t->n_columns + 1));
     metric_column *c = &t->columns[t->n_columns++];
     memset(c, 0, sizeof *c);
     strncpy(c->name, name, sizeof c->name - 1);
@@ -133,7 +134,7 @@ int metric_column_shape(const metric_column *c, long long rows, unsigned long lo
 void metric_table_append(metric_table *t, const double *row) {
     if (t->n_rows == t->capacity) {
         t->capacity = t->capacity ? 2 * t->capacity : 64;
-        t->values = xrealloc(t->values, sizeof(double) * (size_t)(t->capacity * t->row_width));
+        t->values = sys_realloc(t->values, sizeof(double) * (size_t)(t->capacity * t->row_width));
     }
     memcpy(t->values + t->n_rows * t->row_width, row, sizeof(double) * (size_t)t->row_width);
     t->n_rows++;
@@ -198,7 +199,7 @@ static double row_value(const metric_table *t, long long index, const char *name
     return offset < 0 ? NAN : t->values[index * t->row_width + offset];
 }
 
-void eval_metrics_from_row(const metric_table *eval, long long index, eval_metrics *out) {
+void metric_values_from_row(const metric_table *eval, long long index, metric_values *out) {
     out->loss = row_value(eval, index, "loss");
     out->L_new = row_value(eval, index, "L_new");
     out->L_rep = row_value(eval, index, "L_rep");

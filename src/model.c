@@ -8,16 +8,25 @@
 #include <string.h>
 
 #include "momfmm/attention.h"
-#include "momfmm/common.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 #include "momfmm/gemm.h"
 #include "momfmm/kernels.h"
 #include "momfmm/rng.h"
 
 #define TOP(field) offsetof(model_tensors, field)
-#define BLOCK(field) offsetof(block_tensors, field)
+#define BLOCK(field) offsetof(model_block_tensors, field)
 
+/* Counts the entry and its floats; fills it when m->entries is allocated
+ * (build_layout runs twice: to count, then to fill). */
 static void add_entry(model *m, const char *name, int rows, int cols, bool decay, int layer, size_t slot) {
-    param_entry *e = &m->entries[m->n_entries++];
+    size_t numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+    if (!m->entries) {
+        m->n_entries++;
+        m->n_params += numel;
+        return;
+    }
+    model_param *e = &m->entries[m->n_entries++];
     snprintf(e->name, sizeof e->name, "%s", name);
     e->ndim = cols > 0 ? 2 : 1;
     e->shape[0] = rows;
@@ -30,10 +39,10 @@ static void add_entry(model *m, const char *name, int rows, int cols, bool decay
     m->n_params += e->numel;
 }
 
-/* docs/files.md §4 names and PyTorch shapes, in forward order. */
-static void build_layout(model *m) {
+/* docs/files.md §4 names and PyTorch shapes, in forward order: counted
+ * into n_entries and n_params while m->entries is NULL, else filled. */
+static void add_entries(model *m) {
     const config *c = &m->cfg;
-    m->entries = xcalloc((size_t)(16 * c->n_layers + 8), sizeof(param_entry));
     add_entry(m, "tok_emb", m->V, m->d, true, -1, TOP(tok_emb));
     for (int i = 0; i < m->L; i++) {
         char name[PARAM_NAME_MAX];
@@ -66,32 +75,7 @@ static void build_layout(model *m) {
     }
 }
 
-/* Points every named tensor of `view` into `base` (params or grads). */
-static void bind_tensors(const model *m, float *base, model_tensors *view) {
-    for (int i = 0; i < m->n_entries; i++) {
-        const param_entry *e = &m->entries[i];
-        char *owner = e->layer < 0 ? (char *)view : (char *)&view->blocks[e->layer];
-        *(float **)(owner + e->slot) = base + e->offset;
-    }
-}
-
-void model_moment_range(size_t n, int rank, int ranks, size_t *first, size_t *count) {
-    size_t lo = n * (size_t)rank / (size_t)ranks, hi = n * (size_t)(rank + 1) / (size_t)ranks;
-    *first = lo;
-    *count = hi - lo;
-}
-
-void model_shard_moments(model *m, int rank, int ranks) {
-    free(m->adam_m);
-    model_moment_range(m->n_params, rank, ranks, &m->moment_first, &m->moment_count);
-    m->adam_m = xcalloc(2 * m->moment_count + 1, sizeof(float));
-    m->adam_v = m->adam_m + m->moment_count;
-}
-
-/* training: params and grads in one allocation, adam_m and adam_v in
- * another (model_shard_moments replaces it); else params. */
-static int model_build(model *m, const config *cfg, bool training, status *err) {
-    memset(m, 0, sizeof *m);
+static void set_dimensions(model *m, const config *cfg) {
     m->cfg = *cfg;
     m->d = cfg->d_model;
     m->H = cfg->n_heads;
@@ -100,10 +84,60 @@ static int model_build(model *m, const config *cfg, bool training, status *err) 
     m->V = cfg->vocab_size;
     m->d_ff = cfg->d_ff;
     m->n_out = cfg->head == HEAD_LM ? cfg->vocab_size : cfg->n_classes;
+}
+
+static void build_layout(model *m) {
+    model counted;
+    memset(&counted, 0, sizeof counted);
+    set_dimensions(&counted, &m->cfg);
+    add_entries(&counted);
+    m->entries = sys_calloc((size_t)counted.n_entries, sizeof(model_param));
+    m->n_entries = 0;
+    m->n_params = 0;
+    add_entries(m);
+}
+
+size_t model_param_count(const config *cfg) {
+    model counted;
+    memset(&counted, 0, sizeof counted);
+    set_dimensions(&counted, cfg);
+    add_entries(&counted);
+    return counted.n_params;
+}
+
+/* Points every named tensor of `view` into `base` (params or grads). */
+static void bind_tensors(const model *m, float *base, model_tensors *view) {
+    for (int i = 0; i < m->n_entries; i++) {
+        const model_param *e = &m->entries[i];
+        char *owner = e->layer < 0 ? (char *)view : (char *)&view->blocks[e->layer];
+        *(float **)(owner + e->slot) = base + e->offset;
+    }
+}
+
+void model_shard_moments(model *m, size_t first, size_t count) {
+    free(m->adam_m);
+    m->moment_first = first;
+    m->moment_count = count;
+    m->adam_m = sys_calloc(2 * m->moment_count + 1, sizeof(float));
+    m->adam_v = m->adam_m + m->moment_count;
+}
+
+/* training: params and grads in one allocation, adam_m and adam_v in
+ * another (model_shard_moments replaces it); else params. */
+_Static_assert(FMM_MAX_KERNELS >= CONFIG_LIST_MAX, "fmm_settings holds every fmm.kernels name");
+
+static int model_build(model *m, const config *cfg, bool training, status *err) {
+    memset(m, 0, sizeof *m);
+    /* a config that skipped the command layer's checks (tests, library
+     * callers) must not size the model: d_model % n_heads, odd head sizes */
+    int rc = config_check_model(cfg, "model", err);
+    if (rc != 0) return rc;
+    set_dimensions(m, cfg);
     m->momentum = config_momentum_enabled(cfg);
-    char bad[64];
-    if (fmm_parse_kernels(cfg->fmm_kernels, &m->fmm, bad, sizeof bad) != 0)
-        return status_fail(err, EXIT_USAGE, "fmm.kernels: unknown feature map '%s'", bad);
+    /* config.c parsed fmm.kernels into indices of CONFIG_FMM_KERNELS, the
+     * order of fmm_feature_map */
+    m->fmm.n_kernels = cfg->fmm_kernels.n;
+    for (int i = 0; i < cfg->fmm_kernels.n; i++) m->fmm.kernels[i] = (fmm_feature_map)cfg->fmm_kernels.items[i];
     m->fmm.bandwidth = cfg->fmm_bandwidth;
     m->fmm.causal = cfg->causal;
     m->fmm.eps = (float)cfg->fmm_eps;
@@ -111,22 +145,22 @@ static int model_build(model *m, const config *cfg, bool training, status *err) 
     build_layout(m);
     m->moment_first = 0;
     m->moment_count = m->n_params;
-    float *all = xcalloc((training ? 2 : 1) * m->n_params, sizeof(float));
+    float *all = sys_calloc((training ? 2 : 1) * m->n_params, sizeof(float));
     m->params = all;
-    m->w.blocks = xcalloc((size_t)m->L, sizeof(block_tensors));
-    m->g.blocks = xcalloc((size_t)m->L, sizeof(block_tensors));
+    m->w.blocks = sys_calloc((size_t)m->L, sizeof(model_block_tensors));
+    m->g.blocks = sys_calloc((size_t)m->L, sizeof(model_block_tensors));
     bind_tensors(m, m->params, &m->w);
     if (training) {
         m->grads = all + m->n_params;
-        m->adam_m = xcalloc(2 * m->n_params, sizeof(float));
+        m->adam_m = sys_calloc(2 * m->n_params, sizeof(float));
         m->adam_v = m->adam_m + m->n_params;
         bind_tensors(m, m->grads, &m->g);
     }
     m->n_buffer = (size_t)m->L * 2 * m->H * m->dh;
-    m->buffers = xcalloc(2 * m->n_buffer, sizeof(float));
+    m->buffers = sys_calloc(2 * m->n_buffer, sizeof(float));
     m->buffer_sums = m->buffers + m->n_buffer;
     m->rope_positions = cfg->max_seq_len > cfg->seq_len ? cfg->max_seq_len : cfg->seq_len;
-    m->rope_cos = xcalloc((size_t)m->rope_positions * m->dh, sizeof(float));
+    m->rope_cos = sys_calloc((size_t)m->rope_positions * m->dh, sizeof(float));
     m->rope_sin = m->rope_cos + (size_t)m->rope_positions * m->dh / 2;
     rope_tables(m->rope_cos, m->rope_sin, m->rope_positions, m->dh, cfg->rope_base);
     /* the bf16 engine keeps a bf16 copy of the whole parameter buffer
@@ -141,7 +175,7 @@ int model_create_for_inference(model *m, const config *cfg, status *err) {
     return model_build(m, cfg, false, err);
 }
 
-static void activations_free(activations *a) {
+static void activations_free(model_activations *a) {
     free(a->mem);
     free(a->predictions);
     memset(a, 0, sizeof *a);
@@ -160,12 +194,6 @@ void model_free(model *m) {
     memset(m, 0, sizeof *m);
 }
 
-const param_entry *model_find_param(const model *m, const char *name) {
-    for (int i = 0; i < m->n_entries; i++)
-        if (strcmp(m->entries[i].name, name) == 0) return &m->entries[i];
-    return NULL;
-}
-
 /* GPT-2 style: N(0, 0.02) weights, residual projections scaled by
  * 1/sqrt(2 L), zero biases, unit LayerNorm gains; gamma from the config,
  * blend logits 0 (docs/model.md §1.3). Each tensor draws from its own counter stream. */
@@ -174,7 +202,7 @@ void model_init_parameters(model *m) {
     float residual_scale = 1.0f / sqrtf(2.0f * (float)m->L);
     memset(m->params, 0, sizeof(float) * m->n_params);
     for (int i = 0; i < m->n_entries; i++) {
-        const param_entry *e = &m->entries[i];
+        const model_param *e = &m->entries[i];
         float *p = m->params + e->offset;
         const char *leaf = strrchr(e->name, '/');
         leaf = leaf ? leaf + 1 : e->name;
@@ -203,7 +231,7 @@ typedef struct {
 #define ACTIVATION_SLOTS 40
 
 /* The activation buffer's layout for B rows of T: one entry per array. */
-static size_t activation_plan(const model *m, activations *a, int B, int T, carve *plan) {
+static size_t activation_plan(const model *m, model_activations *a, int B, int T, carve *plan) {
     size_t L = (size_t)m->L, bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
     bool lm = m->cfg.head == HEAD_LM, keep_p = m->cfg.learn_gamma;
     carve all[] = {
@@ -229,7 +257,7 @@ static size_t activation_plan(const model *m, activations *a, int B, int T, carv
 }
 
 size_t model_activation_bytes(const model *m, int B, int T) {
-    activations probe;
+    model_activations probe;
     carve plan[ACTIVATION_SLOTS];
     size_t n = activation_plan(m, &probe, B, T, plan), total = 0;
     for (size_t i = 0; i < n; i++) total += plan[i].count;
@@ -237,7 +265,7 @@ size_t model_activation_bytes(const model *m, int B, int T) {
 }
 
 static void activations_reserve(model *m, int B, int T) {
-    activations *a = &m->acts;
+    model_activations *a = &m->acts;
     if (a->mem && B <= a->B && T <= a->T && a->kept_logits == m->keep_logits) return;
     activations_free(a);
     a->B = B;
@@ -246,14 +274,14 @@ static void activations_reserve(model *m, int B, int T) {
     carve plan[ACTIVATION_SLOTS];
     size_t total = 0, n = activation_plan(m, a, B, T, plan);
     for (size_t i = 0; i < n; i++) total += plan[i].count;
-    a->mem = xcalloc(total, sizeof(float));
+    a->mem = sys_calloc(total, sizeof(float));
     float *cursor = a->mem;
     for (size_t i = 0; i < n; i++) {
         *plan[i].slot = plan[i].count ? cursor : NULL;
         cursor += plan[i].count;
     }
     if (!a->probs) a->probs = a->logits; /* the softmax works in place */
-    a->predictions = xcalloc((size_t)B * T, sizeof(int32_t));
+    a->predictions = sys_calloc((size_t)B * T, sizeof(int32_t));
 }
 
 static void add_into(float *dst, const float *src, size_t n) {
@@ -288,7 +316,7 @@ static void unpool_valid_positions(float *dx, const float *d_pooled, const int32
 }
 
 attention_layer model_attention_layer(model *m, int l, bool collect_buffers) {
-    const block_tensors *w = &m->w.blocks[l], *g = &m->g.blocks[l];
+    const model_block_tensors *w = &m->w.blocks[l], *g = &m->g.blocks[l];
     size_t buffers = (size_t)l * 2 * m->H * m->dh;
     attention_layer a = {
         .cfg = &m->cfg, .fmm = &m->fmm, .d = m->d, .H = m->H, .dh = m->dh, .momentum = m->momentum,
@@ -302,7 +330,7 @@ attention_layer model_attention_layer(model *m, int l, bool collect_buffers) {
 /* Block l's slice of the saved attention state (a view for attention.c,
  * which knows nothing of `activations`, docs/design.md §8.1). */
 static attention_saved attention_state(const model *m, int l, int B, int T) {
-    const activations *a = &m->acts;
+    const model_activations *a = &m->acts;
     size_t heads = (size_t)l * B * T * m->d;
     size_t saved = (size_t)l * B * m->H * attention_saved_per_head(&m->cfg, &m->fmm, T);
     attention_saved s = {
@@ -314,10 +342,10 @@ static attention_saved attention_state(const model *m, int l, int B, int T) {
 }
 
 void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
-    activations *a = &m->acts;
+    model_activations *a = &m->acts;
     size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
     int rows = (int)bt;
-    const block_tensors *w = &m->w.blocks[l];
+    const model_block_tensors *w = &m->w.blocks[l];
     float *x = a->residual + l * bt * d, *mid = a->mid + l * bt * d;
     float *ln1 = a->ln1 + l * bt * d, *ln2 = a->ln2 + l * bt * d, *att = a->att_out + l * bt * d;
     float *fc_pre = a->fc_pre + l * bt * ff, *fc_act = a->fc_act + l * bt * ff, *fc_tanh = a->fc_tanh + l * bt * ff;
@@ -338,14 +366,14 @@ void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
 
 /* The softmax runs on a copy when the model keeps its logits: the same
  * kernel on the same values, so probabilities and losses are unchanged. */
-static void copy_logits_to_probs(activations *a, size_t n) {
+static void copy_logits_to_probs(model_activations *a, size_t n) {
     if (a->probs != a->logits) memcpy(a->probs, a->logits, sizeof(float) * n);
 }
 
 void model_forward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B,
                    int T, bool collect_buffers) {
     activations_reserve(m, B, T);
-    activations *a = &m->acts;
+    model_activations *a = &m->acts;
     size_t bt = (size_t)B * T, d = (size_t)m->d;
     int rows = (int)bt;
     if (collect_buffers) memset(m->buffer_sums, 0, sizeof(float) * m->n_buffer);
@@ -392,7 +420,7 @@ long long model_target_count(const model *m, const int32_t *targets, int B, int 
 void model_zero_grads(model *m) { memset(m->grads, 0, sizeof(float) * m->n_params); }
 
 static void head_backward(model *m, const int32_t *targets, const int32_t *labels, int B, int T, float scale) {
-    activations *a = &m->acts;
+    model_activations *a = &m->acts;
     int rows = B * T;
     if (m->cfg.head == HEAD_LM) {
         cross_entropy_backward(a->probs, targets, rows, m->V, scale);
@@ -411,14 +439,14 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
                        m->d);
 }
 
-static void progress(const backward_hooks *hooks) {
+static void progress(const model_backward_hooks *hooks) {
     if (hooks && hooks->progress) hooks->progress(hooks->ctx);
 }
 
-static void block_backward(model *m, int l, int B, int T, const backward_hooks *hooks) {
-    activations *a = &m->acts;
-    const block_tensors *w = &m->w.blocks[l];
-    block_tensors *g = &m->g.blocks[l];
+static void block_backward(model *m, int l, int B, int T, const model_backward_hooks *hooks) {
+    model_activations *a = &m->acts;
+    const model_block_tensors *w = &m->w.blocks[l];
+    model_block_tensors *g = &m->g.blocks[l];
     size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
     int rows = (int)bt;
     float *x = a->residual + l * bt * d, *mid = a->mid + l * bt * d;
@@ -449,7 +477,7 @@ static void block_backward(model *m, int l, int B, int T, const backward_hooks *
 }
 
 void model_backward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
-                    float loss_scale, const backward_hooks *hooks) {
+                    float loss_scale, const model_backward_hooks *hooks) {
     head_backward(m, targets, labels, B, T, loss_scale);
     for (int l = m->L - 1; l >= 0; l--) {
         block_backward(m, l, B, T, hooks);

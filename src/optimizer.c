@@ -4,9 +4,9 @@
 
 #include <math.h>
 
-#include "momfmm/fastmath.h"
+#include "momfmm/fast_math.h"
 
-double learning_rate(const config *c, long long step) {
+double optimizer_learning_rate(const config *c, long long step) {
     if (c->warmup > 0 && step <= c->warmup) return c->lr * (double)step / (double)c->warmup;
     if (c->schedule == SCHEDULE_CONSTANT) return c->lr;
     long long decay_steps = c->steps - c->warmup;
@@ -16,22 +16,22 @@ double learning_rate(const config *c, long long step) {
     return c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(M_PI * progress));
 }
 
-double grad_sum_squares(const float *grads, size_t n) {
+double optimizer_sum_squares(const float *grads, size_t n) {
     double sum = 0;
     for (size_t i = 0; i < n; i++) sum += (double)grads[i] * grads[i];
     return sum;
 }
 
-double grad_global_norm(const float *grads, size_t n) { return sqrt(grad_sum_squares(grads, n)); }
+double optimizer_global_norm(const float *grads, size_t n) { return sqrt(optimizer_sum_squares(grads, n)); }
 
-void clip_gradients(float *grads, size_t n, double norm, double max_norm) {
+void optimizer_clip(float *grads, size_t n, double norm, double max_norm) {
     if (max_norm <= 0 || norm <= max_norm) return;
     float factor = (float)(max_norm / (norm + 1e-6));
     for (size_t i = 0; i < n; i++) grads[i] *= factor;
 }
 
-VECTOR_CLONES void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, long long t,
-                  const adamw_settings *s, int decay) {
+VECTOR_CLONES void optimizer_adamw(float *params, const float *grads, float *m, float *v, size_t n, long long t,
+                  const optimizer_settings *s, int decay) {
     float b1 = (float)s->beta1, b2 = (float)s->beta2, lr = (float)s->lr, eps = (float)s->eps;
     /* 1 - beta in double: 1.0f - 0.999f is off by 1e-5 relative */
     float one_minus_b1 = (float)(1.0 - s->beta1), one_minus_b2 = (float)(1.0 - s->beta2);
@@ -49,21 +49,21 @@ VECTOR_CLONES void adamw_update(float *params, const float *grads, float *m, flo
     }
 }
 
-void adamw_step_model(model *mdl, long long t, const adamw_settings *s) {
+void optimizer_step_model(model *mdl, long long t, const optimizer_settings *s) {
     for (int i = 0; i < mdl->n_entries; i++) {
-        const param_entry *e = &mdl->entries[i];
-        adamw_update(mdl->params + e->offset, mdl->grads + e->offset, mdl->adam_m + e->offset,
+        const model_param *e = &mdl->entries[i];
+        optimizer_adamw(mdl->params + e->offset, mdl->grads + e->offset, mdl->adam_m + e->offset,
                      mdl->adam_v + e->offset, e->numel, t, s, e->decay);
     }
 }
 
-void adamw_step_range(model *mdl, size_t lo, size_t hi, const float *grads, long long t, const adamw_settings *s) {
+void optimizer_step_range(model *mdl, size_t lo, size_t hi, const float *grads, long long t, const optimizer_settings *s) {
     for (int i = 0; i < mdl->n_entries; i++) {
-        const param_entry *e = &mdl->entries[i];
+        const model_param *e = &mdl->entries[i];
         size_t a = e->offset > lo ? e->offset : lo, end = e->offset + e->numel, b = end < hi ? end : hi;
         if (a >= b) continue;
         size_t moment = a - mdl->moment_first;
-        adamw_update(mdl->params + a, grads + (a - lo), mdl->adam_m + moment, mdl->adam_v + moment, b - a, t, s,
+        optimizer_adamw(mdl->params + a, grads + (a - lo), mdl->adam_m + moment, mdl->adam_v + moment, b - a, t, s,
                      e->decay);
     }
 }

@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/common.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 #include "momfmm/rng.h"
 
 static double row_norm(const float *x, size_t n) {
@@ -31,12 +32,12 @@ static void add_row_ratios(const float *after, const float *after_saved, const f
     }
 }
 
-void block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums,
+void readouts_block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums,
                  double *attn_ratio_sums) {
-    activations *a = &m->acts;
+    model_activations *a = &m->acts;
     size_t row = (size_t)T * m->d, bt_d = (size_t)B * row;
-    float *saved_in = xcalloc(3 * bt_d, sizeof(float)), *saved_out = saved_in + bt_d, *saved_mid = saved_out + bt_d;
-    double *delta_norms = xcalloc((size_t)B, sizeof(double));
+    float *saved_in = sys_calloc(3 * bt_d, sizeof(float)), *saved_out = saved_in + bt_d, *saved_mid = saved_out + bt_d;
+    double *delta_norms = sys_calloc((size_t)B, sizeof(double));
     for (int l = 0; l < m->L; l++) {
         float *in = a->residual + l * bt_d, *out = a->residual + (l + 1) * bt_d, *mid = a->mid + l * bt_d;
         memcpy(saved_in, in, sizeof(float) * bt_d);
@@ -71,7 +72,7 @@ void block_gains(model *m, int B, int T, uint64_t seed, long long first_row, dou
     free(delta_norms);
 }
 
-void momentum_gammas(const model *m, double *out) {
+void readouts_gammas(const model *m, double *out) {
     for (int l = 0; l < m->L; l++)
         for (int h = 0; h < m->H; h++) {
             const float *learned = m->w.blocks[l].momentum_gamma;
@@ -79,7 +80,7 @@ void momentum_gammas(const model *m, double *out) {
         }
 }
 
-double momentum_filter_gain(double omega, double gamma, double beta, double gamma2) {
+double readouts_filter_gain(double omega, double gamma, double beta, double gamma2) {
     double complex z_inv = cexp(-I * omega);
     double complex diff = 1.0 - z_inv;
     return cabs(1.0 + (gamma + gamma2 * diff) * diff / (1.0 - beta * z_inv));

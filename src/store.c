@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "momfmm/dist.h"
+#include "momfmm/sys.h"
+#include "momfmm/log.h"
 
 #define CHECKPOINT_NAME "ckpt_%08lld.h5"
 #define CHECKPOINT_NAME_LEN 16 /* strlen("ckpt_00000000.h5") */
@@ -73,12 +75,6 @@ static void remove_stale_temporaries(const char *dir) {
     if (d) closedir(d);
 }
 
-int store_open(const char *dir, status *err) {
-    if (make_directory(dir, err) != 0) return EXIT_USAGE;
-    remove_stale_temporaries(dir);
-    return 0;
-}
-
 /* dir/.lock, locked with flock for the life of the process: the kernel
  * releases it however the process ends (exit, signal, crash), so a stale
  * lock file never blocks a later run. The descriptor is deliberately kept
@@ -125,7 +121,7 @@ int store_open_run(const char *dir, bool resuming, bool overwrite, status *err) 
     char newest[STORE_PATH_MAX] = "";
     if (held) snprintf(newest, sizeof newest, "%s", l.paths[held - 1]);
     for (int i = 0; i < held && special < 0; i++)
-        if (!path_is_regular_file(l.paths[i])) special = i;
+        if (!sys_is_regular_file(l.paths[i])) special = i;
     /* a special file (a FIFO) under a checkpoint's name would block a read forever */
     if (special >= 0) status_fail(err, EXIT_BAD_FILE, "%s: not a regular file (a FIFO or device?)", l.paths[special]);
     store_listing_free(&l);
@@ -156,12 +152,12 @@ static int compare_names(const void *a, const void *b) { return strcmp(*(char *c
 void store_list(const char *dir, store_listing *out) {
     DIR *d = opendir(dir);
     int n = 0, cap = 16;
-    char **paths = xcalloc((size_t)cap, sizeof(char *));
+    char **paths = sys_calloc((size_t)cap, sizeof(char *));
     struct dirent *entry;
     while (d && (entry = readdir(d))) {
         if (!is_checkpoint_name(entry->d_name)) continue;
-        if (n == cap) paths = xrealloc(paths, sizeof(char *) * (size_t)(cap *= 2));
-        paths[n] = xcalloc(STORE_PATH_MAX, 1);
+        if (n == cap) paths = sys_realloc(paths, sizeof(char *) * (size_t)(cap *= 2));
+        paths[n] = sys_calloc(STORE_PATH_MAX, 1);
         snprintf(paths[n++], STORE_PATH_MAX, "%s/%s", dir, entry->d_name);
     }
     if (d) closedir(d);
@@ -197,14 +193,14 @@ int store_write_checkpoint(const char *path, const model *m, const checkpoint_in
 int store_write_grads(const char *path, const model *m, double loss, status *err) {
     char tmp[STORE_PATH_MAX + 32];
     temporary_path(path, H5WRITER_ALONE, tmp, sizeof tmp);
-    return grads_write(path, tmp, m, loss, err);
+    return checkpoint_write_grads(path, tmp, m, loss, err);
 }
 
 int store_save(const char *dir, int keep, const model *m, const checkpoint_info *info, const metric_table *train,
                const metric_table *eval, h5writer_mode writers, char *path, size_t len, status *err) {
     store_checkpoint_path(dir, info->step, path, len);
     int rc = store_write_checkpoint(path, m, info, train, eval, writers, err);
-    if (rc == 0 && (writers == H5WRITER_ALONE || process_rank() == 0)) store_prune(dir, keep, info->step);
+    if (rc == 0 && (writers == H5WRITER_ALONE || dist_rank() == 0)) store_prune(dir, keep, info->step);
     return rc;
 }
 

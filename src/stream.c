@@ -8,6 +8,7 @@
 
 #include "momfmm/attention.h"
 #include "momfmm/kernels.h"
+#include "momfmm/sys.h"
 
 typedef struct {
     float **slot;
@@ -41,7 +42,7 @@ int stream_create(stream_state *st, const model *m, int S, int capacity, int n_m
     };
     size_t total = 0, n = sizeof plan / sizeof plan[0];
     for (size_t i = 0; i < n; i++) total += plan[i].count;
-    st->mem = xcalloc(total, sizeof(float));
+    st->mem = sys_calloc(total, sizeof(float));
     float *cursor = st->mem;
     for (size_t i = 0; i < n; i++) {
         *plan[i].slot = cursor;
@@ -75,7 +76,7 @@ static attention_stream_layer stream_layer(const model *m, const stream_state *s
 
 /* One block on the segment, the same kernels as model_block_forward. */
 static void stream_block(model *m, stream_state *st, int l, int rows, int n) {
-    const block_tensors *w = &m->w.blocks[l];
+    const model_block_tensors *w = &m->w.blocks[l];
     size_t rd = (size_t)rows * m->d, rf = (size_t)rows * m->d_ff;
     float *mean = st->stats, *rstd = st->stats + rows;
     layernorm_forward(st->ln, mean, rstd, st->x, w->ln1_weight, w->ln1_bias, rows, m->d);

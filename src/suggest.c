@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/common.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 
 static int min3(int a, int b, int c) {
     int m = a < b ? a : b;
@@ -18,7 +19,7 @@ static int min3(int a, int b, int c) {
 int suggest_distance(const char *a, const char *b, int limit) {
     int la = (int)strlen(a), lb = (int)strlen(b);
     if (abs(la - lb) > limit) return limit + 1;
-    int *rows = xcalloc(3 * ((size_t)lb + 1), sizeof(int));
+    int *rows = sys_calloc(3 * ((size_t)lb + 1), sizeof(int));
     int *before = rows, *previous = rows + lb + 1, *current = rows + 2 * (lb + 1);
     for (int j = 0; j <= lb; j++) previous[j] = j;
     for (int i = 1; i <= la; i++) {

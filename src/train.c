@@ -9,16 +9,18 @@
 #include <string.h>
 
 #include "momfmm/checkpoint.h"
-#include "momfmm/common.h"
+#include "momfmm/log.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 #include "momfmm/optimizer.h"
 #include "momfmm/store.h"
 
-memory_use trainer_memory(const trainer *t) {
+train_memory_use trainer_memory(const trainer *t) {
     const model *m = &t->model;
-    const batch *b = &t->shard.batch;
+    const data_batch *b = &t->shard.batch;
     double n = (double)m->n_params, slice = (double)m->moment_count / (n > 0 ? n : 1);
-    bool sharded = t->cfg.zero && process_count() > 1;
-    memory_use u = {sizeof(float), sizeof(float) * (1 + (sharded ? slice : 0)), 2 * sizeof(float) * slice, 0};
+    bool sharded = t->cfg.zero && dist_size() > 1;
+    train_memory_use u = {sizeof(float), sizeof(float) * (1 + (sharded ? slice : 0)), 2 * sizeof(float) * slice, 0};
     u.activation_bytes = (double)model_activation_bytes(m, config_micro_rows(&t->cfg, b->B), b->T);
     return u;
 }
@@ -27,12 +29,12 @@ memory_use trainer_memory(const trainer *t) {
  * memory, rather than being killed mid-allocation. */
 static int check_memory(const trainer *t, status *err) {
     const model *m = &t->model;
-    const batch *b = &t->shard.batch;
+    const data_batch *b = &t->shard.batch;
     int rows = config_micro_rows(&t->cfg, b->B);
-    memory_use u = trainer_memory(t);
+    train_memory_use u = trainer_memory(t);
     double need = u.activation_bytes + (u.param_bytes + u.grad_bytes + u.moment_bytes) * m->n_params;
     int local_ranks = dist_node_ranks();
-    double available = memory_available_bytes();
+    double available = sys_memory_available();
     /* shards and nodes differ: decide on the fullest node, everywhere alike */
     double fill = available > 0 ? need * local_ranks / available : 0, worst_fill = dist_max_double(fill);
     log_rank0("memory: %.2f GB per rank | activations %.1f MB for %d x %d | bytes per parameter: parameters %.2f, "
@@ -47,32 +49,59 @@ static int check_memory(const trainer *t, status *err) {
     return 0;
 }
 
+/* The block after whose backward a tensor's gradient is final: its own block;
+ * ln_f and the head finish before every block (n_layers - 1); the embedding
+ * only at the very end (-1). */
+static int tensor_ready_after(const model *m, const model_param *e) {
+    if (e->layer >= 0) return e->layer;
+    return e->offset == 0 ? -1 : m->L - 1;
+}
+
+/* The model as the reducer sees it (docs/design.md §8.3): the gradient
+ * buffer and one span per tensor, with the block after which it is final. */
+static dist_reducer *create_reducer(const model *m, const config *cfg) {
+    dist_span *spans = sys_calloc((size_t)m->n_entries, sizeof *spans);
+    for (int i = 0; i < m->n_entries; i++)
+        spans[i] = (dist_span){m->entries[i].offset, m->entries[i].numel, tensor_ready_after(m, &m->entries[i])};
+    dist_reducer *r = dist_reducer_create(m->grads, m->n_params, spans, m->n_entries, cfg->bucket_mb, cfg->overlap);
+    free(spans);
+    if (cfg->zero) dist_reducer_shard(r);
+    return r;
+}
+
+/* model_backward's hooks (model.h) driving the reducer. */
+static void hook_block_done(void *reducer, int layer) { dist_reducer_block_done(reducer, layer); }
+static void hook_progress(void *reducer) { dist_reducer_progress(reducer); }
+
 int trainer_create(trainer *t, const config *cfg, status *err) {
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
-    if (process_count() > cfg->batch_size)
+    if (dist_size() > cfg->batch_size)
         return status_fail(err, EXIT_USAGE,
                            "train.batch_size = %d is smaller than the number of ranks (%d): every rank needs a sample",
-                           cfg->batch_size, process_count());
+                           cfg->batch_size, dist_size());
     if (model_create(&t->model, cfg, err) != 0) return err->code;
-    if (cfg->zero) model_shard_moments(&t->model, process_rank(), process_count());
+    if (cfg->zero) {
+        size_t first, count;
+        dist_partition(t->model.n_params, dist_rank(), dist_size(), &first, &count);
+        model_shard_moments(&t->model, first, count);
+    }
     model_init_parameters(&t->model);
     /* Every rank initialises from the same seed; the broadcast makes the
      * identical start explicit rather than assumed. */
     dist_broadcast_floats(t->model.params, t->model.n_params);
     model_params_changed(&t->model);
-    if (rank_shard_open(&t->shard, cfg, err) != 0 || check_memory(t, err) != 0) return err->code;
-    t->reducer = grad_reducer_create(&t->model, cfg->bucket_mb, cfg->overlap);
-    if (cfg->zero) grad_reducer_shard(t->reducer, &t->model);
+    if (data_shard_open(&t->shard, cfg, err) != 0 || check_memory(t, err) != 0) return err->code;
+    t->reducer = create_reducer(&t->model, cfg);
     metric_tables_standard(&t->train_log, &t->eval_log, cfg->n_layers, cfg->n_heads);
     metric_tables_add_task_columns(&t->train_log, &t->eval_log, cfg->task);
-    t->reduce_scratch = xcalloc(2 + t->model.n_buffer, sizeof(double));
+    t->reduce_scratch = sys_calloc(2 + t->model.n_buffer, sizeof(double));
     return 0;
 }
 
 void trainer_free(trainer *t) {
-    grad_reducer_free(t->reducer);
-    rank_shard_close(&t->shard);
+    dist_reducer_free(t->reducer);
+    data_shard_close(&t->shard);
     metric_table_free(&t->train_log);
     metric_table_free(&t->eval_log);
     free(t->reduce_scratch);
@@ -83,7 +112,7 @@ void trainer_free(trainer *t) {
  * every micro-batch's loss by its inverse, so the count precedes the first
  * forward and the gradient reduction stays a plain sum (docs/design.md §8.3). */
 static double global_target_count(trainer *t) {
-    const batch *b = &t->shard.batch;
+    const data_batch *b = &t->shard.batch;
     double count = (double)model_target_count(&t->model, b->targets, b->B, b->T);
     dist_sum_doubles(&count, 1);
     return count;
@@ -109,9 +138,9 @@ static double reduce_forward_results(trainer *t, double global_count) {
 /* Forward and backward of rows [first, first + rows) of the shard, adding
  * the loss sum and buffer sums to reduce_scratch and the gradients to
  * m->grads; hooks (the reducer's, last micro-batch only) or NULL. */
-static void micro_step(trainer *t, int first, int rows, float scale, const backward_hooks *hooks) {
+static void micro_step(trainer *t, int first, int rows, float scale, const model_backward_hooks *hooks) {
     model *m = &t->model;
-    const batch *b = &t->shard.batch;
+    const data_batch *b = &t->shard.batch;
     size_t offset = (size_t)first * b->T;
     const int32_t *inputs = b->inputs + offset, *targets = b->targets + offset;
     const int32_t *labels = b->labels ? b->labels + first : NULL;
@@ -127,54 +156,54 @@ typedef struct {
     model *m;
     const float *grads; /* the slice's reduced gradients, element 0 = moment_first */
     long long step;
-    adamw_settings s;
+    optimizer_settings s;
 } slice_step;
 
 static void update_slice(void *ctx, size_t lo, size_t hi) {
     slice_step *c = ctx;
-    adamw_step_range(c->m, lo, hi, c->grads + (lo - c->m->moment_first), c->step, &c->s);
+    optimizer_step_range(c->m, lo, hi, c->grads + (lo - c->m->moment_first), c->step, &c->s);
 }
 
 /* ZeRO-1 (docs/scale.md §7): the exact global norm from the slices' sums of
  * squares. */
 static double sharded_grad_norm(trainer *t) {
-    double squares = grad_sum_squares(grad_reducer_slice(t->reducer), t->model.moment_count);
+    double squares = optimizer_sum_squares(dist_reducer_slice(t->reducer), t->model.moment_count);
     dist_sum_doubles(&squares, 1);
     return sqrt(squares);
 }
 
 /* ZeRO-1: clipping and AdamW on this rank's slice, then the parameters
  * all-gathered bucket by bucket. */
-static void sharded_update(trainer *t, long long step, step_result *res) {
+static void sharded_update(trainer *t, long long step, train_step_result *res) {
     model *m = &t->model;
-    float *grads = grad_reducer_slice(t->reducer);
-    clip_gradients(grads, m->moment_count, res->grad_norm, t->cfg.grad_clip);
+    float *grads = dist_reducer_slice(t->reducer);
+    optimizer_clip(grads, m->moment_count, res->grad_norm, t->cfg.grad_clip);
     slice_step c = {m, grads, step, {res->lr, t->cfg.beta1, t->cfg.beta2, t->cfg.adam_eps, t->cfg.weight_decay}};
-    res->allreduce_wait_s += grad_reducer_gather(t->reducer, m->params, update_slice, &c);
+    res->allreduce_wait_s += dist_reducer_gather(t->reducer, m->params, update_slice, &c);
 }
 
-step_result trainer_step(trainer *t) {
+int trainer_step(trainer *t, train_step_result *result, status *err) {
     model *m = &t->model;
-    batch *b = &t->shard.batch;
-    step_result res = {0};
+    data_batch *b = &t->shard.batch;
+    train_step_result res = {0};
     long long step = t->step + 1;
-    data_fill(t->shard.data, b, SPLIT_TRAIN, step, t->shard.first);
+    if (data_fill(t->shard.data, b, SPLIT_TRAIN, step, t->shard.first, err) != 0) return err->code;
     double global_count = global_target_count(t);
     float scale = global_count > 0 ? (float)(1.0 / global_count) : 0.0f;
     model_zero_grads(m);
     memset(t->reduce_scratch, 0, sizeof(double) * (1 + m->n_buffer));
     /* the reduction overlaps only the last micro-batch's backward: earlier
      * ones add into the same gradients */
-    backward_hooks hooks = grad_reducer_hooks(t->reducer);
+    model_backward_hooks hooks = {hook_block_done, hook_progress, t->reducer};
     int rows = config_micro_rows(&t->cfg, b->B);
     for (int first = 0; first < b->B; first += rows) {
         bool last = first + rows >= b->B;
         micro_step(t, first, last ? b->B - first : rows, scale, last ? &hooks : NULL);
     }
-    res.allreduce_wait_s = grad_reducer_finish(t->reducer);
+    res.allreduce_wait_s = dist_reducer_finish(t->reducer);
     res.loss = reduce_forward_results(t, global_count);
-    res.lr = learning_rate(&t->cfg, step);
-    res.grad_norm = t->cfg.zero ? sharded_grad_norm(t) : grad_global_norm(m->grads, m->n_params);
+    res.lr = optimizer_learning_rate(&t->cfg, step);
+    res.grad_norm = t->cfg.zero ? sharded_grad_norm(t) : optimizer_global_norm(m->grads, m->n_params);
     /* the loss and the norm are global after the reductions: every rank
      * takes the same branch (docs/design.md §8.7, divergence guard) */
     res.nonfinite = !isfinite(res.loss) || !isfinite(res.grad_norm);
@@ -183,19 +212,20 @@ step_result trainer_step(trainer *t) {
     } else if (t->cfg.zero) {
         sharded_update(t, step, &res);
     } else {
-        clip_gradients(m->grads, m->n_params, res.grad_norm, t->cfg.grad_clip);
-        adamw_settings s = {res.lr, t->cfg.beta1, t->cfg.beta2, t->cfg.adam_eps, t->cfg.weight_decay};
-        adamw_step_model(m, step, &s);
+        optimizer_clip(m->grads, m->n_params, res.grad_norm, t->cfg.grad_clip);
+        optimizer_settings s = {res.lr, t->cfg.beta1, t->cfg.beta2, t->cfg.adam_eps, t->cfg.weight_decay};
+        optimizer_step_model(m, step, &s);
     }
     if (!res.nonfinite) model_params_changed(m); /* the once-per-step bf16 refresh, docs/scale.md §7 */
     t->step = step;
     t->tokens_seen += (long long)t->cfg.batch_size * t->cfg.seq_len;
-    return res;
+    *result = res;
+    return 0;
 }
 
 int trainer_log_eval(trainer *t, eval_result *r, status *err) {
     if (evaluate(&t->model, &t->shard, 0, r, err) != 0) return err->code;
-    double *row = xcalloc((size_t)t->eval_log.row_width, sizeof(double));
+    double *row = sys_calloc((size_t)t->eval_log.row_width, sizeof(double));
     eval_result_row(r, t->step, &t->eval_log, row);
     metric_table_append(&t->eval_log, row);
     free(row);
@@ -235,11 +265,15 @@ static int try_resume(const char *path, void *ctx, status *err) {
     t->tokens_seen = info.tokens_seen;
     snprintf(t->init_from, sizeof t->init_from, "%s", info.init_from);
     t->skipped_steps = info.skipped_steps;
-    if (info.world_size != process_count())
+    if (info.world_size != dist_size())
         log_rank0("note: checkpoint written by %d ranks, resuming on %d (same math up to float summation order)\n",
-                  info.world_size, process_count());
+                  info.world_size, dist_size());
     log_rank0("resumed from %s at step %lld\n", path, t->step);
     return 0;
+}
+
+static int check_consistency(const trainer *t, status *err) {
+    return dist_check_consistency(t->model.params, t->model.n_params * sizeof(float), t->step, err);
 }
 
 int trainer_resume(trainer *t, const char *how, status *err) {
@@ -253,7 +287,7 @@ int trainer_resume(trainer *t, const char *how, status *err) {
         if (!resumed) log_rank0("no checkpoint to resume in %s: starting at step 0\n", t->cfg.out_dir);
     }
     /* every rank read the file itself: make sure they agree */
-    return dist_try_check_consistency(&t->model, t->step, err);
+    return check_consistency(t, err);
 }
 
 int trainer_init_from(trainer *t, const char *path, status *err) {
@@ -270,16 +304,16 @@ int trainer_init_from(trainer *t, const char *path, status *err) {
     snprintf(t->init_from, sizeof t->init_from, "%s", absolute ? absolute : path);
     free(absolute);
     log_rank0("initialised from %s (step %lld): fresh optimizer, step 0\n", path, info.step);
-    return dist_try_check_consistency(&t->model, t->step, err);
+    return check_consistency(t, err);
 }
 
 h5writer_mode trainer_writers(const trainer *t) {
-    if (!t->cfg.zero || process_count() == 1) return H5WRITER_ALONE;
+    if (!t->cfg.zero || dist_size() == 1) return H5WRITER_ALONE;
     return t->cfg.collective_io ? H5WRITER_COLLECTIVE : H5WRITER_TOGETHER;
 }
 
 static checkpoint_info info_of(const trainer *t) {
-    checkpoint_info info = {.step = t->step, .tokens_seen = t->tokens_seen, .world_size = process_count(),
+    checkpoint_info info = {.step = t->step, .tokens_seen = t->tokens_seen, .world_size = dist_size(),
                             .skipped_steps = t->skipped_steps};
     snprintf(info.init_from, sizeof info.init_from, "%s", t->init_from);
     return info;
@@ -287,7 +321,7 @@ static checkpoint_info info_of(const trainer *t) {
 
 int trainer_save(const trainer *t, char *path, size_t len, status *err) {
     h5writer_mode writers = trainer_writers(t);
-    if (process_rank() != 0 && writers == H5WRITER_ALONE) return 0;
+    if (dist_rank() != 0 && writers == H5WRITER_ALONE) return 0;
     checkpoint_info info = info_of(t);
     return store_save(t->cfg.out_dir, t->cfg.keep, &t->model, &info, &t->train_log, &t->eval_log, writers, path, len,
                       err);
@@ -295,7 +329,7 @@ int trainer_save(const trainer *t, char *path, size_t len, status *err) {
 
 int trainer_save_best(const trainer *t, status *err) {
     h5writer_mode writers = trainer_writers(t);
-    if (process_rank() != 0 && writers == H5WRITER_ALONE) return 0;
+    if (dist_rank() != 0 && writers == H5WRITER_ALONE) return 0;
     char path[STORE_PATH_MAX];
     store_best_path(t->cfg.out_dir, path, sizeof path);
     checkpoint_info info = info_of(t);

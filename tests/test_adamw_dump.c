@@ -35,7 +35,7 @@ static void attr(hid_t f, const char *name, double value) {
 static int check_decay_mask(const model *m) {
     int wrong = 0;
     for (int i = 0; i < m->n_entries; i++) {
-        const param_entry *e = &m->entries[i];
+        const model_param *e = &m->entries[i];
         const char *leaf = strrchr(e->name, '/');
         bool expected = e->ndim == 2 && (strcmp(e->name, "tok_emb") == 0 || (leaf && strcmp(leaf, "/weight") == 0));
         if (expected != e->decay) {
@@ -48,7 +48,7 @@ static int check_decay_mask(const model *m) {
 }
 
 int main(int argc, char **argv) {
-    dist_init(&argc, &argv);
+    cmd_dist_init(&argc, &argv);
     if (argc != 2) {
         fprintf(stderr, "usage: test_adamw_dump OUT.h5\n");
         return 2;
@@ -74,9 +74,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < m.n_entries; i++) memset(mask + m.entries[i].offset, m.entries[i].decay, m.entries[i].numel);
     for (int k = 0; k < STEPS; k++) {
         memcpy(m.grads, grads + (size_t)k * n, sizeof(float) * n);
-        lrs[k] = learning_rate(&cfg, k + 1);
-        adamw_settings s = {lrs[k], cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay};
-        adamw_step_model(&m, k + 1, &s);
+        lrs[k] = optimizer_learning_rate(&cfg, k + 1);
+        optimizer_settings s = {lrs[k], cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay};
+        optimizer_step_model(&m, k + 1, &s);
         memcpy(history + (size_t)k * n, m.params, sizeof(float) * n);
     }
     hid_t f = H5Fcreate(argv[1], H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);

@@ -8,7 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/common.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 #include "momfmm/config.h"
 #include "momfmm/suggest.h"
 
@@ -32,9 +33,10 @@ static void expect(int rc, const status *st, int code, const char *message) {
 static config expect_text(const char *text, const char *message) {
     config c;
     config_defaults(&c);
-    char err[1024];
-    int rc = config_load_string(&c, text, "t.ini", err, sizeof err);
-    if (message[0]) CHECK(rc != 0 && !strcmp(err, message), "'%.60s': expected '%s', got '%s'", text, message, rc ? err : "");
+    status st;
+    int rc = config_load_string(&c, text, "t.ini", &st);
+    const char *err = st.message;
+    if (message[0]) CHECK(rc == EXIT_USAGE && !strcmp(err, message), "'%.60s': expected '%s', got '%s'", text, message, rc ? err : "");
     else CHECK(rc == 0, "'%.60s': expected success, got '%s'", text, err);
     return c;
 }
@@ -44,7 +46,7 @@ static void expect_override(const char *assignment, const char *message) {
     config_defaults(&c);
     status st;
     status_clear(&st);
-    expect(config_try_apply_override(&c, assignment, &st), &st, EXIT_USAGE, message);
+    expect(config_apply_override(&c, assignment, &st), &st, EXIT_USAGE, message);
 }
 
 static char *repeat(char ch, size_t n) {
@@ -60,13 +62,13 @@ static void test_statuses(void) {
     expect(config_check_defaults(&st), &st, 0, "");
     config c;
     config_defaults(&c);
-    expect(config_try_load_file(&c, "/nonexistent/x.ini", &st), &st, EXIT_USAGE,
+    expect(config_load_file(&c, "/nonexistent/x.ini", &st), &st, EXIT_USAGE,
            "/nonexistent/x.ini: cannot open config: No such file or directory");
-    expect(config_try_apply_override(&c, "model.d_model=32", &st), &st, 0, "");
+    expect(config_apply_override(&c, "model.d_model=32", &st), &st, 0, "");
     CHECK(c.d_model == 32, "override did not set model.d_model");
-    expect(config_try_apply_override(&c, "d_model", &st), &st, EXIT_USAGE, "--set d_model: expected section.key=value");
-    expect(config_try_apply_override(&c, "model.nope=1", &st), &st, EXIT_USAGE, "--set unknown key model.nope");
-    expect(config_try_apply_override(&c, "model.d_model=abc", &st), &st, EXIT_USAGE,
+    expect(config_apply_override(&c, "d_model", &st), &st, EXIT_USAGE, "--set d_model: expected section.key=value");
+    expect(config_apply_override(&c, "model.nope=1", &st), &st, EXIT_USAGE, "--set unknown key model.nope");
+    expect(config_apply_override(&c, "model.d_model=abc", &st), &st, EXIT_USAGE,
            "--set model.d_model = 'abc': expected an integer");
 }
 
@@ -88,7 +90,7 @@ static void test_long_lines(void) {
     snprintf(text, 3 * n, "[train]\nout_dir = %s\n", pad);
     expect_text(text, "t.ini:2: train.out_dir = "
                       "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...': longer than 1023 characters");
-    /* config_ini of a checkpoint goes through the same reader */
+    /* config_ini of a checkpoint goes through the same h5reader */
     char *ini = config_to_ini(&c);
     config back = expect_text(ini, "");
     CHECK(config_compare_keys(&c, &back, true, NULL, 0) == 0 && config_compare_keys(&c, &back, false, NULL, 0) == 0,
@@ -136,10 +138,53 @@ static void test_limits(void) {
     expect_text("[train]\nadam_eps = 0\n", "t.ini:2: train.adam_eps = 0 is out of range: must be >= 1e-30");
     expect_override("train.steps=-5", "--set train.steps = -5 is out of range: must be >= 0");
     config c = expect_text("[model]\nhead = cls\nn_classes = 5\n[data]\ntask = listops\n", "");
-    char err[512];
-    CHECK(config_check(&c, "t.ini", err, sizeof err) != 0 &&
-              !strcmp(err, "t.ini: model.n_classes = 5 is below the 10 classes of data.task = listops"),
-          "listops with 5 classes: '%s'", err);
+    status st;
+    CHECK(config_check(&c, "t.ini", &st) == EXIT_USAGE &&
+              !strcmp(st.message, "t.ini: model.n_classes = 5 is below the 10 classes of data.task = listops"),
+          "listops with 5 classes: '%s'", st.message);
+}
+
+/* fmm.kernels, a list key (docs/config.md §6): `want` is one letter per name
+ * (e = elu, f = elu_flip, t = tanh) on success, else the refused item. */
+static void expect_kernels(const char *value, bool good, const char *want) {
+    config c;
+    config_defaults(&c);
+    char assignment[128], joined[16] = "", message[256];
+    snprintf(assignment, sizeof assignment, "fmm.kernels=%s", value);
+    status st;
+    int rc = config_apply_override(&c, assignment, &st);
+    for (int i = 0; rc == 0 && i < c.fmm_kernels.n; i++) strncat(joined, &"eft"[c.fmm_kernels.items[i]], 1);
+    snprintf(message, sizeof message, "--set fmm.kernels = '%s': '%s' is not one of", value, want);
+    if (good) CHECK(rc == 0 && !strcmp(joined, want), "fmm.kernels '%s': got '%s' (%s)", value, joined, rc ? st.message : "");
+    else CHECK(rc == EXIT_USAGE && !strncmp(st.message, message, strlen(message)), "fmm.kernels '%s': got '%s'", value,
+               rc ? st.message : "accepted");
+}
+
+static void test_lists(void) {
+    expect_kernels("", true, "");
+    expect_kernels("   ", true, "");
+    expect_kernels("elu", true, "e");
+    expect_kernels("elu,elu_flip", true, "ef");
+    expect_kernels(" tanh , elu_flip,elu ", true, "tfe");
+    expect_kernels("elu,elu,elu,elu,elu,elu,elu,tanh", true, "eeeeeeet");
+    expect_kernels("elu,foo", false, "foo");
+    expect_kernels(" gelu ", false, "gelu");
+    expect_kernels("ELU", false, "ELU");
+    expect_kernels("elu,,tanh", false, "");
+    expect_kernels("elu,", false, "");
+    expect_kernels("elu,elu,elu,elu,elu,elu,elu,elu,tanh", false, "tanh");
+    expect_kernels("elu,elu_fl1p", false, "elu_fl1p");
+    /* the canonical text in config_ini, read back to the same list */
+    config c;
+    config_defaults(&c);
+    status st;
+    CHECK(config_apply_override(&c, "fmm.kernels= tanh ,elu", &st) == 0, "fmm.kernels: %s", st.message);
+    char *ini = config_to_ini(&c);
+    CHECK(strstr(ini, "kernels = tanh,elu\n") != NULL, "fmm.kernels in config_ini:\n%s", ini);
+    config back = expect_text(ini, "");
+    CHECK(back.fmm_kernels.n == 2 && back.fmm_kernels.items[0] == 2 && back.fmm_kernels.items[1] == 0,
+          "fmm.kernels does not read back from config_ini");
+    free(ini);
 }
 
 static void test_shortest_numbers(void) {
@@ -152,7 +197,7 @@ static void test_shortest_numbers(void) {
                  {DBL_MIN / 3, "7.41691286169067e-309"}, {DBL_MAX, "1.7976931348623157e+308"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char out[32];
-        format_shortest_double(cases[i].x, out, sizeof out);
+        config_format_double(cases[i].x, out, sizeof out);
         CHECK(!strcmp(out, cases[i].text) && strtod(out, NULL) == cases[i].x, "shortest(%.17g): '%s', want '%s'",
               cases[i].x, out, cases[i].text);
     }
@@ -174,6 +219,7 @@ int main(void) {
     test_suggestions();
     test_limits();
     test_shortest_numbers();
+    test_lists();
     printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
     return failures != 0;
 }

@@ -1,7 +1,7 @@
 /* Data of docs/tasks.md §2: the text corpus (directory walk order, separator
  * placement, split by whole documents, determinism, refused inputs), long
  * samples without stack arrays, listops limits and TSV labels refused at
- * open, and exp_nonpositive on NaN and infinite inputs (run it in the
+ * open, and fast_exp_nonpositive on NaN and infinite inputs (run it in the
  * sanitizer build too). */
 #include <math.h>
 #include <stdio.h>
@@ -13,7 +13,7 @@
 #include "momfmm/config.h"
 #include "momfmm/corpus.h"
 #include "momfmm/data.h"
-#include "momfmm/fastmath.h"
+#include "momfmm/fast_math.h"
 
 static int check(const char *name, int ok) {
     printf("%-64s %s\n", name, ok ? "ok" : "FAIL");
@@ -42,7 +42,7 @@ static config config_with(const char *const *overrides) {
     config_defaults(&c);
     status st;
     for (int i = 0; overrides[i]; i++)
-        if (config_try_apply_override(&c, overrides[i], &st)) printf("bad override %s: %s\n", overrides[i], st.message);
+        if (config_apply_override(&c, overrides[i], &st)) printf("bad override %s: %s\n", overrides[i], st.message);
     return c;
 }
 
@@ -115,25 +115,25 @@ static int test_text_split(void) {
                                path, NULL};
     config cfg = config_with(overrides);
     status st;
-    data_source *d = data_try_open(&cfg, &st), *again = data_try_open(&cfg, &st);
+    data_source *d = data_open(&cfg, &st), *again = data_open(&cfg, &st);
     if (check("text: directory corpus opens", d && again)) return 1;
-    batch b, b2;
-    batch_alloc(&b, 16, 64);
-    batch_alloc(&b2, 16, 64);
+    data_batch b, b2;
+    data_batch_alloc(&b, 16, 64);
+    data_batch_alloc(&b2, 16, 64);
     int train_sees_eval = 0, eval_outside = 0, differ = 0;
     for (int step = 0; step < 20; step++) {
-        data_fill(d, &b, SPLIT_TRAIN, step, 0);
-        data_fill(again, &b2, SPLIT_TRAIN, step, 0);
+        data_fill(d, &b, SPLIT_TRAIN, step, 0, &st);
+        data_fill(again, &b2, SPLIT_TRAIN, step, 0, &st);
         differ += memcmp(b.inputs, b2.inputs, sizeof(int32_t) * 16 * 64) != 0;
         for (int i = 0; i < 16 * 64; i++) train_sees_eval += b.inputs[i] == 'b' || b.targets[i] == 'b';
-        data_fill(d, &b, SPLIT_EVAL, step, 0);
+        data_fill(d, &b, SPLIT_EVAL, step, 0, &st);
         for (int i = 0; i < 16 * 64; i++) eval_outside += b.inputs[i] != 'b' || b.targets[i] != 'b';
     }
     fails += check("text: train samples only from train documents", train_sees_eval == 0);
     fails += check("text: eval samples only from the eval document", eval_outside == 0);
     fails += check("text: the same samples from a second open", differ == 0);
-    batch_free(&b);
-    batch_free(&b2);
+    data_batch_free(&b);
+    data_batch_free(&b2);
     data_close(d);
     data_close(again);
 
@@ -141,7 +141,7 @@ static int test_text_split(void) {
                               path, NULL};
     cfg = config_with(too_long);
     fails += check("text: train documents shorter than seq_len: exit 3",
-                   !data_try_open(&cfg, &st) && st.code == EXIT_BAD_FILE && strstr(st.message, "train"));
+                   !data_open(&cfg, &st) && st.code == EXIT_BAD_FILE && strstr(st.message, "train"));
     return fails;
 }
 
@@ -153,10 +153,10 @@ static int test_long_samples(void) {
                            "data.seq_len=3000000", NULL};
     config cfg = config_with(chain);
     status st;
-    data_source *d = data_try_open(&cfg, &st);
-    batch b;
-    batch_alloc(&b, 1, cfg.seq_len);
-    data_fill(d, &b, SPLIT_TRAIN, 1, 0);
+    data_source *d = data_open(&cfg, &st);
+    data_batch b;
+    data_batch_alloc(&b, 1, cfg.seq_len);
+    data_fill(d, &b, SPLIT_TRAIN, 1, 0, &st);
     uint8_t *seen = calloc((size_t)cfg.vocab_size, 1);
     int repeats = 0;
     for (int t = 0; t < cfg.seq_len; t++) repeats += seen[b.inputs[t]]++ > 0;
@@ -166,11 +166,11 @@ static int test_long_samples(void) {
     data_close(d);
     const char *copy[] = {"data.task=copy", "data.seq_len=3000000", NULL};
     cfg = config_with(copy);
-    d = data_try_open(&cfg, &st);
-    data_fill(d, &b, SPLIT_TRAIN, 1, 0);
+    d = data_open(&cfg, &st);
+    data_fill(d, &b, SPLIT_TRAIN, 1, 0, &st);
     fails += check("copy: T = 3e6 without stack overflow", b.inputs[0] >= 1 && b.inputs[0] <= 10);
     data_close(d);
-    batch_free(&b);
+    data_batch_free(&b);
     return fails;
 }
 
@@ -181,22 +181,22 @@ static int test_listops_limits(void) {
                              "data.listops_max_len=3", NULL};
     config cfg = config_with(short_t);
     fails += check("listops: seq_len = max_len = 3 refused (exit 2)",
-                   !data_try_open(&cfg, &st) && st.code == EXIT_USAGE && strstr(st.message, "data.listops_max_len") &&
+                   !data_open(&cfg, &st) && st.code == EXIT_USAGE && strstr(st.message, "data.listops_max_len") &&
                        strstr(st.message, "data.seq_len"));
     const char *shallow[] = {"data.task=listops", "model.head=cls", "data.seq_len=64", "data.listops_min_len=20",
                              "data.listops_max_len=64", "data.listops_max_depth=1", "data.listops_max_args=4", NULL};
     cfg = config_with(shallow);
     fails += check("listops: min_len above the longest expression refused",
-                   !data_try_open(&cfg, &st) && st.code == EXIT_USAGE && strstr(st.message, "data.listops_max_depth"));
+                   !data_open(&cfg, &st) && st.code == EXIT_USAGE && strstr(st.message, "data.listops_max_depth"));
     const char *rare[] = {"data.task=listops", "model.head=cls", "data.seq_len=100", "data.listops_min_len=90",
                           "data.listops_max_len=100", "data.listops_max_depth=3", "data.listops_max_args=5", NULL};
     cfg = config_with(rare);
     fails += check("listops: limits almost no expression meets refused",
-                   !data_try_open(&cfg, &st) && st.code == EXIT_USAGE && strstr(st.message, "attempts"));
+                   !data_open(&cfg, &st) && st.code == EXIT_USAGE && strstr(st.message, "attempts"));
     const char *fine[] = {"data.task=listops", "model.head=cls", "data.seq_len=4", "data.listops_min_len=4",
                           "data.listops_max_len=4", NULL};
     cfg = config_with(fine);
-    data_source *d = data_try_open(&cfg, &st);
+    data_source *d = data_open(&cfg, &st);
     fails += check("listops: the shortest expression alone is accepted", d != NULL);
     if (d) data_close(d);
 
@@ -212,7 +212,7 @@ static int test_listops_limits(void) {
         const char *tsv[] = {"data.task=listops", "model.head=cls", "data.seq_len=16", path, NULL};
         cfg = config_with(tsv);
         snprintf(name, sizeof name, "listops TSV: %s refused naming file:line", bad[i].why);
-        fails += check(name, !data_try_open(&cfg, &st) && st.code == EXIT_BAD_FILE && strstr(st.message, "bad.tsv:3") &&
+        fails += check(name, !data_open(&cfg, &st) && st.code == EXIT_BAD_FILE && strstr(st.message, "bad.tsv:3") &&
                                  strstr(st.message, bad[i].why));
     }
     return fails;
@@ -222,22 +222,22 @@ static int test_exp(void) {
     int fails = 0;
     float worst = 0;
     for (float x = -87.0f; x <= 0.0f; x += 0.01f) {
-        float rel = fabsf(exp_nonpositive(x) - expf(x)) / expf(x);
+        float rel = fabsf(fast_exp_nonpositive(x) - expf(x)) / expf(x);
         worst = rel > worst ? rel : worst;
     }
-    fails += check("exp_nonpositive: relative error <= 3e-7 over [-87, 0]", worst <= 3e-7f);
-    fails += check("exp_nonpositive(NaN) is NaN", isnan(exp_nonpositive(NAN)) && isnan(exp_nonpositive(-NAN)));
-    fails += check("exp_nonpositive(-inf), (-1e30): e^-87", exp_nonpositive(-INFINITY) == exp_nonpositive(-87.0f) &&
-                                                             exp_nonpositive(-1e30f) == exp_nonpositive(-87.0f));
-    float top = exp_nonpositive(88.0f);
-    fails += check("exp_nonpositive(+inf), (1e30): e^88, finite",
-                   isfinite(top) && exp_nonpositive(INFINITY) == top && exp_nonpositive(1e30f) == top);
+    fails += check("fast_exp_nonpositive: relative error <= 3e-7 over [-87, 0]", worst <= 3e-7f);
+    fails += check("fast_exp_nonpositive(NaN) is NaN", isnan(fast_exp_nonpositive(NAN)) && isnan(fast_exp_nonpositive(-NAN)));
+    fails += check("fast_exp_nonpositive(-inf), (-1e30): e^-87", fast_exp_nonpositive(-INFINITY) == fast_exp_nonpositive(-87.0f) &&
+                                                             fast_exp_nonpositive(-1e30f) == fast_exp_nonpositive(-87.0f));
+    float top = fast_exp_nonpositive(88.0f);
+    fails += check("fast_exp_nonpositive(+inf), (1e30): e^88, finite",
+                   isfinite(top) && fast_exp_nonpositive(INFINITY) == top && fast_exp_nonpositive(1e30f) == top);
     /* the vectorised softmax path of the kernels sees whole rows with a NaN */
     float row[37];
     for (int i = 0; i < 37; i++) row[i] = i == 5 ? NAN : -0.5f * i;
     int nan_out = 0;
-    for (int i = 0; i < 37; i++) row[i] = exp_nonpositive(row[i]), nan_out += isnan(row[i]);
-    fails += check("exp_nonpositive over a row: only the NaN stays NaN", nan_out == 1 && isnan(row[5]));
+    for (int i = 0; i < 37; i++) row[i] = fast_exp_nonpositive(row[i]), nan_out += isnan(row[i]);
+    fails += check("fast_exp_nonpositive over a row: only the NaN stays NaN", nan_out == 1 && isnan(row[5]));
     return fails;
 }
 

@@ -11,9 +11,9 @@
 #include <unistd.h>
 
 #include "momfmm/cmd_common.h"
-#include "momfmm/common.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 #include "momfmm/dist.h"
-#include "momfmm/model.h"
 
 #define RELAUNCH_MARK "MOMFMM_TEST_DIST_RANKS"
 #define GUARD 4
@@ -24,13 +24,13 @@ static int failures;
 static void check(bool ok, const char *what) {
     if (!ok) {
         failures++;
-        fprintf(stderr, "rank %d: FAIL %s\n", process_rank(), what);
+        fprintf(stderr, "rank %d: FAIL %s\n", dist_rank(), what);
     }
 }
 
 /* Each rank adds (rank + 1) * i + 0.5; integers and halves sum exactly. */
 static void test_sum_doubles(size_t n) {
-    int size = process_count(), rank = process_rank();
+    int size = dist_size(), rank = dist_rank();
     double *x = malloc(sizeof(double) * (n + GUARD));
     for (size_t i = 0; i < n; i++) x[i] = (double)(rank + 1) * (double)i + 0.5;
     for (size_t i = n; i < n + GUARD; i++) x[i] = SENTINEL;
@@ -44,7 +44,7 @@ static void test_sum_doubles(size_t n) {
 
 static void test_broadcast_floats(size_t n) {
     float *x = malloc(sizeof(float) * (n + GUARD));
-    for (size_t i = 0; i < n; i++) x[i] = process_rank() == 0 ? 0.25f * (float)i : -1.0f;
+    for (size_t i = 0; i < n; i++) x[i] = dist_rank() == 0 ? 0.25f * (float)i : -1.0f;
     for (size_t i = n; i < n + GUARD; i++) x[i] = (float)SENTINEL;
     dist_broadcast_floats(x, n);
     bool ok = true;
@@ -54,26 +54,50 @@ static void test_broadcast_floats(size_t n) {
     free(x);
 }
 
-/* A small model's gradients through the bucketed all-reduce, as backward
- * drives it: every block's hook from the last block down, then finish. */
-static void test_grad_reducer(bool overlap) {
-    config cfg;
-    config_defaults(&cfg);
-    cfg.vocab_size = 11, cfg.d_model = 16, cfg.n_heads = 2, cfg.n_layers = 2, cfg.d_ff = 24, cfg.seq_len = 8;
-    model m;
-    model_create(&m, &cfg, NULL);
-    int size = process_count(), rank = process_rank();
-    for (size_t i = 0; i < m.n_params; i++) m.grads[i] = (float)((rank + 1) * (int)(i % 13));
-    grad_reducer *r = grad_reducer_create(&m, 0.0001, overlap);
-    backward_hooks hooks = grad_reducer_hooks(r);
-    for (int layer = m.L - 1; layer >= 0; layer--) hooks.block_done(hooks.ctx, layer);
-    grad_reducer_finish(r);
+/* Gradients in spans of uneven sizes through the bucketed all-reduce, as
+ * backward drives it: every block's hook from the last block down, then
+ * finish. Spans of blocks 2, 1, 0 and the embedding's (-1) mimic a model. */
+static void test_reducer(bool overlap) {
+    enum { N_SPANS = 7 };
+    const size_t sizes[N_SPANS] = {13, 5, 40, 1, 17, 64, 9};
+    const int ready[N_SPANS] = {-1, 0, 0, 1, 1, 2, 2};
+    dist_span spans[N_SPANS];
+    size_t n = 0;
+    for (int i = 0; i < N_SPANS; i++) {
+        spans[i] = (dist_span){n, sizes[i], ready[i]};
+        n += sizes[i];
+    }
+    float *grads = malloc(sizeof(float) * (n + GUARD));
+    int size = dist_size(), rank = dist_rank();
+    for (size_t i = 0; i < n; i++) grads[i] = (float)((rank + 1) * (int)(i % 13));
+    for (size_t i = n; i < n + GUARD; i++) grads[i] = (float)SENTINEL;
+    dist_reducer *r = dist_reducer_create(grads, n, spans, N_SPANS, 0.0001, overlap);
+    for (int layer = 2; layer >= 0; layer--) dist_reducer_block_done(r, layer);
+    dist_reducer_finish(r);
     bool ok = true;
-    for (size_t i = 0; i < m.n_params; i++) ok &= m.grads[i] == (float)((int)(i % 13) * size * (size + 1) / 2);
-    check(ok, overlap ? "grad_reducer (overlap): every gradient summed once"
-                      : "grad_reducer (no overlap): every gradient summed once");
-    grad_reducer_free(r);
-    model_free(&m);
+    for (size_t i = 0; i < n; i++) ok &= grads[i] == (float)((int)(i % 13) * size * (size + 1) / 2);
+    for (size_t i = n; i < n + GUARD; i++) ok &= grads[i] == (float)SENTINEL;
+    check(ok, overlap ? "dist_reducer (overlap): every gradient summed once"
+                      : "dist_reducer (no overlap): every gradient summed once");
+    dist_reducer_free(r);
+    free(grads);
+}
+
+/* dist_partition covers n exactly once, in rank order. */
+static void test_partition(void) {
+    bool ok = true;
+    for (size_t n = 0; n < 20; n++)
+        for (int ranks = 1; ranks <= 5; ranks++) {
+            size_t next = 0;
+            for (int q = 0; q < ranks; q++) {
+                size_t first, count;
+                dist_partition(n, q, ranks, &first, &count);
+                ok &= first == next;
+                next = first + count;
+            }
+            ok &= next == n;
+        }
+    check(ok, "dist_partition: contiguous parts in rank order covering every element once");
 }
 
 static void run_all(const char *limit) {
@@ -82,9 +106,10 @@ static void run_all(const char *limit) {
         test_sum_doubles(sizes[k]);
         test_broadcast_floats(sizes[k]);
     }
-    test_grad_reducer(false);
-    test_grad_reducer(true);
-    if (process_rank() == 0) printf("checked with %s\n", limit);
+    test_reducer(false);
+    test_reducer(true);
+    test_partition();
+    if (dist_rank() == 0) printf("checked with %s\n", limit);
 }
 
 /* Once more under mpirun when started as a single process; when mpirun is
@@ -99,17 +124,17 @@ static void relaunch_under_mpirun(char **argv) {
 
 int main(int argc, char **argv) {
     relaunch_under_mpirun(argv);
-    dist_init(&argc, &argv);
+    cmd_dist_init(&argc, &argv);
     run_all("the default limit");
     dist_set_max_message_bytes(24); /* 3 doubles, 6 floats per MPI call */
     run_all("24-byte messages");
     dist_set_max_message_bytes(4); /* one float per gradient bucket */
     run_all("4-byte messages");
-    check(dist_node_ranks() == process_count(), "dist_node_ranks: all ranks of this test share the node");
-    check(dist_max_double((double)process_rank()) == (double)(process_count() - 1), "dist_max_double");
-    check(dist_any(process_rank() == process_count() - 1), "dist_any");
+    check(dist_node_ranks() == dist_size(), "dist_node_ranks: all ranks of this test share the node");
+    check(dist_max_double((double)dist_rank()) == (double)(dist_size() - 1), "dist_max_double");
+    check(dist_any(dist_rank() == dist_size() - 1), "dist_any");
     int fails = (int)dist_max_double((double)failures);
-    if (process_rank() == 0) printf("%s on %d rank(s): %d failure(s)\n", fails ? "FAILED" : "PASSED", process_count(), fails);
+    if (dist_rank() == 0) printf("%s on %d rank(s): %d failure(s)\n", fails ? "FAILED" : "PASSED", dist_size(), fails);
     dist_finalize();
     return fails != 0;
 }

@@ -2,6 +2,7 @@
  *   test_fmm          run every check, one line each; exit 1 on any failure
  *   test_fmm --bench  time fmm_head_forward + fmm_head_backward per token */
 #define _POSIX_C_SOURCE 200809L   /* clock_gettime under -std=c11 */
+#include "momfmm/config.h"
 #include "momfmm/fmm.h"
 #include "fd_check.h"
 
@@ -32,11 +33,17 @@ static fmm_settings settings(int bandwidth, bool causal, const char *kernels, in
     s.causal = causal;
     s.eps = 1e-6f;
     s.chunk = chunk;
-    char bad[32];
-    if (fmm_parse_kernels(kernels, &s, bad, sizeof bad) != 0) {
-        fprintf(stderr, "bad kernel list in test: %s\n", bad);
+    config c;
+    config_defaults(&c);
+    char assignment[128];
+    snprintf(assignment, sizeof assignment, "fmm.kernels=%s", kernels);
+    status st;
+    if (config_apply_override(&c, assignment, &st) != 0) {
+        fprintf(stderr, "bad kernel list in test: %s\n", st.message);
         exit(2);
     }
+    s.n_kernels = c.fmm_kernels.n;
+    for (int i = 0; i < c.fmm_kernels.n; i++) s.kernels[i] = (fmm_feature_map)c.fmm_kernels.items[i];
     return s;
 }
 
@@ -94,7 +101,7 @@ static double case_loss(void *ctx) {
 /* Naive O(T²) double-precision reference of docs/model.md §1.3                        */
 /* ------------------------------------------------------------------------ */
 
-static double ref_feature(feature_map m, double x) {
+static double ref_feature(fmm_feature_map m, double x) {
     switch (m) {
     case FEATURE_ELU: return x > 0 ? x + 1 : exp(x);
     case FEATURE_ELU_FLIP: return -x > 0 ? -x + 1 : exp(-x);
@@ -128,7 +135,7 @@ static void ref_near_row(const fmm_case *c, int i, double *acc) {
     free(sc);
 }
 
-static void ref_far_row(const fmm_case *c, feature_map m, int i, double *acc) {
+static void ref_far_row(const fmm_case *c, fmm_feature_map m, int i, double *acc) {
     int dh = c->dh;
     double den = 0, *num = calloc((size_t)dh, sizeof *num), *fq = calloc((size_t)dh, sizeof *fq);
     for (int d = 0; d < dh; d++) fq[d] = ref_feature(m, c->q[(size_t)i * dh + d]);
@@ -391,47 +398,17 @@ static int buffer_contract_test(const char *label, fmm_settings s, int T) {
     return same && tails ? 0 : 1;
 }
 
-static int parse_case(const char *list, int want_rc, int want_n, const char *want,
-                      size_t buf_len) {
-    fmm_settings s;
-    memset(&s, 0, sizeof s);
-    s.n_kernels = 42;   /* must survive a failed parse */
-    char bad[64] = "untouched", quoted[80];
-    int rc = fmm_parse_kernels(list, &s, bad, buf_len);
-    bool ok = rc == want_rc;
-    if (rc == 0) {
-        ok = ok && s.n_kernels == want_n;
-        char joined[128] = "";
-        for (int i = 0; i < s.n_kernels; i++)
-            strcat(joined, (const char *[]){"e", "f", "t"}[s.kernels[i]]);
-        ok = ok && strcmp(joined, want) == 0;
-    } else {
-        ok = ok && s.n_kernels == 42 && strcmp(bad, want) == 0;
-    }
-    snprintf(quoted, sizeof quoted, "'%s'", list);
-    printf("parse %-34s %s  rc %d  n %d  bad '%s'\n", quoted, ok ? "ok  " : "FAIL", rc,
-           rc == 0 ? s.n_kernels : -1, rc == 0 ? "" : bad);
+/* The model copies fmm.kernels' indices (config.h, CONFIG_FMM_KERNELS) into
+ * fmm_settings as fmm_feature_map values: the two orders must agree. */
+static int kernel_order_test(void) {
+    config c;
+    config_defaults(&c);
+    status st;
+    int rc = config_apply_override(&c, "fmm.kernels=elu,elu_flip,tanh", &st);
+    bool ok = rc == 0 && c.fmm_kernels.n == 3 && c.fmm_kernels.items[0] == FEATURE_ELU &&
+              c.fmm_kernels.items[1] == FEATURE_ELU_FLIP && c.fmm_kernels.items[2] == FEATURE_TANH;
+    printf("%-40s %s\n", "fmm.kernels names in fmm_feature_map order", ok ? "ok  " : "FAIL");
     return ok ? 0 : 1;
-}
-
-static int parse_tests(void) {
-    int f = 0;
-    /* success: want = one letter per kernel (e = elu, f = elu_flip, t = tanh) */
-    f += parse_case("", 0, 0, "", 64);
-    f += parse_case("   ", 0, 0, "", 64);
-    f += parse_case("elu", 0, 1, "e", 64);
-    f += parse_case("elu,elu_flip", 0, 2, "ef", 64);
-    f += parse_case(" tanh , elu_flip,elu ", 0, 3, "tfe", 64);
-    f += parse_case("elu,elu,elu,elu,elu,elu,elu,tanh", 0, 8, "eeeeeeet", 64);
-    /* failure: want = the bad token as copied into the buffer */
-    f += parse_case("elu,foo", -1, 0, "foo", 64);
-    f += parse_case(" gelu ", -1, 0, "gelu", 64);
-    f += parse_case("ELU", -1, 0, "ELU", 64);
-    f += parse_case("elu,,tanh", -1, 0, "", 64);
-    f += parse_case("elu,", -1, 0, "", 64);
-    f += parse_case("elu,elu,elu,elu,elu,elu,elu,elu,tanh", -1, 0, "tanh", 64);
-    f += parse_case("elu,very_long_name", -1, 0, "very", 5);
-    return f;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -484,7 +461,7 @@ static int bench(void) {
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) return bench();
     int fails = 0;
-    fails += parse_tests();
+    fails += kernel_order_test();
     fails += reference_tests();
     fails += buffer_contract_test("causal k5 elu,tanh T13 C4", settings(5, true, "elu,tanh", 4), 13);
     fails += buffer_contract_test("noncausal k3 elu_flip T13 C4", settings(3, false, "elu_flip", 4), 13);

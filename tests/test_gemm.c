@@ -11,6 +11,7 @@
 #include <cblas.h>
 
 #include "fd_check.h"
+#include "momfmm/cpu.h"
 #include "momfmm/gemm.h"
 #include "momfmm/model.h"
 #include "momfmm/optimizer.h"
@@ -97,8 +98,8 @@ static float *run_cblas(const problem *p) {
 
 static float round_bf16(float x) {
     uint16_t h;
-    gemm_f32_to_bf16_portable(&h, &x, 1);
-    return gemm_bf16_to_f32(h);
+    cpu_f32_to_bf16_portable(&h, &x, 1);
+    return cpu_bf16_to_f32(h);
 }
 
 /* max over C of |C - C_ref| / bound (<= 1 passes); a touched padding
@@ -164,7 +165,7 @@ static int test_conversion(void) {
                                  0x7fc0, 0x0000, 0x8000, 0x7f80, 0x0080, 0x3f80};
     enum { NS = sizeof specials / sizeof specials[0] };
     uint16_t got[NS];
-    gemm_f32_to_bf16_portable(got, specials, NS);
+    cpu_f32_to_bf16_portable(got, specials, NS);
     fails += check("bf16: round to nearest even, NaN, inf, subnormal -> 0", memcmp(got, expected, sizeof got) == 0);
 
     /* The AVX512_BF16 path against the portable one, bit for bit, with a
@@ -175,9 +176,9 @@ static int test_conversion(void) {
     for (int i = 0; i < N; i++) x[i] = fd_uniform(&rng) * ldexpf(1.0f, (int)(fd_uniform(&rng) * 140.0f));
     memcpy(x, specials, sizeof specials);
     uint16_t native[N], portable[N];
-    gemm_f32_to_bf16(native, x, N);
-    gemm_f32_to_bf16_portable(portable, x, N);
-    if (gemm_cpu_has_bf16())
+    cpu_f32_to_bf16(native, x, N);
+    cpu_f32_to_bf16_portable(portable, x, N);
+    if (cpu_has_bf16())
         fails += check("bf16: vcvtne2ps2bf16 path == portable, bit for bit", memcmp(native, portable, sizeof native) == 0);
     else
         printf("%-60s skipped (no AVX512_BF16)\n", "bf16: vcvtne2ps2bf16 path == portable");
@@ -191,8 +192,8 @@ static int test_bf16_copies(gemm_ctx *ctx) {
     problem p = make_problem(false, true, 48, 40, 72, 0, 1.0f, 1.0f, &rng);
     size_t na = (size_t)p.M * p.lda, nb = (size_t)p.N * p.ldb, nc = (size_t)p.M * p.ldc;
     uint16_t *A16 = malloc(2 * na), *B16 = malloc(2 * nb);
-    gemm_f32_to_bf16(A16, p.A, na);
-    gemm_f32_to_bf16(B16, p.B, nb);
+    cpu_f32_to_bf16(A16, p.A, na);
+    cpu_f32_to_bf16(B16, p.B, nb);
     float *C = run(ctx, &p), *C2 = malloc(sizeof(float) * nc);
     memcpy(C2, p.C0, sizeof(float) * nc);
     gemm_mixed(ctx, false, true, p.M, p.N, p.K, 1.0f, (gemm_operand){p.A, A16}, p.lda, (gemm_operand){p.B, B16}, p.ldb,
@@ -260,12 +261,12 @@ static int train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size_
     model_create(&m, &cfg, NULL);
     model_init_parameters(&m);
     size_t refresh0 = gemm_weight_refreshes(ctx);
-    adamw_settings s = {1e-3, 0.9, 0.95, 1e-8, 0.0};
+    optimizer_settings s = {1e-3, 0.9, 0.95, 1e-8, 0.0};
     for (int step = 1; step <= 10; step++) {
         model_forward(&m, inputs, targets, NULL, B, T, m.momentum);
         model_zero_grads(&m);
         model_backward(&m, inputs, targets, NULL, B, T, 1.0f / (B * T), NULL);
-        adamw_step_model(&m, step, &s);
+        optimizer_step_model(&m, step, &s);
         model_params_changed(&m);
         if (step == 2) *created_at_2 = gemm_primitives_created(ctx);
     }

@@ -6,7 +6,8 @@
 #include <string.h>
 
 #include "fd_check.h"
-#include "momfmm/common.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 #include "momfmm/cmd_common.h"
 #include "momfmm/dist.h"
 #include "momfmm/model.h"
@@ -27,7 +28,7 @@ static double loss_of(case_ctx *c) {
 }
 
 /* Checks up to `samples` entries of one tensor by central differences. */
-static int check_tensor(case_ctx *c, const param_entry *e, const char *tag) {
+static int check_tensor(case_ctx *c, const model_param *e, const char *tag) {
     model *m = c->m;
     size_t stride = e->numel > 12 ? e->numel / 12 : 1;
     double max_err = 0, max_grad = 0;
@@ -96,18 +97,18 @@ static void momentum_pre_q(config *c) {
 }
 static void fmm_two_kernels(config *c) {
     c->attention = ATTENTION_FMM;
-    strcpy(c->fmm_kernels, "elu,elu_flip");
+    c->fmm_kernels = (config_list){2, {FEATURE_ELU, FEATURE_ELU_FLIP}};
 }
 static void fmm_momentum_full(config *c) {
     c->attention = ATTENTION_FMM, c->causal = false, c->learn_gamma = true, c->gamma = 0.2;
-    strcpy(c->fmm_kernels, "tanh");
+    c->fmm_kernels = (config_list){1, {FEATURE_TANH}};
 }
 static void cls_head(config *c) {
     c->head = HEAD_CLS, c->n_classes = 10, c->task = TASK_LISTOPS, c->causal = false;
 }
 
 int main(int argc, char **argv) {
-    dist_init(&argc, &argv);
+    cmd_dist_init(&argc, &argv);
     int fails = run_case("model softmax causal", softmax_causal) + run_case("model softmax non-causal", softmax_full) +
                 run_case("model momentum post_rope", momentum_post) +
                 run_case("model momentum learned beta gamma2 unanchored", momentum_all) +

@@ -7,7 +7,8 @@
 #include <string.h>
 
 #include "fd_check.h"
-#include "momfmm/common.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 #include "momfmm/cmd_common.h"
 #include "momfmm/dist.h"
 #include "momfmm/model.h"
@@ -38,7 +39,7 @@ static ratios measure(model *m) {
     model_forward(m, inputs, targets, labels, B, T, false);
     ratios r;
     memset(&r, 0, sizeof r);
-    block_gains(m, B, T, 5, 0, r.block, r.attn);
+    readouts_block_gains(m, B, T, 5, 0, r.block, r.attn);
     for (int l = 0; l < LAYERS; l++) r.block[l] /= B, r.attn[l] /= B;
     return r;
 }
@@ -51,7 +52,7 @@ static int expect(bool ok, const char *what, int l, double a, double b) {
 }
 
 int main(int argc, char **argv) {
-    dist_init(&argc, &argv);
+    cmd_dist_init(&argc, &argv);
     int fails = 0;
     size_t dd = 16 * 16;
     for (int variant = 0; variant < 2; variant++) {

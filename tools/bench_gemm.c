@@ -21,8 +21,10 @@
 #include <string.h>
 
 #include "momfmm/blas_core.h"
-#include "momfmm/common.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 #include "momfmm/config.h"
+#include "momfmm/cpu.h"
 #include "momfmm/gemm.h"
 
 typedef struct {
@@ -95,7 +97,7 @@ int main(int argc, char **argv) {
     config c;
     status err;
     config_defaults(&c);
-    if (config_try_load_file(&c, path, &err) != 0) {
+    if (config_load_file(&c, path, &err) != 0) {
         fprintf(stderr, "bench_gemm: %s\n", err.message);
         return 2;
     }
@@ -113,15 +115,15 @@ int main(int argc, char **argv) {
         most = k * nn > most ? k * nn : most;
         most = m * nn > most ? m * nn : most;
     }
-    operands x = {xcalloc(most, sizeof(float)), xcalloc(most, sizeof(float)), xcalloc(most, sizeof(float)),
-                  xcalloc(most, sizeof(uint16_t)), xcalloc(most, sizeof(uint16_t))};
+    operands x = {sys_calloc(most, sizeof(float)), sys_calloc(most, sizeof(float)), sys_calloc(most, sizeof(float)),
+                  sys_calloc(most, sizeof(uint16_t)), sys_calloc(most, sizeof(uint16_t))};
     uint64_t state = 1;
     for (size_t i = 0; i < most; i++) {
         state = state * 6364136223846793005ULL + 1442695040888963407ULL;
         x.A[i] = x.B[i] = (float)((state >> 40) * (1.0 / 16777216.0)) - 0.5f;
     }
-    gemm_f32_to_bf16(x.A16, x.A, most);
-    gemm_f32_to_bf16(x.B16, x.B, most);
+    cpu_f32_to_bf16(x.A16, x.A, most);
+    cpu_f32_to_bf16(x.B16, x.B, most);
 
     printf("bench_gemm %s: rows %d, d_model %d, d_ff %d, vocab %d, 1 thread, %d rounds (first discarded)\n", path,
            d.batch * d.seq_len, d.d_model, d.d_ff, d.vocab, rounds);
@@ -136,9 +138,9 @@ int main(int argc, char **argv) {
                 int e = (j + r) % ENGINES;
                 if (!ctx[e]) continue;
                 const product *p = &products[s];
-                double t0 = wall_seconds();
+                double t0 = sys_seconds();
                 for (int k = 0; k < reps; k++) run_product(ctx[e], e, p, &x);
-                double seconds = wall_seconds() - t0;
+                double seconds = sys_seconds() - t0;
                 gflops[s][e][r] = 2.0 * p->M * p->N * p->K * reps / seconds * 1e-9;
             }
 

@@ -1,4 +1,4 @@
-/* OpenBLAS kernel selection. */
+/* OpenBLAS kernel selection and thread count. */
 #ifndef MOMFMM_BLAS_CORE_H
 #define MOMFMM_BLAS_CORE_H
 
@@ -13,4 +13,10 @@ void blas_core_select(char **argv);
 
 /* The core OpenBLAS runs, and how it was chosen (for start-up lines). */
 const char *blas_core_description(void);
+
+/* Threads per rank for the products, OpenBLAS's and oneDNN's alike:
+ * OMP_NUM_THREADS, default 1 (docs/design.md §8.10). */
+int blas_core_threads(void);
+/* Makes OpenBLAS use that many threads. */
+void blas_core_use_threads(int threads);
 #endif

@@ -7,7 +7,7 @@
 #define MOMFMM_CHECKPOINT_H
 #include <stdbool.h>
 
-#include "momfmm/common.h"
+#include "momfmm/status.h"
 #include "momfmm/config.h"
 #include "momfmm/data.h"
 #include "momfmm/h5writer.h"
@@ -66,13 +66,13 @@ int checkpoint_load_model(const char *path, model *m, bool training, status *err
  * (opened for SWMR reading): the config of root attribute config_ini and
  * the standard tables (metric_tables_standard) with the rows that every
  * column holds. The caller frees the tables, also after a failure. */
-int metrics_file_read(const char *path, config *c, metric_table *train, metric_table *eval, status *err);
+int checkpoint_read_metrics_file(const char *path, config *c, metric_table *train, metric_table *eval, status *err);
 
 /* Token file (docs/files.md §4): /inputs, /targets int32 [B,T], /labels [B] for cls;
  * tokens out of the vocabulary are a bad file too. */
-int tokens_read(const char *path, const model *m, batch *b, status *err);
+int checkpoint_read_tokens(const char *path, const model *m, data_batch *b, status *err);
 
 /* /grads/<name> for every parameter, root attribute loss; atomically
  * through `tmp` as checkpoint_write. */
-int grads_write(const char *path, const char *tmp, const model *m, double loss, status *err);
+int checkpoint_write_grads(const char *path, const char *tmp, const model *m, double loss, status *err);
 #endif

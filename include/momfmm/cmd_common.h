@@ -1,29 +1,34 @@
-/* The command layer's side of failure handling (docs/design.md §8.7): core
- * modules return a status, and only these functions (and the commands that
- * call them) turn a failed one into an exit code. Each wrapper keeps the name
- * and signature that callers used before the core function returned a
- * status (its core version is the *_try_* function of the same name). */
+/* What the commands share (docs/design.md §8.1, §8.7): failing with an exit
+ * code, the configuration step, MPI start-up, the GEMM engine and the
+ * start-up line. Modules below return a status; only these functions (and
+ * the commands that call them) turn a failed one into an exit code. */
 #ifndef MOMFMM_CMD_COMMON_H
 #define MOMFMM_CMD_COMMON_H
 #include <stdbool.h>
 
-#include "momfmm/common.h"
 #include "momfmm/config.h"
-#include "momfmm/data.h"
 #include "momfmm/model.h"
+#include "momfmm/status.h"
 
-/* Ends with st->code and "momfmm: <message>": through fail_all when every
- * rank reached the same status (rank 0 prints, every rank finalises MPI),
- * else through fail (this rank alone failed: the whole job is aborted). */
-_Noreturn void exit_on_status(const status *st, bool every_rank_alike);
+/* Prints "momfmm: <message>" on stderr and ends the process, or the whole
+ * MPI job when it has several ranks and only this one failed. */
+_Noreturn void cmd_fail(int exit_code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same, for an error that every rank detects identically (config,
+ * command line): rank 0 prints, every rank finalises MPI and exits. */
+_Noreturn void cmd_fail_all(int exit_code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Ends with st->code and its message: through cmd_fail_all when every rank
+ * reached the same status, else through cmd_fail (this rank alone failed). */
+_Noreturn void cmd_exit_on_status(const status *st, bool every_rank_alike);
 
 /* Defaults, the INI file, the --set overrides and the cross-key checks, each
  * exiting 2 on error; the whole of a command's configuration step. */
 config cmd_load_config(const char *path, int n_overrides, char *const *overrides);
 
-void dist_init(int *argc, char ***argv);
-void dist_check_launch(void);
-void dist_check_consistency(const model *m, long long step);
+/* Starts MPI (dist_init) and gives OpenBLAS its threads per rank. */
+void cmd_dist_init(int *argc, char ***argv);
+void cmd_check_launch(void);
+/* The parameters compared across ranks by checksum (exit 1 on a mismatch). */
+void cmd_check_consistency(const model *m, long long step);
 
 /* docs/scale.md §7: makes the GEMM engine of train.precision and train.gemm
  * the process-wide one (gemm_set_default) before any model exists; exits 2
@@ -36,4 +41,12 @@ void cmd_use_checkpoint_precision(const char *ckpt, const char *precision);
 /* "bf16 | gemm onednn-bf16 (oneDNN 2.6.3: brg:avx512_core_bf16)": the
  * precision and the implementations run so far, for the start-up line. */
 const char *cmd_precision_description(void);
+/* An output file must not replace one of the command's inputs, nor any
+ * existing file without --force, nor be a special file (docs/cli.md §5):
+ * a mistyped --grads or --out would otherwise destroy a trained checkpoint
+ * without a word. Every rank sees the same paths and fails alike (exit 2). */
+void cmd_check_output(const char *flag, const char *out, const char *const *inputs, int n_inputs, bool force);
+/* The start-up line (collective): ranks x threads, hosts, BLAS core,
+ * subnormal mode, version. */
+void cmd_print_banner(void);
 #endif

@@ -1,20 +1,22 @@
 /* The command layer of docs/cli.md §5 (docs/design.md §8.1, §8.7): each command
  * runs the core modules and turns a failed status into the exit codes of
  * docs/cli.md §5; nothing below this layer exits. cmd_train.c has train and
- * bench, cmd_checkpoint.c the commands that read a checkpoint. */
+ * bench, cmd_checkpoint.c init, loss, inspect and eval, cmd_generate.c
+ * generate. */
 #ifndef MOMFMM_COMMANDS_H
 #define MOMFMM_COMMANDS_H
 #include <stdbool.h>
 
-/* Stop-signal handlers (docs/cli.md §5): installed first thing in main, and
- * released to the default actions for commands other than train. */
-void stop_handlers_install_early(void);
-void stop_handlers_release(void);
 /* With `init`, the run starts from that checkpoint's weights (fine-tuning);
  * with `overwrite`, an earlier run's checkpoints in out_dir are removed. */
-int command_train(const char *config_path, int n_overrides, char **overrides, const char *resume, const char *init,
+int command_train(const char *config_path, int n_overrides, char *const *overrides, const char *resume, const char *init,
                   bool overwrite);
-int command_bench(const char *config_path, int n_overrides, char **overrides, int steps);
+/* The step-0 checkpoint of a config into `out` (--force replaces a file). */
+int command_init(const char *config_path, int n_overrides, char *const *overrides, const char *out, bool force);
+/* "loss <value>" of the checkpoint's model on a token file; with `grads`, the
+ * gradient of every parameter into that file (docs/cli.md §5). */
+int command_loss(const char *ckpt, const char *tokens, const char *grads, bool force);
+int command_bench(const char *config_path, int n_overrides, char *const *overrides, int steps);
 int command_inspect(const char *ckpt);
 /* Eval metrics of docs/metrics.md §3; with stream, the eval batches also go through the
  * streaming path in segments of `segment` tokens, and the largest logit
@@ -27,9 +29,9 @@ typedef struct {
     int n_tokens, top_k;              /* top_k 0: every token */
     double temperature, top_p;        /* temperature 0: greedy; top_p in (0, 1] */
     long long seed;
-} generate_options;
+} command_generate_options;
 /* Greedy or sampled continuation of a prompt of ids or of text, through
  * the streaming path with a sliding window past model.max_seq_len
  * (cmd_generate.c). */
-int command_generate(const char *ckpt, const generate_options *options);
+int command_generate(const char *ckpt, const command_generate_options *options);
 #endif

@@ -5,41 +5,55 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "momfmm/common.h"
+#include "momfmm/status.h"
 
-typedef enum { ATTENTION_SOFTMAX = 0, ATTENTION_FMM = 1 } attention_kind;
-typedef enum { HEAD_LM = 0, HEAD_CLS = 1 } head_kind;
-typedef enum { APPLY_QK = 0, APPLY_Q = 1 } momentum_target;
-typedef enum { PLACEMENT_POST_ROPE = 0, PLACEMENT_PRE_ROPE = 1 } momentum_placement;
-typedef enum { SCHEDULE_COSINE = 0, SCHEDULE_CONSTANT = 1 } lr_schedule;
-typedef enum { NONFINITE_STOP = 0, NONFINITE_SKIP = 1 } nonfinite_policy;
+typedef enum { ATTENTION_SOFTMAX = 0, ATTENTION_FMM = 1 } config_attention_kind;
+typedef enum { HEAD_LM = 0, HEAD_CLS = 1 } config_head_kind;
+typedef enum { APPLY_QK = 0, APPLY_Q = 1 } config_momentum_target;
+typedef enum { PLACEMENT_POST_ROPE = 0, PLACEMENT_PRE_ROPE = 1 } config_momentum_placement;
+typedef enum { SCHEDULE_COSINE = 0, SCHEDULE_CONSTANT = 1 } config_schedule;
+typedef enum { NONFINITE_STOP = 0, NONFINITE_SKIP = 1 } config_nonfinite_policy;
 /* train.precision and train.gemm (docs/scale.md §7) */
-typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1 } precision_kind;
-typedef enum { GEMM_IMPL_OPENBLAS = 0, GEMM_IMPL_ONEDNN = 1 } gemm_impl;
-typedef enum { TASK_CHAIN = 0, TASK_COPY = 1, TASK_LISTOPS = 2, TASK_TEXT = 3 } task_kind;
+typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1 } config_precision;
+typedef enum { GEMM_IMPL_OPENBLAS = 0, GEMM_IMPL_ONEDNN = 1 } config_gemm;
+typedef enum { TASK_CHAIN = 0, TASK_COPY = 1, TASK_LISTOPS = 2, TASK_TEXT = 3 } config_task;
 
 #define CONFIG_PATH_MAX 1024
+
+/* A key whose value is a comma-separated list of names from a fixed set
+ * (fmm.kernels): items are the names' indices in that set, in order. */
+#define CONFIG_LIST_MAX 8
+typedef struct {
+    int n;
+    int items[CONFIG_LIST_MAX];
+} config_list;
+/* fmm.kernels names, in the order of their indices (the fmm_feature_map values
+ * of fmm.h, which tests/test_fmm.c checks against these names). */
+#define CONFIG_FMM_KERNELS "elu|elu_flip|tanh"
+
+/* ListOps labels are the values 0..9 of its expressions (docs/tasks.md §2). */
+enum { CONFIG_LISTOPS_CLASSES = 10 };
 
 typedef struct {
     /* [model] */
     int vocab_size, d_model, n_heads, n_layers, d_ff, max_seq_len;
     double rope_base;
     bool causal;
-    int head; /* head_kind */
+    int head; /* config_head_kind */
     int n_classes;
     /* [attention] */
-    int attention; /* attention_kind */
+    int attention; /* config_attention_kind */
     /* [momentum] */
     double gamma, beta, gamma2;
     bool learn_gamma, anchor;
-    int apply_to;  /* momentum_target */
-    int placement; /* momentum_placement */
+    int apply_to;  /* config_momentum_target */
+    int placement; /* config_momentum_placement */
     /* [fmm] */
     int fmm_bandwidth, fmm_chunk;
-    char fmm_kernels[256];
+    config_list fmm_kernels; /* indices into CONFIG_FMM_KERNELS */
     double fmm_eps;
     /* [data] */
-    int task; /* task_kind */
+    int task; /* config_task */
     int seq_len, chain_len;
     double noise, eval_fraction;
     char data_path[CONFIG_PATH_MAX];
@@ -50,12 +64,12 @@ typedef struct {
     int ckpt_interval, keep;
     bool keep_best; /* best.h5: the checkpoint of the lowest eval loss (docs/design.md §8.4) */
     double lr, min_lr, weight_decay, beta1, beta2, adam_eps, grad_clip;
-    int schedule; /* lr_schedule */
+    int schedule; /* config_schedule */
     long long seed;
     char out_dir[CONFIG_PATH_MAX];
-    int on_nonfinite; /* nonfinite_policy */
-    int precision; /* precision_kind */
-    int gemm;      /* gemm_impl */
+    int on_nonfinite; /* config_nonfinite_policy */
+    int precision; /* config_precision */
+    int gemm;      /* config_gemm */
     /* [dist] */
     double bucket_mb;
     bool overlap;
@@ -77,20 +91,21 @@ int config_check_defaults(status *st);
  * EXIT_USAGE naming the file, the line and the key (docs/config.md §6,
  * docs/design.md §8.7; the command layer's cmd_load_config in cmd_common.h
  * exits on it). Lines may be of any length. */
-int config_try_load_file(config *c, const char *path, status *st);
+int config_load_file(config *c, const char *path, status *st);
 
 /* Reads INI text (e.g. a checkpoint's config_ini attribute) with the same
- * rules; `origin` names the source in messages. Returns 0, or -1 with a
- * message in err. */
-int config_load_string(config *c, const char *text, const char *origin,
-                       char *err, size_t err_len);
+ * rules; `origin` names the source in messages. Returns 0, or EXIT_USAGE. */
+int config_load_string(config *c, const char *text, const char *origin, status *st);
 
 /* Applies one "section.key=value" override; EXIT_USAGE on error. */
-int config_try_apply_override(config *c, const char *assignment, status *st);
+int config_apply_override(config *c, const char *assignment, status *st);
 
 /* Cross-key checks (d_model % n_heads, even head dimension, ...) naming
- * `origin` and the key; returns 0 or -1 with the message in err. */
-int config_check(const config *c, const char *origin, char *err, size_t err_len);
+ * `origin` and the key; returns 0 or EXIT_USAGE. */
+int config_check(const config *c, const char *origin, status *st);
+/* The part of config_check that the shapes of a model depend on (head
+ * dimension), which model_create checks itself. */
+int config_check_model(const config *c, const char *origin, status *st);
 
 /* The full resolved config as INI text (docs/files.md §4 `config_ini`), numbers in
  * their shortest round-trip form. Caller frees. */
@@ -110,4 +125,8 @@ int config_compare_keys(const config *a, const config *b, bool model_keys, char 
  * attention, momentum, fmm): what `train --init` requires to match, while
  * data, train and dist keys may change (docs/cli.md §5). */
 int config_compare_architecture(const config *a, const config *b, char *out, size_t out_len);
+/* x in the fewest significant digits (%.1g ... %.17g) that strtod reads back
+ * as exactly x: 0.2 rather than 0.20000000000000001 (docs/config.md §6, the
+ * config_ini text). `out` needs room for 32 bytes; returns out. */
+char *config_format_double(double x, char *out, size_t len);
 #endif

@@ -7,7 +7,7 @@
 #define MOMFMM_CORPUS_H
 #include <stdint.h>
 
-#include "momfmm/common.h"
+#include "momfmm/status.h"
 
 /* The byte between two documents: NUL, which text never contains, so the
  * model sees an unambiguous end of document (docs/tasks.md §2). */

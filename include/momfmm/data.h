@@ -14,22 +14,36 @@ typedef struct {
     int32_t *inputs;  /* [B*T] */
     int32_t *targets; /* [B*T], -1 = not counted (cls: -1 = padding) */
     int32_t *labels;  /* [B] (cls) */
-} batch;
+} data_batch;
 
-void batch_alloc(batch *b, int B, int T);
-void batch_free(batch *b);
+void data_batch_alloc(data_batch *b, int B, int T);
+void data_batch_free(data_batch *b);
 
 typedef struct data_source data_source;
 /* Opens what a task needs (the text corpus, mapped; a TSV file; scratch
  * buffers) and checks that its limits can be met; NULL and a status of
  * EXIT_USAGE or EXIT_BAD_FILE on a bad config or file (docs/design.md §8.7). */
-data_source *data_try_open(const config *c, status *st);
+data_source *data_open(const config *c, status *st);
 void data_close(data_source *d);
 
 /* Fills rows for global sample indices [first, first + b->B) of (split, step);
- * b->T is at most data.seq_len (the scratch of data_try_open is that long). */
-void data_fill(const data_source *d, batch *b, int split, long long step, long long first);
+ * b->T is at most data.seq_len (the scratch of data_open is that long).
+ * Returns 0, or EXIT_USAGE in st when the ListOps generator found no
+ * expression of an allowed length (limits that data_open let through). */
+int data_fill(const data_source *d, data_batch *b, int split, long long step, long long first, status *st);
 
 /* Rows of global batch `global_B` that rank r of n takes (docs/tasks.md §2). */
-void shard_range(int global_B, int rank, int n_ranks, int *first, int *count);
+void data_shard_range(int global_B, int rank, int n_ranks, int *first, int *count);
+
+/* This rank's shard of the global batch (docs/tasks.md §2) and its data source. */
+typedef struct {
+    data_source *data;
+    data_batch batch;
+    int first; /* global index of the shard's first row */
+} data_shard;
+
+/* Returns 0, or EXIT_USAGE in err when there are more ranks than rows, or
+ * the failure of data_open. */
+int data_shard_open(data_shard *s, const config *cfg, status *err);
+void data_shard_close(data_shard *s);
 #endif

@@ -1,18 +1,20 @@
-/* Data parallelism over MPI (docs/model.md §1.2, 2; issue "Data parallel"): ranks run
- * forward and backward on their shard; gradients are summed with bucketed
- * non-blocking all-reduce launched during backward. */
+/* The parallel runtime (docs/design.md §8.3): MPI start-up and shut-down, the
+ * collectives the layers above use, and the bucketed gradient reducer. It
+ * sees buffers of bytes, doubles and floats and spans of one flat buffer,
+ * never the model: what a span is (a tensor, and after which block of
+ * backward its gradient is final) is the training layer's to say. */
 #ifndef MOMFMM_DIST_H
 #define MOMFMM_DIST_H
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "momfmm/common.h"
-#include "momfmm/model.h"
+#include "momfmm/status.h"
 
-/* Starts MPI, creates the world and node communicators and sets the OpenBLAS
- * threads; a failed status (exit 1) when MPI lacks the thread support needed.
- * The command layer's dist_init (cmd_common.h) exits on that status. */
-int dist_try_init(int *argc, char ***argv, status *st);
+/* Starts MPI, creates the world and node communicators, hands the rank to
+ * the logger and installs the panic hook that ends every rank of the job
+ * (status.h); a failed status (exit 1) when MPI lacks the thread support
+ * needed. */
+int dist_init(int *argc, char ***argv, status *st);
 /* The MPI this binary was built against ("Open MPI 4.1.4, MPI 3.1") and the
  * one it runs with (first line of MPI_Get_library_version, which MPI allows
  * before MPI_Init: `momfmm --version` does not start MPI; docs/cli.md §5). */
@@ -23,21 +25,23 @@ void dist_finalize(void);
 /* Ends every rank of the job with exit_code (MPI_Abort): for a failure only
  * this rank has seen, which would leave the others waiting in a collective. */
 _Noreturn void dist_abort(int exit_code);
+/* This rank and the number of ranks: 0 and 1 before dist_init and after
+ * dist_finalize (a world of one). */
+int dist_rank(void);
+int dist_size(void);
 /* Test hook: the largest message of one MPI call, in bytes (default and
  * ceiling 1 GiB); size_t counts go out in pieces of at most this size. */
 void dist_set_max_message_bytes(size_t bytes);
-/* Threads per rank from OMP_NUM_THREADS (default 1), applied to OpenBLAS. */
-int dist_threads(void);
-/* One start-up line: ranks x threads and hosts. */
-void dist_describe(void);
+/* Collective: on rank 0, the distinct host names of the ranks in rank order,
+ * each after a space (" node1 node2"); "" on the other ranks. */
+void dist_host_names(char *out, size_t len);
 /* EXIT_USAGE when srun started several tasks that MPI does not see as one job. */
-int dist_try_check_launch(status *st);
+int dist_check_launch(status *st);
 
 /* In-place sum over ranks, in pieces of one MPI call each. */
 void dist_sum_doubles(double *x, size_t n);
-/* Collectives on the world communicator for the layers above (dist.c is the
- * only file that calls MPI, docs/design.md §8.3); each is a no-op returning
- * its argument on one rank. */
+/* Collectives on the world communicator; each is a no-op returning its
+ * argument on one rank. */
 double dist_max_double(double x);
 bool dist_any(bool mine);
 void dist_barrier(void);
@@ -46,32 +50,54 @@ int dist_node_ranks(void);
 void dist_broadcast_floats(float *x, size_t n);
 void dist_broadcast_bytes(void *x, size_t n);
 
-/* Parameter checksum compared across ranks; every rank gets the same failed
- * status (code 1) naming the step and the first rank that differs from rank 0. */
-int dist_try_check_consistency(const model *m, long long step, status *st);
+/* A 64-bit checksum of n bytes compared across ranks (docs/design.md §8.3,
+ * consistency check); every rank gets the same failed status (code 1)
+ * naming the step and the first rank that differs from rank 0. */
+int dist_check_consistency(const void *bytes, size_t n, long long step, status *st);
 
-typedef struct grad_reducer grad_reducer;
-grad_reducer *grad_reducer_create(const model *m, double bucket_mb, bool overlap);
-void grad_reducer_free(grad_reducer *r);
-/* The backward hooks of model_backward for this reducer: block_done
- * launches the buckets that are complete, progress (between kernels) lets
- * MPI advance those in flight. */
-backward_hooks grad_reducer_hooks(grad_reducer *r);
+/* Rank `rank`'s part of n elements split over `ranks` (ZeRO-1, docs/scale.md
+ * §7): [n*rank/ranks, n*(rank+1)/ranks), contiguous and in rank order,
+ * uneven when ranks does not divide n. */
+void dist_partition(size_t n, int rank, int ranks, size_t *first, size_t *count);
+
+/* A span [offset, offset + count) of the flat gradient buffer whose sum is
+ * final once backward has finished block `ready_after` (-1: only at the
+ * very end). Spans are given in buffer order, without gaps. */
+typedef struct {
+    size_t offset, count;
+    int ready_after;
+} dist_span;
+
+/* The gradient reducer over `grads` [n]: buckets of about bucket_mb, cut at
+ * span boundaries from the end of the buffer (backward finishes the last
+ * blocks first), each one non-blocking in-place all-reduce; with overlap,
+ * launched as backward reports blocks done (docs/design.md §8.3). */
+typedef struct dist_reducer dist_reducer;
+dist_reducer *dist_reducer_create(float *grads, size_t n, const dist_span *spans, int n_spans, double bucket_mb,
+                                  bool overlap);
+void dist_reducer_free(dist_reducer *r);
+/* After backward has finished block `layer` (-1: all of it): launches the
+ * buckets whose spans are all final. */
+void dist_reducer_block_done(dist_reducer *r, int layer);
+/* Between kernels: lets MPI advance the buckets in flight (Open MPI moves
+ * non-blocking collectives only inside MPI calls). */
+void dist_reducer_progress(dist_reducer *r);
 /* Waits for every bucket; returns seconds spent waiting here. */
-double grad_reducer_finish(grad_reducer *r);
+double dist_reducer_finish(dist_reducer *r);
 
-/* ZeRO-1 (dist.zero = 1, docs/scale.md §7). grad_reducer_shard switches the
- * reducer to reduce-scatter: each bucket is one non-blocking
- * MPI_Ireduce_scatter delivering the sum of this rank's part (m's moment
- * range) into the slice buffer, same buckets and overlap as the all-reduce. */
-void grad_reducer_shard(grad_reducer *r, const model *m);
-/* The reduced gradients of this rank's slice (element 0 = m->moment_first),
- * after grad_reducer_finish; writable (clipping scales them). */
-float *grad_reducer_slice(grad_reducer *r);
+/* ZeRO-1 (dist.zero = 1, docs/scale.md §7): switches the reducer to
+ * reduce-scatter, each bucket one non-blocking MPI_Ireduce_scatter that
+ * delivers the sum of this rank's part (dist_partition of the buffer) into
+ * the slice buffer; same buckets and overlap as the all-reduce. */
+void dist_reducer_shard(dist_reducer *r);
+/* The reduced gradients of this rank's slice (element 0 = the slice's first
+ * element of the buffer), after dist_reducer_finish; writable (clipping
+ * scales them). */
+float *dist_reducer_slice(dist_reducer *r);
 /* Updates elements [lo, hi) of the flat buffer, inside this rank's slice. */
-typedef void (*slice_update)(void *ctx, size_t lo, size_t hi);
+typedef void (*dist_slice_update)(void *ctx, size_t lo, size_t hi);
 /* Bucket by bucket: update this rank's part, then launch a non-blocking
  * in-place MPI_Iallgatherv of the bucket's parameters; waits for all.
  * Returns seconds spent waiting. */
-double grad_reducer_gather(grad_reducer *r, float *params, slice_update update, void *ctx);
+double dist_reducer_gather(dist_reducer *r, float *params, dist_slice_update update, void *ctx);
 #endif

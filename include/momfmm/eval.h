@@ -7,30 +7,19 @@
 #define MOMFMM_EVAL_H
 #include <stdbool.h>
 
-#include "momfmm/common.h"
+#include "momfmm/status.h"
 #include "momfmm/config.h"
 #include "momfmm/data.h"
 #include "momfmm/metrics.h"
 #include "momfmm/model.h"
 
-/* This rank's shard of the global batch (docs/tasks.md §2) and its data source. */
 typedef struct {
-    data_source *data;
-    batch batch;
-    int first; /* global index of the shard's first row */
-} rank_shard;
-
-/* Returns 0, or EXIT_USAGE in err when there are more ranks than rows. */
-int rank_shard_open(rank_shard *s, const config *cfg, status *err);
-void rank_shard_close(rank_shard *s);
-
-typedef struct {
-    eval_metrics metrics;         /* docs/metrics.md §3 over train.eval_batches batches */
+    metric_values metrics;         /* docs/metrics.md §3 over train.eval_batches batches */
     double *gain_R;               /* [n_layers] */
     double *gain_R_attn;          /* [n_layers]: attention sublayer without its residual */
     double *gamma;                /* [n_layers * n_heads]: learned or fixed, 0 without momentum */
     bool streamed;                /* the fields below are filled */
-    eval_metrics stream_metrics;  /* the same batches through the streaming path */
+    metric_values stream_metrics;  /* the same batches through the streaming path */
     double stream_max_diff;       /* largest |logit difference| streaming vs full forward */
 } eval_result;
 
@@ -45,7 +34,7 @@ void eval_readouts(const model *m, eval_result *r);
  * batch through the streaming path in segments of that many tokens.
  * Collective: every rank calls it. Returns 0, or EXIT_USAGE in err when the
  * model cannot stream. */
-int evaluate(model *m, rank_shard *shard, int stream_segment, eval_result *r, status *err);
+int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, status *err);
 
 /* One row of the eval table of metric_tables_standard (docs/metrics.md §3/4). */
 void eval_result_row(const eval_result *r, long long step, const metric_table *eval_log, double *row);

@@ -9,20 +9,18 @@
 
 #define FMM_MAX_KERNELS 8
 
-typedef enum { FEATURE_ELU = 0, FEATURE_ELU_FLIP = 1, FEATURE_TANH = 2 } feature_map;
+/* In the order of the names of fmm.kernels (config.h, CONFIG_FMM_KERNELS),
+ * whose indices the model copies into fmm_settings. */
+typedef enum { FEATURE_ELU = 0, FEATURE_ELU_FLIP = 1, FEATURE_TANH = 2 } fmm_feature_map;
 
 typedef struct {
     int bandwidth;          /* k of docs/model.md §1.3; 0 drops the near field */
     bool causal;
     int n_kernels;          /* r; 0 drops the far field */
-    feature_map kernels[FMM_MAX_KERNELS];
+    fmm_feature_map kernels[FMM_MAX_KERNELS];
     float eps;              /* normaliser epsilon of the far field */
     int chunk;              /* chunk length C of the chunked linear attention */
 } fmm_settings;
-
-/* Parses "elu,elu_flip" etc.  Returns 0, or -1 with *bad_name pointing at the
- * offending token (copied into bad_name_buf). An empty string gives 0 kernels. */
-int fmm_parse_kernels(const char *list, fmm_settings *s, char *bad_name_buf, size_t buf_len);
 
 /* Floats saved between forward and backward, per head. */
 size_t fmm_head_saved_floats(const fmm_settings *s, int T, int dh);
@@ -43,7 +41,7 @@ void fmm_head_backward(const fmm_settings *s, const float *q, const float *k,
                        float *d_blend_near, float *d_blend_far,
                        float *scratch, int T, int dh);
 /* phi(x) of a feature map (docs/model.md §1.3), the same function the kernels use. */
-float fmm_feature(feature_map m, float x);
+float fmm_feature(fmm_feature_map m, float x);
 
 /* Streaming (causal) FMM for one head (fmm_stream.c): queries q [n, dh] at
  * positions pos..pos+n-1; k_all, v_all hold every key and value 0..pos+n-1.

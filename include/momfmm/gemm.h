@@ -42,10 +42,6 @@ bool gemm_engine_parse(const char *name, gemm_engine *engine);
  * bf16 path on any AVX-512 machine). */
 const char *gemm_unavailable_reason(gemm_engine engine);
 
-/* Whether the CPU executes bf16 dot products natively (AVX512_BF16 or
- * AMX-BF16), ignoring MOMFMM_FORCE_BF16. */
-bool gemm_cpu_has_bf16(void);
-
 typedef struct gemm_ctx gemm_ctx;
 
 /* A context for one engine, or NULL when gemm_unavailable_reason(engine) is
@@ -64,7 +60,7 @@ const char *gemm_describe(gemm_ctx *ctx);
 
 /* An operand in fp32 and, optionally, a bf16 copy of it with the same layout
  * and leading dimension. The model keeps bf16 copies of its weights,
- * refreshed once per optimizer step (gemm_f32_to_bf16), and passes them here
+ * refreshed once per optimizer step (cpu_f32_to_bf16, cpu.h), and passes them here
  * so that weights are converted once per step while activations — new at
  * every call — are converted by the bf16 engine per call. f32 is always
  * required: the fp32 engines read only f32 and ignore bf16. */
@@ -86,20 +82,6 @@ void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, 
  * for GEMM_OPENBLAS. */
 size_t gemm_primitives_created(const gemm_ctx *ctx);
 
-/* fp32 -> bf16 with round-to-nearest-even, as vcvtne2ps2bf16 does it: NaN
- * stays a quiet NaN, subnormal inputs become signed zero (the instruction
- * treats them as zero, so both paths give the same bits). Uses AVX512_BF16
- * when the CPU has it, else gemm_f32_to_bf16_portable. */
-void gemm_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
-void gemm_f32_to_bf16_portable(uint16_t *dst, const float *src, size_t n);
-
-static inline float gemm_bf16_to_f32(uint16_t h) {
-    union {
-        uint32_t u;
-        float f;
-    } v = {.u = (uint32_t)h << 16};
-    return v.f;
-}
 /* ---- The process-wide engine the model's products run on ---------------
  * cblas is process-wide, so the engine is too: the command layer picks it
  * once at start-up from train.precision and train.gemm (docs/scale.md §7)

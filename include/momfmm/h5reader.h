@@ -9,54 +9,53 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "momfmm/common.h"
+#include "momfmm/status.h"
 
 /* A read in progress. Any problem formats a message and jumps back to the
- * entry point (reader_run), which closes the file: files are opened with
+ * entry point (h5reader_run), which closes the file: files are opened with
  * H5F_CLOSE_STRONG, so closing the file releases every object still open in
  * it. This keeps each helper a straight line of checks. */
 typedef struct {
     const char *path;
     unsigned open_flags; /* H5F_ACC_RDONLY, with H5F_ACC_SWMR_READ for a live file */
     hid_t file;
-    char *err;
-    size_t err_len;
+    status *err;
     jmp_buf on_error;
-} reader;
+} h5reader;
 
-/* Formats "<path>: <message>" into the status and jumps back to reader_run. */
-_Noreturn void reader_fail(reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Formats "<path>: <message>" into the status and jumps back to h5reader_run. */
+_Noreturn void h5reader_fail(h5reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Root attribute `name`, which must exist and be one value (scalar). */
-hid_t open_scalar_attr(reader *r, const char *name);
+hid_t h5reader_open_scalar_attr(h5reader *r, const char *name);
 /* A string attribute, variable- or fixed-length (at most 64 MiB); caller frees. */
-char *read_attr_string(reader *r, const char *name);
-long long read_attr_int(reader *r, const char *name);
+char *h5reader_attr_string(h5reader *r, const char *name);
+long long h5reader_attr_int(h5reader *r, const char *name);
 /* "[a, b, ...]" */
-void format_shape(char *out, size_t len, int ndim, const hsize_t *dims);
+void h5reader_format_shape(char *out, size_t len, int ndim, const hsize_t *dims);
 /* Dataset `name` with its rank and dims; fails when it is missing. */
-hid_t open_dataset(reader *r, const char *name, int *ndim, hsize_t *dims);
+hid_t h5reader_open_dataset(h5reader *r, const char *name, int *ndim, hsize_t *dims);
 /* The elements a dataset declares, overflow-checked, bounded, stored in the
  * file and fitting in memory. */
-unsigned long long checked_elements(reader *r, const char *name, hid_t dset, int ndim, const hsize_t *dims);
+unsigned long long h5reader_checked_elements(h5reader *r, const char *name, hid_t dset, int ndim, const hsize_t *dims);
 /* Fails unless the dataset holds integers. */
-void require_integer(reader *r, const char *name, hid_t dset);
-/* The dataset `name`, whose shape must be ndim x dims (checked_elements too). */
-hid_t open_checked(reader *r, const char *name, int ndim, const hsize_t *dims);
+void h5reader_require_integer(h5reader *r, const char *name, hid_t dset);
+/* The dataset `name`, whose shape must be ndim x dims (h5reader_checked_elements too). */
+hid_t h5reader_open_checked(h5reader *r, const char *name, int ndim, const hsize_t *dims);
 /* The same, where with more_rows the dataset may hold more than dims[0]
  * rows (a live file that a run keeps appending to). */
-hid_t open_checked_rows(reader *r, const char *name, int ndim, const hsize_t *dims, bool more_rows);
-void read_checked(reader *r, const char *name, hid_t mem_type, int ndim, const hsize_t *dims, void *out);
+hid_t h5reader_open_checked_rows(h5reader *r, const char *name, int ndim, const hsize_t *dims, bool more_rows);
+void h5reader_read_checked(h5reader *r, const char *name, hid_t mem_type, int ndim, const hsize_t *dims, void *out);
 /* The first dims[0] rows, as doubles, of a dataset whose other dimensions
- * are dims[1..]: all of its rows unless `more_rows` (open_checked_rows). */
-void read_leading_rows(reader *r, const char *name, bool more_rows, int ndim, const hsize_t *dims, double *out);
+ * are dims[1..]: all of its rows unless `more_rows` (h5reader_open_checked_rows). */
+void h5reader_read_leading_rows(h5reader *r, const char *name, bool more_rows, int ndim, const hsize_t *dims, double *out);
 
 /* Opens `path` (open_flags: H5F_ACC_RDONLY, with H5F_ACC_SWMR_READ for a
  * live file; `what` names it in messages) and runs body(r, ctx); 0, or
  * EXIT_BAD_FILE with the message in err (which may be NULL for
- * reader_run). */
-typedef void (*reader_body)(reader *r, void *ctx);
-int reader_run_into(const char *path, unsigned open_flags, const char *what, reader_body body, void *ctx,
+ * h5reader_run). */
+typedef void (*h5reader_body)(h5reader *r, void *ctx);
+int h5reader_run_into(const char *path, unsigned open_flags, const char *what, h5reader_body body, void *ctx,
                     status *err);
-int reader_run(const char *path, const char *what, reader_body body, void *ctx, status *err);
+int h5reader_run(const char *path, const char *what, h5reader_body body, void *ctx, status *err);
 #endif

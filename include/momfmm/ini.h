@@ -5,7 +5,7 @@
  * mean is config.c's; this module only splits the text. */
 #ifndef MOMFMM_INI_H
 #define MOMFMM_INI_H
-#include "momfmm/common.h"
+#include "momfmm/status.h"
 
 /* Called for each section header, each pair, and each line that is neither
  * (text: the stripped line); `line` counts from 1. A non-zero return stops

@@ -1,7 +1,10 @@
 /* Layer kernels of docs/model.md §1, each forward beside its backward. Row-major
  * float32; `rows` is B*T. Backward functions say whether they overwrite (=)
  * or accumulate (+=) into each gradient. Every matrix product goes through
- * gemm_product (gemm.h): cblas_sgemm in fp32, oneDNN when docs/scale.md §7 asks. */
+ * gemm_product (gemm.h): cblas_sgemm in fp32, oneDNN when docs/scale.md §7 asks.
+ * Each kernel family is named for the layer it computes, as llm.c names them
+ * (docs/design.md §8.1, prefixes):
+ * Prefixes: matmul_ layernorm_ gelu_ embedding_ rope_ softmax_attention_ cross_entropy_ */
 #ifndef MOMFMM_KERNELS_H
 #define MOMFMM_KERNELS_H
 #include <stdbool.h>

@@ -23,7 +23,7 @@ typedef struct {
     double loss, L_new, L_rep, delta_12, acc, exact_match;
     double loss_by_k[OCCURRENCE_BINS];
     double bpb; /* bits per predicted byte, loss / ln 2 (docs/metrics.md §3, text) */
-} eval_metrics;
+} metric_values;
 
 /* "1.234" with `digits` decimals, or "—" for a value with no data (an empty
  * bin is NaN in the tables, docs/metrics.md §3; never printed as nan). */
@@ -31,18 +31,18 @@ const char *metric_text(double value, int digits, char *buf, size_t len);
 /* The metrics a task is read by (docs/metrics.md §3), as "loss 1.2345 | bpb 1.7811":
  * text loss and bits per byte; copy accuracy and exact match; listops
  * accuracy; chain L_new, L_rep, delta_12. */
-void eval_metrics_format(const eval_metrics *e, int task, int digits, char *out, size_t len);
+void metric_values_format(const metric_values *e, int task, int digits, char *out, size_t len);
 
 
 /* Occurrence count k of each target (docs/metrics.md §3): how often the target token
  * appeared among inputs[0..t]. counts_scratch holds vocab_size ints. */
-void occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int *counts_scratch,
+void metric_occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int *counts_scratch,
                        int vocab_size, int *k_out);
 
 /* Adds a batch: lm uses per-target losses and predictions; cls per row. */
-void metrics_accumulate(metric_sums *s, const batch *b, const float *losses, const int32_t *predictions,
+void metrics_accumulate(metric_sums *s, const data_batch *b, const float *losses, const int32_t *predictions,
                         bool classification, int vocab_size);
-void metrics_finish(const metric_sums *s, eval_metrics *out);
+void metrics_finish(const metric_sums *s, metric_values *out);
 
 /* A growing table of columns, one row per logged step or eval. */
 typedef struct {
@@ -81,6 +81,6 @@ void metric_tables_standard(metric_table *train, metric_table *eval, int n_layer
 /* Adds the columns of the task (docs/files.md §4): `bpb` to both tables for
  * text. Called after metric_tables_standard. */
 void metric_tables_add_task_columns(metric_table *train, metric_table *eval, int task);
-/* The eval_metrics of row `index` of an eval table (fields it lacks are NaN). */
-void eval_metrics_from_row(const metric_table *eval, long long index, eval_metrics *out);
+/* The metric_values of row `index` of an eval table (fields it lacks are NaN). */
+void metric_values_from_row(const metric_table *eval, long long index, metric_values *out);
 #endif

@@ -1,6 +1,6 @@
 /* The transformer of docs/model.md §1. Parameters, gradients and AdamW moments are four
  * contiguous buffers of n_params floats sharing one layout (as llm.c does):
- * the param_entry table names each tensor's slice, so all-reduce, checksums
+ * the model_param table names each tensor's slice, so all-reduce, checksums
  * and checkpoints are one loop. Activations are one more buffer. */
 #ifndef MOMFMM_MODEL_H
 #define MOMFMM_MODEL_H
@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "momfmm/attention.h"
-#include "momfmm/common.h"
+#include "momfmm/status.h"
 #include "momfmm/config.h"
 #include "momfmm/fmm.h"
 
@@ -22,18 +22,18 @@ typedef struct {
     size_t offset, numel;
     bool decay;   /* AdamW weight decay applies (2-D weights, docs/model.md §1.4) */
     int layer;    /* block index, or -1 */
-    size_t slot;  /* byte offset of the float* in model_tensors / block_tensors */
-} param_entry;
+    size_t slot;  /* byte offset of the float* in model_tensors / model_block_tensors */
+} model_param;
 
 typedef struct {
     float *ln1_weight, *ln1_bias, *qkv_weight, *qkv_bias, *proj_weight, *proj_bias;
     float *momentum_gamma, *fmm_blend; /* NULL unless learn_gamma / fmm */
     float *ln2_weight, *ln2_bias, *fc_weight, *fc_bias, *mlp_proj_weight, *mlp_proj_bias;
-} block_tensors;
+} model_block_tensors;
 
 typedef struct {
     float *tok_emb;
-    block_tensors *blocks;
+    model_block_tensors *blocks;
     float *ln_f_weight, *ln_f_bias;
     float *head_weight;          /* lm */
     float *cls_weight, *cls_bias; /* cls */
@@ -66,7 +66,7 @@ typedef struct {
     float *d_pooled;                   /* [B*d] (cls) */
     float *head_scratch;               /* per-head scratch: T*T or fmm scratch, + 2*T*dh */
     float *mem;
-} activations;
+} model_activations;
 
 typedef struct model model;
 /* Hooks of the backward pass for the data-parallel layer: block_done after
@@ -77,14 +77,14 @@ typedef struct {
     void (*block_done)(void *ctx, int layer);
     void (*progress)(void *ctx);
     void *ctx;
-} backward_hooks;
+} model_backward_hooks;
 
 struct model {
     config cfg;
     int d, H, dh, L, V, d_ff, n_out; /* n_out: V (lm) or n_classes (cls) */
     bool momentum;
     fmm_settings fmm;
-    param_entry *entries;
+    model_param *entries;
     int n_entries;
     size_t n_params;
     float *params, *grads, *adam_m, *adam_v; /* grads, moments: NULL for inference */
@@ -104,32 +104,32 @@ struct model {
     size_t n_buffer;
     int rope_positions;
     float *rope_cos, *rope_sin;
-    activations acts;
+    model_activations acts;
 };
 
 /* Builds the layout and allocates every buffer (parameters, gradients,
  * AdamW moments); parameters are zero until model_init_parameters or a
  * checkpoint fills them. Returns 0, or EXIT_USAGE in err for a config that
- * config_check would reject (an unknown fmm.kernels name). */
+ * config_check rejects. */
 int model_create(model *m, const config *cfg, status *err);
 /* The same with parameters only: forward passes (eval, inspect, generate),
  * no backward and no optimizer step. */
 int model_create_for_inference(model *m, const config *cfg, status *err);
 void model_free(model *m);
-/* Rank `rank`'s slice of n elements split over `ranks` (ZeRO-1, docs/scale.md §7):
- * [n*rank/ranks, n*(rank+1)/ranks), contiguous and in rank order, uneven
- * when ranks does not divide n. */
-void model_moment_range(size_t n, int rank, int ranks, size_t *first, size_t *count);
-/* Keeps the AdamW moments of rank's slice only, zeroed (the trainer with
- * dist.zero = 1, before any step or resume). */
-void model_shard_moments(model *m, int rank, int ranks);
+/* The number of parameters of the model a config describes: the layout
+ * model_create builds, counted without allocating (the checkpoint reader
+ * bounds a file's model by it before creating one). */
+size_t model_param_count(const config *cfg);
+/* Keeps the AdamW moments of elements [first, first + count) only, zeroed:
+ * the trainer's ZeRO-1 slice (dist.zero = 1, docs/scale.md §7), before any
+ * step or resume. */
+void model_shard_moments(model *m, size_t first, size_t count);
 /* Deterministic initialisation from train.seed (identical on every rank). */
 void model_init_parameters(model *m);
 /* To be called whenever m->params change (initialisation, loading, an
  * optimizer step, a broadcast): refreshes the bf16 copy of the weights when
  * the GEMM engine is bf16 (docs/scale.md §7), else does nothing. */
 void model_params_changed(const model *m);
-const param_entry *model_find_param(const model *m, const char *name);
 
 /* Forward on B rows of T tokens (T <= data.seq_len). targets: [B*T] for lm
  * (-1 = ignored); for cls, `targets` marks valid positions (-1 = padding)
@@ -150,7 +150,7 @@ long long model_target_count(const model *m, const int32_t *targets, int B, int 
  * Gradients accumulate into m->grads (zero them first). */
 void model_backward(model *m, const int32_t *inputs, const int32_t *targets,
                     const int32_t *labels, int B, int T, float loss_scale,
-                    const backward_hooks *hooks);
+                    const model_backward_hooks *hooks);
 void model_zero_grads(model *m);
 /* Block `layer`'s view for the attention sublayer (attention.h): settings,
  * rope tables, that block's gamma and blend with their gradients, its

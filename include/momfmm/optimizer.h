@@ -8,30 +8,30 @@
 
 /* Learning rate at 1-based step `step`: linear warmup over train.warmup steps,
  * then cosine from lr to min_lr over the remaining steps, or constant. */
-double learning_rate(const config *c, long long step);
+double optimizer_learning_rate(const config *c, long long step);
 
 /* Sum of squares in double: ZeRO-1 sums it over the ranks' slices for the
  * exact global norm (docs/scale.md §7). */
-double grad_sum_squares(const float *grads, size_t n);
+double optimizer_sum_squares(const float *grads, size_t n);
 /* Global L2 norm of the gradient buffer (double accumulation). */
-double grad_global_norm(const float *grads, size_t n);
+double optimizer_global_norm(const float *grads, size_t n);
 
 /* Scales gradients so their norm is at most max_norm (0 = off), PyTorch's
  * clip_grad_norm_: factor max_norm / (norm + 1e-6) when norm > max_norm. */
-void clip_gradients(float *grads, size_t n, double norm, double max_norm);
+void optimizer_clip(float *grads, size_t n, double norm, double max_norm);
 
 /* One AdamW step (PyTorch semantics) at 1-based step t over a contiguous
- * range; decay applies to the entries whose param_entry says so. */
+ * range; decay applies to the entries whose model_param says so. */
 typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
-} adamw_settings;
+} optimizer_settings;
 
-void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, long long t,
-                  const adamw_settings *s, int decay);
+void optimizer_adamw(float *params, const float *grads, float *m, float *v, size_t n, long long t,
+                  const optimizer_settings *s, int decay);
 /* The whole model, tensor by tensor so that decay follows docs/model.md §1.4. */
-void adamw_step_model(model *mdl, long long t, const adamw_settings *s);
+void optimizer_step_model(model *mdl, long long t, const optimizer_settings *s);
 /* AdamW on elements [lo, hi) of the flat buffer, inside the model's moment
  * range (ZeRO-1 slice, docs/scale.md §7); grads[0] is element lo. Weight decay
- * follows each tensor's param_entry, so a slice may cut tensors anywhere. */
-void adamw_step_range(model *mdl, size_t lo, size_t hi, const float *grads, long long t, const adamw_settings *s);
+ * follows each tensor's model_param, so a slice may cut tensors anywhere. */
+void optimizer_step_range(model *mdl, size_t lo, size_t hi, const float *grads, long long t, const optimizer_settings *s);
 #endif

@@ -16,15 +16,15 @@
  * docs/metrics.md §3: ||A(LN1(x + delta)) - A(LN1(x))|| / ||delta||, the attention
  * sublayer's output before its residual add, summed per layer the same way.
  * Leaves the forward's outputs as they were. */
-void block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums,
+void readouts_block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums,
                  double *attn_ratio_sums);
 
 /* gamma_h of every layer and head, learned or fixed: out[layer * H + h]. */
-void momentum_gammas(const model *m, double *out);
+void readouts_gammas(const model *m, double *out);
 
 /* |H(e^{jw})| of the shear x -> x + gamma p + gamma2 a (docs/model.md §1.2), whose
  * transfer function is H(z) = 1 + (gamma + gamma2 (1 - z^-1)) (1 - z^-1) /
  * (1 - beta z^-1): 1 at DC, 1 + 2 (gamma + 2 gamma2) / (1 + beta) at Nyquist
  * (the seed's high-pass view: 1 + 2 gamma for beta = gamma2 = 0). */
-double momentum_filter_gain(double omega, double gamma, double beta, double gamma2);
+double readouts_filter_gain(double omega, double gamma, double beta, double gamma2);
 #endif

@@ -11,14 +11,10 @@
 #include <stddef.h>
 
 #include "momfmm/checkpoint.h"
-#include "momfmm/common.h"
+#include "momfmm/status.h"
 #include "momfmm/config.h"
 
 #define STORE_PATH_MAX (CONFIG_PATH_MAX + 64)
-
-/* Creates dir (with parents) and removes stale temporaries, reporting each.
- * Returns 0, or EXIT_USAGE in err when dir cannot be created. Rank 0 only. */
-int store_open(const char *dir, status *err);
 
 /* train.keep_best (docs/design.md §8.4): dir/best.h5, the checkpoint of the
  * lowest eval loss so far, written atomically (store_write_checkpoint) and
@@ -26,8 +22,9 @@ int store_open(const char *dir, status *err);
 #define STORE_BEST_NAME "best.h5"
 void store_best_path(const char *dir, char *path, size_t len);
 
-/* store_open for a training run (docs/design.md §8.4): also locks dir for the
- * life of the process (dir/.lock, flock: released on any exit), so that a
+/* Opens the run directory of a training run (docs/design.md §8.4): creates
+ * dir (with parents), removes stale temporaries (reporting each), and locks
+ * dir for the life of the process (dir/.lock, flock: released on any exit), so that a
  * second concurrent run is refused (EXIT_USAGE naming the holder's pid),
  * and refuses a directory holding an earlier run's checkpoints unless the
  * run resumes or overwrites (which removes the checkpoints and

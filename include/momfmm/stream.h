@@ -16,7 +16,7 @@
 #define MOMFMM_STREAM_H
 #include <stdint.h>
 
-#include "momfmm/common.h"
+#include "momfmm/status.h"
 #include "momfmm/model.h"
 
 typedef struct {

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "momfmm/common.h"
+#include "momfmm/status.h"
 #include "momfmm/checkpoint.h"
 #include "momfmm/config.h"
 #include "momfmm/dist.h"
@@ -18,8 +18,8 @@
 typedef struct {
     config cfg;
     model model;
-    rank_shard shard;       /* this rank's shard of the global batch */
-    grad_reducer *reducer;
+    data_shard shard;       /* this rank's shard of the global data_batch */
+    dist_reducer *reducer;
     metric_table train_log, eval_log;
     long long step, tokens_seen;
     long long skipped_steps; /* non-finite steps skipped (train.on_nonfinite = skip) */
@@ -30,7 +30,7 @@ typedef struct {
 typedef struct {
     double loss, grad_norm, lr, allreduce_wait_s;
     bool nonfinite; /* the loss or the gradient norm was NaN or infinite: no update */
-} step_result;
+} train_step_result;
 
 /* A model at step 0 (initialised from train.seed, identical on every rank),
  * its data shard and gradient reducer. Returns 0, or EXIT_USAGE in err (the
@@ -39,19 +39,20 @@ typedef struct {
 int trainer_create(trainer *t, const config *cfg, status *err);
 void trainer_free(trainer *t);
 /* One optimisation step at t->step + 1 (forward, backward, all-reduce,
- * clipping, AdamW); advances t->step. A step whose global loss or gradient
+ * clipping, AdamW) into *result; advances t->step. Returns 0, or the
+ * data's failure (data_fill) in err. A step whose global loss or gradient
  * norm is not finite (the same on every rank after the reductions) changes
  * neither the parameters, the moments nor the momentum buffers and is
  * counted in t->skipped_steps; the caller stops or goes on
  * (train.on_nonfinite, docs/design.md §8.7). */
-step_result trainer_step(trainer *t);
+int trainer_step(trainer *t, train_step_result *result, status *err);
 /* This rank's memory: bytes per parameter of the parameters, gradients
  * (with the ZeRO-1 slice of reduced gradients) and AdamW moments (8/np with
  * dist.zero = 1), and the activation bytes of one micro-batch (docs/scale.md §7). */
 typedef struct {
     double param_bytes, grad_bytes, moment_bytes, activation_bytes;
-} memory_use;
-memory_use trainer_memory(const trainer *t);
+} train_memory_use;
+train_memory_use trainer_memory(const trainer *t);
 /* Evaluates (eval.h) and appends the row of t->step to t->eval_log; r must
  * be eval_result_init'ed for t->model. */
 int trainer_log_eval(trainer *t, eval_result *r, status *err);

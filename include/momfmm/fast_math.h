@@ -26,7 +26,7 @@
  * clamps and the NaN pass-through are integer minima and masks on the bit
  * pattern: float comparisons and selects here stop GCC vectorising the
  * callers' loops (under -ftrapping-math). */
-static inline float exp_nonpositive(float x) {
+static inline float fast_exp_nonpositive(float x) {
     const float round_magic = 12582912.0f; /* 1.5 * 2^23: x + it rounds to int */
     uint32_t input;
     memcpy(&input, &x, sizeof input);
@@ -57,7 +57,7 @@ static inline float exp_nonpositive(float x) {
  * order keeps results identical on every machine and clone. */
 #define REDUCTION_LANES 16
 
-static inline float sum_lanes(const float *x, int n) {
+static inline float fast_sum_lanes(const float *x, int n) {
     float acc[REDUCTION_LANES] = {0};
     int j = 0;
     for (; j + REDUCTION_LANES <= n; j += REDUCTION_LANES)
@@ -68,7 +68,7 @@ static inline float sum_lanes(const float *x, int n) {
     return total;
 }
 
-static inline float max_lanes(const float *x, int n) {
+static inline float fast_max_lanes(const float *x, int n) {
     float acc[REDUCTION_LANES];
     for (int l = 0; l < REDUCTION_LANES; l++) acc[l] = -3.402823466e38f;
     int j = 0;
@@ -81,8 +81,8 @@ static inline float max_lanes(const float *x, int n) {
 }
 
 /* tanh(x) = sign(x) (1 - t) / (1 + t) with t = e^{-2|x|} <= 1: no overflow. */
-static inline float tanh_fast(float x) {
-    float t = exp_nonpositive(-2.0f * fabsf(x));
+static inline float fast_tanh(float x) {
+    float t = fast_exp_nonpositive(-2.0f * fabsf(x));
     float magnitude = (1.0f - t) / (1.0f + t);
     return x < 0.0f ? -magnitude : magnitude;
 }

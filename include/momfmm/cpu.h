@@ -1,0 +1,30 @@
+/* What this processor can do (docs/scale.md §7): bf16 dot products, and the
+ * conversion of fp32 to bf16 that the bf16 GEMM engine and its weight copy
+ * use. */
+#ifndef MOMFMM_CPU_H
+#define MOMFMM_CPU_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* AVX512_BF16 (with AVX512BW and VL, and the OS saving their state), and
+ * AMX-BF16; cpu_has_bf16 is either. */
+bool cpu_has_avx512_bf16(void);
+bool cpu_has_amx_bf16(void);
+bool cpu_has_bf16(void);
+
+/* fp32 -> bf16 with round-to-nearest-even, as vcvtne2ps2bf16 does it: NaN
+ * stays a quiet NaN, subnormal inputs become signed zero (the instruction
+ * treats them as zero, so both paths give the same bits). Uses AVX512_BF16
+ * when the CPU has it, else cpu_f32_to_bf16_portable. */
+void cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+void cpu_f32_to_bf16_portable(uint16_t *dst, const float *src, size_t n);
+
+static inline float cpu_bf16_to_f32(uint16_t h) {
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+#endif

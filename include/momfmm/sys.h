@@ -1,0 +1,21 @@
+/* What the operating system gives: memory, a clock, the kind of a file. */
+#ifndef MOMFMM_SYS_H
+#define MOMFMM_SYS_H
+#include <stdbool.h>
+#include <stddef.h>
+
+/* calloc and realloc that do not return on failure: running out of memory
+ * is a panic (status_panic, exit 1), the one failure that modules do not
+ * return as a status (docs/design.md §8.7). */
+void *sys_calloc(size_t count, size_t size);
+void *sys_realloc(void *p, size_t size);
+/* Seconds of a monotonic clock. */
+double sys_seconds(void);
+
+/* MemAvailable of /proc/meminfo in bytes, or 0 when unknown: the bound on
+ * sizes that files and options declare (docs/files.md §4, hostile input). */
+double sys_memory_available(void);
+/* Whether path names a regular file (or a link to one): FIFOs and devices
+ * are refused before opening them, as an open or read could block forever. */
+bool sys_is_regular_file(const char *path);
+#endif

@@ -1,0 +1,36 @@
+/* Failures: status messages and the panic hook (docs/design.md §8.7). */
+#include "momfmm/status.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static status_panic_hook panic_hook;
+
+int status_fail(status *st, int code, const char *fmt, ...) {
+    if (!st) return code;
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(st->message, sizeof st->message, fmt, args);
+    va_end(args);
+    st->code = code;
+    return code;
+}
+
+status_panic_hook status_at_panic(status_panic_hook hook) {
+    status_panic_hook previous = panic_hook;
+    panic_hook = hook;
+    return previous;
+}
+
+_Noreturn void status_panic(int exit_code, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    fputs("momfmm: ", stderr);
+    vfprintf(stderr, fmt, args);
+    fputc('\n', stderr);
+    fflush(stderr);
+    va_end(args);
+    if (panic_hook) panic_hook(exit_code);
+    exit(exit_code);
+}

@@ -1,0 +1,294 @@
+#!/usr/bin/python3
+"""Checks that the C program keeps the layers of docs/design.md §8.1.
+
+    /usr/bin/python3 tools/check_layers.py [--root DIR]
+
+The layer table is read from docs/design.md itself (the table under "§8.1"), so
+the document and the check cannot drift apart. Each row names a layer and, in
+backticks, its files; rows run from the top layer down. Then, for every file
+in src/ and include/momfmm/:
+
+1. it stands in the table (a file the table omits is an error);
+2. each `#include "..."` of the project names a file of its own layer or of a
+   layer below;
+3. each call of a function declared in a project header goes to a module of
+   its own layer or below;
+4. a function declared in a module's header is defined in that module, so a
+   header cannot declare what a file of another layer implements;
+5. the modules' dependencies (includes and calls) form no cycle, inside a
+   layer too: each arrow runs one way;
+6. every function and type a header exports carries its module's prefix:
+   the module's name or its first word ("h5reader_", "cmd_" for
+   cmd_common.h, "metric" for metrics.h), or one of the prefixes the header
+   lists on a line "Prefixes: a_ b_" of its comments (kernels.h: one per
+   kernel family).
+
+Exits 0 when all hold, else 1 after one line per violation. Reads the code as
+text (comments and strings removed), which the project's plain C allows.
+"""
+import argparse
+import os
+import re
+import sys
+
+SECTION = "## §8.1"
+CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
+KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof", "defined", "_Static_assert", "__attribute__",
+            "_Alignof", "alignof", "offsetof", "va_arg", "__typeof__", "typeof", "_Generic"}
+
+
+def strip_code(text):
+    """The text with comments, string and character literals blanked (line breaks kept)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            out.append(c + " " * (min(j, n) - i - 1) + c)
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def read_table(root):
+    """[(layer, [file names])] from the top layer down, from docs/design.md §8.1."""
+    path = os.path.join(root, "docs", "design.md")
+    with open(path) as f:
+        lines = f.read().splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.startswith(SECTION))
+    except StopIteration:
+        sys.exit(f"{path}: no section '{SECTION}'")
+    rows, in_table = [], False
+    for line in lines[start + 1:]:
+        if line.startswith("## "):
+            break
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if in_table and len(cells) >= 2 and not set(cells[0]) <= set("-: "):
+                files = re.findall(r"`([\w./]+\.[ch])`", cells[1])
+                rows.append((cells[0], [os.path.basename(f) for f in files]))
+            in_table = True
+        elif in_table and rows:
+            break
+    if not rows:
+        sys.exit(f"{path}: no layer table under '{SECTION}'")
+    return rows
+
+
+def project_files(root):
+    """{base name: path} of every C source and header of the program."""
+    files = {}
+    for folder in ("src", os.path.join("include", "momfmm")):
+        for name in sorted(os.listdir(os.path.join(root, folder))):
+            if name.endswith((".c", ".h")):
+                files[name] = os.path.join(root, folder, name)
+    return files
+
+
+def module_of(name):
+    return name[:-2]
+
+
+def declared_functions(code):
+    """Names of the functions a header declares or defines (static inline), at file scope."""
+    names, depth = set(), 0
+    statement = []
+    for ch in code:
+        if ch == "{":
+            if depth == 0:
+                names |= names_in_declaration("".join(statement))
+                statement = []
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+        elif depth == 0:
+            if ch == ";":
+                names |= names_in_declaration("".join(statement))
+                statement = []
+            else:
+                statement.append(ch)
+    return names
+
+
+def names_in_declaration(text):
+    text = re.sub(r"^\s*#.*$", "", text, flags=re.M).strip()
+    if not text or text.startswith(("typedef", "struct", "enum", "union")) or "(*" in text.replace(" ", ""):
+        return set()
+    m = re.match(r"[\w\s\*]*?\b([A-Za-z_]\w*)\s*\(", text)
+    if not m or m.group(1) in KEYWORDS or m.group(1) == "__attribute__":
+        return set()
+    return {m.group(1)}
+
+
+def exported_types(code):
+    """Type names a header defines at file scope (typedef ... name; and } name;)."""
+    names, depth, statement = set(), 0, []
+    for ch in code:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+        if depth == 0 and ch == ";":
+            text = re.sub(r"^\s*#.*$", "", "".join(statement), flags=re.M).strip()
+            if text.startswith("typedef"):
+                m = re.search(r"\(\s*\*\s*(\w+)\s*\)\s*\(", text) or re.search(r"(\w+)\s*$", text)
+                if m:
+                    names.add(m.group(1))
+            statement = []
+        elif depth == 0 or ch in "{}":
+            statement.append(ch)
+    return names
+
+
+def allowed_prefixes(header, raw):
+    module = module_of(header)
+    first = module.split("_")[0]
+    prefixes = {module, first, first[:-1] if first.endswith("s") else first}
+    for line in re.findall(r"Prefixes:([^\n*]*)", raw):
+        prefixes |= set(line.split())
+    return prefixes
+
+
+def defined_functions(code):
+    """Non-static functions a .c file defines (name followed by a body at file scope)."""
+    names, depth, statement = set(), 0, []
+    for ch in code:
+        if ch == "{":
+            if depth == 0:
+                head = re.sub(r"^\s*#.*$", "", "".join(statement), flags=re.M).strip()
+                m = re.search(r"\b([A-Za-z_]\w*)\s*\([^()]*(\([^()]*\)[^()]*)*\)\s*$", head)
+                if m and not re.search(r"\bstatic\b", head) and "=" not in head and m.group(1) not in KEYWORDS:
+                    names.add(m.group(1))
+            statement = []
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            statement = []
+        elif depth == 0:
+            statement = [] if ch == ";" else statement + [ch]
+    return names
+
+
+def find_cycle(graph):
+    """One dependency cycle as a list of modules (first == last), or None."""
+    state = {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt, path + [nxt])
+                if found:
+                    return found
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node, [node])
+            if found:
+                return found
+    return None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    root = os.path.abspath(parser.parse_args().root)
+    table = read_table(root)
+    files = project_files(root)
+    layer_of, layer_name = {}, {}
+    for depth, (name, members) in enumerate(table):
+        for member in members:
+            layer_of[member] = len(table) - depth  # higher number, higher layer
+            layer_name[member] = name
+    problems = []
+    # a header belongs to its module's layer unless the table places it itself
+    for name in files:
+        if name not in layer_of and name.endswith(".h") and module_of(name) + ".c" in layer_of:
+            layer_of[name] = layer_of[module_of(name) + ".c"]
+            layer_name[name] = layer_name[module_of(name) + ".c"]
+    for name in files:
+        if name not in layer_of:
+            problems.append(f"{files[name]}: not in the layer table of docs/design.md §8.1")
+    codes = {}
+    for name, path in files.items():
+        with open(path) as f:
+            codes[name] = (f.read(), None)
+        codes[name] = (codes[name][0], strip_code(codes[name][0]))
+    exported = {}  # function name -> header
+    for name, (raw, code) in sorted(codes.items()):
+        if name.endswith(".h"):
+            prefixes = allowed_prefixes(name, raw)
+            for fn in sorted(declared_functions(code) | exported_types(code)):
+                exported.setdefault(fn, name)
+                if not any(fn.startswith(p) for p in prefixes):
+                    problems.append(f"{files[name]}: exports {fn}, without the module's prefix "
+                                    f"({' or '.join(sorted(p + '_' if not p.endswith('_') else p for p in prefixes))})")
+    definers = {}
+    for name, (_, code) in codes.items():
+        if name.endswith(".c"):
+            for fn in defined_functions(code):
+                definers[fn] = name
+    for fn, header in sorted(exported.items()):
+        where = definers.get(fn)
+        owner = module_of(header)
+        if where and module_of(where) != owner and layer_of.get(where) != layer_of.get(header):
+            problems.append(f"{files[where]}: defines {fn}(), which {header} (layer '{layer_name.get(header)}') "
+                            f"declares: a header declares only what its own layer implements")
+    depends = {}  # module -> modules it includes or calls
+    for name, (raw, code) in sorted(codes.items()):
+        if name not in layer_of:
+            continue
+        mine = layer_of[name]
+        uses = depends.setdefault(module_of(name), set())
+        for lineno, line in enumerate(raw.splitlines(), 1):
+            m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+            if not m:
+                continue
+            target = os.path.basename(m.group(1))
+            if target in files and module_of(target) != module_of(name):
+                uses.add(module_of(target))
+            if target in layer_of and layer_of[target] > mine:
+                problems.append(f"{files[name]}:{lineno}: includes {target} of layer '{layer_name[target]}', "
+                                f"above its own layer '{layer_name[name]}'")
+        for lineno, line in enumerate(code.splitlines(), 1):
+            for fn in CALL.findall(line):
+                header = exported.get(fn)
+                if not header or header not in layer_of or module_of(header) == module_of(name):
+                    continue
+                uses.add(module_of(header))
+                if layer_of[header] > mine:
+                    problems.append(f"{files[name]}:{lineno}: calls {fn}() of {header} (layer "
+                                    f"'{layer_name[header]}'), above its own layer '{layer_name[name]}'")
+    cycle = find_cycle(depends)
+    if cycle:
+        problems.append("modules depend on each other in a circle: " + " -> ".join(cycle))
+    for p in problems:
+        print(os.path.relpath(p.split(":")[0], root) + p[len(p.split(":")[0]):] if p.startswith(root) else p)
+    if problems:
+        print(f"check_layers: {len(problems)} violation(s) of the layers of docs/design.md §8.1")
+        return 1
+    print(f"check_layers: {len(files)} files in {len(table)} layers, no include or call runs upward")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
