@@ -396,7 +396,7 @@ static int assign(parse_state *st, const char *name, const char *value) {
     st->key_line[index] = st->line;
     set_result why = set_value(st->c, key, value);
     if (why == SET_OK) return 0;
-    char message[512];
+    char message[1024];
     describe_bad_value(key, value, why, message, sizeof message);
     return reject(st, "%s", message);
 }

@@ -64,3 +64,9 @@ void cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
     else
         cpu_f32_to_bf16_portable(dst, src, n);
 }
+
+bool cpu_has_avx512_core(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}

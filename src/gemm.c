@@ -54,6 +54,11 @@ const char *gemm_unavailable_reason(gemm_engine engine) {
     bool has_bf16 = cpu_has_bf16() && !(fake && strcmp(fake, "1") == 0);
     if (engine == GEMM_ONEDNN_BF16 && !has_bf16 && !forced)
         return "the CPU has neither AVX512_BF16 nor AMX-BF16 (MOMFMM_FORCE_BF16=1 overrides)";
+    /* oneDNN 2.6 emulates bf16 matmul with AVX-512 (avx512_core) only: on
+     * an AVX2 CPU even the forced engine has no implementation */
+    if (engine == GEMM_ONEDNN_BF16 && !has_bf16 && !cpu_has_avx512_core())
+        return "the CPU has neither AVX512_BF16 nor AMX-BF16, and without AVX-512 oneDNN cannot emulate bf16 "
+               "(not even with MOMFMM_FORCE_BF16=1)";
     return NULL;
 #endif
 }

@@ -1,4 +1,4 @@
-/* Streaming inference (docs/model.md §1.2, 5: `generate`, `eval --stream`): the model
+/* Streaming inference (docs/model.md §1.2; docs/cli.md §5: `generate`, `eval --stream`): the model
  * of model.c run on segments of a stream, with the caches and carries of
  * stream_state; see stream.h (docs/design.md §8.6). */
 #include "momfmm/stream.h"

@@ -1,4 +1,4 @@
-/* The trainer (docs/model.md §1.4, 2, 3): data-parallel steps, evaluation into the
+/* The trainer (docs/model.md §1.4, docs/tasks.md §2, docs/metrics.md §3): data-parallel steps, evaluation into the
  * metric tables, resume and save through the store (docs/design.md §8.4,
  * §8.5). Returns statuses; the commands are in cmd_train.c. */
 #include "momfmm/train.h"

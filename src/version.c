@@ -11,6 +11,8 @@
 #include <string.h>
 
 #include "momfmm/build_info.h"
+#include "momfmm/cpu.h"
+#include "momfmm/gemm.h"
 #include "momfmm/dist.h"
 
 /* OPENBLAS_VERSION is " OpenBLAS 0.3.21 ": the number alone. */
@@ -33,5 +35,10 @@ void version_print(void) {
     printf("OpenBLAS: built with %s; running %s\n", blas_built, openblas_get_config());
     printf("HDF5:     built with %d.%d.%d; running %u.%u.%u\n", H5_VERS_MAJOR, H5_VERS_MINOR, H5_VERS_RELEASE, major,
            minor, release);
+    /* whether train.precision = bf16 can run here (docs/scale.md §7); tests
+     * read this line to skip bf16 runs on a CPU that has no bf16 at all */
+    const char *why = gemm_unavailable_reason(GEMM_ONEDNN_BF16);
+    if (why) printf("bf16:     unavailable: %s\n", why);
+    else printf("bf16:     %s\n", cpu_has_bf16() ? "native" : "emulated by oneDNN (MOMFMM_FORCE_BF16=1, slow)");
     fflush(stdout);
 }

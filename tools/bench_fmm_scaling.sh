@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# FMM vs softmax attention as the sequence grows (issue: FMM attention, item
-# 6): `momfmm bench` at T = 1k, 4k, 16k, 64k, batch 1, d 256, 4 layers, 1
+# FMM vs softmax attention as the sequence grows (README, "FMM attention and long sequences"):
+# `momfmm bench` at T = 1k, 4k, 16k, 64k, batch 1, d 256, 4 layers, 1
 # thread; prints a Markdown table of tokens/s, ms per step, time per token
 # relative to T = 1k, and peak RSS. Softmax stops where momfmm refuses it
 # (its T x T attention weights would not fit in memory) or where a step
@@ -43,7 +43,7 @@ for kind in fmm softmax; do
     [ -n "$base" ] || base=$per_token
     rel=$(awk -v a="$per_token" -v b="$base" 'BEGIN { printf "%.2f", a / b }')
     echo "| $kind | $T | $tps | $ms | ${rel}x | $rss | |"
-    # a step over 10 minutes stops the series (the issue's limit)
+    # a step over 10 minutes stops the series: longer runs are not worth a table row
     awk -v ms="$ms" 'BEGIN { exit !(ms > 600000) }' && stopped="steps over 10 minutes at T=$T"
   done
 done

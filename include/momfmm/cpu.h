@@ -12,6 +12,9 @@
 bool cpu_has_avx512_bf16(void);
 bool cpu_has_amx_bf16(void);
 bool cpu_has_bf16(void);
+/* AVX512F, BW, VL and DQ (oneDNN's avx512_core): what oneDNN needs to
+ * emulate bf16 products on a CPU without native bf16. */
+bool cpu_has_avx512_core(void);
 
 /* fp32 -> bf16 with round-to-nearest-even, as vcvtne2ps2bf16 does it: NaN
  * stays a quiet NaN, subnormal inputs become signed zero (the instruction

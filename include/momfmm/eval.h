@@ -36,6 +36,6 @@ void eval_readouts(const model *m, eval_result *r);
  * model cannot stream. */
 int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, status *err);
 
-/* One row of the eval table of metric_tables_standard (docs/metrics.md §3/4). */
+/* One row of the eval table of metric_tables_standard (docs/metrics.md §3, docs/files.md §4). */
 void eval_result_row(const eval_result *r, long long step, const metric_table *eval_log, double *row);
 #endif

@@ -11,14 +11,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Linear layer, PyTorch convention (docs/model.md §1.5): out = inp W^T + b, W [out_dim, in_dim]. */
+/* Linear layer, PyTorch convention (docs/model.md §1, forward pass): out = inp W^T + b, W [out_dim, in_dim]. */
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                     int rows, int in_dim, int out_dim);
 /* dinp = dout W (skipped if NULL); dweight += dout^T inp; dbias += column sums. */
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                      const float *inp, const float *weight, int rows, int in_dim, int out_dim);
 
-/* LayerNorm with eps 1e-5 (docs/model.md §1.2); saves mean and 1/std per row. */
+/* LayerNorm with eps 1e-5 (docs/model.md §1); saves mean and 1/std per row. */
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                        const float *weight, const float *bias, int rows, int dim);
 /* dinp += ..., dweight += ..., dbias += ... */
@@ -26,7 +26,7 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
                         const float *inp, const float *weight, const float *mean,
                         const float *rstd, int rows, int dim);
 
-/* GELU, tanh approximation (docs/model.md §1.3). tanh_saved keeps the tanh term for
+/* GELU, tanh approximation (docs/model.md §1). tanh_saved keeps the tanh term for
  * the backward, which then needs no transcendental function. */
 void gelu_forward(float *out, float *tanh_saved, const float *inp, size_t n);
 /* dinp = dout * gelu'(inp); dinp may alias dout. */

@@ -75,7 +75,7 @@ int metric_table_column_offset(const metric_table *t, const char *name);
 void metric_table_set(const metric_table *t, double *row, const char *name, const double *values);
 void metric_table_free(metric_table *t);
 
-/* The train and eval tables with the columns of docs/metrics.md §3/4; eval also has
+/* The train and eval tables with the columns of docs/metrics.md §3, docs/files.md §4; eval also has
  * gain_R [n, n_layers] and the per-head momentum gamma [n, n_layers, n_heads]. */
 void metric_tables_standard(metric_table *train, metric_table *eval, int n_layers, int n_heads);
 /* Adds the columns of the task (docs/files.md §4): `bpb` to both tables for

@@ -1,4 +1,4 @@
-/* Streaming inference (docs/model.md §1.2, 5: `generate`, `eval --stream`;
+/* Streaming inference (docs/model.md §1.2; docs/cli.md §5: `generate`, `eval --stream`;
  * docs/design.md §8.6): S sequences advance together through segments of
  * tokens; each layer keeps a key/value cache, the momentum carry (each
  * sequence's previous x and p per head), and for FMM the far-field state, so

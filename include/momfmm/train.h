@@ -1,4 +1,4 @@
-/* The trainer (docs/model.md §1.4, 2, 3): data-parallel optimisation steps, periodic
+/* The trainer (docs/model.md §1.4, docs/tasks.md §2, docs/metrics.md §3): data-parallel optimisation steps, periodic
  * evaluation into the metric tables, resume and save through the checkpoint
  * store. A core module (docs/design.md §8.1): it returns a status and never
  * exits; the commands (commands.h) run it. */
