@@ -7,32 +7,36 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fd_check.h"
 #include "momfmm/cmd_common.h"
 #include "momfmm/dist.h"
 #include "momfmm/model.h"
 #include "momfmm/optimizer.h"
+#include "test_util.h"
 
 #define STEPS 6
 
-static void write(hid_t f, const char *name, hid_t type, int ndim, hsize_t d0, hsize_t d1, const void *data) {
+/* write and attr return whether every HDF5 call succeeded: the reference
+ * replays this file, so a dataset missing from it must fail here. */
+static bool write(hid_t f, const char *name, hid_t type, int ndim, hsize_t d0, hsize_t d1, const void *data) {
     hsize_t dims[2] = {d0, d1};
     hid_t space = H5Screate_simple(ndim, dims, NULL);
     hid_t dset = H5Dcreate2(f, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    H5Dwrite(dset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
-    H5Dclose(dset);
-    H5Sclose(space);
+    bool ok = space >= 0 && dset >= 0 && H5Dwrite(dset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0;
+    ok &= H5Dclose(dset) >= 0;
+    ok &= H5Sclose(space) >= 0;
+    return ok;
 }
 
-static void attr(hid_t f, const char *name, double value) {
+static bool attr(hid_t f, const char *name, double value) {
     hid_t space = H5Screate(H5S_SCALAR);
     hid_t a = H5Acreate2(f, name, H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT);
-    H5Awrite(a, H5T_NATIVE_DOUBLE, &value);
-    H5Aclose(a);
-    H5Sclose(space);
+    bool ok = space >= 0 && a >= 0 && H5Awrite(a, H5T_NATIVE_DOUBLE, &value) >= 0;
+    ok &= H5Aclose(a) >= 0;
+    ok &= H5Sclose(space) >= 0;
+    return ok;
 }
 
-static int check_decay_mask(const model *m) {
+static void check_decay_mask(const model *m) {
     int wrong = 0;
     for (int i = 0; i < m->n_entries; i++) {
         const model_param *e = &m->entries[i];
@@ -43,8 +47,7 @@ static int check_decay_mask(const model *m) {
             wrong++;
         }
     }
-    printf("%-40s %s\n", "weight decay on 2-D weights only", wrong ? "FAIL" : "ok");
-    return wrong;
+    test_check(wrong == 0, "weight decay on 2-D weights only", wrong ? "%d tensor(s) wrong" : NULL, wrong);
 }
 
 int main(int argc, char **argv) {
@@ -59,9 +62,14 @@ int main(int argc, char **argv) {
     cfg.attention = ATTENTION_FMM, cfg.learn_gamma = true, cfg.gamma = 0.1;
     cfg.weight_decay = 0.1, cfg.warmup = 2, cfg.steps = STEPS, cfg.lr = 3e-2, cfg.min_lr = 1e-3;
     model m;
-    model_create(&m, &cfg, NULL);
+    status st;
+    int rc = model_create(&m, &cfg, &st);
+    if (!test_check(rc == 0, "model_create", rc ? "%s" : NULL, st.message)) {
+        dist_finalize();
+        return test_summary("test_adamw_dump");
+    }
     model_init_parameters(&m);
-    int fails = check_decay_mask(&m);
+    check_decay_mask(&m);
     size_t n = m.n_params;
     uint64_t state = 99;
     fd_fill(m.params, n, 1.0f, &state);
@@ -80,25 +88,28 @@ int main(int argc, char **argv) {
         memcpy(history + (size_t)k * n, m.params, sizeof(float) * n);
     }
     hid_t f = H5Fcreate(argv[1], H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    write(f, "/params0", H5T_NATIVE_FLOAT, 1, n, 0, params0);
-    write(f, "/grads", H5T_NATIVE_FLOAT, 2, STEPS, n, grads);
-    write(f, "/decay_mask", H5T_NATIVE_SCHAR, 1, n, 0, mask);
-    write(f, "/lr", H5T_NATIVE_DOUBLE, 1, STEPS, 0, lrs);
-    write(f, "/params", H5T_NATIVE_FLOAT, 2, STEPS, n, history);
-    write(f, "/m", H5T_NATIVE_FLOAT, 1, n, 0, m.adam_m);
-    write(f, "/v", H5T_NATIVE_FLOAT, 1, n, 0, m.adam_v);
-    attr(f, "beta1", cfg.beta1);
-    attr(f, "beta2", cfg.beta2);
-    attr(f, "eps", cfg.adam_eps);
-    attr(f, "weight_decay", cfg.weight_decay);
-    H5Fclose(f);
+    bool written = f >= 0;
+    if (written) {
+        written &= write(f, "/params0", H5T_NATIVE_FLOAT, 1, n, 0, params0);
+        written &= write(f, "/grads", H5T_NATIVE_FLOAT, 2, STEPS, n, grads);
+        written &= write(f, "/decay_mask", H5T_NATIVE_SCHAR, 1, n, 0, mask);
+        written &= write(f, "/lr", H5T_NATIVE_DOUBLE, 1, STEPS, 0, lrs);
+        written &= write(f, "/params", H5T_NATIVE_FLOAT, 2, STEPS, n, history);
+        written &= write(f, "/m", H5T_NATIVE_FLOAT, 1, n, 0, m.adam_m);
+        written &= write(f, "/v", H5T_NATIVE_FLOAT, 1, n, 0, m.adam_v);
+        written &= attr(f, "beta1", cfg.beta1);
+        written &= attr(f, "beta2", cfg.beta2);
+        written &= attr(f, "eps", cfg.adam_eps);
+        written &= attr(f, "weight_decay", cfg.weight_decay);
+        written &= H5Fclose(f) >= 0;
+    }
+    test_check(written, "inputs and results written for the reference", "%s", argv[1]);
     /* schedule: warmup 2 steps then cosine to min_lr at the last step */
     int ok = fabs(lrs[0] - 0.015) < 1e-12 && fabs(lrs[1] - 0.03) < 1e-12 && fabs(lrs[STEPS - 1] - 1e-3) < 1e-12;
-    printf("%-40s %s (%.4g %.4g ... %.4g)\n", "schedule warmup + cosine", ok ? "ok" : "FAIL", lrs[0], lrs[1],
-           lrs[STEPS - 1]);
-    fails += !ok;
+    test_check(ok, "schedule warmup + cosine", "%.4g %.4g ... %.4g", lrs[0], lrs[1], lrs[STEPS - 1]);
     model_free(&m);
     free(params0), free(grads), free(history), free(mask);
+    int exit_status = test_summary("test_adamw_dump");
     dist_finalize();
-    return fails != 0;
+    return exit_status;
 }

@@ -12,21 +12,33 @@
 #include "momfmm/sys.h"
 #include "momfmm/config.h"
 #include "momfmm/suggest.h"
+#include "test_util.h"
 
-static int failures;
+/* The checks of this file print their detail only when they fail: the name
+ * already says what is expected (most are the expected message itself). */
 
-#define CHECK(cond, ...)                        \
-    do {                                        \
-        if (!(cond)) {                          \
-            failures++;                         \
-            fprintf(stderr, "FAIL: " __VA_ARGS__); \
-            fputc('\n', stderr);                \
-        }                                       \
-    } while (0)
-
-static void expect(int rc, const status *st, int code, const char *message) {
+/* Checks an outcome: rc == code, and for a failure the status's code and
+ * message. name NULL: the check is named by the expected message. */
+static void expect_status(const char *name, int rc, const status *st, int code, const char *message) {
     bool ok = rc == code && (code == 0 || (st->code == code && strcmp(st->message, message) == 0));
-    CHECK(ok, "expected %d '%s', got %d '%s'", code, message, rc, rc ? st->message : "");
+    test_check(ok, name ? name : message, ok ? NULL : "expected %d '%s', got %d '%s'", code, message, rc,
+               rc ? st->message : "");
+}
+
+/* The start of a config text on one line, for a check's name: control and
+ * non-ASCII bytes escaped, cut with "..." after about 40 characters. */
+static const char *one_line(const char *text) {
+    static char out[64];
+    size_t j = 0, i = 0;
+    for (; text[i] && j < 40; i++) {
+        unsigned char ch = (unsigned char)text[i];
+        if (ch == '\n') j += (size_t)snprintf(out + j, sizeof out - j, "\\n");
+        else if (ch == '\r') j += (size_t)snprintf(out + j, sizeof out - j, "\\r");
+        else if (ch < 0x20 || ch >= 0x7f) j += (size_t)snprintf(out + j, sizeof out - j, "\\x%02x", ch);
+        else out[j++] = (char)ch;
+    }
+    snprintf(out + j, sizeof out - j, "%s", text[i] ? "..." : "");
+    return out;
 }
 
 /* Parses `text` over the defaults; `message` "" expects success. */
@@ -36,8 +48,14 @@ static config expect_text(const char *text, const char *message) {
     status st;
     int rc = config_load_string(&c, text, "t.ini", &st);
     const char *err = st.message;
-    if (message[0]) CHECK(rc == EXIT_USAGE && !strcmp(err, message), "'%.60s': expected '%s', got '%s'", text, message, rc ? err : "");
-    else CHECK(rc == 0, "'%.60s': expected success, got '%s'", text, err);
+    if (message[0]) {
+        bool ok = rc == EXIT_USAGE && !strcmp(err, message);
+        test_check(ok, message, ok ? NULL : "'%.60s': got '%s'", text, rc ? err : "");
+    } else {
+        char name[96];
+        snprintf(name, sizeof name, "parses: %s", one_line(text));
+        test_check(rc == 0, name, rc ? "got '%s'" : NULL, err);
+    }
     return c;
 }
 
@@ -46,7 +64,7 @@ static void expect_override(const char *assignment, const char *message) {
     config_defaults(&c);
     status st;
     status_clear(&st);
-    expect(config_apply_override(&c, assignment, &st), &st, EXIT_USAGE, message);
+    expect_status(NULL, config_apply_override(&c, assignment, &st), &st, EXIT_USAGE, message);
 }
 
 static char *repeat(char ch, size_t n) {
@@ -59,17 +77,19 @@ static char *repeat(char ch, size_t n) {
 static void test_statuses(void) {
     status st;
     status_clear(&st);
-    expect(config_check_defaults(&st), &st, 0, "");
+    expect_status("compiled-in defaults pass config_check_defaults", config_check_defaults(&st), &st, 0, "");
     config c;
     config_defaults(&c);
-    expect(config_load_file(&c, "/nonexistent/x.ini", &st), &st, EXIT_USAGE,
-           "/nonexistent/x.ini: cannot open config: No such file or directory");
-    expect(config_apply_override(&c, "model.d_model=32", &st), &st, 0, "");
-    CHECK(c.d_model == 32, "override did not set model.d_model");
-    expect(config_apply_override(&c, "d_model", &st), &st, EXIT_USAGE, "--set d_model: expected section.key=value");
-    expect(config_apply_override(&c, "model.nope=1", &st), &st, EXIT_USAGE, "--set unknown key model.nope");
-    expect(config_apply_override(&c, "model.d_model=abc", &st), &st, EXIT_USAGE,
-           "--set model.d_model = 'abc': expected an integer");
+    expect_status(NULL, config_load_file(&c, "/nonexistent/x.ini", &st), &st, EXIT_USAGE,
+                  "/nonexistent/x.ini: cannot open config: No such file or directory");
+    expect_status("--set model.d_model=32 accepted", config_apply_override(&c, "model.d_model=32", &st), &st, 0, "");
+    test_check(c.d_model == 32, "--set model.d_model=32 sets model.d_model", c.d_model == 32 ? NULL : "%d", c.d_model);
+    expect_status(NULL, config_apply_override(&c, "d_model", &st), &st, EXIT_USAGE,
+                  "--set d_model: expected section.key=value");
+    expect_status(NULL, config_apply_override(&c, "model.nope=1", &st), &st, EXIT_USAGE,
+                  "--set unknown key model.nope");
+    expect_status(NULL, config_apply_override(&c, "model.d_model=abc", &st), &st, EXIT_USAGE,
+                  "--set model.d_model = 'abc': expected an integer");
 }
 
 /* A line used to be cut at inih's 200-byte buffer and its tail parsed as a
@@ -79,22 +99,24 @@ static void test_long_lines(void) {
     char *pad = repeat('x', n), *text = malloc(3 * n);
     snprintf(text, 3 * n, "[train]\n; %s lr = 1000000\nsteps = 5\n", pad);
     config c = expect_text(text, "");
-    CHECK(c.lr == 1e-3 && c.steps == 5, "long comment: lr %g steps %lld", c.lr, c.steps);
+    bool ok = c.lr == 1e-3 && c.steps == 5;
+    test_check(ok, "10000-byte comment line ignored", ok ? NULL : "lr %g steps %lld", c.lr, c.steps);
     snprintf(text, 3 * n, "[train]\nlr = 0.5 %*s; %s\n", (int)n, "", pad);
     c = expect_text(text, "");
-    CHECK(c.lr == 0.5, "value before long padding and comment: lr %g", c.lr);
+    test_check(c.lr == 0.5, "value before 10000 blanks and a comment read", c.lr == 0.5 ? NULL : "lr %g", c.lr);
     char *dir = repeat('d', 1000);
     snprintf(text, 3 * n, "[train]\nout_dir = /%s\n", dir);
     c = expect_text(text, "");
-    CHECK(strlen(c.out_dir) == 1001, "1001-byte out_dir read as %zu bytes", strlen(c.out_dir));
+    size_t len = strlen(c.out_dir);
+    test_check(len == 1001, "1001-byte out_dir read whole", len == 1001 ? NULL : "%zu bytes", len);
     snprintf(text, 3 * n, "[train]\nout_dir = %s\n", pad);
     expect_text(text, "t.ini:2: train.out_dir = "
                       "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...': longer than 1023 characters");
     /* config_ini of a checkpoint goes through the same h5reader */
     char *ini = config_to_ini(&c);
     config back = expect_text(ini, "");
-    CHECK(config_compare_keys(&c, &back, true, NULL, 0) == 0 && config_compare_keys(&c, &back, false, NULL, 0) == 0,
-          "config_ini with a long out_dir does not read back");
+    bool same = config_compare_keys(&c, &back, true, NULL, 0) == 0 && config_compare_keys(&c, &back, false, NULL, 0) == 0;
+    test_check(same, "config_ini with a long out_dir reads back", NULL);
     free(ini), free(dir), free(pad), free(text);
 }
 
@@ -123,10 +145,11 @@ static void test_suggestions(void) {
     expect_override("train.lrr=1", "--set unknown key train.lrr; did you mean train.lr?");
     expect_override("learning_rate=3e-4", "--set learning_rate=3e-4: expected section.key=value; did you mean train.lr=3e-4?");
     expect_override("n_heads=2", "--set n_heads=2: expected section.key=value; did you mean model.n_heads=2?");
-    CHECK(suggest_distance("trian", "train", 2) == 1, "trian/train distance");
+    int distance = suggest_distance("trian", "train", 2);
+    test_check(distance == 1, "suggest_distance(trian, train) = 1", distance == 1 ? NULL : "%d", distance);
     const char *commands[] = {"train", "init", "loss", "eval", "inspect", "generate", "bench"};
-    CHECK(suggest_closest("trian", commands, 7) == commands[0], "trian -> train");
-    CHECK(suggest_closest("fly", commands, 7) == NULL, "fly has no suggestion");
+    test_check(suggest_closest("trian", commands, 7) == commands[0], "suggest_closest: trian -> train", NULL);
+    test_check(suggest_closest("fly", commands, 7) == NULL, "suggest_closest: fly has no suggestion", NULL);
 }
 
 static void test_limits(void) {
@@ -139,9 +162,9 @@ static void test_limits(void) {
     expect_override("train.steps=-5", "--set train.steps = -5 is out of range: must be >= 0");
     config c = expect_text("[model]\nhead = cls\nn_classes = 5\n[data]\ntask = listops\n", "");
     status st;
-    CHECK(config_check(&c, "t.ini", &st) == EXIT_USAGE &&
-              !strcmp(st.message, "t.ini: model.n_classes = 5 is below the 10 classes of data.task = listops"),
-          "listops with 5 classes: '%s'", st.message);
+    const char *want = "t.ini: model.n_classes = 5 is below the 10 classes of data.task = listops";
+    bool ok = config_check(&c, "t.ini", &st) == EXIT_USAGE && !strcmp(st.message, want);
+    test_check(ok, want, ok ? NULL : "got '%s'", st.message);
 }
 
 /* fmm.kernels, a list key (docs/config.md §6): `want` is one letter per name
@@ -149,15 +172,21 @@ static void test_limits(void) {
 static void expect_kernels(const char *value, bool good, const char *want) {
     config c;
     config_defaults(&c);
-    char assignment[128], joined[16] = "", message[256];
+    char assignment[128], joined[16] = "", message[256], name[128];
     snprintf(assignment, sizeof assignment, "fmm.kernels=%s", value);
     status st;
     int rc = config_apply_override(&c, assignment, &st);
     for (int i = 0; rc == 0 && i < c.fmm_kernels.n; i++) strncat(joined, &"eft"[c.fmm_kernels.items[i]], 1);
     snprintf(message, sizeof message, "--set fmm.kernels = '%s': '%s' is not one of", value, want);
-    if (good) CHECK(rc == 0 && !strcmp(joined, want), "fmm.kernels '%s': got '%s' (%s)", value, joined, rc ? st.message : "");
-    else CHECK(rc == EXIT_USAGE && !strncmp(st.message, message, strlen(message)), "fmm.kernels '%s': got '%s'", value,
-               rc ? st.message : "accepted");
+    if (good) {
+        snprintf(name, sizeof name, "fmm.kernels '%s' accepted as '%s'", value, want);
+        bool ok = rc == 0 && !strcmp(joined, want);
+        test_check(ok, name, ok ? NULL : "got '%s' (%s)", joined, rc ? st.message : "");
+    } else {
+        snprintf(name, sizeof name, "fmm.kernels '%s' refused, naming '%s'", value, want);
+        bool ok = rc == EXIT_USAGE && !strncmp(st.message, message, strlen(message));
+        test_check(ok, name, ok ? NULL : "got '%s'", rc ? st.message : "accepted");
+    }
 }
 
 static void test_lists(void) {
@@ -178,12 +207,14 @@ static void test_lists(void) {
     config c;
     config_defaults(&c);
     status st;
-    CHECK(config_apply_override(&c, "fmm.kernels= tanh ,elu", &st) == 0, "fmm.kernels: %s", st.message);
+    int rc = config_apply_override(&c, "fmm.kernels= tanh ,elu", &st);
+    test_check(rc == 0, "--set fmm.kernels= tanh ,elu accepted", rc ? "%s" : NULL, st.message);
     char *ini = config_to_ini(&c);
-    CHECK(strstr(ini, "kernels = tanh,elu\n") != NULL, "fmm.kernels in config_ini:\n%s", ini);
+    bool written = strstr(ini, "kernels = tanh,elu\n") != NULL;
+    test_check(written, "config_ini writes kernels = tanh,elu", written ? NULL : "config_ini:\n%s", ini);
     config back = expect_text(ini, "");
-    CHECK(back.fmm_kernels.n == 2 && back.fmm_kernels.items[0] == 2 && back.fmm_kernels.items[1] == 0,
-          "fmm.kernels does not read back from config_ini");
+    test_check(back.fmm_kernels.n == 2 && back.fmm_kernels.items[0] == 2 && back.fmm_kernels.items[1] == 0,
+               "fmm.kernels reads back from config_ini", NULL);
     free(ini);
 }
 
@@ -198,17 +229,20 @@ static void test_shortest_numbers(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char out[32];
         config_format_double(cases[i].x, out, sizeof out);
-        CHECK(!strcmp(out, cases[i].text) && strtod(out, NULL) == cases[i].x, "shortest(%.17g): '%s', want '%s'",
-              cases[i].x, out, cases[i].text);
+        char name[64];
+        snprintf(name, sizeof name, "shortest round-trip form: %s", cases[i].text);
+        bool ok = !strcmp(out, cases[i].text) && strtod(out, NULL) == cases[i].x;
+        test_check(ok, name, ok ? NULL : "%.17g written as '%s'", cases[i].x, out);
     }
     config c;
     config_defaults(&c);
     c.lr = 0.2, c.gamma = 1.0 / 3;
     char *ini = config_to_ini(&c);
-    CHECK(strstr(ini, "lr = 0.2\n") && strstr(ini, "gamma = 0.3333333333333333\n") && strstr(ini, "eps = 1e-06\n"),
-          "config_ini numbers:\n%s", ini);
+    bool shortest = strstr(ini, "lr = 0.2\n") && strstr(ini, "gamma = 0.3333333333333333\n") &&
+                    strstr(ini, "eps = 1e-06\n");
+    test_check(shortest, "config_ini writes numbers in their shortest form", shortest ? NULL : "config_ini:\n%s", ini);
     config back = expect_text(ini, "");
-    CHECK(back.lr == c.lr && back.gamma == c.gamma, "config_ini numbers do not read back");
+    test_check(back.lr == c.lr && back.gamma == c.gamma, "config_ini numbers read back", NULL);
     free(ini);
 }
 
@@ -220,6 +254,5 @@ int main(void) {
     test_limits();
     test_shortest_numbers();
     test_lists();
-    printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
-    return failures != 0;
+    return test_summary("test_config");
 }

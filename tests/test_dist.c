@@ -14,19 +14,14 @@
 #include "momfmm/status.h"
 #include "momfmm/sys.h"
 #include "momfmm/dist.h"
+#include "test_util.h"
 
 #define RELAUNCH_MARK "MOMFMM_TEST_DIST_RANKS"
 #define GUARD 4
 #define SENTINEL -7.0
 
-static int failures;
-
-static void check(bool ok, const char *what) {
-    if (!ok) {
-        failures++;
-        fprintf(stderr, "rank %d: FAIL %s\n", dist_rank(), what);
-    }
-}
+/* The per-call limit run_all is checking, for the detail of each check. */
+static const char *limit = "";
 
 /* Each rank adds (rank + 1) * i + 0.5; integers and halves sum exactly. */
 static void test_sum_doubles(size_t n) {
@@ -38,7 +33,8 @@ static void test_sum_doubles(size_t n) {
     bool ok = true;
     for (size_t i = 0; i < n; i++) ok &= x[i] == (double)i * size * (size + 1) / 2 + 0.5 * size;
     for (size_t i = n; i < n + GUARD; i++) ok &= x[i] == SENTINEL;
-    check(ok, "dist_sum_doubles: every element summed once, nothing past n written");
+    test_check(ok, "dist_sum_doubles: every element summed once, nothing past n written", "rank %d of %d, n %zu, %s",
+               rank, size, n, limit);
     free(x);
 }
 
@@ -50,7 +46,8 @@ static void test_broadcast_floats(size_t n) {
     bool ok = true;
     for (size_t i = 0; i < n; i++) ok &= x[i] == 0.25f * (float)i;
     for (size_t i = n; i < n + GUARD; i++) ok &= x[i] == (float)SENTINEL;
-    check(ok, "dist_broadcast_floats: rank 0's values everywhere, nothing past n written");
+    test_check(ok, "dist_broadcast_floats: rank 0's values everywhere, nothing past n written",
+               "rank %d of %d, n %zu, %s", dist_rank(), dist_size(), n, limit);
     free(x);
 }
 
@@ -77,8 +74,10 @@ static void test_reducer(bool overlap) {
     bool ok = true;
     for (size_t i = 0; i < n; i++) ok &= grads[i] == (float)((int)(i % 13) * size * (size + 1) / 2);
     for (size_t i = n; i < n + GUARD; i++) ok &= grads[i] == (float)SENTINEL;
-    check(ok, overlap ? "dist_reducer (overlap): every gradient summed once"
-                      : "dist_reducer (no overlap): every gradient summed once");
+    test_check(ok,
+               overlap ? "dist_reducer (overlap): every gradient summed once"
+                       : "dist_reducer (no overlap): every gradient summed once",
+               "rank %d of %d, %s", rank, size, limit);
     dist_reducer_free(r);
     free(grads);
 }
@@ -97,10 +96,12 @@ static void test_partition(void) {
             }
             ok &= next == n;
         }
-    check(ok, "dist_partition: contiguous parts in rank order covering every element once");
+    test_check(ok, "dist_partition: contiguous parts in rank order covering every element once", "rank %d of %d, %s",
+               dist_rank(), dist_size(), limit);
 }
 
-static void run_all(const char *limit) {
+static void run_all(const char *limit_name) {
+    limit = limit_name;
     size_t sizes[] = {0, 1, 5, 6, 7, 100, 1001};
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         test_sum_doubles(sizes[k]);
@@ -109,7 +110,6 @@ static void run_all(const char *limit) {
     test_reducer(false);
     test_reducer(true);
     test_partition();
-    if (dist_rank() == 0) printf("checked with %s\n", limit);
 }
 
 /* Once more under mpirun when started as a single process; when mpirun is
@@ -130,11 +130,20 @@ int main(int argc, char **argv) {
     run_all("24-byte messages");
     dist_set_max_message_bytes(4); /* one float per gradient bucket */
     run_all("4-byte messages");
-    check(dist_node_ranks() == dist_size(), "dist_node_ranks: all ranks of this test share the node");
-    check(dist_max_double((double)dist_rank()) == (double)(dist_size() - 1), "dist_max_double");
-    check(dist_any(dist_rank() == dist_size() - 1), "dist_any");
-    int fails = (int)dist_max_double((double)failures);
-    if (dist_rank() == 0) printf("%s on %d rank(s): %d failure(s)\n", fails ? "FAILED" : "PASSED", dist_size(), fails);
+    int rank = dist_rank(), size = dist_size();
+    test_check(dist_node_ranks() == size, "dist_node_ranks: all ranks of this test share the node", "rank %d of %d",
+               rank, size);
+    test_check(dist_max_double((double)rank) == (double)(size - 1), "dist_max_double", "rank %d of %d", rank, size);
+    test_check(dist_any(rank == size - 1), "dist_any", "rank %d of %d", rank, size);
+    /* Every rank exits with the verdict of all, so that a failure on one
+     * rank cannot hide behind another's pass: the most failures of any rank,
+     * and the fewest checks (a rank that ran none fails the test). Rank 0
+     * prints the summary. */
+    test_counts.failed = (int)dist_max_double((double)test_counts.failed);
+    test_counts.checks = -(int)dist_max_double(-(double)test_counts.checks);
+    char suite[64];
+    snprintf(suite, sizeof suite, "test_dist (worst of %d rank(s))", size);
+    int rc = test_summary(rank == 0 ? suite : NULL);
     dist_finalize();
-    return fails != 0;
+    return rc;
 }

@@ -4,7 +4,7 @@
 #define _POSIX_C_SOURCE 200809L   /* clock_gettime under -std=c11 */
 #include "momfmm/config.h"
 #include "momfmm/fmm.h"
-#include "fd_check.h"
+#include "test_util.h"
 
 #include <cblas.h>   /* openblas_get_corename, for the benchmark header */
 #include <float.h>
@@ -179,78 +179,69 @@ static double max_abs_diff(const float *a, const double *b, size_t n) {
     return m;
 }
 
-static int report(const char *name, double err, double bound) {
-    int ok = err <= bound;
-    printf("%-40s %s  max_err %.3e  bound %.3e\n", name, ok ? "ok  " : "FAIL", err, bound);
-    return ok ? 0 : 1;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Checks                                                                    */
 /* ------------------------------------------------------------------------ */
 
 /* fd_check's comparisons skip NaN (NaN > x is false), so check finiteness here. */
-static int all_finite(const char *label, const fmm_case *c) {
+static void all_finite(const char *label, const fmm_case *c) {
     size_t n = (size_t)c->T * c->dh;
     bool ok = isfinite(c->d_blend_near) && isfinite(c->d_blend_far);
     for (size_t i = 0; i < n; i++)
         ok = ok && isfinite(c->out[i]) && isfinite(c->dq[i]) && isfinite(c->dk[i]) &&
              isfinite(c->dv[i]);
-    if (!ok) printf("fd %-37s FAIL  non-finite output or gradient\n", label);
-    return ok ? 0 : 1;
+    char name[96];
+    snprintf(name, sizeof name, "fd %s finite output and gradients", label);
+    test_check(ok, name, NULL);
 }
 
 /* Finite differences of L = Σ out·w w.r.t. q, k, v and both blend logits. */
-static int fd_test(const char *label, fmm_settings s, int T, int dh, double eps) {
+static void fd_test(const char *label, fmm_settings s, int T, int dh, double eps) {
     fmm_case c;
     char name[96];
-    int fails = 0;
     size_t n = (size_t)T * dh;
     case_init(&c, s, T, dh, 0x5eed + (uint64_t)T * 31 + (uint64_t)s.bandwidth, 1.0f,
               0.3f, -0.2f);
     case_forward(&c);
     case_backward(&c);
-    fails += all_finite(label, &c);
+    all_finite(label, &c);
     const double tol = 1e-2;
     snprintf(name, sizeof name, "fd %s dq", label);
-    fails += fd_check(name, c.q, c.dq, n, case_loss, &c, eps, tol);
+    fd_check(name, c.q, c.dq, n, case_loss, &c, eps, tol);
     snprintf(name, sizeof name, "fd %s dk", label);
-    fails += fd_check(name, c.k, c.dk, n, case_loss, &c, eps, tol);
+    fd_check(name, c.k, c.dk, n, case_loss, &c, eps, tol);
     snprintf(name, sizeof name, "fd %s dv", label);
-    fails += fd_check(name, c.v, c.dv, n, case_loss, &c, eps, tol);
+    fd_check(name, c.v, c.dv, n, case_loss, &c, eps, tol);
     snprintf(name, sizeof name, "fd %s d_blend_near", label);
-    fails += fd_check(name, &c.blend_near, &c.d_blend_near, 1, case_loss, &c, eps, tol);
+    fd_check(name, &c.blend_near, &c.d_blend_near, 1, case_loss, &c, eps, tol);
     snprintf(name, sizeof name, "fd %s d_blend_far", label);
-    fails += fd_check(name, &c.blend_far, &c.d_blend_far, 1, case_loss, &c, eps, tol);
+    fd_check(name, &c.blend_far, &c.d_blend_far, 1, case_loss, &c, eps, tol);
     case_free(&c);
-    return fails;
 }
 
-static int fd_tests(void) {
+static void fd_tests(void) {
     static const char *kernels[] = {"elu", "elu_flip", "tanh"};
-    int fails = 0;
     char label[64];
     for (int causal = 1; causal >= 0; causal--) {
         const char *tag = causal ? "causal" : "noncausal";
         snprintf(label, sizeof label, "near k3 %s T13", tag);
-        fails += fd_test(label, settings(3, causal, "", 4), 13, 8, 1e-2);
+        fd_test(label, settings(3, causal, "", 4), 13, 8, 1e-2);
         for (int l = 0; l < 3; l++) {
             snprintf(label, sizeof label, "far %s %s T13 C4", kernels[l], tag);
-            fails += fd_test(label, settings(0, causal, kernels[l], 4), 13, 8, 1e-2);
+            fd_test(label, settings(0, causal, kernels[l], 4), 13, 8, 1e-2);
         }
         for (int T = 13; T <= 16; T += 3) {
             snprintf(label, sizeof label, "blend k5 elu,elu_flip %s T%d C4", tag, T);
-            fails += fd_test(label, settings(5, causal, "elu,elu_flip", 4), T, 8, 3e-3);
+            fd_test(label, settings(5, causal, "elu,elu_flip", 4), T, 8, 3e-3);
         }
         /* dh = 6: the scalar tails after the vectorised blocks */
         snprintf(label, sizeof label, "blend k4 tanh,elu dh6 %s T11 C3", tag);
-        fails += fd_test(label, settings(4, causal, "tanh,elu", 3), 11, 6, 3e-3);
+        fd_test(label, settings(4, causal, "tanh,elu", 3), 11, 6, 3e-3);
     }
-    return fails;
 }
 
-static int reference_test_scaled(const char *label, fmm_settings s, int T, int dh,
-                                 float qk_scale) {
+static void reference_test_scaled(const char *label, fmm_settings s, int T, int dh,
+                                  float qk_scale) {
     fmm_case c;
     case_init(&c, s, T, dh, 0xabc + (uint64_t)T, qk_scale, 0.4f, -0.7f);
     double *ref = malloc((size_t)T * dh * sizeof *ref);
@@ -258,36 +249,33 @@ static int reference_test_scaled(const char *label, fmm_settings s, int T, int d
     ref_forward(&c, ref);
     char name[96];
     snprintf(name, sizeof name, "reference %s", label);
-    int fail = report(name, max_abs_diff(c.out, ref, (size_t)T * dh), 1e-5);
+    test_within(name, max_abs_diff(c.out, ref, (size_t)T * dh), 1e-5);
     free(ref);
     case_free(&c);
-    return fail;
 }
 
-static int reference_test(const char *label, fmm_settings s, int T, int dh) {
-    return reference_test_scaled(label, s, T, dh, 1.0f);
+static void reference_test(const char *label, fmm_settings s, int T, int dh) {
+    reference_test_scaled(label, s, T, dh, 1.0f);
 }
 
-static int reference_tests(void) {
-    int f = 0;
-    f += reference_test("causal k5 elu,elu_flip T37 C8", settings(5, true, "elu,elu_flip", 8), 37, 16);
-    f += reference_test("noncausal k3 tanh T29 C8", settings(3, false, "tanh", 8), 29, 16);
-    f += reference_test("causal k0 elu T64 C16", settings(0, true, "elu", 16), 64, 16);
-    f += reference_test("noncausal k4 none T30", settings(4, false, "", 8), 30, 8);
-    f += reference_test("causal k5 elu T1 (single position)", settings(5, true, "elu", 0), 1, 8);
-    f += reference_test("noncausal k1 tanh T9 (diagonal band)", settings(1, false, "tanh", 4), 9, 8);
-    f += reference_test("causal k3 all3 T23 dh12 C5", settings(3, true, "elu,elu_flip,tanh", 5), 23, 12);
-    f += reference_test("noncausal k2 all3 T17 dh7 C5", settings(2, false, "tanh,elu_flip,elu", 5), 17, 7);
-    f += reference_test("causal k100 all3 T50 C64", settings(100, true, "elu,tanh,elu_flip", 64), 50, 8);
-    f += reference_test("noncausal k100 elu_flip T21", settings(100, false, "elu_flip", 5), 21, 8);
-    f += reference_test("causal k5 elu,elu_flip T200 dh32 C64", settings(5, true, "elu,elu_flip", 64), 200, 32);
-    f += reference_test("noncausal k5 elu,tanh T131 dh32 C0", settings(5, false, "elu,tanh", 0), 131, 32);
+static void reference_tests(void) {
+    reference_test("causal k5 elu,elu_flip T37 C8", settings(5, true, "elu,elu_flip", 8), 37, 16);
+    reference_test("noncausal k3 tanh T29 C8", settings(3, false, "tanh", 8), 29, 16);
+    reference_test("causal k0 elu T64 C16", settings(0, true, "elu", 16), 64, 16);
+    reference_test("noncausal k4 none T30", settings(4, false, "", 8), 30, 8);
+    reference_test("causal k5 elu T1 (single position)", settings(5, true, "elu", 0), 1, 8);
+    reference_test("noncausal k1 tanh T9 (diagonal band)", settings(1, false, "tanh", 4), 9, 8);
+    reference_test("causal k3 all3 T23 dh12 C5", settings(3, true, "elu,elu_flip,tanh", 5), 23, 12);
+    reference_test("noncausal k2 all3 T17 dh7 C5", settings(2, false, "tanh,elu_flip,elu", 5), 17, 7);
+    reference_test("causal k100 all3 T50 C64", settings(100, true, "elu,tanh,elu_flip", 64), 50, 8);
+    reference_test("noncausal k100 elu_flip T21", settings(100, false, "elu_flip", 5), 21, 8);
+    reference_test("causal k5 elu,elu_flip T200 dh32 C64", settings(5, true, "elu,elu_flip", 64), 200, 32);
+    reference_test("noncausal k5 elu,tanh T131 dh32 C0", settings(5, false, "elu,tanh", 0), 131, 32);
     /* scores of several hundred: exp overflows unless the row max is subtracted */
-    f += reference_test_scaled("causal k6 elu q,k x20 T40", settings(6, true, "elu", 8), 40, 16, 20.0f);
-    f += reference_test_scaled("noncausal k6 tanh q,k x20 T40", settings(6, false, "tanh", 8), 40, 16, 20.0f);
+    reference_test_scaled("causal k6 elu q,k x20 T40", settings(6, true, "elu", 8), 40, 16, 20.0f);
+    reference_test_scaled("noncausal k6 tanh q,k x20 T40", settings(6, false, "tanh", 8), 40, 16, 20.0f);
     /* long enough for the running state to sum many chunks */
-    f += reference_test("causal k5 elu,elu_flip T2000 dh32 C64", settings(5, true, "elu,elu_flip", 64), 2000, 32);
-    return f;
+    reference_test("causal k5 elu,elu_flip T2000 dh32 C64", settings(5, true, "elu,elu_flip", 64), 2000, 32);
 }
 
 static double rel_diff(const float *a, const float *b, size_t n) {
@@ -301,10 +289,9 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 }
 
 /* The chunk length only reorders float sums (docs/model.md §1.3 defines no chunking). */
-static int chunk_invariance_test(const char *label, bool causal, const char *kernels) {
+static void chunk_invariance_test(const char *label, bool causal, const char *kernels) {
     const int T = 100, dh = 16, chunks[] = {4, 16, 100, 0};
     fmm_case base, c;
-    int fails = 0;
     char name[96];
     case_init(&base, settings(5, causal, kernels, chunks[0]), T, dh, 7, 1.0f, 0.1f, 0.5f);
     case_forward(&base);
@@ -322,17 +309,16 @@ static int chunk_invariance_test(const char *label, bool causal, const char *ker
         float bb[2] = {base.d_blend_near, base.d_blend_far};
         if (rel_diff(bl, bb, 2) > g) g = rel_diff(bl, bb, 2);
         snprintf(name, sizeof name, "chunk %s C4 vs C%d out", label, chunks[i]);
-        fails += report(name, err, 1e-5);
+        test_within(name, err, 1e-5);
         snprintf(name, sizeof name, "chunk %s C4 vs C%d grads", label, chunks[i]);
-        fails += report(name, g, 1e-5);
+        test_within(name, g, 1e-5);
         case_free(&c);
     }
     case_free(&base);
-    return fails;
 }
 
 /* bandwidth >= T, causal, no kernels, blend logit 0: 0.5 · causal softmax. */
-static int full_band_test(int bandwidth) {
+static void full_band_test(int bandwidth) {
     const int T = 24, dh = 16;
     fmm_case c;
     case_init(&c, settings(bandwidth, true, "", 8), T, dh, 99, 2.0f, 0.0f, 0.0f);
@@ -349,17 +335,16 @@ static int full_band_test(int bandwidth) {
     }
     char name[64];
     snprintf(name, sizeof name, "full band k%d = 0.5 softmax", bandwidth);
-    int fail = report(name, max_abs_diff(c.out, ref, (size_t)T * dh), 1e-6);
+    test_within(name, max_abs_diff(c.out, ref, (size_t)T * dh), 1e-6);
     free(ref);
     free(row);
     case_free(&c);
-    return fail;
 }
 
 /* saved and scratch are caller-owned and scratch is reused across heads: the
  * kernels must fully overwrite what they read (NaN garbage must not leak
  * into the results) and must not write past the advertised sizes. */
-static int buffer_contract_test(const char *label, fmm_settings s, int T) {
+static void buffer_contract_test(const char *label, fmm_settings s, int T) {
     const int dh = 8, pad = 64;
     fmm_case clean, dirty;
     case_init(&clean, s, T, dh, 3, 1.0f, 0.2f, -0.3f);
@@ -390,25 +375,24 @@ static int buffer_contract_test(const char *label, fmm_settings s, int T) {
     bool tails = true;
     for (int i = 0; i < pad; i++)
         tails = tails && isnan(dirty.saved[n_saved + i]) && isnan(dirty.scratch[n_scratch + i]);
-    printf("buffers %-32s %s  saved %zu  scratch %zu floats%s%s\n", label,
-           same && tails ? "ok  " : "FAIL", n_saved, n_scratch,
-           same ? "" : "  (results differ)", tails ? "" : "  (wrote past end)");
+    char name[96];
+    snprintf(name, sizeof name, "buffers %s", label);
+    test_check(same && tails, name, "saved %zu  scratch %zu floats%s%s", n_saved, n_scratch,
+               same ? "" : "  (results differ)", tails ? "" : "  (wrote past end)");
     case_free(&clean);
     case_free(&dirty);
-    return same && tails ? 0 : 1;
 }
 
 /* The model copies fmm.kernels' indices (config.h, CONFIG_FMM_KERNELS) into
  * fmm_settings as fmm_feature_map values: the two orders must agree. */
-static int kernel_order_test(void) {
+static void kernel_order_test(void) {
     config c;
     config_defaults(&c);
     status st;
     int rc = config_apply_override(&c, "fmm.kernels=elu,elu_flip,tanh", &st);
     bool ok = rc == 0 && c.fmm_kernels.n == 3 && c.fmm_kernels.items[0] == FEATURE_ELU &&
               c.fmm_kernels.items[1] == FEATURE_ELU_FLIP && c.fmm_kernels.items[2] == FEATURE_TANH;
-    printf("%-40s %s\n", "fmm.kernels names in fmm_feature_map order", ok ? "ok  " : "FAIL");
-    return ok ? 0 : 1;
+    test_check(ok, "fmm.kernels names in fmm_feature_map order", NULL);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -460,19 +444,17 @@ static int bench(void) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) return bench();
-    int fails = 0;
-    fails += kernel_order_test();
-    fails += reference_tests();
-    fails += buffer_contract_test("causal k5 elu,tanh T13 C4", settings(5, true, "elu,tanh", 4), 13);
-    fails += buffer_contract_test("noncausal k3 elu_flip T13 C4", settings(3, false, "elu_flip", 4), 13);
-    fails += buffer_contract_test("causal k0 elu T40 C0", settings(0, true, "elu", 0), 40);
-    fails += buffer_contract_test("noncausal k2 none T9", settings(2, false, "", 4), 9);
-    fails += full_band_test(24);
-    fails += full_band_test(1000);
-    fails += chunk_invariance_test("causal elu,elu_flip", true, "elu,elu_flip");
-    fails += chunk_invariance_test("causal tanh", true, "tanh");
-    fails += chunk_invariance_test("noncausal elu", false, "elu");
-    fails += fd_tests();
-    printf("%s: %d failure(s)\n", fails ? "FAILED" : "PASSED", fails);
-    return fails ? 1 : 0;
+    kernel_order_test();
+    reference_tests();
+    buffer_contract_test("causal k5 elu,tanh T13 C4", settings(5, true, "elu,tanh", 4), 13);
+    buffer_contract_test("noncausal k3 elu_flip T13 C4", settings(3, false, "elu_flip", 4), 13);
+    buffer_contract_test("causal k0 elu T40 C0", settings(0, true, "elu", 0), 40);
+    buffer_contract_test("noncausal k2 none T9", settings(2, false, "", 4), 9);
+    full_band_test(24);
+    full_band_test(1000);
+    chunk_invariance_test("causal elu,elu_flip", true, "elu,elu_flip");
+    chunk_invariance_test("causal tanh", true, "tanh");
+    chunk_invariance_test("noncausal elu", false, "elu");
+    fd_tests();
+    return test_summary("test_fmm");
 }

@@ -10,16 +10,11 @@
 
 #include <cblas.h>
 
-#include "fd_check.h"
 #include "momfmm/cpu.h"
 #include "momfmm/gemm.h"
 #include "momfmm/model.h"
 #include "momfmm/optimizer.h"
-
-static int check(const char *name, int ok) {
-    printf("%-60s %s\n", name, ok ? "ok" : "FAIL");
-    return !ok;
-}
+#include "test_util.h"
 
 /* Error bounds, elementwise and worst-case (no statistical √K argument, so
  * they hold for every input). With S = |op(A)| |op(B)| (products of
@@ -157,8 +152,7 @@ static double sweep(gemm_ctx *ctx, bool bf16_engine, double *worst_exact) {
     return worst;
 }
 
-static int test_conversion(void) {
-    int fails = 0;
+static void test_conversion(void) {
     const float specials[] = {1.0f, 1.0f + 0x1p-8f, 1.0f + 0x3p-8f, -2.5f, 0.0f, -0.0f, INFINITY, -INFINITY,
                               NAN, 0x1p-130f, -0x1p-140f, 3.4028235e38f, 0x1p-126f, 1.0f + 0x1p-9f};
     const uint16_t expected[] = {0x3f80, 0x3f80, 0x3f82, 0xc020, 0x0000, 0x8000, 0x7f80, 0xff80,
@@ -166,7 +160,7 @@ static int test_conversion(void) {
     enum { NS = sizeof specials / sizeof specials[0] };
     uint16_t got[NS];
     cpu_f32_to_bf16_portable(got, specials, NS);
-    fails += check("bf16: round to nearest even, NaN, inf, subnormal -> 0", memcmp(got, expected, sizeof got) == 0);
+    test_check(memcmp(got, expected, sizeof got) == 0, "bf16: round to nearest even, NaN, inf, subnormal -> 0", NULL);
 
     /* The AVX512_BF16 path against the portable one, bit for bit, with a
      * length that leaves a masked tail. */
@@ -179,15 +173,15 @@ static int test_conversion(void) {
     cpu_f32_to_bf16(native, x, N);
     cpu_f32_to_bf16_portable(portable, x, N);
     if (cpu_has_bf16())
-        fails += check("bf16: vcvtne2ps2bf16 path == portable, bit for bit", memcmp(native, portable, sizeof native) == 0);
+        test_check(memcmp(native, portable, sizeof native) == 0, "bf16: vcvtne2ps2bf16 path == portable, bit for bit",
+                   NULL);
     else
-        printf("%-60s skipped (no AVX512_BF16)\n", "bf16: vcvtne2ps2bf16 path == portable");
-    return fails;
+        test_skip("bf16: vcvtne2ps2bf16 path == portable", "no AVX512_BF16");
 }
 
 /* A bf16 copy passed with the operand gives the same bits as converting per
  * call (both dense, so the same primitive runs). */
-static int test_bf16_copies(gemm_ctx *ctx) {
+static void test_bf16_copies(gemm_ctx *ctx) {
     uint64_t rng = 3;
     problem p = make_problem(false, true, 48, 40, 72, 0, 1.0f, 1.0f, &rng);
     size_t na = (size_t)p.M * p.lda, nb = (size_t)p.N * p.ldb, nc = (size_t)p.M * p.ldc;
@@ -198,12 +192,11 @@ static int test_bf16_copies(gemm_ctx *ctx) {
     memcpy(C2, p.C0, sizeof(float) * nc);
     gemm_mixed(ctx, false, true, p.M, p.N, p.K, 1.0f, (gemm_operand){p.A, A16}, p.lda, (gemm_operand){p.B, B16}, p.ldb,
                1.0f, C2, p.ldc);
-    int fails = check("bf16: pre-converted operands == per-call conversion", memcmp(C, C2, sizeof(float) * nc) == 0);
+    test_check(memcmp(C, C2, sizeof(float) * nc) == 0, "bf16: pre-converted operands == per-call conversion", NULL);
     free(A16), free(B16), free(C), free(C2), free_problem(&p);
-    return fails;
 }
 
-static int test_edges(gemm_ctx *ctx) {
+static void test_edges(gemm_ctx *ctx) {
     float A[4] = {1, 2, 3, 4}, B[4] = {5, 6, 7, 8}, C[4] = {1, NAN, 3, 4};
     gemm(ctx, false, false, 2, 2, 0, 1.0f, A, 1, B, 2, 0.0f, C, 2);
     int ok = C[0] == 0 && C[1] == 0 && C[2] == 0 && C[3] == 0;
@@ -212,18 +205,18 @@ static int test_edges(gemm_ctx *ctx) {
     ok = ok && D[0] == 2 && D[3] == 8;
     gemm(ctx, false, false, 0, 2, 2, 1.0f, A, 2, B, 2, 0.0f, D, 2);
     ok = ok && D[0] == 2;
-    return check("K = 0 gives beta C (beta 0 clears NaN); M = 0 is a no-op", ok);
+    test_check(ok, "K = 0 gives beta C (beta 0 clears NaN); M = 0 is a no-op", NULL);
 }
 
-static int test_engine(gemm_engine engine) {
+static void test_engine(gemm_engine engine) {
     const char *why = gemm_unavailable_reason(engine);
     gemm_ctx *ctx = gemm_create(engine, 1);
     char name[96];
     snprintf(name, sizeof name, "%s: created iff available", gemm_engine_name(engine));
-    int fails = check(name, (ctx == NULL) == (why != NULL));
+    test_check((ctx == NULL) == (why != NULL), name, NULL);
     if (!ctx) {
-        printf("%-60s skipped (%s)\n", gemm_engine_name(engine), why);
-        return fails;
+        test_skip(gemm_engine_name(engine), why ? why : "not created");
+        return;
     }
     bool bf16 = engine == GEMM_ONEDNN_BF16;
     double exact, worst = sweep(ctx, bf16, &exact);
@@ -233,23 +226,24 @@ static int test_engine(gemm_engine engine) {
     if (bf16) printf(", vs exact bf16 products %.3g", exact);
     printf(", %zu primitives\n", created);
     snprintf(name, sizeof name, "%s: NN/NT/TN/TT, odd sizes, lds, alpha, beta", gemm_engine_name(engine));
-    fails += check(name, worst <= 1.0 && again <= 1.0);
-    if (bf16) fails += check("bf16: round-to-nearest operands, fp32 accumulation", exact <= 1.0 && again_exact <= 1.0);
+    test_check(worst <= 1.0 && again <= 1.0, name, NULL);
+    if (bf16)
+        test_check(exact <= 1.0 && again_exact <= 1.0, "bf16: round-to-nearest operands, fp32 accumulation", NULL);
     snprintf(name, sizeof name, "%s: primitive cache reused on repeated shapes", gemm_engine_name(engine));
-    fails += check(name, engine == GEMM_OPENBLAS ? created == 0
-                                                 : created > 0 && gemm_primitives_created(ctx) == created);
-    fails += test_edges(ctx);
-    if (bf16) fails += test_bf16_copies(ctx);
+    test_check(engine == GEMM_OPENBLAS ? created == 0 : created > 0 && gemm_primitives_created(ctx) == created, name,
+               NULL);
+    test_edges(ctx);
+    if (bf16) test_bf16_copies(ctx);
     gemm_destroy(ctx);
-    return fails;
 }
 
 /* The process-wide engine as the model uses it (docs/scale.md §7): a
  * product whose operand lies in the registered parameters reads their bf16
  * copy (a change of the fp32 weights is invisible until the refresh); a
  * training step (fmm and softmax models) creates no primitive after the
- * first steps, and refreshes the copy exactly once. */
-static int train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size_t *refreshes) {
+ * first steps, and refreshes the copy exactly once. Returns whether the model
+ * could be created. */
+static bool train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size_t *refreshes) {
     config cfg;
     config_defaults(&cfg);
     cfg.vocab_size = 19, cfg.d_model = 32, cfg.n_heads = 2, cfg.n_layers = 2, cfg.d_ff = 48, cfg.seq_len = 24;
@@ -258,7 +252,9 @@ static int train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size_
     int32_t inputs[B * T], targets[B * T];
     for (int i = 0; i < B * T; i++) inputs[i] = (int32_t)((i * 7 + 3) % 19), targets[i] = (int32_t)((i * 5 + 1) % 19);
     model m;
-    model_create(&m, &cfg, NULL);
+    status st;
+    int rc = model_create(&m, &cfg, &st);
+    if (!test_check(rc == 0, "model_create", rc ? "%s" : NULL, st.message)) return false;
     model_init_parameters(&m);
     size_t refresh0 = gemm_weight_refreshes(ctx);
     optimizer_settings s = {1e-3, 0.9, 0.95, 1e-8, 0.0};
@@ -272,14 +268,13 @@ static int train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size_
     }
     *refreshes = gemm_weight_refreshes(ctx) - refresh0;
     model_free(&m);
-    return 0;
+    return true;
 }
 
-static int test_default_engine(gemm_engine engine) {
+static void test_default_engine(gemm_engine engine) {
     gemm_ctx *ctx = gemm_create(engine, 1);
-    if (!ctx) return 0;
+    if (!ctx) return; /* reported by test_engine */
     gemm_set_default(ctx);
-    int fails = 0;
     char name[96];
     if (engine == GEMM_ONEDNN_BF16) {
         float W[6] = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f}, x[3] = {1.0f, 1.0f, 1.0f}, y[2];
@@ -289,34 +284,33 @@ static int test_default_engine(gemm_engine engine) {
         bool stale = y[0] == 6.0f;
         gemm_refresh_weights(ctx, W);
         gemm_product(false, true, 1, 2, 3, 1.0f, x, 3, W, 3, 0.0f, y, 2);
-        fails += check("bf16: weights read from their copy until refreshed", stale && y[0] == 6.0f + 1.0f / 64);
+        test_check(stale && y[0] == 6.0f + 1.0f / 64, "bf16: weights read from their copy until refreshed", NULL);
         gemm_unregister_weights(ctx, W);
     }
     for (int attention = ATTENTION_SOFTMAX; attention <= ATTENTION_FMM; attention++) {
         size_t at_2 = 0, refreshes = 0;
-        train_steps(ctx, attention, &at_2, &refreshes);
+        if (!train_steps(ctx, attention, &at_2, &refreshes)) continue;
         size_t at_10 = gemm_primitives_created(ctx);
         snprintf(name, sizeof name, "%s %s: no new primitive after step 2 (%zu)", gemm_engine_name(engine),
                  attention == ATTENTION_FMM ? "fmm" : "softmax", at_10);
-        fails += check(name, at_10 == at_2 && at_10 > 0);
+        test_check(at_10 == at_2 && at_10 > 0, name, NULL);
         if (engine == GEMM_ONEDNN_BF16) {
             snprintf(name, sizeof name, "bf16 %s: weights refreshed once per step (%zu in 10 steps)",
                      attention == ATTENTION_FMM ? "fmm" : "softmax", refreshes);
-            fails += check(name, refreshes == 10);
+            test_check(refreshes == 10, name, NULL);
         }
     }
     gemm_set_default(NULL);
     gemm_destroy(ctx);
-    return fails;
 }
 
 int main(void) {
-    int fails = test_conversion();
+    test_conversion();
     gemm_engine parsed;
-    fails += check("engine names parse", gemm_engine_parse("onednn-bf16", &parsed) && parsed == GEMM_ONEDNN_BF16 &&
-                                             !gemm_engine_parse("bf16", &parsed));
-    for (int e = GEMM_OPENBLAS; e <= GEMM_ONEDNN_BF16; e++) fails += test_engine((gemm_engine)e);
-    for (int e = GEMM_ONEDNN_F32; e <= GEMM_ONEDNN_BF16; e++) fails += test_default_engine((gemm_engine)e);
-    printf("%s: %d failure(s)\n", fails ? "FAILED" : "PASSED", fails);
-    return fails != 0;
+    test_check(gemm_engine_parse("onednn-bf16", &parsed) && parsed == GEMM_ONEDNN_BF16 &&
+                   !gemm_engine_parse("bf16", &parsed),
+               "engine names parse", NULL);
+    for (int e = GEMM_OPENBLAS; e <= GEMM_ONEDNN_BF16; e++) test_engine((gemm_engine)e);
+    for (int e = GEMM_ONEDNN_F32; e <= GEMM_ONEDNN_BF16; e++) test_default_engine((gemm_engine)e);
+    return test_summary("test_gemm");
 }

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fd_check.h"
+#include "test_util.h"
 #include "momfmm/float_env.h"
 #include "momfmm/kernels.h"
 
@@ -30,16 +30,15 @@ static double matmul_loss(void *p) {
     return fd_dot(c->out, c->probe, (size_t)c->rows * c->out_dim);
 }
 
-static int test_matmul(void) {
+static void test_matmul(void) {
     ctx c = {0};
     c.rows = 5, c.in = 7, c.out_dim = 6;
     c.x = randn(35, 1), c.w = randn(42, 1), c.b = randn(6, 1), c.out = randn(30, 1), c.probe = randn(30, 1);
     float *dx = calloc(35, 4), *dw = calloc(42, 4), *db = calloc(6, 4);
     matmul_backward(dx, dw, db, c.probe, c.x, c.w, c.rows, c.in, c.out_dim);
-    int fails = fd_check("matmul dinp", c.x, dx, 35, matmul_loss, &c, 1e-2, 1e-3);
-    fails += fd_check("matmul dweight", c.w, dw, 42, matmul_loss, &c, 1e-2, 1e-3);
-    fails += fd_check("matmul dbias", c.b, db, 6, matmul_loss, &c, 1e-2, 1e-3);
-    return fails;
+    fd_check("matmul dinp", c.x, dx, 35, matmul_loss, &c, 1e-2, 1e-3);
+    fd_check("matmul dweight", c.w, dw, 42, matmul_loss, &c, 1e-2, 1e-3);
+    fd_check("matmul dbias", c.b, db, 6, matmul_loss, &c, 1e-2, 1e-3);
 }
 
 /* ---- layernorm ---- */
@@ -49,7 +48,7 @@ static double layernorm_loss(void *p) {
     return fd_dot(c->out, c->probe, (size_t)c->rows * c->in);
 }
 
-static int test_layernorm(void) {
+static void test_layernorm(void) {
     ctx c = {0};
     c.rows = 4, c.in = 9;
     size_t n = 36;
@@ -58,10 +57,9 @@ static int test_layernorm(void) {
     float *dx = calloc(n, 4), *dw = calloc(9, 4), *db = calloc(9, 4);
     layernorm_forward(c.out, c.aux1, c.aux2, c.x, c.w, c.b, c.rows, c.in);
     layernorm_backward(dx, dw, db, c.probe, c.x, c.w, c.aux1, c.aux2, c.rows, c.in);
-    int fails = fd_check("layernorm dinp", c.x, dx, n, layernorm_loss, &c, 1e-2, 1e-2);
-    fails += fd_check("layernorm dweight", c.w, dw, 9, layernorm_loss, &c, 1e-2, 1e-2);
-    fails += fd_check("layernorm dbias", c.b, db, 9, layernorm_loss, &c, 1e-2, 1e-2);
-    return fails;
+    fd_check("layernorm dinp", c.x, dx, n, layernorm_loss, &c, 1e-2, 1e-2);
+    fd_check("layernorm dweight", c.w, dw, 9, layernorm_loss, &c, 1e-2, 1e-2);
+    fd_check("layernorm dbias", c.b, db, 9, layernorm_loss, &c, 1e-2, 1e-2);
 }
 
 /* ---- gelu ---- */
@@ -71,14 +69,14 @@ static double gelu_loss(void *p) {
     return fd_dot(c->out, c->probe, (size_t)c->rows);
 }
 
-static int test_gelu(void) {
+static void test_gelu(void) {
     ctx c = {0};
     c.rows = 40;
     c.x = randn(40, 4), c.out = randn(40, 1), c.probe = randn(40, 1), c.aux1 = calloc(40, 4);
     float *dx = calloc(40, 4);
     gelu_forward(c.out, c.aux1, c.x, 40);
     gelu_backward(dx, c.x, c.aux1, c.probe, 40);
-    return fd_check("gelu", c.x, dx, 40, gelu_loss, &c, 1e-3, 1e-2);
+    fd_check("gelu", c.x, dx, 40, gelu_loss, &c, 1e-3, 1e-2);
 }
 
 /* ---- embedding ---- */
@@ -88,14 +86,14 @@ static double embedding_loss(void *p) {
     return fd_dot(c->out, c->probe, (size_t)c->rows * c->in);
 }
 
-static int test_embedding(void) {
+static void test_embedding(void) {
     static const int32_t tokens[6] = {0, 3, 3, 1, 4, 0};
     ctx c = {0};
     c.rows = 6, c.in = 5, c.tokens = tokens;
     c.w = randn(25, 1), c.out = randn(30, 1), c.probe = randn(30, 1);
     float *dw = calloc(25, 4);
     embedding_backward(dw, tokens, c.probe, 6, 5);
-    return fd_check("embedding", c.w, dw, 25, embedding_loss, &c, 1e-2, 1e-3);
+    fd_check("embedding", c.w, dw, 25, embedding_loss, &c, 1e-2, 1e-3);
 }
 
 /* ---- rope ---- */
@@ -106,7 +104,7 @@ static double rope_loss(void *p) {
     return fd_dot(c->out, c->probe, (size_t)c->T * c->dh);
 }
 
-static int test_rope(void) {
+static void test_rope(void) {
     ctx c = {0};
     c.T = 6, c.dh = 8;
     size_t n = 48;
@@ -116,13 +114,12 @@ static int test_rope(void) {
     float *dx = malloc(sizeof(float) * n);
     memcpy(dx, c.probe, sizeof(float) * n);
     rope_backward(dx, c.cos_t, c.sin_t, c.T, c.dh, 3);
-    int fails = fd_check("rope", c.x, dx, n, rope_loss, &c, 1e-2, 1e-3);
+    fd_check("rope", c.x, dx, n, rope_loss, &c, 1e-2, 1e-3);
     /* angle check: position 1, pair 0 rotates by exactly 1 radian */
     float v[8] = {1, 0, 1, 0, 1, 0, 1, 0};
     rope_forward(v, c.cos_t, c.sin_t, 1, 8, 1);
-    int ok = fabsf(v[0] - cosf(1.0f)) < 1e-6f && fabsf(v[1] - sinf(1.0f)) < 1e-6f;
-    printf("%-40s %s\n", "rope angle t*theta_0", ok ? "ok" : "FAIL");
-    return fails + !ok;
+    test_check(fabsf(v[0] - cosf(1.0f)) < 1e-6f && fabsf(v[1] - sinf(1.0f)) < 1e-6f, "rope angle t*theta_0",
+               "(%.8f, %.8f)", v[0], v[1]);
 }
 
 /* ---- softmax attention ---- */
@@ -132,7 +129,7 @@ static double attention_loss(void *p) {
     return fd_dot(c->out, c->probe, (size_t)c->T * c->dh);
 }
 
-static int test_attention(bool causal) {
+static void test_attention(bool causal) {
     ctx c = {0};
     c.T = 7, c.dh = 4, c.causal = causal;
     size_t n = 28;
@@ -143,14 +140,12 @@ static int test_attention(bool causal) {
     softmax_attention_backward(dq, dk, dv, c.probe, c.aux1, c.x, c.w, c.b, scratch, c.T, c.T, c.dh, causal);
     const char *tag = causal ? "causal" : "full";
     char name[64];
-    int fails = 0;
     snprintf(name, sizeof name, "attention %s dq", tag);
-    fails += fd_check(name, c.x, dq, n, attention_loss, &c, 1e-2, 1e-2);
+    fd_check(name, c.x, dq, n, attention_loss, &c, 1e-2, 1e-2);
     snprintf(name, sizeof name, "attention %s dk", tag);
-    fails += fd_check(name, c.w, dk, n, attention_loss, &c, 1e-2, 1e-2);
+    fd_check(name, c.w, dk, n, attention_loss, &c, 1e-2, 1e-2);
     snprintf(name, sizeof name, "attention %s dv", tag);
-    fails += fd_check(name, c.b, dv, n, attention_loss, &c, 1e-2, 1e-2);
-    return fails;
+    fd_check(name, c.b, dv, n, attention_loss, &c, 1e-2, 1e-2);
 }
 
 /* ---- cross-entropy ---- */
@@ -164,7 +159,7 @@ static double ce_loss(void *p) {
     return sum;
 }
 
-static int test_cross_entropy(void) {
+static void test_cross_entropy(void) {
     static const int32_t targets[4] = {2, -1, 0, 5};
     ctx c = {0};
     c.rows = 4, c.in = 6, c.tokens = targets;
@@ -173,14 +168,12 @@ static int test_cross_entropy(void) {
     float *d = malloc(sizeof(float) * 24);
     memcpy(d, c.out, sizeof(float) * 24);
     cross_entropy_backward(d, targets, 4, 6, 0.25f);
-    int fails = fd_check("cross-entropy (ignored target -1)", c.x, d, 24, ce_loss, &c, 1e-2, 1e-2);
+    fd_check("cross-entropy (ignored target -1)", c.x, d, 24, ce_loss, &c, 1e-2, 1e-2);
     /* exact value: uniform logits give log(n_classes) */
     float logits[6] = {0}, loss;
     int32_t pred, target = 3;
     cross_entropy_forward(logits, &loss, &pred, &target, 1, 6);
-    int ok = fabsf(loss - logf(6.0f)) < 1e-6f;
-    printf("%-40s %s\n", "cross-entropy uniform = log V", ok ? "ok" : "FAIL");
-    return fails + !ok;
+    test_check(fabsf(loss - logf(6.0f)) < 1e-6f, "cross-entropy uniform = log V", "%.8f", loss);
 }
 
 /* float_env.h: once flushing is on, a product that would be subnormal is 0
@@ -196,29 +189,32 @@ static uint32_t float_bits(float f) {
 
 static bool is_subnormal(float f) { return (float_bits(f) & 0x7f800000u) == 0 && (float_bits(f) & 0x007fffffu) != 0; }
 
-static int test_flush_denormals(void) {
+static void test_flush_denormals(void) {
     volatile float tiny = 1e-30f, scale = 1e-10f, one = 1.0f;
     volatile float subnormal = tiny * scale; /* 1e-40 under IEEE rules */
     float_env_flush_denormals();
     volatile float product = tiny * scale, operand = subnormal * one;
     bool keep = getenv("MOMFMM_KEEP_DENORMALS") != NULL;
-    int ok = is_subnormal(subnormal) && (keep ? is_subnormal(product) && !float_env_flushing()
-                                              : float_bits(product) == 0 && float_bits(operand) == 0 &&
-                                                    float_env_flushing());
-    printf("%-40s %s\n", keep ? "subnormals kept (MOMFMM_KEEP_DENORMALS)" : "subnormals flushed to zero",
-           ok ? "ok" : "FAIL");
-    return !ok;
+    bool ok = is_subnormal(subnormal) && (keep ? is_subnormal(product) && !float_env_flushing()
+                                               : float_bits(product) == 0 && float_bits(operand) == 0 &&
+                                                     float_env_flushing());
+    test_check(ok, keep ? "subnormals kept (MOMFMM_KEEP_DENORMALS)" : "subnormals flushed to zero", NULL);
 }
 #else
-static int test_flush_denormals(void) {
-    printf("%-40s %s\n", "subnormals flushed to zero", "skipped (not x86)");
-    return 0;
+static void test_flush_denormals(void) {
+    test_skip("subnormals flushed to zero", "not x86");
 }
 #endif
 
 int main(void) {
-    int fails = test_matmul() + test_layernorm() + test_gelu() + test_embedding() + test_rope() +
-                test_attention(true) + test_attention(false) + test_cross_entropy() + test_flush_denormals();
-    printf("%s: %d failure(s)\n", fails ? "FAILED" : "PASSED", fails);
-    return fails != 0;
+    test_matmul();
+    test_layernorm();
+    test_gelu();
+    test_embedding();
+    test_rope();
+    test_attention(true);
+    test_attention(false);
+    test_cross_entropy();
+    test_flush_denormals();
+    return test_summary("test_kernels");
 }

@@ -5,11 +5,7 @@
 
 #include "momfmm/listops.h"
 #include "momfmm/rng.h"
-
-static int check(const char *name, int ok) {
-    printf("%-48s %s\n", name, ok ? "ok" : "FAIL");
-    return !ok;
-}
+#include "test_util.h"
 
 static int value_of(const char *source) {
     int32_t tokens[64];
@@ -18,17 +14,16 @@ static int value_of(const char *source) {
 }
 
 int main(void) {
-    int fails = 0;
-    fails += check("[MAX 2 9 [MIN 4 7 ] 0 ] = 9", value_of("[MAX 2 9 [MIN 4 7 ] 0 ]") == 9);
-    fails += check("[SM 5 6 ] = 1 (sum mod 10)", value_of("[SM 5 6 ]") == 1);
-    fails += check("[MED 1 2 3 4 ] = 2 (int of 2.5)", value_of("[MED 1 2 3 4 ]") == 2);
-    fails += check("[MED 7 1 3 ] = 3", value_of("[MED 7 1 3 ]") == 3);
-    fails += check("[MIN 3 [MAX 1 8 ] ] = 3", value_of("[MIN 3 [MAX 1 8 ] ]") == 3);
-    fails += check("LRA parentheses are ignored", value_of("( ( [MAX 2 9 ) [MIN 4 7 ] 0 ] )") == 9);
-    fails += check("malformed: missing ]", value_of("[MAX 2 9") == -1);
-    fails += check("unknown word rejected", value_of("[MAX 2 x ]") == -2);
+    test_check(value_of("[MAX 2 9 [MIN 4 7 ] 0 ]") == 9, "[MAX 2 9 [MIN 4 7 ] 0 ] = 9", NULL);
+    test_check(value_of("[SM 5 6 ]") == 1, "[SM 5 6 ] = 1 (sum mod 10)", NULL);
+    test_check(value_of("[MED 1 2 3 4 ]") == 2, "[MED 1 2 3 4 ] = 2 (int of 2.5)", NULL);
+    test_check(value_of("[MED 7 1 3 ]") == 3, "[MED 7 1 3 ] = 3", NULL);
+    test_check(value_of("[MIN 3 [MAX 1 8 ] ]") == 3, "[MIN 3 [MAX 1 8 ] ] = 3", NULL);
+    test_check(value_of("( ( [MAX 2 9 ) [MIN 4 7 ] 0 ] )") == 9, "LRA parentheses are ignored", NULL);
+    test_check(value_of("[MAX 2 9") == -1, "malformed: missing ]", NULL);
+    test_check(value_of("[MAX 2 x ]") == -2, "unknown word rejected", NULL);
     int32_t tokens[8];
-    fails += check("longer than T rejected", listops_tokenize("[SM 1 2 3 4 5 6 7 ]", tokens, 8) == -1);
+    test_check(listops_tokenize("[SM 1 2 3 4 5 6 7 ]", tokens, 8) == -1, "longer than T rejected", NULL);
 
     listops_limits lim = {16, 100, 6, 5};
     int counts[10] = {0}, bad = 0;
@@ -41,15 +36,14 @@ int main(void) {
         for (int t = 0; t < length; t++) bad += seq[t] <= LISTOPS_PAD || seq[t] >= LISTOPS_VOCAB;
         if (value >= 0 && value <= 9) counts[value]++;
     }
-    fails += check("2000 generated: lengths, tokens, values", bad == 0);
+    test_check(bad == 0, "2000 generated: lengths, tokens, values", NULL);
     int classes = 0;
     for (int v = 0; v < 10; v++) classes += counts[v] > 0;
-    fails += check("generated values cover all 10 classes", classes == 10);
+    test_check(classes == 10, "generated values cover all 10 classes", NULL);
     int32_t a[128], b[128];
     int la, lb;
-    listops_generate(rng_key(1, 2, 3, 4), &lim, 128, a, &la);
-    listops_generate(rng_key(1, 2, 3, 4), &lim, 128, b, &lb);
-    fails += check("same key, same expression", la == lb && memcmp(a, b, sizeof a) == 0);
-    printf("%s: %d failure(s)\n", fails ? "FAILED" : "PASSED", fails);
-    return fails != 0;
+    int va = listops_generate(rng_key(1, 2, 3, 4), &lim, 128, a, &la);
+    int vb = listops_generate(rng_key(1, 2, 3, 4), &lim, 128, b, &lb);
+    test_check(va >= 0 && va == vb && la == lb && memcmp(a, b, sizeof a) == 0, "same key, same expression", NULL);
+    return test_summary("test_listops");
 }

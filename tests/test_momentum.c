@@ -1,8 +1,8 @@
 /* Tests of the momentum shear (docs/model.md §1.2): finite differences of dx and dgamma,
  * a double-precision reference forward, the identity at zero coefficients and
- * segmented (streaming) forwards.  One line per check; exit status = failures. */
+ * segmented (streaming) forwards.  One line per check (tests/test_util.h). */
 #include "momfmm/momentum.h"
-#include "fd_check.h"
+#include "test_util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -50,8 +50,8 @@ static double fd_loss(void *v) {
     return fd_dot(k->xhat, k->w, (size_t)k->T * k->dh);
 }
 
-static int fd_case(const char *name, int T, int dh, momentum_coeffs c, int anchored,
-                   uint64_t seed) {
+static void fd_case(const char *name, int T, int dh, momentum_coeffs c, int anchored,
+                    uint64_t seed) {
     size_t n = (size_t)T * dh;
     fd_ctx k = {T, dh, c, alloc_f(n), anchored ? NULL : alloc_f(dh), alloc_f(n), alloc_f(n)};
     float *p = alloc_f(n), *dx = alloc_f(n), *dx0 = alloc_f(n), *ana = alloc_f(n);
@@ -71,28 +71,18 @@ static int fd_case(const char *name, int T, int dh, momentum_coeffs c, int ancho
 
     /* L is linear in x and in gamma, so a large eps is exact up to rounding. */
     char label[128];
-    int fails = 0;
     snprintf(label, sizeof label, "fd dx     %s", name);
-    fails += fd_check(label, k.x, ana, n, fd_loss, &k, 1e-2, 2e-3);
+    fd_check(label, k.x, ana, n, fd_loss, &k, 1e-2, 2e-3);
     snprintf(label, sizeof label, "fd dgamma %s", name);
-    fails += fd_check(label, &k.c.gamma, &dg_ana, 1, fd_loss, &k, 1e-2, 2e-3);
+    fd_check(label, &k.c.gamma, &dg_ana, 1, fd_loss, &k, 1e-2, 2e-3);
 
     free(k.x); free(k.prev); free(k.w); free(k.xhat);
     free(p); free(dx); free(dx0); free(ana); free(scratch);
-    return fails;
-}
-
-/* fmt (NULL: no detail) formats v1, v2. */
-static int report(const char *name, int ok, const char *fmt, double v1, double v2) {
-    printf("%-40s %s", name, ok ? "ok" : "FAIL");
-    if (fmt) { printf("    "); printf(fmt, v1, v2); }
-    printf("\n");
-    return ok ? 0 : 1;
 }
 
 /* ---- forward against the double reference, including the p output ---- */
-static int forward_case(const char *name, int T, int dh, momentum_coeffs c, int anchored,
-                        uint64_t seed) {
+static void forward_case(const char *name, int T, int dh, momentum_coeffs c, int anchored,
+                         uint64_t seed) {
     size_t n = (size_t)T * dh;
     float *x = alloc_f(n), *prev = anchored ? NULL : alloc_f(dh);
     float *xhat = alloc_f(n), *xhat2 = alloc_f(n), *p = alloc_f(n);
@@ -113,13 +103,12 @@ static int forward_case(const char *name, int T, int dh, momentum_coeffs c, int 
     int same = memcmp(xhat, xhat2, n * sizeof *xhat) == 0;
     char label[128];
     snprintf(label, sizeof label, "fwd vs ref %s%s", name, same ? "" : " (p=NULL differs)");
-    int r = report(label, same && ex <= 1e-5 && ep <= 1e-5, "rel err xhat %.2e  p %.2e", ex, ep);
+    test_check(same && ex <= 1e-5 && ep <= 1e-5, label, "rel err xhat %.2e  p %.2e", ex, ep);
     free(x); free(prev); free(xhat); free(xhat2); free(p); free(rx); free(rp);
-    return r;
 }
 
 /* ---- gamma = beta = gamma2 = 0: xhat is x bit for bit (even -0.0) ---- */
-static int identity_case(void) {
+static void identity_case(void) {
     enum { T = 6, DH = 7, N = T * DH };
     float x[N], xhat[N], xhat2[N], p[N], prev[DH];
     uint64_t seed = 11;
@@ -129,12 +118,12 @@ static int identity_case(void) {
     momentum_coeffs z = coeffs(0, 0, 0);
     momentum_shear_forward(x, NULL, NULL, xhat, p, z, T, DH);
     momentum_shear_forward(x, prev, NULL, xhat2, NULL, z, T, DH);
-    int ok = memcmp(x, xhat, sizeof x) == 0 && memcmp(x, xhat2, sizeof x) == 0;
-    return report("zero coeffs: xhat == x bitwise", ok, NULL, 0, 0);
+    test_check(memcmp(x, xhat, sizeof x) == 0 && memcmp(x, xhat2, sizeof x) == 0, "zero coeffs: xhat == x bitwise",
+               NULL);
 }
 
 /* ---- d_gamma == NULL and p == NULL give the same dx ---- */
-static int backward_null_case(void) {
+static void backward_null_case(void) {
     enum { T = 5, DH = 6, N = T * DH };
     float x[N], xhat[N], p[N], g[N], dx1[N], dx2[N], scratch[DH];
     uint64_t seed = 12;
@@ -147,13 +136,12 @@ static int backward_null_case(void) {
     momentum_shear_forward(x, NULL, NULL, xhat, p, c, T, DH);
     momentum_shear_backward(g, p, dx1, &dg, c, 1, scratch, T, DH);
     momentum_shear_backward(g, NULL, dx2, NULL, c, 1, scratch, T, DH);
-    int ok = memcmp(dx1, dx2, sizeof dx1) == 0;
-    return report("bwd: p/d_gamma NULL gives same dx", ok, NULL, 0, 0);
+    test_check(memcmp(dx1, dx2, sizeof dx1) == 0, "bwd: p/d_gamma NULL gives same dx", NULL);
 }
 
 /* ---- segmentation with beta = gamma2 = 0: [0,T1) then [T1,T) with
  * prev = x_{T1-1} equals the whole sequence bit for bit ---- */
-static int segment_case(const char *name, int anchored, momentum_coeffs c) {
+static void segment_case(const char *name, int anchored, momentum_coeffs c) {
     enum { T = 10, T1 = 4, DH = 5, N = T * DH };
     float x[N], buf[DH], whole[N], pw[N], seg[N], ps[N];
     uint64_t seed = 13;
@@ -164,13 +152,12 @@ static int segment_case(const char *name, int anchored, momentum_coeffs c) {
     momentum_shear_forward(x, prev, NULL, seg, ps, c, T1, DH);
     momentum_shear_forward(x + T1 * DH, x + (T1 - 1) * DH, ps + (T1 - 1) * DH, seg + T1 * DH,
                            ps + T1 * DH, c, T - T1, DH);
-    int ok = memcmp(whole, seg, sizeof whole) == 0 && memcmp(pw, ps, sizeof pw) == 0;
-    return report(name, ok, NULL, 0, 0);
+    test_check(memcmp(whole, seg, sizeof whole) == 0 && memcmp(pw, ps, sizeof pw) == 0, name, NULL);
 }
 
 /* ---- with beta, gamma2 != 0 a stream must carry (x_{T1-1}, p_{T1-1}),
  * and carrying x alone is not enough (checked on the reference) ---- */
-static int stream_state_case(void) {
+static void stream_state_case(void) {
     enum { T = 10, T1 = 4, DH = 5, N = T * DH };
     float x[N];
     double whole[N], pw[N], seg[N], ps[N], seg_noc[N], ps_noc[N];
@@ -187,35 +174,33 @@ static int stream_state_case(void) {
         if (fabs(seg[i] - whole[i]) > e) e = fabs(seg[i] - whole[i]);
         if (fabs(seg_noc[i - T1 * DH] - whole[i]) > e_noc) e_noc = fabs(seg_noc[i - T1 * DH] - whole[i]);
     }
-    return report("ref stream carrying (prev, p_{-1})", e == 0 && e_noc > 1e-3,
-                  "max diff %.2e  (prev only: %.2e)", e, e_noc);
+    test_check(e == 0 && e_noc > 1e-3, "ref stream carrying (prev, p_{-1})", "max diff %.2e  (prev only: %.2e)", e,
+               e_noc);
 }
 
 int main(void) {
-    int fails = 0;
-    fails += fd_case("g=0.2 anchored", 7, 5, coeffs(0.2f, 0, 0), 1, 1);
-    fails += fd_case("g=0.2 unanchored", 7, 5, coeffs(0.2f, 0, 0), 0, 2);
-    fails += fd_case("g=0.2 b=0.5", 7, 5, coeffs(0.2f, 0.5f, 0), 1, 3);
-    fails += fd_case("g=0.2 g2=0.1", 7, 5, coeffs(0.2f, 0, 0.1f), 1, 4);
-    fails += fd_case("all g=.3 b=.5 g2=.1 unanch", 9, 70, coeffs(0.3f, 0.5f, 0.1f), 0, 5);
-    fails += fd_case("all, anchored", 9, 6, coeffs(0.3f, 0.5f, 0.1f), 1, 6);
-    fails += fd_case("T=1 all, anchored", 1, 5, coeffs(0.3f, 0.5f, 0.1f), 1, 7);
-    fails += fd_case("T=1 all, unanchored", 1, 5, coeffs(0.3f, 0.5f, 0.1f), 0, 8);
+    fd_case("g=0.2 anchored", 7, 5, coeffs(0.2f, 0, 0), 1, 1);
+    fd_case("g=0.2 unanchored", 7, 5, coeffs(0.2f, 0, 0), 0, 2);
+    fd_case("g=0.2 b=0.5", 7, 5, coeffs(0.2f, 0.5f, 0), 1, 3);
+    fd_case("g=0.2 g2=0.1", 7, 5, coeffs(0.2f, 0, 0.1f), 1, 4);
+    fd_case("all g=.3 b=.5 g2=.1 unanch", 9, 70, coeffs(0.3f, 0.5f, 0.1f), 0, 5);
+    fd_case("all, anchored", 9, 6, coeffs(0.3f, 0.5f, 0.1f), 1, 6);
+    fd_case("T=1 all, anchored", 1, 5, coeffs(0.3f, 0.5f, 0.1f), 1, 7);
+    fd_case("T=1 all, unanchored", 1, 5, coeffs(0.3f, 0.5f, 0.1f), 0, 8);
 
-    fails += forward_case("g=.2 anch", 7, 5, coeffs(0.2f, 0, 0), 1, 21);
-    fails += forward_case("all unanch dh=130", 33, 130, coeffs(0.3f, 0.5f, 0.1f), 0, 22);
-    fails += forward_case("all anch dh=64", 16, 64, coeffs(-0.4f, 0.9f, 0.25f), 1, 23);
-    fails += forward_case("g=0 b=.5 (p still out)", 8, 3, coeffs(0, 0.5f, 0), 0, 24);
-    fails += forward_case("T=1 unanch", 1, 9, coeffs(0.3f, 0.5f, 0.1f), 0, 25);
+    forward_case("g=.2 anch", 7, 5, coeffs(0.2f, 0, 0), 1, 21);
+    forward_case("all unanch dh=130", 33, 130, coeffs(0.3f, 0.5f, 0.1f), 0, 22);
+    forward_case("all anch dh=64", 16, 64, coeffs(-0.4f, 0.9f, 0.25f), 1, 23);
+    forward_case("g=0 b=.5 (p still out)", 8, 3, coeffs(0, 0.5f, 0), 0, 24);
+    forward_case("T=1 unanch", 1, 9, coeffs(0.3f, 0.5f, 0.1f), 0, 25);
 
-    fails += identity_case();
-    fails += backward_null_case();
-    fails += segment_case("segmented == whole (anchored)", 1, coeffs(0.3f, 0, 0));
-    fails += segment_case("segmented == whole (unanchored)", 0, coeffs(0.3f, 0, 0));
-    fails += segment_case("segmented, carried p: b=.5 g2=.1 anchored", 1, coeffs(0.3f, 0.5f, 0.1f));
-    fails += segment_case("segmented, carried p: b=.5 g2=.1 unanchored", 0, coeffs(0.3f, 0.5f, 0.1f));
-    fails += stream_state_case();
+    identity_case();
+    backward_null_case();
+    segment_case("segmented == whole (anchored)", 1, coeffs(0.3f, 0, 0));
+    segment_case("segmented == whole (unanchored)", 0, coeffs(0.3f, 0, 0));
+    segment_case("segmented, carried p: b=.5 g2=.1 anchored", 1, coeffs(0.3f, 0.5f, 0.1f));
+    segment_case("segmented, carried p: b=.5 g2=.1 unanchored", 0, coeffs(0.3f, 0.5f, 0.1f));
+    stream_state_case();
 
-    printf("%s: %d failure(s)\n", fails ? "FAILED" : "PASSED", fails);
-    return fails != 0;
+    return test_summary("test_momentum");
 }

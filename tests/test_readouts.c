@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "fd_check.h"
+#include "test_util.h"
 #include "momfmm/status.h"
 #include "momfmm/sys.h"
 #include "momfmm/cmd_common.h"
@@ -22,15 +22,18 @@ typedef struct {
     double block[LAYERS], attn[LAYERS];
 } ratios;
 
-static void make_model(model *m, double gamma) {
+static bool make_model(model *m, double gamma) {
     config cfg;
     config_defaults(&cfg);
     cfg.vocab_size = 13, cfg.d_model = 16, cfg.n_heads = 2, cfg.n_layers = LAYERS, cfg.d_ff = 24;
     cfg.seq_len = T, cfg.chain_len = 3, cfg.gamma = gamma;
-    model_create(m, &cfg, NULL);
+    status st;
+    int rc = model_create(m, &cfg, &st);
+    if (!test_check(rc == 0, "model_create", rc ? "%s" : NULL, st.message)) return false;
     model_init_parameters(m);
     uint64_t state = 11;
     for (size_t i = 0; i < m->n_params; i++) m->params[i] += 0.3f * fd_uniform(&state);
+    return true;
 }
 
 static ratios measure(model *m) {
@@ -46,24 +49,17 @@ static ratios measure(model *m) {
 
 static void zero(float *x, size_t n) { memset(x, 0, sizeof(float) * n); }
 
-static int expect(bool ok, const char *what, int l, double a, double b) {
-    printf("  %-52s layer %d: %.6f %.6f %s\n", what, l, a, b, ok ? "ok" : "FAIL");
-    return !ok;
-}
-
 int main(int argc, char **argv) {
     cmd_dist_init(&argc, &argv);
-    int fails = 0;
     size_t dd = 16 * 16;
     for (int variant = 0; variant < 2; variant++) {
         double gamma = variant ? 0.2 : 0.0;
-        printf("gamma %.1f\n", gamma);
         model m;
-        make_model(&m, gamma);
+        if (!make_model(&m, gamma)) continue;
         ratios base = measure(&m);
         for (int l = 0; l < LAYERS; l++)
-            fails += expect(base.attn[l] > 0 && base.block[l] > 0, "both ratios positive", l, base.block[l],
-                            base.attn[l]);
+            test_check(base.attn[l] > 0 && base.block[l] > 0, "both ratios positive", "gamma %.1f layer %d: %.6f %.6f",
+                       gamma, l, base.block[l], base.attn[l]);
         /* halving one layer's output projection (bias zero) halves that layer's A, so its
          * R_attn halves: a ratio that kept the residual path would not. Only that layer's
          * own ratio is compared, as the layers above see a changed input. */
@@ -74,8 +70,8 @@ int main(int argc, char **argv) {
             for (size_t i = 0; i < dd; i++) w[i] *= 0.5f;
             ratios half = measure(&m);
             for (size_t i = 0; i < dd; i++) w[i] *= 2.0f; /* exact: a power of two */
-            fails += expect(fabs(full.attn[l] - 2 * half.attn[l]) <= 1e-3 * full.attn[l], "R_attn linear in W_proj",
-                            l, full.attn[l], 2 * half.attn[l]);
+            test_check(fabs(full.attn[l] - 2 * half.attn[l]) <= 1e-3 * full.attn[l], "R_attn linear in W_proj",
+                       "gamma %.1f layer %d: %.6f %.6f", gamma, l, full.attn[l], 2 * half.attn[l]);
         }
         /* MLP silenced: F(x) = x + A(LN1(x)), so |gain_R - 1| <= R_attn <= gain_R + 1 */
         for (int l = 0; l < LAYERS; l++) {
@@ -85,19 +81,22 @@ int main(int argc, char **argv) {
         ratios no_mlp = measure(&m);
         for (int l = 0; l < LAYERS; l++) {
             double g = no_mlp.block[l], a = no_mlp.attn[l];
-            fails += expect(fabs(g - 1) <= a + 1e-4 && a <= g + 1 + 1e-4, "|gain_R - 1| <= R_attn <= gain_R + 1", l, g, a);
+            test_check(fabs(g - 1) <= a + 1e-4 && a <= g + 1 + 1e-4, "|gain_R - 1| <= R_attn <= gain_R + 1",
+                       "gamma %.1f layer %d: %.6f %.6f", gamma, l, g, a);
         }
         /* output projection zero: the attention sublayer's output never moves */
         for (int l = 0; l < LAYERS; l++) zero(m.w.blocks[l].proj_weight, dd);
         ratios silent = measure(&m);
         for (int l = 0; l < LAYERS; l++) {
-            fails += expect(silent.attn[l] == 0, "R_attn = 0 with W_proj = 0, b_proj = 0", l, silent.attn[l], 0);
+            test_check(silent.attn[l] == 0, "R_attn = 0 with W_proj = 0, b_proj = 0", "gamma %.1f layer %d: %.6f",
+                       gamma, l, silent.attn[l]);
             /* and the block is the identity plus a silenced MLP: gain_R = 1 */
-            fails += expect(fabs(silent.block[l] - 1) <= 1e-4, "gain_R = 1 then (identity block)", l, silent.block[l], 1);
+            test_check(fabs(silent.block[l] - 1) <= 1e-4, "gain_R = 1 then (identity block)",
+                       "gamma %.1f layer %d: %.6f", gamma, l, silent.block[l]);
         }
         model_free(&m);
     }
-    printf("%s: %d failure(s)\n", fails ? "FAILED" : "PASSED", fails);
+    int rc = test_summary("test_readouts");
     dist_finalize();
-    return fails != 0;
+    return rc;
 }
