@@ -39,9 +39,7 @@ static momentum_coeffs head_coeffs(const attention_layer *a, int h) {
 }
 
 /* The momentum buffer of (q|k, head) in a [2][H][dh] array. */
-static size_t head_buffer(const attention_layer *a, int which, int h) {
-    return ((size_t)which * a->H + h) * a->dh;
-}
+static size_t head_buffer(const attention_layer *a, int which, int h) { return ((size_t)which * a->H + h) * a->dh; }
 
 static void gather_head(float *dst, const float *rows, int row_stride, int col, int T, int dh) {
     for (int t = 0; t < T; t++) memcpy(dst + (size_t)t * dh, rows + (size_t)t * row_stride + col, sizeof(float) * dh);
@@ -73,8 +71,8 @@ static void prepare_vector(const attention_layer *a, int h, int which, float *ra
 }
 
 /* The adjoint of prepare_vector: d_hat (destroyed) -> d_raw (overwritten). */
-static void unprepare_gradient(const attention_layer *a, int h, int which, float *d_hat, float *d_raw,
-                               const float *p, int T) {
+static void unprepare_gradient(const attention_layer *a, int h, int which, float *d_hat, float *d_raw, const float *p,
+                               int T) {
     if (!is_sheared(a, which)) {
         rope_backward(d_hat, a->rope_cos, a->rope_sin, T, a->dh, 0);
         memcpy(d_raw, d_hat, sizeof(float) * T * a->dh);
@@ -94,8 +92,7 @@ static size_t head_offset(const attention_layer *a, int b, int h, int T) {
     return ((size_t)b * a->H + h) * (size_t)T * a->dh;
 }
 
-void attention_forward(const attention_layer *a, const attention_saved *s, const float *qkv, float *out, int B,
-                       int T) {
+void attention_forward(const attention_layer *a, const attention_saved *s, const float *qkv, float *out, int B, int T) {
     int d = a->d, dh = a->dh;
     size_t saved_per_head = attention_saved_per_head(a->cfg, a->fmm, T);
     float *raw = s->scratch + attention_scratch_per_head(a->cfg, a->fmm, T) - 5 * (size_t)T * dh;
@@ -113,8 +110,7 @@ void attention_forward(const attention_layer *a, const attention_saved *s, const
             gather_head(v, rows, 3 * d, 2 * d + h * dh, T, dh);
             float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
             if (a->cfg->attention == ATTENTION_FMM) {
-                fmm_head_forward(a->fmm, q, k, v, a->blend[h], a->blend[a->H + h], head_out, saved, s->scratch, T,
-                                 dh);
+                fmm_head_forward(a->fmm, q, k, v, a->blend[h], a->blend[a->H + h], head_out, saved, s->scratch, T, dh);
             } else {
                 softmax_attention_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal);
             }
@@ -123,8 +119,8 @@ void attention_forward(const attention_layer *a, const attention_saved *s, const
     }
 }
 
-void attention_backward(const attention_layer *a, const attention_saved *s, const float *d_out, float *d_qkv,
-                        int B, int T) {
+void attention_backward(const attention_layer *a, const attention_saved *s, const float *d_out, float *d_qkv, int B,
+                        int T) {
     int d = a->d, dh = a->dh;
     size_t saved_per_head = attention_saved_per_head(a->cfg, a->fmm, T), tdh = (size_t)T * dh;
     float *d_head_out = s->scratch + attention_scratch_per_head(a->cfg, a->fmm, T) - 5 * tdh;
@@ -158,8 +154,8 @@ void attention_backward(const attention_layer *a, const attention_saved *s, cons
 /* prepare_vector for positions pos..pos+n-1 of stream s: at pos 0 the shear
  * starts as in training (anchor or buffer); later it continues from the
  * carried x_{t-1} and p_{t-1}, which it then updates. */
-static void prepare_stream_vector(const attention_layer *a, const attention_stream_layer *st, int s, int h,
-                                  int which, float *raw, float *dst, float *p, int n) {
+static void prepare_stream_vector(const attention_layer *a, const attention_stream_layer *st, int s, int h, int which,
+                                  float *raw, float *dst, float *p, int n) {
     int dh = a->dh, pos = st->rope_pos;
     if (!is_sheared(a, which)) {
         memcpy(dst, raw, sizeof(float) * n * dh);
@@ -177,8 +173,8 @@ static void prepare_stream_vector(const attention_layer *a, const attention_stre
     if (!post) rope_forward(dst, a->rope_cos, a->rope_sin, n, dh, pos);
 }
 
-void attention_stream_forward(const attention_layer *a, const attention_stream_layer *st, const float *qkv,
-                              float *out, int n) {
+void attention_stream_forward(const attention_layer *a, const attention_stream_layer *st, const float *qkv, float *out,
+                              int n) {
     int d = a->d, dh = a->dh, pos = st->pos;
     size_t ndh = (size_t)n * dh, cache = (size_t)st->capacity * dh;
     float *raw = st->scratch, *q = raw + ndh, *p = q + ndh, *head_out = p + ndh, *kernel = head_out + ndh;

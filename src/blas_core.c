@@ -20,8 +20,8 @@ void blas_core_select(char **argv) {
     if (!is_fallback_core(openblas_get_corename())) return;
     __builtin_cpu_init();
     const char *core = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? "SkylakeX"
-                       : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
-                                                                                          : NULL;
+                       : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")       ? "Haswell"
+                                                                                               : NULL;
     if (!core) return;
     setenv("OPENBLAS_CORETYPE", core, 1);
     setenv("MOMFMM_BLAS_CORE_FROM", openblas_get_corename(), 1);
@@ -33,10 +33,8 @@ void blas_core_select(char **argv) {
 const char *blas_core_description(void) {
     static char text[128];
     const char *from = getenv("MOMFMM_BLAS_CORE_FROM");
-    if (from)
-        snprintf(text, sizeof text, "%s (chosen by momfmm; OpenBLAS detected %s)", openblas_get_corename(), from);
-    else
-        snprintf(text, sizeof text, "%s", openblas_get_corename());
+    if (from) snprintf(text, sizeof text, "%s (chosen by momfmm; OpenBLAS detected %s)", openblas_get_corename(), from);
+    else snprintf(text, sizeof text, "%s", openblas_get_corename());
     return text;
 }
 

@@ -10,8 +10,8 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <libgen.h>
-#include <math.h>
 #include <limits.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,11 +21,11 @@
 #include <unistd.h>
 
 #include "momfmm/build_info.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
 #include "momfmm/h5reader.h"
 #include "momfmm/h5util.h"
 #include "momfmm/h5writer.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 
 /* ---- writing (through the atomic, optionally collective writer, h5writer.h) */
 
@@ -78,8 +78,7 @@ static herr_t write_metric_table(const h5writer *w, const char *group, const met
     for (int c = 0; c < t->n_columns && status >= 0; c++) {
         const metric_column *col = &t->columns[c];
         for (size_t r = 0; r < rows; r++)
-            for (int j = 0; j < col->width; j++)
-                column[r * col->width + j] = t->values[r * t->row_width + offset + j];
+            for (int j = 0; j < col->width; j++) column[r * col->width + j] = t->values[r * t->row_width + offset + j];
         char name[128];
         snprintf(name, sizeof name, "%s/%s", group, col->name);
         unsigned long long shape[3];
@@ -140,8 +139,10 @@ static herr_t write_checkpoint_content(const h5writer *w, const void *ctx) {
 int checkpoint_write(const char *path, const char *tmp, const model *m, const checkpoint_info *info,
                      const metric_table *train, const metric_table *eval, h5writer_mode writers, status *err) {
     if (writers == H5WRITER_ALONE && m->moment_count != m->n_params)
-        return status_fail(err, EXIT_BAD_FILE, "%s: this rank holds only a ZeRO-1 slice of the moments: the ranks "
-                           "must write it together", path);
+        return status_fail(err, EXIT_BAD_FILE,
+                           "%s: this rank holds only a ZeRO-1 slice of the moments: the ranks "
+                           "must write it together",
+                           path);
     checkpoint_content content = {m, info, train, eval};
     return h5writer_run(path, tmp, writers, write_checkpoint_content, &content, err);
 }
@@ -153,7 +154,8 @@ typedef struct {
 
 static herr_t write_grads_content(const h5writer *w, const void *ctx) {
     const grads_content *c = ctx;
-    if (h5writer_agree(w, h5util_write_attr(w->file, "loss", H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, &c->loss)) < 0) return -1;
+    if (h5writer_agree(w, h5util_write_attr(w->file, "loss", H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, &c->loss)) < 0)
+        return -1;
     return write_tensors(w, "/grads", c->m, c->m->grads, 0);
 }
 
@@ -186,9 +188,10 @@ static double model_floats(const config *c) {
 static void check_model_fits(h5reader *r, const config *c, int copies) {
     double bytes = 4.0 * copies * model_floats(c), available = sys_memory_available();
     if (available > 0 && bytes > available)
-        h5reader_fail(r, "config_ini describes a model of %.3g GB (model.d_model = %d, model.vocab_size = %d, "
-                       "model.n_layers = %d), more than the %.3g GB of memory available",
-                    bytes / 1e9, c->d_model, c->vocab_size, c->n_layers, available / 1e9);
+        h5reader_fail(r,
+                      "config_ini describes a model of %.3g GB (model.d_model = %d, model.vocab_size = %d, "
+                      "model.n_layers = %d), more than the %.3g GB of memory available",
+                      bytes / 1e9, c->d_model, c->vocab_size, c->n_layers, available / 1e9);
 }
 
 static void read_config_body(h5reader *r, config *c, checkpoint_info *info) {
@@ -204,13 +207,14 @@ static void read_config_body(h5reader *r, config *c, checkpoint_info *info) {
     long long version = h5reader_attr_int(r, "format_version");
     if (version < 1 || version > CHECKPOINT_FORMAT_VERSION)
         h5reader_fail(r, "format_version %lld is not supported (this build reads 1..%d)", version,
-                    CHECKPOINT_FORMAT_VERSION);
+                      CHECKPOINT_FORMAT_VERSION);
     info->step = h5reader_attr_int(r, "step");
     info->tokens_seen = h5reader_attr_int(r, "tokens_seen");
     long long world_size = h5reader_attr_int(r, "world_size");
     if (info->step < 0) h5reader_fail(r, "step = %lld is negative", info->step);
     if (info->tokens_seen < 0) h5reader_fail(r, "tokens_seen = %lld is negative", info->tokens_seen);
-    if (world_size < 1 || world_size > INT_MAX) h5reader_fail(r, "world_size = %lld is not a number of ranks", world_size);
+    if (world_size < 1 || world_size > INT_MAX)
+        h5reader_fail(r, "world_size = %lld is not a number of ranks", world_size);
     info->world_size = (int)world_size;
     /* added later (docs/files.md §4): absent means none skipped */
     info->skipped_steps = H5Aexists(r->file, "skipped_steps") > 0 ? h5reader_attr_int(r, "skipped_steps") : 0;
@@ -278,7 +282,8 @@ static void read_buffers(h5reader *r, model *m) {
             char name[128];
             snprintf(name, sizeof name, "/buffers/blocks/%d/attn/%s", l, which ? "prev_k" : "prev_q");
             hsize_t dims[2] = {(hsize_t)m->H, (hsize_t)m->dh};
-            h5reader_read_checked(r, name, H5T_NATIVE_FLOAT, 2, dims, m->buffers + (size_t)(l * 2 + which) * m->H * m->dh);
+            h5reader_read_checked(r, name, H5T_NATIVE_FLOAT, 2, dims,
+                                  m->buffers + (size_t)(l * 2 + which) * m->H * m->dh);
         }
 }
 
@@ -293,7 +298,9 @@ static void derive_bpb(metric_table *t, long long rows, int offset) {
 /* Columns added to /metrics after format_version 1 was fixed (docs/files.md §4):
  * a file written before them lacks them: gain_R_attn reads as NaN there,
  * bpb follows from the loss (derive_bpb). */
-static bool column_added_later(const char *name) { return strcmp(name, "gain_R_attn") == 0 || strcmp(name, "bpb") == 0; }
+static bool column_added_later(const char *name) {
+    return strcmp(name, "gain_R_attn") == 0 || strcmp(name, "bpb") == 0;
+}
 
 /* Rows of a table: those of its first column in a checkpoint; in a live
  * file, where the writer extends one column after another (live_metrics.c),
@@ -338,8 +345,7 @@ static void read_metric_table(h5reader *r, const char *group, metric_table *t, b
         hsize_t want[3] = {shape[0], shape[1], shape[2]};
         if (column_added_later(col->name) && H5Lexists(r->file, name, H5P_DEFAULT) <= 0)
             for (size_t i = 0; i < (size_t)rows * col->width; i++) column[i] = NAN;
-        else
-            h5reader_read_leading_rows(r, name, live, ndim_want, want, column);
+        else h5reader_read_leading_rows(r, name, live, ndim_want, want, column);
         for (long long i = 0; i < rows; i++) {
             if (c == 0) metric_table_append(t, row);
             for (int j = 0; j < col->width; j++) t->values[i * t->row_width + offset + j] = column[i * col->width + j];
@@ -407,8 +413,10 @@ int checkpoint_load_model(const char *path, model *m, bool training, status *err
     if (rc != 0) return rc;
     double bytes = 16.0 * model_floats(&c), available = sys_memory_available();
     if (training && available > 0 && bytes > available)
-        return status_fail(err, EXIT_BAD_FILE, "%s: config_ini describes a model needing %.3g GB with gradients "
-                           "and moments, more than the %.3g GB available", path, bytes / 1e9, available / 1e9);
+        return status_fail(err, EXIT_BAD_FILE,
+                           "%s: config_ini describes a model needing %.3g GB with gradients "
+                           "and moments, more than the %.3g GB available",
+                           path, bytes / 1e9, available / 1e9);
     rc = training ? model_create(m, &c, err) : model_create_for_inference(m, &c, err);
     if (rc == 0) rc = checkpoint_read_state(path, m, false, NULL, NULL, err);
     if (rc != 0) model_free(m);
@@ -435,7 +443,7 @@ int checkpoint_read_metrics_file(const char *path, config *c, metric_table *trai
     read_request q = {.c = c, .train = train, .eval = eval};
     status ignored;
     return h5reader_run_into(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, "metrics file", metrics_file_body, &q,
-                           err ? err : &ignored);
+                             err ? err : &ignored);
 }
 
 static void check_token_range(h5reader *r, const char *name, const int32_t *x, size_t n, int lo, int hi) {
@@ -446,12 +454,13 @@ static void check_token_range(h5reader *r, const char *name, const int32_t *x, s
 /* A token file's [B, T] whose activations cannot fit in memory is refused
  * before the batch and the activations are allocated. */
 static void check_batch_fits(h5reader *r, const model *m, const hsize_t *dims) {
-    if (dims[0] > INT_MAX) h5reader_fail(r, "/inputs has B = %llu rows, more than %d", (unsigned long long)dims[0], INT_MAX);
+    if (dims[0] > INT_MAX)
+        h5reader_fail(r, "/inputs has B = %llu rows, more than %d", (unsigned long long)dims[0], INT_MAX);
     double bytes = (double)model_activation_bytes(m, (int)dims[0], (int)dims[1]);
     double available = sys_memory_available();
     if (available > 0 && bytes > available)
         h5reader_fail(r, "/inputs of %llu x %llu tokens needs %.3g GB of activations, more than the %.3g GB available",
-                    (unsigned long long)dims[0], (unsigned long long)dims[1], bytes / 1e9, available / 1e9);
+                      (unsigned long long)dims[0], (unsigned long long)dims[1], bytes / 1e9, available / 1e9);
 }
 
 static void tokens_body(h5reader *r, void *ctx) {
@@ -463,7 +472,7 @@ static void tokens_body(h5reader *r, void *ctx) {
     if (ndim != 2 || dims[0] == 0 || dims[1] == 0) h5reader_fail(r, "/inputs must be a non-empty [B, T] int32 array");
     if (dims[1] > (hsize_t)m->rope_positions)
         h5reader_fail(r, "/inputs has T = %llu, longer than the model's %d positions", (unsigned long long)dims[1],
-                    m->rope_positions);
+                      m->rope_positions);
     h5reader_require_integer(r, "/inputs", inputs);
     h5reader_checked_elements(r, "/inputs", inputs, ndim, dims);
     H5Dclose(inputs);

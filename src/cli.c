@@ -13,14 +13,14 @@
 #include "momfmm/build_info.h"
 #include "momfmm/cmd_common.h"
 #include "momfmm/commands.h"
-#include "momfmm/log.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
 #include "momfmm/dist.h"
 #include "momfmm/float_env.h"
+#include "momfmm/log.h"
 #include "momfmm/signals.h"
+#include "momfmm/status.h"
 #include "momfmm/store.h"
 #include "momfmm/suggest.h"
+#include "momfmm/sys.h"
 #include "momfmm/version.h"
 
 #define MAX_OVERRIDES 256
@@ -85,8 +85,8 @@ static int run_bench(const arguments *a);
 
 static const command_spec COMMANDS[] = {
     {"train", "CONFIG.ini", 1, "srIw", "",
-     "Train the model of the config; train rows, eval rows, checkpoints and metrics.h5 go to train.out_dir.",
-     run_train, false},
+     "Train the model of the config; train rows, eval rows, checkpoints and metrics.h5 go to train.out_dir.", run_train,
+     false},
     {"init", "CONFIG.ini", 1, "sof", "o", "Write the step-0 checkpoint of the config (initial parameters).", run_init,
      false},
     {"loss", "CKPT.h5 TOKENS.h5", 2, "gfP", "", "Print the loss of the checkpoint's model on a token file.", run_loss,
@@ -105,14 +105,20 @@ static const command_spec COMMANDS[] = {
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
 
 static const suggest_alias COMMAND_ALIASES[] = {
-    {"training", "train"}, {"fit", "train"}, {"evaluate", "eval"}, {"test", "eval"}, {"sample", "generate"},
-    {"gen", "generate"}, {"show", "inspect"}, {"info", "inspect"}, {"benchmark", "bench"},
-    {"version", "--version"}, {"-v", "--version"}, {NULL, NULL},
+    {"training", "train"},  {"fit", "train"},         {"evaluate", "eval"}, {"test", "eval"},
+    {"sample", "generate"}, {"gen", "generate"},      {"show", "inspect"},  {"info", "inspect"},
+    {"benchmark", "bench"}, {"version", "--version"}, {"-v", "--version"},  {NULL, NULL},
 };
 
 static const suggest_alias OPTION_ALIASES[] = {
-    {"-o", "--out"}, {"--output", "--out"}, {"--temp", "--temperature"}, {"--max-tokens", "--tokens"},
-    {"--num-tokens", "--tokens"}, {"--override", "--set"}, {"-s", "--set"}, {NULL, NULL},
+    {"-o", "--out"},
+    {"--output", "--out"},
+    {"--temp", "--temperature"},
+    {"--max-tokens", "--tokens"},
+    {"--num-tokens", "--tokens"},
+    {"--override", "--set"},
+    {"-s", "--set"},
+    {NULL, NULL},
 };
 
 static const command_spec *find_command(const char *name) {
@@ -269,14 +275,16 @@ static int parse_top_k(const char *flag, const char *value) {
 static double parse_probability(const char *flag, const char *value) {
     char *end;
     double v = strtod(value, &end);
-    if (*end || end == value || !(v > 0 && v <= 1)) cmd_fail_all(EXIT_USAGE, "%s %s: expected a number in (0, 1]", flag, value);
+    if (*end || end == value || !(v > 0 && v <= 1))
+        cmd_fail_all(EXIT_USAGE, "%s %s: expected a number in (0, 1]", flag, value);
     return v;
 }
 
 static void apply_option(arguments *a, const command_spec *cmd, const option_spec *o, char *value) {
     switch (o->letter) {
     case 's':
-        if (a->n_overrides == MAX_OVERRIDES) cmd_fail_all(EXIT_USAGE, "%s: more than %d --set options", cmd->name, MAX_OVERRIDES);
+        if (a->n_overrides == MAX_OVERRIDES)
+            cmd_fail_all(EXIT_USAGE, "%s: more than %d --set options", cmd->name, MAX_OVERRIDES);
         a->overrides[a->n_overrides++] = value;
         break;
     case 'o': a->out = value; break;
@@ -312,7 +320,8 @@ static arguments parse_arguments(const command_spec *cmd, int argc, char **argv)
     arguments a;
     memset(&a, 0, sizeof a);
     for (size_t o = 0; o < N_OPTIONS; o++)
-        if (OPTIONS[o].fallback && accepts(cmd, &OPTIONS[o])) apply_option(&a, cmd, &OPTIONS[o], (char *)OPTIONS[o].fallback);
+        if (OPTIONS[o].fallback && accepts(cmd, &OPTIONS[o]))
+            apply_option(&a, cmd, &OPTIONS[o], (char *)OPTIONS[o].fallback);
     bool given[N_OPTIONS] = {false};
     for (int i = 0; i < argc; i++) {
         char *arg = argv[i];
@@ -320,7 +329,8 @@ static arguments parse_arguments(const command_spec *cmd, int argc, char **argv)
         char hint[128];
         if (o && !accepts(cmd, o)) {
             commands_taking(o, hint, sizeof hint);
-            cmd_fail_all(EXIT_USAGE, "%s: option %s is not accepted (%s takes it)\n%s", cmd->name, arg, hint, usage_of(cmd));
+            cmd_fail_all(EXIT_USAGE, "%s: option %s is not accepted (%s takes it)\n%s", cmd->name, arg, hint,
+                         usage_of(cmd));
         }
         if (!o && arg[0] == '-' && arg[1]) {
             suggest_option(cmd, arg, hint, sizeof hint);
@@ -332,7 +342,8 @@ static arguments parse_arguments(const command_spec *cmd, int argc, char **argv)
             a.positional[a.n_positional++] = arg;
             continue;
         }
-        if (o->metavar && i + 1 >= argc) cmd_fail_all(EXIT_USAGE, "%s: option %s needs a value (%s)", cmd->name, arg, o->metavar);
+        if (o->metavar && i + 1 >= argc)
+            cmd_fail_all(EXIT_USAGE, "%s: option %s needs a value (%s)", cmd->name, arg, o->metavar);
         given[o - OPTIONS] = true;
         apply_option(&a, cmd, o, o->metavar ? argv[++i] : NULL);
     }
@@ -340,7 +351,8 @@ static arguments parse_arguments(const command_spec *cmd, int argc, char **argv)
         cmd_fail_all(EXIT_USAGE, "%s: missing argument (%s)\n%s", cmd->name, cmd->operands, usage_of(cmd));
     for (size_t o = 0; o < N_OPTIONS; o++)
         if (strchr(cmd->required, OPTIONS[o].letter) && !given[o])
-            cmd_fail_all(EXIT_USAGE, "%s: %s %s is required\n%s", cmd->name, OPTIONS[o].flag, OPTIONS[o].metavar, usage_of(cmd));
+            cmd_fail_all(EXIT_USAGE, "%s: %s %s is required\n%s", cmd->name, OPTIONS[o].flag, OPTIONS[o].metavar,
+                         usage_of(cmd));
     return a;
 }
 
@@ -376,7 +388,8 @@ static bool answer_without_mpi(int argc, char **argv) {
         suggest_command(name, hint, sizeof hint);
         cmd_fail_all(EXIT_USAGE, "help: unknown command '%s'%s\n%s", name, hint, usage_all());
     }
-    if (help && argc > 3) cmd_fail_all(EXIT_USAGE, "help: unexpected argument '%s' (usage: momfmm help [COMMAND])", argv[3]);
+    if (help && argc > 3)
+        cmd_fail_all(EXIT_USAGE, "help: unexpected argument '%s' (usage: momfmm help [COMMAND])", argv[3]);
     if (!cmd || (!help && !asks_for_help(argc - 2, argv + 2))) return false;
     print_command_help(cmd);
     return true;
@@ -395,8 +408,14 @@ static int run_eval(const arguments *a) { return command_eval(a->positional[0], 
 static int run_inspect(const arguments *a) { return command_inspect(a->positional[0]); }
 
 static int run_generate(const arguments *a) {
-    command_generate_options g = {.prompt = a->prompt, .text = a->text, .stop = a->stop, .n_tokens = a->tokens,
-                                  .top_k = a->top_k, .temperature = a->temperature, .top_p = a->top_p, .seed = a->seed};
+    command_generate_options g = {.prompt = a->prompt,
+                                  .text = a->text,
+                                  .stop = a->stop,
+                                  .n_tokens = a->tokens,
+                                  .top_k = a->top_k,
+                                  .temperature = a->temperature,
+                                  .top_p = a->top_p,
+                                  .seed = a->seed};
     return command_generate(a->positional[0], &g);
 }
 
@@ -411,9 +430,9 @@ static int run_bench(const arguments *a) {
 __attribute__((constructor)) static void guard_stop_signals(void) { signals_guard_startup(); }
 
 int main(int argc, char **argv) {
-    blas_core_select(argv); /* before MPI starts: it may re-execute the program */
+    blas_core_select(argv);      /* before MPI starts: it may re-execute the program */
     float_env_flush_denormals(); /* before MPI and HDF5 start threads, so they inherit it */
-    H5dont_atexit();        /* see live_metrics_abandon */
+    H5dont_atexit();             /* see live_metrics_abandon */
     /* Started before MPI, parallel HDF5 does not hook MPI_Finalize to close
      * itself: that hook would close the files a failed write abandoned and
      * crash (HDFFV-11052, docs/scale.md §7); the operating system frees them. */

@@ -16,13 +16,13 @@
 #include "momfmm/checkpoint.h"
 #include "momfmm/cmd_common.h"
 #include "momfmm/commands.h"
-#include "momfmm/log.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
 #include "momfmm/dist.h"
 #include "momfmm/eval.h"
+#include "momfmm/log.h"
 #include "momfmm/readouts.h"
+#include "momfmm/status.h"
 #include "momfmm/store.h"
+#include "momfmm/sys.h"
 
 /* What inspect and eval read: a model for inference holding a checkpoint's
  * weights and buffers, and with `history` its metric tables. */
@@ -53,8 +53,8 @@ static int try_load(const char *path, void *ctx, status *err) {
         metric_tables_standard(&c->train, &c->eval, cfg.n_layers, cfg.n_heads);
         metric_tables_add_task_columns(&c->train, &c->eval, cfg.task);
     }
-    if (checkpoint_read_state(path, &c->m, false, c->history ? &c->train : NULL, c->history ? &c->eval : NULL,
-                              err) == 0) {
+    if (checkpoint_read_state(path, &c->m, false, c->history ? &c->train : NULL, c->history ? &c->eval : NULL, err) ==
+        0) {
         snprintf(c->path, sizeof c->path, "%s", path);
         return 0;
     }
@@ -113,8 +113,8 @@ static void load_checkpoint(const char *path_or_dir, loaded_checkpoint *c) {
 }
 
 static void print_parameter_groups(const model *m) {
-    static const char *groups[] = {"tok_emb", "ln", "attn/qkv", "attn/proj", "momentum_gamma", "fmm_blend",
-                                   "mlp/fc", "mlp/proj", "head", "cls"};
+    static const char *groups[] = {"tok_emb",   "ln",     "attn/qkv", "attn/proj", "momentum_gamma",
+                                   "fmm_blend", "mlp/fc", "mlp/proj", "head",      "cls"};
     size_t n_groups = sizeof groups / sizeof groups[0];
     printf("parameters: %zu\n", m->n_params);
     for (size_t g = 0; g < n_groups; g++) {
@@ -184,7 +184,8 @@ static void print_filter_gains(const model *m) {
         printf("  block %d:", l);
         for (int h = 0; h < m->H; h++) {
             double g = r.gamma[l * m->H + h];
-            printf("  h%d gamma %.4f |H(0)| %.4f |H(pi)| %.4f", h, g, readouts_filter_gain(0, g, m->cfg.beta, m->cfg.gamma2),
+            printf("  h%d gamma %.4f |H(0)| %.4f |H(pi)| %.4f", h, g,
+                   readouts_filter_gain(0, g, m->cfg.beta, m->cfg.gamma2),
                    readouts_filter_gain(M_PI, g, m->cfg.beta, m->cfg.gamma2));
         }
         printf("\n");

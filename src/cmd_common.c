@@ -92,9 +92,8 @@ void cmd_use_precision(const config *c) {
     gemm_engine engine = engine_of(c);
     const char *why = gemm_unavailable_reason(engine);
     if (why)
-        cmd_fail_all(EXIT_USAGE, "%s cannot run here: %s", c->precision == PRECISION_BF16 ? "train.precision = bf16"
-                                                                                    : "train.gemm = onednn",
-                 why);
+        cmd_fail_all(EXIT_USAGE, "%s cannot run here: %s",
+                     c->precision == PRECISION_BF16 ? "train.precision = bf16" : "train.gemm = onednn", why);
     gemm_ctx *previous = gemm_default();
     /* oneDNN threads like OpenBLAS: blas_core_threads() per rank */
     gemm_set_default(gemm_create(engine, blas_core_threads()));
@@ -132,8 +131,7 @@ const char *cmd_precision_description(void) {
     static char text[512];
     gemm_ctx *ctx = gemm_default();
     bool bf16 = ctx && gemm_ctx_engine(ctx) == GEMM_ONEDNN_BF16;
-    snprintf(text, sizeof text, "%s | gemm %s", bf16 ? "bf16" : "fp32",
-             ctx ? gemm_describe(ctx) : "openblas sgemm");
+    snprintf(text, sizeof text, "%s | gemm %s", bf16 ? "bf16" : "fp32", ctx ? gemm_describe(ctx) : "openblas sgemm");
     return text;
 }
 
@@ -154,6 +152,7 @@ void cmd_check_output(const char *flag, const char *out, const char *const *inpu
             cmd_fail_all(EXIT_USAGE, "%s %s: is the input %s; choose another file", flag, out, inputs[i]);
     if (!S_ISREG(st.st_mode)) cmd_fail_all(EXIT_USAGE, "%s %s: exists and is not a regular file", flag, out);
     if (!force)
-        cmd_fail_all(EXIT_USAGE, "%s %s: the file exists; remove it, choose another name, or pass --force to replace it",
-                     flag, out);
+        cmd_fail_all(EXIT_USAGE,
+                     "%s %s: the file exists; remove it, choose another name, or pass --force to replace it", flag,
+                     out);
 }

@@ -13,13 +13,13 @@
 
 #include "momfmm/checkpoint.h"
 #include "momfmm/cmd_common.h"
-#include "momfmm/dist.h"
 #include "momfmm/commands.h"
+#include "momfmm/dist.h"
 #include "momfmm/log.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
 #include "momfmm/rng.h"
+#include "momfmm/status.h"
 #include "momfmm/stream.h"
+#include "momfmm/sys.h"
 
 #define BYTE_VOCAB 256
 
@@ -43,7 +43,10 @@ static int parse_prompt(const char *text, int vocab, int32_t **out) {
 }
 
 static int hex_digit(char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
 }
 
 /* The bytes of --stop, where \n, \t, \r, \\ and \xNN stand for one byte each
@@ -73,7 +76,10 @@ static int parse_stop(const char *text, int32_t *out) {
  * it is invalid, -1 when it is a valid but incomplete prefix. */
 static int utf8_length(const unsigned char *b, int n) {
     if (b[0] < 0x80) return 1;
-    int len = b[0] >= 0xC2 && b[0] <= 0xDF ? 2 : b[0] >= 0xE0 && b[0] <= 0xEF ? 3 : b[0] >= 0xF0 && b[0] <= 0xF4 ? 4 : 0;
+    int len = b[0] >= 0xC2 && b[0] <= 0xDF   ? 2
+              : b[0] >= 0xE0 && b[0] <= 0xEF ? 3
+              : b[0] >= 0xF0 && b[0] <= 0xF4 ? 4
+                                             : 0;
     if (len == 0) return 0;
     for (int i = 1; i < len; i++) {
         if (i >= n) return -1;
@@ -123,8 +129,8 @@ static int by_logit_descending(const void *a, const void *b) {
 
 /* Greedy at temperature 0 or top-k 1; else a draw from softmax(z / T) over
  * the top-k tokens, cut to the smallest set holding top-p of the mass. */
-static int32_t sample_next(const float *logits, int V, const command_generate_options *o, ranked_token *ranked, uint64_t key,
-                           uint64_t counter) {
+static int32_t sample_next(const float *logits, int V, const command_generate_options *o, ranked_token *ranked,
+                           uint64_t key, uint64_t counter) {
     int best = 0;
     for (int v = 1; v < V; v++) best = logits[v] > logits[best] ? v : best;
     if (o->temperature <= 0 || o->top_k == 1) return best;
@@ -168,11 +174,13 @@ static bool ends_with(const int32_t *tokens, int n, const int32_t *stop, int n_s
 }
 
 static int read_prompt(const command_generate_options *o, const model *m, int32_t **tokens) {
-    if (!o->prompt == !o->text) cmd_fail_all(EXIT_USAGE, "generate: give exactly one of --prompt TOKENS and --text TEXT");
+    if (!o->prompt == !o->text)
+        cmd_fail_all(EXIT_USAGE, "generate: give exactly one of --prompt TOKENS and --text TEXT");
     if (o->prompt) return parse_prompt(o->prompt, m->V, tokens);
     if (m->V != BYTE_VOCAB)
-        cmd_fail_all(EXIT_USAGE, "--text needs a byte-level model (model.vocab_size = %d), but this one has vocab_size = %d",
-                 BYTE_VOCAB, m->V);
+        cmd_fail_all(EXIT_USAGE,
+                     "--text needs a byte-level model (model.vocab_size = %d), but this one has vocab_size = %d",
+                     BYTE_VOCAB, m->V);
     int n = (int)strlen(o->text);
     if (n == 0) cmd_fail_all(EXIT_USAGE, "--text: empty prompt");
     *tokens = sys_calloc((size_t)n, sizeof(int32_t));

@@ -13,13 +13,13 @@
 #include "momfmm/checkpoint.h"
 #include "momfmm/cmd_common.h"
 #include "momfmm/commands.h"
-#include "momfmm/log.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
 #include "momfmm/gemm.h"
 #include "momfmm/live_metrics.h"
+#include "momfmm/log.h"
 #include "momfmm/signals.h"
+#include "momfmm/status.h"
 #include "momfmm/store.h"
+#include "momfmm/sys.h"
 #include "momfmm/train.h"
 
 /* Every rank stops at the same step: a signal seen by any rank counts. */
@@ -64,13 +64,18 @@ static bool save_checkpoint(const trainer *t, char *path, bool signal_stop) {
     return true;
 }
 
-static void log_train(trainer *t, const train_step_result *r, double tokens_per_s, double elapsed, long long steps_done) {
+static void log_train(trainer *t, const train_step_result *r, double tokens_per_s, double elapsed,
+                      long long steps_done) {
     double row[16] = {0}, step = (double)t->step, bpb = r->loss / M_LN2;
     const struct {
         const char *name;
         const double *value;
-    } columns[] = {{"step", &step}, {"loss", &r->loss}, {"lr", &r->lr}, {"grad_norm", &r->grad_norm},
-                   {"tokens_per_s", &tokens_per_s}, {"bpb", &bpb}};
+    } columns[] = {{"step", &step},
+                   {"loss", &r->loss},
+                   {"lr", &r->lr},
+                   {"grad_norm", &r->grad_norm},
+                   {"tokens_per_s", &tokens_per_s},
+                   {"bpb", &bpb}};
     for (size_t i = 0; i < sizeof columns / sizeof columns[0]; i++)
         metric_table_set(&t->train_log, row, columns[i].name, columns[i].value);
     metric_table_append(&t->train_log, row);
@@ -153,7 +158,8 @@ static void read_best_so_far(const trainer *t, eval_record *best) {
 static void save_if_best(const trainer *t, train_loop *loop) {
     if (!t->cfg.keep_best) return;
     const eval_record *now = &loop->last_eval;
-    bool better = !isnan(now->metrics.loss) && (!loop->best_eval.known || now->metrics.loss < loop->best_eval.metrics.loss);
+    bool better =
+        !isnan(now->metrics.loss) && (!loop->best_eval.known || now->metrics.loss < loop->best_eval.metrics.loss);
     if (!dist_any(dist_rank() == 0 && better)) return;
     status err;
     if (trainer_save_best(t, &err) != 0) {
@@ -255,11 +261,12 @@ static void print_summary(const trainer *t, const train_loop *loop, double secon
     fflush(stdout);
 }
 
-int command_train(const char *config_path, int n_overrides, char *const *overrides, const char *resume, const char *init,
-                  bool overwrite) {
+int command_train(const char *config_path, int n_overrides, char *const *overrides, const char *resume,
+                  const char *init, bool overwrite) {
     if (resume && init)
-        cmd_fail_all(EXIT_USAGE, "train: --init starts a new run at step 0 from a checkpoint's weights, --resume continues "
-                             "a run: give one of them");
+        cmd_fail_all(EXIT_USAGE,
+                     "train: --init starts a new run at step 0 from a checkpoint's weights, --resume continues "
+                     "a run: give one of them");
     config cfg = cmd_load_config(config_path, n_overrides, overrides);
     cmd_use_precision(&cfg);
     cmd_check_launch();
@@ -338,9 +345,10 @@ int command_bench(const char *config_path, int n_overrides, char *const *overrid
     struct rusage usage;
     getrusage(RUSAGE_SELF, &usage);
     double max_rss_mb = dist_max_double(usage.ru_maxrss / 1024.0);
-    log_rank0("bench: %d ranks x %d threads | batch %d x %d | %s attention | %d steps | step min %.1f ms, max %.1f ms\n",
-              dist_size(), blas_core_threads(), cfg.batch_size, cfg.seq_len,
-              cfg.attention == ATTENTION_FMM ? "fmm" : "softmax", steps, 1e3 * times[0], 1e3 * times[steps - 1]);
+    log_rank0(
+        "bench: %d ranks x %d threads | batch %d x %d | %s attention | %d steps | step min %.1f ms, max %.1f ms\n",
+        dist_size(), blas_core_threads(), cfg.batch_size, cfg.seq_len,
+        cfg.attention == ATTENTION_FMM ? "fmm" : "softmax", steps, 1e3 * times[0], 1e3 * times[steps - 1]);
     log_rank0("bench precision %s\n", cmd_precision_description());
     log_rank0("bench tokens_per_s=%.1f ms_per_step=%.3f gflops=%.3f allreduce_wait_ms=%.3f peak_rss_mb=%.1f\n",
               tokens / median, 1e3 * median, flops / median / 1e9, 1e3 * wait / steps, max_rss_mb);

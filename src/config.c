@@ -24,10 +24,10 @@ typedef enum { ROLE_SCHEDULE = 0, ROLE_MODEL = 1 } key_role;
 typedef struct {
     const char *section, *name;
     key_type type;
-    size_t offset, size;   /* size: string capacity */
-    const char *fallback;  /* default, as INI text */
-    double min, max;       /* numeric limits, inclusive */
-    const char *choices;   /* KEY_ENUM, KEY_LIST: "a|b|c", index = stored value */
+    size_t offset, size;  /* size: string capacity */
+    const char *fallback; /* default, as INI text */
+    double min, max;      /* numeric limits, inclusive */
+    const char *choices;  /* KEY_ENUM, KEY_LIST: "a|b|c", index = stored value */
     key_role role;
 } config_key;
 
@@ -119,17 +119,39 @@ static int section_index(const char *section) {
 
 /* Names people bring from other trainers (docs/config.md §6: suggestions). */
 static const suggest_alias KEY_ALIASES[] = {
-    {"learning_rate", "train.lr"}, {"learningrate", "train.lr"}, {"max_lr", "train.lr"},
-    {"n_head", "model.n_heads"}, {"num_heads", "model.n_heads"}, {"nhead", "model.n_heads"},
-    {"n_layer", "model.n_layers"}, {"num_layers", "model.n_layers"}, {"depth", "model.n_layers"},
-    {"vocab", "model.vocab_size"}, {"n_vocab", "model.vocab_size"}, {"hidden_size", "model.d_model"},
-    {"n_embd", "model.d_model"}, {"dim", "model.d_model"}, {"ffn_dim", "model.d_ff"},
-    {"intermediate_size", "model.d_ff"}, {"batch", "train.batch_size"}, {"bs", "train.batch_size"},
-    {"max_steps", "train.steps"}, {"num_steps", "train.steps"}, {"iterations", "train.steps"},
-    {"warmup_steps", "train.warmup"}, {"max_grad_norm", "train.grad_clip"}, {"clip", "train.grad_clip"},
-    {"wd", "train.weight_decay"}, {"output_dir", "train.out_dir"}, {"run_dir", "train.out_dir"},
-    {"seq_length", "data.seq_len"}, {"block_size", "data.seq_len"}, {"context_length", "data.seq_len"},
-    {"momentum", "momentum.gamma"}, {"attention", "attention.kind"}, {NULL, NULL},
+    {"learning_rate", "train.lr"},
+    {"learningrate", "train.lr"},
+    {"max_lr", "train.lr"},
+    {"n_head", "model.n_heads"},
+    {"num_heads", "model.n_heads"},
+    {"nhead", "model.n_heads"},
+    {"n_layer", "model.n_layers"},
+    {"num_layers", "model.n_layers"},
+    {"depth", "model.n_layers"},
+    {"vocab", "model.vocab_size"},
+    {"n_vocab", "model.vocab_size"},
+    {"hidden_size", "model.d_model"},
+    {"n_embd", "model.d_model"},
+    {"dim", "model.d_model"},
+    {"ffn_dim", "model.d_ff"},
+    {"intermediate_size", "model.d_ff"},
+    {"batch", "train.batch_size"},
+    {"bs", "train.batch_size"},
+    {"max_steps", "train.steps"},
+    {"num_steps", "train.steps"},
+    {"iterations", "train.steps"},
+    {"warmup_steps", "train.warmup"},
+    {"max_grad_norm", "train.grad_clip"},
+    {"clip", "train.grad_clip"},
+    {"wd", "train.weight_decay"},
+    {"output_dir", "train.out_dir"},
+    {"run_dir", "train.out_dir"},
+    {"seq_length", "data.seq_len"},
+    {"block_size", "data.seq_len"},
+    {"context_length", "data.seq_len"},
+    {"momentum", "momentum.gamma"},
+    {"attention", "attention.kind"},
+    {NULL, NULL},
 };
 
 /* "; did you mean section.key?" for an unknown key, or "": an alias first,
@@ -273,8 +295,7 @@ static set_result set_value(config *c, const config_key *key, const char *value)
         *(int *)field = v;
         return SET_OK;
     }
-    case KEY_LIST:
-        return parse_list(key->choices, value, (config_list *)field);
+    case KEY_LIST: return parse_list(key->choices, value, (config_list *)field);
     }
     return SET_SYNTAX;
 }
@@ -331,8 +352,8 @@ static void describe_bad_value(const config_key *key, const char *value, set_res
         snprintf(names, sizeof names, "%s", key->choices);
         for (char *bar = strchr(names, '|'); bar; bar = strchr(bar, '|')) *bar = ',';
         suggest_choice(key->choices, item, detail, sizeof detail);
-        snprintf(out, len, "%s.%s = '%s': '%s' is not one of %s, or more than %d names%s", key->section, key->name,
-                 v, item, names, CONFIG_LIST_MAX, detail);
+        snprintf(out, len, "%s.%s = '%s': '%s' is not one of %s, or more than %d names%s", key->section, key->name, v,
+                 item, names, CONFIG_LIST_MAX, detail);
         return;
     }
     case SET_CHOICE: {
@@ -341,8 +362,8 @@ static void describe_bad_value(const config_key *key, const char *value, set_res
         if (key->type == KEY_BOOL)
             snprintf(out, len, "%s.%s = '%s': expected true or false%s", key->section, key->name, v, detail);
         else
-            snprintf(out, len, "%s.%s = '%s': not one of the allowed values (allowed: %s)%s", key->section,
-                     key->name, v, key->choices, detail);
+            snprintf(out, len, "%s.%s = '%s': not one of the allowed values (allowed: %s)%s", key->section, key->name,
+                     v, key->choices, detail);
         return;
     }
     default:
@@ -356,9 +377,9 @@ static void describe_bad_value(const config_key *key, const char *value, set_res
 typedef struct {
     config *c;
     const char *origin;
-    int line;              /* 0 for --set */
-    char *section;         /* current [section], NULL before the first */
-    int key_line[N_KEYS];  /* line that set KEYS[i], 0 = not yet */
+    int line;                 /* 0 for --set */
+    char *section;            /* current [section], NULL before the first */
+    int key_line[N_KEYS];     /* line that set KEYS[i], 0 = not yet */
     int section_line[N_KEYS]; /* by section_index */
     status *st;
 } parse_state;
@@ -462,7 +483,8 @@ int config_apply_override(config *c, const char *assignment, status *st) {
             name[eq - assignment] = '\0';
             const char *alias = suggest_alias_lookup(KEY_ALIASES, name);
             for (size_t i = 0; !alias && i < N_KEYS; i++)
-                if (!strcmp(KEYS[i].name, name)) snprintf(hint, sizeof hint, "; did you mean %s.%s", KEYS[i].section, name);
+                if (!strcmp(KEYS[i].name, name))
+                    snprintf(hint, sizeof hint, "; did you mean %s.%s", KEYS[i].section, name);
             if (alias) snprintf(hint, sizeof hint, "; did you mean %s", alias);
             if (hint[0]) snprintf(hint + strlen(hint), sizeof hint - strlen(hint), "=%.40s?", eq + 1);
             free(name);
@@ -509,15 +531,14 @@ int config_check(const config *c, const char *origin, status *st) {
     if (c->head == HEAD_CLS && c->n_classes < CONFIG_LISTOPS_CLASSES)
         REJECT("%s: model.n_classes = %d is below the %d classes of data.task = listops", origin, c->n_classes,
                CONFIG_LISTOPS_CLASSES);
-    if (c->head == HEAD_LM && c->task == TASK_LISTOPS)
-        REJECT("%s: data.task = listops needs model.head = cls", origin);
+    if (c->head == HEAD_LM && c->task == TASK_LISTOPS) REJECT("%s: data.task = listops needs model.head = cls", origin);
     if (c->task == TASK_COPY && c->vocab_size < 11)
         REJECT("%s: data.task = copy needs model.vocab_size >= 11 (symbols 1..10), got %d", origin, c->vocab_size);
     if (c->task == TASK_COPY && c->seq_len < 4)
         REJECT("%s: data.task = copy needs data.seq_len >= 4, got %d", origin, c->seq_len);
     if (c->task == TASK_CHAIN && c->chain_len > c->vocab_size)
-        REJECT("%s: data.chain_len = %d exceeds model.vocab_size = %d (tokens must be distinct)", origin,
-               c->chain_len, c->vocab_size);
+        REJECT("%s: data.chain_len = %d exceeds model.vocab_size = %d (tokens must be distinct)", origin, c->chain_len,
+               c->vocab_size);
     if (c->task == TASK_TEXT && c->vocab_size != 256)
         REJECT("%s: data.task = text is byte-level and needs model.vocab_size = 256", origin);
     if (c->task == TASK_TEXT && !c->data_path[0]) REJECT("%s: data.task = text needs data.path", origin);

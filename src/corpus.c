@@ -12,8 +12,7 @@
 #include <unistd.h>
 
 static const char *kind_of(mode_t mode) {
-    return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISSOCK(mode) ? "a socket"
-                                                                       : "a device";
+    return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISSOCK(mode) ? "a socket" : "a device";
 }
 
 int corpus_map_file(const char *path, const unsigned char **bytes, long long *size, status *st) {
@@ -117,8 +116,10 @@ static int add_item(corpus *c, const char *item, status *st) {
     int first = c->n_docs;
     if (add_tree(c, item, st)) return EXIT_BAD_FILE;
     if (c->n_docs == first)
-        return status_fail(st, EXIT_BAD_FILE, "data.path = %s: the directory holds no non-empty regular file "
-                           "(hidden files are skipped)", item);
+        return status_fail(st, EXIT_BAD_FILE,
+                           "data.path = %s: the directory holds no non-empty regular file "
+                           "(hidden files are skipped)",
+                           item);
     qsort(c->docs + first, (size_t)(c->n_docs - first), sizeof(corpus_document), compare_paths);
     return 0;
 }
@@ -130,8 +131,9 @@ int corpus_open(corpus *c, const char *spec, status *st) {
     for (char *item = items, *next; item && rc == 0; item = next) {
         next = strchr(item, ',');
         if (next) *next++ = '\0';
-        rc = item[0] ? add_item(c, item, st)
-                     : status_fail(st, EXIT_BAD_FILE, "data.path = %s: an empty path in the comma-separated list", spec);
+        rc = item[0]
+                 ? add_item(c, item, st)
+                 : status_fail(st, EXIT_BAD_FILE, "data.path = %s: an empty path in the comma-separated list", spec);
     }
     free(items);
     if (rc) {

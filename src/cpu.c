@@ -40,9 +40,8 @@ void cpu_f32_to_bf16_portable(uint16_t *dst, const float *src, size_t n) {
 
 /* vcvtne2ps2bf16 converts 32 floats per instruction; the tail goes through
  * the 16-wide form with masked loads and stores. */
-__attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"))) static void f32_to_bf16_avx512(uint16_t *dst,
-                                                                                              const float *src,
-                                                                                              size_t n) {
+__attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"))) static void
+f32_to_bf16_avx512(uint16_t *dst, const float *src, size_t n) {
     size_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m512 low = _mm512_loadu_ps(src + i), high = _mm512_loadu_ps(src + i + 16);
@@ -59,10 +58,8 @@ __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"))) static void f32_
 void cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
     static int native = -1; /* decided once: the CPU does not change */
     if (native < 0) native = cpu_has_avx512_bf16();
-    if (native)
-        f32_to_bf16_avx512(dst, src, n);
-    else
-        cpu_f32_to_bf16_portable(dst, src, n);
+    if (native) f32_to_bf16_avx512(dst, src, n);
+    else cpu_f32_to_bf16_portable(dst, src, n);
 }
 
 bool cpu_has_avx512_core(void) {

@@ -7,12 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
 #include "momfmm/corpus.h"
 #include "momfmm/dist.h"
 #include "momfmm/listops.h"
 #include "momfmm/rng.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 
 struct data_source {
     config cfg;
@@ -53,7 +53,8 @@ static int open_text(data_source *d, status *st) {
     corpus_split(&d->text, c->eval_fraction, &d->train_end, &d->eval_start);
     long long eval_bytes = d->text.size - d->eval_start;
     if (d->train_end < c->seq_len + 1 || eval_bytes < c->seq_len + 1)
-        return status_fail(st, EXIT_BAD_FILE, "data.path = %s: %d document(s) of %lld bytes split into %lld train and "
+        return status_fail(st, EXIT_BAD_FILE,
+                           "data.path = %s: %d document(s) of %lld bytes split into %lld train and "
                            "%lld eval bytes, too short for data.seq_len = %d in both splits (data.eval_fraction = %g)",
                            c->data_path, d->text.n_docs, d->text.size, d->train_end, eval_bytes, c->seq_len,
                            c->eval_fraction);
@@ -74,7 +75,8 @@ static int parse_label(const char *field) {
 static int add_listops_row(data_source *d, char *line, int line_no, int *cap, status *st) {
     const config *c = &d->cfg;
     char *tab = strchr(line, '\t');
-    if (!tab) return status_fail(st, EXIT_BAD_FILE, "data.path = %s:%d: expected Source<TAB>Target", c->data_path, line_no);
+    if (!tab)
+        return status_fail(st, EXIT_BAD_FILE, "data.path = %s:%d: expected Source<TAB>Target", c->data_path, line_no);
     *tab = '\0';
     int label = parse_label(tab + 1);
     if (label < 0)
@@ -88,8 +90,10 @@ static int add_listops_row(data_source *d, char *line, int line_no, int *cap, st
     int32_t *tokens = d->rows + (size_t)d->n_rows * c->seq_len;
     int length = listops_tokenize(line, tokens, c->seq_len);
     if (length == LISTOPS_UNKNOWN_WORD)
-        return status_fail(st, EXIT_BAD_FILE, "data.path = %s:%d: Source has a word other than [MIN [MAX [MED [SM ] "
-                           "( ) and the digits", c->data_path, line_no);
+        return status_fail(st, EXIT_BAD_FILE,
+                           "data.path = %s:%d: Source has a word other than [MIN [MAX [MED [SM ] "
+                           "( ) and the digits",
+                           c->data_path, line_no);
     if (length <= 0) return 0; /* empty, or longer than data.seq_len: LRA drops these too */
     d->row_labels[d->n_rows++] = label;
     return 0;
@@ -144,20 +148,23 @@ static int check_listops_limits(data_source *d, status *st) {
     listops_limits lim = listops_limits_of(c);
     int cap = c->listops_max_len < c->seq_len ? c->listops_max_len : c->seq_len;
     if (cap < LISTOPS_SHORTEST)
-        return status_fail(st, EXIT_USAGE, "data.listops_max_len = %d and data.seq_len = %d allow %d tokens, but the "
-                           "shortest expression (an operator, two digits and ']') has %d", c->listops_max_len,
-                           c->seq_len, cap, (int)LISTOPS_SHORTEST);
+        return status_fail(st, EXIT_USAGE,
+                           "data.listops_max_len = %d and data.seq_len = %d allow %d tokens, but the "
+                           "shortest expression (an operator, two digits and ']') has %d",
+                           c->listops_max_len, c->seq_len, cap, (int)LISTOPS_SHORTEST);
     long long longest = listops_longest(&lim);
     if (c->listops_min_len > longest)
-        return status_fail(st, EXIT_USAGE, "data.listops_min_len = %d exceeds the longest expression (%lld tokens) "
+        return status_fail(st, EXIT_USAGE,
+                           "data.listops_min_len = %d exceeds the longest expression (%lld tokens) "
                            "that data.listops_max_depth = %d and data.listops_max_args = %d allow",
                            c->listops_min_len, longest, c->listops_max_depth, c->listops_max_args);
     int length;
     uint64_t key = rng_key((uint64_t)c->seed, SPLIT_EVAL, 0, 0);
     if (listops_generate(key, &lim, c->seq_len, d->sequence, &length) < 0)
-        return status_fail(st, EXIT_USAGE, "data.listops_min_len = %d, data.listops_max_len = %d: no expression of an "
-                           "allowed length in %d attempts; widen the range", c->listops_min_len,
-                           c->listops_max_len, LISTOPS_MAX_ATTEMPTS);
+        return status_fail(st, EXIT_USAGE,
+                           "data.listops_min_len = %d, data.listops_max_len = %d: no expression of an "
+                           "allowed length in %d attempts; widen the range",
+                           c->listops_min_len, c->listops_max_len, LISTOPS_MAX_ATTEMPTS);
     return 0;
 }
 
@@ -257,7 +264,8 @@ static int listops_sample(const data_source *d, uint64_t key, int split, int32_t
     const config *c = &d->cfg;
     int length;
     if (d->rows) {
-        int lo = split == SPLIT_TRAIN ? 0 : d->n_train_rows, n = split == SPLIT_TRAIN ? d->n_train_rows : d->n_rows - d->n_train_rows;
+        int lo = split == SPLIT_TRAIN ? 0 : d->n_train_rows,
+            n = split == SPLIT_TRAIN ? d->n_train_rows : d->n_rows - d->n_train_rows;
         int row = lo + (int)rng_below(key, 0, (uint32_t)n);
         memcpy(inputs, d->rows + (size_t)row * T, sizeof(int32_t) * T);
         *label = d->row_labels[row];

@@ -207,8 +207,9 @@ int dist_check_consistency(const void *bytes, size_t n, long long step, status *
     int code = 0;
     for (int r = 1; r < size && code == 0; r++)
         if (all[r] != all[0])
-            code = status_fail(st, 1, "step %lld: parameters of rank %d differ from rank 0 (checksum %016llx vs %016llx)",
-                               step, r, (unsigned long long)all[r], (unsigned long long)all[0]);
+            code =
+                status_fail(st, 1, "step %lld: parameters of rank %d differ from rank 0 (checksum %016llx vs %016llx)",
+                            step, r, (unsigned long long)all[r], (unsigned long long)all[0]);
     free(all);
     return code;
 }
@@ -352,8 +353,8 @@ static void launch(dist_reducer *r, int index) {
          * the data volume of a reduce-scatter, half an all-reduce's */
         size_t lo, hi;
         float *recv = my_part(r, index, &lo, &hi) ? r->slice + (lo - r->first) : r->slice;
-        MPI_Ireduce_scatter(r->grads + b->start, recv, r->counts + (size_t)index * dist_size(), MPI_FLOAT,
-                            MPI_SUM, world, &r->requests[index]);
+        MPI_Ireduce_scatter(r->grads + b->start, recv, r->counts + (size_t)index * dist_size(), MPI_FLOAT, MPI_SUM,
+                            world, &r->requests[index]);
     } else {
         MPI_Iallreduce(MPI_IN_PLACE, r->grads + b->start, (int)b->count, MPI_FLOAT, MPI_SUM, world,
                        &r->requests[index]);

@@ -39,7 +39,8 @@ static double stream_batch(model *m, const data_batch *b, int segment, const flo
     double max_diff = 0;
     for (int pos = 0; pos < T && max_diff >= 0; pos += segment) {
         int n = T - pos < segment ? T - pos : segment;
-        for (int s = 0; s < S; s++) memcpy(tokens + (size_t)s * n, b->inputs + (size_t)s * T + pos, sizeof(int32_t) * n);
+        for (int s = 0; s < S; s++)
+            memcpy(tokens + (size_t)s * n, b->inputs + (size_t)s * T + pos, sizeof(int32_t) * n);
         if (stream_forward(m, &st, tokens, n, seg_logits, err) != 0) {
             max_diff = -1;
             break;
@@ -61,9 +62,9 @@ static double stream_batch(model *m, const data_batch *b, int segment, const flo
 /* Running sums of one evaluation, reduced over ranks at the end. */
 typedef struct {
     metric_sums full, streamed;
-    double *gains;   /* [2L + 1]: gain ratio sums per block, the row count, then the
+    double *gains; /* [2L + 1]: gain ratio sums per block, the row count, then the
                       * attention sublayer's ratio sums per layer (gain_R_attn) */
-    float *losses;   /* [B*T] streamed losses */
+    float *losses; /* [B*T] streamed losses */
     int32_t *predictions;
     double max_diff;
 } eval_sums;
@@ -141,8 +142,13 @@ void eval_result_row(const eval_result *r, long long step, const metric_table *e
     const struct {
         const char *name;
         double value;
-    } scalars[] = {{"step", (double)step}, {"loss", e->loss}, {"L_new", e->L_new}, {"L_rep", e->L_rep},
-                   {"delta_12", e->delta_12}, {"acc", e->acc}, {"exact_match", e->exact_match}};
+    } scalars[] = {{"step", (double)step},
+                   {"loss", e->loss},
+                   {"L_new", e->L_new},
+                   {"L_rep", e->L_rep},
+                   {"delta_12", e->delta_12},
+                   {"acc", e->acc},
+                   {"exact_match", e->exact_match}};
     for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++)
         metric_table_set(eval_log, row, scalars[i].name, &scalars[i].value);
     metric_table_set(eval_log, row, "loss_by_k", e->loss_by_k);

@@ -36,7 +36,10 @@
 /* Keys j of row i lie in [i - half + 1, i] (causal) or |i - j| < half
  * (non-causal).  half = min(bandwidth, T): a band wider than the sequence
  * holds the same keys, and clamping keeps `saved` at most [T, 2T - 1]. */
-typedef struct { int half, width; bool causal; } band_geometry;
+typedef struct {
+    int half, width;
+    bool causal;
+} band_geometry;
 
 static band_geometry band_of(const fmm_settings *s, int T) {
     band_geometry g;
@@ -52,15 +55,12 @@ static int effective_chunk(const fmm_settings *s, int T) {
     return c < T ? c : T;
 }
 
-static int far_kernels(const fmm_settings *s) {
-    return s->n_kernels > 0 ? s->n_kernels : 0;
-}
+static int far_kernels(const fmm_settings *s) { return s->n_kernels > 0 ? s->n_kernels : 0; }
 
 size_t fmm_head_saved_floats(const fmm_settings *s, int T, int dh) {
     if (T <= 0) return 0;
     size_t t = (size_t)T;
-    return t * (size_t)band_of(s, T).width +
-           (size_t)far_kernels(s) * t * (size_t)(dh + 1);
+    return t * (size_t)band_of(s, T).width + (size_t)far_kernels(s) * t * (size_t)(dh + 1);
 }
 
 /* Scratch, carved by carve_scratch: phi_q, phi_k [T, dh]; v_aug, u_aug,
@@ -130,8 +130,7 @@ static int band_limits(const band_geometry *g, int i, int T, int *lo, int *hi) {
 
 /* Softmax of row i's band scores, written into p (width W, zeros outside the
  * band).  The row maximum is subtracted before exp (no overflow). */
-static void band_softmax_row(const band_geometry *g, const float *qi, const float *k,
-                             float *p, int i, int T, int dh) {
+static void band_softmax_row(const band_geometry *g, const float *qi, const float *k, float *p, int i, int T, int dh) {
     int lo, hi, base = band_limits(g, i, T, &lo, &hi);
     float scale = 1.0f / sqrtf((float)dh), max = -INFINITY, sum = 0.0f;
     memset(p, 0, (size_t)g->width * sizeof *p);
@@ -147,27 +146,24 @@ static void band_softmax_row(const band_geometry *g, const float *qi, const floa
 }
 
 /* out_i = weight * Σ_j p_ij v_j (overwrites out); saves P. */
-static void band_softmax_forward(const band_geometry *g, const float *q, const float *k,
-                                 const float *v, float weight, float *P, float *out,
-                                 int T, int dh) {
+static void band_softmax_forward(const band_geometry *g, const float *q, const float *k, const float *v, float weight,
+                                 float *P, float *out, int T, int dh) {
     for (int i = 0; i < T; i++) {
         float *p = P + (size_t)i * g->width, *oi = out + (size_t)i * dh;
         int lo, hi, base;
         band_softmax_row(g, q + (size_t)i * dh, k, p, i, T, dh);
         base = band_limits(g, i, T, &lo, &hi);
         memset(oi, 0, (size_t)dh * sizeof *oi);
-        for (int j = lo; j <= hi; j++)
-            add_scaled(oi, weight * p[j - base], v + (size_t)j * dh, dh);
+        for (int j = lo; j <= hi; j++) add_scaled(oi, weight * p[j - base], v + (size_t)j * dh, dh);
     }
 }
 
 /* Adds the near field's dq, dk, dv; returns Σ_i dout_i · near_i (for the
  * blend-logit gradient), computed from e_ij = dout_i · v_j so near need not
  * be saved.  Softmax backward: ds_ij = p_ij (dp_ij - Σ_j' p_ij' dp_ij'). */
-static double band_softmax_backward(const band_geometry *g, const float *q,
-                                    const float *k, const float *v, float weight,
-                                    const float *P, const float *dout, float *dq,
-                                    float *dk, float *dv, float *e, int T, int dh) {
+static double band_softmax_backward(const band_geometry *g, const float *q, const float *k, const float *v,
+                                    float weight, const float *P, const float *dout, float *dq, float *dk, float *dv,
+                                    float *e, int T, int dh) {
     float scale = 1.0f / sqrtf((float)dh);
     double dout_dot_near = 0.0;
     for (int i = 0; i < T; i++) {
@@ -215,9 +211,7 @@ static inline float phi_tanh(float x) {
 
 /* φ'(x) from x and φ(x), avoiding another exp: elu: φ where x <= 0
  * (φ = e^x), else 1; elu_flip: -elu'(-x); tanh: 1 - tanh² = φ (2 - φ). */
-static inline float slope_elu(float x, float phi) {
-    return phi + (float)(x > 0.0f) * (1.0f - phi);
-}
+static inline float slope_elu(float x, float phi) { return phi + (float)(x > 0.0f) * (1.0f - phi); }
 
 static inline float slope_elu_flip(float x, float phi) { return -slope_elu(-x, phi); }
 
@@ -227,15 +221,13 @@ static inline float slope_tanh(float x, float phi) {
 }
 
 static float feature_value(fmm_feature_map m, float x) {
-    return m == FEATURE_ELU ? phi_elu(x) : m == FEATURE_ELU_FLIP ? phi_elu_flip(x)
-                                                                 : phi_tanh(x);
+    return m == FEATURE_ELU ? phi_elu(x) : m == FEATURE_ELU_FLIP ? phi_elu_flip(x) : phi_tanh(x);
 }
 
 float fmm_feature(fmm_feature_map m, float x) { return feature_value(m, x); }
 
 static float feature_slope(fmm_feature_map m, float x, float phi) {
-    return m == FEATURE_ELU ? slope_elu(x, phi)
-           : m == FEATURE_ELU_FLIP ? slope_elu_flip(x, phi) : slope_tanh(x, phi);
+    return m == FEATURE_ELU ? slope_elu(x, phi) : m == FEATURE_ELU_FLIP ? slope_elu_flip(x, phi) : slope_tanh(x, phi);
 }
 
 /* gcc -O2 vectorises only loops of known length, so elementwise work runs
@@ -278,11 +270,9 @@ static void chain_block(fmm_feature_map m, const float *restrict x, const float 
 }
 
 /* dx += dphi ⊙ φ'(x): the chain rule through the feature map (n values). */
-static void feature_chain(fmm_feature_map m, const float *x, const float *phi,
-                          const float *dphi, float *dx, size_t n) {
+static void feature_chain(fmm_feature_map m, const float *x, const float *phi, const float *dphi, float *dx, size_t n) {
     size_t i = 0;
-    for (; i + VEC_BLOCK <= n; i += VEC_BLOCK)
-        chain_block(m, x + i, phi + i, dphi + i, dx + i);
+    for (; i + VEC_BLOCK <= n; i += VEC_BLOCK) chain_block(m, x + i, phi + i, dphi + i, dx + i);
     for (; i < n; i++) dx[i] += dphi[i] * feature_slope(m, x[i], phi[i]);
 }
 
@@ -294,14 +284,11 @@ static void feature_chain(fmm_feature_map m, const float *x, const float *phi,
  * reverse-time sums that dk and dv need) or every j (non-causal). */
 typedef enum { SUM_PAST, SUM_FUTURE, SUM_ALL } sum_range;
 
-static sum_range reversed(sum_range r) {
-    return r == SUM_PAST ? SUM_FUTURE : r == SUM_FUTURE ? SUM_PAST : SUM_ALL;
-}
+static sum_range reversed(sum_range r) { return r == SUM_PAST ? SUM_FUTURE : r == SUM_FUTURE ? SUM_PAST : SUM_ALL; }
 
 /* Through the process-wide GEMM engine (gemm.h; docs/scale.md §7): cblas_sgemm
  * itself for fp32/OpenBLAS, oneDNN's matmul for the other engines. */
-static void sgemm(bool ta, bool tb, int M, int N, int K,
-                  const float *A, int lda, const float *B, int ldb, float beta,
+static void sgemm(bool ta, bool tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb, float beta,
                   float *C, int ldc) {
     gemm_product(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
@@ -311,24 +298,21 @@ static void sgemm(bool ta, bool tb, int M, int N, int K,
 static void mask_block(float *block, int len, sum_range range) {
     for (int i = 0; i < len; i++) {
         float *row = block + (size_t)i * len;
-        if (range == SUM_PAST)
-            memset(row + i + 1, 0, (size_t)(len - i - 1) * sizeof *row);
-        else
-            memset(row, 0, (size_t)i * sizeof *row);
+        if (range == SUM_PAST) memset(row + i + 1, 0, (size_t)(len - i - 1) * sizeof *row);
+        else memset(row, 0, (size_t)i * sizeof *row);
     }
 }
 
 typedef struct {
-    const float *A, *B, *X;   /* [T, m], [T, m], [T, n] */
-    float *Y;                 /* [T, n] */
+    const float *A, *B, *X; /* [T, m], [T, m], [T, n] */
+    float *Y;               /* [T, n] */
     int m, n;
 } lin_operands;
 
 /* One chunk [start, start + len): intra-chunk part through the masked
  * len x len block A_c B_cᵀ, inter-chunk part A_c · state, where state =
  * Σ B_j X_jᵀ over the chunks already visited; then the chunk joins state. */
-static void linear_attention_chunk(const lin_operands *o, int start, int len,
-                                   sum_range range, bool first, bool last,
+static void linear_attention_chunk(const lin_operands *o, int start, int len, sum_range range, bool first, bool last,
                                    float *block, float *state) {
     int m = o->m, n = o->n;
     const float *Ac = o->A + (size_t)start * m, *Bc = o->B + (size_t)start * m;
@@ -337,32 +321,25 @@ static void linear_attention_chunk(const lin_operands *o, int start, int len,
     sgemm(false, true, len, len, m, Ac, m, Bc, m, 0.0f, block, len);
     mask_block(block, len, range);
     sgemm(false, false, len, n, len, block, len, Xc, n, 0.0f, Yc, n);
-    if (!first)
-        sgemm(false, false, len, n, m, Ac, m, state, n, 1.0f, Yc, n);
-    if (!last)
-        sgemm(true, false, m, n, len, Bc, m, Xc, n, first ? 0.0f : 1.0f,
-              state, n);
+    if (!first) sgemm(false, false, len, n, m, Ac, m, state, n, 1.0f, Yc, n);
+    if (!last) sgemm(true, false, m, n, len, Bc, m, Xc, n, first ? 0.0f : 1.0f, state, n);
 }
 
 /* Y_i = Σ_{j in range(i)} (A_i · B_j) X_j without forming the T x T matrix.
  * SUM_ALL uses one global state Bᵀ X (m x n).  The chunk size only changes
  * the summation order, so results agree across chunk sizes up to rounding.
  * Scratch: block [C, C], state [m, n]. */
-static void linear_attention_product(const lin_operands *o, int T, sum_range range,
-                                     int C, float *block, float *state) {
+static void linear_attention_product(const lin_operands *o, int T, sum_range range, int C, float *block, float *state) {
     if (range == SUM_ALL) {
-        sgemm(true, false, o->m, o->n, T, o->B, o->m, o->X, o->n, 0.0f,
-              state, o->n);
-        sgemm(false, false, T, o->n, o->m, o->A, o->m, state, o->n, 0.0f,
-              o->Y, o->n);
+        sgemm(true, false, o->m, o->n, T, o->B, o->m, o->X, o->n, 0.0f, state, o->n);
+        sgemm(false, false, T, o->n, o->m, o->A, o->m, state, o->n, 0.0f, o->Y, o->n);
         return;
     }
     int n_chunks = (T + C - 1) / C;
     for (int step = 0; step < n_chunks; step++) {
         int c = range == SUM_PAST ? step : n_chunks - 1 - step;
         int start = c * C, len = T - start < C ? T - start : C;
-        linear_attention_chunk(o, start, len, range, step == 0, step == n_chunks - 1,
-                               block, state);
+        linear_attention_chunk(o, start, len, range, step == 0, step == n_chunks - 1, block, state);
     }
 }
 
@@ -387,8 +364,8 @@ typedef struct {
 
 /* Writes kernel l's [num | den] into nd ([T, dh + 1]), adds
  * weight * num / (den + eps) to out.  Expects fc->sc.v_aug = [v | 1]. */
-static void far_kernel_forward(const far_context *fc, fmm_feature_map m, const float *q,
-                               const float *k, float weight, float *nd, float *out) {
+static void far_kernel_forward(const far_context *fc, fmm_feature_map m, const float *q, const float *k, float weight,
+                               float *nd, float *out) {
     int T = fc->T, dh = fc->dh;
     apply_feature_map(m, q, fc->sc.phi_q, (size_t)T * dh);
     apply_feature_map(m, k, fc->sc.phi_k, (size_t)T * dh);
@@ -403,8 +380,7 @@ static void far_kernel_forward(const far_context *fc, fmm_feature_map m, const f
 /* Gradient w.r.t. the augmented value rows, u'_i = [g_i / D_i, -(g_i·o_i)/D_i]
  * with g_i = weight * dout_i, o_i = far_l,i, D_i = den_i + eps: then
  * d(num_i) = u_i and d(den_i) = the last entry.  Returns Σ_i dout_i · o_i. */
-static double build_u_aug(const far_context *fc, const float *nd, const float *dout,
-                          float weight, float *u_aug) {
+static double build_u_aug(const far_context *fc, const float *nd, const float *dout, float weight, float *u_aug) {
     int dh = fc->dh;
     double dout_dot_far = 0.0;
     for (int i = 0; i < fc->T; i++) {
@@ -424,9 +400,8 @@ static double build_u_aug(const far_context *fc, const float *nd, const float *d
  *   dφk_j = Σ_{i>=j} (v'_j·u'_i) φq_i       reverse-time state  U'ᵀ φQ
  *   dv'_j = Σ_{i>=j} (φk_j·φq_i) u'_i       reverse-time state  φQᵀ U'
  * Adds into dq, dk, dv; returns Σ_i dout_i · far_l,i. */
-static double far_kernel_backward(const far_context *fc, fmm_feature_map m, const float *q,
-                                  const float *k, float weight, const float *nd,
-                                  const float *dout, float *dq, float *dk, float *dv) {
+static double far_kernel_backward(const far_context *fc, fmm_feature_map m, const float *q, const float *k,
+                                  float weight, const float *nd, const float *dout, float *dq, float *dk, float *dv) {
     int T = fc->T, dh = fc->dh, e = dh + 1;
     const fmm_scratch *sc = &fc->sc;
     apply_feature_map(m, q, sc->phi_q, (size_t)T * dh);
@@ -444,8 +419,7 @@ static double far_kernel_backward(const far_context *fc, fmm_feature_map m, cons
 
     lin_operands dv_aug = {sc->phi_k, sc->phi_q, sc->u_aug, sc->result, dh, e};
     linear_attention_product(&dv_aug, T, back, fc->C, sc->block, sc->state);
-    for (int i = 0; i < T; i++)
-        add_scaled(dv + (size_t)i * dh, 1.0f, sc->result + (size_t)i * e, dh);
+    for (int i = 0; i < T; i++) add_scaled(dv + (size_t)i * dh, 1.0f, sc->result + (size_t)i * e, dh);
     return dout_dot_far;
 }
 
@@ -464,33 +438,26 @@ static far_context far_context_of(const fmm_settings *s, float *scratch, int T, 
 /* Head forward / backward                                                   */
 /* ------------------------------------------------------------------------ */
 
-void fmm_head_forward(const fmm_settings *s, const float *q, const float *k,
-                      const float *v, float blend_near, float blend_far,
-                      float *out, float *saved, float *scratch, int T, int dh) {
+void fmm_head_forward(const fmm_settings *s, const float *q, const float *k, const float *v, float blend_near,
+                      float blend_far, float *out, float *saved, float *scratch, int T, int dh) {
     if (T <= 0) return;
     band_geometry g = band_of(s, T);
     int r = far_kernels(s);
-    if (g.width > 0)
-        band_softmax_forward(&g, q, k, v, sigmoid(blend_near), saved, out, T, dh);
-    else
-        memset(out, 0, (size_t)T * dh * sizeof *out);
+    if (g.width > 0) band_softmax_forward(&g, q, k, v, sigmoid(blend_near), saved, out, T, dh);
+    else memset(out, 0, (size_t)T * dh * sizeof *out);
     if (r == 0) return;
 
     far_context fc = far_context_of(s, scratch, T, dh);
     float *nd = saved + (size_t)T * g.width;
-    float weight = sigmoid(blend_far) / (float)r;   /* σ(w_far) · (1/r) Σ_l */
+    float weight = sigmoid(blend_far) / (float)r; /* σ(w_far) · (1/r) Σ_l */
     fill_augmented(fc.sc.v_aug, v, T, dh);
     for (int l = 0; l < r; l++)
-        far_kernel_forward(&fc, s->kernels[l], q, k, weight,
-                           nd + (size_t)l * T * (dh + 1), out);
+        far_kernel_forward(&fc, s->kernels[l], q, k, weight, nd + (size_t)l * T * (dh + 1), out);
 }
 
-void fmm_head_backward(const fmm_settings *s, const float *q, const float *k,
-                       const float *v, float blend_near, float blend_far,
-                       const float *saved, const float *dout,
-                       float *dq, float *dk, float *dv,
-                       float *d_blend_near, float *d_blend_far,
-                       float *scratch, int T, int dh) {
+void fmm_head_backward(const fmm_settings *s, const float *q, const float *k, const float *v, float blend_near,
+                       float blend_far, const float *saved, const float *dout, float *dq, float *dk, float *dv,
+                       float *d_blend_near, float *d_blend_far, float *scratch, int T, int dh) {
     if (T <= 0) return;
     size_t n = (size_t)T * dh;
     memset(dq, 0, n * sizeof *dq);
@@ -502,19 +469,18 @@ void fmm_head_backward(const fmm_settings *s, const float *q, const float *k,
 
     if (g.width > 0) {
         float sn = sigmoid(blend_near);
-        double dot_near = band_softmax_backward(&g, q, k, v, sn, saved, dout, dq, dk,
-                                                dv, sc.band_row, T, dh);
-        *d_blend_near += (float)(sn * (1.0f - sn) * dot_near);   /* σ' = σ(1-σ) */
+        double dot_near = band_softmax_backward(&g, q, k, v, sn, saved, dout, dq, dk, dv, sc.band_row, T, dh);
+        *d_blend_near += (float)(sn * (1.0f - sn) * dot_near); /* σ' = σ(1-σ) */
     }
     if (r == 0) return;
 
     far_context fc = far_context_of(s, scratch, T, dh);
     const float *nd = saved + (size_t)T * g.width;
     float sf = sigmoid(blend_far), weight = sf / (float)r;
-    double dot_far = 0.0;   /* Σ_l Σ_i dout_i · far_l,i */
+    double dot_far = 0.0; /* Σ_l Σ_i dout_i · far_l,i */
     fill_augmented(fc.sc.v_aug, v, T, dh);
     for (int l = 0; l < r; l++)
-        dot_far += far_kernel_backward(&fc, s->kernels[l], q, k, weight,
-                                       nd + (size_t)l * T * (dh + 1), dout, dq, dk, dv);
+        dot_far +=
+            far_kernel_backward(&fc, s->kernels[l], q, k, weight, nd + (size_t)l * T * (dh + 1), dout, dq, dk, dv);
     *d_blend_far += (float)(sf * (1.0f - sf) * dot_far / r);
 }

@@ -7,9 +7,7 @@
 
 #include "momfmm/fmm.h"
 
-size_t fmm_stream_state_floats(const fmm_settings *s, int dh) {
-    return (size_t)s->n_kernels * ((size_t)dh * dh + dh);
-}
+size_t fmm_stream_state_floats(const fmm_settings *s, int dh) { return (size_t)s->n_kernels * ((size_t)dh * dh + dh); }
 
 size_t fmm_stream_scratch_floats(const fmm_settings *s, int dh) {
     return (size_t)(s->bandwidth > 0 ? s->bandwidth : 1) + 3 * (size_t)dh;
@@ -53,9 +51,8 @@ static void far_row(fmm_feature_map map, float eps, const float *qi, const float
     }
 }
 
-void fmm_head_stream(const fmm_settings *s, const float *q, const float *k_all, const float *v_all, int pos,
-                     int n, float blend_near, float blend_far, float *far_state, float *out, float *scratch,
-                     int dh) {
+void fmm_head_stream(const fmm_settings *s, const float *q, const float *k_all, const float *v_all, int pos, int n,
+                     float blend_near, float blend_far, float *far_state, float *out, float *scratch, int dh) {
     float *scores = scratch, *phi = scratch + (s->bandwidth > 0 ? s->bandwidth : 1), *part = phi + dh;
     float *far_sum = part + dh;
     float w_near = sigmoid(blend_near), w_far = sigmoid(blend_far);

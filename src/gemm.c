@@ -113,8 +113,8 @@ static void scale_c(int M, int N, float beta, float *C, int ldc) {
         for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
 }
 
-void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, gemm_operand A,
-                int lda, gemm_operand B, int ldb, float beta, float *C, int ldc) {
+void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, gemm_operand A, int lda,
+                gemm_operand B, int ldb, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
         scale_c(M, N, beta, C, ldc);
@@ -128,14 +128,14 @@ void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, 
     }
 #endif
     (void)ctx;
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-                alpha, A.f32, lda, B.f32, ldb, beta, C, ldc);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
+                A.f32, lda, B.f32, ldb, beta, C, ldc);
 }
 
 void gemm(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
           const float *B, int ldb, float beta, float *C, int ldc) {
-    gemm_mixed(ctx, trans_a, trans_b, M, N, K, alpha, (gemm_operand){A, NULL}, lda, (gemm_operand){B, NULL}, ldb,
-               beta, C, ldc);
+    gemm_mixed(ctx, trans_a, trans_b, M, N, K, alpha, (gemm_operand){A, NULL}, lda, (gemm_operand){B, NULL}, ldb, beta,
+               C, ldc);
 }
 
 /* ---- The process-wide engine (gemm.h) ---------------------------------- */
@@ -145,9 +145,7 @@ static gemm_ctx *default_ctx;
 void gemm_set_default(gemm_ctx *ctx) { default_ctx = ctx; }
 gemm_ctx *gemm_default(void) { return default_ctx; }
 
-static bool uses_weight_copy(const gemm_ctx *ctx) {
-    return ctx && ctx->engine == GEMM_ONEDNN_BF16;
-}
+static bool uses_weight_copy(const gemm_ctx *ctx) { return ctx && ctx->engine == GEMM_ONEDNN_BF16; }
 
 /* The bf16 copy of an operand inside the registered weights, else NULL
  * (converted per call). The copy has the same layout, so the same offset. */
@@ -156,12 +154,12 @@ static const uint16_t *weight_copy(const gemm_ctx *ctx, const float *p) {
     return ctx->weights_bf16 + (p - ctx->weights);
 }
 
-void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
-                  const float *B, int ldb, float beta, float *C, int ldc) {
+void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                  int ldb, float beta, float *C, int ldc) {
     gemm_ctx *ctx = default_ctx;
     if (!ctx || ctx->engine == GEMM_OPENBLAS) {
-        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N,
-                    K, alpha, A, lda, B, ldb, beta, C, ldc);
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
+                    alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     gemm_operand a = {A, NULL}, b = {B, NULL};

@@ -65,9 +65,9 @@ struct gemm_onednn {
 /* A oneDNN call that fails here (primitive creation for a shape, execution)
  * is an internal error with no caller able to recover mid-product: it
  * panics (exit 1, every rank; docs/design.md §8.7) naming the call. */
-#define DNNL_CHECK(call)                                                                                   \
-    do {                                                                                                   \
-        dnnl_status_t check_status_ = (call);                                                              \
+#define DNNL_CHECK(call)                                                                                             \
+    do {                                                                                                             \
+        dnnl_status_t check_status_ = (call);                                                                        \
         if (check_status_ != dnnl_success) status_panic(1, "oneDNN: %s: %s", #call, dnnl_status2str(check_status_)); \
     } while (0)
 
@@ -246,8 +246,7 @@ static const uint16_t *bf16_operand(bf16_buffer *buf, const float *f32, const ui
         buf->data = aligned_bytes(need * sizeof *buf->data);
         buf->capacity = need;
     }
-    for (int r = 0; r < rows; r++)
-        cpu_f32_to_bf16(buf->data + (size_t)r * cols, f32 + (size_t)r * ld, (size_t)cols);
+    for (int r = 0; r < rows; r++) cpu_f32_to_bf16(buf->data + (size_t)r * cols, f32 + (size_t)r * ld, (size_t)cols);
     *used_ld = cols;
     return buf->data;
 }

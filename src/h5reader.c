@@ -12,7 +12,6 @@
 #include "momfmm/status.h"
 #include "momfmm/sys.h"
 
-
 _Noreturn void h5reader_fail(h5reader *r, const char *fmt, ...) {
     int used = snprintf(r->err->message, sizeof r->err->message, "%s: ", r->path);
     va_list args;
@@ -74,7 +73,8 @@ char *h5reader_attr_string(h5reader *r, const char *name) {
         H5free_memory(value);
     } else {
         size_t size = H5Tget_size(type);
-        if (size == 0 || size > MAX_ATTR_STRING) h5reader_fail(r, "attribute '%s' has an implausible size %zu", name, size);
+        if (size == 0 || size > MAX_ATTR_STRING)
+            h5reader_fail(r, "attribute '%s' has an implausible size %zu", name, size);
         H5Tset_size(mem, size + 1);
         result = sys_calloc(size + 2, 1);
         if (H5Aread(attr, mem, result) < 0) h5reader_fail(r, "cannot read attribute '%s'", name);
@@ -131,11 +131,11 @@ unsigned long long h5reader_checked_elements(h5reader *r, const char *name, hid_
     H5Tclose(type);
     if (n > 0 && (filters == 0 ? stored < bytes : stored == 0))
         h5reader_fail(r, "%s declares %llu elements (%llu bytes) but the file stores %llu bytes of it", name, n, bytes,
-                    stored);
+                      stored);
     double available = sys_memory_available();
     if (available > 0 && (double)bytes > available)
         h5reader_fail(r, "%s declares %llu elements (%.3g GB), more than the %.3g GB of memory available", name, n,
-                    (double)bytes / 1e9, available / 1e9);
+                      (double)bytes / 1e9, available / 1e9);
     return n;
 }
 
@@ -145,11 +145,11 @@ void h5reader_require_integer(h5reader *r, const char *name, hid_t dset) {
     hid_t type = H5Dget_type(dset);
     H5T_class_t kind = H5Tget_class(type);
     H5Tclose(type);
-    static const char *names[] = {"integer", "float", "time", "string", "bitfield", "opaque", "compound",
-                                  "reference", "enum", "variable-length", "array"};
+    static const char *names[] = {"integer",  "float",     "time", "string",          "bitfield", "opaque",
+                                  "compound", "reference", "enum", "variable-length", "array"};
     if (kind != H5T_INTEGER)
         h5reader_fail(r, "%s must hold integers, not %s values", name,
-                    kind >= 0 && kind < (int)(sizeof names / sizeof names[0]) ? names[kind] : "unknown");
+                      kind >= 0 && kind < (int)(sizeof names / sizeof names[0]) ? names[kind] : "unknown");
 }
 
 hid_t h5reader_open_checked_rows(h5reader *r, const char *name, int ndim, const hsize_t *dims, bool more_rows) {
@@ -172,7 +172,8 @@ hid_t h5reader_open_checked(h5reader *r, const char *name, int ndim, const hsize
     return h5reader_open_checked_rows(r, name, ndim, dims, false);
 }
 
-void h5reader_read_leading_rows(h5reader *r, const char *name, bool more_rows, int ndim, const hsize_t *dims, double *out) {
+void h5reader_read_leading_rows(h5reader *r, const char *name, bool more_rows, int ndim, const hsize_t *dims,
+                                double *out) {
     hid_t dset = h5reader_open_checked_rows(r, name, ndim, dims, more_rows);
     hid_t file_space = H5Dget_space(dset), mem_space = H5Screate_simple(ndim, dims, NULL);
     hsize_t start[H5S_MAX_RANK] = {0};
@@ -192,7 +193,7 @@ void h5reader_read_checked(h5reader *r, const char *name, hid_t mem_type, int nd
 }
 
 int h5reader_run_into(const char *path, unsigned open_flags, const char *what, h5reader_body body, void *ctx,
-                           status *err) {
+                      status *err) {
     status_clear(err);
     /* on the heap: a local changed after setjmp would be indeterminate after longjmp */
     h5reader *r = sys_calloc(1, sizeof *r);
@@ -215,4 +216,3 @@ int h5reader_run(const char *path, const char *what, h5reader_body body, void *c
     status ignored;
     return h5reader_run_into(path, H5F_ACC_RDONLY, what, body, ctx, err ? err : &ignored);
 }
-

@@ -8,24 +8,21 @@
 #include <math.h>
 #include <string.h>
 
-void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
-                    int rows, int in_dim, int out_dim) {
+void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int rows, int in_dim,
+                    int out_dim) {
     float beta = 0.0f;
     if (bias) {
         for (int r = 0; r < rows; r++) memcpy(out + (size_t)r * out_dim, bias, sizeof(float) * out_dim);
         beta = 1.0f;
     }
-    gemm_product(false, true, rows, out_dim, in_dim, 1.0f, inp, in_dim,
-                 weight, in_dim, beta, out, out_dim);
+    gemm_product(false, true, rows, out_dim, in_dim, 1.0f, inp, in_dim, weight, in_dim, beta, out, out_dim);
 }
 
-void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                     const float *inp, const float *weight, int rows, int in_dim, int out_dim) {
+void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                     const float *weight, int rows, int in_dim, int out_dim) {
     if (dinp)
-        gemm_product(false, false, rows, in_dim, out_dim, 1.0f, dout,
-                     out_dim, weight, in_dim, 0.0f, dinp, in_dim);
-    gemm_product(true, false, out_dim, in_dim, rows, 1.0f, dout, out_dim,
-                 inp, in_dim, 1.0f, dweight, in_dim);
+        gemm_product(false, false, rows, in_dim, out_dim, 1.0f, dout, out_dim, weight, in_dim, 0.0f, dinp, in_dim);
+    gemm_product(true, false, out_dim, in_dim, rows, 1.0f, dout, out_dim, inp, in_dim, 1.0f, dweight, in_dim);
     if (dbias)
         for (int r = 0; r < rows; r++) {
             const float *row = dout + (size_t)r * out_dim;
@@ -33,8 +30,8 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
         }
 }
 
-VECTOR_CLONES void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                       const float *weight, const float *bias, int rows, int dim) {
+VECTOR_CLONES void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                                     const float *bias, int rows, int dim) {
     for (int r = 0; r < rows; r++) {
         const float *x = inp + (size_t)r * dim;
         float *y = out + (size_t)r * dim;
@@ -49,9 +46,8 @@ VECTOR_CLONES void layernorm_forward(float *out, float *mean, float *rstd, const
     }
 }
 
-VECTOR_CLONES void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, const float *mean,
-                        const float *rstd, int rows, int dim) {
+VECTOR_CLONES void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                      const float *weight, const float *mean, const float *rstd, int rows, int dim) {
     for (int r = 0; r < rows; r++) {
         const float *x = inp + (size_t)r * dim, *dy = dout + (size_t)r * dim;
         float *dx = dinp + (size_t)r * dim;
@@ -97,8 +93,7 @@ VECTOR_CLONES void gelu_backward(float *dinp, const float *inp, const float *tan
 }
 
 void embedding_forward(float *out, const int32_t *tokens, const float *table, int rows, int dim) {
-    for (int r = 0; r < rows; r++)
-        memcpy(out + (size_t)r * dim, table + (size_t)tokens[r] * dim, sizeof(float) * dim);
+    for (int r = 0; r < rows; r++) memcpy(out + (size_t)r * dim, table + (size_t)tokens[r] * dim, sizeof(float) * dim);
 }
 
 void embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int rows, int dim) {
@@ -123,8 +118,8 @@ void rope_tables_from(float *cos_table, float *sin_table, long long first, int c
         }
 }
 
-static void rope_rotate(float *x, const float *cos_table, const float *sin_table, int T, int dh,
-                        int pos0, float direction) {
+static void rope_rotate(float *x, const float *cos_table, const float *sin_table, int T, int dh, int pos0,
+                        float direction) {
     int half = dh / 2;
     for (int t = 0; t < T; t++) {
         const float *c = cos_table + (size_t)(pos0 + t) * half, *s = sin_table + (size_t)(pos0 + t) * half;
@@ -168,18 +163,16 @@ VECTOR_CLONES static void softmax_rows(float *probs, int i0, int rows, int Tk, i
     }
 }
 
-void softmax_attention_forward(float *out, float *probs, const float *q, const float *k,
-                               const float *v, int Tq, int Tk, int dh, int q_pos0, bool causal) {
+void softmax_attention_forward(float *out, float *probs, const float *q, const float *k, const float *v, int Tq, int Tk,
+                               int dh, int q_pos0, bool causal) {
     float scale = 1.0f / sqrtf((float)dh);
     for (int i0 = 0; i0 < Tq; i0 += ATTENTION_BLOCK) {
         int rows = Tq - i0 < ATTENTION_BLOCK ? Tq - i0 : ATTENTION_BLOCK;
         int keys = visible_keys(i0, rows, Tk, q_pos0, causal);
         float *p = probs + (size_t)i0 * Tk;
-        gemm_product(false, true, rows, keys, dh, scale, q + (size_t)i0 * dh, dh, k,
-                     dh, 0.0f, p, Tk);
+        gemm_product(false, true, rows, keys, dh, scale, q + (size_t)i0 * dh, dh, k, dh, 0.0f, p, Tk);
         softmax_rows(p, i0, rows, Tk, q_pos0, causal);
-        gemm_product(false, false, rows, dh, keys, 1.0f, p, Tk, v, dh, 0.0f,
-                     out + (size_t)i0 * dh, dh);
+        gemm_product(false, false, rows, dh, keys, 1.0f, p, Tk, v, dh, 0.0f, out + (size_t)i0 * dh, dh);
     }
 }
 
@@ -194,10 +187,8 @@ static void softmax_rows_backward(float *dscores, const float *probs, int rows, 
     }
 }
 
-void softmax_attention_backward(float *dq, float *dk, float *dv, const float *dout,
-                                const float *probs, const float *q, const float *k,
-                                const float *v, float *scratch, int Tq, int Tk, int dh,
-                                bool causal) {
+void softmax_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *probs, const float *q,
+                                const float *k, const float *v, float *scratch, int Tq, int Tk, int dh, bool causal) {
     float scale = 1.0f / sqrtf((float)dh);
     memset(dk, 0, sizeof(float) * (size_t)Tk * dh);
     memset(dv, 0, sizeof(float) * (size_t)Tk * dh);
@@ -207,20 +198,16 @@ void softmax_attention_backward(float *dq, float *dk, float *dv, const float *do
         int keys = visible_keys(i0, rows, Tk, 0, causal);
         const float *p = probs + (size_t)i0 * Tk, *dout_rows = dout + (size_t)i0 * dh;
         float *ds = scratch + (size_t)i0 * Tk;
-        gemm_product(false, true, rows, keys, dh, 1.0f, dout_rows, dh, v, dh, 0.0f, ds,
-                     Tk);
-        gemm_product(true, false, keys, dh, rows, 1.0f, p, Tk, dout_rows, dh, 1.0f, dv,
-                     dh);
+        gemm_product(false, true, rows, keys, dh, 1.0f, dout_rows, dh, v, dh, 0.0f, ds, Tk);
+        gemm_product(true, false, keys, dh, rows, 1.0f, p, Tk, dout_rows, dh, 1.0f, dv, dh);
         softmax_rows_backward(ds, p, rows, keys, Tk);
-        gemm_product(false, false, rows, dh, keys, scale, ds, Tk, k, dh, 0.0f,
-                     dq + (size_t)i0 * dh, dh);
-        gemm_product(true, false, keys, dh, rows, scale, ds, Tk, q + (size_t)i0 * dh, dh,
-                     1.0f, dk, dh);
+        gemm_product(false, false, rows, dh, keys, scale, ds, Tk, k, dh, 0.0f, dq + (size_t)i0 * dh, dh);
+        gemm_product(true, false, keys, dh, rows, scale, ds, Tk, q + (size_t)i0 * dh, dh, 1.0f, dk, dh);
     }
 }
 
-VECTOR_CLONES void cross_entropy_forward(float *probs, float *losses, int32_t *predictions,
-                           const int32_t *targets, int rows, int n_classes) {
+VECTOR_CLONES void cross_entropy_forward(float *probs, float *losses, int32_t *predictions, const int32_t *targets,
+                                         int rows, int n_classes) {
     for (int r = 0; r < rows; r++) {
         float *p = probs + (size_t)r * n_classes;
         float max = fast_max_lanes(p, n_classes);
@@ -238,8 +225,7 @@ VECTOR_CLONES void cross_entropy_forward(float *probs, float *losses, int32_t *p
     }
 }
 
-void cross_entropy_backward(float *probs, const int32_t *targets, int rows, int n_classes,
-                            float scale) {
+void cross_entropy_backward(float *probs, const int32_t *targets, int rows, int n_classes, float scale) {
     for (int r = 0; r < rows; r++) {
         float *p = probs + (size_t)r * n_classes;
         int target = targets[r];

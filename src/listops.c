@@ -101,7 +101,10 @@ int listops_generate(uint64_t key, const listops_limits *lim, int T, int32_t *to
 }
 
 int listops_tokenize(const char *source, int32_t *tokens, int T) {
-    static const struct { const char *word; int32_t token; } words[] = {
+    static const struct {
+        const char *word;
+        int32_t token;
+    } words[] = {
         {"[MIN", LISTOPS_MIN}, {"[MAX", LISTOPS_MAX}, {"[MED", LISTOPS_MED}, {"[SM", LISTOPS_SM}, {"]", LISTOPS_CLOSE},
     };
     int n = 0;

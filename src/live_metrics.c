@@ -10,9 +10,9 @@
 #include <string.h>
 
 #include "momfmm/checkpoint.h"
+#include "momfmm/h5util.h"
 #include "momfmm/status.h"
 #include "momfmm/sys.h"
-#include "momfmm/h5util.h"
 
 #define MAX_COLUMNS 32
 
@@ -103,7 +103,8 @@ live_metrics *live_metrics_open(const char *dir, const char *config_ini, const m
     H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST); /* SWMR needs the latest format */
     lm->file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     H5Pclose(fapl);
-    bool ok = lm->file >= 0 && h5util_write_string_attr(lm->file, "config_ini", config_ini) >= 0 && create_table(lm->file, "train", train, &lm->train) == 0 &&
+    bool ok = lm->file >= 0 && h5util_write_string_attr(lm->file, "config_ini", config_ini) >= 0 &&
+              create_table(lm->file, "train", train, &lm->train) == 0 &&
               create_table(lm->file, "eval", eval, &lm->eval) == 0 && append_rows(&lm->train, train) == 0 &&
               append_rows(&lm->eval, eval) == 0 && H5Fstart_swmr_write(lm->file) >= 0;
     if (!ok) {

@@ -9,8 +9,8 @@
 #include "momfmm/status.h"
 #include "momfmm/sys.h"
 
-void metric_occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int *counts_scratch,
-                       int vocab_size, int *k_out) {
+void metric_occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int *counts_scratch, int vocab_size,
+                              int *k_out) {
     memset(counts_scratch, 0, sizeof(int) * vocab_size);
     for (int t = 0; t < T; t++) {
         counts_scratch[inputs[t]]++;
@@ -50,8 +50,13 @@ void metrics_accumulate(metric_sums *s, const data_batch *b, const float *losses
             s->loss_sum += loss;
             s->count += 1;
             s->correct += right;
-            if (k[t] == 0) { s->new_sum += loss; s->new_count += 1; }
-            else { s->rep_sum += loss; s->rep_count += 1; }
+            if (k[t] == 0) {
+                s->new_sum += loss;
+                s->new_count += 1;
+            } else {
+                s->rep_sum += loss;
+                s->rep_count += 1;
+            }
             int bin = k[t] < OCCURRENCE_BINS - 1 ? k[t] : OCCURRENCE_BINS - 1;
             s->by_k_sum[bin] += loss;
             s->by_k_count[bin] += 1;
@@ -88,8 +93,9 @@ void metric_values_format(const metric_values *e, int task, int digits, char *ou
         const char *name;
         double value;
         int task; /* -1: every task */
-    } shown[] = {{"loss", e->loss, -1},         {"bpb", e->bpb, TASK_TEXT},        {"acc", e->acc, TASK_COPY},
-                 {"exact", e->exact_match, TASK_COPY}, {"acc", e->acc, TASK_LISTOPS}, {"L_new", e->L_new, TASK_CHAIN},
+    } shown[] = {{"loss", e->loss, -1},           {"bpb", e->bpb, TASK_TEXT},
+                 {"acc", e->acc, TASK_COPY},      {"exact", e->exact_match, TASK_COPY},
+                 {"acc", e->acc, TASK_LISTOPS},   {"L_new", e->L_new, TASK_CHAIN},
                  {"L_rep", e->L_rep, TASK_CHAIN}, {"delta_12", e->delta_12, TASK_CHAIN}};
     size_t n = 0;
     out[0] = '\0';

@@ -8,11 +8,11 @@
 #include <string.h>
 
 #include "momfmm/attention.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
 #include "momfmm/gemm.h"
 #include "momfmm/kernels.h"
 #include "momfmm/rng.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 
 #define TOP(field) offsetof(model_tensors, field)
 #define BLOCK(field) offsetof(model_block_tensors, field)
@@ -46,8 +46,8 @@ static void add_entries(model *m) {
     add_entry(m, "tok_emb", m->V, m->d, true, -1, TOP(tok_emb));
     for (int i = 0; i < m->L; i++) {
         char name[PARAM_NAME_MAX];
-#define BLOCK_ENTRY(suffix, rows, cols, decay, field)                \
-    snprintf(name, sizeof name, "blocks/%d/%s", i, suffix);          \
+#define BLOCK_ENTRY(suffix, rows, cols, decay, field)       \
+    snprintf(name, sizeof name, "blocks/%d/%s", i, suffix); \
     add_entry(m, name, rows, cols, decay, i, BLOCK(field))
         BLOCK_ENTRY("ln1/weight", m->d, 0, false, ln1_weight);
         BLOCK_ENTRY("ln1/bias", m->d, 0, false, ln1_bias);
@@ -171,9 +171,7 @@ static int model_build(model *m, const config *cfg, bool training, status *err) 
 
 int model_create(model *m, const config *cfg, status *err) { return model_build(m, cfg, true, err); }
 
-int model_create_for_inference(model *m, const config *cfg, status *err) {
-    return model_build(m, cfg, false, err);
-}
+int model_create_for_inference(model *m, const config *cfg, status *err) { return model_build(m, cfg, false, err); }
 
 static void activations_free(model_activations *a) {
     free(a->mem);
@@ -235,21 +233,39 @@ static size_t activation_plan(const model *m, model_activations *a, int B, int T
     size_t L = (size_t)m->L, bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
     bool lm = m->cfg.head == HEAD_LM, keep_p = m->cfg.learn_gamma;
     carve all[] = {
-        {&a->residual, (L + 1) * bt * d}, {&a->mid, L * bt * d},
-        {&a->ln1, L * bt * d}, {&a->ln1_mean, L * bt}, {&a->ln1_rstd, L * bt},
-        {&a->q_hat, L * bt * d}, {&a->k_hat, L * bt * d}, {&a->v_heads, L * bt * d},
-        {&a->p_q, keep_p ? L * bt * d : 0}, {&a->p_k, keep_p ? L * bt * d : 0},
+        {&a->residual, (L + 1) * bt * d},
+        {&a->mid, L * bt * d},
+        {&a->ln1, L * bt * d},
+        {&a->ln1_mean, L * bt},
+        {&a->ln1_rstd, L * bt},
+        {&a->q_hat, L * bt * d},
+        {&a->k_hat, L * bt * d},
+        {&a->v_heads, L * bt * d},
+        {&a->p_q, keep_p ? L * bt * d : 0},
+        {&a->p_k, keep_p ? L * bt * d : 0},
         {&a->att_saved, L * B * m->H * attention_saved_per_head(&m->cfg, &m->fmm, T)},
         {&a->att_out, L * bt * d},
-        {&a->ln2, L * bt * d}, {&a->ln2_mean, L * bt}, {&a->ln2_rstd, L * bt},
-        {&a->fc_pre, L * bt * ff}, {&a->fc_act, L * bt * ff}, {&a->fc_tanh, L * bt * ff},
-        {&a->ln_f, bt * d}, {&a->ln_f_mean, bt}, {&a->ln_f_rstd, bt},
+        {&a->ln2, L * bt * d},
+        {&a->ln2_mean, L * bt},
+        {&a->ln2_rstd, L * bt},
+        {&a->fc_pre, L * bt * ff},
+        {&a->fc_act, L * bt * ff},
+        {&a->fc_tanh, L * bt * ff},
+        {&a->ln_f, bt * d},
+        {&a->ln_f_mean, bt},
+        {&a->ln_f_rstd, bt},
         {&a->logits, lm ? bt * m->V : (size_t)B * m->n_out},
-        {&a->pooled, lm ? 0 : (size_t)B * d}, {&a->losses, bt},
-        {&a->qkv, bt * 3 * d}, {&a->d_residual, bt * d}, {&a->d_model_rows, bt * d},
-        {&a->d_ff, bt * ff}, {&a->d_pooled, lm ? 0 : (size_t)B * d},
+        {&a->pooled, lm ? 0 : (size_t)B * d},
+        {&a->losses, bt},
+        {&a->qkv, bt * 3 * d},
+        {&a->d_residual, bt * d},
+        {&a->d_model_rows, bt * d},
+        {&a->d_ff, bt * ff},
+        {&a->d_pooled, lm ? 0 : (size_t)B * d},
         {&a->head_scratch, attention_scratch_per_head(&m->cfg, &m->fmm, T)},
-        {&a->probs, !m->keep_logits ? 0 : lm ? bt * m->V : (size_t)B * m->n_out},
+        {&a->probs, !m->keep_logits ? 0
+                    : lm            ? bt * m->V
+                                    : (size_t)B * m->n_out},
     };
     size_t n = sizeof all / sizeof all[0];
     memcpy(plan, all, sizeof all);
@@ -319,9 +335,19 @@ attention_layer model_attention_layer(model *m, int l, bool collect_buffers) {
     const model_block_tensors *w = &m->w.blocks[l], *g = &m->g.blocks[l];
     size_t buffers = (size_t)l * 2 * m->H * m->dh;
     attention_layer a = {
-        .cfg = &m->cfg, .fmm = &m->fmm, .d = m->d, .H = m->H, .dh = m->dh, .momentum = m->momentum,
-        .rope_cos = m->rope_cos, .rope_sin = m->rope_sin, .gamma = w->momentum_gamma, .blend = w->fmm_blend,
-        .d_gamma = g->momentum_gamma, .d_blend = g->fmm_blend, .buffers = m->buffers + buffers,
+        .cfg = &m->cfg,
+        .fmm = &m->fmm,
+        .d = m->d,
+        .H = m->H,
+        .dh = m->dh,
+        .momentum = m->momentum,
+        .rope_cos = m->rope_cos,
+        .rope_sin = m->rope_sin,
+        .gamma = w->momentum_gamma,
+        .blend = w->fmm_blend,
+        .d_gamma = g->momentum_gamma,
+        .d_blend = g->fmm_blend,
+        .buffers = m->buffers + buffers,
         .buffer_sums = collect_buffers ? m->buffer_sums + buffers : NULL,
     };
     return a;
@@ -334,9 +360,13 @@ static attention_saved attention_state(const model *m, int l, int B, int T) {
     size_t heads = (size_t)l * B * T * m->d;
     size_t saved = (size_t)l * B * m->H * attention_saved_per_head(&m->cfg, &m->fmm, T);
     attention_saved s = {
-        .q_hat = a->q_hat + heads, .k_hat = a->k_hat + heads, .v_heads = a->v_heads + heads,
-        .p_q = a->p_q ? a->p_q + heads : NULL, .p_k = a->p_k ? a->p_k + heads : NULL,
-        .saved = a->att_saved + saved, .scratch = a->head_scratch,
+        .q_hat = a->q_hat + heads,
+        .k_hat = a->k_hat + heads,
+        .v_heads = a->v_heads + heads,
+        .p_q = a->p_q ? a->p_q + heads : NULL,
+        .p_k = a->p_k ? a->p_k + heads : NULL,
+        .saved = a->att_saved + saved,
+        .scratch = a->head_scratch,
     };
     return s;
 }
@@ -370,8 +400,8 @@ static void copy_logits_to_probs(model_activations *a, size_t n) {
     if (a->probs != a->logits) memcpy(a->probs, a->logits, sizeof(float) * n);
 }
 
-void model_forward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B,
-                   int T, bool collect_buffers) {
+void model_forward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
+                   bool collect_buffers) {
     activations_reserve(m, B, T);
     model_activations *a = &m->acts;
     size_t bt = (size_t)B * T, d = (size_t)m->d;
@@ -424,8 +454,7 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
     int rows = B * T;
     if (m->cfg.head == HEAD_LM) {
         cross_entropy_backward(a->probs, targets, rows, m->V, scale);
-        matmul_backward(a->d_model_rows, m->g.head_weight, NULL, a->probs, a->ln_f, m->w.head_weight, rows, m->d,
-                        m->V);
+        matmul_backward(a->d_model_rows, m->g.head_weight, NULL, a->probs, a->ln_f, m->w.head_weight, rows, m->d, m->V);
     } else {
         float *d_pooled = a->d_pooled;
         cross_entropy_backward(a->probs, labels, B, m->n_out, scale);
@@ -457,8 +486,8 @@ static void block_backward(model *m, int l, int B, int T, const model_backward_h
                     w->mlp_proj_weight, rows, m->d_ff, m->d);
     progress(hooks);
     gelu_backward(a->d_ff, fc_pre, a->fc_tanh + l * bt * ff, a->d_ff, bt * ff);
-    matmul_backward(a->d_model_rows, g->fc_weight, g->fc_bias, a->d_ff, a->ln2 + l * bt * d, w->fc_weight, rows,
-                    m->d, m->d_ff);
+    matmul_backward(a->d_model_rows, g->fc_weight, g->fc_bias, a->d_ff, a->ln2 + l * bt * d, w->fc_weight, rows, m->d,
+                    m->d_ff);
     progress(hooks);
     layernorm_backward(a->d_residual, g->ln2_weight, g->ln2_bias, a->d_model_rows, mid, w->ln2_weight,
                        a->ln2_mean + l * bt, a->ln2_rstd + l * bt, rows, m->d);
@@ -469,8 +498,8 @@ static void block_backward(model *m, int l, int B, int T, const model_backward_h
     attention_saved saved = attention_state(m, l, B, T);
     attention_backward(&view, &saved, a->d_model_rows, a->qkv, B, T);
     progress(hooks);
-    matmul_backward(a->d_model_rows, g->qkv_weight, g->qkv_bias, a->qkv, a->ln1 + l * bt * d, w->qkv_weight, rows,
-                    m->d, 3 * m->d);
+    matmul_backward(a->d_model_rows, g->qkv_weight, g->qkv_bias, a->qkv, a->ln1 + l * bt * d, w->qkv_weight, rows, m->d,
+                    3 * m->d);
     progress(hooks);
     layernorm_backward(a->d_residual, g->ln1_weight, g->ln1_bias, a->d_model_rows, x, w->ln1_weight,
                        a->ln1_mean + l * bt, a->ln1_rstd + l * bt, rows, m->d);

@@ -13,21 +13,21 @@
  *   p_t = d_t + beta p_{t-1},      a_t = p_t - p_{t-1},
  *   p_{-1} = 0, or the previous segment's last p when streaming,
  *   xhat_t = x_t + gamma p_t + gamma2 a_t. */
-void momentum_shear_forward(const float *x, const float *prev, const float *p_prev,
-                            float *xhat, float *p, momentum_coeffs c, int T, int dh) {
+void momentum_shear_forward(const float *x, const float *prev, const float *p_prev, float *xhat, float *p,
+                            momentum_coeffs c, int T, int dh) {
     /* With gamma = gamma2 = 0 the shear is the identity: copy x exactly
      * (x + 0 * p would turn -0 into +0), but still emit p for a learned gamma. */
     const int shear = c.gamma != 0.0f || c.gamma2 != 0.0f;
     for (int i0 = 0; i0 < dh; i0 += MOM_BLOCK) {
         const int n = dh - i0 < MOM_BLOCK ? dh - i0 : MOM_BLOCK;
-        float pm[MOM_BLOCK];                       /* p_{t-1}, column i0 + j */
+        float pm[MOM_BLOCK];                                                /* p_{t-1}, column i0 + j */
         for (int j = 0; j < n; j++) pm[j] = p_prev ? p_prev[i0 + j] : 0.0f; /* p_{-1} */
         for (int t = 0; t < T; t++) {
             const size_t row = (size_t)t * dh + i0;
             const float *xt = x + row;
             for (int j = 0; j < n; j++) {
                 float d;
-                if (t > 0) d = xt[j] - xt[j - dh];          /* x_t - x_{t-1} */
+                if (t > 0) d = xt[j] - xt[j - dh];           /* x_t - x_{t-1} */
                 else d = prev ? xt[j] - prev[i0 + j] : 0.0f; /* d_0 */
                 const float pt = d + c.beta * pm[j];
                 const float at = pt - pm[j];
@@ -48,17 +48,16 @@ void momentum_shear_forward(const float *x, const float *prev, const float *p_pr
  *   dx_0 += g_0       - u_1       anchored (d_0 = 0).
  * prev gets nothing (buffers carry no gradient).  dL/dgamma = sum_t g_t . p_t.
  * scratch[i] holds u_{t+1} for column i during the reverse sweep. */
-void momentum_shear_backward(const float *dxhat, const float *p, float *dx,
-                             float *d_gamma, momentum_coeffs c, int anchored,
-                             float *scratch, int T, int dh) {
-    float *un = scratch;                                 /* u_{t+1} */
-    for (int i = 0; i < dh; i++) un[i] = 0.0f;           /* u_T = 0 */
+void momentum_shear_backward(const float *dxhat, const float *p, float *dx, float *d_gamma, momentum_coeffs c,
+                             int anchored, float *scratch, int T, int dh) {
+    float *un = scratch;                       /* u_{t+1} */
+    for (int i = 0; i < dh; i++) un[i] = 0.0f; /* u_T = 0 */
     const float cg = c.gamma + c.gamma2;
     for (int t = T - 1; t >= 0; t--) {
         const float *g = dxhat + (size_t)t * dh;
-        const float *gn = t + 1 < T ? g + dh : NULL;     /* g_{t+1}, 0 at T */
+        const float *gn = t + 1 < T ? g + dh : NULL; /* g_{t+1}, 0 at T */
         float *dxt = dx + (size_t)t * dh;
-        const int via_d = t > 0 || !anchored;            /* does d_t read x_t? */
+        const int via_d = t > 0 || !anchored; /* does d_t read x_t? */
         for (int i = 0; i < dh; i++) {
             float u = cg * g[i] + c.beta * un[i];
             if (gn) u -= c.gamma2 * gn[i];

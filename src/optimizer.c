@@ -31,7 +31,7 @@ void optimizer_clip(float *grads, size_t n, double norm, double max_norm) {
 }
 
 VECTOR_CLONES void optimizer_adamw(float *params, const float *grads, float *m, float *v, size_t n, long long t,
-                  const optimizer_settings *s, int decay) {
+                                   const optimizer_settings *s, int decay) {
     float b1 = (float)s->beta1, b2 = (float)s->beta2, lr = (float)s->lr, eps = (float)s->eps;
     /* 1 - beta in double: 1.0f - 0.999f is off by 1e-5 relative */
     float one_minus_b1 = (float)(1.0 - s->beta1), one_minus_b2 = (float)(1.0 - s->beta2);
@@ -53,17 +53,18 @@ void optimizer_step_model(model *mdl, long long t, const optimizer_settings *s) 
     for (int i = 0; i < mdl->n_entries; i++) {
         const model_param *e = &mdl->entries[i];
         optimizer_adamw(mdl->params + e->offset, mdl->grads + e->offset, mdl->adam_m + e->offset,
-                     mdl->adam_v + e->offset, e->numel, t, s, e->decay);
+                        mdl->adam_v + e->offset, e->numel, t, s, e->decay);
     }
 }
 
-void optimizer_step_range(model *mdl, size_t lo, size_t hi, const float *grads, long long t, const optimizer_settings *s) {
+void optimizer_step_range(model *mdl, size_t lo, size_t hi, const float *grads, long long t,
+                          const optimizer_settings *s) {
     for (int i = 0; i < mdl->n_entries; i++) {
         const model_param *e = &mdl->entries[i];
         size_t a = e->offset > lo ? e->offset : lo, end = e->offset + e->numel, b = end < hi ? end : hi;
         if (a >= b) continue;
         size_t moment = a - mdl->moment_first;
         optimizer_adamw(mdl->params + a, grads + (a - lo), mdl->adam_m + moment, mdl->adam_v + moment, b - a, t, s,
-                     e->decay);
+                        e->decay);
     }
 }

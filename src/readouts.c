@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "momfmm/rng.h"
 #include "momfmm/status.h"
 #include "momfmm/sys.h"
-#include "momfmm/rng.h"
 
 static double row_norm(const float *x, size_t n) {
     double s = 0;
@@ -18,9 +18,8 @@ static double row_norm(const float *x, size_t n) {
 
 /* Sum over the rows of ||y'_b - y_b|| / ||delta_b||, with y = (after - before) when
  * before is given (a sublayer without its residual path) and y = after otherwise. */
-static void add_row_ratios(const float *after, const float *after_saved, const float *before,
-                           const float *before_saved, const double *delta_norms, int B, size_t row,
-                           double *ratio_sum) {
+static void add_row_ratios(const float *after, const float *after_saved, const float *before, const float *before_saved,
+                           const double *delta_norms, int B, size_t row, double *ratio_sum) {
     for (int b = 0; b < B; b++) {
         double diff = 0;
         for (size_t i = b * row; i < (b + 1) * row; i++) {
@@ -33,7 +32,7 @@ static void add_row_ratios(const float *after, const float *after_saved, const f
 }
 
 void readouts_block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums,
-                 double *attn_ratio_sums) {
+                          double *attn_ratio_sums) {
     model_activations *a = &m->acts;
     size_t row = (size_t)T * m->d, bt_d = (size_t)B * row;
     float *saved_in = sys_calloc(3 * bt_d, sizeof(float)), *saved_out = saved_in + bt_d, *saved_mid = saved_out + bt_d;

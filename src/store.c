@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #include "momfmm/dist.h"
-#include "momfmm/sys.h"
 #include "momfmm/log.h"
+#include "momfmm/sys.h"
 
 #define CHECKPOINT_NAME "ckpt_%08lld.h5"
 #define CHECKPOINT_NAME_LEN 16 /* strlen("ckpt_00000000.h5") */
@@ -83,15 +83,16 @@ static int lock_directory(const char *dir, status *err) {
     char path[STORE_PATH_MAX];
     snprintf(path, sizeof path, "%s/.lock", dir);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0664);
-    if (fd < 0) return status_fail(err, EXIT_USAGE, "train.out_dir = %s: cannot create %s: %s", dir, path, strerror(errno));
+    if (fd < 0)
+        return status_fail(err, EXIT_USAGE, "train.out_dir = %s: cannot create %s: %s", dir, path, strerror(errno));
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         char holder[32] = "";
         ssize_t n = read(fd, holder, sizeof holder - 1);
         holder[n > 0 ? n : 0] = '\0';
         close(fd);
         return status_fail(err, EXIT_USAGE,
-                           "train.out_dir = %s is in use by another run (pid %s holds %s): one run per directory",
-                           dir, holder[0] ? strtok(holder, "\n") : "unknown", path);
+                           "train.out_dir = %s is in use by another run (pid %s holds %s): one run per directory", dir,
+                           holder[0] ? strtok(holder, "\n") : "unknown", path);
     }
     char pid[32];
     int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());

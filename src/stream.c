@@ -31,14 +31,23 @@ int stream_create(stream_state *st, const model *m, int S, int capacity, int n_m
     size_t L = (size_t)m->L, heads = (size_t)S * m->H, dh = (size_t)m->dh, rows = (size_t)S * n_max;
     size_t d = (size_t)m->d, ff = (size_t)m->d_ff;
     stream_carve plan[] = {
-        {&st->k_cache, L * heads * capacity * dh}, {&st->v_cache, L * heads * capacity * dh},
-        {&st->carry_x, L * 2 * heads * dh}, {&st->carry_p, L * 2 * heads * dh},
+        {&st->k_cache, L * heads * capacity * dh},
+        {&st->v_cache, L * heads * capacity * dh},
+        {&st->carry_x, L * 2 * heads * dh},
+        {&st->carry_p, L * 2 * heads * dh},
         {&st->far_state, L * heads * fmm_stream_state_floats(&m->fmm, m->dh)},
-        {&st->x, rows * d}, {&st->mid, rows * d}, {&st->ln, rows * d}, {&st->qkv, rows * 3 * d},
-        {&st->att, rows * d}, {&st->fc, rows * ff}, {&st->fc_tanh, rows * ff}, {&st->stats, 2 * rows},
+        {&st->x, rows * d},
+        {&st->mid, rows * d},
+        {&st->ln, rows * d},
+        {&st->qkv, rows * 3 * d},
+        {&st->att, rows * d},
+        {&st->fc, rows * ff},
+        {&st->fc_tanh, rows * ff},
+        {&st->stats, 2 * rows},
         {&st->head_scratch, attention_stream_scratch_floats(&m->fmm, n_max, m->dh)},
         {&st->probs, (size_t)n_max * capacity},
-        {&st->rope_cos, (size_t)n_max * (dh / 2)}, {&st->rope_sin, (size_t)n_max * (dh / 2)},
+        {&st->rope_cos, (size_t)n_max * (dh / 2)},
+        {&st->rope_sin, (size_t)n_max * (dh / 2)},
     };
     size_t total = 0, n = sizeof plan / sizeof plan[0];
     for (size_t i = 0; i < n; i++) total += plan[i].count;
@@ -64,12 +73,18 @@ static void add_rows(float *dst, const float *src, size_t n) {
 static attention_stream_layer stream_layer(const model *m, const stream_state *st, int l) {
     size_t heads = (size_t)l * st->S * m->H, dh = (size_t)m->dh;
     attention_stream_layer a = {
-        .S = st->S, .capacity = st->capacity, .pos = st->pos,
-        .k_cache = st->k_cache + heads * st->capacity * dh, .v_cache = st->v_cache + heads * st->capacity * dh,
-        .carry_x = st->carry_x + 2 * heads * dh, .carry_p = st->carry_p + 2 * heads * dh,
+        .S = st->S,
+        .capacity = st->capacity,
+        .pos = st->pos,
+        .k_cache = st->k_cache + heads * st->capacity * dh,
+        .v_cache = st->v_cache + heads * st->capacity * dh,
+        .carry_x = st->carry_x + 2 * heads * dh,
+        .carry_p = st->carry_p + 2 * heads * dh,
         .far_state = st->far_state + heads * fmm_stream_state_floats(&m->fmm, m->dh),
-        .scratch = st->head_scratch, .probs = st->probs,
-        .rope_pos = 0, .continued = st->dropped + st->pos > 0,
+        .scratch = st->head_scratch,
+        .probs = st->probs,
+        .rope_pos = 0,
+        .continued = st->dropped + st->pos > 0,
     };
     return a;
 }

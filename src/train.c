@@ -10,10 +10,10 @@
 
 #include "momfmm/checkpoint.h"
 #include "momfmm/log.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
 #include "momfmm/optimizer.h"
+#include "momfmm/status.h"
 #include "momfmm/store.h"
+#include "momfmm/sys.h"
 
 train_memory_use trainer_memory(const trainer *t) {
     const model *m = &t->model;
@@ -296,8 +296,8 @@ int trainer_init_from(trainer *t, const char *path, status *err) {
     if (checkpoint_read_config(path, &saved, &info, err) != 0) return err->code;
     char diff[4096];
     if (config_compare_architecture(&saved, &t->cfg, diff, sizeof diff) > 0)
-        return status_fail(err, EXIT_BAD_FILE,
-                           "--init %s: the model differs from the config's (checkpoint vs now): %s", path, diff);
+        return status_fail(err, EXIT_BAD_FILE, "--init %s: the model differs from the config's (checkpoint vs now): %s",
+                           path, diff);
     if (checkpoint_read_state(path, &t->model, false, NULL, NULL, err) != 0) return err->code;
     /* an absolute name, so that the record stays meaningful from anywhere */
     char *absolute = realpath(path, NULL);
@@ -313,8 +313,8 @@ h5writer_mode trainer_writers(const trainer *t) {
 }
 
 static checkpoint_info info_of(const trainer *t) {
-    checkpoint_info info = {.step = t->step, .tokens_seen = t->tokens_seen, .world_size = dist_size(),
-                            .skipped_steps = t->skipped_steps};
+    checkpoint_info info = {
+        .step = t->step, .tokens_seen = t->tokens_seen, .world_size = dist_size(), .skipped_steps = t->skipped_steps};
     snprintf(info.init_from, sizeof info.init_from, "%s", t->init_from);
     return info;
 }

@@ -12,8 +12,8 @@
 
 #include "momfmm/build_info.h"
 #include "momfmm/cpu.h"
-#include "momfmm/gemm.h"
 #include "momfmm/dist.h"
+#include "momfmm/gemm.h"
 
 /* OPENBLAS_VERSION is " OpenBLAS 0.3.21 ": the number alone. */
 static void openblas_build_version(char *out, size_t len) {

@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
 #include "momfmm/config.h"
+#include "momfmm/status.h"
 #include "momfmm/suggest.h"
+#include "momfmm/sys.h"
 #include "test_util.h"
 
 /* The checks of this file print their detail only when they fail: the name
@@ -115,7 +115,8 @@ static void test_long_lines(void) {
     /* config_ini of a checkpoint goes through the same h5reader */
     char *ini = config_to_ini(&c);
     config back = expect_text(ini, "");
-    bool same = config_compare_keys(&c, &back, true, NULL, 0) == 0 && config_compare_keys(&c, &back, false, NULL, 0) == 0;
+    bool same =
+        config_compare_keys(&c, &back, true, NULL, 0) == 0 && config_compare_keys(&c, &back, false, NULL, 0) == 0;
     test_check(same, "config_ini with a long out_dir reads back", NULL);
     free(ini), free(dir), free(pad), free(text);
 }
@@ -141,9 +142,11 @@ static void test_suggestions(void) {
     expect_text("[data]\ntask = chian\n",
                 "t.ini:2: data.task = 'chian': not one of the allowed values (allowed: chain|copy|listops|text); "
                 "did you mean chain?");
-    expect_text("[model]\ncausal = ture\n", "t.ini:2: model.causal = 'ture': expected true or false; did you mean true?");
+    expect_text("[model]\ncausal = ture\n",
+                "t.ini:2: model.causal = 'ture': expected true or false; did you mean true?");
     expect_override("train.lrr=1", "--set unknown key train.lrr; did you mean train.lr?");
-    expect_override("learning_rate=3e-4", "--set learning_rate=3e-4: expected section.key=value; did you mean train.lr=3e-4?");
+    expect_override("learning_rate=3e-4",
+                    "--set learning_rate=3e-4: expected section.key=value; did you mean train.lr=3e-4?");
     expect_override("n_heads=2", "--set n_heads=2: expected section.key=value; did you mean model.n_heads=2?");
     int distance = suggest_distance("trian", "train", 2);
     test_check(distance == 1, "suggest_distance(trian, train) = 1", distance == 1 ? NULL : "%d", distance);
@@ -222,10 +225,20 @@ static void test_shortest_numbers(void) {
     static const struct {
         double x;
         const char *text;
-    } cases[] = {{0.1, "0.1"}, {0.2, "0.2"}, {1e-6, "1e-06"}, {3e-4, "0.0003"}, {1.0 / 3, "0.3333333333333333"},
-                 {1e300, "1e+300"}, {4.9406564584124654e-324, "5e-324"}, {-0.0, "-0"}, {10000, "10000"},
-                 {0.999999999, "0.999999999"}, {1e18, "1e+18"}, {1048576, "1048576"},
-                 {DBL_MIN / 3, "7.41691286169067e-309"}, {DBL_MAX, "1.7976931348623157e+308"}};
+    } cases[] = {{0.1, "0.1"},
+                 {0.2, "0.2"},
+                 {1e-6, "1e-06"},
+                 {3e-4, "0.0003"},
+                 {1.0 / 3, "0.3333333333333333"},
+                 {1e300, "1e+300"},
+                 {4.9406564584124654e-324, "5e-324"},
+                 {-0.0, "-0"},
+                 {10000, "10000"},
+                 {0.999999999, "0.999999999"},
+                 {1e18, "1e+18"},
+                 {1048576, "1048576"},
+                 {DBL_MIN / 3, "7.41691286169067e-309"},
+                 {DBL_MAX, "1.7976931348623157e+308"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char out[32];
         config_format_double(cases[i].x, out, sizeof out);
@@ -238,8 +251,8 @@ static void test_shortest_numbers(void) {
     config_defaults(&c);
     c.lr = 0.2, c.gamma = 1.0 / 3;
     char *ini = config_to_ini(&c);
-    bool shortest = strstr(ini, "lr = 0.2\n") && strstr(ini, "gamma = 0.3333333333333333\n") &&
-                    strstr(ini, "eps = 1e-06\n");
+    bool shortest =
+        strstr(ini, "lr = 0.2\n") && strstr(ini, "gamma = 0.3333333333333333\n") && strstr(ini, "eps = 1e-06\n");
     test_check(shortest, "config_ini writes numbers in their shortest form", shortest ? NULL : "config_ini:\n%s", ini);
     config back = expect_text(ini, "");
     test_check(back.lr == c.lr && back.gamma == c.gamma, "config_ini numbers read back", NULL);

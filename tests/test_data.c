@@ -87,8 +87,12 @@ static void test_corpus(void) {
     corpus_close(&c);
 
     test_check(mkfifo(path_in("fifo"), 0644) == 0, "corpus: a fifo to refuse is made", NULL);
-    struct { const char *name, *why; } bad[] = {
-        {"missing.txt", "No such file"}, {"c/empty", "empty"}, {"fifo", "not a regular file"}, {"c/.hidden/x", "cannot"}};
+    struct {
+        const char *name, *why;
+    } bad[] = {{"missing.txt", "No such file"},
+               {"c/empty", "empty"},
+               {"fifo", "not a regular file"},
+               {"c/.hidden/x", "cannot"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char name[128];
         snprintf(name, sizeof name, "corpus: %s refused, naming it", bad[i].name);
@@ -107,8 +111,8 @@ static void test_corpus(void) {
 static void test_text_split(void) {
     char path[600];
     snprintf(path, sizeof path, "data.path=%s", path_in("c"));
-    const char *overrides[] = {"data.task=text", "model.vocab_size=256", "data.seq_len=64", "data.eval_fraction=0.4",
-                               path, NULL};
+    const char *overrides[] = {
+        "data.task=text", "model.vocab_size=256", "data.seq_len=64", "data.eval_fraction=0.4", path, NULL};
     config cfg = config_with(overrides);
     status st;
     data_source *d = data_open(&cfg, &st), *again = data_open(&cfg, &st);
@@ -135,8 +139,8 @@ static void test_text_split(void) {
     data_close(d);
     data_close(again);
 
-    const char *too_long[] = {"data.task=text", "model.vocab_size=256", "data.seq_len=310", "data.eval_fraction=0.4",
-                              path, NULL};
+    const char *too_long[] = {
+        "data.task=text", "model.vocab_size=256", "data.seq_len=310", "data.eval_fraction=0.4", path, NULL};
     cfg = config_with(too_long);
     test_check(!data_open(&cfg, &st) && st.code == EXIT_BAD_FILE && strstr(st.message, "train"),
                "text: train documents shorter than seq_len: exit 3", NULL);
@@ -177,32 +181,37 @@ static void test_long_samples(void) {
 
 static void test_listops_limits(void) {
     status st;
-    const char *short_t[] = {"data.task=listops", "model.head=cls", "data.seq_len=3", "data.listops_min_len=1",
-                             "data.listops_max_len=3", NULL};
+    const char *short_t[] = {"data.task=listops",      "model.head=cls",         "data.seq_len=3",
+                             "data.listops_min_len=1", "data.listops_max_len=3", NULL};
     config cfg = config_with(short_t);
     test_check(!data_open(&cfg, &st) && st.code == EXIT_USAGE && strstr(st.message, "data.listops_max_len") &&
                    strstr(st.message, "data.seq_len"),
                "listops: seq_len = max_len = 3 refused (exit 2)", NULL);
-    const char *shallow[] = {"data.task=listops", "model.head=cls", "data.seq_len=64", "data.listops_min_len=20",
-                             "data.listops_max_len=64", "data.listops_max_depth=1", "data.listops_max_args=4", NULL};
+    const char *shallow[] = {
+        "data.task=listops",       "model.head=cls",           "data.seq_len=64",         "data.listops_min_len=20",
+        "data.listops_max_len=64", "data.listops_max_depth=1", "data.listops_max_args=4", NULL};
     cfg = config_with(shallow);
     test_check(!data_open(&cfg, &st) && st.code == EXIT_USAGE && strstr(st.message, "data.listops_max_depth"),
                "listops: min_len above the longest expression refused", NULL);
-    const char *rare[] = {"data.task=listops", "model.head=cls", "data.seq_len=100", "data.listops_min_len=90",
-                          "data.listops_max_len=100", "data.listops_max_depth=3", "data.listops_max_args=5", NULL};
+    const char *rare[] = {
+        "data.task=listops",        "model.head=cls",           "data.seq_len=100",        "data.listops_min_len=90",
+        "data.listops_max_len=100", "data.listops_max_depth=3", "data.listops_max_args=5", NULL};
     cfg = config_with(rare);
     test_check(!data_open(&cfg, &st) && st.code == EXIT_USAGE && strstr(st.message, "attempts"),
                "listops: limits almost no expression meets refused", NULL);
-    const char *fine[] = {"data.task=listops", "model.head=cls", "data.seq_len=4", "data.listops_min_len=4",
-                          "data.listops_max_len=4", NULL};
+    const char *fine[] = {"data.task=listops",      "model.head=cls",         "data.seq_len=4",
+                          "data.listops_min_len=4", "data.listops_max_len=4", NULL};
     cfg = config_with(fine);
     data_source *d = data_open(&cfg, &st);
     test_check(d != NULL, "listops: the shortest expression alone is accepted", NULL);
     if (d) data_close(d);
 
-    struct { const char *row, *why; } bad[] = {
-        {"[MAX 1 2 ]\tnine\n", "Target 'nine'"}, {"[MAX 1 2 ]\t10\n", "Target '10'"},
-        {"[MAX 1 2 ]\t\n", "Target ''"}, {"[MAX 1 x ]\t2\n", "Source"}};
+    struct {
+        const char *row, *why;
+    } bad[] = {{"[MAX 1 2 ]\tnine\n", "Target 'nine'"},
+               {"[MAX 1 2 ]\t10\n", "Target '10'"},
+               {"[MAX 1 2 ]\t\n", "Target ''"},
+               {"[MAX 1 x ]\t2\n", "Source"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         FILE *f = fopen(path_in("bad.tsv"), "w");
         fprintf(f, "Source\tTarget\n[MIN 1 2 ]\t1\n%s", bad[i].row);

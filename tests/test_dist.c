@@ -11,9 +11,9 @@
 #include <unistd.h>
 
 #include "momfmm/cmd_common.h"
+#include "momfmm/dist.h"
 #include "momfmm/status.h"
 #include "momfmm/sys.h"
-#include "momfmm/dist.h"
 #include "test_util.h"
 
 #define RELAUNCH_MARK "MOMFMM_TEST_DIST_RANKS"

@@ -1,12 +1,12 @@
 /* Tests of the FMM attention kernels (src/fmm.c, docs/model.md §1.3).
  *   test_fmm          run every check, one line each; exit 1 on any failure
  *   test_fmm --bench  time fmm_head_forward + fmm_head_backward per token */
-#define _POSIX_C_SOURCE 200809L   /* clock_gettime under -std=c11 */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 #include "momfmm/config.h"
 #include "momfmm/fmm.h"
 #include "test_util.h"
 
-#include <cblas.h>   /* openblas_get_corename, for the benchmark header */
+#include <cblas.h> /* openblas_get_corename, for the benchmark header */
 #include <float.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +20,7 @@ typedef struct {
     fmm_settings s;
     int T, dh;
     float blend_near, blend_far;
-    float *q, *k, *v, *w;          /* inputs; w = dL/dout of L = Σ out·w */
+    float *q, *k, *v, *w; /* inputs; w = dL/dout of L = Σ out·w */
     float *out, *saved, *scratch;
     float *dq, *dk, *dv;
     float d_blend_near, d_blend_far;
@@ -49,12 +49,15 @@ static fmm_settings settings(int bandwidth, bool causal, const char *kernels, in
 
 static float *alloc_floats(size_t n) {
     float *p = calloc(n ? n : 1, sizeof *p);
-    if (!p) { perror("calloc"); exit(2); }
+    if (!p) {
+        perror("calloc");
+        exit(2);
+    }
     return p;
 }
 
-static void case_init(fmm_case *c, fmm_settings s, int T, int dh, uint64_t seed,
-                      float qk_scale, float blend_near, float blend_far) {
+static void case_init(fmm_case *c, fmm_settings s, int T, int dh, uint64_t seed, float qk_scale, float blend_near,
+                      float blend_far) {
     size_t n = (size_t)T * dh;
     memset(c, 0, sizeof *c);
     c->s = s;
@@ -62,9 +65,14 @@ static void case_init(fmm_case *c, fmm_settings s, int T, int dh, uint64_t seed,
     c->dh = dh;
     c->blend_near = blend_near;
     c->blend_far = blend_far;
-    c->q = alloc_floats(n); c->k = alloc_floats(n); c->v = alloc_floats(n);
-    c->w = alloc_floats(n); c->out = alloc_floats(n);
-    c->dq = alloc_floats(n); c->dk = alloc_floats(n); c->dv = alloc_floats(n);
+    c->q = alloc_floats(n);
+    c->k = alloc_floats(n);
+    c->v = alloc_floats(n);
+    c->w = alloc_floats(n);
+    c->out = alloc_floats(n);
+    c->dq = alloc_floats(n);
+    c->dk = alloc_floats(n);
+    c->dv = alloc_floats(n);
     c->saved = alloc_floats(fmm_head_saved_floats(&s, T, dh));
     c->scratch = alloc_floats(fmm_head_scratch_floats(&s, T, dh));
     fd_fill(c->q, n, qk_scale, &seed);
@@ -74,21 +82,18 @@ static void case_init(fmm_case *c, fmm_settings s, int T, int dh, uint64_t seed,
 }
 
 static void case_free(fmm_case *c) {
-    float *bufs[] = {c->q, c->k, c->v, c->w, c->out, c->saved, c->scratch,
-                     c->dq, c->dk, c->dv};
+    float *bufs[] = {c->q, c->k, c->v, c->w, c->out, c->saved, c->scratch, c->dq, c->dk, c->dv};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
 static void case_forward(fmm_case *c) {
-    fmm_head_forward(&c->s, c->q, c->k, c->v, c->blend_near, c->blend_far, c->out,
-                     c->saved, c->scratch, c->T, c->dh);
+    fmm_head_forward(&c->s, c->q, c->k, c->v, c->blend_near, c->blend_far, c->out, c->saved, c->scratch, c->T, c->dh);
 }
 
 static void case_backward(fmm_case *c) {
     c->d_blend_near = c->d_blend_far = 0.0f;
-    fmm_head_backward(&c->s, c->q, c->k, c->v, c->blend_near, c->blend_far, c->saved,
-                      c->w, c->dq, c->dk, c->dv, &c->d_blend_near, &c->d_blend_far,
-                      c->scratch, c->T, c->dh);
+    fmm_head_backward(&c->s, c->q, c->k, c->v, c->blend_near, c->blend_far, c->saved, c->w, c->dq, c->dk, c->dv,
+                      &c->d_blend_near, &c->d_blend_far, c->scratch, c->T, c->dh);
 }
 
 static double case_loss(void *ctx) {
@@ -162,8 +167,7 @@ static void ref_forward(const fmm_case *c, double *out) {
         memset(far, 0, (size_t)dh * sizeof *far);
         if (c->s.bandwidth > 0) ref_near_row(c, i, near);
         for (int l = 0; l < r; l++) ref_far_row(c, c->s.kernels[l], i, far);
-        for (int d = 0; d < dh; d++)
-            out[(size_t)i * dh + d] = sn * near[d] + (r ? sf * far[d] / r : 0);
+        for (int d = 0; d < dh; d++) out[(size_t)i * dh + d] = sn * near[d] + (r ? sf * far[d] / r : 0);
     }
     free(near);
     free(far);
@@ -173,7 +177,7 @@ static double max_abs_diff(const float *a, const double *b, size_t n) {
     double m = 0;
     for (size_t i = 0; i < n; i++) {
         double d = fabs(a[i] - b[i]);
-        if (isnan(d)) return INFINITY;   /* NaN must fail, not compare false */
+        if (isnan(d)) return INFINITY; /* NaN must fail, not compare false */
         if (d > m) m = d;
     }
     return m;
@@ -188,8 +192,7 @@ static void all_finite(const char *label, const fmm_case *c) {
     size_t n = (size_t)c->T * c->dh;
     bool ok = isfinite(c->d_blend_near) && isfinite(c->d_blend_far);
     for (size_t i = 0; i < n; i++)
-        ok = ok && isfinite(c->out[i]) && isfinite(c->dq[i]) && isfinite(c->dk[i]) &&
-             isfinite(c->dv[i]);
+        ok = ok && isfinite(c->out[i]) && isfinite(c->dq[i]) && isfinite(c->dk[i]) && isfinite(c->dv[i]);
     char name[96];
     snprintf(name, sizeof name, "fd %s finite output and gradients", label);
     test_check(ok, name, NULL);
@@ -200,8 +203,7 @@ static void fd_test(const char *label, fmm_settings s, int T, int dh, double eps
     fmm_case c;
     char name[96];
     size_t n = (size_t)T * dh;
-    case_init(&c, s, T, dh, 0x5eed + (uint64_t)T * 31 + (uint64_t)s.bandwidth, 1.0f,
-              0.3f, -0.2f);
+    case_init(&c, s, T, dh, 0x5eed + (uint64_t)T * 31 + (uint64_t)s.bandwidth, 1.0f, 0.3f, -0.2f);
     case_forward(&c);
     case_backward(&c);
     all_finite(label, &c);
@@ -240,8 +242,7 @@ static void fd_tests(void) {
     }
 }
 
-static void reference_test_scaled(const char *label, fmm_settings s, int T, int dh,
-                                  float qk_scale) {
+static void reference_test_scaled(const char *label, fmm_settings s, int T, int dh, float qk_scale) {
     fmm_case c;
     case_init(&c, s, T, dh, 0xabc + (uint64_t)T, qk_scale, 0.4f, -0.7f);
     double *ref = malloc((size_t)T * dh * sizeof *ref);
@@ -325,7 +326,7 @@ static void full_band_test(int bandwidth) {
     case_forward(&c);
     double *ref = calloc((size_t)T * dh, sizeof *ref), *row = calloc((size_t)dh, sizeof *row);
     fmm_settings full = c.s;
-    full.bandwidth = T;   /* ref_near_row over j <= i: plain causal softmax */
+    full.bandwidth = T; /* ref_near_row over j <= i: plain causal softmax */
     fmm_case plain = c;
     plain.s = full;
     for (int i = 0; i < T; i++) {
@@ -359,19 +360,17 @@ static void buffer_contract_test(const char *label, fmm_settings s, int T) {
     for (size_t i = 0; i < n_scratch + pad; i++) dirty.scratch[i] = NAN;
     float *grads[3] = {dirty.dq, dirty.dk, dirty.dv};
     for (int g = 0; g < 3; g++)
-        for (size_t i = 0; i < (size_t)T * dh; i++) grads[g][i] = NAN;   /* overwritten */
+        for (size_t i = 0; i < (size_t)T * dh; i++) grads[g][i] = NAN; /* overwritten */
     case_forward(&clean);
     case_backward(&clean);
     case_forward(&dirty);
-    for (size_t i = 0; i < n_scratch; i++) dirty.scratch[i] = NAN;   /* another head ran */
+    for (size_t i = 0; i < n_scratch; i++) dirty.scratch[i] = NAN; /* another head ran */
     case_backward(&dirty);
     size_t n = (size_t)T * dh;
-    bool same = memcmp(clean.out, dirty.out, n * sizeof(float)) == 0 &&
-                memcmp(clean.dq, dirty.dq, n * sizeof(float)) == 0 &&
-                memcmp(clean.dk, dirty.dk, n * sizeof(float)) == 0 &&
-                memcmp(clean.dv, dirty.dv, n * sizeof(float)) == 0 &&
-                clean.d_blend_near == dirty.d_blend_near &&
-                clean.d_blend_far == dirty.d_blend_far;
+    bool same =
+        memcmp(clean.out, dirty.out, n * sizeof(float)) == 0 && memcmp(clean.dq, dirty.dq, n * sizeof(float)) == 0 &&
+        memcmp(clean.dk, dirty.dk, n * sizeof(float)) == 0 && memcmp(clean.dv, dirty.dv, n * sizeof(float)) == 0 &&
+        clean.d_blend_near == dirty.d_blend_near && clean.d_blend_far == dirty.d_blend_far;
     bool tails = true;
     for (int i = 0; i < pad; i++)
         tails = tails && isnan(dirty.saved[n_saved + i]) && isnan(dirty.scratch[n_scratch + i]);
@@ -410,7 +409,7 @@ static void bench_one(int T, int chunk, bool causal) {
     fmm_case c;
     case_init(&c, settings(5, causal, "elu,elu_flip", chunk), T, 32, 1, 1.0f, 0.0f, 0.0f);
     double fwd = INFINITY, bwd = INFINITY, spent = 0;
-    case_forward(&c);   /* warm-up: page in every buffer */
+    case_forward(&c); /* warm-up: page in every buffer */
     case_backward(&c);
     for (int rep = 0; rep < 5 || spent < 0.5; rep++) {
         double t0 = now_seconds();
@@ -425,16 +424,16 @@ static void bench_one(int T, int chunk, bool causal) {
     double per = 1e9 / T;
     printf("T %6d  chunk %4d  %-9s  fwd %6.0f  bwd %6.0f  total %6.0f ns/token"
            "  saved %zu  scratch %zu floats\n",
-           T, chunk, causal ? "causal" : "noncausal", fwd * per, bwd * per,
-           (fwd + bwd) * per, fmm_head_saved_floats(&c.s, T, 32),
-           fmm_head_scratch_floats(&c.s, T, 32));
+           T, chunk, causal ? "causal" : "noncausal", fwd * per, bwd * per, (fwd + bwd) * per,
+           fmm_head_saved_floats(&c.s, T, 32), fmm_head_scratch_floats(&c.s, T, 32));
     case_free(&c);
 }
 
 static int bench(void) {
     printf("fmm_head_forward + backward, dh 32, band 5, kernels elu,elu_flip, best of"
            " >= 5 runs\nOpenBLAS core %s, %d thread(s) (OPENBLAS_CORETYPE,"
-           " OPENBLAS_NUM_THREADS)\n", openblas_get_corename(), openblas_get_num_threads());
+           " OPENBLAS_NUM_THREADS)\n",
+           openblas_get_corename(), openblas_get_num_threads());
     for (int causal = 1; causal >= 0; causal--)
         for (int T = 1024; T <= 65536; T *= 4) bench_one(T, 16, causal);
     printf("chunk sweep at T 16384:\n");

@@ -64,8 +64,8 @@ static float *matrix(int rows, int cols, int ld, float padding, uint64_t *rng) {
 }
 
 static problem make_problem(bool ta, bool tb, int M, int N, int K, int pad, float alpha, float beta, uint64_t *rng) {
-    problem p = {ta, tb, M, N, K, cols_of(ta, M, K) + pad, cols_of(tb, K, N) + 2 * pad, N + pad, alpha, beta,
-                 NULL, NULL, NULL};
+    problem p = {ta,    tb,   M,    N,    K,   cols_of(ta, M, K) + pad, cols_of(tb, K, N) + 2 * pad, N + pad,
+                 alpha, beta, NULL, NULL, NULL};
     p.A = matrix(rows_of(ta, M, K), cols_of(ta, M, K), p.lda, NAN, rng);
     p.B = matrix(rows_of(tb, K, N), cols_of(tb, K, N), p.ldb, NAN, rng);
     p.C0 = matrix(M, N, p.ldc, 12345.0f, rng);
@@ -153,10 +153,11 @@ static double sweep(gemm_ctx *ctx, bool bf16_engine, double *worst_exact) {
 }
 
 static void test_conversion(void) {
-    const float specials[] = {1.0f, 1.0f + 0x1p-8f, 1.0f + 0x3p-8f, -2.5f, 0.0f, -0.0f, INFINITY, -INFINITY,
-                              NAN, 0x1p-130f, -0x1p-140f, 3.4028235e38f, 0x1p-126f, 1.0f + 0x1p-9f};
-    const uint16_t expected[] = {0x3f80, 0x3f80, 0x3f82, 0xc020, 0x0000, 0x8000, 0x7f80, 0xff80,
-                                 0x7fc0, 0x0000, 0x8000, 0x7f80, 0x0080, 0x3f80};
+    const float specials[] = {1.0f,       1.0f + 0x1p-8f, 1.0f + 0x3p-8f, -2.5f,         0.0f,
+                              -0.0f,      INFINITY,       -INFINITY,      NAN,           0x1p-130f,
+                              -0x1p-140f, 3.4028235e38f,  0x1p-126f,      1.0f + 0x1p-9f};
+    const uint16_t expected[] = {0x3f80, 0x3f80, 0x3f82, 0xc020, 0x0000, 0x8000, 0x7f80,
+                                 0xff80, 0x7fc0, 0x0000, 0x8000, 0x7f80, 0x0080, 0x3f80};
     enum { NS = sizeof specials / sizeof specials[0] };
     uint16_t got[NS];
     cpu_f32_to_bf16_portable(got, specials, NS);
@@ -175,8 +176,7 @@ static void test_conversion(void) {
     if (cpu_has_bf16())
         test_check(memcmp(native, portable, sizeof native) == 0, "bf16: vcvtne2ps2bf16 path == portable, bit for bit",
                    NULL);
-    else
-        test_skip("bf16: vcvtne2ps2bf16 path == portable", "no AVX512_BF16");
+    else test_skip("bf16: vcvtne2ps2bf16 path == portable", "no AVX512_BF16");
 }
 
 /* A bf16 copy passed with the operand gives the same bits as converting per

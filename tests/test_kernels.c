@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "test_util.h"
 #include "momfmm/float_env.h"
 #include "momfmm/kernels.h"
+#include "test_util.h"
 
 static uint64_t rng_state = 42;
 
@@ -195,15 +195,13 @@ static void test_flush_denormals(void) {
     float_env_flush_denormals();
     volatile float product = tiny * scale, operand = subnormal * one;
     bool keep = getenv("MOMFMM_KEEP_DENORMALS") != NULL;
-    bool ok = is_subnormal(subnormal) && (keep ? is_subnormal(product) && !float_env_flushing()
-                                               : float_bits(product) == 0 && float_bits(operand) == 0 &&
-                                                     float_env_flushing());
+    bool ok = is_subnormal(subnormal) &&
+              (keep ? is_subnormal(product) && !float_env_flushing()
+                    : float_bits(product) == 0 && float_bits(operand) == 0 && float_env_flushing());
     test_check(ok, keep ? "subnormals kept (MOMFMM_KEEP_DENORMALS)" : "subnormals flushed to zero", NULL);
 }
 #else
-static void test_flush_denormals(void) {
-    test_skip("subnormals flushed to zero", "not x86");
-}
+static void test_flush_denormals(void) { test_skip("subnormals flushed to zero", "not x86"); }
 #endif
 
 int main(void) {

@@ -5,12 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "test_util.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
 #include "momfmm/cmd_common.h"
 #include "momfmm/dist.h"
 #include "momfmm/model.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
+#include "test_util.h"
 
 #define B 2
 #define T 9
@@ -106,9 +106,7 @@ static void fmm_momentum_full(config *c) {
     c->attention = ATTENTION_FMM, c->causal = false, c->learn_gamma = true, c->gamma = 0.2;
     c->fmm_kernels = (config_list){1, {FEATURE_TANH}};
 }
-static void cls_head(config *c) {
-    c->head = HEAD_CLS, c->n_classes = 10, c->task = TASK_LISTOPS, c->causal = false;
-}
+static void cls_head(config *c) { c->head = HEAD_CLS, c->n_classes = 10, c->task = TASK_LISTOPS, c->causal = false; }
 
 int main(int argc, char **argv) {
     cmd_dist_init(&argc, &argv);

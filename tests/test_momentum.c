@@ -9,7 +9,10 @@
 
 static float *alloc_f(size_t n) {
     float *a = calloc(n ? n : 1, sizeof *a);
-    if (!a) { perror("calloc"); exit(2); }
+    if (!a) {
+        perror("calloc");
+        exit(2);
+    }
     return a;
 }
 
@@ -20,8 +23,8 @@ static momentum_coeffs coeffs(float gamma, float beta, float gamma2) {
 
 /* Reference forward in double, written straight from docs/model.md §1.2 with one column
  * at a time.  p_init (NULL: p_{-1} = 0) is the extra state a stream carries. */
-static void naive_forward(const float *x, const float *prev, const double *p_init,
-                          double *xhat, double *p, momentum_coeffs c, int T, int dh) {
+static void naive_forward(const float *x, const float *prev, const double *p_init, double *xhat, double *p,
+                          momentum_coeffs c, int T, int dh) {
     for (int i = 0; i < dh; i++) {
         double pm = p_init ? p_init[i] : 0.0;
         for (int t = 0; t < T; t++) {
@@ -41,7 +44,7 @@ static void naive_forward(const float *x, const float *prev, const double *p_ini
 typedef struct {
     int T, dh;
     momentum_coeffs c;
-    float *x, *prev, *w, *xhat;   /* prev NULL = anchored */
+    float *x, *prev, *w, *xhat; /* prev NULL = anchored */
 } fd_ctx;
 
 static double fd_loss(void *v) {
@@ -50,8 +53,7 @@ static double fd_loss(void *v) {
     return fd_dot(k->xhat, k->w, (size_t)k->T * k->dh);
 }
 
-static void fd_case(const char *name, int T, int dh, momentum_coeffs c, int anchored,
-                    uint64_t seed) {
+static void fd_case(const char *name, int T, int dh, momentum_coeffs c, int anchored, uint64_t seed) {
     size_t n = (size_t)T * dh;
     fd_ctx k = {T, dh, c, alloc_f(n), anchored ? NULL : alloc_f(dh), alloc_f(n), alloc_f(n)};
     float *p = alloc_f(n), *dx = alloc_f(n), *dx0 = alloc_f(n), *ana = alloc_f(n);
@@ -59,7 +61,7 @@ static void fd_case(const char *name, int T, int dh, momentum_coeffs c, int anch
     fd_fill(k.x, n, 1.0f, &seed);
     if (k.prev) fd_fill(k.prev, dh, 1.0f, &seed);
     fd_fill(k.w, n, 1.0f, &seed);
-    fd_fill(dx0, n, 1.0f, &seed);   /* the backward must add, not overwrite */
+    fd_fill(dx0, n, 1.0f, &seed); /* the backward must add, not overwrite */
     memcpy(dx, dx0, n * sizeof *dx);
     const float dg0 = 0.75f;
     float dg = dg0;
@@ -76,22 +78,31 @@ static void fd_case(const char *name, int T, int dh, momentum_coeffs c, int anch
     snprintf(label, sizeof label, "fd dgamma %s", name);
     fd_check(label, &k.c.gamma, &dg_ana, 1, fd_loss, &k, 1e-2, 2e-3);
 
-    free(k.x); free(k.prev); free(k.w); free(k.xhat);
-    free(p); free(dx); free(dx0); free(ana); free(scratch);
+    free(k.x);
+    free(k.prev);
+    free(k.w);
+    free(k.xhat);
+    free(p);
+    free(dx);
+    free(dx0);
+    free(ana);
+    free(scratch);
 }
 
 /* ---- forward against the double reference, including the p output ---- */
-static void forward_case(const char *name, int T, int dh, momentum_coeffs c, int anchored,
-                         uint64_t seed) {
+static void forward_case(const char *name, int T, int dh, momentum_coeffs c, int anchored, uint64_t seed) {
     size_t n = (size_t)T * dh;
     float *x = alloc_f(n), *prev = anchored ? NULL : alloc_f(dh);
     float *xhat = alloc_f(n), *xhat2 = alloc_f(n), *p = alloc_f(n);
     double *rx = malloc(n * sizeof *rx), *rp = malloc(n * sizeof *rp);
-    if (!rx || !rp) { perror("malloc"); exit(2); }
+    if (!rx || !rp) {
+        perror("malloc");
+        exit(2);
+    }
     fd_fill(x, n, 2.0f, &seed);
     if (prev) fd_fill(prev, dh, 2.0f, &seed);
     momentum_shear_forward(x, prev, NULL, xhat, p, c, T, dh);
-    momentum_shear_forward(x, prev, NULL, xhat2, NULL, c, T, dh);   /* p == NULL path */
+    momentum_shear_forward(x, prev, NULL, xhat2, NULL, c, T, dh); /* p == NULL path */
     naive_forward(x, prev, NULL, rx, rp, c, T, dh);
     double ex = 0, ep = 0;
     for (size_t i = 0; i < n; i++) {
@@ -104,7 +115,13 @@ static void forward_case(const char *name, int T, int dh, momentum_coeffs c, int
     char label[128];
     snprintf(label, sizeof label, "fwd vs ref %s%s", name, same ? "" : " (p=NULL differs)");
     test_check(same && ex <= 1e-5 && ep <= 1e-5, label, "rel err xhat %.2e  p %.2e", ex, ep);
-    free(x); free(prev); free(xhat); free(xhat2); free(p); free(rx); free(rp);
+    free(x);
+    free(prev);
+    free(xhat);
+    free(xhat2);
+    free(p);
+    free(rx);
+    free(rp);
 }
 
 /* ---- gamma = beta = gamma2 = 0: xhat is x bit for bit (even -0.0) ---- */
@@ -114,7 +131,10 @@ static void identity_case(void) {
     uint64_t seed = 11;
     fd_fill(x, N, 3.0f, &seed);
     fd_fill(prev, DH, 3.0f, &seed);
-    x[0] = -0.0f; x[9] = -0.0f; x[10] = 1e30f; x[11] = -1e-40f;   /* denormal */
+    x[0] = -0.0f;
+    x[9] = -0.0f;
+    x[10] = 1e30f;
+    x[11] = -1e-40f; /* denormal */
     momentum_coeffs z = coeffs(0, 0, 0);
     momentum_shear_forward(x, NULL, NULL, xhat, p, z, T, DH);
     momentum_shear_forward(x, prev, NULL, xhat2, NULL, z, T, DH);
@@ -150,8 +170,8 @@ static void segment_case(const char *name, int anchored, momentum_coeffs c) {
     const float *prev = anchored ? NULL : buf;
     momentum_shear_forward(x, prev, NULL, whole, pw, c, T, DH);
     momentum_shear_forward(x, prev, NULL, seg, ps, c, T1, DH);
-    momentum_shear_forward(x + T1 * DH, x + (T1 - 1) * DH, ps + (T1 - 1) * DH, seg + T1 * DH,
-                           ps + T1 * DH, c, T - T1, DH);
+    momentum_shear_forward(x + T1 * DH, x + (T1 - 1) * DH, ps + (T1 - 1) * DH, seg + T1 * DH, ps + T1 * DH, c, T - T1,
+                           DH);
     test_check(memcmp(whole, seg, sizeof whole) == 0 && memcmp(pw, ps, sizeof pw) == 0, name, NULL);
 }
 
@@ -166,8 +186,7 @@ static void stream_state_case(void) {
     momentum_coeffs c = coeffs(0.3f, 0.5f, 0.1f);
     naive_forward(x, NULL, NULL, whole, pw, c, T, DH);
     naive_forward(x, NULL, NULL, seg, ps, c, T1, DH);
-    naive_forward(x + T1 * DH, x + (T1 - 1) * DH, ps + (T1 - 1) * DH, seg + T1 * DH,
-                  ps + T1 * DH, c, T - T1, DH);
+    naive_forward(x + T1 * DH, x + (T1 - 1) * DH, ps + (T1 - 1) * DH, seg + T1 * DH, ps + T1 * DH, c, T - T1, DH);
     naive_forward(x + T1 * DH, x + (T1 - 1) * DH, NULL, seg_noc, ps_noc, c, T - T1, DH);
     double e = 0, e_noc = 0;
     for (int i = T1 * DH; i < N; i++) {

@@ -6,13 +6,13 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "test_util.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
 #include "momfmm/cmd_common.h"
 #include "momfmm/dist.h"
 #include "momfmm/model.h"
 #include "momfmm/readouts.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
+#include "test_util.h"
 
 #define B 3
 #define T 12

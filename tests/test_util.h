@@ -24,9 +24,7 @@
 
 /* Checks recorded and failed so far in this test binary. A parallel test
  * replaces them with the counts of all ranks before test_summary. */
-static struct {
-    int checks, failed;
-} test_counts;
+static struct { int checks, failed; } test_counts;
 
 /* Width of the name column, wide enough for most names so that the
  * verdicts line up; longer names push their verdict right. */
@@ -35,8 +33,8 @@ enum { TEST_NAME_WIDTH = 56 };
 /* Records one check and prints `name  ok|FAIL  detail` (detail_fmt NULL:
  * no detail). Returns ok, so that a test can stop where a failed step
  * leaves nothing to check: `if (!test_check(...)) return;`. */
-static inline __attribute__((format(printf, 3, 4))) bool test_check(bool ok, const char *name,
-                                                                     const char *detail_fmt, ...) {
+static inline __attribute__((format(printf, 3, 4))) bool test_check(bool ok, const char *name, const char *detail_fmt,
+                                                                    ...) {
     test_counts.checks++;
     if (!ok) test_counts.failed++;
     printf("%-*s %s", TEST_NAME_WIDTH, name, ok ? "ok" : "FAIL");
@@ -117,7 +115,10 @@ static inline bool fd_check(const char *name, float *x, const float *analytic, s
         x[i] = saved;
         double num = (lp - lm) / (2 * eps);
         double err = fabs(num - analytic[i]);
-        if (!(err <= max_err)) { max_err = err; worst = i; } /* NaN counts as the worst */
+        if (!(err <= max_err)) {
+            max_err = err;
+            worst = i;
+        } /* NaN counts as the worst */
         if (isnan(err)) break;
         if (fabs(analytic[i]) > max_ana) max_ana = fabs(analytic[i]);
     }

@@ -21,11 +21,11 @@
 #include <string.h>
 
 #include "momfmm/blas_core.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
 #include "momfmm/config.h"
 #include "momfmm/cpu.h"
 #include "momfmm/gemm.h"
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 
 typedef struct {
     int d_model, d_ff, vocab, seq_len, batch;
@@ -128,7 +128,8 @@ int main(int argc, char **argv) {
     printf("bench_gemm %s: rows %d, d_model %d, d_ff %d, vocab %d, 1 thread, %d rounds (first discarded)\n", path,
            d.batch * d.seq_len, d.d_model, d.d_ff, d.vocab, rounds);
     for (int e = 0; e < ENGINES; e++)
-        printf("  %-13s %s\n", engine_labels[e], ctx[e] ? gemm_describe(ctx[e]) : gemm_unavailable_reason(engine_of[e]));
+        printf("  %-13s %s\n", engine_labels[e],
+               ctx[e] ? gemm_describe(ctx[e]) : gemm_unavailable_reason(engine_of[e]));
 
     static double gflops[MAX_PRODUCTS][ENGINES][MAX_ROUNDS];
     const int reps = 3;
@@ -166,10 +167,8 @@ int main(int argc, char **argv) {
     }
     printf("%-36s", "all products (total flops / time)");
     for (int e = 0; e < ENGINES; e++) {
-        if (ctx[e])
-            printf(" %12.1f", step_flops / step_seconds[e] * 1e-9);
-        else
-            printf(" %12s", "-");
+        if (ctx[e]) printf(" %12.1f", step_flops / step_seconds[e] * 1e-9);
+        else printf(" %12s", "-");
     }
     printf("\n");
     for (int e = 0; e < ENGINES; e++) gemm_destroy(ctx[e]);

@@ -13,36 +13,36 @@
 
 /* One block's attention: settings, tables and parameters (a view). */
 typedef struct {
-    const config *cfg;                /* kind, causality, momentum settings */
+    const config *cfg; /* kind, causality, momentum settings */
     const fmm_settings *fmm;
     int d, H, dh;
-    bool momentum;                    /* the shear applies (config_momentum_enabled) */
+    bool momentum; /* the shear applies (config_momentum_enabled) */
     const float *rope_cos, *rope_sin;
-    const float *gamma;               /* learned gamma [H], or NULL (cfg->gamma) */
-    const float *blend;               /* FMM blend logits [2][H], or NULL */
-    float *d_gamma, *d_blend;         /* their gradients (backward only), or NULL */
-    const float *buffers;             /* momentum buffers prev_q, prev_k: [2][H][dh] */
-    float *buffer_sums;               /* [2][H][dh]: last-position sums to collect, or NULL */
+    const float *gamma;       /* learned gamma [H], or NULL (cfg->gamma) */
+    const float *blend;       /* FMM blend logits [2][H], or NULL */
+    float *d_gamma, *d_blend; /* their gradients (backward only), or NULL */
+    const float *buffers;     /* momentum buffers prev_q, prev_k: [2][H][dh] */
+    float *buffer_sums;       /* [2][H][dh]: last-position sums to collect, or NULL */
 } attention_layer;
 
 /* What one block's forward on B rows of T keeps for its backward. */
 typedef struct {
-    float *q_hat, *k_hat, *v_heads;   /* [B][H][T][dh]: rotated and sheared */
-    float *p_q, *p_k;                 /* momentum p [B][H][T][dh] (learned gamma), or NULL */
-    float *saved;                     /* [B][H][attention_saved_per_head] */
-    float *scratch;                   /* attention_scratch_per_head floats, reused */
+    float *q_hat, *k_hat, *v_heads; /* [B][H][T][dh]: rotated and sheared */
+    float *p_q, *p_k;               /* momentum p [B][H][T][dh] (learned gamma), or NULL */
+    float *saved;                   /* [B][H][attention_saved_per_head] */
+    float *scratch;                 /* attention_scratch_per_head floats, reused */
 } attention_saved;
 
 /* One block's streaming state for S sequences (docs/model.md §1.2: the carry). */
 typedef struct {
-    int S, capacity, pos;             /* sequences, cache positions, positions consumed */
-    float *k_cache, *v_cache;         /* [S][H][capacity][dh] (k-hat after shear, RoPE) */
-    float *carry_x, *carry_p;         /* [2][S][H][dh]: previous x and p of q and k */
-    float *far_state;                 /* [S][H][fmm_stream_state_floats] */
-    float *scratch;                   /* attention_stream_scratch_floats */
-    float *probs;                     /* [n_max][capacity] attention weights */
-    int rope_pos;                     /* the segment's first row in the layer's rope tables */
-    bool continued;                   /* an earlier position exists (perhaps slid out of the cache) */
+    int S, capacity, pos;     /* sequences, cache positions, positions consumed */
+    float *k_cache, *v_cache; /* [S][H][capacity][dh] (k-hat after shear, RoPE) */
+    float *carry_x, *carry_p; /* [2][S][H][dh]: previous x and p of q and k */
+    float *far_state;         /* [S][H][fmm_stream_state_floats] */
+    float *scratch;           /* attention_stream_scratch_floats */
+    float *probs;             /* [n_max][capacity] attention weights */
+    int rope_pos;             /* the segment's first row in the layer's rope tables */
+    bool continued;           /* an earlier position exists (perhaps slid out of the cache) */
 } attention_stream_layer;
 
 /* Floats per (row, head) kept between forward and backward, and the
@@ -53,13 +53,12 @@ size_t attention_scratch_per_head(const config *cfg, const fmm_settings *fmm, in
 size_t attention_stream_scratch_floats(const fmm_settings *fmm, int n_max, int dh);
 
 /* qkv [B*T*3d] -> merged heads out [B*T*d]. */
-void attention_forward(const attention_layer *a, const attention_saved *s, const float *qkv, float *out, int B,
-                       int T);
+void attention_forward(const attention_layer *a, const attention_saved *s, const float *qkv, float *out, int B, int T);
 /* d_out [B*T*d] -> d_qkv [B*T*3d] (overwritten); adds into d_gamma, d_blend. */
-void attention_backward(const attention_layer *a, const attention_saved *s, const float *d_out, float *d_qkv,
-                        int B, int T);
+void attention_backward(const attention_layer *a, const attention_saved *s, const float *d_out, float *d_qkv, int B,
+                        int T);
 /* The same sublayer on a streamed segment: qkv [S*n*3d] -> out [S*n*d];
  * appends to the caches and updates the carries (st->pos is not advanced). */
-void attention_stream_forward(const attention_layer *a, const attention_stream_layer *st, const float *qkv,
-                              float *out, int n);
+void attention_stream_forward(const attention_layer *a, const attention_stream_layer *st, const float *qkv, float *out,
+                              int n);
 #endif

@@ -7,12 +7,12 @@
 #define MOMFMM_CHECKPOINT_H
 #include <stdbool.h>
 
-#include "momfmm/status.h"
 #include "momfmm/config.h"
 #include "momfmm/data.h"
 #include "momfmm/h5writer.h"
 #include "momfmm/metrics.h"
 #include "momfmm/model.h"
+#include "momfmm/status.h"
 
 #define CHECKPOINT_FORMAT "momfmm-checkpoint"
 #define CHECKPOINT_FORMAT_VERSION 1
@@ -21,7 +21,7 @@ typedef struct {
     long long step, tokens_seen;
     int world_size;
     char init_from[CONFIG_PATH_MAX]; /* root attribute init_from: the --init checkpoint, or "" */
-    long long skipped_steps; /* root attribute, absent in older files (0) */
+    long long skipped_steps;         /* root attribute, absent in older files (0) */
     /* Read only: root attribute momfmm_version, the build that wrote the file ("" when absent:
      * older files, files written by h5py). A write records this build's (build_info.h). */
     char written_by[128];

@@ -9,8 +9,8 @@
 
 /* With `init`, the run starts from that checkpoint's weights (fine-tuning);
  * with `overwrite`, an earlier run's checkpoints in out_dir are removed. */
-int command_train(const char *config_path, int n_overrides, char *const *overrides, const char *resume, const char *init,
-                  bool overwrite);
+int command_train(const char *config_path, int n_overrides, char *const *overrides, const char *resume,
+                  const char *init, bool overwrite);
 /* The step-0 checkpoint of a config into `out` (--force replaces a file). */
 int command_init(const char *config_path, int n_overrides, char *const *overrides, const char *out, bool force);
 /* "loss <value>" of the checkpoint's model on a token file; with `grads`, the

@@ -68,14 +68,14 @@ typedef struct {
     long long seed;
     char out_dir[CONFIG_PATH_MAX];
     int on_nonfinite; /* config_nonfinite_policy */
-    int precision; /* config_precision */
-    int gemm;      /* config_gemm */
+    int precision;    /* config_precision */
+    int gemm;         /* config_gemm */
     /* [dist] */
     double bucket_mb;
     bool overlap;
     int check_interval;
-    int micro_batch; /* train.micro_batch: rows per forward/backward, 0 = the whole shard */
-    int zero;        /* dist.zero: 1 = ZeRO-1, AdamW moments sharded over ranks */
+    int micro_batch;    /* train.micro_batch: rows per forward/backward, 0 = the whole shard */
+    int zero;           /* dist.zero: 1 = ZeRO-1, AdamW moments sharded over ranks */
     bool collective_io; /* dist.collective_io: ZeRO-1 checkpoint data through MPI-IO collective buffering */
 } config;
 

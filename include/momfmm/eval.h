@@ -7,19 +7,19 @@
 #define MOMFMM_EVAL_H
 #include <stdbool.h>
 
-#include "momfmm/status.h"
 #include "momfmm/config.h"
 #include "momfmm/data.h"
 #include "momfmm/metrics.h"
 #include "momfmm/model.h"
+#include "momfmm/status.h"
 
 typedef struct {
-    metric_values metrics;         /* docs/metrics.md §3 over train.eval_batches batches */
+    metric_values metrics;        /* docs/metrics.md §3 over train.eval_batches batches */
     double *gain_R;               /* [n_layers] */
     double *gain_R_attn;          /* [n_layers]: attention sublayer without its residual */
     double *gamma;                /* [n_layers * n_heads]: learned or fixed, 0 without momentum */
     bool streamed;                /* the fields below are filled */
-    metric_values stream_metrics;  /* the same batches through the streaming path */
+    metric_values stream_metrics; /* the same batches through the streaming path */
     double stream_max_diff;       /* largest |logit difference| streaming vs full forward */
 } eval_result;
 

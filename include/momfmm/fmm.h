@@ -14,12 +14,12 @@
 typedef enum { FEATURE_ELU = 0, FEATURE_ELU_FLIP = 1, FEATURE_TANH = 2 } fmm_feature_map;
 
 typedef struct {
-    int bandwidth;          /* k of docs/model.md §1.3; 0 drops the near field */
+    int bandwidth; /* k of docs/model.md §1.3; 0 drops the near field */
     bool causal;
-    int n_kernels;          /* r; 0 drops the far field */
+    int n_kernels; /* r; 0 drops the far field */
     fmm_feature_map kernels[FMM_MAX_KERNELS];
-    float eps;              /* normaliser epsilon of the far field */
-    int chunk;              /* chunk length C of the chunked linear attention */
+    float eps; /* normaliser epsilon of the far field */
+    int chunk; /* chunk length C of the chunked linear attention */
 } fmm_settings;
 
 /* Floats saved between forward and backward, per head. */
@@ -29,17 +29,13 @@ size_t fmm_head_scratch_floats(const fmm_settings *s, int T, int dh);
 
 /* out = sigmoid(blend_near) * near + sigmoid(blend_far) * (1/r) sum_l far_l.
  * q, k are the (possibly sheared, rotated) q-hat, k-hat of docs/model.md §1.3. */
-void fmm_head_forward(const fmm_settings *s, const float *q, const float *k,
-                      const float *v, float blend_near, float blend_far,
-                      float *out, float *saved, float *scratch, int T, int dh);
+void fmm_head_forward(const fmm_settings *s, const float *q, const float *k, const float *v, float blend_near,
+                      float blend_far, float *out, float *saved, float *scratch, int T, int dh);
 
 /* Writes (overwrites) dq, dk, dv; adds into *d_blend_near, *d_blend_far. */
-void fmm_head_backward(const fmm_settings *s, const float *q, const float *k,
-                       const float *v, float blend_near, float blend_far,
-                       const float *saved, const float *dout,
-                       float *dq, float *dk, float *dv,
-                       float *d_blend_near, float *d_blend_far,
-                       float *scratch, int T, int dh);
+void fmm_head_backward(const fmm_settings *s, const float *q, const float *k, const float *v, float blend_near,
+                       float blend_far, const float *saved, const float *dout, float *dq, float *dk, float *dv,
+                       float *d_blend_near, float *d_blend_far, float *scratch, int T, int dh);
 /* phi(x) of a feature map (docs/model.md §1.3), the same function the kernels use. */
 float fmm_feature(fmm_feature_map m, float x);
 
@@ -51,7 +47,6 @@ float fmm_feature(fmm_feature_map m, float x);
  * scratch: fmm_stream_scratch_floats. */
 size_t fmm_stream_state_floats(const fmm_settings *s, int dh);
 size_t fmm_stream_scratch_floats(const fmm_settings *s, int dh);
-void fmm_head_stream(const fmm_settings *s, const float *q, const float *k_all, const float *v_all, int pos,
-                     int n, float blend_near, float blend_far, float *far_state, float *out, float *scratch,
-                     int dh);
+void fmm_head_stream(const fmm_settings *s, const float *q, const float *k_all, const float *v_all, int pos, int n,
+                     float blend_near, float blend_far, float *far_state, float *out, float *scratch, int dh);
 #endif

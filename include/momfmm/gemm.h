@@ -70,12 +70,12 @@ typedef struct {
 } gemm_operand;
 
 /* C = alpha * op(A) * op(B) + beta * C with both operands given in fp32. */
-void gemm(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
-          int lda, const float *B, int ldb, float beta, float *C, int ldc);
+void gemm(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+          const float *B, int ldb, float beta, float *C, int ldc);
 
 /* The same with operands that may carry bf16 copies (see gemm_operand). */
-void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, gemm_operand A,
-                int lda, gemm_operand B, int ldb, float beta, float *C, int ldc);
+void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, gemm_operand A, int lda,
+                gemm_operand B, int ldb, float beta, float *C, int ldc);
 
 /* oneDNN primitives this context has created (a cache miss each); the count
  * stays put once every shape has been seen, which the tests check. Always 0
@@ -94,8 +94,8 @@ gemm_ctx *gemm_default(void); /* NULL when none is set */
 
 /* gemm() on the default engine; with the bf16 engine an operand that lies
  * inside the registered weights is read from their bf16 copy. */
-void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
-                  const float *B, int ldb, float beta, float *C, int ldc);
+void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                  int ldb, float beta, float *C, int ldc);
 
 /* The model's parameters are one contiguous buffer of n floats; with the
  * bf16 engine, registering allocates its bf16 copy once (no-op for the fp32

@@ -48,7 +48,8 @@ hid_t h5reader_open_checked_rows(h5reader *r, const char *name, int ndim, const 
 void h5reader_read_checked(h5reader *r, const char *name, hid_t mem_type, int ndim, const hsize_t *dims, void *out);
 /* The first dims[0] rows, as doubles, of a dataset whose other dimensions
  * are dims[1..]: all of its rows unless `more_rows` (h5reader_open_checked_rows). */
-void h5reader_read_leading_rows(h5reader *r, const char *name, bool more_rows, int ndim, const hsize_t *dims, double *out);
+void h5reader_read_leading_rows(h5reader *r, const char *name, bool more_rows, int ndim, const hsize_t *dims,
+                                double *out);
 
 /* Opens `path` (open_flags: H5F_ACC_RDONLY, with H5F_ACC_SWMR_READ for a
  * live file; `what` names it in messages) and runs body(r, ctx); 0, or
@@ -56,6 +57,6 @@ void h5reader_read_leading_rows(h5reader *r, const char *name, bool more_rows, i
  * h5reader_run). */
 typedef void (*h5reader_body)(h5reader *r, void *ctx);
 int h5reader_run_into(const char *path, unsigned open_flags, const char *what, h5reader_body body, void *ctx,
-                    status *err);
+                      status *err);
 int h5reader_run(const char *path, const char *what, h5reader_body body, void *ctx, status *err);
 #endif

@@ -12,19 +12,18 @@
 #include <stdint.h>
 
 /* Linear layer, PyTorch convention (docs/model.md §1, forward pass): out = inp W^T + b, W [out_dim, in_dim]. */
-void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
-                    int rows, int in_dim, int out_dim);
+void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int rows, int in_dim,
+                    int out_dim);
 /* dinp = dout W (skipped if NULL); dweight += dout^T inp; dbias += column sums. */
-void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                     const float *inp, const float *weight, int rows, int in_dim, int out_dim);
+void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                     const float *weight, int rows, int in_dim, int out_dim);
 
 /* LayerNorm with eps 1e-5 (docs/model.md §1); saves mean and 1/std per row. */
-void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                       const float *weight, const float *bias, int rows, int dim);
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight, const float *bias,
+                       int rows, int dim);
 /* dinp += ..., dweight += ..., dbias += ... */
-void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, const float *mean,
-                        const float *rstd, int rows, int dim);
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                        const float *weight, const float *mean, const float *rstd, int rows, int dim);
 
 /* GELU, tanh approximation (docs/model.md §1). tanh_saved keeps the tanh term for
  * the backward, which then needs no transcendental function. */
@@ -50,19 +49,16 @@ void rope_backward(float *dx, const float *cos_table, const float *sin_table, in
 /* Softmax attention of one head (docs/model.md §1.3 `softmax`): q [Tq, dh] at positions
  * q_pos0.., k, v [Tk, dh] at positions 0..Tk-1; probs [Tq, Tk] saved. Causal
  * masks j > q_pos0 + i. */
-void softmax_attention_forward(float *out, float *probs, const float *q, const float *k,
-                               const float *v, int Tq, int Tk, int dh, int q_pos0, bool causal);
+void softmax_attention_forward(float *out, float *probs, const float *q, const float *k, const float *v, int Tq, int Tk,
+                               int dh, int q_pos0, bool causal);
 /* dq, dk, dv overwritten; scratch holds Tq*Tk floats. */
-void softmax_attention_backward(float *dq, float *dk, float *dv, const float *dout,
-                                const float *probs, const float *q, const float *k,
-                                const float *v, float *scratch, int Tq, int Tk, int dh,
-                                bool causal);
+void softmax_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *probs, const float *q,
+                                const float *k, const float *v, float *scratch, int Tq, int Tk, int dh, bool causal);
 
 /* Softmax cross-entropy: turns logits into probabilities in place, writes the
  * loss of each row (0 for target -1) and the argmax prediction. */
-void cross_entropy_forward(float *probs, float *losses, int32_t *predictions,
-                           const int32_t *targets, int rows, int n_classes);
+void cross_entropy_forward(float *probs, float *losses, int32_t *predictions, const int32_t *targets, int rows,
+                           int n_classes);
 /* In place: probs becomes dlogits = scale * (p - onehot), 0 for target -1. */
-void cross_entropy_backward(float *probs, const int32_t *targets, int rows, int n_classes,
-                            float scale);
+void cross_entropy_backward(float *probs, const int32_t *targets, int rows, int n_classes, float scale);
 #endif

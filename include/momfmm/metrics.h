@@ -33,11 +33,10 @@ const char *metric_text(double value, int digits, char *buf, size_t len);
  * accuracy; chain L_new, L_rep, delta_12. */
 void metric_values_format(const metric_values *e, int task, int digits, char *out, size_t len);
 
-
 /* Occurrence count k of each target (docs/metrics.md §3): how often the target token
  * appeared among inputs[0..t]. counts_scratch holds vocab_size ints. */
-void metric_occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int *counts_scratch,
-                       int vocab_size, int *k_out);
+void metric_occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int *counts_scratch, int vocab_size,
+                              int *k_out);
 
 /* Adds a batch: lm uses per-target losses and predictions; cls per row. */
 void metrics_accumulate(metric_sums *s, const data_batch *b, const float *losses, const int32_t *predictions,

@@ -9,9 +9,9 @@
 #include <stdint.h>
 
 #include "momfmm/attention.h"
-#include "momfmm/status.h"
 #include "momfmm/config.h"
 #include "momfmm/fmm.h"
+#include "momfmm/status.h"
 
 #define PARAM_NAME_MAX 64
 
@@ -20,9 +20,9 @@ typedef struct {
     int ndim;
     int shape[2];
     size_t offset, numel;
-    bool decay;   /* AdamW weight decay applies (2-D weights, docs/model.md §1.4) */
-    int layer;    /* block index, or -1 */
-    size_t slot;  /* byte offset of the float* in model_tensors / model_block_tensors */
+    bool decay;  /* AdamW weight decay applies (2-D weights, docs/model.md §1.4) */
+    int layer;   /* block index, or -1 */
+    size_t slot; /* byte offset of the float* in model_tensors / model_block_tensors */
 } model_param;
 
 typedef struct {
@@ -35,36 +35,36 @@ typedef struct {
     float *tok_emb;
     model_block_tensors *blocks;
     float *ln_f_weight, *ln_f_bias;
-    float *head_weight;          /* lm */
+    float *head_weight;           /* lm */
     float *cls_weight, *cls_bias; /* cls */
 } model_tensors;
 
 /* Saved forward state and backward scratch for a batch of B rows of T. */
 typedef struct {
-    int B, T;          /* capacity */
-    bool kept_logits;  /* laid out with probs apart from logits */
-    float *residual;                   /* [L+1][B*T*d]: block inputs, final stream */
-    float *mid;                        /* [L][B*T*d]: after attention */
-    float *ln1, *ln1_mean, *ln1_rstd;  /* [L][B*T*d], [L][B*T] */
-    float *q_hat, *k_hat, *v_heads;    /* [L][B*H*T*dh] head-major, rotated, sheared */
-    float *p_q, *p_k;                  /* [L][B*H*T*dh], momentum p (learned gamma) */
-    float *att_saved;                  /* [L][B*H*saved_per_head] */
-    float *att_out;                    /* [L][B*T*d] heads merged */
+    int B, T;                         /* capacity */
+    bool kept_logits;                 /* laid out with probs apart from logits */
+    float *residual;                  /* [L+1][B*T*d]: block inputs, final stream */
+    float *mid;                       /* [L][B*T*d]: after attention */
+    float *ln1, *ln1_mean, *ln1_rstd; /* [L][B*T*d], [L][B*T] */
+    float *q_hat, *k_hat, *v_heads;   /* [L][B*H*T*dh] head-major, rotated, sheared */
+    float *p_q, *p_k;                 /* [L][B*H*T*dh], momentum p (learned gamma) */
+    float *att_saved;                 /* [L][B*H*saved_per_head] */
+    float *att_out;                   /* [L][B*T*d] heads merged */
     float *ln2, *ln2_mean, *ln2_rstd;
-    float *fc_pre, *fc_act, *fc_tanh;  /* [L][B*T*d_ff] */
+    float *fc_pre, *fc_act, *fc_tanh; /* [L][B*T*d_ff] */
     float *ln_f, *ln_f_mean, *ln_f_rstd;
-    float *logits;                     /* [B*T*V] (lm) or [B*n_classes] (cls) */
-    float *probs;                      /* the same shape: softmax of logits; == logits (overwritten)
+    float *logits;        /* [B*T*V] (lm) or [B*n_classes] (cls) */
+    float *probs;         /* the same shape: softmax of logits; == logits (overwritten)
                                         * unless the model keeps logits */
-    float *pooled;                     /* [B*d] (cls) */
-    float *losses;                     /* [B*T] (lm) or [B] (cls) */
-    int32_t *predictions;              /* [B*T] or [B] */
+    float *pooled;        /* [B*d] (cls) */
+    float *losses;        /* [B*T] (lm) or [B] (cls) */
+    int32_t *predictions; /* [B*T] or [B] */
     /* scratch */
-    float *qkv;                        /* [B*T*3d] */
-    float *d_residual, *d_model_rows;  /* [B*T*d] */
-    float *d_ff;                       /* [B*T*d_ff] */
-    float *d_pooled;                   /* [B*d] (cls) */
-    float *head_scratch;               /* per-head scratch: T*T or fmm scratch, + 2*T*dh */
+    float *qkv;                       /* [B*T*3d] */
+    float *d_residual, *d_model_rows; /* [B*T*d] */
+    float *d_ff;                      /* [B*T*d_ff] */
+    float *d_pooled;                  /* [B*d] (cls) */
+    float *head_scratch;              /* per-head scratch: T*T or fmm scratch, + 2*T*dh */
     float *mem;
 } model_activations;
 
@@ -96,7 +96,7 @@ struct model {
      * acts.probs (eval --stream compares logits, docs/design.md §8.5);
      * otherwise the softmax overwrites the logits, saving B*T*V floats. */
     bool keep_logits;
-    model_tensors w, g;       /* views into params and grads */
+    model_tensors w, g; /* views into params and grads */
     /* docs/model.md §1.2 momentum buffers prev_q, prev_k: [L][2][H][dh]. buffer_sums
      * collects this rank's sum of last-position vectors during a training
      * forward, so that averaging over the global batch is one reduction. */
@@ -135,8 +135,8 @@ void model_params_changed(const model *m);
  * (-1 = ignored); for cls, `targets` marks valid positions (-1 = padding)
  * and labels [B] holds the classes. Fills acts.losses and acts.predictions.
  * With collect_buffers the last-position vectors are summed into buffer_sums. */
-void model_forward(model *m, const int32_t *inputs, const int32_t *targets,
-                   const int32_t *labels, int B, int T, bool collect_buffers);
+void model_forward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
+                   bool collect_buffers);
 /* Block l alone: acts.residual[l] -> acts.residual[l + 1] (after a forward
  * at this B, T has reserved the activations). */
 void model_block_forward(model *m, int layer, int B, int T, bool collect_buffers);
@@ -148,9 +148,8 @@ double model_loss_sum(const model *m, const int32_t *targets, int B, int T, long
 long long model_target_count(const model *m, const int32_t *targets, int B, int T);
 /* Backward of loss_scale * sum of losses (loss_scale = 1 / global count).
  * Gradients accumulate into m->grads (zero them first). */
-void model_backward(model *m, const int32_t *inputs, const int32_t *targets,
-                    const int32_t *labels, int B, int T, float loss_scale,
-                    const model_backward_hooks *hooks);
+void model_backward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
+                    float loss_scale, const model_backward_hooks *hooks);
 void model_zero_grads(model *m);
 /* Block `layer`'s view for the attention sublayer (attention.h): settings,
  * rope tables, that block's gamma and blend with their gradients, its

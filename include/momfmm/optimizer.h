@@ -27,11 +27,12 @@ typedef struct {
 } optimizer_settings;
 
 void optimizer_adamw(float *params, const float *grads, float *m, float *v, size_t n, long long t,
-                  const optimizer_settings *s, int decay);
+                     const optimizer_settings *s, int decay);
 /* The whole model, tensor by tensor so that decay follows docs/model.md §1.4. */
 void optimizer_step_model(model *mdl, long long t, const optimizer_settings *s);
 /* AdamW on elements [lo, hi) of the flat buffer, inside the model's moment
  * range (ZeRO-1 slice, docs/scale.md §7); grads[0] is element lo. Weight decay
  * follows each tensor's model_param, so a slice may cut tensors anywhere. */
-void optimizer_step_range(model *mdl, size_t lo, size_t hi, const float *grads, long long t, const optimizer_settings *s);
+void optimizer_step_range(model *mdl, size_t lo, size_t hi, const float *grads, long long t,
+                          const optimizer_settings *s);
 #endif

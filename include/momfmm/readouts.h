@@ -17,7 +17,7 @@
  * sublayer's output before its residual add, summed per layer the same way.
  * Leaves the forward's outputs as they were. */
 void readouts_block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums,
-                 double *attn_ratio_sums);
+                          double *attn_ratio_sums);
 
 /* gamma_h of every layer and head, learned or fixed: out[layer * H + h]. */
 void readouts_gammas(const model *m, double *out);

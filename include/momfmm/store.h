@@ -11,8 +11,8 @@
 #include <stddef.h>
 
 #include "momfmm/checkpoint.h"
-#include "momfmm/status.h"
 #include "momfmm/config.h"
+#include "momfmm/status.h"
 
 #define STORE_PATH_MAX (CONFIG_PATH_MAX + 64)
 

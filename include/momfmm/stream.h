@@ -16,19 +16,19 @@
 #define MOMFMM_STREAM_H
 #include <stdint.h>
 
-#include "momfmm/status.h"
 #include "momfmm/model.h"
+#include "momfmm/status.h"
 
 typedef struct {
-    int S, capacity, pos, n_max;      /* sequences, positions, consumed, segment cap */
-    float *k_cache, *v_cache;         /* [L][S][H][capacity][dh] (k-hat after shear, RoPE) */
-    float *carry_x, *carry_p;         /* [L][2][S][H][dh] */
-    float *far_state;                 /* [L][S][H][fmm_stream_state_floats] */
-    float *x, *mid, *ln, *qkv, *att;  /* segment activations [S*n_max][...] */
-    float *fc, *fc_tanh, *stats;      /* MLP and LayerNorm scratch */
-    float *head_scratch, *probs;      /* per-head temporaries, attention weights */
-    float *rope_cos, *rope_sin;       /* RoPE of the segment's absolute positions [n_max][dh/2] */
-    long long dropped;                /* positions slid out of the caches (stream_slide) */
+    int S, capacity, pos, n_max;     /* sequences, positions, consumed, segment cap */
+    float *k_cache, *v_cache;        /* [L][S][H][capacity][dh] (k-hat after shear, RoPE) */
+    float *carry_x, *carry_p;        /* [L][2][S][H][dh] */
+    float *far_state;                /* [L][S][H][fmm_stream_state_floats] */
+    float *x, *mid, *ln, *qkv, *att; /* segment activations [S*n_max][...] */
+    float *fc, *fc_tanh, *stats;     /* MLP and LayerNorm scratch */
+    float *head_scratch, *probs;     /* per-head temporaries, attention weights */
+    float *rope_cos, *rope_sin;      /* RoPE of the segment's absolute positions [n_max][dh/2] */
+    long long dropped;               /* positions slid out of the caches (stream_slide) */
     float *mem;
 } stream_state;
 

@@ -7,23 +7,23 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "momfmm/status.h"
 #include "momfmm/checkpoint.h"
 #include "momfmm/config.h"
 #include "momfmm/dist.h"
 #include "momfmm/eval.h"
 #include "momfmm/metrics.h"
 #include "momfmm/model.h"
+#include "momfmm/status.h"
 
 typedef struct {
     config cfg;
     model model;
-    data_shard shard;       /* this rank's shard of the global data_batch */
+    data_shard shard; /* this rank's shard of the global data_batch */
     dist_reducer *reducer;
     metric_table train_log, eval_log;
     long long step, tokens_seen;
-    long long skipped_steps; /* non-finite steps skipped (train.on_nonfinite = skip) */
-    double *reduce_scratch; /* [1 + n_buffer]: loss sum, buffer sums over the micro-batches */
+    long long skipped_steps;         /* non-finite steps skipped (train.on_nonfinite = skip) */
+    double *reduce_scratch;          /* [1 + n_buffer]: loss sum, buffer sums over the micro-batches */
     char init_from[CONFIG_PATH_MAX]; /* --init checkpoint of this run's timeline, or "" */
 } trainer;
 
