@@ -100,8 +100,10 @@ class Report:
     """Named checks of one test (the `report` fixture of conftest.py): each
     check() prints PASS or FAIL with its detail and the test goes on, so one
     failure does not hide the checks after it; conftest fails the test after
-    it returns when any check failed, naming every failed check. Fixtures
-    that train once for several tests use one too and call assert_all()."""
+    it returns when any check failed, naming every failed check, and when it
+    made no check at all (a test that asks for `report` and checks nothing
+    tested nothing). Fixtures that train once for several tests use one too
+    and call assert_all()."""
 
     made = []  # every Report of the session, for conftest's summary line
 
@@ -125,5 +127,6 @@ class Report:
         return len(self.failures)
 
     def assert_all(self):
+        assert self.passed + self.failed > 0, "no named check was made: nothing was tested (report.check never called)"
         assert not self.failures, (f"{self.failed} of {self.passed + self.failed} checks failed:\n  "
                                    + "\n  ".join(self.failures))
