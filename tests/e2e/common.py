@@ -1,5 +1,7 @@
 """Helpers shared by the end-to-end tests (pytest modules beside this file):
-run momfmm, write configs and token files, and collect named checks."""
+run momfmm, write configs and token files, and collect named checks. The one
+place for them: the test modules import these rather than keep copies (the
+binary itself comes from conftest.py's `momfmm` fixture)."""
 import os
 import subprocess
 
@@ -16,14 +18,19 @@ ROOT_ENV = {
 
 
 def env(**extra):
+    """The environment of a test's commands: os.environ, ROOT_ENV, then extra;
+    LeakSanitizer off unless ASAN_OPTIONS says otherwise (as CTest sets it)."""
     e = dict(os.environ)
     e.update(ROOT_ENV)
+    e.setdefault("ASAN_OPTIONS", "detect_leaks=0")
     e.update({k: str(v) for k, v in extra.items()})
     return e
 
 
 def run(args, timeout=600, **kw):
-    """Runs a command; returns CompletedProcess with text output."""
+    """Runs a command (its arguments made str) with env() unless env= is
+    given; further keywords (cwd=...) go to subprocess.run. Returns the
+    CompletedProcess with text output."""
     return subprocess.run([str(a) for a in args], capture_output=True, text=True,
                           timeout=timeout, env=kw.pop("env", env()), **kw)
 
@@ -88,6 +95,7 @@ def load_newest(out_dir, **kw):
 
 
 def write_tokens(path, inputs, targets, labels=None):
+    """A token file (docs/files.md): int32 inputs and targets [B, T], labels [B]."""
     with h5py.File(path, "w") as f:
         f["inputs"] = np.asarray(inputs, dtype=np.int32)
         f["targets"] = np.asarray(targets, dtype=np.int32)
