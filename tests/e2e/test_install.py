@@ -8,8 +8,9 @@ with nothing of the source tree on PYTHONPATH:
 - `inspect` and `eval` read the run directory (its newest checkpoint, named),
   `inspect` reads the live metrics file;
 - the installed `momfmm-report` and `momfmm-plot` read the run;
-- the installed job scripts find `momfmm` on PATH when MOMFMM is not set and
-  there is no build/momfmm (mpirun replaced by a stub that records its command).
+- the installed job scripts find their library (share/momfmm/jobs/momfmm_lib.sh)
+  and `momfmm` on PATH when MOMFMM is not set and there is no build/momfmm
+  (mpirun replaced by a stub that records its command).
 
 CTest passes CMAKE_COMMAND and MOMFMM_BUILD_DIR (tests/CMakeLists.txt).
 """
@@ -80,7 +81,7 @@ INSTALLED = ["bin/momfmm", "bin/momfmm-report", "bin/momfmm-plot",
              "share/momfmm/tools/run_experiments.sh", "share/momfmm/configs/quickstart.ini",
              "share/momfmm/configs/experiments/suite.list", "share/momfmm/jobs/train.sbatch",
              "share/momfmm/jobs/train_srun.sbatch", "share/momfmm/jobs/sweep.sbatch",
-             "share/momfmm/jobs/experiments.sbatch", "share/doc/momfmm/README.md",
+             "share/momfmm/jobs/experiments.sbatch", "share/momfmm/jobs/momfmm_lib.sh", "share/doc/momfmm/README.md",
              "share/doc/momfmm/docs/cli.md"]
 EXECUTABLE = ["bin/momfmm", "bin/momfmm-report", "bin/momfmm-plot", "share/momfmm/tools/momfmm_report.py",
               "share/momfmm/jobs/train.sbatch"]
@@ -161,6 +162,8 @@ def test_job_script_finds_momfmm(prefix, tmp_path):
     installed = os.path.join(prefix, "bin", "momfmm")
     r, args = fake_job(prefix, cwd, tmp_path, [os.path.join(prefix, "bin")])
     assert r.returncode == 0 and installed in args, r.stdout + r.stderr
+    library = os.path.join(prefix, "share", "momfmm", "jobs", "momfmm_lib.sh")
+    assert f"train.sbatch: functions from {library}\n" in r.stdout, r.stdout
     r, args = fake_job(prefix, cwd, tmp_path, [])
     assert r.returncode == 2 and "not found" in r.stderr and not args, r.stdout + r.stderr
     # build/momfmm of the submit directory wins over PATH, MOMFMM over both
