@@ -42,7 +42,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 usage() { sed -n '6,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 # --help: the whole header (usage, options, exit codes) on stdout, exit 0.
 help() { sed -n '2,/^set -u/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0; }
-die() { echo "$me: $*" >&2; exit 2; }
+# die, ini_steps and run_step: the functions shared with the job scripts
+# shellcheck source-path=SCRIPTDIR source=../jobs/momfmm_lib.sh
+. "$root/jobs/momfmm_lib.sh" || { echo "$me: cannot read $root/jobs/momfmm_lib.sh" >&2; exit 2; }
 
 np=2 only='' scale=1 full=0 runs='' suite=configs/experiments/suite.list
 bin=${MOMFMM:-build/momfmm} dry=0 list=0
@@ -78,12 +80,6 @@ fi
 case $bin in /*) ;; *) bin=$root/$bin ;; esac
 [ "$dry" = 1 ] || [ "$list" = 1 ] || [ -x "$bin" ] ||
     die "momfmm binary $bin not found: build it (cmake --build build -j2) or pass --momfmm"
-
-# train.steps of an INI file (the [train] section), empty if absent.
-ini_steps() {
-    awk '/^[[:space:]]*\[/{s=$0; gsub(/[][[:space:]]/, "", s)} s=="train" && /^[[:space:]]*steps[[:space:]]*=/ {
-        sub(/^[^=]*=[[:space:]]*/, ""); sub(/[[:space:]]*([;#].*)?$/, ""); v=$0} END{print v}' "$1"
-}
 
 # ---- parse the suite ----
 names=() configs=() sets=()
@@ -131,7 +127,7 @@ export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-$OMP_NUM_THREADS}
 # mpirun (Open MPI 4.1.4) answers a SIGINT or SIGTERM by killing its ranks about 2 s later,
 # before a step longer than that can end and write its stop checkpoint; a SIGUSR1 it forwards
 # to the ranks and waits for them. So each mpirun runs in a process group of its own (set -m in
-# run_stoppable), out of reach of a Ctrl-C or `timeout`, and this script turns the signals it
+# run_step with GROUP 1), out of reach of a Ctrl-C or `timeout`, and this script turns the signals it
 # gets into a SIGUSR1 to it, repeated every 2 s until momfmm acknowledges (STOPPED), as the
 # job scripts do: mpirun drops a signal that comes before it has started the ranks.
 caught=
@@ -145,32 +141,8 @@ for sig in INT TERM HUP USR1; do
     trap "stop_request $sig" "$sig"
 done
 
-# Runs cmd (the array) with its output appended to $2, in its own process group, and waits
-# for it, forwarding stop requests; sets rc to its exit status.
-run_stoppable() {
-    local out=$1 log=$2 r
-    rm -f "$out/STOPPED" # written by momfmm when a signal stop has checkpointed
-    set -m
-    "${cmd[@]}" >>"$log" 2>&1 </dev/null &
-    step_pid=$!
-    set +m
-    [ -n "$caught" ] && kill -USR1 "$step_pid" 2>/dev/null
-    wait "$step_pid" # returns early whenever a trapped signal arrives
-    rc=$?
-    while kill -0 "$step_pid" 2>/dev/null; do
-        if [ -n "$caught" ] && [ ! -f "$out/STOPPED" ]; then
-            sleep 2
-            kill -USR1 "$step_pid" 2>/dev/null
-        else
-            wait "$step_pid"
-            rc=$?
-        fi
-    done
-    wait "$step_pid" 2>/dev/null
-    r=$?
-    [ "$r" -ne 127 ] && rc=$r
-    step_pid=
-}
+# Each run goes through run_step (jobs/momfmm_lib.sh): in a process group of its own, its
+# output appended to DIR/NAME/train.log, stop requests forwarded; it sets rc.
 
 failed=() done_n=0 skipped=0 k=0
 start_all=$(date +%s)
@@ -217,7 +189,7 @@ for i in "${selected[@]}"; do
         echo "# $(date '+%Y-%m-%dT%H:%M:%S') $(uptime)"
         echo "# ${cmd[*]}"
     } >>"$out/train.log"
-    run_stoppable "$out" "$out/train.log"
+    run_step "$out" "$out/train.log" 1 "${cmd[@]}"
     t1=$(date +%s)
     echo "# exit $rc after $((t1 - t0)) s" >>"$out/train.log"
     if [ -n "$caught" ] && [ ! -e "$final" ]; then

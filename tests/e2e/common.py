@@ -1,5 +1,7 @@
 """Helpers shared by the end-to-end tests (pytest modules beside this file):
-run momfmm, write configs and token files, and collect named checks."""
+run momfmm, write configs and token files, and collect named checks. The one
+place for them: the test modules import these rather than keep copies (the
+binary itself comes from conftest.py's `momfmm` fixture)."""
 import os
 import subprocess
 
@@ -16,14 +18,19 @@ ROOT_ENV = {
 
 
 def env(**extra):
+    """The environment of a test's commands: os.environ, ROOT_ENV, then extra;
+    LeakSanitizer off unless ASAN_OPTIONS says otherwise (as CTest sets it)."""
     e = dict(os.environ)
     e.update(ROOT_ENV)
+    e.setdefault("ASAN_OPTIONS", "detect_leaks=0")
     e.update({k: str(v) for k, v in extra.items()})
     return e
 
 
 def run(args, timeout=600, **kw):
-    """Runs a command; returns CompletedProcess with text output."""
+    """Runs a command (its arguments made str) with env() unless env= is
+    given; further keywords (cwd=...) go to subprocess.run. Returns the
+    CompletedProcess with text output."""
     return subprocess.run([str(a) for a in args], capture_output=True, text=True,
                           timeout=timeout, env=kw.pop("env", env()), **kw)
 
@@ -88,6 +95,7 @@ def load_newest(out_dir, **kw):
 
 
 def write_tokens(path, inputs, targets, labels=None):
+    """A token file (docs/files.md): int32 inputs and targets [B, T], labels [B]."""
     with h5py.File(path, "w") as f:
         f["inputs"] = np.asarray(inputs, dtype=np.int32)
         f["targets"] = np.asarray(targets, dtype=np.int32)
@@ -100,8 +108,10 @@ class Report:
     """Named checks of one test (the `report` fixture of conftest.py): each
     check() prints PASS or FAIL with its detail and the test goes on, so one
     failure does not hide the checks after it; conftest fails the test after
-    it returns when any check failed, naming every failed check. Fixtures
-    that train once for several tests use one too and call assert_all()."""
+    it returns when any check failed, naming every failed check, and when it
+    made no check at all (a test that asks for `report` and checks nothing
+    tested nothing). Fixtures that train once for several tests use one too
+    and call assert_all()."""
 
     made = []  # every Report of the session, for conftest's summary line
 
@@ -125,5 +135,6 @@ class Report:
         return len(self.failures)
 
     def assert_all(self):
+        assert self.passed + self.failed > 0, "no named check was made: nothing was tested (report.check never called)"
         assert not self.failures, (f"{self.failed} of {self.passed + self.failed} checks failed:\n  "
                                    + "\n  ".join(self.failures))

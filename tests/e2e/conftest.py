@@ -5,7 +5,9 @@ CTest runs one group per entry (tests/CMakeLists.txt), e.g.
 with MOMFMM_BIN (the binary under test), MPIEXEC (FindMPI's launcher) and
 PYTHONPATH (<source>/python for the momfmm package) in the environment.
 By hand: `--momfmm build/momfmm` instead of MOMFMM_BIN; scratch files go to
-pytest's tmp_path (under --basetemp when given).
+pytest's tmp_path (under --basetemp when given). Every test module takes the
+binary from the `momfmm` fixture: without it the session stops (exit 4), it
+is never skipped. A test that asks for `report` fails when it made no check.
 """
 import os
 import signal
@@ -46,7 +48,8 @@ def workdir(tmp_path_factory, request):
 
 @pytest.fixture
 def report(request):
-    """Named soft checks (common.Report); the test fails after it returns if any failed."""
+    """Named soft checks (common.Report); the test fails after it returns if
+    any failed or if none was made."""
     r = Report()
     request.node.momfmm_report = r
     return r

@@ -100,8 +100,10 @@ def check_crash(R, report, rng, kills=8):
     ok = r.returncode == 0 and f"resumed from {ckpt(out_dir, newest)} at step {newest}" in r.stdout
     report.check(f"crash: the last run resumes at step {newest} and reaches train.steps = {target}",
                  ok and os.path.exists(final) and R.inspect(final).returncode == 0, tail(r))
+    # docs/files.md, "Temporaries": train removes the killed writes' temporaries when it starts
     left = [n for n in os.listdir(out_dir) if ".tmp." in n]
-    print(f"     crash: {len(left)} temporary files left in {out_dir}: {left[:3]}", flush=True)
+    report.check("crash: no temporary file left after the last run", not left,
+                 f"{len(left)} in {out_dir}: {left[:3]}; {tmp_seen} seen after the kills")
 
 
 class TestStopSignals:

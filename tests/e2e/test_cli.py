@@ -5,11 +5,11 @@ of any length, and a checkpoint whose config_ini holds one, read back.
 
 Run: MOMFMM_BIN=build/momfmm /usr/bin/python3 -m pytest tests/e2e/test_cli.py
 """
-import os
 import re
-import subprocess
 
 import pytest
+
+from common import run
 
 COMMANDS = ["train", "init", "loss", "eval", "inspect", "generate", "bench"]
 # Each command's options, and the defaults its help must state.
@@ -43,20 +43,6 @@ out_dir = {out_dir}
 """
 
 
-@pytest.fixture
-def momfmm_bin():
-    path = os.environ.get("MOMFMM_BIN")
-    if not path:
-        pytest.skip("MOMFMM_BIN is not set")
-    return path
-
-
-def run(*args):
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=300, env=env)
-
-
 def write(path, text):
     path.write_text(text)
     return path
@@ -71,8 +57,8 @@ def usage_error(result, *needles):
     assert "AddressSanitizer" not in result.stderr and "Segmentation" not in result.stderr
 
 
-def test_version(momfmm_bin):
-    r = run(momfmm_bin, "--version")
+def test_version(momfmm):
+    r = run([momfmm, "--version"])
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert re.fullmatch(r"momfmm \d+\.\d+\.\d+ \(git \S+\)", lines[0]), lines[0]
@@ -82,18 +68,18 @@ def test_version(momfmm_bin):
     assert re.search(r"HDF5: +built with \d+\.\d+\.\d+; running \d+\.\d+\.\d+", r.stdout), r.stdout
 
 
-def test_help_lists_every_command(momfmm_bin):
+def test_help_lists_every_command(momfmm):
     for args in (["help"], ["--help"], ["-h"]):
-        r = run(momfmm_bin, *args)
+        r = run([momfmm, *args])
         assert r.returncode == 0, r.stderr
         for command in COMMANDS:
             assert re.search(rf"^  {command} ", r.stdout, re.M), (args, r.stdout)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_command_help(momfmm_bin, command):
+def test_command_help(momfmm, command):
     for args in ([command, "--help"], [command, "-h"], ["help", command], [command, "x.ini", "--help"]):
-        r = run(momfmm_bin, *args)
+        r = run([momfmm, *args])
         assert r.returncode == 0, (args, r.stderr)
         assert r.stdout.startswith(f"usage: momfmm {command} "), r.stdout
         for option in OPTIONS[command] + ["--help"]:
@@ -102,15 +88,15 @@ def test_command_help(momfmm_bin, command):
             assert needle in r.stdout, (needle, r.stdout)
 
 
-def test_unknown_command_and_option(momfmm_bin, tmp_path):
-    usage_error(run(momfmm_bin, "trian"), "unknown command 'trian'", "did you mean train?")
-    usage_error(run(momfmm_bin, "help", "trian"), "did you mean train?")
-    usage_error(run(momfmm_bin, "fly"), "unknown command 'fly'")
+def test_unknown_command_and_option(momfmm, tmp_path):
+    usage_error(run([momfmm, "trian"]), "unknown command 'trian'", "did you mean train?")
+    usage_error(run([momfmm, "help", "trian"]), "did you mean train?")
+    usage_error(run([momfmm, "fly"]), "unknown command 'fly'")
     ini = write(tmp_path / "tiny.ini", TINY.format(out_dir=tmp_path / "run"))
-    usage_error(run(momfmm_bin, "bench", ini, "--step", "3"), "unknown option --step", "did you mean --steps?")
-    usage_error(run(momfmm_bin, "init", ini, "-o", "x.h5"), "unknown option -o", "did you mean --out?")
-    usage_error(run(momfmm_bin, "generate", "x.h5", "--steps", "3"), "--steps is not accepted", "bench")
-    usage_error(run(momfmm_bin, "bench", ini, "--steps", "0"), "--steps 0", "[1, 1073741824]")
+    usage_error(run([momfmm, "bench", ini, "--step", "3"]), "unknown option --step", "did you mean --steps?")
+    usage_error(run([momfmm, "init", ini, "-o", "x.h5"]), "unknown option -o", "did you mean --out?")
+    usage_error(run([momfmm, "generate", "x.h5", "--steps", "3"]), "--steps is not accepted", "bench")
+    usage_error(run([momfmm, "bench", ini, "--steps", "0"]), "--steps 0", "[1, 1073741824]")
 
 
 @pytest.mark.parametrize("section, line, suggestion", [
@@ -122,41 +108,41 @@ def test_unknown_command_and_option(momfmm_bin, tmp_path):
     ("data", "task = chian", "data.task = 'chian': not one of the allowed values (allowed: chain|copy|listops|text); "
                              "did you mean chain?"),
 ])
-def test_unknown_key_suggestions(momfmm_bin, tmp_path, section, line, suggestion):
+def test_unknown_key_suggestions(momfmm, tmp_path, section, line, suggestion):
     ini = write(tmp_path / "bad.ini", f"[{section}]\n{line}\n")
-    usage_error(run(momfmm_bin, "train", ini), "bad.ini:2: " + suggestion)
+    usage_error(run([momfmm, "train", ini]), "bad.ini:2: " + suggestion)
 
 
-def test_set_suggestions_and_ranges(momfmm_bin, tmp_path):
+def test_set_suggestions_and_ranges(momfmm, tmp_path):
     ini = write(tmp_path / "tiny.ini", TINY.format(out_dir=tmp_path / "run"))
     out = tmp_path / "x.h5"
-    usage_error(run(momfmm_bin, "init", ini, "--out", out, "--set", "train.lrr=1"), "did you mean train.lr?")
-    usage_error(run(momfmm_bin, "init", ini, "--out", out, "--set", "learning_rate=1"), "did you mean train.lr=1?")
-    usage_error(run(momfmm_bin, "init", ini, "--out", out, "--set", "train.steps=-5"),
+    usage_error(run([momfmm, "init", ini, "--out", out, "--set", "train.lrr=1"]), "did you mean train.lr?")
+    usage_error(run([momfmm, "init", ini, "--out", out, "--set", "learning_rate=1"]), "did you mean train.lr=1?")
+    usage_error(run([momfmm, "init", ini, "--out", out, "--set", "train.steps=-5"]),
                 "train.steps = -5 is out of range: must be >= 0")
-    usage_error(run(momfmm_bin, "init", ini, "--out", out, "--set", "model.n_heads=0"),
+    usage_error(run([momfmm, "init", ini, "--out", out, "--set", "model.n_heads=0"]),
                 "model.n_heads = 0 is out of range: must be in [1, 4096]")
-    usage_error(run(momfmm_bin, "init", ini, "--out", out, "--set", "model.n_classes=1"), "model.n_classes")
+    usage_error(run([momfmm, "init", ini, "--out", out, "--set", "model.n_classes=1"]), "model.n_classes")
     assert not out.exists()
 
 
-def test_duplicates(momfmm_bin, tmp_path):
+def test_duplicates(momfmm, tmp_path):
     ini = write(tmp_path / "dup.ini", TINY.format(out_dir=tmp_path / "run") + "lr = 0.1\n")
     line = TINY.count("\n") + 1
     first = TINY.splitlines().index("lr = 0.003") + 1
-    usage_error(run(momfmm_bin, "init", ini, "--out", tmp_path / "x.h5"),
+    usage_error(run([momfmm, "init", ini, "--out", tmp_path / "x.h5"]),
                 f"dup.ini:{line}: duplicate key train.lr (first set at line {first})")
     ini = write(tmp_path / "dupsec.ini", TINY.format(out_dir=tmp_path / "run") + "[model]\n")
-    usage_error(run(momfmm_bin, "init", ini, "--out", tmp_path / "x.h5"), "duplicate section [model] (first at line 1)")
+    usage_error(run([momfmm, "init", ini, "--out", tmp_path / "x.h5"]), "duplicate section [model] (first at line 1)")
 
 
-def inspect_config(momfmm_bin, ckpt):
-    r = run(momfmm_bin, "inspect", ckpt)
+def inspect_config(momfmm, ckpt):
+    r = run([momfmm, "inspect", ckpt])
     assert r.returncode == 0, r.stderr
     return r.stdout
 
 
-def test_long_lines_end_to_end(momfmm_bin, tmp_path):
+def test_long_lines_end_to_end(momfmm, tmp_path):
     """A 10k-character comment ending in `lr = 1000000` stays a comment; a
     long value is read whole; numbers come back in their shortest form."""
     out_dir = str(tmp_path / ("d" * 200) / ("e" * 200) / ("f" * 200))
@@ -165,23 +151,23 @@ def test_long_lines_end_to_end(momfmm_bin, tmp_path):
     text = text.replace("n_layers = 1\n", "")
     ini = write(tmp_path / "long.ini", text)
     ckpt = tmp_path / "long.h5"
-    r = run(momfmm_bin, "init", ini, "--out", ckpt)
+    r = run([momfmm, "init", ini, "--out", ckpt])
     assert r.returncode == 0, r.stderr
-    shown = inspect_config(momfmm_bin, ckpt)
+    shown = inspect_config(momfmm, ckpt)
     assert re.search(r"^lr = 0\.003$", shown, re.M), shown
     assert re.search(r"^n_layers = 2$", shown, re.M), shown
     assert f"out_dir = {out_dir}\n" in shown
     assert "1000000" not in shown and "0.0030000000000000001" not in shown
 
 
-def test_checkpoint_with_long_out_dir(momfmm_bin, tmp_path):
+def test_checkpoint_with_long_out_dir(momfmm, tmp_path):
     """A 300-byte out_dir in config_ini (past the old 200-byte line buffer)."""
     out_dir = "/" + "/".join(["p" * 99] * 3)
     assert len(out_dir) == 300
     ini = write(tmp_path / "dir.ini", TINY.format(out_dir=out_dir))
     ckpt = tmp_path / "dir.h5"
-    r = run(momfmm_bin, "init", ini, "--out", ckpt)
+    r = run([momfmm, "init", ini, "--out", ckpt])
     assert r.returncode == 0, r.stderr
-    assert f"out_dir = {out_dir}\n" in inspect_config(momfmm_bin, ckpt)
-    r = run(momfmm_bin, "eval", ckpt)
+    assert f"out_dir = {out_dir}\n" in inspect_config(momfmm, ckpt)
+    r = run([momfmm, "eval", ckpt])
     assert r.returncode == 0, r.stderr

@@ -24,6 +24,8 @@ import h5py
 import numpy as np
 import pytest
 
+from common import run, write_tokens
+
 SEED = 16
 TIMEOUT_S = 60
 TINY = """[model]
@@ -50,10 +52,6 @@ out_dir = {out}
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "runtime error", "ERROR: LeakSanitizer")
 
 
-def run(momfmm, *args, cwd=None, timeout=TIMEOUT_S):
-    return subprocess.run([momfmm, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
-
-
 def assert_refused(r, what, codes=(2, 3)):
     for mark in SANITIZER_MARKS:
         assert mark not in r.stderr, f"{what}: sanitizer report:\n{r.stderr[-2000:]}"
@@ -70,13 +68,11 @@ def base(momfmm, workdir):
     ini = os.path.join(d, "tiny.ini")
     with open(ini, "w") as f:
         f.write(TINY.format(out=os.path.join(d, "run")))
-    r = run(momfmm, "train", ini, "--set", "train.steps=2", "--set", "train.eval_interval=1")
+    r = run([momfmm, "train", ini, "--set", "train.steps=2", "--set", "train.eval_interval=1"], timeout=TIMEOUT_S)
     assert r.returncode == 0, r.stderr
     ck = os.path.join(d, "run", "ckpt_00000002.h5")
     tok = os.path.join(d, "tok.h5")
-    with h5py.File(tok, "w") as f:
-        f["inputs"] = np.ones((2, 8), dtype="i4")
-        f["targets"] = np.ones((2, 8), dtype="i4")
+    write_tokens(tok, np.ones((2, 8)), np.ones((2, 8)))
     return d, ini, ck, tok
 
 
@@ -217,7 +213,7 @@ def run_all(momfmm, jobs, codes=(2, 3)):
     """Runs (description, args) jobs a few at a time: each run mostly waits for MPI's
     start-up, so this keeps the module's runtime down on two cores."""
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda job: run(momfmm, *job[1]), jobs))
+        results = list(pool.map(lambda job: run([momfmm, *job[1]], timeout=TIMEOUT_S), jobs))
     for (what, _), r in zip(jobs, results):
         assert_refused(r, what, codes)
     return len(jobs)
@@ -259,18 +255,18 @@ def test_special_files(momfmm, base):
     if not os.path.exists(fifo):
         os.mkfifo(fifo)
     for cmd in COMMANDS:
-        assert_refused(run(momfmm, cmd[0], fifo, *cmd[1:], timeout=20), f"{cmd[0]} on a FIFO", codes=(3,))
-    assert_refused(run(momfmm, "loss", ck, fifo, timeout=20), "loss on a FIFO token file", codes=(3,))
+        assert_refused(run([momfmm, cmd[0], fifo, *cmd[1:]], timeout=20), f"{cmd[0]} on a FIFO", codes=(3,))
+    assert_refused(run([momfmm, "loss", ck, fifo], timeout=20), "loss on a FIFO token file", codes=(3,))
     out = os.path.join(d, "fifo_run")
     os.makedirs(out, exist_ok=True)
     if not os.path.exists(os.path.join(out, "ckpt_00000009.h5")):
         os.mkfifo(os.path.join(out, "ckpt_00000009.h5"))
-    r = run(momfmm, "train", ini, "--set", f"train.out_dir={out}", "--resume", "auto", timeout=20)
+    r = run([momfmm, "train", ini, "--set", f"train.out_dir={out}", "--resume", "auto"], timeout=20)
     assert_refused(r, "train --resume auto with a FIFO checkpoint", codes=(3,))
     assert "ckpt_00000009.h5" in r.stderr
     # a config that is a FIFO (would block) or a directory (would read as empty)
     for config, what in ((fifo, "a FIFO"), (d, "a directory")):
-        r = run(momfmm, "init", config, "--out", os.path.join(d, "never.h5"), timeout=20)
+        r = run([momfmm, "init", config, "--out", os.path.join(d, "never.h5")], timeout=20)
         assert_refused(r, f"init with {what} as the config", codes=(2,))
         assert "not a regular file" in r.stderr
 
@@ -291,17 +287,20 @@ def test_malformed_configs(momfmm, base):
 def test_overwrite_refusals(momfmm, base):
     d, ini, ck, tok = base
     before = open(ck, "rb").read()
-    assert_refused(run(momfmm, "loss", ck, tok, "--grads", ck), "--grads onto the checkpoint", codes=(2,))
-    assert_refused(run(momfmm, "loss", ck, tok, "--grads", tok), "--grads onto the token file", codes=(2,))
-    assert_refused(run(momfmm, "init", ini, "--out", ck), "init --out onto a checkpoint", codes=(2,))
+    assert_refused(run([momfmm, "loss", ck, tok, "--grads", ck], timeout=TIMEOUT_S), "--grads onto the checkpoint",
+                   codes=(2,))
+    assert_refused(run([momfmm, "loss", ck, tok, "--grads", tok], timeout=TIMEOUT_S), "--grads onto the token file",
+                   codes=(2,))
+    assert_refused(run([momfmm, "init", ini, "--out", ck], timeout=TIMEOUT_S), "init --out onto a checkpoint", codes=(2,))
     assert open(ck, "rb").read() == before, "the checkpoint changed"
     grads = os.path.join(d, "grads.h5")
-    assert run(momfmm, "loss", ck, tok, "--grads", grads).returncode == 0
-    assert_refused(run(momfmm, "loss", ck, tok, "--grads", grads), "--grads onto an existing file", codes=(2,))
-    assert run(momfmm, "loss", ck, tok, "--grads", grads, "--force").returncode == 0
+    assert run([momfmm, "loss", ck, tok, "--grads", grads], timeout=TIMEOUT_S).returncode == 0
+    assert_refused(run([momfmm, "loss", ck, tok, "--grads", grads], timeout=TIMEOUT_S), "--grads onto an existing file",
+                   codes=(2,))
+    assert run([momfmm, "loss", ck, tok, "--grads", grads, "--force"], timeout=TIMEOUT_S).returncode == 0
     fresh = os.path.join(d, "fresh.h5")
-    assert run(momfmm, "init", ini, "--out", fresh).returncode == 0
-    assert run(momfmm, "init", ini, "--out", fresh, "--force").returncode == 0
+    assert run([momfmm, "init", ini, "--out", fresh], timeout=TIMEOUT_S).returncode == 0
+    assert run([momfmm, "init", ini, "--out", fresh, "--force"], timeout=TIMEOUT_S).returncode == 0
 
 
 def tiny_ini(d, name, **overrides):
@@ -316,12 +315,12 @@ def test_run_directory(momfmm, workdir):
     d = os.path.join(workdir, "rundir")
     os.makedirs(d, exist_ok=True)
     ini, out = tiny_ini(d, "a")
-    assert run(momfmm, "train", ini).returncode == 0
-    r = run(momfmm, "train", ini)
+    assert run([momfmm, "train", ini], timeout=TIMEOUT_S).returncode == 0
+    r = run([momfmm, "train", ini], timeout=TIMEOUT_S)
     assert_refused(r, "a second run over an earlier run's checkpoints", codes=(2,))
     assert "--overwrite" in r.stderr
-    assert run(momfmm, "train", ini, "--resume", "auto").returncode == 0
-    r = run(momfmm, "train", ini, "--overwrite", "--set", "train.steps=1")
+    assert run([momfmm, "train", ini, "--resume", "auto"], timeout=TIMEOUT_S).returncode == 0
+    r = run([momfmm, "train", ini, "--overwrite", "--set", "train.steps=1"], timeout=TIMEOUT_S)
     assert r.returncode == 0, r.stderr
     assert sorted(n for n in os.listdir(out) if n.startswith("ckpt_")) == ["ckpt_00000001.h5"]
     # the lock: a long run holds it, a second one is refused naming the pid
@@ -333,7 +332,7 @@ def test_run_directory(momfmm, workdir):
         while time.time() < deadline and not os.path.exists(os.path.join(out, "metrics.h5")):
             time.sleep(0.1)
         time.sleep(0.3)
-        r = run(momfmm, "train", ini, "--resume", "auto")
+        r = run([momfmm, "train", ini, "--resume", "auto"], timeout=TIMEOUT_S)
         assert_refused(r, "a second concurrent run", codes=(2,))
         assert f"pid {first.pid}" in r.stderr, r.stderr
     finally:
@@ -342,7 +341,8 @@ def test_run_directory(momfmm, workdir):
     assert first.returncode == 0
     assert os.path.exists(os.path.join(out, "STOPPED")), "a signal stop leaves the STOPPED marker"
     # the lock went with the process
-    assert run(momfmm, "train", ini, "--resume", "auto", "--set", "train.steps=1").returncode == 0
+    r = run([momfmm, "train", ini, "--resume", "auto", "--set", "train.steps=1"], timeout=TIMEOUT_S)
+    assert r.returncode == 0
 
 
 def test_divergence_guard(momfmm, workdir):
@@ -350,7 +350,7 @@ def test_divergence_guard(momfmm, workdir):
     os.makedirs(d, exist_ok=True)
     ini, out = tiny_ini(d, "stop")
     huge = ["--set", "train.lr=1e12", "--set", "train.warmup=0", "--set", "train.steps=30"]
-    r = run(momfmm, "train", ini, *huge)
+    r = run([momfmm, "train", ini, *huge], timeout=TIMEOUT_S)
     assert r.returncode == 4, f"exit {r.returncode}: {r.stderr[-500:]}"
     assert "diverged at step" in r.stderr
     kept = sorted(n for n in os.listdir(out) if n.startswith("ckpt_"))
@@ -360,7 +360,8 @@ def test_divergence_guard(momfmm, workdir):
             for key in ("model/tok_emb", "model/head/weight"):
                 assert np.isfinite(f[key][()]).all(), f"{name}: non-finite weights"
     ini2, out2 = tiny_ini(d, "skip")
-    r = run(momfmm, "train", ini2, *huge, "--set", "train.on_nonfinite=skip", "--set", "train.steps=8")
+    r = run([momfmm, "train", ini2, *huge, "--set", "train.on_nonfinite=skip", "--set", "train.steps=8"],
+            timeout=TIMEOUT_S)
     assert r.returncode == 0, r.stderr[-500:]
     assert "update skipped" in r.stdout
     with h5py.File(os.path.join(out2, "ckpt_00000008.h5"), "r") as f:

@@ -8,19 +8,19 @@ with nothing of the source tree on PYTHONPATH:
 - `inspect` and `eval` read the run directory (its newest checkpoint, named),
   `inspect` reads the live metrics file;
 - the installed `momfmm-report` and `momfmm-plot` read the run;
-- the installed job scripts find `momfmm` on PATH when MOMFMM is not set and
-  there is no build/momfmm (mpirun replaced by a stub that records its command).
+- the installed job scripts find their library (share/momfmm/jobs/momfmm_lib.sh)
+  and `momfmm` on PATH when MOMFMM is not set and there is no build/momfmm
+  (mpirun replaced by a stub that records its command).
 
 CTest passes CMAKE_COMMAND and MOMFMM_BUILD_DIR (tests/CMakeLists.txt).
 """
 import glob
 import os
-import subprocess
 import tempfile
 
 import pytest
 
-from common import MPIRUN, env as root_env
+from common import MPIRUN, env as root_env, run
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 20
@@ -37,15 +37,9 @@ def installed_env(prefix, **extra):
     return e
 
 
-def run_in(cwd, args, env, timeout=300):
-    return subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
 def source_tree_state():
     """Untracked and modified files of the source tree (None outside a git checkout)."""
-    r = subprocess.run(["git", "-C", SOURCE, "status", "--porcelain", "--untracked-files=all"],
-                       capture_output=True, text=True)
+    r = run(["git", "-C", SOURCE, "status", "--porcelain", "--untracked-files=all"])
     return r.stdout if r.returncode == 0 else None
 
 
@@ -55,8 +49,7 @@ def prefix(tmp_path_factory):
     if not build:
         pytest.skip("MOMFMM_BUILD_DIR is not set (CTest sets it)")
     where = str(tmp_path_factory.mktemp("prefix"))
-    r = subprocess.run([os.environ.get("CMAKE_COMMAND", "cmake"), "--install", build, "--prefix", where],
-                       capture_output=True, text=True, timeout=120)
+    r = run([os.environ.get("CMAKE_COMMAND", "cmake"), "--install", build, "--prefix", where], timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     return where
 
@@ -78,7 +71,7 @@ def quickstart(prefix, elsewhere):
     sets = [f"train.steps={STEPS}", "train.log_interval=5", "train.eval_interval=10", "train.ckpt_interval=10",
             "train.eval_batches=1"]
     args = MPIRUN + ["-np", "2", "momfmm", "train", config] + [a for s in sets for a in ("--set", s)]
-    r = run_in(elsewhere, args, installed_env(prefix))
+    r = run(args, cwd=elsewhere, env=installed_env(prefix))
     return r, before
 
 
@@ -88,7 +81,7 @@ INSTALLED = ["bin/momfmm", "bin/momfmm-report", "bin/momfmm-plot",
              "share/momfmm/tools/run_experiments.sh", "share/momfmm/configs/quickstart.ini",
              "share/momfmm/configs/experiments/suite.list", "share/momfmm/jobs/train.sbatch",
              "share/momfmm/jobs/train_srun.sbatch", "share/momfmm/jobs/sweep.sbatch",
-             "share/momfmm/jobs/experiments.sbatch", "share/doc/momfmm/README.md",
+             "share/momfmm/jobs/experiments.sbatch", "share/momfmm/jobs/momfmm_lib.sh", "share/doc/momfmm/README.md",
              "share/doc/momfmm/docs/cli.md"]
 EXECUTABLE = ["bin/momfmm", "bin/momfmm-report", "bin/momfmm-plot", "share/momfmm/tools/momfmm_report.py",
               "share/momfmm/jobs/train.sbatch"]
@@ -121,15 +114,15 @@ def test_inspect_and_eval_take_the_run_directory(prefix, quickstart, elsewhere):
     assert quickstart[0].returncode == 0
     e = installed_env(prefix)
     newest = f"runs/quickstart/ckpt_{STEPS:08d}.h5"
-    r = run_in(elsewhere, ["momfmm", "inspect", "runs/quickstart"], e)
+    r = run(["momfmm", "inspect", "runs/quickstart"], cwd=elsewhere, env=e)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"checkpoint: {newest}\n"), r.stdout
     assert "gamma = 0.2\n" in r.stdout and "memory:" not in r.stdout, r.stdout
-    r = run_in(elsewhere, MPIRUN + ["-np", "2", "momfmm", "eval", "runs/quickstart"], e)
+    r = run(MPIRUN + ["-np", "2", "momfmm", "eval", "runs/quickstart"], cwd=elsewhere, env=e)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"checkpoint: {newest}\n"), r.stdout
     assert "memory:" not in r.stdout and "eval | loss" in r.stdout, r.stdout
-    r = run_in(elsewhere, ["momfmm", "inspect", "runs/quickstart/metrics.h5"], e)
+    r = run(["momfmm", "inspect", "runs/quickstart/metrics.h5"], cwd=elsewhere, env=e)
     assert r.returncode == 0, r.stderr
     assert f"step {STEPS} loss" in r.stdout and "corrupt" not in r.stdout + r.stderr, r.stdout
 
@@ -137,10 +130,10 @@ def test_inspect_and_eval_take_the_run_directory(prefix, quickstart, elsewhere):
 def test_installed_tools(prefix, quickstart, elsewhere):
     assert quickstart[0].returncode == 0
     e = installed_env(prefix)
-    r = run_in(elsewhere, ["momfmm-report", "runs/quickstart"], e)
+    r = run(["momfmm-report", "runs/quickstart"], cwd=elsewhere, env=e)
     assert r.returncode == 0, r.stderr
     assert "quickstart" in r.stdout and "|" in r.stdout, r.stdout
-    r = run_in(elsewhere, ["momfmm-plot", "runs/quickstart", "--out", "figures"], e, timeout=300)
+    r = run(["momfmm-plot", "runs/quickstart", "--out", "figures"], cwd=elsewhere, env=e, timeout=300)
     assert r.returncode == 0, r.stderr
     assert glob.glob(os.path.join(elsewhere, "figures", "*.png")), os.listdir(elsewhere)
 
@@ -159,7 +152,7 @@ def fake_job(prefix, cwd, tmp_path, path_dirs, **extra):
     e = installed_env(prefix, SLURM_JOB_ID=7, SLURM_JOB_NAME="job", SLURM_SUBMIT_DIR=cwd, **extra)
     e["PATH"] = os.pathsep.join([str(stub_dir)] + path_dirs + ["/usr/bin", "/bin"])
     config = os.path.join(prefix, "share", "momfmm", "configs", "quickstart.ini")
-    r = run_in(cwd, ["bash", os.path.join(prefix, "share", "momfmm", "jobs", "train.sbatch"), config], e)
+    r = run(["bash", os.path.join(prefix, "share", "momfmm", "jobs", "train.sbatch"), config], cwd=cwd, env=e)
     return r, log.read_text().splitlines() if log.exists() else []
 
 
@@ -169,6 +162,8 @@ def test_job_script_finds_momfmm(prefix, tmp_path):
     installed = os.path.join(prefix, "bin", "momfmm")
     r, args = fake_job(prefix, cwd, tmp_path, [os.path.join(prefix, "bin")])
     assert r.returncode == 0 and installed in args, r.stdout + r.stderr
+    library = os.path.join(prefix, "share", "momfmm", "jobs", "momfmm_lib.sh")
+    assert f"train.sbatch: functions from {library}\n" in r.stdout, r.stdout
     r, args = fake_job(prefix, cwd, tmp_path, [])
     assert r.returncode == 2 and "not found" in r.stderr and not args, r.stdout + r.stderr
     # build/momfmm of the submit directory wins over PATH, MOMFMM over both

@@ -250,7 +250,8 @@ class TestKillDuringSave:
             report.check("SIGKILL of rank 2 ends the job non-zero", rc != 0, f"rc {rc}")
         finally:
             kill_session(proc.pid)
-        print(f"killed while a temporary file existed: {caught_tmp}")
+        report.check("rank 2 killed while a sharded checkpoint was being written (a *.tmp.* file existed)",
+                     caught_tmp, "no temporary file seen before the kill")
         files = sorted(glob.glob(os.path.join(out_dir, "ckpt_*.h5")))
         loadable = []
         for f in files:

@@ -4,33 +4,22 @@ inputs (exit 3 naming the path, no hang on a FIFO), the same losses at 1 and
 2 ranks on a multi-document corpus, and the same gain_R at 1, 2 and 3 ranks.
 
 Run with MOMFMM_BIN=<build>/momfmm /usr/bin/python3 -m pytest <this file>;
-MPIEXEC names mpirun if it is not on PATH. Skipped without MOMFMM_BIN."""
+MPIEXEC names mpirun if it is not on PATH."""
 import os
 import random
 import re
-import shutil
 import stat
-import subprocess
 
 import h5py
 import numpy as np
 import pytest
+from momfmm.h5 import newest_checkpoint
 
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
-           OPENBLAS_NUM_THREADS="1")
-ENV.setdefault("ASAN_OPTIONS", "detect_leaks=0")
-
-
-@pytest.fixture(scope="module")
-def momfmm():
-    path = os.environ.get("MOMFMM_BIN")
-    if not path:
-        pytest.skip("MOMFMM_BIN is not set")
-    return path
+from common import MPIRUN, run, write_config
 
 
 def mpirun(np_):
-    return [os.environ.get("MPIEXEC") or shutil.which("mpirun") or "mpirun", "-np", str(np_), "--oversubscribe"]
+    return MPIRUN + ["-np", str(np_)]
 
 
 def write_ini(path, out_dir, data_path, **overrides):
@@ -44,18 +33,7 @@ def write_ini(path, out_dir, data_path, **overrides):
     for key, value in overrides.items():
         section, name = key.split("_", 1)
         sections[section][name] = value
-    with open(path, "w") as f:
-        for section, keys in sections.items():
-            f.write(f"[{section}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items()))
-    return str(path)
-
-
-def run(args, timeout=300):
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=ENV)
-
-
-def newest_checkpoint(out_dir):
-    return os.path.join(out_dir, sorted(f for f in os.listdir(out_dir) if f.startswith("ckpt_"))[-1])
+    return write_config(str(path), sections)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,10 @@
 # not train again; a train.sbatch and a train_srun.sbatch job at 4 tasks with
 # dist.zero=1, sent USR1 and, once requeued, held, set to NumTasks=3 and
 # released, start again with 3 ranks, resume the 4-rank checkpoint and end
-# within 1e-5 of an uninterrupted run; the four job scripts' copies of
-# slurm_ranks are identical.
+# within 1e-5 of an uninterrupted run; the four job scripts source
+# jobs/momfmm_lib.sh with the same block, find it beside the submitted script
+# (Slurm runs a spooled copy) or through MOMFMM_JOBS_LIB, and a copy without
+# it exits 2 saying so.
 #
 # Needs root (the daemons run as SlurmUser=root) and the packages slurmctld,
 # slurmd, slurm-client and munge (tools/install_deps.sh). Where they are
@@ -308,15 +310,16 @@ printf '%s\n' '# test sweep' '--set momentum.gamma=0' '' '--set momentum.gamma=0
     '--set attention.kind=fmm --set momentum.gamma=0.1' >sweep.txt
 mkdir -p runs/slurm # the job files' #SBATCH --output=runs/slurm/...
 
-# ---- 0. the job scripts' copies of slurm_ranks (the rank count) are identical ----
-sums=$(for f in train train_srun sweep experiments; do
-    sed -n '/^slurm_ranks() {$/,/^}$/p' "$ROOT/jobs/$f.sbatch" | md5sum | cut -c1-8
-done | tr '\n' ' ')
+# ---- 0. the job scripts are thin over jobs/momfmm_lib.sh ----
+# Each finds the library with the same block and keeps no copy of its functions.
+lib_block() { sed -n '/^# ---- the shared functions/,/^}$/p' "$ROOT/jobs/$1.sbatch"; }
+sums=$(for f in train train_srun sweep experiments; do lib_block "$f" | md5sum | cut -c1-8; done | tr '\n' ' ')
+copies=$(grep -lE '^(die|slurm_ranks|set_launcher|find_binary|run_step|job_step|forward)\(\)' "$ROOT"/jobs/*.sbatch)
 if [ "$(echo "$sums" | tr ' ' '\n' | grep -c .)" = 4 ] && [ "$(echo "$sums" | tr ' ' '\n' | sort -u | grep -c .)" = 1 ] &&
-    grep -q 'SLURM_TASKS_PER_NODE' <(sed -n '/^slurm_ranks() {$/,/^}$/p' "$ROOT/jobs/train.sbatch"); then
-    pass "slurm_ranks identical in the 4 job scripts" "md5 $sums"
+    lib_block train | grep -q 'momfmm_lib.sh' && [ -z "$copies" ]; then
+    pass "job scripts source jobs/momfmm_lib.sh" "the same block in all 4 (md5 $sums), no copied functions"
 else
-    fail "slurm_ranks identical in the 4 job scripts" "md5 of train, train_srun, sweep, experiments: $sums"
+    fail "job scripts source jobs/momfmm_lib.sh" "md5 of the block in train, train_srun, sweep, experiments: $sums; functions copied in: ${copies:-none}"
 fi
 
 # ---- 1. train.sbatch (mpirun, 8 ranks), train_srun.sbatch (srun, 4), a sweep of 3, all queued at once ----
@@ -325,20 +328,30 @@ J_SRUN=$(sbatch --parsable --nodes=1 --ntasks=4 --overcommit --time=5 "$ROOT/job
     --set train.out_dir=runs/srun_run 2>&1)
 J_SWEEP=$(sbatch --parsable --array=0-2%2 --nodes=1 --ntasks=2 --overcommit --time=5 "$ROOT/jobs/sweep.sbatch" \
     tiny.ini sweep.txt --set train.steps=20 2>&1)
-for j in "$J_MPI" "$J_SRUN" "$J_SWEEP"; do
+# A copy of train.sbatch with no momfmm_lib.sh beside it nor in jobs/ of the
+# submit directory: refused with a message; given MOMFMM_JOBS_LIB, it trains.
+cp "$ROOT/jobs/train.sbatch" nolib.sbatch
+J_NOLIB=$(sbatch --parsable --job-name=nolib --nodes=1 --ntasks=1 --time=5 nolib.sbatch tiny.ini 2>&1)
+J_LIBVAR=$(MOMFMM_JOBS_LIB=$ROOT/jobs/momfmm_lib.sh sbatch --parsable --job-name=libvar --nodes=1 --ntasks=2 \
+    --overcommit --time=5 nolib.sbatch tiny.ini --set train.steps=10 2>&1)
+for j in "$J_MPI" "$J_SRUN" "$J_SWEEP" "$J_NOLIB" "$J_LIBVAR"; do
     [[ $j =~ ^[0-9]+$ ]] || { fail "sbatch" "submission failed: $j"; echo "$passed passed, $failed failed"; exit 1; }
 done
-note "submitted train.sbatch $J_MPI, train_srun.sbatch $J_SRUN, sweep.sbatch $J_SWEEP"
-wait_jobs 150 "$J_MPI" "$J_SRUN" "$J_SWEEP"
+note "submitted train.sbatch $J_MPI, train_srun.sbatch $J_SRUN, sweep.sbatch $J_SWEEP, copies $J_NOLIB $J_LIBVAR"
+wait_jobs 150 "$J_MPI" "$J_SRUN" "$J_SWEEP" "$J_NOLIB" "$J_LIBVAR"
 note "first batch done"
 
-# train.sbatch: per-job run dir, %x-%j.out, 8 ranks
+# train.sbatch: per-job run dir, %x-%j.out, 8 ranks; the library found beside
+# the submitted script (the job runs a spooled copy, submitted from $WORK)
 if job_ok "train.sbatch (mpirun, 8 tasks) completes" "$J_MPI"; then
     d=runs/momfmm-$J_MPI
     if r=$(h5 ckpt "$d" 30 8 6); then pass "train.sbatch checkpoint" "$d/$r"; else fail "train.sbatch checkpoint" "$d: $r"; show_log "runs/slurm/momfmm-$J_MPI.out"; fi
     [ -f "runs/slurm/momfmm-$J_MPI.out" ] && grep -q "^step 30/30" "runs/slurm/momfmm-$J_MPI.out" &&
         pass "train.sbatch output file" "runs/slurm/momfmm-$J_MPI.out (%x-%j.out) has the training log" ||
         fail "train.sbatch output file" "runs/slurm/momfmm-$J_MPI.out missing or without 'step 30/30'"
+    grep -qx "train.sbatch: functions from $ROOT/jobs/momfmm_lib.sh" "runs/slurm/momfmm-$J_MPI.out" &&
+        pass "train.sbatch library" "read $ROOT/jobs/momfmm_lib.sh, beside the submitted script" ||
+        fail "train.sbatch library" "$(grep -m1 'functions from' "runs/slurm/momfmm-$J_MPI.out")"
 else
     show_log "runs/slurm/momfmm-$J_MPI.out"
 fi
@@ -363,6 +376,27 @@ if job_ok "sweep.sbatch array 0-2%2 completes" "$J_SWEEP"; then
         fail "sweep run directories" "$msg"
     [ -z "$ok" ] && for t in 0 1 2; do show_log "runs/slurm/momfmm-sweep-${J_SWEEP}_$t.out"; done
 fi
+# the copy without the library: exit 2 naming it; with MOMFMM_JOBS_LIB: trained
+nolib_state=$(scontrol -o show job "$J_NOLIB" 2>/dev/null | grep -oP '\b(JobState|ExitCode)=\S+' | tr '\n' ' ')
+if [[ $nolib_state == "JobState=FAILED ExitCode=2:0 " ]] &&
+    grep -q "cannot read .*momfmm_lib.sh.*MOMFMM_JOBS_LIB" "runs/slurm/nolib-$J_NOLIB.out"; then
+    pass "job script without its library" "exit 2: $(grep -m1 'cannot read' "runs/slurm/nolib-$J_NOLIB.out")"
+else
+    fail "job script without its library" "$nolib_state"
+    show_log "runs/slurm/nolib-$J_NOLIB.out"
+fi
+if job_ok "job script with MOMFMM_JOBS_LIB completes" "$J_LIBVAR"; then
+    if r=$(h5 ckpt "runs/libvar-$J_LIBVAR" 10 2 2) &&
+        grep -qx "train.sbatch: functions from $ROOT/jobs/momfmm_lib.sh" "runs/slurm/libvar-$J_LIBVAR.out"; then
+        pass "job script with MOMFMM_JOBS_LIB" "read the library it names; $r"
+    else
+        fail "job script with MOMFMM_JOBS_LIB" "$r"
+        show_log "runs/slurm/libvar-$J_LIBVAR.out"
+    fi
+else
+    show_log "runs/slurm/libvar-$J_LIBVAR.out"
+fi
+
 report=$("$ROOT/jobs/collect_sweep.sh" -o sweep_report.md "$J_SWEEP" 2>&1)
 rc=$?
 if [ ! -f "$ROOT/tools/momfmm_report.py" ]; then

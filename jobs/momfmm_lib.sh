@@ -1,0 +1,280 @@
+# shellcheck shell=bash
+# The functions the job scripts share (train.sbatch, train_srun.sbatch,
+# sweep.sbatch, experiments.sbatch; tools/run_experiments.sh uses run_step and
+# ini_steps). Sourced, never run: each job script reads it again at every start,
+# so a requeued job starts with the library as it is then. Sourcing only
+# defines functions. The caller sets `me` (its name, for messages) first.
+#
+# How a job script finds this file (the same block in each, checked by
+# tests/slurm/test_slurm.sh): Slurm runs a spooled copy of the script, so it is
+# $MOMFMM_JOBS_LIB if set; else momfmm_lib.sh beside the script as run (a
+# script run in place: bash jobs/train.sbatch); else beside the script as
+# submitted (the Command of `scontrol show job`, less the arguments); else
+# jobs/momfmm_lib.sh of the submit directory.
+
+# shellcheck disable=SC2154 # me: set by the caller
+die() { echo "$me: $*" >&2; exit 2; }
+
+# The rank count of this start: the sum of SLURM_TASKS_PER_NODE ("4", "2(x3),1"),
+# else SLURM_NTASKS. Not SLURM_NTASKS first: after `scontrol update JobId=ID
+# NumTasks=N` on a requeued job, SLURM_NTASKS (and SLURM_NPROCS) still hold the
+# submitted count, and srun, which reads them, would start that many tasks.
+slurm_ranks() {
+    local n=0 e per_node
+    IFS=, read -r -a per_node <<<"${SLURM_TASKS_PER_NODE:-}"
+    for e in "${per_node[@]}"; do
+        if [[ $e =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
+            n=$((n + BASH_REMATCH[1] * BASH_REMATCH[2]))
+        elif [[ $e =~ ^[0-9]+$ ]]; then
+            n=$((n + e))
+        else
+            n=0
+            break
+        fi
+    done
+    if [ "$n" -gt 0 ]; then echo "$n"; else echo "${SLURM_NTASKS:-?}"; fi
+}
+
+# require_job ARGS: exits 2 unless inside a Slurm job (ARGS: the script's
+# arguments, for the message).
+require_job() {
+    [ -n "${SLURM_JOB_ID:-}" ] || die "not inside a Slurm job: submit with 'sbatch jobs/$me${1:+ $1}'"
+}
+
+# require_array_job WHAT: exits 2 unless an array task (WHAT: what the lines are).
+require_array_job() {
+    [ -n "${SLURM_ARRAY_TASK_ID:-}" ] ||
+        die "not an array job: submit with sbatch --array=0-N (N+1 = number of $1 lines)"
+}
+
+# read_lines FILE: FILE's lines into the array `lines`, without blank lines and
+# lines starting with '#' (a final line without newline counts; CRs dropped).
+read_lines() {
+    local line
+    lines=()
+    while IFS= read -r line || [ -n "$line" ]; do
+        line=${line%$'\r'}
+        [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
+        lines+=("$line")
+    done <"$1"
+}
+
+# ini_steps INI: train.steps of an INI file (its [train] section), empty if absent.
+ini_steps() {
+    awk '/^[[:space:]]*\[/{s=$0; gsub(/[][[:space:]]/, "", s)} s=="train" && /^[[:space:]]*steps[[:space:]]*=/ {
+        sub(/^[^=]*=[[:space:]]*/, ""); sub(/[[:space:]]*([;#].*)?$/, ""); v=$0} END{print v}' "$1"
+}
+
+# parse_options HINT [--set section.key=value | --resume PATH]...: the --set
+# overrides into the array `overrides`, except train.out_dir=DIR, which goes to
+# `out_dir_set`; --resume PATH into `resume`. Anything else exits 2 (HINT
+# ends that message).
+parse_options() {
+    local hint=$1
+    shift
+    overrides=()
+    out_dir_set=
+    resume=
+    while [ $# -gt 0 ]; do
+        case $1 in
+        --set)
+            [ $# -ge 2 ] || die "--set needs section.key=value"
+            case $2 in
+            train.out_dir=*) out_dir_set=${2#train.out_dir=} ;;
+            *) overrides+=(--set "$2") ;;
+            esac
+            shift 2 ;;
+        --resume)
+            [ $# -ge 2 ] || die "--resume needs auto or a checkpoint path"
+            resume=$2
+            shift 2 ;;
+        *) die "unexpected argument '$1' (expected --set section.key=value or --resume PATH$hint)" ;;
+        esac
+    done
+}
+
+# set_resume_arg OUT_DIR: `resume_arg` = auto, so that every start continues
+# from the newest checkpoint, or the --resume PATH given (`resume`) while
+# OUT_DIR has no checkpoint yet (e.g. to fine-tune).
+set_resume_arg() {
+    resume_arg=auto
+    if [ -n "$resume" ] && [ "$resume" != auto ] && ! compgen -G "$1/ckpt_*.h5" >/dev/null; then
+        resume_arg=$resume
+    fi
+}
+
+# find_binary: the momfmm binary into `bin`: $MOMFMM (relative to the submit
+# directory), else build/momfmm there (a source tree), else momfmm on PATH (an
+# installed one); exits 2 if there is none.
+find_binary() {
+    local base=${SLURM_SUBMIT_DIR:-$PWD}
+    if [ -n "${MOMFMM:-}" ]; then
+        bin=$MOMFMM
+        case $bin in /*) ;; *) bin=$base/$bin ;; esac
+    elif [ -x "$base/build/momfmm" ]; then
+        bin=$base/build/momfmm
+    else
+        bin=$(command -v momfmm) || bin=
+    fi
+    [ -n "$bin" ] && [ -x "$bin" ] ||
+        die "momfmm binary ${bin:-momfmm} not found: set MOMFMM, build build/momfmm (cmake --build build) or put an installed momfmm on PATH"
+}
+
+# set_launcher mpirun|srun: ranks x threads of this start (one rank per task,
+# cpus-per-task threads per rank; `ranks` = slurm_ranks) and the launcher
+# command into the array `launch`.
+set_launcher() {
+    local flags
+    export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+    export OPENBLAS_NUM_THREADS=$OMP_NUM_THREADS
+    # More ranks than CPUs (sbatch --overcommit): Open MPI would think each rank
+    # has a core and spin while it waits; make waiting ranks yield the CPU.
+    if [ "${SLURM_OVERCOMMIT:-0}" = 1 ]; then
+        export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
+    fi
+    ranks=$(slurm_ranks) # mpirun starts as many: it reads SLURM_TASKS_PER_NODE
+    case $1 in
+    mpirun)
+        if [ -n "${MPIRUN_FLAGS+set}" ]; then
+            read -r -a flags <<<"$MPIRUN_FLAGS"
+        elif [ "$OMP_NUM_THREADS" -gt 1 ]; then
+            flags=(--map-by "slot:PE=$OMP_NUM_THREADS" --bind-to core) # one core per thread
+        else
+            flags=()
+        fi
+        launch=(mpirun "${flags[@]}" -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS) ;;
+    srun)
+        # Since Slurm 22.05 srun does not take --cpus-per-task from the allocation by itself.
+        export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
+        read -r -a flags <<<"${SRUN_FLAGS:-}"
+        # --ntasks: the job's current task count; without it srun would start
+        # SLURM_NTASKS tasks, the submitted count even after NumTasks was changed.
+        [[ $ranks =~ ^[0-9]+$ ]] && flags=(--ntasks="$ranks" "${flags[@]}")
+        launch=(srun --mpi=pmix --kill-on-bad-exit=1 "${flags[@]}") ;;
+    *) die "MOMFMM_LAUNCHER=$1: expected mpirun or srun" ;;
+    esac
+}
+
+# log_start OUT_DIR WHAT [LINE ...]: says what starts (WHAT, nodes, ranks x
+# threads, run directory), each LINE, which library the script read (`lib`)
+# and the command ("${launch[@]}" "${cmd[@]}"); appends one line to
+# OUT_DIR/slurm_jobs.log.
+log_start() {
+    local out=$1 what=$2 line
+    shift 2
+    echo "$me: $what on ${SLURM_JOB_NODELIST:-?}: $ranks ranks x $OMP_NUM_THREADS threads, run dir $out"
+    for line in "$@"; do echo "$me: $line"; done
+    echo "$me: functions from ${lib:-?}"
+    echo "$me: ${launch[*]} ${cmd[*]}"
+    printf '%s job %s restart %s nodes %s ranks %s threads %s: %s\n' "$(date '+%Y-%m-%dT%H:%M:%S')" "$SLURM_JOB_ID" \
+        "${SLURM_RESTART_COUNT:-0}" "${SLURM_JOB_NODELIST:-?}" "$ranks" "$OMP_NUM_THREADS" \
+        "${launch[*]} ${cmd[*]}" >>"$out/slurm_jobs.log"
+}
+
+# run_step OUT_DIR LOG GROUP COMMAND...: runs COMMAND in the background, its
+# output appended to LOG (none: LOG empty), in a process group of its own if
+# GROUP is 1, and waits for it; sets `rc` to its exit status. The caller's
+# traps set `caught` and send SIGUSR1 to `step_pid` (docs/cli.md §5: momfmm
+# finishes its step, checkpoints, writes OUT_DIR/STOPPED and exits 0). A
+# launcher drops a signal that comes before it has started the ranks (mpirun
+# of Open MPI 4.1.4 in its first ~50 ms): until momfmm acknowledges the stop
+# (STOPPED), the signal is sent again every 2 s.
+run_step() {
+    local out=$1 log=$2 group=$3 r
+    shift 3
+    rm -f "$out/STOPPED" # written by momfmm when a signal stop has checkpointed
+    [ "$group" = 1 ] && set -m
+    if [ -n "$log" ]; then
+        "$@" >>"$log" 2>&1 </dev/null &
+    else
+        "$@" &
+    fi
+    step_pid=$!
+    set +m
+    [ -n "$caught" ] && kill -USR1 "$step_pid" 2>/dev/null
+    # wait returns early whenever a trapped signal arrives: wait until the step is gone
+    wait "$step_pid"
+    rc=$?
+    while kill -0 "$step_pid" 2>/dev/null; do
+        if [ -n "$caught" ] && [ ! -f "$out/STOPPED" ]; then
+            sleep 2
+            kill -USR1 "$step_pid" 2>/dev/null
+        else
+            wait "$step_pid"
+            rc=$?
+        fi
+    done
+    wait "$step_pid" 2>/dev/null
+    r=$?
+    [ "$r" -ne 127 ] && rc=$r
+    step_pid=
+}
+
+# forward SIG: the job scripts' trap: USR1 (time limit or preemption), TERM (scancel).
+forward() {
+    caught=$1
+    echo "$me: got SIG$1 at $(date '+%H:%M:%S'): asking momfmm to checkpoint and stop"
+    [ -n "$step_pid" ] && kill -USR1 "$step_pid" 2>/dev/null
+}
+
+# job_step OUT_DIR [LOG]: runs "${launch[@]}" "${cmd[@]}" (output appended to
+# LOG if given) in the background, so that USR1 and TERM reach this shell and
+# are forwarded as a stop request; sets `caught` and `rc`, 0 for a signal stop
+# that wrote its checkpoint whatever the launcher's status (docs/cli.md §5:
+# mpirun of Open MPI 4.1.4 exits 1 after forwarding SIGTERM).
+job_step() {
+    local out=$1 log=${2:-}
+    caught=
+    step_pid=
+    trap 'forward USR1' USR1
+    trap 'forward TERM' TERM
+    run_step "$out" "$log" 0 "${launch[@]}" "${cmd[@]}"
+    if [ "$rc" -ne 0 ] && [ -f "$out/STOPPED" ]; then
+        echo "$me: momfmm stopped on a signal with a checkpoint ($(head -n 1 "$out/STOPPED")); launcher status $rc, reporting 0"
+        rc=0
+    fi
+    echo "$me: momfmm exited with $rc at $(date '+%H:%M:%S')${log:+ (log: $log)}"
+    if [ -n "$log" ] && [ "$rc" -ne 0 ]; then tail -n 5 "$log" >&2; fi
+}
+
+# requeue_if_stopped OUT_DIR WHAT [ONLY_IF_OK]: after a USR1 (time limit,
+# preemption) requeues this job, which resumes from its newest checkpoint in
+# OUT_DIR, unless MOMFMM_REQUEUE=0 (WHAT: e.g. "task 3", for the message).
+# Checkpoints are written under a temporary name and renamed, so even a step
+# that did not stop cleanly (USR1 during momfmm's start-up kills it) leaves the
+# newest complete checkpoint to resume from: it is requeued anyway with a
+# warning, unless ONLY_IF_OK is 1.
+requeue_if_stopped() {
+    [ "$caught" = USR1 ] && [ "${MOMFMM_REQUEUE:-1}" != 0 ] || return 0
+    if [ "$rc" -ne 0 ]; then
+        [ "${3:-0}" = 1 ] && return 0
+        echo "$me: warning: momfmm exited with $rc after USR1; requeueing anyway" >&2
+    fi
+    echo "$me: requeueing job $SLURM_JOB_ID${2:+ ($2)}; it resumes from the newest checkpoint in $1"
+    scontrol requeue "$SLURM_JOB_ID" || echo "$me: scontrol requeue $SLURM_JOB_ID failed" >&2
+}
+
+# train_job LAUNCHER CONFIG [--set section.key=value ...] [--resume PATH]: all
+# of train.sbatch (LAUNCHER mpirun, or MOMFMM_LAUNCHER) and train_srun.sbatch
+# (srun). Run directory MOMFMM_RUNS/<job name>-<job id> (default MOMFMM_RUNS=runs),
+# unless --set train.out_dir=DIR; exits with momfmm's status.
+train_job() {
+    local launcher=$1
+    shift
+    require_job "CONFIG.ini [--set ...]"
+    [ $# -ge 1 ] || die "usage: sbatch jobs/$me CONFIG.ini [--set section.key=value ...] [--resume PATH]"
+    config=$1
+    shift
+    [ -r "$config" ] || die "config $config: not readable from $(pwd)"
+    parse_options "" "$@"
+    out_dir=${out_dir_set:-${MOMFMM_RUNS:-runs}/${SLURM_JOB_NAME}-${SLURM_JOB_ID}}
+    mkdir -p "$out_dir" || die "cannot create run directory $out_dir"
+    set_resume_arg "$out_dir"
+    find_binary
+    set_launcher "$launcher"
+    cmd=("$bin" train "$config" "${overrides[@]}" --set "train.out_dir=$out_dir" --resume "$resume_arg")
+    log_start "$out_dir" "job $SLURM_JOB_ID (start $((${SLURM_RESTART_COUNT:-0} + 1)))"
+    job_step "$out_dir"
+    requeue_if_stopped "$out_dir" ""
+    exit "$rc"
+}
