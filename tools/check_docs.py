@@ -8,7 +8,7 @@ inside docs/, as `model.md §1.2`). For every such citation in the files git
 tracks (or, outside a checkout, every text file below the root), this checks
 that the document exists and has a heading that carries the section
 (`## §1.2 ...`, or the document's own `# §1` for a whole-document citation).
-A citation of an issue ("issue 15", "issue: ...") is refused as well: no
+A citation of an issue by its number or title is refused as well: no
 reader of the code can resolve it. --list prints every citation with its
 place, for reading them against what they cite.
 

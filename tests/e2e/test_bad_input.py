@@ -2,7 +2,7 @@
 or command line, 3 file) and a one-line message naming the file and the key
 or value (with a "did you mean" where one fits, and the range of a number
 out of range); no crash, and input files are left untouched. Also the
-messages of issue 15 that used to be wrong: `inspect metrics.h5`, `inspect`
+messages that used to be wrong: `inspect metrics.h5`, `inspect`
 and `eval` of a run directory."""
 import hashlib
 import os
@@ -67,7 +67,7 @@ CONFIG_CASES = [
     ("missing argument", None, None, ["train"], 2, ("missing")),
     ("unknown option", None, None, ["train", GOOD, "--fast"], 2, ("--fast")),
     ("init without --out", None, None, ["init", GOOD], 2, ("--out")),
-    # issue 15's examples: suggestions (edit distance, aliases) and ranges
+    # suggestions (edit distance, aliases) and ranges
     ("key train.lrr", "lrr.ini", "[train]\nlrr = 1\n", ["train", INI], 2,
      ("lrr.ini:2", "unknown key train.lrr", "did you mean train.lr?")),
     ("alias train.learning_rate", "lr_alias.ini", "[train]\nlearning_rate = 1\n", ["train", INI], 2,
@@ -162,7 +162,7 @@ def test_file_errors(momfmm, workdir, report, good_ini):
 
 
 def test_run_directory_and_metrics_file(momfmm, workdir, report):
-    """issue 15: `inspect metrics.h5` shows the run's latest rows (it used to say
+    """`inspect metrics.h5` shows the run's latest rows (it used to say
     "cannot open checkpoint as HDF5 (corrupt?)"); `inspect RUN_DIR` and `eval
     RUN_DIR` read the newest checkpoint that loads and name it; a directory
     without one exits 3; floats print in their shortest form; the memory

@@ -191,7 +191,7 @@ def check_live_metrics(R, report):
         report.check("live metrics: a reader that keeps the file open sees new rows after refresh()",
                      len(seen) == 3 and all(isinstance(x, int) for x in seen) and seen[0] < seen[1] < seen[2]
                      and tail_ok, f"rows {seen}")
-        # momfmm inspect reads the file as the run writes it (issue 15: it said "corrupt?")
+        # momfmm inspect reads the file as the run writes it (it used to say "corrupt?")
         r = R.inspect(path)
         report.check("live metrics: momfmm inspect metrics.h5 while the run writes it shows its latest rows",
                      r.returncode == 0 and "train metrics (" in r.stdout and "last 5:" in r.stdout,

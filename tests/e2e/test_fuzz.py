@@ -1,4 +1,4 @@
-"""Hostile input (issue 16; docs/files.md §4, docs/cli.md §5): a seeded generator of
+"""Hostile input (docs/files.md §4, docs/cli.md §5): a seeded generator of
 malformed checkpoints, token files and configs run against `loss`, `eval`,
 `inspect`, `generate` and `train --resume`. Every case must end within its timeout
 in exit 2 or 3: never a signal, never 0, never a sanitizer report (this module

@@ -1,4 +1,4 @@
-"""The language-model workflow (issue 14; docs/cli.md §5, docs/metrics.md §3, docs/files.md §4):
+"""The language-model workflow (docs/cli.md §5, docs/metrics.md §3, docs/files.md §4):
 bits per byte in the train log, `eval`, `inspect` and metrics.h5 of a text run;
 "—" for empty loss_by_k bins; `generate --text` (text in, text out, invalid
 UTF-8 escaped), top-k, top-p, seed, --stop, the sliding window past

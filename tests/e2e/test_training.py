@@ -1,4 +1,4 @@
-"""Training tests of the core issue: the chain task (L=10) with a 2-layer
+"""Training tests: the chain task (L=10) with a 2-layer
 model reaches L_rep < 0.5 L_new, and the copy task accuracy rises well above
 chance. Metrics come from the final checkpoint's /metrics/eval."""
 import os
