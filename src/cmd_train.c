@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -307,56 +306,4 @@ int command_train(const char *config_path, int n_overrides, char *const *overrid
     if (loop.diverged) return EXIT_DIVERGED;
     if (!loop.final_saved) fprintf(stderr, "momfmm: the final checkpoint was not written: exiting with status 1\n");
     return loop.final_saved ? 0 : 1;
-}
-
-/* ---- bench command ------------------------------------------------------ */
-
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Times `steps` training steps after two warm-up steps and reports the
- * median step (robust on a shared machine), as tools/bench_torch.py does. */
-int command_bench(const char *config_path, int n_overrides, char *const *overrides, int steps) {
-    config cfg = cmd_load_config(config_path, n_overrides, overrides);
-    cmd_use_precision(&cfg);
-    cfg.steps = steps + 2;
-    cmd_print_banner();
-    trainer t;
-    create_trainer(&t, &cfg);
-    train_step_result r;
-    status err;
-    for (int i = 0; i < 2; i++) /* warm-up: allocations, caches */
-        if (trainer_step(&t, &r, &err) != 0) cmd_fail(err.code, "%s", err.message);
-    double wait = 0, *times = sys_calloc((size_t)steps, sizeof(double));
-    for (int i = 0; i < steps; i++) {
-        dist_barrier();
-        double start = sys_seconds();
-        if (trainer_step(&t, &r, &err) != 0) cmd_fail(err.code, "%s", err.message);
-        wait += r.allreduce_wait_s;
-        dist_barrier();
-        times[i] = sys_seconds() - start;
-    }
-    qsort(times, (size_t)steps, sizeof(double), compare_doubles);
-    double median = times[steps / 2];
-    double tokens = (double)cfg.batch_size * cfg.seq_len;
-    double flops = model_flops_per_token(&t.model, cfg.seq_len) * tokens;
-    struct rusage usage;
-    getrusage(RUSAGE_SELF, &usage);
-    double max_rss_mb = dist_max_double(usage.ru_maxrss / 1024.0);
-    log_rank0(
-        "bench: %d ranks x %d threads | batch %d x %d | %s attention | %d steps | step min %.1f ms, max %.1f ms\n",
-        dist_size(), blas_core_threads(), cfg.batch_size, cfg.seq_len,
-        cfg.attention == ATTENTION_FMM ? "fmm" : "softmax", steps, 1e3 * times[0], 1e3 * times[steps - 1]);
-    log_rank0("bench precision %s\n", cmd_precision_description());
-    log_rank0("bench tokens_per_s=%.1f ms_per_step=%.3f gflops=%.3f allreduce_wait_ms=%.3f peak_rss_mb=%.1f\n",
-              tokens / median, 1e3 * median, flops / median / 1e9, 1e3 * wait / steps, max_rss_mb);
-    train_memory_use u = trainer_memory(&t); /* rank 0's: the largest ZeRO-1 slice is at most one element more */
-    log_rank0("bench memory param_bytes_per_param=%.3f grad_bytes_per_param=%.3f moment_bytes_per_param=%.3f "
-              "activation_mb=%.3f\n",
-              u.param_bytes, u.grad_bytes, u.moment_bytes, u.activation_bytes / 1e6);
-    free(times);
-    trainer_free(&t);
-    return 0;
 }

@@ -4,7 +4,10 @@
 
 #include <cpuid.h>
 #include <immintrin.h>
+#include <pthread.h>
 #include <string.h>
+
+#include "momfmm/sys.h"
 
 /* AMX-BF16 is CPUID leaf 7, subleaf 0, EDX bit 22; gcc 12's
  * __builtin_cpu_supports does not know it. (AMX also needs the kernel's
@@ -66,4 +69,123 @@ bool cpu_has_avx512_core(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+/* ---- Peak throughput probes (docs/design.md §8.10) ---------------------
+ * Twelve independent accumulators cover the FMA latency (4 cycles) on two
+ * pipes with room to spare; everything stays in registers, so the loop
+ * measures the execution units, not memory. Each round is timed on its own
+ * and the best round counts: a neighbour's burst on a shared machine lowers
+ * some rounds, never raises one. */
+
+#define PROBE_ACCUMULATORS 12
+
+typedef long (*probe_loop)(long iterations);
+
+__attribute__((target("avx2,fma"))) static long fma_loop_avx2(long iterations) {
+    __m256 acc[PROBE_ACCUMULATORS];
+    for (int i = 0; i < PROBE_ACCUMULATORS; i++) acc[i] = _mm256_set1_ps(1.0f + 0.01f * (float)i);
+    const __m256 scale = _mm256_set1_ps(0.9999999f), shift = _mm256_set1_ps(1e-7f);
+    for (long n = 0; n < iterations; n++)
+        for (int i = 0; i < PROBE_ACCUMULATORS; i++) acc[i] = _mm256_fmadd_ps(acc[i], scale, shift);
+    __m256 sum = acc[0];
+    for (int i = 1; i < PROBE_ACCUMULATORS; i++) sum = _mm256_add_ps(sum, acc[i]);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, sum);
+    return lanes[0] > 1e30f ? 1 : 0; /* keeps the loop observable */
+}
+
+__attribute__((target("avx512f"))) static long fma_loop_avx512(long iterations) {
+    __m512 acc[PROBE_ACCUMULATORS];
+    for (int i = 0; i < PROBE_ACCUMULATORS; i++) acc[i] = _mm512_set1_ps(1.0f + 0.01f * (float)i);
+    const __m512 scale = _mm512_set1_ps(0.9999999f), shift = _mm512_set1_ps(1e-7f);
+    for (long n = 0; n < iterations; n++)
+        for (int i = 0; i < PROBE_ACCUMULATORS; i++) acc[i] = _mm512_fmadd_ps(acc[i], scale, shift);
+    __m512 sum = acc[0];
+    for (int i = 1; i < PROBE_ACCUMULATORS; i++) sum = _mm512_add_ps(sum, acc[i]);
+    return _mm512_reduce_add_ps(sum) > 1e30f ? 1 : 0;
+}
+
+/* vdpbf16ps: 16 lanes, each two bf16 products added into fp32 = 64 FLOPs. */
+__attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"))) static long bf16_loop_avx512(long iterations) {
+    __m512 acc[PROBE_ACCUMULATORS];
+    for (int i = 0; i < PROBE_ACCUMULATORS; i++) acc[i] = _mm512_set1_ps(0.0f);
+    const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
+    for (long n = 0; n < iterations; n++)
+        for (int i = 0; i < PROBE_ACCUMULATORS; i++) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+    __m512 sum = acc[0];
+    for (int i = 1; i < PROBE_ACCUMULATORS; i++) sum = _mm512_add_ps(sum, acc[i]);
+    return _mm512_reduce_add_ps(sum) > 1e30f ? 1 : 0;
+}
+
+/* Best GFLOP/s of `loop` over rounds of about 20 ms within `seconds`. */
+static double probe(probe_loop loop, double flops_per_iteration, double seconds) {
+    long iterations = 1 << 16;
+    double best = 0, spent = 0;
+    volatile long sink = 0;
+    while (spent < seconds) {
+        double start = sys_seconds();
+        sink += loop(iterations);
+        double took = sys_seconds() - start;
+        spent += took;
+        if (took < 0.01) {
+            iterations *= 2; /* too short to time well: longer rounds */
+            continue;
+        }
+        double rate = flops_per_iteration * (double)iterations / took / 1e9;
+        if (rate > best) best = rate;
+    }
+    (void)sink;
+    return best;
+}
+
+const char *cpu_fma_isa(void) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return "avx512";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "avx2+fma";
+    return "none";
+}
+
+double cpu_fma_peak_gflops(double seconds) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return probe(fma_loop_avx512, 2.0 * 16 * PROBE_ACCUMULATORS, seconds);
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return probe(fma_loop_avx2, 2.0 * 8 * PROBE_ACCUMULATORS, seconds);
+    return 0;
+}
+
+double cpu_bf16_peak_gflops(double seconds) {
+    if (!cpu_has_avx512_bf16()) return 0;
+    return probe(bf16_loop_avx512, 4.0 * 16 * PROBE_ACCUMULATORS, seconds);
+}
+
+typedef struct {
+    double seconds, fp32, bf16;
+    bool want_bf16;
+} probe_job;
+
+static void *run_probe(void *arg) {
+    probe_job *job = arg;
+    job->fp32 = cpu_fma_peak_gflops(job->seconds);
+    if (job->want_bf16) job->bf16 = cpu_bf16_peak_gflops(job->seconds);
+    return NULL;
+}
+
+cpu_peak cpu_measure_peak(int threads, double seconds) {
+    cpu_peak peak = {0, 0, cpu_fma_isa(), threads > 0 ? threads : 1};
+    probe_job jobs[CPU_PEAK_MAX_THREADS];
+    pthread_t ids[CPU_PEAK_MAX_THREADS];
+    if (peak.threads > CPU_PEAK_MAX_THREADS) peak.threads = CPU_PEAK_MAX_THREADS;
+    bool bf16 = cpu_has_avx512_bf16();
+    int started = 0;
+    for (int t = 0; t < peak.threads; t++) {
+        jobs[t] = (probe_job){seconds, 0, 0, bf16};
+        if (t == 0 || pthread_create(&ids[t], NULL, run_probe, &jobs[t]) == 0) started++;
+        else break;
+    }
+    run_probe(&jobs[0]); /* the calling thread is one of them */
+    for (int t = 1; t < started; t++) pthread_join(ids[t], NULL);
+    for (int t = 0; t < started; t++) peak.fp32_gflops += jobs[t].fp32, peak.bf16_gflops += jobs[t].bf16;
+    peak.threads = started;
+    return peak;
 }

@@ -10,6 +10,7 @@
 #include "momfmm/attention.h"
 #include "momfmm/gemm.h"
 #include "momfmm/kernels.h"
+#include "momfmm/prof.h"
 #include "momfmm/rng.h"
 #include "momfmm/status.h"
 #include "momfmm/sys.h"
@@ -379,19 +380,22 @@ void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
     float *x = a->residual + l * bt * d, *mid = a->mid + l * bt * d;
     float *ln1 = a->ln1 + l * bt * d, *ln2 = a->ln2 + l * bt * d, *att = a->att_out + l * bt * d;
     float *fc_pre = a->fc_pre + l * bt * ff, *fc_act = a->fc_act + l * bt * ff, *fc_tanh = a->fc_tanh + l * bt * ff;
-    layernorm_forward(ln1, a->ln1_mean + l * bt, a->ln1_rstd + l * bt, x, w->ln1_weight, w->ln1_bias, rows, m->d);
-    matmul_forward(a->qkv, ln1, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d);
+    PROF_TIMED(PROF_FORWARD_NORM, layernorm_forward(ln1, a->ln1_mean + l * bt, a->ln1_rstd + l * bt, x, w->ln1_weight,
+                                                    w->ln1_bias, rows, m->d));
+    PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(a->qkv, ln1, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d));
     attention_layer view = model_attention_layer(m, l, collect_buffers);
     attention_saved saved = attention_state(m, l, B, T);
-    attention_forward(&view, &saved, a->qkv, att, B, T);
-    matmul_forward(mid, att, w->proj_weight, w->proj_bias, rows, m->d, m->d);
-    add_into(mid, x, bt * d);
-    layernorm_forward(ln2, a->ln2_mean + l * bt, a->ln2_rstd + l * bt, mid, w->ln2_weight, w->ln2_bias, rows, m->d);
-    matmul_forward(fc_pre, ln2, w->fc_weight, w->fc_bias, rows, m->d, m->d_ff);
-    gelu_forward(fc_act, fc_tanh, fc_pre, bt * ff);
+    PROF_TIMED(PROF_FORWARD_ATTENTION, attention_forward(&view, &saved, a->qkv, att, B, T));
+    PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(mid, att, w->proj_weight, w->proj_bias, rows, m->d, m->d));
+    PROF_TIMED(PROF_FORWARD_ACTIVATION, add_into(mid, x, bt * d));
+    PROF_TIMED(PROF_FORWARD_NORM, layernorm_forward(ln2, a->ln2_mean + l * bt, a->ln2_rstd + l * bt, mid, w->ln2_weight,
+                                                    w->ln2_bias, rows, m->d));
+    PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(fc_pre, ln2, w->fc_weight, w->fc_bias, rows, m->d, m->d_ff));
+    PROF_TIMED(PROF_FORWARD_ACTIVATION, gelu_forward(fc_act, fc_tanh, fc_pre, bt * ff));
     float *out = a->residual + (l + 1) * bt * d;
-    matmul_forward(out, fc_act, w->mlp_proj_weight, w->mlp_proj_bias, rows, m->d_ff, m->d);
-    add_into(out, mid, bt * d);
+    PROF_TIMED(PROF_FORWARD_LINEAR,
+               matmul_forward(out, fc_act, w->mlp_proj_weight, w->mlp_proj_bias, rows, m->d_ff, m->d));
+    PROF_TIMED(PROF_FORWARD_ACTIVATION, add_into(out, mid, bt * d));
 }
 
 /* The softmax runs on a copy when the model keeps its logits: the same
@@ -407,19 +411,20 @@ void model_forward(model *m, const int32_t *inputs, const int32_t *targets, cons
     size_t bt = (size_t)B * T, d = (size_t)m->d;
     int rows = (int)bt;
     if (collect_buffers) memset(m->buffer_sums, 0, sizeof(float) * m->n_buffer);
-    embedding_forward(a->residual, inputs, m->w.tok_emb, rows, m->d);
+    PROF_TIMED(PROF_FORWARD_LOSS, embedding_forward(a->residual, inputs, m->w.tok_emb, rows, m->d));
     for (int l = 0; l < m->L; l++) model_block_forward(m, l, B, T, collect_buffers);
-    layernorm_forward(a->ln_f, a->ln_f_mean, a->ln_f_rstd, a->residual + m->L * bt * d, m->w.ln_f_weight,
-                      m->w.ln_f_bias, rows, m->d);
+    PROF_TIMED(PROF_FORWARD_NORM, layernorm_forward(a->ln_f, a->ln_f_mean, a->ln_f_rstd, a->residual + m->L * bt * d,
+                                                    m->w.ln_f_weight, m->w.ln_f_bias, rows, m->d));
     if (m->cfg.head == HEAD_LM) {
-        matmul_forward(a->logits, a->ln_f, m->w.head_weight, NULL, rows, m->d, m->V);
-        copy_logits_to_probs(a, bt * m->V);
-        cross_entropy_forward(a->probs, a->losses, a->predictions, targets, rows, m->V);
+        PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(a->logits, a->ln_f, m->w.head_weight, NULL, rows, m->d, m->V));
+        PROF_TIMED(PROF_FORWARD_LOSS, copy_logits_to_probs(a, bt * m->V));
+        PROF_TIMED(PROF_FORWARD_LOSS, cross_entropy_forward(a->probs, a->losses, a->predictions, targets, rows, m->V));
     } else {
-        pool_valid_positions(a->pooled, a->ln_f, targets, B, T, m->d);
-        matmul_forward(a->logits, a->pooled, m->w.cls_weight, m->w.cls_bias, B, m->d, m->n_out);
-        copy_logits_to_probs(a, (size_t)B * m->n_out);
-        cross_entropy_forward(a->probs, a->losses, a->predictions, labels, B, m->n_out);
+        PROF_TIMED(PROF_FORWARD_LOSS, pool_valid_positions(a->pooled, a->ln_f, targets, B, T, m->d));
+        PROF_TIMED(PROF_FORWARD_LINEAR,
+                   matmul_forward(a->logits, a->pooled, m->w.cls_weight, m->w.cls_bias, B, m->d, m->n_out));
+        PROF_TIMED(PROF_FORWARD_LOSS, copy_logits_to_probs(a, (size_t)B * m->n_out));
+        PROF_TIMED(PROF_FORWARD_LOSS, cross_entropy_forward(a->probs, a->losses, a->predictions, labels, B, m->n_out));
     }
 }
 
@@ -453,19 +458,20 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
     model_activations *a = &m->acts;
     int rows = B * T;
     if (m->cfg.head == HEAD_LM) {
-        cross_entropy_backward(a->probs, targets, rows, m->V, scale);
-        matmul_backward(a->d_model_rows, m->g.head_weight, NULL, a->probs, a->ln_f, m->w.head_weight, rows, m->d, m->V);
+        PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_backward(a->probs, targets, rows, m->V, scale));
+        PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows, m->g.head_weight, NULL, a->probs, a->ln_f,
+                                                         m->w.head_weight, rows, m->d, m->V));
     } else {
         float *d_pooled = a->d_pooled;
-        cross_entropy_backward(a->probs, labels, B, m->n_out, scale);
-        matmul_backward(d_pooled, m->g.cls_weight, m->g.cls_bias, a->probs, a->pooled, m->w.cls_weight, B, m->d,
-                        m->n_out);
-        unpool_valid_positions(a->d_model_rows, d_pooled, targets, B, T, m->d);
+        PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_backward(a->probs, labels, B, m->n_out, scale));
+        PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(d_pooled, m->g.cls_weight, m->g.cls_bias, a->probs, a->pooled,
+                                                         m->w.cls_weight, B, m->d, m->n_out));
+        PROF_TIMED(PROF_BACKWARD_LOSS, unpool_valid_positions(a->d_model_rows, d_pooled, targets, B, T, m->d));
     }
-    memset(a->d_residual, 0, sizeof(float) * rows * m->d);
-    layernorm_backward(a->d_residual, m->g.ln_f_weight, m->g.ln_f_bias, a->d_model_rows,
-                       a->residual + (size_t)m->L * rows * m->d, m->w.ln_f_weight, a->ln_f_mean, a->ln_f_rstd, rows,
-                       m->d);
+    PROF_TIMED(PROF_BACKWARD_LOSS, memset(a->d_residual, 0, sizeof(float) * rows * m->d));
+    PROF_TIMED(PROF_BACKWARD_NORM, layernorm_backward(a->d_residual, m->g.ln_f_weight, m->g.ln_f_bias, a->d_model_rows,
+                                                      a->residual + (size_t)m->L * rows * m->d, m->w.ln_f_weight,
+                                                      a->ln_f_mean, a->ln_f_rstd, rows, m->d));
 }
 
 static void progress(const model_backward_hooks *hooks) {
@@ -482,27 +488,29 @@ static void block_backward(model *m, int l, int B, int T, const model_backward_h
     float *fc_pre = a->fc_pre + l * bt * ff;
     /* d_residual holds dL/d(block output); the residual paths pass it through
      * unchanged and each LayerNorm backward adds its branch into it. */
-    matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, a->fc_act + l * bt * ff,
-                    w->mlp_proj_weight, rows, m->d_ff, m->d);
+    PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual,
+                                                     a->fc_act + l * bt * ff, w->mlp_proj_weight, rows, m->d_ff, m->d));
     progress(hooks);
-    gelu_backward(a->d_ff, fc_pre, a->fc_tanh + l * bt * ff, a->d_ff, bt * ff);
-    matmul_backward(a->d_model_rows, g->fc_weight, g->fc_bias, a->d_ff, a->ln2 + l * bt * d, w->fc_weight, rows, m->d,
-                    m->d_ff);
+    PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_backward(a->d_ff, fc_pre, a->fc_tanh + l * bt * ff, a->d_ff, bt * ff));
+    PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows, g->fc_weight, g->fc_bias, a->d_ff,
+                                                     a->ln2 + l * bt * d, w->fc_weight, rows, m->d, m->d_ff));
     progress(hooks);
-    layernorm_backward(a->d_residual, g->ln2_weight, g->ln2_bias, a->d_model_rows, mid, w->ln2_weight,
-                       a->ln2_mean + l * bt, a->ln2_rstd + l * bt, rows, m->d);
-    matmul_backward(a->d_model_rows, g->proj_weight, g->proj_bias, a->d_residual, a->att_out + l * bt * d,
-                    w->proj_weight, rows, m->d, m->d);
+    PROF_TIMED(PROF_BACKWARD_NORM,
+               layernorm_backward(a->d_residual, g->ln2_weight, g->ln2_bias, a->d_model_rows, mid, w->ln2_weight,
+                                  a->ln2_mean + l * bt, a->ln2_rstd + l * bt, rows, m->d));
+    PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows, g->proj_weight, g->proj_bias, a->d_residual,
+                                                     a->att_out + l * bt * d, w->proj_weight, rows, m->d, m->d));
     progress(hooks);
     attention_layer view = model_attention_layer(m, l, false);
     attention_saved saved = attention_state(m, l, B, T);
-    attention_backward(&view, &saved, a->d_model_rows, a->qkv, B, T);
+    PROF_TIMED(PROF_BACKWARD_ATTENTION, attention_backward(&view, &saved, a->d_model_rows, a->qkv, B, T));
     progress(hooks);
-    matmul_backward(a->d_model_rows, g->qkv_weight, g->qkv_bias, a->qkv, a->ln1 + l * bt * d, w->qkv_weight, rows, m->d,
-                    3 * m->d);
+    PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows, g->qkv_weight, g->qkv_bias, a->qkv,
+                                                     a->ln1 + l * bt * d, w->qkv_weight, rows, m->d, 3 * m->d));
     progress(hooks);
-    layernorm_backward(a->d_residual, g->ln1_weight, g->ln1_bias, a->d_model_rows, x, w->ln1_weight,
-                       a->ln1_mean + l * bt, a->ln1_rstd + l * bt, rows, m->d);
+    PROF_TIMED(PROF_BACKWARD_NORM,
+               layernorm_backward(a->d_residual, g->ln1_weight, g->ln1_bias, a->d_model_rows, x, w->ln1_weight,
+                                  a->ln1_mean + l * bt, a->ln1_rstd + l * bt, rows, m->d));
 }
 
 void model_backward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
@@ -512,7 +520,7 @@ void model_backward(model *m, const int32_t *inputs, const int32_t *targets, con
         block_backward(m, l, B, T, hooks);
         if (hooks && hooks->block_done) hooks->block_done(hooks->ctx, l);
     }
-    embedding_backward(m->g.tok_emb, inputs, m->acts.d_residual, B * T, m->d);
+    PROF_TIMED(PROF_BACKWARD_LOSS, embedding_backward(m->g.tok_emb, inputs, m->acts.d_residual, B * T, m->d));
     if (hooks && hooks->block_done) hooks->block_done(hooks->ctx, -1);
 }
 

@@ -16,18 +16,27 @@ double optimizer_learning_rate(const config *c, long long step) {
     return c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(M_PI * progress));
 }
 
-double optimizer_sum_squares(const float *grads, size_t n) {
+/* A sequential double sum may not be reordered (strict C11), so it runs at
+ * one add per cycle; eight fixed lanes vectorise and give every clone and
+ * machine the same sum. */
+#define SQUARE_LANES 8
+
+VECTOR_CLONES double optimizer_sum_squares(const float *grads, size_t n) {
+    double lanes[SQUARE_LANES] = {0};
+    size_t i = 0;
+    for (; i + SQUARE_LANES <= n; i += SQUARE_LANES)
+        for (int k = 0; k < SQUARE_LANES; k++) lanes[k] += (double)grads[i + k] * grads[i + k];
+    for (int k = 0; i < n; i++, k++) lanes[k] += (double)grads[i] * grads[i];
     double sum = 0;
-    for (size_t i = 0; i < n; i++) sum += (double)grads[i] * grads[i];
+    for (int k = 0; k < SQUARE_LANES; k++) sum += lanes[k];
     return sum;
 }
 
 double optimizer_global_norm(const float *grads, size_t n) { return sqrt(optimizer_sum_squares(grads, n)); }
 
-void optimizer_clip(float *grads, size_t n, double norm, double max_norm) {
-    if (max_norm <= 0 || norm <= max_norm) return;
-    float factor = (float)(max_norm / (norm + 1e-6));
-    for (size_t i = 0; i < n; i++) grads[i] *= factor;
+float optimizer_clip_factor(double norm, double max_norm) {
+    if (max_norm <= 0 || norm <= max_norm) return 1.0f;
+    return (float)(max_norm / (norm + 1e-6));
 }
 
 VECTOR_CLONES void optimizer_adamw(float *params, const float *grads, float *m, float *v, size_t n, long long t,
@@ -38,9 +47,9 @@ VECTOR_CLONES void optimizer_adamw(float *params, const float *grads, float *m, 
     float correction1 = (float)(1.0 - pow(s->beta1, (double)t));
     float correction2_sqrt = (float)sqrt(1.0 - pow(s->beta2, (double)t));
     float step_size = lr / correction1;
-    float decay_factor = decay ? 1.0f - lr * (float)s->weight_decay : 1.0f;
+    float decay_factor = decay ? 1.0f - lr * (float)s->weight_decay : 1.0f, scale = s->grad_scale;
     for (size_t i = 0; i < n; i++) {
-        float g = grads[i];
+        float g = scale == 1.0f ? grads[i] : grads[i] * scale;
         params[i] *= decay_factor;
         m[i] = b1 * m[i] + one_minus_b1 * g;
         v[i] = b2 * v[i] + one_minus_b2 * g * g;

@@ -11,6 +11,7 @@
 #include "momfmm/checkpoint.h"
 #include "momfmm/log.h"
 #include "momfmm/optimizer.h"
+#include "momfmm/prof.h"
 #include "momfmm/status.h"
 #include "momfmm/store.h"
 #include "momfmm/sys.h"
@@ -177,9 +178,35 @@ static double sharded_grad_norm(trainer *t) {
 static void sharded_update(trainer *t, long long step, train_step_result *res) {
     model *m = &t->model;
     float *grads = dist_reducer_slice(t->reducer);
-    optimizer_clip(grads, m->moment_count, res->grad_norm, t->cfg.grad_clip);
-    slice_step c = {m, grads, step, {res->lr, t->cfg.beta1, t->cfg.beta2, t->cfg.adam_eps, t->cfg.weight_decay}};
+    slice_step c = {m,
+                    grads,
+                    step,
+                    {res->lr, t->cfg.beta1, t->cfg.beta2, t->cfg.adam_eps, t->cfg.weight_decay,
+                     optimizer_clip_factor(res->grad_norm, t->cfg.grad_clip)}};
     res->allreduce_wait_s += dist_reducer_gather(t->reducer, m->params, update_slice, &c);
+}
+
+/* The gradient norm, then, unless the loss or the norm is not finite,
+ * clipping and AdamW (docs/model.md §1.4) and the bf16 weight refresh. */
+static void update_parameters(trainer *t, long long step, train_step_result *res) {
+    model *m = &t->model;
+    res->grad_norm = t->cfg.zero ? sharded_grad_norm(t) : optimizer_global_norm(m->grads, m->n_params);
+    /* the loss and the norm are global after the reductions: every rank
+     * takes the same branch (docs/design.md §8.7, divergence guard) */
+    res->nonfinite = !isfinite(res->loss) || !isfinite(res->grad_norm);
+    if (res->nonfinite) {
+        t->skipped_steps++;
+        return;
+    }
+    if (t->cfg.zero) {
+        sharded_update(t, step, res);
+    } else {
+        optimizer_settings s = {
+            res->lr,         t->cfg.beta1,        t->cfg.beta2,
+            t->cfg.adam_eps, t->cfg.weight_decay, optimizer_clip_factor(res->grad_norm, t->cfg.grad_clip)};
+        optimizer_step_model(m, step, &s);
+    }
+    model_params_changed(m); /* the once-per-step bf16 refresh, docs/scale.md §7 */
 }
 
 int trainer_step(trainer *t, train_step_result *result, status *err) {
@@ -200,23 +227,10 @@ int trainer_step(trainer *t, train_step_result *result, status *err) {
         bool last = first + rows >= b->B;
         micro_step(t, first, last ? b->B - first : rows, scale, last ? &hooks : NULL);
     }
-    res.allreduce_wait_s = dist_reducer_finish(t->reducer);
+    PROF_TIMED(PROF_REDUCE_WAIT, res.allreduce_wait_s = dist_reducer_finish(t->reducer));
     res.loss = reduce_forward_results(t, global_count);
     res.lr = optimizer_learning_rate(&t->cfg, step);
-    res.grad_norm = t->cfg.zero ? sharded_grad_norm(t) : optimizer_global_norm(m->grads, m->n_params);
-    /* the loss and the norm are global after the reductions: every rank
-     * takes the same branch (docs/design.md §8.7, divergence guard) */
-    res.nonfinite = !isfinite(res.loss) || !isfinite(res.grad_norm);
-    if (res.nonfinite) {
-        t->skipped_steps++;
-    } else if (t->cfg.zero) {
-        sharded_update(t, step, &res);
-    } else {
-        optimizer_clip(m->grads, m->n_params, res.grad_norm, t->cfg.grad_clip);
-        optimizer_settings s = {res.lr, t->cfg.beta1, t->cfg.beta2, t->cfg.adam_eps, t->cfg.weight_decay};
-        optimizer_step_model(m, step, &s);
-    }
-    if (!res.nonfinite) model_params_changed(m); /* the once-per-step bf16 refresh, docs/scale.md §7 */
+    PROF_TIMED(PROF_OPTIMIZER, update_parameters(t, step, &res));
     t->step = step;
     t->tokens_seen += (long long)t->cfg.batch_size * t->cfg.seq_len;
     *result = res;

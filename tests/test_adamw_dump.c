@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < STEPS; k++) {
         memcpy(m.grads, grads + (size_t)k * n, sizeof(float) * n);
         lrs[k] = optimizer_learning_rate(&cfg, k + 1);
-        optimizer_settings s = {lrs[k], cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay};
+        optimizer_settings s = {lrs[k], cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay, 1.0f};
         optimizer_step_model(&m, k + 1, &s);
         memcpy(history + (size_t)k * n, m.params, sizeof(float) * n);
     }

@@ -257,7 +257,7 @@ static bool train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size
     if (!test_check(rc == 0, "model_create", rc ? "%s" : NULL, st.message)) return false;
     model_init_parameters(&m);
     size_t refresh0 = gemm_weight_refreshes(ctx);
-    optimizer_settings s = {1e-3, 0.9, 0.95, 1e-8, 0.0};
+    optimizer_settings s = {1e-3, 0.9, 0.95, 1e-8, 0.0, 1.0f};
     for (int step = 1; step <= 10; step++) {
         model_forward(&m, inputs, targets, NULL, B, T, m.momentum);
         model_zero_grads(&m);

@@ -23,6 +23,26 @@ bool cpu_has_avx512_core(void);
 void cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 void cpu_f32_to_bf16_portable(uint16_t *dst, const float *src, size_t n);
 
+/* Peak throughput of one core, measured with register-only loops for about
+ * `seconds` (the best of rounds of ~20 ms; docs/design.md §8.10): fp32 FMAs
+ * at the widest width the CPU has (cpu_fma_isa: "avx512", "avx2+fma" or
+ * "none"), and bf16 dot products (vdpbf16ps; 0 without AVX512_BF16). In
+ * GFLOP/s, an FMA counting 2. The caller runs one probe per core to be
+ * measured, concurrently, for a multi-core peak. */
+const char *cpu_fma_isa(void);
+double cpu_fma_peak_gflops(double seconds);
+double cpu_bf16_peak_gflops(double seconds);
+
+/* The peaks of `threads` cores at once (the probes run concurrently, as a
+ * multi-core load may lower the clock): totals over the threads. */
+#define CPU_PEAK_MAX_THREADS 256
+typedef struct {
+    double fp32_gflops, bf16_gflops; /* bf16: 0 without AVX512_BF16 */
+    const char *isa;
+    int threads;
+} cpu_peak;
+cpu_peak cpu_measure_peak(int threads, double seconds);
+
 static inline float cpu_bf16_to_f32(uint16_t h) {
     union {
         uint32_t u;

@@ -10,20 +10,25 @@
  * then cosine from lr to min_lr over the remaining steps, or constant. */
 double optimizer_learning_rate(const config *c, long long step);
 
-/* Sum of squares in double: ZeRO-1 sums it over the ranks' slices for the
- * exact global norm (docs/scale.md §7). */
+/* Sum of squares in double, in fixed lanes (vectorised, the same sum on
+ * every machine): ZeRO-1 sums it over the ranks' slices for the exact global
+ * norm (docs/scale.md §7). */
 double optimizer_sum_squares(const float *grads, size_t n);
 /* Global L2 norm of the gradient buffer (double accumulation). */
 double optimizer_global_norm(const float *grads, size_t n);
 
-/* Scales gradients so their norm is at most max_norm (0 = off), PyTorch's
- * clip_grad_norm_: factor max_norm / (norm + 1e-6) when norm > max_norm. */
-void optimizer_clip(float *grads, size_t n, double norm, double max_norm);
+/* PyTorch's clip_grad_norm_ as a factor: max_norm / (norm + 1e-6) when norm
+ * exceeds max_norm (> 0), else 1. AdamW applies it to each gradient as it
+ * reads it (optimizer_settings.grad_scale), which saves a pass over the
+ * gradients and gives the same floats as scaling them first. */
+float optimizer_clip_factor(double norm, double max_norm);
 
 /* One AdamW step (PyTorch semantics) at 1-based step t over a contiguous
- * range; decay applies to the entries whose model_param says so. */
+ * range; decay applies to the entries whose model_param says so. Each
+ * gradient is multiplied by grad_scale first (clipping; 1 for none). */
 typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
+    float grad_scale;
 } optimizer_settings;
 
 void optimizer_adamw(float *params, const float *grads, float *m, float *v, size_t n, long long t,
