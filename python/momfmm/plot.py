@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from momfmm.h5 import load_runs_or_exit  # noqa: E402
+from momfmm.h5 import EXIT_BAD_FILE, RunError, load_runs  # noqa: E402
 
 PROG = "momfmm_plot.py"
 DPI = 110
@@ -332,13 +332,20 @@ def main(argv=None):
     ap.add_argument("--label", action="extend", nargs="+", default=[], metavar="NAME",
                     help="names of the runs, in order (default: directory or file names)")
     args = ap.parse_args(argv)
-    runs = load_runs_or_exit(args.runs, args.label, PROG)
+    try:
+        runs = load_runs(args.runs, args.label)
+    except ValueError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except RunError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_FILE
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as exc:
         print(f"{PROG}: error: {args.out}: cannot create directory ({exc.strerror})",
               file=sys.stderr)
-        sys.exit(3)
+        return EXIT_BAD_FILE
     written = write_figures(runs, args.out)
     for path in written:
         print(path)

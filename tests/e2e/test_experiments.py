@@ -25,7 +25,7 @@ One test per numbered item below (CTest entry e2e_experiments).
    send, reaches only the script, which turns it into a SIGUSR1 for mpirun (mpirun answers a
    SIGTERM by killing its ranks about 2 s later): the run's STOPPED marker names signal 10 and
    its checkpoint, the runner exits 143 and starts no further run.
-momfmm_suite is the package's momfmm.suite (python/ on PYTHONPATH, set by CTest).
+momfmm_suite is the package's momfmm.results.suite (python/ on PYTHONPATH, set by CTest).
 """
 import concurrent.futures
 import glob
@@ -38,7 +38,8 @@ import time
 
 import pytest
 
-from momfmm import suite as momfmm_suite
+from momfmm.results import suite as momfmm_suite
+from momfmm.results.errors import ReportError
 from common import env, run
 from processes import kill_session
 
@@ -59,11 +60,11 @@ TINY_SEED_CHAIN = r"^chain_seed_(L30_g0(\.2)?_s[12]|R_g0(\.2)?_s1)$"
 
 
 def parse_suite(path):
-    """The suite list through the report's own parser (momfmm.suite; one parser
+    """The suite list through the report's own parser (momfmm.results.suite; one parser
     for both): ([(name, config, ["section.key=value", ...])], [problem])."""
     try:
         entries = momfmm_suite.parse_suite(path)
-    except SystemExit as e:
+    except ReportError as e:
         return [], [str(e)]
     return [(e.name, e.config, [f"{k}={v}" for k, v in e.sets]) for e in entries], []
 

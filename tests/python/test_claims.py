@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The results report's rules for judging a claim (momfmm.suite, momfmm.seed_scale), on made-up
+"""The results report's rules for judging a claim (momfmm.results), on made-up
 per-seed values, so that each verdict is reached on purpose:
 
     /usr/bin/python3 tests/python/test_claims.py        (or: pytest tests/python)
@@ -25,10 +25,19 @@ import unittest
 
 import numpy as np
 
-from momfmm.seed_scale import ChainRoles, grows_claim, improvements, paired_l_rep, r_independent_claim, r_noise_claim
-from momfmm.results import unlogged_text
-from momfmm.suite import Entry as SuiteEntry
-from momfmm.suite import Group, builds_text, less_claim, no_worse_claim, noise_note, read_wall_time, same_claim
+from momfmm.results.chain import ChainRoles
+from momfmm.results.claims import Verdict, less_claim, no_worse_claim, same_claim
+from momfmm.results.document import unlogged_text
+from momfmm.results.energy_ratio import r_independent_claim, r_noise_claim
+from momfmm.results.reference_scale import grows_claim, improvements, paired_l_rep
+from momfmm.results.runs import Group, builds_text, read_wall_time
+from momfmm.results.stats import noise_note
+from momfmm.results.suite import Entry as SuiteEntry
+
+
+def judged(claim):
+    """(verdict, line) of a Claim."""
+    return claim.verdict, claim.line
 
 
 class Values:
@@ -53,7 +62,7 @@ class Entry:
 
 
 class Entry0:
-    """A suite line's settings for momfmm.suite.setting: the gamma override only."""
+    """A suite line's settings for momfmm.results.suite.setting: the gamma override only."""
 
     def __init__(self, gamma):
         self.sets = [("momentum.gamma", str(gamma))]
@@ -87,52 +96,52 @@ class NoiseNote(unittest.TestCase):
 class ClaimRules(unittest.TestCase):
     def test_less_claim(self):
         low, high = Values([1.0, 1.01, 0.99]), Values([2.0, 2.01, 1.99])
-        self.assertEqual(less_claim("c", low, high, "m")[0], "held")
-        self.assertEqual(less_claim("c", high, low, "m")[0], "did not hold")
-        self.assertEqual(less_claim("c", high, low, "m", flip=True)[0], "did not hold")
-        verdict, line = less_claim("c", Values([1.0, 1.3, 0.7]), Values([1.05, 1.35, 0.75]), "m")
-        self.assertEqual(verdict, "within noise")
+        self.assertEqual(less_claim("c", low, high, "m").verdict, Verdict.HELD)
+        self.assertEqual(less_claim("c", high, low, "m").verdict, Verdict.NOT_HELD)
+        self.assertEqual(less_claim("c", high, low, "m", flip=True).verdict, Verdict.NOT_HELD)
+        verdict, line = judged(less_claim("c", Values([1.0, 1.3, 0.7]), Values([1.05, 1.35, 0.75]), "m"))
+        self.assertEqual(verdict, Verdict.NOT_SHOWN)
         self.assertIn("**not shown**", line)
-        self.assertEqual(less_claim("c", None, high, "m")[0], "not run")
-        self.assertEqual(less_claim("c", Values([]), high, "m")[0], "not run")
+        self.assertEqual(less_claim("c", None, high, "m").verdict, Verdict.MISSING)
+        self.assertEqual(less_claim("c", Values([]), high, "m").verdict, Verdict.MISSING)
 
     def test_no_worse_claim(self):
         base = Values([1.0, 1.2, 0.8])
-        self.assertEqual(no_worse_claim("c", Values([1.05, 1.25, 0.85]), base, "m")[0], "held")
-        verdict, line = no_worse_claim("c", Values([3.0, 3.01, 2.99]), Values([1.0, 1.01, 0.99]), "m")
-        self.assertEqual(verdict, "did not hold")
+        self.assertEqual(no_worse_claim("c", Values([1.05, 1.25, 0.85]), base, "m").verdict, Verdict.HELD)
+        verdict, line = judged(no_worse_claim("c", Values([3.0, 3.01, 2.99]), Values([1.0, 1.01, 0.99]), "m"))
+        self.assertEqual(verdict, Verdict.NOT_HELD)
         self.assertIn("higher beyond seed noise", line)
-        self.assertEqual(no_worse_claim("c", Values([2.0]), Values([1.0]), "m")[0], "did not hold")
+        self.assertEqual(no_worse_claim("c", Values([2.0]), Values([1.0]), "m").verdict, Verdict.NOT_HELD)
 
     def test_same_claim(self):
-        self.assertEqual(same_claim("c", Values([1.01]), Values([1.0]), "m")[0], "held")
-        self.assertEqual(same_claim("c", Values([1.05]), Values([1.0]), "m")[0], "did not hold")
+        self.assertEqual(same_claim("c", Values([1.01]), Values([1.0]), "m").verdict, Verdict.HELD)
+        self.assertEqual(same_claim("c", Values([1.05]), Values([1.0]), "m").verdict, Verdict.NOT_HELD)
 
 
 class GrowsWithL(unittest.TestCase):
     def test_positive_and_larger_holds(self):
-        verdict, line = grows_claim([4.0, 5.0, 3.5], [50.0, 52.0, 55.0])
-        self.assertEqual(verdict, "held", line)
+        verdict, line = judged(grows_claim([4.0, 5.0, 3.5], [50.0, 52.0, 55.0]))
+        self.assertEqual(verdict, Verdict.HELD, line)
 
     def test_smaller_at_30_does_not_hold(self):
-        verdict, line = grows_claim([40.0, 50.0, 45.0], [10.0, 12.0, 11.0])
-        self.assertEqual(verdict, "did not hold", line)
+        verdict, line = judged(grows_claim([40.0, 50.0, 45.0], [10.0, 12.0, 11.0]))
+        self.assertEqual(verdict, Verdict.NOT_HELD, line)
 
     def test_two_losses_are_no_growing_advantage(self):
         # the first seed-scale runs: −1168 % at L = 10, −18 % at L = 30 (one seed each)
-        verdict, line = grows_claim([-1168.1], [-18.1])
-        self.assertEqual(verdict, "did not hold", line)
+        verdict, line = judged(grows_claim([-1168.1], [-18.1]))
+        self.assertEqual(verdict, Verdict.NOT_HELD, line)
         self.assertIn("no advantage at L=30", line)
-        verdict, line = grows_claim([-20.0, -30.0, -10.0], [-15.0, -35.0, 5.0])   # within noise, mean < 0
-        self.assertEqual(verdict, "did not hold", line)
+        verdict, line = judged(grows_claim([-20.0, -30.0, -10.0], [-15.0, -35.0, 5.0]))   # within noise, mean < 0
+        self.assertEqual(verdict, Verdict.NOT_HELD, line)
 
     def test_noise_with_positive_mean_stays_within_noise(self):
-        verdict, _ = grows_claim([10.0, 30.0, 20.0], [15.0, 35.0, 25.0])
-        self.assertEqual(verdict, "within noise")
+        verdict, _ = judged(grows_claim([10.0, 30.0, 20.0], [15.0, 35.0, 25.0]))
+        self.assertEqual(verdict, Verdict.NOT_SHOWN)
 
     def test_missing_length_is_not_run(self):
-        verdict, _ = grows_claim([], [10.0])
-        self.assertNotIn(verdict, ("held", "did not hold", "within noise"))
+        verdict, _ = judged(grows_claim([], [10.0]))
+        self.assertNotIn(verdict, (Verdict.HELD, Verdict.NOT_HELD, Verdict.NOT_SHOWN))
 
 
 class SeedRun:
@@ -164,33 +173,33 @@ class Improvement(unittest.TestCase):
 class EnergyRatio(unittest.TestCase):
     def test_independent_over_gamma_sweep(self):
         flat = [LayerGroup(g, [[1.0, 2.0]]) for g in (0, 0.1, 0.2)]
-        self.assertEqual(r_independent_claim(flat, "gain_R", "w")[0], "held")
+        self.assertEqual(r_independent_claim(flat, "gain_R", "w").verdict, Verdict.HELD)
         moved = flat[:2] + [LayerGroup(0.2, [[1.0, 2.5]])]
-        verdict, line = r_independent_claim(moved, "gain_R", "w")
-        self.assertEqual(verdict, "did not hold")
+        verdict, line = judged(r_independent_claim(moved, "gain_R", "w"))
+        self.assertEqual(verdict, Verdict.NOT_HELD)
         self.assertIn("one seed per γ", line)
-        self.assertEqual(r_independent_claim(flat[:1], "gain_R", "w")[0], "not run")
+        self.assertEqual(r_independent_claim(flat[:1], "gain_R", "w").verdict, Verdict.MISSING)
 
     def test_against_seed_noise(self):
         def rows(base, mom):
             return ChainRoles([LayerGroup(0, base), LayerGroup(0.2, mom)])
         base = [[1.0, 2.0], [1.02, 2.02], [0.98, 1.98]]
         close = [[1.03, 2.05], [1.05, 2.07], [1.01, 2.03]]
-        self.assertEqual(r_noise_claim(rows(base, close), "gain_R", "w", 2)[0], "held")
+        self.assertEqual(r_noise_claim(rows(base, close), "gain_R", "w", 2).verdict, Verdict.HELD)
         far = [[1.5, 2.0], [1.52, 2.02], [1.48, 1.98]]
-        verdict, line = r_noise_claim(rows(base, far), "gain_R", "w", 2)
-        self.assertEqual(verdict, "did not hold")
+        verdict, line = judged(r_noise_claim(rows(base, far), "gain_R", "w", 2))
+        self.assertEqual(verdict, Verdict.NOT_HELD)
         self.assertIn("layer 0: 1.500 ± 0.020 vs 1.000 ± 0.020, 50.0% apart", line)
         noisy_base = [[1.0, 2.0], [2.0, 2.0], [0.5, 2.0]]
         noisy_mom = [[1.6, 2.0], [2.6, 2.0], [0.9, 2.0]]
-        verdict, line = r_noise_claim(rows(noisy_base, noisy_mom), "gain_R", "w", 2)
-        self.assertEqual(verdict, "within noise")
+        verdict, line = judged(r_noise_claim(rows(noisy_base, noisy_mom), "gain_R", "w", 2))
+        self.assertEqual(verdict, Verdict.NOT_SHOWN)
         self.assertIn("**not shown**", line)
-        self.assertEqual(r_noise_claim(rows(base, []), "gain_R", "w", 2)[0], "not run")
+        self.assertEqual(r_noise_claim(rows(base, []), "gain_R", "w", 2).verdict, Verdict.MISSING)
 
 
 class StepRun:
-    """A run directory as momfmm.suite.Group reads it: its step, its stored train.steps and
+    """A run directory as momfmm.results.runs.Group reads it: its step, its stored train.steps and
     its last eval's L_rep."""
     has_config = True
 
@@ -206,7 +215,7 @@ class StepRun:
 
 
 def step_group(gamma, by_seed):
-    """A momfmm.suite.Group of chain_seed runs: {seed: (step, L_rep)}."""
+    """A momfmm.results.runs.Group of chain_seed runs: {seed: (step, L_rep)}."""
     entries = []
     for seed, (step, l_rep) in by_seed.items():
         e = SuiteEntry(f"chain_seed_L30_g{gamma}_s{seed}", "configs/experiments/chain_seed.ini",
@@ -228,13 +237,13 @@ class PartialRuns(unittest.TestCase):
         self.assertEqual(partial.vals("L_rep"), [6.5])
         self.assertIn("0/1; partial: chain_seed_L30_g0.2_s1 at step 300/1500", partial.status())
         done = step_group(0, {1: (1500, 0.01), 2: (1500, 0.012)})
-        verdict, line = less_claim("c", partial, done, "L_rep")
-        self.assertEqual(verdict, "not run")
+        verdict, line = judged(less_claim("c", partial, done, "L_rep"))
+        self.assertEqual(verdict, Verdict.MISSING)
         self.assertIn("not judged yet", line)
-        self.assertNotEqual(less_claim("c", done, done, "L_rep")[0], "not run")     # finished: judged
+        self.assertNotEqual(less_claim("c", done, done, "L_rep").verdict, Verdict.MISSING)     # finished: judged
         not_run = step_group(0.2, {1: (0, None)})
         not_run.members[0].run = None                                               # no run directory
-        self.assertEqual(less_claim("c", not_run, done, "L_rep"), ("not run", "c: not run yet"))
+        self.assertEqual(judged(less_claim("c", not_run, done, "L_rep")), (Verdict.MISSING, "c: not run yet"))
 
     def test_improvement_pairs_finished_runs_only(self):
         rows = ChainRoles([step_group(0, {1: (1500, 0.02), 2: (1500, 0.02)}),

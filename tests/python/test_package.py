@@ -26,19 +26,29 @@ PACKAGE = "momfmm"
 
 
 def package_modules():
-    """{module name: source path} of every module of the package ("momfmm", "momfmm.h5", ...)."""
+    """{module name: source path} of every module of the package and its subpackages ("momfmm",
+    "momfmm.h5", "momfmm.results", "momfmm.results.claims", ...); __main__ files, which run a
+    program when imported, aside."""
     out = {}
-    for entry in sorted(os.listdir(PACKAGE_DIR)):
-        if entry.endswith(".py"):
-            stem = entry[:-3]
-            out[PACKAGE if stem == "__init__" else f"{PACKAGE}.{stem}"] = os.path.join(PACKAGE_DIR, entry)
+    for base, dirs, files in os.walk(PACKAGE_DIR):
+        dirs[:] = sorted(d for d in dirs if os.path.isfile(os.path.join(base, d, "__init__.py")))
+        rel = os.path.relpath(base, PACKAGE_DIR)
+        package = PACKAGE if rel == os.curdir else ".".join([PACKAGE] + rel.split(os.sep))
+        for entry in sorted(files):
+            if entry.endswith(".py") and entry != "__main__.py":
+                stem = entry[:-3]
+                out[package if stem == "__init__" else f"{package}.{stem}"] = os.path.join(base, entry)
     return out
+
+
+def is_package(module, modules):
+    return os.path.basename(modules[module]) == "__init__.py"
 
 
 def imported_modules(tree, module, modules):
     """Package modules that `module`'s syntax tree imports, wherever the import statement is
     (a function-level import closes a cycle as surely as a top-level one)."""
-    package = module if module == PACKAGE else module.rsplit(".", 1)[0]
+    package = module if is_package(module, modules) else module.rsplit(".", 1)[0]
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -136,7 +146,6 @@ class PackageTest(unittest.TestCase):
     def test_reader_round_trip(self):
         import h5py
         import numpy as np
-        sys.path.insert(0, PYTHON_DIR)  # this test file is not part of the package
         from momfmm import h5
         weight = np.arange(6, dtype=np.float32).reshape(2, 3)
         with tempfile.TemporaryDirectory() as tmp:

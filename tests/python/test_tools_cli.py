@@ -13,7 +13,7 @@ docs/files.md §4, mpirun is a stand-in script on PATH.
    only in KEY.
 3. Numbers print in their shortest round-trip form: 0.2, not 0.20000000000000001.
 4. One override syntax, `--set section.key=value`, in suite lines (tools/run_experiments.sh,
-   momfmm.suite) and sweep lines (jobs/sweep.sbatch, jobs/sweeps/*.txt); the old bare k=v is
+   momfmm.results.suite) and sweep lines (jobs/sweep.sbatch, jobs/sweeps/*.txt); the old bare k=v is
    refused with a message.
 5. run_experiments.sh's "next" command names the suite, the runs and an --out in the run
    directory; Slurm's .out files go under runs/ (gitignored), not the submit directory.
@@ -22,16 +22,16 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import h5py
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+from momfmm import fmt
+from momfmm.results import suite
+from momfmm.results.errors import ReportError
 
-from momfmm import fmt, suite  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PYTHON = "/usr/bin/python3"
 REPORT = os.path.join(ROOT, "tools", "momfmm_report.py")
@@ -287,7 +287,7 @@ def test_suite_parser_takes_set_and_refuses_bare_pairs(tmp_path):
             suite.parse_overrides(words)
     bad = tmp_path / "bad.list"
     bad.write_text(f"a {CHAIN_CONFIG} momentum.gamma=0\n")
-    with pytest.raises(SystemExit, match="expected '--set section.key=value' at 'momentum.gamma=0'"):
+    with pytest.raises(ReportError, match="expected '--set section.key=value' at 'momentum.gamma=0'"):
         suite.parse_suite(str(bad))
 
 
