@@ -263,10 +263,10 @@ def finish(fig, ax, drawn, out_dir, name, written, why_skipped):
 
 
 def plot_points(path, title, xlabel, ylabel, curves, band=None):
-    """One summary figure across runs (the results report's seed-scale section): curves is
+    """One summary figure across runs (the results report's reference-scale section): curves is
     [(label, xs, means, stds or None)], drawn as points with error bars joined by lines;
     band, (low, high, label): a shaded horizontal range in the legend (e.g. a range the
-    seed reports). Writes PNG `path` (its directory created) and returns it, or None when
+    reference reports). Writes PNG `path` (its directory created) and returns it, or None when
     no curve has a point."""
     curves = [c for c in curves if len(c[1])]
     if not curves:

@@ -38,7 +38,7 @@ class Scale:
 
 
 TWO_CORE = Scale("", "", "", "chain_L{L}_main")
-REFERENCE_SCALE = Scale("seed scale: ", "seed scale, ", "seed_scale", "chain_L{L}")
+REFERENCE_SCALE = Scale("reference scale: ", "reference scale, ", "reference_scale", "chain_L{L}")
 
 
 def ablation_of(group):
@@ -81,8 +81,8 @@ def main_rows(L, roles):
             ("momentum γ=0.2", roles.mom, reference.get("momentum", {}))]
 
 
-BESIDE_REFERENCE = ["L_new (ours)", "L_new (seed)", "L_rep (ours)", "L_rep (seed)", "Δ1→2 (ours)",
-                    "Δ1→2 (seed)"]
+BESIDE_REFERENCE = ["L_new (ours)", "L_new (reference)", "L_rep (ours)", "L_rep (reference)", "Δ1→2 (ours)",
+                    "Δ1→2 (reference)"]
 
 
 def beside_reference(group, reference_row):
@@ -187,7 +187,7 @@ def reference_claims(scale, L, roles, findings):
 
     def quoted(metric, note=None):
         ref = reference_pair(L, metric)
-        notes = ([] if ref is not None else ["seed gives no number"]) + ([note] if note else [])
+        notes = ([] if ref is not None else ["the reference gives no number"]) + ([note] if note else [])
         return dict(reference=ref, note="; ".join(notes) or None)
     findings.add(less_claim(f"{p}γ=0.2 lowers L_rep at L={L}", roles.mom, roles.base, "L_rep", **quoted("L_rep")))
     if "delta_12" in given:
@@ -221,7 +221,7 @@ def chain_section(ctx, L, groups, out, findings):
 
 def main_table(ctx, L, roles, out):
     """The reference's table (γ = 0 vs 0.2), ours beside it."""
-    out.append(f"**γ = 0 (baseline) vs γ = 0.2 (momentum), L = {L}** — ours beside the seed's table\n")
+    out.append(f"**γ = 0 (baseline) vs γ = 0.2 (momentum), L = {L}** — ours beside the reference's table\n")
     rows = []
     for label, g, reference_row in main_rows(L, roles):
         if g is None:

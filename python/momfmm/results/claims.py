@@ -15,7 +15,7 @@ from momfmm.fmt import fmt_group
 from momfmm.results.stats import noise_note
 
 SAME_TOL = 0.02         # "about unchanged": relative difference within 2 %
-REFERENCE_LABEL = "seed"
+REFERENCE_LABEL = "reference"
 
 
 class Verdict(enum.Enum):

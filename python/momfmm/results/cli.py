@@ -6,9 +6,9 @@
 
 Reads every run of the suite (run directory RUNS/NAME, through momfmm.results.runs), groups the
 runs of one configuration (suite lines that differ only in train.seed: mean ± sample std over
-the seeds), and writes one Markdown report (momfmm.results.document): tables beside the seeds'
-numbers with the command that reproduces each row, figures (momfmm.plot, one seed per
-configuration), a claims section (each claim of the seeds, tested on the numbers), and the
+the seeds), and writes one Markdown report (momfmm.results.document): tables beside the
+references' numbers with the command that reproduces each row, figures (momfmm.plot, one seed per
+configuration), a claims section (each claim of the references, tested on the numbers), and the
 exact commands of every run.
 
 Where it goes: stdout, or FILE with --out; figures into --figures DIR, by default the

@@ -23,7 +23,7 @@ DEFINITIONS = ("Two definitions, both with the same random δ (‖δ‖ = 10⁻�
                "docs/metrics.md §3: **gain_R** = ‖F(x+δ) − F(x)‖/‖δ‖ for the whole block F (attention and MLP "
                "sublayers with their residual paths, so ≈ 1 plus what the sublayers add); **gain_R_attn** = "
                "‖A(LN1(x+δ)) − A(LN1(x))‖/‖δ‖ for the attention sublayer A alone, without its residual path — the "
-               f"definition the seed's range [{REFERENCE_R_RANGE[0]}, {REFERENCE_R_RANGE[1]}] matches.\n")
+               f"definition the reference's range [{REFERENCE_R_RANGE[0]}, {REFERENCE_R_RANGE[1]}] matches.\n")
 
 
 def layer_values(group, key):
@@ -121,7 +121,7 @@ def r_figure(ctx, groups, n_layers, out):
     lo, hi = REFERENCE_R_RANGE
     path = plot.plot_points(os.path.join(ctx.figures, REFERENCE_SCALE.figures, "energy_ratio.png"),
                             "Energy ratio per layer vs γ (L = 30, last eval)", "γ", "ratio",
-                            curves, band=(lo, hi, f"seed's range [{lo}, {hi}]"))
+                            curves, band=(lo, hi, f"reference's range [{lo}, {hi}]"))
     if path:
         out += [f"![R per layer vs γ]({ctx.rel(path)})", ""]
 
@@ -146,7 +146,7 @@ def r_independent_claim(groups, key, what):
 
 def r_range_claim(groups):
     lo, hi = REFERENCE_R_RANGE
-    text = f"{PREFIX}R lies in the seed's range [{lo}, {hi}] for every γ and layer (gain_R_attn)"
+    text = f"{PREFIX}R lies in the reference's range [{lo}, {hi}] for every γ and layer (gain_R_attn)"
     done = [g for g in groups if g.finished]
     if len(done) < len(groups) and done:
         text += (f" (the finished γ = {', '.join(shortest(gamma_of(g.first)) for g in done)} of "

@@ -15,7 +15,7 @@ def by_variant(groups):
 
 
 def copy_section(ctx, by_T, out, findings):
-    out.append("### Copy task (FMM seed)\n")
+    out.append("### Copy task (FMM reference)\n")
     cfgs = sorted({g.first.config for gs in by_T.values() for g in gs})
     out.append(f"Configs: {', '.join(f'`{c}`' for c in cfgs)}. Accuracy = token accuracy over the separator and "
                "the copied symbols (docs/metrics.md §3; chance ≈ 0.1), exact = whole-sequence exact match. Final eval, mean ± "
@@ -57,7 +57,7 @@ def steps_table(ctx, T, groups, out):
 
 
 def copy_claims(T, groups, findings):
-    """The FMM reference's copy-task claims at one T, judged only where softmax, the reference,
+    """The FMM reference's copy-task claims at one T, judged only where softmax, the baseline,
     learned the copy (accuracy >= COPY_LEARNED): below that, the claim "FMM matches softmax"
     would hold between two failures and the rankings would rank noise near chance."""
     fmm2 = find(groups, "FMM (band 5, 2 kernels")
@@ -66,7 +66,7 @@ def copy_claims(T, groups, findings):
     soft_acc = soft.mean("acc") if soft is not None else None
     if soft_acc is not None and soft_acc < COPY_LEARNED:
         findings.add(Claim(f"copy T={T}", Verdict.NOT_JUDGED,
-                           f"no claim judged: softmax, the reference, ends at accuracy {soft_acc:.4f} (below "
+                           f"no claim judged: softmax, the baseline, ends at accuracy {soft_acc:.4f} (below "
                            f"{COPY_LEARNED}; chance ≈ 0.1), so at this size no variant learned the copy and the "
                            "four comparisons would rank noise"))
         return
@@ -81,10 +81,10 @@ def copy_claims(T, groups, findings):
 
 
 def listops_section(ctx, groups, out, findings):
-    out.append("### ListOps (FMM seed; LRA generator)\n")
+    out.append("### ListOps (FMM reference; LRA generator)\n")
     cfgs = sorted({g.first.config for g in groups})
     out.append(f"Config: {', '.join(f'`{c}`' for c in cfgs)}. Accuracy of the cls head over the eval batches "
-               f"(10 classes). Final eval, mean ± sample std over seeds. The seed reports Long Range Arena averages "
+               f"(10 classes). Final eval, mean ± sample std over seeds. The reference reports Long Range Arena averages "
                f"over five tasks (softmax {REFERENCE_FMM_LRA_AVERAGE['softmax']:.2f} %, FMMformer "
                f"{REFERENCE_FMM_LRA_AVERAGE['FMMformer']:.2f} %); its ListOps column is not quoted here.\n")
     groups = by_variant(groups)
@@ -97,6 +97,6 @@ def listops_section(ctx, groups, out, findings):
     soft = find(groups, "softmax")
     fmm = find(groups, "FMM (band 5, 2 kernels")
     mfmm = find(groups, "momentum-FMM")
-    findings.add(less_claim("ListOps: FMM (band 5, 2 kernels) is more accurate than softmax (the seed's LRA claim)",
+    findings.add(less_claim("ListOps: FMM (band 5, 2 kernels) is more accurate than softmax (the reference's LRA claim)",
                             soft, fmm, "acc", flip=True))
     findings.add(less_claim("ListOps: momentum-FMM is more accurate than FMM", fmm, mfmm, "acc", flip=True))

@@ -1,4 +1,4 @@
-"""The results report's "Seed scale" section: the momentum reference's claims at its own configuration.
+"""The results report's "Reference scale" section: the momentum reference's claims at its own configuration.
 
 Three families of configs/experiments/suite.list (configs/experiments/README.md, "Seed scale"):
 
@@ -33,8 +33,8 @@ from momfmm.results.suite import gamma_of
 
 PREFIX = REFERENCE_SCALE.claim_prefix
 K_COLUMNS = (0, 1, 2, 3, "≥10")
-HOURS = {"chain_seed": 12.5, "seed_R": 1.1, "text_seed": 1.5}   # measured, np = 2 (configs/experiments/README.md)
-ONLY = {"chain_seed": "^chain_seed_L", "seed_R": "^chain_seed_R_", "text_seed": "^text_seed_"}
+HOURS = {"chain_seed": 12.5, "chain_seed_R": 1.1, "text_seed": 1.5}   # measured, np = 2 (configs/experiments/README.md)
+ONLY = {"chain_seed": "^chain_seed_L", "chain_seed_R": "^chain_seed_R_", "text_seed": "^text_seed_"}
 
 
 class Values:
@@ -61,11 +61,11 @@ def not_run_yet(ctx, fam, groups, out):
 
 def section(ctx, fams, out, findings):
     """The section into out and its claims and observations into findings."""
-    chain, r_runs, text = (fams.get((k, None), []) for k in ("chain_seed", "seed_R", "text_seed"))
+    chain, r_runs, text = (fams.get((k, None), []) for k in ("chain_seed", "chain_seed_R", "text_seed"))
     if not (chain or r_runs or text):
         return
-    out.append("## Seed scale: the momentum seed's claims at its own configuration\n")
-    out.append("The seed's recommended configuration: d_model 256, 8 heads (d_head 32), γ 0.2 vs 0, β 0, lr 3e-4, "
+    out.append("## Reference scale: the momentum reference's claims at its own configuration\n")
+    out.append("The reference's recommended configuration: d_model 256, 8 heads (d_head 32), γ 0.2 vs 0, β 0, lr 3e-4, "
                "batch 32, weight decay 0.01, vocabulary 1024 (the chain task; 256 bytes for text), 2 layers; "
                f"{precision_summary(chain + r_runs + text)}. "
                "`configs/experiments/chain_seed.ini` and `text_seed.ini` say why T, the depth and the steps are what "
@@ -74,9 +74,9 @@ def section(ctx, fams, out, findings):
         chain_part(ctx, chain, out, findings)
     if r_runs:
         groups = sorted(r_runs, key=lambda g: gamma_of(g.first))
-        out.append("### Energy ratio R per layer vs γ at seed scale (L = 30)\n")
+        out.append("### Energy ratio R per layer vs γ at reference scale (L = 30)\n")
         out.append(energy_ratio.DEFINITIONS)
-        not_run_yet(ctx, "seed_R", groups, out)
+        not_run_yet(ctx, "chain_seed_R", groups, out)
         energy_ratio.r_part(ctx, groups, out, findings)
     l30 = by_chain_len(chain).get(30)
     if l30 is not None and l30.base is not None and l30.mom is not None:
@@ -87,7 +87,7 @@ def section(ctx, fams, out, findings):
 
 # ---------------------------------------------------------------- chain, L = 10 .. 40
 def chain_part(ctx, groups, out, findings):
-    out.append("### Chain task at seed scale, L = 10, 20, 30, 40 (`chain_seed.ini`)\n")
+    out.append("### Chain task at reference scale, L = 10, 20, 30, 40 (`chain_seed.ini`)\n")
     roles_by_L = by_chain_len(groups)
     not_run_yet(ctx, "chain_seed", groups, out)
     chain_table(ctx, roles_by_L, out)
@@ -109,8 +109,8 @@ def chain_part(ctx, groups, out, findings):
 
 
 def chain_table(ctx, roles_by_L, out):
-    out.append("**γ = 0 (baseline) vs γ = 0.2 (momentum)** — ours beside the seed's table (the seed gives L = 10 "
-               "and L = 30)\n")
+    out.append("**γ = 0 (baseline) vs γ = 0.2 (momentum)** — ours beside the reference's table (the reference "
+               "gives L = 10 and L = 30)\n")
     body = [[L, label, g.status(), g.steps(), precision(g)] + beside_reference(g, reference_row) + [ctx.reproduce(g)]
             for L, roles in roles_by_L.items() for label, g, reference_row in main_rows(L, roles) if g is not None]
     out.append(markdown(["L", "row", "runs done", "steps", "precision"] + BESIDE_REFERENCE + ["reproduce"], body))
@@ -155,8 +155,8 @@ def improvement_part(ctx, roles_by_L, out, findings):
     body = [[L, fmt_group(v, "", 1) if v else NOT_RUN, len(v), fmt_value(REFERENCE_IMPROVEMENT.get(L), "", 1),
              fmt_group(diff[L], "", 4) if diff[L] else NOT_RUN, fmt_value(reference_diff[L], "", 4)]
             for L, v in imp.items()]
-    out.append(markdown(["L", "improvement % (ours)", "seeds", "improvement % (seed)", "difference (ours)",
-                         "difference (seed)"], body))
+    out.append(markdown(["L", "improvement % (ours)", "seeds", "improvement % (reference)", "difference (ours)",
+                         "difference (reference)"], body))
     out.append("")
     by_l_figure(ctx, "l_rep_improvement.png", "L_rep improvement of γ=0.2 over γ=0 vs chain length",
                 "improvement (%)", imp, REFERENCE_IMPROVEMENT, out)
@@ -179,7 +179,7 @@ def by_l_figure(ctx, name, title, ylabel, ours_by_L, reference_by_L, out):
     path = plot.plot_points(os.path.join(ctx.figures, REFERENCE_SCALE.figures, name), title, "chain length L", ylabel,
                             [("ours (mean ± std over seeds)", [a[0] for a in ours], [a[1] for a in ours],
                               [a[2] for a in ours]),
-                             ("seed", [a[0] for a in reference], [a[1] for a in reference], None)])
+                             ("reference", [a[0] for a in reference], [a[1] for a in reference], None)])
     if path:
         out += [f"![{title}]({ctx.rel(path)})", ""]
 
@@ -220,13 +220,13 @@ def k_values(group, k):
 
 
 def loss_by_k_vs_reference(rows, out, findings):
-    out.append("**Eval loss by occurrence count k, L = 30, beside the seed's** (last eval, mean ± std over seeds; "
+    out.append("**Eval loss by occurrence count k, L = 30, beside the reference's** (last eval, mean ± std over seeds; "
                "k ≥ 10 = plain mean of our bins 10 .. 15)\n")
     body = []
     for label, key, g in (("baseline γ=0", "baseline", rows.base), ("momentum γ=0.2", "momentum", rows.mom)):
         vals = [k_values(g, k).vals(None) if g is not None else [] for k in K_COLUMNS]
         body.append([f"{label} (ours)"] + [fmt_group(v, "", 4) if v else NOT_RUN for v in vals])
-        body.append([f"{label} (seed)"] + [fmt_value(REFERENCE_LOSS_BY_K_L30[key][k], "", 4) if k != "≥10"
+        body.append([f"{label} (reference)"] + [fmt_value(REFERENCE_LOSS_BY_K_L30[key][k], "", 4) if k != "≥10"
                                            else f"≈{REFERENCE_LOSS_BY_K_L30[key][k]}" for k in K_COLUMNS])
     out.append(markdown(["row"] + [f"k={k}" if k != "≥10" else "k≥10" for k in K_COLUMNS], body))
     out.append("")
@@ -242,7 +242,7 @@ def loss_by_k_vs_reference(rows, out, findings):
 
 # ---------------------------------------------------------------- text, γ sweep
 def text_part(ctx, groups, out, findings):
-    out.append("### Text at seed scale: bits per byte vs γ (`text_seed.ini`)\n")
+    out.append("### Text at reference scale: bits per byte vs γ (`text_seed.ini`)\n")
     groups = sorted(groups, key=lambda g: gamma_of(g.first))
     not_run_yet(ctx, "text_seed", groups, out)
     base = next((g for g in groups if gamma_of(g.first) == 0), None)

@@ -120,7 +120,7 @@ def family_of(entry):
     base = os.path.basename(entry.config)
     base = re.sub(r"(_full)?\.ini$", "", base)
     if base == "chain_seed":  # the reference-scale families (momfmm.results.reference_scale): L sweep and R runs
-        return ("seed_R", None) if entry.name.startswith("chain_seed_R_") else ("chain_seed", None)
+        return ("chain_seed_R", None) if entry.name.startswith("chain_seed_R_") else ("chain_seed", None)
     if base == "text_seed":
         return ("text_seed", None)
     m = re.match(r"chain_L(\d+)$", base)
