@@ -4,9 +4,12 @@ per-seed values, so that each verdict is reached on purpose:
 
     /usr/bin/python3 tests/python/test_claims.py        (or: pytest tests/python)
 
-1. noise_note: a single seed has no spread; a difference below NOISE_SE standard errors of the
-   difference of means is within the noise, a larger one is beyond it.
-2. less_claim, no_worse_claim, same_claim: held / did not hold / within noise / not run.
+1. difference: a single seed has no spread; Welch's t-test (scipy, with the Welch-Satterthwaite
+   df the line prints) at p < 0.05 is beyond the noise, and beside it the earlier rule, a
+   difference of NOISE_SE standard errors, which with 2 seeds a side is no 5 % test; no spread on
+   either side gives p = 0 (a difference) or 1 (none).
+2. less_claim, no_worse_claim, same_claim: held / did not hold / not shown / not run; a verdict
+   the earlier rule would have given otherwise is marked "verdict changed".
 3. The L_rep improvement pairs finished runs by seed and leaves out a diverged run. "The advantage grows
    with L": a larger L = 30 improvement holds only when it is positive (two losses of
    momentum, the smaller at L = 30, do not make a growing advantage).
@@ -31,7 +34,8 @@ from momfmm.results.document import unlogged_text
 from momfmm.results.energy_ratio import r_independent_claim, r_noise_claim
 from momfmm.results.reference_scale import grows_claim, improvements, paired_l_rep
 from momfmm.results.runs import Group, builds_text, read_wall_time
-from momfmm.results.stats import noise_note
+from momfmm.results.stats import ALPHA, difference
+from scipy import stats
 from momfmm.results.suite import Entry as SuiteEntry
 
 
@@ -80,17 +84,41 @@ class LayerGroup:
                     for layers in per_run]
 
 
-class NoiseNote(unittest.TestCase):
+class Noise(unittest.TestCase):
     def test_single_seed_has_no_spread(self):
-        note, noisy = noise_note([1.0], [2.0, 2.1])
-        self.assertFalse(noisy)
-        self.assertIn("single seed", note)
+        d = difference([1.0], [2.0, 2.1])
+        self.assertTrue(d.single)
+        self.assertFalse(d.noisy or d.noisy_2se)
+        self.assertIn("single seed", d.note())
 
     def test_within_and_beyond(self):
-        self.assertTrue(noise_note([1.0, 1.2, 0.8], [1.05, 1.25, 0.85])[1])
-        note, noisy = noise_note([1.0, 1.01, 0.99], [2.0, 2.01, 1.99])
-        self.assertFalse(noisy)
-        self.assertIn("beyond seed noise", note)
+        within = difference([1.0, 1.2, 0.8], [1.05, 1.25, 0.85])
+        self.assertTrue(within.noisy and within.noisy_2se)
+        beyond = difference([1.0, 1.01, 0.99], [2.0, 2.01, 1.99])
+        self.assertFalse(beyond.noisy or beyond.noisy_2se)
+        self.assertIn("|Δ| = 1.0000 ≥ 2 s.e.", beyond.note())
+        self.assertIn(f"p = {beyond.p:.3g} < 0.05", beyond.note())
+
+    def test_welch_is_scipy_with_its_degrees_of_freedom(self):
+        a, b = [1.0, 2.0, 3.5], [4.0, 5.0, 7.5, 6.0]
+        d = difference(a, b)
+        t, p = stats.ttest_ind(a, b, equal_var=False)
+        self.assertAlmostEqual(d.t, t)
+        self.assertAlmostEqual(d.p, p)
+        self.assertAlmostEqual(d.p, 2 * stats.t.sf(abs(d.t), d.df))  # the df the line prints is the test's
+
+    def test_two_standard_errors_is_not_a_5_percent_test(self):
+        # 2.5 s.e. apart with 2 seeds a side: the earlier rule calls it beyond the noise, Welch (p ≈ 0.13) not
+        d = difference([1.0, 1.2], [1.0 + 0.35, 1.2 + 0.35])
+        self.assertFalse(d.noisy_2se)
+        self.assertTrue(d.noisy)
+        self.assertGreater(d.p, ALPHA)
+
+    def test_no_spread_on_either_side(self):
+        apart, same = difference([1.0, 1.0], [2.0, 2.0, 2.0]), difference([1.0, 1.0], [1.0, 1.0])
+        self.assertEqual((apart.se, apart.p, apart.noisy), (0.0, 0.0, False))
+        self.assertIn("no spread on either side", apart.note())
+        self.assertEqual((same.p, same.noisy), (1.0, True))
 
 
 class ClaimRules(unittest.TestCase):
@@ -112,6 +140,16 @@ class ClaimRules(unittest.TestCase):
         self.assertEqual(verdict, Verdict.NOT_HELD)
         self.assertIn("higher beyond seed noise", line)
         self.assertEqual(no_worse_claim("c", Values([2.0]), Values([1.0]), "m").verdict, Verdict.NOT_HELD)
+
+    def test_changed_verdict_is_marked(self):
+        c = less_claim("c", Values([1.0, 1.2]), Values([1.35, 1.55]), "m")
+        self.assertEqual((c.verdict, c.old_verdict, c.changed), (Verdict.NOT_SHOWN, Verdict.HELD, True))
+        self.assertIn("**not shown**", c.line)
+        self.assertIn("(**verdict changed**: held by the 2-s.e. rule)", c.line)
+        c = less_claim("c", Values([1.0, 1.01, 0.99]), Values([2.0, 2.01, 1.99]), "m")
+        self.assertFalse(c.changed)
+        self.assertNotIn("verdict changed", c.line)
+        self.assertFalse(same_claim("c", Values([1.01]), Values([1.0]), "m").changed)  # a tolerance, no noise rule
 
     def test_same_claim(self):
         self.assertEqual(same_claim("c", Values([1.01]), Values([1.0]), "m").verdict, Verdict.HELD)

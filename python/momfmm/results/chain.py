@@ -19,7 +19,7 @@ from momfmm.results.claims import SAME_TOL, less_claim, same_claim
 from momfmm.results.figures import figure_links, first_seed, plot_runs
 from momfmm.results.reference import REFERENCE_MOMENTUM
 from momfmm.results.runs import eval_steps
-from momfmm.results.stats import noise_note
+from momfmm.results.stats import difference
 from momfmm.results.suite import gamma_of, momentum_label, setting, unanchored
 
 
@@ -294,5 +294,5 @@ def observe_sweep(L, roles, findings):
     base = roles.base
     if base is not None and best is not base and base.vals("L_rep"):
         text += "; γ={} vs γ=0{}".format(shortest(gamma_of(best.first)),
-                                         noise_note(best.vals("L_rep"), base.vals("L_rep"))[0])
+                                         difference(best.vals("L_rep"), base.vals("L_rep")).note())
     findings.observe(text)

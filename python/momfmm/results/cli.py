@@ -141,10 +141,11 @@ def write_results(args):
     n_ran = sum(1 for e in entries if e.run is not None)
     n_done = sum(1 for e in entries if complete(e))
     count = {v: sum(1 for c in claims if c.verdict is v) for v in Verdict}
+    changed = sum(1 for c in claims if c.changed)
     print(f"{'wrote ' + args.out if args.out else 'results'}: {n_done} finished, {n_ran - n_done} partial, "
           f"{len(entries) - n_ran} not run; claims {count[Verdict.HELD]} held, {count[Verdict.NOT_HELD]} did not hold, "
-          f"{count[Verdict.NOT_SHOWN]} within noise, {count[Verdict.MISSING]} not run, "
-          f"{count[Verdict.NOT_JUDGED]} not judged",
+          f"{count[Verdict.NOT_SHOWN]} not shown, {count[Verdict.MISSING]} not run, "
+          f"{count[Verdict.NOT_JUDGED]} not judged; {changed} changed from the 2-s.e. rule",
           file=sys.stderr if args.out is None else sys.stdout)
 
 

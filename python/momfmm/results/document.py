@@ -17,7 +17,7 @@ from momfmm.results.claims import Findings, Verdict
 from momfmm.results.context import root_relative
 from momfmm.results.fmm import copy_section, listops_section
 from momfmm.results.runs import builds_text, complete, group_entries
-from momfmm.results.stats import NOISE_SE
+from momfmm.results.stats import ALPHA, NOISE_SE
 from momfmm.results.suite import family_of, repository_root
 from momfmm.results.text import text_section
 
@@ -116,23 +116,41 @@ def opening(ctx, entries):
     ]
 
 
-def summary_of(claims):
-    """{Verdict: number of claims}."""
-    return {v: sum(1 for c in claims if c.verdict is v) for v in Verdict}
+def summary_of(claims, old=False):
+    """{Verdict: number of claims}; old: by the earlier 2-s.e. rule (the same verdict where a
+    tolerance decides the claim)."""
+    verdicts = [(c.old_verdict or c.verdict) if old else c.verdict for c in claims]
+    return {v: verdicts.count(v) for v in Verdict}
+
+
+def rules_text(claims):
+    """The claims section's paragraph: the counts, and how a verdict is reached."""
+    n, o = summary_of(claims), summary_of(claims, old=True)
+    changed = sum(1 for c in claims if c.changed)
+    return (f"Computed from the tables below: {n[Verdict.HELD]} held, {n[Verdict.NOT_HELD]} did not hold, "
+            f"{n[Verdict.NOT_SHOWN]} not shown (difference within seed noise), {n[Verdict.MISSING]} could not be "
+            f"judged because runs are missing, {n[Verdict.NOT_JUDGED]} not judged because the baseline (softmax) did "
+            "not learn the task at this size. A claim about a difference of means \"held\" when the means (over seeds) "
+            "move the claimed way and Welch's t-test (unequal variances, two-sided) finds the difference significant "
+            f"at α = {shortest(ALPHA)}, \"did not hold\" when they move the other way and it is significant, and is "
+            f"\"not shown\" when p ≥ {shortest(ALPHA)}: with 2–3 seeds per side the test sees only large differences, "
+            "so \"not shown\" is no evidence of no effect. With a single seed on a side no test is possible: the "
+            "direction alone decides, and the line says so. Thresholds of \"matches\" and \"about unchanged\" claims "
+            "are in the claim. Until the next release each line also gives the earlier rule, a difference of at least "
+            f"{shortest(NOISE_SE)} standard errors of the difference of means, which with 2–3 seeds per side is a test "
+            f"at about p ≈ 0.12–0.18, not {shortest(ALPHA)}: by it {o[Verdict.HELD]} held, {o[Verdict.NOT_HELD]} did "
+            f"not hold, {o[Verdict.NOT_SHOWN]} not shown; {changed} claim{'s' if changed != 1 else ''} change"
+            f"{'s' if changed == 1 else ''} verdict (\"verdict changed\", listed after the claims).")
 
 
 def claims_section(findings):
-    summary = summary_of(findings.claims)
-    lines = ["## Claims: held or not", "",
-             f"Computed from the tables below: {summary[Verdict.HELD]} held, {summary[Verdict.NOT_HELD]} did not hold, "
-             f"{summary[Verdict.NOT_SHOWN]} not shown (difference within seed noise), {summary[Verdict.MISSING]} could "
-             f"not be judged because runs are missing, {summary[Verdict.NOT_JUDGED]} not judged because the baseline "
-             "(softmax) did not learn the task at this size. A claim \"held\" when the means (over seeds) move the claimed way by more "
-             f"than {shortest(NOISE_SE)} standard errors of the difference of means (where both sides have several seeds; "
-             "with a single seed the direction alone decides, and the line says so), \"did not hold\" when they "
-             "move the other way by as much; thresholds of \"matches\" and \"about unchanged\" claims are in "
-             "the claim.", ""]
-    lines += [f"- {c.line}" for c in findings.claims]
+    claims = findings.claims
+    lines = ["## Claims: held or not", "", rules_text(claims), ""]
+    lines += [f"- {c.line}" for c in claims]
+    changed = [c for c in claims if c.changed]
+    if changed:
+        lines += ["", f"Verdicts that Welch's t-test changes from the {shortest(NOISE_SE)}-s.e. rule:", ""]
+        lines += [f"- {c.statement}: {c.old_verdict.value} → {c.verdict.value}" for c in changed]
     if findings.observations:
         lines += ["", "Observations (no reference claim attached):", ""] + [f"- {o}" for o in findings.observations]
     lines.append("")

@@ -11,10 +11,10 @@ import numpy as np
 from momfmm import plot
 from momfmm.fmt import fmt_group, markdown, shortest
 from momfmm.results.chain import REFERENCE_SCALE
-from momfmm.results.claims import Claim, Verdict
+from momfmm.results.claims import Claim, Verdict, changed_mark
 from momfmm.results.reference import REFERENCE_R_RANGE
 from momfmm.results.runs import precision
-from momfmm.results.stats import noise_note
+from momfmm.results.stats import difference
 from momfmm.results.suite import gamma_of, setting
 
 PREFIX = REFERENCE_SCALE.claim_prefix
@@ -93,20 +93,22 @@ def r_noise_claim(rows, key, what, n_layers):
         return Claim(text, Verdict.MISSING, "not run yet")
     if not (rows.mom.finished and rows.base.finished):
         return Claim(text, Verdict.MISSING, "not judged yet (no finished run on one side, only partial ones)")
-    parts, apart, noisy_apart = [], False, False
+    parts, apart = [], []
     for i, (a, b) in enumerate(zip(a_cols, b_cols)):
         rel = abs(np.mean(a) - np.mean(b)) / max(abs(np.mean(b)), 1e-12)
-        note, noisy = noise_note(a, b)
-        apart |= rel > R_SAME_TOL and not noisy
-        noisy_apart |= rel > R_SAME_TOL and noisy
-        parts.append(f"layer {i}: {fmt_group(a, '', 3)} vs {fmt_group(b, '', 3)}, {rel:.1%} apart{note}")
-    if apart:
-        verdict, shown = Verdict.NOT_HELD, "**did not hold**"
-    elif noisy_apart:
-        verdict, shown = Verdict.NOT_SHOWN, f"**not shown**: more than {R_SAME_TOL:.0%} apart, but within the seed noise"
-    else:
-        verdict, shown = Verdict.HELD, "**held**"
-    return Claim(text, verdict, f"{shown} ({'; '.join(parts)})")
+        d = difference(a, b)
+        apart.append((rel > R_SAME_TOL, d))
+        parts.append(f"layer {i}: {fmt_group(a, '', 3)} vs {fmt_group(b, '', 3)}, {rel:.1%} apart{d.note()}")
+
+    def judge(noisy):
+        if any(far and not noisy(d) for far, d in apart):
+            return Verdict.NOT_HELD
+        return Verdict.NOT_SHOWN if any(far for far, _ in apart) else Verdict.HELD
+    verdict, old = judge(lambda d: d.noisy), judge(lambda d: d.noisy_2se)
+    shown = verdict.bold()
+    if verdict is Verdict.NOT_SHOWN:
+        shown += f": more than {R_SAME_TOL:.0%} apart, but within the seed noise"
+    return Claim(text, verdict, f"{shown}{changed_mark(verdict, old)} ({'; '.join(parts)})", old_verdict=old)
 
 
 def r_figure(ctx, groups, n_layers, out):

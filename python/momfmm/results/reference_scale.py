@@ -25,7 +25,7 @@ from momfmm.results import energy_ratio
 from momfmm.results.chain import (BESIDE_REFERENCE, REFERENCE_SCALE, beside_reference, by_chain_len,
                                   l_rep_during_training, loss_by_k_table, main_figure_links, main_rows,
                                   observe_ahead, reference_claims)
-from momfmm.results.claims import Claim, Verdict, less_claim, no_worse_claim
+from momfmm.results.claims import Claim, Verdict, changed_mark, less_claim, no_worse_claim
 from momfmm.results.reference import (REFERENCE_IMPROVEMENT, REFERENCE_LOSS_BY_K_L30, REFERENCE_MOMENTUM,
                                       REFERENCE_TEXT_BEST_GAMMA, REFERENCE_TEXT_GAIN)
 from momfmm.results.runs import NOT_RUN, final, precision, precision_summary
@@ -192,11 +192,16 @@ def grows_claim(imp10, imp30):
     c = less_claim(f"{PREFIX}the advantage grows with L: L_rep improvement at L=30 is larger than at L=10, and "
                    "positive", Values(imp10), Values(imp30), "improvement", flip=True,
                    reference=f"{REFERENCE_IMPROVEMENT[30]}% vs {REFERENCE_IMPROVEMENT[10]}%", note="per-seed %")
-    if c.verdict not in (Verdict.HELD, Verdict.NOT_SHOWN) or np.mean(imp30) > 0:
-        return c
-    return dataclasses.replace(c, verdict=Verdict.NOT_HELD, detail=(
-        f"**did not hold**: γ=0.2 has no advantage at L=30 to grow (improvement {fmt_group(imp30, '', 1)} % at "
-        f"L=30, {fmt_group(imp10, '', 1)} % at L=10)"))
+
+    def grows(verdict):  # either rule's verdict, once "and positive" is tested too
+        return Verdict.NOT_HELD if verdict in (Verdict.HELD, Verdict.NOT_SHOWN) and np.mean(imp30) <= 0 else verdict
+    verdict, old = grows(c.verdict), grows(c.old_verdict)
+    if verdict is c.verdict:
+        return dataclasses.replace(c, old_verdict=old, detail=c.detail.replace(
+            changed_mark(c.verdict, c.old_verdict), changed_mark(verdict, old), 1)) if old is not c.old_verdict else c
+    return dataclasses.replace(c, verdict=verdict, old_verdict=old, detail=(
+        f"**did not hold**{changed_mark(verdict, old)}: γ=0.2 has no advantage at L=30 to grow (improvement "
+        f"{fmt_group(imp30, '', 1)} % at L=30, {fmt_group(imp10, '', 1)} % at L=10)"))
 
 
 def k_value(e, k):
