@@ -8,7 +8,7 @@ docs/files.md §4, mpirun is a stand-in script on PATH.
 1. tools/momfmm_report.py --results writes to stdout unless --out FILE: the source tree's
    RESULTS.md and figures/ stay as they are; with --out the report and its figures go there;
    with no run of the suite it refuses (exit 2, one line) unless --allow-empty; --help lists
-   --results and its options.
+   --results and its options; its figure links are the same with --no-figures.
 2. --group-by KEY gives one row per value of KEY; --average-over KEY merges runs differing
    only in KEY.
 3. Numbers print in their shortest round-trip form: 0.2, not 0.20000000000000001.
@@ -201,6 +201,30 @@ def test_modes_do_not_mix(tmp_path):
     assert r.returncode == 2 and "--runs is an option of --results" in r.stderr
     r = run([PYTHON, REPORT])
     assert r.returncode == 2
+
+
+def test_figure_links_do_not_depend_on_writing_figures(tree, tmp_path):
+    """RESULTS.md links the same figures whether it writes them or not (momfmm.plot's
+    planned_figures is what write_figures writes)."""
+    runs = tmp_path / "runs"
+    write_run(str(runs / "chain_L10_g0_s1"))
+    texts = []
+    for extra in ([], ["--no-figures"]):
+        out = tmp_path / ("with" if not extra else "without") / "R.md"
+        r = run([PYTHON, str(tree / "tools" / "momfmm_report.py"), "--results", "--runs", str(runs),
+                 "--out", str(out)] + extra, cwd=tree)
+        assert r.returncode == 0, r.stderr
+        texts.append(out.read_text().replace(str(out), "OUT"))
+    assert texts[0] == texts[1]
+    assert not (tmp_path / "without" / "figures").exists()
+    from momfmm import h5, plot
+    for eval_keys in (None, ("loss",)):
+        d = write_run(str(tmp_path / f"plot_{bool(eval_keys)}"), gamma="0.2")
+        run_ = h5.load_run(d)
+        if eval_keys:
+            run_.eval = {k: v for k, v in run_.eval.items() if k in eval_keys + ("step",)}
+        written = plot.write_figures([run_], str(tmp_path / "figs" / os.path.basename(d)))
+        assert sorted(os.path.basename(p) for p in written) == sorted(plot.planned_figures([run_]))
 
 
 # ---------------------------------------------------------------- 2. --group-by, --average-over

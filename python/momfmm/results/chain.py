@@ -16,7 +16,7 @@ import numpy as np
 
 from momfmm.fmt import fmt_value, markdown, shortest
 from momfmm.results.claims import SAME_TOL, less_claim, same_claim
-from momfmm.results.figures import figure_links, first_seed, plot_runs
+from momfmm.results.figures import first_seed, run_figures
 from momfmm.results.reference import REFERENCE_MOMENTUM
 from momfmm.results.runs import eval_steps
 from momfmm.results.stats import difference
@@ -164,12 +164,12 @@ def observe_ahead(scale, L, roles, findings):
 # ---------------------------------------------------------------- figures
 def main_figure_links(ctx, scale, L, roles):
     """The training curves and loss by k of every run of γ = 0 and γ = 0.2 at L, as links."""
-    paths = plot_runs(ctx, scale.main_figures_dir(L),
-                      [(f"{momentum_label(g.first)} {e.name.rsplit('_', 1)[-1]}", e)
-                       for g in (roles.base, roles.mom) if g is not None for e in g.members])
     p = scale.caption_prefix
-    return figure_links(ctx, paths, [("l_new_l_rep.png", f"{p}L={L}: L_new and L_rep vs step, γ=0 vs γ=0.2, all seeds"),
-                                     ("loss_by_k.png", f"{p}L={L}: loss by k, γ=0 vs γ=0.2")])
+    return run_figures(ctx, scale.main_figures_dir(L),
+                       [(f"{momentum_label(g.first)} {e.name.rsplit('_', 1)[-1]}", e)
+                        for g in (roles.base, roles.mom) if g is not None for e in g.members],
+                       [("l_new_l_rep.png", f"{p}L={L}: L_new and L_rep vs step, γ=0 vs γ=0.2, all seeds"),
+                        ("loss_by_k.png", f"{p}L={L}: loss by k, γ=0 vs γ=0.2")])
 
 
 # ---------------------------------------------------------------- claims
@@ -260,13 +260,13 @@ def sweep_table(ctx, L, roles, out):
 
 def two_core_figures(ctx, L, roles, out):
     links = main_figure_links(ctx, TWO_CORE, L, roles)
-    ablf = plot_runs(ctx, f"chain_L{L}_ablations", [(momentum_label(g.first), first_seed(g)) for g in roles.shown])
-    swf = plot_runs(ctx, f"chain_L{L}_sweep", [(momentum_label(g.first), first_seed(g)) for g in roles.sweep])
-    links += figure_links(ctx, ablf, [("l_new_l_rep.png", f"L={L}: ablations, L_new and L_rep vs step"),
-                                      ("loss_by_k.png", f"L={L}: ablations, loss by k")])
-    links += figure_links(ctx, swf, [("l_new_l_rep.png", f"L={L}: γ sweep, L_new and L_rep vs step"),
-                                     ("loss.png", f"L={L}: γ sweep, loss"),
-                                     ("bode.png", f"L={L}: γ sweep, momentum filter response")])
+    links += run_figures(ctx, f"chain_L{L}_ablations", [(momentum_label(g.first), first_seed(g)) for g in roles.shown],
+                         [("l_new_l_rep.png", f"L={L}: ablations, L_new and L_rep vs step"),
+                          ("loss_by_k.png", f"L={L}: ablations, loss by k")])
+    links += run_figures(ctx, f"chain_L{L}_sweep", [(momentum_label(g.first), first_seed(g)) for g in roles.sweep],
+                         [("l_new_l_rep.png", f"L={L}: γ sweep, L_new and L_rep vs step"),
+                          ("loss.png", f"L={L}: γ sweep, loss"),
+                          ("bode.png", f"L={L}: γ sweep, momentum filter response")])
     if links:
         out.append("Figures (tools/momfmm_plot.py; the sweep and ablation figures show seed 1 of each row):\n")
         out.append("\n".join(links))

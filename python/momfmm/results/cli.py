@@ -135,7 +135,8 @@ def write_results(args):
         raise ReportError(f"no run of {root_relative(args.suite)} under {where}: nothing to report "
                           "(check --runs; --allow-empty writes the all-'not run' report anyway)")
     if args.figures is None and not args.no_figures:
-        print(f"{PROG}: note: no figures without --out FILE or --figures DIR", file=sys.stderr)
+        print(f"{PROG}: note: no figures without --out FILE or --figures DIR (the links point to ./figures)",
+              file=sys.stderr)
     text, claims = write_report(Context(args, entries), entries)
     emit(text, args.out)
     n_ran = sum(1 for e in entries if e.run is not None)

@@ -19,7 +19,10 @@ class Context:
         self.runs = args.runs
         # Figure links are relative to the report's directory (the current one on stdout).
         self.out_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else os.getcwd()
-        self.figures = args.figures
+        # Where the figures go (--figures DIR, else figures/ beside --out or the current
+        # directory): the links point there whether or not this report writes them.
+        self.figure_dir = args.figures or os.path.join(self.out_dir, "figures")
+        self.write_figures = args.figures is not None and not args.no_figures
         self.runner_flags = runner_flags(args.runs, args.suite)
 
     def reproduce(self, group):

@@ -8,10 +8,10 @@ import os
 
 import numpy as np
 
-from momfmm import plot
 from momfmm.fmt import fmt_group, markdown, shortest
 from momfmm.results.chain import REFERENCE_SCALE
 from momfmm.results.claims import Claim, Verdict, changed_mark
+from momfmm.results.figures import summary_figure
 from momfmm.results.reference import REFERENCE_R_RANGE
 from momfmm.results.runs import precision
 from momfmm.results.stats import difference
@@ -112,8 +112,6 @@ def r_noise_claim(rows, key, what, n_layers):
 
 
 def r_figure(ctx, groups, n_layers, out):
-    if not ctx.figures or ctx.args.no_figures or not n_layers:
-        return
     curves = []
     for key in ("gain_R", "gain_R_attn"):
         for i in range(n_layers):
@@ -121,11 +119,9 @@ def r_figure(ctx, groups, n_layers, out):
                    if layer_values(g, key)]
             curves.append((f"{key} layer {i}", [p[0] for p in pts], [p[1] for p in pts], None))
     lo, hi = REFERENCE_R_RANGE
-    path = plot.plot_points(os.path.join(ctx.figures, REFERENCE_SCALE.figures, "energy_ratio.png"),
-                            "Energy ratio per layer vs γ (L = 30, last eval)", "γ", "ratio",
-                            curves, band=(lo, hi, f"reference's range [{lo}, {hi}]"))
-    if path:
-        out += [f"![R per layer vs γ]({ctx.rel(path)})", ""]
+    out += summary_figure(ctx, os.path.join(REFERENCE_SCALE.figures, "energy_ratio.png"), "R per layer vs γ",
+                          "Energy ratio per layer vs γ (L = 30, last eval)", "γ", "ratio", curves,
+                          band=(lo, hi, f"reference's range [{lo}, {hi}]"))
 
 
 def r_independent_claim(groups, key, what):

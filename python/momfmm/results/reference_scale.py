@@ -19,13 +19,13 @@ import warnings
 
 import numpy as np
 
-from momfmm import plot
 from momfmm.fmt import fmt_group, fmt_value, markdown, shortest
 from momfmm.results import energy_ratio
 from momfmm.results.chain import (BESIDE_REFERENCE, REFERENCE_SCALE, beside_reference, by_chain_len,
                                   l_rep_during_training, loss_by_k_table, main_figure_links, main_rows,
                                   observe_ahead, reference_claims)
 from momfmm.results.claims import Claim, Verdict, changed_mark, less_claim, no_worse_claim
+from momfmm.results.figures import summary_figure
 from momfmm.results.reference import (REFERENCE_IMPROVEMENT, REFERENCE_LOSS_BY_K_L30, REFERENCE_MOMENTUM,
                                       REFERENCE_TEXT_BEST_GAMMA, REFERENCE_TEXT_GAIN)
 from momfmm.results.runs import NOT_RUN, final, precision, precision_summary
@@ -172,16 +172,12 @@ def improvement_part(ctx, roles_by_L, out, findings):
 
 def by_l_figure(ctx, name, title, ylabel, ours_by_L, reference_by_L, out):
     """Ours (mean ± std over the per-seed values at each L) beside the reference's, vs L."""
-    if not ctx.figures or ctx.args.no_figures:
-        return
     ours = [(L, np.mean(v), np.std(v, ddof=1) if len(v) > 1 else 0.0) for L, v in ours_by_L.items() if v]
     reference = sorted((L, v) for L, v in reference_by_L.items() if v is not None)
-    path = plot.plot_points(os.path.join(ctx.figures, REFERENCE_SCALE.figures, name), title, "chain length L", ylabel,
-                            [("ours (mean ± std over seeds)", [a[0] for a in ours], [a[1] for a in ours],
-                              [a[2] for a in ours]),
-                             ("reference", [a[0] for a in reference], [a[1] for a in reference], None)])
-    if path:
-        out += [f"![{title}]({ctx.rel(path)})", ""]
+    out += summary_figure(ctx, os.path.join(REFERENCE_SCALE.figures, name), title, title, "chain length L", ylabel,
+                          [("ours (mean ± std over seeds)", [a[0] for a in ours], [a[1] for a in ours],
+                            [a[2] for a in ours]),
+                           ("reference", [a[0] for a in reference], [a[1] for a in reference], None)])
 
 
 def grows_claim(imp10, imp30):
@@ -273,15 +269,11 @@ def text_part(ctx, groups, out, findings):
 
 
 def text_figure(ctx, groups, out):
-    if not ctx.figures or ctx.args.no_figures:
-        return
     pts = [(gamma_of(g.first), g.vals("bpb")) for g in groups if g.vals("bpb")]
-    path = plot.plot_points(os.path.join(ctx.figures, REFERENCE_SCALE.figures, "text_bpb_vs_gamma.png"),
-                            "Text: eval bits per byte vs γ (mean ± std over seeds)", "γ", "bits per byte",
-                            [("ours", [p[0] for p in pts], [np.mean(p[1]) for p in pts],
-                              [np.std(p[1], ddof=1) if len(p[1]) > 1 else 0.0 for p in pts])])
-    if path:
-        out += [f"![text bits per byte vs γ]({ctx.rel(path)})", ""]
+    out += summary_figure(ctx, os.path.join(REFERENCE_SCALE.figures, "text_bpb_vs_gamma.png"),
+                          "text bits per byte vs γ", "Text: eval bits per byte vs γ (mean ± std over seeds)", "γ",
+                          "bits per byte", [("ours", [p[0] for p in pts], [np.mean(p[1]) for p in pts],
+                                             [np.std(p[1], ddof=1) if len(p[1]) > 1 else 0.0 for p in pts])])
 
 
 def best_claim(groups, best):
