@@ -1,19 +1,32 @@
 #!/usr/bin/python3
 """Markdown table comparing momfmm runs, or the results report of the experiment suite.
 
-The command-line entry point of momfmm.report (python/momfmm/report.py; docs/design.md §8.8).
+The command-line entry point of momfmm.report (python/momfmm/report.py; docs/design.md §8.8),
+the same as the console script `momfmm-report` of an installed package (pyproject.toml).
 
-Usage and options: `momfmm_report.py --help`. The package is taken from this source tree
-(tools/../python) when it is there, else from the installed momfmm.
+Usage and options: `momfmm_report.py --help`. The package is the one of this source tree
+(tools/../python; in an installed share/momfmm the same), else the installed momfmm.
 """
+import importlib.util
 import os
 import sys
 
-# Bootstrap: an entry point finds its package; the package itself never touches sys.path.
-SOURCE_PACKAGES = os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "python")
-if os.path.isdir(os.path.join(SOURCE_PACKAGES, "momfmm")):
-    sys.path.insert(0, SOURCE_PACKAGES)
-from momfmm import report  # noqa: E402
+
+def use_source_package():
+    """Imports the momfmm package of ../python as `momfmm` when there is one, by its location
+    (the import system's own file-location loader; sys.path is left as it is), so that this
+    script runs the package beside it rather than another installed copy."""
+    init = os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "python", "momfmm", "__init__.py")
+    if not os.path.isfile(init):
+        return
+    spec = importlib.util.spec_from_file_location("momfmm", init,
+                                                  submodule_search_locations=[os.path.dirname(init)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["momfmm"] = package
+    spec.loader.exec_module(package)
+
 
 if __name__ == "__main__":
+    use_source_package()
+    from momfmm import report
     sys.exit(report.main())

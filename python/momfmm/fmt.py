@@ -1,5 +1,4 @@
-"""Markdown tables and the cells in them, shared by momfmm.report, momfmm.suite and
-momfmm.results.
+"""Markdown tables and the cells in them, shared by momfmm.report and momfmm.results.
 
 Kept apart from those modules so that none of them imports another just for a table helper
 (the import graph is in docs/design.md §8.8). Numbers are the final eval metrics of

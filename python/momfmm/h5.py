@@ -1,12 +1,12 @@
 """The one HDF5 reader of momfmm's Python side (docs/design.md §8.8): the analysis modules
-(momfmm.plot, momfmm.report, momfmm.suite), the float64 reference model and the tests read every
+(momfmm.plot, momfmm.report, momfmm.results), the float64 reference model and the tests read every
 checkpoint, metrics and token file through it.
 
 Reads the HDF5 files of docs/files.md §4: checkpoints `ckpt_<step 8 digits>.h5` (root attributes,
 `/model`, `/metrics/train`, `/metrics/eval`) and, when a run directory has one, the live
 `metrics.h5` (same `/metrics/...` datasets, written with HDF5 SWMR). Metric names are those of
 docs/metrics.md §3. Every failure to read a file raises RunError with a one-line message naming the
-file; `load_runs_or_exit` turns it into exit code 3, the code of docs/cli.md §5 for a missing, corrupt or
+file; the tools' main() turn it into exit code 3, the code of docs/cli.md §5 for a missing, corrupt or
 incompatible file.
 
 Run with Debian's /usr/bin/python3 (h5py, numpy).
@@ -345,17 +345,12 @@ def load_run(path, label=None):
     return run
 
 
-def load_runs_or_exit(paths, labels, prog):
-    """load_run for every path with its --label (missing labels default to names); on a
-    RunError prints `prog: error: <message>` and exits 3."""
+def load_runs(paths, labels=None):
+    """load_run for every path with its --label (missing labels default to names). Raises
+    ValueError when there are more labels than paths, RunError when a file cannot be read; the
+    tools' main() turn them into exit 2 and exit 3 (EXIT_BAD_FILE)."""
     labels = list(labels or [])
     if len(labels) > len(paths):
-        print(f"{prog}: error: {len(labels)} --label values for {len(paths)} runs",
-              file=sys.stderr)
-        sys.exit(2)
+        raise ValueError(f"{len(labels)} --label values for {len(paths)} runs")
     labels += [None] * (len(paths) - len(labels))
-    try:
-        return [load_run(p, l) for p, l in zip(paths, labels)]
-    except RunError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_BAD_FILE)
+    return [load_run(p, l) for p, l in zip(paths, labels)]

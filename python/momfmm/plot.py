@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from momfmm.h5 import load_runs_or_exit  # noqa: E402
+from momfmm.h5 import EXIT_BAD_FILE, RunError, load_runs  # noqa: E402
 
 PROG = "momfmm_plot.py"
 DPI = 110
@@ -157,8 +157,7 @@ def plot_bpb(runs, out_dir, written):
 
 
 def plot_gain_r(runs, out_dir, written):
-    have = [(r, c) for r, c in zip(runs, colors(len(runs))) if r.eval.get("gain_R") is not None
-            and r.eval["gain_R"].ndim == 2 and len(r.eval["gain_R"])]
+    have = [(r, c) for r, c in zip(runs, colors(len(runs))) if has_gain_r(r)]
     if not have:
         print("skip gain_r.png: no run has /metrics/eval/gain_R")
         return
@@ -262,12 +261,17 @@ def finish(fig, ax, drawn, out_dir, name, written, why_skipped):
     save(fig, out_dir, name, written)
 
 
+def has_points(curves):
+    """Whether plot_points draws anything of curves (a curve with a point)."""
+    return any(len(c[1]) for c in curves)
+
+
 def plot_points(path, title, xlabel, ylabel, curves, band=None):
-    """One summary figure across runs (the results report's seed-scale section): curves is
+    """One summary figure across runs (the results report's reference-scale section): curves is
     [(label, xs, means, stds or None)], drawn as points with error bars joined by lines;
     band, (low, high, label): a shaded horizontal range in the legend (e.g. a range the
-    seed reports). Writes PNG `path` (its directory created) and returns it, or None when
-    no curve has a point."""
+    reference reports). Writes PNG `path` (its directory created) and returns it, or None when
+    no curve has a point (has_points)."""
     curves = [c for c in curves if len(c[1])]
     if not curves:
         return None
@@ -287,16 +291,22 @@ def plot_points(path, title, xlabel, ylabel, curves, band=None):
 def write_figures(runs, out_dir):
     """Every figure of the runs (momfmm.h5.Run, labelled by their names) into out_dir, created
     if needed (OSError when it cannot be); prints a note for each figure skipped and returns the
-    paths written."""
+    paths written: those of planned_figures(runs)."""
     os.makedirs(out_dir, exist_ok=True)
     written = []
-    for plot, name, fits, why in FIGURES:
+    for plot, name, fits, why, _ in FIGURES:
         chosen = [run for run in runs if fits(run)]
         if chosen:
             plot(chosen, out_dir, written)
         else:
             print(f"skip {name}: {why}")
     return written
+
+
+def planned_figures(runs):
+    """The file names write_figures(runs, ...) writes, without drawing anything: a figure is
+    written when a run it fits has its data."""
+    return [name for _, name, fits, _, has_data in FIGURES if any(fits(r) and has_data(r) for r in runs)]
 
 
 def task_of(run):
@@ -308,19 +318,35 @@ def task_in(*tasks):
     return lambda run: task_of(run) in (None,) + tasks
 
 
+def has_loss_by_k(run):
+    by_k = run.eval.get("loss_by_k")
+    return by_k is not None and by_k.ndim == 2 and len(by_k) > 0 and bool(np.isfinite(by_k[-1]).any())
+
+
+def has_gain_r(run):
+    gain = run.eval.get("gain_R")
+    return gain is not None and gain.ndim == 2 and len(gain) > 0
+
+
 # Each figure with the runs it fits (docs/metrics.md §3: the metrics that fit the task):
 # occurrence-count losses for the chain task, accuracy for copy and listops, bits per
-# byte for text, gamma and the shear's frequency response only where momentum is on.
+# byte for text, gamma and the shear's frequency response only where momentum is on; and
+# whether a run it fits has the figure's data (the plot draws a run exactly then).
 FIGURES = (
-    (plot_loss, "loss.png", lambda run: True, ""),
-    (plot_lr, "lr.png", lambda run: True, ""),
-    (plot_new_rep, "l_new_l_rep.png", task_in("chain"), "L_new / L_rep fit the chain task only"),
-    (plot_loss_by_k, "loss_by_k.png", task_in("chain"), "loss by k fits the chain task only"),
-    (plot_acc, "acc.png", task_in("copy", "listops"), "accuracy fits the copy and listops tasks only"),
-    (plot_bpb, "bpb.png", task_in("text"), "bits per byte fit the text task only"),
-    (plot_gain_r, "gain_r.png", lambda run: True, ""),
-    (plot_gamma, "gamma.png", lambda run: run.momentum_on or not run.has_config, "no run has momentum on"),
-    (plot_bode, "bode.png", lambda run: run.momentum_on or not run.has_config, "no run has momentum on"),
+    (plot_loss, "loss.png", lambda run: True, "",
+     lambda run: bool(series(run.train, "loss") or series(run.eval, "loss"))),
+    (plot_lr, "lr.png", lambda run: True, "", lambda run: bool(series(run.train, "lr"))),
+    (plot_new_rep, "l_new_l_rep.png", task_in("chain"), "L_new / L_rep fit the chain task only",
+     lambda run: bool(series(run.eval, "L_new") or series(run.eval, "L_rep"))),
+    (plot_loss_by_k, "loss_by_k.png", task_in("chain"), "loss by k fits the chain task only", has_loss_by_k),
+    (plot_acc, "acc.png", task_in("copy", "listops"), "accuracy fits the copy and listops tasks only",
+     lambda run: bool(series(run.eval, "acc"))),
+    (plot_bpb, "bpb.png", task_in("text"), "bits per byte fit the text task only", lambda run: bool(text_bpb(run))),
+    (plot_gain_r, "gain_r.png", lambda run: True, "", has_gain_r),
+    (plot_gamma, "gamma.png", lambda run: run.momentum_on or not run.has_config, "no run has momentum on",
+     lambda run: bool(run.gamma.size)),
+    (plot_bode, "bode.png", lambda run: run.momentum_on or not run.has_config, "no run has momentum on",
+     lambda run: bool(run.gamma.size)),
 )
 
 
@@ -332,13 +358,20 @@ def main(argv=None):
     ap.add_argument("--label", action="extend", nargs="+", default=[], metavar="NAME",
                     help="names of the runs, in order (default: directory or file names)")
     args = ap.parse_args(argv)
-    runs = load_runs_or_exit(args.runs, args.label, PROG)
+    try:
+        runs = load_runs(args.runs, args.label)
+    except ValueError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except RunError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_FILE
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as exc:
         print(f"{PROG}: error: {args.out}: cannot create directory ({exc.strerror})",
               file=sys.stderr)
-        sys.exit(3)
+        return EXIT_BAD_FILE
     written = write_figures(runs, args.out)
     for path in written:
         print(path)

@@ -24,7 +24,7 @@ train.out_dir and other bookkeeping keys) into one row: mean ± sample std over 
 with n and the values listed.
 
 --results reads every run of the suite (configs/experiments/suite.list, runs from
-tools/run_experiments.sh) and writes its results report and figures: see momfmm.results.
+tools/run_experiments.sh) and writes its results report and figures: see momfmm.results.cli.
 
 Exit 3 for a missing or corrupt file (naming it), 2 for a command-line error (and for
 --results when no run of the suite exists, unless --allow-empty).
@@ -37,9 +37,10 @@ import sys
 
 import numpy as np
 
-from momfmm import results
 from momfmm.fmt import MISSING, config_value, fmt_group, fmt_value, markdown, shortest
-from momfmm.h5 import load_runs_or_exit
+from momfmm.h5 import EXIT_BAD_FILE, RunError, load_runs
+from momfmm.results import cli as results
+from momfmm.results.errors import UsageError
 
 PROG = "momfmm_report.py"
 DEFAULT_METRICS = "L_new,L_rep,delta_12,acc,loss"
@@ -209,32 +210,45 @@ def main(argv=None):
                      f"RUN_OR_CKPT ('{args.paths[0]}')")
         if table_given:
             ap.error(f"{table_given[0]} is an option of the comparison table, not of --results")
-        return results.write_results(args, ap)
+        return results.run(args, ap)
     results_given = results.options_given(args)
     if results_given:
         ap.error(f"{results_given[0]} is an option of --results")
     if not args.paths:
         ap.error("give one or more RUN_OR_CKPT, or --results")
-    return write_table(args, ap)
+    try:
+        write_table(args)
+    except UsageError as exc:
+        ap.error(str(exc))
+    except ValueError as exc:  # more --label values than runs
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except RunError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_FILE
+    return 0
 
 
-def write_table(args, ap):
+def write_table(args):
+    """The comparison table of args.paths to args.out (stdout if None). Raises UsageError for
+    options that do not fit, ValueError for more labels than runs, RunError for a file that
+    cannot be read."""
     metrics_text = args.metrics if args.metrics is not None else DEFAULT_METRICS
     digits = 4 if args.digits is None else args.digits
     metrics = [m.strip() for m in metrics_text.split(",") if m.strip()]
     if not metrics:
-        ap.error("--metrics: empty list")
+        raise UsageError("--metrics: empty list")
     if args.group_by and args.average_over:
-        ap.error("--group-by and --average-over exclude each other")
+        raise UsageError("--group-by and --average-over exclude each other")
     for option, key in (("--group-by", args.group_by), ("--average-over", args.average_over)):
         if key is not None and (key.count(".") != 1 or not all(key.split("."))):
-            ap.error(f"{option}: '{key}' is not a section.key config key")
-    runs = load_runs_or_exit(args.paths, args.label, PROG)
+            raise UsageError(f"{option}: '{key}' is not a section.key config key")
+    runs = load_runs(args.paths, args.label)
     available = KNOWN_METRICS | {k for r in runs for k, v in r.eval.items() if v.ndim == 1}
     unknown = [m for m in metrics if m not in available]
     if unknown:
-        ap.error(f"--metrics: unknown metric '{unknown[0]}' (known: "
-                 f"{', '.join(sorted(KNOWN_METRICS))})")
+        raise UsageError(f"--metrics: unknown metric '{unknown[0]}' (known: "
+                         f"{', '.join(sorted(KNOWN_METRICS))})")
     with_bpb = any(r.cfg("data.task") == "text" for r in runs)
     rows = [row_of(r, metrics, with_bpb) for r in runs]
     columns = list(rows[0])
@@ -260,7 +274,7 @@ def write_table(args, ap):
         body = [[fmt_value(row[c], c, digits) for c in columns] for _, row in order]
         header = columns
     text = markdown(header, body) + "\n\n" + "; ".join(notes) + ".\n"
-    return results.emit(text, args.out)
+    results.emit(text, args.out)
 
 
 if __name__ == "__main__":

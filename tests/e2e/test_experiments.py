@@ -17,7 +17,7 @@ One test per numbered item below (CTest entry e2e_experiments).
 4. jobs/experiments.sbatch runs one array task outside Slurm (SLURM_* set by hand) and skips
    it when resubmitted; its default --array matches the suite.
 5. tools/momfmm_report.py --results over the tiny runs writes RESULTS.md with every family's table, the
-   claims section, "not run" rows for the rest, and figures that exist; the "Seed scale" section
+   claims section, "not run" rows for the rest, and figures that exist; the "Reference scale" section
    renders from tiny seed-scale runs, and says "Not run yet" with the command when none exist.
 6. Results digests (docs/design.md §8.8): --save-digests writes one per finished run, and the report
    from the digests alone, the run directories gone, is the same report.
@@ -25,7 +25,7 @@ One test per numbered item below (CTest entry e2e_experiments).
    send, reaches only the script, which turns it into a SIGUSR1 for mpirun (mpirun answers a
    SIGTERM by killing its ranks about 2 s later): the run's STOPPED marker names signal 10 and
    its checkpoint, the runner exits 143 and starts no further run.
-momfmm_suite is the package's momfmm.suite (python/ on PYTHONPATH, set by CTest).
+momfmm_suite is the package's momfmm.results.suite (python/ on PYTHONPATH, set by CTest).
 """
 import concurrent.futures
 import glob
@@ -38,7 +38,8 @@ import time
 
 import pytest
 
-from momfmm import suite as momfmm_suite
+from momfmm.results import suite as momfmm_suite
+from momfmm.results.errors import ReportError
 from common import env, run
 from processes import kill_session
 
@@ -59,11 +60,11 @@ TINY_SEED_CHAIN = r"^chain_seed_(L30_g0(\.2)?_s[12]|R_g0(\.2)?_s1)$"
 
 
 def parse_suite(path):
-    """The suite list through the report's own parser (momfmm.suite; one parser
+    """The suite list through the report's own parser (momfmm.results.suite; one parser
     for both): ([(name, config, ["section.key=value", ...])], [problem])."""
     try:
         entries = momfmm_suite.parse_suite(path)
-    except SystemExit as e:
+    except ReportError as e:
         return [], [str(e)]
     return [(e.name, e.config, [f"{k}={v}" for k, v in e.sets]) for e in entries], []
 
@@ -325,7 +326,7 @@ def test_results_report(momfmm, workdir, report, suite, tiny_runs):
                     "### Copy task", "T = 128", "T = 256", "T = 512", "### ListOps", "### Text",
                     "## Commands of every run"):
         report.check(f"RESULTS.md has '{heading}'", heading in text)
-    report.check("RESULTS.md shows the seed's L=30 numbers beside ours",
+    report.check("RESULTS.md shows the reference's L=30 numbers beside ours",
                  all(v in text for v in ("1.7451", "0.8288", "6.9860", "7.0202", "4.6262", "5.7893", "1.2785", "1.2262")))
     report.check("RESULTS.md marks missing runs 'not run'", "| not run |" in text)
     build = run([momfmm, "--version"], timeout=30).stdout.splitlines()[:1]
@@ -353,16 +354,17 @@ def test_results_report(momfmm, workdir, report, suite, tiny_runs):
     report.check("figures per family", all(glob.glob(os.path.join(figs, d, "*.png")) for d in
                                            ("chain_L10_main", "chain_L30_main", "copy_T128", "copy_T256",
                                             "copy_T512", "listops", "text")))
-    check_seed_scale_section(report, text, figs)
+    check_reference_scale_section(report, text, figs)
 
 
-def check_seed_scale_section(report, text, figs):
-    """5. the "Seed scale" section from the tiny seed-scale runs."""
-    section = text.split("## Seed scale", 1)[-1].split("## Commands of every run", 1)[0] if "## Seed scale" in text else ""
-    report.check("RESULTS.md has the 'Seed scale' section with its three parts",
-                 all(h in section for h in ("### Chain task at seed scale", "### Energy ratio R",
-                                            "### Text at seed scale")))
-    report.check("seed scale: the seed's L = 30 loss-by-k and L_rep-improvement numbers beside ours",
+def check_reference_scale_section(report, text, figs):
+    """5. the "Reference scale" section from the tiny seed-scale runs."""
+    section = (text.split("## Reference scale", 1)[-1].split("## Commands of every run", 1)[0]
+               if "## Reference scale" in text else "")
+    report.check("RESULTS.md has the 'Reference scale' section with its three parts",
+                 all(h in section for h in ("### Chain task at reference scale", "### Energy ratio R",
+                                            "### Text at reference scale")))
+    report.check("seed scale: the reference's L = 30 loss-by-k and L_rep-improvement numbers beside ours",
                  all(v in section for v in ("2.3598", "1.2309", "1.5645", "0.6515", "1.4266", "0.5334", "52.5", "4.1")))
     row = re.search(r"^\| 30 \| momentum γ=0\.2 \| 2/3 \|.*$", section, re.M)
     report.check("seed scale: the L = 30 momentum row is a mean ± std over two seeds",
@@ -382,29 +384,29 @@ def check_seed_scale_section(report, text, figs):
     report.check("seed scale: each row says its precision, and the opening says fp32 throughout",
                  re.search(r"^\| 30 \| momentum γ=0\.2 \| 2/3 \| \d+ \| fp32 \|", section, re.M) is not None
                  and "fp32 in every run" in section)
-    report.check("seed scale: the L_rep improvement table has a number at L = 30, in % and in nats, beside the seed's",
+    report.check("seed scale: the L_rep improvement table has a number at L = 30, in % and in nats, beside the reference's",
                  re.search(r"^\| 30 \| -?[0-9.]+( ± [0-9.]+)? \| 2 \| 52\.5 \| -?[0-9.]+( ± [0-9.]+)? \| 0\.9163 \|$",
                            section, re.M) is not None)
     for claim in ("γ=0.2 lowers L_rep at L=30", "R does not depend on γ (gain_R_attn", "text: γ=0.01 does not degrade",
                   "R does not depend on γ, against seed noise (gain_R_attn"):
-        line = re.search(r"^- seed scale: " + re.escape(claim) + ".*$", text, re.M)
+        line = re.search(r"^- reference scale: " + re.escape(claim) + ".*$", text, re.M)
         report.check(f"seed-scale claim judged: {claim}",
                      line is not None and any(v in line.group(0) for v in ("**held**", "**did not hold**", "**not shown**")),
                      line.group(0)[:200] if line else "claim line not found")
-    report.check("seed-scale figures exist", all(os.path.exists(os.path.join(figs, "seed_scale", f)) for f in
+    report.check("seed-scale figures exist", all(os.path.exists(os.path.join(figs, "reference_scale", f)) for f in
                                                  ("l_rep_improvement.png", "l_rep_difference.png", "energy_ratio.png", "text_bpb_vs_gamma.png",
                                                   "chain_L30/l_new_l_rep.png", "chain_L30/loss_by_k.png")))
     report.check("seed scale: L_rep at each eval step at L = 30, and at how many γ=0.2 is ahead",
                  "**L_rep during training, L = 30**" in section
-                 and re.search(r"^- seed scale: L_rep during training at L=30: γ=0\.2 is below γ=0 at \d+ of \d+ eval steps",
+                 and re.search(r"^- reference scale: L_rep during training at L=30: γ=0\.2 is below γ=0 at \d+ of \d+ eval steps",
                                text, re.M) is not None)
-    line = re.search(r"^- seed scale: the advantage grows with L.*$", text, re.M)
+    line = re.search(r"^- reference scale: the advantage grows with L.*$", text, re.M)
     report.check("seed-scale claim listed: the advantage grows with L (larger and positive at L=30; the tiny "
                  "runs have no L = 10, tests/python/test_claims.py judges the rule)",
                  line is not None and "and positive" in line.group(0),
                  line.group(0)[:200] if line else "claim line not found")
     report.check("seed scale links its L = 30 training curves and loss by k",
-                 all(f"seed_scale/chain_L30/{f})" in section for f in ("l_new_l_rep.png", "loss_by_k.png")))
+                 all(f"reference_scale/chain_L30/{f})" in section for f in ("l_new_l_rep.png", "loss_by_k.png")))
 
 
 def test_seed_scale_not_run(workdir, report):

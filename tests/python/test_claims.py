@@ -1,12 +1,15 @@
 #!/usr/bin/python3
-"""The results report's rules for judging a claim (momfmm.suite, momfmm.seed_scale), on made-up
+"""The results report's rules for judging a claim (momfmm.results), on made-up
 per-seed values, so that each verdict is reached on purpose:
 
     /usr/bin/python3 tests/python/test_claims.py        (or: pytest tests/python)
 
-1. noise_note: a single seed has no spread; a difference below NOISE_SE standard errors of the
-   difference of means is within the noise, a larger one is beyond it.
-2. less_claim, no_worse_claim, same_claim: held / did not hold / within noise / not run.
+1. difference: a single seed has no spread; Welch's t-test (scipy, with the Welch-Satterthwaite
+   df the line prints) at p < 0.05 is beyond the noise, and beside it the earlier rule, a
+   difference of NOISE_SE standard errors, which with 2 seeds a side is no 5 % test; no spread on
+   either side gives p = 0 (a difference) or 1 (none).
+2. less_claim, no_worse_claim, same_claim: held / did not hold / not shown / not run; a verdict
+   the earlier rule would have given otherwise is marked "verdict changed".
 3. The L_rep improvement pairs finished runs by seed and leaves out a diverged run. "The advantage grows
    with L": a larger L = 30 improvement holds only when it is positive (two losses of
    momentum, the smaller at L = 30, do not make a growing advantage).
@@ -25,10 +28,20 @@ import unittest
 
 import numpy as np
 
-from momfmm.seed_scale import ChainRoles, grows_claim, improvements, paired_l_rep, r_independent_claim, r_noise_claim
-from momfmm.results import unlogged_text
-from momfmm.suite import Entry as SuiteEntry
-from momfmm.suite import Group, builds_text, less_claim, no_worse_claim, noise_note, read_wall_time, same_claim
+from momfmm.results.chain import ChainRoles
+from momfmm.results.claims import Verdict, less_claim, no_worse_claim, same_claim
+from momfmm.results.document import unlogged_text
+from momfmm.results.energy_ratio import r_independent_claim, r_noise_claim
+from momfmm.results.reference_scale import grows_claim, improvements, paired_l_rep
+from momfmm.results.runs import Group, builds_text, read_wall_time
+from momfmm.results.stats import ALPHA, difference
+from scipy import stats
+from momfmm.results.suite import Entry as SuiteEntry
+
+
+def judged(claim):
+    """(verdict, line) of a Claim."""
+    return claim.verdict, claim.line
 
 
 class Values:
@@ -53,7 +66,7 @@ class Entry:
 
 
 class Entry0:
-    """A suite line's settings for momfmm.suite.setting: the gamma override only."""
+    """A suite line's settings for momfmm.results.suite.setting: the gamma override only."""
 
     def __init__(self, gamma):
         self.sets = [("momentum.gamma", str(gamma))]
@@ -71,68 +84,102 @@ class LayerGroup:
                     for layers in per_run]
 
 
-class NoiseNote(unittest.TestCase):
+class Noise(unittest.TestCase):
     def test_single_seed_has_no_spread(self):
-        note, noisy = noise_note([1.0], [2.0, 2.1])
-        self.assertFalse(noisy)
-        self.assertIn("single seed", note)
+        d = difference([1.0], [2.0, 2.1])
+        self.assertTrue(d.single)
+        self.assertFalse(d.noisy or d.noisy_2se)
+        self.assertIn("single seed", d.note())
 
     def test_within_and_beyond(self):
-        self.assertTrue(noise_note([1.0, 1.2, 0.8], [1.05, 1.25, 0.85])[1])
-        note, noisy = noise_note([1.0, 1.01, 0.99], [2.0, 2.01, 1.99])
-        self.assertFalse(noisy)
-        self.assertIn("beyond seed noise", note)
+        within = difference([1.0, 1.2, 0.8], [1.05, 1.25, 0.85])
+        self.assertTrue(within.noisy and within.noisy_2se)
+        beyond = difference([1.0, 1.01, 0.99], [2.0, 2.01, 1.99])
+        self.assertFalse(beyond.noisy or beyond.noisy_2se)
+        self.assertIn("|Δ| = 1.0000 ≥ 2 s.e.", beyond.note())
+        self.assertIn(f"p = {beyond.p:.3g} < 0.05", beyond.note())
+
+    def test_welch_is_scipy_with_its_degrees_of_freedom(self):
+        a, b = [1.0, 2.0, 3.5], [4.0, 5.0, 7.5, 6.0]
+        d = difference(a, b)
+        t, p = stats.ttest_ind(a, b, equal_var=False)
+        self.assertAlmostEqual(d.t, t)
+        self.assertAlmostEqual(d.p, p)
+        self.assertAlmostEqual(d.p, 2 * stats.t.sf(abs(d.t), d.df))  # the df the line prints is the test's
+
+    def test_two_standard_errors_is_not_a_5_percent_test(self):
+        # 2.5 s.e. apart with 2 seeds a side: the earlier rule calls it beyond the noise, Welch (p ≈ 0.13) not
+        d = difference([1.0, 1.2], [1.0 + 0.35, 1.2 + 0.35])
+        self.assertFalse(d.noisy_2se)
+        self.assertTrue(d.noisy)
+        self.assertGreater(d.p, ALPHA)
+
+    def test_no_spread_on_either_side(self):
+        apart, same = difference([1.0, 1.0], [2.0, 2.0, 2.0]), difference([1.0, 1.0], [1.0, 1.0])
+        self.assertEqual((apart.se, apart.p, apart.noisy), (0.0, 0.0, False))
+        self.assertIn("no spread on either side", apart.note())
+        self.assertEqual((same.p, same.noisy), (1.0, True))
 
 
 class ClaimRules(unittest.TestCase):
     def test_less_claim(self):
         low, high = Values([1.0, 1.01, 0.99]), Values([2.0, 2.01, 1.99])
-        self.assertEqual(less_claim("c", low, high, "m")[0], "held")
-        self.assertEqual(less_claim("c", high, low, "m")[0], "did not hold")
-        self.assertEqual(less_claim("c", high, low, "m", flip=True)[0], "did not hold")
-        verdict, line = less_claim("c", Values([1.0, 1.3, 0.7]), Values([1.05, 1.35, 0.75]), "m")
-        self.assertEqual(verdict, "within noise")
+        self.assertEqual(less_claim("c", low, high, "m").verdict, Verdict.HELD)
+        self.assertEqual(less_claim("c", high, low, "m").verdict, Verdict.NOT_HELD)
+        self.assertEqual(less_claim("c", high, low, "m", flip=True).verdict, Verdict.NOT_HELD)
+        verdict, line = judged(less_claim("c", Values([1.0, 1.3, 0.7]), Values([1.05, 1.35, 0.75]), "m"))
+        self.assertEqual(verdict, Verdict.NOT_SHOWN)
         self.assertIn("**not shown**", line)
-        self.assertEqual(less_claim("c", None, high, "m")[0], "not run")
-        self.assertEqual(less_claim("c", Values([]), high, "m")[0], "not run")
+        self.assertEqual(less_claim("c", None, high, "m").verdict, Verdict.MISSING)
+        self.assertEqual(less_claim("c", Values([]), high, "m").verdict, Verdict.MISSING)
 
     def test_no_worse_claim(self):
         base = Values([1.0, 1.2, 0.8])
-        self.assertEqual(no_worse_claim("c", Values([1.05, 1.25, 0.85]), base, "m")[0], "held")
-        verdict, line = no_worse_claim("c", Values([3.0, 3.01, 2.99]), Values([1.0, 1.01, 0.99]), "m")
-        self.assertEqual(verdict, "did not hold")
+        self.assertEqual(no_worse_claim("c", Values([1.05, 1.25, 0.85]), base, "m").verdict, Verdict.HELD)
+        verdict, line = judged(no_worse_claim("c", Values([3.0, 3.01, 2.99]), Values([1.0, 1.01, 0.99]), "m"))
+        self.assertEqual(verdict, Verdict.NOT_HELD)
         self.assertIn("higher beyond seed noise", line)
-        self.assertEqual(no_worse_claim("c", Values([2.0]), Values([1.0]), "m")[0], "did not hold")
+        self.assertEqual(no_worse_claim("c", Values([2.0]), Values([1.0]), "m").verdict, Verdict.NOT_HELD)
+
+    def test_changed_verdict_is_marked(self):
+        c = less_claim("c", Values([1.0, 1.2]), Values([1.35, 1.55]), "m")
+        self.assertEqual((c.verdict, c.old_verdict, c.changed), (Verdict.NOT_SHOWN, Verdict.HELD, True))
+        self.assertIn("**not shown**", c.line)
+        self.assertIn("(**verdict changed**: held by the 2-s.e. rule)", c.line)
+        c = less_claim("c", Values([1.0, 1.01, 0.99]), Values([2.0, 2.01, 1.99]), "m")
+        self.assertFalse(c.changed)
+        self.assertNotIn("verdict changed", c.line)
+        self.assertFalse(same_claim("c", Values([1.01]), Values([1.0]), "m").changed)  # a tolerance, no noise rule
 
     def test_same_claim(self):
-        self.assertEqual(same_claim("c", Values([1.01]), Values([1.0]), "m")[0], "held")
-        self.assertEqual(same_claim("c", Values([1.05]), Values([1.0]), "m")[0], "did not hold")
+        self.assertEqual(same_claim("c", Values([1.01]), Values([1.0]), "m").verdict, Verdict.HELD)
+        self.assertEqual(same_claim("c", Values([1.05]), Values([1.0]), "m").verdict, Verdict.NOT_HELD)
 
 
 class GrowsWithL(unittest.TestCase):
     def test_positive_and_larger_holds(self):
-        verdict, line = grows_claim([4.0, 5.0, 3.5], [50.0, 52.0, 55.0])
-        self.assertEqual(verdict, "held", line)
+        verdict, line = judged(grows_claim([4.0, 5.0, 3.5], [50.0, 52.0, 55.0]))
+        self.assertEqual(verdict, Verdict.HELD, line)
 
     def test_smaller_at_30_does_not_hold(self):
-        verdict, line = grows_claim([40.0, 50.0, 45.0], [10.0, 12.0, 11.0])
-        self.assertEqual(verdict, "did not hold", line)
+        verdict, line = judged(grows_claim([40.0, 50.0, 45.0], [10.0, 12.0, 11.0]))
+        self.assertEqual(verdict, Verdict.NOT_HELD, line)
 
     def test_two_losses_are_no_growing_advantage(self):
         # the first seed-scale runs: −1168 % at L = 10, −18 % at L = 30 (one seed each)
-        verdict, line = grows_claim([-1168.1], [-18.1])
-        self.assertEqual(verdict, "did not hold", line)
+        verdict, line = judged(grows_claim([-1168.1], [-18.1]))
+        self.assertEqual(verdict, Verdict.NOT_HELD, line)
         self.assertIn("no advantage at L=30", line)
-        verdict, line = grows_claim([-20.0, -30.0, -10.0], [-15.0, -35.0, 5.0])   # within noise, mean < 0
-        self.assertEqual(verdict, "did not hold", line)
+        verdict, line = judged(grows_claim([-20.0, -30.0, -10.0], [-15.0, -35.0, 5.0]))   # within noise, mean < 0
+        self.assertEqual(verdict, Verdict.NOT_HELD, line)
 
     def test_noise_with_positive_mean_stays_within_noise(self):
-        verdict, _ = grows_claim([10.0, 30.0, 20.0], [15.0, 35.0, 25.0])
-        self.assertEqual(verdict, "within noise")
+        verdict, _ = judged(grows_claim([10.0, 30.0, 20.0], [15.0, 35.0, 25.0]))
+        self.assertEqual(verdict, Verdict.NOT_SHOWN)
 
     def test_missing_length_is_not_run(self):
-        verdict, _ = grows_claim([], [10.0])
-        self.assertNotIn(verdict, ("held", "did not hold", "within noise"))
+        verdict, _ = judged(grows_claim([], [10.0]))
+        self.assertNotIn(verdict, (Verdict.HELD, Verdict.NOT_HELD, Verdict.NOT_SHOWN))
 
 
 class SeedRun:
@@ -164,33 +211,33 @@ class Improvement(unittest.TestCase):
 class EnergyRatio(unittest.TestCase):
     def test_independent_over_gamma_sweep(self):
         flat = [LayerGroup(g, [[1.0, 2.0]]) for g in (0, 0.1, 0.2)]
-        self.assertEqual(r_independent_claim(flat, "gain_R", "w")[0], "held")
+        self.assertEqual(r_independent_claim(flat, "gain_R", "w").verdict, Verdict.HELD)
         moved = flat[:2] + [LayerGroup(0.2, [[1.0, 2.5]])]
-        verdict, line = r_independent_claim(moved, "gain_R", "w")
-        self.assertEqual(verdict, "did not hold")
+        verdict, line = judged(r_independent_claim(moved, "gain_R", "w"))
+        self.assertEqual(verdict, Verdict.NOT_HELD)
         self.assertIn("one seed per γ", line)
-        self.assertEqual(r_independent_claim(flat[:1], "gain_R", "w")[0], "not run")
+        self.assertEqual(r_independent_claim(flat[:1], "gain_R", "w").verdict, Verdict.MISSING)
 
     def test_against_seed_noise(self):
         def rows(base, mom):
             return ChainRoles([LayerGroup(0, base), LayerGroup(0.2, mom)])
         base = [[1.0, 2.0], [1.02, 2.02], [0.98, 1.98]]
         close = [[1.03, 2.05], [1.05, 2.07], [1.01, 2.03]]
-        self.assertEqual(r_noise_claim(rows(base, close), "gain_R", "w", 2)[0], "held")
+        self.assertEqual(r_noise_claim(rows(base, close), "gain_R", "w", 2).verdict, Verdict.HELD)
         far = [[1.5, 2.0], [1.52, 2.02], [1.48, 1.98]]
-        verdict, line = r_noise_claim(rows(base, far), "gain_R", "w", 2)
-        self.assertEqual(verdict, "did not hold")
+        verdict, line = judged(r_noise_claim(rows(base, far), "gain_R", "w", 2))
+        self.assertEqual(verdict, Verdict.NOT_HELD)
         self.assertIn("layer 0: 1.500 ± 0.020 vs 1.000 ± 0.020, 50.0% apart", line)
         noisy_base = [[1.0, 2.0], [2.0, 2.0], [0.5, 2.0]]
         noisy_mom = [[1.6, 2.0], [2.6, 2.0], [0.9, 2.0]]
-        verdict, line = r_noise_claim(rows(noisy_base, noisy_mom), "gain_R", "w", 2)
-        self.assertEqual(verdict, "within noise")
+        verdict, line = judged(r_noise_claim(rows(noisy_base, noisy_mom), "gain_R", "w", 2))
+        self.assertEqual(verdict, Verdict.NOT_SHOWN)
         self.assertIn("**not shown**", line)
-        self.assertEqual(r_noise_claim(rows(base, []), "gain_R", "w", 2)[0], "not run")
+        self.assertEqual(r_noise_claim(rows(base, []), "gain_R", "w", 2).verdict, Verdict.MISSING)
 
 
 class StepRun:
-    """A run directory as momfmm.suite.Group reads it: its step, its stored train.steps and
+    """A run directory as momfmm.results.runs.Group reads it: its step, its stored train.steps and
     its last eval's L_rep."""
     has_config = True
 
@@ -206,7 +253,7 @@ class StepRun:
 
 
 def step_group(gamma, by_seed):
-    """A momfmm.suite.Group of chain_seed runs: {seed: (step, L_rep)}."""
+    """A momfmm.results.runs.Group of chain_seed runs: {seed: (step, L_rep)}."""
     entries = []
     for seed, (step, l_rep) in by_seed.items():
         e = SuiteEntry(f"chain_seed_L30_g{gamma}_s{seed}", "configs/experiments/chain_seed.ini",
@@ -228,13 +275,13 @@ class PartialRuns(unittest.TestCase):
         self.assertEqual(partial.vals("L_rep"), [6.5])
         self.assertIn("0/1; partial: chain_seed_L30_g0.2_s1 at step 300/1500", partial.status())
         done = step_group(0, {1: (1500, 0.01), 2: (1500, 0.012)})
-        verdict, line = less_claim("c", partial, done, "L_rep")
-        self.assertEqual(verdict, "not run")
+        verdict, line = judged(less_claim("c", partial, done, "L_rep"))
+        self.assertEqual(verdict, Verdict.MISSING)
         self.assertIn("not judged yet", line)
-        self.assertNotEqual(less_claim("c", done, done, "L_rep")[0], "not run")     # finished: judged
+        self.assertNotEqual(less_claim("c", done, done, "L_rep").verdict, Verdict.MISSING)     # finished: judged
         not_run = step_group(0.2, {1: (0, None)})
         not_run.members[0].run = None                                               # no run directory
-        self.assertEqual(less_claim("c", not_run, done, "L_rep"), ("not run", "c: not run yet"))
+        self.assertEqual(judged(less_claim("c", not_run, done, "L_rep")), (Verdict.MISSING, "c: not run yet"))
 
     def test_improvement_pairs_finished_runs_only(self):
         rows = ChainRoles([step_group(0, {1: (1500, 0.02), 2: (1500, 0.02)}),

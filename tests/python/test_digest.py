@@ -29,9 +29,11 @@ import numpy as np
 
 from momfmm.digest import FORMAT, digest_of, read_digest, write_digest
 from momfmm.h5 import RunError, load_run
-from momfmm.results import main as results_main
-from momfmm.results import save_digests
-from momfmm.suite import Entry, load_entries
+from momfmm.results.cli import main as results_main
+from momfmm.results.cli import save_digests
+from momfmm.results.errors import ReportError
+from momfmm.results.runs import load_entries
+from momfmm.results.suite import Entry
 
 CONFIG = "[model]\nn_layers = 2\nn_heads = 2\n\n[momentum]\ngamma = 0.2\n\n[train]\nsteps = {steps}\n"
 
@@ -242,13 +244,13 @@ class Malformed(unittest.TestCase):
             load_entries([e], runs, None)
             blocker = os.path.join(tmp, "digests")
             open(blocker, "w").close()
-            err = io.StringIO()
-            with contextlib.redirect_stderr(err):
-                self.assertFalse(save_digests([e], blocker))
-            self.assertIn(f"error: cannot write {blocker}/r.json", err.getvalue())
-            self.assertEqual(err.getvalue().count("\n"), 1)
+            with self.assertRaises(ReportError) as cm:
+                save_digests([e], blocker)
+            self.assertEqual(cm.exception.status, 1)
+            self.assertIn(f"cannot write {blocker}/r.json", str(cm.exception))
+            self.assertNotIn("\n", str(cm.exception))
             with contextlib.redirect_stderr(io.StringIO()):
-                self.assertTrue(save_digests([e], os.path.join(tmp, "ok")))
+                save_digests([e], os.path.join(tmp, "ok"))
             self.assertEqual(os.listdir(os.path.join(tmp, "ok")), ["r.json"])
 
 

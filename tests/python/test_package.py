@@ -1,13 +1,14 @@
 #!/usr/bin/python3
 """Checks of the Python package python/momfmm (docs/design.md §8.8).
 
-    /usr/bin/python3 tests/python/test_package.py        (or: pytest tests/python)
+    PYTHONPATH=python /usr/bin/python3 tests/python/test_package.py        (or: pytest tests/python)
 
 1. Every module of the package imports on its own in a fresh interpreter with only
    PYTHONPATH=python (no module relies on another having been imported first).
 2. The package's import graph, read from the sources with ast, has no cycle.
-3. Nothing in the package touches sys.path; the tools in tools/ import no other tool (only the
-   package, through their bootstrap).
+3. Nothing in the package, the tools or the tests touches sys.path (PYTHONPATH, an installed
+   copy, or for the tools the package beside them loaded by location); the tools in tools/
+   import no other tool.
 4. momfmm.h5 reads a small checkpoint and token file written with h5py in the docs/files.md §4
    layout: load_checkpoint's fields and load_tokens' arrays.
 """
@@ -26,19 +27,29 @@ PACKAGE = "momfmm"
 
 
 def package_modules():
-    """{module name: source path} of every module of the package ("momfmm", "momfmm.h5", ...)."""
+    """{module name: source path} of every module of the package and its subpackages ("momfmm",
+    "momfmm.h5", "momfmm.results", "momfmm.results.claims", ...); __main__ files, which run a
+    program when imported, aside."""
     out = {}
-    for entry in sorted(os.listdir(PACKAGE_DIR)):
-        if entry.endswith(".py"):
-            stem = entry[:-3]
-            out[PACKAGE if stem == "__init__" else f"{PACKAGE}.{stem}"] = os.path.join(PACKAGE_DIR, entry)
+    for base, dirs, files in os.walk(PACKAGE_DIR):
+        dirs[:] = sorted(d for d in dirs if os.path.isfile(os.path.join(base, d, "__init__.py")))
+        rel = os.path.relpath(base, PACKAGE_DIR)
+        package = PACKAGE if rel == os.curdir else ".".join([PACKAGE] + rel.split(os.sep))
+        for entry in sorted(files):
+            if entry.endswith(".py") and entry != "__main__.py":
+                stem = entry[:-3]
+                out[package if stem == "__init__" else f"{package}.{stem}"] = os.path.join(base, entry)
     return out
+
+
+def is_package(module, modules):
+    return os.path.basename(modules[module]) == "__init__.py"
 
 
 def imported_modules(tree, module, modules):
     """Package modules that `module`'s syntax tree imports, wherever the import statement is
     (a function-level import closes a cycle as surely as a top-level one)."""
-    package = module if module == PACKAGE else module.rsplit(".", 1)[0]
+    package = module if is_package(module, modules) else module.rsplit(".", 1)[0]
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -112,11 +123,17 @@ class PackageTest(unittest.TestCase):
         for module, deps in sorted(graph.items()):
             print(f"  {module} imports {', '.join(sorted(deps)) or '(nothing of the package)'}")
 
-    def test_no_sys_path_in_package(self):
-        for module, path in package_modules().items():
-            with open(path) as f:
-                self.assertFalse(uses_sys_path(ast.parse(f.read(), path)),
-                                 f"{path} touches sys.path (only the tools' bootstrap may)")
+    def test_no_sys_path_anywhere(self):
+        """Neither the package nor the tools nor the tests: the package is found through
+        PYTHONPATH or an installed copy (the tools load the one beside them by location)."""
+        paths = list(package_modules().values())
+        for top in (TOOLS_DIR, os.path.join(ROOT, "tests")):
+            for base, dirs, files in os.walk(top):
+                dirs[:] = [d for d in dirs if d != "__pycache__"]
+                paths += [os.path.join(base, f) for f in sorted(files) if f.endswith(".py")]
+        for path in paths:
+            with self.subTest(path=os.path.relpath(path, ROOT)), open(path) as f:
+                self.assertFalse(uses_sys_path(ast.parse(f.read(), path)), f"{path} touches sys.path")
 
     def test_tools_import_no_other_tool(self):
         tools = {e[:-3] for e in os.listdir(TOOLS_DIR) if e.endswith(".py")}
@@ -136,7 +153,6 @@ class PackageTest(unittest.TestCase):
     def test_reader_round_trip(self):
         import h5py
         import numpy as np
-        sys.path.insert(0, PYTHON_DIR)  # this test file is not part of the package
         from momfmm import h5
         weight = np.arange(6, dtype=np.float32).reshape(2, 3)
         with tempfile.TemporaryDirectory() as tmp:

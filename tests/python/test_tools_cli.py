@@ -8,12 +8,12 @@ docs/files.md §4, mpirun is a stand-in script on PATH.
 1. tools/momfmm_report.py --results writes to stdout unless --out FILE: the source tree's
    RESULTS.md and figures/ stay as they are; with --out the report and its figures go there;
    with no run of the suite it refuses (exit 2, one line) unless --allow-empty; --help lists
-   --results and its options.
+   --results and its options; its figure links are the same with --no-figures.
 2. --group-by KEY gives one row per value of KEY; --average-over KEY merges runs differing
    only in KEY.
 3. Numbers print in their shortest round-trip form: 0.2, not 0.20000000000000001.
 4. One override syntax, `--set section.key=value`, in suite lines (tools/run_experiments.sh,
-   momfmm.suite) and sweep lines (jobs/sweep.sbatch, jobs/sweeps/*.txt); the old bare k=v is
+   momfmm.results.suite) and sweep lines (jobs/sweep.sbatch, jobs/sweeps/*.txt); the old bare k=v is
    refused with a message.
 5. run_experiments.sh's "next" command names the suite, the runs and an --out in the run
    directory; Slurm's .out files go under runs/ (gitignored), not the submit directory.
@@ -22,16 +22,16 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import h5py
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+from momfmm import fmt
+from momfmm.results import suite
+from momfmm.results.errors import ReportError
 
-from momfmm import fmt, suite  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PYTHON = "/usr/bin/python3"
 REPORT = os.path.join(ROOT, "tools", "momfmm_report.py")
@@ -203,6 +203,30 @@ def test_modes_do_not_mix(tmp_path):
     assert r.returncode == 2
 
 
+def test_figure_links_do_not_depend_on_writing_figures(tree, tmp_path):
+    """RESULTS.md links the same figures whether it writes them or not (momfmm.plot's
+    planned_figures is what write_figures writes)."""
+    runs = tmp_path / "runs"
+    write_run(str(runs / "chain_L10_g0_s1"))
+    texts = []
+    for extra in ([], ["--no-figures"]):
+        out = tmp_path / ("with" if not extra else "without") / "R.md"
+        r = run([PYTHON, str(tree / "tools" / "momfmm_report.py"), "--results", "--runs", str(runs),
+                 "--out", str(out)] + extra, cwd=tree)
+        assert r.returncode == 0, r.stderr
+        texts.append(out.read_text().replace(str(out), "OUT"))
+    assert texts[0] == texts[1]
+    assert not (tmp_path / "without" / "figures").exists()
+    from momfmm import h5, plot
+    for eval_keys in (None, ("loss",)):
+        d = write_run(str(tmp_path / f"plot_{bool(eval_keys)}"), gamma="0.2")
+        run_ = h5.load_run(d)
+        if eval_keys:
+            run_.eval = {k: v for k, v in run_.eval.items() if k in eval_keys + ("step",)}
+        written = plot.write_figures([run_], str(tmp_path / "figs" / os.path.basename(d)))
+        assert sorted(os.path.basename(p) for p in written) == sorted(plot.planned_figures([run_]))
+
+
 # ---------------------------------------------------------------- 2. --group-by, --average-over
 @pytest.fixture
 def four_runs(tmp_path):
@@ -287,7 +311,7 @@ def test_suite_parser_takes_set_and_refuses_bare_pairs(tmp_path):
             suite.parse_overrides(words)
     bad = tmp_path / "bad.list"
     bad.write_text(f"a {CHAIN_CONFIG} momentum.gamma=0\n")
-    with pytest.raises(SystemExit, match="expected '--set section.key=value' at 'momentum.gamma=0'"):
+    with pytest.raises(ReportError, match="expected '--set section.key=value' at 'momentum.gamma=0'"):
         suite.parse_suite(str(bad))
 
 

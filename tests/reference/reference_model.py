@@ -19,20 +19,15 @@ load_checkpoint); nothing here hard-codes a dtype except the loaders.
 """
 import configparser
 import math
-import os
-import sys
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
 
-# The one HDF5 reader is momfmm.h5 (docs/design.md §8.8); the tests live in the source tree, so
-# they take the package from it (tests/reference/../../python).
-SOURCE_PACKAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
-if os.path.isdir(os.path.join(SOURCE_PACKAGES, "momfmm")):
-    sys.path.insert(0, SOURCE_PACKAGES)
-from momfmm import h5  # noqa: E402
+# The one HDF5 reader is momfmm.h5 (docs/design.md §8.8), found through PYTHONPATH=python (CTest
+# sets it for the tests that use this model).
+from momfmm import h5
 
 LN_EPS = 1e-5  # docs/model.md §1, item 2
 

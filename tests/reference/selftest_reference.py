@@ -25,8 +25,7 @@ import h5py
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import reference_model as ref  # noqa: E402
+import reference_model as ref  # beside this script; momfmm through PYTHONPATH (CTest sets it)
 
 torch.set_default_dtype(torch.float64)
 

@@ -40,9 +40,8 @@ import h5py
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import reference_model as ref  # noqa: E402
-from momfmm import h5  # noqa: E402  (found in the source tree by reference_model)
+import reference_model as ref  # beside this script; momfmm through PYTHONPATH (CTest sets it)
+from momfmm import h5
 
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-4

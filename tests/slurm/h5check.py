@@ -14,16 +14,14 @@ file cannot be read.
   world FILE                prints the checkpoint's step and world_size
   config DIR REGEX          the newest checkpoint's config_ini matches REGEX
 
-Run with Debian's /usr/bin/python3 (h5py, numpy)."""
+Run with Debian's /usr/bin/python3 (h5py, numpy) and PYTHONPATH=python:tests/e2e (test_slurm.sh
+sets it)."""
 import os
 import re
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..", "..", "python"), os.path.join(HERE, "..", "e2e")]
-
-from momfmm.h5 import RunError, load_checkpoint, newest_checkpoint  # noqa: E402
-from ckpt_util import bitwise_report, load_state, rel_tensors  # noqa: E402
+from momfmm.h5 import RunError, load_checkpoint, newest_checkpoint
+from ckpt_util import bitwise_report, load_state, rel_tensors
 
 
 def newest(directory):

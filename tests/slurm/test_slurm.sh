@@ -233,7 +233,7 @@ job_ok() { # name id: COMPLETED with exit 0 (every array task)
 show_log() { echo "  --- $1 (last 15 lines)"; tail -n 15 "$1" 2>/dev/null | sed 's/^/  | /'; }
 
 # Checkpoint checks (ckpt, same, close, world, config): tests/slurm/h5check.py
-h5() { "$PY" "$ROOT/tests/slurm/h5check.py" "$@" 2>&1; }
+h5() { PYTHONPATH="$ROOT/python:$ROOT/tests/e2e${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$ROOT/tests/slurm/h5check.py" "$@" 2>&1; }
 
 cd "$WORK" || exit 1
 # Tiny chain-task model: 30 steps, a train-log row every 5 steps.

@@ -1,0 +1,189 @@
+"""The experiment suite (configs/experiments/suite.list): its lines, their settings and labels.
+
+One suite line is NAME CONFIG [--set section.key=value ...]; run NAME lives in RUNS/NAME
+(tools/run_experiments.sh). Lines that differ only in train.seed are one configuration
+(momfmm.results.runs groups them). Paths in the suite are relative to the repository root,
+repository_root(). tests/e2e reuse parse_suite.
+"""
+import configparser
+import os
+import re
+
+from momfmm.fmt import shortest
+from momfmm.results.errors import ReportError
+
+PROG = "momfmm_report.py"
+
+
+def repository_root():
+    """The repository whose configs/ the suite's paths are relative to: the source tree holding
+    this package (python/momfmm/results/ sits three levels below the root, docs/design.md §8.8;
+    an installed share/momfmm the same), else, for a package installed elsewhere, the current
+    directory."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    source_root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    return source_root if os.path.isdir(os.path.join(source_root, "configs")) else os.getcwd()
+
+
+def default_suite():
+    return os.path.join(repository_root(), "configs", "experiments", "suite.list")
+
+
+class Entry:
+    """One suite line: NAME CONFIG [--set section.key=value ...]."""
+
+    def __init__(self, name, config, sets, lineno, text):
+        self.name, self.config, self.sets, self.lineno, self.text = name, config, sets, lineno, text
+        self.run = None       # momfmm.h5.Run, when the run directory has files
+        self.error = None     # why the run could not be read
+        self.world_size = None
+        self.wall_s = None    # wall time from train.log ("# exit RC after N s"), if logged
+        self.wall_unlogged = 0  # starts in train.log without an exit line (their time is not in wall_s)
+        self.from_digest = False  # the run was read from its results digest (momfmm.digest)
+        self.digest_read = False  # a results digest of the line was read (used or not)
+
+    @property
+    def key(self):
+        """The configuration: config file and overrides without train.seed."""
+        return (self.config, tuple((k, v) for k, v in self.sets if k != "train.seed"))
+
+    @property
+    def seed(self):
+        for k, v in self.sets:
+            if k == "train.seed":
+                return v
+        return None
+
+
+def parse_overrides(words):
+    """[(section.key, value)] of override words `--set section.key=value ...`: the one syntax
+    of suite lines, of jobs/sweep.sbatch's sweep lines and of momfmm train (docs/cli.md §5).
+    Raises ValueError naming the first word that does not fit."""
+    sets = []
+    for i in range(0, len(words), 2):
+        pair = words[i + 1] if i + 1 < len(words) else ""
+        key = pair.split("=", 1)[0]
+        if words[i] != "--set" or "=" not in pair or "." not in key:
+            raise ValueError(f"expected '--set section.key=value' at '{words[i]}'")
+        sets.append(tuple(pair.split("=", 1)))
+    return sets
+
+
+def parse_suite(path):
+    """[Entry] of the suite file; raises ReportError naming the line that does not parse."""
+    entries, names = [], {}
+    with open(path) as f:
+        for lineno, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            words = line.split()
+            if len(words) < 2:
+                raise ReportError(f"{path}:{lineno}: expected 'NAME CONFIG [--set k=v ...]'")
+            name, config, rest = words[0], words[1], words[2:]
+            if name in names:
+                raise ReportError(f"{path}:{lineno}: run name '{name}' repeats line {names[name]}")
+            names[name] = lineno
+            try:
+                sets = parse_overrides(rest)
+            except ValueError as exc:
+                raise ReportError(f"{path}:{lineno}: {exc}") from None
+            entries.append(Entry(name, config, sets, lineno, line))
+    return entries
+
+
+_config_cache = {}
+
+
+def base_config(path):
+    """The config file of a suite line (relative to the repository root), parsed once."""
+    full = os.path.join(repository_root(), path)
+    if full not in _config_cache:
+        cp = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=(";", "#"))
+        if os.path.exists(full):
+            cp.read(full)
+        _config_cache[full] = cp
+    return _config_cache[full]
+
+
+def setting(entry, key, default=""):
+    """Value of section.key for a suite line: its override, else its config file's value,
+    else default."""
+    for k, v in entry.sets:
+        if k == key:
+            return v
+    section, name = key.split(".", 1)
+    return base_config(entry.config).get(section, name, fallback=default).strip()
+
+
+def family_of(entry):
+    base = os.path.basename(entry.config)
+    base = re.sub(r"(_full)?\.ini$", "", base)
+    if base == "chain_seed":  # the reference-scale families (momfmm.results.reference_scale): L sweep and R runs
+        return ("chain_seed_R", None) if entry.name.startswith("chain_seed_R_") else ("chain_seed", None)
+    if base == "text_seed":
+        return ("text_seed", None)
+    m = re.match(r"chain_L(\d+)$", base)
+    if m:
+        return ("chain", int(m.group(1)))
+    m = re.match(r"copy_T(\d+)$", base)
+    if m:
+        return ("copy", int(m.group(1)))
+    if base.startswith("listops"):
+        return ("listops", None)
+    if base.startswith("text"):
+        return ("text", None)
+    return ("other", base)
+
+
+def gamma_of(entry):
+    """momentum.gamma of a suite line, as a number."""
+    return float(setting(entry, "momentum.gamma", "0") or 0)
+
+
+def attention_label(entry):
+    """softmax / linear / band only / FMM 1 kernel / FMM 2 kernels, + momentum."""
+    kind = setting(entry, "attention.kind", "softmax")
+    gamma = gamma_of(entry)
+    if kind == "fmm":
+        bw = int(setting(entry, "fmm.bandwidth", "5") or 0)
+        kernels = [k for k in setting(entry, "fmm.kernels", "elu").split(",") if k.strip()]
+        if bw == 0:
+            label = f"linear ({','.join(kernels)})"
+        elif not kernels:
+            label = f"band only (band {bw})"
+        else:
+            label = f"FMM (band {bw}, {len(kernels)} kernel{'s' if len(kernels) > 1 else ''}: {','.join(kernels)})"
+    else:
+        label = "softmax"
+    if gamma != 0:
+        label = ("momentum-" + label if kind == "fmm" else "momentum softmax") + f", γ={shortest(gamma)}"
+    return label
+
+
+def unanchored(entry):
+    return setting(entry, "momentum.anchor", "true").lower() in ("false", "0", "no", "off")
+
+
+def pre_rope(entry):
+    return setting(entry, "momentum.placement", "post_rope") == "pre_rope"
+
+
+def momentum_label(entry):
+    parts = [f"γ={shortest(gamma_of(entry))}"]
+    if unanchored(entry):
+        parts.append("unanchored")
+    if pre_rope(entry):
+        parts.append("pre_rope")
+    return ", ".join(parts)
+
+
+VARIANT_ORDER = ["softmax", "linear", "band only", "FMM (band 5, 1 kernel", "FMM (band 5, 2 kernels",
+                 "momentum softmax", "momentum-FMM"]
+
+
+def variant_rank(label):
+    for i, prefix in enumerate(VARIANT_ORDER):
+        if label.startswith(prefix):
+            return i
+    return len(VARIANT_ORDER)
