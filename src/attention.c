@@ -4,6 +4,7 @@
  * every kernel sees contiguous [T, dh] matrices. */
 #include "momfmm/attention.h"
 
+#include <omp.h>
 #include <string.h>
 
 #include "momfmm/kernels.h"
@@ -23,6 +24,8 @@ size_t attention_scratch_per_head(const config *cfg, const fmm_settings *fmm, in
     size_t kernel = cfg->attention == ATTENTION_FMM ? fmm_head_scratch_floats(fmm, T, dh) : (size_t)T * T;
     return kernel + 5 * (size_t)T * dh;
 }
+
+int attention_threads(void) { return omp_get_max_threads(); }
 
 /* Four [n, dh] temporaries (raw, q, p, head output) and the FMM kernel's. */
 size_t attention_stream_scratch_floats(const fmm_settings *fmm, int n_max, int dh) {
@@ -92,61 +95,77 @@ static size_t head_offset(const attention_layer *a, int b, int h, int T) {
     return ((size_t)b * a->H + h) * (size_t)T * a->dh;
 }
 
-void attention_forward(const attention_layer *a, const attention_saved *s, const float *qkv, float *out, int B, int T) {
+/* Heads run in parallel (docs/design.md §8.10), each thread with its own
+ * scratch and each head's batch rows in order, so what a head accumulates
+ * over the batch (momentum buffer sums, the gradients of gamma and blend)
+ * adds up in the same order whatever the thread count: results do not
+ * depend on it. The products inside run on one thread each. */
+static void forward_head(const attention_layer *a, const attention_saved *s, const float *qkv, float *out, int B, int T,
+                         int h, float *scratch) {
     int d = a->d, dh = a->dh;
     size_t saved_per_head = attention_saved_per_head(a->cfg, a->fmm, T);
-    float *raw = s->scratch + attention_scratch_per_head(a->cfg, a->fmm, T) - 5 * (size_t)T * dh;
+    float *raw = scratch + attention_scratch_per_head(a->cfg, a->fmm, T) - 5 * (size_t)T * dh;
     float *head_out = raw + (size_t)T * dh;
     bool keep_p = s->p_q != NULL;
     for (int b = 0; b < B; b++) {
         const float *rows = qkv + (size_t)b * T * 3 * d;
-        for (int h = 0; h < a->H; h++) {
-            size_t off = head_offset(a, b, h, T);
-            float *q = s->q_hat + off, *k = s->k_hat + off, *v = s->v_heads + off;
-            gather_head(raw, rows, 3 * d, h * dh, T, dh);
-            prepare_vector(a, h, VECTOR_Q, raw, q, keep_p ? s->p_q + off : NULL, T);
-            gather_head(raw, rows, 3 * d, d + h * dh, T, dh);
-            prepare_vector(a, h, VECTOR_K, raw, k, keep_p ? s->p_k + off : NULL, T);
-            gather_head(v, rows, 3 * d, 2 * d + h * dh, T, dh);
-            float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
-            if (a->cfg->attention == ATTENTION_FMM) {
-                fmm_head_forward(a->fmm, q, k, v, a->blend[h], a->blend[a->H + h], head_out, saved, s->scratch, T, dh);
-            } else {
-                softmax_attention_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal);
-            }
-            scatter_head(out + (size_t)b * T * d, head_out, d, h * dh, T, dh);
+        size_t off = head_offset(a, b, h, T);
+        float *q = s->q_hat + off, *k = s->k_hat + off, *v = s->v_heads + off;
+        gather_head(raw, rows, 3 * d, h * dh, T, dh);
+        prepare_vector(a, h, VECTOR_Q, raw, q, keep_p ? s->p_q + off : NULL, T);
+        gather_head(raw, rows, 3 * d, d + h * dh, T, dh);
+        prepare_vector(a, h, VECTOR_K, raw, k, keep_p ? s->p_k + off : NULL, T);
+        gather_head(v, rows, 3 * d, 2 * d + h * dh, T, dh);
+        float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
+        if (a->cfg->attention == ATTENTION_FMM) {
+            fmm_head_forward(a->fmm, q, k, v, a->blend[h], a->blend[a->H + h], head_out, saved, scratch, T, dh);
+        } else {
+            softmax_attention_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal);
         }
+        scatter_head(out + (size_t)b * T * d, head_out, d, h * dh, T, dh);
+    }
+}
+
+void attention_forward(const attention_layer *a, const attention_saved *s, const float *qkv, float *out, int B, int T) {
+    size_t per_thread = attention_scratch_per_head(a->cfg, a->fmm, T);
+#pragma omp parallel for schedule(static, 1) num_threads(s->threads)
+    for (int h = 0; h < a->H; h++)
+        forward_head(a, s, qkv, out, B, T, h, s->scratch + (size_t)omp_get_thread_num() * per_thread);
+}
+
+static void backward_head(const attention_layer *a, const attention_saved *s, const float *d_out, float *d_qkv, int B,
+                          int T, int h, float *scratch) {
+    int d = a->d, dh = a->dh;
+    size_t saved_per_head = attention_saved_per_head(a->cfg, a->fmm, T), tdh = (size_t)T * dh;
+    float *d_head_out = scratch + attention_scratch_per_head(a->cfg, a->fmm, T) - 5 * tdh;
+    float *dq = d_head_out + tdh, *dk = dq + tdh, *dv = dk + tdh, *d_raw = dv + tdh;
+    bool keep_p = s->p_q != NULL;
+    for (int b = 0; b < B; b++) {
+        float *d_rows = d_qkv + (size_t)b * T * 3 * d;
+        size_t off = head_offset(a, b, h, T);
+        const float *q = s->q_hat + off, *k = s->k_hat + off, *v = s->v_heads + off;
+        const float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
+        gather_head(d_head_out, d_out + (size_t)b * T * d, d, h * dh, T, dh);
+        if (a->cfg->attention == ATTENTION_FMM) {
+            fmm_head_backward(a->fmm, q, k, v, a->blend[h], a->blend[a->H + h], saved, d_head_out, dq, dk, dv,
+                              &a->d_blend[h], &a->d_blend[a->H + h], scratch, T, dh);
+        } else {
+            softmax_attention_backward(dq, dk, dv, d_head_out, saved, q, k, v, scratch, T, T, dh, a->cfg->causal);
+        }
+        unprepare_gradient(a, h, VECTOR_Q, dq, d_raw, keep_p ? s->p_q + off : NULL, T);
+        scatter_head(d_rows, d_raw, 3 * d, h * dh, T, dh);
+        unprepare_gradient(a, h, VECTOR_K, dk, d_raw, keep_p ? s->p_k + off : NULL, T);
+        scatter_head(d_rows, d_raw, 3 * d, d + h * dh, T, dh);
+        scatter_head(d_rows, dv, 3 * d, 2 * d + h * dh, T, dh);
     }
 }
 
 void attention_backward(const attention_layer *a, const attention_saved *s, const float *d_out, float *d_qkv, int B,
                         int T) {
-    int d = a->d, dh = a->dh;
-    size_t saved_per_head = attention_saved_per_head(a->cfg, a->fmm, T), tdh = (size_t)T * dh;
-    float *d_head_out = s->scratch + attention_scratch_per_head(a->cfg, a->fmm, T) - 5 * tdh;
-    float *dq = d_head_out + tdh, *dk = dq + tdh, *dv = dk + tdh, *d_raw = dv + tdh;
-    bool keep_p = s->p_q != NULL;
-    for (int b = 0; b < B; b++) {
-        float *d_rows = d_qkv + (size_t)b * T * 3 * d;
-        for (int h = 0; h < a->H; h++) {
-            size_t off = head_offset(a, b, h, T);
-            const float *q = s->q_hat + off, *k = s->k_hat + off, *v = s->v_heads + off;
-            const float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
-            gather_head(d_head_out, d_out + (size_t)b * T * d, d, h * dh, T, dh);
-            if (a->cfg->attention == ATTENTION_FMM) {
-                fmm_head_backward(a->fmm, q, k, v, a->blend[h], a->blend[a->H + h], saved, d_head_out, dq, dk, dv,
-                                  &a->d_blend[h], &a->d_blend[a->H + h], s->scratch, T, dh);
-            } else {
-                softmax_attention_backward(dq, dk, dv, d_head_out, saved, q, k, v, s->scratch, T, T, dh,
-                                           a->cfg->causal);
-            }
-            unprepare_gradient(a, h, VECTOR_Q, dq, d_raw, keep_p ? s->p_q + off : NULL, T);
-            scatter_head(d_rows, d_raw, 3 * d, h * dh, T, dh);
-            unprepare_gradient(a, h, VECTOR_K, dk, d_raw, keep_p ? s->p_k + off : NULL, T);
-            scatter_head(d_rows, d_raw, 3 * d, d + h * dh, T, dh);
-            scatter_head(d_rows, dv, 3 * d, 2 * d + h * dh, T, dh);
-        }
-    }
+    size_t per_thread = attention_scratch_per_head(a->cfg, a->fmm, T);
+#pragma omp parallel for schedule(static, 1) num_threads(s->threads)
+    for (int h = 0; h < a->H; h++)
+        backward_head(a, s, d_out, d_qkv, B, T, h, s->scratch + (size_t)omp_get_thread_num() * per_thread);
 }
 
 /* ---- streaming (docs/model.md §1.2: carry each sequence's previous vectors) ------- */

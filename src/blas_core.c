@@ -2,6 +2,7 @@
 #include "momfmm/blas_core.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,4 +45,11 @@ int blas_core_threads(void) {
     return n > 0 ? n : 1;
 }
 
-void blas_core_use_threads(int threads) { openblas_set_num_threads(threads > 0 ? threads : 1); }
+/* The threads are OpenMP's (libgomp would otherwise take every core when
+ * OMP_NUM_THREADS is unset): the GEMM engine splits large products over
+ * them and runs OpenBLAS itself on one thread per call (gemm.c), so that
+ * one pool of threads serves every kernel. */
+void blas_core_use_threads(int threads) {
+    openblas_set_num_threads(1);
+    omp_set_num_threads(threads > 0 ? threads : 1);
+}

@@ -328,8 +328,8 @@ int command_loss(const char *ckpt, const char *tokens, const char *grads, bool f
     double loss = count > 0 ? sum / count : 0.0;
     log_rank0("loss %.9g\n", loss);
     if (grads) {
-        model_zero_grads(&m);
-        model_backward(&m, b.inputs, b.targets, b.labels, b.B, b.T, count > 0 ? (float)(1.0 / count) : 0.0f, NULL);
+        model_backward(&m, b.inputs, b.targets, b.labels, b.B, b.T, count > 0 ? (float)(1.0 / count) : 0.0f, NULL,
+                       false);
         if (dist_rank() == 0 && store_write_grads(grads, &m, loss, &err) != 0) cmd_fail(err.code, "%s", err.message);
     }
     data_batch_free(&b);

@@ -9,6 +9,7 @@
 #include "momfmm/sys.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,12 +155,56 @@ static const uint16_t *weight_copy(const gemm_ctx *ctx, const float *p) {
     return ctx->weights_bf16 + (p - ctx->weights);
 }
 
+static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                  int ldb, float beta, float *C, int ldc) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
+                A, lda, B, ldb, beta, C, ldc);
+}
+
+/* Products below this many multiply-adds stay on one thread. */
+#define SPLIT_MIN_MACS (1 << 21)
+/* Parts start on multiples of this many rows or columns (the kernels'
+ * register blocks divide it). */
+#define SPLIT_ALIGN 32
+
+/* OpenBLAS on OpenMP's threads (docs/design.md §8.10): OpenBLAS itself runs
+ * single-threaded, and a large product is cut into one block of rows (or
+ * of columns, when there are fewer rows) of C per thread, each a
+ * cblas_sgemm of its own. So one pool of threads (OpenMP's) runs every
+ * kernel: OpenBLAS's own pool beside it, both spinning for two cores,
+ * slowed a 2-thread run threefold. As with OpenBLAS's own threading, the
+ * last bits of a product depend on how it is cut (its kernels round edge
+ * blocks differently), hence on the thread count. Inside a parallel region
+ * (attention's heads) the product runs on the calling thread. */
+static void openblas_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+                             const float *B, int ldb, float beta, float *C, int ldc) {
+    int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (threads <= 1 || (double)M * N * K < SPLIT_MIN_MACS) {
+        sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    bool by_rows = M >= N;
+    int extent = by_rows ? M : N, parts = threads;
+    int step = (extent + parts - 1) / parts;
+    step = (step + SPLIT_ALIGN - 1) / SPLIT_ALIGN * SPLIT_ALIGN;
+#pragma omp parallel for schedule(static, 1) num_threads(threads)
+    for (int p = 0; p < parts; p++) {
+        int lo = p * step, n = extent - lo < step ? extent - lo : step;
+        if (n <= 0) continue;
+        if (by_rows)
+            sgemm(trans_a, trans_b, n, N, K, alpha, trans_a ? A + lo : A + (size_t)lo * lda, lda, B, ldb, beta,
+                  C + (size_t)lo * ldc, ldc);
+        else
+            sgemm(trans_a, trans_b, M, n, K, alpha, A, lda, trans_b ? B + (size_t)lo * ldb : B + lo, ldb, beta, C + lo,
+                  ldc);
+    }
+}
+
 void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                   int ldb, float beta, float *C, int ldc) {
     gemm_ctx *ctx = default_ctx;
     if (!ctx || ctx->engine == GEMM_OPENBLAS) {
-        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-                    alpha, A, lda, B, ldb, beta, C, ldc);
+        openblas_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     gemm_operand a = {A, NULL}, b = {B, NULL};

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "momfmm/attention.h"
+#include "momfmm/fast_math.h"
 #include "momfmm/gemm.h"
 #include "momfmm/kernels.h"
 #include "momfmm/prof.h"
@@ -263,7 +264,7 @@ static size_t activation_plan(const model *m, model_activations *a, int B, int T
         {&a->d_model_rows, bt * d},
         {&a->d_ff, bt * ff},
         {&a->d_pooled, lm ? 0 : (size_t)B * d},
-        {&a->head_scratch, attention_scratch_per_head(&m->cfg, &m->fmm, T)},
+        {&a->head_scratch, attention_scratch_per_head(&m->cfg, &m->fmm, T) * (size_t)attention_threads()},
         {&a->probs, !m->keep_logits ? 0
                     : lm            ? bt * m->V
                                     : (size_t)B * m->n_out},
@@ -283,10 +284,12 @@ size_t model_activation_bytes(const model *m, int B, int T) {
 
 static void activations_reserve(model *m, int B, int T) {
     model_activations *a = &m->acts;
-    if (a->mem && B <= a->B && T <= a->T && a->kept_logits == m->keep_logits) return;
+    if (a->mem && B <= a->B && T <= a->T && a->kept_logits == m->keep_logits && attention_threads() <= a->threads)
+        return;
     activations_free(a);
     a->B = B;
     a->T = T;
+    a->threads = attention_threads();
     a->kept_logits = m->keep_logits;
     carve plan[ACTIVATION_SLOTS];
     size_t total = 0, n = activation_plan(m, a, B, T, plan);
@@ -301,8 +304,20 @@ static void activations_reserve(model *m, int B, int T) {
     a->predictions = sys_calloc((size_t)B * T, sizeof(int32_t));
 }
 
-static void add_into(float *dst, const float *src, size_t n) {
+/* The residual adds, elementwise on OpenMP's threads. */
+VECTOR_CLONES static void add_chunk(float *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+#define ADD_CHUNK 16384
+
+static void add_into(float *dst, const float *src, size_t n) {
+    size_t chunks = (n + ADD_CHUNK - 1) / ADD_CHUNK;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (size_t c = 0; c < chunks; c++) {
+        size_t at = c * ADD_CHUNK;
+        add_chunk(dst + at, src + at, n - at < ADD_CHUNK ? n - at : ADD_CHUNK);
+    }
 }
 
 /* docs/model.md §1 item 4, cls: mean of x over the valid positions (targets != -1). */
@@ -368,6 +383,7 @@ static attention_saved attention_state(const model *m, int l, int B, int T) {
         .p_k = a->p_k ? a->p_k + heads : NULL,
         .saved = a->att_saved + saved,
         .scratch = a->head_scratch,
+        .threads = a->threads,
     };
     return s;
 }
@@ -452,33 +468,43 @@ long long model_target_count(const model *m, const int32_t *targets, int B, int 
     return n;
 }
 
-void model_zero_grads(model *m) { memset(m->grads, 0, sizeof(float) * m->n_params); }
+/* The gradients no kernel overwrites: the embedding's (a scatter-add over
+ * the tokens), the learned gamma's and the blend logits' (sums over the
+ * batch). */
+static void zero_accumulated_grads(model *m) {
+    memset(m->g.tok_emb, 0, sizeof(float) * (size_t)m->V * m->d);
+    for (int l = 0; l < m->L; l++) {
+        if (m->g.blocks[l].momentum_gamma) memset(m->g.blocks[l].momentum_gamma, 0, sizeof(float) * m->H);
+        if (m->g.blocks[l].fmm_blend) memset(m->g.blocks[l].fmm_blend, 0, sizeof(float) * 2 * m->H);
+    }
+}
 
-static void head_backward(model *m, const int32_t *targets, const int32_t *labels, int B, int T, float scale) {
+static void head_backward(model *m, const int32_t *targets, const int32_t *labels, int B, int T, float scale,
+                          bool accumulate) {
     model_activations *a = &m->acts;
     int rows = B * T;
     if (m->cfg.head == HEAD_LM) {
         PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_backward(a->probs, targets, rows, m->V, scale));
         PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows, m->g.head_weight, NULL, a->probs, a->ln_f,
-                                                         m->w.head_weight, rows, m->d, m->V));
+                                                         m->w.head_weight, rows, m->d, m->V, accumulate));
     } else {
         float *d_pooled = a->d_pooled;
         PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_backward(a->probs, labels, B, m->n_out, scale));
         PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(d_pooled, m->g.cls_weight, m->g.cls_bias, a->probs, a->pooled,
-                                                         m->w.cls_weight, B, m->d, m->n_out));
+                                                         m->w.cls_weight, B, m->d, m->n_out, accumulate));
         PROF_TIMED(PROF_BACKWARD_LOSS, unpool_valid_positions(a->d_model_rows, d_pooled, targets, B, T, m->d));
     }
     PROF_TIMED(PROF_BACKWARD_LOSS, memset(a->d_residual, 0, sizeof(float) * rows * m->d));
     PROF_TIMED(PROF_BACKWARD_NORM, layernorm_backward(a->d_residual, m->g.ln_f_weight, m->g.ln_f_bias, a->d_model_rows,
                                                       a->residual + (size_t)m->L * rows * m->d, m->w.ln_f_weight,
-                                                      a->ln_f_mean, a->ln_f_rstd, rows, m->d));
+                                                      a->ln_f_mean, a->ln_f_rstd, rows, m->d, accumulate));
 }
 
 static void progress(const model_backward_hooks *hooks) {
     if (hooks && hooks->progress) hooks->progress(hooks->ctx);
 }
 
-static void block_backward(model *m, int l, int B, int T, const model_backward_hooks *hooks) {
+static void block_backward(model *m, int l, int B, int T, const model_backward_hooks *hooks, bool accumulate) {
     model_activations *a = &m->acts;
     const model_block_tensors *w = &m->w.blocks[l];
     model_block_tensors *g = &m->g.blocks[l];
@@ -488,36 +514,41 @@ static void block_backward(model *m, int l, int B, int T, const model_backward_h
     float *fc_pre = a->fc_pre + l * bt * ff;
     /* d_residual holds dL/d(block output); the residual paths pass it through
      * unchanged and each LayerNorm backward adds its branch into it. */
-    PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual,
-                                                     a->fc_act + l * bt * ff, w->mlp_proj_weight, rows, m->d_ff, m->d));
+    PROF_TIMED(PROF_BACKWARD_LINEAR,
+               matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, a->fc_act + l * bt * ff,
+                               w->mlp_proj_weight, rows, m->d_ff, m->d, accumulate));
     progress(hooks);
     PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_backward(a->d_ff, fc_pre, a->fc_tanh + l * bt * ff, a->d_ff, bt * ff));
-    PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows, g->fc_weight, g->fc_bias, a->d_ff,
-                                                     a->ln2 + l * bt * d, w->fc_weight, rows, m->d, m->d_ff));
+    PROF_TIMED(PROF_BACKWARD_LINEAR,
+               matmul_backward(a->d_model_rows, g->fc_weight, g->fc_bias, a->d_ff, a->ln2 + l * bt * d, w->fc_weight,
+                               rows, m->d, m->d_ff, accumulate));
     progress(hooks);
     PROF_TIMED(PROF_BACKWARD_NORM,
                layernorm_backward(a->d_residual, g->ln2_weight, g->ln2_bias, a->d_model_rows, mid, w->ln2_weight,
-                                  a->ln2_mean + l * bt, a->ln2_rstd + l * bt, rows, m->d));
-    PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows, g->proj_weight, g->proj_bias, a->d_residual,
-                                                     a->att_out + l * bt * d, w->proj_weight, rows, m->d, m->d));
+                                  a->ln2_mean + l * bt, a->ln2_rstd + l * bt, rows, m->d, accumulate));
+    PROF_TIMED(PROF_BACKWARD_LINEAR,
+               matmul_backward(a->d_model_rows, g->proj_weight, g->proj_bias, a->d_residual, a->att_out + l * bt * d,
+                               w->proj_weight, rows, m->d, m->d, accumulate));
     progress(hooks);
     attention_layer view = model_attention_layer(m, l, false);
     attention_saved saved = attention_state(m, l, B, T);
     PROF_TIMED(PROF_BACKWARD_ATTENTION, attention_backward(&view, &saved, a->d_model_rows, a->qkv, B, T));
     progress(hooks);
-    PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows, g->qkv_weight, g->qkv_bias, a->qkv,
-                                                     a->ln1 + l * bt * d, w->qkv_weight, rows, m->d, 3 * m->d));
+    PROF_TIMED(PROF_BACKWARD_LINEAR,
+               matmul_backward(a->d_model_rows, g->qkv_weight, g->qkv_bias, a->qkv, a->ln1 + l * bt * d, w->qkv_weight,
+                               rows, m->d, 3 * m->d, accumulate));
     progress(hooks);
     PROF_TIMED(PROF_BACKWARD_NORM,
                layernorm_backward(a->d_residual, g->ln1_weight, g->ln1_bias, a->d_model_rows, x, w->ln1_weight,
-                                  a->ln1_mean + l * bt, a->ln1_rstd + l * bt, rows, m->d));
+                                  a->ln1_mean + l * bt, a->ln1_rstd + l * bt, rows, m->d, accumulate));
 }
 
 void model_backward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
-                    float loss_scale, const model_backward_hooks *hooks) {
-    head_backward(m, targets, labels, B, T, loss_scale);
+                    float loss_scale, const model_backward_hooks *hooks, bool accumulate) {
+    if (!accumulate) zero_accumulated_grads(m);
+    head_backward(m, targets, labels, B, T, loss_scale, accumulate);
     for (int l = m->L - 1; l >= 0; l--) {
-        block_backward(m, l, B, T, hooks);
+        block_backward(m, l, B, T, hooks, accumulate);
         if (hooks && hooks->block_done) hooks->block_done(hooks->ctx, l);
     }
     PROF_TIMED(PROF_BACKWARD_LOSS, embedding_backward(m->g.tok_emb, inputs, m->acts.d_residual, B * T, m->d));

@@ -21,7 +21,7 @@ double optimizer_learning_rate(const config *c, long long step) {
  * machine the same sum. */
 #define SQUARE_LANES 8
 
-VECTOR_CLONES double optimizer_sum_squares(const float *grads, size_t n) {
+VECTOR_CLONES static double block_sum_squares(const float *grads, size_t n) {
     double lanes[SQUARE_LANES] = {0};
     size_t i = 0;
     for (; i + SQUARE_LANES <= n; i += SQUARE_LANES)
@@ -29,6 +29,26 @@ VECTOR_CLONES double optimizer_sum_squares(const float *grads, size_t n) {
     for (int k = 0; i < n; i++, k++) lanes[k] += (double)grads[i] * grads[i];
     double sum = 0;
     for (int k = 0; k < SQUARE_LANES; k++) sum += lanes[k];
+    return sum;
+}
+
+/* Blocks whose size depends on n alone, summed by any thread and added in
+ * block order: the same sum on any number of threads. */
+#define SQUARE_BLOCKS_MAX 4096
+#define SQUARE_BLOCK_MIN 65536
+
+double optimizer_sum_squares(const float *grads, size_t n) {
+    size_t block = (n + SQUARE_BLOCKS_MAX - 1) / SQUARE_BLOCKS_MAX;
+    block = block < SQUARE_BLOCK_MIN ? SQUARE_BLOCK_MIN : block;
+    size_t blocks = (n + block - 1) / block;
+    double partial[SQUARE_BLOCKS_MAX];
+#pragma omp parallel for schedule(static) if (blocks > 1)
+    for (size_t b = 0; b < blocks; b++) {
+        size_t lo = b * block, hi = lo + block < n ? lo + block : n;
+        partial[b] = block_sum_squares(grads + lo, hi - lo);
+    }
+    double sum = 0;
+    for (size_t b = 0; b < blocks; b++) sum += partial[b];
     return sum;
 }
 
@@ -59,15 +79,11 @@ VECTOR_CLONES void optimizer_adamw(float *params, const float *grads, float *m, 
 }
 
 void optimizer_step_model(model *mdl, long long t, const optimizer_settings *s) {
-    for (int i = 0; i < mdl->n_entries; i++) {
-        const model_param *e = &mdl->entries[i];
-        optimizer_adamw(mdl->params + e->offset, mdl->grads + e->offset, mdl->adam_m + e->offset,
-                        mdl->adam_v + e->offset, e->numel, t, s, e->decay);
-    }
+    optimizer_step_range(mdl, 0, mdl->n_params, mdl->grads, t, s);
 }
 
-void optimizer_step_range(model *mdl, size_t lo, size_t hi, const float *grads, long long t,
-                          const optimizer_settings *s) {
+/* [lo, hi) tensor by tensor: the piece of each entry inside the range. */
+static void step_chunk(model *mdl, size_t lo, size_t hi, const float *grads, long long t, const optimizer_settings *s) {
     for (int i = 0; i < mdl->n_entries; i++) {
         const model_param *e = &mdl->entries[i];
         size_t a = e->offset > lo ? e->offset : lo, end = e->offset + e->numel, b = end < hi ? end : hi;
@@ -75,5 +91,19 @@ void optimizer_step_range(model *mdl, size_t lo, size_t hi, const float *grads, 
         size_t moment = a - mdl->moment_first;
         optimizer_adamw(mdl->params + a, grads + (a - lo), mdl->adam_m + moment, mdl->adam_v + moment, b - a, t, s,
                         e->decay);
+    }
+}
+
+/* Elementwise, so chunks of the range run on OpenMP's threads with the
+ * results of one thread (docs/design.md §8.10). */
+#define STEP_CHUNK 65536
+
+void optimizer_step_range(model *mdl, size_t lo, size_t hi, const float *grads, long long t,
+                          const optimizer_settings *s) {
+    size_t chunks = (hi - lo + STEP_CHUNK - 1) / STEP_CHUNK;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (size_t c = 0; c < chunks; c++) {
+        size_t a = lo + c * STEP_CHUNK, b = a + STEP_CHUNK < hi ? a + STEP_CHUNK : hi;
+        step_chunk(mdl, a, b, grads + (a - lo), t, s);
     }
 }

@@ -150,7 +150,7 @@ static void micro_step(trainer *t, int first, int rows, float scale, const model
     double *r = t->reduce_scratch;
     r[0] += model_loss_sum(m, targets, rows, b->T, &count);
     for (size_t i = 0; m->momentum && i < m->n_buffer; i++) r[1 + i] += m->buffer_sums[i];
-    model_backward(m, inputs, targets, labels, rows, b->T, scale, hooks);
+    model_backward(m, inputs, targets, labels, rows, b->T, scale, hooks, first > 0);
 }
 
 typedef struct {
@@ -217,7 +217,6 @@ int trainer_step(trainer *t, train_step_result *result, status *err) {
     if (data_fill(t->shard.data, b, SPLIT_TRAIN, step, t->shard.first, err) != 0) return err->code;
     double global_count = global_target_count(t);
     float scale = global_count > 0 ? (float)(1.0 / global_count) : 0.0f;
-    model_zero_grads(m);
     memset(t->reduce_scratch, 0, sizeof(double) * (1 + m->n_buffer));
     /* the reduction overlaps only the last micro-batch's backward: earlier
      * ones add into the same gradients */

@@ -260,8 +260,7 @@ static bool train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size
     optimizer_settings s = {1e-3, 0.9, 0.95, 1e-8, 0.0, 1.0f};
     for (int step = 1; step <= 10; step++) {
         model_forward(&m, inputs, targets, NULL, B, T, m.momentum);
-        model_zero_grads(&m);
-        model_backward(&m, inputs, targets, NULL, B, T, 1.0f / (B * T), NULL);
+        model_backward(&m, inputs, targets, NULL, B, T, 1.0f / (B * T), NULL, false);
         optimizer_step_model(&m, step, &s);
         model_params_changed(&m);
         if (step == 2) *created_at_2 = gemm_primitives_created(ctx);

@@ -35,7 +35,7 @@ static void test_matmul(void) {
     c.rows = 5, c.in = 7, c.out_dim = 6;
     c.x = randn(35, 1), c.w = randn(42, 1), c.b = randn(6, 1), c.out = randn(30, 1), c.probe = randn(30, 1);
     float *dx = calloc(35, 4), *dw = calloc(42, 4), *db = calloc(6, 4);
-    matmul_backward(dx, dw, db, c.probe, c.x, c.w, c.rows, c.in, c.out_dim);
+    matmul_backward(dx, dw, db, c.probe, c.x, c.w, c.rows, c.in, c.out_dim, true);
     fd_check("matmul dinp", c.x, dx, 35, matmul_loss, &c, 1e-2, 1e-3);
     fd_check("matmul dweight", c.w, dw, 42, matmul_loss, &c, 1e-2, 1e-3);
     fd_check("matmul dbias", c.b, db, 6, matmul_loss, &c, 1e-2, 1e-3);
@@ -56,7 +56,7 @@ static void test_layernorm(void) {
     c.aux1 = calloc(4, 4), c.aux2 = calloc(4, 4);
     float *dx = calloc(n, 4), *dw = calloc(9, 4), *db = calloc(9, 4);
     layernorm_forward(c.out, c.aux1, c.aux2, c.x, c.w, c.b, c.rows, c.in);
-    layernorm_backward(dx, dw, db, c.probe, c.x, c.w, c.aux1, c.aux2, c.rows, c.in);
+    layernorm_backward(dx, dw, db, c.probe, c.x, c.w, c.aux1, c.aux2, c.rows, c.in, true);
     fd_check("layernorm dinp", c.x, dx, n, layernorm_loss, &c, 1e-2, 1e-2);
     fd_check("layernorm dweight", c.w, dw, 9, layernorm_loss, &c, 1e-2, 1e-2);
     fd_check("layernorm dbias", c.b, db, 9, layernorm_loss, &c, 1e-2, 1e-2);

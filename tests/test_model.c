@@ -1,13 +1,17 @@
 /* Whole-model finite-difference test: the gradient of every tensor of a
  * tiny model (several attention/momentum/head variants) against central
  * differences of the loss, on a few sampled entries per tensor. */
+#include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "momfmm/cmd_common.h"
 #include "momfmm/dist.h"
+#include "momfmm/kernels.h"
 #include "momfmm/model.h"
+#include "momfmm/optimizer.h"
 #include "momfmm/status.h"
 #include "momfmm/sys.h"
 #include "test_util.h"
@@ -55,6 +59,50 @@ static void fd_tensor(case_ctx *c, const model_param *e, const char *tag) {
     test_check(max_err <= bound, name, "max_err %.3e  max|grad| %.3e  bound %.3e", max_err, max_grad, bound);
 }
 
+/* Without `accumulate` every gradient is written, none left from before:
+ * backward over NaN gradients equals backward added to zeros, bit for bit. */
+static void check_overwrite(case_ctx *c, long long count, const char *tag) {
+    model *m = c->m;
+    size_t bytes = sizeof(float) * m->n_params;
+    float *added = malloc(bytes);
+    memset(m->grads, 0, bytes);
+    loss_of(c); /* backward consumes the forward's probabilities */
+    model_backward(m, c->inputs, c->targets, c->labels, B, T, (float)(1.0 / count), NULL, true);
+    memcpy(added, m->grads, bytes);
+    for (size_t i = 0; i < m->n_params; i++) m->grads[i] = NAN;
+    loss_of(c);
+    model_backward(m, c->inputs, c->targets, c->labels, B, T, (float)(1.0 / count), NULL, false);
+    char name[160];
+    snprintf(name, sizeof name, "%s: backward overwrites every gradient", tag);
+    test_check(memcmp(added, m->grads, bytes) == 0, name, NULL);
+    free(added);
+}
+
+/* The kernels other than GEMMs give the same floats on 1 and 3 OpenMP
+ * threads (docs/design.md §8.10); the products stay on one thread here
+ * (OpenBLAS's results depend on how a product is cut, gemm.c), as they do
+ * when called inside the parallel heads. */
+static void check_threads(case_ctx *c, long long count, const char *tag) {
+    model *m = c->m;
+    size_t bytes = sizeof(float) * m->n_params;
+    float *one = malloc(bytes);
+    int before = omp_get_max_threads();
+    kernel_set_parallel_min(1); /* this model's kernels are far below the threshold */
+    omp_set_num_threads(1);
+    loss_of(c);
+    model_backward(m, c->inputs, c->targets, c->labels, B, T, (float)(1.0 / count), NULL, false);
+    memcpy(one, m->grads, bytes);
+    omp_set_num_threads(3);
+    loss_of(c);
+    model_backward(m, c->inputs, c->targets, c->labels, B, T, (float)(1.0 / count), NULL, false);
+    omp_set_num_threads(before);
+    kernel_set_parallel_min(0);
+    char name[160];
+    snprintf(name, sizeof name, "%s: the same gradients on 1 and 3 threads", tag);
+    test_check(memcmp(one, m->grads, bytes) == 0, name, NULL);
+    free(one);
+}
+
 static void run_case(const char *tag, void (*adjust)(config *)) {
     config cfg;
     config_defaults(&cfg);
@@ -83,9 +131,43 @@ static void run_case(const char *tag, void (*adjust)(config *)) {
     long long count;
     double sum = model_loss_sum(&m, c.targets, B, T, &count);
     (void)sum;
-    model_zero_grads(&m);
-    model_backward(&m, c.inputs, c.targets, c.labels, B, T, (float)(1.0 / count), NULL);
+    model_backward(&m, c.inputs, c.targets, c.labels, B, T, (float)(1.0 / count), NULL, false);
     for (int i = 0; i < m.n_entries; i++) fd_tensor(&c, &m.entries[i], tag);
+    check_overwrite(&c, count, tag);
+    check_threads(&c, count, tag);
+    model_free(&m);
+}
+
+/* AdamW and the gradient norm run in chunks on OpenMP's threads: the same
+ * floats on 1 and 3 threads (a model large enough for several chunks). */
+static void check_optimizer_threads(void) {
+    config cfg;
+    config_defaults(&cfg);
+    cfg.vocab_size = 512, cfg.d_model = 128, cfg.n_heads = 2, cfg.n_layers = 2, cfg.d_ff = 256;
+    model m;
+    if (!test_check(model_create(&m, &cfg, NULL) == 0, "optimizer threads: model_create", NULL)) return;
+    model_init_parameters(&m);
+    uint64_t state = 11;
+    fd_fill(m.grads, m.n_params, 1.0f, &state);
+    size_t bytes = sizeof(float) * m.n_params;
+    float *start = malloc(bytes), *one = malloc(bytes);
+    memcpy(start, m.params, bytes);
+    optimizer_settings s = {1e-3, 0.9, 0.95, 1e-8, 0.1, 0.5f};
+    double norm[2];
+    for (int run = 0; run < 2; run++) {
+        omp_set_num_threads(run ? 3 : 1);
+        memcpy(m.params, start, bytes);
+        memset(m.adam_m, 0, 2 * bytes);
+        norm[run] = optimizer_global_norm(m.grads, m.n_params);
+        optimizer_step_model(&m, 1, &s);
+        if (!run) memcpy(one, m.params, bytes);
+    }
+    omp_set_num_threads(1);
+    test_check(norm[0] == norm[1], "optimizer: the same gradient norm on 1 and 3 threads", "%.17g vs %.17g", norm[0],
+               norm[1]);
+    test_check(memcmp(one, m.params, bytes) == 0, "optimizer: the same AdamW update on 1 and 3 threads", NULL);
+    free(start);
+    free(one);
     model_free(&m);
 }
 
@@ -118,6 +200,7 @@ int main(int argc, char **argv) {
     run_case("model fmm elu,elu_flip", fmm_two_kernels);
     run_case("model fmm tanh non-causal learned gamma", fmm_momentum_full);
     run_case("model cls head", cls_head);
+    check_optimizer_threads();
     int rc = test_summary("test_model");
     dist_finalize();
     return rc;

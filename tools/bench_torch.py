@@ -5,17 +5,30 @@ Builds the docs/model.md §1 model (pre-LN, RoPE, softmax attention, gelu-tanh M
 from a momfmm INI config (model.*, data.seq_len, train.batch_size, train.lr,
 train.weight_decay, train.beta1/beta2/adam_eps), feeds random tokens and times
 `--steps` steps of forward + backward + torch.optim.AdamW after `--warmup`
-untimed steps. Then, with `--momfmm PATH`, runs `PATH bench CONFIG` with
-OMP_NUM_THREADS / OPENBLAS_NUM_THREADS set to the same thread count and parses
-its line `bench tokens_per_s=<f> ms_per_step=<f> gflops=<f>`.
+untimed steps. With `--momfmm PATH` it also runs `PATH bench CONFIG`, in rounds
+that alternate the two programs, so that a noisy neighbour on a shared machine
+hits both alike.
+
+Both sides get the same threads from this tool: OMP_NUM_THREADS,
+OPENBLAS_NUM_THREADS and MKL_NUM_THREADS are set to --threads before torch is
+imported (OpenBLAS reads them when it loads; unset, it runs on every core) and
+torch.set_num_threads(--threads); momfmm gets the same variables. Each side's
+threads as the libraries report them are printed.
+
+With `--procs P` each side runs P processes as a data-parallel user runs them:
+PyTorch's DistributedDataParallel over the gloo backend (torch.distributed,
+P processes on this machine, batch/P rows each), and momfmm under
+`mpirun -np P`. Steps are timed between barriers on every process (the
+slowest process sets the step time), as `momfmm bench` does.
 
 With `--bf16` both sides run mixed precision (docs/scale.md §7): torch's forward
-under `torch.autocast('cpu', dtype=torch.bfloat16)` (its backward follows the
-forward's dtypes), momfmm with `--set train.precision=bf16`.
+under `torch.autocast('cpu', dtype=torch.bfloat16)`, momfmm with
+`--set train.precision=bf16`.
 
 Usage:
     /usr/bin/python3 tools/bench_torch.py CONFIG.ini [--momfmm build/momfmm]
-        [--threads N] [--steps 20] [--warmup 3] [--set section.key=value ...] [--bf16]
+        [--threads N] [--procs P] [--steps 20] [--warmup 3] [--rounds 3]
+        [--set section.key=value ...] [--bf16] [--mpirun mpirun]
 
 The torch model covers softmax attention without momentum only; other settings
 are reported and ignored on the torch side.
@@ -25,67 +38,64 @@ import configparser
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
 
 BENCH_LINE = re.compile(r"bench\s+tokens_per_s=(\S+)\s+ms_per_step=(\S+)\s+gflops=(\S+)")
 CORE_LINE = re.compile(r"OpenBLAS core (\S+)")
-MOMFMM_RESULT_ENV = "MOMFMM_BENCH_RESULT"
+RANKS_LINE = re.compile(r"momfmm: (\d+) ranks? x (\d+) threads?")
+PEAK_LINE = re.compile(r"bench peak fp32_fma_gflops=(\S+).*fraction_of_peak=(\S+)")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def run_momfmm(binary, config, sets, threads):
-    """Runs `momfmm bench`; returns (tokens_per_s, ms_per_step, gflops, openblas_core)."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
-    cmd = [binary, "bench", config]
-    for kv in sets:
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description="PyTorch vs momfmm training throughput")
+    ap.add_argument("config", help="momfmm INI config")
+    ap.add_argument("--momfmm", help="momfmm binary; omit to time torch only")
+    ap.add_argument("--threads", type=int, default=1, help="threads per process, both sides (default 1)")
+    ap.add_argument("--procs", type=int, default=1,
+                    help="processes per side: torch DDP over gloo, momfmm under mpirun (default 1)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of both programs")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="config override, applied to both sides")
+    ap.add_argument("--bf16", action="store_true",
+                    help="mixed precision: torch autocast bfloat16, momfmm train.precision=bf16")
+    ap.add_argument("--mpirun", default="mpirun", help="launcher of momfmm with --procs > 1")
+    args = ap.parse_args(argv)
+    if args.threads < 1 or args.procs < 1 or args.steps < 1 or args.rounds < 1 or args.warmup < 0:
+        ap.error("--threads, --procs, --steps and --rounds must be >= 1, --warmup >= 0")
+    return args
+
+
+def thread_environment(threads):
+    return {name: str(threads) for name in THREAD_VARIABLES}
+
+
+def run_momfmm(args):
+    """Runs `momfmm bench` once; returns a dict of its figures and what it ran on."""
+    env = dict(os.environ, **thread_environment(args.threads))
+    cmd = [args.momfmm, "bench", args.config]
+    for kv in list(args.set) + (["train.precision=bf16"] if args.bf16 else []):
         cmd += ["--set", kv]
+    if args.procs > 1:
+        cmd = [args.mpirun, "--oversubscribe", "-np", str(args.procs)] + cmd
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr.strip()}")
+        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr.strip()[-2000:]}")
     found = [m for m in (BENCH_LINE.search(ln) for ln in p.stdout.splitlines()) if m]
     if not found:
         raise RuntimeError(f"no `bench tokens_per_s=...` line in the output of {' '.join(cmd)}")
-    core = CORE_LINE.search(p.stdout)
-    return tuple(float(x) for x in found[-1].groups()) + (core.group(1) if core else "",)
-
-
-def momfmm_sets(args):
-    """The --set overrides momfmm gets: the user's, plus train.precision=bf16 with --bf16."""
-    return list(args.set) + (["train.precision=bf16"] if args.bf16 else [])
-
-
-def momfmm_first_then_same_blas_core():
-    """Like-for-like BLAS: OpenBLAS reads OPENBLAS_CORETYPE only when it loads
-    (at `import torch`), and momfmm may choose a faster core than OpenBLAS's
-    own detection (src/blas_core.c). So momfmm runs first, and this script
-    re-executes itself with the core momfmm used before torch is imported."""
-    if "--momfmm" not in sys.argv or MOMFMM_RESULT_ENV in os.environ:
-        return
-    ap = argparse.ArgumentParser(add_help=False)
-    ap.add_argument("config")
-    ap.add_argument("--momfmm")
-    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
-    ap.add_argument("--set", action="append", default=[])
-    ap.add_argument("--bf16", action="store_true")
-    known, _ = ap.parse_known_args()
-    try:
-        tps, ms, gf, core = run_momfmm(known.momfmm, known.config, momfmm_sets(known), known.threads)
-    except (OSError, RuntimeError) as e:
-        sys.exit(f"momfmm bench failed: {e}")
-    env = dict(os.environ)
-    env[MOMFMM_RESULT_ENV] = f"{tps},{ms},{gf},{core}"
-    if core and "OPENBLAS_CORETYPE" not in env:
-        env["OPENBLAS_CORETYPE"] = core
-    os.execve(sys.executable, [sys.executable] + sys.argv, env)
-
-
-if __name__ == "__main__":
-    momfmm_first_then_same_blas_core()
-
-import torch  # noqa: E402  (after the re-exec above, so OpenBLAS sees the core)
-import torch.nn as nn
-import torch.nn.functional as F
+    tps, ms, gf = (float(x) for x in found[-1].groups())
+    core, ranks, peak = CORE_LINE.search(p.stdout), RANKS_LINE.search(p.stdout), PEAK_LINE.search(p.stdout)
+    return {"tps": tps, "ms": ms, "gflops": gf, "core": core.group(1) if core else "",
+            "ranks_threads": f"{ranks.group(1)} x {ranks.group(2)}" if ranks else "?",
+            "peak": float(peak.group(1)) if peak else 0.0, "fraction": float(peak.group(2)) if peak else 0.0}
 
 
 def training_flops_per_step(V, d, n_layers, d_ff, T, B):
@@ -134,113 +144,7 @@ class Settings:
             self.notes.append("model.head is not lm: torch side times the lm head")
 
 
-class Block(nn.Module):
-    """Pre-LN block: x += Attn(LN1 x); x += MLP(LN2 x) (docs/model.md §1)."""
-
-    def __init__(self, s: Settings, cos, sin, mask):
-        super().__init__()
-        self.H, self.dh = s.H, s.d // s.H
-        self.ln1, self.ln2 = nn.LayerNorm(s.d, eps=1e-5), nn.LayerNorm(s.d, eps=1e-5)
-        self.qkv, self.proj = nn.Linear(s.d, 3 * s.d), nn.Linear(s.d, s.d)
-        self.fc, self.fc_out = nn.Linear(s.d, s.d_ff), nn.Linear(s.d_ff, s.d)
-        self.cos, self.sin, self.mask = cos, sin, mask
-
-    def rope(self, x):
-        even, odd = x[..., 0::2], x[..., 1::2]
-        return torch.stack((even * self.cos - odd * self.sin,
-                            even * self.sin + odd * self.cos), dim=-1).flatten(-2)
-
-    def forward(self, x):
-        B, T, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.H, self.dh).permute(2, 0, 3, 1, 4)
-        q, k = self.rope(q), self.rope(k)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.dh))
-        if self.mask is not None:
-            scores = scores + self.mask
-        y = torch.matmul(torch.softmax(scores, dim=-1), v)
-        x = x + self.proj(y.transpose(1, 2).reshape(B, T, d))
-        return x + self.fc_out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-
-class Model(nn.Module):
-    def __init__(self, s: Settings):
-        super().__init__()
-        dh = s.d // s.H
-        t = torch.arange(s.T, dtype=torch.float32).unsqueeze(1)
-        theta = s.rope_base ** (-2.0 * torch.arange(dh // 2, dtype=torch.float32) / dh)
-        cos, sin = torch.cos(t * theta), torch.sin(t * theta)          # [T, dh/2]
-        mask = None
-        if s.causal:
-            mask = torch.full((s.T, s.T), float("-inf")).triu(1)
-        self.tok_emb = nn.Embedding(s.V, s.d)
-        self.blocks = nn.ModuleList(Block(s, cos, sin, mask) for _ in range(s.n_layers))
-        self.ln_f = nn.LayerNorm(s.d, eps=1e-5)
-        self.head = nn.Linear(s.d, s.V, bias=False)
-
-    def forward(self, inputs, targets):
-        x = self.tok_emb(inputs)
-        for blk in self.blocks:
-            x = blk(x)
-        logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
-
-
-def time_torch(s: Settings, steps: int, warmup: int, seed: int = 0, bf16: bool = False):
-    """Returns the median seconds per training step (bf16: forward under autocast)."""
-    torch.manual_seed(seed)
-    model = Model(s)
-    decay = [p for p in model.parameters() if p.dim() == 2]
-    no_decay = [p for p in model.parameters() if p.dim() != 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=s.lr, betas=s.betas, eps=s.adam_eps)
-    inputs = torch.randint(0, s.V, (s.B, s.T))
-    targets = torch.randint(0, s.V, (s.B, s.T))
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = model(inputs, targets)
-        loss.backward()
-        opt.step()
-
-    for _ in range(warmup):
-        step()
-    # the median step, as `momfmm bench` reports it: robust to a busy machine
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
-
-
-def torch_blas_core():
-    """The kernel set of the OpenBLAS that torch loaded (same shared library)."""
-    import ctypes
-    try:
-        lib = ctypes.CDLL("libopenblas.so.0")
-        lib.openblas_get_corename.restype = ctypes.c_char_p
-        return lib.openblas_get_corename().decode()
-    except OSError:
-        return "?"
-
-
-def main():
-    ap = argparse.ArgumentParser(description="PyTorch vs momfmm training throughput")
-    ap.add_argument("config", help="momfmm INI config")
-    ap.add_argument("--momfmm", help="momfmm binary; omit to time torch only")
-    ap.add_argument("--threads", type=int,
-                    default=int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of both programs")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                    help="config override, applied to both sides")
-    ap.add_argument("--bf16", action="store_true",
-                    help="mixed precision: torch autocast bfloat16, momfmm train.precision=bf16")
-    args = ap.parse_args()
-
+def read_settings(args):
     cp = configparser.ConfigParser(interpolation=None)
     if not cp.read(args.config):
         sys.exit(f"{args.config}: cannot read config")
@@ -251,51 +155,198 @@ def main():
         if not cp.has_section(m.group(1)):
             cp.add_section(m.group(1))
         cp.set(m.group(1), m.group(2), m.group(3))
-    s = Settings(cp)
+    return Settings(cp)
+
+
+def build_model(s: Settings):
+    """The docs/model.md §1 model as a torch nn.Module (torch imported by the caller)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        """Pre-LN block: x += Attn(LN1 x); x += MLP(LN2 x) (docs/model.md §1)."""
+
+        def __init__(self, cos, sin, mask):
+            super().__init__()
+            self.H, self.dh = s.H, s.d // s.H
+            self.ln1, self.ln2 = nn.LayerNorm(s.d, eps=1e-5), nn.LayerNorm(s.d, eps=1e-5)
+            self.qkv, self.proj = nn.Linear(s.d, 3 * s.d), nn.Linear(s.d, s.d)
+            self.fc, self.fc_out = nn.Linear(s.d, s.d_ff), nn.Linear(s.d_ff, s.d)
+            self.cos, self.sin, self.mask = cos, sin, mask
+
+        def rope(self, x):
+            even, odd = x[..., 0::2], x[..., 1::2]
+            return torch.stack((even * self.cos - odd * self.sin,
+                                even * self.sin + odd * self.cos), dim=-1).flatten(-2)
+
+        def forward(self, x):
+            B, T, d = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.H, self.dh).permute(2, 0, 3, 1, 4)
+            q, k = self.rope(q), self.rope(k)
+            scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.dh))
+            if self.mask is not None:
+                scores = scores + self.mask
+            y = torch.matmul(torch.softmax(scores, dim=-1), v)
+            x = x + self.proj(y.transpose(1, 2).reshape(B, T, d))
+            return x + self.fc_out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            dh = s.d // s.H
+            t = torch.arange(s.T, dtype=torch.float32).unsqueeze(1)
+            theta = s.rope_base ** (-2.0 * torch.arange(dh // 2, dtype=torch.float32) / dh)
+            cos, sin = torch.cos(t * theta), torch.sin(t * theta)          # [T, dh/2]
+            mask = torch.full((s.T, s.T), float("-inf")).triu(1) if s.causal else None
+            self.tok_emb = nn.Embedding(s.V, s.d)
+            self.blocks = nn.ModuleList(Block(cos, sin, mask) for _ in range(s.n_layers))
+            self.ln_f = nn.LayerNorm(s.d, eps=1e-5)
+            self.head = nn.Linear(s.d, s.V, bias=False)
+
+        def forward(self, inputs, targets):
+            x = self.tok_emb(inputs)
+            for blk in self.blocks:
+                x = blk(x)
+            logits = self.head(self.ln_f(x))
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+    return Model()
+
+
+def torch_step_times(s: Settings, args, rank=0, world=1):
+    """Median seconds per step of this process (with world > 1, between barriers, as DDP)."""
+    import torch
+    torch.manual_seed(0)
+    model = build_model(s)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    no_decay = [p for p in model.parameters() if p.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=s.lr, betas=s.betas, eps=s.adam_eps)
+    rows = s.B // world
+    inputs = torch.randint(0, s.V, (rows, s.T))
+    targets = torch.randint(0, s.V, (rows, s.T))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss = model(inputs, targets)
+        loss.backward()
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    times = []
+    for _ in range(args.steps):
+        if world > 1:
+            torch.distributed.barrier()
+        start = time.perf_counter()
+        step()
+        if world > 1:
+            torch.distributed.barrier()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def ddp_worker(rank, world, port, s, args, result):
+    import torch
+    torch.set_num_threads(args.threads)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                         world_size=world)
+    seconds = torch_step_times(s, args, rank, world)
+    if rank == 0:
+        result.put(seconds)
+    torch.distributed.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def time_torch(s: Settings, args):
+    """The median step of one round on the torch side, in seconds."""
+    import torch
+    if args.procs == 1:
+        return torch_step_times(s, args)
+    ctx = torch.multiprocessing.get_context("spawn")
+    result = ctx.Queue()
+    port = free_port()
+    torch.multiprocessing.spawn(ddp_worker, args=(args.procs, port, s, args, result), nprocs=args.procs, join=True)
+    return result.get()
+
+
+def torch_threads():
+    """Threads torch's intra-op pool and its OpenBLAS report (same shared library)."""
+    import ctypes
+    import torch
+    blas = "?"
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")
+        lib.openblas_get_num_threads.restype = ctypes.c_int
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        blas = f"{lib.openblas_get_num_threads()} (OpenBLAS {lib.openblas_get_corename().decode()})"
+    except OSError:
+        pass
+    return f"torch {torch.get_num_threads()}, BLAS {blas}"
+
+
+def median(xs):
+    return sorted(xs)[len(xs) // 2]
+
+
+def main():
+    args = parse_args()
+    s = read_settings(args)
     for note in s.notes:
         print(f"note: {note}")
-
+    if s.B % args.procs:
+        sys.exit(f"train.batch_size = {s.B} does not split over --procs {args.procs}")
+    os.environ.update(thread_environment(args.threads))
+    momfmm_runs = []
+    if args.momfmm:
+        # momfmm first: its OpenBLAS core (it may pick a faster one than OpenBLAS
+        # detects, src/blas_core.c) is given to torch's OpenBLAS before it loads
+        momfmm_runs.append(run_momfmm(args))
+        core = momfmm_runs[0]["core"]
+        if core and "OPENBLAS_CORETYPE" not in os.environ:
+            os.environ["OPENBLAS_CORETYPE"] = core
+    import torch  # noqa: E402  (after the thread variables and the core are set)
     torch.set_num_threads(args.threads)
     tokens = s.B * s.T
     flops = training_flops_per_step(s.V, s.d, s.n_layers, s.d_ff, s.T, s.B)
-    print(f"model: V={s.V} d={s.d} H={s.H} layers={s.n_layers} d_ff={s.d_ff} T={s.T} "
-          f"B={s.B} threads={args.threads} steps={args.steps} warmup={args.warmup} rounds={args.rounds} "
-          f"precision={'bf16' if args.bf16 else 'fp32'}")
-    # Rounds alternate the two programs so that a noisy neighbour on a shared
-    # machine hits both alike; each side reports the median over rounds.
-    torch_ms, momfmm_ms, momfmm_gf = [], [], []
-    if args.momfmm:
-        tps, ms, gf, core = os.environ[MOMFMM_RESULT_ENV].split(",")
-        momfmm_ms.append(float(ms))
-        momfmm_gf.append(float(gf))
-        print(f"OpenBLAS core: momfmm {core or '?'}, torch {torch_blas_core()} "
-              f"(OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')})")
+    print(f"model: V={s.V} d={s.d} H={s.H} layers={s.n_layers} d_ff={s.d_ff} T={s.T} B={s.B} "
+          f"processes={args.procs} threads/process={args.threads} steps={args.steps} warmup={args.warmup} "
+          f"rounds={args.rounds} precision={'bf16' if args.bf16 else 'fp32'}")
+    print(f"threads per process as run: {torch_threads()}"
+          + (f"; momfmm {momfmm_runs[0]['ranks_threads']} (ranks x threads, its start-up line)"
+             if momfmm_runs else ""))
+    torch_ms = []
     for r in range(args.rounds):
-        torch_ms.append(1e3 * time_torch(s, args.steps, args.warmup, bf16=args.bf16))
+        torch_ms.append(1e3 * time_torch(s, args))
         line = f"round {r + 1}: torch {torch_ms[-1]:.1f} ms/step"
-        if args.momfmm and r > 0:
-            _, ms, gf, _ = run_momfmm(args.momfmm, args.config, momfmm_sets(args), args.threads)
-            momfmm_ms.append(ms)
-            momfmm_gf.append(gf)
         if args.momfmm:
-            line += f", momfmm {momfmm_ms[-1]:.1f} ms/step"
+            if r > 0:
+                momfmm_runs.append(run_momfmm(args))
+            line += f", momfmm {momfmm_runs[-1]['ms']:.1f} ms/step"
         print(line, flush=True)
-
-    def median(xs):
-        return sorted(xs)[len(xs) // 2]
-
     t_ms = median(torch_ms)
-    rows = [("torch", 1e3 * tokens / t_ms, t_ms, flops / t_ms / 1e6, "")]
-    if args.momfmm:
-        c_ms = median(momfmm_ms)
-        rows.append(("momfmm", 1e3 * tokens / c_ms, c_ms, median(momfmm_gf),
-                     f"  (this tool's formula: {flops / c_ms / 1e6:.2f})"))
     print("summary (median over rounds):")
-    for name, tps, ms, gf, extra in rows:
-        print(f"  {name:7s} tokens/s {tps:12.1f}  ms/step {ms:9.3f}  GFLOP/s {gf:8.2f}{extra}")
-    if len(rows) == 2:
-        print(f"  ratio momfmm/torch: tokens/s {rows[1][1] / rows[0][1]:.3f}  "
-              f"ms/step {rows[1][2] / rows[0][2]:.3f}")
+    print(f"  torch   tokens/s {1e3 * tokens / t_ms:12.1f}  ms/step {t_ms:9.3f}  GFLOP/s {flops / t_ms / 1e6:8.2f}")
+    if momfmm_runs:
+        c_ms = median([run["ms"] for run in momfmm_runs])
+        gf = median([run["gflops"] for run in momfmm_runs])
+        peak = median([run["peak"] for run in momfmm_runs])
+        print(f"  momfmm  tokens/s {1e3 * tokens / c_ms:12.1f}  ms/step {c_ms:9.3f}  GFLOP/s {gf:8.2f}"
+              f"  (this tool's formula: {flops / c_ms / 1e6:.2f})")
+        if peak > 0:
+            print(f"  fp32 FMA peak (momfmm's probe): {peak:.1f} GFLOP/s: momfmm {gf / peak:.1%}, "
+                  f"torch {flops / t_ms / 1e6 / peak:.1%} of it")
+        print(f"  ratio momfmm/torch: tokens/s {t_ms / c_ms:.3f}  ms/step {c_ms / t_ms:.3f}")
     return 0
 
 

@@ -30,7 +30,8 @@ typedef struct {
     float *q_hat, *k_hat, *v_heads; /* [B][H][T][dh]: rotated and sheared */
     float *p_q, *p_k;               /* momentum p [B][H][T][dh] (learned gamma), or NULL */
     float *saved;                   /* [B][H][attention_saved_per_head] */
-    float *scratch;                 /* attention_scratch_per_head floats, reused */
+    float *scratch;                 /* threads x attention_scratch_per_head floats */
+    int threads;                    /* heads that may run at once, one scratch area each */
 } attention_saved;
 
 /* One block's streaming state for S sequences (docs/model.md §1.2: the carry). */
@@ -49,6 +50,9 @@ typedef struct {
  * per-head scratch, for sequences of T (dh = d_model / n_heads). */
 size_t attention_saved_per_head(const config *cfg, const fmm_settings *fmm, int T);
 size_t attention_scratch_per_head(const config *cfg, const fmm_settings *fmm, int T);
+/* Heads run on this many threads at once (OpenMP's), each with its own
+ * scratch of attention_scratch_per_head floats. */
+int attention_threads(void);
 /* Scratch of attention_stream_forward for segments of up to n_max. */
 size_t attention_stream_scratch_floats(const fmm_settings *fmm, int n_max, int dh);
 

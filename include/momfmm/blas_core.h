@@ -17,6 +17,7 @@ const char *blas_core_description(void);
 /* Threads per rank for the products, OpenBLAS's and oneDNN's alike:
  * OMP_NUM_THREADS, default 1 (docs/design.md §8.10). */
 int blas_core_threads(void);
-/* Makes OpenBLAS use that many threads. */
+/* Makes OpenMP use that many threads, which the GEMM engine and the other
+ * kernels share (docs/design.md §8.10); OpenBLAS runs one thread per call. */
 void blas_core_use_threads(int threads);
 #endif

@@ -11,19 +11,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Test hook: kernels of at least this many floats run on OpenMP's threads
+ * (0: the default, 16384), so that small test models take the parallel paths. */
+void kernel_set_parallel_min(size_t floats);
+
 /* Linear layer, PyTorch convention (docs/model.md §1, forward pass): out = inp W^T + b, W [out_dim, in_dim]. */
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int rows, int in_dim,
                     int out_dim);
-/* dinp = dout W (skipped if NULL); dweight += dout^T inp; dbias += column sums. */
+/* dinp = dout W (skipped if NULL); dweight += dout^T inp; dbias += column
+ * sums; without `accumulate` dweight and dbias are written (=) instead,
+ * the GEMM with beta = 0. */
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                     const float *weight, int rows, int in_dim, int out_dim);
+                     const float *weight, int rows, int in_dim, int out_dim, bool accumulate);
 
 /* LayerNorm with eps 1e-5 (docs/model.md §1); saves mean and 1/std per row. */
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight, const float *bias,
                        int rows, int dim);
-/* dinp += ..., dweight += ..., dbias += ... */
+/* dinp += ...; dweight, dbias += ... (= without `accumulate`) */
 void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                        const float *weight, const float *mean, const float *rstd, int rows, int dim);
+                        const float *weight, const float *mean, const float *rstd, int rows, int dim, bool accumulate);
 
 /* GELU, tanh approximation (docs/model.md §1). tanh_saved keeps the tanh term for
  * the backward, which then needs no transcendental function. */

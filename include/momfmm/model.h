@@ -42,6 +42,7 @@ typedef struct {
 /* Saved forward state and backward scratch for a batch of B rows of T. */
 typedef struct {
     int B, T;                         /* capacity */
+    int threads;                      /* heads' scratch areas (attention_threads() when reserved) */
     bool kept_logits;                 /* laid out with probs apart from logits */
     float *residual;                  /* [L+1][B*T*d]: block inputs, final stream */
     float *mid;                       /* [L][B*T*d]: after attention */
@@ -146,11 +147,12 @@ double model_loss_sum(const model *m, const int32_t *targets, int B, int T, long
  * global count of the whole batch before the first micro-batch's backward
  * (docs/scale.md §7, gradient accumulation). */
 long long model_target_count(const model *m, const int32_t *targets, int B, int T);
-/* Backward of loss_scale * sum of losses (loss_scale = 1 / global count).
- * Gradients accumulate into m->grads (zero them first). */
+/* Backward of loss_scale * sum of losses (loss_scale = 1 / global count)
+ * into m->grads: added to what they hold with `accumulate` (later
+ * micro-batches, docs/scale.md §7), else written, the weight-gradient
+ * GEMMs with beta = 0, so that no pass zeroes the gradients first. */
 void model_backward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
-                    float loss_scale, const model_backward_hooks *hooks);
-void model_zero_grads(model *m);
+                    float loss_scale, const model_backward_hooks *hooks, bool accumulate);
 /* Block `layer`'s view for the attention sublayer (attention.h): settings,
  * rope tables, that block's gamma and blend with their gradients, its
  * momentum buffers, and (with collect_buffers) where to sum the last-position
