@@ -8,7 +8,7 @@
 # links libgomp for omp_set_num_threads, without compiling momfmm with
 # -fopenmp.
 option(MOMFMM_WITH_ONEDNN "Build the oneDNN GEMM engines (onednn-f32, onednn-bf16)" ON)
-target_sources(momfmm_core PRIVATE src/gemm.c)
+target_sources(momfmm_core PRIVATE src/gemm.c src/gemm_tune.c)
 if(MOMFMM_WITH_ONEDNN)
   find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.h)
   find_library(DNNL_LIBRARY dnnl)

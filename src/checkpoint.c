@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "momfmm/build_info.h"
+#include "momfmm/gemm.h"
 #include "momfmm/h5reader.h"
 #include "momfmm/h5util.h"
 #include "momfmm/h5writer.h"
@@ -112,6 +113,7 @@ static herr_t write_root_attributes(const h5writer *w, const model *m, const che
     status |= h5util_write_attr(file, "skipped_steps", H5T_NATIVE_LLONG, H5T_STD_I64LE, &info->skipped_steps);
     status |= h5util_write_string_attr(file, "config_ini", ini);
     if (info->init_from[0]) status |= h5util_write_string_attr(file, "init_from", info->init_from);
+    if (info->gemm_engines[0]) status |= h5util_write_string_attr(file, "gemm_engines", info->gemm_engines);
     status |= h5util_write_string_attr(file, "momfmm_version", build_description());
     free(ini);
     return h5writer_agree(w, status < 0 ? -1 : 0);
@@ -224,6 +226,15 @@ static void read_config_body(h5reader *r, config *c, checkpoint_info *info) {
         char *init_from = h5reader_attr_string(r, "init_from");
         snprintf(info->init_from, sizeof info->init_from, "%s", init_from);
         free(init_from);
+    }
+    info->gemm_engines[0] = '\0';
+    if (H5Aexists(r->file, "gemm_engines") > 0) { /* added later: train.gemm = auto's choices */
+        char *engines = h5reader_attr_string(r, "gemm_engines");
+        gemm_engine parsed[GEMM_CLASSES];
+        bool ok = strlen(engines) < sizeof info->gemm_engines && gemm_class_engines_parse(engines, parsed);
+        if (ok) snprintf(info->gemm_engines, sizeof info->gemm_engines, "%s", engines);
+        free(engines);
+        if (!ok) h5reader_fail(r, "gemm_engines is not a list of class=engine (forward=openblas,...)");
     }
     info->written_by[0] = '\0';
     if (H5Aexists(r->file, "momfmm_version") > 0) {

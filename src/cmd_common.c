@@ -85,6 +85,7 @@ void cmd_check_consistency(const model *m, long long step) {
 
 static gemm_engine engine_of(const config *c) {
     if (c->precision == PRECISION_BF16) return GEMM_ONEDNN_BF16;
+    if (c->gemm == GEMM_IMPL_AUTO) return GEMM_AUTO;
     return c->gemm == GEMM_IMPL_ONEDNN ? GEMM_ONEDNN_F32 : GEMM_OPENBLAS;
 }
 
@@ -103,21 +104,21 @@ void cmd_use_precision(const config *c) {
 /* The config of `path`, or of a run directory's newest checkpoint whose
  * config reads (listed oldest first by the store); false when none reads:
  * the command itself then reports the file's problem. */
-static bool read_checkpoint_config(const char *path, config *c) {
-    checkpoint_info info;
+static bool read_checkpoint_config(const char *path, config *c, checkpoint_info *info) {
     status st;
-    if (!store_is_directory(path)) return checkpoint_read_config(path, c, &info, &st) == 0;
+    if (!store_is_directory(path)) return checkpoint_read_config(path, c, info, &st) == 0;
     store_listing l;
     store_list(path, &l);
     bool found = false;
-    for (int i = l.n - 1; i >= 0 && !found; i--) found = checkpoint_read_config(l.paths[i], c, &info, &st) == 0;
+    for (int i = l.n - 1; i >= 0 && !found; i--) found = checkpoint_read_config(l.paths[i], c, info, &st) == 0;
     store_listing_free(&l);
     return found;
 }
 
 void cmd_use_checkpoint_precision(const char *ckpt, const char *precision) {
     config c;
-    if (!read_checkpoint_config(ckpt, &c)) config_defaults(&c);
+    checkpoint_info info = {0};
+    if (!read_checkpoint_config(ckpt, &c, &info)) config_defaults(&c);
     if (precision) {
         char assignment[64];
         snprintf(assignment, sizeof assignment, "train.precision=%s", precision);
@@ -125,6 +126,10 @@ void cmd_use_checkpoint_precision(const char *ckpt, const char *precision) {
         if (config_apply_override(&c, assignment, &st) != 0) cmd_exit_on_status(&st, true);
     }
     cmd_use_precision(&c);
+    /* train.gemm = auto: the engines the run trained with, when recorded */
+    gemm_engine engines[GEMM_CLASSES];
+    if (info.gemm_engines[0] && gemm_class_engines_parse(info.gemm_engines, engines))
+        gemm_set_class_engines(gemm_default(), engines);
 }
 
 const char *cmd_precision_description(void) {

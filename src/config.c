@@ -95,7 +95,7 @@ static const config_key KEYS[] = {
     /* docs/scale.md §7: how the products run, not what the model is, so a
      * run may resume in another precision (with a warning) */
     {"train", "precision", KEY_ENUM, OFF(precision), "fp32", 0, 0, "fp32|bf16", ROLE_SCHEDULE},
-    {"train", "gemm", KEY_ENUM, OFF(gemm), "openblas", 0, 0, "openblas|onednn", ROLE_SCHEDULE},
+    {"train", "gemm", KEY_ENUM, OFF(gemm), "auto", 0, 0, "openblas|onednn|auto", ROLE_SCHEDULE},
     {"dist", "bucket_mb", KEY_DOUBLE, OFF(bucket_mb), "4", 1e-3, 1e6, NULL, ROLE_SCHEDULE},
     {"dist", "overlap", KEY_BOOL, OFF(overlap), "true", 0, 1, NULL, ROLE_SCHEDULE},
     {"dist", "check_interval", KEY_INT, OFF(check_interval), "100", 0, 1 << 30, NULL, ROLE_SCHEDULE},

@@ -20,6 +20,7 @@
 
 struct gemm_ctx {
     gemm_engine engine;
+    gemm_engine class_engine[GEMM_CLASSES]; /* GEMM_AUTO's choices */
 #ifdef MOMFMM_HAVE_ONEDNN
     gemm_onednn *dnn; /* NULL for GEMM_OPENBLAS */
 #endif
@@ -30,12 +31,14 @@ struct gemm_ctx {
     size_t n_weights, weights_capacity, refreshes;
 };
 
-static const char *const engine_names[] = {"openblas", "onednn-f32", "onednn-bf16"};
+static const char *const engine_names[] = {"openblas", "onednn-f32", "onednn-bf16", "auto"};
+static const char *const class_names[GEMM_CLASSES] = {"forward", "backward_data", "backward_weight"};
 
 const char *gemm_engine_name(gemm_engine engine) { return engine_names[engine]; }
+const char *gemm_class_name(gemm_class c) { return class_names[c]; }
 
 bool gemm_engine_parse(const char *name, gemm_engine *engine) {
-    for (int e = GEMM_OPENBLAS; e <= GEMM_ONEDNN_BF16; e++)
+    for (int e = GEMM_OPENBLAS; e <= GEMM_AUTO; e++)
         if (strcmp(name, engine_names[e]) == 0) {
             *engine = (gemm_engine)e;
             return true;
@@ -44,7 +47,7 @@ bool gemm_engine_parse(const char *name, gemm_engine *engine) {
 }
 
 const char *gemm_unavailable_reason(gemm_engine engine) {
-    if (engine == GEMM_OPENBLAS) return NULL;
+    if (engine == GEMM_OPENBLAS || engine == GEMM_AUTO) return NULL; /* auto: OpenBLAS without oneDNN */
 #ifndef MOMFMM_HAVE_ONEDNN
     return "momfmm was built without oneDNN (see cmake/onednn.cmake)";
 #else
@@ -70,6 +73,7 @@ gemm_ctx *gemm_create(gemm_engine engine, int threads) {
     ctx->engine = engine;
 #ifdef MOMFMM_HAVE_ONEDNN
     if (engine != GEMM_OPENBLAS) ctx->dnn = gemm_onednn_create(engine == GEMM_ONEDNN_BF16, threads > 0 ? threads : 1);
+    for (int c = 0; c < GEMM_CLASSES; c++) ctx->class_engine[c] = GEMM_OPENBLAS;
 #else
     (void)threads;
 #endif
@@ -89,6 +93,13 @@ gemm_engine gemm_ctx_engine(const gemm_ctx *ctx) { return ctx->engine; }
 
 const char *gemm_describe(gemm_ctx *ctx) {
 #ifdef MOMFMM_HAVE_ONEDNN
+    if (ctx->engine == GEMM_AUTO) {
+        char classes[192];
+        gemm_class_engines_format(ctx->class_engine, classes, sizeof classes);
+        snprintf(ctx->description, sizeof ctx->description, "auto: %s (OpenBLAS core %s; %s)", classes,
+                 blas_core_description(), gemm_onednn_describe(ctx->dnn));
+        return ctx->description;
+    }
     if (ctx->dnn) {
         snprintf(ctx->description, sizeof ctx->description, "%s (%s)", gemm_engine_name(ctx->engine),
                  gemm_onednn_describe(ctx->dnn));
@@ -114,6 +125,21 @@ static void scale_c(int M, int N, float beta, float *C, int ldc) {
         for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
 }
 
+/* Products below this many multiply-adds stay on one thread, and with
+ * GEMM_AUTO on OpenBLAS. */
+#define SPLIT_MIN_MACS (1 << 21)
+
+/* The engine a product runs on (gemm.h, GEMM_AUTO's classes). */
+static gemm_engine route(const gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K) {
+    if (ctx->engine != GEMM_AUTO) return ctx->engine;
+    if (omp_in_parallel() || (double)M * N * K < SPLIT_MIN_MACS) return GEMM_OPENBLAS;
+    gemm_class c = trans_a ? GEMM_CLASS_BACKWARD_WEIGHT : trans_b ? GEMM_CLASS_FORWARD : GEMM_CLASS_BACKWARD_DATA;
+    return ctx->class_engine[c];
+}
+
+static void openblas_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+                             const float *B, int ldb, float beta, float *C, int ldc);
+
 void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, gemm_operand A, int lda,
                 gemm_operand B, int ldb, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
@@ -122,15 +148,14 @@ void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, 
         return;
     }
 #ifdef MOMFMM_HAVE_ONEDNN
-    if (ctx->dnn) {
+    if (ctx->dnn && route(ctx, trans_a, trans_b, M, N, K) != GEMM_OPENBLAS) {
         gemm_onednn_run(ctx->dnn, trans_a, trans_b, M, N, K, alpha, A.f32, A.bf16, lda, B.f32, B.bf16, ldb, beta, C,
                         ldc);
         return;
     }
 #endif
     (void)ctx;
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
-                A.f32, lda, B.f32, ldb, beta, C, ldc);
+    openblas_product(trans_a, trans_b, M, N, K, alpha, A.f32, lda, B.f32, ldb, beta, C, ldc);
 }
 
 void gemm(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
@@ -161,8 +186,6 @@ static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
                 A, lda, B, ldb, beta, C, ldc);
 }
 
-/* Products below this many multiply-adds stay on one thread. */
-#define SPLIT_MIN_MACS (1 << 21)
 /* Parts start on multiples of this many rows or columns (the kernels'
  * register blocks divide it). */
 #define SPLIT_ALIGN 32
@@ -203,7 +226,7 @@ static void openblas_product(bool trans_a, bool trans_b, int M, int N, int K, fl
 void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                   int ldb, float beta, float *C, int ldc) {
     gemm_ctx *ctx = default_ctx;
-    if (!ctx || ctx->engine == GEMM_OPENBLAS) {
+    if (!ctx || route(ctx, trans_a, trans_b, M, N, K) == GEMM_OPENBLAS) {
         openblas_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
@@ -240,3 +263,34 @@ void gemm_unregister_weights(gemm_ctx *ctx, const float *params) {
 }
 
 size_t gemm_weight_refreshes(const gemm_ctx *ctx) { return ctx ? ctx->refreshes : 0; }
+
+void gemm_set_class_engines(gemm_ctx *ctx, const gemm_engine engines[GEMM_CLASSES]) {
+    for (int c = 0; c < GEMM_CLASSES; c++) ctx->class_engine[c] = engines[c];
+}
+
+void gemm_class_engines(const gemm_ctx *ctx, gemm_engine engines[GEMM_CLASSES]) {
+    for (int c = 0; c < GEMM_CLASSES; c++) engines[c] = ctx ? ctx->class_engine[c] : GEMM_OPENBLAS;
+}
+
+void gemm_class_engines_format(const gemm_engine engines[GEMM_CLASSES], char *out, size_t len) {
+    size_t used = 0;
+    for (int c = 0; c < GEMM_CLASSES && used < len; c++)
+        used +=
+            (size_t)snprintf(out + used, len - used, "%s%s=%s", c ? "," : "", class_names[c], engine_names[engines[c]]);
+}
+
+bool gemm_class_engines_parse(const char *text, gemm_engine engines[GEMM_CLASSES]) {
+    const char *p = text;
+    for (int c = 0; c < GEMM_CLASSES; c++) {
+        size_t n = strlen(class_names[c]);
+        if (strncmp(p, class_names[c], n) != 0 || p[n] != '=') return false;
+        p += n + 1;
+        size_t len = strcspn(p, ",");
+        if (len == strlen("openblas") && !strncmp(p, "openblas", len)) engines[c] = GEMM_OPENBLAS;
+        else if (len == strlen("onednn-f32") && !strncmp(p, "onednn-f32", len)) engines[c] = GEMM_ONEDNN_F32;
+        else return false;
+        p += len;
+        if (c + 1 < GEMM_CLASSES && *p++ != ',') return false;
+    }
+    return *p == '\0';
+}

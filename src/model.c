@@ -571,3 +571,17 @@ double model_flops_per_token(const model *m, int T) {
     }
     return m->L * (per_block + attention) + 6.0 * d * m->n_out;
 }
+
+int model_gemm_shapes(const model *m, int rows, gemm_shape *out) {
+    const struct {
+        int in, out;
+    } linear[] = {{m->d, 3 * m->d}, {m->d, m->d}, {m->d, m->d_ff}, {m->d_ff, m->d}, {m->d, m->n_out}};
+    int n = 0, layers = m->cfg.head == HEAD_LM ? 5 : 4; /* the cls head's product is tiny */
+    for (int i = 0; i < layers; i++) {
+        int in = linear[i].in, o = linear[i].out, count = i < 4 ? m->L : 1;
+        out[n++] = (gemm_shape){GEMM_CLASS_FORWARD, rows, o, in, 1.0f, count};
+        out[n++] = (gemm_shape){GEMM_CLASS_BACKWARD_DATA, rows, in, o, 0.0f, count};
+        out[n++] = (gemm_shape){GEMM_CLASS_BACKWARD_WEIGHT, o, in, rows, 0.0f, count};
+    }
+    return n;
+}

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "momfmm/checkpoint.h"
+#include "momfmm/gemm.h"
 #include "momfmm/log.h"
 #include "momfmm/optimizer.h"
 #include "momfmm/prof.h"
@@ -74,6 +75,27 @@ static dist_reducer *create_reducer(const model *m, const config *cfg) {
 static void hook_block_done(void *reducer, int layer) { dist_reducer_block_done(reducer, layer); }
 static void hook_progress(void *reducer) { dist_reducer_progress(reducer); }
 
+/* train.gemm = auto (docs/design.md §8.10): rank 0 times the engines on
+ * this model's linear products and every rank takes its choice, so that all
+ * ranks compute alike. A resumed run takes the choice its checkpoint
+ * recorded instead (trainer_resume), which keeps resume bit-exact. */
+static void choose_gemm_engines(trainer *t) {
+    gemm_ctx *ctx = gemm_default();
+    t->gemm_engines[0] = '\0';
+    if (!ctx || gemm_ctx_engine(ctx) != GEMM_AUTO) return;
+    gemm_shape shapes[MODEL_GEMM_SHAPES];
+    int n = model_gemm_shapes(&t->model, config_micro_rows(&t->cfg, t->shard.batch.B) * t->cfg.seq_len, shapes);
+    int engines[GEMM_CLASSES];
+    gemm_engine chosen[GEMM_CLASSES];
+    gemm_class_engines(ctx, chosen);
+    if (dist_rank() == 0) gemm_tune(ctx, shapes, n, chosen);
+    for (int c = 0; c < GEMM_CLASSES; c++) engines[c] = (int)chosen[c];
+    dist_broadcast_bytes(engines, sizeof engines);
+    for (int c = 0; c < GEMM_CLASSES; c++) chosen[c] = (gemm_engine)engines[c];
+    gemm_set_class_engines(ctx, chosen);
+    gemm_class_engines_format(chosen, t->gemm_engines, sizeof t->gemm_engines);
+}
+
 int trainer_create(trainer *t, const config *cfg, status *err) {
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
@@ -93,6 +115,7 @@ int trainer_create(trainer *t, const config *cfg, status *err) {
     dist_broadcast_floats(t->model.params, t->model.n_params);
     model_params_changed(&t->model);
     if (data_shard_open(&t->shard, cfg, err) != 0 || check_memory(t, err) != 0) return err->code;
+    choose_gemm_engines(t);
     t->reducer = create_reducer(&t->model, cfg);
     metric_tables_standard(&t->train_log, &t->eval_log, cfg->n_layers, cfg->n_heads);
     metric_tables_add_task_columns(&t->train_log, &t->eval_log, cfg->task);
@@ -254,6 +277,18 @@ static void trainer_reset(trainer *t) {
     t->step = t->tokens_seen = t->skipped_steps = 0;
 }
 
+/* train.gemm = auto on resume: the engines the checkpoint was computed with. */
+static void use_recorded_gemm_engines(trainer *t, const checkpoint_info *info, const char *path) {
+    gemm_ctx *ctx = gemm_default();
+    gemm_engine engines[GEMM_CLASSES];
+    if (!ctx || gemm_ctx_engine(ctx) != GEMM_AUTO || !gemm_class_engines_parse(info->gemm_engines, engines)) return;
+    if (gemm_unavailable_reason(GEMM_ONEDNN_F32))
+        for (int c = 0; c < GEMM_CLASSES; c++) engines[c] = GEMM_OPENBLAS; /* recorded where oneDNN ran */
+    gemm_set_class_engines(ctx, engines);
+    gemm_class_engines_format(engines, t->gemm_engines, sizeof t->gemm_engines);
+    log_rank0("gemm auto: %s, as %s recorded\n", t->gemm_engines, path);
+}
+
 /* Loads `path` into the trainer (a store_loader). A file that does not load
  * is STORE_SKIP with the reason (the trainer is then reset); a config that
  * changes the model or the data is EXIT_BAD_FILE listing every differing
@@ -278,6 +313,7 @@ static int try_resume(const char *path, void *ctx, status *err) {
     t->tokens_seen = info.tokens_seen;
     snprintf(t->init_from, sizeof t->init_from, "%s", info.init_from);
     t->skipped_steps = info.skipped_steps;
+    use_recorded_gemm_engines(t, &info, path);
     if (info.world_size != dist_size())
         log_rank0("note: checkpoint written by %d ranks, resuming on %d (same math up to float summation order)\n",
                   info.world_size, dist_size());
@@ -329,6 +365,7 @@ static checkpoint_info info_of(const trainer *t) {
     checkpoint_info info = {
         .step = t->step, .tokens_seen = t->tokens_seen, .world_size = dist_size(), .skipped_steps = t->skipped_steps};
     snprintf(info.init_from, sizeof info.init_from, "%s", t->init_from);
+    snprintf(info.gemm_engines, sizeof info.gemm_engines, "%s", t->gemm_engines);
     return info;
 }
 

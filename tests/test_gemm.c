@@ -303,6 +303,53 @@ static void test_default_engine(gemm_engine engine) {
     gemm_destroy(ctx);
 }
 
+/* GEMM_AUTO (docs/design.md §8.10): the class of a product is read off its
+ * transposes; a class set to oneDNN runs there (its primitive cache grows),
+ * the others, small products and products inside a parallel region run on
+ * OpenBLAS; the choice's text form reads back. */
+static void test_auto(void) {
+    gemm_engine set[GEMM_CLASSES] = {GEMM_ONEDNN_F32, GEMM_OPENBLAS, GEMM_OPENBLAS}, back[GEMM_CLASSES];
+    char text[160];
+    gemm_class_engines_format(set, text, sizeof text);
+    test_check(!strcmp(text, "forward=onednn-f32,backward_data=openblas,backward_weight=openblas") &&
+                   gemm_class_engines_parse(text, back) && !memcmp(set, back, sizeof set),
+               "auto: the class engines read back from their text", "%s", text);
+    const char *bad[] = {"", "forward=openblas", "forward=openblas,backward_data=openblas,backward_weight=x",
+                         "forward=onednn-bf16,backward_data=openblas,backward_weight=openblas",
+                         "forward=openblas,backward_data=openblas,backward_weight=openblas,"};
+    bool refused = true;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) refused &= !gemm_class_engines_parse(bad[i], back);
+    test_check(refused, "auto: malformed class engines refused", NULL);
+    gemm_ctx *ctx = gemm_create(GEMM_AUTO, 1);
+    if (!test_check(ctx != NULL, "auto: always available", NULL)) return;
+    if (gemm_unavailable_reason(GEMM_ONEDNN_F32)) {
+        test_skip("auto: classes routed to oneDNN", gemm_unavailable_reason(GEMM_ONEDNN_F32));
+        gemm_destroy(ctx);
+        return;
+    }
+    gemm_set_class_engines(ctx, set);
+    enum { M = 256, N = 256, K = 64 }; /* 2^22 multiply-adds: above the small-product limit */
+    float *A = calloc((size_t)M * K, sizeof(float)), *B = calloc((size_t)K * N, sizeof(float));
+    float *C = calloc((size_t)M * N, sizeof(float)), *R = calloc((size_t)M * N, sizeof(float));
+    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)(i % 13) * 0.1f;
+    for (size_t i = 0; i < (size_t)K * N; i++) B[i] = (float)(i % 7) * 0.1f;
+    size_t before = gemm_primitives_created(ctx);
+    gemm(ctx, false, true, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N); /* forward: oneDNN */
+    size_t after_forward = gemm_primitives_created(ctx);
+    gemm(ctx, true, false, M, N, K, 1.0f, A, M, B, N, 0.0f, C, N); /* weight gradient: OpenBLAS */
+    gemm(ctx, false, true, 8, 8, 8, 1.0f, A, 8, B, 8, 0.0f, C, 8); /* small: OpenBLAS */
+    test_check(after_forward == before + 1 && gemm_primitives_created(ctx) == after_forward,
+               "auto: the forward class on oneDNN, the others and small products on OpenBLAS", "%zu %zu %zu", before,
+               after_forward, gemm_primitives_created(ctx));
+    gemm(ctx, false, true, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, A, K, B, K, 0.0f, R, N);
+    double worst = 0;
+    for (size_t i = 0; i < (size_t)M * N; i++) worst = fmax(worst, fabs(C[i] - R[i]) / (fabs(R[i]) + 1e-3));
+    test_check(worst < 1e-5, "auto: oneDNN's forward equals cblas to fp32 rounding", "%.3g", worst);
+    free(A), free(B), free(C), free(R);
+    gemm_destroy(ctx);
+}
+
 int main(void) {
     test_conversion();
     gemm_engine parsed;
@@ -311,5 +358,6 @@ int main(void) {
                "engine names parse", NULL);
     for (int e = GEMM_OPENBLAS; e <= GEMM_ONEDNN_BF16; e++) test_engine((gemm_engine)e);
     for (int e = GEMM_ONEDNN_F32; e <= GEMM_ONEDNN_BF16; e++) test_default_engine((gemm_engine)e);
+    test_auto();
     return test_summary("test_gemm");
 }

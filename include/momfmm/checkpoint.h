@@ -22,6 +22,9 @@ typedef struct {
     int world_size;
     char init_from[CONFIG_PATH_MAX]; /* root attribute init_from: the --init checkpoint, or "" */
     long long skipped_steps;         /* root attribute, absent in older files (0) */
+    /* root attribute gemm_engines (train.gemm = auto's engine per product
+     * class, gemm_class_engines_format), or "" */
+    char gemm_engines[128];
     /* Read only: root attribute momfmm_version, the build that wrote the file ("" when absent:
      * older files, files written by h5py). A write records this build's (build_info.h). */
     char written_by[128];

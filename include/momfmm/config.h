@@ -15,7 +15,7 @@ typedef enum { SCHEDULE_COSINE = 0, SCHEDULE_CONSTANT = 1 } config_schedule;
 typedef enum { NONFINITE_STOP = 0, NONFINITE_SKIP = 1 } config_nonfinite_policy;
 /* train.precision and train.gemm (docs/scale.md §7) */
 typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1 } config_precision;
-typedef enum { GEMM_IMPL_OPENBLAS = 0, GEMM_IMPL_ONEDNN = 1 } config_gemm;
+typedef enum { GEMM_IMPL_OPENBLAS = 0, GEMM_IMPL_ONEDNN = 1, GEMM_IMPL_AUTO = 2 } config_gemm;
 typedef enum { TASK_CHAIN = 0, TASK_COPY = 1, TASK_LISTOPS = 2, TASK_TEXT = 3 } config_task;
 
 #define CONFIG_PATH_MAX 1024

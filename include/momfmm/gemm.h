@@ -28,9 +28,19 @@ typedef enum {
     GEMM_OPENBLAS,    /* cblas_sgemm: the reference, always available */
     GEMM_ONEDNN_F32,  /* oneDNN matmul primitive, fp32 operands */
     GEMM_ONEDNN_BF16, /* oneDNN matmul primitive, bf16 operands, fp32 accumulate and C */
+    GEMM_AUTO,        /* fp32: OpenBLAS or oneDNN per product class, chosen by measurement */
 } gemm_engine;
 
-/* "openblas", "onednn-f32", "onednn-bf16" (the names a config would use). */
+/* The product classes of GEMM_AUTO, told apart by their transposes: the
+ * linear layers' forward (x W^T), backward to the input (dY W) and to the
+ * weight (dY^T X). Products inside a parallel region (attention's heads)
+ * and small ones (below 2^21 multiply-adds) always run on OpenBLAS, whose
+ * per-call overhead is the lower. */
+typedef enum { GEMM_CLASS_FORWARD, GEMM_CLASS_BACKWARD_DATA, GEMM_CLASS_BACKWARD_WEIGHT, GEMM_CLASSES } gemm_class;
+/* "forward", "backward_data", "backward_weight". */
+const char *gemm_class_name(gemm_class c);
+
+/* "openblas", "onednn-f32", "onednn-bf16", "auto" (the names a config would use). */
 const char *gemm_engine_name(gemm_engine engine);
 /* Parses one of those names; false when it is none of them. */
 bool gemm_engine_parse(const char *name, gemm_engine *engine);
@@ -106,6 +116,34 @@ void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
 void gemm_register_weights(gemm_ctx *ctx, const float *params, size_t n);
 void gemm_refresh_weights(gemm_ctx *ctx, const float *params);
 void gemm_unregister_weights(gemm_ctx *ctx, const float *params);
+/* GEMM_AUTO: the engine of each class (OpenBLAS until set). */
+void gemm_set_class_engines(gemm_ctx *ctx, const gemm_engine engines[GEMM_CLASSES]);
+void gemm_class_engines(const gemm_ctx *ctx, gemm_engine engines[GEMM_CLASSES]);
+/* "forward=onednn-f32,backward_data=openblas,backward_weight=openblas", and
+ * back: the form a checkpoint records them in (docs/files.md §4), so that a
+ * resumed run computes with the same engines. Parse returns false for text
+ * that is not such a list (engines other than openblas and onednn-f32
+ * included). */
+void gemm_class_engines_format(const gemm_engine engines[GEMM_CLASSES], char *out, size_t len);
+bool gemm_class_engines_parse(const char *text, gemm_engine engines[GEMM_CLASSES]);
+
+/* A product to time, of class cls, that a step runs `count` times
+ * (gemm_tune.c). */
+typedef struct {
+    gemm_class cls;
+    int M, N, K;
+    float beta;
+    int count;
+} gemm_shape;
+/* Times every shape on OpenBLAS and on oneDNN fp32 (alternating rounds,
+ * the best round of each) and gives each class the engine that runs its
+ * shapes fastest; oneDNN only when it is at least 3% faster, so that a
+ * near tie stays with the reference engine. A class's time is its shapes'
+ * times weighted by their counts; shapes above 2^32 multiply-adds (about
+ * 80 ms) are timed on fewer rows. Every class is OpenBLAS when oneDNN is
+ * unavailable or ctx is not GEMM_AUTO. */
+void gemm_tune(gemm_ctx *ctx, const gemm_shape *shapes, int n, gemm_engine engines[GEMM_CLASSES]);
+
 /* How many times the bf16 copy was (re)converted: once per optimizer step. */
 size_t gemm_weight_refreshes(const gemm_ctx *ctx);
 #endif

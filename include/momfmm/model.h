@@ -11,6 +11,7 @@
 #include "momfmm/attention.h"
 #include "momfmm/config.h"
 #include "momfmm/fmm.h"
+#include "momfmm/gemm.h"
 #include "momfmm/status.h"
 
 #define PARAM_NAME_MAX 64
@@ -161,6 +162,11 @@ attention_layer model_attention_layer(model *m, int layer, bool collect_buffers)
 /* Bytes of the activation buffer for B rows of T (saved forward state and
  * backward scratch), so that a run can refuse up front what will not fit. */
 size_t model_activation_bytes(const model *m, int B, int T);
+/* The products of the linear layers on `rows` rows (qkv, proj, the MLP and
+ * the lm head, forward and both backward), for timing the GEMM engines
+ * (gemm_tune). Fills at most MODEL_GEMM_SHAPES; returns how many. */
+#define MODEL_GEMM_SHAPES 15
+int model_gemm_shapes(const model *m, int rows, gemm_shape *out);
 /* Matmul FLOPs of one forward+backward per token (for throughput figures). */
 double model_flops_per_token(const model *m, int T);
 

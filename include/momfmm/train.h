@@ -25,6 +25,7 @@ typedef struct {
     long long skipped_steps;         /* non-finite steps skipped (train.on_nonfinite = skip) */
     double *reduce_scratch;          /* [1 + n_buffer]: loss sum, buffer sums over the micro-batches */
     char init_from[CONFIG_PATH_MAX]; /* --init checkpoint of this run's timeline, or "" */
+    char gemm_engines[128];          /* train.gemm = auto: the engine per product class, or "" */
 } trainer;
 
 typedef struct {

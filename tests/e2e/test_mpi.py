@@ -463,3 +463,35 @@ class TestRobustness:
 
     def test_divergence(self, R, report):
         check_divergence(report, R)
+
+
+class TestGemmAuto:
+    """train.gemm = auto (the default; docs/design.md §8.10): rank 0 times the engines
+    and every rank takes its choice. Products large enough to be tuned (512 rows of
+    d 128, d_ff 512); the parameter checksum every step (dist.check_interval = 1)
+    would stop the run if two ranks computed with different engines. The choice goes
+    into the checkpoint and a resumed run takes it from there."""
+
+    SIZE = {"model.d_model": 128, "model.n_heads": 4, "model.d_ff": 512, "data.seq_len": 64,
+            "train.batch_size": 16, "train.steps": 6, "train.eval_interval": 6}
+
+    def test_same_choice_on_every_rank(self, R, report):
+        r, ckpt = R.train("gemm_auto", 2, **self.SIZE)
+        choice = re.search(r"gemm auto: (forward=\S+,backward_data=\S+,backward_weight=[a-z0-9-]+)", r.stdout)
+        report.check("np=2 auto: trains to the end with every step's checksum equal on both ranks",
+                     r.returncode == 0 and ckpt is not None, f"rc {r.returncode}: {r.stderr[-400:]}")
+        report.check("np=2 auto: the start-up line names each class's engine", choice is not None,
+                     " / ".join(l for l in r.stdout.splitlines() if "gemm" in l)[:300])
+        if not ckpt:
+            return
+        import h5py
+        with h5py.File(ckpt, "r") as f:
+            recorded = f.attrs.get("gemm_engines")
+        recorded = recorded.decode() if isinstance(recorded, bytes) else recorded
+        report.check("the checkpoint records the choice (root attribute gemm_engines)",
+                     choice is not None and recorded == choice.group(1), f"{recorded!r} vs start-up line")
+        path, _ = R.config("gemm_auto", **dict(self.SIZE, **{"train.steps": 8}))
+        resumed = run(train_command(R.momfmm, path, (), np_=2, resume=ckpt), timeout=300, env=env())
+        report.check("a resumed run takes the recorded choice", resumed.returncode == 0 and
+                     f"gemm auto: {recorded}, as {ckpt} recorded" in resumed.stdout,
+                     f"rc {resumed.returncode}: " + " / ".join(l for l in resumed.stdout.splitlines() if "gemm" in l))
