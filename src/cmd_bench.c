@@ -91,6 +91,7 @@ int command_bench(const char *config_path, int n_overrides, char *const *overrid
     cmd_use_precision(&cfg);
     cfg.steps = steps + 2;
     cmd_print_banner();
+    cmd_note_bf16_speed(&cfg);
     cpu_peak peak = measure_peak();
     trainer t;
     status err;

@@ -11,6 +11,7 @@
 #include "momfmm/blas_core.h"
 #include "momfmm/build_info.h"
 #include "momfmm/checkpoint.h"
+#include "momfmm/cpu.h"
 #include "momfmm/dist.h"
 #include "momfmm/float_env.h"
 #include "momfmm/gemm.h"
@@ -99,6 +100,21 @@ void cmd_use_precision(const config *c) {
     /* oneDNN threads like OpenBLAS: blas_core_threads() per rank */
     gemm_set_default(gemm_create(engine, blas_core_threads()));
     gemm_destroy(previous);
+}
+
+void cmd_note_bf16_speed(const config *c) {
+    if (c->precision != PRECISION_BF16) return;
+    cpu_peak peak = cpu_measure_peak(1, 0.1);
+    if (peak.bf16_gflops <= 0)
+        log_rank0("note: train.precision = bf16 without native bf16 here: oneDNN emulates it (MOMFMM_FORCE_BF16), "
+                  "slower than fp32\n");
+    else if (peak.bf16_gflops < 1.8 * peak.fp32_gflops)
+        log_rank0("note: this CPU's bf16 dot-product peak is %.2f x its fp32 FMA peak (%.0f vs %.0f GFLOP/s per "
+                  "core, measured): bf16 is not expected to train faster than fp32 here\n",
+                  peak.bf16_gflops / peak.fp32_gflops, peak.bf16_gflops, peak.fp32_gflops);
+    else
+        log_rank0("bf16: dot-product peak %.2f x the fp32 FMA peak (%.0f vs %.0f GFLOP/s per core, measured)\n",
+                  peak.bf16_gflops / peak.fp32_gflops, peak.bf16_gflops, peak.fp32_gflops);
 }
 
 /* The config of `path`, or of a run directory's newest checkpoint whose

@@ -274,6 +274,7 @@ int command_train(const char *config_path, int n_overrides, char *const *overrid
     if (dist_rank() == 0 && store_open_run(cfg.out_dir, resume != NULL, overwrite, &err) != 0)
         cmd_fail(err.code, "%s", err.message);
     cmd_print_banner(); /* the start-up line first, then what the trainer reports (memory) */
+    cmd_note_bf16_speed(&cfg);
     trainer t;
     create_trainer(&t, &cfg);
     if (resume && trainer_resume(&t, resume, &err) != 0) cmd_fail_all(err.code, "%s", err.message);

@@ -120,7 +120,7 @@ void model_shard_moments(model *m, size_t first, size_t count) {
     free(m->adam_m);
     m->moment_first = first;
     m->moment_count = count;
-    m->adam_m = sys_calloc(2 * m->moment_count + 1, sizeof(float));
+    m->adam_m = sys_calloc_huge(2 * m->moment_count + 1, sizeof(float));
     m->adam_v = m->adam_m + m->moment_count;
 }
 
@@ -147,14 +147,14 @@ static int model_build(model *m, const config *cfg, bool training, status *err) 
     build_layout(m);
     m->moment_first = 0;
     m->moment_count = m->n_params;
-    float *all = sys_calloc((training ? 2 : 1) * m->n_params, sizeof(float));
+    float *all = sys_calloc_huge((training ? 2 : 1) * m->n_params, sizeof(float));
     m->params = all;
     m->w.blocks = sys_calloc((size_t)m->L, sizeof(model_block_tensors));
     m->g.blocks = sys_calloc((size_t)m->L, sizeof(model_block_tensors));
     bind_tensors(m, m->params, &m->w);
     if (training) {
         m->grads = all + m->n_params;
-        m->adam_m = sys_calloc(2 * m->n_params, sizeof(float));
+        m->adam_m = sys_calloc_huge(2 * m->n_params, sizeof(float));
         m->adam_v = m->adam_m + m->n_params;
         bind_tensors(m, m->grads, &m->g);
     }
@@ -294,7 +294,7 @@ static void activations_reserve(model *m, int B, int T) {
     carve plan[ACTIVATION_SLOTS];
     size_t total = 0, n = activation_plan(m, a, B, T, plan);
     for (size_t i = 0; i < n; i++) total += plan[i].count;
-    a->mem = sys_calloc(total, sizeof(float));
+    a->mem = sys_calloc_huge(total, sizeof(float));
     float *cursor = a->mem;
     for (size_t i = 0; i < n; i++) {
         *plan[i].slot = plan[i].count ? cursor : NULL;

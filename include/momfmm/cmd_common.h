@@ -34,6 +34,10 @@ void cmd_check_consistency(const model *m, long long step);
  * the process-wide one (gemm_set_default) before any model exists; exits 2
  * naming what is missing when this build or this CPU cannot run it. */
 void cmd_use_precision(const config *c);
+/* train.precision = bf16 (train, bench): whether this CPU's bf16 peak,
+ * measured, is the 1.8 x its fp32 peak that makes bf16 pay, said on rank 0
+ * with both figures (AMX units are not probed: its oneDNN kernels are). */
+void cmd_note_bf16_speed(const config *c);
 /* eval, generate and loss: the precision and GEMM of the checkpoint's
  * config, with `precision` ("fp32" or "bf16", from --precision) overriding
  * train.precision when not NULL. */

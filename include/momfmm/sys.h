@@ -9,6 +9,12 @@
  * return as a status (docs/design.md §8.7). */
 void *sys_calloc(size_t count, size_t size);
 void *sys_realloc(void *p, size_t size);
+/* sys_calloc for the large buffers (parameters, gradients, moments,
+ * activations): aligned to 2 MiB and advised as transparent huge pages
+ * (MADV_HUGEPAGE; this kernel's THP is often "madvise" only), so that the
+ * kernels' sweeps over gigabytes take one TLB entry per 2 MiB rather than
+ * per 4 KiB. Freed with free(). */
+void *sys_calloc_huge(size_t count, size_t size);
 /* Seconds of a monotonic clock. */
 double sys_seconds(void);
 
