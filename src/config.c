@@ -50,6 +50,9 @@ static const config_key KEYS[] = {
     {"model", "head", KEY_ENUM, OFF(head), "lm", 0, 0, "lm|cls", ROLE_MODEL},
     {"model", "n_classes", KEY_INT, OFF(n_classes), "10", 2, 1 << 20, NULL, ROLE_MODEL},
     {"attention", "kind", KEY_ENUM, OFF(attention), "softmax", 0, 0, "softmax|fmm", ROLE_MODEL},
+    /* how softmax attention is computed, not what: the same model either way
+     * (docs/model.md §1.3), so a run may resume with the other */
+    {"attention", "impl", KEY_ENUM, OFF(attention_impl), "tiled", 0, 0, "tiled|dense", ROLE_SCHEDULE},
     {"momentum", "gamma", KEY_DOUBLE, OFF(gamma), "0", -BIG, BIG, NULL, ROLE_MODEL},
     {"momentum", "learn_gamma", KEY_BOOL, OFF(learn_gamma), "false", 0, 1, NULL, ROLE_MODEL},
     {"momentum", "beta", KEY_DOUBLE, OFF(beta), "0", -BIG, BIG, NULL, ROLE_MODEL},

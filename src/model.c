@@ -382,6 +382,7 @@ static attention_saved attention_state(const model *m, int l, int B, int T) {
         .p_q = a->p_q ? a->p_q + heads : NULL,
         .p_k = a->p_k ? a->p_k + heads : NULL,
         .saved = a->att_saved + saved,
+        .out = a->att_out + heads,
         .scratch = a->head_scratch,
         .threads = a->threads,
     };

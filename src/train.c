@@ -46,7 +46,7 @@ static int check_memory(const trainer *t, status *err) {
         return status_fail(err, EXIT_USAGE,
                            "this run needs %.0f%% of the available memory on the fullest node (here %.1f GB per rank "
                            "x %d ranks, %.1f GB available): reduce train.batch_size, data.seq_len or the model "
-                           "(attention.kind = softmax stores T x T per head)",
+                           "(attention.impl = dense stores T x T per head)",
                            100 * worst_fill, need / 1e9, local_ranks, available / 1e9);
     return 0;
 }

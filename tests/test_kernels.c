@@ -1,10 +1,12 @@
 /* Finite-difference tests of every layer kernel in kernels.c: each checks
  * the analytic backward against central differences of L = sum(out * w). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "momfmm/float_env.h"
 #include "momfmm/kernels.h"
+#include "momfmm/tiled_softmax.h"
 #include "test_util.h"
 
 static uint64_t rng_state = 42;
@@ -148,6 +150,73 @@ static void test_attention(bool causal) {
     fd_check(name, c.b, dv, n, attention_loss, &c, 1e-2, 1e-2);
 }
 
+/* ---- tiled softmax attention (tiled_softmax.c) ---- */
+static double tiled_loss(void *p) {
+    ctx *c = p;
+    tiled_softmax_forward(c->out, c->aux1, c->x, c->w, c->b, c->T, c->T, c->dh, 0, c->causal, c->aux2);
+    return fd_dot(c->out, c->probe, (size_t)c->T * c->dh);
+}
+
+/* Finite differences of the tiled backward, at T = 7 (one tile) and T = 300
+ * (five query tiles of 64, two key tiles of 256, ragged edges). */
+static void test_tiled(bool causal, int T, int dh) {
+    ctx c = {0};
+    c.T = T, c.dh = dh, c.causal = causal;
+    size_t n = (size_t)T * dh;
+    c.x = randn(n, 1), c.w = randn(n, 1), c.b = randn(n, 1), c.out = randn(n, 1), c.probe = randn(n, 1);
+    c.aux1 = calloc((size_t)T, 4), c.aux2 = calloc(tiled_softmax_scratch_floats(T, dh), 4);
+    float *dq = calloc(n, 4), *dk = calloc(n, 4), *dv = calloc(n, 4);
+    tiled_softmax_forward(c.out, c.aux1, c.x, c.w, c.b, T, T, dh, 0, causal, c.aux2);
+    tiled_softmax_backward(dq, dk, dv, c.probe, c.out, c.aux1, c.x, c.w, c.b, T, dh, causal, c.aux2);
+    char name[64];
+    const char *tag = causal ? "causal" : "full";
+    snprintf(name, sizeof name, "tiled attention %s T=%d dq", tag, T);
+    fd_check(name, c.x, dq, n, tiled_loss, &c, 1e-2, 1e-2);
+    snprintf(name, sizeof name, "tiled attention %s T=%d dk", tag, T);
+    fd_check(name, c.w, dk, n, tiled_loss, &c, 1e-2, 1e-2);
+    snprintf(name, sizeof name, "tiled attention %s T=%d dv", tag, T);
+    fd_check(name, c.b, dv, n, tiled_loss, &c, 1e-2, 1e-2);
+    free(c.x), free(c.w), free(c.b), free(c.out), free(c.probe), free(c.aux1), free(c.aux2), free(dq), free(dk),
+        free(dv);
+}
+
+static double max_rel(const float *a, const float *b, size_t n) {
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(a[i] - b[i]));
+    return worst / (scale > 0 ? scale : 1);
+}
+
+/* Tiled equals dense within 1e-5 relative at T = 1000: outputs, the three
+ * gradients, and a streamed segment (37 queries at position 500). */
+static void test_tiled_equals_dense(bool causal) {
+    enum { T = 1000, DH = 16 };
+    size_t n = (size_t)T * DH;
+    float *q = randn(n, 1), *k = randn(n, 1), *v = randn(n, 1), *dout = randn(n, 1);
+    float *probs = calloc((size_t)T * T, 4), *dense_scratch = calloc((size_t)T * T, 4);
+    float *lse = calloc(T, 4), *scratch = calloc(tiled_softmax_scratch_floats(T, DH), 4);
+    float *out[2], *dq[2], *dk[2], *dv[2];
+    for (int i = 0; i < 2; i++) out[i] = calloc(n, 4), dq[i] = calloc(n, 4), dk[i] = calloc(n, 4), dv[i] = calloc(n, 4);
+    softmax_attention_forward(out[0], probs, q, k, v, T, T, DH, 0, causal);
+    softmax_attention_backward(dq[0], dk[0], dv[0], dout, probs, q, k, v, dense_scratch, T, T, DH, causal);
+    tiled_softmax_forward(out[1], lse, q, k, v, T, T, DH, 0, causal, scratch);
+    tiled_softmax_backward(dq[1], dk[1], dv[1], dout, out[1], lse, q, k, v, T, DH, causal, scratch);
+    double worst = fmax(fmax(max_rel(out[1], out[0], n), max_rel(dq[1], dq[0], n)),
+                        fmax(max_rel(dk[1], dk[0], n), max_rel(dv[1], dv[0], n)));
+    char name[80];
+    snprintf(name, sizeof name, "tiled = dense, %s T=1000: out, dq, dk, dv", causal ? "causal" : "full");
+    test_check(worst <= 1e-5, name, "max rel %.3g", worst);
+    if (causal) { /* a streamed segment: queries 500..536 against keys 0..536 */
+        enum { N = 37, POS = 500 };
+        softmax_attention_forward(out[0], probs, q + (size_t)POS * DH, k, v, N, POS + N, DH, POS, true);
+        tiled_softmax_forward(out[1], lse, q + (size_t)POS * DH, k, v, N, POS + N, DH, POS, true, scratch);
+        double seg = max_rel(out[1], out[0], (size_t)N * DH);
+        test_check(seg <= 1e-5, "tiled = dense, a segment at position 500 (streaming)", "max rel %.3g", seg);
+    }
+    for (int i = 0; i < 2; i++) free(out[i]), free(dq[i]), free(dk[i]), free(dv[i]);
+    free(q), free(k), free(v), free(dout), free(probs), free(dense_scratch), free(lse), free(scratch);
+}
+
 /* ---- cross-entropy ---- */
 static double ce_loss(void *p) {
     ctx *c = p;
@@ -212,6 +281,12 @@ int main(void) {
     test_rope();
     test_attention(true);
     test_attention(false);
+    test_tiled(true, 7, 4);
+    test_tiled(false, 7, 4);
+    test_tiled(true, 300, 4);
+    test_tiled(false, 300, 4);
+    test_tiled_equals_dense(true);
+    test_tiled_equals_dense(false);
     test_cross_entropy();
     test_flush_denormals();
     return test_summary("test_kernels");

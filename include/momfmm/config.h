@@ -8,6 +8,9 @@
 #include "momfmm/status.h"
 
 typedef enum { ATTENTION_SOFTMAX = 0, ATTENTION_FMM = 1 } config_attention_kind;
+/* attention.impl: softmax attention in tiles, linear memory (default), or
+ * with its T x T probabilities stored (docs/model.md §1.3) */
+typedef enum { ATTENTION_TILED = 0, ATTENTION_DENSE = 1 } config_attention_impl;
 typedef enum { HEAD_LM = 0, HEAD_CLS = 1 } config_head_kind;
 typedef enum { APPLY_QK = 0, APPLY_Q = 1 } config_momentum_target;
 typedef enum { PLACEMENT_POST_ROPE = 0, PLACEMENT_PRE_ROPE = 1 } config_momentum_placement;
@@ -42,7 +45,8 @@ typedef struct {
     int head; /* config_head_kind */
     int n_classes;
     /* [attention] */
-    int attention; /* config_attention_kind */
+    int attention;      /* config_attention_kind */
+    int attention_impl; /* config_attention_impl */
     /* [momentum] */
     double gamma, beta, gamma2;
     bool learn_gamma, anchor;
