@@ -173,7 +173,9 @@ static void read_config_ini(h5reader *r, config *c) {
     char *ini = h5reader_attr_string(r, "config_ini");
     status st;
     config_defaults(c);
-    int bad = config_load_string(c, ini, "config_ini", &st) != 0 || config_check(c, "config_ini", &st) != 0;
+    /* data.resolved_path: what the run read, whatever the current directory */
+    int bad = config_load_string(c, ini, "config_ini", &st) != 0 || config_check(c, "config_ini", &st) != 0 ||
+              config_resolve_data_path(c, true, &st) != 0;
     free(ini);
     if (bad) h5reader_fail(r, "%s", st.message);
 }
