@@ -21,6 +21,7 @@ _Noreturn void h5reader_fail(h5reader *r, const char *fmt, ...) {
     if (used >= 0 && (size_t)used < sizeof r->err->message)
         vsnprintf(r->err->message + used, sizeof r->err->message - (size_t)used, fmt, args);
     va_end(args);
+    status_escape_controls(r->err->message, sizeof r->err->message);
     longjmp(r->on_error, 1);
 }
 

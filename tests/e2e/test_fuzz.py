@@ -664,6 +664,17 @@ def test_escaped_strings(momfmm, base, report):
             timeout=TIMEOUT_S)
     report.check("control bytes of a value are escaped in the message", r.returncode == 2 and "\x1b" not in r.stderr
                  and "\\x1b" in r.stderr, repr(r.stderr[-300:]))
+    # a checkpoint's data.path with an escape sequence: shown escaped when it cannot be opened
+    text_ini = os.path.join(d, "esc_text.ini")
+    with open(text_ini, "w") as f:
+        f.write(TEXT.format(path='"/nonexistent/\\x1b[31mred"', out=os.path.join(d, "esc_text")))
+    text_ck = os.path.join(d, "esc_text.h5")
+    r = run([momfmm, "init", text_ini, "--out", text_ck, "--force"], timeout=TIMEOUT_S)
+    report.check("init of a text config whose data.path holds ESC", r.returncode == 0, r.stderr[-300:])
+    r, seconds = timed(momfmm, ["eval", text_ck])
+    refused(report, "eval: the checkpoint's data.path is named with its ESC escaped", r, seconds, 3,
+            "/nonexistent/\\x1b[31mred")
+    report.check("no raw ESC on stderr", "\x1b" not in r.stderr, repr(r.stderr[-200:]))
     # an embedded NUL in a fixed-length config_ini
     bad = os.path.join(d, "esc_nul.h5")
 
