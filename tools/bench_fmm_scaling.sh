@@ -56,7 +56,7 @@ for T in "${lengths[@]}"; do
         continue
       fi
       tps[$kind]+="$(sed -E 's/.*tokens_per_s=([0-9.]+).*/\1/' <<<"$line") "
-      ms[$kind]+="$(sed -E 's/.*ms_per_step=([0-9.]+).*/\1/' <<<"$line") "
+      ms[$kind]+="$(sed -E 's/.* ms_per_step=([0-9.]+).*/\1/' <<<"$line") "
       rss[$kind]+="$(sed -E 's/.*peak_rss_mb=([0-9.]+).*/\1/' <<<"$line") "
       cpu[$kind]+="$(sed -E 's/.*cpu_ms_per_step=([0-9.]+).*/\1/' <<<"$line") "
     done
