@@ -82,6 +82,11 @@ void metrics_finish(const metric_sums *s, metric_values *out) {
     out->bpb = out->loss / M_LN2;
 }
 
+void metric_values_none(metric_values *out) {
+    out->loss = out->L_new = out->L_rep = out->delta_12 = out->acc = out->exact_match = out->bpb = NAN;
+    for (int k = 0; k < OCCURRENCE_BINS; k++) out->loss_by_k[k] = NAN;
+}
+
 const char *metric_text(double value, int digits, char *buf, size_t len) {
     if (isfinite(value)) snprintf(buf, len, "%.*f", digits, value);
     else snprintf(buf, len, "%s", isnan(value) ? "—" : value > 0 ? "inf" : "-inf");
@@ -193,10 +198,21 @@ void metric_tables_standard(metric_table *train, metric_table *eval, int n_layer
     metric_table_add_matrix_column(eval, "gamma", n_layers, n_heads);
 }
 
-void metric_tables_add_task_columns(metric_table *train, metric_table *eval, int task) {
-    if (task != TASK_TEXT) return;
-    if (train) metric_table_add_column(train, "bpb", 1, false);
-    if (eval) metric_table_add_column(eval, "bpb", 1, false);
+void metric_tables_add_task_columns(metric_table *train, metric_table *eval, const config *c) {
+    if (c->task == TASK_TEXT) {
+        if (train) metric_table_add_column(train, "bpb", 1, false);
+        if (eval) metric_table_add_column(eval, "bpb", 1, false);
+    }
+    if (c->task != TASK_CHAIN || !eval) return;
+    /* the length-generalisation eval (NaN without data.eval_chain_len) and
+     * the attention read-out (docs/metrics.md §3) */
+    static const char *scalars[] = {"lengen_loss", "lengen_L_new", "lengen_L_rep", "lengen_delta_12"};
+    for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++) metric_table_add_column(eval, scalars[i], 1, false);
+    metric_table_add_column(eval, "lengen_loss_by_k", OCCURRENCE_BINS, false);
+    static const char *heads[] = {"attn_positional", "attn_induction", "lengen_attn_positional",
+                                  "lengen_attn_induction"};
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++)
+        metric_table_add_matrix_column(eval, heads[i], c->n_layers, c->n_heads);
 }
 
 /* Column `name` of row `index`, or NaN when the table lacks it. */

@@ -25,6 +25,9 @@ typedef struct {
     double bpb; /* bits per predicted byte, loss / ln 2 (docs/metrics.md §3, text) */
 } metric_values;
 
+/* Every field NaN: metrics of an eval that did not run. */
+void metric_values_none(metric_values *out);
+
 /* "1.234" with `digits` decimals, or "—" for a value with no data (an empty
  * bin is NaN in the tables, docs/metrics.md §3; never printed as nan). */
 const char *metric_text(double value, int digits, char *buf, size_t len);
@@ -78,8 +81,11 @@ void metric_table_free(metric_table *t);
  * gain_R [n, n_layers] and the per-head momentum gamma [n, n_layers, n_heads]. */
 void metric_tables_standard(metric_table *train, metric_table *eval, int n_layers, int n_heads);
 /* Adds the columns of the task (docs/files.md §4): `bpb` to both tables for
- * text. Called after metric_tables_standard. */
-void metric_tables_add_task_columns(metric_table *train, metric_table *eval, int task);
+ * text; for chain, to eval, the length-generalisation eval's loss metrics
+ * (lengen_*) and the attention read-out per head (attn_positional,
+ * attn_induction and their lengen_ twins, [n_layers, n_heads]). Called after
+ * metric_tables_standard; either table may be NULL. */
+void metric_tables_add_task_columns(metric_table *train, metric_table *eval, const config *c);
 /* The metric_values of row `index` of an eval table (fields it lacks are NaN). */
 void metric_values_from_row(const metric_table *eval, long long index, metric_values *out);
 #endif

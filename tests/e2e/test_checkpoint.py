@@ -149,6 +149,12 @@ def check_layout(R, report, label, path, s):
     want_e = {k: (n_eval,) for k in ("step", "loss", "L_new", "L_rep", "delta_12", "acc", "exact_match")}
     want_e.update({"loss_by_k": (n_eval, 16), "gain_R": (n_eval, L), "gain_R_attn": (n_eval, L),
                    "gamma": (n_eval, L, H)})
+    chain = s.get("data", {}).get("task", "chain") == "chain"
+    if chain:  # the length eval and the attention read-out (docs/files.md §4, docs/metrics.md §3)
+        want_e.update({k: (n_eval,) for k in ("lengen_loss", "lengen_L_new", "lengen_L_rep", "lengen_delta_12")})
+        want_e.update({"lengen_loss_by_k": (n_eval, 16)})
+        want_e.update({k: (n_eval, L, H) for k in ("attn_positional", "attn_induction", "lengen_attn_positional",
+                                                   "lengen_attn_induction")})
     got_e = {k: v.shape for k, v in ev.items()}
     types_ok = "step" in ev and ev["step"].dtype == np.int64 and all(
         v.dtype == np.float64 for k, v in ev.items() if k != "step")
@@ -156,6 +162,11 @@ def check_layout(R, report, label, path, s):
     report.check(f"layout {label}: /metrics/eval: loss_by_k [{n_eval}, 16], gain_R [{n_eval}, {L}], "
                  f"gamma [{n_eval}, {L}, {H}], the rest [{n_eval}], step int64 = {eval_steps}",
                  got_e == want_e and types_ok and steps_ok, f"got {got_e}")
+    if chain and got_e == want_e:
+        length = int(s["data"].get("eval_chain_len", 0)) > 0
+        finite = all(np.isfinite(ev[k]).all() == length for k in ("lengen_loss", "lengen_L_rep"))
+        report.check(f"layout {label}: lengen_* measured with data.eval_chain_len, NaN without", finite,
+                     f"lengen_loss {ev['lengen_loss']}")
     if s.get("momentum", {}).get("learn_gamma") and got_e == want_e:
         last = np.stack([model[f"blocks/{i}/attn/momentum_gamma"] for i in range(L)]).astype(np.float64)
         report.check(f"layout {label}: the last eval's gamma row is the learned momentum_gamma",
@@ -199,6 +210,7 @@ LAYOUT_RUNS = {
     "fmm": {"model.vocab_size": 24, "model.d_model": 16, "model.n_heads": 2, "model.n_layers": 3,
             "model.d_ff": 48, "attention.kind": "fmm", "fmm.bandwidth": 3, "fmm.kernels": "elu,tanh",
             "momentum.gamma": 0.3, "momentum.learn_gamma": True, "momentum.gamma2": 0.1,
+            "data.chain_len_max": 7, "data.eval_chain_len": 8, "data.eval_chain_len_max": 9,
             "train.steps": 5, "train.log_interval": 2, "train.eval_interval": 3},
 }
 
@@ -316,6 +328,25 @@ class TestResume:
                         " | ".join(tail(x, 200) for x in (r1, r2, r3) if x.returncode)):
             ok, detail = bitwise_report(ckpt(fs, 2 * N), ckpt(fr, 2 * N))
             report.check("resume fmm: resumed equals straight bitwise", ok, detail)
+
+    def test_chain_variants(self, R, report):
+        """A period per sample, fillers and the length eval (docs/tasks.md §2): the samples
+        are functions of counters, so the same bitwise resume, the lengen_* and attn_*
+        columns of the metric history included."""
+        chain = dict(RESUME, **{"data.chain_len": 3, "data.chain_len_max": 6, "data.chain_noise": 0.2,
+                                "data.chain_fillers": 4, "data.eval_chain_len": 7, "data.eval_chain_len_max": 8})
+        ini_s, straight_dir, _ = R.config("chain_straight", **chain, **{"train.steps": 2 * N})
+        ini_h, half_dir, _ = R.config("chain_split", **chain, **{"train.steps": N})
+        runs = (R.train(ini_s), R.train(ini_h), R.train(ini_h, f"train.steps={2 * N}", resume="auto"))
+        if report.check("resume chain variants: straight, first half and --resume auto run",
+                        all(x.returncode == 0 for x in runs) and os.path.exists(ckpt(half_dir, 2 * N)),
+                        " | ".join(tail(x, 200) for x in runs if x.returncode)):
+            ok, detail = bitwise_report(ckpt(straight_dir, 2 * N), ckpt(half_dir, 2 * N))
+            report.check("resume chain variants: resumed equals straight bitwise", ok, detail)
+            with h5py.File(ckpt(half_dir, 2 * N), "r") as f:
+                measured = all(np.isfinite(f[f"metrics/eval/{k}"][()]).all()
+                               for k in ("lengen_L_rep", "lengen_attn_induction", "attn_induction"))
+            report.check("resume chain variants: the length eval and read-outs measured at every eval", measured)
 
     def test_np1_to_np2(self, R, report, straight, split):
         """N steps at np = 1, the rest at np = 2."""
