@@ -307,11 +307,11 @@ static void derive_bpb(metric_table *t, long long rows, int offset) {
 }
 
 /* Columns added to /metrics after format_version 1 was fixed (docs/files.md §4):
- * a file written before them lacks them: gain_R_attn, the chain's lengen_*
- * and attn_* read as NaN there, bpb follows from the loss (derive_bpb). */
+ * a file written before them lacks them: gain_R_attn, the chain's lengen_*,
+ * attn_* and L_rep_by_period read as NaN there, bpb follows from the loss (derive_bpb). */
 static bool column_added_later(const char *name) {
     return strcmp(name, "gain_R_attn") == 0 || strcmp(name, "bpb") == 0 || strncmp(name, "lengen_", 7) == 0 ||
-           strncmp(name, "attn_", 5) == 0;
+           strncmp(name, "attn_", 5) == 0 || strcmp(name, "L_rep_by_period") == 0;
 }
 
 /* Rows of a table: those of its first column in a checkpoint; in a live

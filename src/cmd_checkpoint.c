@@ -140,7 +140,8 @@ static void print_row(const metric_table *t, long long i) {
         const metric_column *col = &t->columns[c];
         char value[32];
         if (col->integer) printf(" %s %lld", col->name, (long long)row[offset]);
-        else if (col->width == 1) printf(" %s %s", col->name, shown_value(row[offset], "%.6g", value, sizeof value));
+        else if (col->width == 1 && !col->vector)
+            printf(" %s %s", col->name, shown_value(row[offset], "%.6g", value, sizeof value));
         else if (col->inner <= 1) {
             printf(" %s [", col->name);
             for (int j = 0; j < col->width; j++)

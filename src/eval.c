@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "momfmm/chain.h"
 #include "momfmm/dist.h"
 #include "momfmm/kernels.h"
 #include "momfmm/readouts.h"
@@ -22,10 +23,15 @@ void eval_result_init(eval_result *r, const model *m) {
     r->length_attn = r->attn + 2 * LH;
     for (size_t i = 0; i < 4 * LH; i++) r->attn[i] = NAN; /* until a chain eval measures them */
     metric_values_none(&r->length_metrics);
+    chain_periods p = chain_periods_of(&m->cfg, false);
+    r->n_periods = p.hi - p.lo + 1;
+    r->L_rep_by_period = sys_calloc((size_t)r->n_periods, sizeof(double));
+    for (int i = 0; i < r->n_periods; i++) r->L_rep_by_period[i] = NAN;
 }
 
 void eval_result_free(eval_result *r) {
     free(r->gain_R);
+    free(r->L_rep_by_period);
     memset(r, 0, sizeof *r);
 }
 
@@ -68,11 +74,17 @@ static double stream_batch(model *m, const data_batch *b, int segment, const flo
 /* Running sums of one evaluation, reduced over ranks at the end. */
 typedef struct {
     metric_sums full, streamed, length; /* length: the length-generalisation eval */
-    double *scores;                     /* [2][2LH + 1]: attention read-out sums of the eval split, then
-                     * of the length eval (readouts_attention_scores) */
-    double *gains;                      /* [2L + 1]: gain ratio sums per block, the row count, then the
-                      * attention sublayer's ratio sums per layer (gain_R_attn) */
-    float *losses;                      /* [B*T] streamed losses */
+    /* [2][2LH + 1]: attention read-out sums of the eval split, then of the
+     * length eval (readouts_attention_scores) */
+    double *scores;
+    /* [2][n_periods]: L_rep sums, then counts, by the sample's period (chain) */
+    double *by_period;
+    const data_source *data;
+    int batch; /* the eval batch being summed */
+    /* [2L + 1]: gain ratio sums per block, the row count, then the attention
+     * sublayer's ratio sums per layer (gain_R_attn) */
+    double *gains;
+    float *losses; /* [B*T] streamed losses */
     int32_t *predictions;
     double max_diff;
 } eval_sums;
@@ -83,6 +95,21 @@ static data_batch rows_of(const data_batch *b, int first, int rows) {
     return (data_batch){rows, b->T, b->inputs + at, b->targets + at, b->labels ? b->labels + first : NULL};
 }
 
+/* L_rep of each row into its period's bin (docs/metrics.md §3), the period
+ * as data_fill drew it. */
+static void add_rep_by_period(const model *m, const data_batch *v, long long first_row, eval_sums *e) {
+    chain_periods p = chain_periods_of(&m->cfg, false);
+    int n = p.hi - p.lo + 1, T = v->T;
+    int *scratch = sys_calloc((size_t)m->V + T, sizeof(int));
+    for (int r = 0; r < v->B; r++) {
+        int bin = data_sample_period(e->data, SPLIT_EVAL, e->batch, first_row + r) - p.lo;
+        size_t at = (size_t)r * T;
+        metrics_row_repeats(v->inputs + at, v->targets + at, m->acts.losses + at, T, scratch, m->V, &e->by_period[bin],
+                            &e->by_period[n + bin]);
+    }
+    free(scratch);
+}
+
 /* One forward of rows v (global sample index first_row onwards) into the
  * sums; gain_R's random directions are keyed by sample, so the rows may
  * come in any grouping. */
@@ -91,8 +118,10 @@ static int evaluate_rows(model *m, const data_batch *v, long long first_row, uin
     model_forward(m, v->inputs, v->targets, v->labels, v->B, v->T, false);
     metrics_accumulate(&e->full, v, m->acts.losses, m->acts.predictions, m->cfg.head == HEAD_CLS, m->V);
     /* before the block gains: their perturbed forwards replace the saved attention state */
-    if (m->cfg.task == TASK_CHAIN)
+    if (m->cfg.task == TASK_CHAIN) {
         readouts_attention_scores(m, v->inputs, v->targets, v->B, v->T, m->cfg.chain_len, e->scores);
+        add_rep_by_period(m, v, first_row, e);
+    }
     readouts_block_gains(m, v->B, v->T, seed, first_row, e->gains, e->gains + m->L + 1);
     e->gains[m->L] += v->B;
     if (segment <= 0) return 0;
@@ -110,6 +139,8 @@ static int evaluate_rows(model *m, const data_batch *v, long long first_row, uin
 static int evaluate_batch(model *m, data_shard *shard, int i, int segment, eval_sums *e, status *err) {
     data_batch *b = &shard->batch;
     if (data_fill(shard->data, b, SPLIT_EVAL, i, shard->first, err) != 0) return err->code;
+    e->data = shard->data;
+    e->batch = i;
     int rows = config_micro_rows(&m->cfg, b->B), rc = 0;
     for (int first = 0; first < b->B && rc == 0; first += rows) {
         data_batch v = rows_of(b, first, b->B - first < rows ? b->B - first : rows);
@@ -152,6 +183,7 @@ int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, st
     e.predictions = sys_calloc(rows, sizeof(int32_t));
     int LH = m->L * m->H;
     e.scores = sys_calloc(2 * (2 * (size_t)LH + 1), sizeof(double));
+    e.by_period = sys_calloc(2 * (size_t)r->n_periods, sizeof(double));
     m->keep_logits = stream_segment > 0;
     int rc = 0;
     for (int i = 0; i < m->cfg.eval_batches && rc == 0; i++) {
@@ -163,7 +195,13 @@ int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, st
         dist_sum_doubles((double *)&e.full, (int)METRIC_SUMS_DOUBLES);
         metrics_finish(&e.full, &r->metrics);
         dist_sum_doubles(e.scores, 2 * (2 * LH + 1));
-        if (m->cfg.task == TASK_CHAIN) finish_scores(e.scores, LH, r->attn);
+        if (m->cfg.task == TASK_CHAIN) {
+            finish_scores(e.scores, LH, r->attn);
+            dist_sum_doubles(e.by_period, 2 * r->n_periods);
+            for (int p = 0; p < r->n_periods; p++)
+                r->L_rep_by_period[p] =
+                    e.by_period[r->n_periods + p] > 0 ? e.by_period[p] / e.by_period[r->n_periods + p] : NAN;
+        }
         r->length_eval = length_eval_on(m);
         if (r->length_eval) {
             dist_sum_doubles((double *)&e.length, (int)METRIC_SUMS_DOUBLES);
@@ -181,7 +219,7 @@ int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, st
         metrics_finish(&e.streamed, &r->stream_metrics);
         r->stream_max_diff = dist_max_double(e.max_diff);
     }
-    free(e.gains), free(e.losses), free(e.predictions), free(e.scores);
+    free(e.gains), free(e.losses), free(e.predictions), free(e.scores), free(e.by_period);
     return rc;
 }
 
@@ -214,6 +252,7 @@ void eval_result_row(const eval_result *r, long long step, const metric_table *e
                  {"lengen_L_rep", &g->L_rep},
                  {"lengen_delta_12", &g->delta_12},
                  {"lengen_loss_by_k", g->loss_by_k},
+                 {"L_rep_by_period", r->L_rep_by_period},
                  {"attn_positional", r->attn},
                  {"attn_induction", r->attn + r->heads},
                  {"lengen_attn_positional", r->length_attn},

@@ -25,6 +25,8 @@ typedef struct {
     bool length_eval;             /* the length-generalisation eval ran (chain, data.eval_chain_len > 0) */
     metric_values length_metrics; /* its loss metrics (NaN when it did not run) */
     double *length_attn;          /* [2][heads]: the read-out on its batches */
+    int n_periods;                /* chain_len_max - chain_len + 1 (1 for one fixed period) */
+    double *L_rep_by_period;      /* [n_periods]: L_rep of the eval samples of each period (chain; NaN: none) */
     bool streamed;                /* the fields below are filled */
     metric_values stream_metrics; /* the same batches through the streaming path */
     double stream_max_diff;       /* largest |logit difference| streaming vs full forward */

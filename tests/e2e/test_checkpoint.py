@@ -152,7 +152,9 @@ def check_layout(R, report, label, path, s):
     chain = s.get("data", {}).get("task", "chain") == "chain"
     if chain:  # the length eval and the attention read-out (docs/files.md §4, docs/metrics.md §3)
         want_e.update({k: (n_eval,) for k in ("lengen_loss", "lengen_L_new", "lengen_L_rep", "lengen_delta_12")})
-        want_e.update({"lengen_loss_by_k": (n_eval, 16)})
+        d = s.get("data", {})
+        periods = max(int(d.get("chain_len_max", 0)), int(d.get("chain_len", 10))) - int(d.get("chain_len", 10)) + 1
+        want_e.update({"lengen_loss_by_k": (n_eval, 16), "L_rep_by_period": (n_eval, periods)})
         want_e.update({k: (n_eval, L, H) for k in ("attn_positional", "attn_induction", "lengen_attn_positional",
                                                    "lengen_attn_induction")})
     got_e = {k: v.shape for k, v in ev.items()}

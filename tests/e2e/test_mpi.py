@@ -453,7 +453,8 @@ class TestCopy:
             compare(report, "chain variants np=3", c1, c3)
             e1 = load_checkpoint(newest_checkpoint(R.config("chainv_np1", **chain)[1])).eval
             e3 = load_checkpoint(newest_checkpoint(R.config("chainv_np3", **chain)[1])).eval
-            keys = ("lengen_loss", "lengen_L_rep", "attn_positional", "attn_induction", "lengen_attn_induction")
+            keys = ("lengen_loss", "lengen_L_rep", "attn_positional", "attn_induction", "lengen_attn_induction",
+                    "L_rep_by_period")
             worst = max(loss_rel(np.nan_to_num(e1[k]), np.nan_to_num(e3[k])) for k in keys)
             report.check(f"chain variants np=3: length eval and attention read-out within {WEIGHT_RTOL} of np=1",
                          worst <= WEIGHT_RTOL and np.isfinite(e3["lengen_attn_induction"]).all(),
