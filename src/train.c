@@ -3,6 +3,7 @@
  * §8.5). Returns statuses; the commands are in cmd_train.c. */
 #include "momfmm/train.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -254,7 +255,9 @@ int trainer_step(trainer *t, train_step_result *result, status *err) {
     res.lr = optimizer_learning_rate(&t->cfg, step);
     PROF_TIMED(PROF_OPTIMIZER, update_parameters(t, step, &res));
     t->step = step;
-    t->tokens_seen += (long long)t->cfg.batch_size * t->cfg.seq_len;
+    /* a counter resumed near 2^63 stays at its ceiling rather than wrapping (docs/files.md §4) */
+    if (__builtin_add_overflow(t->tokens_seen, (long long)t->cfg.batch_size * t->cfg.seq_len, &t->tokens_seen))
+        t->tokens_seen = LLONG_MAX;
     *result = res;
     return 0;
 }

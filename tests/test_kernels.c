@@ -6,6 +6,7 @@
 
 #include "momfmm/float_env.h"
 #include "momfmm/kernels.h"
+#include "momfmm/tile_gemm.h"
 #include "momfmm/tiled_softmax.h"
 #include "test_util.h"
 
@@ -217,6 +218,79 @@ static void test_tiled_equals_dense(bool causal) {
     free(q), free(k), free(v), free(dout), free(probs), free(dense_scratch), free(lse), free(scratch);
 }
 
+/* ---- tile products (tile_gemm.c) ---- */
+/* Both paths (AVX2 where the CPU has it, and the portable C) against a
+ * double-precision product, for shapes that are and are not multiples of
+ * the 6 x 16 micro-tile, A read plainly and as a transposed view, with and
+ * without accumulation; the error bound is the fp32 dot product's,
+ * (k + 2) u sum |a b|, plus the accumulated C's rounding. */
+static double tile_gemm_error(int m, int n, int k, bool transposed_a, bool accumulate) {
+    int lda = transposed_a ? m + 3 : k + 2, ldb = n + 5, ldc = n + 1;
+    float *a = randn((size_t)(transposed_a ? k : m) * lda, 1), *b = randn((size_t)k * ldb, 1);
+    float *c = randn((size_t)m * ldc, 1), *c0 = malloc(sizeof(float) * (size_t)m * ldc);
+    memcpy(c0, c, sizeof(float) * (size_t)m * ldc);
+    ptrdiff_t a_row = transposed_a ? 1 : lda, a_col = transposed_a ? lda : 1;
+    tile_gemm(m, n, k, 0.5f, a, a_row, a_col, b, ldb, accumulate, c, ldc);
+    double worst = 0;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < ldc; j++) {
+            double exact = accumulate || j >= n ? c0[i * ldc + j] : 0, magnitude = fabs(exact);
+            for (int p = 0; j < n && p < k; p++) {
+                double term = 0.5 * a[i * a_row + p * a_col] * b[p * ldb + j];
+                exact += term, magnitude += fabs(term);
+            }
+            double bound = (k + 3) * 0x1p-24 * magnitude + 1e-30;
+            worst = fmax(worst, fabs(c[i * ldc + j] - exact) / bound);
+        }
+    free(a), free(b), free(c), free(c0);
+    return worst; /* <= 1 within the bound; columns past n must be untouched */
+}
+
+static void test_tile_gemm_path(const char *path) {
+    static const int shapes[][3] = {{1, 1, 1},  {6, 16, 32},   {7, 17, 5}, {13, 29, 96},
+                                    {8, 12, 9}, {96, 32, 192}, {5, 3, 0}};
+    double worst = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int mode = 0; mode < 4; mode++)
+            worst = fmax(worst, tile_gemm_error(shapes[s][0], shapes[s][1], shapes[s][2], mode & 1, mode & 2));
+    char name[96];
+    snprintf(name, sizeof name, "tile_gemm (%s): odd shapes, transposed A, accumulate, within fp32 bounds", path);
+    test_within(name, worst, 1.0);
+}
+
+/* The tiled attention on the portable products equals it on AVX2 ones. */
+static void test_tile_gemm_paths_agree(void) {
+    enum { T = 300, DH = 24 };
+    size_t n = (size_t)T * DH;
+    float *q = randn(n, 1), *k = randn(n, 1), *v = randn(n, 1), *dout = randn(n, 1), *lse = calloc(T, 4);
+    float *scratch = calloc(tiled_softmax_scratch_floats(T, DH), 4), *got[2][4];
+    for (int path = 0; path < 2; path++) {
+        for (int i = 0; i < 4; i++) got[path][i] = calloc(n, 4);
+        tile_gemm_set_enabled(path == 0);
+        tiled_softmax_forward(got[path][0], lse, q, k, v, T, T, DH, 0, true, scratch);
+        tiled_softmax_backward(got[path][1], got[path][2], got[path][3], dout, got[path][0], lse, q, k, v, T, DH, true,
+                               scratch);
+    }
+    tile_gemm_set_enabled(true);
+    double worst = 0;
+    for (int i = 0; i < 4; i++) worst = fmax(worst, max_rel(got[0][i], got[1][i], n));
+    test_check(worst <= 1e-5, "tiled attention: AVX2 and portable products agree (T=300, dh=24)", "max rel %.3g",
+               worst);
+    for (int path = 0; path < 2; path++)
+        for (int i = 0; i < 4; i++) free(got[path][i]);
+    free(q), free(k), free(v), free(dout), free(lse), free(scratch);
+}
+
+static void test_tile_gemm(void) {
+    if (tile_gemm_available()) test_tile_gemm_path("AVX2");
+    else test_skip("tile_gemm (AVX2)", "the CPU has no AVX2 and FMA");
+    tile_gemm_set_enabled(false);
+    test_tile_gemm_path("portable");
+    tile_gemm_set_enabled(true);
+    if (tile_gemm_available()) test_tile_gemm_paths_agree();
+    else test_skip("tiled attention: AVX2 and portable products agree", "the CPU has no AVX2 and FMA");
+}
+
 /* ---- cross-entropy ---- */
 static double ce_loss(void *p) {
     ctx *c = p;
@@ -287,6 +361,7 @@ int main(void) {
     test_tiled(false, 300, 4);
     test_tiled_equals_dense(true);
     test_tiled_equals_dense(false);
+    test_tile_gemm();
     test_cross_entropy();
     test_flush_denormals();
     return test_summary("test_kernels");
