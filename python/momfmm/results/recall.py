@@ -37,7 +37,7 @@ from momfmm.results.suite import gamma_of, momentum_label, setting
 
 TASKS = ("varL", "fillers", "fixedL")
 ONLY = "^recall_"
-HOURS = 8.5          # the family's projected wall time at np = 1 (configs/experiments/README.md, "Chain recall")
+HOURS = 14           # the family's wall time at np = 1, from a pilot (configs/experiments/README.md, "Chain recall")
 FIGURES = "chain_recall"
 
 
@@ -170,12 +170,17 @@ def section(ctx, fams, out, findings):
     out.append(
         f"Configuration (`configs/experiments/chain_recall*.ini`): the reference's d_head 32, vocabulary 1024, lr 3e-4 "
         "(cosine to 3e-5), batch 32, weight decay 0.01, β 0, scaled to 2 cores: d_model 128 (4 heads) instead of 256 "
-        "(8 heads), T = 256, 1500 steps, one rank per run; `*_full.ini` keep d 256, 8 heads, T 448, 5000 steps for a "
+        "(8 heads), T = 128, 3000 steps, one rank per run; `*_full.ini` keep d 256, 8 heads, T 448, 5000 steps for a "
         "bigger machine (configs/experiments/README.md, \"Chain recall\", says what was cut and why). "
         f"**{done} of {len(members)} runs finished** "
-        f"(run on with `tools/run_experiments.sh --np 1 --only '{ONLY}'`, resumable; about {shortest(HOURS)} h in "
-        "all at np = 1 on this machine); everything below judges only the finished runs, \"not run\" elsewhere. "
-        "Mean ± sample std over seeds; final eval of each finished run.\n")
+        f"(run on with `tools/run_experiments.sh{ctx.runner_flags} --np 1 --only '{ONLY}'`, resumable; about "
+        f"{shortest(HOURS)} h in all at np = 1 on this machine); everything below judges only the finished runs, "
+        "\"not run\" elsewhere. Mean ± sample std over seeds; final eval of each finished run.\n")
+    if not any(g.ran for g in everyone):
+        out.append("**Not run yet: the runs are pending**, so no number below is measured and every claim reads "
+                   f"\"not run\". Run: `tools/run_experiments.sh{ctx.runner_flags} --np 1 --only '{ONLY}'` (about "
+                   f"{shortest(HOURS)} h, resumable; configs/experiments/README.md, \"Chain recall\"), then write this "
+                   "report again.\n")
     for task in ("varL", "fillers"):
         if families[task]:
             task_part(ctx, task, families[task], out, findings)
