@@ -138,6 +138,54 @@ static void test_attention_scores(void) {
     model_free(&m);
 }
 
+/* Head h of layer l attends by the pattern `kind` on every query of row b:
+ * 0 one-hot on the induction key, 1 one-hot on the positional key, 2 a
+ * quarter on the induction and three quarters on the positional key, 3
+ * uniform over the causal keys. keys[i] = {positional, induction}, or -1. */
+static void set_pattern(model *m, int l, int b, int h, int kind, const int (*keys)[2]) {
+    attention_layer view = model_attention_layer(m, l, false);
+    attention_saved saved = model_attention_saved(m, l, B, T);
+    float *p = saved.saved + ((size_t)b * m->H + h) * attention_saved_per_head(view.cfg, view.fmm, T);
+    for (int i = 0; i < T; i++) {
+        for (int j = 0; j < T; j++) p[i * T + j] = j <= i ? 1.0f / (float)(i + 1) : 0.0f;
+        if (kind == 3 || keys[i][0] < 0) continue;
+        for (int j = 0; j <= i; j++) p[i * T + j] = 0.0f;
+        if (kind == 0) p[i * T + keys[i][1]] = 1.0f;
+        if (kind == 1) p[i * T + keys[i][0]] = 1.0f;
+        if (kind == 2) p[i * T + keys[i][1]] = 0.25f, p[i * T + keys[i][0]] = 0.75f;
+    }
+}
+
+/* The scores on a constructed attention pattern, where the answer is known
+ * (docs/metrics.md §3): the saved probabilities of dense softmax replaced
+ * after the forward by one-hot, mixed and uniform weights. Row 0 is period
+ * 3 with a token 9 inserted, so queries 4, 5, 6 have positional keys 2, 3, 4
+ * and induction keys 1, 2, 3; rows 1 and 2 have none. */
+static void test_attention_constructed(void) {
+    model m;
+    if (!make_model(&m, 0.0)) return;
+    int32_t x[B * T], y[B * T];
+    for (int i = 0; i < B * T; i++) x[i] = (int32_t)(i % T % 3), y[i] = (int32_t)((i % T + 1) % 3);
+    const int32_t row[T] = {0, 1, 2, 9, 0, 1, 2, 0, 1, 2, 0, 1};
+    memcpy(x, row, sizeof row);
+    model_forward(&m, x, y, NULL, B, T, false);
+    int keys[T][2];
+    for (int i = 0; i < T; i++) keys[i][0] = keys[i][1] = -1;
+    for (int i = 4; i <= 6; i++) keys[i][0] = i - 2, keys[i][1] = i - 3;
+    for (int b = 0; b < B; b++)
+        for (int k = 0; k < 4; k++) set_pattern(&m, k / 2, b, k % 2, k, (const int(*)[2])keys);
+    double sums[2 * 2 * LAYERS + 1] = {0};
+    readouts_attention_scores(&m, x, y, B, T, 3, sums);
+    int LH = 2 * LAYERS;
+    double uniform = 1.0 / 5 + 1.0 / 6 + 1.0 / 7;
+    /* [layer][head]: positional, induction sums over the 3 counted queries */
+    const double want[4][2] = {{0, 3}, {3, 0}, {2.25, 0.75}, {uniform, uniform}};
+    double worst = fabs(sums[LH] - 3);
+    for (int k = 0; k < 4; k++) worst = fmax(worst, fmax(fabs(sums[k] - want[k][0]), fabs(sums[LH + k] - want[k][1])));
+    test_within("attention scores on a constructed pattern: induction, positional, mixed, uniform heads", worst, 1e-6);
+    model_free(&m);
+}
+
 int main(int argc, char **argv) {
     cmd_dist_init(&argc, &argv);
     size_t dd = 16 * 16;
@@ -187,6 +235,7 @@ int main(int argc, char **argv) {
     }
     test_attention_weights();
     test_attention_scores();
+    test_attention_constructed();
     int rc = test_summary("test_readouts");
     dist_finalize();
     return rc;

@@ -16,7 +16,10 @@ its own entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
   with anchor = false, so the buffers enter the loss; a control run with
   zeroed buffers shows they do); the same for fmm attention. Another number
   of ranks: N steps at np = 1, resumed at np = 2 under mpirun, matches the
-  straight run (loss 1e-5, weights 1e-4 relative).
+  straight run (loss 1e-5, weights 1e-4 relative). The chain variants (a period
+  per sample, fillers, the length eval) resume bitwise too, and `momfmm inspect`
+  prints their length eval and attention read-out per head as /metrics/eval holds
+  them; on a fixed period it says no query's keys differ.
 - TestBadFiles: --resume PATH with bad files (empty, truncated, not HDF5,
   wrong format, newer format_version, missing dataset, wrong shapes, model
   keys changed): exit 3 naming the file and the problem, the file untouched,
@@ -349,6 +352,16 @@ class TestResume:
                 measured = all(np.isfinite(f[f"metrics/eval/{k}"][()]).all()
                                for k in ("lengen_L_rep", "lengen_attn_induction", "attn_induction"))
             report.check("resume chain variants: the length eval and read-outs measured at every eval", measured)
+            check_inspect_readouts(R, report, ckpt(half_dir, 2 * N), (7, 8))
+
+    def test_inspect_fixed_period(self, R, report, straight):
+        """A fixed period without fillers and no length eval: no counted query, so inspect says
+        so instead of printing NaN scores, and prints no length-eval line."""
+        r = R.inspect(ckpt(straight, 2 * N))
+        report.check("inspect, fixed period: the read-out says no query's keys differ, no length-eval line",
+                     r.returncode == 0 and "attention read-out (last eval): — (no query whose positional and "
+                     "induction keys differ)" in r.stdout and "last length eval" not in r.stdout,
+                     r.stdout[-600:] + r.stderr[-200:])
 
     def test_np1_to_np2(self, R, report, straight, split):
         """N steps at np = 1, the rest at np = 2."""
@@ -592,3 +605,29 @@ def check_full_disk(R, report, np_=None, zero=0, collective=False):
                      f"left {left}")
     finally:
         run(["umount", mnt], timeout=30)
+
+
+def check_inspect_readouts(R, report, path, periods):
+    """`momfmm inspect` prints the last eval's length eval and, per layer and head, the attention
+    read-out as positional/induction (docs/metrics.md §3): the numbers of /metrics/eval."""
+    r = R.inspect(path)
+    with h5py.File(path, "r") as f:
+        ev = {k: f[f"metrics/eval/{k}"][-1] for k in ("lengen_loss", "lengen_L_rep", "attn_positional",
+                                                       "attn_induction", "lengen_attn_positional",
+                                                       "lengen_attn_induction")}
+    line = re.search(r"^last length eval \(periods (\d+)\.\.(\d+)\): loss ([\d.]+) \| L_rep ([\d.]+)$", r.stdout, re.M)
+    report.check(f"inspect: 'last length eval (periods {periods[0]}..{periods[1]}): loss … | L_rep …' as in metrics",
+                 r.returncode == 0 and line is not None and (int(line.group(1)), int(line.group(2))) == periods
+                 and abs(float(line.group(3)) - ev["lengen_loss"]) <= 6e-5
+                 and abs(float(line.group(4)) - ev["lengen_L_rep"]) <= 6e-5, r.stdout[-800:] + r.stderr[-200:])
+    for title, pos, ind in (("last eval", "attn_positional", "attn_induction"),
+                            ("length eval", "lengen_attn_positional", "lengen_attn_induction")):
+        block = re.search(rf"^attention read-out \({title}\), positional/induction per head:\n((?:  block \d+:.*\n)+)",
+                          r.stdout, re.M)
+        rows = [re.findall(r"h(\d+) ([\d.]+)/([\d.]+)", b) for b in block.group(1).splitlines()] if block else []
+        want = ev[pos].shape
+        shown = np.array([[[float(p), float(i)] for _, p, i in row] for row in rows]) if rows else np.zeros((0,))
+        ok = shown.shape == want + (2,) and np.allclose(shown[..., 0], ev[pos], atol=6e-4) \
+            and np.allclose(shown[..., 1], ev[ind], atol=6e-4)
+        report.check(f"inspect: the attention read-out ({title}) per layer and head, positional/induction as in "
+                     "metrics", ok, r.stdout[-800:])

@@ -2,7 +2,8 @@
 that Debian ships: Python's pydoc topics, package libpython3.11-stdlib) and
 `listops` (the LRA generator, and LRA TSV files), with their input errors; and
 `momfmm data --show` (docs/cli.md §5) on the chain task's variants: what it prints is
-what the chain rules say (periods in their range, fillers uncounted)."""
+what the chain rules say (periods in their range, fillers uncounted); bad chain keys are
+one-line errors naming the file and the key."""
 import math
 import os
 import re
@@ -65,6 +66,28 @@ def test_data_show(momfmm, workdir, report):
     r = run([momfmm, "data", plain, "--split", "test"])
     report.check("data --split test: exit 2", r.returncode == 2 and "train, eval or lengen" in r.stderr,
                  f"rc {r.returncode}")
+
+
+# Bad chain keys (docs/tasks.md §2): each a one-line error naming the file and the key, exit 2,
+# from `momfmm data` and `momfmm train` alike (the same config check).
+CHAIN_BAD = [({"data.chain_len": 10, "data.chain_len_max": 9}, "data.chain_len_max = 9 is below data.chain_len = 10"),
+             ({"data.chain_noise": 0.95}, "data.chain_noise = 0.95 is out of range"),
+             ({"data.chain_noise": 0.2, "data.chain_fillers": 64}, "data.chain_fillers = 64 leaves no chain token"),
+             ({"model.vocab_size": 64, "data.chain_noise": 0.2, "data.chain_fillers": 60, "data.chain_len": 5},
+              "data.chain_len = 5 exceeds the 4 chain tokens"),
+             ({"data.eval_chain_len": 12, "data.eval_chain_len_max": 11}, "data.eval_chain_len_max = 11 is below")]
+
+
+def test_chain_bad_keys(momfmm, workdir, report):
+    for i, (keys, want) in enumerate(CHAIN_BAD):
+        out = os.path.join(workdir, f"chain_bad{i}")
+        cfg = write_config(out + ".ini", tiny_config(out, **keys))
+        for command in (["data", cfg, "--show", "1"], ["train", cfg]):
+            r = run([momfmm] + command)
+            lines = r.stderr.strip().splitlines()
+            report.check(f"momfmm {command[0]} with {keys}: exit 2, one line naming the file and '{want}'",
+                         r.returncode == 2 and len(lines) == 1 and cfg in lines[0] and want in lines[0]
+                         and not os.path.exists(out), f"rc {r.returncode}: {r.stderr[:300]!r}")
 
 
 def test_text(momfmm, workdir, report):
