@@ -39,6 +39,7 @@ TASKS = ("varL", "fillers", "fixedL")
 ONLY = "^recall_"
 HOURS = 14           # the family's wall time at np = 1, from a pilot (configs/experiments/README.md, "Chain recall")
 FIGURES = "chain_recall"
+NP = 1               # ranks per run (configs/experiments/README.md, "Chain recall")
 
 
 def task_text(groups):
@@ -173,12 +174,12 @@ def section(ctx, fams, out, findings):
         "(8 heads), T = 128, 3000 steps, one rank per run; `*_full.ini` keep d 256, 8 heads, T 448, 5000 steps for a "
         "bigger machine (configs/experiments/README.md, \"Chain recall\", says what was cut and why). "
         f"**{done} of {len(members)} runs finished** "
-        f"(run on with `tools/run_experiments.sh{ctx.runner_flags} --np 1 --only '{ONLY}'`, resumable; about "
-        f"{shortest(HOURS)} h in all at np = 1 on this machine); everything below judges only the finished runs, "
+        f"(run on with `tools/run_experiments.sh{ctx.runner_flags} --np {NP} --only '{ONLY}'`, resumable; about "
+        f"{shortest(HOURS)} h in all at np = {NP} on this machine); everything below judges only the finished runs, "
         "\"not run\" elsewhere. Mean ± sample std over seeds; final eval of each finished run.\n")
     if not any(g.ran for g in everyone):
         out.append("**Not run yet: the runs are pending**, so no number below is measured and every claim reads "
-                   f"\"not run\". Run: `tools/run_experiments.sh{ctx.runner_flags} --np 1 --only '{ONLY}'` (about "
+                   f"\"not run\". Run: `tools/run_experiments.sh{ctx.runner_flags} --np {NP} --only '{ONLY}'` (about "
                    f"{shortest(HOURS)} h, resumable; configs/experiments/README.md, \"Chain recall\"), then write this "
                    "report again.\n")
     for task in ("varL", "fillers"):
@@ -203,7 +204,7 @@ def main_row(ctx, n, label, g):
     return [n, label, g.status(), g.steps(), g.cell("L_new"), g.cell("L_rep"), Derived(g, period_l_rep(10)).cell(),
             Derived(g, period_l_rep(30)).cell(), g.cell("delta_12"), g.cell("lengen_L_rep"),
             Derived(g, best_head("attn_induction")).cell(3), Derived(g, best_head("attn_positional")).cell(3),
-            ctx.reproduce(g)]
+            ctx.reproduce(g, NP)]
 
 
 def rows_of(roles):
@@ -332,7 +333,7 @@ def fixed_part(ctx, groups, varl, out, findings):
                 continue
             body.append([n, label, g.status(), g.steps(), g.cell("L_rep"), g.cell("lengen_L_rep"),
                          Derived(g, best_head("lengen_attn_induction")).cell(3),
-                         Derived(g, best_head("lengen_attn_positional")).cell(3), ctx.reproduce(g)])
+                         Derived(g, best_head("lengen_attn_positional")).cell(3), ctx.reproduce(g, NP)])
     out.append(markdown(["layers", "row", "runs done", "steps", "L_rep (L = 30)", "lengen L_rep",
                          "induction on lengen (best head)", "positional on lengen (best head)", "reproduce"], body))
     out.append("")
