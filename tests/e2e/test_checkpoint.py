@@ -19,12 +19,15 @@ its own entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
   straight run (loss 1e-5, weights 1e-4 relative). The chain variants (a period
   per sample, fillers, the length eval) resume bitwise too, and `momfmm inspect`
   prints their length eval and attention read-out per head as /metrics/eval holds
-  them; on a fixed period it says no query's keys differ.
+  them; on a fixed period it says no query's keys differ. L_rep_by_period brackets
+  L_rep (equals it on a fixed period).
 - TestBadFiles: --resume PATH with bad files (empty, truncated, not HDF5,
   wrong format, newer format_version, missing dataset, wrong shapes, model
   keys changed): exit 3 naming the file and the problem, the file untouched,
   nothing trained; `momfmm inspect` and `eval` exit 3 as well unless the
-  damage is only in /optim (which they do not read, docs/files.md §4). --resume auto
+  damage is only in /optim (which they do not read, docs/files.md §4). Checkpoints
+  written before gain_R_attn or the chain's lengen_*, attn_* and L_rep_by_period
+  columns resume, their old rows NaN. --resume auto
   skips a corrupt newest checkpoint (reported, kept) and resumes bitwise from
   the older one; pruning (train.keep) never deletes the run's own new
   checkpoints because of a corrupt newer file.
@@ -172,6 +175,14 @@ def check_layout(R, report, label, path, s):
         finite = all(np.isfinite(ev[k]).all() == length for k in ("lengen_loss", "lengen_L_rep"))
         report.check(f"layout {label}: lengen_* measured with data.eval_chain_len, NaN without", finite,
                      f"lengen_loss {ev['lengen_loss']}")
+        # L_rep is the count-weighted mean of the periods' entries (docs/metrics.md §3): equal to
+        # the one entry of a fixed period, between the smallest and largest drawn entry otherwise
+        by, rep = ev["L_rep_by_period"], ev["L_rep"]
+        drawn = [row[np.isfinite(row)] for row in by]
+        within = all(len(d) > 0 and d.min() - 1e-9 <= r <= d.max() + 1e-9 for d, r in zip(drawn, rep))
+        exact = by.shape[1] > 1 or np.allclose(by[:, 0], rep, rtol=1e-9, atol=0)
+        report.check(f"layout {label}: L_rep_by_period brackets L_rep (equals it on a fixed period)", within and exact,
+                     f"L_rep {rep}, by period {by}")
     if s.get("momentum", {}).get("learn_gamma") and got_e == want_e:
         last = np.stack([model[f"blocks/{i}/attn/momentum_gamma"] for i in range(L)]).astype(np.float64)
         report.check(f"layout {label}: the last eval's gamma row is the learned momentum_gamma",
@@ -437,6 +448,12 @@ def drop(name):
     return edited(lambda f: f.__delitem__(name))
 
 
+# The chain columns of /metrics/eval added after format_version 1 (docs/files.md §4).
+CHAIN_COLUMNS = ("lengen_loss", "lengen_L_new", "lengen_L_rep", "lengen_delta_12", "lengen_loss_by_k",
+                 "attn_positional", "attn_induction", "lengen_attn_positional", "lengen_attn_induction",
+                 "L_rep_by_period")
+
+
 def narrow_gain(f):
     g = f["metrics/eval/gain_R"][()]
     del f["metrics/eval/gain_R"]
@@ -512,6 +529,30 @@ class TestBadFiles:
                 old = len(f["metrics/eval/step"][()]) - int(np.sum(f["metrics/eval/step"][()] > N))
             ok = bool(np.isnan(g[:old]).all() and np.isfinite(g[old:]).all() and len(g) > old)
         report.check("a checkpoint without gain_R_attn resumes; its old rows are NaN, the new ones measured", ok,
+                     f"rc {r.returncode}; {r.stderr.strip()[:300]!r}")
+
+    def test_resume_without_chain_columns(self, R, report, straight, bad_setup):
+        """A chain checkpoint written before the length eval, the attention read-out and
+        L_rep_by_period existed (docs/files.md §4) resumes: its old eval rows read as NaN
+        there, L_rep_by_period is measured on the new rows (lengen_* and attn_* stay NaN on
+        this fixed period without a length eval: no query to count)."""
+        ini, work = bad_setup
+        path = os.path.join(work, "no_chain_columns.h5")
+        names = list(CHAIN_COLUMNS)
+        edited(lambda f: [f.__delitem__(f"metrics/eval/{n}") for n in names])(ckpt(straight, N), path)
+        out_dir = os.path.join(work, "out_no_chain_columns")
+        r = R.train(ini, f"train.out_dir={out_dir}", resume=path)
+        done = checkpoints(out_dir)
+        ok = r.returncode == 0 and done
+        if ok:
+            with h5py.File(done[max(done)], "r") as f:
+                ev = {n: f[f"metrics/eval/{n}"][()] for n in names}
+                old = len(f["metrics/eval/step"][()]) - int(np.sum(f["metrics/eval/step"][()] > N))
+            by = ev["L_rep_by_period"]
+            ok = (len(by) > old and bool(np.isnan(by[:old]).all() and np.isfinite(by[old:]).all())
+                  and all(np.isnan(ev[n][:old]).all() for n in names))
+        report.check("a chain checkpoint without the lengen_*, attn_* and L_rep_by_period columns resumes; its old "
+                     "rows are NaN, L_rep_by_period measured on the new ones", ok,
                      f"rc {r.returncode}; {r.stderr.strip()[:300]!r}")
 
     @pytest.mark.parametrize("case,make,needle", CORRUPT_NEWEST, ids=[c[0] for c in CORRUPT_NEWEST])
