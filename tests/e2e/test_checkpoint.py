@@ -650,7 +650,8 @@ def check_full_disk(R, report, np_=None, zero=0, collective=False):
 
 def check_inspect_readouts(R, report, path, periods):
     """`momfmm inspect` prints the last eval's length eval and, per layer and head, the attention
-    read-out as positional/induction (docs/metrics.md §3): the numbers of /metrics/eval."""
+    read-out as positional/induction (docs/metrics.md §3): the numbers of /metrics/eval; `momfmm
+    eval` measures them again, the same."""
     r = R.inspect(path)
     with h5py.File(path, "r") as f:
         ev = {k: f[f"metrics/eval/{k}"][-1] for k in ("lengen_loss", "lengen_L_rep", "attn_positional",
@@ -672,3 +673,19 @@ def check_inspect_readouts(R, report, path, periods):
             and np.allclose(shown[..., 1], ev[ind], atol=6e-4)
         report.check(f"inspect: the attention read-out ({title}) per layer and head, positional/induction as in "
                      "metrics", ok, r.stdout[-800:])
+    # `momfmm eval` measures them again on the checkpoint: the eval of the run's last step, so the same numbers
+    r = run([R.momfmm, "eval", path], timeout=120)
+    line = re.search(rf"^eval, length generalisation \(periods {periods[0]}\.\.{periods[1]}\) \| loss ([\d.]+) ",
+                     r.stdout, re.M)
+    report.check("eval: the length eval's loss line, as the run's last eval", r.returncode == 0 and line is not None
+                 and abs(float(line.group(1)) - ev["lengen_loss"]) <= 2e-6, r.stdout[-800:] + r.stderr[-200:])
+    for title, pos, ind in (("", "attn_positional", "attn_induction"),
+                            (" (length eval)", "lengen_attn_positional", "lengen_attn_induction")):
+        block = re.search(rf"^attention read-out{re.escape(title)}, positional/induction per head:\n"
+                          r"((?:  block \d+:.*\n)+)", r.stdout, re.M)
+        rows = [re.findall(r"h\d+ ([\d.]+)/([\d.]+)", b) for b in block.group(1).splitlines()] if block else []
+        shown = np.array([[[float(p), float(i)] for p, i in row] for row in rows]) if rows else np.zeros((0,))
+        ok = shown.shape == ev[pos].shape + (2,) and np.allclose(shown[..., 0], ev[pos], atol=6e-4) \
+            and np.allclose(shown[..., 1], ev[ind], atol=6e-4)
+        report.check(f"eval: the attention read-out{title} per layer and head, as the run's last eval", ok,
+                     r.stdout[-800:])
