@@ -75,6 +75,15 @@ static const config_key KEYS[] = {
     {"data", "path", KEY_STRING, OFF(data_path), "", 0, 0, NULL, ROLE_SCHEDULE},
     {"data", "resolved_path", KEY_STRING, OFF(data_resolved), "", 0, 0, NULL, ROLE_MODEL},
     {"data", "eval_fraction", KEY_DOUBLE, OFF(eval_fraction), "0.1", 0, 1, NULL, ROLE_MODEL},
+    /* the validation set, given and resolved as data.path is; when given, the
+     * eval split (docs/tasks.md §2, validation set) */
+    {"data", "eval_path", KEY_STRING, OFF(eval_path), "", 0, 0, NULL, ROLE_SCHEDULE},
+    {"data", "resolved_eval_path", KEY_STRING, OFF(eval_resolved), "", 0, 0, NULL, ROLE_MODEL},
+    /* what the files hold (docs/tasks.md §2, token files), and which files of
+     * a directory count: both decide what is read, so both must match on resume */
+    {"data", "format", KEY_ENUM, OFF(data_format), "auto", 0, 0, "auto|bytes|tokens", ROLE_MODEL},
+    {"data", "include", KEY_STRING, OFF(data_include), "", 0, 0, NULL, ROLE_MODEL},
+    {"data", "exclude", KEY_STRING, OFF(data_exclude), "", 0, 0, NULL, ROLE_MODEL},
     {"data", "listops_min_len", KEY_INT, OFF(listops_min_len), "16", 1, 1 << 24, NULL, ROLE_MODEL},
     {"data", "listops_max_len", KEY_INT, OFF(listops_max_len), "128", 1, 1 << 24, NULL, ROLE_MODEL},
     {"data", "listops_max_depth", KEY_INT, OFF(listops_max_depth), "10", 1, 64, NULL, ROLE_MODEL},
@@ -545,18 +554,17 @@ int config_apply_override(config *c, const char *assignment, status *st) {
     return rc;
 }
 
-int config_resolve_data_path(config *c, bool keep_resolved, status *st) {
-    status_clear(st);
-    if (keep_resolved && c->data_resolved[0]) return 0;
-    c->data_resolved[0] = '\0';
-    if (!c->data_path[0]) return 0;
+/* One path list made absolute item by item against the current directory. */
+static int resolve_paths(const char *key, const char *given, char *resolved, size_t capacity, status *st) {
+    resolved[0] = '\0';
+    if (!given[0]) return 0;
     char cwd[CONFIG_PATH_MAX];
     if (!getcwd(cwd, sizeof cwd))
-        return status_fail(st, EXIT_USAGE, "data.path = %s: cannot make it absolute: the current directory: %s",
-                           c->data_path, strerror(errno));
+        return status_fail(st, EXIT_USAGE, "%s = %s: cannot make it absolute: the current directory: %s", key, given,
+                           strerror(errno));
     char out[4 * CONFIG_PATH_MAX] = "";
     size_t used = 0;
-    const char *p = c->data_path;
+    const char *p = given;
     for (;;) { /* each item of the comma-separated list */
         size_t n = strcspn(p, ",");
         bool absolute = n == 0 || p[0] == '/';
@@ -565,16 +573,29 @@ int config_resolve_data_path(config *c, bool keep_resolved, status *st) {
         if (used >= sizeof out || !p[n]) break;
         p += n + 1;
     }
-    if (used >= sizeof c->data_resolved) {
+    if (used >= capacity) {
         char cut[64];
-        return status_fail(st, EXIT_USAGE, "data.path = %s: as an absolute path it is longer than %zu characters",
-                           shown(c->data_path, cut, sizeof cut), sizeof c->data_resolved - 1);
+        return status_fail(st, EXIT_USAGE, "%s = %s: as an absolute path it is longer than %zu characters", key,
+                           shown(given, cut, sizeof cut), capacity - 1);
     }
-    memcpy(c->data_resolved, out, used + 1);
+    memcpy(resolved, out, used + 1);
+    return 0;
+}
+
+int config_resolve_data_path(config *c, bool keep_resolved, status *st) {
+    status_clear(st);
+    if (!(keep_resolved && c->data_resolved[0]) &&
+        resolve_paths("data.path", c->data_path, c->data_resolved, sizeof c->data_resolved, st))
+        return st->code;
+    if (!(keep_resolved && c->eval_resolved[0]) &&
+        resolve_paths("data.eval_path", c->eval_path, c->eval_resolved, sizeof c->eval_resolved, st))
+        return st->code;
     return 0;
 }
 
 const char *config_data_source(const config *c) { return c->data_resolved[0] ? c->data_resolved : c->data_path; }
+
+const char *config_eval_source(const config *c) { return c->eval_resolved[0] ? c->eval_resolved : c->eval_path; }
 
 bool config_momentum_enabled(const config *c) { return c->gamma != 0.0 || c->learn_gamma; }
 
@@ -612,8 +633,10 @@ int config_check(const config *c, const char *origin, status *st) {
     if (c->task == TASK_CHAIN && c->chain_len > c->vocab_size)
         REJECT("%s: data.chain_len = %d exceeds model.vocab_size = %d (tokens must be distinct)", origin, c->chain_len,
                c->vocab_size);
-    if (c->task == TASK_TEXT && c->vocab_size != 256)
-        REJECT("%s: data.task = text is byte-level and needs model.vocab_size = 256", origin);
+    if (c->task == TASK_TEXT && c->data_format == 1 && c->vocab_size != 256)
+        REJECT("%s: data.format = bytes is byte-level and needs model.vocab_size = 256", origin);
+    if (c->task != TASK_TEXT && (c->eval_path[0] || c->data_format != 0 || c->data_include[0] || c->data_exclude[0]))
+        REJECT("%s: data.eval_path, data.format, data.include and data.exclude are for data.task = text", origin);
     if (c->task == TASK_TEXT && !c->data_path[0]) REJECT("%s: data.task = text needs data.path", origin);
     if (c->task == TASK_LISTOPS && c->listops_min_len > c->listops_max_len)
         REJECT("%s: data.listops_min_len = %d exceeds data.listops_max_len = %d", origin, c->listops_min_len,

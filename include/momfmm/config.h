@@ -65,6 +65,9 @@ typedef struct {
     double noise, eval_fraction;
     char data_path[CONFIG_PATH_MAX];
     char data_resolved[CONFIG_PATH_MAX]; /* data.resolved_path: data.path made absolute (config_resolve_data_path) */
+    char eval_path[CONFIG_PATH_MAX], eval_resolved[CONFIG_PATH_MAX]; /* data.eval_path, data.resolved_eval_path */
+    int data_format;                                                 /* data.format: corpus_format's order */
+    char data_include[CONFIG_PATH_MAX], data_exclude[CONFIG_PATH_MAX];
     int listops_min_len, listops_max_len, listops_max_depth, listops_max_args;
     /* [train] */
     long long steps;
@@ -120,7 +123,8 @@ int config_check_model(const config *c, const char *origin, status *st);
 char *config_to_ini(const config *c);
 
 /* data.resolved_path (docs/config.md §6): every relative item of data.path
- * (a comma-separated list) joined to the current directory, so that a run,
+ * (a comma-separated list), and of data.eval_path into
+ * data.resolved_eval_path, joined to the current directory, so that a run,
  * its resume and `eval` of its checkpoints read the same files from any
  * directory. keep_resolved: a checkpoint's config keeps the value it
  * recorded, and one written before the key existed gets the current
@@ -128,6 +132,8 @@ char *config_to_ini(const config *c);
 int config_resolve_data_path(config *c, bool keep_resolved, status *st);
 /* What the data modules open: data.resolved_path, or data.path when unset. */
 const char *config_data_source(const config *c);
+/* The same for the validation set: data.resolved_eval_path, or data.eval_path. */
+const char *config_eval_source(const config *c);
 
 /* True when momentum attention is on (docs/model.md §1.2). */
 bool config_momentum_enabled(const config *c);

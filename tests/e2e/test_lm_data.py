@@ -1,0 +1,133 @@
+"""Token files and validation sets of docs/tasks.md §2 through the momfmm
+binary: nanoGPT's .bin as numpy's `tofile` writes it, llm.c's headered .bin
+as its dev/data scripts write it, and HDF5 `/tokens` (uint16, int32) as h5py
+writes it, all train at model.vocab_size 512; an id out of the vocabulary,
+a chunked dataset and a bad header exit 3 naming the file; data.eval_path
+replaces the carved split; the start-up corpus line; a directory with a
+dangling link and a binary trains with a warning for each.
+
+Run with MOMFMM_BIN=<build>/momfmm /usr/bin/python3 -m pytest <this file>."""
+import re
+
+import h5py
+import numpy as np
+import pytest
+
+from common import run, write_config
+
+VOCAB = 512
+
+
+def ids(n, seed):
+    """A learnable stream: a repeating pattern with noise, ids below VOCAB."""
+    rng = np.random.default_rng(seed)
+    base = np.arange(n) * 37 % 500
+    return np.where(rng.random(n) < 0.1, rng.integers(0, VOCAB, n), base).astype(np.uint16)
+
+
+def write_nanogpt(path, tokens):
+    """nanoGPT's data/*/prepare.py: np.array(ids, dtype=np.uint16).tofile(path)."""
+    np.asarray(tokens, dtype=np.uint16).tofile(path)
+
+
+def write_llmc(path, tokens, version=1, declared=None):
+    """llm.c's dev/data/data_common.py write_datafile: 256 int32 of header
+    (magic 20240520, version, token count), then the uint16 tokens."""
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1] = 20240520, version
+    header[2] = len(tokens) if declared is None else declared
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype=np.uint16).tobytes())
+
+
+def write_ini(path, out_dir, data_path, vocab=VOCAB, **data):
+    sections = {
+        "model": {"vocab_size": vocab, "d_model": 32, "n_heads": 4, "n_layers": 1, "d_ff": 64},
+        "data": {"task": "text", "seq_len": 32, "path": data_path, "eval_fraction": 0.2, **data},
+        "train": {"steps": 4, "batch_size": 4, "lr": 3e-3, "log_interval": 2, "eval_interval": 4,
+                  "eval_batches": 1, "out_dir": out_dir},
+    }
+    return write_config(str(path), sections)
+
+
+def train(momfmm, tmp_path, data_path, **kw):
+    """A fresh run (its own out_dir) on data_path; kw as data keys."""
+    train.runs = getattr(train, "runs", 0) + 1
+    ini = write_ini(tmp_path / "t.ini", str(tmp_path / f"out{train.runs}"), str(data_path), **kw)
+    return run([momfmm, "train", ini], timeout=120)
+
+
+@pytest.mark.parametrize("layout", ["nanogpt", "llmc", "h5_uint16", "h5_int32"])
+def test_token_file_trains(momfmm, tmp_path, report, layout):
+    tokens = ids(4000, 1)
+    path = tmp_path / ("train.h5" if layout.startswith("h5") else "train.bin")
+    if layout == "nanogpt":
+        write_nanogpt(path, tokens)
+    elif layout == "llmc":
+        write_llmc(path, tokens)
+    else:
+        with h5py.File(path, "w") as f:
+            f["tokens"] = tokens.astype(np.uint16 if layout == "h5_uint16" else np.int32)
+    r = train(momfmm, tmp_path, path)
+    summary = re.search(r"corpus: 1 document, (\d+) bytes as token ids, 0 skipped .* train (\d+) tokens, "
+                        r"eval (\d+) tokens", r.stdout)
+    report.check(f"{layout}: trains at vocab_size {VOCAB}", r.returncode == 0, r.stderr[-400:])
+    report.check(f"{layout}: corpus line counts 4000 tokens (3200 + 800)",
+                 summary is not None and (int(summary[2]), int(summary[3])) == (3200, 800), r.stdout[:600])
+
+
+def test_bad_token_files_exit_3(momfmm, tmp_path, report):
+    tokens = ids(2000, 2)
+    tokens[1234] = VOCAB + 3
+    write_nanogpt(tmp_path / "big_id.bin", tokens)
+    write_llmc(tmp_path / "v7.bin", ids(2000, 2), version=7)
+    write_llmc(tmp_path / "lying.bin", ids(2000, 2), declared=3000)
+    with h5py.File(tmp_path / "chunked.h5", "w") as f:
+        f.create_dataset("tokens", data=ids(2000, 2), chunks=(500,), compression="gzip")
+    with h5py.File(tmp_path / "float.h5", "w") as f:
+        f["tokens"] = ids(2000, 2).astype(np.float32)
+    cases = [("big_id.bin", f"token id {VOCAB + 3} at token 1234 (byte offset 2468)"),
+             ("v7.bin", "version 7"), ("lying.bin", "declares 3000 tokens"),
+             ("chunked.h5", "cannot be memory-mapped"), ("float.h5", "integers")]
+    for name, why in cases:
+        r = train(momfmm, tmp_path, tmp_path / name)
+        report.check(f"{name}: exit 3 naming the file ({why})",
+                     r.returncode == 3 and name in r.stderr and why in r.stderr, r.stderr[-300:])
+
+
+def test_eval_path_is_the_eval_split(momfmm, tmp_path, report):
+    write_nanogpt(tmp_path / "train.bin", ids(3000, 3))
+    write_nanogpt(tmp_path / "val.bin", ids(700, 4))
+    r = train(momfmm, tmp_path, tmp_path / "train.bin", eval_path=str(tmp_path / "val.bin"))
+    line = re.search(r"corpus: .*\n", r.stdout)
+    report.check("eval_path: trains", r.returncode == 0, r.stderr[-300:])
+    report.check("eval_path: all of data.path trains, all of data.eval_path evaluates",
+                 line is not None and "data.eval_path, 1 document, 1400 bytes" in line[0] and
+                 "train 3000 tokens, eval 700 tokens" in line[0], r.stdout[:600])
+    (tmp_path / "val.txt").write_text("text " * 200)
+    r = train(momfmm, tmp_path, tmp_path / "train.bin", eval_path=str(tmp_path / "val.txt"), format="tokens")
+    report.check("eval_path: a text file read as tokens refused", r.returncode == 3 and "val.txt" in r.stderr,
+                 r.stderr[-300:])
+
+
+def test_directory_skips_with_warnings(momfmm, tmp_path, report):
+    docs = tmp_path / "docs"
+    (docs / "pkg" / "__pycache__").mkdir(parents=True)
+    for i in range(3):
+        (docs / "pkg" / f"m{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n" * 40)
+    (docs / "pkg" / "__pycache__" / "m0.pyc").write_bytes(b"\x00\x01compiled" * 50)
+    (docs / "README").write_text("a package of three modules\n" * 20)
+    (docs / "gone.txt").symlink_to(tmp_path / "nowhere.txt")
+    r = train(momfmm, tmp_path, docs, vocab=256, exclude="*.md", eval_path="")
+    warnings = [l for l in r.stdout.splitlines() if l.startswith("warning:")]
+    report.check("walk: trains past a dangling link and a binary", r.returncode == 0, r.stderr[-300:])
+    report.check("walk: one warning line each, naming the file",
+                 len(warnings) == 2 and any("gone.txt" in w and "dangling" in w for w in warnings) and
+                 any("m0.pyc" in w and "binary" in w for w in warnings), "\n".join(warnings))
+    report.check("walk: the corpus line counts 4 documents and 2 skipped",
+                 "corpus: 4 documents" in r.stdout and "2 skipped" in r.stdout, r.stdout[:600])
+    r = train(momfmm, tmp_path, docs, vocab=256, include="*.py", exclude="__pycache__/*")
+    report.check("walk: data.include/exclude leave 3 documents, nothing to warn about",
+                 r.returncode == 0 and "corpus: 3 documents" in r.stdout and "warning:" not in r.stdout,
+                 r.stdout[:600])
