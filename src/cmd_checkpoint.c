@@ -271,11 +271,54 @@ static void print_eval(const char *how, const metric_values *e, int task) {
     log_rank0("%s | %s\n", how, shown);
 }
 
-int command_eval(const char *ckpt, bool stream, int segment) {
+/* eval --set (docs/cli.md §5): what is evaluated and how much of it may
+ * change, never the model: data keys but data.task and data.seq_len (the
+ * model's buffers are sized by it), train.eval_batches, train.eval_readouts.
+ * A new data.path or data.eval_path is resolved against the current directory. */
+static void apply_eval_overrides(config *c, int n, char *const *overrides) {
+    static const char *allowed[] = {"train.eval_batches", "train.eval_readouts"};
+    for (int i = 0; i < n; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "%.*s", (int)strcspn(overrides[i], "="), overrides[i]);
+        for (char *end = key + strlen(key); end > key && end[-1] == ' '; *--end = '\0') {}
+        bool ok = !strncmp(key, "data.", 5) && strcmp(key, "data.task") && strcmp(key, "data.seq_len") &&
+                  strncmp(key, "data.resolved", 13);
+        for (size_t j = 0; j < sizeof allowed / sizeof allowed[0]; j++) ok |= !strcmp(key, allowed[j]);
+        if (!ok)
+            cmd_fail_all(EXIT_USAGE,
+                         "eval --set %s: eval changes data keys (not data.task, data.seq_len), train.eval_batches "
+                         "and train.eval_readouts; the model is the checkpoint's",
+                         overrides[i]);
+        status st;
+        if (config_apply_override(c, overrides[i], &st) != 0) cmd_fail_all(st.code, "%s", st.message);
+        if (!strcmp(key, "data.path")) c->data_resolved[0] = '\0';
+        if (!strcmp(key, "data.eval_path")) c->eval_resolved[0] = '\0';
+    }
+    status st;
+    if (n > 0 && (config_check(c, "eval --set", &st) != 0 || config_resolve_data_path(c, true, &st) != 0))
+        cmd_fail_all(st.code, "%s", st.message);
+}
+
+/* --batches: N, or (-1) every window of the text eval split once. */
+static void choose_eval_batches(model *m, data_shard *shard, int batches) {
+    if (batches > 0) m->cfg.eval_batches = batches;
+    if (batches >= 0) return;
+    long long windows = data_eval_windows(shard->data);
+    if (windows <= 0) cmd_fail_all(EXIT_USAGE, "eval --batches all: only for data.task = text");
+    data_eval_in_order(shard->data);
+    long long n = (windows + m->cfg.batch_size - 1) / m->cfg.batch_size;
+    if (n > (1 << 30)) cmd_fail_all(EXIT_USAGE, "eval --batches all: %lld batches is too many", n);
+    m->cfg.eval_batches = (int)n;
+    log_rank0("eval: all %lld windows of %d tokens in %d batches of %d\n", windows, m->cfg.seq_len, (int)n,
+              m->cfg.batch_size);
+}
+
+int command_eval(const char *ckpt, bool stream, int segment, int n_overrides, char *const *overrides, int batches) {
     loaded_checkpoint c = {.history = false};
     load_checkpoint(ckpt, &c);
     log_rank0("checkpoint: %s\n", c.path);
     model m = c.m;
+    apply_eval_overrides(&m.cfg, n_overrides, overrides);
     /* a segment longer than a sequence streams nothing more, and would size buffers by it */
     if (stream && segment > m.cfg.seq_len)
         cmd_fail_all(EXIT_USAGE, "--segment %d exceeds the checkpoint's data.seq_len = %d", segment, m.cfg.seq_len);
@@ -283,6 +326,7 @@ int command_eval(const char *ckpt, bool stream, int segment) {
     eval_result r;
     status err;
     if (data_shard_open(&shard, &m.cfg, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
+    choose_eval_batches(&m, &shard, batches);
     eval_result_init(&r, &m);
     if (evaluate(&m, &shard, stream ? segment : 0, &r, &err) != 0) {
         /* a model that cannot stream is refused alike on every rank, before any work */
@@ -290,9 +334,11 @@ int command_eval(const char *ckpt, bool stream, int segment) {
         cmd_fail(err.code, "%s", err.message);
     }
     print_eval("eval", &r.metrics, m.cfg.task);
-    log_rank0("gain_R");
-    for (int l = 0; l < m.L; l++) log_rank0(" %.4f", r.gain_R[l]);
-    log_rank0("\n");
+    if (r.gains_measured) {
+        log_rank0("gain_R");
+        for (int l = 0; l < m.L; l++) log_rank0(" %.4f", r.gain_R[l]);
+        log_rank0("\n");
+    }
     if (r.streamed) {
         char how[64];
         snprintf(how, sizeof how, "eval --stream (segments of %d)", segment);

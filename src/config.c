@@ -103,6 +103,10 @@ static const config_key KEYS[] = {
     {"train", "log_interval", KEY_INT, OFF(log_interval), "10", 1, 1 << 30, NULL, ROLE_SCHEDULE},
     {"train", "eval_interval", KEY_INT, OFF(eval_interval), "100", 0, 1 << 30, NULL, ROLE_SCHEDULE},
     {"train", "eval_batches", KEY_INT, OFF(eval_batches), "4", 1, 1 << 20, NULL, ROLE_SCHEDULE},
+    /* docs/metrics.md §3: gain_R's perturbation passes cost about two
+     * forwards per eval batch; auto measures them where they are read */
+    {"train", "eval_readouts", KEY_ENUM, OFF(eval_readouts), "auto", 0, 0, "auto|true|false", ROLE_SCHEDULE},
+    {"train", "eval_at_start", KEY_BOOL, OFF(eval_at_start), "false", 0, 1, NULL, ROLE_SCHEDULE},
     {"train", "ckpt_interval", KEY_INT, OFF(ckpt_interval), "0", 0, 1 << 30, NULL, ROLE_SCHEDULE},
     {"train", "keep", KEY_INT, OFF(keep), "3", 1, 1 << 20, NULL, ROLE_SCHEDULE},
     {"train", "keep_best", KEY_BOOL, OFF(keep_best), "false", 0, 1, NULL, ROLE_SCHEDULE},
@@ -598,6 +602,11 @@ const char *config_data_source(const config *c) { return c->data_resolved[0] ? c
 const char *config_eval_source(const config *c) { return c->eval_resolved[0] ? c->eval_resolved : c->eval_path; }
 
 bool config_momentum_enabled(const config *c) { return c->gamma != 0.0 || c->learn_gamma; }
+
+bool config_eval_readouts(const config *c) {
+    if (c->eval_readouts != 0) return c->eval_readouts == 1;
+    return config_momentum_enabled(c) || c->task != TASK_TEXT;
+}
 
 int config_micro_rows(const config *c, int shard_rows) {
     return c->micro_batch > 0 && c->micro_batch < shard_rows ? c->micro_batch : shard_rows;

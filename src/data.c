@@ -3,6 +3,7 @@
 #include "momfmm/data.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@ struct data_source {
     corpus text, eval_text;
     const corpus *eval;
     long long train_end, eval_start;
+    bool eval_in_order; /* eval --batches all: window after window (data_eval_in_order) */
     /* listops from LRA TSV rows: tokens [n_rows][T] and labels; the last
      * data.eval_fraction of the rows are the eval split */
     int32_t *rows, *row_labels;
@@ -231,6 +233,29 @@ data_source *data_open(const config *c, status *st) {
     return NULL;
 }
 
+long long data_eval_windows(const data_source *d) {
+    if (d->cfg.task != TASK_TEXT) return 0;
+    return (d->eval->size - d->eval_start - 1) / d->cfg.seq_len;
+}
+
+void data_eval_in_order(data_source *d) { d->eval_in_order = true; }
+
+/* Eval window w of the split in order: inputs [w T, (w + 1) T) of it, the
+ * targets one token on; past the last window nothing is counted. */
+static void text_window(const data_source *d, long long w, int32_t *inputs, int32_t *targets, int T) {
+    if (w >= data_eval_windows(d)) {
+        memset(inputs, 0, sizeof(int32_t) * T);
+        for (int t = 0; t < T; t++) targets[t] = -1;
+        return;
+    }
+    corpus_read(d->eval, d->eval_start + w * T, T, inputs);
+    corpus_read(d->eval, d->eval_start + w * T + 1, T, targets);
+}
+
+double data_bytes_per_token(const data_source *d) {
+    return d->cfg.task == TASK_TEXT && d->text.format == CORPUS_TOKENS ? NAN : 1.0;
+}
+
 void data_close(data_source *d) {
     corpus_close(&d->text);
     corpus_close(&d->eval_text);
@@ -335,6 +360,10 @@ int data_fill(const data_source *d, data_batch *b, int split, long long step, lo
         b->labels[r] = 0;
         if (c->task == TASK_LISTOPS) {
             if (listops_sample(d, key, split, inputs, targets, &b->labels[r], T, st) != 0) return st->code;
+            continue;
+        }
+        if (c->task == TASK_TEXT && d->eval_in_order && split == SPLIT_EVAL) {
+            text_window(d, step * c->batch_size + first + r, inputs, targets, T);
             continue;
         }
         if (c->task == TASK_TEXT) {

@@ -82,7 +82,8 @@ static int evaluate_rows(model *m, const data_batch *v, long long first_row, uin
                          status *err) {
     model_forward(m, v->inputs, v->targets, v->labels, v->B, v->T, false);
     metrics_accumulate(&e->full, v, m->acts.losses, m->acts.predictions, m->cfg.head == HEAD_CLS, m->V);
-    readouts_block_gains(m, v->B, v->T, seed, first_row, e->gains, e->gains + m->L + 1);
+    if (config_eval_readouts(&m->cfg))
+        readouts_block_gains(m, v->B, v->T, seed, first_row, e->gains, e->gains + m->L + 1);
     e->gains[m->L] += v->B;
     if (segment <= 0) return 0;
     /* readouts_block_gains leaves the forward's logits as they were */
@@ -122,15 +123,20 @@ int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, st
     if (rc == 0) {
         dist_sum_doubles((double *)&e.full, (int)METRIC_SUMS_DOUBLES);
         metrics_finish(&e.full, &r->metrics);
+        r->metrics.bpb /= data_bytes_per_token(shard->data);
         dist_sum_doubles(e.gains, 2 * m->L + 1);
-        for (int l = 0; l < m->L; l++) r->gain_R[l] = e.gains[l] / e.gains[m->L];
-        for (int l = 0; l < m->L; l++) r->gain_R_attn[l] = e.gains[m->L + 1 + l] / e.gains[m->L];
+        /* without the read-outs (train.eval_readouts) gain_R is NaN: not measured */
+        r->gains_measured = config_eval_readouts(&m->cfg);
+        double rows = r->gains_measured ? e.gains[m->L] : NAN;
+        for (int l = 0; l < m->L; l++) r->gain_R[l] = e.gains[l] / rows;
+        for (int l = 0; l < m->L; l++) r->gain_R_attn[l] = e.gains[m->L + 1 + l] / rows;
         eval_readouts(m, r);
         r->streamed = stream_segment > 0;
     }
     if (rc == 0 && r->streamed) {
         dist_sum_doubles((double *)&e.streamed, (int)METRIC_SUMS_DOUBLES);
         metrics_finish(&e.streamed, &r->stream_metrics);
+        r->stream_metrics.bpb /= data_bytes_per_token(shard->data);
         r->stream_max_diff = dist_max_double(e.max_diff);
     }
     free(e.gains), free(e.losses), free(e.predictions);

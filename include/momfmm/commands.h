@@ -21,7 +21,7 @@ int command_inspect(const char *ckpt);
 /* Eval metrics of docs/metrics.md §3; with stream, the eval batches also go through the
  * streaming path in segments of `segment` tokens, and the largest logit
  * difference from the full forward is reported. */
-int command_eval(const char *ckpt, bool stream, int segment);
+int command_eval(const char *ckpt, bool stream, int segment, int n_overrides, char *const *overrides, int batches);
 /* The options of `generate` (docs/cli.md §5), checked by the parser except
  * what needs the model (--text on a vocabulary other than bytes). */
 typedef struct {

@@ -73,7 +73,9 @@ typedef struct {
     long long steps;
     int batch_size, warmup, log_interval, eval_interval, eval_batches;
     int ckpt_interval, keep;
-    bool keep_best; /* best.h5: the checkpoint of the lowest eval loss (docs/design.md §8.4) */
+    bool keep_best;     /* best.h5: the checkpoint of the lowest eval loss (docs/design.md §8.4) */
+    int eval_readouts;  /* train.eval_readouts: 0 auto, 1 true, 2 false (config_eval_readouts) */
+    bool eval_at_start; /* train.eval_at_start: an eval before the first step */
     double lr, min_lr, weight_decay, beta1, beta2, adam_eps, grad_clip;
     int schedule; /* config_schedule */
     long long seed;
@@ -135,6 +137,10 @@ const char *config_data_source(const config *c);
 /* The same for the validation set: data.resolved_eval_path, or data.eval_path. */
 const char *config_eval_source(const config *c);
 
+/* Whether evals measure gain_R (docs/metrics.md §3): train.eval_readouts, whose
+ * auto means on for momentum runs and for the synthetic tasks (whose R is
+ * compared against gamma = 0), off for text without momentum. */
+bool config_eval_readouts(const config *c);
 /* True when momentum attention is on (docs/model.md §1.2). */
 bool config_momentum_enabled(const config *c);
 /* Rows per forward/backward of a shard of shard_rows: train.micro_batch, or

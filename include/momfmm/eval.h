@@ -18,6 +18,7 @@ typedef struct {
     double *gain_R;               /* [n_layers] */
     double *gain_R_attn;          /* [n_layers]: attention sublayer without its residual */
     double *gamma;                /* [n_layers * n_heads]: learned or fixed, 0 without momentum */
+    bool gains_measured;          /* train.eval_readouts: else gain_R and gain_R_attn are NaN */
     bool streamed;                /* the fields below are filled */
     metric_values stream_metrics; /* the same batches through the streaming path */
     double stream_max_diff;       /* largest |logit difference| streaming vs full forward */
