@@ -132,12 +132,25 @@ static const char *shown_value(double v, const char *format, char *buf, size_t l
     return buf;
 }
 
-static void print_row(const metric_table *t, long long i) {
+/* docs/metrics.md §3: the occurrence metrics mean something on the chain
+ * task only (a token's k-th occurrence in a sequence of distinct tokens). */
+static bool column_shown(const char *name, int task) {
+    static const char *chain_only[] = {"L_new", "L_rep", "delta_12", "loss_by_k"};
+    for (size_t i = 0; i < sizeof chain_only / sizeof chain_only[0]; i++)
+        if (!strcmp(name, chain_only[i])) return task == TASK_CHAIN;
+    return true;
+}
+
+static void print_row(const metric_table *t, long long i, int task) {
     const double *row = t->values + i * t->row_width;
     int offset = 0;
     for (int c = 0; c < t->n_columns; c++) {
         const metric_column *col = &t->columns[c];
         char value[32];
+        if (!column_shown(col->name, task)) {
+            offset += col->width;
+            continue;
+        }
         if (col->integer) printf(" %s %lld", col->name, (long long)row[offset]);
         else if (col->width == 1) printf(" %s %s", col->name, shown_value(row[offset], "%.6g", value, sizeof value));
         else if (col->inner <= 1) {
@@ -152,7 +165,7 @@ static void print_row(const metric_table *t, long long i) {
 }
 
 /* The newest `count` rows of a table, oldest first. */
-static void print_last_rows(const char *title, const metric_table *t, long long count) {
+static void print_last_rows(const char *title, const metric_table *t, long long count, int task) {
     if (t->n_rows == 0) {
         printf("%s: none\n", title);
         return;
@@ -163,7 +176,7 @@ static void print_last_rows(const char *title, const metric_table *t, long long 
     else printf("%s (%lld %s), last %lld:\n", title, t->n_rows, rows, t->n_rows - first);
     for (long long i = first; i < t->n_rows; i++) {
         if (count != 1) printf(" ");
-        print_row(t, i);
+        print_row(t, i, task);
     }
 }
 
@@ -226,8 +239,8 @@ static void inspect_metrics_file(const char *path, const status *checkpoint_err)
         char *ini = config_to_ini(&cfg);
         printf("metrics file: %s (the live metrics of run directory %s; a run may still be appending)\n", path,
                cfg.out_dir);
-        print_last_rows("train metrics", &train, 5);
-        print_last_rows("eval metrics", &eval, 3);
+        print_last_rows("train metrics", &train, 5, cfg.task);
+        print_last_rows("eval metrics", &eval, 3, cfg.task);
         printf("config:\n%s", ini);
         free(ini);
     }
@@ -254,8 +267,8 @@ int command_inspect(const char *ckpt) {
                c.info.tokens_seen, c.info.world_size, c.info.world_size == 1 ? "" : "s",
                c.info.written_by[0] ? " of " : "", c.info.written_by);
         print_parameter_groups(&c.m);
-        print_last_rows("train metrics", &c.train, 1);
-        print_last_rows("eval metrics", &c.eval, 1);
+        print_last_rows("train metrics", &c.train, 1, c.m.cfg.task);
+        print_last_rows("eval metrics", &c.eval, 1, c.m.cfg.task);
         print_task_metrics(&c.m.cfg, &c.eval);
         print_filter_gains(&c.m);
         printf("config:\n%s", ini);

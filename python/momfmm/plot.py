@@ -159,7 +159,7 @@ def plot_bpb(runs, out_dir, written):
 def plot_gain_r(runs, out_dir, written):
     have = [(r, c) for r, c in zip(runs, colors(len(runs))) if has_gain_r(r)]
     if not have:
-        print("skip gain_r.png: no run has /metrics/eval/gain_R")
+        print("skip gain_r.png: no run has a measured /metrics/eval/gain_R")
         return
     fig, ax = new_axes("Block gain ||F(x+d) - F(x)|| / ||d|| (last eval)", "block", "gain_R")
     width = 0.8 / len(have)
@@ -325,7 +325,8 @@ def has_loss_by_k(run):
 
 def has_gain_r(run):
     gain = run.eval.get("gain_R")
-    return gain is not None and gain.ndim == 2 and len(gain) > 0
+    # NaN when the eval did not measure it (train.eval_readouts, docs/metrics.md §3)
+    return gain is not None and gain.ndim == 2 and len(gain) > 0 and bool(np.isfinite(gain[-1]).any())
 
 
 # Each figure with the runs it fits (docs/metrics.md §3: the metrics that fit the task):

@@ -90,6 +90,8 @@ def test_bpb_everywhere(momfmm, lm, report):
                  is not None,
                  r.stdout)
     report.check("inspect: train and eval rows carry bpb", r.stdout.count(" bpb ") >= 2, r.stdout)
+    report.check("inspect: no chain columns (L_new, L_rep, delta_12, loss_by_k) for text",
+                 all(name not in r.stdout for name in ("L_new", "L_rep", "delta_12", "loss_by_k")), r.stdout)
     with h5py.File(os.path.join(lm["out_dir"], "metrics.h5"), "r") as f:
         for table in ("train", "eval"):
             loss, bpb = f[f"metrics/{table}/loss"][()], f[f"metrics/{table}/bpb"][()]
