@@ -7,7 +7,10 @@ replaces the carved split; the start-up corpus line; a directory with a
 dangling link and a binary trains with a warning for each.
 
 Run with MOMFMM_BIN=<build>/momfmm /usr/bin/python3 -m pytest <this file>."""
+import importlib.util
+import os
 import re
+import sys
 
 import h5py
 import numpy as np
@@ -131,3 +134,38 @@ def test_directory_skips_with_warnings(momfmm, tmp_path, report):
     report.check("walk: data.include/exclude leave 3 documents, nothing to warn about",
                  r.returncode == 0 and "corpus: 3 documents" in r.stdout and "warning:" not in r.stdout,
                  r.stdout[:600])
+
+
+TOKENIZE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "momfmm_tokenize.py")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sentencepiece") is None,
+                    reason="python3-sentencepiece is not installed (tools/install_deps.sh)")
+def test_tokenize_then_train(momfmm, tmp_path, report):
+    """momfmm-tokenize: a BPE model with byte fallback, token files that decode to the text
+    exactly (NUL-free text, documents joined by the end-of-text id), and a run on them."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    rng = np.random.default_rng(5)
+    words = ["momentum", "attention", "the", "field", "multipole", "é", "→", "\n", "  ", "x1 = 42;"]
+    for i in range(4):
+        (docs / f"d{i}.txt").write_text(" ".join(rng.choice(words, 400)))
+    (docs / "blob.bin.pyc").write_bytes(b"\0\1" * 100)
+    val = tmp_path / "val.txt"
+    val.write_text(" ".join(rng.choice(words, 300)))
+    out = tmp_path / "tok"
+    r = run([sys.executable, TOKENIZE, "train", docs, "--vocab-size", 300, "--out", out, "--eval-path", val])
+    report.check("tokenize train: exit 0, a warning for the binary", r.returncode == 0 and "blob.bin.pyc" in r.stdout,
+                 r.stdout + r.stderr)
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
+    ids = np.fromfile(out / "val.bin", dtype=np.uint16)
+    report.check("val.bin decodes to the validation text byte for byte",
+                 sp.decode(ids.tolist()) == val.read_text() and sp.get_piece_size() == 300)
+    train_ids = np.fromfile(out / "train.bin", dtype=np.uint16)
+    report.check("train.bin: 4 documents joined by 3 end-of-text ids",
+                 int((train_ids == sp.eos_id()).sum()) == 3, f"{(train_ids == sp.eos_id()).sum()}")
+    r = train(momfmm, tmp_path, out / "train.bin", vocab=300, eval_path=str(out / "val.bin"))
+    report.check("momfmm trains on the token files at vocab_size 300", r.returncode == 0, r.stderr[-300:])
+    r = run([sys.executable, TOKENIZE, "decode", "--model", out / "tokenizer.model", out / "val.bin"])
+    report.check("tokenize decode prints the text", r.returncode == 0 and r.stdout == val.read_text(), r.stderr)
