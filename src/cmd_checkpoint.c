@@ -306,6 +306,7 @@ static void apply_eval_overrides(config *c, int n, char *const *overrides) {
         if (config_apply_override(c, overrides[i], &st) != 0) cmd_fail_all(st.code, "%s", st.message);
         if (!strcmp(key, "data.path")) c->data_resolved[0] = '\0';
         if (!strcmp(key, "data.eval_path")) c->eval_resolved[0] = '\0';
+        if (!strcmp(key, "data.tokenizer")) c->tokenizer_checksum[0] = '\0';
     }
     status st;
     if (n > 0 && (config_check(c, "eval --set", &st) != 0 || config_resolve_data_path(c, true, &st) != 0))

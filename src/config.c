@@ -82,6 +82,10 @@ static const config_key KEYS[] = {
     /* what the files hold (docs/tasks.md §2, token files), and which files of
      * a directory count: both decide what is read, so both must match on resume */
     {"data", "format", KEY_ENUM, OFF(data_format), "auto", 0, 0, "auto|bytes|tokens", ROLE_MODEL},
+    /* the sentencepiece model of token files (docs/tasks.md §2, tokenizer):
+     * its path, made absolute at the start, and the checksum that must match */
+    {"data", "tokenizer", KEY_STRING, OFF(tokenizer), "", 0, 0, NULL, ROLE_SCHEDULE},
+    {"data", "tokenizer_checksum", KEY_STRING, OFF(tokenizer_checksum), "", 0, 0, NULL, ROLE_MODEL},
     {"data", "include", KEY_STRING, OFF(data_include), "", 0, 0, NULL, ROLE_MODEL},
     {"data", "exclude", KEY_STRING, OFF(data_exclude), "", 0, 0, NULL, ROLE_MODEL},
     {"data", "listops_min_len", KEY_INT, OFF(listops_min_len), "16", 1, 1 << 24, NULL, ROLE_MODEL},
@@ -594,7 +598,11 @@ int config_resolve_data_path(config *c, bool keep_resolved, status *st) {
     if (!(keep_resolved && c->eval_resolved[0]) &&
         resolve_paths("data.eval_path", c->eval_path, c->eval_resolved, sizeof c->eval_resolved, st))
         return st->code;
-    return 0;
+    char tokenizer[CONFIG_PATH_MAX];
+    if (!keep_resolved && !strchr(c->tokenizer, ',') &&
+        resolve_paths("data.tokenizer", c->tokenizer, tokenizer, sizeof tokenizer, st) == 0)
+        memcpy(c->tokenizer, tokenizer, sizeof tokenizer);
+    return st->code;
 }
 
 const char *config_data_source(const config *c) { return c->data_resolved[0] ? c->data_resolved : c->data_path; }
@@ -644,8 +652,11 @@ int config_check(const config *c, const char *origin, status *st) {
                c->vocab_size);
     if (c->task == TASK_TEXT && c->data_format == 1 && c->vocab_size != 256)
         REJECT("%s: data.format = bytes is byte-level and needs model.vocab_size = 256", origin);
-    if (c->task != TASK_TEXT && (c->eval_path[0] || c->data_format != 0 || c->data_include[0] || c->data_exclude[0]))
-        REJECT("%s: data.eval_path, data.format, data.include and data.exclude are for data.task = text", origin);
+    if (c->task != TASK_TEXT &&
+        (c->eval_path[0] || c->data_format != 0 || c->data_include[0] || c->data_exclude[0] || c->tokenizer[0]))
+        REJECT(
+            "%s: data.eval_path, data.format, data.include, data.exclude and data.tokenizer are for data.task = text",
+            origin);
     if (c->task == TASK_TEXT && !c->data_path[0]) REJECT("%s: data.task = text needs data.path", origin);
     if (c->task == TASK_LISTOPS && c->listops_min_len > c->listops_max_len)
         REJECT("%s: data.listops_min_len = %d exceeds data.listops_max_len = %d", origin, c->listops_min_len,

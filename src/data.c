@@ -16,6 +16,7 @@
 #include "momfmm/rng.h"
 #include "momfmm/status.h"
 #include "momfmm/sys.h"
+#include "momfmm/tokenizer.h"
 
 struct data_source {
     config cfg;
@@ -26,6 +27,7 @@ struct data_source {
     const corpus *eval;
     long long train_end, eval_start;
     bool eval_in_order; /* eval --batches all: window after window (data_eval_in_order) */
+    tokenizer tok;      /* data.tokenizer of token files: the bytes of every id, or none */
     /* listops from LRA TSV rows: tokens [n_rows][T] and labels; the last
      * data.eval_fraction of the rows are the eval split */
     int32_t *rows, *row_labels;
@@ -69,6 +71,26 @@ static void log_summary(const data_source *d) {
               d->train_end, unit, d->eval->size - d->eval_start, unit);
 }
 
+/* The tokenizer of token files: the model data.tokenizer names, the one the
+ * run recorded (data.tokenizer_checksum), with no more pieces than the
+ * embedding has rows (docs/tasks.md §2, tokenizer). */
+static int open_tokenizer(data_source *d, status *st) {
+    const config *c = &d->cfg;
+    if (!c->tokenizer[0] || d->text.format != CORPUS_TOKENS) return 0;
+    if (tokenizer_open(&d->tok, c->tokenizer, st) != 0) return st->code;
+    char now[17];
+    tokenizer_checksum_text(d->tok.checksum, now);
+    if (c->tokenizer_checksum[0] && strcmp(now, c->tokenizer_checksum) != 0)
+        return status_fail(st, EXIT_BAD_FILE,
+                           "data.tokenizer = %s: checksum %s, but the run recorded data.tokenizer_checksum = %s "
+                           "(another model under that name)",
+                           c->tokenizer, now, c->tokenizer_checksum);
+    if (d->tok.n_pieces > c->vocab_size)
+        return status_fail(st, EXIT_BAD_FILE, "data.tokenizer = %s: %d pieces, more than model.vocab_size = %d",
+                           c->tokenizer, d->tok.n_pieces, c->vocab_size);
+    return 0;
+}
+
 static int open_text(data_source *d, status *st) {
     const config *c = &d->cfg;
     corpus_options train = {"data.path", c->data_format, c->vocab_size, c->data_include, c->data_exclude};
@@ -96,7 +118,7 @@ static int open_text(data_source *d, status *st) {
                            config_data_source(c), d->text.n_docs, d->text.size, d->train_end, eval_size,
                            d->eval == &d->text ? "data.eval_fraction" : "data.eval_path", c->seq_len);
     log_summary(d);
-    return 0;
+    return open_tokenizer(d, st);
 }
 
 /* A Target field: one integer 0..9 (surrounding blanks allowed); -1 if not. */
@@ -256,9 +278,21 @@ double data_bytes_per_token(const data_source *d) {
     return d->cfg.task == TASK_TEXT && d->text.format == CORPUS_TOKENS ? NAN : 1.0;
 }
 
+double data_target_bytes(const data_source *d, const int32_t *targets, size_t n) {
+    if (d->cfg.task != TASK_TEXT || (d->text.format == CORPUS_TOKENS && d->tok.n_pieces == 0)) return NAN;
+    double bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        if (targets[i] >= 0)
+            bytes += d->text.format == CORPUS_BYTES ? 1 : targets[i] < d->tok.n_pieces ? d->tok.length[targets[i]] : 0;
+    return bytes;
+}
+
+const tokenizer *data_tokenizer(const data_source *d) { return d->tok.n_pieces ? &d->tok : NULL; }
+
 void data_close(data_source *d) {
     corpus_close(&d->text);
     corpus_close(&d->eval_text);
+    tokenizer_free(&d->tok);
     free(d->rows);
     free(d->row_labels);
     free(d->sequence);

@@ -67,6 +67,7 @@ typedef struct {
     float *losses; /* [B*T] streamed losses */
     int32_t *predictions;
     double max_diff;
+    double target_bytes; /* of the counted targets (data_target_bytes), for bpb */
 } eval_sums;
 
 /* Rows [first, first + rows) of b as a batch of their own (no copy). */
@@ -78,10 +79,11 @@ static data_batch rows_of(const data_batch *b, int first, int rows) {
 /* One forward of rows v (global sample index first_row onwards) into the
  * sums; gain_R's random directions are keyed by sample, so the rows may
  * come in any grouping. */
-static int evaluate_rows(model *m, const data_batch *v, long long first_row, uint64_t seed, int segment, eval_sums *e,
-                         status *err) {
+static int evaluate_rows(model *m, const data_source *data, const data_batch *v, long long first_row, uint64_t seed,
+                         int segment, eval_sums *e, status *err) {
     model_forward(m, v->inputs, v->targets, v->labels, v->B, v->T, false);
     metrics_accumulate(&e->full, v, m->acts.losses, m->acts.predictions, m->cfg.head == HEAD_CLS, m->V);
+    e->target_bytes += data_target_bytes(data, v->targets, (size_t)v->B * v->T);
     if (config_eval_readouts(&m->cfg))
         readouts_block_gains(m, v->B, v->T, seed, first_row, e->gains, e->gains + m->L + 1);
     e->gains[m->L] += v->B;
@@ -103,7 +105,8 @@ static int evaluate_batch(model *m, data_shard *shard, int i, int segment, eval_
     int rows = config_micro_rows(&m->cfg, b->B), rc = 0;
     for (int first = 0; first < b->B && rc == 0; first += rows) {
         data_batch v = rows_of(b, first, b->B - first < rows ? b->B - first : rows);
-        rc = evaluate_rows(m, &v, shard->first + first, (uint64_t)m->cfg.seed + (uint64_t)i, segment, e, err);
+        rc = evaluate_rows(m, shard->data, &v, shard->first + first, (uint64_t)m->cfg.seed + (uint64_t)i, segment, e,
+                           err);
     }
     return rc;
 }
@@ -123,7 +126,9 @@ int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, st
     if (rc == 0) {
         dist_sum_doubles((double *)&e.full, (int)METRIC_SUMS_DOUBLES);
         metrics_finish(&e.full, &r->metrics);
-        r->metrics.bpb /= data_bytes_per_token(shard->data);
+        /* bits per byte from the bytes the evaluated targets stand for (docs/metrics.md §3) */
+        dist_sum_doubles(&e.target_bytes, 1);
+        r->metrics.bpb = e.full.loss_sum / (M_LN2 * e.target_bytes);
         dist_sum_doubles(e.gains, 2 * m->L + 1);
         /* without the read-outs (train.eval_readouts) gain_R is NaN: not measured */
         r->gains_measured = config_eval_readouts(&m->cfg);
@@ -136,7 +141,7 @@ int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, st
     if (rc == 0 && r->streamed) {
         dist_sum_doubles((double *)&e.streamed, (int)METRIC_SUMS_DOUBLES);
         metrics_finish(&e.streamed, &r->stream_metrics);
-        r->stream_metrics.bpb /= data_bytes_per_token(shard->data);
+        r->stream_metrics.bpb = e.streamed.loss_sum / (M_LN2 * e.target_bytes);
         r->stream_max_diff = dist_max_double(e.max_diff);
     }
     free(e.gains), free(e.losses), free(e.predictions);

@@ -417,10 +417,11 @@ static void test_resolved_path(void) {
 static void test_text_keys(void) {
     struct {
         const char *text, *want;
-    } bad[] = {{"[model]\nvocab_size = 300\n[data]\ntask = text\npath = x\nformat = bytes\n",
-                "t.ini: data.format = bytes is byte-level and needs model.vocab_size = 256"},
-               {"[data]\neval_path = v.bin\n",
-                "t.ini: data.eval_path, data.format, data.include and data.exclude are for data.task = text"}};
+    } bad[] = {
+        {"[model]\nvocab_size = 300\n[data]\ntask = text\npath = x\nformat = bytes\n",
+         "t.ini: data.format = bytes is byte-level and needs model.vocab_size = 256"},
+        {"[data]\neval_path = v.bin\n",
+         "t.ini: data.eval_path, data.format, data.include, data.exclude and data.tokenizer are for data.task = text"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         config c = expect_text(bad[i].text, "");
         status st;

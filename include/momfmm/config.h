@@ -68,6 +68,7 @@ typedef struct {
     char eval_path[CONFIG_PATH_MAX], eval_resolved[CONFIG_PATH_MAX]; /* data.eval_path, data.resolved_eval_path */
     int data_format;                                                 /* data.format: corpus_format's order */
     char data_include[CONFIG_PATH_MAX], data_exclude[CONFIG_PATH_MAX];
+    char tokenizer[CONFIG_PATH_MAX], tokenizer_checksum[32]; /* data.tokenizer, data.tokenizer_checksum */
     int listops_min_len, listops_max_len, listops_max_depth, listops_max_args;
     /* [train] */
     long long steps;

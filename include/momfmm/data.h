@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "momfmm/config.h"
+#include "momfmm/tokenizer.h"
 
 enum { SPLIT_TRAIN = 0, SPLIT_EVAL = 1 };
 
@@ -31,6 +32,12 @@ double data_bytes_per_token(const data_source *d);
 /* The text eval split as whole windows of data.seq_len tokens, each the
  * inputs of one row (eval --batches all, docs/cli.md §5); 0 for other tasks. */
 long long data_eval_windows(const data_source *d);
+/* The bytes of text the counted targets (>= 0) of n stand for (docs/metrics.md
+ * §3): one each for a byte corpus, each id's piece with data.tokenizer, NaN
+ * for token files without one and for the other tasks. */
+double data_target_bytes(const data_source *d, const int32_t *targets, size_t n);
+/* data.tokenizer as read for token files, or NULL. */
+const tokenizer *data_tokenizer(const data_source *d);
 /* From now on eval batch i, global row g is window i * train.batch_size + g
  * in order, and rows past the last window count nothing. */
 void data_eval_in_order(data_source *d);

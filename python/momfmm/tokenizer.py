@@ -10,6 +10,7 @@ headered .bin or an HDF5 /tokens dataset. Documents are joined by the model's en
     momfmm-tokenize train CORPUS --vocab-size 2048 --out DIR [--type bpe|unigram] [--eval-path VAL]
     momfmm-tokenize encode --model DIR/tokenizer.model CORPUS --out FILE.bin [--format nanogpt|llmc|hdf5]
     momfmm-tokenize decode --model DIR/tokenizer.model FILE.bin|ID ...
+    momfmm-tokenize ids --model DIR/tokenizer.model TEXT      # for momfmm generate --prompt
 
 `train` writes DIR/tokenizer.model, DIR/train.bin (and DIR/val.bin with --eval-path) and prints
 the config keys that train on them."""
@@ -151,6 +152,7 @@ def cmd_train(args):
         print(f"{out}: {len(ids)} tokens")
         keys.append(("data.path" if name == "train" else "data.eval_path", out))
     print(f"{model}: {args.type}, {vocab} pieces (byte fallback)")
+    keys.append(("data.tokenizer", model))
     print("train with: --set data.task=text --set model.vocab_size=%d %s" % (
         vocab, " ".join(f"--set {k}={v}" for k, v in keys)))
     return 0
@@ -169,6 +171,13 @@ def cmd_decode(args):
     ids = read_tokens(args.ids[0]) if len(args.ids) == 1 and os.path.isfile(args.ids[0]) else \
         [int(x) for x in args.ids]
     sys.stdout.write(sp.decode([int(i) for i in ids]))
+    return 0
+
+
+def cmd_ids(args):
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=args.model)
+    print(",".join(str(i) for i in sp.encode(args.text)))
     return 0
 
 
@@ -191,6 +200,9 @@ def parser():
     d = sub.add_parser("decode")
     d.add_argument("--model", required=True)
     d.add_argument("ids", nargs="+", help="a token file, or ids")
+    i = sub.add_parser("ids")
+    i.add_argument("--model", required=True)
+    i.add_argument("text", help="text to encode, printed as comma-separated ids")
     return p
 
 
@@ -202,4 +214,4 @@ def main(argv=None):
         print("momfmm-tokenize: needs sentencepiece (Debian: apt-get install python3-sentencepiece; "
               "tools/install_deps.sh)", file=sys.stderr)
         return 2
-    return {"train": cmd_train, "encode": cmd_encode, "decode": cmd_decode}[args.command](args)
+    return {"train": cmd_train, "encode": cmd_encode, "decode": cmd_decode, "ids": cmd_ids}[args.command](args)

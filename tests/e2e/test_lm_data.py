@@ -8,6 +8,7 @@ dangling link and a binary trains with a warning for each.
 
 Run with MOMFMM_BIN=<build>/momfmm /usr/bin/python3 -m pytest <this file>."""
 import importlib.util
+import math
 import os
 import re
 import sys
@@ -162,10 +163,36 @@ def test_tokenize_then_train(momfmm, tmp_path, report):
     ids = np.fromfile(out / "val.bin", dtype=np.uint16)
     report.check("val.bin decodes to the validation text byte for byte",
                  sp.decode(ids.tolist()) == val.read_text() and sp.get_piece_size() == 300)
+    r = run([sys.executable, TOKENIZE, "decode", "--model", out / "tokenizer.model", out / "val.bin"])
+    report.check("tokenize decode prints the text", r.returncode == 0 and r.stdout == val.read_text(), r.stderr)
     train_ids = np.fromfile(out / "train.bin", dtype=np.uint16)
     report.check("train.bin: 4 documents joined by 3 end-of-text ids",
                  int((train_ids == sp.eos_id()).sum()) == 3, f"{(train_ids == sp.eos_id()).sum()}")
-    r = train(momfmm, tmp_path, out / "train.bin", vocab=300, eval_path=str(out / "val.bin"))
-    report.check("momfmm trains on the token files at vocab_size 300", r.returncode == 0, r.stderr[-300:])
-    r = run([sys.executable, TOKENIZE, "decode", "--model", out / "tokenizer.model", out / "val.bin"])
-    report.check("tokenize decode prints the text", r.returncode == 0 and r.stdout == val.read_text(), r.stderr)
+    model = out / "tokenizer.model"
+    r = train(momfmm, tmp_path, out / "train.bin", vocab=320, eval_path=str(out / "val.bin"), tokenizer=str(model))
+    run_dir = tmp_path / f"out{train.runs}"
+    report.check("momfmm trains on the token files (vocab_size 320 > 300 pieces)", r.returncode == 0,
+                 r.stderr[-300:])
+    r = run([momfmm, "eval", run_dir, "--batches", "all"])
+    m = re.search(r"^eval \| loss (\S+) \| bpb (\S+) \|", r.stdout, re.M)
+    windows = (len(ids) - 1) // 32
+    pieces = [len(sp.decode([int(i)]).encode()) for i in range(sp.get_piece_size())]
+    nbytes = sum(pieces[int(i)] for i in ids[1:windows * 32 + 1])
+    want = float(m[1]) * windows * 32 / (math.log(2) * nbytes) if m else None
+    report.check("eval --batches all: bpb from the bytes of the evaluated tokens",
+                 m is not None and abs(float(m[2]) / want - 1) < 1e-5, f"{m and m[0]} vs {want}")
+    prompt = ",".join(str(i) for i in sp.encode("momentum attention"))
+    r = run([momfmm, "generate", run_dir / "ckpt_00000004.h5", "--prompt", prompt, "--tokens", 5, "--seed", 1, "--temperature", 1])
+    report.check("generate decodes with data.tokenizer",
+                 r.returncode == 0 and "\ntext: momentum attention" in r.stdout, r.stdout + r.stderr)
+    run([sys.executable, TOKENIZE, "train", docs, "--vocab-size", 280, "--out", tmp_path / "tok2"])
+    os.replace(tmp_path / "tok2" / "tokenizer.model", model)
+    r = run([momfmm, "eval", run_dir])
+    report.check("another model under data.tokenizer's name: exit 3 naming the checksum",
+                 r.returncode == 3 and "tokenizer.model" in r.stderr and "checksum" in r.stderr, r.stderr)
+    (tmp_path / "junk.model").write_bytes(b"\xff" * 40)
+    r = train(momfmm, tmp_path, out / "train.bin", vocab=320, tokenizer=str(tmp_path / "junk.model"))
+    report.check("a file that is no sentencepiece model: exit 3", r.returncode == 3 and "junk.model" in r.stderr,
+                 r.stderr)
+    r = run([sys.executable, TOKENIZE, "decode", "--model", tmp_path / "tok2" / "x.model", out / "val.bin"])
+    report.check("tokenize decode of a missing model fails", r.returncode != 0)
