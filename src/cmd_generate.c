@@ -192,13 +192,16 @@ static int read_prompt(const command_generate_options *o, const model *m, int32_
 /* A token model trained with data.tokenizer (docs/tasks.md §2) also prints
  * the text of prompt and continuation, decoded with that model when it is
  * still the one the run recorded; else a note says why not. */
-static void print_decoded(const model *m, const int32_t *prompt, int n_prompt, const int32_t *out, int n_out) {
+static void print_decoded(const char *ckpt, const model *m, const int32_t *prompt, int n_prompt, const int32_t *out,
+                          int n_out) {
     const config *c = &m->cfg;
     if (!c->tokenizer[0] || dist_rank() != 0) return;
     tokenizer t;
     status st;
     char now[17] = "";
-    if (tokenizer_open(&t, c->tokenizer, &st) == 0) tokenizer_checksum_text(t.checksum, now);
+    /* the model the checkpoint carries, else the file data.tokenizer names */
+    if (tokenizer_from_checkpoint(&t, ckpt, &st) == 0 && t.n_pieces == 0) tokenizer_open(&t, c->tokenizer, &st);
+    if (t.n_pieces > 0) tokenizer_checksum_text(t.checksum, now);
     if (!now[0] || (c->tokenizer_checksum[0] && strcmp(now, c->tokenizer_checksum) != 0)) {
         printf("text: not decoded: %s\n", now[0] ? "data.tokenizer has changed since the run (checksum)" : st.message);
         if (now[0]) tokenizer_free(&t);
@@ -264,7 +267,7 @@ int command_generate(const char *ckpt, const command_generate_options *o) {
     }
     if (text && rank0) print_text(bytes + printed, n_bytes - printed, true);
     log_rank0("\n");
-    if (!text) print_decoded(&m, prompt, n_prompt, out, n_generated);
+    if (!text) print_decoded(ckpt, &m, prompt, n_prompt, out, n_generated);
     free(bytes), free(out), free(ranked), free(logits), free(stop), free(prompt);
     stream_free(&st);
     model_free(&m);

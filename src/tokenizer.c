@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "momfmm/dist.h"
+#include "momfmm/h5reader.h"
 #include "momfmm/sys.h"
 
 enum { PIECE_NORMAL = 1, PIECE_USER_DEFINED = 4, PIECE_BYTE = 6 };
@@ -124,7 +125,8 @@ int tokenizer_open(tokenizer *t, const char *path, status *st) {
     fclose(f);
     int rc = n == 0 || n != size ? -1 : parse(t, bytes, n);
     t->checksum = dist_checksum(bytes, n);
-    free(bytes);
+    t->model = bytes;
+    t->model_size = n;
     if (rc != 0) {
         tokenizer_free(t);
         return status_fail(st, EXIT_BAD_FILE, "data.tokenizer = %s: not a sentencepiece model (momfmm-tokenize train)",
@@ -137,7 +139,40 @@ void tokenizer_free(tokenizer *t) {
     for (int i = 0; i < t->n_pieces; i++) free(t->text[i]);
     free(t->text);
     free(t->length);
+    free(t->model);
     memset(t, 0, sizeof *t);
+}
+
+/* The reader's body: /tokenizer, 1-D unsigned bytes, below the model limit. */
+static void checkpoint_body(h5reader *r, void *ctx) {
+    tokenizer *t = ctx;
+    if (!h5reader_exists(r, "/tokenizer")) return;
+    int ndim;
+    hsize_t dims[H5S_MAX_RANK];
+    hid_t dset = h5reader_open_dataset(r, "/tokenizer", &ndim, dims);
+    h5reader_require_integer(r, "/tokenizer", dset);
+    H5Dclose(dset);
+    if (ndim != 1 || dims[0] == 0 || dims[0] >= MAX_MODEL_BYTES)
+        h5reader_fail(r, "/tokenizer must hold the bytes of a sentencepiece model (1-D, below %ld MiB)",
+                      MAX_MODEL_BYTES >> 20);
+    t->model_size = (size_t)dims[0];
+    t->model = sys_calloc(t->model_size, 1);
+    h5reader_read_checked(r, "/tokenizer", H5T_NATIVE_UCHAR, 1, dims, t->model);
+}
+
+int tokenizer_from_checkpoint(tokenizer *t, const char *path, status *st) {
+    memset(t, 0, sizeof *t);
+    if (h5reader_run(path, "checkpoint", checkpoint_body, t, st) != 0 || !t->model) {
+        free(t->model);
+        memset(t, 0, sizeof *t);
+        return st->code;
+    }
+    t->checksum = dist_checksum(t->model, t->model_size);
+    if (parse(t, t->model, t->model_size) != 0) {
+        tokenizer_free(t);
+        return status_fail(st, EXIT_BAD_FILE, "%s: /tokenizer is not a sentencepiece model", path);
+    }
+    return 0;
 }
 
 void tokenizer_checksum_text(uint64_t checksum, char out[17]) {

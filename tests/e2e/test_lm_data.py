@@ -185,6 +185,20 @@ def test_tokenize_then_train(momfmm, tmp_path, report):
     r = run([momfmm, "generate", run_dir / "ckpt_00000004.h5", "--prompt", prompt, "--tokens", 5, "--seed", 1, "--temperature", 1])
     report.check("generate decodes with data.tokenizer",
                  r.returncode == 0 and "\ntext: momentum attention" in r.stdout, r.stdout + r.stderr)
+    ckpt = run_dir / "ckpt_00000004.h5"
+    os.replace(model, tmp_path / "aside.model")
+    r = run([momfmm, "generate", ckpt, "--prompt", prompt, "--tokens", 5, "--seed", 1, "--temperature", 1])
+    os.replace(tmp_path / "aside.model", model)
+    report.check("generate decodes with the model the checkpoint carries (/tokenizer), the file moved away",
+                 r.returncode == 0 and "\ntext: momentum attention" in r.stdout, r.stdout + r.stderr)
+    with h5py.File(ckpt, "r+") as f:
+        del f["tokenizer"]
+        f["tokenizer"] = np.frombuffer(b"\xff" * 64, dtype=np.uint8)
+    os.replace(model, tmp_path / "aside.model")
+    r = run([momfmm, "generate", ckpt, "--prompt", prompt, "--tokens", 2])
+    os.replace(tmp_path / "aside.model", model)
+    report.check("a damaged /tokenizer: ids printed, text not decoded, naming it",
+                 r.returncode == 0 and "text: not decoded:" in r.stdout and "/tokenizer" in r.stdout, r.stdout)
     run([sys.executable, TOKENIZE, "train", docs, "--vocab-size", 280, "--out", tmp_path / "tok2"])
     os.replace(tmp_path / "tok2" / "tokenizer.model", model)
     r = run([momfmm, "eval", run_dir])
