@@ -102,8 +102,8 @@ static const command_spec COMMANDS[] = {
      "Print a checkpoint's (a run directory's newest) step, parameter counts, last metrics, momentum gains and "
      "config; given a metrics.h5, the latest rows of its run.",
      run_inspect, false},
-    {"generate", "CKPT.h5", 1, "pTkteKUZP", "", "Continue a prompt (--prompt or --text) through streaming inference.",
-     run_generate, true},
+    {"generate", "CKPT.h5|RUN_DIR", 1, "pTkteKUZP", "",
+     "Continue a prompt (--prompt or --text) through streaming inference.", run_generate, true},
     {"bench", "CONFIG.ini", 1, "sn", "", "Time training steps and report tokens/s, ms/step and GFLOP/s.", run_bench,
      false},
 };

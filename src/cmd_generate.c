@@ -18,6 +18,7 @@
 #include "momfmm/log.h"
 #include "momfmm/rng.h"
 #include "momfmm/status.h"
+#include "momfmm/store.h"
 #include "momfmm/stream.h"
 #include "momfmm/sys.h"
 #include "momfmm/tokenizer.h"
@@ -226,7 +227,8 @@ static void print_decoded(const char *ckpt, const model *m, const int32_t *promp
 int command_generate(const char *ckpt, const command_generate_options *o) {
     model m;
     status err;
-    if (checkpoint_load_model(ckpt, &m, false, &err) != 0) cmd_fail(err.code, "%s", err.message);
+    char path[STORE_PATH_MAX];
+    cmd_load_run_checkpoint(ckpt, &m, path, sizeof path);
     int32_t *prompt;
     int n_prompt = read_prompt(o, &m, &prompt);
     int32_t *stop = sys_calloc(strlen(o->stop ? o->stop : "") + 1, sizeof(int32_t));
@@ -267,7 +269,7 @@ int command_generate(const char *ckpt, const command_generate_options *o) {
     }
     if (text && rank0) print_text(bytes + printed, n_bytes - printed, true);
     log_rank0("\n");
-    if (!text) print_decoded(ckpt, &m, prompt, n_prompt, out, n_generated);
+    if (!text) print_decoded(path, &m, prompt, n_prompt, out, n_generated);
     free(bytes), free(out), free(ranked), free(logits), free(stop), free(prompt);
     stream_free(&st);
     model_free(&m);

@@ -6,6 +6,9 @@
 #ifndef MOMFMM_COMMANDS_H
 #define MOMFMM_COMMANDS_H
 #include <stdbool.h>
+#include <stddef.h>
+
+#include "momfmm/model.h"
 
 /* With `init`, the run starts from that checkpoint's weights (fine-tuning);
  * with `overwrite`, an earlier run's checkpoints in out_dir are removed. */
@@ -18,6 +21,10 @@ int command_init(const char *config_path, int n_overrides, char *const *override
 int command_loss(const char *ckpt, const char *tokens, const char *grads, bool force);
 int command_bench(const char *config_path, int n_overrides, char *const *overrides, int steps);
 int command_inspect(const char *ckpt);
+/* A model for inference from a checkpoint, or from a run directory's newest
+ * checkpoint that loads (docs/design.md §8.4; named on stdout then); exits
+ * on a failure, every rank alike. */
+void cmd_load_run_checkpoint(const char *path_or_dir, model *m, char *path, size_t len);
 /* Eval metrics of docs/metrics.md §3; with stream, the eval batches also go through the
  * streaming path in segments of `segment` tokens, and the largest logit
  * difference from the full forward is reported. */

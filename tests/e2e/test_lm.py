@@ -129,6 +129,11 @@ def test_generate_text(momfmm, lm, report):
     top1 = continuation(generate(momfmm, ckpt, "--text", prompt, "--tokens", 24, "--temperature", 1,
                                  "--top-k", 1, "--seed", 5), prompt)
     report.check("--top-k 1 = greedy", top1 == greedy, f"{top1!r} vs {greedy!r}")
+    r = generate(momfmm, lm["out_dir"], "--text", prompt, "--tokens", 24)
+    first, _, rest = r.stdout.partition("\n")
+    report.check("a run directory: its newest checkpoint, named on the first line, the same continuation",
+                 r.returncode == 0 and first == f"checkpoint: {lm['ckpt']}" and
+                 continuation(subprocess.CompletedProcess([], 0, rest, ""), prompt) == greedy, r.stdout + r.stderr)
     sampled = [continuation(generate(momfmm, ckpt, "--text", prompt, "--tokens", 48, "--temperature", 1,
                                      "--seed", s), prompt) for s in (1, 1, 2)]
     report.check("same seed, same output", sampled[0] == sampled[1], repr(sampled))
