@@ -112,7 +112,7 @@ static void load_checkpoint(const char *path_or_dir, loaded_checkpoint *c) {
     else load_file(path_or_dir, c);
 }
 
-void cmd_load_run_checkpoint(const char *path_or_dir, model *m, char *path, size_t len) {
+void command_load_run_checkpoint(const char *path_or_dir, model *m, char *path, size_t len) {
     loaded_checkpoint c = {.history = false};
     load_checkpoint(path_or_dir, &c);
     if (store_is_directory(path_or_dir)) log_rank0("checkpoint: %s\n", c.path);

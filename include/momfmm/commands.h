@@ -24,7 +24,7 @@ int command_inspect(const char *ckpt);
 /* A model for inference from a checkpoint, or from a run directory's newest
  * checkpoint that loads (docs/design.md §8.4; named on stdout then); exits
  * on a failure, every rank alike. */
-void cmd_load_run_checkpoint(const char *path_or_dir, model *m, char *path, size_t len);
+void command_load_run_checkpoint(const char *path_or_dir, model *m, char *path, size_t len);
 /* Eval metrics of docs/metrics.md §3; with stream, the eval batches also go through the
  * streaming path in segments of `segment` tokens, and the largest logit
  * difference from the full forward is reported. */
