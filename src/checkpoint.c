@@ -135,6 +135,10 @@ static herr_t write_checkpoint_content(const h5writer *w, const void *ctx) {
     if (m->momentum && write_buffers(w, m) < 0) return -1;
     if (c->train && write_metric_table(w, "/metrics/train", c->train) < 0) return -1;
     if (c->eval && write_metric_table(w, "/metrics/eval", c->eval) < 0) return -1;
+    hsize_t bytes[1] = {c->info->tokenizer_size};
+    if (bytes[0] &&
+        h5writer_dataset(w, "/tokenizer", H5T_NATIVE_UCHAR, H5T_STD_U8LE, 1, bytes, c->info->tokenizer_model) < 0)
+        return -1;
     return 0;
 }
 

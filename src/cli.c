@@ -57,6 +57,9 @@ static const option_spec OPTIONS[] = {
     {'w', "--overwrite", NULL, NULL,
      "start at step 0 in a train.out_dir holding an earlier run: its checkpoints and metrics.h5 are removed first"},
     {'f', "--force", NULL, NULL, "replace an existing output file (never one of the command's inputs)"},
+    {'B', "--batches", "N|all", NULL,
+     "eval batches of train.batch_size rows; all = every window of seq_len tokens of the eval split once (text); "
+     "default: the checkpoint's train.eval_batches"},
     {'P', "--precision", "fp32|bf16", NULL,
      "precision of the matrix products (docs/scale.md §7); default: the checkpoint's train.precision"},
     {'N', "--show", "N", "4", "samples to print, in the order a run takes them"},
@@ -95,14 +98,16 @@ static const command_spec COMMANDS[] = {
      false},
     {"loss", "CKPT.h5 TOKENS.h5", 2, "gfP", "", "Print the loss of the checkpoint's model on a token file.", run_loss,
      true},
-    {"eval", "CKPT.h5|RUN_DIR", 1, "SLP", "",
-     "Print the eval metrics of the checkpoint (a run directory's newest) on its config's eval split.", run_eval, true},
+    {"eval", "CKPT.h5|RUN_DIR", 1, "SLBsP", "",
+     "Print the eval metrics of the checkpoint (a run directory's newest) on its config's eval split (--set: data "
+     "keys, train.eval_batches, train.eval_readouts).",
+     run_eval, true},
     {"inspect", "CKPT.h5|RUN_DIR", 1, "", "",
      "Print a checkpoint's (a run directory's newest) step, parameter counts, last metrics, momentum gains and "
      "config; given a metrics.h5, the latest rows of its run.",
      run_inspect, false},
-    {"generate", "CKPT.h5", 1, "pTkteKUZP", "", "Continue a prompt (--prompt or --text) through streaming inference.",
-     run_generate, true},
+    {"generate", "CKPT.h5|RUN_DIR", 1, "pTkteKUZP", "",
+     "Continue a prompt (--prompt or --text) through streaming inference.", run_generate, true},
     {"bench", "CONFIG.ini", 1, "sn", "", "Time training steps and report tokens/s, ms/step and GFLOP/s.", run_bench,
      false},
     {"data", "CONFIG.ini", 1, "sND", "",
@@ -247,6 +252,7 @@ struct arguments {
     int n_overrides;
     const char *out, *grads, *resume, *prompt;
     int steps, segment, tokens;
+    int batches; /* eval --batches: 0 = the checkpoint's, -1 = all */
     bool stream, overwrite, force;
     double temperature;
     long long seed;
@@ -317,6 +323,7 @@ static void apply_option(arguments *a, const command_spec *cmd, const option_spe
     case 'P': a->precision = value; break;
     case 'N': a->show = parse_count(o->flag, value); break;
     case 'D': a->split = value; break;
+    case 'B': a->batches = strcmp(value, "all") == 0 ? -1 : parse_count(o->flag, value); break;
     }
 }
 
@@ -416,7 +423,9 @@ static int run_init(const arguments *a) {
 }
 
 static int run_loss(const arguments *a) { return command_loss(a->positional[0], a->positional[1], a->grads, a->force); }
-static int run_eval(const arguments *a) { return command_eval(a->positional[0], a->stream, a->segment); }
+static int run_eval(const arguments *a) {
+    return command_eval(a->positional[0], a->stream, a->segment, a->n_overrides, a->overrides, a->batches);
+}
 static int run_inspect(const arguments *a) { return command_inspect(a->positional[0]); }
 
 static int run_generate(const arguments *a) {

@@ -113,6 +113,14 @@ static void load_checkpoint(const char *path_or_dir, loaded_checkpoint *c) {
     else load_file(path_or_dir, c);
 }
 
+void command_load_run_checkpoint(const char *path_or_dir, model *m, char *path, size_t len) {
+    loaded_checkpoint c = {.history = false};
+    load_checkpoint(path_or_dir, &c);
+    if (store_is_directory(path_or_dir)) log_rank0("checkpoint: %s\n", c.path);
+    snprintf(path, len, "%s", c.path);
+    *m = c.m;
+}
+
 static void print_parameter_groups(const model *m) {
     static const char *groups[] = {"tok_emb",   "ln",     "attn/qkv", "attn/proj", "momentum_gamma",
                                    "fmm_blend", "mlp/fc", "mlp/proj", "head",      "cls"};
@@ -133,12 +141,25 @@ static const char *shown_value(double v, const char *format, char *buf, size_t l
     return buf;
 }
 
-static void print_row(const metric_table *t, long long i) {
+/* docs/metrics.md §3: the occurrence metrics mean something on the chain
+ * task only (a token's k-th occurrence in a sequence of distinct tokens). */
+static bool column_shown(const char *name, int task) {
+    static const char *chain_only[] = {"L_new", "L_rep", "delta_12", "loss_by_k"};
+    for (size_t i = 0; i < sizeof chain_only / sizeof chain_only[0]; i++)
+        if (!strcmp(name, chain_only[i])) return task == TASK_CHAIN;
+    return true;
+}
+
+static void print_row(const metric_table *t, long long i, int task) {
     const double *row = t->values + i * t->row_width;
     int offset = 0;
     for (int c = 0; c < t->n_columns; c++) {
         const metric_column *col = &t->columns[c];
         char value[32];
+        if (!column_shown(col->name, task)) {
+            offset += col->width;
+            continue;
+        }
         if (col->integer) printf(" %s %lld", col->name, (long long)row[offset]);
         else if (col->width == 1 && !col->vector)
             printf(" %s %s", col->name, shown_value(row[offset], "%.6g", value, sizeof value));
@@ -154,7 +175,7 @@ static void print_row(const metric_table *t, long long i) {
 }
 
 /* The newest `count` rows of a table, oldest first. */
-static void print_last_rows(const char *title, const metric_table *t, long long count) {
+static void print_last_rows(const char *title, const metric_table *t, long long count, int task) {
     if (t->n_rows == 0) {
         printf("%s: none\n", title);
         return;
@@ -165,7 +186,7 @@ static void print_last_rows(const char *title, const metric_table *t, long long 
     else printf("%s (%lld %s), last %lld:\n", title, t->n_rows, rows, t->n_rows - first);
     for (long long i = first; i < t->n_rows; i++) {
         if (count != 1) printf(" ");
-        print_row(t, i);
+        print_row(t, i, task);
     }
 }
 
@@ -275,8 +296,8 @@ static void inspect_metrics_file(const char *path, const status *checkpoint_err)
         char *ini = config_to_ini(&cfg);
         printf("metrics file: %s (the live metrics of run directory %s; a run may still be appending)\n", path,
                cfg.out_dir);
-        print_last_rows("train metrics", &train, 5);
-        print_last_rows("eval metrics", &eval, 3);
+        print_last_rows("train metrics", &train, 5, cfg.task);
+        print_last_rows("eval metrics", &eval, 3, cfg.task);
         print_chain_readouts(&cfg, &eval);
         printf("config:\n%s", ini);
         free(ini);
@@ -304,8 +325,8 @@ int command_inspect(const char *ckpt) {
                c.info.tokens_seen, c.info.world_size, c.info.world_size == 1 ? "" : "s",
                c.info.written_by[0] ? " of " : "", c.info.written_by);
         print_parameter_groups(&c.m);
-        print_last_rows("train metrics", &c.train, 1);
-        print_last_rows("eval metrics", &c.eval, 1);
+        print_last_rows("train metrics", &c.train, 1, c.m.cfg.task);
+        print_last_rows("eval metrics", &c.eval, 1, c.m.cfg.task);
         print_task_metrics(&c.m.cfg, &c.eval);
         print_chain_readouts(&c.m.cfg, &c.eval);
         print_filter_gains(&c.m);
@@ -322,11 +343,55 @@ static void print_eval(const char *how, const metric_values *e, int task) {
     log_rank0("%s | %s\n", how, shown);
 }
 
-int command_eval(const char *ckpt, bool stream, int segment) {
+/* eval --set (docs/cli.md §5): what is evaluated and how much of it may
+ * change, never the model: data keys but data.task and data.seq_len (the
+ * model's buffers are sized by it), train.eval_batches, train.eval_readouts.
+ * A new data.path or data.eval_path is resolved against the current directory. */
+static void apply_eval_overrides(config *c, int n, char *const *overrides) {
+    static const char *allowed[] = {"train.eval_batches", "train.eval_readouts"};
+    for (int i = 0; i < n; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "%.*s", (int)strcspn(overrides[i], "="), overrides[i]);
+        for (char *end = key + strlen(key); end > key && end[-1] == ' '; *--end = '\0') {}
+        bool ok = !strncmp(key, "data.", 5) && strcmp(key, "data.task") && strcmp(key, "data.seq_len") &&
+                  strncmp(key, "data.resolved", 13);
+        for (size_t j = 0; j < sizeof allowed / sizeof allowed[0]; j++) ok |= !strcmp(key, allowed[j]);
+        if (!ok)
+            cmd_fail_all(EXIT_USAGE,
+                         "eval --set %s: eval changes data keys (not data.task, data.seq_len), train.eval_batches "
+                         "and train.eval_readouts; the model is the checkpoint's",
+                         overrides[i]);
+        status st;
+        if (config_apply_override(c, overrides[i], &st) != 0) cmd_fail_all(st.code, "%s", st.message);
+        if (!strcmp(key, "data.path")) c->data_resolved[0] = '\0';
+        if (!strcmp(key, "data.eval_path")) c->eval_resolved[0] = '\0';
+        if (!strcmp(key, "data.tokenizer")) c->tokenizer_checksum[0] = '\0';
+    }
+    status st;
+    if (n > 0 && (config_check(c, "eval --set", &st) != 0 || config_resolve_data_path(c, true, &st) != 0))
+        cmd_fail_all(st.code, "%s", st.message);
+}
+
+/* --batches: N, or (-1) every window of the text eval split once. */
+static void choose_eval_batches(model *m, data_shard *shard, int batches) {
+    if (batches > 0) m->cfg.eval_batches = batches;
+    if (batches >= 0) return;
+    long long windows = data_eval_windows(shard->data);
+    if (windows <= 0) cmd_fail_all(EXIT_USAGE, "eval --batches all: only for data.task = text");
+    data_eval_in_order(shard->data);
+    long long n = (windows + m->cfg.batch_size - 1) / m->cfg.batch_size;
+    if (n > (1 << 30)) cmd_fail_all(EXIT_USAGE, "eval --batches all: %lld batches is too many", n);
+    m->cfg.eval_batches = (int)n;
+    log_rank0("eval: all %lld windows of %d tokens in %d batches of %d\n", windows, m->cfg.seq_len, (int)n,
+              m->cfg.batch_size);
+}
+
+int command_eval(const char *ckpt, bool stream, int segment, int n_overrides, char *const *overrides, int batches) {
     loaded_checkpoint c = {.history = false};
     load_checkpoint(ckpt, &c);
     log_rank0("checkpoint: %s\n", c.path);
     model m = c.m;
+    apply_eval_overrides(&m.cfg, n_overrides, overrides);
     /* a segment longer than a sequence streams nothing more, and would size buffers by it */
     if (stream && segment > m.cfg.seq_len)
         cmd_fail_all(EXIT_USAGE, "--segment %d exceeds the checkpoint's data.seq_len = %d", segment, m.cfg.seq_len);
@@ -334,6 +399,7 @@ int command_eval(const char *ckpt, bool stream, int segment) {
     eval_result r;
     status err;
     if (data_shard_open(&shard, &m.cfg, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
+    choose_eval_batches(&m, &shard, batches);
     eval_result_init(&r, &m);
     if (evaluate(&m, &shard, stream ? segment : 0, &r, &err) != 0) {
         /* a model that cannot stream is refused alike on every rank, before any work */
@@ -347,9 +413,11 @@ int command_eval(const char *ckpt, bool stream, int segment) {
         snprintf(how, sizeof how, "eval, length generalisation (periods %d..%d)", p.lo, p.hi);
         print_eval(how, &r.length_metrics, m.cfg.task);
     }
-    log_rank0("gain_R");
-    for (int l = 0; l < m.L; l++) log_rank0(" %.4f", r.gain_R[l]);
-    log_rank0("\n");
+    if (r.gains_measured) {
+        log_rank0("gain_R");
+        for (int l = 0; l < m.L; l++) log_rank0(" %.4f", r.gain_R[l]);
+        log_rank0("\n");
+    }
     if (dist_rank() == 0 && m.cfg.task == TASK_CHAIN) {
         print_attention_scores("attention read-out", r.attn, m.L, m.H);
         if (r.length_eval) print_attention_scores("attention read-out (length eval)", r.length_attn, m.L, m.H);

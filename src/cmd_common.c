@@ -17,6 +17,7 @@
 #include "momfmm/gemm.h"
 #include "momfmm/log.h"
 #include "momfmm/store.h"
+#include "momfmm/tokenizer.h"
 
 static void print_message(const char *fmt, va_list args) {
     fputs("momfmm: ", stderr);
@@ -53,6 +54,20 @@ _Noreturn void cmd_exit_on_status(const status *st, bool every_rank_alike) {
     cmd_fail(st->code, "%s", st->message);
 }
 
+/* data.tokenizer_checksum: what the named model is now (a value given is
+ * replaced), so that every later reader checks it reads the same model. */
+void cmd_record_tokenizer(config *c) {
+    if (!c->tokenizer[0]) {
+        c->tokenizer_checksum[0] = '\0';
+        return;
+    }
+    tokenizer t;
+    status st;
+    if (tokenizer_open(&t, c->tokenizer, &st) != 0) cmd_exit_on_status(&st, true);
+    tokenizer_checksum_text(t.checksum, c->tokenizer_checksum);
+    tokenizer_free(&t);
+}
+
 /* Every rank reads the same file and arguments, so every rank fails alike. */
 config cmd_load_config(const char *path, int n_overrides, char *const *overrides) {
     config c;
@@ -63,6 +78,7 @@ config cmd_load_config(const char *path, int n_overrides, char *const *overrides
         if (config_apply_override(&c, overrides[i], &st) != 0) cmd_exit_on_status(&st, true);
     if (config_check(&c, path, &st) != 0 || config_resolve_data_path(&c, false, &st) != 0)
         cmd_exit_on_status(&st, true);
+    cmd_record_tokenizer(&c);
     return c;
 }
 

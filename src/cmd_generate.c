@@ -18,8 +18,10 @@
 #include "momfmm/log.h"
 #include "momfmm/rng.h"
 #include "momfmm/status.h"
+#include "momfmm/store.h"
 #include "momfmm/stream.h"
 #include "momfmm/sys.h"
+#include "momfmm/tokenizer.h"
 
 #define BYTE_VOCAB 256
 
@@ -188,10 +190,45 @@ static int read_prompt(const command_generate_options *o, const model *m, int32_
     return n;
 }
 
+/* A token model trained with data.tokenizer (docs/tasks.md §2) also prints
+ * the text of prompt and continuation, decoded with that model when it is
+ * still the one the run recorded; else a note says why not. */
+static void print_decoded(const char *ckpt, const model *m, const int32_t *prompt, int n_prompt, const int32_t *out,
+                          int n_out) {
+    const config *c = &m->cfg;
+    if (!c->tokenizer[0] || dist_rank() != 0) return;
+    tokenizer t;
+    status st;
+    char now[17] = "";
+    /* the model the checkpoint carries, else the file data.tokenizer names */
+    if (tokenizer_from_checkpoint(&t, ckpt, &st) == 0 && t.n_pieces == 0) tokenizer_open(&t, c->tokenizer, &st);
+    if (t.n_pieces > 0) tokenizer_checksum_text(t.checksum, now);
+    if (!now[0] || (c->tokenizer_checksum[0] && strcmp(now, c->tokenizer_checksum) != 0)) {
+        printf("text: not decoded: %s\n", now[0] ? "data.tokenizer has changed since the run (checksum)" : st.message);
+        if (now[0]) tokenizer_free(&t);
+        return;
+    }
+    size_t n = 0, cap = 64;
+    unsigned char *bytes = sys_calloc(cap, 1);
+    for (int i = 0; i < n_prompt + n_out; i++) {
+        int id = i < n_prompt ? prompt[i] : out[i - n_prompt];
+        int len = id < t.n_pieces ? t.length[id] : 0;
+        while (n + (size_t)len > cap) bytes = sys_realloc(bytes, cap *= 2);
+        if (len) memcpy(bytes + n, t.text[id], (size_t)len);
+        n += (size_t)len;
+    }
+    printf("text: ");
+    print_text(bytes, (int)n, true);
+    printf("\n");
+    free(bytes);
+    tokenizer_free(&t);
+}
+
 int command_generate(const char *ckpt, const command_generate_options *o) {
     model m;
     status err;
-    if (checkpoint_load_model(ckpt, &m, false, &err) != 0) cmd_fail(err.code, "%s", err.message);
+    char path[STORE_PATH_MAX];
+    command_load_run_checkpoint(ckpt, &m, path, sizeof path);
     int32_t *prompt;
     int n_prompt = read_prompt(o, &m, &prompt);
     int32_t *stop = sys_calloc(strlen(o->stop ? o->stop : "") + 1, sizeof(int32_t));
@@ -217,8 +254,10 @@ int command_generate(const char *ckpt, const command_generate_options *o) {
     }
     const float *last = feed(&m, &st, prompt, n_prompt, logits);
     uint64_t key = rng_key((uint64_t)o->seed, 0x6E4, 0, 0);
+    int n_generated = 0;
     for (int i = 0; i < o->n_tokens; i++) {
         out[i] = sample_next(last, m.V, o, ranked, key, (uint64_t)i);
+        n_generated = i + 1;
         if (text) {
             bytes[n_bytes++] = (unsigned char)out[i];
             if (rank0) printed += print_text(bytes + printed, n_bytes - printed, false);
@@ -230,6 +269,7 @@ int command_generate(const char *ckpt, const command_generate_options *o) {
     }
     if (text && rank0) print_text(bytes + printed, n_bytes - printed, true);
     log_rank0("\n");
+    if (!text) print_decoded(path, &m, prompt, n_prompt, out, n_generated);
     free(bytes), free(out), free(ranked), free(logits), free(stop), free(prompt);
     stream_free(&st);
     model_free(&m);

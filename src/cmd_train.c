@@ -66,7 +66,7 @@ static bool save_checkpoint(const trainer *t, char *path, bool signal_stop) {
 
 static void log_train(trainer *t, const train_step_result *r, double tokens_per_s, double elapsed,
                       long long steps_done) {
-    double row[16] = {0}, step = (double)t->step, bpb = r->loss / M_LN2;
+    double row[16] = {0}, step = (double)t->step, bpb = r->loss / M_LN2 / data_bytes_per_token(t->shard.data);
     const struct {
         const char *name;
         const double *value;
@@ -81,7 +81,7 @@ static void log_train(trainer *t, const train_step_result *r, double tokens_per_
     metric_table_append(&t->train_log, row);
     double eta = steps_done > 0 ? elapsed / steps_done * (double)(t->cfg.steps - t->step) : 0;
     char text_bpb[32] = ""; /* docs/metrics.md §3: text is read in bits per byte */
-    if (t->cfg.task == TASK_TEXT) snprintf(text_bpb, sizeof text_bpb, " | bpb %.4f", bpb);
+    if (t->cfg.task == TASK_TEXT && isfinite(bpb)) snprintf(text_bpb, sizeof text_bpb, " | bpb %.4f", bpb);
     log_rank0("step %lld/%lld | loss %.4f%s | lr %.3e | grad_norm %.3f | %.0f tok/s | ETA %dm%02ds\n", t->step,
               t->cfg.steps, r->loss, text_bpb, r->lr, r->grad_norm, tokens_per_s, (int)(eta / 60), (int)fmod(eta, 60));
 }
@@ -186,8 +186,8 @@ static void log_eval(trainer *t, train_loop *loop) {
         log_rank0(" | lengen loss %s L_rep %s", metric_text(r.length_metrics.loss, 4, loss, sizeof loss),
                   metric_text(r.length_metrics.L_rep, 4, rep, sizeof rep));
     }
-    log_rank0(" | gain_R");
-    for (int l = 0; l < t->model.L; l++) log_rank0(" %.3f", r.gain_R[l]);
+    if (r.gains_measured) log_rank0(" | gain_R");
+    for (int l = 0; l < t->model.L && r.gains_measured; l++) log_rank0(" %.3f", r.gain_R[l]);
     log_rank0("\n");
     loop->last_eval = (eval_record){true, t->step, r.metrics};
     save_if_best(t, loop);
@@ -345,6 +345,11 @@ int command_train(const char *config_path, int n_overrides, char *const *overrid
     log_rank0("model: %zu parameters | global batch %d x %d | %lld steps\n", t.model.n_params, cfg.batch_size,
               cfg.seq_len, cfg.steps);
     log_rank0("precision %s\n", cmd_precision_description());
+    /* docs/cli.md §5: where a fine-tuning run starts from, before it moves */
+    if (t.step == 0 && (cfg.eval_at_start || (init && cfg.eval_interval > 0))) {
+        log_eval(&t, &loop);
+        publish_metrics(&t, &loop.live);
+    }
     loop.start = loop.interval_start = sys_seconds();
     bool running = true;
     while (t.step < cfg.steps && running) {

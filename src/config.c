@@ -83,6 +83,19 @@ static const config_key KEYS[] = {
     {"data", "path", KEY_STRING, OFF(data_path), "", 0, 0, NULL, ROLE_SCHEDULE},
     {"data", "resolved_path", KEY_STRING, OFF(data_resolved), "", 0, 0, NULL, ROLE_MODEL},
     {"data", "eval_fraction", KEY_DOUBLE, OFF(eval_fraction), "0.1", 0, 1, NULL, ROLE_MODEL},
+    /* the validation set, given and resolved as data.path is; when given, the
+     * eval split (docs/tasks.md §2, validation set) */
+    {"data", "eval_path", KEY_STRING, OFF(eval_path), "", 0, 0, NULL, ROLE_SCHEDULE},
+    {"data", "resolved_eval_path", KEY_STRING, OFF(eval_resolved), "", 0, 0, NULL, ROLE_MODEL},
+    /* what the files hold (docs/tasks.md §2, token files), and which files of
+     * a directory count: both decide what is read, so both must match on resume */
+    {"data", "format", KEY_ENUM, OFF(data_format), "auto", 0, 0, "auto|bytes|tokens", ROLE_MODEL},
+    /* the sentencepiece model of token files (docs/tasks.md §2, tokenizer):
+     * its path, made absolute at the start, and the checksum that must match */
+    {"data", "tokenizer", KEY_STRING, OFF(tokenizer), "", 0, 0, NULL, ROLE_SCHEDULE},
+    {"data", "tokenizer_checksum", KEY_STRING, OFF(tokenizer_checksum), "", 0, 0, NULL, ROLE_MODEL},
+    {"data", "include", KEY_STRING, OFF(data_include), "", 0, 0, NULL, ROLE_MODEL},
+    {"data", "exclude", KEY_STRING, OFF(data_exclude), "", 0, 0, NULL, ROLE_MODEL},
     {"data", "listops_min_len", KEY_INT, OFF(listops_min_len), "16", 1, 1 << 24, NULL, ROLE_MODEL},
     {"data", "listops_max_len", KEY_INT, OFF(listops_max_len), "128", 1, 1 << 24, NULL, ROLE_MODEL},
     {"data", "listops_max_depth", KEY_INT, OFF(listops_max_depth), "10", 1, 64, NULL, ROLE_MODEL},
@@ -102,6 +115,10 @@ static const config_key KEYS[] = {
     {"train", "log_interval", KEY_INT, OFF(log_interval), "10", 1, 1 << 30, NULL, ROLE_SCHEDULE},
     {"train", "eval_interval", KEY_INT, OFF(eval_interval), "100", 0, 1 << 30, NULL, ROLE_SCHEDULE},
     {"train", "eval_batches", KEY_INT, OFF(eval_batches), "4", 1, 1 << 20, NULL, ROLE_SCHEDULE},
+    /* docs/metrics.md §3: gain_R's perturbation passes cost about two
+     * forwards per eval batch; auto measures them where they are read */
+    {"train", "eval_readouts", KEY_ENUM, OFF(eval_readouts), "auto", 0, 0, "auto|true|false", ROLE_SCHEDULE},
+    {"train", "eval_at_start", KEY_BOOL, OFF(eval_at_start), "false", 0, 1, NULL, ROLE_SCHEDULE},
     {"train", "ckpt_interval", KEY_INT, OFF(ckpt_interval), "0", 0, 1 << 30, NULL, ROLE_SCHEDULE},
     {"train", "keep", KEY_INT, OFF(keep), "3", 1, 1 << 20, NULL, ROLE_SCHEDULE},
     {"train", "keep_best", KEY_BOOL, OFF(keep_best), "false", 0, 1, NULL, ROLE_SCHEDULE},
@@ -553,18 +570,17 @@ int config_apply_override(config *c, const char *assignment, status *st) {
     return rc;
 }
 
-int config_resolve_data_path(config *c, bool keep_resolved, status *st) {
-    status_clear(st);
-    if (keep_resolved && c->data_resolved[0]) return 0;
-    c->data_resolved[0] = '\0';
-    if (!c->data_path[0]) return 0;
+/* One path list made absolute item by item against the current directory. */
+static int resolve_paths(const char *key, const char *given, char *resolved, size_t capacity, status *st) {
+    resolved[0] = '\0';
+    if (!given[0]) return 0;
     char cwd[CONFIG_PATH_MAX];
     if (!getcwd(cwd, sizeof cwd))
-        return status_fail(st, EXIT_USAGE, "data.path = %s: cannot make it absolute: the current directory: %s",
-                           c->data_path, strerror(errno));
+        return status_fail(st, EXIT_USAGE, "%s = %s: cannot make it absolute: the current directory: %s", key, given,
+                           strerror(errno));
     char out[4 * CONFIG_PATH_MAX] = "";
     size_t used = 0;
-    const char *p = c->data_path;
+    const char *p = given;
     for (;;) { /* each item of the comma-separated list */
         size_t n = strcspn(p, ",");
         bool absolute = n == 0 || p[0] == '/';
@@ -573,18 +589,40 @@ int config_resolve_data_path(config *c, bool keep_resolved, status *st) {
         if (used >= sizeof out || !p[n]) break;
         p += n + 1;
     }
-    if (used >= sizeof c->data_resolved) {
+    if (used >= capacity) {
         char cut[64];
-        return status_fail(st, EXIT_USAGE, "data.path = %s: as an absolute path it is longer than %zu characters",
-                           shown(c->data_path, cut, sizeof cut), sizeof c->data_resolved - 1);
+        return status_fail(st, EXIT_USAGE, "%s = %s: as an absolute path it is longer than %zu characters", key,
+                           shown(given, cut, sizeof cut), capacity - 1);
     }
-    memcpy(c->data_resolved, out, used + 1);
+    memcpy(resolved, out, used + 1);
     return 0;
+}
+
+int config_resolve_data_path(config *c, bool keep_resolved, status *st) {
+    status_clear(st);
+    if (!(keep_resolved && c->data_resolved[0]) &&
+        resolve_paths("data.path", c->data_path, c->data_resolved, sizeof c->data_resolved, st))
+        return st->code;
+    if (!(keep_resolved && c->eval_resolved[0]) &&
+        resolve_paths("data.eval_path", c->eval_path, c->eval_resolved, sizeof c->eval_resolved, st))
+        return st->code;
+    char tokenizer[CONFIG_PATH_MAX];
+    if (!keep_resolved && !strchr(c->tokenizer, ',') &&
+        resolve_paths("data.tokenizer", c->tokenizer, tokenizer, sizeof tokenizer, st) == 0)
+        memcpy(c->tokenizer, tokenizer, sizeof tokenizer);
+    return st->code;
 }
 
 const char *config_data_source(const config *c) { return c->data_resolved[0] ? c->data_resolved : c->data_path; }
 
+const char *config_eval_source(const config *c) { return c->eval_resolved[0] ? c->eval_resolved : c->eval_path; }
+
 bool config_momentum_enabled(const config *c) { return c->gamma != 0.0 || c->learn_gamma; }
+
+bool config_eval_readouts(const config *c) {
+    if (c->eval_readouts != 0) return c->eval_readouts == 1;
+    return config_momentum_enabled(c) || c->task != TASK_TEXT;
+}
 
 int config_micro_rows(const config *c, int shard_rows) {
     return c->micro_batch > 0 && c->micro_batch < shard_rows ? c->micro_batch : shard_rows;
@@ -647,8 +685,13 @@ int config_check(const config *c, const char *origin, status *st) {
     if (c->task == TASK_COPY && c->seq_len < 4)
         REJECT("%s: data.task = copy needs data.seq_len >= 4, got %d", origin, c->seq_len);
     if (c->task == TASK_CHAIN && check_chain(c, origin, st) != 0) return st->code;
-    if (c->task == TASK_TEXT && c->vocab_size != 256)
-        REJECT("%s: data.task = text is byte-level and needs model.vocab_size = 256", origin);
+    if (c->task == TASK_TEXT && c->data_format == 1 && c->vocab_size != 256)
+        REJECT("%s: data.format = bytes is byte-level and needs model.vocab_size = 256", origin);
+    if (c->task != TASK_TEXT &&
+        (c->eval_path[0] || c->data_format != 0 || c->data_include[0] || c->data_exclude[0] || c->tokenizer[0]))
+        REJECT(
+            "%s: data.eval_path, data.format, data.include, data.exclude and data.tokenizer are for data.task = text",
+            origin);
     if (c->task == TASK_TEXT && !c->data_path[0]) REJECT("%s: data.task = text needs data.path", origin);
     if (c->task == TASK_LISTOPS && c->listops_min_len > c->listops_max_len)
         REJECT("%s: data.listops_min_len = %d exceeds data.listops_max_len = %d", origin, c->listops_min_len,

@@ -3,7 +3,9 @@
 #include "momfmm/data.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,16 +13,22 @@
 #include "momfmm/corpus.h"
 #include "momfmm/dist.h"
 #include "momfmm/listops.h"
+#include "momfmm/log.h"
 #include "momfmm/rng.h"
 #include "momfmm/status.h"
 #include "momfmm/sys.h"
+#include "momfmm/tokenizer.h"
 
 struct data_source {
     config cfg;
-    /* text: the documents of data.path, mapped; train = stream bytes
-     * [0, train_end), eval = [eval_start, text.size) (docs/tasks.md §2) */
-    corpus text;
+    /* text: the documents of data.path, mapped; train = stream tokens
+     * [0, train_end) of `text`, eval = [eval_start, eval->size) of `eval`:
+     * `text` itself, or the validation set data.eval_path (docs/tasks.md §2) */
+    corpus text, eval_text;
+    const corpus *eval;
     long long train_end, eval_start;
+    bool eval_in_order; /* eval --batches all: window after window (data_eval_in_order) */
+    tokenizer tok;      /* data.tokenizer of token files: the bytes of every id, or none */
     /* listops from LRA TSV rows: tokens [n_rows][T] and labels; the last
      * data.eval_fraction of the rows are the eval split */
     int32_t *rows, *row_labels;
@@ -47,18 +55,70 @@ void data_batch_free(data_batch *b) {
     memset(b, 0, sizeof *b);
 }
 
+/* The start-up line of docs/tasks.md §2: documents, bytes (or tokens),
+ * skipped files and the two splits. */
+static void log_summary(const data_source *d) {
+    const corpus *t = &d->text;
+    const char *unit = t->format == CORPUS_BYTES ? "bytes" : "tokens";
+    char eval[160];
+    if (d->eval == t)
+        snprintf(eval, sizeof eval, "eval split: the %s of data.path", t->n_docs == 1 ? "tail" : "last documents");
+    else
+        snprintf(eval, sizeof eval, "eval split: data.eval_path, %d document%s, %lld bytes, %d skipped",
+                 d->eval->n_docs, d->eval->n_docs == 1 ? "" : "s", d->eval->bytes, d->eval->n_skipped);
+    log_rank0("corpus: %d document%s, %lld bytes as %s, %d skipped | %s | train %lld %s, eval %lld %s\n", t->n_docs,
+              t->n_docs == 1 ? "" : "s", t->bytes, t->format == CORPUS_BYTES ? "text" : "token ids", t->n_skipped, eval,
+              d->train_end, unit, d->eval->size - d->eval_start, unit);
+}
+
+/* The tokenizer of token files: the model data.tokenizer names, the one the
+ * run recorded (data.tokenizer_checksum), with no more pieces than the
+ * embedding has rows (docs/tasks.md §2, tokenizer). */
+static int open_tokenizer(data_source *d, status *st) {
+    const config *c = &d->cfg;
+    if (!c->tokenizer[0] || d->text.format != CORPUS_TOKENS) return 0;
+    if (tokenizer_open(&d->tok, c->tokenizer, st) != 0) return st->code;
+    char now[17];
+    tokenizer_checksum_text(d->tok.checksum, now);
+    if (c->tokenizer_checksum[0] && strcmp(now, c->tokenizer_checksum) != 0)
+        return status_fail(st, EXIT_BAD_FILE,
+                           "data.tokenizer = %s: checksum %s, but the run recorded data.tokenizer_checksum = %s "
+                           "(another model under that name)",
+                           c->tokenizer, now, c->tokenizer_checksum);
+    if (d->tok.n_pieces > c->vocab_size)
+        return status_fail(st, EXIT_BAD_FILE, "data.tokenizer = %s: %d pieces, more than model.vocab_size = %d",
+                           c->tokenizer, d->tok.n_pieces, c->vocab_size);
+    return 0;
+}
+
 static int open_text(data_source *d, status *st) {
     const config *c = &d->cfg;
-    if (corpus_open(&d->text, config_data_source(c), st)) return EXIT_BAD_FILE;
-    corpus_split(&d->text, c->eval_fraction, &d->train_end, &d->eval_start);
-    long long eval_bytes = d->text.size - d->eval_start;
-    if (d->train_end < c->seq_len + 1 || eval_bytes < c->seq_len + 1)
+    corpus_options train = {"data.path", c->data_format, c->vocab_size, c->data_include, c->data_exclude};
+    corpus_options eval = train;
+    eval.key = "data.eval_path";
+    if (corpus_open(&d->text, config_data_source(c), &train, st)) return st->code;
+    d->eval = &d->text;
+    if (config_eval_source(c)[0]) {
+        if (corpus_open(&d->eval_text, config_eval_source(c), &eval, st)) return st->code;
+        if (d->eval_text.format != d->text.format)
+            return status_fail(st, EXIT_BAD_FILE, "data.eval_path = %s holds %s, data.path %s", config_eval_source(c),
+                               d->eval_text.format == CORPUS_BYTES ? "text" : "token files",
+                               d->text.format == CORPUS_BYTES ? "text" : "token files");
+        d->eval = &d->eval_text;
+        d->train_end = d->text.size;
+        d->eval_start = 0;
+    } else {
+        corpus_split(&d->text, c->eval_fraction, &d->train_end, &d->eval_start);
+    }
+    long long eval_size = d->eval->size - d->eval_start;
+    if (d->train_end < c->seq_len + 1 || eval_size < c->seq_len + 1)
         return status_fail(st, EXIT_BAD_FILE,
-                           "data.path = %s: %d document(s) of %lld bytes split into %lld train and "
-                           "%lld eval bytes, too short for data.seq_len = %d in both splits (data.eval_fraction = %g)",
-                           config_data_source(c), d->text.n_docs, d->text.size, d->train_end, eval_bytes, c->seq_len,
-                           c->eval_fraction);
-    return 0;
+                           "data.path = %s: %d document(s) of %lld tokens split into %lld train and %lld eval "
+                           "tokens (%s), too short for data.seq_len = %d in both splits",
+                           config_data_source(c), d->text.n_docs, d->text.size, d->train_end, eval_size,
+                           d->eval == &d->text ? "data.eval_fraction" : "data.eval_path", c->seq_len);
+    log_summary(d);
+    return open_tokenizer(d, st);
 }
 
 /* A Target field: one integer 0..9 (surrounding blanks allowed); -1 if not. */
@@ -192,8 +252,44 @@ data_source *data_open(const config *c, status *st) {
     return NULL;
 }
 
+long long data_eval_windows(const data_source *d) {
+    if (d->cfg.task != TASK_TEXT) return 0;
+    return (d->eval->size - d->eval_start - 1) / d->cfg.seq_len;
+}
+
+void data_eval_in_order(data_source *d) { d->eval_in_order = true; }
+
+/* Eval window w of the split in order: inputs [w T, (w + 1) T) of it, the
+ * targets one token on; past the last window nothing is counted. */
+static void text_window(const data_source *d, long long w, int32_t *inputs, int32_t *targets, int T) {
+    if (w >= data_eval_windows(d)) {
+        memset(inputs, 0, sizeof(int32_t) * T);
+        for (int t = 0; t < T; t++) targets[t] = -1;
+        return;
+    }
+    corpus_read(d->eval, d->eval_start + w * T, T, inputs);
+    corpus_read(d->eval, d->eval_start + w * T + 1, T, targets);
+}
+
+double data_bytes_per_token(const data_source *d) {
+    return d->cfg.task == TASK_TEXT && d->text.format == CORPUS_TOKENS ? NAN : 1.0;
+}
+
+double data_target_bytes(const data_source *d, const int32_t *targets, size_t n) {
+    if (d->cfg.task != TASK_TEXT || (d->text.format == CORPUS_TOKENS && d->tok.n_pieces == 0)) return NAN;
+    double bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        if (targets[i] >= 0)
+            bytes += d->text.format == CORPUS_BYTES ? 1 : targets[i] < d->tok.n_pieces ? d->tok.length[targets[i]] : 0;
+    return bytes;
+}
+
+const tokenizer *data_tokenizer(const data_source *d) { return d->tok.n_pieces ? &d->tok : NULL; }
+
 void data_close(data_source *d) {
     corpus_close(&d->text);
+    corpus_close(&d->eval_text);
+    tokenizer_free(&d->tok);
     free(d->rows);
     free(d->row_labels);
     free(d->sequence);
@@ -221,13 +317,14 @@ static void copy_sample(const config *c, uint64_t key, int32_t *seq, int32_t *ta
     (void)c;
 }
 
-/* text: T + 1 consecutive bytes of the split's stream from a random offset
+/* text: T + 1 consecutive tokens of the split's stream from a random offset
  * (they may run across a separator into the next document). */
 static void text_sample(const data_source *d, uint64_t key, int split, int32_t *seq, int len) {
-    long long lo = split == SPLIT_TRAIN ? 0 : d->eval_start, hi = split == SPLIT_TRAIN ? d->train_end : d->text.size;
+    const corpus *from = split == SPLIT_TRAIN ? &d->text : d->eval;
+    long long lo = split == SPLIT_TRAIN ? 0 : d->eval_start, hi = split == SPLIT_TRAIN ? d->train_end : from->size;
     long long span = hi - lo - len + 1;
     long long start = lo + (long long)(rng_uniform(key, 0) * (double)span);
-    corpus_read(&d->text, start, len, seq);
+    corpus_read(from, start, len, seq);
 }
 
 /* listops: a generated expression, or a TSV row of the split; targets mark
@@ -271,6 +368,10 @@ int data_fill(const data_source *d, data_batch *b, int split, long long step, lo
         }
         if (c->task == TASK_CHAIN) {
             chain_sample(d->chain, key, chain_periods_of(c, split == SPLIT_LENGTH), inputs, targets, T);
+            continue;
+        }
+        if (c->task == TASK_TEXT && d->eval_in_order && split == SPLIT_EVAL) {
+            text_window(d, step * c->batch_size + first + r, inputs, targets, T);
             continue;
         }
         if (c->task == TASK_TEXT) {

@@ -87,6 +87,7 @@ typedef struct {
     float *losses; /* [B*T] streamed losses */
     int32_t *predictions;
     double max_diff;
+    double target_bytes; /* of the counted targets (data_target_bytes), for bpb */
 } eval_sums;
 
 /* Rows [first, first + rows) of b as a batch of their own (no copy). */
@@ -113,16 +114,18 @@ static void add_rep_by_period(const model *m, const data_batch *v, long long fir
 /* One forward of rows v (global sample index first_row onwards) into the
  * sums; gain_R's random directions are keyed by sample, so the rows may
  * come in any grouping. */
-static int evaluate_rows(model *m, const data_batch *v, long long first_row, uint64_t seed, int segment, eval_sums *e,
-                         status *err) {
+static int evaluate_rows(model *m, const data_source *data, const data_batch *v, long long first_row, uint64_t seed,
+                         int segment, eval_sums *e, status *err) {
     model_forward(m, v->inputs, v->targets, v->labels, v->B, v->T, false);
     metrics_accumulate(&e->full, v, m->acts.losses, m->acts.predictions, m->cfg.head == HEAD_CLS, m->V);
+    e->target_bytes += data_target_bytes(data, v->targets, (size_t)v->B * v->T);
     /* before the block gains: their perturbed forwards replace the saved attention state */
     if (m->cfg.task == TASK_CHAIN) {
         readouts_attention_scores(m, v->inputs, v->targets, v->B, v->T, m->cfg.chain_len, e->scores);
         add_rep_by_period(m, v, first_row, e);
     }
-    readouts_block_gains(m, v->B, v->T, seed, first_row, e->gains, e->gains + m->L + 1);
+    if (config_eval_readouts(&m->cfg))
+        readouts_block_gains(m, v->B, v->T, seed, first_row, e->gains, e->gains + m->L + 1);
     e->gains[m->L] += v->B;
     if (segment <= 0) return 0;
     /* readouts_block_gains leaves the forward's logits as they were */
@@ -144,7 +147,8 @@ static int evaluate_batch(model *m, data_shard *shard, int i, int segment, eval_
     int rows = config_micro_rows(&m->cfg, b->B), rc = 0;
     for (int first = 0; first < b->B && rc == 0; first += rows) {
         data_batch v = rows_of(b, first, b->B - first < rows ? b->B - first : rows);
-        rc = evaluate_rows(m, &v, shard->first + first, (uint64_t)m->cfg.seed + (uint64_t)i, segment, e, err);
+        rc = evaluate_rows(m, shard->data, &v, shard->first + first, (uint64_t)m->cfg.seed + (uint64_t)i, segment, e,
+                           err);
     }
     return rc;
 }
@@ -208,15 +212,22 @@ int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, st
             metrics_finish(&e.length, &r->length_metrics);
             finish_scores(e.scores + 2 * LH + 1, LH, r->length_attn);
         }
+        /* bits per byte from the bytes the evaluated targets stand for (docs/metrics.md §3) */
+        dist_sum_doubles(&e.target_bytes, 1);
+        r->metrics.bpb = e.full.loss_sum / (M_LN2 * e.target_bytes);
         dist_sum_doubles(e.gains, 2 * m->L + 1);
-        for (int l = 0; l < m->L; l++) r->gain_R[l] = e.gains[l] / e.gains[m->L];
-        for (int l = 0; l < m->L; l++) r->gain_R_attn[l] = e.gains[m->L + 1 + l] / e.gains[m->L];
+        /* without the read-outs (train.eval_readouts) gain_R is NaN: not measured */
+        r->gains_measured = config_eval_readouts(&m->cfg);
+        double rows = r->gains_measured ? e.gains[m->L] : NAN;
+        for (int l = 0; l < m->L; l++) r->gain_R[l] = e.gains[l] / rows;
+        for (int l = 0; l < m->L; l++) r->gain_R_attn[l] = e.gains[m->L + 1 + l] / rows;
         eval_readouts(m, r);
         r->streamed = stream_segment > 0;
     }
     if (rc == 0 && r->streamed) {
         dist_sum_doubles((double *)&e.streamed, (int)METRIC_SUMS_DOUBLES);
         metrics_finish(&e.streamed, &r->stream_metrics);
+        r->stream_metrics.bpb = e.streamed.loss_sum / (M_LN2 * e.target_bytes);
         r->stream_max_diff = dist_max_double(e.max_diff);
     }
     free(e.gains), free(e.losses), free(e.predictions), free(e.scores), free(e.by_period);

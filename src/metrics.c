@@ -107,10 +107,10 @@ void metric_values_format(const metric_values *e, int task, int digits, char *ou
         const char *name;
         double value;
         int task; /* -1: every task */
-    } shown[] = {{"loss", e->loss, -1},           {"bpb", e->bpb, TASK_TEXT},
-                 {"acc", e->acc, TASK_COPY},      {"exact", e->exact_match, TASK_COPY},
-                 {"acc", e->acc, TASK_LISTOPS},   {"L_new", e->L_new, TASK_CHAIN},
-                 {"L_rep", e->L_rep, TASK_CHAIN}, {"delta_12", e->delta_12, TASK_CHAIN}};
+    } shown[] = {
+        {"loss", e->loss, -1},           {"bpb", e->bpb, TASK_TEXT},           {"ppl", exp(e->loss), TASK_TEXT},
+        {"acc", e->acc, TASK_COPY},      {"exact", e->exact_match, TASK_COPY}, {"acc", e->acc, TASK_LISTOPS},
+        {"L_new", e->L_new, TASK_CHAIN}, {"L_rep", e->L_rep, TASK_CHAIN},      {"delta_12", e->delta_12, TASK_CHAIN}};
     size_t n = 0;
     out[0] = '\0';
     for (size_t i = 0; i < sizeof shown / sizeof shown[0] && n < len; i++) {
@@ -244,7 +244,8 @@ void metric_values_from_row(const metric_table *eval, long long index, metric_va
     out->delta_12 = row_value(eval, index, "delta_12");
     out->acc = row_value(eval, index, "acc");
     out->exact_match = row_value(eval, index, "exact_match");
-    out->bpb = out->loss / M_LN2;
+    /* token corpora record NaN where the bytes per token are unknown */
+    out->bpb = metric_table_column_offset(eval, "bpb") < 0 ? out->loss / M_LN2 : row_value(eval, index, "bpb");
     int offset = metric_table_column_offset(eval, "loss_by_k");
     for (int k = 0; k < OCCURRENCE_BINS; k++)
         out->loss_by_k[k] = offset < 0 ? NAN : eval->values[index * eval->row_width + offset + k];

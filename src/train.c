@@ -369,6 +369,8 @@ static checkpoint_info info_of(const trainer *t) {
         .step = t->step, .tokens_seen = t->tokens_seen, .world_size = dist_size(), .skipped_steps = t->skipped_steps};
     snprintf(info.init_from, sizeof info.init_from, "%s", t->init_from);
     snprintf(info.gemm_engines, sizeof info.gemm_engines, "%s", t->gemm_engines);
+    const tokenizer *tok = data_tokenizer(t->shard.data);
+    if (tok) info.tokenizer_model = tok->model, info.tokenizer_size = tok->model_size;
     return info;
 }
 

@@ -410,9 +410,35 @@ static void test_resolved_path(void) {
     n = config_first_difference(&c, &other, diff, sizeof diff);
     test_check(n == 1 && !strcmp(diff, "data.path = corpus.txt,/abs/b,sub/c vs ./corpus.txt,/abs/b,sub/c"),
                "config_first_difference names the key and both values", "%d '%s'", n, diff);
+    snprintf(c.eval_path, sizeof c.eval_path, "%s", "val");
+    rc = config_resolve_data_path(&c, false, &st);
+    snprintf(want, sizeof want, "%s/val", cwd);
+    test_check(rc == 0 && !strcmp(config_eval_source(&c), want), "data.eval_path resolved as data.path is", "'%s'",
+               c.eval_resolved);
     config_defaults(&c);
     rc = config_resolve_data_path(&c, false, &st);
-    test_check(rc == 0 && !c.data_resolved[0], "no data.path: no resolved path", NULL);
+    test_check(rc == 0 && !c.data_resolved[0] && !c.eval_resolved[0], "no data.path: no resolved path", NULL);
+}
+
+/* The text task's keys: bytes needs V = 256; the corpus keys belong to text. */
+static void test_text_keys(void) {
+    struct {
+        const char *text, *want;
+    } bad[] = {
+        {"[model]\nvocab_size = 300\n[data]\ntask = text\npath = x\nformat = bytes\n",
+         "t.ini: data.format = bytes is byte-level and needs model.vocab_size = 256"},
+        {"[data]\neval_path = v.bin\n",
+         "t.ini: data.eval_path, data.format, data.include, data.exclude and data.tokenizer are for data.task = text"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        config c = expect_text(bad[i].text, "");
+        status st;
+        bool ok = config_check(&c, "t.ini", &st) == EXIT_USAGE && !strcmp(st.message, bad[i].want);
+        test_check(ok, bad[i].want, ok ? NULL : "got '%s'", st.message);
+    }
+    config c = expect_text("[model]\nvocab_size = 50304\n[data]\ntask = text\npath = x.bin\n", "");
+    status st;
+    test_check(config_check(&c, "t.ini", &st) == 0, "text at vocab_size 50304 (token files) accepted", "%s",
+               st.message);
 }
 
 int main(void) {
@@ -427,5 +453,6 @@ int main(void) {
     test_quoted_values();
     test_override_syntax();
     test_resolved_path();
+    test_text_keys();
     return test_summary("test_config");
 }

@@ -17,6 +17,8 @@
 #include "test_util.h"
 
 static char workdir[] = "/tmp/test_data_XXXXXX";
+/* A byte-level corpus of data.path, every file of a directory. */
+static const corpus_options BYTES = {"data.path", CORPUS_AUTO, 256, "", ""};
 
 static const char *path_in(const char *name) {
     static char path[4][512];
@@ -59,7 +61,7 @@ static void make_corpus(void) {
 static void test_corpus(void) {
     corpus c;
     status st;
-    int rc = corpus_open(&c, path_in("c"), &st);
+    int rc = corpus_open(&c, path_in("c"), &BYTES, &st);
     if (!test_check(rc == 0, "corpus: directory opens", rc ? "%s" : NULL, st.message)) return;
     if (!test_check(c.n_docs == 3, "corpus: 3 documents (hidden and empty skipped)", "%d", c.n_docs)) return;
     test_check(strstr(c.docs[0].path, "a-1.txt") && strstr(c.docs[1].path, "a/z.txt") &&
@@ -78,11 +80,12 @@ static void test_corpus(void) {
     test_check(eval_start == c.docs[1].start, "corpus: at least one document in each split", NULL);
     corpus_close(&c);
 
-    test_check(corpus_open(&c, path_in("c/b.txt,"), &st) == EXIT_BAD_FILE && strstr(st.message, "empty path"),
+    test_check(corpus_open(&c, path_in("c/b.txt,"), &BYTES, &st) == EXIT_BAD_FILE && strstr(st.message, "empty path"),
                "corpus: an empty item of a comma list refused", NULL);
     char list[1100];
     snprintf(list, sizeof list, "%s,%s", path_in("c/b.txt"), path_in("c/a"));
-    test_check(corpus_open(&c, list, &st) == 0 && c.n_docs == 2 && strstr(c.docs[0].path, "b.txt") && c.size == 501,
+    test_check(corpus_open(&c, list, &BYTES, &st) == 0 && c.n_docs == 2 && strstr(c.docs[0].path, "b.txt") &&
+                   c.size == 501,
                "corpus: comma list opens", NULL);
     corpus_close(&c);
 
@@ -96,13 +99,13 @@ static void test_corpus(void) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char name[128];
         snprintf(name, sizeof name, "corpus: %s refused, naming it", bad[i].name);
-        rc = corpus_open(&c, path_in(bad[i].name), &st);
+        rc = corpus_open(&c, path_in(bad[i].name), &BYTES, &st);
         test_check(rc == EXIT_BAD_FILE && strstr(st.message, bad[i].name) && strstr(st.message, bad[i].why), name,
                    NULL);
     }
     mkdir(path_in("hollow"), 0755);
     write_file("hollow/.only_hidden", 'x', 10);
-    test_check(corpus_open(&c, path_in("hollow"), &st) == EXIT_BAD_FILE && strstr(st.message, "hollow"),
+    test_check(corpus_open(&c, path_in("hollow"), &BYTES, &st) == EXIT_BAD_FILE && strstr(st.message, "hollow"),
                "corpus: directory without documents refused", NULL);
 }
 

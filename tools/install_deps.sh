@@ -8,7 +8,7 @@ packages=(
   libopenblas-dev
   libhdf5-dev libhdf5-openmpi-dev hdf5-tools libdnnl-dev
   python3-torch python3-h5py python3-numpy python3-matplotlib python3-pytest
-  python3-scipy python3-setuptools python3-venv
+  python3-scipy python3-setuptools python3-venv python3-sentencepiece
   slurmctld slurmd slurm-client munge
 )
 missing=()

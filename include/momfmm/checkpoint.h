@@ -28,6 +28,10 @@ typedef struct {
     /* Read only: root attribute momfmm_version, the build that wrote the file ("" when absent:
      * older files, files written by h5py). A write records this build's (build_info.h). */
     char written_by[128];
+    /* Write only: the bytes of data.tokenizer's model, written as /tokenizer
+     * (tokenizer_from_checkpoint reads it back), or NULL. */
+    const unsigned char *tokenizer_model;
+    size_t tokenizer_size;
 } checkpoint_info;
 
 /* Writes the docs/files.md §4 layout to `path` atomically: into `tmp` (a name in the

@@ -27,6 +27,9 @@ config cmd_load_config(const char *path, int n_overrides, char *const *overrides
 /* Starts MPI (dist_init) and gives OpenBLAS its threads per rank. */
 void cmd_dist_init(int *argc, char ***argv);
 void cmd_check_launch(void);
+/* Sets data.tokenizer_checksum from the model data.tokenizer names (exit 3 when
+ * it does not read), or clears it without a tokenizer. */
+void cmd_record_tokenizer(config *c);
 /* The parameters compared across ranks by checksum (exit 1 on a mismatch). */
 void cmd_check_consistency(const model *m, long long step);
 

@@ -6,6 +6,9 @@
 #ifndef MOMFMM_COMMANDS_H
 #define MOMFMM_COMMANDS_H
 #include <stdbool.h>
+#include <stddef.h>
+
+#include "momfmm/model.h"
 
 /* With `init`, the run starts from that checkpoint's weights (fine-tuning);
  * with `overwrite`, an earlier run's checkpoints in out_dir are removed. */
@@ -21,10 +24,14 @@ int command_bench(const char *config_path, int n_overrides, char *const *overrid
  * config's task, printed as token rows with targets (docs/cli.md §5). */
 int command_data(const char *config_path, int n_overrides, char *const *overrides, int show, const char *split);
 int command_inspect(const char *ckpt);
+/* A model for inference from a checkpoint, or from a run directory's newest
+ * checkpoint that loads (docs/design.md §8.4; named on stdout then); exits
+ * on a failure, every rank alike. */
+void command_load_run_checkpoint(const char *path_or_dir, model *m, char *path, size_t len);
 /* Eval metrics of docs/metrics.md §3; with stream, the eval batches also go through the
  * streaming path in segments of `segment` tokens, and the largest logit
  * difference from the full forward is reported. */
-int command_eval(const char *ckpt, bool stream, int segment);
+int command_eval(const char *ckpt, bool stream, int segment, int n_overrides, char *const *overrides, int batches);
 /* The options of `generate` (docs/cli.md §5), checked by the parser except
  * what needs the model (--text on a vocabulary other than bytes). */
 typedef struct {

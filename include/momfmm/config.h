@@ -68,12 +68,18 @@ typedef struct {
     double chain_noise;
     char data_path[CONFIG_PATH_MAX];
     char data_resolved[CONFIG_PATH_MAX]; /* data.resolved_path: data.path made absolute (config_resolve_data_path) */
+    char eval_path[CONFIG_PATH_MAX], eval_resolved[CONFIG_PATH_MAX]; /* data.eval_path, data.resolved_eval_path */
+    int data_format;                                                 /* data.format: corpus_format's order */
+    char data_include[CONFIG_PATH_MAX], data_exclude[CONFIG_PATH_MAX];
+    char tokenizer[CONFIG_PATH_MAX], tokenizer_checksum[32]; /* data.tokenizer, data.tokenizer_checksum */
     int listops_min_len, listops_max_len, listops_max_depth, listops_max_args;
     /* [train] */
     long long steps;
     int batch_size, warmup, log_interval, eval_interval, eval_batches;
     int ckpt_interval, keep;
-    bool keep_best; /* best.h5: the checkpoint of the lowest eval loss (docs/design.md §8.4) */
+    bool keep_best;     /* best.h5: the checkpoint of the lowest eval loss (docs/design.md §8.4) */
+    int eval_readouts;  /* train.eval_readouts: 0 auto, 1 true, 2 false (config_eval_readouts) */
+    bool eval_at_start; /* train.eval_at_start: an eval before the first step */
     double lr, min_lr, weight_decay, beta1, beta2, adam_eps, grad_clip;
     int schedule; /* config_schedule */
     long long seed;
@@ -123,7 +129,8 @@ int config_check_model(const config *c, const char *origin, status *st);
 char *config_to_ini(const config *c);
 
 /* data.resolved_path (docs/config.md §6): every relative item of data.path
- * (a comma-separated list) joined to the current directory, so that a run,
+ * (a comma-separated list), and of data.eval_path into
+ * data.resolved_eval_path, joined to the current directory, so that a run,
  * its resume and `eval` of its checkpoints read the same files from any
  * directory. keep_resolved: a checkpoint's config keeps the value it
  * recorded, and one written before the key existed gets the current
@@ -131,7 +138,13 @@ char *config_to_ini(const config *c);
 int config_resolve_data_path(config *c, bool keep_resolved, status *st);
 /* What the data modules open: data.resolved_path, or data.path when unset. */
 const char *config_data_source(const config *c);
+/* The same for the validation set: data.resolved_eval_path, or data.eval_path. */
+const char *config_eval_source(const config *c);
 
+/* Whether evals measure gain_R (docs/metrics.md §3): train.eval_readouts, whose
+ * auto means on for momentum runs and for the synthetic tasks (whose R is
+ * compared against gamma = 0), off for text without momentum. */
+bool config_eval_readouts(const config *c);
 /* True when momentum attention is on (docs/model.md §1.2). */
 bool config_momentum_enabled(const config *c);
 /* Rows per forward/backward of a shard of shard_rows: train.micro_batch, or

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "momfmm/config.h"
+#include "momfmm/tokenizer.h"
 
 /* SPLIT_LENGTH: the chain task's length-generalisation eval, chains of the
  * periods data.eval_chain_len .. data.eval_chain_len_max (docs/tasks.md §2). */
@@ -27,6 +28,21 @@ typedef struct data_source data_source;
  * EXIT_USAGE or EXIT_BAD_FILE on a bad config or file (docs/design.md §8.7). */
 data_source *data_open(const config *c, status *st);
 void data_close(data_source *d);
+/* Bytes of text per token of the eval split, for bits per byte (docs/metrics.md
+ * §3): 1 for a byte corpus, NaN for token files (their text is not known). */
+double data_bytes_per_token(const data_source *d);
+/* The text eval split as whole windows of data.seq_len tokens, each the
+ * inputs of one row (eval --batches all, docs/cli.md §5); 0 for other tasks. */
+long long data_eval_windows(const data_source *d);
+/* The bytes of text the counted targets (>= 0) of n stand for (docs/metrics.md
+ * §3): one each for a byte corpus, each id's piece with data.tokenizer, NaN
+ * for token files without one and for the other tasks. */
+double data_target_bytes(const data_source *d, const int32_t *targets, size_t n);
+/* data.tokenizer as read for token files, or NULL. */
+const tokenizer *data_tokenizer(const data_source *d);
+/* From now on eval batch i, global row g is window i * train.batch_size + g
+ * in order, and rows past the last window count nothing. */
+void data_eval_in_order(data_source *d);
 
 /* Fills rows for global sample indices [first, first + b->B) of (split, step);
  * b->T is at most data.seq_len (the scratch of data_open is that long).

@@ -27,6 +27,7 @@ typedef struct {
     double *length_attn;          /* [2][heads]: the read-out on its batches */
     int n_periods;                /* chain_len_max - chain_len + 1 (1 for one fixed period) */
     double *L_rep_by_period;      /* [n_periods]: L_rep of the eval samples of each period (chain; NaN: none) */
+    bool gains_measured;          /* train.eval_readouts: else gain_R and gain_R_attn are NaN */
     bool streamed;                /* the fields below are filled */
     metric_values stream_metrics; /* the same batches through the streaming path */
     double stream_max_diff;       /* largest |logit difference| streaming vs full forward */

@@ -1,6 +1,6 @@
 """Figures of one or more momfmm runs, overlaid.
 
-    momfmm_plot.py RUN_OR_CKPT [RUN_OR_CKPT ...] --out DIR [--label NAME ...]
+    momfmm_plot.py RUN_OR_CKPT [RUN_OR_CKPT ...] --out DIR [--label NAME ...] [--format png|pdf|svg] [--dpi N]
 
 RUN_OR_CKPT is a run directory (train.out_dir: its metrics.h5, else its newest checkpoint) or
 one checkpoint file (docs/files.md §4). Writes into DIR:
@@ -15,10 +15,14 @@ one checkpoint file (docs/files.md §4). Writes into DIR:
                    positional (dashed) score over the heads, eval split and length eval
                                                                            docs/metrics.md §3
   acc.png          eval accuracy vs step (token accuracy; cls: accuracy)   docs/metrics.md §3
-  bpb.png          eval bits per byte (loss / ln 2) vs step, text runs     docs/tasks.md §2, 3
+  bpb.png          eval bits per byte (/metrics/eval/bpb) vs step, text    docs/tasks.md §2, 3
   gain_r.png       gain_R per block at the last eval (when logged)         docs/metrics.md §3
   gamma.png        momentum gamma per head, per layer (learned or fixed)   docs/model.md §1.2
   bode.png         momentum filter magnitude per head, omega in [0, pi]    docs/model.md §1.2
+
+(with --format pdf or svg the same names end in .pdf / .svg; --dpi sets the raster resolution,
+default 150). Runs are told apart by colour and by line style and marker, so that curves that
+coincide stay visible; formulas are typeset with matplotlib's mathtext.
 
 A figure whose data no run has is skipped with a note. Prints the files written. Exit 3 for a
 missing or corrupt file (naming it), 2 for a command-line error.
@@ -38,7 +42,19 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from momfmm.h5 import EXIT_BAD_FILE, RunError, load_runs  # noqa: E402
 
 PROG = "momfmm_plot.py"
-DPI = 110
+DPI = 150
+FORMATS = ("png", "pdf", "svg")
+# What save() writes: set by write_figures (the command line's --format and --dpi).
+OUTPUT = {"format": "png", "dpi": DPI}
+LINE_STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def style(i):
+    """Line style and marker of the i-th run: with the colour, three cues apart, so that
+    runs whose curves coincide (two seeds that agree) still show as two."""
+    return {"ls": LINE_STYLES[i % len(LINE_STYLES)], "marker": MARKERS[i % len(MARKERS)],
+            "markevery": 0.1}
 
 
 def colors(n):
@@ -66,23 +82,29 @@ def new_axes(title, xlabel, ylabel):
     return fig, ax
 
 
+def output_name(name):
+    """name (x.png) with the extension of the chosen --format."""
+    return os.path.splitext(name)[0] + "." + OUTPUT["format"]
+
+
 def save(fig, out_dir, name, written):
-    path = os.path.join(out_dir, name)
+    path = os.path.join(out_dir, output_name(name))
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=OUTPUT["dpi"])
     plt.close(fig)
     written.append(path)
 
 
 def plot_loss(runs, out_dir, written):
-    fig, ax = new_axes("Loss", "step", "cross-entropy (nats)")
+    fig, ax = new_axes("Train loss (lines) and eval loss (markers)", "step", "cross-entropy (nats)")
     drawn = False
-    for run, color in zip(runs, colors(len(runs))):
+    for i, (run, color) in enumerate(zip(runs, colors(len(runs)))):
         tr, ev = series(run.train, "loss"), series(run.eval, "loss")
         if tr:
-            ax.plot(*tr, color=color, lw=1.2, alpha=0.8, label=f"{run.name} train")
+            ax.plot(*tr, color=color, lw=1.2, alpha=0.8, ls=style(i)["ls"], label=f"{run.name} train")
         if ev:
-            ax.plot(*ev, color=color, ls="--", marker="o", ms=5, label=f"{run.name} eval")
+            ax.plot(*ev, color=color, ls="none", marker=style(i)["marker"], ms=5, mfc="none",
+                    label=f"{run.name} eval")
         drawn = drawn or bool(tr or ev)
     return finish(fig, ax, drawn, out_dir, "loss.png", written, "no train or eval loss")
 
@@ -90,17 +112,17 @@ def plot_loss(runs, out_dir, written):
 def plot_lr(runs, out_dir, written):
     fig, ax = new_axes("Learning rate", "step", "lr")
     drawn = False
-    for run, color in zip(runs, colors(len(runs))):
+    for i, (run, color) in enumerate(zip(runs, colors(len(runs)))):
         tr = series(run.train, "lr")
         if tr:
-            ax.plot(*tr, color=color, label=run.name)
+            ax.plot(*tr, color=color, label=run.name, ms=4, mfc="none", **style(i))
             drawn = True
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     return finish(fig, ax, drawn, out_dir, "lr.png", written, "no /metrics/train/lr")
 
 
 def plot_new_rep(runs, out_dir, written):
-    fig, ax = new_axes("Eval loss on new (k = 0) and repeated (k >= 1) targets", "step",
+    fig, ax = new_axes(r"Eval loss on new ($k = 0$, solid) and repeated ($k \geq 1$, dashed) targets", "step",
                        "cross-entropy (nats)")
     drawn = False
     for run, color in zip(runs, colors(len(runs))):
@@ -114,10 +136,10 @@ def plot_new_rep(runs, out_dir, written):
 
 
 def plot_loss_by_k(runs, out_dir, written):
-    fig, ax = new_axes("Eval loss by occurrence count k (last eval)", "k (15 = k >= 15)",
+    fig, ax = new_axes("Eval loss by occurrence count $k$ (last eval)", r"$k$ (15: $k \geq 15$)",
                        "cross-entropy (nats)")
     drawn = False
-    for run, color in zip(runs, colors(len(runs))):
+    for i, (run, color) in enumerate(zip(runs, colors(len(runs)))):
         by_k = run.eval.get("loss_by_k")
         if by_k is None or by_k.ndim != 2 or len(by_k) == 0:
             continue
@@ -125,7 +147,8 @@ def plot_loss_by_k(runs, out_dir, written):
         k = np.arange(len(last))
         ok = np.isfinite(last)  # bins no target reached are NaN
         step = int(run.eval["step"][-1]) if "step" in run.eval else run.step
-        ax.plot(k[ok], last[ok], color=color, marker="o", label=f"{run.name} (step {step})")
+        ax.plot(k[ok], last[ok], color=color, ls=style(i)["ls"], marker=style(i)["marker"], mfc="none",
+                label=f"{run.name} (step {step})")
         drawn = drawn or bool(ok.any())
     ax.set_xticks(range(16))
     return finish(fig, ax, drawn, out_dir, "loss_by_k.png", written, "no /metrics/eval/loss_by_k")
@@ -197,10 +220,11 @@ def plot_eval_metric(runs, out_dir, written, name, title, ylabel, pick):
     """One line per run of pick(run): (step, values) of an eval metric, or None."""
     fig, ax = new_axes(title, "step", ylabel)
     drawn = False
-    for run, color in zip(runs, colors(len(runs))):
+    for i, (run, color) in enumerate(zip(runs, colors(len(runs)))):
         points = pick(run)
         if points:
-            ax.plot(*points, color=color, marker="o", ms=4, label=run.name)
+            ax.plot(*points, color=color, ms=4, mfc="none", label=run.name,
+                    **{k: v for k, v in style(i).items() if k != "markevery"})
             drawn = True
     return finish(fig, ax, drawn, out_dir, name, written, f"no {ylabel}")
 
@@ -215,26 +239,32 @@ def text_bpb(run):
     loss = series(run.eval, "loss")
     if not loss or run.cfg("data.task") != "text":
         return None
-    return loss[0], loss[1] / math.log(2.0)
+    # the recorded column: bits per byte of token files from their tokenizer, NaN without one
+    bpb = series(run.eval, "bpb")
+    values = bpb[1] if bpb else loss[1] / math.log(2.0)
+    ok = np.isfinite(values)
+    return (loss[0][ok], values[ok]) if ok.any() else None
 
 
 def plot_bpb(runs, out_dir, written):
-    plot_eval_metric(runs, out_dir, written, "bpb.png", "Eval bits per byte (text)",
+    plot_eval_metric(runs, out_dir, written, "bpb.png", r"Eval bits per byte (text): loss / $\ln 2$",
                      "bits per byte", text_bpb)
 
 
 def plot_gain_r(runs, out_dir, written):
     have = [(r, c) for r, c in zip(runs, colors(len(runs))) if has_gain_r(r)]
     if not have:
-        print("skip gain_r.png: no run has /metrics/eval/gain_R")
+        print("skip gain_r.png: no run has a measured /metrics/eval/gain_R")
         return
-    fig, ax = new_axes("Block gain ||F(x+d) - F(x)|| / ||d|| (last eval)", "block", "gain_R")
+    fig, ax = new_axes(r"Block gain $\|F(x+\delta) - F(x)\| \,/\, \|\delta\|$ per block (last eval)", "block",
+                       r"$\mathrm{gain}_R$")
     width = 0.8 / len(have)
     n_max = 0
     for j, (run, color) in enumerate(have):
         gain = run.eval["gain_R"][-1]
         x = np.arange(len(gain)) + (j - (len(have) - 1) / 2) * width
-        ax.bar(x, gain, width, color=color, label=run.name)
+        ax.bar(x, gain, width, color=color, label=run.name, hatch=("", "//", "..", "xx")[j % 4],
+               edgecolor="k", lw=0.5)
         n_max = max(n_max, len(gain))
     ax.axhline(1.0, color="k", lw=0.8, ls=":")
     ax.set_xticks(range(n_max))
@@ -245,7 +275,7 @@ def gamma_title(run):
     kind = {"learned": "learned", "eval": "learned, last eval", "fixed": "fixed",
             "init": "learnable, initial value"}[run.gamma_source]
     off = "" if run.momentum_on else ", momentum off"
-    return f"{run.name}: gamma ({kind}{off})"
+    return f"{run.name}: $\\gamma$ ({kind}{off})"
 
 
 def runs_with_gamma(runs, figure):
@@ -269,7 +299,7 @@ def plot_gamma(runs, out_dir, written):
             ax.bar(x, run.gamma[:, h], width, color=head_colors[h], label=f"head {h}")
         ax.axhline(0.0, color="k", lw=0.8)
         ax.set_xticks(range(n_layers), [f"layer {i}" for i in range(n_layers)])
-        ax.set_ylabel("gamma")
+        ax.set_ylabel(r"$\gamma$")
         ax.set_title(gamma_title(run), fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
@@ -299,21 +329,23 @@ def plot_bode(runs, out_dir, written):
         for i in range(n_layers):
             for h in range(n_heads):
                 gain = momentum_response(run, omega, run.gamma[i, h])
-                ax.plot(omega, gain, color=layer_colors[i], lw=1.0, alpha=0.75,
-                        label=f"layer {i}" if h == 0 else None)
+                ax.plot(omega, gain, color=layer_colors[i], lw=1.0, alpha=0.75, ls=LINE_STYLES[h % 4],
+                        label=f"layer {i}, head {h}" if n_layers * n_heads <= 12 else
+                        (f"layer {i}" if h == 0 else None))
                 ax.plot([np.pi], [gain[-1]], "o", color=layer_colors[i], ms=4)
         ax.plot([0.0], [1.0], "ks", ms=6, label="DC gain 1")
-        ax.plot([], [], "o", color="gray", label="Nyquist gain |1 + 2 gamma|")
+        ax.plot([], [], "o", color="gray", label=r"Nyquist gain $|1 + 2\gamma|$")
         ax.set_xlim(-0.06, np.pi + 0.06)
         ax.set_xticks([0, np.pi / 4, np.pi / 2, 3 * np.pi / 4, np.pi],
-                      ["0", "pi/4", "pi/2", "3pi/4", "pi"])
-        ax.set_xlabel("omega (rad / position)")
+                      ["$0$", r"$\pi/4$", r"$\pi/2$", r"$3\pi/4$", r"$\pi$"])
+        ax.set_xlabel(r"$\omega$ (rad / position)")
         plain = run.cfg_float("momentum.beta") == 0 and run.cfg_float("momentum.gamma2") == 0
-        ax.set_ylabel("|1 + gamma (1 - e^-jw)|" if plain else "|H(e^jw)| (beta, gamma2)")
+        ax.set_ylabel(r"$|1 + \gamma\,(1 - e^{-i\omega})|$" if plain else
+                      r"$|H(e^{i\omega})|$ ($\beta$, $\gamma_2$)")
         db = ax.secondary_yaxis("right", functions=(
             lambda g: 20 * np.log10(np.maximum(np.abs(g), 1e-6)), lambda d: 10 ** (d / 20)))
         db.set_ylabel("dB")
-        ax.set_title(f"{gamma_title(run)}, one curve per head", fontsize=10)
+        ax.set_title(f"{gamma_title(run)}: one curve per layer (colour) and head (line style)", fontsize=10)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
     save(fig, out_dir, "bode.png", written)
@@ -350,15 +382,16 @@ def plot_points(path, title, xlabel, ylabel, curves, band=None):
     ax.legend(fontsize=8, loc="best")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=OUTPUT["dpi"])
     plt.close(fig)
     return path
 
 
-def write_figures(runs, out_dir):
+def write_figures(runs, out_dir, fmt="png", dpi=DPI):
     """Every figure of the runs (momfmm.h5.Run, labelled by their names) into out_dir, created
-    if needed (OSError when it cannot be); prints a note for each figure skipped and returns the
-    paths written: those of planned_figures(runs)."""
+    if needed (OSError when it cannot be), as fmt (png, pdf or svg) at dpi; prints a note for
+    each figure skipped and returns the paths written: those of planned_figures(runs)."""
+    OUTPUT.update(format=fmt, dpi=dpi)
     os.makedirs(out_dir, exist_ok=True)
     written = []
     for plot, name, fits, why, _ in FIGURES:
@@ -392,7 +425,8 @@ def has_loss_by_k(run):
 
 def has_gain_r(run):
     gain = run.eval.get("gain_R")
-    return gain is not None and gain.ndim == 2 and len(gain) > 0
+    # NaN when the eval did not measure it (train.eval_readouts, docs/metrics.md §3)
+    return gain is not None and gain.ndim == 2 and len(gain) > 0 and bool(np.isfinite(gain[-1]).any())
 
 
 # Each figure with the runs it fits (docs/metrics.md §3: the metrics that fit the task):
@@ -425,7 +459,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", metavar="RUN_OR_CKPT",
                     help="run directory, checkpoint file, or metrics.h5")
-    ap.add_argument("--out", required=True, metavar="DIR", help="directory for the PNG files")
+    ap.add_argument("--out", required=True, metavar="DIR", help="directory for the figures")
+    ap.add_argument("--format", choices=FORMATS, default="png", help="file format (default png)")
+    ap.add_argument("--dpi", type=int, default=DPI, help=f"raster resolution (default {DPI})")
     ap.add_argument("--label", action="extend", nargs="+", default=[], metavar="NAME",
                     help="names of the runs, in order (default: directory or file names)")
     args = ap.parse_args(argv)
@@ -443,7 +479,10 @@ def main(argv=None):
         print(f"{PROG}: error: {args.out}: cannot create directory ({exc.strerror})",
               file=sys.stderr)
         return EXIT_BAD_FILE
-    written = write_figures(runs, args.out)
+    if args.dpi < 10 or args.dpi > 2400:
+        print(f"{PROG}: error: --dpi {args.dpi}: must be in [10, 2400]", file=sys.stderr)
+        return 2
+    written = write_figures(runs, args.out, args.format, args.dpi)
     for path in written:
         print(path)
     return 0

@@ -44,6 +44,9 @@ from momfmm.results.errors import UsageError
 
 PROG = "momfmm_report.py"
 DEFAULT_METRICS = "L_new,L_rep,delta_12,acc,loss"
+# docs/metrics.md §3: a table of text runs only shows what text is read by
+# (loss, then bpb and ppl); L_new, L_rep and delta_12 belong to the chain task.
+TEXT_METRICS = "loss"
 KNOWN_METRICS = {"loss", "L_new", "L_rep", "delta_12", "acc", "exact_match"}
 # Keys that say where and how often a run writes, not what it computes: ignored by
 # --average-over.
@@ -97,8 +100,11 @@ def row_of(run, metrics, with_bpb):
     row["tokens/s"] = float(np.median(tps)) if tps is not None and len(tps) else None
     if with_bpb:
         loss = run.final_eval("loss")
-        is_text = run.cfg("data.task") == "text"
-        row["bpb"] = loss / math.log(2) if is_text and loss is not None else None
+        is_text = run.cfg("data.task") == "text" and loss is not None
+        # token files record NaN: their bytes per token are unknown (docs/metrics.md §3)
+        bpb = run.final_eval("bpb") if "bpb" in run.eval else (loss / math.log(2) if is_text else None)
+        row["bpb"] = bpb if is_text and bpb is not None and math.isfinite(bpb) else None
+        row["ppl"] = math.exp(loss) if is_text and math.isfinite(loss) else None
     return row
 
 
@@ -178,7 +184,8 @@ def build_parser():
     table.add_argument("--label", action="extend", nargs="+", default=[], metavar="NAME",
                        help="names of the runs, in order (default: directory or file names)")
     table.add_argument("--metrics", default=None,
-                       help=f"comma-separated final eval metrics (default {DEFAULT_METRICS})")
+                       help=f"comma-separated final eval metrics (default {DEFAULT_METRICS}; {TEXT_METRICS} when "
+                            "every run is a text run, beside bpb and ppl)")
     table.add_argument("--group-by", metavar="KEY",
                        help="one row per value of config key KEY (section.key, e.g. "
                             "momentum.gamma); runs sharing it: mean ± std")
@@ -233,10 +240,9 @@ def write_table(args):
     """The comparison table of args.paths to args.out (stdout if None). Raises UsageError for
     options that do not fit, ValueError for more labels than runs, RunError for a file that
     cannot be read."""
-    metrics_text = args.metrics if args.metrics is not None else DEFAULT_METRICS
     digits = 4 if args.digits is None else args.digits
-    metrics = [m.strip() for m in metrics_text.split(",") if m.strip()]
-    if not metrics:
+    metrics = [m.strip() for m in (args.metrics or "").split(",") if m.strip()]
+    if args.metrics is not None and not metrics:
         raise UsageError("--metrics: empty list")
     if args.group_by and args.average_over:
         raise UsageError("--group-by and --average-over exclude each other")
@@ -244,6 +250,9 @@ def write_table(args):
         if key is not None and (key.count(".") != 1 or not all(key.split("."))):
             raise UsageError(f"{option}: '{key}' is not a section.key config key")
     runs = load_runs(args.paths, args.label)
+    if args.metrics is None:
+        only_text = all(r.cfg("data.task") == "text" for r in runs)
+        metrics = (TEXT_METRICS if only_text else DEFAULT_METRICS).split(",")
     available = KNOWN_METRICS | {k for r in runs for k, v in r.eval.items() if v.ndim == 1}
     unknown = [m for m in metrics if m not in available]
     if unknown:
@@ -256,7 +265,7 @@ def write_table(args):
     notes = ["metrics: final eval", "best loss: lowest eval loss",
              "tokens/s: median of the train log"]
     if with_bpb:
-        notes.append("bpb = eval loss / ln 2 (text task)")
+        notes.append("bpb = eval loss / ln 2 (text task; — for token files); ppl = e^(eval loss)")
     if args.group_by:
         header = [args.group_by, "n", "runs"] + columns[1:]
         body = [[value, str(len(members)), ", ".join(names)]

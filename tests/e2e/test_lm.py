@@ -74,17 +74,24 @@ def test_bpb_everywhere(momfmm, lm, report):
     step = re.search(r"^step 24/24 \| loss (\S+) \| bpb (\S+) \|", log, re.M)
     report.check("train log: bpb = loss / ln 2", step is not None and
                  abs(float(step.group(2)) - float(step.group(1)) / math.log(2)) < 2e-4, log[-600:])
-    ev = re.search(r"^eval step 24 \| loss (\S+) \| bpb (\S+) \| gain_R", log, re.M)
-    report.check("eval log line: loss and bpb only (text)", ev is not None and "L_new" not in ev.group(0), log[-600:])
+    ev = re.search(r"^eval step 24 \| loss (\S+) \| bpb (\S+) \| ppl (\S+)$", log, re.M)
+    report.check("eval log line: loss, bpb and perplexity only (text; no gain_R without momentum)",
+                 ev is not None and "L_new" not in ev.group(0), log[-600:])
     r = run([momfmm, "eval", lm["ckpt"]])
-    m = re.search(r"^eval \| loss (\S+) \| bpb (\S+)$", r.stdout, re.M)
-    report.check("eval: loss | bpb", r.returncode == 0 and m is not None and
-                 abs(float(m.group(2)) - float(m.group(1)) / math.log(2)) < 1e-5, r.stdout + r.stderr)
+    m = re.search(r"^eval \| loss (\S+) \| bpb (\S+) \| ppl (\S+)$", r.stdout, re.M)
+    report.check("eval: loss | bpb | ppl, ppl = e^loss", r.returncode == 0 and m is not None and
+                 abs(float(m.group(2)) - float(m.group(1)) / math.log(2)) < 1e-5 and
+                 abs(float(m.group(3)) / math.exp(float(m.group(1))) - 1) < 1e-5, r.stdout + r.stderr)
+    report.check("eval: no gain_R for text without momentum (train.eval_readouts = auto)",
+                 "gain_R" not in r.stdout, r.stdout)
     r = run([momfmm, "inspect", lm["ckpt"]])
     report.check("inspect: last eval in bits per byte",
-                 re.search(r"^last eval \(text, step 24\): loss \S+ \| bpb \S+$", r.stdout, re.M) is not None,
+                 re.search(r"^last eval \(text, step 24\): loss \S+ \| bpb \S+ \| ppl \S+$", r.stdout, re.M)
+                 is not None,
                  r.stdout)
     report.check("inspect: train and eval rows carry bpb", r.stdout.count(" bpb ") >= 2, r.stdout)
+    report.check("inspect: no chain columns (L_new, L_rep, delta_12, loss_by_k) for text",
+                 all(name not in r.stdout for name in ("L_new", "L_rep", "delta_12", "loss_by_k")), r.stdout)
     with h5py.File(os.path.join(lm["out_dir"], "metrics.h5"), "r") as f:
         for table in ("train", "eval"):
             loss, bpb = f[f"metrics/{table}/loss"][()], f[f"metrics/{table}/bpb"][()]
@@ -122,6 +129,11 @@ def test_generate_text(momfmm, lm, report):
     top1 = continuation(generate(momfmm, ckpt, "--text", prompt, "--tokens", 24, "--temperature", 1,
                                  "--top-k", 1, "--seed", 5), prompt)
     report.check("--top-k 1 = greedy", top1 == greedy, f"{top1!r} vs {greedy!r}")
+    r = generate(momfmm, lm["out_dir"], "--text", prompt, "--tokens", 24)
+    first, _, rest = r.stdout.partition("\n")
+    report.check("a run directory: its newest checkpoint, named on the first line, the same continuation",
+                 r.returncode == 0 and first == f"checkpoint: {lm['ckpt']}" and
+                 continuation(subprocess.CompletedProcess([], 0, rest, ""), prompt) == greedy, r.stdout + r.stderr)
     sampled = [continuation(generate(momfmm, ckpt, "--text", prompt, "--tokens", 48, "--temperature", 1,
                                      "--seed", s), prompt) for s in (1, 1, 2)]
     report.check("same seed, same output", sampled[0] == sampled[1], repr(sampled))
@@ -250,12 +262,37 @@ def test_init(momfmm, lm, workdir, report):
         nz = np.concatenate([dst["optim/v"][n][()].ravel() for n in m]) > 1e-30
         report.check("fresh optimizer", np.allclose(ratios[nz], 10.0, rtol=1e-3), f"{ratios[nz][:5]}")
         report.check("train history starts anew", len(dst["metrics/train/step"]) == 1)
+        report.check("--init evaluates at step 0, before the first step",
+                     list(dst["metrics/eval/step"][()]) == [0, 1] and "eval step 0 | loss" in r.stdout,
+                     f"{dst['metrics/eval/step'][()]}")
     r = run([momfmm, "train", lm["ini"], "--init", lm["best"], "--set", f"train.out_dir={out_dir}2",
              "--set", "model.d_ff=32"])
     report.check("a model key change exits 3 listing it", r.returncode == 3 and "model.d_ff: 64 vs 32" in r.stderr,
                  r.stderr)
     r = run([momfmm, "train", lm["ini"], "--init", lm["best"], "--resume", "auto"])
     report.check("--init with --resume exits 2", r.returncode == 2 and "--init" in r.stderr, r.stderr)
+
+
+def test_eval_options(momfmm, lm, workdir, report):
+    """eval --batches N|all, --set for data keys and train.eval_readouts (docs/cli.md §5)."""
+    size = os.path.getsize(lm["data"])
+    r = run([momfmm, "eval", lm["ckpt"], "--batches", "all"])
+    windows = (size - int(size * 0.9) - 1) // W  # the tail of data.eval_fraction = 0.1
+    report.check(f"--batches all: {windows} windows of {W} in ceil({windows} / 8) batches",
+                 r.returncode == 0 and f"all {windows} windows of {W} tokens in {-(-windows // 8)} batches of 8"
+                 in r.stdout, r.stdout + r.stderr)
+    other = corpus(os.path.join(workdir, "val.txt"), n_words=400, seed=3)
+    r = run([momfmm, "eval", lm["ckpt"], "--set", f"data.eval_path={other}", "--set", "train.eval_readouts=true",
+             "--batches", "1"])
+    report.check("--set data.eval_path: the other text is the eval split",
+                 r.returncode == 0 and f"data.eval_path, 1 document, {os.path.getsize(other)} bytes" in r.stdout,
+                 r.stdout + r.stderr)
+    report.check("--set train.eval_readouts=true: gain_R measured",
+                 re.search(r"^gain_R( \S+){2}$", r.stdout, re.M) is not None, r.stdout)
+    r = run([momfmm, "eval", lm["ckpt"], "--set", "model.d_model=64"])
+    report.check("--set of a model key exits 2", r.returncode == 2 and "model.d_model" in r.stderr, r.stderr)
+    r = run([momfmm, "eval", lm["ckpt"], "--batches", "zero"])
+    report.check("--batches zero exits 2", r.returncode == 2 and "--batches" in r.stderr, r.stderr)
 
 
 def test_keep_best_and_summary(momfmm, lm, report):

@@ -123,7 +123,7 @@ def test_same_losses_at_1_and_2_ranks(momfmm, corpus, tmp_path):
 
 def test_gain_r_independent_of_rank_count(momfmm, corpus, tmp_path):
     out = tmp_path / "out"
-    r = run([momfmm, "train", write_ini(tmp_path / "t.ini", str(out), str(corpus))])
+    r = run([momfmm, "train", write_ini(tmp_path / "t.ini", str(out), str(corpus), train_eval_readouts="true")])
     assert r.returncode == 0, r.stderr
     checkpoint = newest_checkpoint(out)
     gains = {}

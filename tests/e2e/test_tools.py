@@ -199,10 +199,14 @@ def test_text_bpb(workdir, report, runs):
     """Text task: bits per byte = eval loss / ln 2."""
     text = runs["text"]
     r = tool(REPORT, text)
-    _, rows = parse_table(r.stdout)
+    header, rows = parse_table(r.stdout)
     want = f"{ckpt_metrics(text)[0]['loss'] / math.log(2):.4f}"
     report.check("text run: bpb = loss / ln 2", r.returncode == 0 and rows and
                  rows[0].get("bpb") == want, f"{rows[0].get('bpb') if rows else r.stderr} vs {want}")
+    want = f"{math.exp(ckpt_metrics(text)[0]['loss']):.4f}"
+    report.check("text run: ppl = e^loss", rows and rows[0].get("ppl") == want, f"{rows and rows[0]} vs {want}")
+    report.check("text runs only: no chain columns (L_new, L_rep, delta_12)",
+                 header is not None and not {"L_new", "L_rep", "delta_12"} & set(header), str(header))
     r = check_plot(report, os.path.join(workdir, "fig_text"), [text], ["text"], ["bpb.png", "loss.png"])
     for name in ("l_new_l_rep.png", "loss_by_k.png", "acc.png"):
         report.check(f"text run: plot skips {name} (docs/metrics.md §3: metrics that fit the task)",
