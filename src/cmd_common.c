@@ -100,6 +100,9 @@ void cmd_use_precision(const config *c) {
     if (why)
         cmd_fail_all(EXIT_USAGE, "%s cannot run here: %s",
                      c->precision == PRECISION_BF16 ? "train.precision = bf16" : "train.gemm = onednn", why);
+    /* this rank's limits (ulimit -v) may be its own: it alone fails */
+    status st;
+    if (blas_core_reserve_buffers(blas_core_threads(), &st) != 0) cmd_exit_on_status(&st, false);
     gemm_ctx *previous = gemm_default();
     /* oneDNN threads like OpenBLAS: blas_core_threads() per rank */
     gemm_set_default(gemm_create(engine, blas_core_threads()));
