@@ -17,38 +17,75 @@
 #include "momfmm/store.h"
 #include "momfmm/sys.h"
 
+/* Bytes per parameter of a run of n parameters, this rank's (the ZeRO-1
+ * slice: elements [first, first + count)), before any allocation. */
+static train_memory_use memory_per_param(const config *cfg, double n, double slice_count) {
+    double slice = slice_count / (n > 0 ? n : 1);
+    bool sharded = cfg->zero && dist_size() > 1;
+    /* train.precision = bf16: the GEMM engine's bf16 copy of the weights */
+    double copy = cfg->precision == PRECISION_BF16 ? 2.0 : 0.0;
+    return (train_memory_use){sizeof(float) + copy, sizeof(float) * (1 + (sharded ? slice : 0)),
+                              2 * sizeof(float) * slice, 0};
+}
+
 train_memory_use trainer_memory(const trainer *t) {
     const model *m = &t->model;
     const data_batch *b = &t->shard.batch;
-    double n = (double)m->n_params, slice = (double)m->moment_count / (n > 0 ? n : 1);
-    bool sharded = t->cfg.zero && dist_size() > 1;
-    train_memory_use u = {sizeof(float), sizeof(float) * (1 + (sharded ? slice : 0)), 2 * sizeof(float) * slice, 0};
+    train_memory_use u = memory_per_param(&t->cfg, (double)m->n_params, (double)m->moment_count);
     u.activation_bytes = (double)model_activation_bytes(m, config_micro_rows(&t->cfg, b->B), b->T);
     return u;
 }
 
-/* Refuses up front (exit 2) a run whose buffers cannot fit in this node's
- * memory, rather than being killed mid-allocation. */
+/* Whether `need` bytes per rank fit on the fullest node; the verdict is
+ * the same on every rank (collective). *fill: the fullest node's share. */
+static bool fits(double need, double *fill, double *available) {
+    *available = sys_memory_available();
+    double mine = *available > 0 ? need * dist_node_ranks() / *available : 0;
+    *fill = dist_max_double(mine);
+    return *fill <= 1.0;
+}
+
+/* Before the model allocates anything (exit 2, docs/cli.md §5): its
+ * parameters, gradients, moments and bf16 copy alone, from the layout
+ * counted without allocating. A model too large for the node would
+ * otherwise end in an allocation failure or the OOM killer. */
+static int check_parameter_memory(const config *cfg, status *err) {
+    double n = (double)model_param_count(cfg), slice = n;
+    if (cfg->zero && dist_size() > 1) slice = ceil(n / dist_size());
+    train_memory_use u = memory_per_param(cfg, n, slice);
+    double per_param = u.param_bytes + u.grad_bytes + u.moment_bytes, need = per_param * n, fill, available;
+    if (fits(need, &fill, &available)) return 0;
+    return status_fail(err, EXIT_USAGE,
+                       "memory: this model needs %.2f GB per rank before activations (%.0f parameters x %.2f bytes: "
+                       "parameters %.2f, gradients %.2f, moments %.2f), %.0f%% of the memory available on the "
+                       "fullest node (%d rank%s on it, %.2f GB available%s): reduce model.d_model, model.n_layers, "
+                       "model.d_ff or model.vocab_size, or spread the moments with dist.zero = 1 over more ranks",
+                       need / 1e9, n, per_param, u.param_bytes, u.grad_bytes, u.moment_bytes, 100 * fill,
+                       dist_node_ranks(), dist_node_ranks() == 1 ? "" : "s", available / 1e9,
+                       sys_address_space_left() >= 0 ? " under this process's ulimit -v / -d" : "");
+}
+
+/* After the model's buffers, before its activations (allocated at the
+ * first forward): refuses (exit 2) a run whose activations do not fit in
+ * what is left, rather than being killed mid-step. Prints the estimate. */
 static int check_memory(const trainer *t, status *err) {
     const model *m = &t->model;
     const data_batch *b = &t->shard.batch;
     int rows = config_micro_rows(&t->cfg, b->B);
     train_memory_use u = trainer_memory(t);
     double need = u.activation_bytes + (u.param_bytes + u.grad_bytes + u.moment_bytes) * m->n_params;
-    int local_ranks = dist_node_ranks();
-    double available = sys_memory_available();
-    /* shards and nodes differ: decide on the fullest node, everywhere alike */
-    double fill = available > 0 ? need * local_ranks / available : 0, worst_fill = dist_max_double(fill);
     log_rank0("memory: %.2f GB per rank | activations %.1f MB for %d x %d | bytes per parameter: parameters %.2f, "
               "gradients %.2f, moments %.2f\n",
               need / 1e9, u.activation_bytes / 1e6, rows, b->T, u.param_bytes, u.grad_bytes, u.moment_bytes);
-    if (worst_fill > 1.0)
-        return status_fail(err, EXIT_USAGE,
-                           "this run needs %.0f%% of the available memory on the fullest node (here %.1f GB per rank "
-                           "x %d ranks, %.1f GB available): reduce train.batch_size, data.seq_len or the model "
-                           "(attention.kind = softmax stores T x T per head)",
-                           100 * worst_fill, need / 1e9, local_ranks, available / 1e9);
-    return 0;
+    double fill, available; /* what is left once the buffers are allocated */
+    if (fits(u.activation_bytes, &fill, &available)) return 0;
+    return status_fail(err, EXIT_USAGE,
+                       "memory: this run needs %.1f GB per rank (%.1f GB of activations for %d x %d on top of the "
+                       "model's buffers), and the activations alone are %.0f%% of the memory left on the fullest "
+                       "node (%d rank%s on it, %.1f GB left): reduce train.batch_size (or set train.micro_batch), "
+                       "data.seq_len or the model (attention.kind = softmax stores T x T per head)",
+                       need / 1e9, u.activation_bytes / 1e9, rows, b->T, 100 * fill, dist_node_ranks(),
+                       dist_node_ranks() == 1 ? "" : "s", available / 1e9);
 }
 
 /* The block after whose backward a tensor's gradient is final: its own block;
@@ -103,7 +140,7 @@ int trainer_create(trainer *t, const config *cfg, status *err) {
         return status_fail(err, EXIT_USAGE,
                            "train.batch_size = %d is smaller than the number of ranks (%d): every rank needs a sample",
                            cfg->batch_size, dist_size());
-    if (model_create(&t->model, cfg, err) != 0) return err->code;
+    if (check_parameter_memory(cfg, err) != 0 || model_create(&t->model, cfg, err) != 0) return err->code;
     if (cfg->zero) {
         size_t first, count;
         dist_partition(t->model.n_params, dist_rank(), dist_size(), &first, &count);
