@@ -3,10 +3,12 @@
  * §8.5). Returns statuses; the commands are in cmd_train.c. */
 #include "momfmm/train.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "momfmm/checkpoint.h"
 #include "momfmm/gemm.h"
@@ -182,11 +184,16 @@ static double global_target_count(trainer *t) {
 /* One reduction carries the loss sum and the momentum buffer sums accumulated
  * over the micro-batches (docs/model.md §1.2: buffers are the global-batch
  * mean; backward does not read them, so they change after it). */
-static double reduce_forward_results(trainer *t, double global_count) {
+static double reduce_forward_results(trainer *t, double global_count, bool *abandon) {
     model *m = &t->model;
     double *r = t->reduce_scratch;
     bool buffers = m->momentum;
-    dist_sum_doubles(r, 1 + (buffers ? m->n_buffer : 0));
+    /* the votes to drop the step ride on the same reduction, last */
+    size_t n = 1 + (buffers ? m->n_buffer : 0);
+    r[n] = *abandon ? 1.0 : 0.0;
+    dist_sum_doubles(r, n + 1);
+    *abandon = r[n] > 0;
+    if (*abandon) return NAN; /* nothing of the step is kept: buffers, parameters, step */
     /* a non-finite sum would poison every later step: such a step keeps the
      * old buffers, and its NaN loss makes it a skipped step */
     bool finite = isfinite(r[0]);
@@ -269,6 +276,22 @@ static void update_parameters(trainer *t, long long step, train_step_result *res
     model_params_changed(m); /* the once-per-step bf16 refresh, docs/scale.md §7 */
 }
 
+/* Test hook (docs/cli.md §5, signals): MOMFMM_TEST_STEP_SLEEP_MS=N makes
+ * every step N ms longer, at its end, so that the tests can stop slow steps
+ * under mpirun without a model that takes seconds per step. */
+static void test_step_delay(void) {
+    static long ms = -1;
+    if (ms < 0) {
+        const char *v = getenv("MOMFMM_TEST_STEP_SLEEP_MS");
+        ms = v ? atol(v) : 0;
+        if (ms < 0) ms = 0;
+    }
+    if (ms > 0) {
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+    }
+}
+
 int trainer_step(trainer *t, train_step_result *result, status *err) {
     model *m = &t->model;
     data_batch *b = &t->shard.batch;
@@ -277,17 +300,27 @@ int trainer_step(trainer *t, train_step_result *result, status *err) {
     if (data_fill(t->shard.data, b, SPLIT_TRAIN, step, t->shard.first, err) != 0) return err->code;
     double global_count = global_target_count(t);
     float scale = global_count > 0 ? (float)(1.0 / global_count) : 0.0f;
-    memset(t->reduce_scratch, 0, sizeof(double) * (1 + m->n_buffer));
+    memset(t->reduce_scratch, 0, sizeof(double) * (2 + m->n_buffer));
     /* the reduction overlaps only the last micro-batch's backward: earlier
      * ones add into the same gradients */
     model_backward_hooks hooks = {hook_block_done, hook_progress, t->reducer};
     int rows = config_micro_rows(&t->cfg, b->B);
+    const trainer_step_hooks *h = &t->hooks;
+    if (h->compute_begin) h->compute_begin(h->ctx);
     for (int first = 0; first < b->B; first += rows) {
         bool last = first + rows >= b->B;
         micro_step(t, first, last ? b->B - first : rows, scale, last ? &hooks : NULL);
     }
     PROF_TIMED(PROF_REDUCE_WAIT, res.allreduce_wait_s = dist_reducer_finish(t->reducer));
-    res.loss = reduce_forward_results(t, global_count);
+    test_step_delay();
+    if (h->compute_end) h->compute_end(h->ctx);
+    bool abandon = h->abandon && h->abandon(h->ctx);
+    res.loss = reduce_forward_results(t, global_count, &abandon);
+    if (abandon) {
+        res.abandoned = true;
+        *result = res;
+        return 0;
+    }
     res.lr = optimizer_learning_rate(&t->cfg, step);
     PROF_TIMED(PROF_OPTIMIZER, update_parameters(t, step, &res));
     t->step = step;
