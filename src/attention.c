@@ -9,27 +9,53 @@
 
 #include "momfmm/kernels.h"
 #include "momfmm/momentum.h"
+#include "momfmm/tiled_softmax.h"
 
 enum { VECTOR_Q = 0, VECTOR_K = 1 };
 
+static bool tiled(const config *cfg) {
+    return cfg->attention == ATTENTION_SOFTMAX && cfg->attention_impl == ATTENTION_TILED;
+}
+
+/* Up to this length attention.impl = tiled keeps the probabilities, as
+ * dense does: at most 256 x T floats per head, still linear in T, and
+ * cheaper than recomputing them in backward (bench_d256 at T = 256, one
+ * thread: backward attention 25% slower with the recompute). Past it,
+ * nothing T x T is kept (docs/model.md §1.3). */
+#define TILED_KEEP_MAX 256
+
+static bool tiled_at(const config *cfg, int T) { return tiled(cfg) && T > TILED_KEEP_MAX; }
+
+/* FMM's band and far-field state; tiled softmax's log-sum-exp per row;
+ * dense softmax's T x T probabilities. */
 size_t attention_saved_per_head(const config *cfg, const fmm_settings *fmm, int T) {
     if (cfg->attention == ATTENTION_FMM) return fmm_head_saved_floats(fmm, T, cfg->d_model / cfg->n_heads);
-    return (size_t)T * T;
+    return tiled_at(cfg, T) ? (size_t)T : (size_t)T * T;
 }
 
 /* Kernel scratch plus five [T, dh] temporaries for gathering and the
- * gradients of q, k, v. */
+ * gradients of q, k, v (the last one also holds the head's output for
+ * tiled softmax's backward). */
 size_t attention_scratch_per_head(const config *cfg, const fmm_settings *fmm, int T) {
     int dh = cfg->d_model / cfg->n_heads;
-    size_t kernel = cfg->attention == ATTENTION_FMM ? fmm_head_scratch_floats(fmm, T, dh) : (size_t)T * T;
+    size_t kernel = cfg->attention == ATTENTION_FMM ? fmm_head_scratch_floats(fmm, T, dh)
+                    : tiled_at(cfg, T)              ? tiled_softmax_scratch_floats(T, dh)
+                                                    : (size_t)T * T;
     return kernel + 5 * (size_t)T * dh;
 }
 
 int attention_threads(void) { return omp_get_max_threads(); }
 
 /* Four [n, dh] temporaries (raw, q, p, head output) and the FMM kernel's. */
-size_t attention_stream_scratch_floats(const fmm_settings *fmm, int n_max, int dh) {
-    return 4 * (size_t)n_max * dh + fmm_stream_scratch_floats(fmm, dh);
+size_t attention_stream_scratch_floats(const config *cfg, const fmm_settings *fmm, int n_max, int dh) {
+    size_t kernel = cfg->attention == ATTENTION_FMM ? fmm_stream_scratch_floats(fmm, dh)
+                    : tiled(cfg)                    ? tiled_softmax_scratch_floats(n_max, dh) + (size_t)n_max
+                                                    : 0;
+    return 4 * (size_t)n_max * dh + kernel;
+}
+
+size_t attention_stream_probs_floats(const config *cfg, int n_max, int capacity) {
+    return cfg->attention == ATTENTION_SOFTMAX && !tiled(cfg) ? (size_t)n_max * capacity : 0;
 }
 
 static bool is_sheared(const attention_layer *a, int which) {
@@ -119,6 +145,8 @@ static void forward_head(const attention_layer *a, const attention_saved *s, con
         float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
         if (a->cfg->attention == ATTENTION_FMM) {
             fmm_head_forward(a->fmm, q, k, v, a->blend[h], a->blend[a->H + h], head_out, saved, scratch, T, dh);
+        } else if (tiled_at(a->cfg, T)) {
+            tiled_softmax_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal, scratch);
         } else {
             softmax_attention_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal);
         }
@@ -149,6 +177,10 @@ static void backward_head(const attention_layer *a, const attention_saved *s, co
         if (a->cfg->attention == ATTENTION_FMM) {
             fmm_head_backward(a->fmm, q, k, v, a->blend[h], a->blend[a->H + h], saved, d_head_out, dq, dk, dv,
                               &a->d_blend[h], &a->d_blend[a->H + h], scratch, T, dh);
+        } else if (tiled_at(a->cfg, T)) {
+            float *head_out = d_raw; /* free until unprepare_gradient overwrites it */
+            gather_head(head_out, s->out + (size_t)b * T * d, d, h * dh, T, dh);
+            tiled_softmax_backward(dq, dk, dv, d_head_out, head_out, saved, q, k, v, T, dh, a->cfg->causal, scratch);
         } else {
             softmax_attention_backward(dq, dk, dv, d_head_out, saved, q, k, v, scratch, T, T, dh, a->cfg->causal);
         }
@@ -212,7 +244,9 @@ void attention_stream_forward(const attention_layer *a, const attention_stream_l
                 fmm_head_stream(a->fmm, q, k_cache, v_cache, pos, n, a->blend[h], a->blend[a->H + h],
                                 st->far_state + index * far_floats, head_out, kernel, dh);
             } else {
-                softmax_attention_forward(head_out, st->probs, q, k_cache, v_cache, n, pos + n, dh, pos, true);
+                if (tiled(a->cfg))
+                    tiled_softmax_forward(head_out, kernel, q, k_cache, v_cache, n, pos + n, dh, pos, true, kernel + n);
+                else softmax_attention_forward(head_out, st->probs, q, k_cache, v_cache, n, pos + n, dh, pos, true);
             }
             scatter_head(out + (size_t)s * n * d, head_out, d, h * dh, n, dh);
         }

@@ -173,7 +173,9 @@ static void read_config_ini(h5reader *r, config *c) {
     char *ini = h5reader_attr_string(r, "config_ini");
     status st;
     config_defaults(c);
-    int bad = config_load_string(c, ini, "config_ini", &st) != 0 || config_check(c, "config_ini", &st) != 0;
+    /* data.resolved_path: what the run read, whatever the current directory */
+    int bad = config_load_string(c, ini, "config_ini", &st) != 0 || config_check(c, "config_ini", &st) != 0 ||
+              config_resolve_data_path(c, true, &st) != 0;
     free(ini);
     if (bad) h5reader_fail(r, "%s", st.message);
 }
@@ -221,6 +223,9 @@ static void read_config_body(h5reader *r, config *c, checkpoint_info *info) {
     /* added later (docs/files.md §4): absent means none skipped */
     info->skipped_steps = H5Aexists(r->file, "skipped_steps") > 0 ? h5reader_attr_int(r, "skipped_steps") : 0;
     if (info->skipped_steps < 0) h5reader_fail(r, "skipped_steps = %lld is negative", info->skipped_steps);
+    /* every skipped step is a step: more would overflow the count past step's limit */
+    if (info->skipped_steps > info->step)
+        h5reader_fail(r, "skipped_steps = %lld exceeds step = %lld", info->skipped_steps, info->step);
     info->init_from[0] = '\0';
     if (H5Aexists(r->file, "init_from") > 0) {
         char *init_from = h5reader_attr_string(r, "init_from");
@@ -247,6 +252,26 @@ static void read_config_body(h5reader *r, config *c, checkpoint_info *info) {
     }
     read_config_ini(r, c);
     check_model_fits(r, c, 1);
+}
+
+/* Values a checkpoint may not hold (docs/files.md §4, hostile files): any
+ * non-finite value, and with `nonnegative` (AdamW's second moments, whose
+ * square root the update takes) a negative one. Flat elements [first,
+ * first + count) of the model's tensors, base[0] being element `first`. */
+static void check_values(h5reader *r, const char *group, const model *m, const float *base, size_t first, size_t count,
+                         bool nonnegative) {
+    for (int i = 0; i < m->n_entries; i++) {
+        const model_param *e = &m->entries[i];
+        size_t a = e->offset > first ? e->offset : first, end = e->offset + e->numel;
+        size_t b = end < first + count ? end : first + count;
+        for (size_t k = a; k < b; k++) {
+            float x = base[k - first];
+            if (isfinite(x) && !(nonnegative && x < 0)) continue;
+            h5reader_fail(r, "%s/%s[%zu] = %g: %s", group, e->name, k - e->offset, x,
+                          isfinite(x) ? "a negative second moment (AdamW takes its square root)"
+                                      : "a checkpoint of non-finite values is refused");
+        }
+    }
 }
 
 static void read_tensors(h5reader *r, const char *group, const model *m, float *base) {
@@ -321,7 +346,7 @@ static long long table_rows(h5reader *r, const char *group, const metric_table *
     for (int c = 0; c < (live ? t->n_columns : 1); c++) {
         char name[128];
         snprintf(name, sizeof name, "%s/%s", group, t->columns[c].name);
-        if (column_added_later(t->columns[c].name) && H5Lexists(r->file, name, H5P_DEFAULT) <= 0) continue;
+        if (column_added_later(t->columns[c].name) && !h5reader_exists(r, name)) continue;
         hsize_t dims[H5S_MAX_RANK] = {0};
         int ndim;
         hid_t dset = h5reader_open_dataset(r, name, &ndim, dims);
@@ -334,19 +359,31 @@ static long long table_rows(h5reader *r, const char *group, const metric_table *
     return rows;
 }
 
+/* Rows of a metric table: one per log interval, so 2^26 is a run of at
+ * least 67 million steps, far beyond any; the bound keeps a hostile file's
+ * table (2^31 declared rows) from taking a large allocation and seconds. */
+#define MAX_METRIC_ROWS ((long long)1 << 26)
+
 /* A missing group means an empty history (e.g. a step-0 checkpoint). */
 static void read_metric_table(h5reader *r, const char *group, metric_table *t, bool live) {
     t->n_rows = 0;
-    if (H5Lexists(r->file, group, H5P_DEFAULT) <= 0) return;
+    if (!h5reader_exists(r, group)) return;
     char name[128];
     long long rows = table_rows(r, group, t, live);
+    /* the table holds rows x row_width doubles: refused before allocating when they cannot fit */
+    double bytes = 8.0 * (double)rows * (t->row_width + 1), available = sys_memory_available();
+    if (rows > MAX_METRIC_ROWS || (available > 0 && 2 * bytes > available))
+        h5reader_fail(r,
+                      "%s declares %lld rows (%.3g GB as a table): more than %lld rows or than the %.3g GB of memory "
+                      "available",
+                      group, rows, bytes / 1e9, (long long)MAX_METRIC_ROWS, available / 1e9);
     double *column = sys_calloc((size_t)rows * (size_t)t->row_width + 1, sizeof(double));
     double *row = sys_calloc((size_t)t->row_width, sizeof(double));
     int offset = 0;
     for (int c = 0; c < t->n_columns; c++) {
         const metric_column *col = &t->columns[c];
         snprintf(name, sizeof name, "%s/%s", group, col->name);
-        if (!strcmp(col->name, "bpb") && H5Lexists(r->file, name, H5P_DEFAULT) <= 0) {
+        if (!strcmp(col->name, "bpb") && !h5reader_exists(r, name)) {
             derive_bpb(t, rows, offset);
             offset += col->width;
             continue;
@@ -354,7 +391,7 @@ static void read_metric_table(h5reader *r, const char *group, metric_table *t, b
         unsigned long long shape[3];
         int ndim_want = metric_column_shape(col, rows, shape);
         hsize_t want[3] = {shape[0], shape[1], shape[2]};
-        if (column_added_later(col->name) && H5Lexists(r->file, name, H5P_DEFAULT) <= 0)
+        if (column_added_later(col->name) && !h5reader_exists(r, name))
             for (size_t i = 0; i < (size_t)rows * col->width; i++) column[i] = NAN;
         else h5reader_read_leading_rows(r, name, live, ndim_want, want, column);
         for (long long i = 0; i < rows; i++) {
@@ -383,11 +420,22 @@ static void config_body(h5reader *r, void *ctx) {
 
 static void state_body(h5reader *r, void *ctx) {
     read_request *q = ctx;
-    read_tensors(r, "/model", q->m, q->m->params);
-    if (q->m->momentum) read_buffers(r, q->m);
+    model *m = q->m;
+    read_tensors(r, "/model", m, m->params);
+    check_values(r, "/model", m, m->params, 0, m->n_params, false);
+    if (m->momentum) {
+        read_buffers(r, m);
+        for (size_t i = 0; i < m->n_buffer; i++)
+            if (!isfinite(m->buffers[i]))
+                h5reader_fail(r, "/buffers/blocks/%zu/attn/%s holds %g: a checkpoint of non-finite values is refused",
+                              i / (2 * (size_t)m->H * m->dh), (i / ((size_t)m->H * m->dh)) % 2 ? "prev_k" : "prev_q",
+                              m->buffers[i]);
+    }
     if (q->optimizer) {
-        read_moments(r, "/optim/m", q->m, q->m->adam_m);
-        read_moments(r, "/optim/v", q->m, q->m->adam_v);
+        read_moments(r, "/optim/m", m, m->adam_m);
+        read_moments(r, "/optim/v", m, m->adam_v);
+        check_values(r, "/optim/m", m, m->adam_m, m->moment_first, m->moment_count, false);
+        check_values(r, "/optim/v", m, m->adam_v, m->moment_first, m->moment_count, true);
     }
     if (q->train) read_metric_table(r, "/metrics/train", q->train, false);
     if (q->eval) read_metric_table(r, "/metrics/eval", q->eval, false);
@@ -439,9 +487,9 @@ static void metrics_file_body(h5reader *r, void *ctx) {
     read_request *q = ctx;
     if (H5Aexists(r->file, "format") > 0) h5reader_fail(r, "has a root attribute 'format': not a metrics file");
     /* a checkpoint that lost its format attribute is a broken checkpoint, not a metrics file */
-    if (H5Lexists(r->file, "/model", H5P_DEFAULT) > 0) h5reader_fail(r, "has a /model group: not a metrics file");
+    if (h5reader_exists(r, "/model")) h5reader_fail(r, "has a /model group: not a metrics file");
     read_config_ini(r, q->c);
-    if (H5Lexists(r->file, "/metrics", H5P_DEFAULT) <= 0) h5reader_fail(r, "no /metrics group: not a metrics file");
+    if (!h5reader_exists(r, "/metrics")) h5reader_fail(r, "no /metrics group: not a metrics file");
     metric_tables_standard(q->train, q->eval, q->c->n_layers, q->c->n_heads);
     metric_tables_add_task_columns(q->train, q->eval, q->c->task);
     read_metric_table(r, "/metrics/train", q->train, true);
@@ -492,7 +540,7 @@ static void tokens_body(h5reader *r, void *ctx) {
     hid_t targets = h5reader_open_dataset(r, "/targets", &ndim, other);
     h5reader_require_integer(r, "/targets", targets);
     H5Dclose(targets);
-    if (m->cfg.head == HEAD_CLS && H5Lexists(r->file, "/labels", H5P_DEFAULT) > 0) {
+    if (m->cfg.head == HEAD_CLS && h5reader_exists(r, "/labels")) {
         hid_t labels = h5reader_open_dataset(r, "/labels", &ndim, other);
         h5reader_require_integer(r, "/labels", labels);
         H5Dclose(labels);
@@ -509,6 +557,10 @@ static void tokens_body(h5reader *r, void *ctx) {
         check_token_range(r, "/labels", b->labels, (size_t)b->B, 0, m->n_out);
     } else {
         check_token_range(r, "/targets", b->targets, n, -1, m->V);
+        size_t counted = 0;
+        for (size_t i = 0; i < n; i++) counted += b->targets[i] >= 0;
+        if (counted == 0)
+            h5reader_fail(r, "/targets counts no position (every target is -1): there is no loss to compute");
     }
 }
 

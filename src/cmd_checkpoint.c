@@ -213,7 +213,14 @@ static void inspect_metrics_file(const char *path, const status *checkpoint_err)
     if (checkpoint_read_metrics_file(path, &cfg, &train, &eval, &err) != 0) {
         metric_table_free(&train);
         metric_table_free(&eval);
-        cmd_fail(checkpoint_err->code, "%s", checkpoint_err->message); /* neither: the checkpoint's reason */
+        /* neither: a file without a 'format' attribute reads as a damaged metrics.h5, naming its problem; else
+         * the checkpoint's reason */
+        size_t prefix = strlen(path) + 2;
+        const char *why = strlen(err.message) > prefix ? err.message + prefix : err.message;
+        if (strstr(checkpoint_err->message, "missing root attribute 'format'") && !strstr(why, "not a metrics file"))
+            cmd_fail(err.code, "%s: not a checkpoint (no root attribute 'format'), and as a metrics file: %s", path,
+                     why);
+        cmd_fail(checkpoint_err->code, "%s", checkpoint_err->message);
     }
     if (dist_rank() == 0) {
         char *ini = config_to_ini(&cfg);

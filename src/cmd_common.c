@@ -61,7 +61,8 @@ config cmd_load_config(const char *path, int n_overrides, char *const *overrides
     if (config_load_file(&c, path, &st) != 0) cmd_exit_on_status(&st, true);
     for (int i = 0; i < n_overrides; i++)
         if (config_apply_override(&c, overrides[i], &st) != 0) cmd_exit_on_status(&st, true);
-    if (config_check(&c, path, &st) != 0) cmd_exit_on_status(&st, true);
+    if (config_check(&c, path, &st) != 0 || config_resolve_data_path(&c, false, &st) != 0)
+        cmd_exit_on_status(&st, true);
     return c;
 }
 

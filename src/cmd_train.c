@@ -16,6 +16,7 @@
 #include "momfmm/checkpoint.h"
 #include "momfmm/cmd_common.h"
 #include "momfmm/commands.h"
+#include "momfmm/dist.h"
 #include "momfmm/gemm.h"
 #include "momfmm/live_metrics.h"
 #include "momfmm/log.h"
@@ -361,6 +362,58 @@ static void print_summary(const trainer *t, const train_loop *loop, double secon
     log_flush();
 }
 
+/* Every rank must train the same config (an MPMD launch can give each its
+ * own file or --set): the ranks compare a checksum of the resolved config
+ * before anything is allocated by it, and rank 0 names the first key that
+ * differs from the first rank that differs (docs/cli.md §5, exit 2). */
+static void check_ranks_agree(const config *cfg) {
+    char *ini = config_to_ini(cfg);
+    int other = dist_first_differing_rank(dist_checksum(ini, strlen(ini)));
+    if (other < 0) {
+        free(ini);
+        return;
+    }
+    unsigned long long len = strlen(ini) + 1;
+    dist_broadcast_bytes_from(other, &len, sizeof len);
+    char *theirs = sys_calloc((size_t)len + 1, 1);
+    if (dist_rank() == other) memcpy(theirs, ini, (size_t)len);
+    dist_broadcast_bytes_from(other, theirs, (size_t)len);
+    config c;
+    status st;
+    config_defaults(&c);
+    char diff[512] = "a key";
+    int n = 0;
+    if (dist_rank() == 0 && config_load_string(&c, theirs, "config_ini", &st) == 0)
+        n = config_first_difference(cfg, &c, diff, sizeof diff);
+    free(theirs);
+    free(ini);
+    char more[64] = "";
+    if (n > 1) snprintf(more, sizeof more, " (and %d more key%s)", n - 1, n > 2 ? "s" : "");
+    cmd_fail_all(EXIT_USAGE,
+                 "the ranks' configs differ (rank 0 vs rank %d): %s%s; every rank must train the same config (one "
+                 "file, the same --set)",
+                 other, diff, more);
+}
+
+/* --init before the run directory is touched: a source that does not load
+ * or does not fit the config creates nothing, and --overwrite never removes
+ * the checkpoint the weights are to come from (docs/cli.md §5). */
+static void check_init_source(const config *cfg, const char *init, bool overwrite) {
+    if (overwrite && store_overwrite_removes(cfg->out_dir, init))
+        cmd_fail_all(EXIT_USAGE,
+                     "train --init %s --overwrite: the checkpoint lies in train.out_dir = %s, which --overwrite "
+                     "would empty first; copy it elsewhere, or choose another train.out_dir",
+                     init, cfg->out_dir);
+    config saved;
+    checkpoint_info info;
+    status err;
+    if (checkpoint_read_config(init, &saved, &info, &err) != 0) cmd_fail_all(err.code, "--init %s", err.message);
+    char diff[4096];
+    if (config_compare_architecture(&saved, cfg, diff, sizeof diff) > 0)
+        cmd_fail_all(EXIT_BAD_FILE, "--init %s: the model differs from the config's (checkpoint vs now): %s", init,
+                     diff);
+}
+
 int command_train(const char *config_path, int n_overrides, char *const *overrides, const char *resume,
                   const char *init, bool overwrite) {
     if (resume && init)
@@ -368,9 +421,11 @@ int command_train(const char *config_path, int n_overrides, char *const *overrid
                      "train: --init starts a new run at step 0 from a checkpoint's weights, --resume continues "
                      "a run: give one of them");
     config cfg = cmd_load_config(config_path, n_overrides, overrides);
+    check_ranks_agree(&cfg);
     cmd_use_precision(&cfg);
     cmd_check_launch();
     signals_catch_stops();
+    if (init) check_init_source(&cfg, init, overwrite);
     /* rank 0 opens the run directory and every rank learns its verdict, so
      * that a refused start (a lock, an earlier run's checkpoints) ends every
      * rank with the code and no MPI_Abort */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "momfmm/ini.h"
 #include "momfmm/status.h"
@@ -50,6 +51,9 @@ static const config_key KEYS[] = {
     {"model", "head", KEY_ENUM, OFF(head), "lm", 0, 0, "lm|cls", ROLE_MODEL},
     {"model", "n_classes", KEY_INT, OFF(n_classes), "10", 2, 1 << 20, NULL, ROLE_MODEL},
     {"attention", "kind", KEY_ENUM, OFF(attention), "softmax", 0, 0, "softmax|fmm", ROLE_MODEL},
+    /* how softmax attention is computed, not what: the same model either way
+     * (docs/model.md §1.3), so a run may resume with the other */
+    {"attention", "impl", KEY_ENUM, OFF(attention_impl), "tiled", 0, 0, "tiled|dense", ROLE_SCHEDULE},
     {"momentum", "gamma", KEY_DOUBLE, OFF(gamma), "0", -BIG, BIG, NULL, ROLE_MODEL},
     {"momentum", "learn_gamma", KEY_BOOL, OFF(learn_gamma), "false", 0, 1, NULL, ROLE_MODEL},
     {"momentum", "beta", KEY_DOUBLE, OFF(beta), "0", -BIG, BIG, NULL, ROLE_MODEL},
@@ -65,7 +69,11 @@ static const config_key KEYS[] = {
     {"data", "seq_len", KEY_INT, OFF(seq_len), "64", 1, 1 << 24, NULL, ROLE_MODEL},
     {"data", "chain_len", KEY_INT, OFF(chain_len), "10", 1, 1 << 24, NULL, ROLE_MODEL},
     {"data", "noise", KEY_DOUBLE, OFF(noise), "0", 0, 1, NULL, ROLE_MODEL},
-    {"data", "path", KEY_STRING, OFF(data_path), "", 0, 0, NULL, ROLE_MODEL},
+    /* data.path as given (a schedule key: its text may change), and the
+     * absolute path it named when the run started, which decides what is
+     * read and must match on resume (docs/config.md §6) */
+    {"data", "path", KEY_STRING, OFF(data_path), "", 0, 0, NULL, ROLE_SCHEDULE},
+    {"data", "resolved_path", KEY_STRING, OFF(data_resolved), "", 0, 0, NULL, ROLE_MODEL},
     {"data", "eval_fraction", KEY_DOUBLE, OFF(eval_fraction), "0.1", 0, 1, NULL, ROLE_MODEL},
     {"data", "listops_min_len", KEY_INT, OFF(listops_min_len), "16", 1, 1 << 24, NULL, ROLE_MODEL},
     {"data", "listops_max_len", KEY_INT, OFF(listops_max_len), "128", 1, 1 << 24, NULL, ROLE_MODEL},
@@ -210,7 +218,7 @@ static void suggest_choice(const char *choices, const char *value, char *out, si
     else out[0] = '\0';
 }
 
-typedef enum { SET_OK, SET_SYNTAX, SET_RANGE, SET_TOO_LONG, SET_CHOICE, SET_LIST } set_result;
+typedef enum { SET_OK, SET_SYNTAX, SET_RANGE, SET_HUGE, SET_TOO_LONG, SET_CHOICE, SET_LIST } set_result;
 
 /* "elu, elu_flip": names of `choices` separated by commas (blanks around
  * them ignored); a blank value is the empty list. */
@@ -275,7 +283,10 @@ static set_result set_value(config *c, const config_key *key, const char *value)
     }
     case KEY_DOUBLE: {
         double v = strtod(value, &end);
-        if (end == value || *end || !isfinite(v)) return SET_SYNTAX;
+        if (end == value || *end) return SET_SYNTAX;
+        /* 1e400 or 1e-400: a number, but not one a double holds */
+        if (errno == ERANGE && (isinf(v) || v == 0)) return SET_HUGE;
+        if (!isfinite(v)) return SET_SYNTAX;
         if (v < key->min || v > key->max) return SET_RANGE;
         *(double *)field = v;
         return SET_OK;
@@ -316,10 +327,16 @@ int config_check_defaults(status *st) {
     return 0;
 }
 
-/* The value as typed, cut to 60 characters for a message. */
+/* The value as typed for a message: control bytes as \xNN (a file's bytes
+ * stay out of the terminal), cut with "..." after about 57 characters. */
 static const char *shown(const char *value, char *buf, size_t len) {
-    if (strlen(value) <= 60) return value;
-    snprintf(buf, len, "%.57s...", value);
+    const unsigned char *p = (const unsigned char *)value;
+    size_t j = 0, i = 0, limit = strlen(value) <= 60 ? 60 : 57;
+    for (; p[i] && i < limit && j + 8 <= len; i++) {
+        if (p[i] < 0x20 || p[i] == 0x7f) j += (size_t)snprintf(buf + j, len - j, "\\x%02x", p[i]);
+        else buf[j++] = (char)p[i];
+    }
+    snprintf(buf + j, len - j, "%s", p[i] ? "..." : "");
     return buf;
 }
 
@@ -342,6 +359,11 @@ static void describe_bad_value(const config_key *key, const char *value, set_res
     case SET_RANGE:
         describe_range(key, detail, sizeof detail);
         snprintf(out, len, "%s.%s = %s is out of range: %s", key->section, key->name, v, detail);
+        return;
+    case SET_HUGE:
+        describe_range(key, detail, sizeof detail);
+        snprintf(out, len, "%s.%s = %s is out of range: beyond what a double holds (%s)", key->section, key->name, v,
+                 detail);
         return;
     case SET_TOO_LONG:
         snprintf(out, len, "%s.%s = '%s': longer than %zu characters", key->section, key->name, v, key->size - 1);
@@ -396,6 +418,11 @@ static int reject(parse_state *ps, const char *fmt, ...) {
     return status_fail(ps->st, EXIT_USAGE, "%s %s", ps->origin, message);
 }
 
+static char *copy_string(const char *s) {
+    size_t n = strlen(s) + 1;
+    return memcpy(sys_calloc(n, 1), s, n);
+}
+
 static int assign(parse_state *st, const char *name, const char *value) {
     char hint[160], cut[64];
     if (!st->section) {
@@ -415,16 +442,19 @@ static int assign(parse_state *st, const char *name, const char *value) {
     if (st->line > 0 && st->key_line[index])
         return reject(st, "duplicate key %s.%s (first set at line %d)", key->section, key->name, st->key_line[index]);
     st->key_line[index] = st->line;
-    set_result why = set_value(st->c, key, value);
-    if (why == SET_OK) return 0;
+    /* a quoted value (docs/config.md §6, escaping) is decoded first */
+    char *text = copy_string(value), bad[128];
+    if (ini_unquote(text, bad, sizeof bad) != 0) {
+        free(text);
+        return reject(st, "%s.%s = %s: bad quoted value: %s", key->section, key->name, shown(value, cut, sizeof cut),
+                      bad);
+    }
+    set_result why = set_value(st->c, key, text);
     char message[1024];
-    describe_bad_value(key, value, why, message, sizeof message);
+    if (why != SET_OK) describe_bad_value(key, text, why, message, sizeof message);
+    free(text);
+    if (why == SET_OK) return 0;
     return reject(st, "%s", message);
-}
-
-static char *copy_string(const char *s) {
-    size_t n = strlen(s) + 1;
-    return memcpy(sys_calloc(n, 1), s, n);
 }
 
 /* ini_handlers of a config file: a known section may appear once. */
@@ -473,35 +503,78 @@ int config_load_file(config *c, const char *path, status *st) {
     return rc;
 }
 
+/* s without its leading and trailing blanks, in place. */
+static char *strip_blanks(char *s) {
+    s += strspn(s, " \t");
+    size_t n = strlen(s);
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t')) s[--n] = '\0';
+    return s;
+}
+
 int config_apply_override(config *c, const char *assignment, status *st) {
     const char *eq = strchr(assignment, '=');
     const char *dot = strchr(assignment, '.');
+    char cut[64];
     if (!eq || !dot || dot > eq) {
         char hint[160] = "";
         if (eq) {
-            char *name = copy_string(assignment);
-            name[eq - assignment] = '\0';
+            char *copy = copy_string(assignment);
+            copy[eq - assignment] = '\0';
+            char *name = strip_blanks(copy);
             const char *alias = suggest_alias_lookup(KEY_ALIASES, name);
             for (size_t i = 0; !alias && i < N_KEYS; i++)
                 if (!strcmp(KEYS[i].name, name))
                     snprintf(hint, sizeof hint, "; did you mean %s.%s", KEYS[i].section, name);
             if (alias) snprintf(hint, sizeof hint, "; did you mean %s", alias);
             if (hint[0]) snprintf(hint + strlen(hint), sizeof hint - strlen(hint), "=%.40s?", eq + 1);
-            free(name);
+            free(copy);
         }
-        return status_fail(st, EXIT_USAGE, "--set %s: expected section.key=value%s", assignment, hint);
+        return status_fail(st, EXIT_USAGE, "--set %s: expected section.key=value%s", shown(assignment, cut, sizeof cut),
+                           hint);
     }
+    /* "train.lr = 0.01": blanks around the names and the value are not theirs */
     char *copy = copy_string(assignment);
     copy[dot - assignment] = copy[eq - assignment] = '\0';
     parse_state ps;
     memset(&ps, 0, sizeof ps);
     ps.c = c, ps.origin = "--set", ps.st = st;
-    ps.section = copy_string(copy);
-    int rc = assign(&ps, copy + (dot - assignment) + 1, eq + 1);
+    ps.section = copy_string(strip_blanks(copy));
+    int rc = assign(&ps, strip_blanks(copy + (dot - assignment) + 1), strip_blanks(copy + (eq - assignment) + 1));
     free(ps.section);
     free(copy);
     return rc;
 }
+
+int config_resolve_data_path(config *c, bool keep_resolved, status *st) {
+    status_clear(st);
+    if (keep_resolved && c->data_resolved[0]) return 0;
+    c->data_resolved[0] = '\0';
+    if (!c->data_path[0]) return 0;
+    char cwd[CONFIG_PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd))
+        return status_fail(st, EXIT_USAGE, "data.path = %s: cannot make it absolute: the current directory: %s",
+                           c->data_path, strerror(errno));
+    char out[4 * CONFIG_PATH_MAX] = "";
+    size_t used = 0;
+    const char *p = c->data_path;
+    for (;;) { /* each item of the comma-separated list */
+        size_t n = strcspn(p, ",");
+        bool absolute = n == 0 || p[0] == '/';
+        used += (size_t)snprintf(out + used, sizeof out - used, "%s%s%s%.*s", used ? "," : "", absolute ? "" : cwd,
+                                 absolute ? "" : "/", (int)n, p);
+        if (used >= sizeof out || !p[n]) break;
+        p += n + 1;
+    }
+    if (used >= sizeof c->data_resolved) {
+        char cut[64];
+        return status_fail(st, EXIT_USAGE, "data.path = %s: as an absolute path it is longer than %zu characters",
+                           shown(c->data_path, cut, sizeof cut), sizeof c->data_resolved - 1);
+    }
+    memcpy(c->data_resolved, out, used + 1);
+    return 0;
+}
+
+const char *config_data_source(const config *c) { return c->data_resolved[0] ? c->data_resolved : c->data_path; }
 
 bool config_momentum_enabled(const config *c) { return c->gamma != 0.0 || c->learn_gamma; }
 
@@ -568,7 +641,12 @@ static void format_value(const config *c, const config_key *key, char *out, size
     case KEY_INT64: snprintf(out, len, "%lld", *(const long long *)field); break;
     case KEY_DOUBLE: config_format_double(*(const double *)field, out, len); break;
     case KEY_BOOL: snprintf(out, len, "%s", *(const bool *)field ? "true" : "false"); break;
-    case KEY_STRING: snprintf(out, len, "%s", field); break;
+    case KEY_STRING: { /* quoted when it would not read back verbatim (docs/config.md §6) */
+        char *quoted = ini_quote(field);
+        snprintf(out, len, "%s", quoted);
+        free(quoted);
+        break;
+    }
     case KEY_ENUM: choice_name(key->choices, *(const int *)field, out, len); break;
     case KEY_LIST: {
         const config_list *list = (const config_list *)field;
@@ -585,7 +663,7 @@ static void format_value(const config *c, const config_key *key, char *out, size
 }
 
 char *config_to_ini(const config *c) {
-    size_t cap = 64 + N_KEYS * (CONFIG_PATH_MAX + 64), len = 0;
+    size_t cap = 64 + N_KEYS * (CONFIG_VALUE_MAX + 64), len = 0;
     char *text = sys_calloc(cap, 1);
     const char *section = "";
     for (size_t i = 0; i < N_KEYS; i++) {
@@ -593,7 +671,7 @@ char *config_to_ini(const config *c) {
             section = KEYS[i].section;
             len += (size_t)snprintf(text + len, cap - len, "%s[%s]\n", len ? "\n" : "", section);
         }
-        char value[CONFIG_PATH_MAX + 32];
+        char value[CONFIG_VALUE_MAX];
         format_value(c, &KEYS[i], value, sizeof value);
         len += (size_t)snprintf(text + len, cap - len, "%s = %s\n", KEYS[i].name, value);
     }
@@ -609,7 +687,7 @@ static int compare_where(const config *a, const config *b, bool (*wanted)(const 
     if (out_len) out[0] = '\0';
     for (size_t i = 0; i < N_KEYS; i++) {
         if (!wanted(&KEYS[i])) continue;
-        char va[CONFIG_PATH_MAX + 32], vb[CONFIG_PATH_MAX + 32];
+        char va[CONFIG_VALUE_MAX], vb[CONFIG_VALUE_MAX];
         format_value(a, &KEYS[i], va, sizeof va);
         format_value(b, &KEYS[i], vb, sizeof vb);
         if (strcmp(va, vb) == 0) continue;
@@ -622,6 +700,22 @@ static int compare_where(const config *a, const config *b, bool (*wanted)(const 
 }
 
 static bool is_model_key(const config_key *k) { return k->role == ROLE_MODEL; }
+static bool is_any_key(const config_key *k) { return k != NULL; }
+
+int config_first_difference(const config *a, const config *b, char *out, size_t out_len) {
+    for (size_t i = 0; i < N_KEYS; i++) {
+        char va[CONFIG_VALUE_MAX], vb[CONFIG_VALUE_MAX];
+        format_value(a, &KEYS[i], va, sizeof va);
+        format_value(b, &KEYS[i], vb, sizeof vb);
+        if (strcmp(va, vb) == 0) continue;
+        char ca[64], cb[64];
+        snprintf(out, out_len, "%s.%s = %s vs %s", KEYS[i].section, KEYS[i].name, shown(va, ca, sizeof ca),
+                 shown(vb, cb, sizeof cb));
+        return compare_where(a, b, is_any_key, NULL, 0);
+    }
+    if (out_len) out[0] = '\0';
+    return 0;
+}
 static bool is_schedule_key(const config_key *k) { return k->role != ROLE_MODEL; }
 
 int config_compare_keys(const config *a, const config *b, bool model_keys, char *out, size_t out_len) {

@@ -5,43 +5,102 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* vm.max_map_count, the kernel's limit on a process's mappings. */
+static long max_map_count(void) {
+    static long limit = 0;
+    if (limit == 0) {
+        FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+        if (!f || fscanf(f, "%ld", &limit) != 1 || limit <= 0) limit = 65530;
+        if (f) fclose(f);
+    }
+    return limit;
+}
+
 static const char *kind_of(mode_t mode) {
     return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISSOCK(mode) ? "a socket" : "a device";
 }
 
-int corpus_map_file(const char *path, const unsigned char **bytes, long long *size, status *st) {
-    /* stat first, so that a device is never opened; O_NONBLOCK, so that a
-     * FIFO swapped in between cannot block the open; fstat to be sure. */
+/* A regular, non-empty file opened for reading: its descriptor, or -1 with
+ * a status. stat first, so that a device is never opened; O_NONBLOCK, so
+ * that a FIFO swapped in between cannot block the open; fstat to be sure. */
+/* status_fail for open_regular, whose failures return -1 (not a descriptor). */
+static int refuse(status *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int refuse(status *st, const char *fmt, ...) {
+    char message[sizeof st->message];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(message, sizeof message, fmt, args);
+    va_end(args);
+    status_fail(st, EXIT_BAD_FILE, "%s", message);
+    return -1;
+}
+
+static int open_regular(const char *path, long long *size, status *st) {
     struct stat s;
-    if (stat(path, &s) != 0)
-        return status_fail(st, EXIT_BAD_FILE, "data.path = %s: cannot open: %s", path, strerror(errno));
-    if (!S_ISREG(s.st_mode))
-        return status_fail(st, EXIT_BAD_FILE, "data.path = %s: not a regular file but %s", path, kind_of(s.st_mode));
+    if (stat(path, &s) != 0) return refuse(st, "data.path = %s: cannot open: %s", path, strerror(errno));
+    if (!S_ISREG(s.st_mode)) return refuse(st, "data.path = %s: not a regular file but %s", path, kind_of(s.st_mode));
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return status_fail(st, EXIT_BAD_FILE, "data.path = %s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return refuse(st, "data.path = %s: cannot open: %s", path, strerror(errno));
     if (fstat(fd, &s) != 0 || !S_ISREG(s.st_mode)) {
         close(fd);
-        return status_fail(st, EXIT_BAD_FILE, "data.path = %s: not a regular file", path);
+        return refuse(st, "data.path = %s: not a regular file", path);
     }
     if (s.st_size == 0) {
         close(fd);
-        return status_fail(st, EXIT_BAD_FILE, "data.path = %s: the file is empty", path);
+        status_fail(st, EXIT_BAD_FILE, "data.path = %s: the file is empty", path);
+        return -1;
     }
+    *size = (long long)s.st_size;
+    return fd;
+}
+
+int corpus_map_file(const char *path, const unsigned char **bytes, long long *size, status *st) {
+    int fd = open_regular(path, size, st);
+    if (fd < 0) return EXIT_BAD_FILE;
     /* PROT_READ + MAP_SHARED: every rank on a node reads the same page-cache
      * pages; nothing is copied into the process */
-    void *mapping = mmap(NULL, (size_t)s.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    void *mapping = mmap(NULL, (size_t)*size, PROT_READ, MAP_SHARED, fd, 0);
     int map_errno = errno;
     close(fd);
     if (mapping == MAP_FAILED)
-        return status_fail(st, EXIT_BAD_FILE, "data.path = %s: cannot map: %s", path, strerror(map_errno));
+        return status_fail(st, EXIT_BAD_FILE,
+                           "data.path = %s: cannot map: %s (mappings are limited by vm.max_map_count "
+                           "= %ld)",
+                           path, strerror(map_errno), max_map_count());
     *bytes = mapping;
-    *size = (long long)s.st_size;
+    return 0;
+}
+
+/* A small document read into memory: a mapping per document would run
+ * into vm.max_map_count (65530 by default) for a directory of many small
+ * files, and costs a page per file anyway. */
+static int read_small_file(const char *path, const unsigned char **bytes, long long *size, status *st) {
+    int fd = open_regular(path, size, st);
+    if (fd < 0) return EXIT_BAD_FILE;
+    unsigned char *buf = sys_calloc((size_t)*size, 1);
+    long long got = 0;
+    while (got < *size) {
+        ssize_t n = read(fd, buf + got, (size_t)(*size - got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            int why = n < 0 ? errno : 0;
+            close(fd);
+            free(buf);
+            return status_fail(st, EXIT_BAD_FILE, "data.path = %s: cannot read: %s", path,
+                               why ? strerror(why) : "the file shrank while being read");
+        }
+        got += n;
+    }
+    close(fd);
+    *bytes = buf;
     return 0;
 }
 
@@ -56,7 +115,15 @@ static char *copy_string(const char *s) {
 
 static int add_document(corpus *c, const char *path, status *st) {
     corpus_document doc = {0};
-    if (corpus_map_file(path, &doc.bytes, &doc.size, st)) return EXIT_BAD_FILE;
+    struct stat s;
+    doc.owned = stat(path, &s) == 0 && s.st_size <= CORPUS_READ_MAX;
+    if (!doc.owned && c->n_mapped >= max_map_count() / 2)
+        return status_fail(st, EXIT_BAD_FILE,
+                           "data.path = %s: more than %d documents larger than %d KiB, each a memory mapping, would "
+                           "pass half of vm.max_map_count = %ld; join documents into fewer files",
+                           path, c->n_mapped, CORPUS_READ_MAX >> 10, max_map_count());
+    if ((doc.owned ? read_small_file : corpus_map_file)(path, &doc.bytes, &doc.size, st)) return EXIT_BAD_FILE;
+    c->n_mapped += !doc.owned;
     if (c->n_docs == c->capacity) {
         c->capacity = c->capacity ? 2 * c->capacity : 16;
         c->docs = sys_realloc(c->docs, sizeof(corpus_document) * (size_t)c->capacity);
@@ -149,7 +216,8 @@ int corpus_open(corpus *c, const char *spec, status *st) {
 
 void corpus_close(corpus *c) {
     for (int i = 0; i < c->n_docs; i++) {
-        corpus_unmap(c->docs[i].bytes, c->docs[i].size);
+        if (c->docs[i].owned) free((void *)c->docs[i].bytes);
+        else corpus_unmap(c->docs[i].bytes, c->docs[i].size);
         free(c->docs[i].path);
     }
     free(c->docs);

@@ -49,14 +49,14 @@ void data_batch_free(data_batch *b) {
 
 static int open_text(data_source *d, status *st) {
     const config *c = &d->cfg;
-    if (corpus_open(&d->text, c->data_path, st)) return EXIT_BAD_FILE;
+    if (corpus_open(&d->text, config_data_source(c), st)) return EXIT_BAD_FILE;
     corpus_split(&d->text, c->eval_fraction, &d->train_end, &d->eval_start);
     long long eval_bytes = d->text.size - d->eval_start;
     if (d->train_end < c->seq_len + 1 || eval_bytes < c->seq_len + 1)
         return status_fail(st, EXIT_BAD_FILE,
                            "data.path = %s: %d document(s) of %lld bytes split into %lld train and "
                            "%lld eval bytes, too short for data.seq_len = %d in both splits (data.eval_fraction = %g)",
-                           c->data_path, d->text.n_docs, d->text.size, d->train_end, eval_bytes, c->seq_len,
+                           config_data_source(c), d->text.n_docs, d->text.size, d->train_end, eval_bytes, c->seq_len,
                            c->eval_fraction);
     return 0;
 }
@@ -76,12 +76,13 @@ static int add_listops_row(data_source *d, char *line, int line_no, int *cap, st
     const config *c = &d->cfg;
     char *tab = strchr(line, '\t');
     if (!tab)
-        return status_fail(st, EXIT_BAD_FILE, "data.path = %s:%d: expected Source<TAB>Target", c->data_path, line_no);
+        return status_fail(st, EXIT_BAD_FILE, "data.path = %s:%d: expected Source<TAB>Target", config_data_source(c),
+                           line_no);
     *tab = '\0';
     int label = parse_label(tab + 1);
     if (label < 0)
-        return status_fail(st, EXIT_BAD_FILE, "data.path = %s:%d: Target '%s' is not an integer 0..9", c->data_path,
-                           line_no, tab + 1);
+        return status_fail(st, EXIT_BAD_FILE, "data.path = %s:%d: Target '%s' is not an integer 0..9",
+                           config_data_source(c), line_no, tab + 1);
     if (d->n_rows == *cap) {
         *cap *= 2;
         d->rows = sys_realloc(d->rows, sizeof(int32_t) * (size_t)*cap * c->seq_len);
@@ -93,20 +94,22 @@ static int add_listops_row(data_source *d, char *line, int line_no, int *cap, st
         return status_fail(st, EXIT_BAD_FILE,
                            "data.path = %s:%d: Source has a word other than [MIN [MAX [MED [SM ] "
                            "( ) and the digits",
-                           c->data_path, line_no);
+                           config_data_source(c), line_no);
     if (length <= 0) return 0; /* empty, or longer than data.seq_len: LRA drops these too */
     d->row_labels[d->n_rows++] = label;
     return 0;
 }
 
 /* LRA TSV: a header line, then "Source<TAB>Target" rows; blank lines are
- * skipped. The file is mapped and each line copied into a reused buffer. */
+ * skipped, and a UTF-8 byte-order mark before the header. The file is
+ * mapped and each line copied into a reused buffer. */
 static int parse_listops_tsv(data_source *d, const unsigned char *bytes, long long size, status *st) {
     int cap = 1024, rc = 0;
     d->rows = sys_calloc((size_t)cap * d->cfg.seq_len, sizeof(int32_t));
     d->row_labels = sys_calloc((size_t)cap, sizeof(int32_t));
     char *line = NULL;
     long long line_cap = 0, pos = 0;
+    if (size >= 3 && !memcmp(bytes, "\xEF\xBB\xBF", 3)) pos = 3; /* a UTF-8 byte-order mark (editors write one) */
     for (int line_no = 1; pos < size && rc == 0; line_no++) {
         const unsigned char *newline = memchr(bytes + pos, '\n', (size_t)(size - pos));
         long long length = newline ? newline - (bytes + pos) : size - pos;
@@ -125,7 +128,7 @@ static int open_listops_tsv(data_source *d, status *st) {
     const config *c = &d->cfg;
     const unsigned char *bytes;
     long long size;
-    if (corpus_map_file(c->data_path, &bytes, &size, st)) return EXIT_BAD_FILE;
+    if (corpus_map_file(config_data_source(c), &bytes, &size, st)) return EXIT_BAD_FILE;
     int rc = parse_listops_tsv(d, bytes, size, st);
     corpus_unmap(bytes, size);
     if (rc) return rc;
@@ -133,7 +136,7 @@ static int open_listops_tsv(data_source *d, status *st) {
     if (d->n_train_rows < 1 || d->n_rows - d->n_train_rows < 1)
         return status_fail(st, EXIT_BAD_FILE,
                            "data.path = %s: %d usable rows (length <= data.seq_len = %d) is too few for both splits",
-                           c->data_path, d->n_rows, c->seq_len);
+                           config_data_source(c), d->n_rows, c->seq_len);
     return 0;
 }
 
@@ -173,7 +176,7 @@ static int open_listops(data_source *d, status *st) {
     if (c->vocab_size < LISTOPS_VOCAB)
         return status_fail(st, EXIT_USAGE, "data.task = listops needs model.vocab_size >= %d, got %d", LISTOPS_VOCAB,
                            c->vocab_size);
-    return c->data_path[0] ? open_listops_tsv(d, st) : check_listops_limits(d, st);
+    return config_data_source(c)[0] ? open_listops_tsv(d, st) : check_listops_limits(d, st);
 }
 
 data_source *data_open(const config *c, status *st) {

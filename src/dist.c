@@ -222,6 +222,30 @@ int dist_check_consistency(const void *bytes, size_t n, long long step, status *
     return code;
 }
 
+uint64_t dist_checksum(const void *bytes, size_t n) { return checksum(bytes, n); }
+
+int dist_first_differing_rank(uint64_t mine) {
+    int size = dist_size();
+    if (size == 1) return -1;
+    uint64_t *all = sys_calloc((size_t)size, sizeof(uint64_t));
+    MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, world);
+    int first = -1;
+    for (int r = 1; r < size && first < 0; r++)
+        if (all[r] != all[0]) first = r;
+    free(all);
+    return first;
+}
+
+void dist_broadcast_bytes_from(int root, void *x, size_t n) {
+    if (dist_size() == 1) return;
+    char *p = x;
+    for (size_t done = 0; done < n;) {
+        int count = piece(n - done, 1);
+        MPI_Bcast(p + done, count, MPI_BYTE, root, world);
+        done += (size_t)count;
+    }
+}
+
 void dist_partition(size_t n, int rank, int ranks, size_t *first, size_t *count) {
     size_t lo = n * (size_t)rank / (size_t)ranks, hi = n * (size_t)(rank + 1) / (size_t)ranks;
     *first = lo;

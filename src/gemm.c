@@ -125,14 +125,13 @@ static void scale_c(int M, int N, float beta, float *C, int ldc) {
         for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
 }
 
-/* Products below this many multiply-adds stay on one thread, and with
- * GEMM_AUTO on OpenBLAS. */
+/* Products below this many multiply-adds stay on one thread. */
 #define SPLIT_MIN_MACS (1 << 21)
 
 /* The engine a product runs on (gemm.h, GEMM_AUTO's classes). */
 static gemm_engine route(const gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K) {
     if (ctx->engine != GEMM_AUTO) return ctx->engine;
-    if (omp_in_parallel() || (double)M * N * K < SPLIT_MIN_MACS) return GEMM_OPENBLAS;
+    if (omp_in_parallel() || (double)M * N * K < GEMM_AUTO_MIN_MACS) return GEMM_OPENBLAS;
     gemm_class c = trans_a ? GEMM_CLASS_BACKWARD_WEIGHT : trans_b ? GEMM_CLASS_FORWARD : GEMM_CLASS_BACKWARD_DATA;
     return ctx->class_engine[c];
 }

@@ -69,6 +69,7 @@ void gemm_tune(gemm_ctx *ctx, const gemm_shape *shapes, int n, gemm_engine engin
         for (int k = 0; k < 2; k++) {
             int e = (round + k) % 2;
             for (int i = 0; i < n; i++) {
+                if ((double)shapes[i].M * shapes[i].N * shapes[i].K < GEMM_AUTO_MIN_MACS) continue;
                 gemm_shape s = bounded(shapes[i]);
                 double scale = (double)shapes[i].M * shapes[i].N * shapes[i].K / ((double)s.M * s.N * s.K);
                 total[e][s.cls] += shapes[i].count * scale * time_product(e ? onednn : openblas, &s, A, B, C);

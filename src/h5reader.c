@@ -3,10 +3,12 @@
 #include "momfmm/h5reader.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "momfmm/status.h"
@@ -19,7 +21,27 @@ _Noreturn void h5reader_fail(h5reader *r, const char *fmt, ...) {
     if (used >= 0 && (size_t)used < sizeof r->err->message)
         vsnprintf(r->err->message + used, sizeof r->err->message - (size_t)used, fmt, args);
     va_end(args);
+    status_escape_controls(r->err->message, sizeof r->err->message);
     longjmp(r->on_error, 1);
+}
+
+/* HDF5's hook before it follows an external link: never (docs/files.md §4,
+ * hostile files). h5reader_exists refuses such links by name first; this
+ * is the backstop for any path the checks missed. */
+static herr_t refuse_external_link(const char *parent_file, const char *parent_group, const char *target_file,
+                                   const char *target_object, unsigned *flags, hid_t fapl, void *data) {
+    (void)parent_file, (void)parent_group, (void)target_file, (void)target_object, (void)flags, (void)fapl;
+    (void)data;
+    return -1;
+}
+
+bool h5reader_is_locked(const char *path) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return false;
+    /* HDF5 1.10 locks with flock: a writer holds LOCK_EX, readers LOCK_SH */
+    bool locked = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    close(fd);
+    return locked;
 }
 
 static void reader_open(h5reader *r, const char *what) {
@@ -30,10 +52,16 @@ static void reader_open(h5reader *r, const char *what) {
     if (H5Fis_hdf5(r->path) <= 0) h5reader_fail(r, "not an HDF5 file (empty, truncated or corrupt)");
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
+    H5Pset_elink_cb(fapl, refuse_external_link, NULL);
     r->file = H5Fopen(r->path, r->open_flags, fapl);
     /* a file in the old format (no SWMR) opens without the flag */
     if (r->file < 0 && (r->open_flags & H5F_ACC_SWMR_READ)) r->file = H5Fopen(r->path, H5F_ACC_RDONLY, fapl);
     H5Pclose(fapl);
+    if (r->file < 0 && h5reader_is_locked(r->path))
+        h5reader_fail(r,
+                      "cannot open %s: locked by another process that has it open for writing (HDF5 file locking); "
+                      "close that program or wait for it, then try again",
+                      what);
     if (r->file < 0) h5reader_fail(r, "cannot open %s as HDF5 (corrupt?)", what);
 }
 
@@ -42,6 +70,33 @@ static void reader_open(h5reader *r, const char *what) {
  * elements (2^31, the int counts of the model and the batch). */
 #define MAX_ATTR_STRING ((size_t)1 << 26)
 #define MAX_DATASET_ELEMENTS ((unsigned long long)1 << 31)
+/* A compressed dataset may expand at most this much (float data compresses
+ * a few-fold; zeros a thousandfold), unless it is small. */
+#define MAX_FILTER_RATIO 256
+#define MAX_FILTERED_BYTES_FREE ((unsigned long long)16 << 20)
+
+bool h5reader_exists(h5reader *r, const char *name) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s", name);
+    /* each prefix "/a", "/a/b", ... : H5Lexists and H5Lget_info look at the
+     * last link without following it, so an external link is seen before
+     * HDF5 would open its target (a FIFO would block it forever) */
+    for (char *p = path + (path[0] == '/');; p++) {
+        if (*p != '/' && *p != '\0') continue;
+        char saved = *p;
+        *p = '\0';
+        if (H5Lexists(r->file, path, H5P_DEFAULT) <= 0) return false;
+        H5L_info_t info;
+        if (H5Lget_info(r->file, path, &info, H5P_DEFAULT) < 0) h5reader_fail(r, "cannot read the link %s", path);
+        if (info.type != H5L_TYPE_HARD)
+            h5reader_fail(r, "%s is %s link: links are refused (copy the object into the file, e.g. with h5copy)", path,
+                          info.type == H5L_TYPE_EXTERNAL ? "an external"
+                          : info.type == H5L_TYPE_SOFT   ? "a soft"
+                                                         : "a user-defined");
+        if (!saved) return true;
+        *p = saved;
+    }
+}
 
 /* Root attribute `name`, which must exist and hold one value (a scalar
  * dataspace): an array in its place would overflow the one value read. */
@@ -75,9 +130,19 @@ char *h5reader_attr_string(h5reader *r, const char *name) {
         size_t size = H5Tget_size(type);
         if (size == 0 || size > MAX_ATTR_STRING)
             h5reader_fail(r, "attribute '%s' has an implausible size %zu", name, size);
-        H5Tset_size(mem, size + 1);
+        /* NULLPAD in memory: the bytes as stored (a NULLTERM conversion would
+         * silently stop at an embedded NUL) */
+        H5Tset_size(mem, size);
+        H5Tset_strpad(mem, H5T_STR_NULLPAD);
         result = sys_calloc(size + 2, 1);
         if (H5Aread(attr, mem, result) < 0) h5reader_fail(r, "cannot read attribute '%s'", name);
+        /* a NUL is padding only at the end: inside, it would cut the text short */
+        size_t used = strlen(result);
+        for (size_t i = used; i < size; i++)
+            if (result[i]) {
+                free(result);
+                h5reader_fail(r, "attribute '%s' holds a NUL byte at offset %zu (text cannot)", name, used);
+            }
     }
     H5Tclose(mem);
     H5Tclose(type);
@@ -105,9 +170,17 @@ void h5reader_format_shape(char *out, size_t len, int ndim, const hsize_t *dims)
 
 /* Rank and dims of dataset `name`; fails if it is missing. */
 hid_t h5reader_open_dataset(h5reader *r, const char *name, int *ndim, hsize_t *dims) {
-    if (H5Lexists(r->file, name, H5P_DEFAULT) <= 0) h5reader_fail(r, "missing dataset %s", name);
+    if (!h5reader_exists(r, name)) h5reader_fail(r, "missing dataset %s", name);
     hid_t dset = H5Dopen2(r->file, name, H5P_DEFAULT);
     if (dset < 0) h5reader_fail(r, "%s is not a dataset", name);
+    /* data outside this file (external raw storage, a virtual dataset's
+     * sources) would be read without the checks this file gets */
+    hid_t dcpl = H5Dget_create_plist(dset);
+    int external = dcpl >= 0 ? H5Pget_external_count(dcpl) : 0;
+    H5D_layout_t layout = dcpl >= 0 ? H5Pget_layout(dcpl) : H5D_LAYOUT_ERROR;
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (external != 0) h5reader_fail(r, "%s keeps its data in external files: refused (external storage)", name);
+    if (layout == H5D_VIRTUAL) h5reader_fail(r, "%s is a virtual dataset (data from other files): refused", name);
     hid_t space = H5Dget_space(dset);
     *ndim = H5Sget_simple_extent_dims(space, dims, NULL);
     H5Sclose(space);
@@ -132,6 +205,14 @@ unsigned long long h5reader_checked_elements(h5reader *r, const char *name, hid_
     if (n > 0 && (filters == 0 ? stored < bytes : stored == 0))
         h5reader_fail(r, "%s declares %llu elements (%llu bytes) but the file stores %llu bytes of it", name, n, bytes,
                       stored);
+    /* compressed: what decompression would make of the bytes stored,
+     * bounded before anything is decompressed (a "zip bomb" of metric rows) */
+    if (filters > 0 && bytes > MAX_FILTERED_BYTES_FREE && bytes / MAX_FILTER_RATIO > stored)
+        h5reader_fail(r,
+                      "%s is compressed %llu-fold (%llu bytes stored for %llu declared): more than %d-fold "
+                      "above %d MiB is refused",
+                      name, bytes / (stored ? stored : 1), stored, bytes, MAX_FILTER_RATIO,
+                      (int)(MAX_FILTERED_BYTES_FREE >> 20));
     double available = sys_memory_available();
     if (available > 0 && (double)bytes > available)
         h5reader_fail(r, "%s declares %llu elements (%.3g GB), more than the %.3g GB of memory available", name, n,

@@ -3,6 +3,7 @@
 #include "momfmm/sys.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,9 +25,24 @@ static int section_line(const ini_handlers *h, int number, char *s) {
     return h->section(h->ctx, number, strip(s + 1));
 }
 
-/* The syntax inih accepted: "key = value" or "key: value", a ';' after
- * whitespace starts a comment, blanks and lines starting with ';' or '#'
- * are skipped. */
+/* Where a value's comment starts: a ';' or '#' after a blank, outside a
+ * quoted value (docs/config.md §6). */
+static char *comment_start(char *value) {
+    char *p = value + strspn(value, " \t");
+    if (*p == '"') { /* a quoted value: skip to its closing quote */
+        for (p++; *p && *p != '"'; p++)
+            if (*p == '\\' && p[1]) p++;
+        if (!*p) return NULL; /* no closing quote: ini_unquote reports it */
+        p++;
+    }
+    for (; *p; p++)
+        if ((*p == ';' || *p == '#') && p > value && (p[-1] == ' ' || p[-1] == '\t')) return p;
+    return NULL;
+}
+
+/* The syntax inih accepted: "key = value" or "key: value", a ';' or '#'
+ * after whitespace starts a comment (not inside a quoted value), blanks and
+ * lines starting with ';' or '#' are skipped. */
 static int parse_line(const ini_handlers *h, int number, char *line) {
     char *s = strip(line);
     if (!*s || *s == ';' || *s == '#') return 0;
@@ -35,12 +51,126 @@ static int parse_line(const ini_handlers *h, int number, char *line) {
     if (!*separator || separator == s) return h->malformed(h->ctx, number, s);
     *separator = '\0';
     char *value = separator + 1;
-    for (char *p = value + 1; *p; p++)
-        if (*p == ';' && (p[-1] == ' ' || p[-1] == '\t')) {
-            *p = '\0';
-            break;
-        }
+    char *comment = comment_start(value);
+    if (comment) *comment = '\0';
     return h->pair(h->ctx, number, strip(s), strip(value));
+}
+
+/* ---- quoted values ---------------------------------------------------- */
+
+/* The length of the valid UTF-8 sequence at p (1 to 4), or 0. */
+static int utf8_length(const unsigned char *p) {
+    int n = p[0] < 0x80                    ? 1
+            : p[0] >= 0xC2 && p[0] <= 0xDF ? 2
+            : p[0] >= 0xE0 && p[0] <= 0xEF ? 3
+            : p[0] >= 0xF0 && p[0] <= 0xF4 ? 4
+                                           : 0;
+    for (int i = 1; i < n; i++)
+        if ((p[i] & 0xC0) != 0x80) return 0;
+    if (n == 3 && ((p[0] == 0xE0 && p[1] < 0xA0) || (p[0] == 0xED && p[1] > 0x9F))) return 0; /* overlong, surrogate */
+    if (n == 4 && ((p[0] == 0xF0 && p[1] < 0x90) || (p[0] == 0xF4 && p[1] > 0x8F))) return 0;
+    return n;
+}
+
+bool ini_needs_quotes(const char *value) {
+    const unsigned char *p = (const unsigned char *)value;
+    size_t n = strlen(value);
+    if (n == 0) return false;
+    if (p[0] == ' ' || p[0] == '\t' || p[0] == '"' || p[n - 1] == ' ' || p[n - 1] == '\t') return true;
+    for (size_t i = 0; i < n;) {
+        if (p[i] < 0x20 || p[i] == 0x7f || p[i] == ';' || p[i] == '#') return true;
+        int len = utf8_length(p + i);
+        if (len == 0) return true;
+        i += (size_t)len;
+    }
+    return false;
+}
+
+char *ini_quote(const char *value) {
+    size_t n = strlen(value);
+    char *out = sys_calloc(4 * n + 3, 1);
+    if (!ini_needs_quotes(value)) return memcpy(out, value, n + 1);
+    const unsigned char *p = (const unsigned char *)value;
+    size_t j = 0;
+    out[j++] = '"';
+    for (size_t i = 0; i < n;) {
+        unsigned char ch = p[i];
+        int len = utf8_length(p + i);
+        if (ch == '"' || ch == '\\') out[j++] = '\\', out[j++] = (char)ch;
+        else if (ch == '\n') out[j++] = '\\', out[j++] = 'n';
+        else if (ch == '\t') out[j++] = '\\', out[j++] = 't';
+        else if (ch == '\r') out[j++] = '\\', out[j++] = 'r';
+        else if (ch < 0x20 || ch == 0x7f || len == 0) j += (size_t)snprintf(out + j, 5, "\\x%02x", ch);
+        else {
+            memcpy(out + j, p + i, (size_t)len);
+            j += (size_t)len, i += (size_t)len;
+            continue;
+        }
+        i++;
+    }
+    out[j++] = '"';
+    out[j] = '\0';
+    return out;
+}
+
+static int hex_digit(char c) {
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+int ini_unquote(char *value, char *why, size_t len) {
+    if (value[0] != '"') return 0;
+    char *in = value + 1, *out = value;
+    for (; *in && *in != '"'; in++) {
+        if (*in != '\\') {
+            *out++ = *in;
+            continue;
+        }
+        char e = *++in;
+        int hi, lo;
+        switch (e) {
+        case 'n': *out++ = '\n'; break;
+        case 't': *out++ = '\t'; break;
+        case 'r': *out++ = '\r'; break;
+        case '\\':
+        case '"':
+        case ';':
+        case '#': *out++ = e; break;
+        case 'x':
+            hi = hex_digit(in[1]), lo = hi >= 0 ? hex_digit(in[2]) : -1;
+            if (lo < 0) {
+                snprintf(why, len, "\\x needs two hex digits");
+                return -1;
+            }
+            if (hi == 0 && lo == 0) {
+                snprintf(why, len, "\\x00: a value cannot hold a NUL byte");
+                return -1;
+            }
+            *out++ = (char)(hi * 16 + lo);
+            in += 2;
+            break;
+        case '\0': snprintf(why, len, "no closing quote"); return -1;
+        default:
+            if ((unsigned char)e < 0x20 || (unsigned char)e >= 0x7f)
+                snprintf(why, len, "unknown escape: a backslash before byte \\x%02x", (unsigned char)e);
+            else snprintf(why, len, "unknown escape \\%c (known: \\n \\t \\r \\\\ \\\" \\; \\# \\xNN)", e);
+            return -1;
+        }
+    }
+    if (*in != '"') {
+        snprintf(why, len, "no closing quote");
+        return -1;
+    }
+    in++;
+    in += strspn(in, " \t");
+    if (*in) {
+        snprintf(why, len, "text after the closing quote");
+        return -1;
+    }
+    *out = '\0';
+    return 0;
 }
 
 /* Lines of any length: each is copied whole into a buffer that grows to
@@ -93,8 +223,9 @@ char *ini_read_file(const char *path, status *st) {
     fclose(f);
     text[len] = '\0';
     if (strlen(text) != len) {
+        size_t at = strlen(text);
         free(text);
-        status_fail(st, EXIT_USAGE, "%s: not a text file", path);
+        status_fail(st, EXIT_USAGE, "%s: a NUL byte at offset %zu: not a text file", path, at);
         return NULL;
     }
     return text;

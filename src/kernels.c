@@ -159,6 +159,18 @@ void gelu_forward(float *out, float *tanh_saved, const float *inp, size_t n) {
     }
 }
 
+VECTOR_CLONES static void gelu_from_tanh_chunk(float *out, const float *inp, const float *tanh_saved, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = 0.5f * inp[i] * (1.0f + tanh_saved[i]);
+}
+
+void gelu_from_tanh(float *out, const float *inp, const float *tanh_saved, size_t n) {
+#pragma omp parallel for schedule(static) if (element_chunks(n) > 1)
+    for (size_t c = 0; c < element_chunks(n); c++) {
+        size_t at = c * ELEMENT_CHUNK;
+        gelu_from_tanh_chunk(out + at, inp + at, tanh_saved + at, chunk_length(n, c));
+    }
+}
+
 VECTOR_CLONES static void gelu_backward_chunk(float *dinp, const float *inp, const float *tanh_saved, const float *dout,
                                               size_t n) {
     for (size_t i = 0; i < n; i++) {

@@ -251,7 +251,7 @@ static size_t activation_plan(const model *m, model_activations *a, int B, int T
         {&a->ln2_mean, L * bt},
         {&a->ln2_rstd, L * bt},
         {&a->fc_pre, L * bt * ff},
-        {&a->fc_act, L * bt * ff},
+        {&a->fc_act, bt * ff},
         {&a->fc_tanh, L * bt * ff},
         {&a->ln_f, bt * d},
         {&a->ln_f_mean, bt},
@@ -382,6 +382,7 @@ static attention_saved attention_state(const model *m, int l, int B, int T) {
         .p_q = a->p_q ? a->p_q + heads : NULL,
         .p_k = a->p_k ? a->p_k + heads : NULL,
         .saved = a->att_saved + saved,
+        .out = a->att_out + heads,
         .scratch = a->head_scratch,
         .threads = a->threads,
     };
@@ -395,7 +396,7 @@ void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
     const model_block_tensors *w = &m->w.blocks[l];
     float *x = a->residual + l * bt * d, *mid = a->mid + l * bt * d;
     float *ln1 = a->ln1 + l * bt * d, *ln2 = a->ln2 + l * bt * d, *att = a->att_out + l * bt * d;
-    float *fc_pre = a->fc_pre + l * bt * ff, *fc_act = a->fc_act + l * bt * ff, *fc_tanh = a->fc_tanh + l * bt * ff;
+    float *fc_pre = a->fc_pre + l * bt * ff, *fc_act = a->fc_act, *fc_tanh = a->fc_tanh + l * bt * ff;
     PROF_TIMED(PROF_FORWARD_NORM, layernorm_forward(ln1, a->ln1_mean + l * bt, a->ln1_rstd + l * bt, x, w->ln1_weight,
                                                     w->ln1_bias, rows, m->d));
     PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(a->qkv, ln1, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d));
@@ -514,9 +515,11 @@ static void block_backward(model *m, int l, int B, int T, const model_backward_h
     float *fc_pre = a->fc_pre + l * bt * ff;
     /* d_residual holds dL/d(block output); the residual paths pass it through
      * unchanged and each LayerNorm backward adds its branch into it. */
-    PROF_TIMED(PROF_BACKWARD_LINEAR,
-               matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, a->fc_act + l * bt * ff,
-                               w->mlp_proj_weight, rows, m->d_ff, m->d, accumulate));
+    /* the GELU output is not kept per layer: it follows from the saved
+     * pre-activation and tanh term, the same floats as forward made */
+    PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_from_tanh(a->fc_act, fc_pre, a->fc_tanh + l * bt * ff, bt * ff));
+    PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual,
+                                                     a->fc_act, w->mlp_proj_weight, rows, m->d_ff, m->d, accumulate));
     progress(hooks);
     PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_backward(a->d_ff, fc_pre, a->fc_tanh + l * bt * ff, a->d_ff, bt * ff));
     PROF_TIMED(PROF_BACKWARD_LINEAR,

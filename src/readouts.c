@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "momfmm/gemm.h"
 #include "momfmm/rng.h"
 #include "momfmm/status.h"
 #include "momfmm/sys.h"
@@ -31,17 +32,38 @@ static void add_row_ratios(const float *after, const float *after_saved, const f
     }
 }
 
+/* gain_R perturbs a block's input by 1e-3 of its norm (docs/metrics.md §3):
+ * below bf16's resolution (8 significant bits, 4e-3 relative), so with the
+ * bf16 engine the ratio would measure rounding, not the block. Those
+ * forwards, and the unperturbed one they are compared with, run in fp32 on
+ * OpenBLAS whatever the precision; the fp32 engines run as they are. */
+static bool needs_fp32_forward(void) {
+    gemm_ctx *engine = gemm_default();
+    return engine && gemm_ctx_engine(engine) == GEMM_ONEDNN_BF16;
+}
+
 void readouts_block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums,
                           double *attn_ratio_sums) {
     model_activations *a = &m->acts;
     size_t row = (size_t)T * m->d, bt_d = (size_t)B * row;
-    float *saved_in = sys_calloc(3 * bt_d, sizeof(float)), *saved_out = saved_in + bt_d, *saved_mid = saved_out + bt_d;
+    gemm_ctx *engine = gemm_default();
+    bool fp32 = needs_fp32_forward();
+    float *saved_in = sys_calloc((fp32 ? 5 : 3) * bt_d, sizeof(float)), *saved_out = saved_in + bt_d,
+          *saved_mid = saved_out + bt_d;
+    /* the unperturbed outputs the ratios compare with: the forward's own, or fp32 ones */
+    float *base_out = fp32 ? saved_mid + bt_d : saved_out, *base_mid = fp32 ? base_out + bt_d : saved_mid;
     double *delta_norms = sys_calloc((size_t)B, sizeof(double));
+    if (fp32) gemm_set_default(NULL); /* cblas_sgemm, fp32 (gemm.h) */
     for (int l = 0; l < m->L; l++) {
         float *in = a->residual + l * bt_d, *out = a->residual + (l + 1) * bt_d, *mid = a->mid + l * bt_d;
         memcpy(saved_in, in, sizeof(float) * bt_d);
         memcpy(saved_out, out, sizeof(float) * bt_d);
         memcpy(saved_mid, mid, sizeof(float) * bt_d);
+        if (fp32) {
+            model_block_forward(m, l, B, T, false);
+            memcpy(base_out, out, sizeof(float) * bt_d);
+            memcpy(base_mid, mid, sizeof(float) * bt_d);
+        }
         for (int b = 0; b < B; b++) {
             float *x = in + b * row;
             /* keyed by the global sample index, as the samples are: the same
@@ -60,13 +82,14 @@ void readouts_block_gains(model *m, int B, int T, uint64_t seed, long long first
             delta_norms[b] = sqrt(added);
         }
         model_block_forward(m, l, B, T, false);
-        add_row_ratios(out, saved_out, NULL, NULL, delta_norms, B, row, &ratio_sums[l]);
+        add_row_ratios(out, base_out, NULL, NULL, delta_norms, B, row, &ratio_sums[l]);
         /* mid = x + A(LN1(x)): the attention sublayer alone is mid - x (docs/metrics.md §3) */
-        if (attn_ratio_sums) add_row_ratios(mid, saved_mid, in, saved_in, delta_norms, B, row, &attn_ratio_sums[l]);
+        if (attn_ratio_sums) add_row_ratios(mid, base_mid, in, saved_in, delta_norms, B, row, &attn_ratio_sums[l]);
         memcpy(in, saved_in, sizeof(float) * bt_d);
         memcpy(out, saved_out, sizeof(float) * bt_d);
         memcpy(mid, saved_mid, sizeof(float) * bt_d);
     }
+    if (fp32) gemm_set_default(engine);
     free(saved_in);
     free(delta_norms);
 }

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "momfmm/dist.h"
+#include "momfmm/h5reader.h"
 #include "momfmm/log.h"
 #include "momfmm/sys.h"
 
@@ -114,6 +115,20 @@ static void remove_earlier_run(const char *dir) {
     store_listing_free(&l);
 }
 
+bool store_overwrite_removes(const char *dir, const char *path) {
+    struct stat target, st;
+    if (stat(path, &target) != 0) return false;
+    store_listing l;
+    store_list(dir, &l);
+    bool removes = false;
+    for (int i = 0; i < l.n && !removes; i++)
+        removes = stat(l.paths[i], &st) == 0 && st.st_dev == target.st_dev && st.st_ino == target.st_ino;
+    store_listing_free(&l);
+    char metrics[STORE_PATH_MAX];
+    snprintf(metrics, sizeof metrics, "%s/metrics.h5", dir);
+    return removes || (stat(metrics, &st) == 0 && st.st_dev == target.st_dev && st.st_ino == target.st_ino);
+}
+
 int store_open_run(const char *dir, bool resuming, bool overwrite, status *err) {
     if (make_directory(dir, err) != 0 || lock_directory(dir, err) != 0) return err->code;
     store_listing l;
@@ -211,6 +226,13 @@ int store_load_newest(const char *dir, store_loader load, void *ctx, char *path,
     int rc = STORE_SKIP;
     for (int i = l.n - 1; i >= 0 && rc == STORE_SKIP; i--) {
         rc = load(l.paths[i], ctx, err);
+        /* a file another program is writing is not a bad file: falling back
+         * past it would resume from (or show) an older state without a word */
+        if (rc == STORE_SKIP && h5reader_is_locked(l.paths[i])) {
+            size_t used = strlen(err->message);
+            snprintf(err->message + used, sizeof err->message - used, "; not falling back to an older checkpoint");
+            rc = err->code = EXIT_BAD_FILE;
+        }
         if (rc == STORE_SKIP) log_rank0("warning: skipping checkpoint that does not load: %s\n", err->message);
         else if (rc == 0 && path) snprintf(path, len, "%s", l.paths[i]);
     }

@@ -44,8 +44,8 @@ int stream_create(stream_state *st, const model *m, int S, int capacity, int n_m
         {&st->fc, rows * ff},
         {&st->fc_tanh, rows * ff},
         {&st->stats, 2 * rows},
-        {&st->head_scratch, attention_stream_scratch_floats(&m->fmm, n_max, m->dh)},
-        {&st->probs, (size_t)n_max * capacity},
+        {&st->head_scratch, attention_stream_scratch_floats(&m->cfg, &m->fmm, n_max, m->dh)},
+        {&st->probs, attention_stream_probs_floats(&m->cfg, n_max, capacity)},
         {&st->rope_cos, (size_t)n_max * (dh / 2)},
         {&st->rope_sin, (size_t)n_max * (dh / 2)},
     };

@@ -4,6 +4,7 @@
 #include "momfmm/train.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,7 +86,7 @@ static int check_memory(const trainer *t, status *err) {
                        "memory: this run needs %.1f GB per rank (%.1f GB of activations for %d x %d on top of the "
                        "model's buffers), and the activations alone are %.0f%% of the memory left on the fullest "
                        "node (%d rank%s on it, %.1f GB left): reduce train.batch_size (or set train.micro_batch), "
-                       "data.seq_len or the model (attention.kind = softmax stores T x T per head)",
+                       "data.seq_len or the model (attention.impl = dense stores T x T per head)",
                        need / 1e9, u.activation_bytes / 1e9, rows, b->T, 100 * fill, dist_node_ranks(),
                        dist_node_ranks() == 1 ? "" : "s", available / 1e9);
 }
@@ -324,7 +325,9 @@ int trainer_step(trainer *t, train_step_result *result, status *err) {
     res.lr = optimizer_learning_rate(&t->cfg, step);
     PROF_TIMED(PROF_OPTIMIZER, update_parameters(t, step, &res));
     t->step = step;
-    t->tokens_seen += (long long)t->cfg.batch_size * t->cfg.seq_len;
+    /* a counter resumed near 2^63 stays at its ceiling rather than wrapping (docs/files.md §4) */
+    if (__builtin_add_overflow(t->tokens_seen, (long long)t->cfg.batch_size * t->cfg.seq_len, &t->tokens_seen))
+        t->tokens_seen = LLONG_MAX;
     *result = res;
     return 0;
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "momfmm/config.h"
 #include "momfmm/status.h"
@@ -180,7 +181,11 @@ static void expect_kernels(const char *value, bool good, const char *want) {
     status st;
     int rc = config_apply_override(&c, assignment, &st);
     for (int i = 0; rc == 0 && i < c.fmm_kernels.n; i++) strncat(joined, &"eft"[c.fmm_kernels.items[i]], 1);
-    snprintf(message, sizeof message, "--set fmm.kernels = '%s': '%s' is not one of", value, want);
+    /* --set strips the blanks around the value, as a file's line does */
+    char stripped[128];
+    snprintf(stripped, sizeof stripped, "%s", value + strspn(value, " "));
+    for (size_t n = strlen(stripped); n > 0 && stripped[n - 1] == ' ';) stripped[--n] = '\0';
+    snprintf(message, sizeof message, "--set fmm.kernels = '%s': '%s' is not one of", stripped, want);
     if (good) {
         snprintf(name, sizeof name, "fmm.kernels '%s' accepted as '%s'", value, want);
         bool ok = rc == 0 && !strcmp(joined, want);
@@ -259,6 +264,150 @@ static void test_shortest_numbers(void) {
     free(ini);
 }
 
+/* A string through config_to_ini and back (docs/config.md §6, escaping):
+ * data.path set to s, the INI text parsed over the defaults; true when the
+ * value read back is s. */
+static bool round_trips(const char *s, char *got, size_t len) {
+    config c;
+    config_defaults(&c);
+    snprintf(c.data_path, sizeof c.data_path, "%s", s);
+    snprintf(c.out_dir, sizeof c.out_dir, "%s", s);
+    char *ini = config_to_ini(&c);
+    config back;
+    config_defaults(&back);
+    status st;
+    int rc = config_load_string(&back, ini, "config_ini", &st);
+    free(ini);
+    snprintf(got, len, "%s", rc ? st.message : back.data_path);
+    return rc == 0 && !strcmp(back.data_path, s) && !strcmp(back.out_dir, s);
+}
+
+/* The property: any string of bytes 1..255 (no NUL, which a C string cannot
+ * hold) reads back identically, over a seeded random sample weighted
+ * towards the bytes the syntax gives a meaning to. */
+static void test_escaping_property(void) {
+    static const char special[] = " \t\n\r\"\\;#=:[]\x01\x1f\x7f\x80\xc3\xa9\xef\xbb\xbf\xff";
+    uint64_t x = 0x9E3779B97F4A7C15ULL;
+    int failed = 0, cases = 4000;
+    char first_bad[128] = "", got[CONFIG_VALUE_MAX];
+    for (int n = 0; n < cases; n++) {
+        char s[CONFIG_PATH_MAX];
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        size_t len = n < 100 ? (size_t)n % 8 : (size_t)(x % 64), big = n % 500 == 499 ? CONFIG_PATH_MAX - 1 : len;
+        for (size_t i = 0; i < big; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            unsigned char b = (x >> 8) % 3 == 0 ? (unsigned char)(1 + (x >> 16) % 255)
+                                                : (unsigned char)special[(x >> 16) % (sizeof special - 1)];
+            s[i] = (char)b;
+        }
+        s[big] = '\0';
+        if (!round_trips(s, got, sizeof got) && failed++ == 0)
+            snprintf(first_bad, sizeof first_bad, "'%s' read back as '%s'", one_line(s), one_line(got));
+    }
+    test_check(failed == 0, "random strings read back identically from config_ini", "%d cases, %d failed %s", cases,
+               failed, first_bad);
+    static const char *named[] = {"a\nb",  "run ;x",      "run #x",   " lead",       "trail\t",
+                                  "\"q\"", "back\\slash", "\xff\xfe", "caf\xc3\xa9", "\x7f",
+                                  "=",     "[x]",         "\\x41",    "\"",          ""};
+    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "round trip: '%s'", one_line(named[i]));
+        bool ok = round_trips(named[i], got, sizeof got);
+        test_check(ok, name, ok ? NULL : "got '%s'", one_line(got));
+    }
+    /* the escaped form: one line, quoted only when needed, old files' plain values unchanged */
+    config c;
+    config_defaults(&c);
+    snprintf(c.data_path, sizeof c.data_path, "%s", "a\nb ;c\x01");
+    snprintf(c.out_dir, sizeof c.out_dir, "%s", "runs/plain");
+    char *ini = config_to_ini(&c);
+    bool quoted = strstr(ini, "path = \"a\\nb ;c\\x01\"\n") && strstr(ini, "out_dir = runs/plain\n");
+    test_check(quoted, "config_ini quotes and escapes only the values that need it", quoted ? NULL : "%s", ini);
+    free(ini);
+}
+
+static void test_quoted_values(void) {
+    config c = expect_text("[data]\npath = \"a;b\" ; comment\n", "");
+    test_check(!strcmp(c.data_path, "a;b"), "a quoted value keeps its ';'", "%s", c.data_path);
+    c = expect_text("[data]\npath = \" x\\ty\\\\ \\\"z\\\" \\x41\\;\\#\"\n", "");
+    test_check(!strcmp(c.data_path, " x\ty\\ \"z\" A;#"), "escapes decoded", "'%s'", one_line(c.data_path));
+    c = expect_text("[data]\npath = plain\"quote\\n\n", "");
+    test_check(!strcmp(c.data_path, "plain\"quote\\n"), "an unquoted value is verbatim", "'%s'", c.data_path);
+    c = expect_text("[train]\nlr = 0.5 # a comment\nsteps = 7# not one\n", "t.ini:3: train.steps = '7# not one': "
+                                                                           "expected an integer");
+    c = expect_text("[train]\nlr = 0.5 # a comment\n", "");
+    test_check(c.lr == 0.5, "'#' after a blank starts a comment", "lr %g", c.lr);
+    expect_text("[data]\npath = \"abc\n", "t.ini:2: data.path = \"abc: bad quoted value: no closing quote");
+    expect_text("[data]\npath = \"a\\qb\"\n",
+                "t.ini:2: data.path = \"a\\qb\": bad quoted value: unknown escape \\q (known: \\n \\t \\r \\\\ \\\" "
+                "\\; \\# \\xNN)");
+    expect_text("[data]\npath = \"a\\x00b\"\n",
+                "t.ini:2: data.path = \"a\\x00b\": bad quoted value: \\x00: a value cannot hold a NUL byte");
+    expect_text("[data]\npath = \"a\" b\n", "t.ini:2: data.path = \"a\" b: bad quoted value: text after the closing "
+                                            "quote");
+    expect_text("[data]\npath = \"a\\x4\"\n", "t.ini:2: data.path = \"a\\x4\": bad quoted value: \\x needs two hex "
+                                              "digits");
+    /* control bytes of a value are shown escaped */
+    expect_text("[train]\nsteps = 1\x1b[2J\n", "t.ini:2: train.steps = '1\\x1b[2J': expected an integer");
+}
+
+static void test_override_syntax(void) {
+    config c;
+    config_defaults(&c);
+    status st;
+    int rc = config_apply_override(&c, " train . lr = 0.01 ", &st);
+    test_check(rc == 0 && c.lr == 0.01, "--set ' train . lr = 0.01 ' sets train.lr", "%s", rc ? st.message : "");
+    rc = config_apply_override(&c, "data.path=\" spaced \"", &st);
+    test_check(rc == 0 && !strcmp(c.data_path, " spaced "), "--set takes a quoted value", "'%s'", c.data_path);
+    rc = config_apply_override(&c, "data.path=a ;b", &st);
+    test_check(rc == 0 && !strcmp(c.data_path, "a ;b"), "--set: ';' does not start a comment", "'%s'", c.data_path);
+    expect_override("train.lr=1e400", "--set train.lr = 1e400 is out of range: beyond what a double holds (must be >= "
+                                      "0)");
+    expect_override("train.lr=1e-400", "--set train.lr = 1e-400 is out of range: beyond what a double holds (must be "
+                                       ">= 0)");
+    expect_override("train.steps=99999999999999999999",
+                    "--set train.steps = 99999999999999999999 is out of range: must be >= 0");
+    expect_override("train.lrr = 1", "--set unknown key train.lrr; did you mean train.lr?");
+    expect_override("lr\x07=1", "--set lr\\x07=1: expected section.key=value");
+}
+
+static void test_resolved_path(void) {
+    char cwd[CONFIG_PATH_MAX], want[3 * CONFIG_PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd)) return;
+    config c;
+    config_defaults(&c);
+    status st;
+    snprintf(c.data_path, sizeof c.data_path, "%s", "corpus.txt,/abs/b,sub/c");
+    int rc = config_resolve_data_path(&c, false, &st);
+    snprintf(want, sizeof want, "%s/corpus.txt,/abs/b,%s/sub/c", cwd, cwd);
+    test_check(rc == 0 && !strcmp(c.data_resolved, want), "data.resolved_path: each relative item made absolute",
+               "'%s'", c.data_resolved);
+    test_check(!strcmp(config_data_source(&c), want), "the data modules read data.resolved_path", NULL);
+    snprintf(c.data_resolved, sizeof c.data_resolved, "%s", "/recorded/corpus.txt");
+    rc = config_resolve_data_path(&c, true, &st);
+    test_check(rc == 0 && !strcmp(c.data_resolved, "/recorded/corpus.txt"), "a checkpoint's resolved path is kept",
+               "'%s'", c.data_resolved);
+    rc = config_resolve_data_path(&c, false, &st);
+    test_check(rc == 0 && !strcmp(c.data_resolved, want), "a new run resolves data.path again", "'%s'",
+               c.data_resolved);
+    config other = c;
+    snprintf(other.data_resolved, sizeof other.data_resolved, "%s", "/elsewhere/corpus.txt");
+    char diff[4096];
+    int n = config_compare_keys(&c, &other, true, diff, sizeof diff);
+    test_check(n == 1 && strstr(diff, "data.resolved_path"), "another resolved path is a data key that must match",
+               "%s", diff);
+    other = c;
+    snprintf(other.data_path, sizeof other.data_path, "%s", "./corpus.txt,/abs/b,sub/c");
+    test_check(config_compare_keys(&c, &other, true, NULL, 0) == 0,
+               "the same files under another spelling of data.path: no data key differs", NULL);
+    n = config_first_difference(&c, &other, diff, sizeof diff);
+    test_check(n == 1 && !strcmp(diff, "data.path = corpus.txt,/abs/b,sub/c vs ./corpus.txt,/abs/b,sub/c"),
+               "config_first_difference names the key and both values", "%d '%s'", n, diff);
+    config_defaults(&c);
+    rc = config_resolve_data_path(&c, false, &st);
+    test_check(rc == 0 && !c.data_resolved[0], "no data.path: no resolved path", NULL);
+}
+
 int main(void) {
     test_statuses();
     test_long_lines();
@@ -267,5 +416,9 @@ int main(void) {
     test_limits();
     test_shortest_numbers();
     test_lists();
+    test_escaping_property();
+    test_quoted_values();
+    test_override_syntax();
+    test_resolved_path();
     return test_summary("test_config");
 }

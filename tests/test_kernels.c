@@ -1,10 +1,13 @@
 /* Finite-difference tests of every layer kernel in kernels.c: each checks
  * the analytic backward against central differences of L = sum(out * w). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "momfmm/float_env.h"
 #include "momfmm/kernels.h"
+#include "momfmm/tile_gemm.h"
+#include "momfmm/tiled_softmax.h"
 #include "test_util.h"
 
 static uint64_t rng_state = 42;
@@ -148,6 +151,146 @@ static void test_attention(bool causal) {
     fd_check(name, c.b, dv, n, attention_loss, &c, 1e-2, 1e-2);
 }
 
+/* ---- tiled softmax attention (tiled_softmax.c) ---- */
+static double tiled_loss(void *p) {
+    ctx *c = p;
+    tiled_softmax_forward(c->out, c->aux1, c->x, c->w, c->b, c->T, c->T, c->dh, 0, c->causal, c->aux2);
+    return fd_dot(c->out, c->probe, (size_t)c->T * c->dh);
+}
+
+/* Finite differences of the tiled backward, at T = 7 (one tile) and T = 300
+ * (five query tiles of 64, two key tiles of 256, ragged edges). */
+static void test_tiled(bool causal, int T, int dh) {
+    ctx c = {0};
+    c.T = T, c.dh = dh, c.causal = causal;
+    size_t n = (size_t)T * dh;
+    c.x = randn(n, 1), c.w = randn(n, 1), c.b = randn(n, 1), c.out = randn(n, 1), c.probe = randn(n, 1);
+    c.aux1 = calloc((size_t)T, 4), c.aux2 = calloc(tiled_softmax_scratch_floats(T, dh), 4);
+    float *dq = calloc(n, 4), *dk = calloc(n, 4), *dv = calloc(n, 4);
+    tiled_softmax_forward(c.out, c.aux1, c.x, c.w, c.b, T, T, dh, 0, causal, c.aux2);
+    tiled_softmax_backward(dq, dk, dv, c.probe, c.out, c.aux1, c.x, c.w, c.b, T, dh, causal, c.aux2);
+    char name[64];
+    const char *tag = causal ? "causal" : "full";
+    snprintf(name, sizeof name, "tiled attention %s T=%d dq", tag, T);
+    fd_check(name, c.x, dq, n, tiled_loss, &c, 1e-2, 1e-2);
+    snprintf(name, sizeof name, "tiled attention %s T=%d dk", tag, T);
+    fd_check(name, c.w, dk, n, tiled_loss, &c, 1e-2, 1e-2);
+    snprintf(name, sizeof name, "tiled attention %s T=%d dv", tag, T);
+    fd_check(name, c.b, dv, n, tiled_loss, &c, 1e-2, 1e-2);
+    free(c.x), free(c.w), free(c.b), free(c.out), free(c.probe), free(c.aux1), free(c.aux2), free(dq), free(dk),
+        free(dv);
+}
+
+static double max_rel(const float *a, const float *b, size_t n) {
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(a[i] - b[i]));
+    return worst / (scale > 0 ? scale : 1);
+}
+
+/* Tiled equals dense within 1e-5 relative at T = 1000: outputs, the three
+ * gradients, and a streamed segment (37 queries at position 500). */
+static void test_tiled_equals_dense(bool causal) {
+    enum { T = 1000, DH = 16 };
+    size_t n = (size_t)T * DH;
+    float *q = randn(n, 1), *k = randn(n, 1), *v = randn(n, 1), *dout = randn(n, 1);
+    float *probs = calloc((size_t)T * T, 4), *dense_scratch = calloc((size_t)T * T, 4);
+    float *lse = calloc(T, 4), *scratch = calloc(tiled_softmax_scratch_floats(T, DH), 4);
+    float *out[2], *dq[2], *dk[2], *dv[2];
+    for (int i = 0; i < 2; i++) out[i] = calloc(n, 4), dq[i] = calloc(n, 4), dk[i] = calloc(n, 4), dv[i] = calloc(n, 4);
+    softmax_attention_forward(out[0], probs, q, k, v, T, T, DH, 0, causal);
+    softmax_attention_backward(dq[0], dk[0], dv[0], dout, probs, q, k, v, dense_scratch, T, T, DH, causal);
+    tiled_softmax_forward(out[1], lse, q, k, v, T, T, DH, 0, causal, scratch);
+    tiled_softmax_backward(dq[1], dk[1], dv[1], dout, out[1], lse, q, k, v, T, DH, causal, scratch);
+    double worst = fmax(fmax(max_rel(out[1], out[0], n), max_rel(dq[1], dq[0], n)),
+                        fmax(max_rel(dk[1], dk[0], n), max_rel(dv[1], dv[0], n)));
+    char name[80];
+    snprintf(name, sizeof name, "tiled = dense, %s T=1000: out, dq, dk, dv", causal ? "causal" : "full");
+    test_check(worst <= 1e-5, name, "max rel %.3g", worst);
+    if (causal) { /* a streamed segment: queries 500..536 against keys 0..536 */
+        enum { N = 37, POS = 500 };
+        softmax_attention_forward(out[0], probs, q + (size_t)POS * DH, k, v, N, POS + N, DH, POS, true);
+        tiled_softmax_forward(out[1], lse, q + (size_t)POS * DH, k, v, N, POS + N, DH, POS, true, scratch);
+        double seg = max_rel(out[1], out[0], (size_t)N * DH);
+        test_check(seg <= 1e-5, "tiled = dense, a segment at position 500 (streaming)", "max rel %.3g", seg);
+    }
+    for (int i = 0; i < 2; i++) free(out[i]), free(dq[i]), free(dk[i]), free(dv[i]);
+    free(q), free(k), free(v), free(dout), free(probs), free(dense_scratch), free(lse), free(scratch);
+}
+
+/* ---- tile products (tile_gemm.c) ---- */
+/* Both paths (AVX2 where the CPU has it, and the portable C) against a
+ * double-precision product, for shapes that are and are not multiples of
+ * the 6 x 16 micro-tile, A read plainly and as a transposed view, with and
+ * without accumulation; the error bound is the fp32 dot product's,
+ * (k + 2) u sum |a b|, plus the accumulated C's rounding. */
+static double tile_gemm_error(int m, int n, int k, bool transposed_a, bool accumulate) {
+    int lda = transposed_a ? m + 3 : k + 2, ldb = n + 5, ldc = n + 1;
+    float *a = randn((size_t)(transposed_a ? k : m) * lda, 1), *b = randn((size_t)k * ldb, 1);
+    float *c = randn((size_t)m * ldc, 1), *c0 = malloc(sizeof(float) * (size_t)m * ldc);
+    memcpy(c0, c, sizeof(float) * (size_t)m * ldc);
+    ptrdiff_t a_row = transposed_a ? 1 : lda, a_col = transposed_a ? lda : 1;
+    tile_gemm(m, n, k, 0.5f, a, a_row, a_col, b, ldb, accumulate, c, ldc);
+    double worst = 0;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < ldc; j++) {
+            double exact = accumulate || j >= n ? c0[i * ldc + j] : 0, magnitude = fabs(exact);
+            for (int p = 0; j < n && p < k; p++) {
+                double term = 0.5 * a[i * a_row + p * a_col] * b[p * ldb + j];
+                exact += term, magnitude += fabs(term);
+            }
+            double bound = (k + 3) * 0x1p-24 * magnitude + 1e-30;
+            worst = fmax(worst, fabs(c[i * ldc + j] - exact) / bound);
+        }
+    free(a), free(b), free(c), free(c0);
+    return worst; /* <= 1 within the bound; columns past n must be untouched */
+}
+
+static void test_tile_gemm_path(const char *path) {
+    static const int shapes[][3] = {{1, 1, 1},  {6, 16, 32},   {7, 17, 5}, {13, 29, 96},
+                                    {8, 12, 9}, {96, 32, 192}, {5, 3, 0}};
+    double worst = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int mode = 0; mode < 4; mode++)
+            worst = fmax(worst, tile_gemm_error(shapes[s][0], shapes[s][1], shapes[s][2], mode & 1, mode & 2));
+    char name[96];
+    snprintf(name, sizeof name, "tile_gemm (%s): odd shapes, transposed A, accumulate, within fp32 bounds", path);
+    test_within(name, worst, 1.0);
+}
+
+/* The tiled attention on the portable products equals it on AVX2 ones. */
+static void test_tile_gemm_paths_agree(void) {
+    enum { T = 300, DH = 24 };
+    size_t n = (size_t)T * DH;
+    float *q = randn(n, 1), *k = randn(n, 1), *v = randn(n, 1), *dout = randn(n, 1), *lse = calloc(T, 4);
+    float *scratch = calloc(tiled_softmax_scratch_floats(T, DH), 4), *got[2][4];
+    for (int path = 0; path < 2; path++) {
+        for (int i = 0; i < 4; i++) got[path][i] = calloc(n, 4);
+        tile_gemm_set_enabled(path == 0);
+        tiled_softmax_forward(got[path][0], lse, q, k, v, T, T, DH, 0, true, scratch);
+        tiled_softmax_backward(got[path][1], got[path][2], got[path][3], dout, got[path][0], lse, q, k, v, T, DH, true,
+                               scratch);
+    }
+    tile_gemm_set_enabled(true);
+    double worst = 0;
+    for (int i = 0; i < 4; i++) worst = fmax(worst, max_rel(got[0][i], got[1][i], n));
+    test_check(worst <= 1e-5, "tiled attention: AVX2 and portable products agree (T=300, dh=24)", "max rel %.3g",
+               worst);
+    for (int path = 0; path < 2; path++)
+        for (int i = 0; i < 4; i++) free(got[path][i]);
+    free(q), free(k), free(v), free(dout), free(lse), free(scratch);
+}
+
+static void test_tile_gemm(void) {
+    if (tile_gemm_available()) test_tile_gemm_path("AVX2");
+    else test_skip("tile_gemm (AVX2)", "the CPU has no AVX2 and FMA");
+    tile_gemm_set_enabled(false);
+    test_tile_gemm_path("portable");
+    tile_gemm_set_enabled(true);
+    if (tile_gemm_available()) test_tile_gemm_paths_agree();
+    else test_skip("tiled attention: AVX2 and portable products agree", "the CPU has no AVX2 and FMA");
+}
+
 /* ---- cross-entropy ---- */
 static double ce_loss(void *p) {
     ctx *c = p;
@@ -212,6 +355,13 @@ int main(void) {
     test_rope();
     test_attention(true);
     test_attention(false);
+    test_tiled(true, 7, 4);
+    test_tiled(false, 7, 4);
+    test_tiled(true, 300, 4);
+    test_tiled(false, 300, 4);
+    test_tiled_equals_dense(true);
+    test_tiled_equals_dense(false);
+    test_tile_gemm();
     test_cross_entropy();
     test_flush_denormals();
     return test_summary("test_kernels");

@@ -171,6 +171,52 @@ static void check_optimizer_threads(void) {
     model_free(&m);
 }
 
+/* attention.impl = tiled equals dense within 1e-5 relative at T = 1000: the
+ * loss and every gradient (largest difference over the largest magnitude of
+ * each tensor), for a causal lm model with momentum. */
+static void check_tiled_equals_dense(void) {
+    enum { TT = 1000, BB = 2 };
+    config cfg;
+    config_defaults(&cfg);
+    cfg.vocab_size = 29, cfg.d_model = 16, cfg.n_heads = 2, cfg.n_layers = 2, cfg.d_ff = 32, cfg.seq_len = TT;
+    cfg.gamma = 0.2;
+    int32_t *inputs = malloc(sizeof(int32_t) * BB * TT), *targets = malloc(sizeof(int32_t) * BB * TT);
+    for (int i = 0; i < BB * TT; i++) {
+        inputs[i] = (int32_t)((i * 7 + 3) % 29);
+        targets[i] = i % 9 == 4 ? -1 : (int32_t)((i * 5 + 1) % 29);
+    }
+    float *grads[2] = {NULL, NULL};
+    double loss[2];
+    model m[2];
+    for (int impl = 0; impl < 2; impl++) {
+        cfg.attention_impl = impl ? ATTENTION_DENSE : ATTENTION_TILED;
+        if (!test_check(model_create(&m[impl], &cfg, NULL) == 0, "tiled vs dense: model_create", NULL)) return;
+        model_init_parameters(&m[impl]);
+        model_forward(&m[impl], inputs, targets, NULL, BB, TT, false);
+        long long count;
+        loss[impl] = model_loss_sum(&m[impl], targets, BB, TT, &count) / (double)count;
+        model_backward(&m[impl], inputs, targets, NULL, BB, TT, (float)(1.0 / count), NULL, false);
+        grads[impl] = m[impl].grads;
+    }
+    double worst = 0;
+    for (int e = 0; e < m[0].n_entries; e++) {
+        const model_param *p = &m[0].entries[e];
+        double diff = 0, scale = 0;
+        for (size_t i = 0; i < p->numel; i++) {
+            diff = fmax(diff, fabs(grads[0][p->offset + i] - grads[1][p->offset + i]));
+            scale = fmax(scale, fabs(grads[1][p->offset + i]));
+        }
+        worst = fmax(worst, scale > 0 ? diff / scale : diff);
+    }
+    double rel = fabs(loss[0] - loss[1]) / fabs(loss[1]);
+    test_check(rel <= 1e-5 && worst <= 1e-5, "tiled = dense at T = 1000: loss and every gradient",
+               "loss rel %.3g, gradients %.3g", rel, worst);
+    model_free(&m[0]);
+    model_free(&m[1]);
+    free(inputs);
+    free(targets);
+}
+
 static void softmax_causal(config *c) { (void)c; }
 static void softmax_full(config *c) { c->causal = false; }
 static void momentum_post(config *c) { c->gamma = 0.3; }
@@ -201,6 +247,7 @@ int main(int argc, char **argv) {
     run_case("model fmm tanh non-causal learned gamma", fmm_momentum_full);
     run_case("model cls head", cls_head);
     check_optimizer_threads();
+    check_tiled_equals_dense();
     int rc = test_summary("test_model");
     dist_finalize();
     return rc;

@@ -30,6 +30,7 @@ typedef struct {
     float *q_hat, *k_hat, *v_heads; /* [B][H][T][dh]: rotated and sheared */
     float *p_q, *p_k;               /* momentum p [B][H][T][dh] (learned gamma), or NULL */
     float *saved;                   /* [B][H][attention_saved_per_head] */
+    const float *out;               /* [B][T][d]: the merged heads' output (backward of tiled softmax) */
     float *scratch;                 /* threads x attention_scratch_per_head floats */
     int threads;                    /* heads that may run at once, one scratch area each */
 } attention_saved;
@@ -41,7 +42,7 @@ typedef struct {
     float *carry_x, *carry_p; /* [2][S][H][dh]: previous x and p of q and k */
     float *far_state;         /* [S][H][fmm_stream_state_floats] */
     float *scratch;           /* attention_stream_scratch_floats */
-    float *probs;             /* [n_max][capacity] attention weights */
+    float *probs;             /* [n_max][capacity] attention weights (dense softmax), or NULL */
     int rope_pos;             /* the segment's first row in the layer's rope tables */
     bool continued;           /* an earlier position exists (perhaps slid out of the cache) */
 } attention_stream_layer;
@@ -54,7 +55,10 @@ size_t attention_scratch_per_head(const config *cfg, const fmm_settings *fmm, in
  * scratch of attention_scratch_per_head floats. */
 int attention_threads(void);
 /* Scratch of attention_stream_forward for segments of up to n_max. */
-size_t attention_stream_scratch_floats(const fmm_settings *fmm, int n_max, int dh);
+size_t attention_stream_scratch_floats(const config *cfg, const fmm_settings *fmm, int n_max, int dh);
+/* The attention weights of a segment, [n_max][capacity]: only dense softmax
+ * stores them. */
+size_t attention_stream_probs_floats(const config *cfg, int n_max, int capacity);
 
 /* qkv [B*T*3d] -> merged heads out [B*T*d]. */
 void attention_forward(const attention_layer *a, const attention_saved *s, const float *qkv, float *out, int B, int T);

@@ -8,6 +8,9 @@
 #include "momfmm/status.h"
 
 typedef enum { ATTENTION_SOFTMAX = 0, ATTENTION_FMM = 1 } config_attention_kind;
+/* attention.impl: softmax attention in tiles, linear memory (default), or
+ * with its T x T probabilities stored (docs/model.md §1.3) */
+typedef enum { ATTENTION_TILED = 0, ATTENTION_DENSE = 1 } config_attention_impl;
 typedef enum { HEAD_LM = 0, HEAD_CLS = 1 } config_head_kind;
 typedef enum { APPLY_QK = 0, APPLY_Q = 1 } config_momentum_target;
 typedef enum { PLACEMENT_POST_ROPE = 0, PLACEMENT_PRE_ROPE = 1 } config_momentum_placement;
@@ -19,6 +22,9 @@ typedef enum { GEMM_IMPL_OPENBLAS = 0, GEMM_IMPL_ONEDNN = 1, GEMM_IMPL_AUTO = 2 
 typedef enum { TASK_CHAIN = 0, TASK_COPY = 1, TASK_LISTOPS = 2, TASK_TEXT = 3 } config_task;
 
 #define CONFIG_PATH_MAX 1024
+/* Room for any value as config_ini writes it: a string quoted with every
+ * byte escaped as \xNN (ini_quote) is at most 4 x its length + 2. */
+#define CONFIG_VALUE_MAX (4 * CONFIG_PATH_MAX + 64)
 
 /* A key whose value is a comma-separated list of names from a fixed set
  * (fmm.kernels): items are the names' indices in that set, in order. */
@@ -42,7 +48,8 @@ typedef struct {
     int head; /* config_head_kind */
     int n_classes;
     /* [attention] */
-    int attention; /* config_attention_kind */
+    int attention;      /* config_attention_kind */
+    int attention_impl; /* config_attention_impl */
     /* [momentum] */
     double gamma, beta, gamma2;
     bool learn_gamma, anchor;
@@ -57,6 +64,7 @@ typedef struct {
     int seq_len, chain_len;
     double noise, eval_fraction;
     char data_path[CONFIG_PATH_MAX];
+    char data_resolved[CONFIG_PATH_MAX]; /* data.resolved_path: data.path made absolute (config_resolve_data_path) */
     int listops_min_len, listops_max_len, listops_max_depth, listops_max_args;
     /* [train] */
     long long steps;
@@ -111,6 +119,16 @@ int config_check_model(const config *c, const char *origin, status *st);
  * their shortest round-trip form. Caller frees. */
 char *config_to_ini(const config *c);
 
+/* data.resolved_path (docs/config.md §6): every relative item of data.path
+ * (a comma-separated list) joined to the current directory, so that a run,
+ * its resume and `eval` of its checkpoints read the same files from any
+ * directory. keep_resolved: a checkpoint's config keeps the value it
+ * recorded, and one written before the key existed gets the current
+ * directory's (what such a file always meant). 0, or EXIT_USAGE. */
+int config_resolve_data_path(config *c, bool keep_resolved, status *st);
+/* What the data modules open: data.resolved_path, or data.path when unset. */
+const char *config_data_source(const config *c);
+
 /* True when momentum attention is on (docs/model.md §1.2). */
 bool config_momentum_enabled(const config *c);
 /* Rows per forward/backward of a shard of shard_rows: train.micro_batch, or
@@ -125,6 +143,10 @@ int config_compare_keys(const config *a, const config *b, bool model_keys, char 
  * attention, momentum, fmm): what `train --init` requires to match, while
  * data, train and dist keys may change (docs/cli.md §5). */
 int config_compare_architecture(const config *a, const config *b, char *out, size_t out_len);
+/* Over every key: the first that differs as "section.key = a vs b" in out
+ * (values quoted as in config_ini, cut for a message); returns how many
+ * keys differ (0: out is ""). */
+int config_first_difference(const config *a, const config *b, char *out, size_t out_len);
 /* x in the fewest significant digits (%.1g ... %.17g) that strtod reads back
  * as exactly x: 0.2 rather than 0.20000000000000001 (docs/config.md §6, the
  * config_ini text). `out` needs room for 32 bytes; returns out. */

@@ -1,10 +1,12 @@
 /* The text corpus of docs/tasks.md §2: the documents that data.path names (a
  * file, a directory walked recursively in sorted order, or a comma-separated
- * list of either), each memory-mapped read-only. The documents are addressed
- * as one stream, joined by CORPUS_SEPARATOR, without copying them: the pages
- * are the kernel's shared page cache, not per-rank heap. */
+ * list of either). Documents above CORPUS_READ_MAX are memory-mapped
+ * read-only, their pages the kernel's shared page cache rather than per-rank
+ * heap; smaller ones are read. The documents are addressed as one stream,
+ * joined by CORPUS_SEPARATOR. */
 #ifndef MOMFMM_CORPUS_H
 #define MOMFMM_CORPUS_H
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "momfmm/status.h"
@@ -12,17 +14,22 @@
 /* The byte between two documents: NUL, which text never contains, so the
  * model sees an unambiguous end of document (docs/tasks.md §2). */
 enum { CORPUS_SEPARATOR = 0x00 };
+/* Documents up to this size are read into memory, larger ones mapped: one
+ * mapping per document would pass vm.max_map_count for a directory of
+ * tens of thousands of small files (docs/tasks.md §2). */
+enum { CORPUS_READ_MAX = 64 << 10 };
 
 typedef struct {
     char *path;
-    const unsigned char *bytes; /* the read-only mapping */
+    const unsigned char *bytes; /* the read-only mapping, or (owned) a copy on the heap */
+    bool owned;                 /* a small document, read rather than mapped */
     long long size;
     long long start; /* offset of the first byte in the joined stream */
 } corpus_document;
 
 typedef struct {
     corpus_document *docs;
-    int n_docs, capacity;
+    int n_docs, capacity, n_mapped;
     long long size; /* of the joined stream: every document and n_docs - 1 separators */
 } corpus;
 

@@ -7,6 +7,7 @@
 #define MOMFMM_DIST_H
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "momfmm/status.h"
 
@@ -59,6 +60,15 @@ void dist_broadcast_bytes(void *x, size_t n);
  * consistency check); every rank gets the same failed status (code 1)
  * naming the step and the first rank that differs from rank 0. */
 int dist_check_consistency(const void *bytes, size_t n, long long step, status *st);
+
+/* The FNV-1a checksum of n bytes that dist_check_consistency compares. */
+uint64_t dist_checksum(const void *bytes, size_t n);
+/* Collective: every rank's 64-bit value gathered; the lowest rank whose
+ * value differs from rank 0's, or -1 when all agree (every rank gets the
+ * same answer). */
+int dist_first_differing_rank(uint64_t mine);
+/* dist_broadcast_bytes from rank `root`. */
+void dist_broadcast_bytes_from(int root, void *x, size_t n);
 
 /* Rank `rank`'s part of n elements split over `ranks` (ZeRO-1, docs/scale.md
  * §7): [n*rank/ranks, n*(rank+1)/ranks), contiguous and in rank order,

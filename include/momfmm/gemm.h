@@ -34,8 +34,12 @@ typedef enum {
 /* The product classes of GEMM_AUTO, told apart by their transposes: the
  * linear layers' forward (x W^T), backward to the input (dY W) and to the
  * weight (dY^T X). Products inside a parallel region (attention's heads)
- * and small ones (below 2^21 multiply-adds) always run on OpenBLAS, whose
- * per-call overhead is the lower. */
+ * and small ones (below GEMM_AUTO_MIN_MACS) always run on OpenBLAS: their
+ * per-call overhead is the lower, and a product of a fraction of a
+ * millisecond is too short for a start-up measurement to rank the engines
+ * the same way twice (at d 64 the choice flipped from run to run, so two
+ * runs of one config differed in the last bits; docs/design.md §8.10). */
+#define GEMM_AUTO_MIN_MACS (1 << 24)
 typedef enum { GEMM_CLASS_FORWARD, GEMM_CLASS_BACKWARD_DATA, GEMM_CLASS_BACKWARD_WEIGHT, GEMM_CLASSES } gemm_class;
 /* "forward", "backward_data", "backward_weight". */
 const char *gemm_class_name(gemm_class c);
@@ -139,7 +143,8 @@ typedef struct {
  * the best round of each) and gives each class the engine that runs its
  * shapes fastest; oneDNN only when it is at least 3% faster, so that a
  * near tie stays with the reference engine. A class's time is its shapes'
- * times weighted by their counts; shapes above 2^32 multiply-adds (about
+ * times weighted by their counts; shapes below GEMM_AUTO_MIN_MACS are not
+ * timed (they run on OpenBLAS), shapes above 2^32 multiply-adds (about
  * 80 ms) are timed on fewer rows. Every class is OpenBLAS when oneDNN is
  * unavailable or ctx is not GEMM_AUTO. */
 void gemm_tune(gemm_ctx *ctx, const gemm_shape *shapes, int n, gemm_engine engines[GEMM_CLASSES]);

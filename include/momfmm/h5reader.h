@@ -26,6 +26,11 @@ typedef struct {
 /* Formats "<path>: <message>" into the status and jumps back to h5reader_run. */
 _Noreturn void h5reader_fail(h5reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Whether the object `name` ("/a/b") exists, every link on the way a hard
+ * link: a soft, external or user-defined link fails (docs/files.md §4). */
+bool h5reader_exists(h5reader *r, const char *name);
+/* Whether another process holds an HDF5 write lock on `path` (an flock). */
+bool h5reader_is_locked(const char *path);
 /* Root attribute `name`, which must exist and be one value (scalar). */
 hid_t h5reader_open_scalar_attr(h5reader *r, const char *name);
 /* A string attribute, variable- or fixed-length (at most 64 MiB); caller frees. */

@@ -1,10 +1,14 @@
 /* The INI syntax of config files (docs/config.md §6): "[section]" lines,
  * "key = value" or "key: value" lines, blank lines and comments (a line
- * starting with ';' or '#', or ';' after whitespace), CRLF line ends and a
- * UTF-8 byte-order mark; lines of any length. What the sections and keys
+ * starting with ';' or '#', or ';' or '#' after whitespace outside a quoted
+ * value), CRLF line ends and a UTF-8 byte-order mark; lines of any length;
+ * quoted values with backslash escapes. What the sections and keys
  * mean is config.c's; this module only splits the text. */
 #ifndef MOMFMM_INI_H
 #define MOMFMM_INI_H
+#include <stdbool.h>
+#include <stddef.h>
+
 #include "momfmm/status.h"
 
 /* Called for each section header, each pair, and each line that is neither
@@ -18,6 +22,21 @@ typedef struct {
 } ini_handlers;
 
 int ini_parse(const char *text, const ini_handlers *h);
+
+/* Quoted values (docs/config.md §6, escaping): a value that starts with '"'
+ * runs to the next unescaped '"', with the escapes \n \t \r \\ \" \; \#
+ * and \xNN (any byte but NUL); only blanks and a comment may follow. A
+ * value that does not start with '"' is taken verbatim, as it always was.
+ * ini_unquote decodes `value` in place (unchanged when not quoted): 0, or -1
+ * with the reason in why. */
+int ini_unquote(char *value, char *why, size_t len);
+/* True when `value` would not read back verbatim unquoted: leading or
+ * trailing blanks, a leading '"', ';' or '#', control bytes, or bytes that
+ * are not UTF-8. */
+bool ini_needs_quotes(const char *value);
+/* `value` as config_ini writes it: verbatim, or quoted with the escapes
+ * above (valid UTF-8 kept, other bytes as \xNN); caller frees. */
+char *ini_quote(const char *value);
 
 /* A config file as a NUL-terminated string (caller frees), or NULL and a
  * status naming the file (EXIT_USAGE): missing, unreadable, not a regular

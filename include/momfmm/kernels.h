@@ -34,6 +34,10 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
 /* GELU, tanh approximation (docs/model.md §1). tanh_saved keeps the tanh term for
  * the backward, which then needs no transcendental function. */
 void gelu_forward(float *out, float *tanh_saved, const float *inp, size_t n);
+/* out = gelu(inp) from the tanh term gelu_forward saved: bit for bit its
+ * output, without a transcendental function (backward remakes the
+ * activations this way instead of keeping them). */
+void gelu_from_tanh(float *out, const float *inp, const float *tanh_saved, size_t n);
 /* dinp = dout * gelu'(inp); dinp may alias dout. */
 void gelu_backward(float *dinp, const float *inp, const float *tanh_saved, const float *dout, size_t n);
 

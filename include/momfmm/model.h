@@ -53,7 +53,8 @@ typedef struct {
     float *att_saved;                 /* [L][B*H*saved_per_head] */
     float *att_out;                   /* [L][B*T*d] heads merged */
     float *ln2, *ln2_mean, *ln2_rstd;
-    float *fc_pre, *fc_act, *fc_tanh; /* [L][B*T*d_ff] */
+    float *fc_pre, *fc_tanh; /* [L][B*T*d_ff] */
+    float *fc_act;           /* [B*T*d_ff]: one layer's GELU output, remade in backward */
     float *ln_f, *ln_f_mean, *ln_f_rstd;
     float *logits;        /* [B*T*V] (lm) or [B*n_classes] (cls) */
     float *probs;         /* the same shape: softmax of logits; == logits (overwritten)

@@ -3,6 +3,7 @@
  * failures no caller can handle. */
 #ifndef MOMFMM_STATUS_H
 #define MOMFMM_STATUS_H
+#include <stddef.h>
 
 /* docs/cli.md §5: 2 for a config or command-line error, 3 for a bad file,
  * 4 for a training run stopped by a non-finite loss or gradient norm. */
@@ -20,6 +21,11 @@ typedef struct {
 /* Sets st (when not NULL) to code and the formatted message; returns code,
  * so that `return status_fail(st, EXIT_BAD_FILE, "...")` reads as it does. */
 int status_fail(status *st, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* A message's control bytes (a newline or an escape sequence from a file's
+ * value or name) rewritten as \xNN in place, so that a status stays one
+ * line and a file's bytes never reach the terminal raw; status_fail does
+ * it to every message. */
+void status_escape_controls(char *message, size_t len);
 static inline void status_clear(status *st) {
     if (st) st->code = 0, st->message[0] = '\0';
 }

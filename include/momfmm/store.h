@@ -30,6 +30,9 @@ void store_best_path(const char *dir, char *path, size_t len);
  * run resumes or overwrites (which removes the checkpoints and
  * metrics.h5 first). Rank 0 only. */
 int store_open_run(const char *dir, bool resuming, bool overwrite, status *err);
+/* Whether `path` is one of the files (the same inode) that --overwrite
+ * would remove from dir: a checkpoint or metrics.h5. */
+bool store_overwrite_removes(const char *dir, const char *path);
 
 /* dir/STOPPED, naming the checkpoint a signal stop wrote: the job scripts
  * (jobs/ *.sbatch) read it to report the stop as a success whatever the

@@ -50,7 +50,7 @@ class Run:
     def __init__(self, name, path):
         self.name = name
         self.path = path
-        self.config = configparser.ConfigParser(interpolation=None)
+        self.config = config_parser()
         self.step = 0
         self.ckpt_step = None
         self.train = {}
@@ -115,7 +115,7 @@ class Checkpoint:
     def __init__(self, path):
         self.path = path
         self.attrs = {}
-        self.config = configparser.ConfigParser(interpolation=None)
+        self.config = config_parser()
         self.step = 0
         self.params, self.optim_m, self.optim_v, self.buffers = {}, {}, {}, {}
         self.train, self.eval = {}, {}
@@ -201,6 +201,50 @@ def open_h5(path):
             errors.append(exc)
     reason = str(errors[1]).splitlines()[0] if len(errors) > 1 else str(errors[0])
     raise RunError(f"{path}: not a readable HDF5 file ({reason})")
+
+
+_ESCAPES = {ord("n"): b"\n", ord("t"): b"\t", ord("r"): b"\r", ord("\\"): b"\\", ord('"'): b'"',
+            ord(";"): b";", ord("#"): b"#"}
+
+
+def unquote_ini_value(value):
+    """A config_ini value as momfmm reads it (docs/config.md §6, escaping): a value that starts
+    with '"' is quoted, with the escapes \\n \\t \\r \\\\ \\" \\; \\# and \\xNN; any other value is
+    verbatim. Bytes that are not UTF-8 come back as surrogate escapes, so os.fsencode() gives the
+    path's bytes. Raises ValueError for a malformed quoted value."""
+    if not value.startswith('"'):
+        return value
+    raw, out, i = value.encode("utf-8", "surrogateescape"), bytearray(), 1
+    while i < len(raw) and raw[i] != ord('"'):
+        if raw[i] != ord("\\"):
+            out.append(raw[i])
+            i += 1
+            continue
+        e = raw[i + 1] if i + 1 < len(raw) else None
+        if e in _ESCAPES:
+            out += _ESCAPES[e]
+            i += 2
+        elif e == ord("x") and re.fullmatch(rb"[0-9a-fA-F]{2}", raw[i + 2:i + 4]) and raw[i + 2:i + 4] != b"00":
+            out.append(int(raw[i + 2:i + 4], 16))
+            i += 4
+        else:
+            raise ValueError(f"bad escape in the quoted value {value!r}")
+    if i >= len(raw) or raw[i + 1:].strip(b" \t"):
+        raise ValueError(f"bad quoted value {value!r}")
+    return out.decode("utf-8", "surrogateescape")
+
+
+class _IniValues(configparser.Interpolation):
+    """configparser's hook on every get: decodes quoted values (unquote_ini_value)."""
+
+    def before_get(self, parser, section, option, value, defaults):
+        return unquote_ini_value(value)
+
+
+def config_parser():
+    """A ConfigParser that reads config_ini as momfmm does: no interpolation ('%' is a
+    character), quoted values decoded."""
+    return configparser.ConfigParser(interpolation=_IniValues())
 
 
 def _attr_text(value):

@@ -82,6 +82,21 @@ CONFIG_CASES = [
     ("command trian", None, None, ["trian"], 2, ("unknown command 'trian'", "did you mean train?")),
     ("train.steps=-5 states the range", None, None, ["train", GOOD, "--set", "train.steps=-5"], 2,
      ("train.steps = -5 is out of range", "must be >= 0")),
+    # docs/config.md §6: quoted values, '#' comments, numbers beyond a double, control bytes
+    ("lr = 1e400 is out of range", "huge.ini", "[train]\nlr = 1e400\n", ["train", INI], 2,
+     ("huge.ini:2", "train.lr = 1e400 is out of range", "beyond what a double holds")),
+    ("unknown escape in a quoted value", "escape.ini", '[data]\npath = "a\\qb"\n', ["train", INI], 2,
+     ("escape.ini:2", "data.path", "unknown escape \\q")),
+    ("\\x00 in a quoted value", "nul.ini", '[data]\npath = "a\\x00"\n', ["train", INI], 2,
+     ("nul.ini:2", "data.path", "NUL")),
+    ("unclosed quote", "quote.ini", '[train]\nout_dir = "runs/x\n', ["train", INI], 2,
+     ("quote.ini:2", "train.out_dir", "no closing quote")),
+    ("a NUL byte in a config file", "nulbyte.ini", "[model]\nd_model = 32\0\n", ["train", INI], 2,
+     ("nulbyte.ini", "NUL byte at offset")),
+    ("'#' comment after a value", "hash.ini", "[model]\nd_model = 30 # thirty\nn_heads = 4\n", ["train", INI], 2,
+     ("hash.ini", "model.d_model = 30 is not divisible")),
+    ("control bytes shown escaped", "ctrl.ini", "[model]\nd_model = 3\x1b[2J\n", ["train", INI], 2,
+     ("ctrl.ini:2", "3\\x1b[2J")),
 ]
 
 
@@ -159,6 +174,9 @@ def test_file_errors(momfmm, workdir, report, good_ini):
     check_file("token file without /targets", ck, "notargets.h5", "/targets", tokens=missing)
     long_tok = write_tokens(os.path.join(work, "long.h5"), np.ones((1, 64)), np.ones((1, 64)))
     check_file("token file longer than the model", ck, "long.h5", "T = 64", tokens=long_tok)
+    # it printed "loss 0"
+    uncounted = write_tokens(os.path.join(work, "uncounted.h5"), np.ones((2, 16)), np.full((2, 16), -1))
+    check_file("token file counting no target", ck, "uncounted.h5", "/targets counts no position", tokens=uncounted)
 
 
 def test_run_directory_and_metrics_file(momfmm, workdir, report):
@@ -199,6 +217,14 @@ def test_run_directory_and_metrics_file(momfmm, workdir, report):
     report.check("inspect RUN_DIR skips a checkpoint that does not load",
                  r.returncode == 0 and "skipping checkpoint" in r.stdout
                  and f"checkpoint: {os.path.join(run_dir, 'ckpt_00000002.h5')}\n" in r.stdout, r.stdout + r.stderr)
+
+    # a damaged metrics.h5 names its problem (it said "missing root attribute 'format'")
+    damaged = os.path.join(workdir, "damaged_metrics.h5")
+    shutil.copy(metrics, damaged)
+    with h5py.File(damaged, "a") as f:
+        del f["metrics/train/loss"]
+    expect(report, "inspect of a damaged metrics.h5", run([momfmm, "inspect", damaged]), 3, "damaged_metrics.h5",
+           "not a checkpoint", "as a metrics file", "/metrics/train/loss")
 
     empty = os.path.join(workdir, "empty_run")
     os.makedirs(empty, exist_ok=True)

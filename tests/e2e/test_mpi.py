@@ -20,17 +20,19 @@ each its own CTest entry (e2e_mpi_<group>, tests/CMakeLists.txt):
 - TestRobustness: SIGUSR1 to one rank stops every rank at the same step with a
   checkpoint and exit 0; a rank killed with SIGKILL ends the job non-zero within 30 s
   with no process left behind; np > batch exits 2 naming both numbers;
-  ranks that diverge (MPMD launch with a different lr on rank 1) are caught
-  by the parameter checksum (dist.check_interval).
+  ranks that diverge (MPMD launch resuming from checkpoints whose AdamW moments
+  differ) are caught by the parameter checksum (dist.check_interval).
 - every run: the start-up line `momfmm: N ranks x T threads on <hosts>` shows N and T.
 """
 import glob
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
 
+import h5py
 import numpy as np
 import pytest
 from momfmm.h5 import load_checkpoint, newest_checkpoint
@@ -290,12 +292,25 @@ def check_too_many_ranks(report, runner):
 
 
 def check_divergence(report, runner):
-    """MPMD launch: rank 1 uses a different lr, so parameters differ after step 1;
-    the checksum at dist.check_interval = 3 must stop the job naming step 3."""
-    path, out_dir = runner.config("diverge", **{"dist.check_interval": 3, "train.steps": 10,
+    """MPMD launch: the ranks resume from two step-2 checkpoints with the same parameters
+    and config but different AdamW moments (a different lr on one rank is refused at
+    start-up, test_fuzz.py), so parameters differ after step 3; the checksum at
+    dist.check_interval = 3 must stop the job naming step 3."""
+    path, out_dir = runner.config("diverge", **{"dist.check_interval": 3, "train.steps": 2,
                                                 "train.eval_interval": 0})
-    cmd = MPIRUN + ["-np", "1", runner.momfmm, "train", path, ":",
-                    "-np", "1", runner.momfmm, "train", path, "--set", "train.lr=0.02"]
+    r = run([runner.momfmm, "train", path], timeout=120)
+    report.check("diverged ranks: the step-2 run", r.returncode == 0, r.stderr[-300:])
+    first = os.path.join(out_dir, "ckpt_00000002.h5")
+    sources = [os.path.join(runner.workdir, f"diverge_{i}.h5") for i in range(2)]
+    for i, source in enumerate(sources):
+        shutil.copy(first, source)
+        with h5py.File(source, "a") as f:
+            f["optim/m/tok_emb"][...] = f["optim/m/tok_emb"][()] * (1 + i)
+    for name in os.listdir(out_dir):
+        os.remove(os.path.join(out_dir, name))
+    sets = ["--set", "train.steps=10"]
+    cmd = MPIRUN + ["-np", "1", runner.momfmm, "train", path, *sets, "--resume", sources[0], ":",
+                    "-np", "1", runner.momfmm, "train", path, *sets, "--resume", sources[1]]
     r = run(cmd, timeout=120)
     text = r.stdout + r.stderr
     report.check("diverged ranks: checksum mismatch stops the job (non-zero) at step 3",

@@ -161,6 +161,22 @@ class TestResume:
             report.check(" ".join(cmd[:1] + cmd[2:]) + " runs", rc.returncode == 0, rc.stderr[-300:])
 
 
+    def test_gain_r_is_fp32_in_bf16(self, momfmm, workdir, report):
+        """gain_R's perturbation (1e-3 of the input's norm) is below bf16's resolution: the
+        read-out's forwards run in fp32 whatever the precision (docs/metrics.md §3)."""
+        r, ini, out_dir = train(momfmm, workdir, "gain_fp32", **{"train.steps": 40, "train.eval_interval": 40})
+        report.check("fp32 run", r.returncode == 0, r.stderr[-300:])
+        gains = {}
+        for precision in ("fp32", "bf16"):
+            re_ = run([momfmm, "eval", out_dir, "--precision", precision], env=bf16_env())
+            m = re.search(r"^gain_R((?: \S+)+)$", re_.stdout, re.M)
+            report.check(f"eval --precision {precision} prints gain_R", re_.returncode == 0 and m, re_.stderr[-300:])
+            gains[precision] = [float(x) for x in m.group(1).split()] if m else None
+        if None not in gains.values():
+            worst = max(abs(a - b) / abs(a) for a, b in zip(gains["fp32"], gains["bf16"]))
+            report.check("gain_R in bf16 within 10% of fp32's (it was 6x off)", worst <= 0.10, f"{gains} (worst {worst:.3g})")
+
+
 # ---------------------------------------------------------------------------
 class TestRefusal:
     def test_no_bf16_cpu_exits_2(self, momfmm, workdir, report):

@@ -150,6 +150,22 @@ class PackageTest(unittest.TestCase):
             with self.subTest(tool=name):
                 self.assertFalse(imported & tools, f"{path} imports {sorted(imported & tools)}")
 
+    def test_quoted_config_values(self):
+        """config_ini's quoted values (docs/config.md §6, escaping) read as momfmm reads them."""
+        from momfmm import h5
+        cp = h5.config_parser()
+        cp.read_string('[data]\npath = "a\\nb ;c#d \\"q\\" \\\\ \\x01\\xff caf\u00e9"\n'
+                       '[train]\nout_dir = runs/50%\nplain = "\n')
+        self.assertEqual(cp.get("data", "path"), 'a\nb ;c#d "q" \\ \x01\udcff caf\u00e9')
+        self.assertEqual(os.fsencode(cp.get("data", "path"))[-7:], b"\xff caf\xc3\xa9")
+        self.assertEqual(cp.get("train", "out_dir"), "runs/50%")
+        with self.assertRaises(ValueError):
+            cp.get("train", "plain")
+        for bad in ('"abc', '"a\\qb"', '"a\\x00"', '"a" b'):
+            with self.subTest(bad=bad), self.assertRaises(ValueError):
+                h5.unquote_ini_value(bad)
+        self.assertEqual(h5.unquote_ini_value('plain"text\\n'), 'plain"text\\n')
+
     def test_reader_round_trip(self):
         import h5py
         import numpy as np

@@ -73,6 +73,7 @@ class Case:
     batches: int = 3
     same_as_softmax: Optional[str] = None    # None, "bitwise" or "close"
     seed: int = 0
+    impl: Optional[str] = None               # attention.impl (tiled | dense); None: the default (tiled)
 
 
 def _m(V, d, H, L, F, **extra):
@@ -84,6 +85,11 @@ CASES = [
     Case("softmax", "one_layer_d16_h2", 9, 2, _m(13, 16, 2, 1, 64)),
     Case("softmax", "two_layers_d32_h4_rope500", 16, 3, _m(37, 32, 4, 2, 64, rope_base=500)),
     Case("softmax", "noncausal_d24_h3", 12, 2, _m(21, 24, 3, 2, 48, causal=False)),
+    # tiled softmax (the default) past one tile: 5 query tiles of 64, 2 key tiles of 256, ragged
+    Case("softmax", "tiled_T300_ragged", 300, 2, _m(13, 16, 2, 1, 32)),
+    Case("softmax", "tiled_T300_noncausal", 300, 2, _m(13, 16, 2, 1, 32, causal=False)),
+    Case("softmax", "T1_single_position", 1, 3, _m(13, 16, 2, 2, 32)),
+    Case("softmax", "dense_T70", 70, 2, _m(13, 16, 2, 2, 32), impl="dense"),
     # ---- momentum --------------------------------------------------------
     Case("momentum", "gamma0.2_qk_post_rope", 12, 2, _m(17, 16, 2, 2, 48),
          momentum=dict(gamma=0.2)),
@@ -101,6 +107,8 @@ CASES = [
     Case("momentum", "all_options_pre_rope_q", 15, 2, _m(17, 24, 3, 2, 48),
          momentum=dict(gamma=0.15, learn_gamma=True, beta=0.3, gamma2=0.1, apply_to="q",
                        placement="pre_rope", anchor=False), gammas=[0.3, -0.1, 0.2]),
+    Case("momentum", "tiled_T300_all_options", 300, 2, _m(17, 16, 2, 1, 32),
+         momentum=dict(gamma=0.15, learn_gamma=True, beta=0.3, gamma2=0.1, anchor=False), gammas=[0.3, -0.1]),
     Case("momentum", "noncausal_beta_anchor_false", 12, 2, _m(17, 16, 2, 2, 48, causal=False),
          momentum=dict(gamma=0.2, beta=0.3, anchor=False)),
     Case("momentum", "gamma0_anchor_false_equals_softmax", 12, 2, _m(17, 16, 2, 2, 48),
@@ -178,7 +186,8 @@ def case_sections(case: Case, out_dir: str) -> Dict[str, Dict[str, str]]:
                  seed=case.seed, log_interval=1, eval_interval=5, eval_batches=1,
                  ckpt_interval=5, keep=2, out_dir=out_dir)
     dist = dict(bucket_mb=1, overlap=True, check_interval=10)
-    sections = dict(model=model, attention=dict(kind=case.kind), momentum=momentum, fmm=fmm,
+    attention = dict(kind=case.kind, **({"impl": case.impl} if case.impl else {}))
+    sections = dict(model=model, attention=attention, momentum=momentum, fmm=fmm,
                     data=data, train=train, dist=dist)
     return {s: {k: _ini_value(v) for k, v in kv.items()} for s, kv in sections.items()}
 

@@ -280,6 +280,9 @@ seq_len = 64
 chain_len = 8
 
 [train]
+; bitwise against a separate uninterrupted run: one engine for both, as
+; auto's measurement may choose differently in each (docs/design.md §8.10)
+gemm = openblas
 steps = 300
 batch_size = 16
 lr = 3e-3

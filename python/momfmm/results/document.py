@@ -58,15 +58,16 @@ def sections(ctx, fams, findings):
         for key in chain:
             chain_section(ctx, key[1], fams[key], body, findings)
     copies = {k[1]: fams[k] for k in fams if k[0] == "copy"}
-    if copies or fams.get(("listops", None)):
+    listops = sorted((k for k in fams if k[0] == "listops"), key=lambda k: k[1] or 0)
+    if copies or listops:
         body.append("## FMM reference: copy task and ListOps\n")
         body.append("The reference's claim (FMMformer): a banded softmax near field plus a low-rank linear far field "
                     "keeps the accuracy of softmax attention at linear cost, where linear attention alone and a "
                     "band alone fall short; two far-field kernels do better than one.\n")
     if copies:
         copy_section(ctx, copies, body, findings)
-    if ("listops", None) in fams:
-        listops_section(ctx, fams[("listops", None)], body, findings)
+    for key in listops:
+        listops_section(ctx, key[1], fams[key], body, findings)
     if ("text", None) in fams:
         body.append("## Text (both references)\n")
         text_section(ctx, fams[("text", None)], body, findings)

@@ -80,23 +80,48 @@ def copy_claims(T, groups, findings):
                              fmm2, soft, "acc", CLOSE_ACC))
 
 
-def listops_section(ctx, groups, out, findings):
-    out.append("### ListOps (FMM reference; LRA generator)\n")
+def listops_section(ctx, T, groups, out, findings):
+    """ListOps of listops.ini (T None: expressions of 16..128 tokens) or of listops_T<T>.ini
+    (LRA's length), each with its own claims; the second also says whether the verdict of
+    FMM against exact softmax differs from the first's."""
+    where = "" if T is None else f" at LRA's length, T = {T}"
+    out.append(f"### ListOps (FMM reference; LRA generator){where}\n")
     cfgs = sorted({g.first.config for g in groups})
     out.append(f"Config: {', '.join(f'`{c}`' for c in cfgs)}. Accuracy of the cls head over the eval batches "
                f"(10 classes). Final eval, mean ± sample std over seeds. The reference reports Long Range Arena averages "
                f"over five tasks (softmax {REFERENCE_FMM_LRA_AVERAGE['softmax']:.2f} %, FMMformer "
                f"{REFERENCE_FMM_LRA_AVERAGE['FMMformer']:.2f} %); its ListOps column is not quoted here.\n")
+    if T is not None:
+        out.append("Exact softmax runs in linear memory here (`attention.impl = tiled`, docs/model.md §1.3); "
+                   "kept, its probabilities would take 2 · 4 · T² floats per layer and rank.\n")
     groups = by_variant(groups)
     rows = [[attention_label(g.first), g.status(), g.steps(), g.cell("acc"), g.cell("loss"), ctx.reproduce(g)]
             for g in groups]
     out.append(markdown(["variant", "runs done", "steps", "accuracy", "loss", "reproduce"], rows))
     out.append("")
-    variant_figures(ctx, out, "listops", groups, [("acc.png", "ListOps: accuracy vs step"),
-                                                  ("loss.png", "ListOps: loss vs step")])
+    figures = "listops" if T is None else f"listops_T{T}"
+    variant_figures(ctx, out, figures, groups, [("acc.png", f"ListOps{where}: accuracy vs step"),
+                                                ("loss.png", f"ListOps{where}: loss vs step")])
     soft = find(groups, "softmax")
     fmm = find(groups, "FMM (band 5, 2 kernels")
     mfmm = find(groups, "momentum-FMM")
-    findings.add(less_claim("ListOps: FMM (band 5, 2 kernels) is more accurate than softmax (the reference's LRA claim)",
-                            soft, fmm, "acc", flip=True))
-    findings.add(less_claim("ListOps: momentum-FMM is more accurate than FMM", fmm, mfmm, "acc", flip=True))
+    prefix = "ListOps" if T is None else f"ListOps T={T}"
+    versus = less_claim(f"{prefix}: FMM (band 5, 2 kernels) is more accurate than softmax (the reference's LRA claim)",
+                        soft, fmm, "acc", flip=True)
+    findings.add(versus)
+    findings.add(less_claim(f"{prefix}: momentum-FMM is more accurate than FMM", fmm, mfmm, "acc", flip=True))
+    if T is not None:
+        verdict_change(versus, findings)
+
+
+def verdict_change(versus, findings):
+    """One observation: the FMM-vs-softmax verdict at LRA's length beside the short one's."""
+    short = next((c for c in findings.claims if c.text.startswith("ListOps: FMM (band 5, 2 kernels)")), None)
+    if short is None or Verdict.MISSING in (short.verdict, versus.verdict):
+        return
+    here = f"ListOps, FMM against exact softmax: at LRA's length the verdict is {versus.verdict.bold()}"
+    if short.verdict is versus.verdict:
+        findings.observe(f"{here}, the same as for expressions of 16..128 tokens.")
+    else:
+        findings.observe(f"{here}; for expressions of 16..128 tokens it is {short.verdict.bold()}: the verdict "
+                         "changes with the length.")

@@ -129,8 +129,9 @@ def family_of(entry):
     m = re.match(r"copy_T(\d+)$", base)
     if m:
         return ("copy", int(m.group(1)))
-    if base.startswith("listops"):
-        return ("listops", None)
+    m = re.match(r"listops(?:_T(\d+))?$", base)
+    if m:  # listops.ini's short expressions (None), listops_T2000.ini at LRA's length (2000)
+        return ("listops", int(m.group(1)) if m.group(1) else None)
     if base.startswith("text"):
         return ("text", None)
     return ("other", base)

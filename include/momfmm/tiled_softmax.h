@@ -1,0 +1,24 @@
+/* Exact softmax attention of one head in linear memory (docs/model.md §1.3
+ * `softmax`, attention.impl = tiled): queries and keys in tiles, an online
+ * softmax per query row, and a backward that recomputes the probabilities
+ * from the saved log-sum-exp instead of reading a stored T x T matrix (as
+ * FlashAttention does). Row-major [T, dh] arrays of one (batch row, head). */
+#ifndef MOMFMM_TILED_SOFTMAX_H
+#define MOMFMM_TILED_SOFTMAX_H
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Floats of scratch either direction needs for sequences of up to T. */
+size_t tiled_softmax_scratch_floats(int T, int dh);
+
+/* out [Tq, dh] = softmax(q k^T / sqrt(dh)) v for queries at positions
+ * q_pos0.. and keys at 0..Tk-1 (causal: key j visible to query i when
+ * j <= q_pos0 + i); lse [Tq] receives each row's log-sum-exp of the scaled
+ * scores, all that backward needs besides q, k, v and out. */
+void tiled_softmax_forward(float *out, float *lse, const float *q, const float *k, const float *v, int Tq, int Tk,
+                           int dh, int q_pos0, bool causal, float *scratch);
+/* The backward of a training forward (Tq = Tk = T, q_pos0 = 0): dq, dk, dv
+ * overwritten, from dout, the forward's out and lse. */
+void tiled_softmax_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                            const float *q, const float *k, const float *v, int T, int dh, bool causal, float *scratch);
+#endif

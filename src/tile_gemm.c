@@ -1,0 +1,154 @@
+/* Register-blocked products for attention tiles (tile_gemm.h). */
+#include "momfmm/tile_gemm.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define TILE_GEMM_AVX2 1
+#else
+#define TILE_GEMM_AVX2 0
+#endif
+
+/* The micro-tile: 6 rows x 16 columns are twelve ymm accumulators, which
+ * cover the FMA latency (4 cycles) on both pipes, and with two B loads and
+ * one broadcast they leave one of the sixteen registers spare. */
+#define MICRO_ROWS 6
+#define MICRO_COLS 16
+
+static bool enabled = true;
+
+void tile_gemm_set_enabled(bool on) { enabled = on; }
+
+bool tile_gemm_available(void) {
+#if TILE_GEMM_AVX2
+    return enabled && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+}
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+
+/* One block of the operands, as the micro-kernels see it. */
+typedef struct {
+    int rows, cols, k; /* rows <= MICRO_ROWS, cols <= MICRO_COLS */
+    float alpha;
+    const float *a;
+    ptrdiff_t a_row, a_col;
+    const float *b;
+    ptrdiff_t ldb;
+    bool accumulate;
+    float *c;
+    ptrdiff_t ldc;
+} tile_block;
+
+/* Portable C for machines without AVX2 and FMA, and the reference the
+ * tests hold the AVX2 kernel to. */
+static void block_portable(const tile_block *t) {
+    for (int i = 0; i < t->rows; i++) {
+        float sum[MICRO_COLS] = {0};
+        const float *a = t->a + i * t->a_row;
+        for (int p = 0; p < t->k; p++)
+            for (int j = 0; j < t->cols; j++) sum[j] += a[p * t->a_col] * t->b[p * t->ldb + j];
+        float *c = t->c + i * t->ldc;
+        for (int j = 0; j < t->cols; j++) c[j] = t->alpha * sum[j] + (t->accumulate ? c[j] : 0.0f);
+    }
+}
+
+#if TILE_GEMM_AVX2
+/* One row of the micro-tile's result: c (=|+=) alpha (lo, hi). */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+store_row(const tile_block *t, int r, __m256 lo, __m256 hi, bool masked, __m256i mask0, __m256i mask1) {
+    if (r >= t->rows) return;
+    float *c = t->c + r * t->ldc;
+    const __m256 alpha = _mm256_set1_ps(t->alpha);
+    lo = _mm256_mul_ps(alpha, lo), hi = _mm256_mul_ps(alpha, hi);
+    if (t->accumulate) {
+        lo = _mm256_add_ps(lo, masked ? _mm256_maskload_ps(c, mask0) : _mm256_loadu_ps(c));
+        hi = _mm256_add_ps(hi, masked ? _mm256_maskload_ps(c + 8, mask1) : _mm256_loadu_ps(c + 8));
+    }
+    if (masked) {
+        _mm256_maskstore_ps(c, mask0, lo);
+        _mm256_maskstore_ps(c + 8, mask1, hi);
+    } else {
+        _mm256_storeu_ps(c, lo);
+        _mm256_storeu_ps(c + 8, hi);
+    }
+}
+
+/* Rows past t->rows read the last real row again (their sums are dropped),
+ * so that the inner loop has no branch; columns past t->cols are masked
+ * when `masked`, which the two callers below fix at compile time. The
+ * accumulators are named, not an array, so that GCC keeps all twelve in
+ * registers. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void block_avx2(const tile_block *t, bool masked) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i mask0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(t->cols), lane);
+    const __m256i mask1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(t->cols - 8), lane);
+    int last = t->rows - 1;
+    /* Row offsets in registers and one moving pointer: each broadcast is
+     * then a single base + index load, with no address arithmetic. */
+    ptrdiff_t o1 = min_int(1, last) * t->a_row, o2 = min_int(2, last) * t->a_row, o3 = min_int(3, last) * t->a_row;
+    ptrdiff_t o4 = min_int(4, last) * t->a_row, o5 = min_int(5, last) * t->a_row;
+    const float *a = t->a, *b = t->b;
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    const ptrdiff_t a_col = t->a_col, ldb = t->ldb;
+    for (int p = t->k; p > 0; p--, a += a_col, b += ldb) {
+        __m256 b0 = masked ? _mm256_maskload_ps(b, mask0) : _mm256_loadu_ps(b);
+        __m256 b1 = masked ? _mm256_maskload_ps(b + 8, mask1) : _mm256_loadu_ps(b + 8);
+        __m256 x = _mm256_broadcast_ss(a);
+        c00 = _mm256_fmadd_ps(x, b0, c00), c01 = _mm256_fmadd_ps(x, b1, c01);
+        x = _mm256_broadcast_ss(a + o1);
+        c10 = _mm256_fmadd_ps(x, b0, c10), c11 = _mm256_fmadd_ps(x, b1, c11);
+        x = _mm256_broadcast_ss(a + o2);
+        c20 = _mm256_fmadd_ps(x, b0, c20), c21 = _mm256_fmadd_ps(x, b1, c21);
+        x = _mm256_broadcast_ss(a + o3);
+        c30 = _mm256_fmadd_ps(x, b0, c30), c31 = _mm256_fmadd_ps(x, b1, c31);
+        x = _mm256_broadcast_ss(a + o4);
+        c40 = _mm256_fmadd_ps(x, b0, c40), c41 = _mm256_fmadd_ps(x, b1, c41);
+        x = _mm256_broadcast_ss(a + o5);
+        c50 = _mm256_fmadd_ps(x, b0, c50), c51 = _mm256_fmadd_ps(x, b1, c51);
+    }
+    store_row(t, 0, c00, c01, masked, mask0, mask1);
+    store_row(t, 1, c10, c11, masked, mask0, mask1);
+    store_row(t, 2, c20, c21, masked, mask0, mask1);
+    store_row(t, 3, c30, c31, masked, mask0, mask1);
+    store_row(t, 4, c40, c41, masked, mask0, mask1);
+    store_row(t, 5, c50, c51, masked, mask0, mask1);
+}
+
+__attribute__((target("avx2,fma"))) static void block_avx2_full(const tile_block *t) { block_avx2(t, false); }
+__attribute__((target("avx2,fma"))) static void block_avx2_masked(const tile_block *t) { block_avx2(t, true); }
+#endif
+
+/* Column blocks outside, row blocks inside: a block of B (k x 16) stays in
+ * L1 while the rows of A stream past it. */
+void tile_gemm(int m, int n, int k, float alpha, const float *a, ptrdiff_t a_row, ptrdiff_t a_col, const float *b,
+               ptrdiff_t ldb, bool accumulate, float *c, ptrdiff_t ldc) {
+    bool avx2 = tile_gemm_available();
+    tile_block t = {
+        .k = k, .alpha = alpha, .a_row = a_row, .a_col = a_col, .ldb = ldb, .accumulate = accumulate, .ldc = ldc};
+    for (int j = 0; j < n; j += MICRO_COLS) {
+        t.cols = min_int(MICRO_COLS, n - j);
+        t.b = b + j;
+        for (int i = 0; i < m; i += MICRO_ROWS) {
+            t.rows = min_int(MICRO_ROWS, m - i);
+            t.a = a + i * a_row;
+            t.c = c + i * ldc + j;
+#if TILE_GEMM_AVX2
+            if (avx2) {
+                if (t.cols == MICRO_COLS) block_avx2_full(&t);
+                else block_avx2_masked(&t);
+                continue;
+            }
+#endif
+            (void)avx2;
+            block_portable(&t);
+        }
+    }
+}
+
+void tile_gemm_transpose(float *dst, ptrdiff_t ld_dst, const float *src, ptrdiff_t ld_src, int rows, int cols) {
+    for (int j = 0; j < rows; j++)
+        for (int p = 0; p < cols; p++) dst[p * ld_dst + j] = src[j * ld_src + p];
+}
