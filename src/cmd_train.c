@@ -77,7 +77,8 @@ static bool save_checkpoint(const trainer *t, train_loop *loop, bool signal_stop
          * run stops here rather than train on without any (exit 1) */
         loop->file_limit = loop->file_limit || signals_file_limit_reached();
         fprintf(stderr, "momfmm: checkpoint at step %lld not written: %s%s\n", t->step, err.message,
-                signals_file_limit_reached() ? "; it crossed the file size limit (ulimit -f): stopping" : "");
+                signals_file_limit_reached() ? "; it crossed the file size limit: stopping, as every later one would"
+                                             : "");
         return false;
     }
     snprintf(loop->latest, sizeof loop->latest, "%s", path);

@@ -73,6 +73,11 @@ double sys_address_space_left(void) {
     return left < 0 ? -1 : left > 0 ? left : 0;
 }
 
+double sys_file_size_limit(void) {
+    struct rlimit f;
+    return getrlimit(RLIMIT_FSIZE, &f) == 0 && f.rlim_cur != RLIM_INFINITY ? (double)f.rlim_cur : -1;
+}
+
 double sys_memory_available(void) {
     double available = proc_kb("/proc/meminfo", "MemAvailable");
     if (available < 0) available = 0;
