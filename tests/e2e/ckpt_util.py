@@ -222,14 +222,14 @@ class SlowRun:
     of it, mpirun's own session included (the wrapper starts mpirun with
     setsid)."""
 
-    def __init__(self, R, name, n, step_ms, wrapped=True, **overrides):
+    def __init__(self, R, name, n, step_ms, wrapped=True, launcher_env=None, **overrides):
         over = {"train.steps": 100000, "train.log_interval": 1, "train.eval_interval": 0}
         over.update(overrides)
         self.ini, self.out_dir, _ = R.config(name, **over)
         self.log_path = os.path.join(R.work, name + ".log")
         cmd = [R.momfmm, "train", self.ini]
         cmd = [LAUNCHER] + MPIRUN[1:] + ["-np", str(n)] + cmd if wrapped else MPIRUN + ["-np", str(n)] + cmd
-        e = env(MOMFMM_TEST_STEP_SLEEP_MS=step_ms, MOMFMM_MPIRUN=MPIRUN[0])
+        e = env(MOMFMM_TEST_STEP_SLEEP_MS=step_ms, MOMFMM_MPIRUN=MPIRUN[0], **(launcher_env or {}))
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=e, start_new_session=True)
         deadline = time.time() + 60
