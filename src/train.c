@@ -68,6 +68,12 @@ static int check_parameter_memory(const config *cfg, status *err) {
                        sys_address_space_left() >= 0 ? " under this process's ulimit -v / -d" : "");
 }
 
+/* "1.2 GB" or "11.6 MB": a small run's figures are not all "0.0 GB". */
+static const char *size_text(double bytes, char text[32]) {
+    snprintf(text, 32, bytes >= 1e9 ? "%.2f GB" : "%.1f MB", bytes >= 1e9 ? bytes / 1e9 : bytes / 1e6);
+    return text;
+}
+
 /* After the model's buffers, before its activations (allocated at the
  * first forward): refuses (exit 2) a run whose activations do not fit in
  * what is left, rather than being killed mid-step. Prints the estimate. */
@@ -82,13 +88,14 @@ static int check_memory(const trainer *t, status *err) {
               need / 1e9, u.activation_bytes / 1e6, rows, b->T, u.param_bytes, u.grad_bytes, u.moment_bytes);
     double fill, available; /* what is left once the buffers are allocated */
     if (fits(u.activation_bytes, &fill, &available)) return 0;
+    char total[32], acts[32], left[32];
     return status_fail(err, EXIT_USAGE,
-                       "memory: this run needs %.1f GB per rank (%.1f GB of activations for %d x %d on top of the "
-                       "model's buffers), and the activations alone are %.0f%% of the memory left on the fullest "
-                       "node (%d rank%s on it, %.1f GB left): reduce train.batch_size (or set train.micro_batch), "
-                       "data.seq_len or the model (attention.impl = dense stores T x T per head)",
-                       need / 1e9, u.activation_bytes / 1e9, rows, b->T, 100 * fill, dist_node_ranks(),
-                       dist_node_ranks() == 1 ? "" : "s", available / 1e9);
+                       "memory: this run needs %s per rank (%s of activations for %d x %d on top of the model's "
+                       "buffers), and the activations alone are %.0f%% of the memory left on the fullest node (%d "
+                       "rank%s on it, %s left): reduce train.batch_size (or set train.micro_batch), data.seq_len or "
+                       "the model (attention.impl = dense stores T x T per head)",
+                       size_text(need, total), size_text(u.activation_bytes, acts), rows, b->T, 100 * fill,
+                       dist_node_ranks(), dist_node_ranks() == 1 ? "" : "s", size_text(available, left));
 }
 
 /* The block after whose backward a tensor's gradient is final: its own block;

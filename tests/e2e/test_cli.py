@@ -182,6 +182,7 @@ def test_help_exit_codes_and_rank_counts(momfmm, tmp_path, report):
     codes = re.findall(r"\b([0-4]) [a-z]", r.stdout.split("exit codes:", 1)[-1])
     report.check("help: lists exit codes 0, 1, 2, 3 and 4", r.returncode == 0 and codes[:5] == list("01234"),
                  f"{codes} in {line!r}")
+    report.check("help: lists exit code 130 (a second Ctrl-C)", "130 train ended at once" in r.stdout, r.stdout[-300:])
     ini = write_config(str(tmp_path / "bench.ini"), tiny_config(str(tmp_path / "run")))
     b = run([momfmm, "bench", ini, "--steps", "2"])
     said = re.findall(r"\d+ ranks? x \d+ threads?", b.stdout)

@@ -205,6 +205,12 @@ class TestMemoryLimits:
                      re.search(r"this model needs [\d.]+ GB per rank before activations \(\d+ parameters x 16\.00 bytes",
                                r.stderr) is not None,
                      f"rc {r.returncode} after {took:.1f} s: {r.stderr[-500:]!r}")
+        acts = ["--set", "data.seq_len=512", "--set", "train.batch_size=64", "--set", "attention.impl=dense"]
+        r = run([momfmm, "train", ini] + acts, timeout=TIMEOUT_S, preexec_fn=limited(AS=600 << 20))
+        report.check("activations of 64 x 512 (dense attention) under ulimit -v 600 MB: exit 2 with the estimate",
+                     r.returncode == 2 and one_line(r.stderr) and
+                     re.search(r"this run needs [\d.]+ MB per rank \([\d.]+ MB of activations for 64 x 512",
+                               r.stderr) is not None, f"rc {r.returncode}: {r.stderr[-500:]!r}")
         report.check("refused for memory: nothing written", not checkpoints(out_dir))
 
 
