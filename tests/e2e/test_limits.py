@@ -3,22 +3,24 @@
 - TestSingleProcess: help, init, inspect, eval, generate and loss run alone
   start no MPI runtime: they work under env -i, TMPDIR a file, TMPDIR a
   directory that does not exist (not created) or an empty one (left empty: no
-  session directory), ulimit -n 8 and ulimit -f 4 MB; 50 inspects at once
-  beside a training run under mpirun all succeed.
+  session directory), ulimit -n 8 and ulimit -f 4 MB; 50 inspects at once,
+  twice, beside a training run under mpirun all succeed.
 - TestFileLimits: a checkpoint larger than ulimit -f stops train with exit 1
   and one line naming the file and the limit, no temporary left, a summary
   naming no checkpoint; init likewise exits 3. `train | head -1` (alone, and
   under momfmm-mpirun -np 2) stops with a checkpoint and exit 0, not SIGPIPE.
 - TestMemoryLimits: under ulimit -v (not in the sanitizer build, whose shadow
   memory needs the address space) OpenBLAS's buffers that do not fit, and a
-  model whose parameters, gradients and moments do not fit, exit 2 within
-  seconds with the estimate.
+  model whose parameters, gradients and moments do not fit, or activations
+  that do not, exit 2 within seconds with the estimate; under ulimit -v
+  300 MB SIGTERM still stops a run with a checkpoint.
 - TestRefusedStart: a start refused under momfmm-mpirun -np 2 prints one line,
   no Open MPI banner.
 """
 import os
 import re
 import resource
+import signal
 import subprocess
 import time
 
@@ -116,12 +118,13 @@ class TestSingleProcess:
                                stderr=subprocess.DEVNULL, env=env(), start_new_session=True)
         try:
             time.sleep(1.0)
-            procs = [subprocess.Popen([momfmm, "inspect", ck], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      text=True, env=env()) for _ in range(50)]
-            results = [(p.wait(timeout=TIMEOUT_S), p.stderr.read()) for p in procs]
-            failed = [(rc, err[-200:]) for rc, err in results if rc != 0 or err.strip()]
-            report.check("50 inspects at once beside a training run under mpirun: all exit 0, quietly",
-                         not failed and job.poll() is None, f"{len(failed)} failed, e.g. {failed[:2]}")
+            for round_ in (1, 2):
+                procs = [subprocess.Popen([momfmm, "inspect", ck], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True, env=env()) for _ in range(50)]
+                results = [(p.wait(timeout=TIMEOUT_S), p.stderr.read()) for p in procs]
+                failed = [(rc, err[-200:]) for rc, err in results if rc != 0 or err.strip()]
+                report.check(f"50 inspects at once beside a training run under mpirun (round {round_}): all exit 0, "
+                             "quietly", not failed and job.poll() is None, f"{len(failed)} failed, e.g. {failed[:2]}")
         finally:
             kill_session(job.pid)
             job.wait()
@@ -212,6 +215,22 @@ class TestMemoryLimits:
                      re.search(r"this run needs [\d.]+ MB per rank \([\d.]+ MB of activations for 64 x 512",
                                r.stderr) is not None, f"rc {r.returncode}: {r.stderr[-500:]!r}")
         report.check("refused for memory: nothing written", not checkpoints(out_dir))
+        # OpenBLAS's allocation under a tight limit is bounded: SIGTERM still stops the run
+        ini, out_dir, _ = write_tiny_config(workdir, "vmem_term", **{"train.steps": 100000, "train.eval_interval": 0,
+                                                                      "train.log_interval": 1})
+        p = subprocess.Popen([momfmm, "train", ini], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env(), preexec_fn=limited(AS=300 << 20))
+        first = p.stdout.readline()
+        time.sleep(1.0)
+        p.send_signal(signal.SIGTERM)
+        try:
+            out, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        report.check("train under ulimit -v 300 MB: SIGTERM stops it with a checkpoint, exit 0",
+                     p.returncode == 0 and first and checkpoints(out_dir) and "stop requested" in out,
+                     f"rc {p.returncode}: {err[-300:]!r}")
 
 
 class TestRefusedStart:
