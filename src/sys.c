@@ -46,6 +46,12 @@ double sys_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+double sys_cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* A "Key:   123 kB" line of a /proc file, in bytes; -1 when absent. */
 static double proc_kb(const char *path, const char *key) {
     FILE *f = fopen(path, "r");
