@@ -26,9 +26,16 @@
 #include "momfmm/sys.h"
 #include "momfmm/train.h"
 
-/* Every rank stops at the same step: a signal seen by any rank counts, and
- * a closed stdout on rank 0 (train ... | head: EPIPE, log_output_closed). */
-static bool ranks_agree_to_stop(void) { return dist_any(signals_stop_requested() != 0 || log_output_closed()); }
+/* Why this rank would stop: its own stop signal, SIGPIPE for a closed
+ * stdout on rank 0 (train ... | head: EPIPE, log_output_closed), 0: none. */
+static int own_stop_cause(void) {
+    if (signals_stop_requested()) return signals_stop_requested();
+    return log_output_closed() ? SIGPIPE : 0;
+}
+
+/* Every rank stops at the same step: a signal seen by any rank counts
+ * (collective: the largest cause of all ranks, for STOPPED; 0: go on). */
+static int agreed_stop_cause(void) { return (int)dist_max_double(own_stop_cause()); }
 
 /* Every rank meets the same failures in trainer_create (same config, the
  * fullest node's memory decided everywhere alike). */
@@ -60,7 +67,7 @@ typedef struct {
  * loop->latest names it. Weights that are not finite are never written:
  * they would prune the good checkpoints (docs/design.md §8.7, divergence
  * guard); every rank holds the same weights, so every rank decides alike. */
-static bool save_checkpoint(const trainer *t, train_loop *loop, bool signal_stop) {
+static bool save_checkpoint(const trainer *t, train_loop *loop, int stop_cause) {
     status err;
     if (!trainer_weights_finite(t)) {
         fprintf(stderr, "momfmm: checkpoint at step %lld not written: the weights are not finite\n", t->step);
@@ -91,8 +98,7 @@ static bool save_checkpoint(const trainer *t, train_loop *loop, bool signal_stop
                  writers == H5WRITER_COLLECTIVE ? ", collective" : "");
     printf("checkpoint %s | %.1f MB in %.2f s (%.0f MB/s)%s\n", path, mb, seconds, mb / (seconds > 0 ? seconds : 1e-9),
            together);
-    if (signal_stop)
-        store_mark_stopped(t->cfg.out_dir, path, signals_stop_requested() ? signals_stop_requested() : SIGPIPE);
+    if (stop_cause) store_mark_stopped(t->cfg.out_dir, path, stop_cause);
     log_flush();
     return true;
 }
@@ -120,14 +126,14 @@ typedef struct {
 
 /* Under the lock, on every rank alike (the collective write of dist.zero =
  * 1 included): the stop checkpoint of t->step, once. */
-static void write_stop_checkpoint(stop_writer *w) {
+static void write_stop_checkpoint(stop_writer *w, int cause) {
     const trainer *t = w->t;
     if (w->saved_step == t->step) return;
     w->saved_step = t->step;
-    if (dist_rank() == 0 && signals_stop_requested() == 0)
+    if (dist_rank() == 0 && signals_stop_requested() == 0 && log_output_closed())
         fprintf(stderr, "momfmm: standard output closed (EPIPE): stopping at step %lld with a checkpoint\n", t->step);
     log_rank0("stop requested: writing a checkpoint at step %lld\n", t->step);
-    w->loop->final_saved = save_checkpoint(t, w->loop, true);
+    w->loop->final_saved = save_checkpoint(t, w->loop, cause);
 }
 
 static void *stop_writer_main(void *arg) {
@@ -140,7 +146,7 @@ static void *stop_writer_main(void *arg) {
         if (n <= 0 || atomic_load(&w->quit)) return NULL;
         if (!signals_stop_requested()) continue;
         pthread_mutex_lock(&w->lock);
-        if (!atomic_load(&w->quit)) write_stop_checkpoint(w);
+        if (!atomic_load(&w->quit)) write_stop_checkpoint(w, signals_stop_requested());
         pthread_mutex_unlock(&w->lock);
         return NULL;
     }
@@ -316,7 +322,7 @@ static bool train_one_step(trainer *t, train_loop *loop, stop_writer *w) {
          * checkpoint is the last finished step's (written already by the
          * stop writer, or now) */
         log_rank0("step %lld abandoned on a stop signal: its update is not applied\n", t->step + 1);
-        write_stop_checkpoint(w);
+        write_stop_checkpoint(w, agreed_stop_cause());
         return false;
     }
     loop->interval_tokens += (long long)cfg->batch_size * cfg->seq_len;
@@ -336,13 +342,14 @@ static bool train_one_step(trainer *t, train_loop *loop, stop_writer *w) {
     if (logged) publish_metrics(t, &loop->live);
     if (stop_on_nonfinite(t, loop, &r)) return false;
     if (cfg->check_interval > 0 && t->step % cfg->check_interval == 0) cmd_check_consistency(&t->model, t->step);
-    if (ranks_agree_to_stop()) {
-        write_stop_checkpoint(w);
+    int cause = agreed_stop_cause();
+    if (cause) {
+        write_stop_checkpoint(w, cause);
         return false;
     }
     bool periodic = cfg->ckpt_interval > 0 && t->step % cfg->ckpt_interval == 0;
     if (periodic || t->step == cfg->steps) {
-        bool saved = save_checkpoint(t, loop, false);
+        bool saved = save_checkpoint(t, loop, 0);
         if (t->step == cfg->steps) loop->final_saved = saved;
     }
     return !loop->file_limit;

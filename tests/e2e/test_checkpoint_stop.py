@@ -121,7 +121,12 @@ class TestStopSignals:
             assert job.ready, f"SIGTERM to one rank: 4 ranks started: ranks {sorted(map(str, job.ranks))}"
             os.kill(job.ranks[2], signal.SIGTERM)
             rc = job.wait(60)
-            check_stopped(R, report, "SIGTERM to rank 2 of 4", job, rc, 4)
+            path = check_stopped(R, report, "SIGTERM to rank 2 of 4", job, rc, 4)
+            stopped = os.path.join(job.out_dir, "STOPPED")
+            marker = open(stopped).read() if os.path.exists(stopped) else ""
+            report.check("SIGTERM to rank 2 of 4: STOPPED names signal 15 and the checkpoint; no word of EPIPE",
+                         path is not None and marker == f"signal 15: checkpoint {path}\n" and
+                         "EPIPE" not in job.log(), f"STOPPED {marker!r}; log ...{job.log()[-300:]!r}")
             time.sleep(0.3)
             left = [p for p in session_members(job.proc.pid) if p != job.proc.pid]
             report.check("SIGTERM to rank 2 of 4: no process left behind", not left, f"left {left}")
