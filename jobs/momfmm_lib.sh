@@ -142,6 +142,10 @@ set_launcher() {
         else
             flags=()
         fi
+        # a TERM to every process (plain scancel, time limit): mpirun's kill
+        # sequence (SIGTERM, then SIGKILL) gives the ranks this long per stage
+        # to write the checkpoint of their last finished step (docs/cli.md §5)
+        export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-5}
         launch=(mpirun "${flags[@]}" -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS) ;;
     srun)
         # Since Slurm 22.05 srun does not take --cpus-per-task from the allocation by itself.
@@ -175,7 +179,7 @@ log_start() {
 # output appended to LOG (none: LOG empty), in a process group of its own if
 # GROUP is 1, and waits for it; sets `rc` to its exit status. The caller's
 # traps set `caught` and send SIGUSR1 to `step_pid` (docs/cli.md §5: momfmm
-# finishes its step, checkpoints, writes OUT_DIR/STOPPED and exits 0). A
+# checkpoints the last finished step, writes OUT_DIR/STOPPED and exits 0). A
 # launcher drops a signal that comes before it has started the ranks (mpirun
 # of Open MPI 4.1.4 in its first ~50 ms): until momfmm acknowledges the stop
 # (STOPPED), the signal is sent again every 2 s.

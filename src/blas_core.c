@@ -6,8 +6,13 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+#include "momfmm/status.h"
+#include "momfmm/sys.h"
 
 static bool is_fallback_core(const char *core) {
     static const char *fallbacks[] = {"Prescott", "Core2", "Katmai", "Coppermine", "Northwood", "Banias", "Atom"};
@@ -16,19 +21,39 @@ static bool is_fallback_core(const char *core) {
     return false;
 }
 
-void blas_core_select(char **argv) {
-    if (getenv("OPENBLAS_CORETYPE") || getenv("MOMFMM_KEEP_BLAS_CORE")) return;
-    if (!is_fallback_core(openblas_get_corename())) return;
+/* The core to run instead of OpenBLAS's fallback choice, or NULL. */
+static const char *better_core(void) {
+    if (getenv("OPENBLAS_CORETYPE") || getenv("MOMFMM_KEEP_BLAS_CORE")) return NULL;
+    if (!is_fallback_core(openblas_get_corename())) return NULL;
     __builtin_cpu_init();
-    const char *core = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? "SkylakeX"
-                       : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")       ? "Haswell"
-                                                                                               : NULL;
-    if (!core) return;
-    setenv("OPENBLAS_CORETYPE", core, 1);
-    setenv("MOMFMM_BLAS_CORE_FROM", openblas_get_corename(), 1);
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? "SkylakeX"
+           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")       ? "Haswell"
+                                                                                   : NULL;
+}
+
+/* OpenBLAS's pthreads build starts a pool of threads in its library
+ * constructor (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, else the cores,
+ * less one), and each maps a 128 MiB buffer as it starts, retrying forever
+ * when that fails. momfmm runs OpenBLAS on one thread per call, so the pool
+ * never works; under an address space limit (ulimit -v or -d) it only
+ * takes the space or hangs: the program then runs again without it. */
+static bool pool_in_the_way(void) {
+    const char *n = getenv("OPENBLAS_NUM_THREADS");
+    return !(n && strcmp(n, "1") == 0) && sys_address_space_left() >= 0;
+}
+
+void blas_core_select(char **argv) {
+    const char *core = better_core();
+    bool pool = pool_in_the_way();
+    if (!core && !pool) return;
+    if (core) {
+        setenv("OPENBLAS_CORETYPE", core, 1);
+        setenv("MOMFMM_BLAS_CORE_FROM", openblas_get_corename(), 1);
+    }
+    if (pool) setenv("OPENBLAS_NUM_THREADS", "1", 1);
     execv("/proc/self/exe", argv);
     /* exec failed: carry on with the fallback kernels */
-    unsetenv("OPENBLAS_CORETYPE");
+    if (core) unsetenv("OPENBLAS_CORETYPE");
 }
 
 const char *blas_core_description(void) {
@@ -52,4 +77,39 @@ int blas_core_threads(void) {
 void blas_core_use_threads(int threads) {
     openblas_set_num_threads(1);
     omp_set_num_threads(threads > 0 ? threads : 1);
+}
+
+/* OpenBLAS 0.3.21 maps a buffer of BUFFER_SIZE (128 MiB on x86-64; seen as
+ * mmap(NULL, 134217728, ...) in its blas_memory_alloc) for each thread that
+ * runs a level-3 product at once, and when that mmap fails it retries
+ * forever, deaf to SIGTERM (its loop never returns to code of ours). With
+ * a little room for its bookkeeping: */
+#define OPENBLAS_BUFFER_BYTES ((double)(128 << 20) + (double)(8 << 20))
+
+int blas_core_reserve_buffers(int threads, status *st) {
+    if (threads < 1) threads = 1;
+    double need = threads * OPENBLAS_BUFFER_BYTES, left = sys_address_space_left();
+    if (left >= 0) {
+        /* probe the mapping OpenBLAS is about to make, rather than trust
+         * arithmetic on VmSize: a failed probe costs nothing */
+        void *p = left >= need ? mmap(NULL, (size_t)need, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                               : MAP_FAILED;
+        if (p == MAP_FAILED)
+            return status_fail(st, EXIT_USAGE,
+                               "address space limit (ulimit -v or -d): %.0f MB left, and OpenBLAS maps %.0f MB for "
+                               "its buffers (128 MiB per thread, OMP_NUM_THREADS = %d) before this run's own memory: "
+                               "raise the limit or use fewer threads",
+                               left / 1e6, need / 1e6, threads);
+        munmap(p, (size_t)need);
+    }
+    /* one tiny product on every thread maps each thread's buffer now, while
+     * it is known to fit, and counts it in VmSize before the model's
+     * memory is estimated and allocated */
+    float a[4] = {0}, b[4] = {0};
+#pragma omp parallel num_threads(threads)
+    {
+        float c[4];
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
+    }
+    return 0;
 }

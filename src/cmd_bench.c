@@ -115,10 +115,9 @@ int command_bench(const char *config_path, int n_overrides, char *const *overrid
     struct rusage usage;
     getrusage(RUSAGE_SELF, &usage);
     double max_rss_mb = dist_max_double(usage.ru_maxrss / 1024.0);
-    log_rank0(
-        "bench: %d ranks x %d threads | batch %d x %d | %s attention | %d steps | step min %.1f ms, max %.1f ms\n",
-        dist_size(), blas_core_threads(), cfg.batch_size, cfg.seq_len,
-        cfg.attention == ATTENTION_FMM ? "fmm" : "softmax", steps, 1e3 * fastest, 1e3 * slowest);
+    log_rank0("bench: %s | batch %d x %d | %s attention | %d steps | step min %.1f ms, max %.1f ms\n",
+              cmd_ranks_threads(), cfg.batch_size, cfg.seq_len, cfg.attention == ATTENTION_FMM ? "fmm" : "softmax",
+              steps, 1e3 * fastest, 1e3 * slowest);
     log_rank0("bench precision %s\n", cmd_precision_description());
     /* CPU time of the median step on rank 0: where other processes share
      * the cores, wall time includes the waits for one and CPU time does not
@@ -126,9 +125,9 @@ int command_bench(const char *config_path, int n_overrides, char *const *overrid
     log_rank0("bench tokens_per_s=%.1f ms_per_step=%.3f gflops=%.3f allreduce_wait_ms=%.3f peak_rss_mb=%.1f "
               "cpu_ms_per_step=%.3f\n",
               tokens / seconds, 1e3 * seconds, gflops, 1e3 * b.wait / steps, max_rss_mb, 1e3 * b.cpu_times[median]);
-    log_rank0("bench peak fp32_fma_gflops=%.1f (%s, %d ranks x %d threads, measured) fraction_of_peak=%.3f%s\n",
-              peak.fp32_gflops, peak.isa, dist_size(), blas_core_threads(),
-              peak.fp32_gflops > 0 ? gflops / peak.fp32_gflops : 0.0, peak.bf16_gflops > 0 ? "" : " | bf16 peak: none");
+    log_rank0("bench peak fp32_fma_gflops=%.1f (%s, %s, measured) fraction_of_peak=%.3f%s\n", peak.fp32_gflops,
+              peak.isa, cmd_ranks_threads(), peak.fp32_gflops > 0 ? gflops / peak.fp32_gflops : 0.0,
+              peak.bf16_gflops > 0 ? "" : " | bf16 peak: none");
     if (peak.bf16_gflops > 0)
         log_rank0("bench peak bf16_gflops=%.1f (vdpbf16ps, %.2f x fp32)\n", peak.bf16_gflops,
                   peak.bf16_gflops / peak.fp32_gflops);

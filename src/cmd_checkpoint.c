@@ -287,9 +287,15 @@ static void inspect_metrics_file(const char *path, const status *checkpoint_err)
          * the checkpoint's reason */
         size_t prefix = strlen(path) + 2;
         const char *why = strlen(err.message) > prefix ? err.message + prefix : err.message;
-        if (strstr(checkpoint_err->message, "missing root attribute 'format'") && !strstr(why, "not a metrics file"))
+        bool no_format = strstr(checkpoint_err->message, "missing root attribute 'format'") != NULL;
+        if (no_format && !strstr(why, "not a metrics file"))
             cmd_fail(err.code, "%s: not a checkpoint (no root attribute 'format'), and as a metrics file: %s", path,
                      why);
+        if (no_format && strstr(why, "no /metrics group"))
+            cmd_fail(err.code,
+                     "%s: neither a checkpoint (no root attribute 'format') nor a metrics file (no /metrics "
+                     "group)",
+                     path);
         cmd_fail(checkpoint_err->code, "%s", checkpoint_err->message);
     }
     if (dist_rank() == 0) {

@@ -82,9 +82,13 @@ config cmd_load_config(const char *path, int n_overrides, char *const *overrides
     return c;
 }
 
+/* MPI only for a process that a launcher started: alone, every command is a
+ * world of one and starts no MPI runtime (no singleton daemon, session
+ * directory or TMPDIR use), so that it works under env -i, an odd TMPDIR or
+ * a tight ulimit -n, and many at once beside a run (docs/cli.md §5). */
 void cmd_dist_init(int *argc, char ***argv) {
     status st;
-    if (dist_init(argc, argv, &st) != 0) cmd_exit_on_status(&st, true);
+    if (dist_launched() && dist_init(argc, argv, &st) != 0) cmd_exit_on_status(&st, true);
     blas_core_use_threads(blas_core_threads());
 }
 
@@ -113,6 +117,9 @@ void cmd_use_precision(const config *c) {
     if (why)
         cmd_fail_all(EXIT_USAGE, "%s cannot run here: %s",
                      c->precision == PRECISION_BF16 ? "train.precision = bf16" : "train.gemm = onednn", why);
+    /* this rank's limits (ulimit -v) may be its own: it alone fails */
+    status st;
+    if (blas_core_reserve_buffers(blas_core_threads(), &st) != 0) cmd_exit_on_status(&st, false);
     gemm_ctx *previous = gemm_default();
     /* oneDNN threads like OpenBLAS: blas_core_threads() per rank */
     gemm_set_default(gemm_create(engine, blas_core_threads()));
@@ -173,13 +180,20 @@ const char *cmd_precision_description(void) {
     return text;
 }
 
+const char *cmd_ranks_threads(void) {
+    static char text[64];
+    int size = dist_size(), threads = blas_core_threads();
+    snprintf(text, sizeof text, "%d rank%s x %d thread%s", size, size == 1 ? "" : "s", threads,
+             threads == 1 ? "" : "s");
+    return text;
+}
+
 void cmd_print_banner(void) {
     char hosts[4096];
     dist_host_names(hosts, sizeof hosts);
-    int size = dist_size(), threads = blas_core_threads();
-    log_rank0("momfmm: %d rank%s x %d thread%s on%s | OpenBLAS core %s | subnormals %s | version %s (git %s)\n", size,
-              size == 1 ? "" : "s", threads, threads == 1 ? "" : "s", hosts, blas_core_description(),
-              float_env_flushing() ? "flushed to zero" : "kept (IEEE)", build_version_number(), build_revision());
+    log_rank0("momfmm: %s on%s | OpenBLAS core %s | subnormals %s | version %s (git %s)\n", cmd_ranks_threads(), hosts,
+              blas_core_description(), float_env_flushing() ? "flushed to zero" : "kept (IEEE)", build_version_number(),
+              build_revision());
 }
 
 void cmd_check_output(const char *flag, const char *out, const char *const *inputs, int n_inputs, bool force) {

@@ -1,7 +1,11 @@
 /* The `train` and `bench` commands (docs/cli.md §5; docs/design.md §8.1, §8.7): run
  * the trainer, log, publish metrics, checkpoint on signals; a failed status
  * becomes an exit here and nowhere below. */
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +26,16 @@
 #include "momfmm/sys.h"
 #include "momfmm/train.h"
 
-/* Every rank stops at the same step: a signal seen by any rank counts. */
-static bool ranks_agree_to_stop(void) { return dist_any(signals_stop_requested() != 0); }
+/* Why this rank would stop: its own stop signal, SIGPIPE for a closed
+ * stdout on rank 0 (train ... | head: EPIPE, log_output_closed), 0: none. */
+static int own_stop_cause(void) {
+    if (signals_stop_requested()) return signals_stop_requested();
+    return log_output_closed() ? SIGPIPE : 0;
+}
+
+/* Every rank stops at the same step: a signal seen by any rank counts
+ * (collective: the largest cause of all ranks, for STOPPED; 0: go on). */
+static int agreed_stop_cause(void) { return (int)dist_max_double(own_stop_cause()); }
 
 /* Every rank meets the same failures in trainer_create (same config, the
  * fullest node's memory decided everywhere alike). */
@@ -32,24 +44,51 @@ static void create_trainer(trainer *t, const config *cfg) {
     if (trainer_create(t, cfg, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
 }
 
-/* Returns false when rank 0 could not write the checkpoint; path receives
- * its name. Weights that are not finite are never written: they would prune
- * the good checkpoints (docs/design.md §8.7, divergence guard); every rank
- * holds the same weights, so every rank decides alike. */
-static bool save_checkpoint(const trainer *t, char *path, bool signal_stop) {
+/* An eval of the run: its step and metrics (docs/metrics.md §3). */
+typedef struct {
+    bool known;
+    long long step;
+    metric_values metrics;
+} eval_record;
+
+/* One step with its logging, eval and checkpoint; false once the run must
+ * stop. *final_saved is whether the last state is on disk. */
+typedef struct {
+    long long first_step, interval_tokens;
+    double start, interval_start;
+    live_metrics *live;
+    bool final_saved, diverged;
+    bool file_limit;                  /* a checkpoint crossed ulimit -f: the run stops */
+    eval_record last_eval, best_eval; /* best: of best.h5 with train.keep_best */
+    char latest[STORE_PATH_MAX];      /* the last checkpoint written, "" while none is */
+} train_loop;
+
+/* Returns false when rank 0 could not write the checkpoint; on success
+ * loop->latest names it. Weights that are not finite are never written:
+ * they would prune the good checkpoints (docs/design.md §8.7, divergence
+ * guard); every rank holds the same weights, so every rank decides alike. */
+static bool save_checkpoint(const trainer *t, train_loop *loop, int stop_cause) {
     status err;
     if (!trainer_weights_finite(t)) {
         fprintf(stderr, "momfmm: checkpoint at step %lld not written: the weights are not finite\n", t->step);
         return false;
     }
     double start = sys_seconds();
+    char path[STORE_PATH_MAX];
+    signals_clear_file_limit();
     /* every rank: with dist.zero = 1 all ranks write the file together */
-    int rc = trainer_save(t, path, STORE_PATH_MAX, &err);
+    int rc = trainer_save(t, path, sizeof path, &err);
     if (dist_rank() != 0) return true;
     if (rc != 0) {
-        fprintf(stderr, "momfmm: checkpoint at step %lld not written: %s\n", t->step, err.message);
+        /* ulimit -f: every later checkpoint is at least as large, so the
+         * run stops here rather than train on without any (exit 1) */
+        loop->file_limit = loop->file_limit || signals_file_limit_reached();
+        fprintf(stderr, "momfmm: checkpoint at step %lld not written: %s%s\n", t->step, err.message,
+                signals_file_limit_reached() ? "; it crossed the file size limit: stopping, as every later one would"
+                                             : "");
         return false;
     }
+    snprintf(loop->latest, sizeof loop->latest, "%s", path);
     struct stat st;
     double seconds = sys_seconds() - start, mb = stat(path, &st) == 0 ? st.st_size / 1e6 : 0;
     char together[64] = "";
@@ -59,9 +98,86 @@ static bool save_checkpoint(const trainer *t, char *path, bool signal_stop) {
                  writers == H5WRITER_COLLECTIVE ? ", collective" : "");
     printf("checkpoint %s | %.1f MB in %.2f s (%.0f MB/s)%s\n", path, mb, seconds, mb / (seconds > 0 ? seconds : 1e-9),
            together);
-    if (signal_stop) store_mark_stopped(t->cfg.out_dir, path, signals_stop_requested());
-    fflush(stdout);
+    if (stop_cause) store_mark_stopped(t->cfg.out_dir, path, stop_cause);
+    log_flush();
     return true;
+}
+
+/* The stop writer (docs/design.md §8.7). A launcher that is stopping a job
+ * kills its ranks soon after its SIGTERM: mpirun (Open MPI 4.1) one
+ * odls_base_sigkill_timeout (1 s) later, Slurm after KillWait. A rank that
+ * first finished its step would lose the work of a step longer than that.
+ * So, on rank 0 when it writes checkpoints alone (not dist.zero = 1 on
+ * several ranks), a thread waits for a stop signal and writes the
+ * checkpoint of the last finished step at once, while the step in progress
+ * computes: that only reads the state a checkpoint holds. The main thread
+ * holds `lock` except during a step's compute (trainer_step_hooks), so the
+ * writer never sees a half-updated state, and the step's end waits for the
+ * writer; every rank then drops that step (hooks.abandon). */
+typedef struct {
+    trainer *t;
+    train_loop *loop;
+    pthread_mutex_t lock;
+    pthread_t thread;
+    bool started;
+    atomic_bool quit;
+    long long saved_step; /* the step of the stop checkpoint written, -1: none (under lock) */
+} stop_writer;
+
+/* Under the lock, on every rank alike (the collective write of dist.zero =
+ * 1 included): the stop checkpoint of t->step, once. */
+static void write_stop_checkpoint(stop_writer *w, int cause) {
+    const trainer *t = w->t;
+    if (w->saved_step == t->step) return;
+    w->saved_step = t->step;
+    if (dist_rank() == 0 && signals_stop_requested() == 0 && log_output_closed())
+        fprintf(stderr, "momfmm: standard output closed (EPIPE): stopping at step %lld with a checkpoint\n", t->step);
+    log_rank0("stop requested: writing a checkpoint at step %lld\n", t->step);
+    w->loop->final_saved = save_checkpoint(t, w->loop, cause);
+}
+
+static void *stop_writer_main(void *arg) {
+    stop_writer *w = arg;
+    int fd = signals_wake_fd();
+    for (;;) {
+        char byte;
+        ssize_t n = read(fd, &byte, 1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0 || atomic_load(&w->quit)) return NULL;
+        if (!signals_stop_requested()) continue;
+        pthread_mutex_lock(&w->lock);
+        if (!atomic_load(&w->quit)) write_stop_checkpoint(w, signals_stop_requested());
+        pthread_mutex_unlock(&w->lock);
+        return NULL;
+    }
+}
+
+static void hold_state(void *ctx) { pthread_mutex_lock(&((stop_writer *)ctx)->lock); }
+static void share_state(void *ctx) { pthread_mutex_unlock(&((stop_writer *)ctx)->lock); }
+/* this rank's vote to drop the step in progress: a stop signal came */
+static bool vote_to_abandon(void *ctx) {
+    (void)ctx;
+    return signals_stop_requested() != 0;
+}
+
+static void stop_writer_start(stop_writer *w, trainer *t, train_loop *loop) {
+    *w = (stop_writer){.t = t, .loop = loop, .saved_step = -1};
+    atomic_init(&w->quit, false);
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_mutex_lock(&w->lock); /* the main thread's */
+    t->hooks = (trainer_step_hooks){.abandon = vote_to_abandon, .ctx = w};
+    if (dist_rank() != 0 || trainer_writers(t) != H5WRITER_ALONE || signals_wake_fd() < 0) return;
+    w->started = pthread_create(&w->thread, NULL, stop_writer_main, w) == 0;
+    if (w->started) t->hooks.compute_begin = share_state, t->hooks.compute_end = hold_state;
+}
+
+static void stop_writer_finish(stop_writer *w) {
+    atomic_store(&w->quit, true);
+    signals_wake();
+    pthread_mutex_unlock(&w->lock);
+    if (w->started) pthread_join(w->thread, NULL);
+    pthread_mutex_destroy(&w->lock);
+    w->t->hooks = (trainer_step_hooks){0};
 }
 
 static void log_train(trainer *t, const train_step_result *r, double tokens_per_s, double elapsed,
@@ -108,24 +224,6 @@ static live_metrics *open_live_metrics(const trainer *t) {
     return live;
 }
 
-/* An eval of the run: its step and metrics (docs/metrics.md §3). */
-typedef struct {
-    bool known;
-    long long step;
-    metric_values metrics;
-} eval_record;
-
-/* One step with its logging, eval and checkpoint; false once the run must
- * stop. *final_saved is whether the last state is on disk. */
-typedef struct {
-    long long first_step, interval_tokens;
-    double start, interval_start;
-    live_metrics *live;
-    bool final_saved, diverged;
-    eval_record last_eval, best_eval; /* best: of best.h5 with train.keep_best */
-    char latest[STORE_PATH_MAX];      /* the last checkpoint written */
-} train_loop;
-
 /* The lowest-loss row of an eval table into *best when lower than it. */
 static void keep_lowest(eval_record *best, const metric_table *eval) {
     for (long long i = 0; i < eval->n_rows; i++) {
@@ -170,7 +268,7 @@ static void save_if_best(const trainer *t, train_loop *loop) {
     char path[STORE_PATH_MAX];
     store_best_path(t->cfg.out_dir, path, sizeof path);
     log_rank0("best %s | eval loss %.4f at step %lld\n", path, now->metrics.loss, t->step);
-    if (dist_rank() == 0) fflush(stdout);
+    if (dist_rank() == 0) log_flush();
 }
 
 static void log_eval(trainer *t, train_loop *loop) {
@@ -214,11 +312,19 @@ static bool stop_on_nonfinite(trainer *t, train_loop *loop, const train_step_res
     return true;
 }
 
-static bool train_one_step(trainer *t, train_loop *loop) {
+static bool train_one_step(trainer *t, train_loop *loop, stop_writer *w) {
     const config *cfg = &t->cfg;
     train_step_result r;
     status err;
     if (trainer_step(t, &r, &err) != 0) cmd_fail(err.code, "%s", err.message);
+    if (r.abandoned) {
+        /* a stop signal during the step: every rank dropped it, and the
+         * checkpoint is the last finished step's (written already by the
+         * stop writer, or now) */
+        log_rank0("step %lld abandoned on a stop signal: its update is not applied\n", t->step + 1);
+        write_stop_checkpoint(w, agreed_stop_cause());
+        return false;
+    }
     loop->interval_tokens += (long long)cfg->batch_size * cfg->seq_len;
     bool logged = false;
     if (t->step % cfg->log_interval == 0 || t->step == cfg->steps) {
@@ -236,14 +342,17 @@ static bool train_one_step(trainer *t, train_loop *loop) {
     if (logged) publish_metrics(t, &loop->live);
     if (stop_on_nonfinite(t, loop, &r)) return false;
     if (cfg->check_interval > 0 && t->step % cfg->check_interval == 0) cmd_check_consistency(&t->model, t->step);
-    bool stopped = ranks_agree_to_stop();
-    if (stopped) log_rank0("stop requested: writing a checkpoint at step %lld\n", t->step);
-    bool periodic = cfg->ckpt_interval > 0 && t->step % cfg->ckpt_interval == 0;
-    if (periodic || stopped || t->step == cfg->steps) {
-        bool saved = save_checkpoint(t, loop->latest, stopped);
-        if (stopped || t->step == cfg->steps) loop->final_saved = saved;
+    int cause = agreed_stop_cause();
+    if (cause) {
+        write_stop_checkpoint(w, cause);
+        return false;
     }
-    return !stopped;
+    bool periodic = cfg->ckpt_interval > 0 && t->step % cfg->ckpt_interval == 0;
+    if (periodic || t->step == cfg->steps) {
+        bool saved = save_checkpoint(t, loop, 0);
+        if (t->step == cfg->steps) loop->final_saved = saved;
+    }
+    return !loop->file_limit;
 }
 
 /* docs/cli.md §5: the run's summary on rank 0. */
@@ -264,7 +373,7 @@ static void print_summary(const trainer *t, const train_loop *loop, double secon
     char best[STORE_PATH_MAX] = "none (train.keep_best = false)";
     if (t->cfg.keep_best) store_best_path(t->cfg.out_dir, best, sizeof best);
     printf("summary: checkpoints | latest %s | best %s\n", loop->latest[0] ? loop->latest : "none written", best);
-    fflush(stdout);
+    log_flush();
 }
 
 /* Every rank must train the same config (an MPMD launch can give each its
@@ -330,10 +439,14 @@ int command_train(const char *config_path, int n_overrides, char *const *overrid
     cmd_use_precision(&cfg);
     cmd_check_launch();
     signals_catch_stops();
-    status err;
     if (init) check_init_source(&cfg, init, overwrite);
-    if (dist_rank() == 0 && store_open_run(cfg.out_dir, resume != NULL, overwrite, &err) != 0)
-        cmd_fail(err.code, "%s", err.message);
+    /* rank 0 opens the run directory and every rank learns its verdict, so
+     * that a refused start (a lock, an earlier run's checkpoints) ends every
+     * rank with the code and no MPI_Abort */
+    status err = {0};
+    if (dist_rank() == 0) store_open_run(cfg.out_dir, resume != NULL, overwrite, &err);
+    dist_broadcast_bytes(&err, sizeof err);
+    if (err.code != 0) cmd_fail_all(err.code, "%s", err.message);
     cmd_print_banner(); /* the start-up line first, then what the trainer reports (memory) */
     cmd_note_bf16_speed(&cfg);
     trainer t;
@@ -351,11 +464,15 @@ int command_train(const char *config_path, int n_overrides, char *const *overrid
         publish_metrics(&t, &loop.live);
     }
     loop.start = loop.interval_start = sys_seconds();
+    stop_writer writer;
+    stop_writer_start(&writer, &t, &loop);
     bool running = true;
     while (t.step < cfg.steps && running) {
-        running = train_one_step(&t, &loop);
+        long long before = t.step;
+        running = train_one_step(&t, &loop, &writer);
         /* oneDNN has now picked the implementation of every product shape */
-        if (t.step == loop.first_step + 1 && gemm_default() && gemm_ctx_engine(gemm_default()) != GEMM_OPENBLAS)
+        if (t.step != before && t.step == loop.first_step + 1 && gemm_default() &&
+            gemm_ctx_engine(gemm_default()) != GEMM_OPENBLAS)
             log_rank0("precision %s (after the first step)\n", cmd_precision_description());
     }
     if (t.step == loop.first_step && t.step >= cfg.steps)
@@ -365,12 +482,15 @@ int command_train(const char *config_path, int n_overrides, char *const *overrid
         loop.last_eval.step = (long long)t.eval_log.values[(t.eval_log.n_rows - 1) * t.eval_log.row_width];
         metric_values_from_row(&t.eval_log, t.eval_log.n_rows - 1, &loop.last_eval.metrics);
     }
+    stop_writer_finish(&writer);
+    if (loop.file_limit) loop.final_saved = false; /* said where it failed */
     if (!cfg.keep_best) keep_lowest(&loop.best_eval, &t.eval_log);
     print_summary(&t, &loop, sys_seconds() - loop.start);
     live_metrics_close(loop.live);
     trainer_free(&t);
     /* a scheduler reads exit 0 as "done": not so when the last state is lost */
     if (loop.diverged) return EXIT_DIVERGED;
-    if (!loop.final_saved) fprintf(stderr, "momfmm: the final checkpoint was not written: exiting with status 1\n");
+    if (!loop.final_saved && !loop.file_limit)
+        fprintf(stderr, "momfmm: the final checkpoint was not written: exiting with status 1\n");
     return loop.final_saved ? 0 : 1;
 }

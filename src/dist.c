@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "momfmm/dist_hdf5.h"
 #include "momfmm/log.h"
@@ -23,6 +24,10 @@
  * node communicator (ranks sharing memory) serves dist_node_ranks. */
 static MPI_Comm world = MPI_COMM_NULL;
 static MPI_Comm node = MPI_COMM_NULL;
+/* The world's rank and size, kept from dist_init so that dist_rank and
+ * dist_size make no MPI call (a second thread may ask: MPI_THREAD_FUNNELED
+ * allows MPI calls from the main thread only). */
+static int world_rank = 0, world_size = 1, node_size = 1;
 
 /* MPI counts are int, so a size_t count goes out in pieces of at most this
  * many bytes (docs/design.md §8.3). 1 GiB also stays clear of transports that
@@ -64,6 +69,9 @@ int dist_init(int *argc, char ***argv, status *st) {
     MPI_Comm_dup(MPI_COMM_WORLD, &world);
     MPI_Comm_set_errhandler(world, MPI_ERRORS_ARE_FATAL);
     MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(world, &world_rank);
+    MPI_Comm_size(world, &world_size);
+    MPI_Comm_size(node, &node_size);
     log_set_rank(dist_rank());
     status_at_panic(abort_job);
     if (provided < MPI_THREAD_FUNNELED)
@@ -91,6 +99,17 @@ void dist_library_version(char *out, size_t len) {
     snprintf(out, len, "%.*s", (int)strcspn(text, "\n"), text);
 }
 
+/* The variables by which a launcher tells its processes that they belong to
+ * an MPI job: Open MPI's mpirun (OMPI_COMM_WORLD_SIZE), PMIx (srun
+ * --mpi=pmix, PRRTE, Open MPI 5: PMIX_RANK), PMI-1/2 (MPICH's Hydra, srun
+ * --mpi=pmi2: PMI_RANK, PMI_SIZE, PMI_FD). */
+bool dist_launched(void) {
+    static const char *const VARS[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD"};
+    for (size_t i = 0; i < sizeof VARS / sizeof VARS[0]; i++)
+        if (getenv(VARS[i])) return true;
+    return false;
+}
+
 void dist_finalize(void) {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
@@ -98,6 +117,7 @@ void dist_finalize(void) {
     if (!initialized || finalized) return;
     if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
     if (world != MPI_COMM_NULL) MPI_Comm_free(&world);
+    world_rank = 0, world_size = node_size = 1;
     MPI_Finalize();
 }
 
@@ -106,22 +126,14 @@ _Noreturn void dist_abort(int exit_code) {
     exit(exit_code);
 }
 
-int dist_rank(void) {
-    int rank = 0;
-    if (world != MPI_COMM_NULL) MPI_Comm_rank(world, &rank);
-    return rank;
-}
-
-int dist_size(void) {
-    int size = 1;
-    if (world != MPI_COMM_NULL) MPI_Comm_size(world, &size);
-    return size;
-}
+int dist_rank(void) { return world_rank; }
+int dist_size(void) { return world_size; }
 
 void dist_host_names(char *out, size_t len) {
     char host[MPI_MAX_PROCESSOR_NAME] = {0};
     int host_len = 0, size = dist_size(), rank = dist_rank();
-    MPI_Get_processor_name(host, &host_len);
+    if (world != MPI_COMM_NULL) MPI_Get_processor_name(host, &host_len);
+    else gethostname(host, sizeof host - 1); /* a world of one without MPI */
     char *all = rank == 0 ? sys_calloc((size_t)size, MPI_MAX_PROCESSOR_NAME) : NULL;
     if (size > 1) MPI_Gather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, world);
     else if (all) memcpy(all, host, MPI_MAX_PROCESSOR_NAME);
@@ -171,11 +183,7 @@ void dist_barrier(void) {
     if (dist_size() > 1) MPI_Barrier(world);
 }
 
-int dist_node_ranks(void) {
-    int n = 1;
-    if (node != MPI_COMM_NULL) MPI_Comm_size(node, &n);
-    return n;
-}
+int dist_node_ranks(void) { return node_size; }
 
 void dist_broadcast_bytes(void *x, size_t n) {
     if (dist_size() == 1) return;

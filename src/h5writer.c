@@ -12,6 +12,7 @@
 #include "momfmm/dist.h"
 #include "momfmm/dist_hdf5.h"
 #include "momfmm/h5util.h"
+#include "momfmm/sys.h"
 
 herr_t h5writer_agree(const h5writer *w, herr_t status) {
     return w->together ? (dist_any(status < 0) ? -1 : 0) : status;
@@ -152,6 +153,12 @@ static int write_and_publish(const char *path, const char *tmp, h5writer *w, h5w
     if (written >= 0) written = h5writer_agree(w, H5Fclose(w->file));
     if (written < 0) {
         if (w->leader) unlink(tmp);
+        double limit = sys_file_size_limit(); /* SIGXFSZ is caught: the write fails with EFBIG */
+        if (limit >= 0)
+            return status_fail(err, EXIT_BAD_FILE,
+                               "%s: writing failed (disk full, I/O error, or beyond the file size limit of %.0f "
+                               "bytes, ulimit -f)",
+                               path, limit);
         return status_fail(err, EXIT_BAD_FILE, "%s: writing failed (disk full or I/O error)", path);
     }
     int rc = 0;

@@ -2,12 +2,20 @@
  * runtime, so that the base layer needs nothing above it (docs/design.md §8.1). */
 #include "momfmm/log.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 
 static int log_rank;
+static bool output_closed;
 
 void log_set_rank(int rank) { log_rank = rank; }
+
+void log_flush(void) {
+    if (fflush(stdout) != 0 && errno == EPIPE) output_closed = true;
+}
+
+bool log_output_closed(void) { return output_closed; }
 
 void log_rank0(const char *fmt, ...) {
     if (log_rank != 0) return;
@@ -15,5 +23,5 @@ void log_rank0(const char *fmt, ...) {
     va_start(args, fmt);
     vprintf(fmt, args);
     va_end(args);
-    fflush(stdout);
+    log_flush();
 }

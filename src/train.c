@@ -3,11 +3,13 @@
  * §8.5). Returns statuses; the commands are in cmd_train.c. */
 #include "momfmm/train.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "momfmm/checkpoint.h"
 #include "momfmm/gemm.h"
@@ -18,38 +20,82 @@
 #include "momfmm/store.h"
 #include "momfmm/sys.h"
 
+/* Bytes per parameter of a run of n parameters, this rank's (the ZeRO-1
+ * slice: elements [first, first + count)), before any allocation. */
+static train_memory_use memory_per_param(const config *cfg, double n, double slice_count) {
+    double slice = slice_count / (n > 0 ? n : 1);
+    bool sharded = cfg->zero && dist_size() > 1;
+    /* train.precision = bf16: the GEMM engine's bf16 copy of the weights */
+    double copy = cfg->precision == PRECISION_BF16 ? 2.0 : 0.0;
+    return (train_memory_use){sizeof(float) + copy, sizeof(float) * (1 + (sharded ? slice : 0)),
+                              2 * sizeof(float) * slice, 0};
+}
+
 train_memory_use trainer_memory(const trainer *t) {
     const model *m = &t->model;
     const data_batch *b = &t->shard.batch;
-    double n = (double)m->n_params, slice = (double)m->moment_count / (n > 0 ? n : 1);
-    bool sharded = t->cfg.zero && dist_size() > 1;
-    train_memory_use u = {sizeof(float), sizeof(float) * (1 + (sharded ? slice : 0)), 2 * sizeof(float) * slice, 0};
+    train_memory_use u = memory_per_param(&t->cfg, (double)m->n_params, (double)m->moment_count);
     u.activation_bytes = (double)model_activation_bytes(m, config_micro_rows(&t->cfg, b->B), b->T);
     return u;
 }
 
-/* Refuses up front (exit 2) a run whose buffers cannot fit in this node's
- * memory, rather than being killed mid-allocation. */
+/* Whether `need` bytes per rank fit on the fullest node; the verdict is
+ * the same on every rank (collective). *fill: the fullest node's share. */
+static bool fits(double need, double *fill, double *available) {
+    *available = sys_memory_available();
+    double mine = *available > 0 ? need * dist_node_ranks() / *available : 0;
+    *fill = dist_max_double(mine);
+    return *fill <= 1.0;
+}
+
+/* Before the model allocates anything (exit 2, docs/cli.md §5): its
+ * parameters, gradients, moments and bf16 copy alone, from the layout
+ * counted without allocating. A model too large for the node would
+ * otherwise end in an allocation failure or the OOM killer. */
+static int check_parameter_memory(const config *cfg, status *err) {
+    double n = (double)model_param_count(cfg), slice = n;
+    if (cfg->zero && dist_size() > 1) slice = ceil(n / dist_size());
+    train_memory_use u = memory_per_param(cfg, n, slice);
+    double per_param = u.param_bytes + u.grad_bytes + u.moment_bytes, need = per_param * n, fill, available;
+    if (fits(need, &fill, &available)) return 0;
+    return status_fail(err, EXIT_USAGE,
+                       "memory: this model needs %.2f GB per rank before activations (%.0f parameters x %.2f bytes: "
+                       "parameters %.2f, gradients %.2f, moments %.2f), %.0f%% of the memory available on the "
+                       "fullest node (%d rank%s on it, %.2f GB available%s): reduce model.d_model, model.n_layers, "
+                       "model.d_ff or model.vocab_size, or spread the moments with dist.zero = 1 over more ranks",
+                       need / 1e9, n, per_param, u.param_bytes, u.grad_bytes, u.moment_bytes, 100 * fill,
+                       dist_node_ranks(), dist_node_ranks() == 1 ? "" : "s", available / 1e9,
+                       sys_address_space_left() >= 0 ? " under this process's ulimit -v / -d" : "");
+}
+
+/* "1.2 GB" or "11.6 MB": a small run's figures are not all "0.0 GB". */
+static const char *size_text(double bytes, char text[32]) {
+    snprintf(text, 32, bytes >= 1e9 ? "%.2f GB" : "%.1f MB", bytes >= 1e9 ? bytes / 1e9 : bytes / 1e6);
+    return text;
+}
+
+/* After the model's buffers, before its activations (allocated at the
+ * first forward): refuses (exit 2) a run whose activations do not fit in
+ * what is left, rather than being killed mid-step. Prints the estimate. */
 static int check_memory(const trainer *t, status *err) {
     const model *m = &t->model;
     const data_batch *b = &t->shard.batch;
     int rows = config_micro_rows(&t->cfg, b->B);
     train_memory_use u = trainer_memory(t);
     double need = u.activation_bytes + (u.param_bytes + u.grad_bytes + u.moment_bytes) * m->n_params;
-    int local_ranks = dist_node_ranks();
-    double available = sys_memory_available();
-    /* shards and nodes differ: decide on the fullest node, everywhere alike */
-    double fill = available > 0 ? need * local_ranks / available : 0, worst_fill = dist_max_double(fill);
     log_rank0("memory: %.2f GB per rank | activations %.1f MB for %d x %d | bytes per parameter: parameters %.2f, "
               "gradients %.2f, moments %.2f\n",
               need / 1e9, u.activation_bytes / 1e6, rows, b->T, u.param_bytes, u.grad_bytes, u.moment_bytes);
-    if (worst_fill > 1.0)
-        return status_fail(err, EXIT_USAGE,
-                           "this run needs %.0f%% of the available memory on the fullest node (here %.1f GB per rank "
-                           "x %d ranks, %.1f GB available): reduce train.batch_size, data.seq_len or the model "
-                           "(attention.impl = dense stores T x T per head)",
-                           100 * worst_fill, need / 1e9, local_ranks, available / 1e9);
-    return 0;
+    double fill, available; /* what is left once the buffers are allocated */
+    if (fits(u.activation_bytes, &fill, &available)) return 0;
+    char total[32], acts[32], left[32];
+    return status_fail(err, EXIT_USAGE,
+                       "memory: this run needs %s per rank (%s of activations for %d x %d on top of the model's "
+                       "buffers), and the activations alone are %.0f%% of the memory left on the fullest node (%d "
+                       "rank%s on it, %s left): reduce train.batch_size (or set train.micro_batch), data.seq_len or "
+                       "the model (attention.impl = dense stores T x T per head)",
+                       size_text(need, total), size_text(u.activation_bytes, acts), rows, b->T, 100 * fill,
+                       dist_node_ranks(), dist_node_ranks() == 1 ? "" : "s", size_text(available, left));
 }
 
 /* The block after whose backward a tensor's gradient is final: its own block;
@@ -104,7 +150,7 @@ int trainer_create(trainer *t, const config *cfg, status *err) {
         return status_fail(err, EXIT_USAGE,
                            "train.batch_size = %d is smaller than the number of ranks (%d): every rank needs a sample",
                            cfg->batch_size, dist_size());
-    if (model_create(&t->model, cfg, err) != 0) return err->code;
+    if (check_parameter_memory(cfg, err) != 0 || model_create(&t->model, cfg, err) != 0) return err->code;
     if (cfg->zero) {
         size_t first, count;
         dist_partition(t->model.n_params, dist_rank(), dist_size(), &first, &count);
@@ -146,11 +192,16 @@ static double global_target_count(trainer *t) {
 /* One reduction carries the loss sum and the momentum buffer sums accumulated
  * over the micro-batches (docs/model.md §1.2: buffers are the global-batch
  * mean; backward does not read them, so they change after it). */
-static double reduce_forward_results(trainer *t, double global_count) {
+static double reduce_forward_results(trainer *t, double global_count, bool *abandon) {
     model *m = &t->model;
     double *r = t->reduce_scratch;
     bool buffers = m->momentum;
-    dist_sum_doubles(r, 1 + (buffers ? m->n_buffer : 0));
+    /* the votes to drop the step ride on the same reduction, last */
+    size_t n = 1 + (buffers ? m->n_buffer : 0);
+    r[n] = *abandon ? 1.0 : 0.0;
+    dist_sum_doubles(r, n + 1);
+    *abandon = r[n] > 0;
+    if (*abandon) return NAN; /* nothing of the step is kept: buffers, parameters, step */
     /* a non-finite sum would poison every later step: such a step keeps the
      * old buffers, and its NaN loss makes it a skipped step */
     bool finite = isfinite(r[0]);
@@ -233,6 +284,22 @@ static void update_parameters(trainer *t, long long step, train_step_result *res
     model_params_changed(m); /* the once-per-step bf16 refresh, docs/scale.md §7 */
 }
 
+/* Test hook (docs/cli.md §5, signals): MOMFMM_TEST_STEP_SLEEP_MS=N makes
+ * every step N ms longer, at its end, so that the tests can stop slow steps
+ * under mpirun without a model that takes seconds per step. */
+static void test_step_delay(void) {
+    static long ms = -1;
+    if (ms < 0) {
+        const char *v = getenv("MOMFMM_TEST_STEP_SLEEP_MS");
+        ms = v ? atol(v) : 0;
+        if (ms < 0) ms = 0;
+    }
+    if (ms > 0) {
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+    }
+}
+
 int trainer_step(trainer *t, train_step_result *result, status *err) {
     model *m = &t->model;
     data_batch *b = &t->shard.batch;
@@ -241,17 +308,27 @@ int trainer_step(trainer *t, train_step_result *result, status *err) {
     if (data_fill(t->shard.data, b, SPLIT_TRAIN, step, t->shard.first, err) != 0) return err->code;
     double global_count = global_target_count(t);
     float scale = global_count > 0 ? (float)(1.0 / global_count) : 0.0f;
-    memset(t->reduce_scratch, 0, sizeof(double) * (1 + m->n_buffer));
+    memset(t->reduce_scratch, 0, sizeof(double) * (2 + m->n_buffer));
     /* the reduction overlaps only the last micro-batch's backward: earlier
      * ones add into the same gradients */
     model_backward_hooks hooks = {hook_block_done, hook_progress, t->reducer};
     int rows = config_micro_rows(&t->cfg, b->B);
+    const trainer_step_hooks *h = &t->hooks;
+    if (h->compute_begin) h->compute_begin(h->ctx);
     for (int first = 0; first < b->B; first += rows) {
         bool last = first + rows >= b->B;
         micro_step(t, first, last ? b->B - first : rows, scale, last ? &hooks : NULL);
     }
     PROF_TIMED(PROF_REDUCE_WAIT, res.allreduce_wait_s = dist_reducer_finish(t->reducer));
-    res.loss = reduce_forward_results(t, global_count);
+    test_step_delay();
+    if (h->compute_end) h->compute_end(h->ctx);
+    bool abandon = h->abandon && h->abandon(h->ctx);
+    res.loss = reduce_forward_results(t, global_count, &abandon);
+    if (abandon) {
+        res.abandoned = true;
+        *result = res;
+        return 0;
+    }
     res.lr = optimizer_learning_rate(&t->cfg, step);
     PROF_TIMED(PROF_OPTIMIZER, update_parameters(t, step, &res));
     t->step = step;

@@ -2,6 +2,8 @@
 #ifndef MOMFMM_BLAS_CORE_H
 #define MOMFMM_BLAS_CORE_H
 
+#include "momfmm/status.h"
+
 /* Debian's OpenBLAS 0.3.21 does not recognise some current CPUs (e.g.
  * virtualised Sapphire Rapids) and falls back to its SSE3 "Prescott"
  * kernels, 6x slower than the AVX-512 ones. OpenBLAS reads
@@ -20,4 +22,9 @@ int blas_core_threads(void);
 /* Makes OpenMP use that many threads, which the GEMM engine and the other
  * kernels share (docs/design.md §8.10); OpenBLAS runs one thread per call. */
 void blas_core_use_threads(int threads);
+/* Before the first product: makes OpenBLAS map its buffers (128 MiB of
+ * address space per thread) for `threads` threads now. Under an address
+ * space limit (ulimit -v, -d) too tight for them, EXIT_USAGE in st instead:
+ * OpenBLAS would retry its mmap forever and ignore SIGTERM. */
+int blas_core_reserve_buffers(int threads, status *st);
 #endif

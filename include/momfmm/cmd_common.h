@@ -24,7 +24,9 @@ _Noreturn void cmd_exit_on_status(const status *st, bool every_rank_alike);
  * exiting 2 on error; the whole of a command's configuration step. */
 config cmd_load_config(const char *path, int n_overrides, char *const *overrides);
 
-/* Starts MPI (dist_init) and gives OpenBLAS its threads per rank. */
+/* Starts MPI (dist_init) when a launcher started the process (dist_launched;
+ * alone it is a world of one without MPI) and gives OpenBLAS its threads
+ * per rank. */
 void cmd_dist_init(int *argc, char ***argv);
 void cmd_check_launch(void);
 /* Sets data.tokenizer_checksum from the model data.tokenizer names (exit 3 when
@@ -53,6 +55,9 @@ const char *cmd_precision_description(void);
  * a mistyped --grads or --out would otherwise destroy a trained checkpoint
  * without a word. Every rank sees the same paths and fails alike (exit 2). */
 void cmd_check_output(const char *flag, const char *out, const char *const *inputs, int n_inputs, bool force);
+/* "1 rank x 1 thread", "4 ranks x 2 threads": this run's ranks and threads
+ * per rank, singular or plural as the numbers say (static storage). */
+const char *cmd_ranks_threads(void);
 /* The start-up line (collective): ranks x threads, hosts, BLAS core,
  * subnormal mode, version. */
 void cmd_print_banner(void);

@@ -16,6 +16,11 @@
  * (status.h); a failed status (exit 1) when MPI lacks the thread support
  * needed. */
 int dist_init(int *argc, char ***argv, status *st);
+/* Whether an MPI launcher (mpirun, srun with PMI or PMIx, Hydra) started
+ * this process, read from the environment it sets. A process started
+ * otherwise is a world of one that needs no MPI runtime: dist_init is then
+ * not called, and every collective below returns at once (docs/cli.md §5). */
+bool dist_launched(void);
 /* The MPI this binary was built against ("Open MPI 4.1.4, MPI 3.1") and the
  * one it runs with (first line of MPI_Get_library_version, which MPI allows
  * before MPI_Init: `momfmm --version` does not start MPI; docs/cli.md §5). */

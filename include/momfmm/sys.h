@@ -20,9 +20,17 @@ double sys_seconds(void);
 /* CPU seconds this process has run, all its threads (user + system). */
 double sys_cpu_seconds(void);
 
-/* MemAvailable of /proc/meminfo in bytes, or 0 when unknown: the bound on
- * sizes that files and options declare (docs/files.md §4, hostile input). */
+/* MemAvailable of /proc/meminfo in bytes, or 0 when unknown, and no more
+ * than sys_address_space_left when ulimit -v or -d sets a limit: the bound
+ * on sizes that files and options declare (docs/files.md §4, hostile input)
+ * and on a run's memory estimate. */
 double sys_memory_available(void);
+/* Bytes this process may still map under ulimit -v (RLIMIT_AS, less VmSize)
+ * and ulimit -d (RLIMIT_DATA, less VmData), the smaller; -1 without limits. */
+double sys_address_space_left(void);
+/* The largest file this process may write (ulimit -f, RLIMIT_FSIZE) in
+ * bytes, or -1 without a limit: named when a write fails. */
+double sys_file_size_limit(void);
 /* Whether path names a regular file (or a link to one): FIFOs and devices
  * are refused before opening them, as an open or read could block forever. */
 bool sys_is_regular_file(const char *path);

@@ -15,6 +15,21 @@
 #include "momfmm/model.h"
 #include "momfmm/status.h"
 
+/* What the command layer learns of a step in progress (docs/design.md
+ * §8.7, stop signals); every member may be NULL. Between compute_begin and
+ * compute_end the step only reads the state a checkpoint holds
+ * (parameters, moments, momentum buffers, metric tables, step), so another
+ * thread may write a checkpoint of it meanwhile. abandon is this rank's
+ * vote, taken after the compute: if any rank votes for it, every rank
+ * drops the step (no update; t->step stays), in the reduction the step
+ * makes anyway. */
+typedef struct {
+    void (*compute_begin)(void *ctx);
+    void (*compute_end)(void *ctx);
+    bool (*abandon)(void *ctx);
+    void *ctx;
+} trainer_step_hooks;
+
 typedef struct {
     config cfg;
     model model;
@@ -26,11 +41,13 @@ typedef struct {
     double *reduce_scratch;          /* [1 + n_buffer]: loss sum, buffer sums over the micro-batches */
     char init_from[CONFIG_PATH_MAX]; /* --init checkpoint of this run's timeline, or "" */
     char gemm_engines[128];          /* train.gemm = auto: the engine per product class, or "" */
+    trainer_step_hooks hooks;        /* zero: none */
 } trainer;
 
 typedef struct {
     double loss, grad_norm, lr, allreduce_wait_s;
     bool nonfinite; /* the loss or the gradient norm was NaN or infinite: no update */
+    bool abandoned; /* a rank voted to drop the step (hooks.abandon): no update, t->step unchanged */
 } train_step_result;
 
 /* A model at step 0 (initialised from train.seed, identical on every rank),

@@ -11,8 +11,11 @@ import time
 import numpy as np
 from momfmm.h5 import load_checkpoint
 
-from processes import children, kill_session, rank_of
-from common import env, run, train_command, write_tiny_config
+from processes import children, kill_session, rank_of, session_members
+from common import MPIRUN, env, run, train_command, write_tiny_config
+
+# docs/cli.md §5: the launcher wrapper that turns Ctrl-C and SIGTERM into SIGUSR1
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "momfmm-mpirun")
 
 CKPT_NAME = re.compile(r"^ckpt_(\d{8})\.h5$")
 LOSS_RTOL = 1e-5
@@ -210,3 +213,53 @@ def check_stopped(R, report, label, job, rc, world):
                  ok and attrs == {"step": step, "world_size": world} and len(re.findall("stop requested", text)) == 1,
                  f"{path} exists {os.path.exists(path)} attrs {attrs}")
     return path
+
+
+class SlowRun:
+    """A run whose steps last `step_ms` (the test hook MOMFMM_TEST_STEP_SLEEP_MS),
+    under `momfmm-mpirun` (wrapped) or plain mpirun, -np n, in a session of
+    its own; waits until the log shows step 1. close() kills every process
+    of it, mpirun's own session included (the wrapper starts mpirun with
+    setsid)."""
+
+    def __init__(self, R, name, n, step_ms, wrapped=True, launcher_env=None, **overrides):
+        over = {"train.steps": 100000, "train.log_interval": 1, "train.eval_interval": 0}
+        over.update(overrides)
+        self.ini, self.out_dir, _ = R.config(name, **over)
+        self.log_path = os.path.join(R.work, name + ".log")
+        cmd = [R.momfmm, "train", self.ini]
+        cmd = [LAUNCHER] + MPIRUN[1:] + ["-np", str(n)] + cmd if wrapped else MPIRUN + ["-np", str(n)] + cmd
+        e = env(MOMFMM_TEST_STEP_SLEEP_MS=step_ms, MOMFMM_MPIRUN=MPIRUN[0], **(launcher_env or {}))
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=e, start_new_session=True)
+        deadline = time.time() + 60
+        while time.time() < deadline and self.proc.poll() is None and not re.search(r"^step 1/", self.log(), re.M):
+            time.sleep(0.05)
+        self.ready = self.proc.poll() is None and re.search(r"^step 1/", self.log(), re.M) is not None
+        # the wrapper's session, and mpirun's (setsid) while it is the wrapper's child
+        self.sessions = [self.proc.pid] + [p for p, _ in children(self.proc.pid)]
+
+    def log(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def last_step(self):
+        steps = re.findall(r"^step (\d+)/", self.log(), re.M)
+        return int(steps[-1]) if steps else 0
+
+    def wait(self, seconds):
+        try:
+            return self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def processes(self):
+        """Live processes of the run but the launcher: its session and mpirun's."""
+        return sorted({p for sid in self.sessions for p in session_members(sid)} - {self.proc.pid})
+
+    def close(self):
+        for sid in self.sessions:
+            kill_session(sid)
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()

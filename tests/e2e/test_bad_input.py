@@ -225,6 +225,10 @@ def test_run_directory_and_metrics_file(momfmm, workdir, report):
         del f["metrics/train/loss"]
     expect(report, "inspect of a damaged metrics.h5", run([momfmm, "inspect", damaged]), 3, "damaged_metrics.h5",
            "not a checkpoint", "as a metrics file", "/metrics/train/loss")
+    with h5py.File(damaged, "a") as f:
+        del f["metrics"]
+    expect(report, "inspect of a metrics.h5 without /metrics", run([momfmm, "inspect", damaged]), 3,
+           "damaged_metrics.h5", "neither a checkpoint (no root attribute 'format') nor a metrics file (no /metrics")
 
     empty = os.path.join(workdir, "empty_run")
     os.makedirs(empty, exist_ok=True)

@@ -7,7 +7,14 @@ each its own CTest entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
   last run reaches train.steps (seed: $MOMFMM_TEST_SEED, else random, printed).
 - TestStopSignals: SIGTERM to one of 4 ranks, and SIGUSR1 to mpirun, stop
   every rank at one step with "stop requested", a checkpoint at that step
-  that loads, exit 0.
+  that loads, exit 0. Steps of 6 s (MOMFMM_TEST_STEP_SLEEP_MS) at np = 2:
+  SIGINT to the process group of tools/momfmm-mpirun, and SIGTERM to it,
+  write the checkpoint of the last finished step within 2 s, the step in
+  progress dropped, and exit 0; SIGTERM to a plain mpirun still leaves that
+  checkpoint and STOPPED before mpirun's SIGKILL (mpirun exits 1), and so
+  does SIGTERM to mpirun and every rank at once (Slurm's scancel) with the
+  job scripts' odls_base_sigkill_timeout = 5; a second
+  SIGINT ends the whole job within seconds (130), leaving no process.
 - TestLiveMetrics: metrics.h5 read with h5py (SWMR) while a run writes it:
   rows grow, values finite, config_ini present; after SIGTERM it holds the
   same history as the final checkpoint.
@@ -26,7 +33,8 @@ import pytest
 
 from processes import session_members
 from common import env
-from ckpt_util import CKPT_NAME, LongRun, Runner, check_stopped, checkpoints, ckpt, load_state, same_bits, tail
+from ckpt_util import (CKPT_NAME, LongRun, Runner, SlowRun, check_stopped, checkpoints, ckpt, load_state, same_bits,
+                       tail)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +121,12 @@ class TestStopSignals:
             assert job.ready, f"SIGTERM to one rank: 4 ranks started: ranks {sorted(map(str, job.ranks))}"
             os.kill(job.ranks[2], signal.SIGTERM)
             rc = job.wait(60)
-            check_stopped(R, report, "SIGTERM to rank 2 of 4", job, rc, 4)
+            path = check_stopped(R, report, "SIGTERM to rank 2 of 4", job, rc, 4)
+            stopped = os.path.join(job.out_dir, "STOPPED")
+            marker = open(stopped).read() if os.path.exists(stopped) else ""
+            report.check("SIGTERM to rank 2 of 4: STOPPED names signal 15 and the checkpoint; no word of EPIPE",
+                         path is not None and marker == f"signal 15: checkpoint {path}\n" and
+                         "EPIPE" not in job.log(), f"STOPPED {marker!r}; log ...{job.log()[-300:]!r}")
             time.sleep(0.3)
             left = [p for p in session_members(job.proc.pid) if p != job.proc.pid]
             report.check("SIGTERM to rank 2 of 4: no process left behind", not left, f"left {left}")
@@ -129,6 +142,92 @@ class TestStopSignals:
             check_stopped(R, report, "SIGUSR1 to mpirun -np 4", job, rc, 4)
         finally:
             job.close()
+
+
+    def test_sigint_to_group_slow_steps(self, R, report):
+        check_slow_stop(R, report, "SIGINT to the process group of momfmm-mpirun -np 2", "sigint_group",
+                        lambda job: os.killpg(job.proc.pid, signal.SIGINT), wrapped=True)
+
+    def test_sigterm_to_launcher_slow_steps(self, R, report):
+        check_slow_stop(R, report, "SIGTERM to momfmm-mpirun -np 2", "sigterm_wrapper",
+                        lambda job: os.kill(job.proc.pid, signal.SIGTERM), wrapped=True)
+
+    def test_sigterm_to_plain_mpirun_slow_steps(self, R, report):
+        check_slow_stop(R, report, "SIGTERM to plain mpirun -np 2", "sigterm_mpirun",
+                        lambda job: os.kill(job.proc.pid, signal.SIGTERM), wrapped=False)
+
+    def test_sigterm_to_every_process_slow_steps(self, R, report):
+        # Slurm's scancel or time limit: SIGTERM to mpirun and every rank at
+        # once, mpirun's grace as the job scripts set it (jobs/momfmm_lib.sh)
+        check_slow_stop(R, report, "SIGTERM to plain mpirun and its ranks (Slurm), sigkill_timeout 5 s",
+                        "sigterm_all", lambda job: [os.kill(p, signal.SIGTERM) for p in job.processes() +
+                                                    [job.proc.pid]], wrapped=False, grace_s=5)
+
+    def test_second_sigint_ends_at_once(self, R, report):
+        job = SlowRun(R, "sigint_twice", 2, SLOW_STEP_MS)
+        try:
+            assert job.ready, f"two SIGINTs: the run started: {job.log()[-400:]!r}"
+            os.killpg(job.proc.pid, signal.SIGINT)
+            time.sleep(0.5)
+            start = time.time()
+            os.killpg(job.proc.pid, signal.SIGINT)
+            rc = job.wait(20)
+            took = time.time() - start
+            report.check("a second SIGINT to momfmm-mpirun's group ends the job within 5 s, exit 130",
+                         rc == 130 and took < 5, f"rc {rc} after {took:.1f} s; log ...{job.log()[-300:]!r}")
+            time.sleep(0.5)
+            left = job.processes()
+            report.check("a second SIGINT: no rank or mpirun left behind", not left, f"left {left}")
+        finally:
+            job.close()
+
+
+# Steps of 6 s: longer than Open MPI's grace (1 s after its SIGTERM to the
+# ranks, 2 s after mpirun's own SIGTERM), so a rank that finished its step
+# first would be killed without a checkpoint.
+SLOW_STEP_MS = 6000
+
+
+def check_slow_stop(R, report, label, name, send, wrapped, grace_s=None):
+    """grace_s: Open MPI's odls_base_sigkill_timeout for the run (default 1 s)."""
+    grace = {"OMPI_MCA_odls_base_sigkill_timeout": grace_s} if grace_s else {}
+    job = SlowRun(R, name, 2, SLOW_STEP_MS, wrapped=wrapped, launcher_env=grace)
+    try:
+        assert job.ready, f"{label}: the run started: {job.log()[-400:]!r}"
+        time.sleep(1.0)  # into step 2
+        finished = job.last_step()
+        sent = time.time()
+        send(job)
+        rc = job.wait(SLOW_STEP_MS / 1000 + 20)
+        took = time.time() - sent
+        text = job.log()
+        path = ckpt(job.out_dir, finished)
+        written = os.path.getmtime(path) - sent if os.path.exists(path) else None
+        loads = os.path.exists(path) and R.inspect(path).returncode == 0
+        stopped = os.path.join(job.out_dir, "STOPPED")
+        marker = open(stopped).read() if os.path.exists(stopped) else ""
+        report.check(f"{label}, {SLOW_STEP_MS / 1000:.0f} s steps: the checkpoint of the last finished step "
+                     f"({finished}) loads, written within 2 s of the signal, named in STOPPED",
+                     loads and written is not None and written < 2.0 and path in marker,
+                     f"{path}: written {written if written is None else round(written, 2)} s after; "
+                     f"STOPPED {marker!r}; log ...{text[-500:]!r}")
+        later = sorted(s for s in checkpoints(job.out_dir) if s > finished)
+        report.check(f"{label}: the step in progress was dropped (no later checkpoint)",
+                     not later and (not wrapped or f"step {finished + 1} abandoned on a stop signal" in text),
+                     f"later {later}")
+        if wrapped:
+            report.check(f"{label}: exit 0 within one step of the signal", rc == 0 and took < SLOW_STEP_MS / 1000 + 5,
+                         f"rc {rc} after {took:.1f} s")
+        else:
+            # docs/cli.md §5: Open MPI 4.1's mpirun kills its ranks two graces after its own SIGTERM and exits 1
+            within = 2 * (grace_s or 1) + 3
+            report.check(f"{label}: mpirun ends within {within} s (its own kill sequence), status 1",
+                         rc == 1 and took < within, f"rc {rc} after {took:.1f} s")
+        time.sleep(0.3)
+        left = job.processes()
+        report.check(f"{label}: no rank or mpirun left behind", not left, f"left {left}")
+    finally:
+        job.close()
 
 
 # ---- 7. live metrics ----------------------------------------------------------------------

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from common import run
+from common import run, tiny_config, write_config
 
 COMMANDS = ["train", "init", "loss", "eval", "inspect", "generate", "bench"]
 # Each command's options, and the defaults its help must state.
@@ -171,3 +171,21 @@ def test_checkpoint_with_long_out_dir(momfmm, tmp_path):
     assert f"out_dir = {out_dir}\n" in inspect_config(momfmm, ckpt)
     r = run([momfmm, "eval", ckpt])
     assert r.returncode == 0, r.stderr
+
+
+def test_help_exit_codes_and_rank_counts(momfmm, tmp_path, report):
+    """`momfmm help` lists every exit code of docs/cli.md §5 (0-4), and the
+    messages that count ranks and threads say "1 rank x 1 thread", not
+    "1 ranks x 1 threads" (start-up line, bench)."""
+    r = run([momfmm, "help"])
+    line = " ".join(l for l in r.stdout.splitlines() if "exit codes" in l or l.startswith("4 "))
+    codes = re.findall(r"\b([0-4]) [a-z]", r.stdout.split("exit codes:", 1)[-1])
+    report.check("help: lists exit codes 0, 1, 2, 3 and 4", r.returncode == 0 and codes[:5] == list("01234"),
+                 f"{codes} in {line!r}")
+    report.check("help: lists exit code 130 (a second Ctrl-C)", "130 train ended at once" in r.stdout, r.stdout[-300:])
+    ini = write_config(str(tmp_path / "bench.ini"), tiny_config(str(tmp_path / "run")))
+    b = run([momfmm, "bench", ini, "--steps", "2"])
+    said = re.findall(r"\d+ ranks? x \d+ threads?", b.stdout)
+    report.check("bench alone: every rank count reads '1 rank x 1 thread'",
+                 b.returncode == 0 and len(said) >= 3 and set(said) == {"1 rank x 1 thread"},
+                 f"rc {b.returncode}: {said} {b.stderr[-200:]}")

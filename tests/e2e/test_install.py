@@ -75,7 +75,7 @@ def quickstart(prefix, elsewhere):
     return r, before
 
 
-INSTALLED = ["bin/momfmm", "bin/momfmm-report", "bin/momfmm-plot",
+INSTALLED = ["bin/momfmm", "bin/momfmm-report", "bin/momfmm-plot", "bin/momfmm-mpirun",
              "share/momfmm/python/momfmm/__init__.py", "share/momfmm/python/momfmm/h5.py",
              "share/momfmm/tools/momfmm_report.py", "share/momfmm/tools/momfmm_plot.py",
              "share/momfmm/tools/run_experiments.sh", "share/momfmm/configs/quickstart.ini",
@@ -83,8 +83,8 @@ INSTALLED = ["bin/momfmm", "bin/momfmm-report", "bin/momfmm-plot",
              "share/momfmm/jobs/train_srun.sbatch", "share/momfmm/jobs/sweep.sbatch",
              "share/momfmm/jobs/experiments.sbatch", "share/momfmm/jobs/momfmm_lib.sh", "share/doc/momfmm/README.md",
              "share/doc/momfmm/docs/cli.md"]
-EXECUTABLE = ["bin/momfmm", "bin/momfmm-report", "bin/momfmm-plot", "share/momfmm/tools/momfmm_report.py",
-              "share/momfmm/jobs/train.sbatch"]
+EXECUTABLE = ["bin/momfmm", "bin/momfmm-report", "bin/momfmm-plot", "bin/momfmm-mpirun",
+              "share/momfmm/tools/momfmm_report.py", "share/momfmm/jobs/train.sbatch"]
 
 
 def test_files_installed(prefix):
