@@ -1,0 +1,141 @@
+"""Training across hosts (docs/design.md §8.11): ranks in separate network
+namespaces, each with its own host name, talking over TCP through veth links
+and a bridge (tests/multihost/netbed.sh). CTest runs each class under
+`netbed.sh with PREFIX 4 DIR -- pytest ...` (multihost_<group>,
+tests/CMakeLists.txt), which makes the bed and removes it on every exit;
+by hand the same:
+
+    tests/multihost/netbed.sh with mhx 4 /tmp/mhx -- /usr/bin/python3 -m pytest \\
+        tests/e2e/test_multihost.py::TestEquality --momfmm build/momfmm
+
+- TestEquality: 4 hosts x 1 rank and 2 hosts x 2 ranks train the model of
+  4 ranks on one host (shared memory): losses within 1e-6 relative, every
+  tensor within 1e-5 (max |diff| / max |value|), at dist.zero 0 and 1; the
+  start-up line names the hosts; the checkpoint is written by the ranks
+  together across hosts (MPI-IO, zero 1); resuming its step-6 checkpoint on
+  the same 4 hosts ends bitwise equal to the uninterrupted run, and on 3
+  hosts within 1e-5.
+"""
+import glob
+import os
+import shutil
+
+import numpy as np
+from momfmm.h5 import load_checkpoint
+
+from common import MPIRUN, env, run, write_tiny_config
+from netbed import Bed
+
+STEPS = 12
+LOSS_RTOL = 1e-6
+WEIGHT_RTOL = 1e-5
+
+
+def overrides(**extra):
+    # gemm openblas: `auto` times the engines at start-up and may choose
+    # differently in two runs; adam_eps 1e-6 as in test_mpi.py
+    o = {"train.steps": STEPS, "train.batch_size": 8, "train.adam_eps": 1e-6, "train.warmup": 2,
+         "train.log_interval": 1, "train.eval_interval": STEPS, "train.eval_batches": 1,
+         "train.ckpt_interval": 6, "train.keep": 5, "train.gemm": "openblas", "dist.check_interval": 1}
+    o.update(extra)
+    return o
+
+
+def train(momfmm, workdir, name, launch, resume=None, **extra):
+    """Trains config `name` afresh with `launch` (a function of the momfmm
+    command -> full command); returns (CompletedProcess, out_dir)."""
+    ini, out_dir, _ = write_tiny_config(workdir, name, **overrides(**extra))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    cmd = [momfmm, "train", ini] + (["--resume", resume] if resume else [])
+    r = run(launch(cmd), timeout=120, env=env())
+    if r.returncode != 0:
+        print(f"--- {name} rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}", flush=True)
+    return r, out_dir
+
+
+def final(out_dir):
+    path = os.path.join(out_dir, f"ckpt_{STEPS:08d}.h5")
+    return load_checkpoint(path) if os.path.exists(path) else None
+
+
+def tensor_rel(a, b):
+    """Worst max |a - b| / max |a| over every dataset (model, optim, buffers)."""
+    da, db = a.datasets(), b.datasets()
+    if set(da) != set(db):
+        return float("inf"), "dataset sets differ"
+    worst, where = 0.0, ""
+    for k, x in da.items():
+        x, y = x.astype(np.float64), db[k].astype(np.float64)
+        rel = float(np.max(np.abs(x - y)) / max(float(np.max(np.abs(x))), 1e-30)) if x.size else 0.0
+        if rel > worst:
+            worst, where = rel, k
+    return worst, where
+
+
+def loss_rel(a, b):
+    x, y = a.train["loss"], b.train["loss"]
+    if x.shape != y.shape:
+        return float("inf")
+    return float(np.max(np.abs(x - y) / np.maximum(np.abs(x), 1e-30)))
+
+
+def bitwise(a, b):
+    da, db = a.datasets(), b.datasets()
+    return set(da) == set(db) and all(np.array_equal(da[k], db[k]) for k in da) and \
+        np.array_equal(a.train["loss"], b.train["loss"])
+
+
+def one_host(np_):
+    return lambda cmd: MPIRUN + ["-np", str(np_)] + cmd
+
+
+class TestEquality:
+    def test_hosts_train_the_model_of_one_host(self, momfmm, workdir, report):
+        bed = Bed()
+        layouts = {"4x1": ([1, 2, 3, 4], 1), "2x2": ([1, 2], 2)}
+        for zero in (0, 1):
+            r, ref_dir = train(momfmm, workdir, f"one_host_z{zero}", one_host(4), **{"dist.zero": zero})
+            ref = final(ref_dir)
+            if not report.check(f"zero {zero}: 4 ranks on one host train", ref is not None, f"rc {r.returncode}"):
+                continue
+            for layout, (hosts, per_host) in layouts.items():
+                r, out = train(momfmm, workdir, f"hosts_{layout}_z{zero}",
+                               lambda cmd: bed.mpirun(hosts, per_host, cmd), **{"dist.zero": zero})
+                got = final(out)
+                if not report.check(f"zero {zero}: {layout} trains", got is not None, f"rc {r.returncode}"):
+                    continue
+                names = [bed.name(i) for i in hosts]
+                report.check(f"zero {zero}: {layout} start-up line names the hosts",
+                             f"4 ranks x 1 thread on {' '.join(names)}" in r.stdout,
+                             next((l for l in r.stdout.splitlines() if " ranks x " in l), "no start-up line"))
+                if zero == 1:
+                    report.check(f"{layout}: checkpoint written by the ranks together across hosts",
+                                 "4 ranks together (MPI-IO" in r.stdout)
+                lr, (wr, where) = loss_rel(ref, got), tensor_rel(ref, got)
+                report.check(f"zero {zero}: {layout} losses within {LOSS_RTOL} of one host", lr <= LOSS_RTOL,
+                             f"{lr:.2e}")
+                report.check(f"zero {zero}: {layout} tensors within {WEIGHT_RTOL} of one host",
+                             wr <= WEIGHT_RTOL, f"{wr:.2e} {where}")
+
+    def test_resume_across_hosts(self, momfmm, workdir, report):
+        bed = Bed()
+        four = lambda cmd: bed.mpirun([1, 2, 3, 4], 1, cmd)
+        r, full_dir = train(momfmm, workdir, "resume_full", four, **{"dist.zero": 1})
+        full = final(full_dir)
+        half = os.path.join(full_dir, "ckpt_00000006.h5")
+        assert full is not None and os.path.exists(half), f"4-host run failed (rc {r.returncode})"
+        for name, hosts in (("same_4_hosts", [1, 2, 3, 4]), ("on_3_hosts", [1, 2, 3])):
+            r, out = train(momfmm, workdir, f"resume_{name}", lambda cmd: bed.mpirun(hosts, 1, cmd),
+                           resume=half, **{"dist.zero": 1})
+            got = final(out)
+            if not report.check(f"{name}: resumes step 6", got is not None, f"rc {r.returncode}"):
+                continue
+            if len(hosts) == 4:
+                report.check("4 hosts -> 4 hosts: bitwise", bitwise(full, got))
+            else:
+                wr, where = tensor_rel(full, got)
+                lr = loss_rel(full, got)
+                report.check(f"4 hosts -> 3 hosts: tensors within {WEIGHT_RTOL}", wr <= WEIGHT_RTOL,
+                             f"{wr:.2e} {where}")
+                report.check(f"4 hosts -> 3 hosts: losses within {WEIGHT_RTOL}", lr <= WEIGHT_RTOL, f"{lr:.2e}")
+        report.check("no temporary file left", not glob.glob(os.path.join(workdir, "resume_*", "*.tmp*")))
