@@ -177,7 +177,8 @@ static void print_overview(void) {
         printf("  %-9s %-18s %s\n", COMMANDS[i].name, COMMANDS[i].operands, COMMANDS[i].summary);
     printf("\n  momfmm help COMMAND, momfmm COMMAND --help   a command's options and their defaults\n"
            "  momfmm --version                             version, git revision, MPI, OpenBLAS and HDF5 versions\n"
-           "\nexit codes: 0 success, 1 internal failure, 2 config or command-line error, 3 bad file.\n"
+           "\nexit codes: 0 success, 1 internal failure, 2 config or command-line error, 3 bad file,\n"
+           "  4 training diverged, 5 a peer rank did not answer within dist.timeout.\n"
            "The commands are described in docs/cli.md, the config keys in docs/config.md.\n");
 }
 

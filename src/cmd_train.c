@@ -44,7 +44,9 @@ static bool save_checkpoint(const trainer *t, char *path, bool signal_stop) {
     }
     double start = sys_seconds();
     /* every rank: with dist.zero = 1 all ranks write the file together */
+    dist_watch_phase("checkpoint write", true);
     int rc = trainer_save(t, path, STORE_PATH_MAX, &err);
+    dist_watch_phase(NULL, false);
     if (dist_rank() != 0) return true;
     if (rc != 0) {
         fprintf(stderr, "momfmm: checkpoint at step %lld not written: %s\n", t->step, err.message);
@@ -162,7 +164,10 @@ static void save_if_best(const trainer *t, train_loop *loop) {
         !isnan(now->metrics.loss) && (!loop->best_eval.known || now->metrics.loss < loop->best_eval.metrics.loss);
     if (!dist_any(dist_rank() == 0 && better)) return;
     status err;
-    if (trainer_save_best(t, &err) != 0) {
+    dist_watch_phase("best checkpoint write", true);
+    int rc = trainer_save_best(t, &err);
+    dist_watch_phase(NULL, false);
+    if (rc != 0) {
         if (dist_rank() == 0) fprintf(stderr, "momfmm: warning: best checkpoint not written: %s\n", err.message);
         return;
     }
@@ -177,7 +182,9 @@ static void log_eval(trainer *t, train_loop *loop) {
     eval_result r;
     status err;
     eval_result_init(&r, &t->model);
+    dist_watch_phase("eval", false);
     if (trainer_log_eval(t, &r, &err) != 0) cmd_fail(err.code, "%s", err.message);
+    dist_watch_phase(NULL, false);
     char shown[256];
     metric_values_format(&r.metrics, t->cfg.task, 4, shown, sizeof shown);
     log_rank0("eval step %lld | %s | gain_R", t->step, shown);
@@ -212,6 +219,7 @@ static bool train_one_step(trainer *t, train_loop *loop) {
     const config *cfg = &t->cfg;
     train_step_result r;
     status err;
+    dist_watch_step(t->step + 1);
     if (trainer_step(t, &r, &err) != 0) cmd_fail(err.code, "%s", err.message);
     loop->interval_tokens += (long long)cfg->batch_size * cfg->seq_len;
     bool logged = false;
