@@ -18,13 +18,20 @@ by hand the same:
 """
 import glob
 import os
+import re
 import shutil
+import signal
+import subprocess
+import time
 
 import numpy as np
 from momfmm.h5 import load_checkpoint
 
 from common import MPIRUN, env, run, write_tiny_config
 from netbed import Bed
+from processes import kill_session, rank_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 STEPS = 12
 LOSS_RTOL = 1e-6
@@ -139,3 +146,129 @@ class TestEquality:
                              f"{wr:.2e} {where}")
                 report.check(f"4 hosts -> 3 hosts: losses within {WEIGHT_RTOL}", lr <= WEIGHT_RTOL, f"{lr:.2e}")
         report.check("no temporary file left", not glob.glob(os.path.join(workdir, "resume_*", "*.tmp*")))
+
+
+# Faults: dist.timeout of the tests, the launcher's grace (jobs/launch_guard.sh)
+# and the margin allowed for a step or checkpoint in progress and the polling.
+TIMEOUT = 10
+GRACE = 5
+MARGIN = 8
+
+
+def rank_pids(bed, host):
+    """rank number -> pid of the MPI ranks inside host's namespace."""
+    out = {}
+    for pid in bed.pids(host):
+        r = rank_of(pid)
+        if r is not None:
+            out[r] = pid
+    return out
+
+
+def wait_for(condition, seconds, step=0.2):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(step)
+    return condition()
+
+
+def checkpoints(out_dir):
+    return sorted(glob.glob(os.path.join(out_dir, "ckpt_*.h5")))
+
+
+class TestFaults:
+    """2 hosts x 2 ranks, dist.zero 1 (every rank writes the checkpoints);
+    after a second checkpoint, host 2's link goes down, rank 3 (on host 2) is
+    SIGSTOPped, or every process of host 2 is SIGKILLed. The ranks on host 1
+    end within dist.timeout (+ margin); with the link down or the rank
+    stopped, they print the one dist.timeout line naming the step, the
+    operation and their host; the guarded mpirun ends within dist.timeout +
+    grace + 10 s; every checkpoint left loads and no temporary carries a
+    checkpoint's name; `--resume auto` on host 1 alone (2 ranks) continues
+    from the newest checkpoint to the end."""
+
+    def fault_run(self, momfmm, workdir, report, fault):
+        bed = Bed()
+        ini, out_dir, _ = write_tiny_config(workdir, f"fault_{fault}", **overrides(**{
+            "train.steps": 1000000, "train.ckpt_interval": 5, "train.keep": 3, "train.log_interval": 50,
+            "train.eval_interval": 0, "dist.zero": 1, "dist.timeout": TIMEOUT, "dist.check_interval": 0}))
+        shutil.rmtree(out_dir, ignore_errors=True)
+        guard = os.path.join(ROOT, "jobs", "launch_guard.sh")
+        cmd = bed.mpirun([1, 2], 2, [momfmm, "train", ini])
+        cmd = cmd[:cmd.index("mpirun")] + [guard] + cmd[cmd.index("mpirun"):]
+        log_path = os.path.join(workdir, f"fault_{fault}.log")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=env(MOMFMM_LAUNCHER_GRACE=GRACE))
+        try:
+            started = wait_for(lambda: len(checkpoints(out_dir)) >= 2 and len(rank_pids(bed, 2)) == 2, 90)
+            assert started, f"no second checkpoint within 90 s:\n{open(log_path).read()[-2000:]}"
+            t0 = time.time()
+            if fault == "link_down":
+                bed.link(2, False)
+            elif fault == "sigstop":
+                os.kill(rank_pids(bed, 2)[3], signal.SIGSTOP)
+            else:
+                for pid in bed.pids(2):
+                    os.kill(pid, signal.SIGKILL)
+            survivors_gone = wait_for(lambda: not rank_pids(bed, 1), TIMEOUT + MARGIN)
+            t_ranks = time.time() - t0
+            report.check(f"{fault}: the ranks on host 1 end within dist.timeout {TIMEOUT} s + {MARGIN} s",
+                         survivors_gone, f"{t_ranks:.1f} s")
+            try:
+                proc.wait(timeout=TIMEOUT + GRACE + 10 + MARGIN)
+            except subprocess.TimeoutExpired:
+                pass
+            t_launcher = time.time() - t0
+            report.check(f"{fault}: mpirun (launch_guard.sh) ends within {TIMEOUT + GRACE + 10 + MARGIN} s",
+                         proc.poll() is not None, f"{t_launcher:.1f} s, status {proc.poll()}")
+        finally:
+            kill_session(proc.pid)
+            for pid in bed.pids(2) + bed.pids(1):
+                os.kill(pid, signal.SIGKILL)
+            if fault == "link_down":
+                subprocess.run([bed.script, "link", bed.prefix, "2", "up"], timeout=30, check=True)
+        text = open(log_path).read()
+        lines = [l for l in text.splitlines() if "dist.timeout:" in l]
+        print(f"{fault}: ranks on host 1 ended {t_ranks:.1f} s, the launcher {t_launcher:.1f} s after the fault; "
+              + (lines[0] if lines else "no dist.timeout line"), flush=True)
+        if fault != "sigkill_host":
+            # with host 2's processes gone, mpirun itself ends the job at once
+            named = [l for l in lines if re.search(r"step \d+: .+ did not complete in \d+ s", l)
+                     and f"(host {bed.name(1)})" in l and "exiting 5" in l]
+            report.check(f"{fault}: a rank on host 1 says which step and operation timed out", named,
+                         lines[0] if lines else text[-500:])
+        self.check_checkpoints(momfmm, bed, out_dir, ini, fault, report)
+
+    def check_checkpoints(self, momfmm, bed, out_dir, ini, fault, report):
+        files = checkpoints(out_dir)
+        steps = []
+        for f in files:
+            try:
+                steps.append(load_checkpoint(f).step)
+            except Exception as exc:  # a finished name must never be a torn file
+                report.check(f"{fault}: {os.path.basename(f)} loads", False, str(exc))
+        report.check(f"{fault}: the checkpoints left load", steps and len(steps) == len(files), f"steps {steps}")
+        report.check(f"{fault}: no temporary under a checkpoint's name",
+                     all(re.fullmatch(r"ckpt_\d{8}\.h5", os.path.basename(f)) for f in files))
+        if not steps:
+            return
+        newest = max(steps)
+        r = run(bed.mpirun([1], 2, [momfmm, "train", ini, "--resume", "auto", "--set", f"train.steps={newest + 5}"]),
+                timeout=120)
+        done = os.path.join(out_dir, f"ckpt_{newest + 5:08d}.h5")
+        report.check(f"{fault}: --resume auto on host 1 with 2 ranks continues from step {newest} to the end",
+                     r.returncode == 0 and os.path.exists(done) and load_checkpoint(done).step == newest + 5
+                     and "2 ranks x 1 thread on " + bed.name(1) in r.stdout,
+                     f"rc {r.returncode}: {r.stderr.strip()[-300:]}")
+
+    def test_link_down(self, momfmm, workdir, report):
+        self.fault_run(momfmm, workdir, report, "link_down")
+
+    def test_sigstop_rank(self, momfmm, workdir, report):
+        self.fault_run(momfmm, workdir, report, "sigstop")
+
+    def test_sigkill_host(self, momfmm, workdir, report):
+        self.fault_run(momfmm, workdir, report, "sigkill_host")

@@ -13,6 +13,9 @@
 #                                 up, run COMMAND with NETBED_* in its environment,
 #                                 down on every exit (trap EXIT, also on INT/TERM);
 #                                 leftovers of an earlier run with PREFIX are removed first
+#   netbed.sh link PREFIX HOST up|down
+#                                 host HOST's link to the bridge up (back when host 1
+#                                 reaches it again) or down (a network fault)
 #   netbed.sh on PREFIX HOST -- COMMAND...
 #                                 COMMAND inside host HOST (1..N) under its host name
 #
@@ -139,6 +142,17 @@ wait_links() {
     done
 }
 
+link() {
+    local prefix=$1 i=$2 state=$3 try
+    ip -n "$prefix-br" link set "v$i" "$state" || die "link v$i of $prefix-br: cannot set $state"
+    [ "$state" = up ] || return 0
+    for try in $(seq 1 40); do
+        reaches "$prefix-h1" "$NET.$i" && reaches "$prefix-h$i" "$NET.1" && return 0
+        sleep 0.25
+    done
+    die "host $i of $prefix unreachable after its link came up"
+}
+
 on() {
     local prefix=$1 i=$2
     shift 2
@@ -169,6 +183,7 @@ case ${1:-} in
 up) [ $# -eq 4 ] || die "usage: $0 up PREFIX N DIR"; up "$2" "$3" "$4" ;;
 down) [ $# -eq 2 ] || die "usage: $0 down PREFIX"; down "$2" ;;
 with) [ $# -ge 5 ] || die "usage: $0 with PREFIX N DIR -- COMMAND..."; shift; with "$@" ;;
+link) [ $# -eq 4 ] || die "usage: $0 link PREFIX HOST up|down"; link "$2" "$3" "$4" ;;
 on) [ $# -ge 4 ] || die "usage: $0 on PREFIX HOST -- COMMAND..."; shift; on "$@" ;;
-*) die "usage: $0 up|down|with|on ..." ;;
+*) die "usage: $0 up|down|with|link|on ..." ;;
 esac
