@@ -15,6 +15,10 @@ by hand the same:
   together across hosts (MPI-IO, zero 1); resuming its step-6 checkpoint on
   the same 4 hosts ends bitwise equal to the uninterrupted run, and on 3
   hosts within 1e-5.
+- TestFaults: a host's link down, a rank stopped (also mid-checkpoint), a
+  host's processes killed: the survivors end within dist.timeout, mpirun in
+  bounded time (jobs/launch_guard.sh), the checkpoints load and `--resume
+  auto` continues on the surviving host (the class's docstring).
 """
 import glob
 import os
@@ -181,7 +185,8 @@ def checkpoints(out_dir):
 class TestFaults:
     """2 hosts x 2 ranks, dist.zero 1 (every rank writes the checkpoints);
     after a second checkpoint, host 2's link goes down, rank 3 (on host 2) is
-    SIGSTOPped, or every process of host 2 is SIGKILLed. The ranks on host 1
+    SIGSTOPped (also while the ranks write a checkpoint together), or every
+    process of host 2 is SIGKILLed. The ranks on host 1
     end within dist.timeout (+ margin); with the link down or the rank
     stopped, they print the one dist.timeout line naming the step, the
     operation and their host; the guarded mpirun ends within dist.timeout +
@@ -205,10 +210,15 @@ class TestFaults:
         try:
             started = wait_for(lambda: len(checkpoints(out_dir)) >= 2 and len(rank_pids(bed, 2)) == 2, 90)
             assert started, f"no second checkpoint within 90 s:\n{open(log_path).read()[-2000:]}"
+            if fault == "sigstop_in_save":
+                # the ranks write each checkpoint together (MPI-IO): catch one at it
+                writing = wait_for(lambda: glob.glob(os.path.join(out_dir, "ckpt_*.h5.tmp.*")), 60, step=0.01)
+                report.check("a rank stopped while the ranks were writing a checkpoint (a *.tmp.* file existed)",
+                             writing)
             t0 = time.time()
             if fault == "link_down":
                 bed.link(2, False)
-            elif fault == "sigstop":
+            elif fault.startswith("sigstop"):
                 os.kill(rank_pids(bed, 2)[3], signal.SIGSTOP)
             else:
                 for pid in bed.pids(2):
@@ -240,6 +250,8 @@ class TestFaults:
                      and f"(host {bed.name(1)})" in l and "exiting 5" in l]
             report.check(f"{fault}: a rank on host 1 says which step and operation timed out", named,
                          lines[0] if lines else text[-500:])
+        if fault == "sigstop_in_save":
+            report.check(f"{fault}: the line names the checkpoint write", any("checkpoint write" in l for l in lines))
         self.check_checkpoints(momfmm, bed, out_dir, ini, fault, report)
 
     def check_checkpoints(self, momfmm, bed, out_dir, ini, fault, report):
@@ -269,6 +281,9 @@ class TestFaults:
 
     def test_sigstop_rank(self, momfmm, workdir, report):
         self.fault_run(momfmm, workdir, report, "sigstop")
+
+    def test_sigstop_rank_in_checkpoint_write(self, momfmm, workdir, report):
+        self.fault_run(momfmm, workdir, report, "sigstop_in_save")
 
     def test_sigkill_host(self, momfmm, workdir, report):
         self.fault_run(momfmm, workdir, report, "sigkill_host")
