@@ -65,6 +65,7 @@ static struct {
     _Atomic long long step;
     atomic_bool running;
     double seconds;
+    int rank, size; /* the thread calls no MPI, not even MPI_Comm_rank (MPI_THREAD_FUNNELED) */
     dist_timeout_hook hook;
     pthread_t thread;
     char host[MPI_MAX_PROCESSOR_NAME];
@@ -102,7 +103,7 @@ static void watch_describe(char *out, size_t len, double waited) {
     snprintf(out, len,
              "dist.timeout: step %lld: %s did not complete in %.0f s (dist.timeout = %g) on rank %d of %d (host "
              "%s): a peer rank or its host stopped answering (MPI does not say which); exiting %d",
-             atomic_load(&watch.step), what, waited, watch.seconds, dist_rank(), dist_size(), watch.host,
+             atomic_load(&watch.step), what, waited, watch.seconds, watch.rank, watch.size, watch.host,
              EXIT_DIST_TIMEOUT);
 }
 
@@ -126,6 +127,8 @@ int dist_watch_start(double seconds, dist_timeout_hook hook, status *st) {
     int len = 0;
     MPI_Get_processor_name(watch.host, &len);
     watch.seconds = seconds;
+    watch.rank = dist_rank();
+    watch.size = dist_size();
     watch.hook = hook;
     atomic_store(&watch.running, true);
     if (pthread_create(&watch.thread, NULL, watch_loop, NULL) != 0) {
