@@ -4,6 +4,7 @@
  * every kernel sees contiguous [T, dh] matrices. */
 #include "momfmm/attention.h"
 
+#include <math.h>
 #include <omp.h>
 #include <string.h>
 
@@ -198,6 +199,22 @@ void attention_backward(const attention_layer *a, const attention_saved *s, cons
 #pragma omp parallel for schedule(static, 1) num_threads(s->threads)
     for (int h = 0; h < a->H; h++)
         backward_head(a, s, d_out, d_qkv, B, T, h, s->scratch + (size_t)omp_get_thread_num() * per_thread);
+}
+
+/* Read from what the forward kept (docs/metrics.md §3, the attention read-out):
+ * dense softmax, and tiled up to TILED_KEEP_MAX, keep the probabilities;
+ * tiled past it keeps each row's log-sum-exp, so p_ij = exp(s_ij - lse_i)
+ * from q-hat and k-hat; FMM's near and far fields are fmm_head_weight's. */
+float attention_weight(const attention_layer *a, const attention_saved *s, int b, int h, int T, int i, int j) {
+    if (a->cfg->causal && j > i) return 0.0f;
+    size_t off = head_offset(a, b, h, T), per_head = attention_saved_per_head(a->cfg, a->fmm, T);
+    const float *q = s->q_hat + off, *k = s->k_hat + off, *saved = s->saved + ((size_t)b * a->H + h) * per_head;
+    if (a->cfg->attention == ATTENTION_FMM)
+        return fmm_head_weight(a->fmm, q, k, a->blend[h], a->blend[a->H + h], saved, T, a->dh, i, j);
+    if (!tiled_at(a->cfg, T)) return saved[(size_t)i * T + j];
+    float score = 0.0f;
+    for (int c = 0; c < a->dh; c++) score += q[(size_t)i * a->dh + c] * k[(size_t)j * a->dh + c];
+    return expf(score / sqrtf((float)a->dh) - saved[i]);
 }
 
 /* ---- streaming (docs/model.md §1.2: carry each sequence's previous vectors) ------- */

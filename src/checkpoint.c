@@ -332,10 +332,11 @@ static void derive_bpb(metric_table *t, long long rows, int offset) {
 }
 
 /* Columns added to /metrics after format_version 1 was fixed (docs/files.md §4):
- * a file written before them lacks them: gain_R_attn reads as NaN there,
- * bpb follows from the loss (derive_bpb). */
+ * a file written before them lacks them: gain_R_attn, the chain's lengen_*,
+ * attn_* and L_rep_by_period read as NaN there, bpb follows from the loss (derive_bpb). */
 static bool column_added_later(const char *name) {
-    return strcmp(name, "gain_R_attn") == 0 || strcmp(name, "bpb") == 0;
+    return strcmp(name, "gain_R_attn") == 0 || strcmp(name, "bpb") == 0 || strncmp(name, "lengen_", 7) == 0 ||
+           strncmp(name, "attn_", 5) == 0 || strcmp(name, "L_rep_by_period") == 0;
 }
 
 /* Rows of a table: those of its first column in a checkpoint; in a live
@@ -491,7 +492,7 @@ static void metrics_file_body(h5reader *r, void *ctx) {
     read_config_ini(r, q->c);
     if (!h5reader_exists(r, "/metrics")) h5reader_fail(r, "no /metrics group: not a metrics file");
     metric_tables_standard(q->train, q->eval, q->c->n_layers, q->c->n_heads);
-    metric_tables_add_task_columns(q->train, q->eval, q->c->task);
+    metric_tables_add_task_columns(q->train, q->eval, q->c);
     read_metric_table(r, "/metrics/train", q->train, true);
     read_metric_table(r, "/metrics/eval", q->eval, true);
 }

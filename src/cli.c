@@ -59,6 +59,9 @@ static const option_spec OPTIONS[] = {
     {'f', "--force", NULL, NULL, "replace an existing output file (never one of the command's inputs)"},
     {'P', "--precision", "fp32|bf16", NULL,
      "precision of the matrix products (docs/scale.md §7); default: the checkpoint's train.precision"},
+    {'N', "--show", "N", "4", "samples to print, in the order a run takes them"},
+    {'D', "--split", "train|eval|lengen", "train",
+     "the samples of training, of the eval split or of the chain task's length-generalisation eval"},
 };
 #define N_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
 
@@ -82,6 +85,7 @@ static int run_eval(const arguments *a);
 static int run_inspect(const arguments *a);
 static int run_generate(const arguments *a);
 static int run_bench(const arguments *a);
+static int run_data(const arguments *a);
 
 static const command_spec COMMANDS[] = {
     {"train", "CONFIG.ini", 1, "srIw", "",
@@ -101,13 +105,17 @@ static const command_spec COMMANDS[] = {
      run_generate, true},
     {"bench", "CONFIG.ini", 1, "sn", "", "Time training steps and report tokens/s, ms/step and GFLOP/s.", run_bench,
      false},
+    {"data", "CONFIG.ini", 1, "sND", "",
+     "Print samples of the config's task: inputs and targets as token rows (- = not counted), each chain "
+     "sample's period, each ListOps label.",
+     run_data, false},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
 
 static const suggest_alias COMMAND_ALIASES[] = {
-    {"training", "train"},  {"fit", "train"},         {"evaluate", "eval"}, {"test", "eval"},
-    {"sample", "generate"}, {"gen", "generate"},      {"show", "inspect"},  {"info", "inspect"},
-    {"benchmark", "bench"}, {"version", "--version"}, {"-v", "--version"},  {NULL, NULL},
+    {"training", "train"}, {"fit", "train"},    {"evaluate", "eval"}, {"test", "eval"},       {"sample", "generate"},
+    {"gen", "generate"},   {"show", "inspect"}, {"info", "inspect"},  {"benchmark", "bench"}, {"version", "--version"},
+    {"-v", "--version"},   {"samples", "data"}, {"dataset", "data"},  {NULL, NULL},
 };
 
 static const suggest_alias OPTION_ALIASES[] = {
@@ -247,6 +255,8 @@ struct arguments {
     int top_k;
     double top_p;
     const char *precision; /* --precision, NULL: the checkpoint's */
+    int show;              /* data --show */
+    const char *split;     /* data --split */
 };
 
 static int parse_count(const char *flag, const char *value) {
@@ -306,6 +316,8 @@ static void apply_option(arguments *a, const command_spec *cmd, const option_spe
     case 'w': a->overwrite = true; break;
     case 'f': a->force = true; break;
     case 'P': a->precision = value; break;
+    case 'N': a->show = parse_count(o->flag, value); break;
+    case 'D': a->split = value; break;
     }
 }
 
@@ -422,6 +434,10 @@ static int run_generate(const arguments *a) {
 
 static int run_bench(const arguments *a) {
     return command_bench(a->positional[0], a->n_overrides, a->overrides, a->steps);
+}
+
+static int run_data(const arguments *a) {
+    return command_data(a->positional[0], a->n_overrides, a->overrides, a->show, a->split);
 }
 
 /* Before main: as soon as the executable's own code runs (the libraries'

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "momfmm/chain.h"
 #include "momfmm/checkpoint.h"
 #include "momfmm/cmd_common.h"
 #include "momfmm/commands.h"
@@ -51,7 +52,7 @@ static int try_load(const char *path, void *ctx, status *err) {
     if (model_create_for_inference(&c->m, &cfg, err) != 0) return err->code;
     if (c->history) {
         metric_tables_standard(&c->train, &c->eval, cfg.n_layers, cfg.n_heads);
-        metric_tables_add_task_columns(&c->train, &c->eval, cfg.task);
+        metric_tables_add_task_columns(&c->train, &c->eval, &cfg);
     }
     if (checkpoint_read_state(path, &c->m, false, c->history ? &c->train : NULL, c->history ? &c->eval : NULL, err) ==
         0) {
@@ -139,7 +140,8 @@ static void print_row(const metric_table *t, long long i) {
         const metric_column *col = &t->columns[c];
         char value[32];
         if (col->integer) printf(" %s %lld", col->name, (long long)row[offset]);
-        else if (col->width == 1) printf(" %s %s", col->name, shown_value(row[offset], "%.6g", value, sizeof value));
+        else if (col->width == 1 && !col->vector)
+            printf(" %s %s", col->name, shown_value(row[offset], "%.6g", value, sizeof value));
         else if (col->inner <= 1) {
             printf(" %s [", col->name);
             for (int j = 0; j < col->width; j++)
@@ -205,6 +207,53 @@ static void print_task_metrics(const config *cfg, const metric_table *eval) {
            shown);
 }
 
+/* The attention read-out of docs/metrics.md §3, per layer and head: the
+ * positional and induction scores as "pos/ind", from [2][L*H] (NaN: "—"). */
+static void print_attention_scores(const char *title, const double *scores, int L, int H) {
+    bool any = false;
+    for (int i = 0; i < 2 * L * H; i++) any |= !isnan(scores[i]);
+    if (!any) {
+        printf("%s: — (no query whose positional and induction keys differ)\n", title);
+        return;
+    }
+    printf("%s, positional/induction per head:\n", title);
+    for (int l = 0; l < L; l++) {
+        printf("  block %d:", l);
+        for (int h = 0; h < H; h++) {
+            char pos[32], ind[32];
+            printf("  h%d %s/%s", h, metric_text(scores[l * H + h], 3, pos, sizeof pos),
+                   metric_text(scores[L * H + l * H + h], 3, ind, sizeof ind));
+        }
+        printf("\n");
+    }
+}
+
+/* inspect: the chain task's length eval and attention read-out of the last
+ * eval row (docs/metrics.md §3), from their columns. */
+static void print_chain_readouts(const config *cfg, const metric_table *eval) {
+    if (cfg->task != TASK_CHAIN || eval->n_rows == 0) return;
+    const double *row = eval->values + (eval->n_rows - 1) * eval->row_width;
+    int L = cfg->n_layers, H = cfg->n_heads, at = metric_table_column_offset(eval, "lengen_loss");
+    if (at >= 0 && !isnan(row[at])) {
+        char loss[32], rep[32];
+        int rep_at = metric_table_column_offset(eval, "lengen_L_rep");
+        printf("last length eval (periods %d..%d): loss %s | L_rep %s\n", cfg->eval_chain_len,
+               cfg->eval_chain_len_max > cfg->eval_chain_len ? cfg->eval_chain_len_max : cfg->eval_chain_len,
+               metric_text(row[at], 4, loss, sizeof loss), metric_text(row[rep_at], 4, rep, sizeof rep));
+    }
+    const char *names[][3] = {{"attn_positional", "attn_induction", "attention read-out (last eval)"},
+                              {"lengen_attn_positional", "lengen_attn_induction", "attention read-out (length eval)"}};
+    double *scores = sys_calloc(2 * (size_t)L * H, sizeof(double));
+    for (int n = 0; n < 2; n++) {
+        int pos = metric_table_column_offset(eval, names[n][0]), ind = metric_table_column_offset(eval, names[n][1]);
+        if (pos < 0 || ind < 0) continue;
+        memcpy(scores, row + pos, sizeof(double) * L * H);
+        memcpy(scores + L * H, row + ind, sizeof(double) * L * H);
+        print_attention_scores(names[n][2], scores, L, H);
+    }
+    free(scores);
+}
+
 /* inspect of a metrics.h5 (live_metrics.h): a run may be writing it. */
 static void inspect_metrics_file(const char *path, const status *checkpoint_err) {
     config cfg;
@@ -228,6 +277,7 @@ static void inspect_metrics_file(const char *path, const status *checkpoint_err)
                cfg.out_dir);
         print_last_rows("train metrics", &train, 5);
         print_last_rows("eval metrics", &eval, 3);
+        print_chain_readouts(&cfg, &eval);
         printf("config:\n%s", ini);
         free(ini);
     }
@@ -257,6 +307,7 @@ int command_inspect(const char *ckpt) {
         print_last_rows("train metrics", &c.train, 1);
         print_last_rows("eval metrics", &c.eval, 1);
         print_task_metrics(&c.m.cfg, &c.eval);
+        print_chain_readouts(&c.m.cfg, &c.eval);
         print_filter_gains(&c.m);
         printf("config:\n%s", ini);
         free(ini);
@@ -290,9 +341,19 @@ int command_eval(const char *ckpt, bool stream, int segment) {
         cmd_fail(err.code, "%s", err.message);
     }
     print_eval("eval", &r.metrics, m.cfg.task);
+    if (r.length_eval) {
+        char how[96];
+        chain_periods p = chain_periods_of(&m.cfg, true);
+        snprintf(how, sizeof how, "eval, length generalisation (periods %d..%d)", p.lo, p.hi);
+        print_eval(how, &r.length_metrics, m.cfg.task);
+    }
     log_rank0("gain_R");
     for (int l = 0; l < m.L; l++) log_rank0(" %.4f", r.gain_R[l]);
     log_rank0("\n");
+    if (dist_rank() == 0 && m.cfg.task == TASK_CHAIN) {
+        print_attention_scores("attention read-out", r.attn, m.L, m.H);
+        if (r.length_eval) print_attention_scores("attention read-out (length eval)", r.length_attn, m.L, m.H);
+    }
     if (r.streamed) {
         char how[64];
         snprintf(how, sizeof how, "eval --stream (segments of %d)", segment);

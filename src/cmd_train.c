@@ -145,7 +145,7 @@ static void read_best_so_far(const trainer *t, eval_record *best) {
     store_best_path(t->cfg.out_dir, path, sizeof path);
     metric_table train, eval;
     metric_tables_standard(&train, &eval, t->cfg.n_layers, t->cfg.n_heads);
-    metric_tables_add_task_columns(&train, &eval, t->cfg.task);
+    metric_tables_add_task_columns(&train, &eval, &t->cfg);
     status err;
     if (access(path, F_OK) == 0 && checkpoint_read_metrics(path, &train, &eval, &err) == 0) keep_lowest(best, &eval);
     else if (access(path, F_OK) == 0) fprintf(stderr, "momfmm: warning: %s; it will be replaced\n", err.message);
@@ -187,7 +187,13 @@ static void log_eval(trainer *t, train_loop *loop) {
     dist_watch_phase(NULL, false);
     char shown[256];
     metric_values_format(&r.metrics, t->cfg.task, 4, shown, sizeof shown);
-    log_rank0("eval step %lld | %s | gain_R", t->step, shown);
+    log_rank0("eval step %lld | %s", t->step, shown);
+    if (r.length_eval) { /* docs/tasks.md §2: a positional solution fails here */
+        char loss[32], rep[32];
+        log_rank0(" | lengen loss %s L_rep %s", metric_text(r.length_metrics.loss, 4, loss, sizeof loss),
+                  metric_text(r.length_metrics.L_rep, 4, rep, sizeof rep));
+    }
+    log_rank0(" | gain_R");
     for (int l = 0; l < t->model.L; l++) log_rank0(" %.3f", r.gain_R[l]);
     log_rank0("\n");
     loop->last_eval = (eval_record){true, t->step, r.metrics};

@@ -69,6 +69,14 @@ static const config_key KEYS[] = {
     {"data", "seq_len", KEY_INT, OFF(seq_len), "64", 1, 1 << 24, NULL, ROLE_MODEL},
     {"data", "chain_len", KEY_INT, OFF(chain_len), "10", 1, 1 << 24, NULL, ROLE_MODEL},
     {"data", "noise", KEY_DOUBLE, OFF(noise), "0", 0, 1, NULL, ROLE_MODEL},
+    /* docs/tasks.md §2 chain: a period per sample, fillers between the chain
+     * tokens; the length-generalisation eval only reads the model, so its
+     * periods may change on resume */
+    {"data", "chain_len_max", KEY_INT, OFF(chain_len_max), "0", 0, 1 << 24, NULL, ROLE_MODEL},
+    {"data", "chain_noise", KEY_DOUBLE, OFF(chain_noise), "0", 0, 0.9, NULL, ROLE_MODEL},
+    {"data", "chain_fillers", KEY_INT, OFF(chain_fillers), "16", 1, 1 << 24, NULL, ROLE_MODEL},
+    {"data", "eval_chain_len", KEY_INT, OFF(eval_chain_len), "0", 0, 1 << 24, NULL, ROLE_SCHEDULE},
+    {"data", "eval_chain_len_max", KEY_INT, OFF(eval_chain_len_max), "0", 0, 1 << 24, NULL, ROLE_SCHEDULE},
     /* data.path as given (a schedule key: its text may change), and the
      * absolute path it named when the run started, which decides what is
      * read and must match on resume (docs/config.md §6) */
@@ -584,6 +592,35 @@ int config_micro_rows(const config *c, int shard_rows) {
 }
 
 #define REJECT(...) return status_fail(st, EXIT_USAGE, __VA_ARGS__)
+/* The chain's periods (docs/tasks.md §2): each range ordered, and every
+ * period within the tokens a chain may use, which must be distinct: the
+ * vocabulary, less the fillers' range when there are fillers. */
+static int check_chain(const config *c, const char *origin, status *st) {
+    if (c->chain_len_max > 0 && c->chain_len_max < c->chain_len)
+        REJECT("%s: data.chain_len_max = %d is below data.chain_len = %d", origin, c->chain_len_max, c->chain_len);
+    if (c->eval_chain_len_max > 0 && c->eval_chain_len_max < c->eval_chain_len)
+        REJECT("%s: data.eval_chain_len_max = %d is below data.eval_chain_len = %d (0 = no length eval)", origin,
+               c->eval_chain_len_max, c->eval_chain_len);
+    bool fillers = c->chain_noise > 0;
+    if (fillers && c->chain_fillers >= c->vocab_size)
+        REJECT("%s: data.chain_fillers = %d leaves no chain token of model.vocab_size = %d", origin, c->chain_fillers,
+               c->vocab_size);
+    int tokens = fillers ? c->vocab_size - c->chain_fillers : c->vocab_size;
+    const struct {
+        const char *name;
+        int value;
+    } periods[] = {{"chain_len", c->chain_len},
+                   {"chain_len_max", c->chain_len_max},
+                   {"eval_chain_len", c->eval_chain_len},
+                   {"eval_chain_len_max", c->eval_chain_len_max}};
+    for (size_t i = 0; i < sizeof periods / sizeof periods[0]; i++)
+        if (periods[i].value > tokens)
+            REJECT("%s: data.%s = %d exceeds the %d chain tokens of model.vocab_size = %d%s (tokens must be distinct)",
+                   origin, periods[i].name, periods[i].value, tokens, c->vocab_size,
+                   fillers ? " less data.chain_fillers" : "");
+    return 0;
+}
+
 int config_check_model(const config *c, const char *origin, status *st) {
     if (c->d_model % c->n_heads != 0)
         REJECT("%s: model.d_model = %d is not divisible by model.n_heads = %d", origin, c->d_model, c->n_heads);
@@ -610,9 +647,7 @@ int config_check(const config *c, const char *origin, status *st) {
         REJECT("%s: data.task = copy needs model.vocab_size >= 11 (symbols 1..10), got %d", origin, c->vocab_size);
     if (c->task == TASK_COPY && c->seq_len < 4)
         REJECT("%s: data.task = copy needs data.seq_len >= 4, got %d", origin, c->seq_len);
-    if (c->task == TASK_CHAIN && c->chain_len > c->vocab_size)
-        REJECT("%s: data.chain_len = %d exceeds model.vocab_size = %d (tokens must be distinct)", origin, c->chain_len,
-               c->vocab_size);
+    if (c->task == TASK_CHAIN && check_chain(c, origin, st) != 0) return st->code;
     if (c->task == TASK_TEXT && c->vocab_size != 256)
         REJECT("%s: data.task = text is byte-level and needs model.vocab_size = 256", origin);
     if (c->task == TASK_TEXT && !c->data_path[0]) REJECT("%s: data.task = text needs data.path", origin);

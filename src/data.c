@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "momfmm/chain.h"
 #include "momfmm/corpus.h"
 #include "momfmm/dist.h"
 #include "momfmm/listops.h"
@@ -25,11 +26,10 @@ struct data_source {
     int32_t *rows, *row_labels;
     int n_rows, n_train_rows;
     /* scratch allocated once at open, so that no sample lives on the stack
-     * (T and L come from the config) or is allocated per step: the T + 1
-     * tokens of a sample; chain's L tokens and a bitmap of the V tokens
-     * already in the chain */
-    int32_t *sequence, *chain;
-    uint64_t *chain_seen;
+     * (T comes from the config) or is allocated per step: the T + 1 tokens
+     * of a sample; the chain generator's own (chain.h) */
+    int32_t *sequence;
+    chain_sampler *chain;
 };
 
 void data_batch_alloc(data_batch *b, int B, int T) {
@@ -183,10 +183,7 @@ data_source *data_open(const config *c, status *st) {
     data_source *d = sys_calloc(1, sizeof *d);
     d->cfg = *c;
     d->sequence = sys_calloc((size_t)c->seq_len + 1, sizeof(int32_t));
-    if (c->task == TASK_CHAIN) {
-        d->chain = sys_calloc((size_t)c->chain_len, sizeof(int32_t));
-        d->chain_seen = sys_calloc(((size_t)c->vocab_size + 63) / 64, sizeof(uint64_t));
-    }
+    if (c->task == TASK_CHAIN) d->chain = chain_open(c);
     int rc = 0;
     if (c->task == TASK_TEXT) rc = open_text(d, st);
     if (c->task == TASK_LISTOPS) rc = open_listops(d, st);
@@ -200,8 +197,7 @@ void data_close(data_source *d) {
     free(d->rows);
     free(d->row_labels);
     free(d->sequence);
-    free(d->chain);
-    free(d->chain_seen);
+    chain_close(d->chain);
     free(d);
 }
 
@@ -209,32 +205,6 @@ void data_shard_range(int global_B, int rank, int n_ranks, int *first, int *coun
     long long lo = (long long)rank * global_B / n_ranks, hi = (long long)(rank + 1) * global_B / n_ranks;
     *first = (int)lo;
     *count = (int)(hi - lo);
-}
-
-/* chain: L distinct tokens repeated to T+1; after the first pass each token
- * is replaced by a random one with probability data.noise. Only the chain
- * tokens the sequence reaches are drawn (token i's draws depend on tokens
- * before it alone), and a bitmap of the tokens drawn so far replaces a scan
- * of them: the same tokens in O(L) instead of O(L^2). */
-static void chain_sample(const data_source *d, uint64_t key, int32_t *seq, int len) {
-    const config *c = &d->cfg;
-    int L = c->chain_len, drawn = L < len ? L : len;
-    int32_t *chain = d->chain;
-    uint64_t *seen = d->chain_seen, counter = 0;
-    for (int i = 0; i < drawn; i++) {
-        uint32_t token;
-        do token = rng_below(key, counter++, (uint32_t)c->vocab_size);
-        while (seen[token / 64] >> (token % 64) & 1);
-        seen[token / 64] |= 1ULL << (token % 64);
-        chain[i] = (int32_t)token;
-    }
-    for (int t = 0; t < len; t++) {
-        seq[t] = chain[t % L];
-        /* separate counter ranges keep the noise draws independent of the chain draws */
-        if (t >= L && c->noise > 0 && rng_uniform(key, (1ULL << 40) + 2 * (uint64_t)t) < c->noise)
-            seq[t] = (int32_t)rng_below(key, (1ULL << 40) + 2 * (uint64_t)t + 1, (uint32_t)c->vocab_size);
-    }
-    for (int i = 0; i < drawn; i++) seen[chain[i] / 64] = 0; /* clear for the next sample */
 }
 
 /* copy: [s_1..s_n, 0, s_1..s_n, 0, 0 ...], symbols 1..10, n uniform in
@@ -299,18 +269,26 @@ int data_fill(const data_source *d, data_batch *b, int split, long long step, lo
             if (listops_sample(d, key, split, inputs, targets, &b->labels[r], T, st) != 0) return st->code;
             continue;
         }
+        if (c->task == TASK_CHAIN) {
+            chain_sample(d->chain, key, chain_periods_of(c, split == SPLIT_LENGTH), inputs, targets, T);
+            continue;
+        }
         if (c->task == TASK_TEXT) {
             text_sample(d, key, split, seq, T + 1);
             memcpy(targets, seq + 1, sizeof(int32_t) * T);
-        } else if (c->task == TASK_COPY) {
-            copy_sample(c, key, seq, targets, T);
         } else {
-            chain_sample(d, key, seq, T + 1);
-            memcpy(targets, seq + 1, sizeof(int32_t) * T);
+            copy_sample(c, key, seq, targets, T);
         }
         memcpy(inputs, seq, sizeof(int32_t) * T);
     }
     return 0;
+}
+
+int data_sample_period(const data_source *d, int split, long long step, long long index) {
+    const config *c = &d->cfg;
+    if (c->task != TASK_CHAIN) return 0;
+    uint64_t key = rng_key((uint64_t)c->seed, (uint64_t)split, (uint64_t)step, (uint64_t)index);
+    return chain_period(key, chain_periods_of(c, split == SPLIT_LENGTH));
 }
 
 int data_shard_open(data_shard *s, const config *cfg, status *err) {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "momfmm/chain.h"
 #include "momfmm/dist.h"
 #include "momfmm/kernels.h"
 #include "momfmm/readouts.h"
@@ -13,13 +14,24 @@
 
 void eval_result_init(eval_result *r, const model *m) {
     memset(r, 0, sizeof *r);
-    r->gain_R = sys_calloc((size_t)m->L * (2 + m->H), sizeof(double));
+    size_t LH = (size_t)m->L * m->H;
+    r->heads = (int)LH;
+    r->gain_R = sys_calloc((size_t)m->L * 2 + 5 * LH, sizeof(double));
     r->gain_R_attn = r->gain_R + m->L;
     r->gamma = r->gain_R_attn + m->L;
+    r->attn = r->gamma + LH;
+    r->length_attn = r->attn + 2 * LH;
+    for (size_t i = 0; i < 4 * LH; i++) r->attn[i] = NAN; /* until a chain eval measures them */
+    metric_values_none(&r->length_metrics);
+    chain_periods p = chain_periods_of(&m->cfg, false);
+    r->n_periods = p.hi - p.lo + 1;
+    r->L_rep_by_period = sys_calloc((size_t)r->n_periods, sizeof(double));
+    for (int i = 0; i < r->n_periods; i++) r->L_rep_by_period[i] = NAN;
 }
 
 void eval_result_free(eval_result *r) {
     free(r->gain_R);
+    free(r->L_rep_by_period);
     memset(r, 0, sizeof *r);
 }
 
@@ -61,9 +73,17 @@ static double stream_batch(model *m, const data_batch *b, int segment, const flo
 
 /* Running sums of one evaluation, reduced over ranks at the end. */
 typedef struct {
-    metric_sums full, streamed;
-    double *gains; /* [2L + 1]: gain ratio sums per block, the row count, then the
-                      * attention sublayer's ratio sums per layer (gain_R_attn) */
+    metric_sums full, streamed, length; /* length: the length-generalisation eval */
+    /* [2][2LH + 1]: attention read-out sums of the eval split, then of the
+     * length eval (readouts_attention_scores) */
+    double *scores;
+    /* [2][n_periods]: L_rep sums, then counts, by the sample's period (chain) */
+    double *by_period;
+    const data_source *data;
+    int batch; /* the eval batch being summed */
+    /* [2L + 1]: gain ratio sums per block, the row count, then the attention
+     * sublayer's ratio sums per layer (gain_R_attn) */
+    double *gains;
     float *losses; /* [B*T] streamed losses */
     int32_t *predictions;
     double max_diff;
@@ -75,6 +95,21 @@ static data_batch rows_of(const data_batch *b, int first, int rows) {
     return (data_batch){rows, b->T, b->inputs + at, b->targets + at, b->labels ? b->labels + first : NULL};
 }
 
+/* L_rep of each row into its period's bin (docs/metrics.md §3), the period
+ * as data_fill drew it. */
+static void add_rep_by_period(const model *m, const data_batch *v, long long first_row, eval_sums *e) {
+    chain_periods p = chain_periods_of(&m->cfg, false);
+    int n = p.hi - p.lo + 1, T = v->T;
+    int *scratch = sys_calloc((size_t)m->V + T, sizeof(int));
+    for (int r = 0; r < v->B; r++) {
+        int bin = data_sample_period(e->data, SPLIT_EVAL, e->batch, first_row + r) - p.lo;
+        size_t at = (size_t)r * T;
+        metrics_row_repeats(v->inputs + at, v->targets + at, m->acts.losses + at, T, scratch, m->V, &e->by_period[bin],
+                            &e->by_period[n + bin]);
+    }
+    free(scratch);
+}
+
 /* One forward of rows v (global sample index first_row onwards) into the
  * sums; gain_R's random directions are keyed by sample, so the rows may
  * come in any grouping. */
@@ -82,6 +117,11 @@ static int evaluate_rows(model *m, const data_batch *v, long long first_row, uin
                          status *err) {
     model_forward(m, v->inputs, v->targets, v->labels, v->B, v->T, false);
     metrics_accumulate(&e->full, v, m->acts.losses, m->acts.predictions, m->cfg.head == HEAD_CLS, m->V);
+    /* before the block gains: their perturbed forwards replace the saved attention state */
+    if (m->cfg.task == TASK_CHAIN) {
+        readouts_attention_scores(m, v->inputs, v->targets, v->B, v->T, m->cfg.chain_len, e->scores);
+        add_rep_by_period(m, v, first_row, e);
+    }
     readouts_block_gains(m, v->B, v->T, seed, first_row, e->gains, e->gains + m->L + 1);
     e->gains[m->L] += v->B;
     if (segment <= 0) return 0;
@@ -99,6 +139,8 @@ static int evaluate_rows(model *m, const data_batch *v, long long first_row, uin
 static int evaluate_batch(model *m, data_shard *shard, int i, int segment, eval_sums *e, status *err) {
     data_batch *b = &shard->batch;
     if (data_fill(shard->data, b, SPLIT_EVAL, i, shard->first, err) != 0) return err->code;
+    e->data = shard->data;
+    e->batch = i;
     int rows = config_micro_rows(&m->cfg, b->B), rc = 0;
     for (int first = 0; first < b->B && rc == 0; first += rows) {
         data_batch v = rows_of(b, first, b->B - first < rows ? b->B - first : rows);
@@ -106,6 +148,30 @@ static int evaluate_batch(model *m, data_shard *shard, int i, int segment, eval_
     }
     return rc;
 }
+
+/* Batch i of the length-generalisation eval (docs/tasks.md §2: split 2,
+ * periods data.eval_chain_len .. eval_chain_len_max): loss metrics and the
+ * attention read-out only. */
+static int evaluate_length_batch(model *m, data_shard *shard, int i, eval_sums *e, status *err) {
+    data_batch *b = &shard->batch;
+    if (data_fill(shard->data, b, SPLIT_LENGTH, i, shard->first, err) != 0) return err->code;
+    int rows = config_micro_rows(&m->cfg, b->B), LH = m->L * m->H;
+    for (int first = 0; first < b->B; first += rows) {
+        data_batch v = rows_of(b, first, b->B - first < rows ? b->B - first : rows);
+        model_forward(m, v.inputs, v.targets, v.labels, v.B, v.T, false);
+        metrics_accumulate(&e->length, &v, m->acts.losses, m->acts.predictions, false, m->V);
+        readouts_attention_scores(m, v.inputs, v.targets, v.B, v.T, m->cfg.chain_len, e->scores + 2 * LH + 1);
+    }
+    return 0;
+}
+
+/* Positional and induction means from the summed weights and the query count
+ * (docs/metrics.md §3); NaN where no query counted. */
+static void finish_scores(const double *sums, int LH, double *out) {
+    for (int i = 0; i < 2 * LH; i++) out[i] = sums[2 * LH] > 0 ? sums[i] / sums[2 * LH] : NAN;
+}
+
+static bool length_eval_on(const model *m) { return m->cfg.task == TASK_CHAIN && m->cfg.eval_chain_len > 0; }
 
 int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, status *err) {
     if (stream_segment > 0 && stream_check(m, shard->batch.T, err) != 0) return err->code;
@@ -115,13 +181,33 @@ int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, st
     e.gains = sys_calloc(2 * (size_t)m->L + 1, sizeof(double));
     e.losses = sys_calloc(rows, sizeof(float));
     e.predictions = sys_calloc(rows, sizeof(int32_t));
+    int LH = m->L * m->H;
+    e.scores = sys_calloc(2 * (2 * (size_t)LH + 1), sizeof(double));
+    e.by_period = sys_calloc(2 * (size_t)r->n_periods, sizeof(double));
     m->keep_logits = stream_segment > 0;
     int rc = 0;
-    for (int i = 0; i < m->cfg.eval_batches && rc == 0; i++) rc = evaluate_batch(m, shard, i, stream_segment, &e, err);
+    for (int i = 0; i < m->cfg.eval_batches && rc == 0; i++) {
+        rc = evaluate_batch(m, shard, i, stream_segment, &e, err);
+        if (rc == 0 && length_eval_on(m)) rc = evaluate_length_batch(m, shard, i, &e, err);
+    }
     m->keep_logits = false;
     if (rc == 0) {
         dist_sum_doubles((double *)&e.full, (int)METRIC_SUMS_DOUBLES);
         metrics_finish(&e.full, &r->metrics);
+        dist_sum_doubles(e.scores, 2 * (2 * LH + 1));
+        if (m->cfg.task == TASK_CHAIN) {
+            finish_scores(e.scores, LH, r->attn);
+            dist_sum_doubles(e.by_period, 2 * r->n_periods);
+            for (int p = 0; p < r->n_periods; p++)
+                r->L_rep_by_period[p] =
+                    e.by_period[r->n_periods + p] > 0 ? e.by_period[p] / e.by_period[r->n_periods + p] : NAN;
+        }
+        r->length_eval = length_eval_on(m);
+        if (r->length_eval) {
+            dist_sum_doubles((double *)&e.length, (int)METRIC_SUMS_DOUBLES);
+            metrics_finish(&e.length, &r->length_metrics);
+            finish_scores(e.scores + 2 * LH + 1, LH, r->length_attn);
+        }
         dist_sum_doubles(e.gains, 2 * m->L + 1);
         for (int l = 0; l < m->L; l++) r->gain_R[l] = e.gains[l] / e.gains[m->L];
         for (int l = 0; l < m->L; l++) r->gain_R_attn[l] = e.gains[m->L + 1 + l] / e.gains[m->L];
@@ -133,7 +219,7 @@ int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, st
         metrics_finish(&e.streamed, &r->stream_metrics);
         r->stream_max_diff = dist_max_double(e.max_diff);
     }
-    free(e.gains), free(e.losses), free(e.predictions);
+    free(e.gains), free(e.losses), free(e.predictions), free(e.scores), free(e.by_period);
     return rc;
 }
 
@@ -156,4 +242,21 @@ void eval_result_row(const eval_result *r, long long step, const metric_table *e
     metric_table_set(eval_log, row, "gain_R", r->gain_R);
     metric_table_set(eval_log, row, "gain_R_attn", r->gain_R_attn);
     metric_table_set(eval_log, row, "gamma", r->gamma);
+    /* the chain task's columns (metric_tables_add_task_columns); other tables lack them */
+    const metric_values *g = &r->length_metrics;
+    const struct {
+        const char *name;
+        const double *values;
+    } chain[] = {{"lengen_loss", &g->loss},
+                 {"lengen_L_new", &g->L_new},
+                 {"lengen_L_rep", &g->L_rep},
+                 {"lengen_delta_12", &g->delta_12},
+                 {"lengen_loss_by_k", g->loss_by_k},
+                 {"L_rep_by_period", r->L_rep_by_period},
+                 {"attn_positional", r->attn},
+                 {"attn_induction", r->attn + r->heads},
+                 {"lengen_attn_positional", r->length_attn},
+                 {"lengen_attn_induction", r->length_attn + r->heads}};
+    for (size_t i = 0; i < sizeof chain / sizeof chain[0]; i++)
+        metric_table_set(eval_log, row, chain[i].name, chain[i].values);
 }

@@ -455,6 +455,29 @@ void fmm_head_forward(const fmm_settings *s, const float *q, const float *k, con
         far_kernel_forward(&fc, s->kernels[l], q, k, weight, nd + (size_t)l * T * (dh + 1), out);
 }
 
+/* The coefficient of v_j in out_i (docs/metrics.md §3, attention read-out),
+ * from what the forward saved and q, k alone: the band's probability p_ij
+ * times sigmoid(w_near), plus per far kernel sigmoid(w_far) / r times
+ * φ(q_i)·φ(k_j) / (den_i + eps), den_i read from the saved last column.
+ * O(dh) per (i, j); nothing T x T. */
+float fmm_head_weight(const fmm_settings *s, const float *q, const float *k, float blend_near, float blend_far,
+                      const float *saved, int T, int dh, int i, int j) {
+    band_geometry g = band_of(s, T);
+    double w = 0.0;
+    int lo, hi, base = band_limits(&g, i, T, &lo, &hi);
+    if (g.width > 0 && j >= lo && j <= hi) w += sigmoid(blend_near) * saved[(size_t)i * g.width + (j - base)];
+    int r = far_kernels(s);
+    if (r == 0 || (s->causal && j > i)) return (float)w;
+    const float *nd = saved + (size_t)T * g.width, *qi = q + (size_t)i * dh, *kj = k + (size_t)j * dh;
+    for (int l = 0; l < r; l++) {
+        double a = 0.0;
+        for (int c = 0; c < dh; c++) a += (double)fmm_feature(s->kernels[l], qi[c]) * fmm_feature(s->kernels[l], kj[c]);
+        float den = nd[(size_t)l * T * (dh + 1) + (size_t)i * (dh + 1) + dh];
+        w += sigmoid(blend_far) / r * a / (den + s->eps);
+    }
+    return (float)w;
+}
+
 void fmm_head_backward(const fmm_settings *s, const float *q, const float *k, const float *v, float blend_near,
                        float blend_far, const float *saved, const float *dout, float *dq, float *dk, float *dv,
                        float *d_blend_near, float *d_blend_far, float *scratch, int T, int dh) {

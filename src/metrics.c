@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "momfmm/chain.h"
 #include "momfmm/status.h"
 #include "momfmm/sys.h"
 
@@ -69,6 +70,14 @@ void metrics_accumulate(metric_sums *s, const data_batch *b, const float *losses
     free(counts);
 }
 
+void metrics_row_repeats(const int32_t *inputs, const int32_t *targets, const float *losses, int T, int *counts_scratch,
+                         int vocab_size, double *sum, double *count) {
+    int *k = counts_scratch + vocab_size;
+    metric_occurrence_counts(inputs, targets, T, counts_scratch, vocab_size, k);
+    for (int t = 0; t < T; t++)
+        if (targets[t] >= 0 && k[t] >= 1) *sum += losses[t], *count += 1;
+}
+
 static double ratio(double sum, double count) { return count > 0 ? sum / count : 0.0 / 0.0; }
 
 void metrics_finish(const metric_sums *s, metric_values *out) {
@@ -80,6 +89,11 @@ void metrics_finish(const metric_sums *s, metric_values *out) {
     for (int k = 0; k < OCCURRENCE_BINS; k++) out->loss_by_k[k] = ratio(s->by_k_sum[k], s->by_k_count[k]);
     out->delta_12 = out->loss_by_k[0] - out->loss_by_k[1];
     out->bpb = out->loss / M_LN2;
+}
+
+void metric_values_none(metric_values *out) {
+    out->loss = out->L_new = out->L_rep = out->delta_12 = out->acc = out->exact_match = out->bpb = NAN;
+    for (int k = 0; k < OCCURRENCE_BINS; k++) out->loss_by_k[k] = NAN;
 }
 
 const char *metric_text(double value, int digits, char *buf, size_t len) {
@@ -120,6 +134,11 @@ void metric_table_add_column(metric_table *t, const char *name, int width, bool 
     t->row_width += width;
 }
 
+void metric_table_add_vector_column(metric_table *t, const char *name, int width) {
+    metric_table_add_column(t, name, width, false);
+    t->columns[t->n_columns - 1].vector = true;
+}
+
 void metric_table_add_matrix_column(metric_table *t, const char *name, int outer, int inner) {
     metric_table_add_column(t, name, outer * inner, false);
     t->columns[t->n_columns - 1].inner = inner;
@@ -127,7 +146,7 @@ void metric_table_add_matrix_column(metric_table *t, const char *name, int outer
 
 int metric_column_shape(const metric_column *c, long long rows, unsigned long long dims[3]) {
     dims[0] = (unsigned long long)rows;
-    if (c->width == 1 && c->inner <= 1) return 1;
+    if (c->width == 1 && c->inner <= 1 && !c->vector) return 1;
     if (c->inner <= 1) {
         dims[1] = (unsigned long long)c->width;
         return 2;
@@ -193,10 +212,23 @@ void metric_tables_standard(metric_table *train, metric_table *eval, int n_layer
     metric_table_add_matrix_column(eval, "gamma", n_layers, n_heads);
 }
 
-void metric_tables_add_task_columns(metric_table *train, metric_table *eval, int task) {
-    if (task != TASK_TEXT) return;
-    if (train) metric_table_add_column(train, "bpb", 1, false);
-    if (eval) metric_table_add_column(eval, "bpb", 1, false);
+void metric_tables_add_task_columns(metric_table *train, metric_table *eval, const config *c) {
+    if (c->task == TASK_TEXT) {
+        if (train) metric_table_add_column(train, "bpb", 1, false);
+        if (eval) metric_table_add_column(eval, "bpb", 1, false);
+    }
+    if (c->task != TASK_CHAIN || !eval) return;
+    /* the length-generalisation eval (NaN without data.eval_chain_len) and
+     * the attention read-out (docs/metrics.md §3) */
+    static const char *scalars[] = {"lengen_loss", "lengen_L_new", "lengen_L_rep", "lengen_delta_12"};
+    for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++) metric_table_add_column(eval, scalars[i], 1, false);
+    metric_table_add_column(eval, "lengen_loss_by_k", OCCURRENCE_BINS, false);
+    chain_periods p = chain_periods_of(c, false);
+    metric_table_add_vector_column(eval, "L_rep_by_period", p.hi - p.lo + 1);
+    static const char *heads[] = {"attn_positional", "attn_induction", "lengen_attn_positional",
+                                  "lengen_attn_induction"};
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++)
+        metric_table_add_matrix_column(eval, heads[i], c->n_layers, c->n_heads);
 }
 
 /* Column `name` of row `index`, or NaN when the table lacks it. */

@@ -371,7 +371,7 @@ attention_layer model_attention_layer(model *m, int l, bool collect_buffers) {
 
 /* Block l's slice of the saved attention state (a view for attention.c,
  * which knows nothing of `activations`, docs/design.md §8.1). */
-static attention_saved attention_state(const model *m, int l, int B, int T) {
+attention_saved model_attention_saved(const model *m, int l, int B, int T) {
     const model_activations *a = &m->acts;
     size_t heads = (size_t)l * B * T * m->d;
     size_t saved = (size_t)l * B * m->H * attention_saved_per_head(&m->cfg, &m->fmm, T);
@@ -401,7 +401,7 @@ void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
                                                     w->ln1_bias, rows, m->d));
     PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(a->qkv, ln1, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d));
     attention_layer view = model_attention_layer(m, l, collect_buffers);
-    attention_saved saved = attention_state(m, l, B, T);
+    attention_saved saved = model_attention_saved(m, l, B, T);
     PROF_TIMED(PROF_FORWARD_ATTENTION, attention_forward(&view, &saved, a->qkv, att, B, T));
     PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(mid, att, w->proj_weight, w->proj_bias, rows, m->d, m->d));
     PROF_TIMED(PROF_FORWARD_ACTIVATION, add_into(mid, x, bt * d));
@@ -534,7 +534,7 @@ static void block_backward(model *m, int l, int B, int T, const model_backward_h
                                w->proj_weight, rows, m->d, m->d, accumulate));
     progress(hooks);
     attention_layer view = model_attention_layer(m, l, false);
-    attention_saved saved = attention_state(m, l, B, T);
+    attention_saved saved = model_attention_saved(m, l, B, T);
     PROF_TIMED(PROF_BACKWARD_ATTENTION, attention_backward(&view, &saved, a->d_model_rows, a->qkv, B, T));
     progress(hooks);
     PROF_TIMED(PROF_BACKWARD_LINEAR,

@@ -94,6 +94,45 @@ void readouts_block_gains(model *m, int B, int T, uint64_t seed, long long first
     free(delta_norms);
 }
 
+/* prev[t]: the latest s < t with inputs[s] == inputs[t], or -1; last[V] is scratch. */
+static void previous_occurrences(const int32_t *inputs, int T, int V, int *last, int *prev) {
+    for (int v = 0; v < V; v++) last[v] = -1;
+    for (int t = 0; t < T; t++) {
+        prev[t] = last[inputs[t]];
+        last[inputs[t]] = t;
+    }
+}
+
+void readouts_attention_scores(model *m, const int32_t *inputs, const int32_t *targets, int B, int T, int period,
+                               double *sums) {
+    int LH = m->L * m->H;
+    int *last = sys_calloc((size_t)m->V + T, sizeof(int)), *prev = last + m->V;
+    attention_layer *views = sys_calloc((size_t)m->L, sizeof *views);
+    attention_saved *saved = sys_calloc((size_t)m->L, sizeof *saved);
+    for (int l = 0; l < m->L; l++) {
+        views[l] = model_attention_layer(m, l, false);
+        saved[l] = model_attention_saved(m, l, B, T);
+    }
+    for (int b = 0; b < B; b++) {
+        const int32_t *x = inputs + (size_t)b * T, *y = targets + (size_t)b * T;
+        previous_occurrences(x, T, m->V, last, prev);
+        for (int i = 0; i < T; i++) {
+            /* the queries where the two keys exist and differ: where they
+             * coincide (a fixed period without fillers) no score can tell
+             * them apart (docs/metrics.md §3) */
+            int positional = i - (period - 1), induction = prev[i] + 1;
+            if (y[i] < 0 || prev[i] < 0 || positional < 0 || positional == induction) continue;
+            sums[2 * LH] += 1;
+            for (int l = 0; l < m->L; l++)
+                for (int h = 0; h < m->H; h++) {
+                    sums[l * m->H + h] += attention_weight(&views[l], &saved[l], b, h, T, i, positional);
+                    sums[LH + l * m->H + h] += attention_weight(&views[l], &saved[l], b, h, T, i, induction);
+                }
+        }
+    }
+    free(last), free(views), free(saved);
+}
+
 void readouts_gammas(const model *m, double *out) {
     for (int l = 0; l < m->L; l++)
         for (int h = 0; h < m->H; h++) {

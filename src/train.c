@@ -119,7 +119,7 @@ int trainer_create(trainer *t, const config *cfg, status *err) {
     choose_gemm_engines(t);
     t->reducer = create_reducer(&t->model, cfg);
     metric_tables_standard(&t->train_log, &t->eval_log, cfg->n_layers, cfg->n_heads);
-    metric_tables_add_task_columns(&t->train_log, &t->eval_log, cfg->task);
+    metric_tables_add_task_columns(&t->train_log, &t->eval_log, cfg);
     t->reduce_scratch = sys_calloc(2 + t->model.n_buffer, sizeof(double));
     return 0;
 }

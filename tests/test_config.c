@@ -164,6 +164,13 @@ static void test_limits(void) {
     expect_text("[model]\nn_classes = 1\n", "t.ini:2: model.n_classes = 1 is out of range: must be in [2, 1048576]");
     expect_text("[train]\nadam_eps = 0\n", "t.ini:2: train.adam_eps = 0 is out of range: must be >= 1e-30");
     expect_override("train.steps=-5", "--set train.steps = -5 is out of range: must be >= 0");
+    /* the chain's fillers (docs/tasks.md §2): a rate below 1, or no chain token would be left */
+    expect_text("[data]\nchain_noise = 0.95\n",
+                "t.ini:2: data.chain_noise = 0.95 is out of range: must be in [0, 0.9]");
+    expect_text("[data]\nchain_noise = -0.1\n",
+                "t.ini:2: data.chain_noise = -0.1 is out of range: must be in [0, 0.9]");
+    expect_override("data.chain_len_max=-1", "--set data.chain_len_max = -1 is out of range: must be in [0, 16777216]");
+    expect_override("data.chain_fillers=0", "--set data.chain_fillers = 0 is out of range: must be in [1, 16777216]");
     config c = expect_text("[model]\nhead = cls\nn_classes = 5\n[data]\ntask = listops\n", "");
     status st;
     const char *want = "t.ini: model.n_classes = 5 is below the 10 classes of data.task = listops";

@@ -179,6 +179,144 @@ static void test_long_samples(void) {
     data_batch_free(&b);
 }
 
+static uint64_t fnv(const int32_t *x, size_t n, uint64_t h) {
+    const unsigned char *p = (const unsigned char *)x;
+    for (size_t i = 0; i < n * sizeof *x; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* FNV-1a of inputs and targets of rows 3..7 of steps 0..2 of both splits. */
+static uint64_t chain_hash(const config *cfg) {
+    status st;
+    data_source *d = data_open(cfg, &st);
+    if (!d) return 0;
+    data_batch b;
+    data_batch_alloc(&b, 5, 100);
+    uint64_t h = 1469598103934665603ULL;
+    for (int split = 0; split < 2; split++)
+        for (int step = 0; step < 3; step++) {
+            data_fill(d, &b, split, step, 3, &st);
+            h = fnv(b.targets, 500, fnv(b.inputs, 500, h));
+        }
+    data_batch_free(&b);
+    data_close(d);
+    return h;
+}
+
+/* Fixed-period chains (no chain_len_max, no chain_noise) are the samples of
+ * the generator before those keys existed: hashes taken from it. */
+static void test_chain_unchanged(void) {
+    const char *sets[][4] = {{"data.chain_len=10", "data.seq_len=100", NULL},
+                             {"data.chain_len=30", "data.noise=0.1", "data.seq_len=100", NULL},
+                             {"data.chain_len=7", "model.vocab_size=8", "data.seq_len=100", NULL}};
+    const uint64_t before[] = {0x252dea5cc47d7cc3ULL, 0x3288f44c87e4dd8cULL, 0x5eb9926edf9b3234ULL};
+    for (int i = 0; i < 3; i++) {
+        config cfg = config_with(sets[i]);
+        uint64_t h = chain_hash(&cfg);
+        test_check(h == before[i], "chain: fixed period, samples as before the new keys", "%s: %016llx", sets[i][0],
+                   (unsigned long long)h);
+    }
+}
+
+/* Row r of b checked against the chain rules of docs/tasks.md §2: chain
+ * tokens (below first_filler) follow c_{m mod L} with L distinct tokens,
+ * fillers lie in [first_filler, V), a target is -1 exactly where the next
+ * token is a filler. Returns the number of fillers among the inputs, or -1. */
+static int check_chain_row(const data_batch *b, int r, int L, int first_filler, int V) {
+    const int32_t *x = b->inputs + (size_t)r * b->T, *y = b->targets + (size_t)r * b->T;
+    int32_t chain[64];
+    int m = 0, fillers = 0;
+    for (int t = 0; t < b->T; t++) {
+        if (x[t] < 0 || x[t] >= V) return -1;
+        if (t + 1 < b->T && (y[t] < 0) != (x[t + 1] >= first_filler)) return -1;
+        if (t + 1 < b->T && y[t] >= 0 && y[t] != x[t + 1]) return -1;
+        if (x[t] >= first_filler) {
+            fillers++;
+            continue;
+        }
+        if (m < L) {
+            for (int i = 0; i < m; i++)
+                if (chain[i] == x[t]) return -1;
+            chain[m] = x[t];
+        } else if (x[t] != chain[m % L]) {
+            return -1;
+        }
+        m++;
+    }
+    return fillers;
+}
+
+/* Periods drawn per sample in [chain_len, chain_len_max] (the eval split's
+ * too, the length eval's from its own range), fillers between chain tokens
+ * at about the rate asked for, and rows that do not depend on how a batch
+ * is grouped (any rank count makes the same samples). */
+static void test_chain_variants(void) {
+    const char *sets[] = {"data.chain_len=5",       "data.chain_len_max=12",      "data.chain_noise=0.25",
+                          "data.chain_fillers=8",   "model.vocab_size=40",        "data.seq_len=96",
+                          "data.eval_chain_len=20", "data.eval_chain_len_max=24", NULL};
+    config cfg = config_with(sets);
+    status st;
+    if (!test_check(config_check(&cfg, "test", &st) == 0, "chain variants: config accepted", "%s", st.message)) return;
+    data_source *d = data_open(&cfg, &st);
+    data_batch b, one;
+    data_batch_alloc(&b, 64, cfg.seq_len);
+    data_batch_alloc(&one, 1, cfg.seq_len);
+    int lo[3] = {99, 99, 99}, hi[3] = {0}, bad = 0, regrouped = 0;
+    long long fillers = 0, positions = 0;
+    for (int split = 0; split < 3; split++) {
+        data_fill(d, &b, split, 2, 10, &st);
+        for (int r = 0; r < b.B; r++) {
+            int L = data_sample_period(d, split, 2, 10 + r);
+            lo[split] = L < lo[split] ? L : lo[split], hi[split] = L > hi[split] ? L : hi[split];
+            int f = check_chain_row(&b, r, L, cfg.vocab_size - cfg.chain_fillers, cfg.vocab_size);
+            bad += f < 0;
+            fillers += f, positions += b.T;
+            data_fill(d, &one, split, 2, 10 + r, &st);
+            regrouped += memcmp(one.inputs, b.inputs + (size_t)r * b.T, sizeof(int32_t) * b.T) != 0 ||
+                         memcmp(one.targets, b.targets + (size_t)r * b.T, sizeof(int32_t) * b.T) != 0;
+        }
+    }
+    test_check(bad == 0, "chain variants: rows follow the chain with fillers apart", "%d bad rows", bad);
+    test_check(lo[0] == 5 && hi[0] == 12 && lo[1] == 5 && hi[1] == 12,
+               "chain variants: periods uniform in [chain_len, chain_len_max]", "train %d..%d, eval %d..%d", lo[0],
+               hi[0], lo[1], hi[1]);
+    test_check(lo[2] >= 20 && hi[2] <= 24 && lo[2] < hi[2], "chain variants: length eval periods in its own range",
+               "%d..%d", lo[2], hi[2]);
+    double rate = (double)fillers / positions;
+    test_check(fabs(rate - 0.25) < 0.03, "chain variants: fillers at the rate data.chain_noise asks", "%.3f", rate);
+    test_check(regrouped == 0, "chain variants: a row is the same filled alone or in a batch", "%d differ", regrouped);
+    /* counter-based: a fresh source makes step 2 first, with no state carried from the steps drawn above */
+    data_source *fresh = data_open(&cfg, &st);
+    data_batch again;
+    data_batch_alloc(&again, 64, cfg.seq_len);
+    data_fill(fresh, &again, 2, 2, 10, &st);
+    test_check(memcmp(again.inputs, b.inputs, sizeof(int32_t) * 64 * b.T) == 0 &&
+                   memcmp(again.targets, b.targets, sizeof(int32_t) * 64 * b.T) == 0,
+               "chain variants: a sample depends on its key alone (fresh source, other order)", NULL);
+    data_batch_free(&again);
+    data_close(fresh);
+    data_batch_free(&one);
+    data_batch_free(&b);
+    data_close(d);
+}
+
+static void test_chain_refused(void) {
+    const char *cases[][4] = {{"data.chain_len=10", "data.chain_len_max=9", NULL},
+                              {"data.eval_chain_len=10", "data.eval_chain_len_max=5", NULL},
+                              {"data.chain_len_max=65", NULL},
+                              {"data.chain_noise=0.1", "data.chain_fillers=60", NULL},
+                              {"data.chain_noise=0.1", "data.chain_fillers=64", NULL}};
+    const char *expect[] = {"data.chain_len_max", "data.eval_chain_len_max", "data.chain_len_max",
+                            "data.chain_len = 10 exceeds the 4", "data.chain_fillers"};
+    for (int i = 0; i < 5; i++) {
+        config cfg = config_with(cases[i]);
+        status st;
+        int rc = config_check(&cfg, "test", &st);
+        test_check(rc == EXIT_USAGE && strstr(st.message, expect[i]), "chain: bad periods or fillers refused", "%s",
+                   rc ? st.message : "accepted");
+    }
+}
+
 static void test_listops_limits(void) {
     status st;
     const char *short_t[] = {"data.task=listops",      "model.head=cls",         "data.seq_len=3",
@@ -256,6 +394,9 @@ int main(void) {
     test_corpus();
     test_text_split();
     test_long_samples();
+    test_chain_unchanged();
+    test_chain_variants();
+    test_chain_refused();
     test_listops_limits();
     test_exp();
     char command[600];

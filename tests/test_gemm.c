@@ -328,7 +328,7 @@ static void test_auto(void) {
         return;
     }
     gemm_set_class_engines(ctx, set);
-    enum { M = 256, N = 256, K = 64 }; /* 2^22 multiply-adds: above the small-product limit */
+    enum { M = 256, N = 256, K = 256 }; /* 2^24 multiply-adds: not below GEMM_AUTO_MIN_MACS */
     float *A = calloc((size_t)M * K, sizeof(float)), *B = calloc((size_t)K * N, sizeof(float));
     float *C = calloc((size_t)M * N, sizeof(float)), *R = calloc((size_t)M * N, sizeof(float));
     for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)(i % 13) * 0.1f;

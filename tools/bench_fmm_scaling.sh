@@ -4,7 +4,9 @@
 # d 256, 8 heads, 4 layers, 1 thread) at T = 1k, 4k, 16k, 64k for FMM,
 # softmax tiled (attention.impl = tiled, linear memory) and softmax dense
 # (the T x T probabilities kept); prints a Markdown table of tokens/s,
-# ms per step, time per token relative to the kind's first T, and peak RSS.
+# ms per step, time per token relative to the kind's first T, peak RSS, and
+# the CPU ms of the step with tokens per CPU second (on a machine shared with
+# other work, wall time includes waiting for a core; CPU time does not).
 # A kind stops where momfmm refuses it (it would not fit in memory) or after
 # a step of over 10 minutes. With ROUNDS > 1 the kinds alternate at each T
 # and the medians are shown.
@@ -32,10 +34,10 @@ settings() { # kind -> its --set options
 }
 
 declare -A stopped base
-echo "| attention | T | tokens/s | ms/step | time per token vs its first T | peak RSS (MB) | note |"
-echo "|---|---|---|---|---|---|---|"
+echo "| attention | T | tokens/s | ms/step | time per token vs its first T | peak RSS (MB) | CPU ms/step | tokens per CPU s | note |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for T in "${lengths[@]}"; do
-  declare -A tps=() ms=() rss=()
+  declare -A tps=() ms=() rss=() cpu=()
   steps=3
   [ "$T" -ge 16384 ] && steps=1
   for ((r = 1; r <= rounds; r++)); do
@@ -50,26 +52,29 @@ for T in "${lengths[@]}"; do
         why=$(grep -oE "needs [0-9]+% of the available memory[^:]*" <<<"$out" || true)
         [ $rc -eq 124 ] && why="timed out"
         stopped[$kind]="${why:-exit $rc} at T=$T"
-        echo "| $kind | $T | — | — | — | — | ${why:-failed (exit $rc)} |"
+        echo "| $kind | $T | — | — | — | — | — | — | ${why:-failed (exit $rc)} |"
         continue
       fi
       tps[$kind]+="$(sed -E 's/.*tokens_per_s=([0-9.]+).*/\1/' <<<"$line") "
-      ms[$kind]+="$(sed -E 's/.*ms_per_step=([0-9.]+).*/\1/' <<<"$line") "
+      ms[$kind]+="$(sed -E 's/.* ms_per_step=([0-9.]+).*/\1/' <<<"$line") "
       rss[$kind]+="$(sed -E 's/.*peak_rss_mb=([0-9.]+).*/\1/' <<<"$line") "
+      cpu[$kind]+="$(sed -E 's/.*cpu_ms_per_step=([0-9.]+).*/\1/' <<<"$line") "
     done
   done
   for kind in "${kinds[@]}"; do
     [ -n "${tps[$kind]:-}" ] || {
-      [ -n "${stopped[$kind]:-}" ] && [[ ${stopped[$kind]} != *"T=$T" ]] && echo "| $kind | $T | — | — | — | — | not run: ${stopped[$kind]} |"
+      [ -n "${stopped[$kind]:-}" ] && [[ ${stopped[$kind]} != *"T=$T" ]] && echo "| $kind | $T | — | — | — | — | — | — | not run: ${stopped[$kind]} |"
       continue
     }
     t=$(tr ' ' '\n' <<<"${tps[$kind]}" | sed '/^$/d' | median)
     m=$(tr ' ' '\n' <<<"${ms[$kind]}" | sed '/^$/d' | median)
     mem=$(tr ' ' '\n' <<<"${rss[$kind]}" | sed '/^$/d' | median)
+    c=$(tr ' ' '\n' <<<"${cpu[$kind]}" | sed '/^$/d' | median)
+    cpu_tps=$(awk -v c="$c" -v T="$T" 'BEGIN { printf "%.1f", T / (c / 1000) }')
     per_token=$(awk -v ms="$m" -v T="$T" 'BEGIN { printf "%.6f", ms / T }')
     [ -n "${base[$kind]:-}" ] || base[$kind]=$per_token
     rel=$(awk -v a="$per_token" -v b="${base[$kind]}" 'BEGIN { printf "%.2f", a / b }')
-    echo "| $kind | $T | $t | $m | ${rel}x | $mem | |"
+    echo "| $kind | $T | $t | $m | ${rel}x | $mem | $c | $cpu_tps | |"
     # a step over 10 minutes stops the kind: longer runs are not worth a table row
     awk -v ms="$m" 'BEGIN { exit !(ms > 600000) }' && stopped[$kind]="steps over 10 minutes at T=$T"
   done

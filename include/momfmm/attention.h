@@ -65,6 +65,11 @@ void attention_forward(const attention_layer *a, const attention_saved *s, const
 /* d_out [B*T*d] -> d_qkv [B*T*3d] (overwritten); adds into d_gamma, d_blend. */
 void attention_backward(const attention_layer *a, const attention_saved *s, const float *d_out, float *d_qkv, int B,
                         int T);
+/* The weight of value j in output i of head h, batch row b, after a
+ * forward on rows of T (the attention read-out of docs/metrics.md §3):
+ * softmax's p_ij, FMM's near and far coefficients together (fmm_head_weight);
+ * 0 for a masked key. O(dh) from the saved state: never a T x T pass. */
+float attention_weight(const attention_layer *a, const attention_saved *s, int b, int h, int T, int i, int j);
 /* The same sublayer on a streamed segment: qkv [S*n*3d] -> out [S*n*d];
  * appends to the caches and updates the carries (st->pos is not advanced). */
 void attention_stream_forward(const attention_layer *a, const attention_stream_layer *st, const float *qkv, float *out,

@@ -2,7 +2,7 @@
  * runs the core modules and turns a failed status into the exit codes of
  * docs/cli.md §5; nothing below this layer exits. cmd_train.c has train and
  * bench, cmd_checkpoint.c init, loss, inspect and eval, cmd_generate.c
- * generate. */
+ * generate, cmd_data.c data. */
 #ifndef MOMFMM_COMMANDS_H
 #define MOMFMM_COMMANDS_H
 #include <stdbool.h>
@@ -17,6 +17,9 @@ int command_init(const char *config_path, int n_overrides, char *const *override
  * gradient of every parameter into that file (docs/cli.md §5). */
 int command_loss(const char *ckpt, const char *tokens, const char *grads, bool force);
 int command_bench(const char *config_path, int n_overrides, char *const *overrides, int steps);
+/* The first `show` samples of a split ("train", "eval" or "lengen") of the
+ * config's task, printed as token rows with targets (docs/cli.md §5). */
+int command_data(const char *config_path, int n_overrides, char *const *overrides, int show, const char *split);
 int command_inspect(const char *ckpt);
 /* Eval metrics of docs/metrics.md §3; with stream, the eval batches also go through the
  * streaming path in segments of `segment` tokens, and the largest logit

@@ -63,6 +63,9 @@ typedef struct {
     int task; /* config_task */
     int seq_len, chain_len;
     double noise, eval_fraction;
+    /* chain (docs/tasks.md §2): period range, fillers, length-generalisation eval periods */
+    int chain_len_max, chain_fillers, eval_chain_len, eval_chain_len_max;
+    double chain_noise;
     char data_path[CONFIG_PATH_MAX];
     char data_resolved[CONFIG_PATH_MAX]; /* data.resolved_path: data.path made absolute (config_resolve_data_path) */
     int listops_min_len, listops_max_len, listops_max_depth, listops_max_args;

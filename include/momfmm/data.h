@@ -7,7 +7,9 @@
 
 #include "momfmm/config.h"
 
-enum { SPLIT_TRAIN = 0, SPLIT_EVAL = 1 };
+/* SPLIT_LENGTH: the chain task's length-generalisation eval, chains of the
+ * periods data.eval_chain_len .. data.eval_chain_len_max (docs/tasks.md §2). */
+enum { SPLIT_TRAIN = 0, SPLIT_EVAL = 1, SPLIT_LENGTH = 2 };
 
 typedef struct {
     int B, T;
@@ -31,6 +33,10 @@ void data_close(data_source *d);
  * Returns 0, or EXIT_USAGE in st when the ListOps generator found no
  * expression of an allowed length (limits that data_open let through). */
 int data_fill(const data_source *d, data_batch *b, int split, long long step, long long first, status *st);
+
+/* The chain period of sample `index` of (split, step), as data_fill draws
+ * it; 0 for the other tasks (docs/tasks.md §2). */
+int data_sample_period(const data_source *d, int split, long long step, long long index);
 
 /* Rows of global batch `global_B` that rank r of n takes (docs/tasks.md §2). */
 void data_shard_range(int global_B, int rank, int n_ranks, int *first, int *count);

@@ -14,10 +14,19 @@
 #include "momfmm/status.h"
 
 typedef struct {
-    metric_values metrics;        /* docs/metrics.md §3 over train.eval_batches batches */
-    double *gain_R;               /* [n_layers] */
-    double *gain_R_attn;          /* [n_layers]: attention sublayer without its residual */
-    double *gamma;                /* [n_layers * n_heads]: learned or fixed, 0 without momentum */
+    metric_values metrics; /* docs/metrics.md §3 over train.eval_batches batches */
+    double *gain_R;        /* [n_layers] */
+    double *gain_R_attn;   /* [n_layers]: attention sublayer without its residual */
+    double *gamma;         /* [n_layers * n_heads]: learned or fixed, 0 without momentum */
+    int heads;             /* n_layers * n_heads */
+    /* the attention read-out of docs/metrics.md §3 (chain; NaN otherwise):
+     * [2][heads], the positional then the induction score of every head */
+    double *attn;
+    bool length_eval;             /* the length-generalisation eval ran (chain, data.eval_chain_len > 0) */
+    metric_values length_metrics; /* its loss metrics (NaN when it did not run) */
+    double *length_attn;          /* [2][heads]: the read-out on its batches */
+    int n_periods;                /* chain_len_max - chain_len + 1 (1 for one fixed period) */
+    double *L_rep_by_period;      /* [n_periods]: L_rep of the eval samples of each period (chain; NaN: none) */
     bool streamed;                /* the fields below are filled */
     metric_values stream_metrics; /* the same batches through the streaming path */
     double stream_max_diff;       /* largest |logit difference| streaming vs full forward */
@@ -30,7 +39,9 @@ void eval_result_free(eval_result *r);
 void eval_readouts(const model *m, eval_result *r);
 
 /* Evaluates on the eval split (batches 0 .. train.eval_batches - 1, this
- * rank's shard, summed over ranks). stream_segment > 0 also feeds each
+ * rank's shard, summed over ranks), and for a chain run with
+ * data.eval_chain_len on as many batches of the length-generalisation eval
+ * (docs/tasks.md §2). stream_segment > 0 also feeds each
  * batch through the streaming path in segments of that many tokens.
  * Collective: every rank calls it. Returns 0, or EXIT_USAGE in err when the
  * model cannot stream. */

@@ -36,6 +36,11 @@ void fmm_head_forward(const fmm_settings *s, const float *q, const float *k, con
 void fmm_head_backward(const fmm_settings *s, const float *q, const float *k, const float *v, float blend_near,
                        float blend_far, const float *saved, const float *dout, float *dq, float *dk, float *dv,
                        float *d_blend_near, float *d_blend_far, float *scratch, int T, int dh);
+/* The weight of value j in output i of a forward (docs/metrics.md §3, the
+ * attention read-out): out_i = sum_j weight(i, j) v_j exactly, from q, k
+ * and the forward's `saved`, in O(dh): nothing T x T. */
+float fmm_head_weight(const fmm_settings *s, const float *q, const float *k, float blend_near, float blend_far,
+                      const float *saved, int T, int dh, int i, int j);
 /* phi(x) of a feature map (docs/model.md §1.3), the same function the kernels use. */
 float fmm_feature(fmm_feature_map m, float x);
 

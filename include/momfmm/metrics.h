@@ -25,6 +25,9 @@ typedef struct {
     double bpb; /* bits per predicted byte, loss / ln 2 (docs/metrics.md §3, text) */
 } metric_values;
 
+/* Every field NaN: metrics of an eval that did not run. */
+void metric_values_none(metric_values *out);
+
 /* "1.234" with `digits` decimals, or "—" for a value with no data (an empty
  * bin is NaN in the tables, docs/metrics.md §3; never printed as nan). */
 const char *metric_text(double value, int digits, char *buf, size_t len);
@@ -38,6 +41,12 @@ void metric_values_format(const metric_values *e, int task, int digits, char *ou
 void metric_occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int *counts_scratch, int vocab_size,
                               int *k_out);
 
+/* L_rep's sum and count of one row (targets with k >= 1) added into *sum,
+ * *count: the chain task's L_rep by period (docs/metrics.md §3).
+ * counts_scratch holds vocab_size + T ints. */
+void metrics_row_repeats(const int32_t *inputs, const int32_t *targets, const float *losses, int T, int *counts_scratch,
+                         int vocab_size, double *sum, double *count);
+
 /* Adds a batch: lm uses per-target losses and predictions; cls per row. */
 void metrics_accumulate(metric_sums *s, const data_batch *b, const float *losses, const int32_t *predictions,
                         bool classification, int vocab_size);
@@ -49,10 +58,11 @@ typedef struct {
     int width;    /* values per row: 1, 16 for loss_by_k, n_layers * n_heads for gamma */
     int inner;    /* > 1: each row is a [width / inner, inner] matrix */
     bool integer; /* stored as int64 (step) */
+    bool vector;  /* [rows, width] even when width is 1 (a per-period column) */
 } metric_column;
 
-/* HDF5 shape of a column holding `rows` rows: [rows], [rows, width] or
- * [rows, width / inner, inner]. Returns the rank. */
+/* HDF5 shape of a column holding `rows` rows: [rows] (width 1), [rows,
+ * width] (or a vector column) or [rows, width / inner, inner]. Returns the rank. */
 int metric_column_shape(const metric_column *c, long long rows, unsigned long long dims[3]);
 
 typedef struct {
@@ -64,6 +74,8 @@ typedef struct {
 
 void metric_table_init(metric_table *t);
 void metric_table_add_column(metric_table *t, const char *name, int width, bool integer);
+/* A column stored [rows, width] whatever its width (1 included). */
+void metric_table_add_vector_column(metric_table *t, const char *name, int width);
 /* A column whose rows are [n_rows_inner, inner] matrices. */
 void metric_table_add_matrix_column(metric_table *t, const char *name, int outer, int inner);
 void metric_table_append(metric_table *t, const double *row);
@@ -78,8 +90,12 @@ void metric_table_free(metric_table *t);
  * gain_R [n, n_layers] and the per-head momentum gamma [n, n_layers, n_heads]. */
 void metric_tables_standard(metric_table *train, metric_table *eval, int n_layers, int n_heads);
 /* Adds the columns of the task (docs/files.md §4): `bpb` to both tables for
- * text. Called after metric_tables_standard. */
-void metric_tables_add_task_columns(metric_table *train, metric_table *eval, int task);
+ * text; for chain, to eval, the length-generalisation eval's loss metrics
+ * (lengen_*), L_rep by period (one per period of [chain_len,
+ * chain_len_max]) and the attention read-out per head (attn_positional,
+ * attn_induction and their lengen_ twins, [n_layers, n_heads]). Called after
+ * metric_tables_standard; either table may be NULL. */
+void metric_tables_add_task_columns(metric_table *train, metric_table *eval, const config *c);
 /* The metric_values of row `index` of an eval table (fields it lacks are NaN). */
 void metric_values_from_row(const metric_table *eval, long long index, metric_values *out);
 #endif

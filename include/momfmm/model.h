@@ -160,6 +160,9 @@ void model_backward(model *m, const int32_t *inputs, const int32_t *targets, con
  * momentum buffers, and (with collect_buffers) where to sum the last-position
  * vectors. */
 attention_layer model_attention_layer(model *m, int layer, bool collect_buffers);
+/* Block `layer`'s saved attention state of the last forward on B rows of T
+ * (q-hat, k-hat, v, the kernel's saved floats), for attention_weight. */
+attention_saved model_attention_saved(const model *m, int layer, int B, int T);
 /* Bytes of the activation buffer for B rows of T (saved forward state and
  * backward scratch), so that a run can refuse up front what will not fit. */
 size_t model_activation_bytes(const model *m, int B, int T);

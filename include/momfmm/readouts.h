@@ -19,6 +19,17 @@
 void readouts_block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums,
                           double *attn_ratio_sums);
 
+/* The attention read-out of docs/metrics.md §3 on the last forward (B rows
+ * of T, the inputs and targets it ran on): for every counted query i whose
+ * input token occurred before (latest at j) and whose two keys differ, the
+ * weight of the positional key i - (period - 1) and of the induction key
+ * j + 1, per layer and head. Adds them into sums[0 .. LH) and [LH .. 2 LH)
+ * (index layer * H + h) and the number of such queries into sums[2 LH].
+ * Run it before readouts_block_gains, whose perturbed forwards replace the
+ * saved attention state. */
+void readouts_attention_scores(model *m, const int32_t *inputs, const int32_t *targets, int B, int T, int period,
+                               double *sums);
+
 /* gamma_h of every layer and head, learned or fixed: out[layer * H + h]. */
 void readouts_gammas(const model *m, double *out);
 

@@ -17,6 +17,8 @@ void *sys_realloc(void *p, size_t size);
 void *sys_calloc_huge(size_t count, size_t size);
 /* Seconds of a monotonic clock. */
 double sys_seconds(void);
+/* CPU seconds this process has run, all its threads (user + system). */
+double sys_cpu_seconds(void);
 
 /* MemAvailable of /proc/meminfo in bytes, or 0 when unknown: the bound on
  * sizes that files and options declare (docs/files.md §4, hostile input). */

@@ -9,6 +9,11 @@ one checkpoint file (docs/files.md §4). Writes into DIR:
   lr.png           learning rate vs step                                   docs/model.md §1.4
   l_new_l_rep.png  L_new (solid) and L_rep (dashed) vs step               docs/metrics.md §3
   loss_by_k.png    eval loss vs occurrence count k at the last eval        docs/metrics.md §3
+  lengen.png       L_rep (solid) and the length eval's L_rep (dashed), chain runs with
+                   data.eval_chain_len                                     docs/metrics.md §3
+  attention.png    attention read-out vs step: per layer the highest induction (solid) and
+                   positional (dashed) score over the heads, eval split and length eval
+                                                                           docs/metrics.md §3
   acc.png          eval accuracy vs step (token accuracy; cls: accuracy)   docs/metrics.md §3
   bpb.png          eval bits per byte (loss / ln 2) vs step, text runs     docs/tasks.md §2, 3
   gain_r.png       gain_R per block at the last eval (when logged)         docs/metrics.md §3
@@ -124,6 +129,68 @@ def plot_loss_by_k(runs, out_dir, written):
         drawn = drawn or bool(ok.any())
     ax.set_xticks(range(16))
     return finish(fig, ax, drawn, out_dir, "loss_by_k.png", written, "no /metrics/eval/loss_by_k")
+
+
+def plot_lengen(runs, out_dir, written):
+    fig, ax = new_axes("L_rep on the training periods and on the length eval's", "step", "cross-entropy (nats)")
+    drawn = False
+    for run, color in zip(runs, colors(len(runs))):
+        rep, gen = series(run.eval, "L_rep"), finite_series(run.eval, "lengen_L_rep")
+        if rep:
+            ax.plot(*rep, color=color, marker="o", ms=4, label=f"{run.name} L_rep")
+        if gen:
+            ax.plot(*gen, color=color, ls="--", marker="s", ms=4, label=f"{run.name} lengen L_rep")
+        drawn = drawn or bool(gen)
+    return finish(fig, ax, drawn, out_dir, "lengen.png", written, "no lengen_L_rep (data.eval_chain_len)")
+
+
+def finite_series(metrics, key):
+    """series() of a metric with at least one finite value, else None."""
+    points = series(metrics, key)
+    return points if points and np.isfinite(points[1]).any() else None
+
+
+def readout(run, prefix):
+    """(step, [layers, heads] positional, induction) of a run's attention read-out with this
+    column prefix ("" or "lengen_"), or None when it has no finite value."""
+    pos, ind = run.eval.get(prefix + "attn_positional"), run.eval.get(prefix + "attn_induction")
+    if pos is None or ind is None or pos.ndim != 3 or not len(pos) or not np.isfinite(ind).any():
+        return None
+    return run.eval["step"], pos, ind
+
+
+def has_readout(run):
+    return readout(run, "") is not None or readout(run, "lengen_") is not None
+
+
+def plot_attention(runs, out_dir, written):
+    have = [r for r in runs if has_readout(r)]
+    if not have:
+        print("skip attention.png: no run has an attention read-out (chain runs whose two keys differ)")
+        return
+    fig, axes = plt.subplots(len(have), 2, figsize=(11, 2.8 * len(have) + 0.6), squeeze=False)
+    for row, run in zip(axes, have):
+        for ax, (prefix, where) in zip(row, (("", "eval split"), ("lengen_", "length eval"))):
+            ax.set_title(f"{run.name}: {where}", fontsize=9)
+            ax.set_xlabel("step")
+            ax.set_ylabel("attention weight")
+            ax.grid(True, alpha=0.3)
+            r = readout(run, prefix)
+            if r is None:
+                ax.text(0.5, 0.5, "no query (keys coincide, or no length eval)", ha="center", va="center",
+                        transform=ax.transAxes, fontsize=8)
+                continue
+            steps, pos, ind = r
+            with np.errstate(invalid="ignore"):
+                for layer, color in zip(range(pos.shape[1]), colors(pos.shape[1])):
+                    ax.plot(steps, np.nanmax(ind[:, layer, :], axis=1), color=color, marker="o", ms=3,
+                            label=f"layer {layer} induction")
+                    ax.plot(steps, np.nanmax(pos[:, layer, :], axis=1), color=color, ls="--", marker="s", ms=3,
+                            label=f"layer {layer} positional")
+            ax.set_ylim(bottom=-0.02)
+            ax.legend(fontsize=7, loc="best")
+    fig.suptitle("Attention read-out: highest score over the heads of each layer", fontsize=10)
+    save(fig, out_dir, "attention.png", written)
 
 
 def plot_eval_metric(runs, out_dir, written, name, title, ylabel, pick):
@@ -339,6 +406,10 @@ FIGURES = (
     (plot_new_rep, "l_new_l_rep.png", task_in("chain"), "L_new / L_rep fit the chain task only",
      lambda run: bool(series(run.eval, "L_new") or series(run.eval, "L_rep"))),
     (plot_loss_by_k, "loss_by_k.png", task_in("chain"), "loss by k fits the chain task only", has_loss_by_k),
+    (plot_lengen, "lengen.png", task_in("chain"), "the length eval fits the chain task only",
+     lambda run: bool(finite_series(run.eval, "lengen_L_rep"))),
+    (plot_attention, "attention.png", task_in("chain"), "the attention read-out fits the chain task only",
+     has_readout),
     (plot_acc, "acc.png", task_in("copy", "listops"), "accuracy fits the copy and listops tasks only",
      lambda run: bool(series(run.eval, "acc"))),
     (plot_bpb, "bpb.png", task_in("text"), "bits per byte fit the text task only", lambda run: bool(text_bpb(run))),

@@ -16,12 +16,18 @@ its own entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
   with anchor = false, so the buffers enter the loss; a control run with
   zeroed buffers shows they do); the same for fmm attention. Another number
   of ranks: N steps at np = 1, resumed at np = 2 under mpirun, matches the
-  straight run (loss 1e-5, weights 1e-4 relative).
+  straight run (loss 1e-5, weights 1e-4 relative). The chain variants (a period
+  per sample, fillers, the length eval) resume bitwise too, and `momfmm inspect`
+  prints their length eval and attention read-out per head as /metrics/eval holds
+  them; on a fixed period it says no query's keys differ. L_rep_by_period brackets
+  L_rep (equals it on a fixed period).
 - TestBadFiles: --resume PATH with bad files (empty, truncated, not HDF5,
   wrong format, newer format_version, missing dataset, wrong shapes, model
   keys changed): exit 3 naming the file and the problem, the file untouched,
   nothing trained; `momfmm inspect` and `eval` exit 3 as well unless the
-  damage is only in /optim (which they do not read, docs/files.md §4). --resume auto
+  damage is only in /optim (which they do not read, docs/files.md §4). Checkpoints
+  written before gain_R_attn or the chain's lengen_*, attn_* and L_rep_by_period
+  columns resume, their old rows NaN. --resume auto
   skips a corrupt newest checkpoint (reported, kept) and resumes bitwise from
   the older one; pruning (train.keep) never deletes the run's own new
   checkpoints because of a corrupt newer file.
@@ -149,6 +155,14 @@ def check_layout(R, report, label, path, s):
     want_e = {k: (n_eval,) for k in ("step", "loss", "L_new", "L_rep", "delta_12", "acc", "exact_match")}
     want_e.update({"loss_by_k": (n_eval, 16), "gain_R": (n_eval, L), "gain_R_attn": (n_eval, L),
                    "gamma": (n_eval, L, H)})
+    chain = s.get("data", {}).get("task", "chain") == "chain"
+    if chain:  # the length eval and the attention read-out (docs/files.md §4, docs/metrics.md §3)
+        want_e.update({k: (n_eval,) for k in ("lengen_loss", "lengen_L_new", "lengen_L_rep", "lengen_delta_12")})
+        d = s.get("data", {})
+        periods = max(int(d.get("chain_len_max", 0)), int(d.get("chain_len", 10))) - int(d.get("chain_len", 10)) + 1
+        want_e.update({"lengen_loss_by_k": (n_eval, 16), "L_rep_by_period": (n_eval, periods)})
+        want_e.update({k: (n_eval, L, H) for k in ("attn_positional", "attn_induction", "lengen_attn_positional",
+                                                   "lengen_attn_induction")})
     got_e = {k: v.shape for k, v in ev.items()}
     types_ok = "step" in ev and ev["step"].dtype == np.int64 and all(
         v.dtype == np.float64 for k, v in ev.items() if k != "step")
@@ -156,6 +170,19 @@ def check_layout(R, report, label, path, s):
     report.check(f"layout {label}: /metrics/eval: loss_by_k [{n_eval}, 16], gain_R [{n_eval}, {L}], "
                  f"gamma [{n_eval}, {L}, {H}], the rest [{n_eval}], step int64 = {eval_steps}",
                  got_e == want_e and types_ok and steps_ok, f"got {got_e}")
+    if chain and got_e == want_e:
+        length = int(s["data"].get("eval_chain_len", 0)) > 0
+        finite = all(np.isfinite(ev[k]).all() == length for k in ("lengen_loss", "lengen_L_rep"))
+        report.check(f"layout {label}: lengen_* measured with data.eval_chain_len, NaN without", finite,
+                     f"lengen_loss {ev['lengen_loss']}")
+        # L_rep is the count-weighted mean of the periods' entries (docs/metrics.md §3): equal to
+        # the one entry of a fixed period, between the smallest and largest drawn entry otherwise
+        by, rep = ev["L_rep_by_period"], ev["L_rep"]
+        drawn = [row[np.isfinite(row)] for row in by]
+        within = all(len(d) > 0 and d.min() - 1e-9 <= r <= d.max() + 1e-9 for d, r in zip(drawn, rep))
+        exact = by.shape[1] > 1 or np.allclose(by[:, 0], rep, rtol=1e-9, atol=0)
+        report.check(f"layout {label}: L_rep_by_period brackets L_rep (equals it on a fixed period)", within and exact,
+                     f"L_rep {rep}, by period {by}")
     if s.get("momentum", {}).get("learn_gamma") and got_e == want_e:
         last = np.stack([model[f"blocks/{i}/attn/momentum_gamma"] for i in range(L)]).astype(np.float64)
         report.check(f"layout {label}: the last eval's gamma row is the learned momentum_gamma",
@@ -199,6 +226,7 @@ LAYOUT_RUNS = {
     "fmm": {"model.vocab_size": 24, "model.d_model": 16, "model.n_heads": 2, "model.n_layers": 3,
             "model.d_ff": 48, "attention.kind": "fmm", "fmm.bandwidth": 3, "fmm.kernels": "elu,tanh",
             "momentum.gamma": 0.3, "momentum.learn_gamma": True, "momentum.gamma2": 0.1,
+            "data.chain_len_max": 7, "data.eval_chain_len": 8, "data.eval_chain_len_max": 9,
             "train.steps": 5, "train.log_interval": 2, "train.eval_interval": 3},
 }
 
@@ -317,6 +345,35 @@ class TestResume:
             ok, detail = bitwise_report(ckpt(fs, 2 * N), ckpt(fr, 2 * N))
             report.check("resume fmm: resumed equals straight bitwise", ok, detail)
 
+    def test_chain_variants(self, R, report):
+        """A period per sample, fillers and the length eval (docs/tasks.md §2): the samples
+        are functions of counters, so the same bitwise resume, the lengen_* and attn_*
+        columns of the metric history included."""
+        chain = dict(RESUME, **{"data.chain_len": 3, "data.chain_len_max": 6, "data.chain_noise": 0.2,
+                                "data.chain_fillers": 4, "data.eval_chain_len": 7, "data.eval_chain_len_max": 8})
+        ini_s, straight_dir, _ = R.config("chain_straight", **chain, **{"train.steps": 2 * N})
+        ini_h, half_dir, _ = R.config("chain_split", **chain, **{"train.steps": N})
+        runs = (R.train(ini_s), R.train(ini_h), R.train(ini_h, f"train.steps={2 * N}", resume="auto"))
+        if report.check("resume chain variants: straight, first half and --resume auto run",
+                        all(x.returncode == 0 for x in runs) and os.path.exists(ckpt(half_dir, 2 * N)),
+                        " | ".join(tail(x, 200) for x in runs if x.returncode)):
+            ok, detail = bitwise_report(ckpt(straight_dir, 2 * N), ckpt(half_dir, 2 * N))
+            report.check("resume chain variants: resumed equals straight bitwise", ok, detail)
+            with h5py.File(ckpt(half_dir, 2 * N), "r") as f:
+                measured = all(np.isfinite(f[f"metrics/eval/{k}"][()]).all()
+                               for k in ("lengen_L_rep", "lengen_attn_induction", "attn_induction"))
+            report.check("resume chain variants: the length eval and read-outs measured at every eval", measured)
+            check_inspect_readouts(R, report, ckpt(half_dir, 2 * N), (7, 8))
+
+    def test_inspect_fixed_period(self, R, report, straight):
+        """A fixed period without fillers and no length eval: no counted query, so inspect says
+        so instead of printing NaN scores, and prints no length-eval line."""
+        r = R.inspect(ckpt(straight, 2 * N))
+        report.check("inspect, fixed period: the read-out says no query's keys differ, no length-eval line",
+                     r.returncode == 0 and "attention read-out (last eval): — (no query whose positional and "
+                     "induction keys differ)" in r.stdout and "last length eval" not in r.stdout,
+                     r.stdout[-600:] + r.stderr[-200:])
+
     def test_np1_to_np2(self, R, report, straight, split):
         """N steps at np = 1, the rest at np = 2."""
         ini_x, x_dir, _ = R.config("np2", **RESUME, **{"train.steps": 2 * N})
@@ -389,6 +446,12 @@ BAD_FILES = [
 
 def drop(name):
     return edited(lambda f: f.__delitem__(name))
+
+
+# The chain columns of /metrics/eval added after format_version 1 (docs/files.md §4).
+CHAIN_COLUMNS = ("lengen_loss", "lengen_L_new", "lengen_L_rep", "lengen_delta_12", "lengen_loss_by_k",
+                 "attn_positional", "attn_induction", "lengen_attn_positional", "lengen_attn_induction",
+                 "L_rep_by_period")
 
 
 def narrow_gain(f):
@@ -466,6 +529,30 @@ class TestBadFiles:
                 old = len(f["metrics/eval/step"][()]) - int(np.sum(f["metrics/eval/step"][()] > N))
             ok = bool(np.isnan(g[:old]).all() and np.isfinite(g[old:]).all() and len(g) > old)
         report.check("a checkpoint without gain_R_attn resumes; its old rows are NaN, the new ones measured", ok,
+                     f"rc {r.returncode}; {r.stderr.strip()[:300]!r}")
+
+    def test_resume_without_chain_columns(self, R, report, straight, bad_setup):
+        """A chain checkpoint written before the length eval, the attention read-out and
+        L_rep_by_period existed (docs/files.md §4) resumes: its old eval rows read as NaN
+        there, L_rep_by_period is measured on the new rows (lengen_* and attn_* stay NaN on
+        this fixed period without a length eval: no query to count)."""
+        ini, work = bad_setup
+        path = os.path.join(work, "no_chain_columns.h5")
+        names = list(CHAIN_COLUMNS)
+        edited(lambda f: [f.__delitem__(f"metrics/eval/{n}") for n in names])(ckpt(straight, N), path)
+        out_dir = os.path.join(work, "out_no_chain_columns")
+        r = R.train(ini, f"train.out_dir={out_dir}", resume=path)
+        done = checkpoints(out_dir)
+        ok = r.returncode == 0 and done
+        if ok:
+            with h5py.File(done[max(done)], "r") as f:
+                ev = {n: f[f"metrics/eval/{n}"][()] for n in names}
+                old = len(f["metrics/eval/step"][()]) - int(np.sum(f["metrics/eval/step"][()] > N))
+            by = ev["L_rep_by_period"]
+            ok = (len(by) > old and bool(np.isnan(by[:old]).all() and np.isfinite(by[old:]).all())
+                  and all(np.isnan(ev[n][:old]).all() for n in names))
+        report.check("a chain checkpoint without the lengen_*, attn_* and L_rep_by_period columns resumes; its old "
+                     "rows are NaN, L_rep_by_period measured on the new ones", ok,
                      f"rc {r.returncode}; {r.stderr.strip()[:300]!r}")
 
     @pytest.mark.parametrize("case,make,needle", CORRUPT_NEWEST, ids=[c[0] for c in CORRUPT_NEWEST])
@@ -559,3 +646,46 @@ def check_full_disk(R, report, np_=None, zero=0, collective=False):
                      f"left {left}")
     finally:
         run(["umount", mnt], timeout=30)
+
+
+def check_inspect_readouts(R, report, path, periods):
+    """`momfmm inspect` prints the last eval's length eval and, per layer and head, the attention
+    read-out as positional/induction (docs/metrics.md §3): the numbers of /metrics/eval; `momfmm
+    eval` measures them again, the same."""
+    r = R.inspect(path)
+    with h5py.File(path, "r") as f:
+        ev = {k: f[f"metrics/eval/{k}"][-1] for k in ("lengen_loss", "lengen_L_rep", "attn_positional",
+                                                       "attn_induction", "lengen_attn_positional",
+                                                       "lengen_attn_induction")}
+    line = re.search(r"^last length eval \(periods (\d+)\.\.(\d+)\): loss ([\d.]+) \| L_rep ([\d.]+)$", r.stdout, re.M)
+    report.check(f"inspect: 'last length eval (periods {periods[0]}..{periods[1]}): loss … | L_rep …' as in metrics",
+                 r.returncode == 0 and line is not None and (int(line.group(1)), int(line.group(2))) == periods
+                 and abs(float(line.group(3)) - ev["lengen_loss"]) <= 6e-5
+                 and abs(float(line.group(4)) - ev["lengen_L_rep"]) <= 6e-5, r.stdout[-800:] + r.stderr[-200:])
+    for title, pos, ind in (("last eval", "attn_positional", "attn_induction"),
+                            ("length eval", "lengen_attn_positional", "lengen_attn_induction")):
+        block = re.search(rf"^attention read-out \({title}\), positional/induction per head:\n((?:  block \d+:.*\n)+)",
+                          r.stdout, re.M)
+        rows = [re.findall(r"h(\d+) ([\d.]+)/([\d.]+)", b) for b in block.group(1).splitlines()] if block else []
+        want = ev[pos].shape
+        shown = np.array([[[float(p), float(i)] for _, p, i in row] for row in rows]) if rows else np.zeros((0,))
+        ok = shown.shape == want + (2,) and np.allclose(shown[..., 0], ev[pos], atol=6e-4) \
+            and np.allclose(shown[..., 1], ev[ind], atol=6e-4)
+        report.check(f"inspect: the attention read-out ({title}) per layer and head, positional/induction as in "
+                     "metrics", ok, r.stdout[-800:])
+    # `momfmm eval` measures them again on the checkpoint: the eval of the run's last step, so the same numbers
+    r = run([R.momfmm, "eval", path], timeout=120)
+    line = re.search(rf"^eval, length generalisation \(periods {periods[0]}\.\.{periods[1]}\) \| loss ([\d.]+) ",
+                     r.stdout, re.M)
+    report.check("eval: the length eval's loss line, as the run's last eval", r.returncode == 0 and line is not None
+                 and abs(float(line.group(1)) - ev["lengen_loss"]) <= 2e-6, r.stdout[-800:] + r.stderr[-200:])
+    for title, pos, ind in (("", "attn_positional", "attn_induction"),
+                            (" (length eval)", "lengen_attn_positional", "lengen_attn_induction")):
+        block = re.search(rf"^attention read-out{re.escape(title)}, positional/induction per head:\n"
+                          r"((?:  block \d+:.*\n)+)", r.stdout, re.M)
+        rows = [re.findall(r"h\d+ ([\d.]+)/([\d.]+)", b) for b in block.group(1).splitlines()] if block else []
+        shown = np.array([[[float(p), float(i)] for p, i in row] for row in rows]) if rows else np.zeros((0,))
+        ok = shown.shape == ev[pos].shape + (2,) and np.allclose(shown[..., 0], ev[pos], atol=6e-4) \
+            and np.allclose(shown[..., 1], ev[ind], atol=6e-4)
+        report.check(f"eval: the attention read-out{title} per layer and head, as the run's last eval", ok,
+                     r.stdout[-800:])

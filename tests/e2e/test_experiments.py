@@ -8,7 +8,9 @@ One test per numbered item below (CTest entry e2e_experiments).
    512 with the five attention variants, ListOps with three, text with four, several seeds;
    the seed-scale families: chain_seed at L = 10, 20, 30, 40 with gamma 0 and 0.2 (3 seeds,
    T holding eleven passes of the longest chain), the R runs at gamma 0, 0.1, 0.2, 0.3, and
-   text_seed at gamma 0, 0.01, 0.05, 0.15, 0.3 (3 seeds).
+   text_seed at gamma 0, 0.01, 0.05, 0.15, 0.3 (3 seeds); the chain recall families: a period per
+   sample and the same with fillers at 1 and 2 layers, gamma 0 and 0.2, 3 seeds, the ablations,
+   and the fixed L = 30 beside them, every one with the length eval.
 2. Every suite line's overrides validate: `momfmm init CONFIG --set ... --out` (fast; the
    model is built and written, nothing trained); every *_full.ini too, with its first line.
 3. A tiny version of every config file trains through tools/run_experiments.sh under mpirun
@@ -18,7 +20,8 @@ One test per numbered item below (CTest entry e2e_experiments).
    it when resubmitted; its default --array matches the suite.
 5. tools/momfmm_report.py --results over the tiny runs writes RESULTS.md with every family's table, the
    claims section, "not run" rows for the rest, and figures that exist; the "Reference scale" section
-   renders from tiny seed-scale runs, and says "Not run yet" with the command when none exist.
+   renders from tiny seed-scale runs, and says "Not run yet" with the command when none exist; the
+   "Chain recall" section renders from tiny recall runs.
 6. Results digests (docs/design.md §8.8): --save-digests writes one per finished run, and the report
    from the digests alone, the run directories gone, is the same report.
 7. Stopping (docs/cli.md §5): a SIGTERM to the runner's process group, as Ctrl-C and `timeout`
@@ -59,6 +62,8 @@ TINY_EXTRA = {"listops": ["data.listops_min_len=16", "data.listops_max_len=32"]}
 # The seed-scale chain runs of the tiny pass: two configurations x two seeds at L = 30 (mean ± std
 # and computed claims) and two R runs (the R table over gamma).
 TINY_SEED_CHAIN = r"^chain_seed_(L30_g0(\.2)?_s[12]|R_g0(\.2)?_s1)$"
+# The recall runs of the tiny pass: gamma 0 vs 0.2 at 2 layers, two seeds (mean ± std, claims).
+TINY_RECALL = r"^recall_varL_l2_g0(\.2)?_s[12]$"
 
 
 def parse_suite(path):
@@ -125,6 +130,28 @@ def check_coverage(report, lines):
                  {("softmax", None), ("fmm", None), ("softmax", "0.2"), ("fmm", "0.2")} <= variants and len(rows) >= 8,
                  f"{sorted(map(str, variants))}, {len(rows)} lines")
     check_seed_scale_coverage(report, by_cfg)
+    check_recall_coverage(report, by_cfg)
+
+
+def check_recall_coverage(report, by_cfg):
+    """The chain recall families (configs/experiments/README.md, "Chain recall")."""
+    for cfg in ("chain_recall.ini", "chain_recall_fillers.ini"):
+        rows = by_cfg.get(cfg, [])
+        plain = [s for _, s in rows if setting(s, "momentum.anchor") is None and setting(s, "momentum.placement") is None]
+        have = {(setting(s, "model.n_layers"), setting(s, "momentum.gamma"), setting(s, "train.seed")) for s in plain}
+        want = {(n, g, sd) for n in ("1", "2") for g in ("0", "0.2") for sd in ("1", "2", "3")}
+        report.check(f"suite: {cfg} at 1 and 2 layers x gamma 0, 0.2 x seeds 1..3", want <= have,
+                     f"missing {sorted(want - have)[:4]}")
+        abl = {(setting(s, "momentum.anchor"), setting(s, "momentum.placement")) for _, s in rows} - {(None, None)}
+        report.check(f"suite: {cfg} has both ablations", {("false", None), (None, "pre_rope")} <= abl, f"{abl}")
+        cp = momfmm_suite.base_config(f"configs/experiments/{cfg}")
+        report.check(f"{cfg}: a period per sample in [10, 40], the length eval outside it",
+                     cp.get("data", "chain_len") == "10" and cp.get("data", "chain_len_max") == "40"
+                     and int(cp.get("data", "eval_chain_len")) > 40)
+    rows = by_cfg.get("chain_recall_fixedL.ini", [])
+    have = {(setting(s, "momentum.gamma"), setting(s, "train.seed")) for _, s in rows}
+    report.check("suite: the fixed L = 30 runs beside them, gamma 0, 0.2 x seeds 1..3",
+                 {(g, sd) for g in ("0", "0.2") for sd in ("1", "2", "3")} <= have, f"{sorted(have)}")
 
 
 def check_seed_scale_coverage(report, by_cfg):
@@ -224,6 +251,8 @@ def tiny_runs(momfmm, workdir, suite):
             chosen += want or names[:1]
         elif os.path.basename(config) == "chain_seed.ini":
             chosen += [n for n in names if re.match(TINY_SEED_CHAIN, n)] or names[:1]
+        elif os.path.basename(config) == "chain_recall.ini":
+            chosen += [n for n in names if re.match(TINY_RECALL, n)] or names[:1]
         elif os.path.basename(config) == "text_seed.ini":
             chosen += [n for n in names if re.match(r"^text_seed_g0(\.01)?_s1$", n)] or names[:1]
         else:
@@ -357,6 +386,32 @@ def test_results_report(momfmm, workdir, report, suite, tiny_runs):
                                            ("chain_L10_main", "chain_L30_main", "copy_T128", "copy_T256",
                                             "copy_T512", "listops", "text")))
     check_reference_scale_section(report, text, figs)
+    check_recall_section(report, text, figs)
+
+
+def check_recall_section(report, text, figs):
+    """5. the "Chain recall" section from the tiny recall runs."""
+    section = text.split("## Chain recall", 1)[-1].split("## Commands of every run", 1)[0] if "## Chain recall" in text \
+        else ""
+    report.check("RESULTS.md has the 'Chain recall' section with its three tasks",
+                 all(h in section for h in ("### Chain recall, a period per sample:", "with fillers",
+                                            "### The old task beside them")))
+    report.check("recall: the section says how many of its runs finished", re.search(r"\*\*\d+ of \d+ runs finished\*\*",
+                                                                                    section) is not None)
+    row = re.search(r"^\| 2 \| momentum γ=0\.2 \| 2/3 \|.*$", section, re.M)
+    report.check("recall: the 2-layer momentum row is a mean ± std over two seeds, with lengen L_rep",
+                 row is not None and "±" in row.group(0), row.group(0)[:200] if row else "row not found")
+    report.check("recall: rows not run yet say so", "| 1 | baseline γ=0 | not run |" in section)
+    line = re.search(r"^- recall, variable L, 2 layers: γ=0\.2 raises Δ1→2.*$", text, re.M)
+    report.check("recall claim judged: γ=0.2 raises Δ1→2 at 2 layers",
+                 line is not None and any(v in line.group(0) for v in ("**held**", "**did not hold**", "**not shown**")),
+                 line.group(0)[:200] if line else "claim line not found")
+    line = re.search(r"^- recall, fillers, 1 layer: γ=0\.2 lowers L_rep at L=30.*$", text, re.M)
+    report.check("recall claim without runs: not run", line is not None and "not run" in line.group(0),
+                 line.group(0)[:200] if line else "claim line not found")
+    report.check("recall figures exist, the attention read-out among them",
+                 all(os.path.exists(os.path.join(figs, "chain_recall", f)) for f in
+                     ("varL_l2/l_new_l_rep.png", "varL_l2/lengen.png", "varL_l2_attention/attention.png")))
 
 
 def check_reference_scale_section(report, text, figs):

@@ -456,6 +456,26 @@ class TestCopy:
             compare(report, "copy np=3 (masked targets)", c1, c3)
 
 
+    def test_chain_variants_np3(self, R, report):
+        """Chain periods drawn per sample, fillers, the length eval and the attention
+        read-out (docs/tasks.md §2, docs/metrics.md §3) at np = 3 vs 1: every sample is
+        a function of its global index, and the read-out's sums are reduced once."""
+        chain = {"data.chain_len": 3, "data.chain_len_max": 7, "data.chain_noise": 0.2, "data.chain_fillers": 4,
+                 "data.eval_chain_len": 8, "data.eval_chain_len_max": 9}
+        c1 = trained(report, "chain variants np=1", R.train("chainv_np1", 1, direct=True, **chain), 1)
+        c3 = trained(report, "chain variants np=3", R.train("chainv_np3", 3, **chain), 3)
+        if c1 and c3:
+            compare(report, "chain variants np=3", c1, c3)
+            e1 = load_checkpoint(newest_checkpoint(R.config("chainv_np1", **chain)[1])).eval
+            e3 = load_checkpoint(newest_checkpoint(R.config("chainv_np3", **chain)[1])).eval
+            keys = ("lengen_loss", "lengen_L_rep", "attn_positional", "attn_induction", "lengen_attn_induction",
+                    "L_rep_by_period")
+            worst = max(loss_rel(np.nan_to_num(e1[k]), np.nan_to_num(e3[k])) for k in keys)
+            report.check(f"chain variants np=3: length eval and attention read-out within {WEIGHT_RTOL} of np=1",
+                         worst <= WEIGHT_RTOL and np.isfinite(e3["lengen_attn_induction"]).all(),
+                         f"worst relative difference {worst:.3g}")
+
+
 class TestFmm:
     def test_fmm_np2(self, R, report):
         fmm = {"attention.kind": "fmm", "fmm.kernels": "elu,elu_flip", "fmm.bandwidth": 4}

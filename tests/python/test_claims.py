@@ -21,6 +21,9 @@ per-seed values, so that each verdict is reached on purpose:
    start without one (killed with its session, or still running) makes the figure a lower bound.
 7. A partial run (still running, or stopped before its steps) stays out of the means beside a
    finished one; a group with only partial runs shows them, but no claim judges it.
+8. The chain recall section (momfmm.results.recall): L_rep at one period of a variable-period
+   run comes from its L_rep_by_period entry (period − chain_len), a period no eval sample drew
+   (NaN) gives no value, and "the advantage grows with L" pairs those per-period values by seed.
 """
 import os
 import tempfile
@@ -32,6 +35,7 @@ from momfmm.results.chain import ChainRoles
 from momfmm.results.claims import Verdict, less_claim, no_worse_claim, same_claim
 from momfmm.results.document import unlogged_text
 from momfmm.results.energy_ratio import r_independent_claim, r_noise_claim
+from momfmm.results.recall import Derived, grows, period_l_rep
 from momfmm.results.reference_scale import grows_claim, improvements, paired_l_rep
 from momfmm.results.runs import Group, builds_text, read_wall_time
 from momfmm.results.stats import ALPHA, difference
@@ -287,6 +291,48 @@ class PartialRuns(unittest.TestCase):
         rows = ChainRoles([step_group(0, {1: (1500, 0.02), 2: (1500, 0.02)}),
                            step_group(0.2, {1: (1500, 0.01), 2: (300, 6.5)})])
         self.assertEqual(improvements(rows), [50.0])
+
+
+class PeriodRun(StepRun):
+    """A finished variable-period run (chain_len 10, chain_len_max 40) with its last L_rep_by_period row."""
+
+    def __init__(self, by_period):
+        super().__init__(1500, None)
+        row = np.full(31, np.nan)
+        for L, v in by_period.items():
+            row[L - 10] = v
+        self.eval["L_rep_by_period"] = np.array([row])
+
+    def cfg(self, key, default=None):
+        return {"train.steps": "1500", "data.chain_len": "10"}.get(key, default)
+
+
+def period_group(gamma, by_seed):
+    entries = []
+    for seed, by_period in by_seed.items():
+        e = SuiteEntry(f"recall_varL_l2_g{gamma}_s{seed}", "configs/experiments/chain_recall.ini",
+                       [("model.n_layers", "2"), ("momentum.gamma", str(gamma)), ("train.seed", str(seed))], 1, "")
+        e.run = PeriodRun(by_period)
+        entries.append(e)
+    return Group(entries)
+
+
+class Recall(unittest.TestCase):
+    def test_l_rep_at_a_period(self):
+        g = period_group(0, {1: {10: 2.0, 30: 4.0}, 2: {10: 1.0}})
+        self.assertEqual(Derived(g, period_l_rep(10)).vals(), [2.0, 1.0])
+        self.assertEqual(Derived(g, period_l_rep(30)).vals(), [4.0])             # seed 2 drew no L = 30 sample
+        self.assertEqual(Derived(g, period_l_rep(41)).vals(), [])                # outside the training range
+
+    def test_grows_pairs_periods_by_seed(self):
+        base = period_group(0, {1: {10: 2.0, 30: 4.0}, 2: {10: 2.0, 30: 4.0}, 3: {10: 2.0, 30: 4.1}})
+        mom = period_group(0.2, {1: {10: 1.9, 30: 2.0}, 2: {10: 1.8, 30: 2.1}, 3: {10: 1.9, 30: 1.9}})
+        verdict, line = judged(grows("p: ", base, mom))
+        self.assertEqual(verdict, Verdict.HELD)
+        self.assertTrue(line.startswith("p: the advantage grows with L"))
+        worse = period_group(0.2, {1: {10: 1.9, 30: 5.0}, 2: {10: 1.8, 30: 5.1}, 3: {10: 1.9, 30: 5.2}})
+        self.assertEqual(grows("p: ", base, worse).verdict, Verdict.NOT_HELD)   # no advantage at L = 30 to grow
+        self.assertEqual(grows("p: ", base, None).verdict, Verdict.MISSING)
 
 
 class Builds(unittest.TestCase):

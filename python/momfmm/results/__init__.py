@@ -15,6 +15,7 @@ momfmm.plot):
   text             the byte-level text section
   energy_ratio     R per layer vs γ at the reference's scale
   reference_scale  the momentum reference's claims at its own configuration
+  recall           the chain claims again on chain tasks that need content (period per sample, fillers)
   document         RESULTS.md: the opening, the claims section, the sections, the commands
   cli              the command line: options, defaults, main()
 This file imports none of them.

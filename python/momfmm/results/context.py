@@ -25,8 +25,10 @@ class Context:
         self.write_figures = args.figures is not None and not args.no_figures
         self.runner_flags = runner_flags(args.runs, args.suite)
 
-    def reproduce(self, group):
-        flags = self.runner_flags
+    def reproduce(self, group, np_=None):
+        """The runner command of a row; np_ when its family runs at another rank count than the
+        runner's default (the chain recall families: one rank per run)."""
+        flags = self.runner_flags + (f" --np {np_}" if np_ else "")
         return f"`tools/run_experiments.sh{flags} --only '{group.only_regex()}'`"
 
     def mpirun_command(self, e):

@@ -1,14 +1,15 @@
 """RESULTS.md: the report of the experiment suite's runs (docs/design.md §8.8).
 
 Per family of the suite (momentum reference: chain L = 10 and L = 30; FMM reference: copy at
-T = 128, 256, 512, ListOps; text; the momentum reference at its own scale) the sections write
+T = 128, 256, 512, ListOps; text; the momentum reference at its own scale; the chain tasks that
+need recall) the sections write
 tables of the final eval metrics (docs/metrics.md §3) beside the reference's numbers, with the command that
 reproduces each row, and figures (momfmm.plot). This module puts them together: the opening
 (where the numbers come from), the claims section (each claim tested on the numbers, with a
 summary), the sections, and the exact commands of every run.
 """
 from momfmm.fmt import shortest
-from momfmm.results import reference_scale
+from momfmm.results import recall, reference_scale
 from momfmm.results.chain import chain_section
 from momfmm.results.claims import Findings, Verdict
 from momfmm.results.context import root_relative
@@ -72,6 +73,7 @@ def sections(ctx, fams, findings):
         body.append("## Text (both references)\n")
         text_section(ctx, fams[("text", None)], body, findings)
     reference_scale.section(ctx, fams, body, findings)
+    recall.section(ctx, fams, body, findings)
     return body
 
 

@@ -123,6 +123,8 @@ def family_of(entry):
         return ("chain_seed_R", None) if entry.name.startswith("chain_seed_R_") else ("chain_seed", None)
     if base == "text_seed":
         return ("text_seed", None)
+    if base.startswith("chain_recall"):  # momfmm.results.recall: the chain tasks that need content
+        return ("recall", {"chain_recall": "varL"}.get(base, base[len("chain_recall_"):]))
     m = re.match(r"chain_L(\d+)$", base)
     if m:
         return ("chain", int(m.group(1)))
