@@ -177,7 +177,8 @@ log_start() {
 
 # run_step OUT_DIR LOG GROUP COMMAND...: runs COMMAND in the background, its
 # output appended to LOG (none: LOG empty), in a process group of its own if
-# GROUP is 1, and waits for it; sets `rc` to its exit status. The caller's
+# GROUP is 1, and waits for it, ending it in bounded time once its ranks on
+# this host have exited (guard_launcher); sets `rc` to its exit status. The caller's
 # traps set `caught` and send SIGUSR1 to `step_pid` (docs/cli.md §5: momfmm
 # checkpoints the last finished step, writes OUT_DIR/STOPPED and exits 0). A
 # launcher drops a signal that comes before it has started the ranks (mpirun
@@ -195,6 +196,8 @@ run_step() {
     fi
     step_pid=$!
     set +m
+    guard_launcher "$step_pid" &
+    local guard=$!
     [ -n "$caught" ] && kill -USR1 "$step_pid" 2>/dev/null
     # wait returns early whenever a trapped signal arrives: wait until the step is gone
     wait "$step_pid"
@@ -212,6 +215,8 @@ run_step() {
     r=$?
     [ "$r" -ne 127 ] && rc=$r
     step_pid=
+    kill "$guard" 2>/dev/null
+    wait "$guard" 2>/dev/null
 }
 
 # forward SIG: the job scripts' trap: USR1 (time limit or preemption), TERM (scancel).
@@ -281,4 +286,46 @@ train_job() {
     job_step "$out_dir"
     requeue_if_stopped "$out_dir" ""
     exit "$rc"
+}
+
+# guard_launcher PID: ends the launcher PID (mpirun) in bounded time once
+# its ranks on this host have exited. mpirun (Open MPI 4.1.4) outlives its
+# ranks when a host stops answering: after the ranks here have exited
+# (dist.timeout, exit 5; docs/design.md §8.11) it waits forever for the daemon
+# of a host whose link is down. So once every rank this launcher started on
+# this host has exited (a descendant with OMPI_COMM_WORLD_RANK in its
+# environment), it gets MOMFMM_LAUNCHER_GRACE seconds (default 30) to end,
+# then SIGTERM, and SIGKILL 10 s later. Returns when PID has ended. srun's
+# tasks are not its descendants: Slurm itself ends those steps.
+guard_launcher() {
+    local launcher=$1 grace=${MOMFMM_LAUNCHER_GRACE:-30} seen= gone_since= now
+    while kill -0 "$launcher" 2>/dev/null; do
+        sleep 1
+        if local_ranks "$launcher"; then
+            seen=1
+            gone_since=
+            continue
+        fi
+        [ -n "$seen" ] || continue
+        now=$(date +%s)
+        gone_since=${gone_since:-$now}
+        [ $((now - gone_since)) -ge "$grace" ] || continue
+        echo "${me:-guard_launcher}: the ranks on $(hostname) have exited, the launcher (pid $launcher) has not after ${grace} s: SIGTERM, SIGKILL 10 s later" >&2
+        kill -TERM "$launcher" 2>/dev/null
+        for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$launcher" 2>/dev/null && sleep 1; done
+        kill -KILL "$launcher" 2>/dev/null
+        return 0
+    done
+}
+
+# local_ranks PID: true while a descendant of PID is an MPI rank (its
+# environment holds OMPI_COMM_WORLD_RANK).
+local_ranks() {
+    local pid
+    for pid in $(ps -e -o pid= -o ppid= | awk -v root="$1" '
+        { parent[$1] = $2 }
+        END { for (p in parent) { q = p; while (q in parent && q != root && q > 1) q = parent[q]; if (q == root && p != root) print p } }'); do
+        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK=' && return 0
+    done
+    return 1
 }

@@ -191,7 +191,8 @@ static void print_overview(void) {
     printf("\n  momfmm help COMMAND, momfmm COMMAND --help   a command's options and their defaults\n"
            "  momfmm --version                             version, git revision, MPI, OpenBLAS and HDF5 versions\n"
            "\nexit codes: 0 success, 1 internal failure, 2 config or command-line error, 3 bad file,\n"
-           "4 training diverged (train.on_nonfinite = stop), 130 train ended at once by a second Ctrl-C.\n"
+           "4 training diverged (train.on_nonfinite = stop), 5 a peer rank did not answer within dist.timeout,\n"
+           "130 train ended at once by a second Ctrl-C.\n"
            "The commands are described in docs/cli.md, the config keys in docs/config.md.\n");
 }
 

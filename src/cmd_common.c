@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "momfmm/blas_core.h"
 #include "momfmm/build_info.h"
@@ -68,7 +69,17 @@ void cmd_record_tokenizer(config *c) {
     tokenizer_free(&t);
 }
 
-/* Every rank reads the same file and arguments, so every rank fails alike. */
+/* The watchdog's hook (docs/design.md §8.11), on its own thread while the
+ * main thread waits inside MPI: one line and _exit, because exit()'s
+ * handlers and MPI_Abort could wait for the very peer that is gone; mpirun
+ * sees a rank end without MPI_Finalize and ends the job. */
+static void collective_timed_out(const char *message) {
+    dprintf(2, "momfmm: %s\n", message);
+    _exit(EXIT_DIST_TIMEOUT);
+}
+
+/* Every rank reads the same file and arguments, so every rank fails alike;
+ * from here on, its collectives are watched (dist.timeout). */
 config cmd_load_config(const char *path, int n_overrides, char *const *overrides) {
     config c;
     status st;
@@ -79,6 +90,7 @@ config cmd_load_config(const char *path, int n_overrides, char *const *overrides
     if (config_check(&c, path, &st) != 0 || config_resolve_data_path(&c, false, &st) != 0)
         cmd_exit_on_status(&st, true);
     cmd_record_tokenizer(&c);
+    if (dist_watch_start(c.timeout, collective_timed_out, &st) != 0) cmd_fail(st.code, "%s", st.message);
     return c;
 }
 

@@ -77,7 +77,9 @@ static bool save_checkpoint(const trainer *t, train_loop *loop, int stop_cause) 
     char path[STORE_PATH_MAX];
     signals_clear_file_limit();
     /* every rank: with dist.zero = 1 all ranks write the file together */
+    dist_watch_phase("checkpoint write", true);
     int rc = trainer_save(t, path, sizeof path, &err);
+    dist_watch_phase(NULL, false);
     if (dist_rank() != 0) return true;
     if (rc != 0) {
         /* ulimit -f: every later checkpoint is at least as large, so the
@@ -260,7 +262,10 @@ static void save_if_best(const trainer *t, train_loop *loop) {
         !isnan(now->metrics.loss) && (!loop->best_eval.known || now->metrics.loss < loop->best_eval.metrics.loss);
     if (!dist_any(dist_rank() == 0 && better)) return;
     status err;
-    if (trainer_save_best(t, &err) != 0) {
+    dist_watch_phase("best checkpoint write", true);
+    int rc = trainer_save_best(t, &err);
+    dist_watch_phase(NULL, false);
+    if (rc != 0) {
         if (dist_rank() == 0) fprintf(stderr, "momfmm: warning: best checkpoint not written: %s\n", err.message);
         return;
     }
@@ -275,7 +280,9 @@ static void log_eval(trainer *t, train_loop *loop) {
     eval_result r;
     status err;
     eval_result_init(&r, &t->model);
+    dist_watch_phase("eval", false);
     if (trainer_log_eval(t, &r, &err) != 0) cmd_fail(err.code, "%s", err.message);
+    dist_watch_phase(NULL, false);
     char shown[256];
     metric_values_format(&r.metrics, t->cfg.task, 4, shown, sizeof shown);
     log_rank0("eval step %lld | %s", t->step, shown);
@@ -316,6 +323,7 @@ static bool train_one_step(trainer *t, train_loop *loop, stop_writer *w) {
     const config *cfg = &t->cfg;
     train_step_result r;
     status err;
+    dist_watch_step(t->step + 1);
     if (trainer_step(t, &r, &err) != 0) cmd_fail(err.code, "%s", err.message);
     if (r.abandoned) {
         /* a stop signal during the step: every rank dropped it, and the

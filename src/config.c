@@ -134,6 +134,7 @@ static const config_key KEYS[] = {
     {"dist", "check_interval", KEY_INT, OFF(check_interval), "100", 0, 1 << 30, NULL, ROLE_SCHEDULE},
     {"dist", "zero", KEY_INT, OFF(zero), "0", 0, 1, NULL, ROLE_SCHEDULE},
     {"dist", "collective_io", KEY_BOOL, OFF(collective_io), "false", 0, 1, NULL, ROLE_SCHEDULE},
+    {"dist", "timeout", KEY_DOUBLE, OFF(timeout), "300", 1, 1e6, NULL, ROLE_SCHEDULE},
 };
 #define N_KEYS (sizeof(KEYS) / sizeof(KEYS[0]))
 

@@ -9,10 +9,13 @@
 
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "momfmm/dist_hdf5.h"
@@ -48,6 +51,102 @@ static size_t max_count(size_t element_size) {
 static int piece(size_t remaining, size_t element_size) {
     size_t limit = max_count(element_size);
     return (int)(remaining < limit ? remaining : limit);
+}
+
+/* The watchdog (dist.timeout, docs/design.md §8.11). A peer that stops
+ * answering (its host gone, its link down, the process stopped) leaves the
+ * others inside an MPI call that never returns; MPI itself has no timeout.
+ * So every call of ours into MPI records what it is and when it last
+ * progressed, and a thread that never calls MPI checks every 100 ms; past
+ * the limit it hands one line to the command layer's hook, which exits. A
+ * phase named by the layers above (a checkpoint write through parallel
+ * HDF5, whose MPI calls are not ours) is watched as a whole. */
+static struct {
+    _Atomic double since;            /* last progress of the operation in flight; 0: none */
+    _Atomic(const char *) operation; /* what is in flight, or NULL */
+    _Atomic int bucket, buckets;     /* bucket (1-based) of buckets, 0: not a bucket */
+    _Atomic(const char *) phase;     /* the phase named by dist_watch_phase, or NULL */
+    atomic_bool whole;               /* the phase is watched as a whole */
+    _Atomic long long step;
+    atomic_bool running;
+    double seconds;
+    int rank, size; /* the thread calls no MPI, not even MPI_Comm_rank (MPI_THREAD_FUNNELED) */
+    dist_timeout_hook hook;
+    pthread_t thread;
+    char host[MPI_MAX_PROCESSOR_NAME];
+} watch;
+
+static void watch_enter(const char *operation, int bucket, int buckets) {
+    atomic_store(&watch.operation, operation);
+    atomic_store(&watch.bucket, bucket);
+    atomic_store(&watch.buckets, buckets);
+    atomic_store(&watch.since, sys_seconds());
+}
+
+/* An operation done is progress; inside a phase the clock goes on. */
+static void watch_leave(void) {
+    atomic_store(&watch.operation, (const char *)NULL);
+    atomic_store(&watch.since, atomic_load(&watch.whole) ? sys_seconds() : 0.0);
+}
+
+void dist_watch_phase(const char *phase, bool whole) {
+    atomic_store(&watch.phase, phase);
+    atomic_store(&watch.whole, phase && whole);
+    atomic_store(&watch.since, phase && whole ? sys_seconds() : 0.0);
+}
+
+void dist_watch_step(long long step) { atomic_store(&watch.step, step); }
+
+static void watch_describe(char *out, size_t len, double waited) {
+    const char *operation = atomic_load(&watch.operation), *phase = atomic_load(&watch.phase);
+    int bucket = atomic_load(&watch.bucket), buckets = atomic_load(&watch.buckets);
+    char what[160];
+    int n = snprintf(what, sizeof what, "%s%s%s", phase ? phase : "", phase && operation ? ": " : "",
+                     operation ? operation : "");
+    if (bucket > 0 && n > 0 && (size_t)n < sizeof what)
+        snprintf(what + n, sizeof what - (size_t)n, " bucket %d of %d", bucket, buckets);
+    snprintf(out, len,
+             "dist.timeout: step %lld: %s did not complete in %.0f s (dist.timeout = %g) on rank %d of %d (host "
+             "%s): a peer rank or its host stopped answering (MPI does not say which); exiting %d",
+             atomic_load(&watch.step), what, waited, watch.seconds, watch.rank, watch.size, watch.host,
+             EXIT_DIST_TIMEOUT);
+}
+
+static void *watch_loop(void *unused) {
+    (void)unused;
+    const struct timespec tick = {0, 100 * 1000 * 1000};
+    while (atomic_load(&watch.running)) {
+        nanosleep(&tick, NULL);
+        double since = atomic_load(&watch.since), waited = sys_seconds() - since;
+        if (since > 0 && waited > watch.seconds) {
+            char line[1024];
+            watch_describe(line, sizeof line, waited);
+            watch.hook(line);
+        }
+    }
+    return NULL;
+}
+
+int dist_watch_start(double seconds, dist_timeout_hook hook, status *st) {
+    if (dist_size() == 1 || atomic_load(&watch.running)) return 0;
+    int len = 0;
+    MPI_Get_processor_name(watch.host, &len);
+    watch.seconds = seconds;
+    watch.rank = dist_rank();
+    watch.size = dist_size();
+    watch.hook = hook;
+    atomic_store(&watch.running, true);
+    if (pthread_create(&watch.thread, NULL, watch_loop, NULL) != 0) {
+        atomic_store(&watch.running, false);
+        return status_fail(st, 1, "dist.timeout: cannot start the watchdog thread");
+    }
+    return 0;
+}
+
+static void watch_stop(void) {
+    if (!atomic_load(&watch.running)) return;
+    atomic_store(&watch.running, false);
+    pthread_join(watch.thread, NULL);
 }
 
 /* The panic hook (status.h): a failure on one rank that no caller can
@@ -115,6 +214,7 @@ void dist_finalize(void) {
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
     if (!initialized || finalized) return;
+    watch_stop();
     if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
     if (world != MPI_COMM_NULL) MPI_Comm_free(&world);
     world_rank = 0, world_size = node_size = 1;
@@ -135,8 +235,11 @@ void dist_host_names(char *out, size_t len) {
     if (world != MPI_COMM_NULL) MPI_Get_processor_name(host, &host_len);
     else gethostname(host, sizeof host - 1); /* a world of one without MPI */
     char *all = rank == 0 ? sys_calloc((size_t)size, MPI_MAX_PROCESSOR_NAME) : NULL;
-    if (size > 1) MPI_Gather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, world);
-    else if (all) memcpy(all, host, MPI_MAX_PROCESSOR_NAME);
+    if (size > 1) {
+        watch_enter("host-name gather", 0, 0);
+        MPI_Gather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, world);
+        watch_leave();
+    } else if (all) memcpy(all, host, MPI_MAX_PROCESSOR_NAME);
     if (len) out[0] = '\0';
     size_t used = 0;
     for (int r = 0; rank == 0 && r < size && used < len; r++) {
@@ -160,27 +263,38 @@ int dist_check_launch(status *st) {
 
 void dist_sum_doubles(double *x, size_t n) {
     if (dist_size() == 1) return;
+    watch_enter("sum all-reduce", 0, 0);
     for (size_t done = 0; done < n;) {
         int count = piece(n - done, sizeof(double));
         MPI_Allreduce(MPI_IN_PLACE, x + done, count, MPI_DOUBLE, MPI_SUM, world);
         done += (size_t)count;
     }
+    watch_leave();
 }
 
 double dist_max_double(double x) {
     double out = x;
-    if (dist_size() > 1) MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_MAX, world);
+    if (dist_size() == 1) return out;
+    watch_enter("max all-reduce", 0, 0);
+    MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_MAX, world);
+    watch_leave();
     return out;
 }
 
 bool dist_any(bool mine) {
     int in = mine ? 1 : 0, out = in;
-    if (dist_size() > 1) MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, world);
+    if (dist_size() == 1) return out != 0;
+    watch_enter("agreement all-reduce", 0, 0);
+    MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, world);
+    watch_leave();
     return out != 0;
 }
 
 void dist_barrier(void) {
-    if (dist_size() > 1) MPI_Barrier(world);
+    if (dist_size() == 1) return;
+    watch_enter("barrier", 0, 0);
+    MPI_Barrier(world);
+    watch_leave();
 }
 
 int dist_node_ranks(void) { return node_size; }
@@ -188,11 +302,13 @@ int dist_node_ranks(void) { return node_size; }
 void dist_broadcast_bytes(void *x, size_t n) {
     if (dist_size() == 1) return;
     char *p = x;
+    watch_enter("broadcast", 0, 0);
     for (size_t done = 0; done < n;) {
         int count = piece(n - done, 1);
         MPI_Bcast(p + done, count, MPI_BYTE, 0, world);
         done += (size_t)count;
     }
+    watch_leave();
 }
 
 void dist_broadcast_floats(float *x, size_t n) { dist_broadcast_bytes(x, n * sizeof(float)); }
@@ -211,7 +327,9 @@ int dist_check_consistency(const void *bytes, size_t n, long long step, status *
     if (size == 1) return 0;
     uint64_t mine = checksum(bytes, n);
     uint64_t *all = sys_calloc((size_t)size, sizeof(uint64_t));
+    watch_enter("checksum all-gather", 0, 0);
     MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, world);
+    watch_leave();
     int code = 0;
     for (int r = 1; r < size && code == 0; r++)
         if (all[r] != all[0])
@@ -228,7 +346,9 @@ int dist_first_differing_rank(uint64_t mine) {
     int size = dist_size();
     if (size == 1) return -1;
     uint64_t *all = sys_calloc((size_t)size, sizeof(uint64_t));
+    watch_enter("checksum all-gather", 0, 0);
     MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, world);
+    watch_leave();
     int first = -1;
     for (int r = 1; r < size && first < 0; r++)
         if (all[r] != all[0]) first = r;
@@ -239,11 +359,13 @@ int dist_first_differing_rank(uint64_t mine) {
 void dist_broadcast_bytes_from(int root, void *x, size_t n) {
     if (dist_size() == 1) return;
     char *p = x;
+    watch_enter("broadcast", 0, 0);
     for (size_t done = 0; done < n;) {
         int count = piece(n - done, 1);
         MPI_Bcast(p + done, count, MPI_BYTE, root, world);
         done += (size_t)count;
     }
+    watch_leave();
 }
 
 void dist_partition(size_t n, int rank, int ranks, size_t *first, size_t *count) {
@@ -334,6 +456,16 @@ void dist_reducer_shard(dist_reducer *r) {
 
 float *dist_reducer_slice(dist_reducer *r) { return r->slice ? r->slice : r->grads + r->first; }
 
+/* MPI_Waitall bucket by bucket, so that the watchdog can name the bucket
+ * that does not complete; the total wait is the same. */
+static void wait_buckets(dist_reducer *r, const char *operation) {
+    for (int i = 0; i < r->n_buckets; i++) {
+        watch_enter(operation, i + 1, r->n_buckets);
+        MPI_Wait(&r->requests[i], MPI_STATUS_IGNORE);
+    }
+    watch_leave();
+}
+
 /* This rank's part [lo, hi) of bucket i; false when empty. */
 static bool my_part(const dist_reducer *r, int i, size_t *lo, size_t *hi) {
     size_t start = r->buckets[i].start, end = start + r->buckets[i].count;
@@ -359,7 +491,7 @@ double dist_reducer_gather(dist_reducer *r, float *params, dist_slice_update upd
         MPI_Testall(i + 1, r->requests, &done, MPI_STATUSES_IGNORE);
     }
     double start = sys_seconds();
-    MPI_Waitall(r->n_buckets, r->requests, MPI_STATUSES_IGNORE);
+    wait_buckets(r, "parameter all-gather");
     return sys_seconds() - start;
 }
 
@@ -411,7 +543,7 @@ double dist_reducer_finish(dist_reducer *r) {
     if (!r->active) return 0.0;
     dist_reducer_block_done(r, -1);
     double start = sys_seconds();
-    MPI_Waitall(r->n_buckets, r->requests, MPI_STATUSES_IGNORE);
+    wait_buckets(r, r->sharded ? "gradient reduce-scatter" : "gradient all-reduce");
     double waited = sys_seconds() - start;
     for (int i = 0; i < r->n_buckets; i++) {
         r->buckets[i].launched = false;

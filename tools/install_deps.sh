@@ -10,6 +10,7 @@ packages=(
   python3-torch python3-h5py python3-numpy python3-matplotlib python3-pytest
   python3-scipy python3-setuptools python3-venv python3-sentencepiece
   slurmctld slurmd slurm-client munge
+  iproute2
 )
 missing=()
 for p in "${packages[@]}"; do

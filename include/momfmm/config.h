@@ -93,6 +93,7 @@ typedef struct {
     int check_interval;
     int micro_batch;    /* train.micro_batch: rows per forward/backward, 0 = the whole shard */
     int zero;           /* dist.zero: 1 = ZeRO-1, AdamW moments sharded over ranks */
+    double timeout;     /* dist.timeout: seconds a collective may wait for a peer (docs/design.md §8.11) */
     bool collective_io; /* dist.collective_io: ZeRO-1 checkpoint data through MPI-IO collective buffering */
 } config;
 

@@ -44,6 +44,22 @@ void dist_host_names(char *out, size_t len);
 /* EXIT_USAGE when srun started several tasks that MPI does not see as one job. */
 int dist_check_launch(status *st);
 
+/* The watchdog (dist.timeout, docs/design.md §8.11): from here on, an MPI
+ * operation of this module (and a phase named below) that makes no
+ * progress for `seconds` calls hook with one line naming the step, the
+ * operation and this rank and host, from a thread of its own; the hook must
+ * end the process without MPI (the command layer's prints and _exits with
+ * EXIT_DIST_TIMEOUT). A no-op on one rank; 1 on a failed thread start. */
+typedef void (*dist_timeout_hook)(const char *message);
+int dist_watch_start(double seconds, dist_timeout_hook hook, status *st);
+/* The step the watchdog's message names. */
+void dist_watch_step(long long step);
+/* Names what the layers above do ("checkpoint write", "eval"; NULL: done):
+ * the operations inside carry the name; with `whole`, the phase itself is
+ * watched from its start, for the MPI calls made in it by other libraries
+ * (parallel HDF5), each of this module's operations counting as progress. */
+void dist_watch_phase(const char *phase, bool whole);
+
 /* In-place sum over ranks, in pieces of one MPI call each. */
 void dist_sum_doubles(double *x, size_t n);
 /* Collectives on the world communicator; each is a no-op returning its

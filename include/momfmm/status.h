@@ -6,8 +6,9 @@
 #include <stddef.h>
 
 /* docs/cli.md §5: 2 for a config or command-line error, 3 for a bad file,
- * 4 for a training run stopped by a non-finite loss or gradient norm. */
-enum { EXIT_USAGE = 2, EXIT_BAD_FILE = 3, EXIT_DIVERGED = 4 };
+ * 4 for a training run stopped by a non-finite loss or gradient norm, 5 for
+ * a collective that a peer rank did not complete within dist.timeout. */
+enum { EXIT_USAGE = 2, EXIT_BAD_FILE = 3, EXIT_DIVERGED = 4, EXIT_DIST_TIMEOUT = 5 };
 
 /* The outcome of an operation: code 0 on success, else an exit code of
  * docs/cli.md §5 (EXIT_USAGE, EXIT_BAD_FILE, or 1 for an internal failure)

@@ -25,8 +25,8 @@ any world size. One class per group, each its own CTest entry
   writing checkpoints together (every 2 steps) ends the job; every ckpt_*.h5
   left loads, and `--resume auto` at np = 3 continues from the newest to the
   end with exit 0.
-- TestBadValues: train.micro_batch = -1, dist.zero = 2 and a non-number exit 2
-  naming the key.
+- TestBadValues: train.micro_batch = -1, dist.zero = 2, dist.timeout = 0 and
+  non-numbers exit 2 naming the key.
 """
 import glob
 import os
@@ -272,7 +272,8 @@ class TestKillDuringSave:
 
 class TestBadValues:
     def test_bad_values_exit_2(self, momfmm, workdir, report):
-        for key, value in (("train.micro_batch", -1), ("dist.zero", 2), ("train.micro_batch", "two")):
+        for key, value in (("train.micro_batch", -1), ("dist.zero", 2), ("train.micro_batch", "two"),
+                           ("dist.timeout", 0), ("dist.timeout", "soon")):
             ini, _, _ = write_tiny_config(workdir, "bad", **base_overrides())
             r = run(train_command(momfmm, ini, sets=[f"{key}={value}"]), timeout=60)
             report.check(f"{key} = {value}: exit 2 naming the key", r.returncode == 2 and key.split(".")[1] in r.stderr,

@@ -1,0 +1,289 @@
+"""Training across hosts (docs/design.md §8.11): ranks in separate network
+namespaces, each with its own host name, talking over TCP through veth links
+and a bridge (tests/multihost/netbed.sh). CTest runs each class under
+`netbed.sh with PREFIX 4 DIR -- pytest ...` (multihost_<group>,
+tests/CMakeLists.txt), which makes the bed and removes it on every exit;
+by hand the same:
+
+    tests/multihost/netbed.sh with mhx 4 /tmp/mhx -- /usr/bin/python3 -m pytest \\
+        tests/e2e/test_multihost.py::TestEquality --momfmm build/momfmm
+
+- TestEquality: 4 hosts x 1 rank and 2 hosts x 2 ranks train the model of
+  4 ranks on one host (shared memory): losses within 1e-6 relative, every
+  tensor within 1e-5 (max |diff| / max |value|), at dist.zero 0 and 1; the
+  start-up line names the hosts; the checkpoint is written by the ranks
+  together across hosts (MPI-IO, zero 1); resuming its step-6 checkpoint on
+  the same 4 hosts ends bitwise equal to the uninterrupted run, and on 3
+  hosts within 1e-5.
+- TestFaults: a host's link down, a rank stopped (also mid-checkpoint), a
+  host's processes killed: the survivors end within dist.timeout, mpirun in
+  bounded time (jobs/launch_guard.sh), the checkpoints load and `--resume
+  auto` continues on the surviving host (the class's docstring).
+"""
+import glob
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import numpy as np
+from momfmm.h5 import load_checkpoint
+
+from common import MPIRUN, env, run, write_tiny_config
+from netbed import Bed
+from processes import kill_session, rank_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+STEPS = 12
+LOSS_RTOL = 1e-6
+WEIGHT_RTOL = 1e-5
+
+
+def overrides(**extra):
+    # gemm openblas: `auto` times the engines at start-up and may choose
+    # differently in two runs; adam_eps 1e-6 as in test_mpi.py
+    o = {"train.steps": STEPS, "train.batch_size": 8, "train.adam_eps": 1e-6, "train.warmup": 2,
+         "train.log_interval": 1, "train.eval_interval": STEPS, "train.eval_batches": 1,
+         "train.ckpt_interval": 6, "train.keep": 5, "train.gemm": "openblas", "dist.check_interval": 1}
+    o.update(extra)
+    return o
+
+
+def train(momfmm, workdir, name, launch, resume=None, **extra):
+    """Trains config `name` afresh with `launch` (a function of the momfmm
+    command -> full command); returns (CompletedProcess, out_dir)."""
+    ini, out_dir, _ = write_tiny_config(workdir, name, **overrides(**extra))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    cmd = [momfmm, "train", ini] + (["--resume", resume] if resume else [])
+    r = run(launch(cmd), timeout=120, env=env())
+    if r.returncode != 0:
+        print(f"--- {name} rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}", flush=True)
+    return r, out_dir
+
+
+def final(out_dir):
+    path = os.path.join(out_dir, f"ckpt_{STEPS:08d}.h5")
+    return load_checkpoint(path) if os.path.exists(path) else None
+
+
+def tensor_rel(a, b):
+    """Worst max |a - b| / max |a| over every dataset (model, optim, buffers)."""
+    da, db = a.datasets(), b.datasets()
+    if set(da) != set(db):
+        return float("inf"), "dataset sets differ"
+    worst, where = 0.0, ""
+    for k, x in da.items():
+        x, y = x.astype(np.float64), db[k].astype(np.float64)
+        rel = float(np.max(np.abs(x - y)) / max(float(np.max(np.abs(x))), 1e-30)) if x.size else 0.0
+        if rel > worst:
+            worst, where = rel, k
+    return worst, where
+
+
+def loss_rel(a, b):
+    x, y = a.train["loss"], b.train["loss"]
+    if x.shape != y.shape:
+        return float("inf")
+    return float(np.max(np.abs(x - y) / np.maximum(np.abs(x), 1e-30)))
+
+
+def bitwise(a, b):
+    da, db = a.datasets(), b.datasets()
+    return set(da) == set(db) and all(np.array_equal(da[k], db[k]) for k in da) and \
+        np.array_equal(a.train["loss"], b.train["loss"])
+
+
+def one_host(np_):
+    return lambda cmd: MPIRUN + ["-np", str(np_)] + cmd
+
+
+class TestEquality:
+    def test_hosts_train_the_model_of_one_host(self, momfmm, workdir, report):
+        bed = Bed()
+        layouts = {"4x1": ([1, 2, 3, 4], 1), "2x2": ([1, 2], 2)}
+        for zero in (0, 1):
+            r, ref_dir = train(momfmm, workdir, f"one_host_z{zero}", one_host(4), **{"dist.zero": zero})
+            ref = final(ref_dir)
+            if not report.check(f"zero {zero}: 4 ranks on one host train", ref is not None, f"rc {r.returncode}"):
+                continue
+            for layout, (hosts, per_host) in layouts.items():
+                r, out = train(momfmm, workdir, f"hosts_{layout}_z{zero}",
+                               lambda cmd: bed.mpirun(hosts, per_host, cmd), **{"dist.zero": zero})
+                got = final(out)
+                if not report.check(f"zero {zero}: {layout} trains", got is not None, f"rc {r.returncode}"):
+                    continue
+                names = [bed.name(i) for i in hosts]
+                report.check(f"zero {zero}: {layout} start-up line names the hosts",
+                             f"4 ranks x 1 thread on {' '.join(names)}" in r.stdout,
+                             next((l for l in r.stdout.splitlines() if " ranks x " in l), "no start-up line"))
+                if zero == 1:
+                    report.check(f"{layout}: checkpoint written by the ranks together across hosts",
+                                 "4 ranks together (MPI-IO" in r.stdout)
+                lr, (wr, where) = loss_rel(ref, got), tensor_rel(ref, got)
+                report.check(f"zero {zero}: {layout} losses within {LOSS_RTOL} of one host", lr <= LOSS_RTOL,
+                             f"{lr:.2e}")
+                report.check(f"zero {zero}: {layout} tensors within {WEIGHT_RTOL} of one host",
+                             wr <= WEIGHT_RTOL, f"{wr:.2e} {where}")
+
+    def test_resume_across_hosts(self, momfmm, workdir, report):
+        bed = Bed()
+        four = lambda cmd: bed.mpirun([1, 2, 3, 4], 1, cmd)
+        r, full_dir = train(momfmm, workdir, "resume_full", four, **{"dist.zero": 1})
+        full = final(full_dir)
+        half = os.path.join(full_dir, "ckpt_00000006.h5")
+        assert full is not None and os.path.exists(half), f"4-host run failed (rc {r.returncode})"
+        for name, hosts in (("same_4_hosts", [1, 2, 3, 4]), ("on_3_hosts", [1, 2, 3])):
+            r, out = train(momfmm, workdir, f"resume_{name}", lambda cmd: bed.mpirun(hosts, 1, cmd),
+                           resume=half, **{"dist.zero": 1})
+            got = final(out)
+            if not report.check(f"{name}: resumes step 6", got is not None, f"rc {r.returncode}"):
+                continue
+            if len(hosts) == 4:
+                report.check("4 hosts -> 4 hosts: bitwise", bitwise(full, got))
+            else:
+                wr, where = tensor_rel(full, got)
+                lr = loss_rel(full, got)
+                report.check(f"4 hosts -> 3 hosts: tensors within {WEIGHT_RTOL}", wr <= WEIGHT_RTOL,
+                             f"{wr:.2e} {where}")
+                report.check(f"4 hosts -> 3 hosts: losses within {WEIGHT_RTOL}", lr <= WEIGHT_RTOL, f"{lr:.2e}")
+        report.check("no temporary file left", not glob.glob(os.path.join(workdir, "resume_*", "*.tmp*")))
+
+
+# Faults: dist.timeout of the tests, the launcher's grace (jobs/launch_guard.sh)
+# and the margin allowed for a step or checkpoint in progress and the polling.
+TIMEOUT = 10
+GRACE = 5
+MARGIN = 8
+
+
+def rank_pids(bed, host):
+    """rank number -> pid of the MPI ranks inside host's namespace."""
+    out = {}
+    for pid in bed.pids(host):
+        r = rank_of(pid)
+        if r is not None:
+            out[r] = pid
+    return out
+
+
+def wait_for(condition, seconds, step=0.2):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(step)
+    return condition()
+
+
+def checkpoints(out_dir):
+    return sorted(glob.glob(os.path.join(out_dir, "ckpt_*.h5")))
+
+
+class TestFaults:
+    """2 hosts x 2 ranks, dist.zero 1 (every rank writes the checkpoints);
+    after a second checkpoint, host 2's link goes down, rank 3 (on host 2) is
+    SIGSTOPped (also while the ranks write a checkpoint together), or every
+    process of host 2 is SIGKILLed. The ranks on host 1
+    end within dist.timeout (+ margin); with the link down or the rank
+    stopped, they print the one dist.timeout line naming the step, the
+    operation and their host; the guarded mpirun ends within dist.timeout +
+    grace + 10 s; every checkpoint left loads and no temporary carries a
+    checkpoint's name; `--resume auto` on host 1 alone (2 ranks) continues
+    from the newest checkpoint to the end."""
+
+    def fault_run(self, momfmm, workdir, report, fault):
+        bed = Bed()
+        ini, out_dir, _ = write_tiny_config(workdir, f"fault_{fault}", **overrides(**{
+            "train.steps": 1000000, "train.ckpt_interval": 5, "train.keep": 3, "train.log_interval": 50,
+            "train.eval_interval": 0, "dist.zero": 1, "dist.timeout": TIMEOUT, "dist.check_interval": 0}))
+        shutil.rmtree(out_dir, ignore_errors=True)
+        guard = os.path.join(ROOT, "jobs", "launch_guard.sh")
+        cmd = bed.mpirun([1, 2], 2, [momfmm, "train", ini])
+        cmd = cmd[:cmd.index("mpirun")] + [guard] + cmd[cmd.index("mpirun"):]
+        log_path = os.path.join(workdir, f"fault_{fault}.log")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=env(MOMFMM_LAUNCHER_GRACE=GRACE))
+        try:
+            started = wait_for(lambda: len(checkpoints(out_dir)) >= 2 and len(rank_pids(bed, 2)) == 2, 90)
+            assert started, f"no second checkpoint within 90 s:\n{open(log_path).read()[-2000:]}"
+            if fault == "sigstop_in_save":
+                # the ranks write each checkpoint together (MPI-IO): catch one at it
+                writing = wait_for(lambda: glob.glob(os.path.join(out_dir, "ckpt_*.h5.tmp.*")), 60, step=0.01)
+                report.check("a rank stopped while the ranks were writing a checkpoint (a *.tmp.* file existed)",
+                             writing)
+            t0 = time.time()
+            if fault == "link_down":
+                bed.link(2, False)
+            elif fault.startswith("sigstop"):
+                os.kill(rank_pids(bed, 2)[3], signal.SIGSTOP)
+            else:
+                for pid in bed.pids(2):
+                    os.kill(pid, signal.SIGKILL)
+            survivors_gone = wait_for(lambda: not rank_pids(bed, 1), TIMEOUT + MARGIN)
+            t_ranks = time.time() - t0
+            report.check(f"{fault}: the ranks on host 1 end within dist.timeout {TIMEOUT} s + {MARGIN} s",
+                         survivors_gone, f"{t_ranks:.1f} s")
+            try:
+                proc.wait(timeout=TIMEOUT + GRACE + 10 + MARGIN)
+            except subprocess.TimeoutExpired:
+                pass
+            t_launcher = time.time() - t0
+            report.check(f"{fault}: mpirun (launch_guard.sh) ends within {TIMEOUT + GRACE + 10 + MARGIN} s",
+                         proc.poll() is not None, f"{t_launcher:.1f} s, status {proc.poll()}")
+        finally:
+            kill_session(proc.pid)
+            for pid in bed.pids(2) + bed.pids(1):
+                os.kill(pid, signal.SIGKILL)
+            if fault == "link_down":
+                subprocess.run([bed.script, "link", bed.prefix, "2", "up"], timeout=30, check=True)
+        text = open(log_path).read()
+        lines = [l for l in text.splitlines() if "dist.timeout:" in l]
+        print(f"{fault}: ranks on host 1 ended {t_ranks:.1f} s, the launcher {t_launcher:.1f} s after the fault; "
+              + (lines[0] if lines else "no dist.timeout line"), flush=True)
+        if fault != "sigkill_host":
+            # with host 2's processes gone, mpirun itself ends the job at once
+            named = [l for l in lines if re.search(r"step \d+: .+ did not complete in \d+ s", l)
+                     and f"(host {bed.name(1)})" in l and "exiting 5" in l]
+            report.check(f"{fault}: a rank on host 1 says which step and operation timed out", named,
+                         lines[0] if lines else text[-500:])
+        if fault == "sigstop_in_save":
+            report.check(f"{fault}: the line names the checkpoint write", any("checkpoint write" in l for l in lines))
+        self.check_checkpoints(momfmm, bed, out_dir, ini, fault, report)
+
+    def check_checkpoints(self, momfmm, bed, out_dir, ini, fault, report):
+        files = checkpoints(out_dir)
+        steps = []
+        for f in files:
+            try:
+                steps.append(load_checkpoint(f).step)
+            except Exception as exc:  # a finished name must never be a torn file
+                report.check(f"{fault}: {os.path.basename(f)} loads", False, str(exc))
+        report.check(f"{fault}: the checkpoints left load", steps and len(steps) == len(files), f"steps {steps}")
+        report.check(f"{fault}: no temporary under a checkpoint's name",
+                     all(re.fullmatch(r"ckpt_\d{8}\.h5", os.path.basename(f)) for f in files))
+        if not steps:
+            return
+        newest = max(steps)
+        r = run(bed.mpirun([1], 2, [momfmm, "train", ini, "--resume", "auto", "--set", f"train.steps={newest + 5}"]),
+                timeout=120)
+        done = os.path.join(out_dir, f"ckpt_{newest + 5:08d}.h5")
+        report.check(f"{fault}: --resume auto on host 1 with 2 ranks continues from step {newest} to the end",
+                     r.returncode == 0 and os.path.exists(done) and load_checkpoint(done).step == newest + 5
+                     and "2 ranks x 1 thread on " + bed.name(1) in r.stdout,
+                     f"rc {r.returncode}: {r.stderr.strip()[-300:]}")
+
+    def test_link_down(self, momfmm, workdir, report):
+        self.fault_run(momfmm, workdir, report, "link_down")
+
+    def test_sigstop_rank(self, momfmm, workdir, report):
+        self.fault_run(momfmm, workdir, report, "sigstop")
+
+    def test_sigstop_rank_in_checkpoint_write(self, momfmm, workdir, report):
+        self.fault_run(momfmm, workdir, report, "sigstop_in_save")
+
+    def test_sigkill_host(self, momfmm, workdir, report):
+        self.fault_run(momfmm, workdir, report, "sigkill_host")
