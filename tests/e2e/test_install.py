@@ -10,7 +10,7 @@ with nothing of the source tree on PYTHONPATH:
 - the installed `momfmm-report` and `momfmm-plot` read the run;
 - the installed job scripts find their library (share/momfmm/jobs/momfmm_lib.sh)
   and `momfmm` on PATH when MOMFMM is not set and there is no build/momfmm
-  (mpirun replaced by a stub that records its command).
+  (mpirun replaced by a script that records its command).
 
 CTest passes CMAKE_COMMAND and MOMFMM_BUILD_DIR (tests/CMakeLists.txt).
 """
@@ -139,18 +139,18 @@ def test_installed_tools(prefix, quickstart, elsewhere):
 
 
 def fake_job(prefix, cwd, tmp_path, path_dirs, **extra):
-    """train.sbatch as Slurm would start it in `cwd`, with a stub mpirun that
+    """train.sbatch as Slurm would start it in `cwd`, with a recording mpirun that
     records its command line; returns (CompletedProcess, recorded arguments)."""
-    stub_dir = tmp_path / "stub"
-    stub_dir.mkdir(exist_ok=True)
+    recorder_dir = tmp_path / "recorder"
+    recorder_dir.mkdir(exist_ok=True)
     log = tmp_path / "mpirun.args"
-    stub = stub_dir / "mpirun"
-    stub.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {log}\n")
-    stub.chmod(0o755)
+    recorder = recorder_dir / "mpirun"
+    recorder.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {log}\n")
+    recorder.chmod(0o755)
     if log.exists():
         log.unlink()
     e = installed_env(prefix, SLURM_JOB_ID=7, SLURM_JOB_NAME="job", SLURM_SUBMIT_DIR=cwd, **extra)
-    e["PATH"] = os.pathsep.join([str(stub_dir)] + path_dirs + ["/usr/bin", "/bin"])
+    e["PATH"] = os.pathsep.join([str(recorder_dir)] + path_dirs + ["/usr/bin", "/bin"])
     config = os.path.join(prefix, "share", "momfmm", "configs", "quickstart.ini")
     r = run(["bash", os.path.join(prefix, "share", "momfmm", "jobs", "train.sbatch"), config], cwd=cwd, env=e)
     return r, log.read_text().splitlines() if log.exists() else []
