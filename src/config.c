@@ -17,20 +17,7 @@
 #include "momfmm/suggest.h"
 #include "momfmm/sys.h"
 
-typedef enum { KEY_INT, KEY_INT64, KEY_DOUBLE, KEY_BOOL, KEY_STRING, KEY_ENUM, KEY_LIST } key_type;
-
-/* Whether a key must agree between a checkpoint and a resumed run. */
-typedef enum { ROLE_SCHEDULE = 0, ROLE_MODEL = 1 } key_role;
-
-typedef struct {
-    const char *section, *name;
-    key_type type;
-    size_t offset, size;  /* size: string capacity */
-    const char *fallback; /* default, as INI text */
-    double min, max;      /* numeric limits, inclusive */
-    const char *choices;  /* KEY_ENUM, KEY_LIST: "a|b|c", index = stored value */
-    key_role role;
-} config_key;
+#include "config_table.h"
 
 #define OFF(f) offsetof(config, f), sizeof(((config *)0)->f)
 /* An open end: messages state only the other limit. Two limits guard the
@@ -39,7 +26,7 @@ typedef struct {
  * AdamW divides by sqrt(v) + eps (in float), and a parameter whose gradient
  * has stayed 0 would otherwise get 0/0. */
 #define BIG 1e18
-static const config_key KEYS[] = {
+const config_key CONFIG_KEYS[] = {
     {"model", "vocab_size", KEY_INT, OFF(vocab_size), "64", 2, 1 << 24, NULL, ROLE_MODEL},
     {"model", "d_model", KEY_INT, OFF(d_model), "64", 2, 1 << 16, NULL, ROLE_MODEL},
     {"model", "n_heads", KEY_INT, OFF(n_heads), "4", 1, 4096, NULL, ROLE_MODEL},
@@ -136,18 +123,19 @@ static const config_key KEYS[] = {
     {"dist", "collective_io", KEY_BOOL, OFF(collective_io), "false", 0, 1, NULL, ROLE_SCHEDULE},
     {"dist", "timeout", KEY_DOUBLE, OFF(timeout), "300", 1, 1e6, NULL, ROLE_SCHEDULE},
 };
-#define N_KEYS (sizeof(KEYS) / sizeof(KEYS[0]))
+#define N_KEYS (sizeof(CONFIG_KEYS) / sizeof(CONFIG_KEYS[0]))
+const size_t CONFIG_N_KEYS = N_KEYS;
 
 static const config_key *find_key(const char *section, const char *name) {
     for (size_t i = 0; i < N_KEYS; i++)
-        if (!strcmp(KEYS[i].section, section) && !strcmp(KEYS[i].name, name)) return &KEYS[i];
+        if (!strcmp(CONFIG_KEYS[i].section, section) && !strcmp(CONFIG_KEYS[i].name, name)) return &CONFIG_KEYS[i];
     return NULL;
 }
 
-/* The first KEYS row of a section (its index stands for the section), or -1. */
+/* The first CONFIG_KEYS row of a section (its index stands for the section), or -1. */
 static int section_index(const char *section) {
     for (size_t i = 0; i < N_KEYS; i++)
-        if (!strcmp(KEYS[i].section, section)) return (int)i;
+        if (!strcmp(CONFIG_KEYS[i].section, section)) return (int)i;
     return -1;
 }
 
@@ -200,9 +188,10 @@ static void suggest_key(const char *section, const char *name, char *out, size_t
     const config_key *best = NULL;
     int best_score = 3;
     for (size_t i = 0; i < N_KEYS; i++) {
-        int d = suggest_distance(name, KEYS[i].name, 2);
-        int score = d + (strcmp(section, KEYS[i].section) != 0);
-        if (score < best_score && suggest_is_close(name, KEYS[i].name, d)) best = &KEYS[i], best_score = score;
+        int d = suggest_distance(name, CONFIG_KEYS[i].name, 2);
+        int score = d + (strcmp(section, CONFIG_KEYS[i].section) != 0);
+        if (score < best_score && suggest_is_close(name, CONFIG_KEYS[i].name, d))
+            best = &CONFIG_KEYS[i], best_score = score;
     }
     if (best) snprintf(out, len, "; did you mean %s.%s?", best->section, best->name);
     else out[0] = '\0';
@@ -213,7 +202,7 @@ static void suggest_section(const char *section, char *out, size_t len) {
     const char *names[N_KEYS];
     size_t n = 0;
     for (size_t i = 0; i < N_KEYS; i++)
-        if (section_index(KEYS[i].section) == (int)i) names[n++] = KEYS[i].section;
+        if (section_index(CONFIG_KEYS[i].section) == (int)i) names[n++] = CONFIG_KEYS[i].section;
     const char *best = suggest_closest(section, names, n);
     if (best) snprintf(out, len, "; did you mean [%s]?", best);
     else out[0] = '\0';
@@ -337,25 +326,26 @@ static set_result set_value(config *c, const config_key *key, const char *value)
     return SET_SYNTAX;
 }
 
-/* A default that does not parse is a bug in KEYS, not an input error: the unit
+/* A default that does not parse is a bug in CONFIG_KEYS, not an input error: the unit
  * test runs config_check_defaults, so config_defaults itself cannot fail. */
 void config_defaults(config *c) {
     memset(c, 0, sizeof *c);
-    for (size_t i = 0; i < N_KEYS; i++) set_value(c, &KEYS[i], KEYS[i].fallback);
+    for (size_t i = 0; i < N_KEYS; i++) set_value(c, &CONFIG_KEYS[i], CONFIG_KEYS[i].fallback);
 }
 
 int config_check_defaults(status *st) {
     config c;
     memset(&c, 0, sizeof c);
     for (size_t i = 0; i < N_KEYS; i++)
-        if (set_value(&c, &KEYS[i], KEYS[i].fallback) != SET_OK)
-            return status_fail(st, 1, "internal: default of %s.%s does not parse", KEYS[i].section, KEYS[i].name);
+        if (set_value(&c, &CONFIG_KEYS[i], CONFIG_KEYS[i].fallback) != SET_OK)
+            return status_fail(st, 1, "internal: default of %s.%s does not parse", CONFIG_KEYS[i].section,
+                               CONFIG_KEYS[i].name);
     return 0;
 }
 
 /* The value as typed for a message: control bytes as \xNN (a file's bytes
  * stay out of the terminal), cut with "..." after about 57 characters. */
-static const char *shown(const char *value, char *buf, size_t len) {
+const char *config_shown(const char *value, char *buf, size_t len) {
     const unsigned char *p = (const unsigned char *)value;
     size_t j = 0, i = 0, limit = strlen(value) <= 60 ? 60 : 57;
     for (; p[i] && i < limit && j + 8 <= len; i++) {
@@ -380,7 +370,7 @@ static void describe_range(const config_key *key, char *out, size_t len) {
 /* Why `value` does not fit `key`, as "section.key = value ..." text. */
 static void describe_bad_value(const config_key *key, const char *value, set_result why, char *out, size_t len) {
     char cut[64], detail[160];
-    const char *v = shown(value, cut, sizeof cut);
+    const char *v = config_shown(value, cut, sizeof cut);
     switch (why) {
     case SET_RANGE:
         describe_range(key, detail, sizeof detail);
@@ -427,7 +417,7 @@ typedef struct {
     const char *origin;
     int line;                 /* 0 for --set */
     char *section;            /* current [section], NULL before the first */
-    int key_line[N_KEYS];     /* line that set KEYS[i], 0 = not yet */
+    int key_line[N_KEYS];     /* line that set CONFIG_KEYS[i], 0 = not yet */
     int section_line[N_KEYS]; /* by section_index */
     status *st;
 } parse_state;
@@ -453,18 +443,19 @@ static int assign(parse_state *st, const char *name, const char *value) {
     char hint[160], cut[64];
     if (!st->section) {
         suggest_key("", name, hint, sizeof hint);
-        return reject(st, "key %s is outside any [section]%s", shown(name, cut, sizeof cut), hint);
+        return reject(st, "key %s is outside any [section]%s", config_shown(name, cut, sizeof cut), hint);
     }
     const config_key *key = find_key(st->section, name);
     if (!key) {
         suggest_key(st->section, name, hint, sizeof hint);
         if (section_index(st->section) < 0) {
             if (!hint[0]) suggest_section(st->section, hint, sizeof hint);
-            return reject(st, "unknown section [%s] (key %s)%s", st->section, shown(name, cut, sizeof cut), hint);
+            return reject(st, "unknown section [%s] (key %s)%s", st->section, config_shown(name, cut, sizeof cut),
+                          hint);
         }
-        return reject(st, "unknown key %s.%s%s", st->section, shown(name, cut, sizeof cut), hint);
+        return reject(st, "unknown key %s.%s%s", st->section, config_shown(name, cut, sizeof cut), hint);
     }
-    size_t index = (size_t)(key - KEYS);
+    size_t index = (size_t)(key - CONFIG_KEYS);
     if (st->line > 0 && st->key_line[index])
         return reject(st, "duplicate key %s.%s (first set at line %d)", key->section, key->name, st->key_line[index]);
     st->key_line[index] = st->line;
@@ -472,8 +463,8 @@ static int assign(parse_state *st, const char *name, const char *value) {
     char *text = copy_string(value), bad[128];
     if (ini_unquote(text, bad, sizeof bad) != 0) {
         free(text);
-        return reject(st, "%s.%s = %s: bad quoted value: %s", key->section, key->name, shown(value, cut, sizeof cut),
-                      bad);
+        return reject(st, "%s.%s = %s: bad quoted value: %s", key->section, key->name,
+                      config_shown(value, cut, sizeof cut), bad);
     }
     set_result why = set_value(st->c, key, text);
     char message[1024];
@@ -507,7 +498,7 @@ static int on_malformed(void *ctx, int line, const char *text) {
     parse_state *st = ctx;
     char cut[64];
     st->line = line;
-    return reject(st, "malformed line (expected [section] or key = value): %s", shown(text, cut, sizeof cut));
+    return reject(st, "malformed line (expected [section] or key = value): %s", config_shown(text, cut, sizeof cut));
 }
 
 int config_load_string(config *c, const char *text, const char *origin, status *st) {
@@ -549,14 +540,14 @@ int config_apply_override(config *c, const char *assignment, status *st) {
             char *name = strip_blanks(copy);
             const char *alias = suggest_alias_lookup(KEY_ALIASES, name);
             for (size_t i = 0; !alias && i < N_KEYS; i++)
-                if (!strcmp(KEYS[i].name, name))
-                    snprintf(hint, sizeof hint, "; did you mean %s.%s", KEYS[i].section, name);
+                if (!strcmp(CONFIG_KEYS[i].name, name))
+                    snprintf(hint, sizeof hint, "; did you mean %s.%s", CONFIG_KEYS[i].section, name);
             if (alias) snprintf(hint, sizeof hint, "; did you mean %s", alias);
             if (hint[0]) snprintf(hint + strlen(hint), sizeof hint - strlen(hint), "=%.40s?", eq + 1);
             free(copy);
         }
-        return status_fail(st, EXIT_USAGE, "--set %s: expected section.key=value%s", shown(assignment, cut, sizeof cut),
-                           hint);
+        return status_fail(st, EXIT_USAGE, "--set %s: expected section.key=value%s",
+                           config_shown(assignment, cut, sizeof cut), hint);
     }
     /* "train.lr = 0.01": blanks around the names and the value are not theirs */
     char *copy = copy_string(assignment);
@@ -593,7 +584,7 @@ static int resolve_paths(const char *key, const char *given, char *resolved, siz
     if (used >= capacity) {
         char cut[64];
         return status_fail(st, EXIT_USAGE, "%s = %s: as an absolute path it is longer than %zu characters", key,
-                           shown(given, cut, sizeof cut), capacity - 1);
+                           config_shown(given, cut, sizeof cut), capacity - 1);
     }
     memcpy(resolved, out, used + 1);
     return 0;
@@ -627,121 +618,4 @@ bool config_eval_readouts(const config *c) {
 
 int config_micro_rows(const config *c, int shard_rows) {
     return c->micro_batch > 0 && c->micro_batch < shard_rows ? c->micro_batch : shard_rows;
-}
-
-/* The name of choice `index` of "a|b|c". */
-static void choice_name(const char *choices, int index, char *out, size_t len) {
-    const char *p = choices;
-    for (int i = 0; i < index && p; i++) p = strchr(p, '|') ? strchr(p, '|') + 1 : NULL;
-    size_t n = p ? strcspn(p, "|") : 0;
-    snprintf(out, len, "%.*s", (int)n, p ? p : "");
-}
-
-static void format_value(const config *c, const config_key *key, char *out, size_t len) {
-    const char *field = (const char *)c + key->offset;
-    switch (key->type) {
-    case KEY_INT: snprintf(out, len, "%d", *(const int *)field); break;
-    case KEY_INT64: snprintf(out, len, "%lld", *(const long long *)field); break;
-    case KEY_DOUBLE: config_format_double(*(const double *)field, out, len); break;
-    case KEY_BOOL: snprintf(out, len, "%s", *(const bool *)field ? "true" : "false"); break;
-    case KEY_STRING: { /* quoted when it would not read back verbatim (docs/config.md §6) */
-        char *quoted = ini_quote(field);
-        snprintf(out, len, "%s", quoted);
-        free(quoted);
-        break;
-    }
-    case KEY_ENUM: choice_name(key->choices, *(const int *)field, out, len); break;
-    case KEY_LIST: {
-        const config_list *list = (const config_list *)field;
-        size_t used = 0;
-        out[0] = '\0';
-        for (int i = 0; i < list->n && used < len; i++) {
-            char name[64];
-            choice_name(key->choices, list->items[i], name, sizeof name);
-            used += (size_t)snprintf(out + used, len - used, "%s%s", i ? "," : "", name);
-        }
-        break;
-    }
-    }
-}
-
-char *config_to_ini(const config *c) {
-    size_t cap = 64 + N_KEYS * (CONFIG_VALUE_MAX + 64), len = 0;
-    char *text = sys_calloc(cap, 1);
-    const char *section = "";
-    for (size_t i = 0; i < N_KEYS; i++) {
-        if (strcmp(section, KEYS[i].section) != 0) {
-            section = KEYS[i].section;
-            len += (size_t)snprintf(text + len, cap - len, "%s[%s]\n", len ? "\n" : "", section);
-        }
-        char value[CONFIG_VALUE_MAX];
-        format_value(c, &KEYS[i], value, sizeof value);
-        len += (size_t)snprintf(text + len, cap - len, "%s = %s\n", KEYS[i].name, value);
-    }
-    return text;
-}
-
-/* "section.key: a vs b; ..." for every key of the table where `wanted` holds
- * and the two configs differ; returns how many differ. */
-static int compare_where(const config *a, const config *b, bool (*wanted)(const config_key *), char *out,
-                         size_t out_len) {
-    int differing = 0;
-    size_t len = 0;
-    if (out_len) out[0] = '\0';
-    for (size_t i = 0; i < N_KEYS; i++) {
-        if (!wanted(&KEYS[i])) continue;
-        char va[CONFIG_VALUE_MAX], vb[CONFIG_VALUE_MAX];
-        format_value(a, &KEYS[i], va, sizeof va);
-        format_value(b, &KEYS[i], vb, sizeof vb);
-        if (strcmp(va, vb) == 0) continue;
-        differing++;
-        if (len < out_len)
-            len += (size_t)snprintf(out + len, out_len - len, "%s%s.%s: %s vs %s", differing > 1 ? "; " : "",
-                                    KEYS[i].section, KEYS[i].name, va, vb);
-    }
-    return differing;
-}
-
-static bool is_model_key(const config_key *k) { return k->role == ROLE_MODEL; }
-static bool is_any_key(const config_key *k) { return k != NULL; }
-
-int config_first_difference(const config *a, const config *b, char *out, size_t out_len) {
-    for (size_t i = 0; i < N_KEYS; i++) {
-        char va[CONFIG_VALUE_MAX], vb[CONFIG_VALUE_MAX];
-        format_value(a, &KEYS[i], va, sizeof va);
-        format_value(b, &KEYS[i], vb, sizeof vb);
-        if (strcmp(va, vb) == 0) continue;
-        char ca[64], cb[64];
-        snprintf(out, out_len, "%s.%s = %s vs %s", KEYS[i].section, KEYS[i].name, shown(va, ca, sizeof ca),
-                 shown(vb, cb, sizeof cb));
-        return compare_where(a, b, is_any_key, NULL, 0);
-    }
-    if (out_len) out[0] = '\0';
-    return 0;
-}
-static bool is_schedule_key(const config_key *k) { return k->role != ROLE_MODEL; }
-
-int config_compare_keys(const config *a, const config *b, bool model_keys, char *out, size_t out_len) {
-    return compare_where(a, b, model_keys ? is_model_key : is_schedule_key, out, out_len);
-}
-
-static bool is_architecture_key(const config_key *k) {
-    return k->role == ROLE_MODEL && strcmp(k->section, "data") != 0 && strcmp(k->section, "train") != 0 &&
-           strcmp(k->section, "dist") != 0;
-}
-
-int config_compare_architecture(const config *a, const config *b, char *out, size_t out_len) {
-    return compare_where(a, b, is_architecture_key, out, out_len);
-}
-
-/* %.17g always round-trips, so the loop ends by 17 at the latest; infinities
- * and NaN print as %g does. Whole numbers below 1e16 keep their digits
- * (10000, not 1e+04). */
-char *config_format_double(double x, char *out, size_t len) {
-    for (int digits = 1; digits <= 17; digits++) {
-        snprintf(out, len, "%.*g", digits, x);
-        if (isnan(x) || strtod(out, NULL) == x) break;
-    }
-    if (strchr(out, 'e') && x == floor(x) && fabs(x) < 1e16) snprintf(out, len, "%.0f", x);
-    return out;
 }
