@@ -1,0 +1,170 @@
+"""momfmm and PyTorch on the same checkpoints (docs/cli.md §5 `logits`, docs/design.md §8.8
+momfmm.pt): `momfmm logits` equals the forward of momfmm.pt within float32 tolerance, for
+[B, T] int32 and [T] uint16 token files, a run directory and a cls model, and refuses bad token
+files with exit 3 naming the file and the first bad offset; momfmm.pt.generate samples the
+tokens `momfmm generate` samples (same checkpoint, prompt, seed, temperature, top-k, top-p);
+momfmm.pt.save writes a checkpoint that `eval`, `generate` and `train --init` accept.
+
+One tiny chain-task model with learned, unanchored momentum (so γ and the buffers matter) is
+trained for the module in a few steps (seconds)."""
+import os
+import re
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import momfmm.pt as mt
+from common import run, write_config
+
+LOGIT_TOL = 1e-5  # float32, relative to max(1, max |logit|), as tests/python/test_torch_interop.py
+
+
+def sections(out_dir, **overrides):
+    s = {
+        "model": {"vocab_size": 32, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64, "max_seq_len": 24},
+        "momentum": {"gamma": 0.3, "learn_gamma": True, "beta": 0.3, "anchor": False},
+        "data": {"task": "chain", "seq_len": 16, "chain_len": 5},
+        "train": {"steps": 6, "batch_size": 4, "lr": 1e-2, "warmup": 1, "log_interval": 3, "eval_interval": 6,
+                  "eval_batches": 1, "ckpt_interval": 6, "seed": 3, "out_dir": out_dir},
+    }
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        s.setdefault(section, {})[name] = value
+    return s
+
+
+@pytest.fixture(scope="module")
+def trained(momfmm, workdir):
+    """{ini, out_dir, ckpt}: the module's trained checkpoint."""
+    out_dir = os.path.join(workdir, "run")
+    ini = write_config(os.path.join(workdir, "chain.ini"), sections(out_dir))
+    r = run([momfmm, "train", ini])
+    assert r.returncode == 0, r.stderr
+    return {"ini": ini, "out_dir": out_dir, "ckpt": os.path.join(out_dir, "ckpt_00000006.h5")}
+
+
+def write_ids(path, ids, dtype="int32"):
+    with h5py.File(path, "w") as f:
+        f["tokens"] = np.asarray(ids, dtype=dtype)
+    return path
+
+
+def torch_logits(ckpt, ids):
+    model = mt.load(ckpt)
+    with torch.no_grad():
+        return model(torch.as_tensor(np.atleast_2d(ids), dtype=torch.long)).numpy()
+
+
+def close(got, want):
+    scale = max(1.0, float(np.abs(want).max()))
+    return got.shape == want.shape and float(np.abs(got - want).max()) <= LOGIT_TOL * scale
+
+
+# ---- momfmm logits ---------------------------------------------------------------
+
+
+def test_logits_equal_torch(momfmm, trained, workdir, report):
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 32, size=(5, 24))  # 5 rows: two forward passes of train.batch_size 4
+    tokens, out = write_ids(os.path.join(workdir, "ids.h5"), ids), os.path.join(workdir, "logits.h5")
+    r = run([momfmm, "logits", trained["ckpt"], tokens, "--out", out])
+    report.check("logits [B, T]: exit 0, names the file and shape", r.returncode == 0 and
+                 f"/logits [5, 24, 32]" in r.stdout, r.stdout + r.stderr)
+    with h5py.File(out, "r") as f:
+        got, attrs = f["logits"][()], dict(f.attrs)
+    want = torch_logits(trained["ckpt"], ids)
+    report.check("logits: float32 [B, T, V]", got.dtype == np.float32 and got.shape == (5, 24, 32), str(got.shape))
+    report.check("logits = momfmm.pt's forward within 1e-5 max(1, |z|)", close(got, want),
+                 f"max diff {float(np.abs(got - want).max()):.3g}")
+    checkpoint = attrs.get("checkpoint")
+    checkpoint = checkpoint.decode() if isinstance(checkpoint, bytes) else checkpoint
+    report.check("attributes: checkpoint, step, tokens_seen", checkpoint == trained["ckpt"] and
+                 int(attrs["step"]) == 6 and int(attrs["tokens_seen"]) == 6 * 4 * 16, str(attrs))
+
+    one = write_ids(os.path.join(workdir, "one.h5"), ids[2, :10], "uint16")
+    r = run([momfmm, "logits", trained["out_dir"], one, "--out", os.path.join(workdir, "one_logits.h5")])
+    report.check("a run directory, named on the first line", r.returncode == 0 and
+                 r.stdout.startswith(f"checkpoint: {trained['ckpt']}\n"), r.stdout + r.stderr)
+    with h5py.File(os.path.join(workdir, "one_logits.h5"), "r") as f:
+        got1 = f["logits"][()]
+    report.check("uint16 [T] reads as one row [1, T, V]", got1.shape == (1, 10, 32), str(got1.shape))
+    report.check("[T]: the logits of that row's prefix (causal)", close(got1[0], want[2, :10]),
+                 f"max diff {float(np.abs(got1[0] - want[2, :10]).max()):.3g}")
+
+
+def test_logits_cls(momfmm, workdir, report):
+    ini = write_config(os.path.join(workdir, "cls.ini"), {
+        "model": {"vocab_size": 24, "d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "head": "cls",
+                  "causal": False, "n_classes": 10},
+        "data": {"task": "listops", "seq_len": 20}, "train": {"out_dir": os.path.join(workdir, "cls")}})
+    ckpt = os.path.join(workdir, "cls.h5")
+    assert run([momfmm, "init", ini, "--out", ckpt]).returncode == 0
+    ids = np.random.default_rng(2).integers(0, 24, size=(3, 20))
+    out = os.path.join(workdir, "cls_logits.h5")
+    r = run([momfmm, "logits", ckpt, write_ids(os.path.join(workdir, "cls_ids.h5"), ids), "--out", out])
+    report.check("cls: exit 0", r.returncode == 0, r.stderr)
+    with h5py.File(out, "r") as f:
+        got = f["logits"][()]
+    want = torch_logits(ckpt, ids)
+    report.check("cls: /logits [B, n_classes] = momfmm.pt's (every position pooled)", close(got, want),
+                 f"{got.shape} vs {want.shape}")
+
+
+def bad_files(workdir):
+    """(label, file, needles in the message) of token files `logits` refuses with exit 3."""
+    d = os.path.join(workdir, "bad")
+    os.makedirs(d, exist_ok=True)
+    ids = np.arange(20).reshape(2, 10) % 32
+    ids[1, 3] = 32
+    ids[1, 5] = 40
+    with h5py.File(os.path.join(d, "none.h5"), "w") as f:
+        f["inputs"] = np.zeros((1, 4), dtype=np.int32)
+    with h5py.File(os.path.join(d, "empty.h5"), "w") as f:
+        f["tokens"] = np.zeros((0,), dtype=np.int32)
+    return [
+        ("an id outside the vocabulary", write_ids(os.path.join(d, "range.h5"), ids),
+         ["range.h5", "offset 13", "row 1, position 3", "32", "[0, 32)"]),
+        ("a negative id", write_ids(os.path.join(d, "neg.h5"), [1, 2, -1]), ["neg.h5", "offset 2", "-1"]),
+        ("T longer than the model's positions", write_ids(os.path.join(d, "long.h5"), np.zeros(25)),
+         ["long.h5", "T = 25", "24 positions"]),
+        ("float ids", write_ids(os.path.join(d, "float.h5"), np.zeros(4), "float32"), ["float.h5", "integers"]),
+        ("int64 ids", write_ids(os.path.join(d, "wide.h5"), np.zeros(4), "int64"), ["wide.h5", "uint16 or int32"]),
+        ("three dimensions", write_ids(os.path.join(d, "cube.h5"), np.zeros((1, 2, 3))),
+         ["cube.h5", "[T] or [B, T]"]),
+        ("no /tokens", os.path.join(d, "none.h5"), ["none.h5", "/tokens"]),
+        ("an empty /tokens", os.path.join(d, "empty.h5"), ["empty.h5", "empty"]),
+        ("not an HDF5 file", os.path.join(workdir, "chain.ini"), ["chain.ini"]),
+    ]
+
+
+def test_logits_bad_token_files(momfmm, trained, workdir, report):
+    out = os.path.join(workdir, "bad_out.h5")
+    for label, path, needles in bad_files(workdir):
+        r = run([momfmm, "logits", trained["ckpt"], path, "--out", out])
+        lines = r.stderr.strip().splitlines()
+        report.check(f"{label}: exit 3, one line naming {needles}", r.returncode == 3 and len(lines) == 1 and
+                     all(n in lines[0] for n in needles) and not os.path.exists(out), r.stderr)
+
+
+def test_logits_command_line(momfmm, trained, workdir, report):
+    tokens = write_ids(os.path.join(workdir, "cl.h5"), [1, 2, 3])
+    r = run([momfmm, "help"])
+    report.check("help lists logits", r.returncode == 0 and re.search(r"^  logits +CKPT", r.stdout, re.M), r.stdout)
+    r = run([momfmm, "logits", "--help"])
+    report.check("logits --help: usage with --out (required)", r.returncode == 0 and
+                 "usage: momfmm logits CKPT.h5|RUN_DIR TOKENS.h5 --out FILE.h5" in r.stdout, r.stdout)
+    r = run([momfmm, "logits", trained["ckpt"], tokens])
+    report.check("no --out: exit 2", r.returncode == 2 and "--out" in r.stderr, r.stderr)
+    r = run([momfmm, "logits", trained["ckpt"], tokens, "--out", trained["ckpt"], "--force"])
+    report.check("--out naming the checkpoint: exit 2, checkpoint intact", r.returncode == 2 and
+                 mt.load(trained["ckpt"]) is not None, r.stderr)
+    out = os.path.join(workdir, "cl_out.h5")
+    open(out, "w").close()
+    r = run([momfmm, "logits", trained["ckpt"], tokens, "--out", out])
+    report.check("an existing --out without --force: exit 2", r.returncode == 2 and "--force" in r.stderr, r.stderr)
+    r = run([momfmm, "logits", trained["ckpt"], tokens, "--out", out, "--force"])
+    report.check("--force replaces it", r.returncode == 0 and h5py.is_hdf5(out), r.stderr)
+    r = run([momfmm, "forward", trained["ckpt"], tokens])
+    report.check("forward: did you mean logits?", r.returncode == 2 and "did you mean logits" in r.stderr, r.stderr)
