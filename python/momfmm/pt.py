@@ -8,7 +8,9 @@
 The module computes the model of docs/model.md §1 as the C code does: pre-LN blocks, RoPE
 (§1.1), the momentum shear with its buffers (§1.2), softmax or FMM attention (§1.3), lm or cls
 head. It is float32 by default (as the C code) and `.double()` works. It recomputes everything
-per forward (no streaming state); `generate` is greedy decoding by re-running the whole prefix.
+per forward (no streaming state); `generate` re-runs the whole prefix for each new id and picks
+it as `momfmm generate` does (greedy, or sampled with temperature, top-k, top-p and seed through
+the same sampler and counter generator, include/momfmm/rng.h), so both give the same ids.
 
 Parameter names are the checkpoint's /model names (docs/files.md §4) with '/' -> '.', except the
 embedding: `tok_emb` -> `tok_emb.weight`. Momentum buffers /buffers/blocks/<i>/attn/prev_q|prev_k
@@ -384,7 +386,21 @@ def load(path, device="cpu", dtype=torch.float32):
         raise h5.RunError(f"{path}: tensors do not match config_ini (missing {missing}, "
                           f"unexpected {extra}, wrong shape {wrong})")
     model.load_state_dict(tensors, strict=False)
+    model.momfmm_positions = _positions(ck.config)
+    model.momfmm_config_ini = _attr_ini(ck)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def _positions(cfg):
+    """max(model.max_seq_len, data.seq_len) of a config_ini (the C model's RoPE positions)."""
+    def get(sec, key):
+        return int(cfg.get(sec, key)) if cfg.has_option(sec, key) else 0
+    return max(get("model", "max_seq_len"), get("data", "seq_len")) or None
+
+
+def _attr_ini(ck):
+    value = ck.attrs.get("config_ini")
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def export(path, out_pt, config_json=None):
@@ -428,15 +444,102 @@ def loss(model, inputs, targets, labels=None):
     return F.cross_entropy(model(inputs, valid), labels)
 
 
+# The counter-based generator of include/momfmm/rng.h, in 64-bit arithmetic.
+MASK64 = (1 << 64) - 1
+GENERATE_STREAM = 0x6E4  # rng_key(seed, 0x6E4, 0, 0): src/cmd_generate.c
+
+
+def _rng_mix(z):
+    z = (z + 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def rng_key(a, b, c, d):
+    """rng_key of rng.h: the key of a stream of draws."""
+    return _rng_mix(_rng_mix(_rng_mix(_rng_mix(a & MASK64) ^ b) ^ c) ^ d)
+
+
+def rng_uniform(key, counter):
+    """rng_uniform of rng.h: draw `counter` of the stream `key`, uniform in [0, 1) with 53 bits."""
+    z = _rng_mix(key ^ _rng_mix((counter + 0x632BE59BD9B4E019) & MASK64))
+    return (z >> 11) * (1.0 / 9007199254740992.0)
+
+
+def sample_next(logits, temperature=0.0, top_k=0, top_p=1.0, key=0, counter=0):
+    """The next id from one position's logits as sample_next of src/cmd_generate.c computes it
+    (docs/cli.md §5, generate), step for step: greedy (the first largest logit) at temperature
+    0 or top_k 1; else the ids sorted by logit (float32, ties by id), the first top_k kept, cut
+    to the fewest whose weights exp((z_v − z_max)/T) reach top_p of their sum, then one uniform
+    draw (key, counter) walked down the kept weights. Differences z_v − z_max are float32 as in
+    C, weights and sums float64 in the same order with the same libm exp, so equal logits give
+    the same id."""
+    z = np.asarray(logits, dtype=np.float32).ravel()
+    V = len(z)
+    best = int(np.argmax(z))
+    if temperature <= 0 or top_k == 1:
+        return best
+    values = z.tolist()   # each exactly its float32
+    ranked = sorted(range(V), key=lambda v: (-values[v], v))
+    kept = top_k if 0 < top_k < V else V
+    top = z[ranked[0]]
+
+    def weight(i):
+        return math.exp(float(z[ranked[i]] - top) / temperature)   # float32 difference, then double
+
+    total = 0.0
+    for i in range(kept):
+        total += weight(i)
+    mass, cut, within = 0.0, top_p * total, 0
+    while within < kept and (within == 0 or mass < cut):
+        mass += weight(within)
+        within += 1
+    u = rng_uniform(key, counter) * mass
+    for i in range(within):
+        w = weight(i)
+        if u < w:
+            return ranked[i]
+        u -= w
+    return ranked[within - 1]
+
+
+def positions(model):
+    """The positions `momfmm generate` holds without sliding its window: max(model.max_seq_len,
+    data.seq_len) of the checkpoint the module was loaded from (load), else None."""
+    return getattr(model, "momfmm_positions", None)
+
+
 @torch.no_grad()
-def generate(model, prompt_ids, n_tokens):
-    """Greedy continuation of prompt_ids (a list of ids): n_tokens new ids, each the first index
-    of the largest last-position logit, re-running the whole sequence every step (lm head)."""
+def generate(model, prompt_ids, n_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=None):
+    """The continuation `momfmm generate --prompt ... --tokens n_tokens --temperature T --top-k K
+    --top-p P --seed S [--stop ...]` prints, as a list of ids: each new id is sample_next of the
+    last position's logits (float32) with key rng_key(seed, 0x6E4, 0, 0) and counter = its index
+    among the new ids, re-running the whole sequence every step (lm head). `stop`: ids (or
+    bytes, for byte-level models) that end the continuation once it ends with them, as --stop.
+
+    The C command streams (KV cache) and this re-runs the prefix: the logits agree to float32
+    rounding (~1e-6), not bit for bit, so the ids agree unless a draw falls within that of a
+    boundary between two tokens' weights (or two logits tie to that), which the tests never
+    met. Past the window (a sequence fed longer than `positions(model)`) the C command slides
+    it, which a re-run cannot reproduce: that raises ValueError, as do top_k < 0, temperature
+    < 0 and top_p outside (0, 1]."""
     if model.config.head != "lm":
         raise ValueError("generate needs an lm head")
+    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"temperature {temperature} (>= 0), top_k {top_k} (>= 0), top_p {top_p} (in (0, 1])")
     ids = [int(t) for t in prompt_ids]
+    limit = positions(model)
+    if limit is not None and len(ids) + n_tokens - 1 > limit:
+        raise ValueError(f"a prompt of {len(ids)} and {n_tokens} new tokens run past the model's {limit} "
+                         "positions, where momfmm generate slides its window; this re-run cannot")
+    stop = [int(t) for t in stop] if stop is not None else []
+    key = rng_key(int(seed), GENERATE_STREAM, 0, 0)
+    device = model.tok_emb.weight.device
     out = []
-    for _ in range(n_tokens):
-        logits = model(torch.tensor([ids + out]))[0, -1]
-        out.append(int(torch.argmax(logits)))
+    for i in range(n_tokens):
+        logits = model(torch.tensor([ids + out], device=device))[0, -1]
+        out.append(sample_next(logits.float().cpu().numpy(), temperature, top_k, top_p, key, i))
+        if stop and out[-len(stop):] == stop:
+            break
     return out

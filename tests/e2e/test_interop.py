@@ -168,3 +168,64 @@ def test_logits_command_line(momfmm, trained, workdir, report):
     report.check("--force replaces it", r.returncode == 0 and h5py.is_hdf5(out), r.stderr)
     r = run([momfmm, "forward", trained["ckpt"], tokens])
     report.check("forward: did you mean logits?", r.returncode == 2 and "did you mean logits" in r.stderr, r.stderr)
+
+
+# ---- momfmm.pt.generate = momfmm generate --------------------------------------------
+
+PROMPT = [3, 1, 4, 1, 5]
+SETTINGS = [  # (temperature, top_k, top_p, seed)
+    (0.0, 0, 1.0, 0), (1.0, 0, 1.0, 0), (1.0, 0, 1.0, 1), (1.0, 0, 1.0, 2), (0.7, 5, 1.0, 3),
+    (1.5, 0, 0.9, 4), (1.0, 8, 0.6, 5), (2.0, 1, 1.0, 6), (1.0, 0, 0.05, 7), (1e-3, 0, 1.0, 8),
+]
+
+
+def c_generate(momfmm, ckpt, n, temperature, top_k, top_p, seed, *extra):
+    r = run([momfmm, "generate", ckpt, "--prompt", ",".join(map(str, PROMPT)), "--tokens", n,
+             "--temperature", temperature, "--top-k", top_k, "--top-p", top_p, "--seed", seed, *extra])
+    m = re.search(r"^generated:(.*)$", r.stdout, re.M)
+    assert r.returncode == 0 and m, r.stdout + r.stderr
+    return [int(t) for t in m.group(1).split()]
+
+
+def test_generate_equals_c(momfmm, trained, report):
+    model = mt.load(trained["ckpt"])
+    n = 24 + 1 - len(PROMPT)  # the whole window: the C command slides nothing
+    for temperature, top_k, top_p, seed in SETTINGS:
+        want = c_generate(momfmm, trained["ckpt"], n, temperature, top_k, top_p, seed)
+        got = mt.generate(model, PROMPT, n, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        report.check(f"T {temperature} top-k {top_k} top-p {top_p} seed {seed}: the same {n} ids", got == want,
+                     f"python {got} vs C {want}")
+    sampled = {tuple(mt.generate(model, PROMPT, n, temperature=1.0, seed=s)) for s in range(4)}
+    report.check("the seeds give different samples (the test can fail)", len(sampled) == 4, str(sampled))
+    for stop in ([9], [8, 21]):  # seed 2 samples 9 at new id 8, and 8, 21 at 6, 7
+        want = c_generate(momfmm, trained["ckpt"], n, 1.0, 0, 1.0, 2, "--stop", "".join(f"\\x{t:02x}" for t in stop))
+        got = mt.generate(model, PROMPT, n, temperature=1.0, seed=2, stop=stop)
+        report.check(f"--stop {stop}: ends at the same id, early", got == want and len(got) < n,
+                     f"python {got} vs C {want}")
+
+
+def test_generate_refusals(trained, report):
+    model = mt.load(trained["ckpt"])
+    report.check("positions(model) = max(model.max_seq_len, data.seq_len)", mt.positions(model) == 24,
+                 str(mt.positions(model)))
+    for label, kw, needle in [("past the window", dict(n_tokens=21), "slides"),
+                              ("negative temperature", dict(n_tokens=2, temperature=-1), "temperature"),
+                              ("top_p 0", dict(n_tokens=2, top_p=0), "top_p"),
+                              ("negative top_k", dict(n_tokens=2, top_k=-1), "top_k")]:
+        try:
+            mt.generate(model, PROMPT, **kw)
+            report.check(f"{label}: ValueError", False, "no error")
+        except ValueError as exc:
+            report.check(f"{label}: ValueError", needle in str(exc), str(exc))
+
+
+def test_rng_matches_c(report):
+    """rng_key and rng_uniform of include/momfmm/rng.h: values a one-off C program printed
+    from the header (seed 0, draws 0..2; seed 123456789012345, draw 1000)."""
+    key = mt.rng_key(0, mt.GENERATE_STREAM, 0, 0)
+    report.check("rng_key(0, 0x6E4, 0, 0)", key == 2425697351651058593, str(key))
+    draws = [mt.rng_uniform(key, i) for i in range(3)]
+    report.check("rng_uniform(key, 0..2)", draws == [0.47345563524635725, 0.23784661793472495,
+                                                      0.35667450656071253], str(draws))
+    u = mt.rng_uniform(mt.rng_key(123456789012345, mt.GENERATE_STREAM, 0, 0), 1000)
+    report.check("a large seed, draw 1000", u == 0.62773135663565305, repr(u))
