@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from momfmm import h5
+from momfmm.sampling import GENERATE_STREAM, rng_key, rng_uniform, sample_next  # noqa: F401 (re-exported)
 
 LN_EPS = 1e-5  # docs/model.md §1, item 3
 
@@ -416,6 +417,108 @@ def export(path, out_pt, config_json=None):
     return model.config
 
 
+def checkpoint_name(name):
+    """Checkpoint tensor name (docs/files.md §4) of a PyTorch state_dict name: state_name inverted."""
+    return "tok_emb" if name == "tok_emb.weight" else name.replace(".", "/")
+
+
+def _ini_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _model_sections(cfg):
+    """The config keys a ModelConfig stands for, by INI section (docs/config.md §6)."""
+    return {
+        "model": dict(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers,
+                      d_ff=cfg.d_ff, rope_base=cfg.rope_base, causal=cfg.causal, head=cfg.head,
+                      n_classes=cfg.n_classes),
+        "attention": dict(kind=cfg.kind),
+        "momentum": dict(gamma=cfg.gamma, learn_gamma=cfg.learn_gamma, beta=cfg.beta, gamma2=cfg.gamma2,
+                         apply_to=cfg.apply_to, placement=cfg.placement, anchor=cfg.anchor),
+        "fmm": dict(bandwidth=cfg.bandwidth, kernels=cfg.kernels, eps=cfg.fmm_eps, chunk=cfg.fmm_chunk),
+    }
+
+
+def _set_ini_keys(text, sections):
+    """INI text with each {section: {key: value}} set: the key's line replaced where it stands,
+    else appended to its section (made at the end when missing); every other line as it was."""
+    lines = text.splitlines()
+    for section, keys in sections.items():
+        for key, value in keys.items():
+            line, current, at, end = f"{key} = {_ini_value(value)}", None, None, None
+            for i, raw in enumerate(lines):
+                stripped = raw.strip()
+                if stripped.startswith("[") and stripped.endswith("]"):
+                    current = stripped[1:-1].strip()
+                    if current == section:
+                        end = i + 1
+                elif current == section:
+                    if stripped.split("=", 1)[0].strip() == key and "=" in stripped:
+                        at = i
+                    if stripped:
+                        end = i + 1
+            if at is not None:
+                lines[at] = line
+            elif end is not None:
+                lines.insert(end, line)
+            else:
+                lines += ["", f"[{section}]", line]
+    return "\n".join(lines) + "\n"
+
+
+def save(model, path, config_ini=None, sections=None, step=0, tokens_seen=0):
+    """Writes `model` (a MomfmmModel) as a momfmm checkpoint (docs/files.md §4) that `momfmm eval`,
+    `generate`, `logits`, `inspect` and `train --init` read: root attributes format,
+    format_version 1, step, tokens_seen, world_size 1, config_ini, momfmm_version; /model/<name>
+    float32 (checkpoint_name of each parameter); /buffers/blocks/<i>/attn/prev_q|prev_k when
+    momentum is on. No /optim, so `train --resume` refuses it (train --init takes the weights
+    with a fresh optimizer); a /tokenizer the loaded checkpoint carried is not copied.
+
+    config_ini: the INI text to start from; by default the config_ini of the checkpoint the
+    module was loaded from (load), else only the keys below and momfmm's defaults. The module's
+    ModelConfig keys are then set in it (so config and tensors agree), then `sections`
+    ({"data": {"seq_len": 64}, "model": {"max_seq_len": 256}, ...}: values written as they
+    are, booleans as true/false). Written to a temporary name beside `path`, then renamed over
+    it (an existing file is replaced, as torch.save does). Raises ValueError for a non-finite
+    tensor, before writing anything."""
+    import os
+    import h5py
+
+    base = config_ini if config_ini is not None else getattr(model, "momfmm_config_ini", None) or ""
+    ini = _set_ini_keys(base, _model_sections(model.config))
+    if sections:
+        ini = _set_ini_keys(ini, sections)
+    buffers = {n for n, _ in model.named_buffers()}
+    tensors = {}
+    for name, value in model.state_dict().items():
+        array = value.detach().to("cpu", torch.float32).numpy()
+        if not np.isfinite(array).all():
+            raise ValueError(f"{name} holds non-finite values: momfmm refuses such a checkpoint")
+        group = "buffers" if name in buffers else "model"
+        tensors[f"{group}/{checkpoint_name(name)}"] = array
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = h5.CHECKPOINT_FORMAT
+            f.attrs["format_version"] = np.int32(1)
+            f.attrs["step"] = np.int64(step)
+            f.attrs["tokens_seen"] = np.int64(tokens_seen)
+            f.attrs["world_size"] = np.int32(1)
+            f.attrs["config_ini"] = ini
+            f.attrs["momfmm_version"] = f"momfmm.pt.save (torch {torch.__version__})"
+            for name, array in tensors.items():
+                f[name] = array
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
 def build(config):
     """A freshly initialised MomfmmModel from a ModelConfig or its dict (e.g. export's JSON)."""
     return MomfmmModel(config if isinstance(config, ModelConfig) else ModelConfig(**config))
@@ -442,66 +545,6 @@ def loss(model, inputs, targets, labels=None):
         raise ValueError("the cls head needs labels")
     labels = torch.as_tensor(labels, dtype=torch.long, device=device)
     return F.cross_entropy(model(inputs, valid), labels)
-
-
-# The counter-based generator of include/momfmm/rng.h, in 64-bit arithmetic.
-MASK64 = (1 << 64) - 1
-GENERATE_STREAM = 0x6E4  # rng_key(seed, 0x6E4, 0, 0): src/cmd_generate.c
-
-
-def _rng_mix(z):
-    z = (z + 0x9E3779B97F4A7C15) & MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-    return z ^ (z >> 31)
-
-
-def rng_key(a, b, c, d):
-    """rng_key of rng.h: the key of a stream of draws."""
-    return _rng_mix(_rng_mix(_rng_mix(_rng_mix(a & MASK64) ^ b) ^ c) ^ d)
-
-
-def rng_uniform(key, counter):
-    """rng_uniform of rng.h: draw `counter` of the stream `key`, uniform in [0, 1) with 53 bits."""
-    z = _rng_mix(key ^ _rng_mix((counter + 0x632BE59BD9B4E019) & MASK64))
-    return (z >> 11) * (1.0 / 9007199254740992.0)
-
-
-def sample_next(logits, temperature=0.0, top_k=0, top_p=1.0, key=0, counter=0):
-    """The next id from one position's logits as sample_next of src/cmd_generate.c computes it
-    (docs/cli.md §5, generate), step for step: greedy (the first largest logit) at temperature
-    0 or top_k 1; else the ids sorted by logit (float32, ties by id), the first top_k kept, cut
-    to the fewest whose weights exp((z_v − z_max)/T) reach top_p of their sum, then one uniform
-    draw (key, counter) walked down the kept weights. Differences z_v − z_max are float32 as in
-    C, weights and sums float64 in the same order with the same libm exp, so equal logits give
-    the same id."""
-    z = np.asarray(logits, dtype=np.float32).ravel()
-    V = len(z)
-    best = int(np.argmax(z))
-    if temperature <= 0 or top_k == 1:
-        return best
-    values = z.tolist()   # each exactly its float32
-    ranked = sorted(range(V), key=lambda v: (-values[v], v))
-    kept = top_k if 0 < top_k < V else V
-    top = z[ranked[0]]
-
-    def weight(i):
-        return math.exp(float(z[ranked[i]] - top) / temperature)   # float32 difference, then double
-
-    total = 0.0
-    for i in range(kept):
-        total += weight(i)
-    mass, cut, within = 0.0, top_p * total, 0
-    while within < kept and (within == 0 or mass < cut):
-        mass += weight(within)
-        within += 1
-    u = rng_uniform(key, counter) * mass
-    for i in range(within):
-        w = weight(i)
-        if u < w:
-            return ranked[i]
-        u -= w
-    return ranked[within - 1]
 
 
 def positions(model):

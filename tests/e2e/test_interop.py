@@ -229,3 +229,77 @@ def test_rng_matches_c(report):
                                                       0.35667450656071253], str(draws))
     u = mt.rng_uniform(mt.rng_key(123456789012345, mt.GENERATE_STREAM, 0, 0), 1000)
     report.check("a large seed, draw 1000", u == 0.62773135663565305, repr(u))
+
+
+# ---- momfmm.pt.save -> eval, generate, logits, train --init ----------------------------
+
+
+def eval_line(r):
+    m = re.search(r"^eval \| (.*)$", r.stdout, re.M)
+    assert r.returncode == 0 and m, r.stdout + r.stderr
+    return m.group(1)
+
+
+def test_save_round_trip(momfmm, trained, workdir, report):
+    saved = os.path.join(workdir, "saved.h5")
+    model = mt.load(trained["ckpt"])
+    mt.save(model, saved, step=6, tokens_seen=384)
+    want, got = eval_line(run([momfmm, "eval", trained["ckpt"]])), eval_line(run([momfmm, "eval", saved]))
+    report.check("momfmm eval of the saved file: the same loss line", got == want, f"{got} vs {want}")
+    args = ["--prompt", "1,2,3", "--tokens", 12, "--temperature", 1, "--seed", 4]
+    a, b = run([momfmm, "generate", trained["ckpt"], *args]), run([momfmm, "generate", saved, *args])
+    report.check("momfmm generate: the same ids", a.returncode == b.returncode == 0 and a.stdout == b.stdout,
+                 a.stdout + b.stdout + b.stderr)
+    r = run([momfmm, "inspect", saved])
+    report.check("inspect: step 6, written by momfmm.pt.save", r.returncode == 0 and "step 6 |" in r.stdout and
+                 "momfmm.pt.save" in r.stdout, r.stdout[:400] + r.stderr)
+    with h5py.File(trained["ckpt"], "r") as src, h5py.File(saved, "r") as dst:
+        names = []
+        src.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) and
+                       n.startswith(("model/", "buffers/")) else None)
+        same = all(n in dst and np.array_equal(src[n][()], dst[n][()]) for n in names)
+        ours = []
+        dst.visititems(lambda n, o: ours.append(n) if isinstance(o, h5py.Dataset) else None)
+    report.check("/model and /buffers: every tensor, bit for bit, nothing else", same and
+                 sorted(ours) == sorted(names), f"{len(names)} vs {len(ours)}")
+
+    out_dir = os.path.join(workdir, "tuned")
+    r = run([momfmm, "train", trained["ini"], "--init", saved, "--set", f"train.out_dir={out_dir}",
+             "--set", "train.steps=2", "--set", "train.ckpt_interval=2", "--set", "train.eval_interval=0"])
+    report.check("train --init of the saved file runs 2 steps", r.returncode == 0 and
+                 "initialised from" in r.stdout and os.path.exists(os.path.join(out_dir, "ckpt_00000002.h5")),
+                 r.stdout[-400:] + r.stderr)
+    r = run([momfmm, "train", trained["ini"], "--resume", saved, "--set", f"train.out_dir={out_dir}r"])
+    report.check("train --resume of it exits 3 (no /optim)", r.returncode == 3 and "optim" in r.stderr, r.stderr)
+
+
+def test_save_built_module(momfmm, workdir, report):
+    """A module momfmm never wrote (mt.build, its own weights): the config comes from the
+    ModelConfig and `sections`; momfmm's logits equal the module's forward."""
+    torch.manual_seed(0)
+    model = mt.build(mt.ModelConfig(vocab_size=20, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+                                    kind="fmm", bandwidth=3, kernels=["elu", "tanh"], gamma=0.2)).eval()
+    with torch.no_grad():
+        model.blocks[0].attn.fmm_blend.normal_()
+    saved = os.path.join(workdir, "built.h5")
+    mt.save(model, saved, sections={"data": {"seq_len": 12}, "model": {"max_seq_len": 16},
+                                    "train": {"out_dir": os.path.join(workdir, "built_run")}})
+    ids = np.random.default_rng(4).integers(0, 20, size=(2, 16))
+    out = os.path.join(workdir, "built_logits.h5")
+    r = run([momfmm, "logits", saved, write_ids(os.path.join(workdir, "built_ids.h5"), ids), "--out", out])
+    report.check("momfmm logits reads it", r.returncode == 0, r.stderr)
+    if r.returncode == 0:
+        with h5py.File(out, "r") as f:
+            got = f["logits"][()]
+        with torch.no_grad():
+            want = model(torch.as_tensor(ids)).numpy()
+        report.check("its logits = the module's forward", close(got, want),
+                     f"max diff {float(np.abs(got - want).max()):.3g}")
+    with torch.no_grad():
+        model.blocks[0].mlp.fc.bias[0] = float("nan")
+    try:
+        mt.save(model, os.path.join(workdir, "nan.h5"))
+        report.check("a non-finite tensor: ValueError", False, "saved")
+    except ValueError as exc:
+        report.check("a non-finite tensor: ValueError naming it, nothing written", "mlp.fc.bias" in str(exc) and
+                     not os.path.exists(os.path.join(workdir, "nan.h5")), str(exc))
