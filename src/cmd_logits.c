@@ -44,6 +44,8 @@ int command_logits(const char *ckpt, const char *tokens, const char *out, bool f
     checkpoint_info info;
     char path[STORE_PATH_MAX];
     command_load_run_checkpoint(ckpt, &m, path, sizeof path, &info);
+    const char *read[] = {path, tokens}; /* a run directory's checkpoint is known only now */
+    cmd_check_output("--out", out, read, 2, force);
     bool lm = m.cfg.head == HEAD_LM;
     logits_file_tokens t;
     status err;

@@ -160,6 +160,9 @@ def test_logits_command_line(momfmm, trained, workdir, report):
     r = run([momfmm, "logits", trained["ckpt"], tokens, "--out", trained["ckpt"], "--force"])
     report.check("--out naming the checkpoint: exit 2, checkpoint intact", r.returncode == 2 and
                  mt.load(trained["ckpt"]) is not None, r.stderr)
+    r = run([momfmm, "logits", trained["out_dir"], tokens, "--out", trained["ckpt"], "--force"])
+    report.check("--out naming the checkpoint a run directory stands for: exit 2, intact", r.returncode == 2 and
+                 "is the input" in r.stderr and mt.load(trained["ckpt"]) is not None, r.stderr)
     out = os.path.join(workdir, "cl_out.h5")
     open(out, "w").close()
     r = run([momfmm, "logits", trained["ckpt"], tokens, "--out", out])
