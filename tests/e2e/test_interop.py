@@ -222,6 +222,16 @@ def test_generate_refusals(trained, report):
             report.check(f"{label}: ValueError", needle in str(exc), str(exc))
 
 
+def test_old_name(report):
+    """momfmm.torch, the deprecated old name of momfmm.pt, has the new functions too."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import momfmm.torch as old
+    report.check("momfmm.torch.generate, .save, .sample_next are momfmm.pt's",
+                 old.generate is mt.generate and old.save is mt.save and old.sample_next is mt.sample_next)
+
+
 def test_rng_matches_c(report):
     """rng_key and rng_uniform of include/momfmm/rng.h: values a one-off C program printed
     from the header (seed 0, draws 0..2; seed 123456789012345, draw 1000)."""
