@@ -93,6 +93,15 @@ def test_logits_equal_torch(momfmm, trained, workdir, report):
     report.check("[T]: the logits of that row's prefix (causal)", close(got1[0], want[2, :10]),
                  f"max diff {float(np.abs(got1[0] - want[2, :10]).max()):.3g}")
 
+    packed = os.path.join(workdir, "packed.h5")
+    with h5py.File(packed, "w") as f:
+        f.create_dataset("tokens", data=ids.astype(">i4"), chunks=(1, 8), compression="gzip")
+    r = run([momfmm, "logits", trained["ckpt"], packed, "--out", os.path.join(workdir, "packed_logits.h5")])
+    with h5py.File(os.path.join(workdir, "packed_logits.h5"), "r") as f:
+        same = np.array_equal(f["logits"][()], got)
+    report.check("big-endian, chunked, gzip-compressed /tokens: the same logits", r.returncode == 0 and same,
+                 r.stderr)
+
 
 def test_logits_cls(momfmm, workdir, report):
     ini = write_config(os.path.join(workdir, "cls.ini"), {
