@@ -39,7 +39,7 @@ static const option_spec OPTIONS[] = {
     {'r', "--resume", "auto|PATH", NULL,
      "continue from the newest loadable checkpoint in train.out_dir (auto) or from PATH; "
      "without it a run starts at step 0"},
-    {'o', "--out", "FILE.h5", NULL, "the checkpoint to write"},
+    {'o', "--out", "FILE.h5", NULL, "the file to write (init: the checkpoint; logits: the logits)"},
     {'g', "--grads", "OUT.h5", NULL, "also write the gradient of the loss for every parameter; default: none"},
     {'n', "--steps", "N", "10", "timed steps, after two warm-up steps"},
     {'S', "--stream", NULL, NULL, "also run the batches through streaming inference and compare the logits"},
@@ -89,6 +89,7 @@ static int run_inspect(const arguments *a);
 static int run_generate(const arguments *a);
 static int run_bench(const arguments *a);
 static int run_data(const arguments *a);
+static int run_logits(const arguments *a);
 
 static const command_spec COMMANDS[] = {
     {"train", "CONFIG.ini", 1, "srIw", "",
@@ -108,6 +109,9 @@ static const command_spec COMMANDS[] = {
      run_inspect, false},
     {"generate", "CKPT.h5|RUN_DIR", 1, "pTkteKUZP", "",
      "Continue a prompt (--prompt or --text) through streaming inference.", run_generate, true},
+    {"logits", "CKPT.h5|RUN_DIR TOKENS.h5", 2, "ofP", "o",
+     "Write the model's logits on the token ids of TOKENS.h5 (/tokens, [T] or [B, T]) to --out (/logits).", run_logits,
+     true},
     {"bench", "CONFIG.ini", 1, "sn", "", "Time training steps and report tokens/s, ms/step and GFLOP/s.", run_bench,
      false},
     {"data", "CONFIG.ini", 1, "sND", "",
@@ -118,9 +122,9 @@ static const command_spec COMMANDS[] = {
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
 
 static const suggest_alias COMMAND_ALIASES[] = {
-    {"training", "train"}, {"fit", "train"},    {"evaluate", "eval"}, {"test", "eval"},       {"sample", "generate"},
-    {"gen", "generate"},   {"show", "inspect"}, {"info", "inspect"},  {"benchmark", "bench"}, {"version", "--version"},
-    {"-v", "--version"},   {"samples", "data"}, {"dataset", "data"},  {NULL, NULL},
+    {"training", "train"},    {"fit", "train"},    {"evaluate", "eval"}, {"test", "eval"},       {"sample", "generate"},
+    {"gen", "generate"},      {"show", "inspect"}, {"info", "inspect"},  {"benchmark", "bench"}, {"forward", "logits"},
+    {"version", "--version"}, {"-v", "--version"}, {"samples", "data"},  {"dataset", "data"},    {NULL, NULL},
 };
 
 static const suggest_alias OPTION_ALIASES[] = {
@@ -186,8 +190,11 @@ static void print_overview(void) {
     printf("momfmm %s: transformers with momentum attention and FMM attention, trained data-parallel over MPI\n\n",
            build_version_number());
     printf("usage: momfmm <command> ARGUMENTS [OPTIONS]\n\ncommands:\n");
+    int width = 0;
     for (size_t i = 0; i < N_COMMANDS; i++)
-        printf("  %-9s %-18s %s\n", COMMANDS[i].name, COMMANDS[i].operands, COMMANDS[i].summary);
+        if ((int)strlen(COMMANDS[i].operands) > width) width = (int)strlen(COMMANDS[i].operands);
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        printf("  %-9s %-*s %s\n", COMMANDS[i].name, width, COMMANDS[i].operands, COMMANDS[i].summary);
     printf("\n  momfmm help COMMAND, momfmm COMMAND --help   a command's options and their defaults\n"
            "  momfmm --version                             version, git revision, MPI, OpenBLAS and HDF5 versions\n"
            "\nexit codes: 0 success, 1 internal failure, 2 config or command-line error, 3 bad file,\n"
@@ -440,6 +447,10 @@ static int run_generate(const arguments *a) {
                                   .top_p = a->top_p,
                                   .seed = a->seed};
     return command_generate(a->positional[0], &g);
+}
+
+static int run_logits(const arguments *a) {
+    return command_logits(a->positional[0], a->positional[1], a->out, a->force);
 }
 
 static int run_bench(const arguments *a) {

@@ -113,12 +113,13 @@ static void load_checkpoint(const char *path_or_dir, loaded_checkpoint *c) {
     else load_file(path_or_dir, c);
 }
 
-void command_load_run_checkpoint(const char *path_or_dir, model *m, char *path, size_t len) {
+void command_load_run_checkpoint(const char *path_or_dir, model *m, char *path, size_t len, checkpoint_info *info) {
     loaded_checkpoint c = {.history = false};
     load_checkpoint(path_or_dir, &c);
     if (store_is_directory(path_or_dir)) log_rank0("checkpoint: %s\n", c.path);
     snprintf(path, len, "%s", c.path);
     *m = c.m;
+    if (info) *info = c.info;
 }
 
 static void print_parameter_groups(const model *m) {

@@ -228,7 +228,7 @@ int command_generate(const char *ckpt, const command_generate_options *o) {
     model m;
     status err;
     char path[STORE_PATH_MAX];
-    command_load_run_checkpoint(ckpt, &m, path, sizeof path);
+    command_load_run_checkpoint(ckpt, &m, path, sizeof path, NULL);
     int32_t *prompt;
     int n_prompt = read_prompt(o, &m, &prompt);
     int32_t *stop = sys_calloc(strlen(o->stop ? o->stop : "") + 1, sizeof(int32_t));

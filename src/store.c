@@ -212,6 +212,13 @@ int store_write_grads(const char *path, const model *m, double loss, status *err
     return checkpoint_write_grads(path, tmp, m, loss, err);
 }
 
+int store_write_logits(const char *path, const float *logits, int ndim, int B, int T, int width,
+                       const logits_file_source *source, status *err) {
+    char tmp[STORE_PATH_MAX + 32];
+    temporary_path(path, H5WRITER_ALONE, tmp, sizeof tmp);
+    return logits_file_write(path, tmp, logits, ndim, B, T, width, source, err);
+}
+
 int store_save(const char *dir, int keep, const model *m, const checkpoint_info *info, const metric_table *train,
                const metric_table *eval, h5writer_mode writers, char *path, size_t len, status *err) {
     store_checkpoint_path(dir, info->step, path, len);

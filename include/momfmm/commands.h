@@ -2,12 +2,13 @@
  * runs the core modules and turns a failed status into the exit codes of
  * docs/cli.md §5; nothing below this layer exits. cmd_train.c has train and
  * bench, cmd_checkpoint.c init, loss, inspect and eval, cmd_generate.c
- * generate, cmd_data.c data. */
+ * generate, cmd_logits.c logits, cmd_data.c data. */
 #ifndef MOMFMM_COMMANDS_H
 #define MOMFMM_COMMANDS_H
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "momfmm/checkpoint.h"
 #include "momfmm/model.h"
 
 /* With `init`, the run starts from that checkpoint's weights (fine-tuning);
@@ -25,9 +26,13 @@ int command_bench(const char *config_path, int n_overrides, char *const *overrid
 int command_data(const char *config_path, int n_overrides, char *const *overrides, int show, const char *split);
 int command_inspect(const char *ckpt);
 /* A model for inference from a checkpoint, or from a run directory's newest
- * checkpoint that loads (docs/design.md §8.4; named on stdout then); exits
+ * checkpoint that loads (docs/design.md §8.4; named on stdout then), the
+ * file read in path and its step and counts in info (may be NULL); exits
  * on a failure, every rank alike. */
-void command_load_run_checkpoint(const char *path_or_dir, model *m, char *path, size_t len);
+void command_load_run_checkpoint(const char *path_or_dir, model *m, char *path, size_t len, checkpoint_info *info);
+/* The logits of the checkpoint's model on the ids of an HDF5 /tokens, [T]
+ * or [B, T], into `out` (/logits, docs/files.md §4; cmd_logits.c). */
+int command_logits(const char *ckpt, const char *tokens, const char *out, bool force);
 /* Eval metrics of docs/metrics.md §3; with stream, the eval batches also go through the
  * streaming path in segments of `segment` tokens, and the largest logit
  * difference from the full forward is reported. */

@@ -12,6 +12,7 @@
 
 #include "momfmm/checkpoint.h"
 #include "momfmm/config.h"
+#include "momfmm/logits_file.h"
 #include "momfmm/status.h"
 
 #define STORE_PATH_MAX (CONFIG_PATH_MAX + 64)
@@ -55,6 +56,9 @@ void store_listing_free(store_listing *l);
 int store_write_checkpoint(const char *path, const model *m, const checkpoint_info *info, const metric_table *train,
                            const metric_table *eval, h5writer_mode writers, status *err);
 int store_write_grads(const char *path, const model *m, double loss, status *err);
+/* The /logits file of `momfmm logits` (logits_file_write), written alone. */
+int store_write_logits(const char *path, const float *logits, int ndim, int B, int T, int width,
+                       const logits_file_source *source, status *err);
 
 /* The checkpoint of info->step in dir, then pruning (by rank 0) to the
  * newest `keep` at or below that step. Fills path (len bytes) with the

@@ -12,7 +12,9 @@ Modules (docs/design.md §8.8), each importing only those listed before it:
   digest   results digests: a finished run's report data as committed JSON (results/experiments/)
   results  RESULTS.md from the experiment suite: a subpackage (its __init__ lists its modules)
   report   Markdown table comparing runs, and --results (tools/momfmm_report.py, momfmm-report)
-  pt       a checkpoint as a PyTorch nn.Module: load, export, loss, generate (needs torch)
+  sampling the sampler of `momfmm generate` and rng.h's counter generator, in Python
+  pt       a checkpoint as a PyTorch nn.Module: load, save, export, loss, generate, sampled as
+           `momfmm generate` (needs torch)
   torch    the deprecated old name of pt (warns), kept for one release
 This file imports none of them, so `import momfmm.h5` loads neither matplotlib nor the rest.
 """

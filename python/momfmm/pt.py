@@ -8,7 +8,9 @@
 The module computes the model of docs/model.md §1 as the C code does: pre-LN blocks, RoPE
 (§1.1), the momentum shear with its buffers (§1.2), softmax or FMM attention (§1.3), lm or cls
 head. It is float32 by default (as the C code) and `.double()` works. It recomputes everything
-per forward (no streaming state); `generate` is greedy decoding by re-running the whole prefix.
+per forward (no streaming state); `generate` re-runs the whole prefix for each new id and picks
+it as `momfmm generate` does (greedy, or sampled with temperature, top-k, top-p and seed through
+the same sampler and counter generator, include/momfmm/rng.h), so both give the same ids.
 
 Parameter names are the checkpoint's /model names (docs/files.md §4) with '/' -> '.', except the
 embedding: `tok_emb` -> `tok_emb.weight`. Momentum buffers /buffers/blocks/<i>/attn/prev_q|prev_k
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from momfmm import h5
+from momfmm.sampling import GENERATE_STREAM, rng_key, rng_uniform, sample_next  # noqa: F401 (re-exported)
 
 LN_EPS = 1e-5  # docs/model.md §1, item 3
 
@@ -384,7 +387,21 @@ def load(path, device="cpu", dtype=torch.float32):
         raise h5.RunError(f"{path}: tensors do not match config_ini (missing {missing}, "
                           f"unexpected {extra}, wrong shape {wrong})")
     model.load_state_dict(tensors, strict=False)
+    model.momfmm_positions = _positions(ck.config)
+    model.momfmm_config_ini = _attr_ini(ck)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def _positions(cfg):
+    """max(model.max_seq_len, data.seq_len) of a config_ini (the C model's RoPE positions)."""
+    def get(sec, key):
+        return int(cfg.get(sec, key)) if cfg.has_option(sec, key) else 0
+    return max(get("model", "max_seq_len"), get("data", "seq_len")) or None
+
+
+def _attr_ini(ck):
+    value = ck.attrs.get("config_ini")
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def export(path, out_pt, config_json=None):
@@ -398,6 +415,108 @@ def export(path, out_pt, config_json=None):
         with open(config_json, "w") as f:
             json.dump(dataclasses.asdict(model.config), f, indent=1)
     return model.config
+
+
+def checkpoint_name(name):
+    """Checkpoint tensor name (docs/files.md §4) of a PyTorch state_dict name: state_name inverted."""
+    return "tok_emb" if name == "tok_emb.weight" else name.replace(".", "/")
+
+
+def _ini_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _model_sections(cfg):
+    """The config keys a ModelConfig stands for, by INI section (docs/config.md §6)."""
+    return {
+        "model": dict(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers,
+                      d_ff=cfg.d_ff, rope_base=cfg.rope_base, causal=cfg.causal, head=cfg.head,
+                      n_classes=cfg.n_classes),
+        "attention": dict(kind=cfg.kind),
+        "momentum": dict(gamma=cfg.gamma, learn_gamma=cfg.learn_gamma, beta=cfg.beta, gamma2=cfg.gamma2,
+                         apply_to=cfg.apply_to, placement=cfg.placement, anchor=cfg.anchor),
+        "fmm": dict(bandwidth=cfg.bandwidth, kernels=cfg.kernels, eps=cfg.fmm_eps, chunk=cfg.fmm_chunk),
+    }
+
+
+def _set_ini_keys(text, sections):
+    """INI text with each {section: {key: value}} set: the key's line replaced where it stands,
+    else appended to its section (made at the end when missing); every other line as it was."""
+    lines = text.splitlines()
+    for section, keys in sections.items():
+        for key, value in keys.items():
+            line, current, at, end = f"{key} = {_ini_value(value)}", None, None, None
+            for i, raw in enumerate(lines):
+                stripped = raw.strip()
+                if stripped.startswith("[") and stripped.endswith("]"):
+                    current = stripped[1:-1].strip()
+                    if current == section:
+                        end = i + 1
+                elif current == section:
+                    if stripped.split("=", 1)[0].strip() == key and "=" in stripped:
+                        at = i
+                    if stripped:
+                        end = i + 1
+            if at is not None:
+                lines[at] = line
+            elif end is not None:
+                lines.insert(end, line)
+            else:
+                lines += ["", f"[{section}]", line]
+    return "\n".join(lines) + "\n"
+
+
+def save(model, path, config_ini=None, sections=None, step=0, tokens_seen=0):
+    """Writes `model` (a MomfmmModel) as a momfmm checkpoint (docs/files.md §4) that `momfmm eval`,
+    `generate`, `logits`, `inspect` and `train --init` read: root attributes format,
+    format_version 1, step, tokens_seen, world_size 1, config_ini, momfmm_version; /model/<name>
+    float32 (checkpoint_name of each parameter); /buffers/blocks/<i>/attn/prev_q|prev_k when
+    momentum is on. No /optim, so `train --resume` refuses it (train --init takes the weights
+    with a fresh optimizer); a /tokenizer the loaded checkpoint carried is not copied.
+
+    config_ini: the INI text to start from; by default the config_ini of the checkpoint the
+    module was loaded from (load), else only the keys below and momfmm's defaults. The module's
+    ModelConfig keys are then set in it (so config and tensors agree), then `sections`
+    ({"data": {"seq_len": 64}, "model": {"max_seq_len": 256}, ...}: values written as they
+    are, booleans as true/false). Written to a temporary name beside `path`, then renamed over
+    it (an existing file is replaced, as torch.save does). Raises ValueError for a non-finite
+    tensor, before writing anything."""
+    import os
+    import h5py
+
+    base = config_ini if config_ini is not None else getattr(model, "momfmm_config_ini", None) or ""
+    ini = _set_ini_keys(base, _model_sections(model.config))
+    if sections:
+        ini = _set_ini_keys(ini, sections)
+    buffers = {n for n, _ in model.named_buffers()}
+    tensors = {}
+    for name, value in model.state_dict().items():
+        array = value.detach().to("cpu", torch.float32).numpy()
+        if not np.isfinite(array).all():
+            raise ValueError(f"{name} holds non-finite values: momfmm refuses such a checkpoint")
+        group = "buffers" if name in buffers else "model"
+        tensors[f"{group}/{checkpoint_name(name)}"] = array
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = h5.CHECKPOINT_FORMAT
+            f.attrs["format_version"] = np.int32(1)
+            f.attrs["step"] = np.int64(step)
+            f.attrs["tokens_seen"] = np.int64(tokens_seen)
+            f.attrs["world_size"] = np.int32(1)
+            f.attrs["config_ini"] = ini
+            f.attrs["momfmm_version"] = f"momfmm.pt.save (torch {torch.__version__})"
+            for name, array in tensors.items():
+                f[name] = array
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
 
 
 def build(config):
@@ -428,15 +547,42 @@ def loss(model, inputs, targets, labels=None):
     return F.cross_entropy(model(inputs, valid), labels)
 
 
+def positions(model):
+    """The positions `momfmm generate` holds without sliding its window: max(model.max_seq_len,
+    data.seq_len) of the checkpoint the module was loaded from (load), else None."""
+    return getattr(model, "momfmm_positions", None)
+
+
 @torch.no_grad()
-def generate(model, prompt_ids, n_tokens):
-    """Greedy continuation of prompt_ids (a list of ids): n_tokens new ids, each the first index
-    of the largest last-position logit, re-running the whole sequence every step (lm head)."""
+def generate(model, prompt_ids, n_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=None):
+    """The continuation `momfmm generate --prompt ... --tokens n_tokens --temperature T --top-k K
+    --top-p P --seed S [--stop ...]` prints, as a list of ids: each new id is sample_next of the
+    last position's logits (float32) with key rng_key(seed, 0x6E4, 0, 0) and counter = its index
+    among the new ids, re-running the whole sequence every step (lm head). `stop`: ids (or
+    bytes, for byte-level models) that end the continuation once it ends with them, as --stop.
+
+    The C command streams (KV cache) and this re-runs the prefix: the logits agree to float32
+    rounding (~1e-6), not bit for bit, so the ids agree unless a draw falls within that of a
+    boundary between two tokens' weights (or two logits tie to that), which the tests never
+    met. Past the window (a sequence fed longer than `positions(model)`) the C command slides
+    it, which a re-run cannot reproduce: that raises ValueError, as do top_k < 0, temperature
+    < 0 and top_p outside (0, 1]."""
     if model.config.head != "lm":
         raise ValueError("generate needs an lm head")
+    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"temperature {temperature} (>= 0), top_k {top_k} (>= 0), top_p {top_p} (in (0, 1])")
     ids = [int(t) for t in prompt_ids]
+    limit = positions(model)
+    if limit is not None and len(ids) + n_tokens - 1 > limit:
+        raise ValueError(f"a prompt of {len(ids)} and {n_tokens} new tokens run past the model's {limit} "
+                         "positions, where momfmm generate slides its window; this re-run cannot")
+    stop = [int(t) for t in stop] if stop is not None else []
+    key = rng_key(int(seed), GENERATE_STREAM, 0, 0)
+    device = model.tok_emb.weight.device
     out = []
-    for _ in range(n_tokens):
-        logits = model(torch.tensor([ids + out]))[0, -1]
-        out.append(int(torch.argmax(logits)))
+    for i in range(n_tokens):
+        logits = model(torch.tensor([ids + out], device=device))[0, -1]
+        out.append(sample_next(logits.float().cpu().numpy(), temperature, top_k, top_p, key, i))
+        if stop and out[-len(stop):] == stop:
+            break
     return out
