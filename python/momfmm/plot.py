@@ -235,7 +235,8 @@ def plot_acc(runs, out_dir, written):
 
 
 def text_bpb(run):
-    """(step, eval loss / ln 2) of a text-task run: bits per byte (docs/tasks.md §2 `text`, V = 256)."""
+    """(step, bits per byte) of a text-task run's evals: the recorded `bpb` column, which for token
+    files counts the bytes their targets decode to; a byte corpus's loss / ln 2 (docs/metrics.md §3)."""
     loss = series(run.eval, "loss")
     if not loss or run.cfg("data.task") != "text":
         return None
@@ -247,7 +248,8 @@ def text_bpb(run):
 
 
 def plot_bpb(runs, out_dir, written):
-    plot_eval_metric(runs, out_dir, written, "bpb.png", r"Eval bits per byte (text): loss / $\ln 2$",
+    plot_eval_metric(runs, out_dir, written, "bpb.png",
+                     r"Eval bits per byte (text): summed loss / ($\ln 2 \cdot$ bytes of the targets)",
                      "bits per byte", text_bpb)
 
 
