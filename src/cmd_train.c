@@ -184,7 +184,7 @@ static void stop_writer_finish(stop_writer *w) {
 
 static void log_train(trainer *t, const train_step_result *r, double tokens_per_s, double elapsed,
                       long long steps_done) {
-    double row[16] = {0}, step = (double)t->step, bpb = r->loss / M_LN2 / data_bytes_per_token(t->shard.data);
+    double row[16] = {0}, step = (double)t->step, bpb = r->bpb;
     const struct {
         const char *name;
         const double *value;

@@ -271,10 +271,6 @@ static void text_window(const data_source *d, long long w, int32_t *inputs, int3
     corpus_read(d->eval, d->eval_start + w * T + 1, T, targets);
 }
 
-double data_bytes_per_token(const data_source *d) {
-    return d->cfg.task == TASK_TEXT && d->text.format == CORPUS_TOKENS ? NAN : 1.0;
-}
-
 double data_target_bytes(const data_source *d, const int32_t *targets, size_t n) {
     if (d->cfg.task != TASK_TEXT || (d->text.format == CORPUS_TOKENS && d->tok.n_pieces == 0)) return NAN;
     double bytes = 0;

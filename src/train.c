@@ -181,12 +181,16 @@ void trainer_free(trainer *t) {
 
 /* The global count of targets, known from the data alone: backward scales
  * every micro-batch's loss by its inverse, so the count precedes the first
- * forward and the gradient reduction stays a plain sum (docs/design.md §8.3). */
-static double global_target_count(trainer *t) {
+ * forward and the gradient reduction stays a plain sum (docs/design.md §8.3).
+ * The bytes those targets decode to (NaN where there are none to count,
+ * docs/metrics.md §3) ride on the same reduction, for the step's bpb. */
+static double global_target_count(trainer *t, double *bytes) {
     const data_batch *b = &t->shard.batch;
-    double count = (double)model_target_count(&t->model, b->targets, b->B, b->T);
-    dist_sum_doubles(&count, 1);
-    return count;
+    double totals[2] = {(double)model_target_count(&t->model, b->targets, b->B, b->T),
+                        data_target_bytes(t->shard.data, b->targets, (size_t)b->B * b->T)};
+    dist_sum_doubles(totals, 2);
+    *bytes = totals[1];
+    return totals[0];
 }
 
 /* One reduction carries the loss sum and the momentum buffer sums accumulated
@@ -306,7 +310,8 @@ int trainer_step(trainer *t, train_step_result *result, status *err) {
     train_step_result res = {0};
     long long step = t->step + 1;
     if (data_fill(t->shard.data, b, SPLIT_TRAIN, step, t->shard.first, err) != 0) return err->code;
-    double global_count = global_target_count(t);
+    double target_bytes;
+    double global_count = global_target_count(t, &target_bytes);
     float scale = global_count > 0 ? (float)(1.0 / global_count) : 0.0f;
     memset(t->reduce_scratch, 0, sizeof(double) * (2 + m->n_buffer));
     /* the reduction overlaps only the last micro-batch's backward: earlier
@@ -324,6 +329,7 @@ int trainer_step(trainer *t, train_step_result *result, status *err) {
     if (h->compute_end) h->compute_end(h->ctx);
     bool abandon = h->abandon && h->abandon(h->ctx);
     res.loss = reduce_forward_results(t, global_count, &abandon);
+    res.bpb = target_bytes > 0 ? res.loss * global_count / (M_LN2 * target_bytes) : NAN;
     if (abandon) {
         res.abandoned = true;
         *result = res;

@@ -28,9 +28,6 @@ typedef struct data_source data_source;
  * EXIT_USAGE or EXIT_BAD_FILE on a bad config or file (docs/design.md §8.7). */
 data_source *data_open(const config *c, status *st);
 void data_close(data_source *d);
-/* Bytes of text per token of the eval split, for bits per byte (docs/metrics.md
- * §3): 1 for a byte corpus, NaN for token files (their text is not known). */
-double data_bytes_per_token(const data_source *d);
 /* The text eval split as whole windows of data.seq_len tokens, each the
  * inputs of one row (eval --batches all, docs/cli.md §5); 0 for other tasks. */
 long long data_eval_windows(const data_source *d);

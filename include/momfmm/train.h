@@ -46,6 +46,8 @@ typedef struct {
 
 typedef struct {
     double loss, grad_norm, lr, allreduce_wait_s;
+    double bpb;     /* bits per byte of the step's targets (docs/metrics.md §3); NaN unless text, and for token
+                     * files a data.tokenizer */
     bool nonfinite; /* the loss or the gradient norm was NaN or infinite: no update */
     bool abandoned; /* a rank voted to drop the step (hooks.abandon): no update, t->step unchanged */
 } train_step_result;

@@ -173,10 +173,18 @@ def test_tokenize_then_train(momfmm, tmp_path, report):
     run_dir = tmp_path / f"out{train.runs}"
     report.check("momfmm trains on the token files (vocab_size 320 > 300 pieces)", r.returncode == 0,
                  r.stderr[-300:])
+    pieces = [len(sp.decode([int(i)]).encode()) for i in range(sp.get_piece_size())]
+    report.check("train log: every step line shows bpb", re.search(r"^step 4/4 \| loss \S+ \| bpb \S+ \|", r.stdout, re.M),
+                 r.stdout[-400:])
+    with h5py.File(run_dir / "metrics.h5", "r") as f:
+        loss, bpb = f["metrics/train/loss"][()], f["metrics/train/bpb"][()]
+    # a train batch's targets decode to between 1 and max(pieces) bytes each, more than 1 on average here
+    report.check("metrics.h5 /metrics/train/bpb: from the bytes of the step's targets",
+                 len(bpb) == len(loss) > 0 and np.all(bpb < loss / math.log(2)) and
+                 np.all(bpb > loss / (math.log(2) * max(pieces))), f"{bpb} {loss}")
     r = run([momfmm, "eval", run_dir, "--batches", "all"])
     m = re.search(r"^eval \| loss (\S+) \| bpb (\S+) \|", r.stdout, re.M)
     windows = (len(ids) - 1) // 32
-    pieces = [len(sp.decode([int(i)]).encode()) for i in range(sp.get_piece_size())]
     nbytes = sum(pieces[int(i)] for i in ids[1:windows * 32 + 1])
     want = float(m[1]) * windows * 32 / (math.log(2) * nbytes) if m else None
     report.check("eval --batches all: bpb from the bytes of the evaluated tokens",
