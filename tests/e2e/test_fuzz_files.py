@@ -1,0 +1,445 @@
+"""Later classes (docs/files.md §4, hostile files), each a named check with its exit
+code, the object named and a time bound: external and soft links (to a FIFO too),
+external raw storage and virtual datasets; filters (gzip'd metric columns declaring
+2^25 and 2^31 rows, a gzip'd tensor declaring 2^31 x 32; honest compression still
+loads); counters near 2^63 (step, tokens_seen, skipped_steps); NaN/Inf weights and
+buffers, NaN and negative AdamW moments; a checkpoint locked by a writer; MPMD
+launches whose ranks differ in train.steps, model.d_model, train.lr; escaped strings
+(newline, ' ;', '#', quotes in train.out_dir; a NUL inside config_ini); --init with
+--overwrite; a relative data.path read from another directory; more documents than
+vm.max_map_count; a ListOps TSV with a byte-order mark. The config round trip over
+random strings is tests/test_config.c's property test."""
+import os
+import shutil
+import subprocess
+import time
+
+import h5py
+import numpy as np
+
+from common import run
+from fuzz_common import COMMANDS, METRICS, SANITIZER_MARKS, TIMEOUT_S, base, mutated_copy, replace_dataset  # noqa: F401 (base: a fixture)
+
+
+# ---- the classes of docs/files.md §4 added later: links and foreign storage, filters,
+# counters near their limits, non-finite values, locks, mismatched ranks, escaped strings ----
+
+def timed(momfmm, args, timeout=TIMEOUT_S, **kw):
+    start = time.time()
+    r = run([momfmm, *args], timeout=timeout, **kw)
+    return r, time.time() - start
+
+
+def refused(report, what, r, seconds, code, *needles, within=20):
+    """A named check: exit `code` within `within` s, one line naming every needle, no sanitizer report."""
+    msg = r.stderr.strip()
+    lines = [l for l in msg.splitlines() if l.startswith("momfmm:")]
+    ok = (r.returncode == code and seconds < within and all(n in msg for n in needles) and len(lines) == 1
+          and not any(mark in r.stderr for mark in SANITIZER_MARKS))
+    report.check(what, ok, f"rc {r.returncode} (want {code}) in {seconds:.1f} s: {msg[-400:]!r}")
+
+
+def foreign_cases(d):
+    """(description, mutate, the object the message must name): data found outside the file."""
+    fifo = os.path.join(d, "fifo.h5")
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+
+    def external_group(f):
+        del f["model"]
+        f["model"] = h5py.ExternalLink(fifo, "/model")
+
+    def external_tensor(target):
+        def mutate(f):
+            del f["model/tok_emb"]
+            f["model/tok_emb"] = h5py.ExternalLink(target, "/model/tok_emb")
+        return mutate
+
+    def soft_tensor(f):
+        f.move("model/tok_emb", "model/elsewhere")
+        f["model/tok_emb"] = h5py.SoftLink("/model/elsewhere")
+
+    def external_storage(f):
+        shape = f["model/tok_emb"].shape
+        del f["model/tok_emb"]
+        f.create_dataset("model/tok_emb", shape=shape, dtype="f4", external=[(fifo, 0, h5py.h5f.UNLIMITED)])
+
+    def virtual(f):
+        shape = f["model/tok_emb"].shape
+        layout = h5py.VirtualLayout(shape=shape, dtype="f4")
+        layout[:] = h5py.VirtualSource(fifo, "/x", shape=shape)
+        del f["model/tok_emb"]
+        f.create_virtual_dataset("model/tok_emb", layout)
+
+    def external_metrics(f):
+        del f["metrics/train/loss"]
+        f["metrics/train/loss"] = h5py.ExternalLink(fifo, "/loss")
+
+    return [("an external link to a FIFO for /model", external_group, "/model is an external link"),
+            ("an external link for a tensor", external_tensor(fifo), "/model/tok_emb is an external link"),
+            ("a soft link for a tensor", soft_tensor, "/model/tok_emb is a soft link"),
+            ("external raw storage in a FIFO", external_storage, "/model/tok_emb keeps its data in external files"),
+            ("a virtual dataset over a FIFO", virtual, "/model/tok_emb is a virtual dataset"),
+            ("an external link for a metric column" + METRICS, external_metrics,
+             "/metrics/train/loss is an external link")]
+
+
+def test_links_and_foreign_storage(momfmm, base, report):
+    d, ini, ck, tok = base
+    for i, (what, mutate, needle) in enumerate(foreign_cases(d)):
+        bad = os.path.join(d, f"foreign_{i}.h5")
+        mutated_copy(ck, bad, mutate)
+        commands = [("inspect",)] if what.endswith(METRICS) else [
+            *COMMANDS, ("loss", tok), ("train", "--resume")]
+        for cmd in commands:
+            if cmd[0] == "train":
+                out = os.path.join(d, f"foreign_run_{i}")
+                args = ["train", ini, "--set", f"train.out_dir={out}", "--resume", bad]
+            else:
+                args = [cmd[0], bad, *cmd[1:]]
+            r, seconds = timed(momfmm, args)
+            refused(report, f"{cmd[0]} on {what}: exit 3 naming it", r, seconds, 3, bad, needle)
+    # --resume auto meets the file under a checkpoint name
+    out = os.path.join(d, "foreign_auto")
+    os.makedirs(out, exist_ok=True)
+    mutated_copy(ck, os.path.join(out, "ckpt_00000009.h5"), foreign_cases(d)[0][1])
+    r, seconds = timed(momfmm, ["train", ini, "--set", f"train.out_dir={out}", "--resume", "auto"])
+    report.check("--resume auto skips a checkpoint whose /model is an external link, within seconds",
+                 r.returncode == 0 and seconds < 30 and "/model is an external link" in r.stdout + r.stderr,
+                 f"rc {r.returncode} in {seconds:.1f} s: {(r.stdout + r.stderr)[-300:]!r}")
+
+
+def test_filters(momfmm, base, report):
+    """Compressed datasets are bounded by their declared, decompressed size before any read."""
+    d, ini, ck, tok = base
+
+    def compressed_metrics(rows):
+        def mutate(f):
+            for key in list(f["metrics/train"]):
+                del f["metrics/train/" + key]
+                f.create_dataset("metrics/train/" + key, shape=(rows,), dtype="i8" if key == "step" else "f8",
+                                 chunks=(2**16,), compression="gzip", fillvalue=0)
+                f["metrics/train/" + key][:2**16] = 0
+        return mutate
+
+    for rows, label in ((2**25, "2^25"), (2**31, "2^31")):
+        bad = os.path.join(d, f"zip_{label.replace('^', '')}.h5")
+        mutated_copy(ck, bad, compressed_metrics(rows))
+        r, seconds = timed(momfmm, ["inspect", bad])
+        refused(report, f"inspect: gzip'd metric columns of {label} zero rows refused within 10 s", r, seconds, 3,
+                bad, "/metrics/train/step", "compressed", within=10)
+    # honest compression loads: small gzip'd metric columns and a gzip'd tensor
+    good = os.path.join(d, "zip_good.h5")
+
+    def recompress(f):
+        for group in ("metrics/train", "model"):
+            names = []
+            f[group].visit(lambda n: names.append(n) if isinstance(f[group][n], h5py.Dataset) else None)
+            for name in names[:3]:
+                data = f[group][name][()]
+                del f[group][name]
+                f[group].create_dataset(name, data=data, compression="gzip", shuffle=True)
+    mutated_copy(ck, good, recompress)
+    r, seconds = timed(momfmm, ["inspect", good])
+    report.check("inspect loads gzip'd small columns and tensors", r.returncode == 0, r.stderr[-300:])
+    # declared far beyond memory, also through a filter
+    huge = os.path.join(d, "zip_tensor.h5")
+    mutated_copy(ck, huge, replace_dataset("model/tok_emb", lambda f, p: f.create_dataset(
+        p, shape=(2**31, 32), dtype="f4", chunks=(2**14, 32), compression="gzip")))
+    r, seconds = timed(momfmm, ["eval", huge])
+    refused(report, "eval: a gzip'd tensor declaring 2^31 x 32 refused", r, seconds, 3, huge, "/model/tok_emb")
+
+
+def test_counters_near_limits(momfmm, base, report):
+    d, ini, ck, tok = base
+    big = 2**63 - 1
+    r, seconds = timed(momfmm, ["inspect", ck])
+    for name, attrs, code, needle in (
+            ("skipped_steps = 2^63-1", {"skipped_steps": np.int64(big)}, 3, "skipped_steps = 9223372036854775807"),
+            ("step = tokens_seen = 2^63-1", {"step": np.int64(big), "tokens_seen": np.int64(big),
+                                             "skipped_steps": np.int64(big)}, 0, "")):
+        bad = os.path.join(d, f"limits_{name.split()[0]}.h5")
+        mutated_copy(ck, bad, lambda f, attrs=attrs: [f.attrs.__setitem__(k, v) for k, v in attrs.items()])
+        for cmd in (["inspect", bad], ["eval", bad]):
+            r, seconds = timed(momfmm, cmd)
+            if code:
+                refused(report, f"{cmd[0]} with {name}: exit 3", r, seconds, code, needle)
+            else:
+                report.check(f"{cmd[0]} with {name}: reads", r.returncode == 0 and
+                             not any(m in r.stderr for m in SANITIZER_MARKS), r.stderr[-300:])
+    # tokens_seen near 2^63 resumed and trained on: saturates, and the checkpoint written loads
+    near = os.path.join(d, "limits_tokens.h5")
+    mutated_copy(ck, near, lambda f: f.attrs.__setitem__("tokens_seen", np.int64(big - 10)))
+    out = os.path.join(d, "limits_run")
+    r, seconds = timed(momfmm, ["train", ini, "--set", f"train.out_dir={out}", "--set", "train.steps=4",
+                                "--resume", near])
+    report.check("train resumed at tokens_seen 2^63-11: exit 0, no sanitizer report",
+                 r.returncode == 0 and not any(m in r.stderr for m in SANITIZER_MARKS), r.stderr[-400:])
+    written = os.path.join(out, "ckpt_00000004.h5")
+    with h5py.File(written, "r") as f:
+        seen = int(f.attrs["tokens_seen"])
+    report.check("tokens_seen saturates at 2^63-1", seen == big, str(seen))
+    r, seconds = timed(momfmm, ["train", ini, "--set", f"train.out_dir={out}", "--set", "train.steps=5",
+                                "--resume", "auto"])
+    report.check("the checkpoint with a saturated tokens_seen resumes", r.returncode == 0 and
+                 "resumed from" in r.stdout and "ckpt_00000004.h5" in r.stdout, r.stderr[-300:])
+
+
+def test_nonfinite_checkpoints(momfmm, base, report):
+    d, ini, ck, tok = base
+
+    def poke(name, index, value):
+        def mutate(f):
+            x = f[name][()]
+            x.reshape(-1)[index] = value
+            f[name][()] = x
+        return mutate
+
+    cases = [("NaN in /model/tok_emb", poke("model/tok_emb", 7, np.nan), "/model/tok_emb[7] = nan", True),
+             ("+Inf in a qkv weight", poke("model/blocks/0/attn/qkv/weight", 3, np.inf),
+              "/model/blocks/0/attn/qkv/weight[3] = inf", True),
+             ("NaN in a momentum buffer", poke("buffers/blocks/0/attn/prev_k", 0, np.nan),
+              "/buffers/blocks/0/attn/prev_k holds nan", True),
+             ("negative /optim/v", poke("optim/v/tok_emb", 2, -1.0), "/optim/v/tok_emb[2] = -1", False),
+             ("NaN in /optim/m", poke("optim/m/ln_f/weight", 0, np.nan), "/optim/m/ln_f/weight[0] = nan", False)]
+    for i, (what, mutate, needle, weights) in enumerate(cases):
+        bad = os.path.join(d, f"nonfinite_{i}.h5")
+        mutated_copy(ck, bad, mutate)
+        out = os.path.join(d, f"nonfinite_run_{i}")
+        commands = [["train", ini, "--set", f"train.out_dir={out}", "--resume", bad]]
+        if weights:
+            commands += [["eval", bad], ["inspect", bad], ["generate", bad, "--prompt", "1,2"], ["loss", bad, tok],
+                         ["train", ini, "--set", f"train.out_dir={out}_init", "--init", bad]]
+        for cmd in commands:
+            r, seconds = timed(momfmm, cmd)
+            label = cmd[0] + (" " + cmd[-2] if cmd[0] == "train" else "")
+            refused(report, f"{label} on {what}: exit 3 naming file and tensor", r, seconds, 3, bad, needle)
+
+
+def test_locked_checkpoint(momfmm, base, report):
+    """A checkpoint another process holds open for writing (HDF5 file locking) is reported
+    as locked, and --resume auto stops there rather than resume from an older one."""
+    d, ini, ck, tok = base
+    out = os.path.join(d, "locked_run")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    older, newer = os.path.join(out, "ckpt_00000001.h5"), os.path.join(out, "ckpt_00000002.h5")
+    shutil.copy(ck, older)
+    shutil.copy(ck, newer)
+    with h5py.File(older, "a") as f:
+        f.attrs["step"] = np.int64(1)
+    holder = subprocess.Popen(["/usr/bin/python3", "-c", "import h5py, sys, time\n"
+                               f"f = h5py.File({newer!r}, 'a'); print('open', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        report.check("a writer holds the newest checkpoint", holder.stdout.readline().strip() == "open")
+        r, seconds = timed(momfmm, ["inspect", newer])
+        refused(report, "inspect of a locked checkpoint: exit 3, 'locked', not 'corrupt?'", r, seconds, 3, newer,
+                "locked by another process")
+        r, seconds = timed(momfmm, ["train", ini, "--set", f"train.out_dir={out}", "--set", "train.steps=4",
+                                    "--resume", "auto"])
+        refused(report, "--resume auto stops at the locked checkpoint: exit 3", r, seconds, 3, newer,
+                "locked by another process", "not falling back")
+        report.check("--resume auto did not resume from the older checkpoint", "resumed from" not in r.stdout,
+                     r.stdout[-300:])
+        r, seconds = timed(momfmm, ["eval", out])
+        refused(report, "eval of the run directory stops at the locked checkpoint", r, seconds, 3, "locked")
+    finally:
+        holder.communicate("", timeout=30)
+    r = run([momfmm, "inspect", newer], timeout=TIMEOUT_S)
+    report.check("once the writer closed it, the checkpoint loads", r.returncode == 0, r.stderr[-300:])
+
+
+def test_mismatched_ranks(momfmm, base, report):
+    """MPMD launches whose ranks read different configs: exit 2 before any allocation,
+    naming the first differing key and the ranks (it hung, overflowed MPI_Bcast, or
+    trained diverged weights)."""
+    from common import MPIRUN
+    d, ini, ck, tok = base
+    for i, (key, value) in enumerate((("train.steps", "6"), ("model.d_model", "64"), ("train.lr", "0.02"))):
+        out = os.path.join(d, f"ranks_{i}")
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = [*MPIRUN, "-np", "1", momfmm, "train", ini, "--set", f"train.out_dir={out}", ":",
+               "-np", "1", momfmm, "train", ini, "--set", f"train.out_dir={out}", "--set", f"{key}={value}"]
+        start = time.time()
+        r = run(cmd, timeout=120)
+        seconds = time.time() - start
+        msgs = [l for l in r.stderr.splitlines() if l.startswith("momfmm:")]
+        ok = (r.returncode == 2 and seconds < 60 and len(msgs) == 1 and key in msgs[0] and "rank 0" in msgs[0]
+              and "rank 1" in msgs[0] and f"vs {value}" in msgs[0]
+              and not any(m in r.stderr for m in SANITIZER_MARKS))
+        report.check(f"ranks differing in {key}: exit 2 naming it and ranks 0 and 1", ok,
+                     f"rc {r.returncode} in {seconds:.1f} s: {msgs}")
+        report.check(f"ranks differing in {key}: no checkpoint written",
+                     not os.path.exists(out) or not any(n.startswith("ckpt_") for n in os.listdir(out)))
+
+
+def test_escaped_strings(momfmm, base, report):
+    """String values with a newline, ' ;' and '#' survive config_ini: every checkpoint of the
+    run loads, --resume auto continues it, and the Python reader sees the same value."""
+    from momfmm.h5 import load_checkpoint
+    d, ini, ck, tok = base
+    out = os.path.join(d, "esc\nline ;semi #hash \"q\"\\b")
+    r = run([momfmm, "train", ini, "--set", f"train.out_dir={out}"], timeout=TIMEOUT_S)
+    report.check("a run with newline, ' ;', '#', quote and backslash in train.out_dir", r.returncode == 0,
+                 r.stderr[-300:])
+    r = run([momfmm, "train", ini, "--set", f"train.out_dir={out}", "--set", "train.steps=6", "--resume", "auto"],
+            timeout=TIMEOUT_S)
+    report.check("--resume auto continues it (its checkpoints load)", r.returncode == 0 and "resumed from" in r.stdout
+                 and "at step 4" in r.stdout, (r.stdout + r.stderr)[-400:])
+    ck6 = os.path.join(out, "ckpt_00000006.h5")
+    report.check("config_ini's out_dir reads back in Python", os.path.exists(ck6) and
+                 load_checkpoint(ck6).config.get("train", "out_dir") == out)
+    r = run([momfmm, "inspect", ck6], timeout=TIMEOUT_S)
+    report.check("inspect prints it escaped, on one line", r.returncode == 0 and
+                 'out_dir = "' + out.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+                 in r.stdout, r.stdout[-300:])
+    # config syntax at the edges
+    r = run([momfmm, "init", ini, "--set", "train.lr = 0.01", "--out", os.path.join(d, "esc_init.h5"), "--force"],
+            timeout=TIMEOUT_S)
+    report.check("--set 'train.lr = 0.01' (blanks around the key) works", r.returncode == 0, r.stderr[-300:])
+    r = run([momfmm, "init", ini, "--set", "train.lr=1e400", "--out", os.path.join(d, "never.h5")], timeout=TIMEOUT_S)
+    report.check("train.lr=1e400 is out of range", r.returncode == 2 and "out of range" in r.stderr, r.stderr[-300:])
+    r = run([momfmm, "init", ini, "--set", "train.lr=\x1b[31m", "--out", os.path.join(d, "never.h5")],
+            timeout=TIMEOUT_S)
+    report.check("control bytes of a value are escaped in the message", r.returncode == 2 and "\x1b" not in r.stderr
+                 and "\\x1b" in r.stderr, repr(r.stderr[-300:]))
+    # a checkpoint's data.path with an escape sequence: shown escaped when it cannot be opened
+    text_ini = os.path.join(d, "esc_text.ini")
+    with open(text_ini, "w") as f:
+        f.write(TEXT.format(path='"/nonexistent/\\x1b[31mred"', out=os.path.join(d, "esc_text")))
+    text_ck = os.path.join(d, "esc_text.h5")
+    r = run([momfmm, "init", text_ini, "--out", text_ck, "--force"], timeout=TIMEOUT_S)
+    report.check("init of a text config whose data.path holds ESC", r.returncode == 0, r.stderr[-300:])
+    r, seconds = timed(momfmm, ["eval", text_ck])
+    refused(report, "eval: the checkpoint's data.path is named with its ESC escaped", r, seconds, 3,
+            "/nonexistent/\\x1b[31mred")
+    report.check("no raw ESC on stderr", "\x1b" not in r.stderr, repr(r.stderr[-200:]))
+    # an embedded NUL in a fixed-length config_ini
+    bad = os.path.join(d, "esc_nul.h5")
+
+    def nul(f):
+        text = f.attrs["config_ini"]
+        text = text.decode() if isinstance(text, bytes) else text
+        del f.attrs["config_ini"]
+        f.attrs["config_ini"] = np.bytes_(text.replace("[train]", "\0[train]").encode())
+    mutated_copy(ck, bad, nul)
+    r, seconds = timed(momfmm, ["eval", bad])
+    refused(report, "config_ini with an embedded NUL: exit 3", r, seconds, 3, bad, "config_ini", "NUL")
+
+
+def test_init_and_overwrite(momfmm, base, report):
+    d, ini, ck, tok = base
+    out = os.path.join(d, "init_over")
+    shutil.rmtree(out, ignore_errors=True)
+    assert run([momfmm, "train", ini, "--set", f"train.out_dir={out}"], timeout=TIMEOUT_S).returncode == 0
+    before = sorted(os.listdir(out))
+    source = os.path.join(out, "ckpt_00000004.h5")
+    r, seconds = timed(momfmm, ["train", ini, "--set", f"train.out_dir={out}", "--init", source, "--overwrite"])
+    refused(report, "--init from the run directory --overwrite would empty: exit 2", r, seconds, 2, source,
+            "--overwrite")
+    report.check("nothing was removed", sorted(os.listdir(out)) == before, str(os.listdir(out)))
+    fresh = os.path.join(d, "init_never")
+    shutil.rmtree(fresh, ignore_errors=True)
+    for what, args, code in (("a missing --init", ["--init", os.path.join(d, "nope.h5")], 3),
+                             ("an --init of another model", ["--init", ck, "--set", "model.d_model=64"], 3)):
+        r, seconds = timed(momfmm, ["train", ini, "--set", f"train.out_dir={fresh}", *args])
+        refused(report, f"{what}: exit {code}", r, seconds, code, "--init")
+        report.check(f"{what} creates no out_dir", not os.path.exists(fresh))
+    r = run([momfmm, "train", ini, "--set", f"train.out_dir={fresh}", "--init", source], timeout=TIMEOUT_S)
+    report.check("--init from another directory's checkpoint works", r.returncode == 0, r.stderr[-300:])
+
+
+TEXT = """[model]
+vocab_size = 256
+d_model = 32
+n_heads = 4
+n_layers = 1
+d_ff = 64
+[data]
+task = text
+seq_len = 32
+path = {path}
+[train]
+steps = 2
+batch_size = 4
+log_interval = 1
+eval_interval = 2
+eval_batches = 1
+out_dir = {out}
+"""
+
+
+def eval_loss(stdout):
+    line = next((l for l in stdout.splitlines() if l.startswith("eval |")), "")
+    return line.split("|")[1].strip() if line else None
+
+
+def test_relative_data_path(momfmm, workdir, report):
+    """A relative data.path is recorded absolute (data.resolved_path): `eval RUN` from another
+    directory, or --resume auto there, reads the run's corpus, not another of the same name."""
+    d = os.path.join(workdir, "relpath")
+    a, b = os.path.join(d, "a"), os.path.join(d, "b")
+    for where, seed in ((a, 1), (b, 2)):
+        os.makedirs(where, exist_ok=True)
+        rng = np.random.default_rng(seed)
+        with open(os.path.join(where, "corpus ;x.txt"), "wb") as f:  # ' ;' in the name: escaped in config_ini
+            f.write(bytes(rng.integers(97, 123 if seed == 1 else 100, 4000).astype(np.uint8)))
+    out = os.path.join(d, "run")
+    ini = os.path.join(d, "text.ini")
+    with open(ini, "w") as f:
+        f.write(TEXT.format(path='"corpus ;x.txt"', out=out))
+    r = run([momfmm, "train", ini], timeout=TIMEOUT_S, cwd=a)
+    report.check("train in a/ on the relative corpus path", r.returncode == 0, r.stderr[-300:])
+    here = eval_loss(run([momfmm, "eval", out], timeout=TIMEOUT_S, cwd=a).stdout)
+    there = run([momfmm, "eval", out], timeout=TIMEOUT_S, cwd=b)
+    report.check("eval RUN from b/ (another corpus of the same name) scores a/'s corpus",
+                 there.returncode == 0 and here is not None and eval_loss(there.stdout) == here,
+                 f"{here} vs {eval_loss(there.stdout)} {there.stderr[-200:]}")
+    r = run([momfmm, "inspect", out], timeout=TIMEOUT_S, cwd=b)
+    want = 'resolved_path = "' + os.path.join(a, "corpus ;x.txt") + '"'
+    report.check("inspect shows data.path as given and data.resolved_path", r.returncode == 0 and
+                 'path = "corpus ;x.txt"' in r.stdout and want in r.stdout, r.stdout[-600:])
+    r = run([momfmm, "train", ini, "--set", "train.steps=3", "--resume", "auto"], timeout=TIMEOUT_S, cwd=b)
+    report.check("--resume auto from b/ refuses: the corpus is another one (exit 3 naming data.resolved_path)",
+                 r.returncode == 3 and "data.resolved_path" in r.stderr, r.stderr[-300:])
+    r = run([momfmm, "train", ini, "--set", "train.steps=3", "--set", f"data.path={os.path.join(a, 'corpus ;x.txt')}",
+             "--resume", "auto"], timeout=TIMEOUT_S, cwd=b)
+    report.check("--resume auto with the same corpus spelled absolute resumes (a warning for data.path)",
+                 r.returncode == 0 and "resumed from" in r.stdout and "data.path" in r.stdout,
+                 (r.stdout + r.stderr)[-300:])
+
+
+def test_many_documents(momfmm, workdir, report):
+    """More documents than vm.max_map_count allows mappings (65530 by default): small files are
+    read, not mapped (it failed "cannot map: Cannot allocate memory" naming a random file)."""
+    d = os.path.join(workdir, "manydocs")
+    docs = os.path.join(d, "docs")
+    os.makedirs(docs, exist_ok=True)
+    with open("/proc/sys/vm/max_map_count") as f:
+        n = int(f.read()) + 500
+    for i in range(n):
+        with open(os.path.join(docs, f"{i:06d}.txt"), "w") as f:
+            f.write(f"document {i}: some text\n")
+    ini = os.path.join(d, "text.ini")
+    with open(ini, "w") as f:
+        f.write(TEXT.format(path=docs, out=os.path.join(d, "run")))
+    r, seconds = timed(momfmm, ["train", ini], timeout=300)
+    report.check(f"train over {n} documents", r.returncode == 0, f"{seconds:.1f} s: {r.stderr[-300:]}")
+
+
+def test_listops_tsv_with_bom(momfmm, workdir, report):
+    d = os.path.join(workdir, "bom")
+    os.makedirs(d, exist_ok=True)
+    tsv = os.path.join(d, "listops.tsv")
+    rows = [f"[MAX {i % 10} {(i * 7) % 10} ]\t{max(i % 10, (i * 7) % 10)}" for i in range(40)]
+    with open(tsv, "w", encoding="utf-8-sig") as f:  # a byte-order mark first, as editors write
+        f.write("Source\tTarget\n" + "\n".join(rows) + "\n")
+    ini = os.path.join(d, "listops.ini")
+    with open(ini, "w") as f:
+        f.write("[model]\nvocab_size = 16\nd_model = 32\nn_heads = 4\nn_layers = 1\nd_ff = 64\nhead = cls\n"
+                f"[data]\ntask = listops\nseq_len = 16\npath = {tsv}\n"
+                f"[train]\nsteps = 1\nbatch_size = 4\neval_interval = 0\nout_dir = {os.path.join(d, 'run')}\n")
+    r = run([momfmm, "train", ini], timeout=TIMEOUT_S)
+    report.check("a ListOps TSV with a byte-order mark trains (its header recognised)", r.returncode == 0,
+                 r.stderr[-300:])
