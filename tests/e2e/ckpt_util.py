@@ -1,4 +1,4 @@
-"""Helpers of the checkpoint tests (test_checkpoint.py, test_checkpoint_stop.py):
+"""Helpers of the checkpoint tests (test_checkpoint.py, test_checkpoint_files.py, test_checkpoint_stop.py):
 a runner for tiny configs, checkpoint comparisons through the package's reader
 (momfmm.h5.load_checkpoint), and long runs stopped by signals."""
 import hashlib
@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import numpy as np
+import pytest
 from momfmm.h5 import load_checkpoint
 
 from processes import children, kill_session, rank_of, session_members
@@ -263,3 +264,21 @@ class SlowRun:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+
+
+# ---- fixtures of the checkpoint modules (test_checkpoint.py, test_checkpoint_files.py) ----
+
+@pytest.fixture(scope="module")
+def R(momfmm, workdir):
+    return Runner(momfmm, workdir)
+
+
+@pytest.fixture(scope="module")
+def straight(R):
+    """The 2N-step straight run (checkpoints every 2 steps, all kept): its
+    out_dir, the reference of the resume and bad-file tests."""
+    ini, out_dir, _ = R.config("straight", **RESUME, **{"train.steps": 2 * N})
+    r = R.train(ini)
+    assert r.returncode == 0 and os.path.exists(ckpt(out_dir, 2 * N)), \
+        f"resume: straight run of {2 * N} steps: {tail(r)}"
+    return out_dir

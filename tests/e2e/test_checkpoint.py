@@ -1,5 +1,5 @@
-"""Checkpoints (docs/files.md §4, 5): layout, resume, bad files, full disk (crashes and
-signals: test_checkpoint_stop.py). One class per group; CTest runs each as
+"""Checkpoints (docs/files.md §4, 5): layout and resume (bad files and a full disk:
+test_checkpoint_files.py; crashes and signals: test_checkpoint_stop.py). One class per group; CTest runs each as
 its own entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
 
 - TestLayout: after short runs (momentum with learned gamma; then fmm with
@@ -21,20 +21,7 @@ its own entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
   prints their length eval and attention read-out per head as /metrics/eval holds
   them; on a fixed period it says no query's keys differ. L_rep_by_period brackets
   L_rep (equals it on a fixed period).
-- TestBadFiles: --resume PATH with bad files (empty, truncated, not HDF5,
-  wrong format, newer format_version, missing dataset, wrong shapes, model
-  keys changed): exit 3 naming the file and the problem, the file untouched,
-  nothing trained; `momfmm inspect` and `eval` exit 3 as well unless the
-  damage is only in /optim (which they do not read, docs/files.md §4). Checkpoints
-  written before gain_R_attn or the chain's lengen_*, attn_* and L_rep_by_period
-  columns resume, their old rows NaN. --resume auto
-  skips a corrupt newest checkpoint (reported, kept) and resumes bitwise from
-  the older one; pruning (train.keep) never deletes the run's own new
-  checkpoints because of a corrupt newer file.
-- TestFullDisk (a 600 KB tmpfs as train.out_dir): a checkpoint that does not
-  fit is reported naming its path, the previous one is intact and loads, no
-  temporary file is left, the program does not crash.
-
+(TestBadFiles and TestFullDisk: test_checkpoint_files.py.)
 Checkpoints are read with the package's reader (momfmm.h5.load_checkpoint);
 h5py writes the corrupted variants, and reads the whole file once for the
 claim that plain h5py can (docs/files.md §4).
@@ -50,16 +37,13 @@ import pytest
 from momfmm.h5 import load_checkpoint
 
 from common import run
-from ckpt_util import (LOSS_RTOL, N, RESUME, WEIGHT_RTOL, Runner, bitwise_report, checkpoints, ckpt, digest,
-                       load_state, rel_losses, rel_tensors, tail)
+from ckpt_util import (LOSS_RTOL, N, RESUME, WEIGHT_RTOL, R, bitwise_report, ckpt, digest,  # noqa: F401 (R, straight:
+                       load_state, rel_losses, rel_tensors, straight, tail)  # fixtures)
 
 CKPT_LINE = re.compile(r"^checkpoint (\S+) \| ([\d.]+) MB in ([\d.]+) s \(([\d.]+) MB/s\)"
                        r"(?: \| (\d+) ranks together \(MPI-IO(?:, collective)?\))?$", re.M)
 
 
-@pytest.fixture(scope="module")
-def R(momfmm, workdir):
-    return Runner(momfmm, workdir)
 
 
 # ---- 1. layout --------------------------------------------------------------
@@ -260,17 +244,6 @@ class TestLayout:
 # ---- 2. resume ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def straight(R):
-    """The 2N-step straight run (checkpoints every 2 steps, all kept): its
-    out_dir, the reference of the resume and bad-file tests."""
-    ini, out_dir, _ = R.config("straight", **RESUME, **{"train.steps": 2 * N})
-    r = R.train(ini)
-    assert r.returncode == 0 and os.path.exists(ckpt(out_dir, 2 * N)), \
-        f"resume: straight run of {2 * N} steps: {tail(r)}"
-    return out_dir
-
-
-@pytest.fixture(scope="module")
 def split(R):
     """(ini, out_dir, checkpoint at N) of a run of the first N steps."""
     ini, out_dir, _ = R.config("split", **RESUME, **{"train.steps": N})
@@ -392,260 +365,6 @@ class TestResume:
                      rel <= WEIGHT_RTOL, f"worst {rel:.3g} at {where}")
         report.check("resume np 1 -> 2: world_size attribute 2", int(battrs["world_size"]) == 2,
                      f"{battrs['world_size']}")
-
-
-# ---- 4. bad files -----------------------------------------------------------------
-
-def from_bytes(make):
-    """A bad-file maker: the file holds make(bytes of the good checkpoint)."""
-    def maker(base, path):
-        with open(base, "rb") as src, open(path, "wb") as dst:
-            dst.write(make(src.read()))
-    return maker
-
-
-def edited(edit):
-    """A bad-file maker: a copy of the good checkpoint, edited with h5py."""
-    def maker(base, path):
-        shutil.copy(base, path)
-        with h5py.File(path, "r+") as f:
-            edit(f)
-    return maker
-
-
-def reshape(name, shape):
-    def edit(f):
-        del f[name]
-        f[name] = np.zeros(shape, dtype=np.float32)
-    return edit
-
-
-GONE = "/optim/v/blocks/1/mlp/fc/weight"
-# (case, file name, maker, needles in the message, --set overrides, readers):
-# readers True: `momfmm inspect` and `eval` exit 3 too; False: they read the
-# file (the damage is in /optim only); None: not run (the file itself is good).
-BAD_FILES = [
-    ("empty", "empty.h5", from_bytes(lambda d: b""), ("not an HDF5",), (), True),
-    ("truncated", "truncated.h5", from_bytes(lambda d: d[: len(d) // 2]), (), (), True),
-    ("not HDF5", "text.h5", from_bytes(lambda d: b"step 4 loss 3.5\n" * 100), ("HDF5",), (), True),
-    ("wrong format attribute", "format.h5", edited(lambda f: f.attrs.__setitem__("format", "other-format")),
-     ("format", "other-format"), (), True),
-    ("newer format_version", "version.h5", edited(lambda f: f.attrs.__setitem__("format_version", np.int32(2))),
-     ("format_version", "2"), (), True),
-    ("missing dataset", "missing.h5", edited(lambda f: f.__delitem__(GONE)), (GONE,), (), False),
-    ("wrong shape /model", "shape.h5", edited(reshape("model/ln_f/weight", (31,))),
-     ("/model/ln_f/weight", "[31]", "[32]"), (), True),
-    ("wrong shape /buffers", "bufshape.h5", edited(reshape("buffers/blocks/0/attn/prev_q", (4, 7))),
-     ("/buffers/blocks/0/attn/prev_q", "[4, 7]", "[4, 8]"), (), True),
-    ("wrong shape /optim/m", "optshape.h5", edited(reshape("optim/m/tok_emb", (32, 31))),
-     ("/optim/m/tok_emb",), (), False),
-    ("model keys changed", "config.h5", shutil.copy, ("model.d_ff: 64 vs 128", "momentum.beta"),
-     ("model.d_ff=128", "momentum.beta=0.25"), None),
-]
-
-
-def drop(name):
-    return edited(lambda f: f.__delitem__(name))
-
-
-# The chain columns of /metrics/eval added after format_version 1 (docs/files.md §4).
-CHAIN_COLUMNS = ("lengen_loss", "lengen_L_new", "lengen_L_rep", "lengen_delta_12", "lengen_loss_by_k",
-                 "attn_positional", "attn_induction", "lengen_attn_positional", "lengen_attn_induction",
-                 "L_rep_by_period")
-
-
-def narrow_gain(f):
-    g = f["metrics/eval/gain_R"][()]
-    del f["metrics/eval/gain_R"]
-    f["metrics/eval/gain_R"] = g[:, :1]
-
-
-# (case, maker of the corrupt newest checkpoint from ckpt_00000006.h5, needle)
-CORRUPT_NEWEST = [
-    ("truncated", from_bytes(lambda d: d[:5000]), "ckpt_00000006.h5"),
-    # /model, /buffers and /optim/m are already read when the load fails
-    ("missing /optim/v", drop("optim/v/blocks/0/attn/qkv/weight"), "/optim/v/blocks/0/attn/qkv/weight"),
-    # everything but /metrics/eval is already read when the load fails
-    ("bad /metrics/eval", edited(narrow_gain), "/metrics/eval/gain_R"),
-]
-
-
-@pytest.fixture(scope="module")
-def bad_setup(R, straight):
-    """(ini, a fresh work directory) for the bad-file tests; train.out_dir is set per test."""
-    ini, _, _ = R.config("bad_cfg", **RESUME, **{"train.steps": 2 * N})
-    work = os.path.join(R.work, "bad")
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    return ini, work
-
-
-class TestBadFiles:
-    @pytest.mark.parametrize("case,name,make,needles,sets,readers", BAD_FILES, ids=[c[0] for c in BAD_FILES])
-    def test_resume_path(self, R, report, straight, bad_setup, case, name, make, needles, sets, readers):
-        """--resume PATH exits 3; `momfmm inspect` and `eval` exit 3 too when the
-        damage is in what they read (root attributes, /model, /buffers), and
-        read the file when it is only in /optim (docs/files.md §4)."""
-        ini, work = bad_setup
-        path = os.path.join(work, name)
-        make(ckpt(straight, N), path)
-        out_dir = os.path.join(work, "out_" + os.path.splitext(name)[0])
-        before = digest(path)
-        r = R.train(ini, f"train.out_dir={out_dir}", *sets, resume=path)
-        msg = r.stderr.strip()
-        ok = r.returncode == 3 and os.path.basename(path) in msg and all(n in msg for n in needles)
-        ok = ok and "Segmentation" not in msg and "signal" not in msg and len(msg.splitlines()) == 1
-        report.check(f"bad file {case}: exit 3 naming the file and the problem", ok,
-                     f"rc {r.returncode}; stderr {msg[:300]!r}")
-        if readers is not None:
-            got = []
-            for command in ("inspect", "eval"):
-                x = run([R.momfmm, command, path], timeout=60)
-                m = x.stderr.strip()
-                good = (x.returncode == 3 and os.path.basename(path) in m and all(n in m for n in needles)
-                        and len(m.splitlines()) == 1) if readers else x.returncode == 0
-                got.append(good)
-                if not good:
-                    print(f"     {command} {path}: rc {x.returncode} {m[:200]!r}", flush=True)
-            report.check(f"bad file {case}: momfmm inspect and eval " +
-                         ("exit 3 naming it" if readers else "read it (the damage is in /optim only)"), all(got))
-        report.check(f"bad file {case}: file untouched, nothing trained",
-                     digest(path) == before and not checkpoints(out_dir)
-                     and not re.search(r"^step \d+/", r.stdout, re.M))
-
-    def test_resume_without_gain_r_attn(self, R, report, straight, bad_setup):
-        """A checkpoint written before /metrics/eval/gain_R_attn existed (docs/files.md §4)
-        resumes: its old eval rows read as NaN there, the new rows are measured."""
-        ini, work = bad_setup
-        path = os.path.join(work, "no_gain_r_attn.h5")
-        drop("metrics/eval/gain_R_attn")(ckpt(straight, N), path)
-        out_dir = os.path.join(work, "out_no_gain_r_attn")
-        r = R.train(ini, f"train.out_dir={out_dir}", resume=path)
-        done = checkpoints(out_dir)
-        ok = r.returncode == 0 and done
-        if ok:
-            with h5py.File(done[max(done)], "r") as f:
-                g = f["metrics/eval/gain_R_attn"][()]
-                old = len(f["metrics/eval/step"][()]) - int(np.sum(f["metrics/eval/step"][()] > N))
-            ok = bool(np.isnan(g[:old]).all() and np.isfinite(g[old:]).all() and len(g) > old)
-        report.check("a checkpoint without gain_R_attn resumes; its old rows are NaN, the new ones measured", ok,
-                     f"rc {r.returncode}; {r.stderr.strip()[:300]!r}")
-
-    def test_resume_without_chain_columns(self, R, report, straight, bad_setup):
-        """A chain checkpoint written before the length eval, the attention read-out and
-        L_rep_by_period existed (docs/files.md §4) resumes: its old eval rows read as NaN
-        there, L_rep_by_period is measured on the new rows (lengen_* and attn_* stay NaN on
-        this fixed period without a length eval: no query to count)."""
-        ini, work = bad_setup
-        path = os.path.join(work, "no_chain_columns.h5")
-        names = list(CHAIN_COLUMNS)
-        edited(lambda f: [f.__delitem__(f"metrics/eval/{n}") for n in names])(ckpt(straight, N), path)
-        out_dir = os.path.join(work, "out_no_chain_columns")
-        r = R.train(ini, f"train.out_dir={out_dir}", resume=path)
-        done = checkpoints(out_dir)
-        ok = r.returncode == 0 and done
-        if ok:
-            with h5py.File(done[max(done)], "r") as f:
-                ev = {n: f[f"metrics/eval/{n}"][()] for n in names}
-                old = len(f["metrics/eval/step"][()]) - int(np.sum(f["metrics/eval/step"][()] > N))
-            by = ev["L_rep_by_period"]
-            ok = (len(by) > old and bool(np.isnan(by[:old]).all() and np.isfinite(by[old:]).all())
-                  and all(np.isnan(ev[n][:old]).all() for n in names))
-        report.check("a chain checkpoint without the lengen_*, attn_* and L_rep_by_period columns resumes; its old "
-                     "rows are NaN, L_rep_by_period measured on the new ones", ok,
-                     f"rc {r.returncode}; {r.stderr.strip()[:300]!r}")
-
-    @pytest.mark.parametrize("case,make,needle", CORRUPT_NEWEST, ids=[c[0] for c in CORRUPT_NEWEST])
-    def test_resume_auto_corrupt_newest(self, R, report, straight, bad_setup, case, make, needle):
-        """--resume auto: a corrupt newest checkpoint is reported, kept, skipped."""
-        ini, work = bad_setup
-        auto = os.path.join(work, "auto_" + re.sub(r"\W+", "_", case))
-        os.makedirs(auto)
-        shutil.copy(ckpt(straight, N), ckpt(auto, N))
-        corrupt = ckpt(auto, 6)
-        make(ckpt(straight, 6), corrupt)
-        before = digest(corrupt)
-        # ckpt_interval 0: nothing at step 6 replaces the corrupt file
-        r = R.train(ini, f"train.out_dir={auto}", "train.ckpt_interval=0", resume="auto")
-        text = r.stdout + r.stderr
-        ok = (r.returncode == 0 and "warning: skipping checkpoint that does not load" in text and corrupt in text
-              and needle in text and f"resumed from {ckpt(auto, N)} at step {N}" in text)
-        report.check(f"resume auto, corrupt newest ({case}): reported with the reason, older one used", ok, tail(r))
-        report.check(f"resume auto, corrupt newest ({case}): the corrupt file still exists, unchanged",
-                     os.path.exists(corrupt) and digest(corrupt) == before)
-        if os.path.exists(ckpt(auto, 2 * N)):
-            ok, detail = bitwise_report(ckpt(straight, 2 * N), ckpt(auto, 2 * N))
-            report.check(f"resume auto, corrupt newest ({case}): result equals the straight run bitwise", ok, detail)
-
-    def test_keep_with_corrupt_newer(self, R, straight, bad_setup):
-        """train.keep must not let a corrupt newer file push out the run's own checkpoints."""
-        ini, work = bad_setup
-        auto = os.path.join(work, "auto_keep")
-        os.makedirs(auto)
-        shutil.copy(ckpt(straight, N), ckpt(auto, N))
-        corrupt = ckpt(auto, 50)
-        from_bytes(lambda d: d[:5000])(ckpt(straight, N), corrupt)
-        r = R.train(ini, f"train.out_dir={auto}", "train.keep=1", resume="auto")
-        found = checkpoints(auto)
-        loads = [s for s, p in found.items() if R.inspect(p).returncode == 0]
-        assert r.returncode == 0 and 2 * N in loads and os.path.exists(corrupt), (
-            "resume auto + train.keep = 1 with a corrupt ckpt_00000050.h5: the run's final checkpoint "
-            f"(step {2 * N}) survives pruning and the corrupt file is not deleted: "
-            f"rc {r.returncode}; checkpoints left {sorted(found)}, loadable {sorted(loads)}")
-
-
-# ---- 5. full disk ---------------------------------------------------------------------
-
-class TestFullDisk:
-    def test_full_disk(self, R, report):
-        check_full_disk(R, report)
-
-    def test_full_disk_together(self, R, report):
-        # dist.zero = 1 at np = 2: both ranks write the file through MPI-IO
-        # (docs/scale.md §7), with independent and with collective transfers;
-        # a failure on the full disk must end in the same outcome on both
-        # ranks, not a rank waiting forever in a collective call
-        check_full_disk(R, report, np_=2, zero=1)
-        check_full_disk(R, report, np_=2, zero=1, collective=True)
-
-
-def check_full_disk(R, report, np_=None, zero=0, collective=False):
-    what = "full disk" if np_ is None else f"full disk, np {np_} zero {zero}{', collective' if collective else ''}"
-    ini, _, _ = R.config("disk_cfg", **RESUME,
-                         **{"train.steps": 2 * N, "dist.zero": zero, "dist.collective_io": collective})
-    mnt = os.path.join(R.work, "tmpfs")
-    os.makedirs(mnt, exist_ok=True)
-    while os.path.ismount(mnt):  # left mounted by an aborted earlier run
-        if run(["umount", mnt], timeout=30).returncode != 0:
-            break
-    r = run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", mnt], timeout=30)
-    if r.returncode != 0:
-        pytest.skip(f"full disk: cannot mount a tmpfs: {r.stderr.strip()[:200]}")
-    try:
-        r = R.train(ini, f"train.out_dir={mnt}", "train.steps=2", "train.keep=1", np_=np_)
-        first = ckpt(mnt, 2)
-        assert r.returncode == 0 and os.path.exists(first), \
-            f"{what}: a first checkpoint fits in the 600 KB tmpfs: {tail(r)}"
-        before = digest(first)
-        st = os.statvfs(mnt)
-        free = st.f_bavail * st.f_frsize
-        with open(os.path.join(mnt, "filler"), "wb") as f:
-            f.write(b"\0" * max(0, free - 40 * 1024))
-        r = R.train(ini, f"train.out_dir={mnt}", "train.steps=4", "train.keep=1", resume="auto", np_=np_,
-                    timeout=120)
-        second = ckpt(mnt, 4)
-        report.check(f"{what}: the error names the checkpoint ('checkpoint at step 4 not written: <path>')",
-                     "checkpoint at step 4 not written" in r.stderr and second in r.stderr, tail(r))
-        report.check(f"{what}: the program does not crash after the failed write",
-                     r.returncode >= 0 and "Segmentation" not in r.stderr and "signal" not in r.stderr,
-                     f"rc {r.returncode}; stderr {r.stderr.strip()[:400]!r}")
-        report.check(f"{what}: the previous checkpoint is intact (same sha256) and loads",
-                     digest(first) == before and R.inspect(first).returncode == 0)
-        left = [n for n in os.listdir(mnt) if n not in ("filler", "metrics.h5", ".lock", os.path.basename(first))]
-        report.check(f"{what}: no half-written file left (neither ckpt_00000004.h5 nor a temporary)", not left,
-                     f"left {left}")
-    finally:
-        run(["umount", mnt], timeout=30)
 
 
 def check_inspect_readouts(R, report, path, periods):
