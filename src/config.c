@@ -619,3 +619,15 @@ bool config_eval_readouts(const config *c) {
 int config_micro_rows(const config *c, int shard_rows) {
     return c->micro_batch > 0 && c->micro_batch < shard_rows ? c->micro_batch : shard_rows;
 }
+
+/* %.17g always round-trips, so the loop ends by 17 at the latest; infinities
+ * and NaN print as %g does. Whole numbers below 1e16 keep their digits
+ * (10000, not 1e+04). */
+char *config_format_double(double x, char *out, size_t len) {
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(out, len, "%.*g", digits, x);
+        if (isnan(x) || strtod(out, NULL) == x) break;
+    }
+    if (strchr(out, 'e') && x == floor(x) && fabs(x) < 1e16) snprintf(out, len, "%.0f", x);
+    return out;
+}
