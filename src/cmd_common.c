@@ -210,6 +210,7 @@ void cmd_print_banner(void) {
 
 void cmd_check_output(const char *flag, const char *out, const char *const *inputs, int n_inputs, bool force) {
     struct stat st, input;
+    if (!out[0]) cmd_fail_all(EXIT_USAGE, "%s: an empty path names no file", flag);
     if (stat(out, &st) != 0) return;
     for (int i = 0; i < n_inputs; i++)
         if (stat(inputs[i], &input) == 0 && input.st_dev == st.st_dev && input.st_ino == st.st_ino)

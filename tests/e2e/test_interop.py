@@ -178,6 +178,9 @@ def test_logits_command_line(momfmm, trained, workdir, report):
     report.check("an existing --out without --force: exit 2", r.returncode == 2 and "--force" in r.stderr, r.stderr)
     r = run([momfmm, "logits", trained["ckpt"], tokens, "--out", out, "--force"])
     report.check("--force replaces it", r.returncode == 0 and h5py.is_hdf5(out), r.stderr)
+    r = run([momfmm, "logits", trained["ckpt"], tokens, "--out", ""])
+    report.check("an empty --out: exit 2 naming the flag", r.returncode == 2 and "--out: an empty path" in r.stderr,
+                 r.stderr)
     r = run([momfmm, "forward", trained["ckpt"], tokens])
     report.check("forward: did you mean logits?", r.returncode == 2 and "did you mean logits" in r.stderr, r.stderr)
 
