@@ -56,28 +56,29 @@ static int piece(size_t remaining, size_t element_size) {
  * enters (every rank enters the same ones in the same order) and tells each
  * peer how far it got, one number per message on a communicator of their
  * own, through persistent requests made once; a receive from every peer is
- * always posted. Operation s has two marks, 2s-1 and 2s. A blocking
- * collective is entered after two polled rounds: 2s-1 "arrived", awaited
- * from every peer, then 2s "passed", awaited too; so a rank stopped while
- * it waits for the others is still told apart from those inside the
- * collective. A non-blocking one (the reducer's buckets) sends 2s-1 on
- * entering its polled wait and 2s when done. While a rank polls at an odd
- * mark it repeats it every WATCHDOG_HEARTBEAT_S: a peer at the same mark
- * that has gone silent is not answering (watchdog.c). Allocated in
- * dist_init, freed in dist_finalize; nothing per operation. */
+ * always posted, and messages of one pair arrive in order. Operation s has
+ * two marks: 2s-1 on entering its polled wait (every collective is
+ * non-blocking), 2s when done. While a rank polls at an odd mark it repeats
+ * it every WATCHDOG_HEARTBEAT_S, so a peer that has gone silent is not
+ * answering (watchdog.c). Allocated in dist_init, freed in dist_finalize;
+ * nothing per operation. */
+typedef struct {
+    MPI_Request recv, send;  /* persistent: recv always started, send from outbox */
+    long long inbox, outbox; /* the mark received, the mark on its way */
+    long long seen;          /* highest mark received */
+    bool owed;               /* the latest mark is still to go out */
+} arrival_peer;
+
 static struct {
     MPI_Comm comm;
-    int peers;         /* size - 1; peer j is rank j + (j >= rank) */
-    MPI_Request *recv; /* [peers], persistent, always started */
-    MPI_Request *send; /* [peers], persistent, from outbox[j] */
-    long long *inbox;  /* [peers] */
-    long long *outbox; /* [peers]: the mark on its way to each */
-    long long *seen;   /* [peers]: highest mark received from each */
-    int *done;         /* [peers]: MPI_Testsome's indices */
-    bool *owed;        /* [peers]: the latest mark still to go out */
-    long long seq;     /* this rank's latest mark */
-    double sent;       /* when it last went out */
-    char *hosts;       /* [size][MPI_MAX_PROCESSOR_NAME], gathered once */
+    int peers;           /* size - 1; peer j is rank j + (j >= rank) */
+    arrival_peer *peer;  /* [peers] */
+    MPI_Request *recv;   /* [peers]: the receives together, for MPI_Testsome */
+    int *done;           /* [peers]: MPI_Testsome's indices */
+    long long seq;       /* this rank's latest mark */
+    double sent;         /* when it last went out */
+    char *hosts;         /* [size][MPI_MAX_PROCESSOR_NAME], gathered once */
+    uint64_t *checksums; /* [size]: dist_first_differing_rank's */
 } arrivals = {.comm = MPI_COMM_NULL};
 
 enum { ARRIVAL_TAG = 1 };
@@ -86,25 +87,20 @@ static int peer_rank(int j) { return j + (j >= world_rank); }
 
 static void arrivals_create(void) {
     char host[MPI_MAX_PROCESSOR_NAME] = {0};
-    int host_len = 0;
+    int host_len = 0, n = arrivals.peers = world_size - 1;
     MPI_Get_processor_name(host, &host_len);
     arrivals.hosts = sys_calloc((size_t)world_size, MPI_MAX_PROCESSOR_NAME);
+    arrivals.checksums = sys_calloc((size_t)world_size, sizeof(uint64_t));
     MPI_Allgather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, arrivals.hosts, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, world);
     watchdog_init(world_rank, world_size, arrivals.hosts, MPI_MAX_PROCESSOR_NAME);
     MPI_Comm_dup(world, &arrivals.comm);
-    int n = arrivals.peers = world_size - 1;
+    arrivals.peer = sys_calloc((size_t)n + 1, sizeof(arrival_peer));
     arrivals.recv = sys_calloc((size_t)n + 1, sizeof(MPI_Request));
-    arrivals.send = sys_calloc((size_t)n + 1, sizeof(MPI_Request));
-    arrivals.inbox = sys_calloc((size_t)n + 1, sizeof(long long));
-    arrivals.outbox = sys_calloc((size_t)n + 1, sizeof(long long));
-    arrivals.owed = sys_calloc((size_t)n + 1, sizeof(bool));
-    arrivals.seen = sys_calloc((size_t)n + 1, sizeof(long long));
     arrivals.done = sys_calloc((size_t)n + 1, sizeof(int));
     for (int j = 0; j < n; j++) {
-        MPI_Recv_init(&arrivals.inbox[j], 1, MPI_LONG_LONG, peer_rank(j), ARRIVAL_TAG, arrivals.comm,
-                      &arrivals.recv[j]);
-        MPI_Send_init(&arrivals.outbox[j], 1, MPI_LONG_LONG, peer_rank(j), ARRIVAL_TAG, arrivals.comm,
-                      &arrivals.send[j]);
+        arrival_peer *q = &arrivals.peer[j];
+        MPI_Recv_init(&q->inbox, 1, MPI_LONG_LONG, peer_rank(j), ARRIVAL_TAG, arrivals.comm, &arrivals.recv[j]);
+        MPI_Send_init(&q->outbox, 1, MPI_LONG_LONG, peer_rank(j), ARRIVAL_TAG, arrivals.comm, &q->send);
     }
     if (n > 0) MPI_Startall(n, arrivals.recv);
 }
@@ -115,17 +111,15 @@ static void arrivals_create(void) {
 static void arrivals_free(void) {
     if (arrivals.comm == MPI_COMM_NULL) return;
     for (int j = 0; j < arrivals.peers; j++) {
-        MPI_Wait(&arrivals.send[j], MPI_STATUS_IGNORE);
-        MPI_Request_free(&arrivals.send[j]);
+        MPI_Wait(&arrivals.peer[j].send, MPI_STATUS_IGNORE);
+        MPI_Request_free(&arrivals.peer[j].send);
         MPI_Cancel(&arrivals.recv[j]);
         MPI_Wait(&arrivals.recv[j], MPI_STATUS_IGNORE);
         MPI_Request_free(&arrivals.recv[j]);
     }
     MPI_Comm_free(&arrivals.comm);
-    free(arrivals.recv), free(arrivals.send), free(arrivals.inbox), free(arrivals.seen), free(arrivals.done);
-    free(arrivals.outbox), free(arrivals.owed);
-    free(arrivals.hosts);
-    arrivals.hosts = NULL;
+    free(arrivals.peer), free(arrivals.recv), free(arrivals.done), free(arrivals.hosts), free(arrivals.checksums);
+    arrivals.hosts = NULL, arrivals.checksums = NULL;
     arrivals.peers = 0;
 }
 
@@ -133,12 +127,13 @@ static void arrivals_free(void) {
  * send to a stopped peer may not complete: this rank does not wait for it,
  * and the peer gets the latest mark when it can). */
 static void post(int j) {
+    arrival_peer *q = &arrivals.peer[j];
     int gone = 0;
-    MPI_Test(&arrivals.send[j], &gone, MPI_STATUS_IGNORE);
-    arrivals.owed[j] = !gone;
+    MPI_Test(&q->send, &gone, MPI_STATUS_IGNORE);
+    q->owed = !gone;
     if (!gone) return;
-    arrivals.outbox[j] = arrivals.seq;
-    MPI_Start(&arrivals.send[j]);
+    q->outbox = arrivals.seq;
+    MPI_Start(&q->send);
 }
 
 /* Takes in the arrivals that came, posts the next receive of each, and
@@ -148,31 +143,27 @@ static void arrivals_poll(void) {
     MPI_Testsome(arrivals.peers, arrivals.recv, &n, arrivals.done, MPI_STATUSES_IGNORE);
     for (int i = 0; i < n && n != MPI_UNDEFINED; i++) {
         int j = arrivals.done[i];
-        if (arrivals.inbox[j] > arrivals.seen[j]) arrivals.seen[j] = arrivals.inbox[j];
-        watchdog_arrived(peer_rank(j), arrivals.seen[j]);
+        arrival_peer *q = &arrivals.peer[j];
+        if (q->inbox > q->seen) q->seen = q->inbox;
+        watchdog_arrived(peer_rank(j), q->seen);
         MPI_Start(&arrivals.recv[j]);
     }
     for (int j = 0; j < arrivals.peers; j++)
-        if (arrivals.owed[j]) post(j);
+        if (arrivals.peer[j].owed) post(j);
 }
 
 static bool all_arrived(void) {
     for (int j = 0; j < arrivals.peers; j++)
-        if (arrivals.seen[j] < arrivals.seq) return false;
+        if (arrivals.peer[j].seen < arrivals.seq) return false;
     return true;
 }
 
-/* This rank's next mark goes to every peer. */
-static void announce(void) {
-    watchdog_announced(++arrivals.seq);
-    for (int j = 0; j < arrivals.peers; j++) post(j);
-    arrivals.sent = sys_seconds();
-}
-
-/* At an odd mark (a polled wait), the mark again now and then: this rank
- * is alive and still waiting. */
-static void heartbeat(void) {
-    if (!(arrivals.seq & 1) || sys_seconds() - arrivals.sent < WATCHDOG_HEARTBEAT_S) return;
+/* This rank's next mark to every peer; or (repeat), at an odd mark (a
+ * polled wait), the same mark again now and then: this rank is alive and
+ * still waiting. */
+static void send_mark(bool repeat) {
+    if (repeat && (!(arrivals.seq & 1) || sys_seconds() - arrivals.sent < WATCHDOG_HEARTBEAT_S)) return;
+    if (!repeat) watchdog_announced(++arrivals.seq);
     for (int j = 0; j < arrivals.peers; j++) post(j);
     arrivals.sent = sys_seconds();
 }
@@ -182,18 +173,16 @@ static void heartbeat(void) {
 static void await_peers(void) {
     while (watchdog_running() && !all_arrived()) {
         arrivals_poll();
-        heartbeat();
+        send_mark(true);
     }
 }
 
 /* Both marks of a phase whose MPI calls are not ours (parallel HDF5):
- * every peer has arrived and has passed that wait before this rank goes
- * in. */
+ * every peer has arrived before this rank goes in. */
 static void arrive_and_pass(void) {
-    announce();
+    send_mark(false);
     await_peers();
-    announce();
-    await_peers();
+    send_mark(false);
 }
 
 /* Waits for one non-blocking request while taking in arrivals. */
@@ -202,7 +191,7 @@ static void wait_polling(MPI_Request *request) {
         MPI_Test(request, &flag, MPI_STATUS_IGNORE);
         if (flag) return;
         arrivals_poll();
-        heartbeat();
+        send_mark(true);
     }
 }
 
@@ -211,9 +200,9 @@ static void wait_polling(MPI_Request *request) {
  * tell who else is waiting. */
 static void watch_wait(const char *operation, MPI_Request *request) {
     watchdog_enter(operation, 0, 0);
-    announce();
+    send_mark(false);
     wait_polling(request);
-    announce();
+    send_mark(false);
     watchdog_leave();
 }
 
@@ -386,37 +375,24 @@ static uint64_t checksum(const void *bytes, size_t n) {
 
 /* Every rank gathers every checksum, so every rank returns the same status. */
 int dist_check_consistency(const void *bytes, size_t n, long long step, status *st) {
-    int size = dist_size();
-    if (size == 1) return 0;
-    uint64_t mine = checksum(bytes, n);
-    uint64_t *all = sys_calloc((size_t)size, sizeof(uint64_t));
-    MPI_Request request;
-    MPI_Iallgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, world, &request);
-    watch_wait("checksum all-gather", &request);
-    int code = 0;
-    for (int r = 1; r < size && code == 0; r++)
-        if (all[r] != all[0])
-            code =
-                status_fail(st, 1, "step %lld: parameters of rank %d differ from rank 0 (checksum %016llx vs %016llx)",
-                            step, r, (unsigned long long)all[r], (unsigned long long)all[0]);
-    free(all);
-    return code;
+    int r = dist_first_differing_rank(checksum(bytes, n));
+    if (r < 0) return 0;
+    const uint64_t *all = arrivals.checksums;
+    return status_fail(st, 1, "step %lld: parameters of rank %d differ from rank 0 (checksum %016llx vs %016llx)", step,
+                       r, (unsigned long long)all[r], (unsigned long long)all[0]);
 }
 
 uint64_t dist_checksum(const void *bytes, size_t n) { return checksum(bytes, n); }
 
+/* Into the table made at start-up: no allocation per call. */
 int dist_first_differing_rank(uint64_t mine) {
-    int size = dist_size();
-    if (size == 1) return -1;
-    uint64_t *all = sys_calloc((size_t)size, sizeof(uint64_t));
+    if (dist_size() == 1) return -1;
     MPI_Request request;
-    MPI_Iallgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, world, &request);
+    MPI_Iallgather(&mine, 1, MPI_UINT64_T, arrivals.checksums, 1, MPI_UINT64_T, world, &request);
     watch_wait("checksum all-gather", &request);
-    int first = -1;
-    for (int r = 1; r < size && first < 0; r++)
-        if (all[r] != all[0]) first = r;
-    free(all);
-    return first;
+    for (int r = 1; r < dist_size(); r++)
+        if (arrivals.checksums[r] != arrivals.checksums[0]) return r;
+    return -1;
 }
 
 void dist_broadcast_bytes_from(int root, void *x, size_t n) {
@@ -524,12 +500,12 @@ float *dist_reducer_slice(dist_reducer *r) { return r->slice ? r->slice : r->gra
  * marked on entering (this rank has finished backward and waits) and when
  * done. */
 static void wait_buckets(dist_reducer *r, const char *operation) {
-    announce();
+    send_mark(false);
     for (int i = 0; i < r->n_buckets; i++) {
         watchdog_enter(operation, i + 1, r->n_buckets);
         wait_polling(&r->requests[i]);
     }
-    announce();
+    send_mark(false);
     watchdog_leave();
 }
 
