@@ -41,7 +41,10 @@ Memory per rank (bytes per parameter, activations not included): parameters
 reduced gradient slice adds 4/p. The table gives GB per rank for n.
 
 With --measured-step-ms the p = 2 row is compared with the measured 2-rank
-step. Prints a Markdown table.
+step. --probe FILE takes α and β from the `fit alpha_us=... beta_gbps=...`
+line of build/net_probe's output (tools/net_probe.c: ping-pong between the
+ranks, least squares), instead of --alpha-us and --beta-gbps. Prints a
+Markdown table.
 
 Example (bench_d256: 3.68 M parameters, 426 ms compute per step at 1 thread):
     tools/scaling_model.py --compute-ms 426 --params 3683840 --overlap-fraction 0.5
@@ -50,6 +53,7 @@ A 1B-parameter model with ZeRO-1 at 8-512 ranks:
 """
 import argparse
 import math
+import re
 
 
 def n_buckets(n_params, bucket_mb, bytes_per=4):
@@ -95,6 +99,16 @@ def bytes_per_param(p, zero):
     return 4 + 4 + (12 / p if zero and p > 1 else 8 / p if zero else 8)
 
 
+def probe_fit(path):
+    """(alpha µs, beta Gb/s) from net_probe's `fit` line in the file at path."""
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"fit alpha_us=([0-9.eE+-]+) beta_gbps=([0-9.eE+-]+)", line)
+            if m:
+                return float(m.group(1)), float(m.group(2))
+    raise SystemExit(f"{path}: no 'fit alpha_us=... beta_gbps=...' line (the output of build/net_probe)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compute-ms", type=float, required=True, help="measured compute time of one step per rank (ms)")
@@ -114,7 +128,11 @@ def main():
                     help="ZeRO-1 (dist.zero = 1): reduce-scatter + all-gather, moments sharded")
     ap.add_argument("--measured-step-ms", type=float, default=0.0,
                     help="measured 2-rank step (ms), to compare with the model's p = 2 row")
+    ap.add_argument("--probe", metavar="FILE",
+                    help="net_probe output whose fit line gives α and β (overrides --alpha-us, --beta-gbps)")
     a = ap.parse_args()
+    if a.probe:
+        a.alpha_us, a.beta_gbps = probe_fit(a.probe)
     if not 0.0 <= a.overlap_fraction <= 1.0:
         ap.error("--overlap-fraction must be in [0, 1]")
     compute = a.compute_ms / 1e3
