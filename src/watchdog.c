@@ -83,16 +83,19 @@ static const char *host_of(int rank) { return watch.hosts + (size_t)rank * watch
 /* While this rank polls (an odd mark) it hears its peers: one is missing
  * when it has been silent for four repeats at an odd mark (it would repeat
  * it), or for half of dist.timeout at an even one (it computes, or it
- * stopped, possibly with data for this rank unsent); a peer that is heard
- * is alive, even if behind (it waits for someone else). Inside calls that
- * are not ours (an even mark: a phase's parallel HDF5) this rank hears
- * nothing, and only the peers behind its mark are named. */
+ * stopped, possibly with data for this rank unsent; not inside a phase
+ * watched as a whole, where it may be inside parallel HDF5's calls); a
+ * peer that is heard is alive, even if behind (it waits for someone else).
+ * Inside calls that are not ours (an even mark: a phase's parallel HDF5)
+ * this rank hears nothing, and only the peers that had not arrived at its
+ * last operation are named (their mark of leaving it may not have come). */
 static bool missing(int rank, long long mark, double now) {
     if (rank == watch.rank) return false;
     long long theirs = atomic_load(&watch.arrived[rank]);
-    if (!(mark & 1)) return theirs < mark;
+    if (!(mark & 1)) return theirs < mark - 1;
     double silent = now - atomic_load(&watch.heard[rank]), repeats = 4 * WATCHDOG_HEARTBEAT_S;
-    return silent > ((theirs & 1) ? repeats : (repeats > watch.seconds / 2 ? repeats : watch.seconds / 2));
+    if (theirs & 1) return silent > repeats;
+    return !atomic_load(&watch.whole) && silent > (repeats > watch.seconds / 2 ? repeats : watch.seconds / 2);
 }
 
 /* "no answer from ranks 2, 3 (host h2); rank 5 (host h3)": the ranks whose
@@ -118,8 +121,8 @@ static void describe_missing(char *out, size_t len) {
         any = true;
     }
     if (!any)
-        snprintf(out, len,
-                 (atomic_load(&watch.announced) & 1)
+        snprintf(out, len, "%s",
+                 (atomic_load(&watch.announced) & 1) && !atomic_load(&watch.whole)
                      ? "every rank answered; the transfer itself stalled"
                      : "every rank arrived; it stalled inside (which rank is not known)");
 }

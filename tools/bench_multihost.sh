@@ -17,7 +17,8 @@
 #
 # Variables: BUILD (build dir, default build), PREFIX (the bed's namespaces,
 # default nbm: never one another bed uses), REPEATS (3), STEPS (5), CONFIG
-# (configs/bench_d256.ini), BUCKETS ("1 4 16 64"), SHAPES ("none 10gbit 1gbit").
+# (configs/bench_d256.ini) and PARAMS (its parameter count, 3683840),
+# BUCKETS ("1 4 16 64"), SHAPES ("none 10gbit 1gbit").
 # Writes OUT_DIR/raw.tsv (one row per run) and prints the summary
 # (OUT_DIR/summary.md). Exits 77 where the bed cannot be made.
 set -u
@@ -27,6 +28,7 @@ PREFIX=${PREFIX:-nbm}
 REPEATS=${REPEATS:-3}
 STEPS=${STEPS:-5}
 CONFIG=${CONFIG:-$ROOT/configs/bench_d256.ini}
+PARAMS=${PARAMS:-3683840} # parameters of CONFIG (bench_d256), for the model
 BUCKETS=${BUCKETS:-1 4 16 64}
 SHAPES=${SHAPES:-none 10gbit 1gbit}
 PY=/usr/bin/python3
@@ -73,7 +75,8 @@ load() { cut -d' ' -f1 /proc/loadavg; }
 row() { printf '%s\n' "$*" | tr ' ' '\t' >>"$RAW"; }
 
 probe() {
-    local shape=$1 n=$2 rep=$3 log=$OUT/probe_${shape}_${n}_$rep.log
+    local shape=$1 n=$2 rep=$3
+    local log=$OUT/probe_${shape}_${n}_$rep.log
     across "$n" "$BUILD/net_probe" --seconds 0.3 >"$log" 2>&1
     local fit
     fit=$(grep '^fit ' "$log" | sed -E 's/.*alpha_us=([0-9.]+) beta_gbps=([0-9.]+).*/\1 \2/')
@@ -82,7 +85,8 @@ probe() {
 }
 
 bench() {
-    local shape=$1 n=$2 rep=$3 bucket=$4 overlap=$5 log=$OUT/bench_${shape}_${n}_${bucket}_${overlap}_$rep.log
+    local shape=$1 n=$2 rep=$3 bucket=$4 overlap=$5
+    local log=$OUT/bench_${shape}_${n}_${bucket}_${overlap}_$rep.log
     across "$n" "$BUILD/momfmm" bench "$CONFIG" --steps "$STEPS" --set train.batch_size="$n" \
         --set dist.bucket_mb="$bucket" --set dist.overlap="$overlap" --set train.gemm=openblas \
         --set train.out_dir="$OUT/run" >"$log" 2>&1
@@ -94,7 +98,7 @@ bench() {
 }
 
 : >"$RAW"
-echo "bed $NETBED_PREFIX: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, load $(load)"
+echo "bed $NETBED_PREFIX: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(grep -c ^processor /proc/cpuinfo) cores, load $(load)"
 for shape in $SHAPES; do
     shape "$shape"
     for n in 2 4; do
@@ -109,8 +113,7 @@ for rep in $(seq 1 "$REPEATS"); do
     for bucket in $BUCKETS; do bench 1gbit 2 "$rep" "$bucket" true; done
 done
 shape none
-params=$(grep -ho 'model: [0-9]* parameters' "$OUT"/bench_*.log | head -1 | grep -o '[0-9]*')
-"$PY" - "$RAW" "$params" "$ROOT/tools" <<'PYEOF' | tee "$OUT/summary.md"
+"$PY" - "$RAW" "$PARAMS" "$ROOT/tools" <<'PYEOF' | tee "$OUT/summary.md"
 import statistics as st, sys
 sys.path.insert(0, sys.argv[3])
 import scaling_model as sm
