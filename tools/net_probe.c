@@ -2,9 +2,8 @@
  * cost model of tools/scaling_model.py (docs/design.md §8.11): ping-pong
  * between rank 0 and every other rank at sizes from 8 B up, the median
  * one-way time of each size; alpha (latency) and beta (bandwidth) fitted
- * to t(m) = alpha + m / beta by least squares on relative errors (every
- * size weighs alike, so alpha comes from the small sizes and beta from the
- * large ones); then MPI_Allreduce of floats (a sum in place, as momfmm's
+ * to t(m) = alpha + m / beta by least squares (fit: beta from the large
+ * sizes, alpha from the small ones); then MPI_Allreduce of floats (a sum in place, as momfmm's
  * gradient buckets) at the same sizes, its median beside the ring model
  * 2 (p - 1) alpha + 2 (p - 1) / p * m / beta with the fitted alpha, beta.
  *
@@ -14,7 +13,7 @@
  * layers (docs/design.md §8.1: there dist.c alone speaks MPI). Prints, on
  * rank 0, one line per size and the fit:
  *
- *   fit alpha_us=52.1 beta_gbps=0.94 pairs=1 sizes=12
+ *   fit alpha_us=24.1 beta_gbps=0.94 pairs=1 sizes=11 (...)
  */
 #include <math.h>
 #include <mpi.h>
@@ -76,17 +75,20 @@ static double allreduce(float *buf, size_t bytes, int reps) {
     return median(t, reps);
 }
 
-/* Least squares of t = alpha + m / beta on relative errors: minimises
- * sum ((alpha + g m_i - t_i) / t_i)^2 over alpha and g = 1 / beta. */
-static void fit(const double *m, const double *t, int n, double *alpha, double *beta) {
-    double s00 = 0, s01 = 0, s11 = 0, r0 = 0, r1 = 0;
-    for (int i = 0; i < n; i++) {
-        double w = 1 / (t[i] * t[i]);
-        s00 += w, s01 += w * m[i], s11 += w * m[i] * m[i], r0 += w * t[i], r1 += w * m[i] * t[i];
-    }
-    double det = s00 * s11 - s01 * s01, g = (s00 * r1 - s01 * r0) / det;
-    *alpha = (s11 * r0 - s01 * r1) / det;
+/* Least squares of t = alpha + m / beta in two parts, since a shaped link
+ * is not one line: a token bucket passes messages below its burst at the
+ * wire's speed. 1 / beta is the least-squares slope over the large sizes
+ * (m >= large), alpha the least-squares constant of t - m / beta over the
+ * small ones (m <= 4 KiB). */
+static void fit(const double *m, const double *t, int n, double large, double *alpha, double *beta) {
+    double sm = 0, st = 0, smm = 0, smt = 0, k = 0, rest = 0, j = 0;
+    for (int i = 0; i < n; i++)
+        if (m[i] >= large) sm += m[i], st += t[i], smm += m[i] * m[i], smt += m[i] * t[i], k++;
+    double g = k > 1 && k * smm - sm * sm > 0 ? (k * smt - sm * st) / (k * smm - sm * sm) : 0;
     *beta = g > 0 ? 1 / g : INFINITY;
+    for (int i = 0; i < n; i++)
+        if (m[i] <= 4096) rest += t[i] - m[i] * g, j++;
+    *alpha = j > 0 ? rest / j : 0;
 }
 
 static int usage(void) {
@@ -130,13 +132,12 @@ int main(int argc, char **argv) {
                 printf("pingpong ranks=0,%d bytes=%.0f one_way_us=%.2f gbps=%.3f\n", peer, m[i], one_way * 1e6,
                        m[i] * 8 / one_way / 1e9);
         }
-    double alpha, beta;
-    fit(fm, ft, nf, &alpha, &beta);
+    double alpha, beta, large = m[n - 1] / 16;
+    fit(fm, ft, nf, large, &alpha, &beta);
     if (rank == 0)
-        printf(
-            "fit alpha_us=%.2f beta_gbps=%.3f pairs=%d sizes=%d (t = alpha + bytes / beta, least squares on relative "
-            "errors)\n",
-            alpha * 1e6, beta * 8 / 1e9, pairs, n);
+        printf("fit alpha_us=%.2f beta_gbps=%.3f pairs=%d sizes=%d (t = alpha + bytes / beta; 1 / beta: least-squares "
+               "slope over %.0f B and up, alpha over 4096 B and less)\n",
+               alpha * 1e6, beta * 8 / 1e9, pairs, n, large);
     for (int i = 0; i < n; i++) {
         if (m[i] < sizeof(float)) continue;
         double got = allreduce((float *)buf, (size_t)m[i], reps_for((size_t)m[i] * 2, seconds));
