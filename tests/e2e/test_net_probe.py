@@ -22,13 +22,13 @@ def test_probe_fits_and_model_reads_it(momfmm, workdir, report):
     r = run(MPIRUN + ["-np", "2", probe_binary(momfmm), "--max-bytes", "32768", "--seconds", "0.05"], timeout=120)
     report.check("net_probe on 2 ranks exits 0", r.returncode == 0, f"rc {r.returncode} {r.stderr[-300:]}")
     sizes = [int(m) for m in re.findall(r"^pingpong ranks=0,1 bytes=(\d+) one_way_us=[0-9.]+", r.stdout, re.M)]
-    report.check("one ping-pong line per size 8, 32, ..., 32768 B", sizes == [8 * 4 ** i for i in range(7)], sizes)
+    report.check("one ping-pong line per size 8, 32, ..., 32768 B", sizes == [8 * 4 ** i for i in range(7)], str(sizes))
     # on shared memory t(m) is no line (alpha may come out near 0): only beta > 0 is certain
     fit = re.search(r"^fit alpha_us=(-?[0-9.]+) beta_gbps=([0-9.]+) pairs=1 sizes=7", r.stdout, re.M)
     report.check("the fit line gives alpha and beta > 0", fit and float(fit.group(2)) > 0,
                  fit.group(0) if fit else r.stdout[-500:])
     ar = re.findall(r"^allreduce ranks=2 bytes=\d+ ms=[0-9.]+ ring_model_ms=[0-9.]+$", r.stdout, re.M)
-    report.check("one all-reduce line per size beside the ring model", len(ar) == 7, len(ar))
+    report.check("one all-reduce line per size beside the ring model", len(ar) == 7, str(len(ar)))
     if not fit:
         return
     out = os.path.join(workdir, "probe.txt")
