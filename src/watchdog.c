@@ -86,13 +86,13 @@ static const char *host_of(int rank) { return watch.hosts + (size_t)rank * watch
  * stopped, possibly with data for this rank unsent; not inside a phase
  * watched as a whole, where it may be inside parallel HDF5's calls); a
  * peer that is heard is alive, even if behind (it waits for someone else).
- * Inside calls that are not ours (an even mark: a phase's parallel HDF5)
- * this rank hears nothing, and only the peers that had not arrived at its
- * last operation are named (their mark of leaving it may not have come). */
+ * At an even mark this rank waits in calls that are not ours (a phase's
+ * parallel HDF5), has heard nothing since its last operation and names no
+ * one: marks of that operation still unread prove nothing (a broadcast's
+ * root completes before the others arrive; they may have arrived since). */
 static bool missing(int rank, long long mark, double now) {
-    if (rank == watch.rank) return false;
+    if (rank == watch.rank || !(mark & 1)) return false;
     long long theirs = atomic_load(&watch.arrived[rank]);
-    if (!(mark & 1)) return theirs < mark - 1;
     double silent = now - atomic_load(&watch.heard[rank]), repeats = 4 * WATCHDOG_HEARTBEAT_S;
     if (theirs & 1) return silent > repeats;
     return !atomic_load(&watch.whole) && silent > (repeats > watch.seconds / 2 ? repeats : watch.seconds / 2);
