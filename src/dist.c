@@ -9,18 +9,16 @@
 
 #include <limits.h>
 #include <mpi.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "momfmm/dist_hdf5.h"
 #include "momfmm/log.h"
 #include "momfmm/sys.h"
+#include "momfmm/watchdog.h"
 
 /* Created once in dist_init, freed in dist_finalize. A private duplicate of
  * the world keeps our collectives apart from any other library's traffic; the
@@ -53,100 +51,170 @@ static int piece(size_t remaining, size_t element_size) {
     return (int)(remaining < limit ? remaining : limit);
 }
 
-/* The watchdog (dist.timeout, docs/design.md §8.11). A peer that stops
- * answering (its host gone, its link down, the process stopped) leaves the
- * others inside an MPI call that never returns; MPI itself has no timeout.
- * So every call of ours into MPI records what it is and when it last
- * progressed, and a thread that never calls MPI checks every 100 ms; past
- * the limit it hands one line to the command layer's hook, which exits. A
- * phase named by the layers above (a checkpoint write through parallel
- * HDF5, whose MPI calls are not ours) is watched as a whole. */
+/* Arrivals (docs/design.md §8.11): MPI does not say which peer a
+ * collective waits for, so every rank numbers the watched operations it
+ * enters (every rank enters the same ones in the same order) and tells each
+ * peer how far it got, one number per message on a communicator of their
+ * own, through persistent requests made once; a receive from every peer is
+ * always posted, and messages of one pair arrive in order. Operation s has
+ * two marks: 2s-1 on entering its polled wait (every collective is
+ * non-blocking), 2s when done. While a rank polls at an odd mark it repeats
+ * it every WATCHDOG_HEARTBEAT_S, so a peer that has gone silent is not
+ * answering (watchdog.c). Allocated in dist_init, freed in dist_finalize;
+ * nothing per operation. */
+typedef struct {
+    MPI_Request recv, send;  /* persistent: recv always started, send from outbox */
+    long long inbox, outbox; /* the mark received, the mark on its way */
+    long long seen;          /* highest mark received */
+    bool owed;               /* the latest mark is still to go out */
+} arrival_peer;
+
 static struct {
-    _Atomic double since;            /* last progress of the operation in flight; 0: none */
-    _Atomic(const char *) operation; /* what is in flight, or NULL */
-    _Atomic int bucket, buckets;     /* bucket (1-based) of buckets, 0: not a bucket */
-    _Atomic(const char *) phase;     /* the phase named by dist_watch_phase, or NULL */
-    atomic_bool whole;               /* the phase is watched as a whole */
-    _Atomic long long step;
-    atomic_bool running;
-    double seconds;
-    int rank, size; /* the thread calls no MPI, not even MPI_Comm_rank (MPI_THREAD_FUNNELED) */
-    dist_timeout_hook hook;
-    pthread_t thread;
-    char host[MPI_MAX_PROCESSOR_NAME];
-} watch;
+    MPI_Comm comm;
+    int peers;           /* size - 1; peer j is rank j + (j >= rank) */
+    arrival_peer *peer;  /* [peers] */
+    MPI_Request *recv;   /* [peers]: the receives together, for MPI_Testsome */
+    int *done;           /* [peers]: MPI_Testsome's indices */
+    long long seq;       /* this rank's latest mark */
+    double sent;         /* when it last went out */
+    char *hosts;         /* [size][MPI_MAX_PROCESSOR_NAME], gathered once */
+    uint64_t *checksums; /* [size]: dist_first_differing_rank's */
+} arrivals = {.comm = MPI_COMM_NULL};
 
-static void watch_enter(const char *operation, int bucket, int buckets) {
-    atomic_store(&watch.operation, operation);
-    atomic_store(&watch.bucket, bucket);
-    atomic_store(&watch.buckets, buckets);
-    atomic_store(&watch.since, sys_seconds());
+enum { ARRIVAL_TAG = 1 };
+
+static int peer_rank(int j) { return j + (j >= world_rank); }
+
+static void arrivals_create(void) {
+    char host[MPI_MAX_PROCESSOR_NAME] = {0};
+    int host_len = 0, n = arrivals.peers = world_size - 1;
+    MPI_Get_processor_name(host, &host_len);
+    arrivals.hosts = sys_calloc((size_t)world_size, MPI_MAX_PROCESSOR_NAME);
+    arrivals.checksums = sys_calloc((size_t)world_size, sizeof(uint64_t));
+    MPI_Allgather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, arrivals.hosts, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, world);
+    watchdog_init(world_rank, world_size, arrivals.hosts, MPI_MAX_PROCESSOR_NAME);
+    MPI_Comm_dup(world, &arrivals.comm);
+    arrivals.peer = sys_calloc((size_t)n + 1, sizeof(arrival_peer));
+    arrivals.recv = sys_calloc((size_t)n + 1, sizeof(MPI_Request));
+    arrivals.done = sys_calloc((size_t)n + 1, sizeof(int));
+    for (int j = 0; j < n; j++) {
+        arrival_peer *q = &arrivals.peer[j];
+        MPI_Recv_init(&q->inbox, 1, MPI_LONG_LONG, peer_rank(j), ARRIVAL_TAG, arrivals.comm, &arrivals.recv[j]);
+        MPI_Send_init(&q->outbox, 1, MPI_LONG_LONG, peer_rank(j), ARRIVAL_TAG, arrivals.comm, &q->send);
+    }
+    if (n > 0) MPI_Startall(n, arrivals.recv);
 }
 
-/* An operation done is progress; inside a phase the clock goes on. */
-static void watch_leave(void) {
-    atomic_store(&watch.operation, (const char *)NULL);
-    atomic_store(&watch.since, atomic_load(&watch.whole) ? sys_seconds() : 0.0);
+/* The receives still posted are cancelled (each peer's last message may
+ * then wait unmatched, which MPI_Finalize allows); the sends (one number
+ * each, to peers that are all here) complete. */
+static void arrivals_free(void) {
+    if (arrivals.comm == MPI_COMM_NULL) return;
+    for (int j = 0; j < arrivals.peers; j++) {
+        MPI_Wait(&arrivals.peer[j].send, MPI_STATUS_IGNORE);
+        MPI_Request_free(&arrivals.peer[j].send);
+        MPI_Cancel(&arrivals.recv[j]);
+        MPI_Wait(&arrivals.recv[j], MPI_STATUS_IGNORE);
+        MPI_Request_free(&arrivals.recv[j]);
+    }
+    MPI_Comm_free(&arrivals.comm);
+    free(arrivals.peer), free(arrivals.recv), free(arrivals.done), free(arrivals.hosts), free(arrivals.checksums);
+    arrivals.hosts = NULL, arrivals.checksums = NULL;
+    arrivals.peers = 0;
 }
 
+/* The latest mark to peer j, once its previous message has gone out (a
+ * send to a stopped peer may not complete: this rank does not wait for it,
+ * and the peer gets the latest mark when it can). */
+static void post(int j) {
+    arrival_peer *q = &arrivals.peer[j];
+    int gone = 0;
+    MPI_Test(&q->send, &gone, MPI_STATUS_IGNORE);
+    q->owed = !gone;
+    if (!gone) return;
+    q->outbox = arrivals.seq;
+    MPI_Start(&q->send);
+}
+
+/* Takes in the arrivals that came, posts the next receive of each, and
+ * sends what is owed. */
+static void arrivals_poll(void) {
+    int n = 0;
+    MPI_Testsome(arrivals.peers, arrivals.recv, &n, arrivals.done, MPI_STATUSES_IGNORE);
+    for (int i = 0; i < n && n != MPI_UNDEFINED; i++) {
+        int j = arrivals.done[i];
+        arrival_peer *q = &arrivals.peer[j];
+        if (q->inbox > q->seen) q->seen = q->inbox;
+        watchdog_arrived(peer_rank(j), q->seen);
+        MPI_Start(&arrivals.recv[j]);
+    }
+    for (int j = 0; j < arrivals.peers; j++)
+        if (arrivals.peer[j].owed) post(j);
+}
+
+static bool all_arrived(void) {
+    for (int j = 0; j < arrivals.peers; j++)
+        if (arrivals.peer[j].seen < arrivals.seq) return false;
+    return true;
+}
+
+/* This rank's next mark to every peer; or (repeat), at an odd mark (a
+ * polled wait), the same mark again now and then: this rank is alive and
+ * still waiting. */
+static void send_mark(bool repeat) {
+    if (repeat && (!(arrivals.seq & 1) || sys_seconds() - arrivals.sent < WATCHDOG_HEARTBEAT_S)) return;
+    if (!repeat) watchdog_announced(++arrivals.seq);
+    for (int j = 0; j < arrivals.peers; j++) post(j);
+    arrivals.sent = sys_seconds();
+}
+
+/* Polls until every peer has reached this rank's mark (while the watchdog
+ * runs; without it nobody asks who is missing). */
+static void await_peers(void) {
+    while (watchdog_running() && !all_arrived()) {
+        arrivals_poll();
+        send_mark(true);
+    }
+}
+
+/* Both marks of a phase whose MPI calls are not ours (parallel HDF5):
+ * every peer has arrived before this rank goes in. */
+static void arrive_and_pass(void) {
+    send_mark(false);
+    await_peers();
+    send_mark(false);
+}
+
+/* Waits for one non-blocking request while taking in arrivals. */
+static void wait_polling(MPI_Request *request) {
+    for (int flag = 0;;) {
+        MPI_Test(request, &flag, MPI_STATUS_IGNORE);
+        if (flag) return;
+        arrivals_poll();
+        send_mark(true);
+    }
+}
+
+/* Every collective runs non-blocking, polled between its two marks, so
+ * that a rank that waits is heard: one inside a blocking call could not
+ * tell who else is waiting. */
+static void watch_wait(const char *operation, MPI_Request *request) {
+    watchdog_enter(operation, 0, 0);
+    send_mark(false);
+    wait_polling(request);
+    send_mark(false);
+    watchdog_leave();
+}
+
+int dist_watch_start(double seconds, dist_timeout_hook hook, status *st) { return watchdog_start(seconds, hook, st); }
+
+void dist_watch_step(long long step) { watchdog_step(step); }
+
+/* A phase watched as a whole is an operation of its own: every rank enters
+ * it (collective), announced and awaited like a blocking collective. */
 void dist_watch_phase(const char *phase, bool whole) {
-    atomic_store(&watch.phase, phase);
-    atomic_store(&watch.whole, phase && whole);
-    atomic_store(&watch.since, phase && whole ? sys_seconds() : 0.0);
-}
-
-void dist_watch_step(long long step) { atomic_store(&watch.step, step); }
-
-static void watch_describe(char *out, size_t len, double waited) {
-    const char *operation = atomic_load(&watch.operation), *phase = atomic_load(&watch.phase);
-    int bucket = atomic_load(&watch.bucket), buckets = atomic_load(&watch.buckets);
-    char what[160];
-    int n = snprintf(what, sizeof what, "%s%s%s", phase ? phase : "", phase && operation ? ": " : "",
-                     operation ? operation : "");
-    if (bucket > 0 && n > 0 && (size_t)n < sizeof what)
-        snprintf(what + n, sizeof what - (size_t)n, " bucket %d of %d", bucket, buckets);
-    snprintf(out, len,
-             "dist.timeout: step %lld: %s did not complete in %.0f s (dist.timeout = %g) on rank %d of %d (host "
-             "%s): a peer rank or its host stopped answering (MPI does not say which); exiting %d",
-             atomic_load(&watch.step), what, waited, watch.seconds, watch.rank, watch.size, watch.host,
-             EXIT_DIST_TIMEOUT);
-}
-
-static void *watch_loop(void *unused) {
-    (void)unused;
-    const struct timespec tick = {0, 100 * 1000 * 1000};
-    while (atomic_load(&watch.running)) {
-        nanosleep(&tick, NULL);
-        double since = atomic_load(&watch.since), waited = sys_seconds() - since;
-        if (since > 0 && waited > watch.seconds) {
-            char line[1024];
-            watch_describe(line, sizeof line, waited);
-            watch.hook(line);
-        }
-    }
-    return NULL;
-}
-
-int dist_watch_start(double seconds, dist_timeout_hook hook, status *st) {
-    if (dist_size() == 1 || atomic_load(&watch.running)) return 0;
-    int len = 0;
-    MPI_Get_processor_name(watch.host, &len);
-    watch.seconds = seconds;
-    watch.rank = dist_rank();
-    watch.size = dist_size();
-    watch.hook = hook;
-    atomic_store(&watch.running, true);
-    if (pthread_create(&watch.thread, NULL, watch_loop, NULL) != 0) {
-        atomic_store(&watch.running, false);
-        return status_fail(st, 1, "dist.timeout: cannot start the watchdog thread");
-    }
-    return 0;
-}
-
-static void watch_stop(void) {
-    if (!atomic_load(&watch.running)) return;
-    atomic_store(&watch.running, false);
-    pthread_join(watch.thread, NULL);
+    watchdog_phase(phase, whole);
+    if (phase && whole && world_size > 1) arrive_and_pass();
 }
 
 /* The panic hook (status.h): a failure on one rank that no caller can
@@ -171,6 +239,7 @@ int dist_init(int *argc, char ***argv, status *st) {
     MPI_Comm_rank(world, &world_rank);
     MPI_Comm_size(world, &world_size);
     MPI_Comm_size(node, &node_size);
+    arrivals_create();
     log_set_rank(dist_rank());
     status_at_panic(abort_job);
     if (provided < MPI_THREAD_FUNNELED)
@@ -214,7 +283,8 @@ void dist_finalize(void) {
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
     if (!initialized || finalized) return;
-    watch_stop();
+    watchdog_free();
+    arrivals_free();
     if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
     if (world != MPI_COMM_NULL) MPI_Comm_free(&world);
     world_rank = 0, world_size = node_size = 1;
@@ -229,26 +299,18 @@ _Noreturn void dist_abort(int exit_code) {
 int dist_rank(void) { return world_rank; }
 int dist_size(void) { return world_size; }
 
+/* From the table gathered in dist_init: no MPI call. */
 void dist_host_names(char *out, size_t len) {
     char host[MPI_MAX_PROCESSOR_NAME] = {0};
-    int host_len = 0, size = dist_size(), rank = dist_rank();
-    if (world != MPI_COMM_NULL) MPI_Get_processor_name(host, &host_len);
-    else gethostname(host, sizeof host - 1); /* a world of one without MPI */
-    char *all = rank == 0 ? sys_calloc((size_t)size, MPI_MAX_PROCESSOR_NAME) : NULL;
-    if (size > 1) {
-        watch_enter("host-name gather", 0, 0);
-        MPI_Gather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, world);
-        watch_leave();
-    } else if (all) memcpy(all, host, MPI_MAX_PROCESSOR_NAME);
+    if (!arrivals.hosts) gethostname(host, sizeof host - 1); /* a world of one without MPI */
     if (len) out[0] = '\0';
     size_t used = 0;
-    for (int r = 0; rank == 0 && r < size && used < len; r++) {
-        const char *h = all + (size_t)r * MPI_MAX_PROCESSOR_NAME;
+    for (int r = 0; r < dist_size() && used < len; r++) {
+        const char *h = arrivals.hosts ? arrivals.hosts + (size_t)r * MPI_MAX_PROCESSOR_NAME : host;
         bool seen = false;
-        for (int q = 0; q < r && !seen; q++) seen = strcmp(h, all + (size_t)q * MPI_MAX_PROCESSOR_NAME) == 0;
+        for (int q = 0; q < r && !seen; q++) seen = strcmp(h, arrivals.hosts + (size_t)q * MPI_MAX_PROCESSOR_NAME) == 0;
         if (!seen) used += (size_t)snprintf(out + used, len - used, " %s", h);
     }
-    free(all);
 }
 
 int dist_check_launch(status *st) {
@@ -263,53 +325,43 @@ int dist_check_launch(status *st) {
 
 void dist_sum_doubles(double *x, size_t n) {
     if (dist_size() == 1) return;
-    watch_enter("sum all-reduce", 0, 0);
     for (size_t done = 0; done < n;) {
         int count = piece(n - done, sizeof(double));
-        MPI_Allreduce(MPI_IN_PLACE, x + done, count, MPI_DOUBLE, MPI_SUM, world);
+        MPI_Request request;
+        MPI_Iallreduce(MPI_IN_PLACE, x + done, count, MPI_DOUBLE, MPI_SUM, world, &request);
+        watch_wait("sum all-reduce", &request);
         done += (size_t)count;
     }
-    watch_leave();
 }
 
 double dist_max_double(double x) {
     double out = x;
     if (dist_size() == 1) return out;
-    watch_enter("max all-reduce", 0, 0);
-    MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_MAX, world);
-    watch_leave();
+    MPI_Request request;
+    MPI_Iallreduce(&x, &out, 1, MPI_DOUBLE, MPI_MAX, world, &request);
+    watch_wait("max all-reduce", &request);
     return out;
 }
 
 bool dist_any(bool mine) {
     int in = mine ? 1 : 0, out = in;
     if (dist_size() == 1) return out != 0;
-    watch_enter("agreement all-reduce", 0, 0);
-    MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, world);
-    watch_leave();
+    MPI_Request request;
+    MPI_Iallreduce(&in, &out, 1, MPI_INT, MPI_MAX, world, &request);
+    watch_wait("agreement all-reduce", &request);
     return out != 0;
 }
 
 void dist_barrier(void) {
     if (dist_size() == 1) return;
-    watch_enter("barrier", 0, 0);
-    MPI_Barrier(world);
-    watch_leave();
+    MPI_Request request;
+    MPI_Ibarrier(world, &request);
+    watch_wait("barrier", &request);
 }
 
 int dist_node_ranks(void) { return node_size; }
 
-void dist_broadcast_bytes(void *x, size_t n) {
-    if (dist_size() == 1) return;
-    char *p = x;
-    watch_enter("broadcast", 0, 0);
-    for (size_t done = 0; done < n;) {
-        int count = piece(n - done, 1);
-        MPI_Bcast(p + done, count, MPI_BYTE, 0, world);
-        done += (size_t)count;
-    }
-    watch_leave();
-}
+void dist_broadcast_bytes(void *x, size_t n) { dist_broadcast_bytes_from(0, x, n); }
 
 void dist_broadcast_floats(float *x, size_t n) { dist_broadcast_bytes(x, n * sizeof(float)); }
 
@@ -323,49 +375,36 @@ static uint64_t checksum(const void *bytes, size_t n) {
 
 /* Every rank gathers every checksum, so every rank returns the same status. */
 int dist_check_consistency(const void *bytes, size_t n, long long step, status *st) {
-    int size = dist_size();
-    if (size == 1) return 0;
-    uint64_t mine = checksum(bytes, n);
-    uint64_t *all = sys_calloc((size_t)size, sizeof(uint64_t));
-    watch_enter("checksum all-gather", 0, 0);
-    MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, world);
-    watch_leave();
-    int code = 0;
-    for (int r = 1; r < size && code == 0; r++)
-        if (all[r] != all[0])
-            code =
-                status_fail(st, 1, "step %lld: parameters of rank %d differ from rank 0 (checksum %016llx vs %016llx)",
-                            step, r, (unsigned long long)all[r], (unsigned long long)all[0]);
-    free(all);
-    return code;
+    int r = dist_first_differing_rank(checksum(bytes, n));
+    if (r < 0) return 0;
+    const uint64_t *all = arrivals.checksums;
+    return status_fail(st, 1, "step %lld: parameters of rank %d differ from rank 0 (checksum %016llx vs %016llx)", step,
+                       r, (unsigned long long)all[r], (unsigned long long)all[0]);
 }
 
 uint64_t dist_checksum(const void *bytes, size_t n) { return checksum(bytes, n); }
 
+/* Into the table made at start-up: no allocation per call. */
 int dist_first_differing_rank(uint64_t mine) {
-    int size = dist_size();
-    if (size == 1) return -1;
-    uint64_t *all = sys_calloc((size_t)size, sizeof(uint64_t));
-    watch_enter("checksum all-gather", 0, 0);
-    MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, world);
-    watch_leave();
-    int first = -1;
-    for (int r = 1; r < size && first < 0; r++)
-        if (all[r] != all[0]) first = r;
-    free(all);
-    return first;
+    if (dist_size() == 1) return -1;
+    MPI_Request request;
+    MPI_Iallgather(&mine, 1, MPI_UINT64_T, arrivals.checksums, 1, MPI_UINT64_T, world, &request);
+    watch_wait("checksum all-gather", &request);
+    for (int r = 1; r < dist_size(); r++)
+        if (arrivals.checksums[r] != arrivals.checksums[0]) return r;
+    return -1;
 }
 
 void dist_broadcast_bytes_from(int root, void *x, size_t n) {
     if (dist_size() == 1) return;
     char *p = x;
-    watch_enter("broadcast", 0, 0);
     for (size_t done = 0; done < n;) {
         int count = piece(n - done, 1);
-        MPI_Bcast(p + done, count, MPI_BYTE, root, world);
+        MPI_Request request;
+        MPI_Ibcast(p + done, count, MPI_BYTE, root, world, &request);
+        watch_wait("broadcast", &request);
         done += (size_t)count;
     }
-    watch_leave();
 }
 
 void dist_partition(size_t n, int rank, int ranks, size_t *first, size_t *count) {
@@ -456,14 +495,18 @@ void dist_reducer_shard(dist_reducer *r) {
 
 float *dist_reducer_slice(dist_reducer *r) { return r->slice ? r->slice : r->grads + r->first; }
 
-/* MPI_Waitall bucket by bucket, so that the watchdog can name the bucket
- * that does not complete; the total wait is the same. */
+/* Bucket by bucket, so that the watchdog can name the bucket that does not
+ * complete, each polled with the arrivals (the total wait is the same);
+ * marked on entering (this rank has finished backward and waits) and when
+ * done. */
 static void wait_buckets(dist_reducer *r, const char *operation) {
+    send_mark(false);
     for (int i = 0; i < r->n_buckets; i++) {
-        watch_enter(operation, i + 1, r->n_buckets);
-        MPI_Wait(&r->requests[i], MPI_STATUS_IGNORE);
+        watchdog_enter(operation, i + 1, r->n_buckets);
+        wait_polling(&r->requests[i]);
     }
-    watch_leave();
+    send_mark(false);
+    watchdog_leave();
 }
 
 /* This rank's part [lo, hi) of bucket i; false when empty. */

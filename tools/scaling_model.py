@@ -40,8 +40,20 @@ Memory per rank (bytes per parameter, activations not included): parameters
 4, gradients 4, AdamW moments 8; with --zero the moments are 8/p and the
 reduced gradient slice adds 4/p. The table gives GB per rank for n.
 
+--algorithm binomial models Open MPI 4.1's non-blocking in-place
+MPI_Iallreduce (libnbc), which momfmm's gradient buckets use: a reduce to
+rank 0 then a broadcast, each along a binomial tree, every message the whole
+bucket:
+
+    t_allreduce(p) = 2 ceil(log2 p) * (alpha * k + 4 n / beta)
+
+(measured on shaped links: README "Several hosts").
+
 With --measured-step-ms the p = 2 row is compared with the measured 2-rank
-step. Prints a Markdown table.
+step. --probe FILE takes α and β from the `fit alpha_us=... beta_gbps=...`
+line of build/net_probe's output (tools/net_probe.c: ping-pong between the
+ranks, least squares), instead of --alpha-us and --beta-gbps. Prints a
+Markdown table.
 
 Example (bench_d256: 3.68 M parameters, 426 ms compute per step at 1 thread):
     tools/scaling_model.py --compute-ms 426 --params 3683840 --overlap-fraction 0.5
@@ -50,6 +62,7 @@ A 1B-parameter model with ZeRO-1 at 8-512 ranks:
 """
 import argparse
 import math
+import re
 
 
 def n_buckets(n_params, bucket_mb, bytes_per=4):
@@ -58,14 +71,25 @@ def n_buckets(n_params, bucket_mb, bytes_per=4):
     return max(1, math.ceil(n_params * bytes_per / (bucket_mb * 1024 * 1024)))
 
 
-def latency_seconds(p, alpha, buckets):
-    return 2 * (p - 1) * alpha * buckets if p > 1 else 0.0
+def binomial_steps(p):
+    """Messages on the critical path of a reduce then a broadcast along a binomial tree."""
+    return 2 * math.ceil(math.log2(p)) if p > 1 else 0
 
 
-def allreduce_seconds(p, n_params, alpha, beta_bytes, buckets=1, bytes_per=4):
+def latency_seconds(p, alpha, buckets, algorithm="ring"):
     if p <= 1:
         return 0.0
-    return latency_seconds(p, alpha, buckets) + 2 * (p - 1) / p * n_params * bytes_per / beta_bytes
+    return (binomial_steps(p) if algorithm == "binomial" else 2 * (p - 1)) * alpha * buckets
+
+
+def allreduce_seconds(p, n_params, alpha, beta_bytes, buckets=1, bytes_per=4, algorithm="ring"):
+    """Ring: 2 (p - 1) messages of n/p; binomial (Open MPI 4.1's non-blocking
+    in-place MPI_Iallreduce, libnbc: a reduce to rank 0, then a broadcast):
+    2 ceil(log2 p) messages of the whole n."""
+    if p <= 1:
+        return 0.0
+    share = binomial_steps(p) if algorithm == "binomial" else 2 * (p - 1) / p
+    return latency_seconds(p, alpha, buckets, algorithm) + share * n_params * bytes_per / beta_bytes
 
 
 def half_seconds(p, n_params, alpha, beta_bytes, buckets=1, bytes_per=4):
@@ -75,7 +99,7 @@ def half_seconds(p, n_params, alpha, beta_bytes, buckets=1, bytes_per=4):
     return (p - 1) * alpha * buckets + (p - 1) / p * n_params * bytes_per / beta_bytes
 
 
-def project(p, compute_s, n_params, alpha, beta_bytes, overlap, hideable, buckets=1, zero=False):
+def project(p, compute_s, n_params, alpha, beta_bytes, overlap, hideable, buckets=1, zero=False, algorithm="ring"):
     """(communication s, exposed s, step s, efficiency); with zero the
     communication is reduce-scatter (hidden like the all-reduce) + all-gather
     (exposed)."""
@@ -84,7 +108,7 @@ def project(p, compute_s, n_params, alpha, beta_bytes, overlap, hideable, bucket
         exposed = max((1 - overlap) * t_rs, t_rs - hideable * compute_s, 0.0) + t_ag
         t_ar = t_rs + t_ag
     else:
-        t_ar = allreduce_seconds(p, n_params, alpha, beta_bytes, buckets)
+        t_ar = allreduce_seconds(p, n_params, alpha, beta_bytes, buckets, algorithm=algorithm)
         exposed = max((1 - overlap) * t_ar, t_ar - hideable * compute_s, 0.0)
     step = compute_s + exposed
     return t_ar, exposed, step, compute_s / step
@@ -93,6 +117,16 @@ def project(p, compute_s, n_params, alpha, beta_bytes, overlap, hideable, bucket
 def bytes_per_param(p, zero):
     """Parameters, gradients (+ the reduced slice with zero), moments."""
     return 4 + 4 + (12 / p if zero and p > 1 else 8 / p if zero else 8)
+
+
+def probe_fit(path):
+    """(alpha µs, beta Gb/s) from net_probe's `fit` line in the file at path."""
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"fit alpha_us=([0-9.eE+-]+) beta_gbps=([0-9.eE+-]+)", line)
+            if m:
+                return float(m.group(1)), float(m.group(2))
+    raise SystemExit(f"{path}: no 'fit alpha_us=... beta_gbps=...' line (the output of build/net_probe)")
 
 
 def main():
@@ -114,7 +148,14 @@ def main():
                     help="ZeRO-1 (dist.zero = 1): reduce-scatter + all-gather, moments sharded")
     ap.add_argument("--measured-step-ms", type=float, default=0.0,
                     help="measured 2-rank step (ms), to compare with the model's p = 2 row")
+    ap.add_argument("--algorithm", choices=("ring", "binomial"), default="ring",
+                    help="all-reduce: ring (default) or binomial, a reduce then a broadcast of the whole buffer "
+                         "(Open MPI 4.1's in-place MPI_Iallreduce, which momfmm's buckets use)")
+    ap.add_argument("--probe", metavar="FILE",
+                    help="net_probe output whose fit line gives α and β (overrides --alpha-us, --beta-gbps)")
     a = ap.parse_args()
+    if a.probe:
+        a.alpha_us, a.beta_gbps = probe_fit(a.probe)
     if not 0.0 <= a.overlap_fraction <= 1.0:
         ap.error("--overlap-fraction must be in [0, 1]")
     compute = a.compute_ms / 1e3
@@ -125,7 +166,7 @@ def main():
     if a.measured_step_ms > 0 and 2 not in ranks:
         ranks = [2] + ranks
 
-    print(f"α-β ring {'reduce-scatter + all-gather (ZeRO-1)' if a.zero else 'all-reduce'}: n = {a.params:,.0f} parameters ({a.params * 4 / 1e6:.1f} MB of float32 "
+    print(f"α-β {'ring reduce-scatter + all-gather (ZeRO-1)' if a.zero else a.algorithm + ' all-reduce'}: n = {a.params:,.0f} parameters ({a.params * 4 / 1e6:.1f} MB of float32 "
           f"gradients) in {k} bucket{'s' if k > 1 else ''}, α = {a.alpha_us:g} µs/message, β = {a.beta_gbps:g} Gb/s ({beta / 1e9:g} GB/s); "
           f"compute {a.compute_ms:g} ms/step; overlap fraction {a.overlap_fraction:g} "
           f"(at most {a.hideable_fraction:.2f} of compute can hide it)\n")
@@ -140,8 +181,8 @@ def main():
     print(sep)
     for p in ranks:
         t_ar, exposed, step, eff = project(p, compute, a.params, alpha, beta, a.overlap_fraction,
-                                           a.hideable_fraction, k, a.zero)
-        lat = latency_seconds(p, alpha, k)  # 2 (p - 1) alpha k for both schemes
+                                           a.hideable_fraction, k, a.zero, a.algorithm)
+        lat = latency_seconds(p, alpha, k, "ring" if a.zero else a.algorithm)  # 2 (p - 1) alpha k for both schemes
         per = bytes_per_param(p, a.zero)
         row = (f"| {p} | {t_ar * 1e3:.3f} | {lat * 1e3:.3f} | {(t_ar - lat) * 1e3:.3f} | {exposed * 1e3:.3f} | "
                f"{step * 1e3:.1f} | {100 * eff:.2f}% | {per:.3f} | {per * a.params / 1e9:.2f} |")
@@ -150,7 +191,7 @@ def main():
         print(row)
     if a.measured_step_ms > 0:
         _, _, step2, _ = project(2, compute, a.params, alpha, beta, a.overlap_fraction, a.hideable_fraction, k,
-                                 a.zero)
+                                 a.zero, a.algorithm)
         print(f"\nmeasured 2-rank step {a.measured_step_ms:g} ms vs model {step2 * 1e3:.1f} ms "
               f"(measured efficiency {100 * compute / (a.measured_step_ms / 1e3):.1f}%; on one machine the "
               "ranks share memory bandwidth and cores, which this network model does not describe)")

@@ -38,17 +38,18 @@ int dist_size(void);
 /* Test hook: the largest message of one MPI call, in bytes (default and
  * ceiling 1 GiB); size_t counts go out in pieces of at most this size. */
 void dist_set_max_message_bytes(size_t bytes);
-/* Collective: on rank 0, the distinct host names of the ranks in rank order,
- * each after a space (" node1 node2"); "" on the other ranks. */
+/* The distinct host names of the ranks in rank order, each after a space
+ * (" node1 node2"), from the table gathered once in dist_init (no MPI call). */
 void dist_host_names(char *out, size_t len);
 /* EXIT_USAGE when srun started several tasks that MPI does not see as one job. */
 int dist_check_launch(status *st);
 
-/* The watchdog (dist.timeout, docs/design.md §8.11): from here on, an MPI
- * operation of this module (and a phase named below) that makes no
- * progress for `seconds` calls hook with one line naming the step, the
- * operation and this rank and host, from a thread of its own; the hook must
- * end the process without MPI (the command layer's prints and _exits with
+/* The watchdog (dist.timeout, docs/design.md §8.11; watchdog.c): from here
+ * on, an MPI operation of this module (and a phase named below) that makes
+ * no progress for `seconds` calls hook with one line naming the step, the
+ * operation, this rank and host, and the ranks (with their hosts) that have
+ * not arrived at the operation, from a thread of its own; the hook must end
+ * the process without MPI (the command layer's prints and _exits with
  * EXIT_DIST_TIMEOUT). A no-op on one rank; 1 on a failed thread start. */
 typedef void (*dist_timeout_hook)(const char *message);
 int dist_watch_start(double seconds, dist_timeout_hook hook, status *st);
@@ -57,7 +58,9 @@ void dist_watch_step(long long step);
 /* Names what the layers above do ("checkpoint write", "eval"; NULL: done):
  * the operations inside carry the name; with `whole`, the phase itself is
  * watched from its start, for the MPI calls made in it by other libraries
- * (parallel HDF5), each of this module's operations counting as progress. */
+ * (parallel HDF5), each of this module's operations counting as progress;
+ * a whole phase is entered by every rank (collective: its arrival is
+ * announced and awaited like an operation's). */
 void dist_watch_phase(const char *phase, bool whole);
 
 /* In-place sum over ranks, in pieces of one MPI call each. */

@@ -19,7 +19,9 @@ each its own CTest entry (e2e_mpi_<group>, tests/CMakeLists.txt):
   at np = 3; TestFmm: fmm attention at np = 2.
 - TestRobustness: SIGUSR1 to one rank stops every rank at the same step with a
   checkpoint and exit 0; a rank killed with SIGKILL ends the job non-zero within 30 s
-  with no process left behind; np > batch exits 2 naming both numbers;
+  with no process left behind; a rank stopped with SIGSTOP (dist.timeout = 5)
+  ends the job with exit 5, a surviving rank's dist.timeout line naming
+  that rank and its host; np > batch exits 2 naming both numbers;
   ranks that diverge (MPMD launch resuming from checkpoints whose AdamW moments
   differ) are caught by the parameter checksum (dist.check_interval).
 - every run: the start-up line `momfmm: N ranks x T threads on <hosts>` shows N and T.
@@ -29,6 +31,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 
@@ -173,9 +176,9 @@ class LongRun:
     waits until a step line appeared and n momfmm ranks are children of mpirun.
     close() SIGKILLs, by pid, whatever is left in the session."""
 
-    def __init__(self, runner, name, n):
+    def __init__(self, runner, name, n, **extra):
         path, self.out_dir = runner.config(name, **{"train.steps": 20000, "train.log_interval": 5,
-                                                    "train.eval_interval": 0, "dist.check_interval": 50})
+                                                    "train.eval_interval": 0, "dist.check_interval": 50, **extra})
         for old in glob.glob(os.path.join(self.out_dir, "ckpt_*.h5")):
             os.remove(old)
         self.log_path = os.path.join(runner.workdir, name + ".log")
@@ -234,6 +237,30 @@ def check_kill(report, runner):
         report.check("kill: no momfmm process left behind", not left, f"left {left}")
     finally:
         job.close()
+
+
+def check_sigstop(report, runner):
+    """SIGSTOP rank 1 of 3 with dist.timeout = 5 (docs/design.md §8.11): the
+    job ends with exit 5 within 5 s + 8 s, and the dist.timeout line of a
+    surviving rank names rank 1 and its host, none names another rank.
+    (Ending the job, mpirun sends the stopped rank SIGCONT: its own line and a
+    survivor's written after it may say that every rank answered.)"""
+    job = LongRun(runner, "sigstop", 3, **{"dist.timeout": 5})
+    try:
+        assert job.ready, "sigstop: training started on 3 ranks"
+        os.kill(job.ranks[1], signal.SIGSTOP)
+        rc, took = job.wait(5 + 8)
+        report.check("sigstop: mpirun ends with exit 5 within 13 s of SIGSTOP to rank 1", rc == 5,
+                     f"rc {rc} after {took:.1f} s")
+    finally:
+        job.close()
+    host = socket.gethostname()
+    lines = [l for l in job.log().splitlines() if "dist.timeout: step" in l and " on rank 1 of 3 " not in l]
+    named = [re.search(r"no answer from (.*); exiting 5$", l) for l in lines]
+    report.check(f"sigstop: a surviving rank's line names rank 1 (host {host})",
+                 any(m and m.group(1) == f"rank 1 (host {host})" for m in named), "\n".join(lines) or job.log()[-800:])
+    report.check("sigstop: no surviving rank names another rank",
+                 all(m is None or m.group(1) == f"rank 1 (host {host})" for m in named), "\n".join(lines))
 
 
 def check_stop_signal(report, runner):
@@ -495,6 +522,9 @@ class TestRobustness:
 
     def test_usr1_to_one_rank(self, R, report):
         check_stop_signal(report, R)
+
+    def test_sigstop_one_rank(self, R, report):
+        check_sigstop(report, R)
 
     def test_divergence(self, R, report):
         check_divergence(report, R)

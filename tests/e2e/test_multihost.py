@@ -189,7 +189,8 @@ class TestFaults:
     process of host 2 is SIGKILLed. The ranks on host 1
     end within dist.timeout (+ margin); with the link down or the rank
     stopped, they print the one dist.timeout line naming the step, the
-    operation and their host; the guarded mpirun ends within dist.timeout +
+    operation, their host and who did not answer (ranks 2 and 3 on host 2,
+    or rank 3; check_named); the guarded mpirun ends within dist.timeout +
     grace + 10 s; every checkpoint left loads and no temporary carries a
     checkpoint's name; `--resume auto` on host 1 alone (2 ranks) continues
     from the newest checkpoint to the end."""
@@ -250,9 +251,28 @@ class TestFaults:
                      and f"(host {bed.name(1)})" in l and "exiting 5" in l]
             report.check(f"{fault}: a rank on host 1 says which step and operation timed out", named,
                          lines[0] if lines else text[-500:])
+        if fault != "sigkill_host":
+            self.check_named(bed, fault, lines, report)
         if fault == "sigstop_in_save":
             report.check(f"{fault}: the line names the checkpoint write", any("checkpoint write" in l for l in lines))
         self.check_checkpoints(momfmm, bed, out_dir, ini, fault, report)
+
+    def check_named(self, bed, fault, lines, report):
+        """The ranks on host 1 name who did not answer: rank 3 (host 2) when it
+        is stopped, ranks 2 and 3 (host 2) when the link is down; inside the
+        ranks' joint checkpoint write (parallel HDF5's own MPI calls) a rank
+        stopped there may instead be said to have arrived, the write
+        stalling inside (docs/design.md §8.11)."""
+        expect = f"ranks 2, 3 (host {bed.name(2)})" if fault == "link_down" else f"rank 3 (host {bed.name(2)})"
+        mine = [l for l in lines if f"(host {bed.name(1)}): " in l]
+        said = [re.search(r"\(host [^)]*\): (.*); exiting 5$", l) for l in mine]
+        said = [m.group(1) for m in said if m]
+        ok = [x for x in said if x == "no answer from " + expect]
+        if fault == "sigstop_in_save":
+            ok += [x for x in said if x.startswith("every rank arrived; it stalled inside")]
+        report.check(f"{fault}: a rank on host 1 names {expect} as not answering", ok, "\n".join(mine))
+        report.check(f"{fault}: no rank on host 1 names another rank",
+                     all(x in ok or not x.startswith("no answer") for x in said), "\n".join(mine))
 
     def check_checkpoints(self, momfmm, bed, out_dir, ini, fault, report):
         files = checkpoints(out_dir)
