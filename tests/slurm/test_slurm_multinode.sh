@@ -313,4 +313,144 @@ for pair in "train.sbatch:$J_MPI:runs/momfmm-$J_MPI" "train_srun.sbatch:$J_SRUN:
         show_log "$o"
     fi
 done
+
+# ---- 2. a node cut off mid-run: requeued onto the 2 nodes left, resumed at 2 ranks ----
+# One job per launcher, side by side on the same 3 nodes (1 of each node's CPUs
+# each); node 3's link goes down once both have ckpt_00000020.h5. Slurm sets
+# the node DOWN within BOUND s (measured 17 s) and ends and requeues its jobs
+# (--requeue), whose ranks on the other nodes, stuck in a collective, get
+# SIGTERM (rank 0 writes the checkpoint of its last finished step; SIGKILL
+# after KillWait). dist.timeout is above BOUND: ranks that gave up first (exit
+# 5) would end the job as FAILED, which Slurm does not requeue.
+BOUND=25
+sed 's/^steps = 30/steps = 120/; s/^timeout = 10/timeout = 30/' mn.ini >fault.ini
+TOL=1e-5
+declare -A F_ID=() F_DIR=() F_OUT=() F_UPDATE=() F_REQUEUED=()
+for s in train train_srun; do
+    submit "fault $s.sbatch" --job-name="fault-$s" -N "$N" --ntasks="$N" --ntasks-per-node=1 --time=5 \
+        "$ROOT/jobs/$s.sbatch" fault.ini || continue
+    F_ID[$s]=$jid
+    F_DIR[$s]=runs/fault-$s-$jid
+    F_OUT[$s]=runs/slurm/fault-$s-$jid.out
+done
+note "submitted jobs ${F_ID[*]} (fault-train, fault-train_srun: -N $N)"
+have_ckpt() { local s; for s in "${!F_ID[@]}"; do [ -f "${F_DIR[$s]}/ckpt_00000020.h5" ] || return 1; done; }
+if [ ${#F_ID[@]} -eq 0 ] || ! wait_for 60 have_ckpt; then
+    fail "node cut off: jobs checkpoint at step 20" "$(for s in "${!F_ID[@]}"; do echo "job ${F_ID[$s]} $(job_field "${F_ID[$s]}" JobState): $(ls "${F_DIR[$s]}" 2>/dev/null | tr '\n' ' ')"; done)"
+    for s in "${!F_ID[@]}"; do show_log "${F_OUT[$s]}"; done
+    echo "$passed passed, $failed failed"
+    exit 1
+fi
+for s in "${!F_ID[@]}"; do note "job ${F_ID[$s]} ($s.sbatch) at: $(grep -E '^step [0-9]+/120' "${F_OUT[$s]}" | tail -n 1 | cut -d'|' -f1)"; done
+T0=$(now)
+"$NETBED" link "$P" "$N" down
+note "link of $P-h$N down"
+
+# Until each job is back in the queue: node 3's state, each job's restart
+# count, and the job's ranks on the nodes left. Each requeued job is held at
+# once (before cred_expire lets it start again on too few nodes).
+T_DOWN=
+T_GONE=
+survivors_ranks() { local i; for i in $(seq $((N - 1))); do ip netns pids "$P-h$i"; done | xargs -r ps -o comm= -p 2>/dev/null | grep -c '^momfmm$'; }
+watch_fault() {
+    local s j left=
+    [ -z "$T_DOWN" ] && inbed sinfo -h -n "$P-h$N" -o %T 2>/dev/null | grep -q '^down' && T_DOWN=$(since "$T0")
+    for s in "${!F_ID[@]}"; do
+        [ -n "${F_REQUEUED[$s]:-}" ] && continue
+        j=${F_ID[$s]}
+        if [ "$(job_field "$j" Restarts)" = 1 ]; then
+            F_REQUEUED[$s]=$(since "$T0")
+            F_UPDATE[$s]=$(inbed scontrol hold "$j" 2>&1) && F_UPDATE[$s]=held || F_UPDATE[$s]="hold failed: ${F_UPDATE[$s]}"
+        else
+            left=1
+        fi
+    done
+    [ -z "$T_GONE" ] && [ -z "$left" ] && [ "$(survivors_ranks)" = 0 ] && T_GONE=$(since "$T0")
+    [ -n "$T_DOWN" ] && [ -n "$T_GONE" ]
+}
+wait_for 60 watch_fault
+note "after the link went down: node $P-h$N DOWN at ${T_DOWN:-?} s, requeued: $(for s in "${!F_ID[@]}"; do echo -n "job ${F_ID[$s]} at ${F_REQUEUED[$s]:-?} s ($(job_field "${F_ID[$s]}" JobState) $(job_field "${F_ID[$s]}" Reason)); "; done)ranks on the nodes left gone at ${T_GONE:-?} s"
+if [ -n "$T_DOWN" ] && awk -v t="$T_DOWN" -v b="$BOUND" 'BEGIN { exit !(t <= b) }'; then
+    pass "node cut off: Slurm sets it DOWN within $BOUND s" "$P-h$N DOWN $T_DOWN s after its link went down"
+else
+    fail "node cut off: Slurm sets it DOWN within $BOUND s" "state $(inbed sinfo -h -n "$P-h$N" -o %T 2>/dev/null) after ${T_DOWN:-more than 60} s"
+fi
+for s in "${!F_ID[@]}"; do
+    j=${F_ID[$s]}
+    t=${F_REQUEUED[$s]:-}
+    if [ -n "$t" ] && awk -v t="$t" -v b="$BOUND" 'BEGIN { exit !(t <= b) }' && [ "${F_UPDATE[$s]}" = held ]; then
+        pass "$s.sbatch node cut off: job ends and is requeued within $BOUND s" "$t s after the link went down; $(job_field "$j" JobState), Reason=$(job_field "$j" Reason)"
+    else
+        fail "$s.sbatch node cut off: job ends and is requeued within $BOUND s" "after ${t:-more than 60} s: $(job_field "$j" JobState) Restarts=$(job_field "$j" Restarts); ${F_UPDATE[$s]:-}"
+        show_log "${F_OUT[$s]}"
+    fi
+done
+[ -n "$T_GONE" ] && pass "node cut off: no rank left on the nodes left" "the last ended ${T_GONE} s after the link went down" ||
+    fail "node cut off: no rank left on the nodes left" "$(survivors_ranks) momfmm processes on $P-h1..h$((N - 1))"
+
+# Onto the nodes left: 2 nodes, 2 tasks, 2 CPUs (the CPU count of 3 tasks
+# would otherwise stay and the two jobs could not share the nodes), then release.
+T_REL=$(now)
+for s in "${!F_ID[@]}"; do
+    j=${F_ID[$s]}
+    [ "${F_UPDATE[$s]:-}" = held ] || continue
+    u=$(inbed scontrol update JobId="$j" NumNodes=$((N - 1)) NumTasks=$((N - 1)) NumCPUs=$((N - 1)) 2>&1 && inbed scontrol release "$j" 2>&1) &&
+        F_UPDATE[$s]=ok || F_UPDATE[$s]="update/release failed: $u"
+    note "job $j: NumNodes=$((N - 1)) NumTasks=$((N - 1)) NumCPUs=$((N - 1)), release: ${F_UPDATE[$s]}"
+done
+declare -A T_RES=()
+resumed_all() {
+    local s left=
+    for s in "${!F_ID[@]}"; do
+        [ -n "${T_RES[$s]:-}" ] && continue
+        if grep -q '^resumed from' "${F_OUT[$s]}" 2>/dev/null; then T_RES[$s]=$(since "$T0"); else left=1; fi
+    done
+    [ -z "$left" ]
+}
+wait_for 60 resumed_all
+note "resumed: $(for s in "${!F_ID[@]}"; do echo -n "job ${F_ID[$s]} at ${T_RES[$s]:-?} s; "; done)(released $(awk -v a="$T_REL" -v b="$T0" 'BEGIN { printf "%.1f", a - b }') s after the link went down)"
+for s in "${!F_ID[@]}"; do wait_for 90 final_state "${F_ID[$s]}" || note "job ${F_ID[$s]} not finished: $(job_field "${F_ID[$s]}" JobState)"; done
+note "jobs ${F_ID[*]} done"
+
+for s in "${!F_ID[@]}"; do
+    j=${F_ID[$s]}
+    o=${F_OUT[$s]}
+    d=${F_DIR[$s]}
+    t="$s.sbatch node cut off:"
+    before=$failed
+    if job_ok "$t requeued job completes" "$j"; then
+        ranks=$(grep -oP '^momfmm: \K[0-9]+ ranks? x 1 thread on [^|]*' "$o" | sed 's/ *$//' | paste -sd';')
+        if [ "${F_UPDATE[$s]}" = ok ] && [ "$(job_field "$j" NodeList)" = "$P-h[1-$((N - 1))]" ] && [ "$(job_field "$j" Restarts)" = 1 ] &&
+            [ "$ranks" = "3 ranks x 1 thread on $P-h1 $P-h2 $P-h3;2 ranks x 1 thread on $P-h1 $P-h2" ]; then
+            pass "$t 3 nodes, then the 2 left" "momfmm start-up lines: $ranks"
+        else
+            fail "$t 3 nodes, then the 2 left" "update: ${F_UPDATE[$s]}; NodeList=$(job_field "$j" NodeList) Restarts=$(job_field "$j" Restarts); momfmm: '$ranks'"
+        fi
+        resumed=$(grep -m1 '^resumed from' "$o")
+        ck=$(echo "$resumed" | grep -oP '^resumed from \K\S+')
+        k=$(echo "$resumed" | grep -oP 'at step \K[0-9]+$')
+        w=$(h5 world "$ck" | tail -n 1)
+        if [ -n "$k" ] && [ "$k" -ge 20 ] && [ "$k" -lt 120 ] && [ "$w" = "$k $N" ] && [ "$ck" = "$d/$(printf 'ckpt_%08d.h5' "$k")" ]; then
+            pass "$t resumed the newest 3-rank checkpoint" "'$resumed'; world_size $N"
+        else
+            fail "$t resumed the newest 3-rank checkpoint" "'$resumed'; step, world_size: '$w'"
+        fi
+        if r=$(h5 ckpt "$d" 120 $((N - 1)) 24); then pass "$t finished at $((N - 1)) ranks" "$r"; else fail "$t finished at $((N - 1)) ranks" "$r"; fi
+        # the uninterrupted run at 2 ranks from that checkpoint (one host, outside Slurm)
+        "$MPIEXEC" --oversubscribe -np $((N - 1)) -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$MOMFMM_BIN" train fault.ini \
+            --set "train.out_dir=runs/reference-$s" --resume "$ck" >"reference-$s.log" 2>&1
+        ref_rc=$?
+        if [ $ref_rc -ne 0 ]; then
+            fail "$t weights" "reference run failed (exit $ref_rc): $(tail -n 3 "reference-$s.log")"
+        elif r=$(h5 close "runs/reference-$s/ckpt_00000120.h5" "$d/ckpt_00000120.h5" "$TOL"); then
+            pass "$t weights within $TOL" "vs uninterrupted at $((N - 1)) ranks from step $k: $r"
+        else
+            fail "$t weights within $TOL" "vs uninterrupted at $((N - 1)) ranks from step $k: $r"
+        fi
+    fi
+    [ $failed -gt "$before" ] && show_log "$o"
+done
+
+note "done"
 echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]
