@@ -317,7 +317,7 @@ done
 # ---- 2. a node cut off mid-run: requeued onto the 2 nodes left, resumed at 2 ranks ----
 # One job per launcher, side by side on the same 3 nodes (1 of each node's CPUs
 # each); node 3's link goes down once both have ckpt_00000020.h5. Slurm sets
-# the node DOWN within BOUND s (measured 17 s) and ends and requeues its jobs
+# the node DOWN within BOUND s (measured 14.5-18 s) and ends and requeues its jobs
 # (--requeue), whose ranks on the other nodes, stuck in a collective, get
 # SIGTERM (rank 0 writes the checkpoint of its last finished step; SIGKILL
 # after KillWait). dist.timeout is above BOUND: ranks that gave up first (exit
