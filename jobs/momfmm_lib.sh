@@ -325,7 +325,9 @@ local_ranks() {
     for pid in $(ps -e -o pid= -o ppid= | awk -v root="$1" '
         { parent[$1] = $2 }
         END { for (p in parent) { q = p; while (q in parent && q != root && q > 1) q = parent[q]; if (q == root && p != root) print p } }'); do
-        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK=' && return 0
+        # 2>/dev/null first: a zombie's environ cannot be opened (ESRCH), and
+        # the redirection's message would land in the job's output every second
+        tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -q '^OMPI_COMM_WORLD_RANK=' && return 0
     done
     return 1
 }
