@@ -14,7 +14,6 @@
 
 #include "momfmm/ini.h"
 #include "momfmm/status.h"
-#include "momfmm/suggest.h"
 #include "momfmm/sys.h"
 
 #include "config_table.h"
@@ -125,6 +124,7 @@ const config_key CONFIG_KEYS[] = {
 };
 #define N_KEYS (sizeof(CONFIG_KEYS) / sizeof(CONFIG_KEYS[0]))
 const size_t CONFIG_N_KEYS = N_KEYS;
+_Static_assert(N_KEYS <= CONFIG_MAX_KEYS, "CONFIG_MAX_KEYS bounds the key table");
 
 static const config_key *find_key(const char *section, const char *name) {
     for (size_t i = 0; i < N_KEYS; i++)
@@ -139,75 +139,6 @@ static int section_index(const char *section) {
     return -1;
 }
 
-/* Names people bring from other trainers (docs/config.md §6: suggestions). */
-static const suggest_alias KEY_ALIASES[] = {
-    {"learning_rate", "train.lr"},
-    {"learningrate", "train.lr"},
-    {"max_lr", "train.lr"},
-    {"n_head", "model.n_heads"},
-    {"num_heads", "model.n_heads"},
-    {"nhead", "model.n_heads"},
-    {"n_layer", "model.n_layers"},
-    {"num_layers", "model.n_layers"},
-    {"depth", "model.n_layers"},
-    {"vocab", "model.vocab_size"},
-    {"n_vocab", "model.vocab_size"},
-    {"hidden_size", "model.d_model"},
-    {"n_embd", "model.d_model"},
-    {"dim", "model.d_model"},
-    {"ffn_dim", "model.d_ff"},
-    {"intermediate_size", "model.d_ff"},
-    {"batch", "train.batch_size"},
-    {"bs", "train.batch_size"},
-    {"max_steps", "train.steps"},
-    {"num_steps", "train.steps"},
-    {"iterations", "train.steps"},
-    {"warmup_steps", "train.warmup"},
-    {"max_grad_norm", "train.grad_clip"},
-    {"clip", "train.grad_clip"},
-    {"wd", "train.weight_decay"},
-    {"output_dir", "train.out_dir"},
-    {"run_dir", "train.out_dir"},
-    {"seq_length", "data.seq_len"},
-    {"block_size", "data.seq_len"},
-    {"context_length", "data.seq_len"},
-    {"momentum", "momentum.gamma"},
-    {"attention", "attention.kind"},
-    {NULL, NULL},
-};
-
-/* "; did you mean section.key?" for an unknown key, or "": an alias first,
- * then the key whose name is closest, counting a different section as one
- * more edit (so "[modle] n_heads" finds model.n_heads). */
-static void suggest_key(const char *section, const char *name, char *out, size_t len) {
-    const char *alias = suggest_alias_lookup(KEY_ALIASES, name);
-    if (alias) {
-        snprintf(out, len, "; did you mean %s?", alias);
-        return;
-    }
-    const config_key *best = NULL;
-    int best_score = 3;
-    for (size_t i = 0; i < N_KEYS; i++) {
-        int d = suggest_distance(name, CONFIG_KEYS[i].name, 2);
-        int score = d + (strcmp(section, CONFIG_KEYS[i].section) != 0);
-        if (score < best_score && suggest_is_close(name, CONFIG_KEYS[i].name, d))
-            best = &CONFIG_KEYS[i], best_score = score;
-    }
-    if (best) snprintf(out, len, "; did you mean %s.%s?", best->section, best->name);
-    else out[0] = '\0';
-}
-
-/* "; did you mean [section]?" for an unknown section, or "". */
-static void suggest_section(const char *section, char *out, size_t len) {
-    const char *names[N_KEYS];
-    size_t n = 0;
-    for (size_t i = 0; i < N_KEYS; i++)
-        if (section_index(CONFIG_KEYS[i].section) == (int)i) names[n++] = CONFIG_KEYS[i].section;
-    const char *best = suggest_closest(section, names, n);
-    if (best) snprintf(out, len, "; did you mean [%s]?", best);
-    else out[0] = '\0';
-}
-
 static int parse_enum(const char *choices, const char *value) {
     size_t len = strlen(value);
     int index = 0;
@@ -219,18 +150,6 @@ static int parse_enum(const char *choices, const char *value) {
         p = end + 1;
     }
     return -1;
-}
-
-/* "; did you mean chain?" for a mistyped word of "a|b|c", or "". */
-static void suggest_choice(const char *choices, const char *value, char *out, size_t len) {
-    char words[256];
-    const char *list[16];
-    size_t n = 0;
-    snprintf(words, sizeof words, "%s", choices);
-    for (char *w = strtok(words, "|"); w && n < 16; w = strtok(NULL, "|")) list[n++] = w;
-    const char *best = suggest_closest(value, list, n);
-    if (best) snprintf(out, len, "; did you mean %s?", best);
-    else out[0] = '\0';
 }
 
 typedef enum { SET_OK, SET_SYNTAX, SET_RANGE, SET_HUGE, SET_TOO_LONG, SET_CHOICE, SET_LIST } set_result;
@@ -389,14 +308,14 @@ static void describe_bad_value(const config_key *key, const char *value, set_res
         bad_list_item(key->choices, value, item, sizeof item);
         snprintf(names, sizeof names, "%s", key->choices);
         for (char *bar = strchr(names, '|'); bar; bar = strchr(bar, '|')) *bar = ',';
-        suggest_choice(key->choices, item, detail, sizeof detail);
+        config_suggest_choice(key->choices, item, detail, sizeof detail);
         snprintf(out, len, "%s.%s = '%s': '%s' is not one of %s, or more than %d names%s", key->section, key->name, v,
                  item, names, CONFIG_LIST_MAX, detail);
         return;
     }
     case SET_CHOICE: {
         const char *choices = key->type == KEY_BOOL ? "true|false" : key->choices;
-        suggest_choice(choices, value, detail, sizeof detail);
+        config_suggest_choice(choices, value, detail, sizeof detail);
         if (key->type == KEY_BOOL)
             snprintf(out, len, "%s.%s = '%s': expected true or false%s", key->section, key->name, v, detail);
         else
@@ -442,14 +361,14 @@ static char *copy_string(const char *s) {
 static int assign(parse_state *st, const char *name, const char *value) {
     char hint[160], cut[64];
     if (!st->section) {
-        suggest_key("", name, hint, sizeof hint);
+        config_suggest_key("", name, hint, sizeof hint);
         return reject(st, "key %s is outside any [section]%s", config_shown(name, cut, sizeof cut), hint);
     }
     const config_key *key = find_key(st->section, name);
     if (!key) {
-        suggest_key(st->section, name, hint, sizeof hint);
+        config_suggest_key(st->section, name, hint, sizeof hint);
         if (section_index(st->section) < 0) {
-            if (!hint[0]) suggest_section(st->section, hint, sizeof hint);
+            if (!hint[0]) config_suggest_section(st->section, hint, sizeof hint);
             return reject(st, "unknown section [%s] (key %s)%s", st->section, config_shown(name, cut, sizeof cut),
                           hint);
         }
@@ -538,12 +457,9 @@ int config_apply_override(config *c, const char *assignment, status *st) {
             char *copy = copy_string(assignment);
             copy[eq - assignment] = '\0';
             char *name = strip_blanks(copy);
-            const char *alias = suggest_alias_lookup(KEY_ALIASES, name);
-            for (size_t i = 0; !alias && i < N_KEYS; i++)
-                if (!strcmp(CONFIG_KEYS[i].name, name))
-                    snprintf(hint, sizeof hint, "; did you mean %s.%s", CONFIG_KEYS[i].section, name);
-            if (alias) snprintf(hint, sizeof hint, "; did you mean %s", alias);
-            if (hint[0]) snprintf(hint + strlen(hint), sizeof hint - strlen(hint), "=%.40s?", eq + 1);
+            char meant[96];
+            config_qualify_key(name, meant, sizeof meant);
+            if (meant[0]) snprintf(hint, sizeof hint, "; did you mean %s=%.40s?", meant, eq + 1);
             free(copy);
         }
         return status_fail(st, EXIT_USAGE, "--set %s: expected section.key=value%s",

@@ -1,6 +1,7 @@
 /* The table of config keys (docs/config.md §6), shared by the files of the
  * config module only: config.c owns the table and parses with it,
- * config_format.c formats and compares configs with it. Not a public header:
+ * config_format.c formats and compares configs with it, config_suggest.c
+ * finds the key or section a mistyped name meant. Not a public header:
  * everyone else goes through momfmm/config.h. */
 #ifndef MOMFMM_CONFIG_TABLE_H
 #define MOMFMM_CONFIG_TABLE_H
@@ -24,6 +25,16 @@ typedef struct {
 
 extern const config_key CONFIG_KEYS[];
 extern const size_t CONFIG_N_KEYS;
+#define CONFIG_MAX_KEYS 256 /* a bound for arrays over the table (checked in config.c) */
+
+/* config_suggest.c: "; did you mean ...?" for an unknown key (an alias
+ * first), an unknown section, a mistyped choice of "a|b|c"; or "". */
+void config_suggest_key(const char *section, const char *name, char *out, size_t len);
+void config_suggest_section(const char *section, char *out, size_t len);
+void config_suggest_choice(const char *choices, const char *value, char *out, size_t len);
+/* "section.key" that a bare key name means (an alias, or its own name in a
+ * section), or "". */
+void config_qualify_key(const char *name, char *out, size_t len);
 
 /* The value as typed for a message: control bytes as \xNN, cut with "..." */
 const char *config_shown(const char *value, char *buf, size_t len);
