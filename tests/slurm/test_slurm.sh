@@ -25,76 +25,19 @@
 # skipped, unless CI=true, where that is a failure. Prints `N passed, M failed`;
 # exit 0 only if every check passed. Daemons are stopped on every exit.
 set -u
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-MOMFMM_BIN=$ROOT/build/momfmm
-WORK=
-WORK_IS_TEMP=
-while [ $# -gt 0 ]; do
-    case $1 in
-    --momfmm) MOMFMM_BIN=$2; shift 2 ;;
-    --workdir) WORK=$2; shift 2 ;;
-    *) echo "usage: $0 [--momfmm PATH] [--workdir DIR]" >&2; exit 2 ;;
-    esac
-done
-PY=/usr/bin/python3
-MPIEXEC=${MPIEXEC:-mpirun} # FindMPI's MPIEXEC_EXECUTABLE under CTest
-START=$SECONDS
+TEST_NAME=test_slurm
+# shellcheck source=tests/slurm/slurm_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/slurm_common.sh"
+slurm_parse_args "$@"
 DEADLINE=$((SECONDS + ${SLURM_TEST_BUDGET:-480})) # CTest TIMEOUT is 600: stop and clean up before it
-passed=0
-failed=0
-
-pass() { passed=$((passed + 1)); echo "PASS $1${2:+: $2}"; }
-fail() { failed=$((failed + 1)); echo "FAIL $1${2:+: $2}"; }
-skip() {
-    if [ "${CI:-}" = true ]; then
-        fail "slurm cluster" "$1 (CI=true: not skipping)"
-        echo "$passed passed, $failed failed"
-        exit 1
-    fi
-    echo "SKIP test_slurm: $1"
-    exit 0
-}
-note() { echo "  .. $* ($((SECONDS - START)) s)"; }
+slurm_client() { "$@"; } # slurmctld listens on this host
 
 # ---- can the cluster run here? ----
-[ "$(id -u)" -eq 0 ] || skip "needs root (slurmctld and slurmd run as SlurmUser=root)"
-for c in munged slurmctld slurmd sbatch srun scontrol scancel squeue sinfo "$MPIEXEC"; do
-    command -v "$c" >/dev/null 2>&1 ||
-        skip "$c not found: install slurmctld slurmd slurm-client munge (tools/install_deps.sh)"
-done
-[ -x "$MOMFMM_BIN" ] || { fail "momfmm binary" "$MOMFMM_BIN not found: build it first"; echo "$passed passed, $failed failed"; exit 1; }
-MOMFMM_BIN=$(cd "$(dirname "$MOMFMM_BIN")" && pwd)/$(basename "$MOMFMM_BIN")
-"$PY" -c "import h5py, numpy" 2>/dev/null || { fail "python" "$PY cannot import h5py and numpy"; echo "$passed passed, $failed failed"; exit 1; }
-
-# Job files (configs, runs, job output) in WORK; daemon state in a short /tmp
-# path (unix socket paths are limited to 108 bytes).
-if [ -n "$WORK" ]; then
-    rm -rf "$WORK" && mkdir -p "$WORK" || exit 1
-    WORK=$(cd "$WORK" && pwd)
-else
-    WORK=$(mktemp -d --suffix=.momfmm-slurm-work)
-    WORK_IS_TEMP=1
-fi
-D=$(mktemp -d --suffix=.momfmm-slurm)
-mkdir -p "$D"/{munge,state,spool,log,run}
-chmod 755 "$D" "$D/munge"
-CONF=$D/slurm.conf
-for v in $(compgen -e | grep '^SLURM_'); do unset "$v"; done # not inside someone else's job
-export SLURM_CONF=$CONF
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-export MOMFMM=$MOMFMM_BIN
-unset MOMFMM_RUNS MPIRUN_FLAGS SRUN_FLAGS MOMFMM_LAUNCHER MOMFMM_REQUEUE
+slurm_need_root "slurmctld and slurmd run as SlurmUser=root"
+slurm_need_tools
+slurm_make_dirs slurm
 
 # ---- stop everything we started, on any exit ----
-stop_pid() { # pid file, name
-    local pid
-    pid=$(cat "$1" 2>/dev/null) || return 0
-    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
-    kill -TERM "$pid" 2>/dev/null
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
-    echo "  .. $2 (pid $pid) ignored TERM: killing it"
-    kill -KILL "$pid" 2>/dev/null
-}
 cleaned=
 cleanup() {
     [ -n "$cleaned" ] && return
@@ -196,10 +139,7 @@ done
 [ "$state" = idle ] || skip "node $H did not come up (state '${state}'): $(tail -n 3 "$D/log/slurmd.log" "$D/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
 note "cluster up: node $H, $NCPU CPUs, ports $CTLD_PORT/$SLURMD_PORT, state in $D, jobs in $WORK"
 
-# ---- helpers ----
-job_field() { # job id, field -> value (first line: the job or array task 0)
-    scontrol -o show job "$1" 2>/dev/null | head -n 1 | grep -oP "(^| )$2=\K\S+"
-}
+# ---- helpers (job_field, wait_for, job_ok, show_log, h5: slurm_common.sh) ----
 # Waits until every job (or array task) of the ids is in a final state.
 wait_jobs() { # timeout_s id...
     local until=$((SECONDS + $1)) id states
@@ -213,28 +153,6 @@ wait_jobs() { # timeout_s id...
     echo "  .. timed out waiting for jobs $*: $(echo $states)"
     return 1
 }
-wait_for() { # timeout_s command... : polls every 0.2 s
-    local until=$((SECONDS + $1))
-    shift
-    [ "$until" -gt "$DEADLINE" ] && until=$DEADLINE
-    while [ "$SECONDS" -lt "$until" ]; do "$@" && return 0; sleep 0.2; done
-    return 1
-}
-job_ok() { # name id: COMPLETED with exit 0 (every array task)
-    local lines
-    lines=$(scontrol -o show job "$2" 2>/dev/null)
-    if [ -n "$lines" ] && ! echo "$lines" | grep -vE 'JobState=COMPLETED .*ExitCode=0:0' | grep -q .; then
-        pass "$1" "job $2 COMPLETED, exit 0"
-    else
-        fail "$1" "job $2: $(echo "$lines" | grep -oP '(JobId|ArrayTaskId|JobState|ExitCode|Reason)=\S+' | tr '\n' ' ')"
-        return 1
-    fi
-}
-show_log() { echo "  --- $1 (last 15 lines)"; tail -n 15 "$1" 2>/dev/null | sed 's/^/  | /'; }
-
-# Checkpoint checks (ckpt, same, close, world, config): tests/slurm/h5check.py
-h5() { PYTHONPATH="$ROOT/python:$ROOT/tests/e2e${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$ROOT/tests/slurm/h5check.py" "$@" 2>&1; }
-
 cd "$WORK" || exit 1
 # Tiny chain-task model: 30 steps, a train-log row every 5 steps.
 cat >tiny.ini <<'EOF'

@@ -25,82 +25,35 @@
 # every exit; those of a run killed outright go at the next start (every
 # daemon runs inside the bed, which `netbed.sh up` first removes).
 set -u
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-MOMFMM_BIN=$ROOT/build/momfmm
-WORK=
-WORK_IS_TEMP=
-while [ $# -gt 0 ]; do
-    case $1 in
-    --momfmm) MOMFMM_BIN=$2; shift 2 ;;
-    --workdir) WORK=$2; shift 2 ;;
-    *) echo "usage: $0 [--momfmm PATH] [--workdir DIR]" >&2; exit 2 ;;
-    esac
-done
-PY=/usr/bin/python3
-MPIEXEC=${MPIEXEC:-mpirun}
+TEST_NAME=test_slurm_multinode
+# shellcheck source=tests/slurm/slurm_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/slurm_common.sh"
+slurm_parse_args "$@"
 NETBED=$ROOT/tests/multihost/netbed.sh
 P=${SLURM_MN_PREFIX:-slmn} # the bed's prefix: namespaces $P-br, $P-h1..h3
 N=3
-START=$SECONDS
 DEADLINE=$((SECONDS + ${SLURM_TEST_BUDGET:-220})) # CTest TIMEOUT is 300
-passed=0
-failed=0
-
-pass() { passed=$((passed + 1)); echo "PASS $1${2:+: $2}"; }
-fail() { failed=$((failed + 1)); echo "FAIL $1${2:+: $2}"; }
-skip() {
-    if [ "${CI:-}" = true ]; then
-        fail "slurm cluster" "$1 (CI=true: not skipping)"
-        echo "$passed passed, $failed failed"
-        exit 1
-    fi
-    skip_always "$1"
-}
-# No network namespaces here: skipped even under CI=true, as the multihost
-# tests are (netbed.sh's exit 77), while test_slurm.sh may still run.
-skip_always() {
-    echo "SKIP test_slurm_multinode: $1"
-    exit 0
-}
-note() { echo "  .. $* ($((SECONDS - START)) s)"; }
 now() { echo "${EPOCHREALTIME/,/.}"; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 # ---- can the cluster run here? ----
-[ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces; slurmctld and slurmd run as SlurmUser=root)"
+# No network namespaces here: skipped even under CI=true (skip_always), as
+# the multihost tests are (netbed.sh's exit 77), while test_slurm.sh may
+# still run.
+slurm_need_root "network namespaces; slurmctld and slurmd run as SlurmUser=root"
 for c in ip unshare nsenter; do
     command -v "$c" >/dev/null 2>&1 || skip_always "$c not found: install iproute2 and util-linux (network namespaces)"
 done
-for c in munged slurmctld slurmd sbatch srun scontrol scancel squeue sinfo "$MPIEXEC"; do
-    command -v "$c" >/dev/null 2>&1 ||
-        skip "$c not found: install slurmctld slurmd slurm-client munge (tools/install_deps.sh)"
-done
-[ -x "$MOMFMM_BIN" ] || { fail "momfmm binary" "$MOMFMM_BIN not found: build it first"; echo "$passed passed, $failed failed"; exit 1; }
-MOMFMM_BIN=$(cd "$(dirname "$MOMFMM_BIN")" && pwd)/$(basename "$MOMFMM_BIN")
-"$PY" -c "import h5py, numpy" 2>/dev/null || { fail "python" "$PY cannot import h5py and numpy"; echo "$passed passed, $failed failed"; exit 1; }
-
-if [ -n "$WORK" ]; then
-    rm -rf "$WORK" && mkdir -p "$WORK" || exit 1
-    WORK=$(cd "$WORK" && pwd)
-else
-    WORK=$(mktemp -d --suffix=.momfmm-slurmmn-work)
-    WORK_IS_TEMP=1
-fi
-D=$(mktemp -d --suffix=.momfmm-slurmmn) # daemon state: a short path (unix sockets)
-mkdir -p "$D"/{munge,state,spool,log,run}
-chmod 755 "$D" "$D/munge"
-CONF=$D/slurm.conf
-for v in $(compgen -e | grep '^SLURM_'); do unset "$v"; done # not inside someone else's job
-export SLURM_CONF=$CONF
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+slurm_need_tools
+slurm_make_dirs slurmmn
 # MPI's TCP (ranks and Open MPI's daemons) on the bed's interfaces only; sbatch
 # passes the environment to the job, srun to the tasks and to mpirun's daemons
 export OMPI_MCA_btl_tcp_if_include=10.77.0.0/24 OMPI_MCA_oob_tcp_if_include=10.77.0.0/24
-export MOMFMM=$MOMFMM_BIN MOMFMM_LAUNCHER_GRACE=5
-unset MOMFMM_RUNS MPIRUN_FLAGS SRUN_FLAGS MOMFMM_LAUNCHER MOMFMM_REQUEUE
+export MOMFMM_LAUNCHER_GRACE=5
 
 # Slurm's clients reach slurmctld inside the bed only: run them on host 1.
 inbed() { nsenter --net="/run/netns/$P-h1" "$@"; }
+slurm_client() { inbed "$@"; }
 # A daemon in host I under the host's name: netbed.sh's `on`, but through
 # nsenter, as `ip netns exec` mounts a /sys of its own without the cgroup
 # file system that slurmd 22.05 initializes even under proctrack/linuxproc.
@@ -111,15 +64,6 @@ onhost() { # I COMMAND...
 }
 
 # ---- stop everything we started, on any exit ----
-stop_pid() { # pid file, name
-    local pid
-    pid=$(cat "$1" 2>/dev/null) || return 0
-    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
-    kill -TERM "$pid" 2>/dev/null
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
-    echo "  .. $2 (pid $pid) ignored TERM: killing it"
-    kill -KILL "$pid" 2>/dev/null
-}
 cleaned=
 cleanup() {
     [ -n "$cleaned" ] && return
@@ -235,28 +179,8 @@ done
 [ "${idle:-0}" = "$N" ] || skip "$N nodes did not come up ($(inbed sinfo -h -N -o '%N %T' 2>/dev/null | tr '\n' ' ')): $(tail -n 3 "$D/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
 note "cluster up: nodes $P-h[1-$N] (10.77.0.1-$N, $NCPU CPUs each), slurmctld on $P-h1, state in $D, jobs in $WORK"
 
-# ---- helpers (as in test_slurm.sh) ----
-job_field() { inbed scontrol -o show job "$1" 2>/dev/null | head -n 1 | grep -oP "(^| )$2=\K\S+"; }
-wait_for() { # timeout_s command... : polls every 0.2 s
-    local until=$((SECONDS + $1))
-    shift
-    [ "$until" -gt "$DEADLINE" ] && until=$DEADLINE
-    while [ "$SECONDS" -lt "$until" ]; do "$@" && return 0; sleep 0.2; done
-    return 1
-}
+# ---- helpers (job_field, wait_for, job_ok, show_log, h5: slurm_common.sh) ----
 final_state() { job_field "$1" JobState | grep -qE '^(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY)$'; }
-job_ok() { # name id: COMPLETED with exit 0
-    local line
-    line=$(inbed scontrol -o show job "$2" 2>/dev/null)
-    if echo "$line" | grep -q 'JobState=COMPLETED .*ExitCode=0:0'; then
-        pass "$1" "job $2 COMPLETED, exit 0"
-    else
-        fail "$1" "job $2: $(echo "$line" | grep -oP '(JobState|ExitCode|Reason|NodeList)=\S+' | tr '\n' ' ')"
-        return 1
-    fi
-}
-show_log() { echo "  --- $1 (last 15 lines)"; tail -n 15 "$1" 2>/dev/null | sed 's/^/  | /'; }
-h5() { PYTHONPATH="$ROOT/python:$ROOT/tests/e2e${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$ROOT/tests/slurm/h5check.py" "$@" 2>&1; }
 submit() { # name sbatch-args... : job id into `jid`, or a failure
     local name=$1
     shift
