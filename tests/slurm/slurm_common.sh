@@ -97,6 +97,29 @@ stop_pid() { # pid file, name
     kill -KILL "$pid" 2>/dev/null
 }
 
+# The end of a test's cleanup, once its daemons are stopped: any process
+# still running with this cluster's SLURM_CONF (job steps, slurmstepd) is
+# ours and killed; the daemon logs go to WORK, which is kept unless it was
+# a temporary directory and every check passed.
+slurm_cleanup_files() {
+    local p
+    for p in /proc/[0-9]*; do
+        p=${p#/proc/}
+        [ "$p" = $$ ] && continue
+        if tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qx "SLURM_CONF=$CONF"; then
+            [ -d "/proc/$p" ] && echo "  .. killing leftover pid $p ($(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | cut -c1-60))"
+            kill -KILL "$p" 2>/dev/null
+        fi
+    done
+    mkdir -p "$WORK/daemon_logs" && cp "$D"/log/*.log "$WORK/daemon_logs/" 2>/dev/null
+    rm -rf "$D"
+    if [ -n "${WORK_IS_TEMP:-}" ] && [ "$failed" -eq 0 ]; then
+        rm -rf "$WORK"
+    else
+        echo "  .. job files and daemon logs kept in $WORK"
+    fi
+}
+
 job_field() { # job id, field -> value (first line: the job or array task 0)
     slurm_client scontrol -o show job "$1" 2>/dev/null | head -n 1 | grep -oP "(^| )$2=\K\S+"
 }

@@ -52,24 +52,7 @@ cleanup() {
     stop_pid "$D/run/slurmd.pid" slurmd
     stop_pid "$D/run/slurmctld.pid" slurmctld
     stop_pid "$D/munge/munged.pid" munged
-    # Last resort: any process still running with this cluster's SLURM_CONF
-    # (job steps, slurmstepd) is ours.
-    local p
-    for p in /proc/[0-9]*; do
-        p=${p#/proc/}
-        [ "$p" = $$ ] && continue
-        if tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qx "SLURM_CONF=$CONF"; then
-            [ -d "/proc/$p" ] && echo "  .. killing leftover pid $p ($(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | cut -c1-60))"
-            kill -KILL "$p" 2>/dev/null
-        fi
-    done
-    mkdir -p "$WORK/daemon_logs" && cp "$D"/log/*.log "$WORK/daemon_logs/" 2>/dev/null
-    rm -rf "$D"
-    if [ -n "${WORK_IS_TEMP:-}" ] && [ "$failed" -eq 0 ]; then
-        rm -rf "$WORK"
-    else
-        echo "  .. job files and daemon logs kept in $WORK"
-    fi
+    slurm_cleanup_files
 }
 trap cleanup EXIT
 trap 'echo "interrupted"; exit 1' INT TERM HUP

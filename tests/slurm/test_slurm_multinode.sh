@@ -81,22 +81,7 @@ cleanup() {
     # every process left in the bed (a step on the cut-off node) and the namespaces
     "$NETBED" down "$P" || echo "  .. netbed down $P failed"
     stop_pid "$D/munge/munged.pid" munged
-    local p
-    for p in /proc/[0-9]*; do # last resort: anything with this cluster's SLURM_CONF is ours
-        p=${p#/proc/}
-        [ "$p" = $$ ] && continue
-        if tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qx "SLURM_CONF=$CONF"; then
-            [ -d "/proc/$p" ] && echo "  .. killing leftover pid $p ($(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | cut -c1-60))"
-            kill -KILL "$p" 2>/dev/null
-        fi
-    done
-    mkdir -p "$WORK/daemon_logs" && cp "$D"/log/*.log "$WORK/daemon_logs/" 2>/dev/null
-    rm -rf "$D"
-    if [ -n "${WORK_IS_TEMP:-}" ] && [ "$failed" -eq 0 ]; then
-        rm -rf "$WORK"
-    else
-        echo "  .. job files and daemon logs kept in $WORK"
-    fi
+    slurm_cleanup_files
 }
 trap cleanup EXIT
 trap 'echo "interrupted"; exit 1' INT TERM HUP
