@@ -24,6 +24,8 @@ per-seed values, so that each verdict is reached on purpose:
 8. The chain recall section (momfmm.results.recall): L_rep at one period of a variable-period
    run comes from its L_rep_by_period entry (period − chain_len), a period no eval sample drew
    (NaN) gives no value, and "the advantage grows with L" pairs those per-period values by seed.
+9. A comparison against a baseline that learned nothing is not judged: softmax's accuracy below
+   the task's floor (copy 0.5, ListOps 0.25) gives one "not judged" finding and no claim.
 """
 import os
 import tempfile
@@ -34,7 +36,9 @@ import numpy as np
 from momfmm.results.chain import ChainRoles
 from momfmm.results.claims import Verdict, less_claim, no_worse_claim, same_claim
 from momfmm.results.document import unlogged_text
+from momfmm.results.claims import Findings
 from momfmm.results.energy_ratio import r_independent_claim, r_noise_claim
+from momfmm.results.fmm import LISTOPS_LEARNED, baseline_unlearned
 from momfmm.results.recall import Derived, grows, period_l_rep
 from momfmm.results.reference_scale import grows_claim, improvements, paired_l_rep
 from momfmm.results.runs import Group, builds_text, read_wall_time
@@ -381,6 +385,34 @@ class WallTime(unittest.TestCase):
         self.assertEqual(unlogged_text([e]), "")
         e = self.entry(None)
         self.assertEqual((e.wall_s, e.wall_unlogged), (None, 0))
+
+
+
+
+class Accuracy:
+    """A softmax group as baseline_unlearned reads it: its mean final accuracy."""
+
+    def __init__(self, acc):
+        self.acc = acc
+
+    def mean(self, _metric):
+        return self.acc
+
+
+class UnlearnedBaseline(unittest.TestCase):
+    def test_below_the_floor_is_not_judged(self):
+        findings = Findings()
+        self.assertTrue(baseline_unlearned(findings, "ListOps T=2000", Accuracy(0.2031), LISTOPS_LEARNED,
+                                           "the most frequent class", "the task"))
+        self.assertEqual([c.verdict for c in findings.claims], [Verdict.NOT_JUDGED])
+        self.assertIn("0.2031 (below 0.25", findings.claims[0].detail)
+
+    def test_learned_or_missing_is_judged(self):
+        findings = Findings()
+        self.assertFalse(baseline_unlearned(findings, "ListOps", Accuracy(0.362), LISTOPS_LEARNED, "", ""))
+        self.assertFalse(baseline_unlearned(findings, "ListOps", None, LISTOPS_LEARNED, "", ""))
+        self.assertFalse(baseline_unlearned(findings, "ListOps", Accuracy(None), LISTOPS_LEARNED, "", ""))
+        self.assertEqual(findings.claims, [])
 
 
 if __name__ == "__main__":
