@@ -76,8 +76,10 @@ static bool save_checkpoint(const trainer *t, train_loop *loop, int stop_cause) 
     double start = sys_seconds();
     char path[STORE_PATH_MAX];
     signals_clear_file_limit();
-    /* every rank: with dist.zero = 1 all ranks write the file together */
-    dist_watch_phase("checkpoint write", true);
+    /* every rank: with dist.zero = 1 all ranks write the file together, a
+     * phase they enter together (docs/design.md §8.11); rank 0 alone does
+     * not wait for the others, still in their step after a stop signal */
+    dist_watch_phase("checkpoint write", trainer_writers(t) != H5WRITER_ALONE);
     int rc = trainer_save(t, path, sizeof path, &err);
     dist_watch_phase(NULL, false);
     if (dist_rank() != 0) return true;
@@ -262,7 +264,7 @@ static void save_if_best(const trainer *t, train_loop *loop) {
         !isnan(now->metrics.loss) && (!loop->best_eval.known || now->metrics.loss < loop->best_eval.metrics.loss);
     if (!dist_any(dist_rank() == 0 && better)) return;
     status err;
-    dist_watch_phase("best checkpoint write", true);
+    dist_watch_phase("best checkpoint write", trainer_writers(t) != H5WRITER_ALONE);
     int rc = trainer_save_best(t, &err);
     dist_watch_phase(NULL, false);
     if (rc != 0) {
