@@ -152,9 +152,12 @@ static void arrivals_poll(void) {
         if (arrivals.peer[j].owed) post(j);
 }
 
+/* Every peer has reached this rank's mark, and this rank's mark has gone
+ * out to every peer: one left owed would never go while this rank is in
+ * calls that are not ours, and a peer still waiting for it would hang. */
 static bool all_arrived(void) {
     for (int j = 0; j < arrivals.peers; j++)
-        if (arrivals.peer[j].seen < arrivals.seq) return false;
+        if (arrivals.peer[j].seen < arrivals.seq || arrivals.peer[j].owed) return false;
     return true;
 }
 
