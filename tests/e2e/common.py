@@ -57,6 +57,11 @@ def tiny_config(out_dir, **overrides):
         "train": {"steps": 4, "batch_size": 4, "lr": 3e-3, "warmup": 1, "log_interval": 1,
                   "eval_interval": 2, "eval_batches": 1, "out_dir": out_dir},
     }
+    return apply_overrides(sections, overrides)
+
+
+def apply_overrides(sections, overrides):
+    """sections with each {"section.key": value} of overrides set (a new section as needed)."""
     for key, value in overrides.items():
         section, name = key.split(".")
         sections.setdefault(section, {})[name] = value

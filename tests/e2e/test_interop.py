@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import momfmm.pt as mt
-from common import run, write_config
+from common import apply_overrides, run, write_config
 
 LOGIT_TOL = 1e-5  # float32, relative to max(1, max |logit|), as tests/python/test_torch_interop.py
 
@@ -29,10 +29,7 @@ def sections(out_dir, **overrides):
         "train": {"steps": 6, "batch_size": 4, "lr": 1e-2, "warmup": 1, "log_interval": 3, "eval_interval": 6,
                   "eval_batches": 1, "ckpt_interval": 6, "seed": 3, "out_dir": out_dir},
     }
-    for key, value in overrides.items():
-        section, name = key.split(".")
-        s.setdefault(section, {})[name] = value
-    return s
+    return apply_overrides(s, overrides)
 
 
 @pytest.fixture(scope="module")

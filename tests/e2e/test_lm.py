@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 import pytest
 
-from common import MPIRUN, env, run, write_config
+from common import MPIRUN, apply_overrides, env, run, write_config
 
 WORDS = ("the model reads bytes and learns which byte comes next in a text of plain words "
          "with momentum attention the keys carry a little of their past").split()
@@ -43,10 +43,7 @@ def text_sections(out_dir, data_path, **overrides):
         "train": {"steps": 24, "batch_size": 8, "lr": 1e-2, "warmup": 2, "log_interval": 4, "eval_interval": 4,
                   "eval_batches": 2, "ckpt_interval": 4, "keep": 1, "keep_best": True, "out_dir": out_dir},
     }
-    for key, value in overrides.items():
-        section, name = key.split(".")
-        sections.setdefault(section, {})[name] = value
-    return sections
+    return apply_overrides(sections, overrides)
 
 
 @pytest.fixture(scope="module")
