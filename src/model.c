@@ -559,8 +559,9 @@ void model_backward(model *m, const int32_t *inputs, const int32_t *targets, con
 }
 
 /* 6 FLOPs per weight per token (forward 2, backward 4) for every matmul,
- * plus attention: softmax computes full T x T products (QK^T and PV: 4 T d
- * forward, 8 T d backward); FMM counts its band, chunks and dh x dh states. */
+ * plus attention: softmax counts full T x T products (QK^T and PV: 4 T d
+ * forward, 8 T d backward), causal or not, as nanoGPT and bench_torch.py
+ * do (docs/cli.md, `bench`); FMM counts its band, chunks and dh x dh states. */
 double model_flops_per_token(const model *m, int T) {
     double d = m->d, ff = m->d_ff, dh = m->dh;
     double per_block = 6.0 * (3 * d * d + d * d + 2 * d * ff);

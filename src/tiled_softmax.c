@@ -96,6 +96,43 @@ VECTOR_CLONES static void tile_exponentials(float *restrict st, float *restrict 
     }
 }
 
+#if FAST_EXP8_AVAILABLE
+/* Lanes lo <= lane of eight, as a mask. */
+__attribute__((target("avx2"), always_inline)) static inline __m256 lanes_from(int lo) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(lo - 1)));
+}
+
+/* tile_exponentials eight rows at a time with fast_exp8_nonpositive, each
+ * group's sums in a register across the keys; the rows past the last full
+ * group of eight in scalar code (masked loads and stores are slow on AMD's
+ * cores). */
+__attribute__((target("avx2,fma"))) static void tile_exponentials_avx2(float *st, float *sum, const float *m, int rows,
+                                                                       int keys, int i0, int j0, int q_pos0,
+                                                                       bool causal) {
+    int full = rows / 8 * 8;
+    for (int r0 = 0; r0 < full; r0 += 8) {
+        __m256 mr = _mm256_loadu_ps(m + r0), total = _mm256_setzero_ps();
+        for (int j = 0; j < keys; j++) {
+            float *col = st + (size_t)j * TILE_Q + r0;
+            __m256 e = fast_exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(col), mr));
+            e = _mm256_and_ps(e, lanes_from(first_row(j0 + j, i0, q_pos0, causal, rows) - r0));
+            _mm256_storeu_ps(col, e);
+            total = _mm256_add_ps(total, e);
+        }
+        _mm256_storeu_ps(sum + r0, total);
+    }
+    for (int r = full; r < rows; r++) {
+        sum[r] = 0.0f;
+        for (int j = 0; j < keys; j++) {
+            float *x = st + (size_t)j * TILE_Q + r;
+            *x = r < first_row(j0 + j, i0, q_pos0, causal, rows) ? 0.0f : fast_exp_nonpositive(*x - m[r]);
+            sum[r] += *x;
+        }
+    }
+}
+#endif
+
 /* One tile of scores S^T (keys x rows, stride TILE_Q) into the running
  * softmax: leaves exp(s - m_new) (0 where masked), updates each row's m
  * and l and rescales its output row by exp(m_old - m_new). */
@@ -105,7 +142,11 @@ static void online_tile(const tile_scratch *s, int rows, int keys, int i0, int j
         s->rescale[r] = s->m[r] == -INFINITY ? 0.0f : fast_exp_nonpositive(s->m[r] - s->mx[r]);
         s->m[r] = s->mx[r];
     }
-    tile_exponentials(s->st, s->sum, s->m, rows, keys, i0, j0, q_pos0, causal);
+#if FAST_EXP8_AVAILABLE
+    if (tile_gemm_available()) tile_exponentials_avx2(s->st, s->sum, s->m, rows, keys, i0, j0, q_pos0, causal);
+    else
+#endif
+        tile_exponentials(s->st, s->sum, s->m, rows, keys, i0, j0, q_pos0, causal);
     for (int r = 0; r < rows; r++) {
         s->l[r] = s->l[r] * s->rescale[r] + s->sum[r];
         float *o = s->acc + (size_t)r * dh;
@@ -154,6 +195,26 @@ VECTOR_CLONES static void recompute_probabilities(float *restrict p, const float
     }
 }
 
+#if FAST_EXP8_AVAILABLE
+/* recompute_probabilities eight keys at a time (fast_exp8_nonpositive), a
+ * ragged end of the row in scalar code. */
+__attribute__((target("avx2,fma"))) static void
+recompute_probabilities_avx2(float *p, const float *lse, int rows, int keys, int i0, int j0, int T, bool causal) {
+    int full = keys / 8 * 8;
+    for (int r = 0; r < rows; r++) {
+        float *row = p + (size_t)r * TILE_KB;
+        int visible = min_int(visible_keys(i0 + r, T, 0, causal) - j0, keys);
+        __m256 lse_r = _mm256_set1_ps(lse[i0 + r]);
+        for (int j = 0; j < full; j += 8) {
+            __m256 e = fast_exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + j), lse_r));
+            __m256 hidden = lanes_from(visible - j); /* lanes j + l >= visible */
+            _mm256_storeu_ps(row + j, _mm256_andnot_ps(hidden, e));
+        }
+        for (int j = full; j < keys; j++) row[j] = j < visible ? fast_exp_nonpositive(row[j] - lse[i0 + r]) : 0.0f;
+    }
+}
+#endif
+
 /* dS = P * (dP - D), in place in dp. */
 VECTOR_CLONES static void score_gradient(float *restrict dp, const float *restrict p, const float *restrict D, int rows,
                                          int keys, int i0) {
@@ -183,7 +244,11 @@ static void backward_tile(float *dq, float *dkj, float *dvj, const float *dout, 
     if (causal) keys = min_int(keys, i0 + rows - j0); /* the tile's rows see no key past i0 + rows - 1 */
     const float *qi = q + (size_t)i0 * dh, *doi = dout + (size_t)i0 * dh;
     tile_gemm(rows, keys, dh, scale, qi, dh, 1, s->kt, TILE_KB, false, p, TILE_KB);
-    recompute_probabilities(p, lse, rows, keys, i0, j0, T, causal);
+#if FAST_EXP8_AVAILABLE
+    if (tile_gemm_available()) recompute_probabilities_avx2(p, lse, rows, keys, i0, j0, T, causal);
+    else
+#endif
+        recompute_probabilities(p, lse, rows, keys, i0, j0, T, causal);
     tile_gemm(keys, dh, rows, 1.0f, p, 1, TILE_KB, doi, dh, true, dvj, dh);
     tile_gemm(rows, keys, dh, 1.0f, doi, dh, 1, s->vt, TILE_KB, false, s->dp, TILE_KB);
     score_gradient(s->dp, p, s->D, rows, keys, i0);

@@ -1,8 +1,8 @@
 /* Data of docs/tasks.md §2: the text corpus (directory walk order, separator
  * placement, split by whole documents, determinism, refused inputs), long
  * samples without stack arrays, listops limits and TSV labels refused at
- * open, and fast_exp_nonpositive on NaN and infinite inputs (run it in the
- * sanitizer build too). */
+ * open, and fast_exp_nonpositive and its eight-lane form on NaN and infinite
+ * inputs (run it in the sanitizer build too). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -391,6 +391,37 @@ static void test_exp(void) {
     test_check(nan_out == 1 && isnan(row[5]), "fast_exp_nonpositive over a row: only the NaN stays NaN", NULL);
 }
 
+#if FAST_EXP8_AVAILABLE
+/* out[0..8) = fast_exp8_nonpositive(x[0..8)). */
+__attribute__((target("avx2,fma"))) static void exp8(float *out, const float *x) {
+    _mm256_storeu_ps(out, fast_exp8_nonpositive(_mm256_loadu_ps(x)));
+}
+
+/* The eight-lane exp of tiled attention holds fast_exp_nonpositive's
+ * bounds and its special inputs lane by lane. */
+static void test_exp8(void) {
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return;
+    float worst = 0, x[8], e[8];
+    for (float x0 = -87.0f; x0 <= 0.0f; x0 += 0.08f) {
+        for (int l = 0; l < 8; l++) x[l] = fminf(x0 + 0.01f * l, 0.0f);
+        exp8(e, x);
+        for (int l = 0; l < 8; l++) worst = fmaxf(worst, fabsf(e[l] - expf(x[l])) / expf(x[l]));
+    }
+    test_check(worst <= 3e-7f, "fast_exp8_nonpositive: relative error <= 3e-7 over [-87, 0]", "%.3g", worst);
+    const float special[8] = {NAN, -NAN, -INFINITY, -1e30f, INFINITY, 1e30f, 0.0f, -1.0f};
+    exp8(e, special);
+    test_check(isnan(e[0]) && isnan(e[1]), "fast_exp8_nonpositive(NaN) is NaN", NULL);
+    test_check(e[2] == fast_exp_nonpositive(-87.0f) && e[3] == e[2], "fast_exp8_nonpositive(-inf), (-1e30): e^-87",
+               "%g", e[2]);
+    test_check(isfinite(e[4]) && e[4] == e[5] && fabsf(e[4] / fast_exp_nonpositive(88.0f) - 1) < 1e-6f,
+               "fast_exp8_nonpositive(+inf), (1e30): e^88, finite", "%g", e[4]);
+    test_check(e[6] == 1.0f && fabsf(e[7] - expf(-1.0f)) <= 3e-7f * expf(-1.0f), "fast_exp8_nonpositive(0), (-1)",
+               NULL);
+}
+#else
+static void test_exp8(void) {}
+#endif
+
 int main(void) {
     if (!test_check(mkdtemp(workdir) != NULL, "scratch directory made", NULL)) return test_summary("test_data");
     make_corpus();
@@ -402,6 +433,7 @@ int main(void) {
     test_chain_refused();
     test_listops_limits();
     test_exp();
+    test_exp8();
     char command[600];
     snprintf(command, sizeof command, "rm -rf %s", workdir);
     test_check(system(command) == 0, "scratch directory removed", NULL);

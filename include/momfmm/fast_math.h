@@ -52,6 +52,35 @@ static inline float fast_exp_nonpositive(float x) {
     return result;
 }
 
+/* fast_exp_nonpositive on eight lanes with FMA, for the callers that have
+ * checked the CPU (tiled_softmax.c behind tile_gemm_available()): the
+ * target_clones above get no FMA, and there the polynomial's separate
+ * multiplies and adds made exp a fifth of tiled attention's time. The same
+ * steps and coefficients, fused; the error stays within 2 ulp over
+ * [-87, 0]. Clamps as above: vmaxps/vminps return their second operand
+ * when either is NaN, so a NaN passes through to the result. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define FAST_EXP8_AVAILABLE 1
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 fast_exp8_nonpositive(__m256 x) {
+    x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
+    __m256 n =
+        _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(1.0f / 720), r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+#else
+#define FAST_EXP8_AVAILABLE 0
+#endif
+
 /* Sums and maxima in 16 independent lanes: the compiler vectorises these
  * (a sequential float reduction it may not reorder), and the fixed lane
  * order keeps results identical on every machine and clone. */
