@@ -1,0 +1,104 @@
+/* GFLOP/s of tiled softmax attention for one head (src/tiled_softmax.c,
+ * docs/design.md §8.10), one thread: the whole causal forward and backward,
+ * and each of its seven tile products alone on tile_gemm, as a fraction of
+ * the core's measured fp32 FMA peak (the probe `momfmm bench` runs). This
+ * tells whether the products or the softmax around them bound the kernel.
+ *
+ *   build/bench_attention [T] [dh]          (defaults: 4096 32, bench_fmm's head)
+ *
+ * FLOPs count what the causal kernel computes: 2 (QK^T, PV) + 5 (backward:
+ * QK^T again, dP, dV, dQ, dK) products of T^2/2 x dh multiply-adds. Each
+ * figure is the best of 5 rounds. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "momfmm/cpu.h"
+#include "momfmm/tile_gemm.h"
+#include "momfmm/tiled_softmax.h"
+
+#define ROUNDS 5
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static float *random_floats(size_t n) {
+    float *x = malloc(n * sizeof *x);
+    if (!x) {
+        fprintf(stderr, "bench_attention: out of memory (%zu floats)\n", n);
+        exit(1);
+    }
+    for (size_t i = 0; i < n; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+    return x;
+}
+
+/* One tile product as tiled_softmax.c calls it: C (=|+=) alpha A B. */
+typedef struct {
+    const char *name;
+    int m, n, k, a_row, a_col, ldb, accumulate, ldc;
+} product;
+
+static double product_gflops(const product *p) {
+    float *a = random_floats(1 << 16), *b = random_floats(1 << 16), *c = random_floats(1 << 16);
+    int reps = 2000;
+    double best = 1e30;
+    for (int r = 0; r < ROUNDS; r++) {
+        double t0 = now();
+        for (int i = 0; i < reps; i++)
+            tile_gemm(p->m, p->n, p->k, 0.5f, a, p->a_row, p->a_col, b, p->ldb, p->accumulate, c, p->ldc);
+        double t = now() - t0;
+        best = t < best ? t : best;
+    }
+    free(a), free(b), free(c);
+    return 2.0 * p->m * p->n * p->k * reps / best / 1e9;
+}
+
+int main(int argc, char **argv) {
+    int T = argc > 1 ? atoi(argv[1]) : 4096, dh = argc > 2 ? atoi(argv[2]) : 32;
+    if (argc > 3 || T < 1 || T > 1 << 20 || dh < 1 || dh > 256) {
+        fprintf(stderr, "usage: bench_attention [T in 1..1048576] [dh in 1..256]\n");
+        return 2;
+    }
+    double peak = cpu_fma_peak_gflops(0.5);
+    printf("fp32 FMA peak %.1f GFLOP/s (%s, 1 thread, measured); tile products on %s\n", peak, cpu_fma_isa(),
+           tile_gemm_available() ? "the AVX2 micro-kernel" : "portable C");
+    size_t n = (size_t)T * dh;
+    float *q = random_floats(n), *k = random_floats(n), *v = random_floats(n), *out = random_floats(n);
+    float *dout = random_floats(n), *dq = random_floats(n), *dk = random_floats(n), *dv = random_floats(n);
+    float *lse = random_floats((size_t)T), *scratch = random_floats(tiled_softmax_scratch_floats(T, dh));
+    double forward = 1e30, backward = 1e30;
+    for (int r = 0; r < ROUNDS; r++) {
+        double t0 = now();
+        tiled_softmax_forward(out, lse, q, k, v, T, T, dh, 0, true, scratch);
+        double t1 = now();
+        tiled_softmax_backward(dq, dk, dv, dout, out, lse, q, k, v, T, dh, true, scratch);
+        double t2 = now();
+        forward = t1 - t0 < forward ? t1 - t0 : forward;
+        backward = t2 - t1 < backward ? t2 - t1 : backward;
+    }
+    double half = (double)T * T / 2 * dh * 2; /* one product over the causal half, in FLOPs */
+    printf("T=%d dh=%d causal: forward %.2f ms %.1f GFLOP/s (%.0f%%) | backward %.2f ms %.1f GFLOP/s (%.0f%%)\n", T, dh,
+           1e3 * forward, 2 * half / forward / 1e9, 100 * 2 * half / forward / 1e9 / peak, 1e3 * backward,
+           5 * half / backward / 1e9, 100 * 5 * half / backward / 1e9 / peak);
+    /* tiled_softmax.c's tiles: 96 query rows, forward key tiles of 192, backward of 96 */
+    const product products[] = {
+        {"forward  S^T = K Q^T", 192, 96, dh, dh, 1, 96, 0, 96},
+        {"forward  acc += P V", 96, dh, 192, 1, 96, dh, 1, dh},
+        {"backward S = Q K^T", 96, 96, dh, dh, 1, 96, 0, 96},
+        {"backward dV += P^T dO", 96, dh, 96, 1, 96, dh, 1, dh},
+        {"backward dP = dO V^T", 96, 96, dh, dh, 1, 96, 0, 96},
+        {"backward dQ += dS K", 96, dh, 96, 96, 1, dh, 1, dh},
+        {"backward dK += dS^T Q", 96, dh, 96, 1, 96, dh, 1, dh},
+    };
+    for (size_t i = 0; i < sizeof products / sizeof products[0]; i++) {
+        double g = product_gflops(&products[i]);
+        printf("  %-24s %3d x %3d x %3d  %6.1f GFLOP/s (%.0f%%)\n", products[i].name, products[i].m, products[i].n,
+               products[i].k, g, 100 * g / peak);
+    }
+    free(q), free(k), free(v), free(out), free(dout), free(dq), free(dk), free(dv), free(lse), free(scratch);
+    return 0;
+}
