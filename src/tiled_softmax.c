@@ -111,12 +111,13 @@ __attribute__((target("avx2,fma"))) static void tile_exponentials_avx2(float *st
                                                                        int keys, int i0, int j0, int q_pos0,
                                                                        bool causal) {
     int full = rows / 8 * 8;
+    bool whole = first_row(j0 + keys - 1, i0, q_pos0, causal, rows) == 0; /* every row sees every key */
     for (int r0 = 0; r0 < full; r0 += 8) {
         __m256 mr = _mm256_loadu_ps(m + r0), total = _mm256_setzero_ps();
         for (int j = 0; j < keys; j++) {
             float *col = st + (size_t)j * TILE_Q + r0;
             __m256 e = fast_exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(col), mr));
-            e = _mm256_and_ps(e, lanes_from(first_row(j0 + j, i0, q_pos0, causal, rows) - r0));
+            if (!whole) e = _mm256_and_ps(e, lanes_from(first_row(j0 + j, i0, q_pos0, causal, rows) - r0));
             _mm256_storeu_ps(col, e);
             total = _mm256_add_ps(total, e);
         }
@@ -207,8 +208,8 @@ recompute_probabilities_avx2(float *p, const float *lse, int rows, int keys, int
         __m256 lse_r = _mm256_set1_ps(lse[i0 + r]);
         for (int j = 0; j < full; j += 8) {
             __m256 e = fast_exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + j), lse_r));
-            __m256 hidden = lanes_from(visible - j); /* lanes j + l >= visible */
-            _mm256_storeu_ps(row + j, _mm256_andnot_ps(hidden, e));
+            if (visible < j + 8) e = _mm256_andnot_ps(lanes_from(visible - j), e); /* lanes j + l >= visible */
+            _mm256_storeu_ps(row + j, e);
         }
         for (int j = full; j < keys; j++) row[j] = j < visible ? fast_exp_nonpositive(row[j] - lse[i0 + r]) : 0.0f;
     }
