@@ -80,15 +80,15 @@ VECTOR_CLONES static void tile_maxima(float *restrict mx, const float *restrict 
     }
 }
 
-/* exp(s - m) over the tile's visible scores, 0 where masked; sum receives
- * each row's total. */
-VECTOR_CLONES static void tile_exponentials(float *restrict st, float *restrict sum, const float *restrict m, int rows,
-                                            int keys, int i0, int j0, int q_pos0, bool causal) {
-    for (int r = 0; r < rows; r++) sum[r] = 0.0f;
+/* exp(s - m) over the visible scores of the tile's rows [from, rows), 0
+ * where masked; sum receives each row's total. */
+VECTOR_CLONES static void tile_exponentials(float *restrict st, float *restrict sum, const float *restrict m, int from,
+                                            int rows, int keys, int i0, int j0, int q_pos0, bool causal) {
+    for (int r = from; r < rows; r++) sum[r] = 0.0f;
     for (int j = 0; j < keys; j++) {
         float *restrict col = st + (size_t)j * TILE_Q;
-        int first = first_row(j0 + j, i0, q_pos0, causal, rows);
-        for (int r = 0; r < first; r++) col[r] = 0.0f;
+        int first = max_int(first_row(j0 + j, i0, q_pos0, causal, rows), from);
+        for (int r = from; r < first; r++) col[r] = 0.0f;
         for (int r = first; r < rows; r++) {
             col[r] = fast_exp_nonpositive(col[r] - m[r]);
             sum[r] += col[r];
@@ -105,8 +105,8 @@ __attribute__((target("avx2"), always_inline)) static inline __m256 lanes_from(i
 
 /* tile_exponentials eight rows at a time with fast_exp8_nonpositive, each
  * group's sums in a register across the keys; the rows past the last full
- * group of eight in scalar code (masked loads and stores are slow on AMD's
- * cores). */
+ * group of eight go to the scalar loop (masked loads and stores are slow on
+ * AMD's cores). */
 __attribute__((target("avx2,fma"))) static void tile_exponentials_avx2(float *st, float *sum, const float *m, int rows,
                                                                        int keys, int i0, int j0, int q_pos0,
                                                                        bool causal) {
@@ -123,14 +123,7 @@ __attribute__((target("avx2,fma"))) static void tile_exponentials_avx2(float *st
         }
         _mm256_storeu_ps(sum + r0, total);
     }
-    for (int r = full; r < rows; r++) {
-        sum[r] = 0.0f;
-        for (int j = 0; j < keys; j++) {
-            float *x = st + (size_t)j * TILE_Q + r;
-            *x = r < first_row(j0 + j, i0, q_pos0, causal, rows) ? 0.0f : fast_exp_nonpositive(*x - m[r]);
-            sum[r] += *x;
-        }
-    }
+    if (full < rows) tile_exponentials(st, sum, m, full, rows, keys, i0, j0, q_pos0, causal);
 }
 #endif
 
@@ -147,7 +140,7 @@ static void online_tile(const tile_scratch *s, int rows, int keys, int i0, int j
     if (tile_gemm_available()) tile_exponentials_avx2(s->st, s->sum, s->m, rows, keys, i0, j0, q_pos0, causal);
     else
 #endif
-        tile_exponentials(s->st, s->sum, s->m, rows, keys, i0, j0, q_pos0, causal);
+        tile_exponentials(s->st, s->sum, s->m, 0, rows, keys, i0, j0, q_pos0, causal);
     for (int r = 0; r < rows; r++) {
         s->l[r] = s->l[r] * s->rescale[r] + s->sum[r];
         float *o = s->acc + (size_t)r * dh;
@@ -184,21 +177,21 @@ void tiled_softmax_forward(float *out, float *lse, const float *q, const float *
         forward_tile(out, lse, q, k, v, Tk, dh, i0, min_int(TILE_Q, Tq - i0), q_pos0, causal, &s);
 }
 
-/* Scores of one tile (rows x keys, stride TILE_KB) back into probabilities
- * exp(s - lse), 0 where masked. */
-VECTOR_CLONES static void recompute_probabilities(float *restrict p, const float *restrict lse, int rows, int keys,
-                                                  int i0, int j0, int T, bool causal) {
+/* Scores of one tile (rows x keys, stride TILE_KB), the keys [from, keys)
+ * of each row, back into probabilities exp(s - lse), 0 where masked. */
+VECTOR_CLONES static void recompute_probabilities(float *restrict p, const float *restrict lse, int rows, int from,
+                                                  int keys, int i0, int j0, int T, bool causal) {
     for (int r = 0; r < rows; r++) {
         float *row = p + (size_t)r * TILE_KB;
         int visible = min_int(visible_keys(i0 + r, T, 0, causal) - j0, keys);
-        for (int j = 0; j < visible; j++) row[j] = fast_exp_nonpositive(row[j] - lse[i0 + r]);
-        for (int j = visible < 0 ? 0 : visible; j < keys; j++) row[j] = 0.0f;
+        for (int j = from; j < visible; j++) row[j] = fast_exp_nonpositive(row[j] - lse[i0 + r]);
+        for (int j = max_int(visible, from); j < keys; j++) row[j] = 0.0f;
     }
 }
 
 #if FAST_EXP8_AVAILABLE
-/* recompute_probabilities eight keys at a time (fast_exp8_nonpositive), a
- * ragged end of the row in scalar code. */
+/* recompute_probabilities eight keys at a time (fast_exp8_nonpositive);
+ * the keys past the last full group go to the scalar loop. */
 __attribute__((target("avx2,fma"))) static void
 recompute_probabilities_avx2(float *p, const float *lse, int rows, int keys, int i0, int j0, int T, bool causal) {
     int full = keys / 8 * 8;
@@ -211,8 +204,8 @@ recompute_probabilities_avx2(float *p, const float *lse, int rows, int keys, int
             if (visible < j + 8) e = _mm256_andnot_ps(lanes_from(visible - j), e); /* lanes j + l >= visible */
             _mm256_storeu_ps(row + j, e);
         }
-        for (int j = full; j < keys; j++) row[j] = j < visible ? fast_exp_nonpositive(row[j] - lse[i0 + r]) : 0.0f;
     }
+    if (full < keys) recompute_probabilities(p, lse, rows, full, keys, i0, j0, T, causal);
 }
 #endif
 
@@ -249,7 +242,7 @@ static void backward_tile(float *dq, float *dkj, float *dvj, const float *dout, 
     if (tile_gemm_available()) recompute_probabilities_avx2(p, lse, rows, keys, i0, j0, T, causal);
     else
 #endif
-        recompute_probabilities(p, lse, rows, keys, i0, j0, T, causal);
+        recompute_probabilities(p, lse, rows, 0, keys, i0, j0, T, causal);
     tile_gemm(keys, dh, rows, 1.0f, p, 1, TILE_KB, doi, dh, true, dvj, dh);
     tile_gemm(rows, keys, dh, 1.0f, doi, dh, 1, s->vt, TILE_KB, false, s->dp, TILE_KB);
     score_gradient(s->dp, p, s->D, rows, keys, i0);
