@@ -57,9 +57,18 @@ static double product_gflops(const product *p) {
     return 2.0 * p->m * p->n * p->k * reps / best / 1e9;
 }
 
+/* argv[i] as a whole decimal integer in [lo, hi], or `fallback` when absent;
+ * -1 when it is anything else ("1e9", "12x", "nan"). */
+static long argument(int argc, char **argv, int i, long fallback, long lo, long hi) {
+    if (i >= argc) return fallback;
+    char *end;
+    long value = strtol(argv[i], &end, 10);
+    return *argv[i] && !*end && value >= lo && value <= hi ? value : -1;
+}
+
 int main(int argc, char **argv) {
-    int T = argc > 1 ? atoi(argv[1]) : 4096, dh = argc > 2 ? atoi(argv[2]) : 32;
-    if (argc > 3 || T < 1 || T > 1 << 20 || dh < 1 || dh > 256) {
+    int T = (int)argument(argc, argv, 1, 4096, 1, 1 << 20), dh = (int)argument(argc, argv, 2, 32, 1, 256);
+    if (argc > 3 || T < 1 || dh < 1) {
         fprintf(stderr, "usage: bench_attention [T in 1..1048576] [dh in 1..256]\n");
         return 2;
     }
