@@ -18,14 +18,18 @@
 # --runs DIR       parent of the run directories (default runs/experiments); run NAME
 #                  writes DIR/NAME/{ckpt_*.h5,metrics.h5,train.log}.
 # --suite FILE     the suite list (default configs/experiments/suite.list): lines
-#                  NAME CONFIG [--set section.key=value ...], the override syntax of
-#                  momfmm train and of jobs/sweep.sbatch's sweep lines.
+#                  NAME CONFIG [--set section.key=value ...] [--init SOURCE], the
+#                  override syntax of momfmm train and of jobs/sweep.sbatch's sweep
+#                  lines; --init SOURCE (an earlier line's NAME) fine-tunes from
+#                  DIR/SOURCE's final checkpoint (momfmm train --init).
 # --momfmm BIN     the binary (default build/momfmm, or $MOMFMM).
 # --set k=v        extra override applied after the line's own (repeatable; for tests).
 # --dry-run        print each command instead of running it; --list prints the names.
 #
 # A run whose final checkpoint (DIR/NAME/ckpt_<steps>.h5) exists is skipped; any other
-# run starts with --resume auto, so an interrupted suite continues where it stopped.
+# run starts with --resume auto, so an interrupted suite continues where it stopped. A line
+# with --init SOURCE starts with --init DIR/SOURCE/ckpt_<SOURCE's steps>.h5 until it has a
+# checkpoint of its own; an unfinished SOURCE runs first, selected or not (--only).
 # Paths are relative to the repository root (the script changes there first). At the end
 # it prints the command that writes the results report of exactly these runs (--runs,
 # --suite) to DIR/RESULTS.md; the repository's RESULTS.md changes only with --out RESULTS.md.
@@ -82,37 +86,87 @@ case $bin in /*) ;; *) bin=$root/$bin ;; esac
     die "momfmm binary $bin not found: build it (cmake --build build -j2) or pass --momfmm"
 
 # ---- parse the suite ----
-names=() configs=() sets=()
-declare -A seen=()
+names=() configs=() sets=() inits=()
+declare -A seen=() index=()
 n=0
 while IFS= read -r line || [ -n "$line" ]; do
     n=$((n + 1))
     line=${line%$'\r'}
     [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
     read -r -a words <<<"$line"
-    [ ${#words[@]} -ge 2 ] || die "$suite:$n: expected 'NAME CONFIG [--set section.key=value ...]'"
+    [ ${#words[@]} -ge 2 ] || die "$suite:$n: expected 'NAME CONFIG [--set section.key=value ...] [--init SOURCE]'"
     name=${words[0]} config=${words[1]}
     [[ $name =~ ^[A-Za-z0-9_.+-]+$ ]] || die "$suite:$n: run name '$name' has characters other than A-Z a-z 0-9 _ . + -"
     [ -z "${seen[$name]:-}" ] || die "$suite:$n: run name '$name' repeats line ${seen[$name]}"
     seen[$name]=$n
-    rest=("${words[@]:2}")
+    rest=("${words[@]:2}") line_sets=() src=''
     i=0
     while [ $i -lt ${#rest[@]} ]; do
+        if [ "${rest[$i]}" = --init ] && [ $((i + 1)) -lt ${#rest[@]} ]; then
+            src=${rest[$((i + 1))]}
+            [ -n "${seen[$src]:-}" ] && [ "$src" != "$name" ] ||
+                die "$suite:$n: --init $src: names no earlier line (a line starts from the final checkpoint of one above it)"
+            i=$((i + 2))
+            continue
+        fi
         [ "${rest[$i]}" = --set ] && [ $((i + 1)) -lt ${#rest[@]} ] && [[ ${rest[$((i + 1))]} == *.*=* ]] ||
-            die "$suite:$n: expected '--set section.key=value' at '${rest[$i]}' (overrides are written as for momfmm train)"
+            die "$suite:$n: expected '--set section.key=value' or '--init SOURCE' at '${rest[$i]}' (overrides are written as for momfmm train)"
         [[ ${rest[$((i + 1))]} == train.out_dir=* ]] && die "$suite:$n: train.out_dir is set by the runner"
+        line_sets+=("${rest[$i]}" "${rest[$((i + 1))]}")
         i=$((i + 2))
     done
+    index[$name]=${#names[@]}
     names+=("$name")
     configs+=("$config")
-    sets+=("${rest[*]}")
+    sets+=("${line_sets[*]}")
+    inits+=("$src")
 done <"$suite"
+
+# line_config I, line_steps I and line_final I: line I's config file (its _full.ini
+# sibling with --full), its train.steps (the line's, --set's or --steps-scale's, else
+# the config's) and its final checkpoint, the file whose presence means it finished.
+line_config() {
+    local config=${configs[$1]}
+    [ "$full" = 1 ] && [ -r "${config%.ini}_full.ini" ] && config=${config%.ini}_full.ini
+    echo "$config"
+}
+line_steps() {
+    local s j steps
+    read -r -a s <<<"${sets[$1]}"
+    steps=$(ini_steps "$(line_config "$1")")
+    for ((j = 0; j < ${#s[@]}; j += 2)); do
+        [[ ${s[$((j + 1))]} == train.steps=* ]] && steps=${s[$((j + 1))]#train.steps=}
+    done
+    for ((j = 0; j < ${#extra[@]}; j += 2)); do
+        [[ ${extra[$((j + 1))]} == train.steps=* ]] && steps=${extra[$((j + 1))]#train.steps=}
+    done
+    steps=${steps:-1000}
+    awk -v s="$scale" 'BEGIN{exit !(s != 1)}' &&
+        steps=$(awk -v n="$steps" -v s="$scale" 'BEGIN{v=int(n*s+0.5); print (v<1?1:v)}')
+    echo "$steps"
+}
+line_final() { printf '%s/%s/ckpt_%08d.h5' "$runs" "${names[$1]}" "$(line_steps "$1")"; }
 
 selected=()
 for i in "${!names[@]}"; do
     if [ -z "$only" ] || grep -Eq -- "$only" <<<"${names[$i]}"; then selected+=("$i"); fi
 done
 [ ${#selected[@]} -gt 0 ] || die "no suite line matches --only '$only'"
+# A line with --init NAME needs NAME's final checkpoint: an unfinished NAME joins the
+# selection, ahead of it (suite order: NAME is an earlier line).
+declare -A chosen=()
+for i in "${selected[@]}"; do chosen[$i]=1; done
+grew=1
+while [ "$grew" = 1 ]; do
+    grew=0
+    for i in "${!chosen[@]}"; do
+        src=${inits[$i]}
+        [ -n "$src" ] || continue
+        j=${index[$src]}
+        [ -n "${chosen[$j]:-}" ] || [ -e "$(line_final "$j")" ] || { chosen[$j]=1; grew=1; }
+    done
+done
+mapfile -t selected < <(printf '%s\n' "${!chosen[@]}" | sort -n)
 if [ "$list" = 1 ]; then
     for i in "${selected[@]}"; do echo "${names[$i]}"; done
     exit 0
@@ -149,30 +203,27 @@ start_all=$(date +%s)
 for i in "${selected[@]}"; do
     [ -n "$caught" ] && break
     k=$((k + 1))
-    name=${names[$i]} config=${configs[$i]}
+    name=${names[$i]} config=$(line_config "$i")
     read -r -a line_sets <<<"${sets[$i]}"
-    if [ "$full" = 1 ]; then
-        big=${config%.ini}_full.ini
-        [ -r "$big" ] && config=$big
-    fi
     [ -r "$config" ] || { echo "$me: [$k/${#selected[@]}] $name: config $config not readable" >&2; failed+=("$name"); continue; }
-    steps=$(ini_steps "$config")
-    for ((j = 0; j < ${#line_sets[@]}; j += 2)); do
-        [[ ${line_sets[$((j + 1))]} == train.steps=* ]] && steps=${line_sets[$((j + 1))]#train.steps=}
-    done
-    for ((j = 0; j < ${#extra[@]}; j += 2)); do
-        [[ ${extra[$((j + 1))]} == train.steps=* ]] && steps=${extra[$((j + 1))]#train.steps=}
-    done
-    steps=${steps:-1000}
+    steps=$(line_steps "$i")
     scale_set=()
-    if awk -v s="$scale" 'BEGIN{exit !(s != 1)}'; then
-        steps=$(awk -v n="$steps" -v s="$scale" 'BEGIN{v=int(n*s+0.5); print (v<1?1:v)}')
-        scale_set=(--set "train.steps=$steps")
-    fi
+    awk -v s="$scale" 'BEGIN{exit !(s != 1)}' && scale_set=(--set "train.steps=$steps")
     out=$runs/$name
-    final=$(printf '%s/ckpt_%08d.h5' "$out" "$steps")
+    final=$(line_final "$i")
+    # a line with --init starts from its source's final checkpoint; once it has a
+    # checkpoint of its own, it resumes from that (momfmm takes one or the other)
+    start=(--resume auto)
+    if [ -n "${inits[$i]}" ] && ! compgen -G "$out/ckpt_*.h5" >/dev/null; then
+        start=(--init "$(line_final "${index[${inits[$i]}]}")")
+        if [ "$dry" = 0 ] && [ ! -e "${start[1]}" ]; then
+            echo "$me: [$k/${#selected[@]}] $name: starts from ${inits[$i]}'s final checkpoint ${start[1]}, which is missing (${inits[$i]} did not finish)" >&2
+            failed+=("$name")
+            continue
+        fi
+    fi
     cmd=(mpirun --oversubscribe -np "$np" "$bin" train "$config" "${line_sets[@]}" "${extra[@]}"
-         "${scale_set[@]}" --set "train.out_dir=$out" --resume auto)
+         "${scale_set[@]}" --set "train.out_dir=$out" "${start[@]}")
     if [ "$dry" = 1 ]; then
         echo "${cmd[*]}"
         continue

@@ -28,6 +28,10 @@ One test per numbered item below (CTest entry e2e_experiments).
    send, reaches only the script, which turns it into a SIGUSR1 for mpirun (mpirun answers a
    SIGTERM by killing its ranks about 2 s later): the run's STOPPED marker names signal 10 and
    its checkpoint, the runner exits 143 and starts no further run.
+8. A line with --init SOURCE (ListOps from the short models): the runner runs an unfinished
+   SOURCE first, selected or not, and starts the line from SOURCE's final checkpoint; an --init
+   naming no earlier line is refused by the runner (exit 2) and by the report's parser; the
+   Slurm array task of such a line exits 2 naming SOURCE's task until that one has finished.
 momfmm_suite is the package's momfmm.results.suite (python/ on PYTHONPATH, set by CTest).
 """
 import concurrent.futures
@@ -300,8 +304,9 @@ def test_tiny_runs(momfmm, report, suite, tiny_runs):
     r = run(["bash", RUNNER, "--dry-run", "--momfmm", binary], timeout=60)
     cmds = [c for c in r.stdout.splitlines() if c.startswith("mpirun")]
     report.check("run_experiments.sh --dry-run prints one mpirun command per suite line",
-                 r.returncode == 0 and len(cmds) == len(lines) and all("--resume auto" in c and "train.out_dir=runs/experiments/"
-                                                                       in c for c in cmds),
+                 r.returncode == 0 and len(cmds) == len(lines) and all(
+                     ("--resume auto" in c or "--init runs/experiments/" in c) and "train.out_dir=runs/experiments/" in c
+                     for c in cmds),
                  f"{len(cmds)} commands for {len(lines)} lines")
     r = run(["bash", RUNNER, "--only", "no-such-run"], timeout=60)
     report.check("run_experiments.sh --only matching nothing exits 2", r.returncode == 2, r.stderr.strip())
@@ -575,3 +580,55 @@ def test_stop_signal(momfmm, workdir, report):
                  marker.startswith("signal 10: checkpoint ") and os.path.exists(ckpt), marker)
     report.check("the runner says how to go on and starts no further run",
                  "the same command resumes it" in out and not os.path.exists(os.path.join(runs, "second")), out[-400:])
+
+
+def test_init_lines(momfmm, workdir, report):
+    """8. --init SOURCE: the source runs first, the line starts from its final checkpoint."""
+    runs = os.path.join(workdir, "init_runs")
+    suite_file = os.path.join(workdir, "init_suite.list")
+    tiny = " ".join(f"--set {kv}" for kv in TINY + ["data.seq_len=32"])
+    with open(suite_file, "w") as f:
+        f.write(f"src configs/experiments/copy_T128.ini {tiny}\n"
+                f"ft configs/experiments/copy_T128.ini {tiny} --set train.seed=2 --init src\n")
+    r = run(["bash", RUNNER, "--np", "2", "--runs", runs, "--suite", suite_file, "--momfmm", momfmm, "--only", "^ft$"],
+            timeout=180)
+    log = open(os.path.join(runs, "ft", "train.log")).read() if os.path.exists(os.path.join(runs, "ft", "train.log")) else ""
+    src_ckpt = os.path.join("src", "ckpt_00000002.h5")
+    report.check("runner: --only an --init line runs its unfinished source first, then the line from its checkpoint",
+                 r.returncode == 0 and os.path.exists(os.path.join(runs, src_ckpt))
+                 and os.path.exists(os.path.join(runs, "ft", "ckpt_00000002.h5"))
+                 and f"initialised from {os.path.join(runs, src_ckpt)}" in log, (r.stdout + r.stderr)[-600:])
+    r = run(["bash", RUNNER, "--np", "2", "--runs", runs, "--suite", suite_file, "--momfmm", momfmm, "--dry-run"],
+            timeout=60)
+    report.check("runner: a line that has checkpoints of its own resumes (--resume auto), not --init",
+                 r.returncode == 0 and all("--resume auto" in c and "--init" not in c for c in r.stdout.splitlines()),
+                 r.stdout + r.stderr)
+    bad_suite = os.path.join(workdir, "init_bad.list")
+    with open(bad_suite, "w") as f:
+        f.write(f"ft configs/experiments/copy_T128.ini {tiny} --init later\nlater configs/experiments/copy_T128.ini\n")
+    r = run(["bash", RUNNER, "--suite", bad_suite, "--dry-run"], timeout=60)
+    report.check("runner: --init naming no earlier line exits 2 naming it",
+                 r.returncode == 2 and "--init later: names no earlier line" in r.stderr, r.stderr.strip())
+    try:
+        momfmm_suite.parse_suite(bad_suite)
+        parsed = "parsed"
+    except ReportError as e:
+        parsed = str(e)
+    report.check("report parser: --init naming no earlier line is refused with its line",
+                 "init_bad.list:1: --init later: names no earlier line" in parsed, parsed)
+    sb_runs = os.path.join(workdir, "init_sbatch_runs")
+    e = env(SLURM_JOB_ID=4343, SLURM_ARRAY_JOB_ID=4343, SLURM_ARRAY_TASK_ID=1, SLURM_JOB_NAME="init-test",
+            SLURM_SUBMIT_DIR=ROOT, MOMFMM_SUITE=suite_file, MOMFMM_RUNS=sb_runs, MOMFMM=momfmm,
+            MPIRUN_FLAGS="-np 2 --oversubscribe", MOMFMM_REQUEUE=0)
+    r = run(["bash", SBATCH], env=e, timeout=60, cwd=workdir)
+    report.check("experiments.sbatch: an --init task before its source's exits 2 naming the source's task",
+                 r.returncode == 2 and "array task 0 (src) must finish first" in r.stderr, (r.stdout + r.stderr)[-400:])
+    e["SLURM_ARRAY_TASK_ID"] = "0"
+    r0 = run(["bash", SBATCH], env=e, timeout=120, cwd=workdir)
+    e["SLURM_ARRAY_TASK_ID"] = "1"
+    r1 = run(["bash", SBATCH], env=e, timeout=120, cwd=workdir)
+    log = os.path.join(sb_runs, "ft", "train.log")
+    log = open(log).read() if os.path.exists(log) else ""
+    report.check("experiments.sbatch: after its source, the --init task trains from the source's checkpoint",
+                 r0.returncode == 0 and r1.returncode == 0 and os.path.exists(os.path.join(sb_runs, "ft", "ckpt_00000002.h5"))
+                 and "initialised from" in log, (r0.stderr + r1.stdout + r1.stderr)[-600:])

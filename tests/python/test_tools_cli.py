@@ -333,7 +333,7 @@ def test_run_experiments_dry_run_parses_the_suite(tmp_path):
     bad = tmp_path / "bad.list"
     bad.write_text(f"a {CHAIN_CONFIG} momentum.gamma=0\n")
     r = run(["bash", RUNNER, "--suite", str(bad), "--dry-run"])
-    assert r.returncode == 2 and "expected '--set section.key=value' at 'momentum.gamma=0'" in r.stderr
+    assert r.returncode == 2 and "expected '--set section.key=value' or '--init SOURCE' at 'momentum.gamma=0'" in r.stderr
 
 
 def fake_bin(tmp_path):

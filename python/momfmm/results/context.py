@@ -50,7 +50,15 @@ class Context:
                 extra = f" --set train.steps={steps}"
         out = os.path.join(self.runs, e.name)
         return (f"{ENV_PREFIX} mpirun --oversubscribe -np {np_} build/momfmm train {config} {sets}{extra} "
-                f"--set train.out_dir={out} --resume auto")
+                f"--set train.out_dir={out} {self.start_option(e)}")
+
+    def start_option(self, e):
+        """--resume auto, or for a line with --init SOURCE (the runner's first start) --init
+        with SOURCE's final checkpoint."""
+        src = next((x for x in self.entries if x.name == e.init), None) if e.init else None
+        if src is None:
+            return "--resume auto"
+        return f"--init {os.path.join(self.runs, src.name, f'ckpt_{target_steps(src):08d}.h5')}"
 
     def rel(self, path):
         return os.path.relpath(path, self.out_dir)

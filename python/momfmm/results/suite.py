@@ -1,7 +1,8 @@
 """The experiment suite (configs/experiments/suite.list): its lines, their settings and labels.
 
-One suite line is NAME CONFIG [--set section.key=value ...]; run NAME lives in RUNS/NAME
-(tools/run_experiments.sh). Lines that differ only in train.seed are one configuration
+One suite line is NAME CONFIG [--set section.key=value ...] [--init SOURCE]; run NAME lives
+in RUNS/NAME (tools/run_experiments.sh), and with --init it starts from the final checkpoint of
+SOURCE, an earlier line. Lines that differ only in train.seed are one configuration
 (momfmm.results.runs groups them). Paths in the suite are relative to the repository root,
 repository_root(). tests/e2e reuse parse_suite.
 """
@@ -30,10 +31,11 @@ def default_suite():
 
 
 class Entry:
-    """One suite line: NAME CONFIG [--set section.key=value ...]."""
+    """One suite line: NAME CONFIG [--set section.key=value ...] [--init SOURCE]."""
 
-    def __init__(self, name, config, sets, lineno, text):
+    def __init__(self, name, config, sets, lineno, text, init=None):
         self.name, self.config, self.sets, self.lineno, self.text = name, config, sets, lineno, text
+        self.init = init      # SOURCE of --init SOURCE: the earlier line whose final checkpoint it starts from
         self.run = None       # momfmm.h5.Run, when the run directory has files
         self.error = None     # why the run could not be read
         self.world_size = None
@@ -79,17 +81,30 @@ def parse_suite(path):
                 continue
             words = line.split()
             if len(words) < 2:
-                raise ReportError(f"{path}:{lineno}: expected 'NAME CONFIG [--set k=v ...]'")
+                raise ReportError(f"{path}:{lineno}: expected 'NAME CONFIG [--set k=v ...] [--init SOURCE]'")
             name, config, rest = words[0], words[1], words[2:]
             if name in names:
                 raise ReportError(f"{path}:{lineno}: run name '{name}' repeats line {names[name]}")
             names[name] = lineno
+            rest, init = split_init(rest)
+            if init is not None and (init not in names or init == name):
+                raise ReportError(f"{path}:{lineno}: --init {init}: names no earlier line "
+                                  "(a line starts from the final checkpoint of one above it)")
             try:
                 sets = parse_overrides(rest)
             except ValueError as exc:
                 raise ReportError(f"{path}:{lineno}: {exc}") from None
-            entries.append(Entry(name, config, sets, lineno, line))
+            entries.append(Entry(name, config, sets, lineno, line, init))
     return entries
+
+
+def split_init(words):
+    """(the words without `--init SOURCE`, SOURCE or None): the one suite-line option that is
+    not an override."""
+    for i in range(0, len(words) - 1, 2):
+        if words[i] == "--init":
+            return words[:i] + words[i + 2:], words[i + 1]
+    return words, None
 
 
 _config_cache = {}
