@@ -103,6 +103,7 @@ while IFS= read -r line || [ -n "$line" ]; do
     i=0
     while [ $i -lt ${#rest[@]} ]; do
         if [ "${rest[$i]}" = --init ] && [ $((i + 1)) -lt ${#rest[@]} ]; then
+            [ -z "$src" ] || die "$suite:$n: --init given twice (a run starts from one checkpoint)"
             src=${rest[$((i + 1))]}
             [ -n "${seen[$src]:-}" ] && [ "$src" != "$name" ] ||
                 die "$suite:$n: --init $src: names no earlier line (a line starts from the final checkpoint of one above it)"

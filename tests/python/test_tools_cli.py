@@ -315,6 +315,24 @@ def test_suite_parser_takes_set_and_refuses_bare_pairs(tmp_path):
         suite.parse_suite(str(bad))
 
 
+def test_suite_parser_takes_init_of_an_earlier_line(tmp_path):
+    path = tmp_path / "init.list"
+    path.write_text(f"a {CHAIN_CONFIG}\nb {CHAIN_CONFIG} --set train.seed=2 --init a\n")
+    b = suite.parse_suite(str(path))[1]
+    assert (b.init, b.sets) == ("a", [("train.seed", "2")])
+    runner_refuses = []
+    for text, why in ((f"b {CHAIN_CONFIG} --init a\na {CHAIN_CONFIG}\n", "--init a: names no earlier line"),
+                      (f"a {CHAIN_CONFIG} --init a\n", "--init a: names no earlier line"),
+                      (f"a {CHAIN_CONFIG}\nb {CHAIN_CONFIG} --init a --init a\n", "--init given twice"),
+                      (f"a {CHAIN_CONFIG} --init\n", "at '--init'")):
+        path.write_text(text)
+        with pytest.raises(ReportError, match=re.escape(why)):
+            suite.parse_suite(str(path))
+        r = run(["bash", RUNNER, "--suite", str(path), "--dry-run"])
+        runner_refuses.append(r.returncode == 2 and why in r.stderr)
+    assert all(runner_refuses), runner_refuses
+
+
 def test_sweep_files_use_the_suite_syntax():
     sweeps = os.path.join(ROOT, "jobs", "sweeps")
     files = sorted(f for f in os.listdir(sweeps) if f.endswith(".txt"))

@@ -87,6 +87,8 @@ def parse_suite(path):
                 raise ReportError(f"{path}:{lineno}: run name '{name}' repeats line {names[name]}")
             names[name] = lineno
             rest, init = split_init(rest)
+            if init is not None and "--init" in rest[::2]:
+                raise ReportError(f"{path}:{lineno}: --init given twice (a run starts from one checkpoint)")
             if init is not None and (init not in names or init == name):
                 raise ReportError(f"{path}:{lineno}: --init {init}: names no earlier line "
                                   "(a line starts from the final checkpoint of one above it)")
