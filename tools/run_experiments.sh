@@ -153,8 +153,8 @@ for i in "${!names[@]}"; do
     if [ -z "$only" ] || grep -Eq -- "$only" <<<"${names[$i]}"; then selected+=("$i"); fi
 done
 [ ${#selected[@]} -gt 0 ] || die "no suite line matches --only '$only'"
-# A line with --init NAME needs NAME's final checkpoint: an unfinished NAME joins the
-# selection, ahead of it (suite order: NAME is an earlier line).
+# A line with --init SOURCE needs SOURCE's final checkpoint: an unfinished SOURCE joins the
+# selection, ahead of it (suite order: SOURCE is an earlier line).
 declare -A chosen=()
 for i in "${selected[@]}"; do chosen[$i]=1; done
 grew=1
