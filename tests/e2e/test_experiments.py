@@ -60,9 +60,9 @@ TINY = ["train.steps=2", "train.eval_interval=2", "train.eval_batches=1", "train
         "train.log_interval=1"]
 # data.seq_len for the tiny runs where the task allows a short one (chain keeps its T: the
 # chain of 30 tokens must repeat inside the sequence for L_rep to exist).
-TINY_SEQ = {"copy": 32, "listops": 32, "text": 32, "text_seed": 32}
-# listops_T2000.ini's expressions of 500..2000 tokens do not fit in 32
-TINY_EXTRA = {"listops": ["data.listops_min_len=16", "data.listops_max_len=32"]}
+TINY_SEQ = {"copy": 32, "listops": 32, "listops_ft": 32, "text": 32, "text_seed": 32}
+# listops_T2000.ini's (and listops_ft_T2000.ini's) expressions of 500..2000 tokens do not fit in 32
+TINY_EXTRA = {k: ["data.listops_min_len=16", "data.listops_max_len=32"] for k in ("listops", "listops_ft")}
 # The seed-scale chain runs of the tiny pass: two configurations x two seeds at L = 30 (mean ± std
 # and computed claims) and two R runs (the R table over gamma).
 TINY_SEED_CHAIN = r"^chain_seed_(L30_g0(\.2)?_s[12]|R_g0(\.2)?_s1)$"
@@ -135,6 +135,21 @@ def check_coverage(report, lines):
                  f"{sorted(map(str, variants))}, {len(rows)} lines")
     check_seed_scale_coverage(report, by_cfg)
     check_recall_coverage(report, by_cfg)
+    check_listops_ft_coverage(report)
+
+
+def check_listops_ft_coverage(report):
+    """ListOps at T = 2000 from the short models: softmax, FMM and momentum-FMM x seeds 1..3,
+    each starting from the listops.ini line of its variant and seed."""
+    entries = {e.name: e for e in momfmm_suite.parse_suite(SUITE)}
+    ft = [e for e in entries.values() if os.path.basename(e.config) == "listops_ft_T2000.ini"]
+    have = {(momfmm_suite.attention_label(e), e.seed) for e in ft}
+    report.check("suite: ListOps T = 2000 from the short models, 3 variants x seeds 1..3",
+                 len(have) == 9 and len({lab for lab, _ in have}) == 3, f"{sorted(have)}")
+    bad = [e.name for e in ft if e.init not in entries or os.path.basename(entries[e.init].config) != "listops.ini"
+           or entries[e.init].key[1] != e.key[1] or entries[e.init].seed != e.seed]
+    report.check("suite: each starts from the short-expression line of its variant and seed", ft and not bad,
+                 ", ".join(bad[:3]))
 
 
 def check_recall_coverage(report, by_cfg):

@@ -13,7 +13,7 @@ from momfmm.results import recall, reference_scale
 from momfmm.results.chain import chain_section
 from momfmm.results.claims import Findings, Verdict
 from momfmm.results.context import root_relative
-from momfmm.results.fmm import copy_section, listops_section
+from momfmm.results.fmm import copy_section, listops_ft_section, listops_section
 from momfmm.results.runs import builds_text, complete, group_entries
 from momfmm.results.stats import ALPHA, NOISE_SE
 from momfmm.results.suite import family_of
@@ -60,6 +60,7 @@ def sections(ctx, fams, findings):
             chain_section(ctx, key[1], fams[key], body, findings)
     copies = {k[1]: fams[k] for k in fams if k[0] == "copy"}
     listops = sorted((k for k in fams if k[0] == "listops"), key=lambda k: k[1] or 0)
+    listops += sorted(k for k in fams if k[0] == "listops_ft")
     if copies or listops:
         body.append("## FMM reference: copy task and ListOps\n")
         body.append("The reference's claim (FMMformer): a banded softmax near field plus a low-rank linear far field "
@@ -68,7 +69,7 @@ def sections(ctx, fams, findings):
     if copies:
         copy_section(ctx, copies, body, findings)
     for key in listops:
-        listops_section(ctx, key[1], fams[key], body, findings)
+        (listops_ft_section if key[0] == "listops_ft" else listops_section)(ctx, key[1], fams[key], body, findings)
     if ("text", None) in fams:
         body.append("## Text (both references)\n")
         text_section(ctx, fams[("text", None)], body, findings)

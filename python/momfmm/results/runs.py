@@ -300,6 +300,33 @@ class Group:
         return "^(" + "|".join(re.escape(n) for n in names) + ")$"
 
 
+class AtStep:
+    """A group's seeds at one eval step: the cells and claims that read vals() and finished
+    see that eval instead of the last one (ListOps from the short models: step 0, before any
+    step at the new length)."""
+
+    def __init__(self, group, step):
+        self.group, self.step = group, step
+
+    @property
+    def finished(self):
+        return self.group.finished
+
+    def vals(self, key):
+        out = []
+        for e in self.group.counted:
+            steps = [int(s) for s in e.run.eval.get("step", [])]
+            if self.step in steps and key in e.run.eval:
+                v = float(e.run.eval[key][steps.index(self.step)])
+                if math.isfinite(v):
+                    out.append(v)
+        return out
+
+    def cell(self, key, digits=4):
+        vals = self.vals(key)
+        return fmt_group(vals, key, digits) if vals else self.group.missing()
+
+
 def eval_steps(groups, most=None):
     """The eval steps any run of the groups logged, sorted; with `most`, thinned to at most
     that many, evenly spaced, keeping the first and the last."""

@@ -148,6 +148,9 @@ def family_of(entry):
     m = re.match(r"copy_T(\d+)$", base)
     if m:
         return ("copy", int(m.group(1)))
+    m = re.match(r"listops_ft_T(\d+)$", base)
+    if m:  # listops_ft_T2000.ini: LRA's length, from the short-expression models (--init)
+        return ("listops_ft", int(m.group(1)))
     m = re.match(r"listops(?:_T(\d+))?$", base)
     if m:  # listops.ini's short expressions (None), listops_T2000.ini at LRA's length (2000)
         return ("listops", int(m.group(1)) if m.group(1) else None)
