@@ -164,7 +164,8 @@ def listops_ft_section(ctx, T, groups, out, findings):
     rows = []
     for g in groups:
         row = [attention_label(g.first), g.status(), AtStep(g, 0).cell("acc")]
-        row += [f"{g.mean_at('acc', s):.3f}" if g.mean_at("acc", s) is not None else g.missing() for s in steps]
+        means = [g.mean_at("acc", s) for s in steps]
+        row += [f"{m:.3f}" if m is not None else g.missing() for m in means]
         rows.append(row + [g.cell("acc"), g.cell("loss"), ctx.reproduce(g)])
     out.append(markdown(["variant", "runs done", "accuracy at step 0"] + [f"step {s}" for s in steps]
                         + ["accuracy (final)", "loss (final)", "reproduce"], rows))

@@ -180,6 +180,18 @@ def values(members, key):
     return out
 
 
+def values_at(members, key, step):
+    """The finite values of eval metric `key` at eval step `step`, one per run that logged it."""
+    out = []
+    for e in members:
+        steps = [int(s) for s in e.run.eval.get("step", [])]
+        if step in steps and key in e.run.eval:
+            v = float(e.run.eval[key][steps.index(step)])
+            if math.isfinite(v):
+                out.append(v)
+    return out
+
+
 def mean_std(vals):
     if not vals:
         return None, None
@@ -247,13 +259,7 @@ class Group:
     def mean_at(self, key, step):
         """Mean over the seeds of eval metric `key` at eval step `step` (None if no seed has a
         finite value there)."""
-        vals = []
-        for e in self.ran:
-            steps = [int(s) for s in e.run.eval.get("step", [])]
-            if step in steps and key in e.run.eval:
-                v = float(e.run.eval[key][steps.index(step)])
-                if math.isfinite(v):
-                    vals.append(v)
+        vals = values_at(self.ran, key, step)
         return float(np.mean(vals)) if vals else None
 
     def status(self):
@@ -313,14 +319,7 @@ class AtStep:
         return self.group.finished
 
     def vals(self, key):
-        out = []
-        for e in self.group.counted:
-            steps = [int(s) for s in e.run.eval.get("step", [])]
-            if self.step in steps and key in e.run.eval:
-                v = float(e.run.eval[key][steps.index(self.step)])
-                if math.isfinite(v):
-                    out.append(v)
-        return out
+        return values_at(self.group.counted, key, self.step)
 
     def cell(self, key, digits=4):
         vals = self.vals(key)
