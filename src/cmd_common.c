@@ -201,11 +201,13 @@ const char *cmd_ranks_threads(void) {
 }
 
 void cmd_print_banner(void) {
-    char hosts[4096];
+    char hosts[4096], reduce[64] = "";
     dist_host_names(hosts, sizeof hosts);
-    log_rank0("momfmm: %s on%s | OpenBLAS core %s | subnormals %s | version %s (git %s)\n", cmd_ranks_threads(), hosts,
-              blas_core_description(), float_env_flushing() ? "flushed to zero" : "kept (IEEE)", build_version_number(),
-              build_revision());
+    if (dist_size() > 1 && dist_rank() == 0)
+        snprintf(reduce, sizeof reduce, " | all-reduce %s", dist_allreduce_algorithm());
+    log_rank0("momfmm: %s on%s%s | OpenBLAS core %s | subnormals %s | version %s (git %s)\n", cmd_ranks_threads(),
+              hosts, reduce, blas_core_description(), float_env_flushing() ? "flushed to zero" : "kept (IEEE)",
+              build_version_number(), build_revision());
 }
 
 void cmd_check_output(const char *flag, const char *out, const char *const *inputs, int n_inputs, bool force) {

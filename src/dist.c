@@ -233,6 +233,10 @@ static void abort_job(int exit_code) {
  * An MPI that provides less is refused rather than trusted (exit 1,
  * docs/design.md §8.7). */
 int dist_init(int *argc, char ***argv, status *st) {
+    /* Rabenseifner's all-reduce for the gradient buckets, not libnbc's
+     * binomial tree of whole buckets; mpirun's --mca choice stays
+     * (docs/design.md §8.3). */
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
     int provided = MPI_THREAD_SINGLE;
     MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
@@ -268,6 +272,22 @@ void dist_library_version(char *out, size_t len) {
     MPI_Get_library_version(text, &n);
     text[n] = '\0';
     snprintf(out, len, "%.*s", (int)strcspn(text, "\n"), text);
+}
+
+/* libnbc's all-reduce algorithm as MPI_T reads it back, for the start-up
+ * line (0, its default for an in-place call, is the binomial tree). */
+const char *dist_allreduce_algorithm(void) {
+    static const char *const NAMES[] = {"binomial", "ring", "binomial", "rabenseifner", "recursive doubling"};
+    int provided, index, count, value = -1;
+    MPI_T_cvar_handle handle;
+    if (MPI_T_init_thread(MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) return "unknown";
+    if (MPI_T_cvar_get_index("coll_libnbc_iallreduce_algorithm", &index) == MPI_SUCCESS &&
+        MPI_T_cvar_handle_alloc(index, NULL, &handle, &count) == MPI_SUCCESS) {
+        if (count != 1 || MPI_T_cvar_read(handle, &value) != MPI_SUCCESS) value = -1;
+        MPI_T_cvar_handle_free(&handle);
+    }
+    MPI_T_finalize();
+    return value >= 0 && value < (int)(sizeof NAMES / sizeof NAMES[0]) ? NAMES[value] : "unknown";
 }
 
 /* The variables by which a launcher tells its processes that they belong to
@@ -430,11 +450,10 @@ struct dist_reducer {
     int n_buckets, n_launched;
     bool overlap, active;
     /* ZeRO-1 (docs/scale.md §7): this rank's slice [first, first + count) of
-     * the flat buffer; slice receives its reduced gradients; counts and
-     * displs give every rank's part of each bucket ([n_buckets][ranks]) */
+     * the flat buffer; counts and displs give every rank's part of each
+     * bucket ([n_buckets][ranks]) */
     bool sharded;
     size_t first, count;
-    float *slice;
     int *counts, *displs;
 };
 
@@ -483,7 +502,6 @@ void dist_reducer_shard(dist_reducer *r) {
     r->sharded = true;
     dist_partition(r->n, dist_rank(), ranks, &r->first, &r->count);
     if (!r->active) return; /* one rank: the slice is the whole buffer */
-    r->slice = sys_calloc(r->count ? r->count : 1, sizeof(float));
     r->counts = sys_calloc((size_t)r->n_buckets * ranks, sizeof(int));
     r->displs = sys_calloc((size_t)r->n_buckets * ranks, sizeof(int));
     for (int i = 0; i < r->n_buckets; i++)
@@ -496,7 +514,7 @@ void dist_reducer_shard(dist_reducer *r) {
         }
 }
 
-float *dist_reducer_slice(dist_reducer *r) { return r->slice ? r->slice : r->grads + r->first; }
+float *dist_reducer_slice(dist_reducer *r) { return r->grads + r->first; }
 
 /* Bucket by bucket, so that the watchdog can name the bucket that does not
  * complete, each polled with the arrivals (the total wait is the same);
@@ -545,7 +563,6 @@ int dist_hdf5_mpio(hid_t fapl) { return H5Pset_fapl_mpio(fapl, world, MPI_INFO_N
 
 void dist_reducer_free(dist_reducer *r) {
     if (!r) return;
-    free(r->slice);
     free(r->counts);
     free(r->displs);
     free(r->buckets);
@@ -558,17 +575,9 @@ static void launch(dist_reducer *r, int index) {
     b->launched = true;
     /* Same buckets with and without overlap: identical message sizes give
      * identical reduction order, so overlap does not change the weights. */
-    if (r->sharded) {
-        /* each rank receives the sum of its part of the bucket (ZeRO-1):
-         * the data volume of a reduce-scatter, half an all-reduce's */
-        size_t lo, hi;
-        float *recv = my_part(r, index, &lo, &hi) ? r->slice + (lo - r->first) : r->slice;
-        MPI_Ireduce_scatter(r->grads + b->start, recv, r->counts + (size_t)index * dist_size(), MPI_FLOAT, MPI_SUM,
-                            world, &r->requests[index]);
-    } else {
-        MPI_Iallreduce(MPI_IN_PLACE, r->grads + b->start, (int)b->count, MPI_FLOAT, MPI_SUM, world,
-                       &r->requests[index]);
-    }
+    /* ZeRO-1 too: libnbc's MPI_Ireduce_scatter is a binomial reduce to
+     * rank 0, slower; and zero = 1 stays bitwise zero = 0 (docs/scale.md §7) */
+    MPI_Iallreduce(MPI_IN_PLACE, r->grads + b->start, (int)b->count, MPI_FLOAT, MPI_SUM, world, &r->requests[index]);
     r->n_launched++;
 }
 
@@ -589,7 +598,7 @@ double dist_reducer_finish(dist_reducer *r) {
     if (!r->active) return 0.0;
     dist_reducer_block_done(r, -1);
     double start = sys_seconds();
-    wait_buckets(r, r->sharded ? "gradient reduce-scatter" : "gradient all-reduce");
+    wait_buckets(r, "gradient all-reduce");
     double waited = sys_seconds() - start;
     for (int i = 0; i < r->n_buckets; i++) {
         r->buckets[i].launched = false;

@@ -24,11 +24,9 @@
  * slice: elements [first, first + count)), before any allocation. */
 static train_memory_use memory_per_param(const config *cfg, double n, double slice_count) {
     double slice = slice_count / (n > 0 ? n : 1);
-    bool sharded = cfg->zero && dist_size() > 1;
     /* train.precision = bf16: the GEMM engine's bf16 copy of the weights */
     double copy = cfg->precision == PRECISION_BF16 ? 2.0 : 0.0;
-    return (train_memory_use){sizeof(float) + copy, sizeof(float) * (1 + (sharded ? slice : 0)),
-                              2 * sizeof(float) * slice, 0};
+    return (train_memory_use){sizeof(float) + copy, sizeof(float), 2 * sizeof(float) * slice, 0};
 }
 
 train_memory_use trainer_memory(const trainer *t) {

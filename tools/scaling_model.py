@@ -1,9 +1,15 @@
 #!/usr/bin/python3
 """Projects data-parallel step time and weak-scaling efficiency of momfmm with
-an alpha-beta cost model of ring all-reduce.
+an alpha-beta cost model of its gradient all-reduce.
 
-Ring all-reduce of n float32 gradients over p ranks (reduce-scatter then
-all-gather, 2(p-1) messages of n/p floats each):
+Rabenseifner's all-reduce of n float32 gradients over p ranks, which momfmm
+selects in Open MPI (docs/design.md §8.3; the default, --algorithm
+rabenseifner): a reduce-scatter by recursive halving, then an all-gather by
+recursive doubling, 2 log2(p) messages that carry 2(p-1)/p of the buffer:
+
+    t_allreduce(p) = 2 ceil(log2 p) * alpha * k  +  2 (p - 1) / p * 4 n / beta
+
+--algorithm ring: the same bytes in 2(p-1) messages of n/p floats each:
 
     t_allreduce(p) = 2 (p - 1) * alpha * k  +  2 (p - 1) / p * 4 n / beta
 
@@ -27,23 +33,21 @@ backward pass, about 2/3):
     efficiency = compute / step(p)
 
 ZeRO-1 (--zero, dist.zero = 1, docs/scale.md §7): the gradients are
-reduce-scattered in the same buckets, overlapped with backward as above, and
-the parameters all-gathered after the sharded AdamW update, which only the
+all-reduced in the same buckets, overlapped with backward as above, and the
+parameters all-gathered after the sharded AdamW update, which only the
 (small) update itself can hide:
 
-    t_rs(p) = t_ag(p) = (p - 1) * alpha * k  +  (p - 1) / p * 4 n / beta
-    exposed(p) = max((1 - f) * t_rs, t_rs - h * compute) + t_ag
-
-the same bytes as the all-reduce, half of them after backward.
+    t_ag(p) = (p - 1) * alpha * k  +  (p - 1) / p * 4 n / beta
+    exposed(p) = max((1 - f) * t_ar, t_ar - h * compute) + t_ag
 
 Memory per rank (bytes per parameter, activations not included): parameters
-4, gradients 4, AdamW moments 8; with --zero the moments are 8/p and the
-reduced gradient slice adds 4/p. The table gives GB per rank for n.
+4, gradients 4, AdamW moments 8; with --zero the moments are 8/p. The table
+gives GB per rank for n.
 
---algorithm binomial models Open MPI 4.1's non-blocking in-place
-MPI_Iallreduce (libnbc), which momfmm's gradient buckets use: a reduce to
-rank 0 then a broadcast, each along a binomial tree, every message the whole
-bucket:
+--algorithm binomial models what Open MPI 4.1's non-blocking in-place
+MPI_Iallreduce (libnbc) does by default, and momfmm's buckets did before it
+selected Rabenseifner's: a reduce to rank 0 then a broadcast, each along a
+binomial tree, every message the whole bucket:
 
     t_allreduce(p) = 2 ceil(log2 p) * (alpha * k + 4 n / beta)
 
@@ -76,16 +80,17 @@ def binomial_steps(p):
     return 2 * math.ceil(math.log2(p)) if p > 1 else 0
 
 
-def latency_seconds(p, alpha, buckets, algorithm="ring"):
+def latency_seconds(p, alpha, buckets, algorithm="rabenseifner"):
     if p <= 1:
         return 0.0
-    return (binomial_steps(p) if algorithm == "binomial" else 2 * (p - 1)) * alpha * buckets
+    return (2 * (p - 1) if algorithm == "ring" else binomial_steps(p)) * alpha * buckets
 
 
-def allreduce_seconds(p, n_params, alpha, beta_bytes, buckets=1, bytes_per=4, algorithm="ring"):
-    """Ring: 2 (p - 1) messages of n/p; binomial (Open MPI 4.1's non-blocking
-    in-place MPI_Iallreduce, libnbc: a reduce to rank 0, then a broadcast):
-    2 ceil(log2 p) messages of the whole n."""
+def allreduce_seconds(p, n_params, alpha, beta_bytes, buckets=1, bytes_per=4, algorithm="rabenseifner"):
+    """Rabenseifner: 2 ceil(log2 p) messages that carry 2 (p - 1) / p of n;
+    ring: 2 (p - 1) messages of n/p; binomial (Open MPI 4.1's default for a
+    non-blocking in-place MPI_Iallreduce: a reduce to rank 0, then a
+    broadcast): 2 ceil(log2 p) messages of the whole n."""
     if p <= 1:
         return 0.0
     share = binomial_steps(p) if algorithm == "binomial" else 2 * (p - 1) / p
@@ -93,30 +98,30 @@ def allreduce_seconds(p, n_params, alpha, beta_bytes, buckets=1, bytes_per=4, al
 
 
 def half_seconds(p, n_params, alpha, beta_bytes, buckets=1, bytes_per=4):
-    """One reduce-scatter or one all-gather: half the ring all-reduce."""
+    """One all-gather (libnbc's linear one): half the ring all-reduce."""
     if p <= 1:
         return 0.0
     return (p - 1) * alpha * buckets + (p - 1) / p * n_params * bytes_per / beta_bytes
 
 
-def project(p, compute_s, n_params, alpha, beta_bytes, overlap, hideable, buckets=1, zero=False, algorithm="ring"):
+def project(p, compute_s, n_params, alpha, beta_bytes, overlap, hideable, buckets=1, zero=False,
+            algorithm="rabenseifner"):
     """(communication s, exposed s, step s, efficiency); with zero the
-    communication is reduce-scatter (hidden like the all-reduce) + all-gather
-    (exposed)."""
+    communication is the all-reduce (hidden as without it) + the parameter
+    all-gather (exposed)."""
+    t_ar = allreduce_seconds(p, n_params, alpha, beta_bytes, buckets, algorithm=algorithm)
+    exposed = max((1 - overlap) * t_ar, t_ar - hideable * compute_s, 0.0)
     if zero:
-        t_rs = t_ag = half_seconds(p, n_params, alpha, beta_bytes, buckets)
-        exposed = max((1 - overlap) * t_rs, t_rs - hideable * compute_s, 0.0) + t_ag
-        t_ar = t_rs + t_ag
-    else:
-        t_ar = allreduce_seconds(p, n_params, alpha, beta_bytes, buckets, algorithm=algorithm)
-        exposed = max((1 - overlap) * t_ar, t_ar - hideable * compute_s, 0.0)
+        t_ag = half_seconds(p, n_params, alpha, beta_bytes, buckets)
+        exposed += t_ag
+        t_ar += t_ag
     step = compute_s + exposed
     return t_ar, exposed, step, compute_s / step
 
 
 def bytes_per_param(p, zero):
-    """Parameters, gradients (+ the reduced slice with zero), moments."""
-    return 4 + 4 + (12 / p if zero and p > 1 else 8 / p if zero else 8)
+    """Parameters, gradients, moments (sharded with zero)."""
+    return 4 + 4 + (8 / p if zero else 8)
 
 
 def probe_fit(path):
@@ -145,12 +150,13 @@ def main():
                     help="tokens per rank per step (prints projected global tokens/s)")
     ap.add_argument("--ranks", default="8,16,32,64,128,256,512", help="comma-separated p values")
     ap.add_argument("--zero", action="store_true",
-                    help="ZeRO-1 (dist.zero = 1): reduce-scatter + all-gather, moments sharded")
+                    help="ZeRO-1 (dist.zero = 1): all-reduce + parameter all-gather, moments sharded")
     ap.add_argument("--measured-step-ms", type=float, default=0.0,
                     help="measured 2-rank step (ms), to compare with the model's p = 2 row")
-    ap.add_argument("--algorithm", choices=("ring", "binomial"), default="ring",
-                    help="all-reduce: ring (default) or binomial, a reduce then a broadcast of the whole buffer "
-                         "(Open MPI 4.1's in-place MPI_Iallreduce, which momfmm's buckets use)")
+    ap.add_argument("--algorithm", choices=("rabenseifner", "ring", "binomial"), default="rabenseifner",
+                    help="all-reduce: rabenseifner (default, what momfmm selects), ring, or binomial, a reduce "
+                         "then a broadcast of the whole buffer (Open MPI 4.1's default for an in-place "
+                         "MPI_Iallreduce)")
     ap.add_argument("--probe", metavar="FILE",
                     help="net_probe output whose fit line gives α and β (overrides --alpha-us, --beta-gbps)")
     a = ap.parse_args()
@@ -166,11 +172,11 @@ def main():
     if a.measured_step_ms > 0 and 2 not in ranks:
         ranks = [2] + ranks
 
-    print(f"α-β {'ring reduce-scatter + all-gather (ZeRO-1)' if a.zero else a.algorithm + ' all-reduce'}: n = {a.params:,.0f} parameters ({a.params * 4 / 1e6:.1f} MB of float32 "
+    print(f"α-β {a.algorithm} all-reduce{' + all-gather (ZeRO-1)' if a.zero else ''}: n = {a.params:,.0f} parameters ({a.params * 4 / 1e6:.1f} MB of float32 "
           f"gradients) in {k} bucket{'s' if k > 1 else ''}, α = {a.alpha_us:g} µs/message, β = {a.beta_gbps:g} Gb/s ({beta / 1e9:g} GB/s); "
           f"compute {a.compute_ms:g} ms/step; overlap fraction {a.overlap_fraction:g} "
           f"(at most {a.hideable_fraction:.2f} of compute can hide it)\n")
-    comm = "reduce-scatter + all-gather" if a.zero else "all-reduce"
+    comm = "all-reduce + all-gather" if a.zero else "all-reduce"
     head = (f"| p | {comm} (ms) | latency part (ms) | bandwidth part (ms) | exposed (ms) | step (ms) | efficiency "
             "| bytes/param per rank | GB per rank (no activations) |")
     sep = "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -182,7 +188,7 @@ def main():
     for p in ranks:
         t_ar, exposed, step, eff = project(p, compute, a.params, alpha, beta, a.overlap_fraction,
                                            a.hideable_fraction, k, a.zero, a.algorithm)
-        lat = latency_seconds(p, alpha, k, "ring" if a.zero else a.algorithm)  # 2 (p - 1) alpha k for both schemes
+        lat = latency_seconds(p, alpha, k, a.algorithm) + (latency_seconds(p, alpha, k, "ring") / 2 if a.zero else 0)
         per = bytes_per_param(p, a.zero)
         row = (f"| {p} | {t_ar * 1e3:.3f} | {lat * 1e3:.3f} | {(t_ar - lat) * 1e3:.3f} | {exposed * 1e3:.3f} | "
                f"{step * 1e3:.1f} | {100 * eff:.2f}% | {per:.3f} | {per * a.params / 1e9:.2f} |")

@@ -26,6 +26,9 @@ bool dist_launched(void);
  * before MPI_Init: `momfmm --version` does not start MPI; docs/cli.md §5). */
 void dist_build_version(char *out, size_t len);
 void dist_library_version(char *out, size_t len);
+/* The algorithm of the gradient all-reduce: "rabenseifner" unless mpirun chose
+ * another (docs/design.md §8.3); "unknown" outside Open MPI. */
+const char *dist_allreduce_algorithm(void);
 /* Frees the communicators and finalises MPI; a no-op when MPI is not running. */
 void dist_finalize(void);
 /* Ends every rank of the job with exit_code (MPI_Abort): for a failure only
@@ -119,10 +122,10 @@ void dist_reducer_progress(dist_reducer *r);
 /* Waits for every bucket; returns seconds spent waiting here. */
 double dist_reducer_finish(dist_reducer *r);
 
-/* ZeRO-1 (dist.zero = 1, docs/scale.md §7): switches the reducer to
- * reduce-scatter, each bucket one non-blocking MPI_Ireduce_scatter that
- * delivers the sum of this rank's part (dist_partition of the buffer) into
- * the slice buffer; same buckets and overlap as the all-reduce. */
+/* ZeRO-1 (dist.zero = 1, docs/scale.md §7): gives this rank a slice of the
+ * buffer (dist_partition) to update and all-gather; the buckets are reduced
+ * by the same all-reduce as without it (dist_init's algorithm is a
+ * reduce-scatter and an all-gather itself). */
 void dist_reducer_shard(dist_reducer *r);
 /* The reduced gradients of this rank's slice (element 0 = the slice's first
  * element of the buffer), after dist_reducer_finish; writable (clipping

@@ -24,7 +24,9 @@ each its own CTest entry (e2e_mpi_<group>, tests/CMakeLists.txt):
   that rank and its host; np > batch exits 2 naming both numbers;
   ranks that diverge (MPMD launch resuming from checkpoints whose AdamW moments
   differ) are caught by the parameter checksum (dist.check_interval).
-- every run: the start-up line `momfmm: N ranks x T threads on <hosts>` shows N and T.
+- every run: the start-up line `momfmm: N ranks x T threads on <hosts>` shows N and T,
+  and on several ranks `all-reduce rabenseifner` (docs/design.md §8.3); an algorithm
+  given to mpirun (binomial) is kept and shown, within tolerance of np = 1.
 """
 import glob
 import os
@@ -72,13 +74,13 @@ class Runner:
         ini, out_dir, _ = write_tiny_config(self.workdir, name, **base)
         return ini, out_dir
 
-    def train(self, name, np_, sets=(), direct=False, threads=1, **overrides):
+    def train(self, name, np_, sets=(), direct=False, threads=1, extra_env=None, **overrides):
         """Trains config `name` on np_ ranks; returns (CompletedProcess, checkpoint path or None)."""
         path, out_dir = self.config(name, **overrides)
         for old in glob.glob(os.path.join(out_dir, "ckpt_*.h5")):
             os.remove(old)
         cmd = train_command(self.momfmm, path, sets, np_=None if direct else np_)
-        e = env(OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads)
+        e = env(OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, **(extra_env or {}))
         r = run(cmd, timeout=300, env=e)
         if r.returncode != 0:
             print(f"--- {name} np={np_} rc={r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}", flush=True)
@@ -136,6 +138,12 @@ def startup_line(stdout):
     return (int(m.group(1)), int(m.group(2)), m.group(3).split()) if m else None
 
 
+def allreduce_algorithm(stdout):
+    """The start-up line's `all-reduce NAME` (several ranks only), or None."""
+    m = re.search(r"^momfmm: .*? \| all-reduce ([a-z ]+?) \|", stdout, re.M)
+    return m.group(1) if m else None
+
+
 def compare(report, label, ref, got, buffers=False):
     rel = loss_rel(ref["loss"], got["loss"])
     report.check(f"{label}: per-step loss within {LOSS_RTOL:g} relative of np=1", rel <= LOSS_RTOL,
@@ -151,7 +159,7 @@ def compare(report, label, ref, got, buffers=False):
                      f"{len(tensors(got, 'buffers'))} tensors, worst {b:.2e} ({where})")
 
 
-def trained(report, label, result, np_, threads=1):
+def trained(report, label, result, np_, threads=1, algorithm="rabenseifner"):
     r, ckpt = result
     ok = report.check(f"{label}: exits 0 with a checkpoint", r.returncode == 0 and ckpt is not None,
                       f"rc {r.returncode}")
@@ -162,6 +170,9 @@ def trained(report, label, result, np_, threads=1):
     report.check(f"{label}: start-up line says {np_} rank(s) x {threads} thread(s)",
                  line is not None and line[0] == np_ and line[1] == threads and len(line[2]) >= 1,
                  f"{line}")
+    if np_ > 1:  # docs/design.md §8.3: dist_init selects it unless mpirun chose
+        got = allreduce_algorithm(r.stdout)
+        report.check(f"{label}: start-up line says all-reduce {algorithm}", got == algorithm, f"{got}")
     report.check(f"{label}: checkpoint world_size = {np_}, step {STEPS}, {STEPS} loss rows",
                  state["world_size"] == np_ and state["step"] == STEPS and len(state["loss"]) == STEPS,
                  f"world_size {state['world_size']} step {state['step']} rows {len(state['loss'])}")
@@ -434,12 +445,22 @@ class TestReproducibility:
         if small:
             compare(report, "np=4 bucket_mb=0.001 (many buckets)", ref, small)
             # Bitwise too: the buckets are in-place MPI_Iallreduce calls, for which
-            # Open MPI's libnbc takes the binomial algorithm at any message size, so
-            # each element is summed in the same order whatever the bucket sizes.
+            # libnbc's Rabenseifner algorithm (docs/design.md §8.3) sums each element
+            # in the same order whatever the bucket sizes.
             differ, worst = bitwise_diff(base4, small, "model")
             report.check("np=4 bucket_mb=0.001 vs 4: bitwise-identical weights and losses",
                          not differ and base4["loss"].tobytes() == small["loss"].tobytes(),
                          f"{len(differ)} tensors differ, worst {worst:.2e}")
+
+
+    def test_allreduce_algorithm_chosen_by_mpirun(self, R, report, ref):
+        # an algorithm given to mpirun (here through its environment, as
+        # --mca sets it) is kept and shown; the sums stay within tolerance
+        chosen = trained(report, "np=4 binomial all-reduce",
+                         R.train("np4_binomial", 4, extra_env={"OMPI_MCA_coll_libnbc_iallreduce_algorithm": "2"}),
+                         4, algorithm="binomial")
+        if chosen:
+            compare(report, "np=4 binomial all-reduce", ref, chosen)
 
 
 class TestMomentum:
