@@ -452,7 +452,6 @@ struct dist_reducer {
     /* ZeRO-1 (docs/scale.md §7): this rank's slice [first, first + count) of
      * the flat buffer; counts and displs give every rank's part of each
      * bucket ([n_buckets][ranks]) */
-    bool sharded;
     size_t first, count;
     int *counts, *displs;
 };
@@ -499,7 +498,6 @@ dist_reducer *dist_reducer_create(float *grads, size_t n, const dist_span *spans
 
 void dist_reducer_shard(dist_reducer *r) {
     int ranks = dist_size();
-    r->sharded = true;
     dist_partition(r->n, dist_rank(), ranks, &r->first, &r->count);
     if (!r->active) return; /* one rank: the slice is the whole buffer */
     r->counts = sys_calloc((size_t)r->n_buckets * ranks, sizeof(int));
