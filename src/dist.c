@@ -233,9 +233,7 @@ static void abort_job(int exit_code) {
  * An MPI that provides less is refused rather than trusted (exit 1,
  * docs/design.md §8.7). */
 int dist_init(int *argc, char ***argv, status *st) {
-    /* Rabenseifner's all-reduce for the gradient buckets, not libnbc's
-     * binomial tree of whole buckets; mpirun's --mca choice stays
-     * (docs/design.md §8.3). */
+    /* Rabenseifner's, not libnbc's binomial tree; --mca stays (docs/design.md §8.3) */
     setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
     int provided = MPI_THREAD_SINGLE;
     MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
@@ -274,8 +272,7 @@ void dist_library_version(char *out, size_t len) {
     snprintf(out, len, "%.*s", (int)strcspn(text, "\n"), text);
 }
 
-/* libnbc's all-reduce algorithm as MPI_T reads it back, for the start-up
- * line (0, its default for an in-place call, is the binomial tree). */
+/* Read back through MPI_T (0, libnbc's in-place default, is binomial). */
 const char *dist_allreduce_algorithm(void) {
     static const char *const NAMES[] = {"binomial", "ring", "binomial", "rabenseifner", "recursive doubling"};
     int provided, index, count, value = -1;
@@ -449,9 +446,8 @@ struct dist_reducer {
     MPI_Request *requests;
     int n_buckets, n_launched;
     bool overlap, active;
-    /* ZeRO-1 (docs/scale.md §7): this rank's slice [first, first + count) of
-     * the flat buffer; counts and displs give every rank's part of each
-     * bucket ([n_buckets][ranks]) */
+    /* ZeRO-1 (docs/scale.md §7): this rank's slice [first, first + count);
+     * every rank's part of each bucket ([n_buckets][ranks]) */
     size_t first, count;
     int *counts, *displs;
 };
@@ -571,10 +567,8 @@ void dist_reducer_free(dist_reducer *r) {
 static void launch(dist_reducer *r, int index) {
     bucket *b = &r->buckets[index];
     b->launched = true;
-    /* Same buckets with and without overlap: identical message sizes give
-     * identical reduction order, so overlap does not change the weights. */
-    /* ZeRO-1 too: libnbc's MPI_Ireduce_scatter is a binomial reduce to
-     * rank 0, slower; and zero = 1 stays bitwise zero = 0 (docs/scale.md §7) */
+    /* Same buckets and call with overlap off and with ZeRO-1 (docs/scale.md
+     * §7): same reduction order, so neither changes the weights. */
     MPI_Iallreduce(MPI_IN_PLACE, r->grads + b->start, (int)b->count, MPI_FLOAT, MPI_SUM, world, &r->requests[index]);
     r->n_launched++;
 }
