@@ -15,7 +15,7 @@ static uint64_t rng_state = 42;
 typedef struct {
     float *x, *w, *b, *out, *probe, *aux1, *aux2;
     const int32_t *tokens;
-    int rows, in, out_dim, T, dh;
+    int rows, in, out_dim, T, dh, half;
     bool causal;
     float *cos_t, *sin_t;
 } ctx;
@@ -154,23 +154,24 @@ static void test_attention(bool causal) {
 /* ---- tiled softmax attention (tiled_softmax.c) ---- */
 static double tiled_loss(void *p) {
     ctx *c = p;
-    tiled_softmax_forward(c->out, c->aux1, c->x, c->w, c->b, c->T, c->T, c->dh, 0, c->causal, c->aux2);
+    tiled_softmax_band_forward(c->out, c->aux1, c->x, c->w, c->b, c->T, c->T, c->dh, 0, c->causal, c->half, c->aux2);
     return fd_dot(c->out, c->probe, (size_t)c->T * c->dh);
 }
 
 /* Finite differences of the tiled backward, at T = 7 (one tile) and T = 300
- * (five query tiles of 64, two key tiles of 256, ragged edges). */
-static void test_tiled(bool causal, int T, int dh) {
+ * (four query tiles, ragged edges); half > 0 restricts it to FMM's band
+ * (|i - j| < half), narrower than a tile (7) or wider (150). */
+static void test_tiled(bool causal, int T, int dh, int half) {
     ctx c = {0};
-    c.T = T, c.dh = dh, c.causal = causal;
+    c.T = T, c.dh = dh, c.causal = causal, c.half = half;
     size_t n = (size_t)T * dh;
     c.x = randn(n, 1), c.w = randn(n, 1), c.b = randn(n, 1), c.out = randn(n, 1), c.probe = randn(n, 1);
     c.aux1 = calloc((size_t)T, 4), c.aux2 = calloc(tiled_softmax_scratch_floats(T, dh), 4);
     float *dq = calloc(n, 4), *dk = calloc(n, 4), *dv = calloc(n, 4);
-    tiled_softmax_forward(c.out, c.aux1, c.x, c.w, c.b, T, T, dh, 0, causal, c.aux2);
-    tiled_softmax_backward(dq, dk, dv, c.probe, c.out, c.aux1, c.x, c.w, c.b, T, dh, causal, c.aux2);
-    char name[64];
-    const char *tag = causal ? "causal" : "full";
+    tiled_softmax_band_forward(c.out, c.aux1, c.x, c.w, c.b, T, T, dh, 0, causal, half, c.aux2);
+    tiled_softmax_band_backward(dq, dk, dv, c.probe, c.out, c.aux1, c.x, c.w, c.b, T, dh, causal, half, c.aux2);
+    char name[80], tag[32];
+    snprintf(tag, sizeof tag, half ? "%s band %d" : "%s", causal ? "causal" : "full", half);
     snprintf(name, sizeof name, "tiled attention %s T=%d dq", tag, T);
     fd_check(name, c.x, dq, n, tiled_loss, &c, 1e-2, 1e-2);
     snprintf(name, sizeof name, "tiled attention %s T=%d dk", tag, T);
@@ -355,10 +356,14 @@ int main(void) {
     test_rope();
     test_attention(true);
     test_attention(false);
-    test_tiled(true, 7, 4);
-    test_tiled(false, 7, 4);
-    test_tiled(true, 300, 4);
-    test_tiled(false, 300, 4);
+    test_tiled(true, 7, 4, 0);
+    test_tiled(false, 7, 4, 0);
+    test_tiled(true, 300, 4, 0);
+    test_tiled(false, 300, 4, 0);
+    test_tiled(true, 300, 4, 7);
+    test_tiled(false, 300, 4, 7);
+    test_tiled(true, 300, 4, 150);
+    test_tiled(false, 300, 4, 150);
     test_tiled_equals_dense(true);
     test_tiled_equals_dense(false);
     test_tile_gemm();

@@ -21,4 +21,14 @@ void tiled_softmax_forward(float *out, float *lse, const float *q, const float *
  * overwritten, from dout, the forward's out and lse. */
 void tiled_softmax_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                             const float *q, const float *k, const float *v, int T, int dh, bool causal, float *scratch);
+
+/* The same restricted to a band (FMM's near field, docs/model.md §1.3):
+ * query i sees key j only when |q_pos0 + i - j| < half, and causal rows
+ * none ahead; half = 0 is no band (the two functions above). Tiles with
+ * no key in the band are skipped. */
+void tiled_softmax_band_forward(float *out, float *lse, const float *q, const float *k, const float *v, int Tq, int Tk,
+                                int dh, int q_pos0, bool causal, int half, float *scratch);
+void tiled_softmax_band_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                                 const float *q, const float *k, const float *v, int T, int dh, bool causal, int half,
+                                 float *scratch);
 #endif
