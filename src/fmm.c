@@ -2,11 +2,13 @@
  * multi-kernel linear-attention far field, blended by sigmoid logits.
  *
  * Layout of `saved` (fmm_head_saved_floats):
- *   [T, W]           near-field probabilities, if bandwidth > 0 (W = band width)
+ *   [T, W]           near-field probabilities, if bandwidth > 0 (W = band width),
+ *   or, when the band runs on tiles (band_on_tiles):
+ *   [T] + [T, dh]    each row's log-sum-exp and the near field's output
  *   r x [T, dh + 1]  per far kernel: numerator (dh columns) and denominator
  *                    (last column, before eps) of docs/model.md §1.3's far_l,i
- * The near and far outputs are not saved: the blend gradients are recomputed
- * from these in O(T * (W + dh)).
+ * The far output is not saved, nor the near one on rows: the blend
+ * gradients are recomputed from these in O(T * (W + dh)).
  *
  * The far field is one primitive, linear_attention_product, applied with a
  * value matrix augmented by a column of ones, so the numerator and the
@@ -17,6 +19,7 @@
 
 #include "momfmm/fast_math.h"
 #include "momfmm/gemm.h"
+#include "momfmm/tiled_softmax.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -50,6 +53,24 @@ static band_geometry band_of(const fmm_settings *s, int T) {
     return g;
 }
 
+/* A band of at least this many keys per row runs on tiled_softmax's tiles
+ * when attention.impl = tiled (docs/model.md §1.3): narrower, the 96-row
+ * tiles are mostly masked and the rows below are faster. `build/test_fmm
+ * --bench` (near field alone, T 4096, dh 32, causal and not; AMD EPYC):
+ * tiles 0.97-0.98x the rows at 39-40 keys, 1.11-1.12x at 47-48, 1.86x at
+ * 127-128 and 3.1x at 1023-1024. */
+#define FMM_TILED_BAND_MIN_WIDTH 48
+
+static bool band_on_tiles(const fmm_settings *s, const band_geometry *g) {
+    return s->band_tiles && g->width >= FMM_TILED_BAND_MIN_WIDTH;
+}
+
+/* The near field's share of `saved`. */
+static size_t band_saved_floats(const fmm_settings *s, const band_geometry *g, int T, int dh) {
+    if (g->width == 0) return 0;
+    return band_on_tiles(s, g) ? (size_t)T * ((size_t)dh + 1) : (size_t)T * (size_t)g->width;
+}
+
 static int effective_chunk(const fmm_settings *s, int T) {
     int c = s->chunk > 0 ? s->chunk : FMM_DEFAULT_CHUNK;
     return c < T ? c : T;
@@ -59,18 +80,21 @@ static int far_kernels(const fmm_settings *s) { return s->n_kernels > 0 ? s->n_k
 
 size_t fmm_head_saved_floats(const fmm_settings *s, int T, int dh) {
     if (T <= 0) return 0;
-    size_t t = (size_t)T;
-    return t * (size_t)band_of(s, T).width + (size_t)far_kernels(s) * t * (size_t)(dh + 1);
+    band_geometry g = band_of(s, T);
+    return band_saved_floats(s, &g, T, dh) + (size_t)far_kernels(s) * (size_t)T * (size_t)(dh + 1);
 }
 
 /* Scratch, carved by carve_scratch: phi_q, phi_k [T, dh]; v_aug, u_aug,
- * result [T, dh + 1]; block [C, C]; state [dh + 1, dh + 1]; band_row [W]. */
+ * result [T, dh + 1]; block [C, C]; state [dh + 1, dh + 1]; band_row [W].
+ * A band on tiles uses the scratch before the far field does. */
 size_t fmm_head_scratch_floats(const fmm_settings *s, int T, int dh) {
     if (T <= 0) return 0;
     size_t t = (size_t)T, c = (size_t)effective_chunk(s, T), e = (size_t)dh + 1;
-    size_t band = (size_t)band_of(s, T).width;
-    if (far_kernels(s) == 0) return band;
-    return 2 * t * (size_t)dh + 3 * t * e + c * c + e * e + band;
+    band_geometry g = band_of(s, T);
+    size_t band = (size_t)g.width, far = 0;
+    if (far_kernels(s) > 0) far = 2 * t * (size_t)dh + 3 * t * e + c * c + e * e;
+    size_t tiles = band_on_tiles(s, &g) ? tiled_softmax_scratch_floats(T, dh) : 0;
+    return far + band > tiles ? far + band : tiles;
 }
 
 typedef struct {
@@ -182,6 +206,31 @@ static double band_softmax_backward(const band_geometry *g, const float *q, cons
             add_scaled(dq + (size_t)i * dh, ds, k + (size_t)j * dh, dh);
             add_scaled(dk + (size_t)j * dh, ds, qi, dh);
         }
+    }
+    return dout_dot_near;
+}
+
+/* The near field on tiles: tiled_softmax's band kernel writes the near
+ * output and each row's log-sum-exp into `saved`, in O(T * dh). */
+static void band_tiles_forward(const band_geometry *g, const float *q, const float *k, const float *v, float weight,
+                               float *saved, float *out, float *scratch, int T, int dh) {
+    float *near = saved + T;
+    tiled_softmax_band_forward(near, saved, q, k, v, T, T, dh, 0, g->causal, g->half, scratch);
+    for (size_t i = 0; i < (size_t)T * dh; i++) out[i] = weight * near[i];
+}
+
+/* Its backward, which is linear in dout: the kernel's gradients for dout,
+ * scaled by the weight; returns Σ_i dout_i · near_i. Writes dq, dk, dv. */
+static double band_tiles_backward(const band_geometry *g, const float *q, const float *k, const float *v, float weight,
+                                  const float *saved, const float *dout, float *dq, float *dk, float *dv,
+                                  float *scratch, int T, int dh) {
+    const float *near = saved + T;
+    size_t n = (size_t)T * dh;
+    tiled_softmax_band_backward(dq, dk, dv, dout, near, saved, q, k, v, T, dh, g->causal, g->half, scratch);
+    double dout_dot_near = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        dout_dot_near += (double)dout[i] * near[i];
+        dq[i] *= weight, dk[i] *= weight, dv[i] *= weight;
     }
     return dout_dot_near;
 }
@@ -443,12 +492,13 @@ void fmm_head_forward(const fmm_settings *s, const float *q, const float *k, con
     if (T <= 0) return;
     band_geometry g = band_of(s, T);
     int r = far_kernels(s);
-    if (g.width > 0) band_softmax_forward(&g, q, k, v, sigmoid(blend_near), saved, out, T, dh);
-    else memset(out, 0, (size_t)T * dh * sizeof *out);
+    if (g.width == 0) memset(out, 0, (size_t)T * dh * sizeof *out);
+    else if (band_on_tiles(s, &g)) band_tiles_forward(&g, q, k, v, sigmoid(blend_near), saved, out, scratch, T, dh);
+    else band_softmax_forward(&g, q, k, v, sigmoid(blend_near), saved, out, T, dh);
     if (r == 0) return;
 
     far_context fc = far_context_of(s, scratch, T, dh);
-    float *nd = saved + (size_t)T * g.width;
+    float *nd = saved + band_saved_floats(s, &g, T, dh);
     float weight = sigmoid(blend_far) / (float)r; /* σ(w_far) · (1/r) Σ_l */
     fill_augmented(fc.sc.v_aug, v, T, dh);
     for (int l = 0; l < r; l++)
@@ -465,10 +515,15 @@ float fmm_head_weight(const fmm_settings *s, const float *q, const float *k, flo
     band_geometry g = band_of(s, T);
     double w = 0.0;
     int lo, hi, base = band_limits(&g, i, T, &lo, &hi);
-    if (g.width > 0 && j >= lo && j <= hi) w += sigmoid(blend_near) * saved[(size_t)i * g.width + (j - base)];
+    const float *qi = q + (size_t)i * dh, *kj = k + (size_t)j * dh;
+    if (g.width > 0 && j >= lo && j <= hi) {
+        float p = band_on_tiles(s, &g) ? expf(dot(qi, kj, dh) / sqrtf((float)dh) - saved[i]) /* saved[i]: lse */
+                                       : saved[(size_t)i * g.width + (j - base)];
+        w += sigmoid(blend_near) * p;
+    }
     int r = far_kernels(s);
     if (r == 0 || (s->causal && j > i)) return (float)w;
-    const float *nd = saved + (size_t)T * g.width, *qi = q + (size_t)i * dh, *kj = k + (size_t)j * dh;
+    const float *nd = saved + band_saved_floats(s, &g, T, dh);
     for (int l = 0; l < r; l++) {
         double a = 0.0;
         for (int c = 0; c < dh; c++) a += (double)fmm_feature(s->kernels[l], qi[c]) * fmm_feature(s->kernels[l], kj[c]);
@@ -492,13 +547,15 @@ void fmm_head_backward(const fmm_settings *s, const float *q, const float *k, co
 
     if (g.width > 0) {
         float sn = sigmoid(blend_near);
-        double dot_near = band_softmax_backward(&g, q, k, v, sn, saved, dout, dq, dk, dv, sc.band_row, T, dh);
+        double dot_near = band_on_tiles(s, &g)
+                              ? band_tiles_backward(&g, q, k, v, sn, saved, dout, dq, dk, dv, scratch, T, dh)
+                              : band_softmax_backward(&g, q, k, v, sn, saved, dout, dq, dk, dv, sc.band_row, T, dh);
         *d_blend_near += (float)(sn * (1.0f - sn) * dot_near); /* σ' = σ(1-σ) */
     }
     if (r == 0) return;
 
     far_context fc = far_context_of(s, scratch, T, dh);
-    const float *nd = saved + (size_t)T * g.width;
+    const float *nd = saved + band_saved_floats(s, &g, T, dh);
     float sf = sigmoid(blend_far), weight = sf / (float)r;
     double dot_far = 0.0; /* Σ_l Σ_i dout_i · far_l,i */
     fill_augmented(fc.sc.v_aug, v, T, dh);

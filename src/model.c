@@ -144,6 +144,7 @@ static int model_build(model *m, const config *cfg, bool training, status *err) 
     m->fmm.causal = cfg->causal;
     m->fmm.eps = (float)cfg->fmm_eps;
     m->fmm.chunk = cfg->fmm_chunk;
+    m->fmm.band_tiles = cfg->attention_impl == ATTENTION_TILED;
     build_layout(m);
     m->moment_first = 0;
     m->moment_count = m->n_params;

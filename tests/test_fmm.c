@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 #include "momfmm/config.h"
 #include "momfmm/fmm.h"
+#include "momfmm/tiled_softmax.h"
 #include "test_util.h"
 
 #include <cblas.h> /* openblas_get_corename, for the benchmark header */
@@ -44,6 +45,12 @@ static fmm_settings settings(int bandwidth, bool causal, const char *kernels, in
     }
     s.n_kernels = c.fmm_kernels.n;
     for (int i = 0; i < c.fmm_kernels.n; i++) s.kernels[i] = (fmm_feature_map)c.fmm_kernels.items[i];
+    return s;
+}
+
+/* The same with the band allowed on tiles (attention.impl = tiled). */
+static fmm_settings on_tiles(fmm_settings s) {
+    s.band_tiles = true;
     return s;
 }
 
@@ -382,6 +389,59 @@ static void buffer_contract_test(const char *label, fmm_settings s, int T) {
     case_free(&dirty);
 }
 
+/* A band of 48 keys or more runs on tiles: the same results as the rows
+ * within 1e-5 at T = 1000 (outputs, the three gradients, both blend
+ * gradients and fmm_head_weight), and less `saved` (T (dh + 1) floats
+ * against T W). */
+static void band_tiles_test(const char *label, fmm_settings s, int T, int dh) {
+    fmm_case rows, tiles;
+    case_init(&rows, s, T, dh, 11, 1.0f, 0.3f, -0.4f);
+    case_init(&tiles, on_tiles(s), T, dh, 11, 1.0f, 0.3f, -0.4f);
+    fmm_case *both[2] = {&rows, &tiles};
+    for (int i = 0; i < 2; i++) case_forward(both[i]), case_backward(both[i]);
+    size_t n = (size_t)T * dh;
+    double err = rel_diff(tiles.out, rows.out, n);
+    float *got[3] = {tiles.dq, tiles.dk, tiles.dv}, *want[3] = {rows.dq, rows.dk, rows.dv};
+    for (int g = 0; g < 3; g++) err = fmax(err, rel_diff(got[g], want[g], n));
+    float bt[2] = {tiles.d_blend_near, tiles.d_blend_far}, br[2] = {rows.d_blend_near, rows.d_blend_far};
+    err = fmax(err, rel_diff(bt, br, 2));
+    for (int i = 0; i < T; i += 37)
+        for (int j = i > 60 ? i - 60 : 0; j < T && j <= i + 60; j += 7) {
+            float a = fmm_head_weight(&tiles.s, tiles.q, tiles.k, 0.3f, -0.4f, tiles.saved, T, dh, i, j);
+            float b = fmm_head_weight(&rows.s, rows.q, rows.k, 0.3f, -0.4f, rows.saved, T, dh, i, j);
+            err = fmax(err, fabs(a - b) / fmax(fabs(b), 1e-3));
+        }
+    size_t saved_tiles = fmm_head_saved_floats(&tiles.s, T, dh), saved_rows = fmm_head_saved_floats(&rows.s, T, dh);
+    char name[96];
+    snprintf(name, sizeof name, "band on tiles = rows %s (out, grads, weights)", label);
+    test_check(err <= 1e-5 && saved_tiles < saved_rows, name, "max rel %.3g  saved %zu vs %zu floats", err, saved_tiles,
+               saved_rows);
+    case_free(&rows);
+    case_free(&tiles);
+}
+
+static void band_tiles_tests(void) {
+    band_tiles_test("causal k48 none T1000 dh32", settings(48, true, "", 0), 1000, 32);
+    band_tiles_test("noncausal k25 none T1000 dh32", settings(25, false, "", 0), 1000, 32);
+    band_tiles_test("causal k300 elu,elu_flip T1000 dh32", settings(300, true, "elu,elu_flip", 0), 1000, 32);
+    band_tiles_test("noncausal k150 tanh T1000 dh16", settings(150, false, "tanh", 8), 1000, 16);
+    /* narrower than 48 keys the rows run: the results are the same bits */
+    fmm_case rows, tiles;
+    case_init(&rows, settings(20, true, "elu", 0), 300, 16, 5, 1.0f, 0.1f, 0.2f);
+    case_init(&tiles, on_tiles(settings(20, true, "elu", 0)), 300, 16, 5, 1.0f, 0.1f, 0.2f);
+    case_forward(&rows), case_forward(&tiles);
+    test_check(memcmp(rows.out, tiles.out, 300 * 16 * sizeof(float)) == 0, "band of 20 keys stays on the rows", NULL);
+    case_free(&rows);
+    case_free(&tiles);
+    reference_test("tiles causal k64 elu,elu_flip T300 dh32", on_tiles(settings(64, true, "elu,elu_flip", 16)), 300,
+                   32);
+    reference_test("tiles noncausal k40 none T250 dh8", on_tiles(settings(40, false, "", 8)), 250, 8);
+    buffer_contract_test("tiles causal k60 elu T130 C4", on_tiles(settings(60, true, "elu", 4)), 130);
+    buffer_contract_test("tiles noncausal k30 none T130", on_tiles(settings(30, false, "", 4)), 130);
+    fd_test("tiles causal k50 elu T120 dh8", on_tiles(settings(50, true, "elu", 4)), 120, 8, 3e-3);
+    fd_test("tiles noncausal k25 none T110 dh8", on_tiles(settings(25, false, "", 4)), 110, 8, 3e-3);
+}
+
 /* The model copies fmm.kernels' indices (config.h, CONFIG_FMM_KERNELS) into
  * fmm_settings as fmm_feature_map values: the two orders must agree. */
 static void kernel_order_test(void) {
@@ -429,6 +489,32 @@ static void bench_one(int T, int chunk, bool causal) {
     case_free(&c);
 }
 
+/* The near field alone (no far kernels), its band of W keys per row on the
+ * rows and on tiled_softmax's tiles, at T 4096, dh 32: where
+ * FMM_TILED_BAND_MIN_WIDTH (fmm.c) comes from. */
+static void bench_band(int T, bool causal, int half) {
+    const int dh = 32;
+    fmm_case c;
+    case_init(&c, settings(half, causal, "", 0), T, dh, 1, 1.0f, 0.0f, 0.0f);
+    float *lse = alloc_floats((size_t)T), *scratch = alloc_floats(tiled_softmax_scratch_floats(T, dh));
+    double rows = INFINITY, tiles = INFINITY;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_seconds();
+        case_forward(&c);
+        case_backward(&c);
+        double t1 = now_seconds();
+        tiled_softmax_band_forward(c.out, lse, c.q, c.k, c.v, T, T, dh, 0, causal, half, scratch);
+        tiled_softmax_band_backward(c.dq, c.dk, c.dv, c.w, c.out, lse, c.q, c.k, c.v, T, dh, causal, half, scratch);
+        double t2 = now_seconds();
+        rows = fmin(rows, t1 - t0), tiles = fmin(tiles, t2 - t1);
+    }
+    int width = causal ? half : 2 * half - 1;
+    printf("band %-9s %4d keys per row (k %4d)  rows %8.2f ms  tiles %8.2f ms  tiles %.2fx faster\n",
+           causal ? "causal" : "noncausal", width, half, 1e3 * rows, 1e3 * tiles, rows / tiles);
+    free(lse), free(scratch);
+    case_free(&c);
+}
+
 static int bench(void) {
     printf("fmm_head_forward + backward, dh 32, band 5, kernels elu,elu_flip, best of"
            " >= 5 runs\nOpenBLAS core %s, %d thread(s) (OPENBLAS_CORETYPE,"
@@ -438,6 +524,11 @@ static int bench(void) {
         for (int T = 1024; T <= 65536; T *= 4) bench_one(T, 16, causal);
     printf("chunk sweep at T 16384:\n");
     for (int C = 8; C <= 256; C *= 2) bench_one(16384, C, true);
+    printf("near field alone at T 4096, dh 32, forward + backward, best of 5:\n");
+    static const int causal_halves[] = {5, 16, 32, 40, 48, 64, 128, 256, 512, 1024};
+    static const int full_halves[] = {3, 8, 16, 20, 24, 32, 64, 128, 256, 512};
+    for (int i = 0; i < 10; i++) bench_band(4096, true, causal_halves[i]);
+    for (int i = 0; i < 10; i++) bench_band(4096, false, full_halves[i]);
     return 0;
 }
 
@@ -455,5 +546,6 @@ int main(int argc, char **argv) {
     chunk_invariance_test("causal tanh", true, "tanh");
     chunk_invariance_test("noncausal elu", false, "elu");
     fd_tests();
+    band_tiles_tests();
     return test_summary("test_fmm");
 }

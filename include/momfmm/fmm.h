@@ -18,8 +18,9 @@ typedef struct {
     bool causal;
     int n_kernels; /* r; 0 drops the far field */
     fmm_feature_map kernels[FMM_MAX_KERNELS];
-    float eps; /* normaliser epsilon of the far field */
-    int chunk; /* chunk length C of the chunked linear attention */
+    float eps;       /* normaliser epsilon of the far field */
+    int chunk;       /* chunk length C of the chunked linear attention */
+    bool band_tiles; /* a wide band may run on tiled_softmax's kernel (attention.impl = tiled) */
 } fmm_settings;
 
 /* Floats saved between forward and backward, per head. */

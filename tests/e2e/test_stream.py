@@ -35,6 +35,9 @@ VARIANTS = {
                      "momentum.beta": 0.5, "momentum.anchor": False},
     "fmm_linear_only": {"attention.kind": "fmm", "fmm.bandwidth": 0},
     "fmm_band_only": {"attention.kind": "fmm", "fmm.kernels": ""},
+    # a band of 60 keys: training's forward runs it on tiles (docs/model.md §1.3), streaming on rows
+    "fmm_band60_on_tiles": {"attention.kind": "fmm", "fmm.bandwidth": 60, "fmm.kernels": "elu", "data.seq_len": 80,
+                            "model.max_seq_len": 80},
 }
 
 DIFF_LINE = re.compile(r"stream max \|logit difference\| vs full forward: (\S+)")

@@ -141,6 +141,13 @@ CASES = [
          fmm=dict(bandwidth=3, kernels="elu,elu_flip,tanh", chunk=8), gammas=[0.25, -0.15, 0.4]),
     Case("fmm", "band_ge_T_kernels_empty", 12, 2, _m(19, 16, 2, 2, 48), kind="fmm",
          fmm=dict(bandwidth=32, kernels="", chunk=4), blend=[[2.0, -1.0], [0.5, 0.5]]),
+    # bands of 48 keys or more run on tiled softmax's tiles (attention.impl = tiled), on rows with dense
+    Case("fmm", "band60_on_tiles_momentum_T150", 150, 2, _m(19, 16, 2, 1, 32), kind="fmm",
+         momentum=dict(gamma=0.2), fmm=dict(bandwidth=60, kernels="elu", chunk=8)),
+    Case("fmm", "band60_dense_rows_T150", 150, 2, _m(19, 16, 2, 1, 32), kind="fmm", impl="dense",
+         momentum=dict(gamma=0.2), fmm=dict(bandwidth=60, kernels="elu", chunk=8)),
+    Case("fmm", "noncausal_band30_on_tiles_T130", 130, 2, _m(19, 16, 2, 1, 32, causal=False), kind="fmm",
+         fmm=dict(bandwidth=30, kernels="elu,tanh", chunk=8)),
     # ---- cls -------------------------------------------------------------
     Case("cls", "softmax_noncausal", 20, 3, _m(24, 16, 2, 2, 48, causal=False)),
     Case("cls", "fmm_noncausal", 20, 3, _m(24, 16, 2, 2, 48, causal=False), kind="fmm",
