@@ -1,11 +1,19 @@
 /* Register-blocked products for attention tiles (tile_gemm.h). */
 #include "momfmm/tile_gemm.h"
 
+#include <string.h>
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define TILE_GEMM_AVX2 1
 #else
 #define TILE_GEMM_AVX2 0
+#endif
+/* The AVX-512 kernel is GCC's generic vectors, compiled for two targets. */
+#if TILE_GEMM_AVX2 && !defined(__clang__)
+#define TILE_GEMM_WIDE 1
+#else
+#define TILE_GEMM_WIDE 0
 #endif
 
 /* The micro-tile: 6 rows x 16 columns are twelve ymm accumulators, which
@@ -14,9 +22,23 @@
 #define MICRO_ROWS 6
 #define MICRO_COLS 16
 
+#define WIDE_COLS 32
+
 static bool enabled = true;
+static int wide_choice = -1; /* -1: where the CPU has AVX-512F; 0 or 1: set by the tests */
 
 void tile_gemm_set_enabled(bool on) { enabled = on; }
+
+void tile_gemm_set_wide(int choice) { wide_choice = choice; }
+
+bool tile_gemm_wide(void) {
+#if TILE_GEMM_WIDE
+    if (!tile_gemm_available()) return false;
+    return wide_choice >= 0 ? wide_choice == 1 : __builtin_cpu_supports("avx512f");
+#else
+    return false;
+#endif
+}
 
 bool tile_gemm_available(void) {
 #if TILE_GEMM_AVX2
@@ -118,23 +140,101 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void block_avx2
 }
 
 __attribute__((target("avx2,fma"))) static void block_avx2_full(const tile_block *t) { block_avx2(t, false); }
+
+#if TILE_GEMM_WIDE
+/* The micro-tile twice as wide for AVX-512 (docs/design.md §8.10): 6 rows
+ * x 32 columns in twelve 16-lane accumulators, one zmm each, full column
+ * blocks only (tile_gemm gives the rest of a product to the 16-column
+ * kernels). The same steps as block_avx2, so the two give the same bits:
+ * each sum runs over p in order with one fused multiply-add per step. It is
+ * written in GCC's generic vectors and compiled twice, so that the tests
+ * run this very source on a CPU without AVX-512 (block_wide_avx2: two ymm
+ * per accumulator, FMA too). fp-contract=fast fuses c += x * b, which
+ * strict C11 would not. */
+typedef float wide_vec __attribute__((vector_size(64)));
+
+/* Helpers as macros: a function taking or returning a 64-byte vector
+ * would change the ABI between the two targets. x - 0 is x for every x, -0
+ * included, so WIDE_SPLAT is a broadcast. */
+#define WIDE_LOAD(v, p) memcpy(&(v), (p), sizeof(v))
+#define WIDE_SPLAT(x) ((x) - (wide_vec){0})
+#define WIDE_STORE_ROW(t, r, lo, hi)                                                                     \
+    do {                                                                                                 \
+        if ((r) < (t)->rows) {                                                                           \
+            float *row = (t)->c + (r) * (t)->ldc;                                                        \
+            wide_vec l = (t)->alpha * (lo), h = (t)->alpha * (hi), old;                                  \
+            if ((t)->accumulate) {                                                                       \
+                __asm__("" : "+m"(l), "+m"(h)); /* as block_avx2: round alpha * lo, then add (no FMA) */ \
+                WIDE_LOAD(old, row), l = l + old, WIDE_LOAD(old, row + 16), h = h + old;                 \
+            }                                                                                            \
+            memcpy(row, &l, sizeof l);                                                                   \
+            memcpy(row + 16, &h, sizeof h);                                                              \
+        }                                                                                                \
+    } while (0)
+
+#define WIDE_CONTRACT optimize("fp-contract=fast")
+__attribute__((always_inline, WIDE_CONTRACT)) static inline void block_wide(const tile_block *t) {
+    int last = t->rows - 1;
+    ptrdiff_t o1 = min_int(1, last) * t->a_row, o2 = min_int(2, last) * t->a_row, o3 = min_int(3, last) * t->a_row;
+    ptrdiff_t o4 = min_int(4, last) * t->a_row, o5 = min_int(5, last) * t->a_row;
+    const float *a = t->a, *b = t->b;
+    wide_vec c00 = {0}, c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    wide_vec c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    const ptrdiff_t a_col = t->a_col, ldb = t->ldb;
+    for (int p = t->k; p > 0; p--, a += a_col, b += ldb) {
+        wide_vec b0, b1, x = WIDE_SPLAT(a[0]);
+        WIDE_LOAD(b0, b), WIDE_LOAD(b1, b + 16);
+        c00 += x * b0, c01 += x * b1;
+        x = WIDE_SPLAT(a[o1]);
+        c10 += x * b0, c11 += x * b1;
+        x = WIDE_SPLAT(a[o2]);
+        c20 += x * b0, c21 += x * b1;
+        x = WIDE_SPLAT(a[o3]);
+        c30 += x * b0, c31 += x * b1;
+        x = WIDE_SPLAT(a[o4]);
+        c40 += x * b0, c41 += x * b1;
+        x = WIDE_SPLAT(a[o5]);
+        c50 += x * b0, c51 += x * b1;
+    }
+    WIDE_STORE_ROW(t, 0, c00, c01);
+    WIDE_STORE_ROW(t, 1, c10, c11);
+    WIDE_STORE_ROW(t, 2, c20, c21);
+    WIDE_STORE_ROW(t, 3, c30, c31);
+    WIDE_STORE_ROW(t, 4, c40, c41);
+    WIDE_STORE_ROW(t, 5, c50, c51);
+}
+
+__attribute__((target("avx512f"), WIDE_CONTRACT)) static void block_wide_avx512(const tile_block *t) { block_wide(t); }
+__attribute__((target("avx2,fma"), WIDE_CONTRACT)) static void block_wide_avx2(const tile_block *t) { block_wide(t); }
+#endif
 __attribute__((target("avx2,fma"))) static void block_avx2_masked(const tile_block *t) { block_avx2(t, true); }
 #endif
 
-/* Column blocks outside, row blocks inside: a block of B (k x 16) stays in
- * L1 while the rows of A stream past it. */
+/* Column blocks outside, row blocks inside: a block of B (k x 16, or 32
+ * on the wide kernel) stays in L1 while the rows of A stream past it. */
 void tile_gemm(int m, int n, int k, float alpha, const float *a, ptrdiff_t a_row, ptrdiff_t a_col, const float *b,
                ptrdiff_t ldb, bool accumulate, float *c, ptrdiff_t ldc) {
-    bool avx2 = tile_gemm_available();
+    bool avx2 = tile_gemm_available(), wide = tile_gemm_wide();
+#if TILE_GEMM_WIDE
+    bool avx512 = wide && __builtin_cpu_supports("avx512f");
+#endif
     tile_block t = {
         .k = k, .alpha = alpha, .a_row = a_row, .a_col = a_col, .ldb = ldb, .accumulate = accumulate, .ldc = ldc};
-    for (int j = 0; j < n; j += MICRO_COLS) {
-        t.cols = min_int(MICRO_COLS, n - j);
+    for (int j = 0; j < n;) {
+        int width = wide && n - j >= WIDE_COLS ? WIDE_COLS : MICRO_COLS;
+        t.cols = min_int(width, n - j);
         t.b = b + j;
         for (int i = 0; i < m; i += MICRO_ROWS) {
             t.rows = min_int(MICRO_ROWS, m - i);
             t.a = a + i * a_row;
             t.c = c + i * ldc + j;
+#if TILE_GEMM_WIDE
+            if (width == WIDE_COLS) {
+                if (avx512) block_wide_avx512(&t);
+                else block_wide_avx2(&t);
+                continue;
+            }
+#endif
 #if TILE_GEMM_AVX2
             if (avx2) {
                 if (t.cols == MICRO_COLS) block_avx2_full(&t);
@@ -145,6 +245,7 @@ void tile_gemm(int m, int n, int k, float alpha, const float *a, ptrdiff_t a_row
             (void)avx2;
             block_portable(&t);
         }
+        j += width;
     }
 }
 

@@ -248,8 +248,8 @@ static double tile_gemm_error(int m, int n, int k, bool transposed_a, bool accum
 }
 
 static void test_tile_gemm_path(const char *path) {
-    static const int shapes[][3] = {{1, 1, 1},  {6, 16, 32},   {7, 17, 5}, {13, 29, 96},
-                                    {8, 12, 9}, {96, 32, 192}, {5, 3, 0}};
+    static const int shapes[][3] = {{1, 1, 1},     {6, 16, 32}, {7, 17, 5},  {13, 29, 96}, {8, 12, 9},
+                                    {96, 32, 192}, {5, 3, 0},   {7, 70, 33}, {11, 64, 3},  {6, 48, 1}};
     double worst = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int mode = 0; mode < 4; mode++)
@@ -282,9 +282,43 @@ static void test_tile_gemm_paths_agree(void) {
     free(q), free(k), free(v), free(dout), free(lse), free(scratch);
 }
 
+/* The AVX-512 kernel (6 x 32, full column blocks) gives the same bits as
+ * the AVX2 one: tiled attention forward and backward, T = 300, dh 64 (two
+ * wide blocks of the head dimension) and 24 (none: the fallback). Where
+ * the CPU has no AVX-512 the same source runs as its AVX2 clone. */
+static void test_tile_gemm_wide_same_bits(int DH) {
+    enum { T = 300 };
+    size_t n = (size_t)T * DH;
+    float *q = randn(n, 1), *k = randn(n, 1), *v = randn(n, 1), *dout = randn(n, 1), *lse = calloc(T, 4);
+    float *scratch = calloc(tiled_softmax_scratch_floats(T, DH), 4), *got[2][4];
+    for (int wide = 0; wide < 2; wide++) {
+        for (int i = 0; i < 4; i++) got[wide][i] = calloc(n, 4);
+        tile_gemm_set_wide(wide);
+        tiled_softmax_band_forward(got[wide][0], lse, q, k, v, T, T, DH, 0, true, 0, scratch);
+        tiled_softmax_band_backward(got[wide][1], got[wide][2], got[wide][3], dout, got[wide][0], lse, q, k, v, T, DH,
+                                    true, 0, scratch);
+    }
+    tile_gemm_set_wide(-1);
+    bool same = true;
+    for (int i = 0; i < 4; i++) same = same && memcmp(got[0][i], got[1][i], n * sizeof(float)) == 0;
+    char name[96];
+    snprintf(name, sizeof name, "tiled attention: the AVX-512 kernel gives the AVX2 one's bits (T=300, dh=%d)", DH);
+    test_check(same, name, NULL);
+    for (int wide = 0; wide < 2; wide++)
+        for (int i = 0; i < 4; i++) free(got[wide][i]);
+    free(q), free(k), free(v), free(dout), free(lse), free(scratch);
+}
+
 static void test_tile_gemm(void) {
-    if (tile_gemm_available()) test_tile_gemm_path("AVX2");
-    else test_skip("tile_gemm (AVX2)", "the CPU has no AVX2 and FMA");
+    if (tile_gemm_available()) {
+        tile_gemm_set_wide(0);
+        test_tile_gemm_path("AVX2");
+        tile_gemm_set_wide(1);
+        test_tile_gemm_path(__builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX-512's source as AVX2");
+        tile_gemm_set_wide(-1);
+        test_tile_gemm_wide_same_bits(64);
+        test_tile_gemm_wide_same_bits(24);
+    } else test_skip("tile_gemm (AVX2, AVX-512)", "the CPU has no AVX2 and FMA");
     tile_gemm_set_enabled(false);
     test_tile_gemm_path("portable");
     tile_gemm_set_enabled(true);

@@ -74,7 +74,9 @@ int main(int argc, char **argv) {
     }
     double peak = cpu_fma_peak_gflops(0.5);
     printf("fp32 FMA peak %.1f GFLOP/s (%s, 1 thread, measured); tile products on %s\n", peak, cpu_fma_isa(),
-           tile_gemm_available() ? "the AVX2 micro-kernel" : "portable C");
+           tile_gemm_wide()        ? "the AVX-512 micro-kernel (full 32-column blocks) and the AVX2 one"
+           : tile_gemm_available() ? "the AVX2 micro-kernel"
+                                   : "portable C");
     size_t n = (size_t)T * dh;
     float *q = random_floats(n), *k = random_floats(n), *v = random_floats(n), *out = random_floats(n);
     float *dout = random_floats(n), *dq = random_floats(n), *dk = random_floats(n), *dv = random_floats(n);

@@ -4,7 +4,7 @@
  * are transposed views: through cblas_sgemm each one paid the call, the
  * packing and a kernel built for long inner products, and ran at a third
  * of the FMA peak. Here one AVX2 micro-kernel (6 rows x 16 columns in
- * twelve accumulators) reads A through any pair of strides, so P^T and dS^T
+ * twelve accumulators; 6 x 32 on AVX-512) reads A through any pair of strides, so P^T and dS^T
  * need no copy, and B row by row, so only K^T and V^T are packed, once per
  * key tile. Where the CPU has no AVX2 and FMA, tile_gemm_available() is
  * false and the caller uses gemm_product. */
@@ -17,6 +17,11 @@
  * by tile_gemm_set_enabled (the tests compare it with gemm_product). */
 bool tile_gemm_available(void);
 void tile_gemm_set_enabled(bool enabled);
+/* True where full 32-column blocks run on the AVX-512 kernel: the CPU has
+ * AVX-512F, or the tests chose it (tile_gemm_set_wide(1); 0 turns it off,
+ * -1 goes back to the CPU's). Both kernels give the same bits. */
+bool tile_gemm_wide(void);
+void tile_gemm_set_wide(int choice);
 
 /* C[m x n] = alpha A B, or C += alpha A B with accumulate, where A's element
  * (i, p) is a[i * a_row + p * a_col], B's element (p, j) is b[p * ldb + j]
