@@ -172,7 +172,7 @@ typedef float wide_vec __attribute__((vector_size(64)));
         }                                                                                                \
     } while (0)
 
-#define WIDE_CONTRACT optimize("fp-contract=fast")
+#define WIDE_CONTRACT optimize("O2", "fp-contract=fast")
 __attribute__((always_inline, WIDE_CONTRACT)) static inline void block_wide(const tile_block *t) {
     int last = t->rows - 1;
     ptrdiff_t o1 = min_int(1, last) * t->a_row, o2 = min_int(2, last) * t->a_row, o3 = min_int(3, last) * t->a_row;
