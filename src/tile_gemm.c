@@ -140,6 +140,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void block_avx2
 }
 
 __attribute__((target("avx2,fma"))) static void block_avx2_full(const tile_block *t) { block_avx2(t, false); }
+__attribute__((target("avx2,fma"))) static void block_avx2_masked(const tile_block *t) { block_avx2(t, true); }
 
 #if TILE_GEMM_WIDE
 /* The micro-tile twice as wide for AVX-512 (docs/design.md §8.10): 6 rows
@@ -207,7 +208,6 @@ __attribute__((always_inline, WIDE_CONTRACT)) static inline void block_wide(cons
 __attribute__((target("avx512f"), WIDE_CONTRACT)) static void block_wide_avx512(const tile_block *t) { block_wide(t); }
 __attribute__((target("avx2,fma"), WIDE_CONTRACT)) static void block_wide_avx2(const tile_block *t) { block_wide(t); }
 #endif
-__attribute__((target("avx2,fma"))) static void block_avx2_masked(const tile_block *t) { block_avx2(t, true); }
 #endif
 
 /* Column blocks outside, row blocks inside: a block of B (k x 16, or 32
