@@ -4,7 +4,6 @@
  * every kernel sees contiguous [T, dh] matrices. */
 #include "momfmm/attention.h"
 
-#include <math.h>
 #include <omp.h>
 #include <string.h>
 
@@ -212,9 +211,7 @@ float attention_weight(const attention_layer *a, const attention_saved *s, int b
     if (a->cfg->attention == ATTENTION_FMM)
         return fmm_head_weight(a->fmm, q, k, a->blend[h], a->blend[a->H + h], saved, T, a->dh, i, j);
     if (!tiled_at(a->cfg, T)) return saved[(size_t)i * T + j];
-    float score = 0.0f;
-    for (int c = 0; c < a->dh; c++) score += q[(size_t)i * a->dh + c] * k[(size_t)j * a->dh + c];
-    return expf(score / sqrtf((float)a->dh) - saved[i]);
+    return tiled_softmax_weight(q, k, saved, a->dh, i, j);
 }
 
 /* ---- streaming (docs/model.md §1.2: carry each sequence's previous vectors) ------- */

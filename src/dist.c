@@ -446,8 +446,7 @@ struct dist_reducer {
     MPI_Request *requests;
     int n_buckets, n_launched;
     bool overlap, active;
-    /* ZeRO-1 (docs/scale.md §7): this rank's slice [first, first + count);
-     * every rank's part of each bucket ([n_buckets][ranks]) */
+    /* ZeRO-1 (scale.md §7): this rank's slice; every rank's part of each bucket */
     size_t first, count;
     int *counts, *displs;
 };
@@ -512,8 +511,7 @@ float *dist_reducer_slice(dist_reducer *r) { return r->grads + r->first; }
 
 /* Bucket by bucket, so that the watchdog can name the bucket that does not
  * complete, each polled with the arrivals (the total wait is the same);
- * marked on entering (this rank has finished backward and waits) and when
- * done. */
+ * marked on entering (backward done, this rank waits) and when done. */
 static void wait_buckets(dist_reducer *r, const char *operation) {
     send_mark(false);
     for (int i = 0; i < r->n_buckets; i++) {

@@ -517,7 +517,7 @@ float fmm_head_weight(const fmm_settings *s, const float *q, const float *k, flo
     int lo, hi, base = band_limits(&g, i, T, &lo, &hi);
     const float *qi = q + (size_t)i * dh, *kj = k + (size_t)j * dh;
     if (g.width > 0 && j >= lo && j <= hi) {
-        float p = band_on_tiles(s, &g) ? expf(dot(qi, kj, dh) / sqrtf((float)dh) - saved[i]) /* saved[i]: lse */
+        float p = band_on_tiles(s, &g) ? tiled_softmax_weight(q, k, saved, dh, i, j) /* saved: lse first */
                                        : saved[(size_t)i * g.width + (j - base)];
         w += sigmoid(blend_near) * p;
     }
@@ -538,11 +538,13 @@ void fmm_head_backward(const fmm_settings *s, const float *q, const float *k, co
                        float *d_blend_near, float *d_blend_far, float *scratch, int T, int dh) {
     if (T <= 0) return;
     size_t n = (size_t)T * dh;
-    memset(dq, 0, n * sizeof *dq);
-    memset(dk, 0, n * sizeof *dk);
-    memset(dv, 0, n * sizeof *dv);
     band_geometry g = band_of(s, T);
     int r = far_kernels(s);
+    if (!band_on_tiles(s, &g)) { /* the band on tiles writes them; the rows and the far field add */
+        memset(dq, 0, n * sizeof *dq);
+        memset(dk, 0, n * sizeof *dk);
+        memset(dv, 0, n * sizeof *dv);
+    }
     fmm_scratch sc = carve_scratch(s, scratch, T, dh);
 
     if (g.width > 0) {

@@ -212,6 +212,12 @@ void tiled_softmax_band_forward(float *out, float *lse, const float *q, const fl
         forward_tile(out, lse, q, k, v, dh, i0, min_int(TILE_Q, Tq - i0), &mask, &s);
 }
 
+float tiled_softmax_weight(const float *q, const float *k, const float *lse, int dh, int i, int j) {
+    float score = 0.0f;
+    for (int c = 0; c < dh; c++) score += q[(size_t)i * dh + c] * k[(size_t)j * dh + c];
+    return expf(score / sqrtf((float)dh) - lse[i]);
+}
+
 void tiled_softmax_forward(float *out, float *lse, const float *q, const float *k, const float *v, int Tq, int Tk,
                            int dh, int q_pos0, bool causal, float *scratch) {
     tiled_softmax_band_forward(out, lse, q, k, v, Tq, Tk, dh, q_pos0, causal, 0, scratch);

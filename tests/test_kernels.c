@@ -259,54 +259,58 @@ static void test_tile_gemm_path(const char *path) {
     test_within(name, worst, 1.0);
 }
 
-/* The tiled attention on the portable products equals it on AVX2 ones. */
-static void test_tile_gemm_paths_agree(void) {
-    enum { T = 300, DH = 24 };
+/* Tiled attention forward and backward at T = 300 twice, its products
+ * chosen by choose(0), then choose(1): the largest relative difference of
+ * out, dq, dk and dv, and whether every bit agrees. */
+typedef struct {
+    double max_rel;
+    bool same_bits;
+} two_ways;
+
+static two_ways tiled_two_ways(int DH, void (*choose)(int way)) {
+    enum { T = 300 };
     size_t n = (size_t)T * DH;
     float *q = randn(n, 1), *k = randn(n, 1), *v = randn(n, 1), *dout = randn(n, 1), *lse = calloc(T, 4);
     float *scratch = calloc(tiled_softmax_scratch_floats(T, DH), 4), *got[2][4];
-    for (int path = 0; path < 2; path++) {
-        for (int i = 0; i < 4; i++) got[path][i] = calloc(n, 4);
-        tile_gemm_set_enabled(path == 0);
-        tiled_softmax_forward(got[path][0], lse, q, k, v, T, T, DH, 0, true, scratch);
-        tiled_softmax_backward(got[path][1], got[path][2], got[path][3], dout, got[path][0], lse, q, k, v, T, DH, true,
+    for (int way = 0; way < 2; way++) {
+        for (int i = 0; i < 4; i++) got[way][i] = calloc(n, 4);
+        choose(way);
+        tiled_softmax_forward(got[way][0], lse, q, k, v, T, T, DH, 0, true, scratch);
+        tiled_softmax_backward(got[way][1], got[way][2], got[way][3], dout, got[way][0], lse, q, k, v, T, DH, true,
                                scratch);
     }
-    tile_gemm_set_enabled(true);
-    double worst = 0;
-    for (int i = 0; i < 4; i++) worst = fmax(worst, max_rel(got[0][i], got[1][i], n));
-    test_check(worst <= 1e-5, "tiled attention: AVX2 and portable products agree (T=300, dh=24)", "max rel %.3g",
-               worst);
-    for (int path = 0; path < 2; path++)
-        for (int i = 0; i < 4; i++) free(got[path][i]);
+    two_ways r = {0, true};
+    for (int i = 0; i < 4; i++) {
+        r.max_rel = fmax(r.max_rel, max_rel(got[0][i], got[1][i], n));
+        r.same_bits = r.same_bits && memcmp(got[0][i], got[1][i], n * sizeof(float)) == 0;
+    }
+    for (int way = 0; way < 2; way++)
+        for (int i = 0; i < 4; i++) free(got[way][i]);
     free(q), free(k), free(v), free(dout), free(lse), free(scratch);
+    return r;
+}
+
+static void avx2_then_portable(int way) { tile_gemm_set_enabled(way == 0); }
+static void avx2_then_wide(int way) { tile_gemm_set_wide(way); }
+
+/* The tiled attention on the portable products equals it on AVX2 ones. */
+static void test_tile_gemm_paths_agree(void) {
+    two_ways r = tiled_two_ways(24, avx2_then_portable);
+    tile_gemm_set_enabled(true);
+    test_check(r.max_rel <= 1e-5, "tiled attention: AVX2 and portable products agree (T=300, dh=24)", "max rel %.3g",
+               r.max_rel);
 }
 
 /* The AVX-512 kernel (6 x 32, full column blocks) gives the same bits as
  * the AVX2 one: tiled attention forward and backward, T = 300, dh 64 (two
  * wide blocks of the head dimension) and 24 (none: the fallback). Where
- * the CPU has no AVX-512 the same source runs as its AVX2 clone. */
+ * the CPU has no AVX-512 the same source runs built for AVX2. */
 static void test_tile_gemm_wide_same_bits(int DH) {
-    enum { T = 300 };
-    size_t n = (size_t)T * DH;
-    float *q = randn(n, 1), *k = randn(n, 1), *v = randn(n, 1), *dout = randn(n, 1), *lse = calloc(T, 4);
-    float *scratch = calloc(tiled_softmax_scratch_floats(T, DH), 4), *got[2][4];
-    for (int wide = 0; wide < 2; wide++) {
-        for (int i = 0; i < 4; i++) got[wide][i] = calloc(n, 4);
-        tile_gemm_set_wide(wide);
-        tiled_softmax_band_forward(got[wide][0], lse, q, k, v, T, T, DH, 0, true, 0, scratch);
-        tiled_softmax_band_backward(got[wide][1], got[wide][2], got[wide][3], dout, got[wide][0], lse, q, k, v, T, DH,
-                                    true, 0, scratch);
-    }
+    two_ways r = tiled_two_ways(DH, avx2_then_wide);
     tile_gemm_set_wide(-1);
-    bool same = true;
-    for (int i = 0; i < 4; i++) same = same && memcmp(got[0][i], got[1][i], n * sizeof(float)) == 0;
     char name[96];
     snprintf(name, sizeof name, "tiled attention: the AVX-512 kernel gives the AVX2 one's bits (T=300, dh=%d)", DH);
-    test_check(same, name, NULL);
-    for (int wide = 0; wide < 2; wide++)
-        for (int i = 0; i < 4; i++) free(got[wide][i]);
-    free(q), free(k), free(v), free(dout), free(lse), free(scratch);
+    test_check(r.same_bits, name, NULL);
 }
 
 static void test_tile_gemm(void) {

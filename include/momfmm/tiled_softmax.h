@@ -22,6 +22,11 @@ void tiled_softmax_forward(float *out, float *lse, const float *q, const float *
 void tiled_softmax_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                             const float *q, const float *k, const float *v, int T, int dh, bool causal, float *scratch);
 
+/* p_ij = exp(q_i . k_j / sqrt(dh) - lse_i), query i's weight of key j,
+ * from q, k [T, dh] and the forward's lse (the attention read-outs,
+ * docs/metrics.md §3); the caller checks that j is visible to i. */
+float tiled_softmax_weight(const float *q, const float *k, const float *lse, int dh, int i, int j);
+
 /* The same restricted to a band (FMM's near field, docs/model.md §1.3):
  * query i sees key j only when |q_pos0 + i - j| < half, and causal rows
  * none ahead; half = 0 is no band (the two functions above). Tiles with
