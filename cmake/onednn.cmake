@@ -1,4 +1,4 @@
-# The GEMM engine (include/momfmm/gemm.h; docs/scale.md §7): OpenBLAS always,
+# The GEMM engine (src/kernels/gemm.h; docs/scale.md §7): OpenBLAS always,
 # oneDNN's fp32 and bf16 matmul when oneDNN is installed (Debian: libdnnl-dev).
 #
 # find_path/find_library rather than find_package(dnnl CONFIG): Debian's
@@ -8,7 +8,6 @@
 # links libgomp for omp_set_num_threads, without compiling momfmm with
 # -fopenmp.
 option(MOMFMM_WITH_ONEDNN "Build the oneDNN GEMM engines (onednn-f32, onednn-bf16)" ON)
-target_sources(momfmm_core PRIVATE src/gemm.c src/gemm_tune.c)
 if(MOMFMM_WITH_ONEDNN)
   find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.h)
   find_library(DNNL_LIBRARY dnnl)
@@ -17,7 +16,7 @@ endif()
 if(MOMFMM_WITH_ONEDNN AND DNNL_INCLUDE_DIR AND DNNL_LIBRARY AND OpenMP_C_FOUND)
   message(STATUS "oneDNN: ${DNNL_LIBRARY} (GEMM engines openblas, onednn-f32, onednn-bf16)")
   set(MOMFMM_HAVE_ONEDNN ON)
-  target_sources(momfmm_core PRIVATE src/gemm_onednn.c)
+  target_sources(momfmm_core PRIVATE src/kernels/gemm_onednn.c)
   target_compile_definitions(momfmm_core PRIVATE MOMFMM_HAVE_ONEDNN)
   target_include_directories(momfmm_core PRIVATE ${DNNL_INCLUDE_DIR})
   target_link_libraries(momfmm_core PUBLIC ${DNNL_LIBRARY} ${OpenMP_C_LIBRARIES})

@@ -1,6 +1,6 @@
 # The version and git revision that `momfmm --version` prints (docs/cli.md
 # §5) and checkpoints record (docs/files.md §4), as compile definitions of
-# src/build_info.c alone, so that a new revision
+# src/base/build_info.c alone (src/CMakeLists.txt), so that a new revision
 # recompiles one file. The revision is `git describe --always --dirty` at
 # configure time ("unknown" outside a git checkout); a commit re-runs the
 # configure step through logs/HEAD, a change to the working tree alone does not.
@@ -26,6 +26,4 @@ if(GIT_FOUND)
     endif()
   endif()
 endif()
-set_property(SOURCE src/build_info.c APPEND PROPERTY COMPILE_DEFINITIONS
-             MOMFMM_VERSION="${MOMFMM_VERSION}" MOMFMM_GIT_REVISION="${MOMFMM_GIT_REVISION}")
 message(STATUS "momfmm ${MOMFMM_VERSION} (git ${MOMFMM_GIT_REVISION})")

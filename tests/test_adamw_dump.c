@@ -7,11 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/cmd_common.h"
-#include "momfmm/dist.h"
-#include "momfmm/model.h"
-#include "momfmm/optimizer.h"
+#include "commands/cmd_common.h"
+#include "model/model.h"
+#include "parallel/dist.h"
 #include "test_util.h"
+#include "training/optimizer.h"
 
 #define STEPS 6
 

@@ -9,10 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "momfmm/config.h"
-#include "momfmm/status.h"
-#include "momfmm/suggest.h"
-#include "momfmm/sys.h"
+#include "base/status.h"
+#include "base/suggest.h"
+#include "base/sys.h"
+#include "config/config.h"
 #include "test_util.h"
 
 /* The checks of this file print their detail only when they fail: the name

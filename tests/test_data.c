@@ -10,10 +10,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "momfmm/config.h"
-#include "momfmm/corpus.h"
-#include "momfmm/data.h"
-#include "momfmm/fast_math.h"
+#include "base/fast_math.h"
+#include "config/config.h"
+#include "data/corpus.h"
+#include "data/data.h"
 #include "test_util.h"
 
 static char workdir[] = "/tmp/test_data_XXXXXX";

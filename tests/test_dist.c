@@ -10,10 +10,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "momfmm/cmd_common.h"
-#include "momfmm/dist.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "commands/cmd_common.h"
+#include "parallel/dist.h"
 #include "test_util.h"
 
 #define RELAUNCH_MARK "MOMFMM_TEST_DIST_RANKS"

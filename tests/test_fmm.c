@@ -1,10 +1,10 @@
-/* Tests of the FMM attention kernels (src/fmm.c, docs/model.md §1.3).
+/* Tests of the FMM attention kernels (src/attention/fmm.c, docs/model.md §1.3).
  *   test_fmm          run every check, one line each; exit 1 on any failure
  *   test_fmm --bench  time fmm_head_forward + fmm_head_backward per token */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
-#include "momfmm/config.h"
-#include "momfmm/fmm.h"
-#include "momfmm/tiled_softmax.h"
+#include "attention/fmm.h"
+#include "config/config.h"
+#include "kernels/tiled_softmax.h"
 #include "test_util.h"
 
 #include <cblas.h> /* openblas_get_corename, for the benchmark header */

@@ -10,11 +10,11 @@
 
 #include <cblas.h>
 
-#include "momfmm/cpu.h"
-#include "momfmm/gemm.h"
-#include "momfmm/model.h"
-#include "momfmm/optimizer.h"
+#include "base/cpu.h"
+#include "kernels/gemm.h"
+#include "model/model.h"
 #include "test_util.h"
+#include "training/optimizer.h"
 
 /* Error bounds, elementwise and worst-case (no statistical √K argument, so
  * they hold for every input). With S = |op(A)| |op(B)| (products of

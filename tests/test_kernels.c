@@ -4,10 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/float_env.h"
-#include "momfmm/kernels.h"
-#include "momfmm/tile_gemm.h"
-#include "momfmm/tiled_softmax.h"
+#include "base/float_env.h"
+#include "kernels/kernels.h"
+#include "kernels/tile_gemm.h"
+#include "kernels/tiled_softmax.h"
 #include "test_util.h"
 
 static uint64_t rng_state = 42;

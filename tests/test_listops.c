@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "momfmm/listops.h"
-#include "momfmm/rng.h"
+#include "base/rng.h"
+#include "data/listops.h"
 #include "test_util.h"
 
 static int value_of(const char *source) {

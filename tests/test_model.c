@@ -7,14 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/cmd_common.h"
-#include "momfmm/dist.h"
-#include "momfmm/kernels.h"
-#include "momfmm/model.h"
-#include "momfmm/optimizer.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "commands/cmd_common.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "parallel/dist.h"
 #include "test_util.h"
+#include "training/optimizer.h"
 
 #define B 2
 #define T 9

@@ -1,7 +1,7 @@
 /* Tests of the momentum shear (docs/model.md §1.2): finite differences of dx and dgamma,
  * a double-precision reference forward, the identity at zero coefficients and
  * segmented (streaming) forwards.  One line per check (tests/test_util.h). */
-#include "momfmm/momentum.h"
+#include "attention/momentum.h"
 #include "test_util.h"
 
 #include <stdlib.h>

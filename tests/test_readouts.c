@@ -12,12 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/cmd_common.h"
-#include "momfmm/dist.h"
-#include "momfmm/model.h"
-#include "momfmm/readouts.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "commands/cmd_common.h"
+#include "eval/readouts.h"
+#include "model/model.h"
+#include "parallel/dist.h"
 #include "test_util.h"
 
 #define B 3

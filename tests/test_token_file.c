@@ -11,8 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "momfmm/corpus.h"
-#include "momfmm/token_file.h"
+#include "data/corpus.h"
+#include "data/token_file.h"
 #include "test_util.h"
 
 static char workdir[] = "/tmp/test_token_file_XXXXXX";

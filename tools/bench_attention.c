@@ -1,4 +1,4 @@
-/* GFLOP/s of tiled softmax attention for one head (src/tiled_softmax.c,
+/* GFLOP/s of tiled softmax attention for one head (src/kernels/tiled_softmax.c,
  * docs/design.md §8.10), one thread: the whole causal forward and backward,
  * and each of its seven tile products alone on tile_gemm, as a fraction of
  * the core's measured fp32 FMA peak (the probe `momfmm bench` runs). This
@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "momfmm/cpu.h"
-#include "momfmm/tile_gemm.h"
-#include "momfmm/tiled_softmax.h"
+#include "base/cpu.h"
+#include "kernels/tile_gemm.h"
+#include "kernels/tiled_softmax.h"
 
 #define ROUNDS 5
 

@@ -20,12 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/blas_core.h"
-#include "momfmm/config.h"
-#include "momfmm/cpu.h"
-#include "momfmm/gemm.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
+#include "base/blas_core.h"
+#include "base/cpu.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "config/config.h"
+#include "kernels/gemm.h"
 
 typedef struct {
     int d_model, d_ff, vocab, seq_len, batch;

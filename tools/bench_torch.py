@@ -310,7 +310,7 @@ def main():
     momfmm_runs = []
     if args.momfmm:
         # momfmm first: its OpenBLAS core (it may pick a faster one than OpenBLAS
-        # detects, src/blas_core.c) is given to torch's OpenBLAS before it loads
+        # detects, src/base/blas_core.c) is given to torch's OpenBLAS before it loads
         momfmm_runs.append(run_momfmm(args))
         core = momfmm_runs[0]["core"]
         if core and "OPENBLAS_CORETYPE" not in os.environ:

@@ -9,7 +9,9 @@ tracks (or, outside a checkout, every text file below the root), this checks
 that the document exists and has a heading that carries the section
 (`## §1.2 ...`, or the document's own `# §1` for a whole-document citation).
 A citation of an issue by its number or title is refused as well: no
-reader of the code can resolve it. --list prints every citation with its
+reader of the code can resolve it. So is a path of the repository
+(`src/kernels/gemm.c`, `tools/check_docs.py`, `include/...`) that names
+no file or folder of the tree: a stale path after a move. --list prints every citation with its
 place, for reading them against what they cite.
 
 Exits 0 when every citation resolves, else 1 after one line per problem.
@@ -25,6 +27,10 @@ SECTION = re.compile(r"§\s?(\d+(?:\.\d+)*)")
 ISSUE = re.compile(r"\bissue(?:s)?\s+(?:\d+|\"|:)|\(issue[ :]|the (?:core|[A-Z][\w-]*) issue\b|issue \d+'s")
 TEXT_ENDINGS = (".c", ".h", ".py", ".sh", ".md", ".txt", ".ini", ".cmake", ".sbatch", ".list", ".toml")
 SKIP_DIRS = ("results/", "figures/", "build", ".git/")
+# A path of the repository's own tree, as prose and comments write it.
+REPO_PATH = re.compile(r"(?<![\w./$-])((?:src|include|tools|tests|jobs|configs|docs|python|cmake)/[\w./+-]*[\w/])")
+# A path with a pattern or a placeholder in it names no one file.
+NOT_A_PATH = re.compile(r"[*<>{}$]|\.\.\.|/[A-Za-z]\.\w+$")
 
 
 def tracked_files(root):
@@ -67,6 +73,12 @@ def main():
         for lineno, line in enumerate(lines, 1):
             if ISSUE.search(line) and not rel.startswith(".ci"):
                 problems.append(f"{rel}:{lineno}: cites an issue, which no reader can resolve: {line.strip()[:100]}")
+            for m in REPO_PATH.finditer(line):
+                rest = line[m.end():m.end() + 1]
+                if NOT_A_PATH.search(m.group(1)) or rest in "*<{$" and rest:
+                    continue
+                if not os.path.exists(os.path.join(root, m.group(1).rstrip("/."))):
+                    problems.append(f"{rel}:{lineno}: names {m.group(1)}, which is not in the tree")
             for doc, cited in CITATION.findall(line):
                 if doc in ("README", "RESULTS", "SPEC") or not (rel.startswith("docs/") or f"docs/{doc}.md" in line):
                     continue

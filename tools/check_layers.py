@@ -5,15 +5,17 @@
 
 The layer table is read from docs/design.md itself (the table under "§8.1"), so
 the document and the check cannot drift apart. Each row names a layer and, in
-backticks, its files; rows run from the top layer down. Then, for every file
-in src/ and include/momfmm/:
+backticks, its folder under src/ (`src/kernels/`); rows run from the top layer
+down. A module is one .c file with the header of the same name beside it.
+Then, for every C file under src/:
 
-1. it stands in the table (a file the table omits is an error);
-2. each `#include "..."` of the project names a file of its own layer or of a
-   layer below;
+1. it lies in a folder of the table (a folder the table omits is an error);
+2. each `#include "folder/x.h"` of the project names a header of its own layer
+   or of a layer below; a header included by its bare name ("config_table.h")
+   is private to its folder and must lie beside the file that includes it;
 3. each call of a function declared in a project header goes to a module of
    its own layer or below;
-4. a function declared in a module's header is defined in that module, so a
+4. a function declared in a module's header is defined in that folder, so a
    header cannot declare what a file of another layer implements;
 5. the modules' dependencies (includes and calls) form no cycle, inside a
    layer too: each arrow runs one way;
@@ -21,7 +23,11 @@ in src/ and include/momfmm/:
    the module's name or its first word ("h5reader_", "cmd_" for
    cmd_common.h, "metric" for metrics.h), or one of the prefixes the header
    lists on a line "Prefixes: a_ b_" of its comments (kernels.h: one per
-   kernel family).
+   kernel family);
+7. every function a header exports is called from another file (of src/,
+   tests/ or tools/): an export nothing calls is dead or should be static;
+8. only the files of the parallel runtime's folder (the row whose folder is
+   `src/parallel/`) call MPI (a call of an MPI_ function) or include <mpi.h>.
 
 Exits 0 when all hold, else 1 after one line per violation. Reads the code as
 text (comments and strings removed), which the project's plain C allows.
@@ -65,7 +71,7 @@ def strip_code(text):
 
 
 def read_table(root):
-    """[(layer, [file names])] from the top layer down, from docs/design.md §8.1."""
+    """[(layer, [folders])] from the top layer down, from docs/design.md §8.1."""
     path = os.path.join(root, "docs", "design.md")
     with open(path) as f:
         lines = f.read().splitlines()
@@ -80,8 +86,8 @@ def read_table(root):
         if line.startswith("|"):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if in_table and len(cells) >= 2 and not set(cells[0]) <= set("-: "):
-                files = re.findall(r"`([\w./]+\.[ch])`", cells[1])
-                rows.append((cells[0], [os.path.basename(f) for f in files]))
+                folders = re.findall(r"`src/(\w+)/`", cells[1])
+                rows.append((cells[0], folders))
             in_table = True
         elif in_table and rows:
             break
@@ -91,17 +97,32 @@ def read_table(root):
 
 
 def project_files(root):
-    """{base name: path} of every C source and header of the program."""
+    """{path under src/ ("kernels/gemm.c"): full path} of every C source and header of the program."""
+    files, src = {}, os.path.join(root, "src")
+    for folder, _, names in sorted(os.walk(src)):
+        for name in sorted(names):
+            if name.endswith((".c", ".h")):
+                full = os.path.join(folder, name)
+                files[os.path.relpath(full, src)] = full
+    return files
+
+
+def caller_files(root):
+    """{path: full path} of the C files outside src/ that may call the program's functions."""
     files = {}
-    for folder in ("src", os.path.join("include", "momfmm")):
+    for folder in ("tests", "tools"):
         for name in sorted(os.listdir(os.path.join(root, folder))):
             if name.endswith((".c", ".h")):
-                files[name] = os.path.join(root, folder, name)
+                files[f"{folder}/{name}"] = os.path.join(root, folder, name)
     return files
 
 
 def module_of(name):
     return name[:-2]
+
+
+def folder_of(name):
+    return os.path.dirname(name)
 
 
 def declared_functions(code):
@@ -208,52 +229,29 @@ def find_cycle(graph):
     return None
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    root = os.path.abspath(parser.parse_args().root)
-    table = read_table(root)
-    files = project_files(root)
-    layer_of, layer_name = {}, {}
-    for depth, (name, members) in enumerate(table):
-        for member in members:
-            layer_of[member] = len(table) - depth  # higher number, higher layer
-            layer_name[member] = name
-    problems = []
-    # a header belongs to its module's layer unless the table places it itself
-    for name in files:
-        if name not in layer_of and name.endswith(".h") and module_of(name) + ".c" in layer_of:
-            layer_of[name] = layer_of[module_of(name) + ".c"]
-            layer_name[name] = layer_name[module_of(name) + ".c"]
-    for name in files:
-        if name not in layer_of:
-            problems.append(f"{files[name]}: not in the layer table of docs/design.md §8.1")
-    codes = {}
-    for name, path in files.items():
-        with open(path) as f:
-            codes[name] = (f.read(), None)
-        codes[name] = (codes[name][0], strip_code(codes[name][0]))
-    exported = {}  # function name -> header
+def read_code(path):
+    with open(path) as f:
+        raw = f.read()
+    return raw, strip_code(raw)
+
+
+def check_prefixes(codes, files, problems):
+    """{exported function or type: header}; a problem for each name without its module's prefix."""
+    exported = {}
     for name, (raw, code) in sorted(codes.items()):
         if name.endswith(".h"):
-            prefixes = allowed_prefixes(name, raw)
+            prefixes = allowed_prefixes(os.path.basename(name), raw)
             for fn in sorted(declared_functions(code) | exported_types(code)):
                 exported.setdefault(fn, name)
                 if not any(fn.startswith(p) for p in prefixes):
                     problems.append(f"{files[name]}: exports {fn}, without the module's prefix "
                                     f"({' or '.join(sorted(p + '_' if not p.endswith('_') else p for p in prefixes))})")
-    definers = {}
-    for name, (_, code) in codes.items():
-        if name.endswith(".c"):
-            for fn in defined_functions(code):
-                definers[fn] = name
-    for fn, header in sorted(exported.items()):
-        where = definers.get(fn)
-        owner = module_of(header)
-        if where and module_of(where) != owner and layer_of.get(where) != layer_of.get(header):
-            problems.append(f"{files[where]}: defines {fn}(), which {header} (layer '{layer_name.get(header)}') "
-                            f"declares: a header declares only what its own layer implements")
-    depends = {}  # module -> modules it includes or calls
+    return exported
+
+
+def check_dependencies(codes, files, layer_of, layer_name, exported, problems):
+    """{module: modules it includes or calls}; a problem for each include or call that runs upward."""
+    depends = {}
     for name, (raw, code) in sorted(codes.items()):
         if name not in layer_of:
             continue
@@ -263,7 +261,13 @@ def main():
             m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
             if not m:
                 continue
-            target = os.path.basename(m.group(1))
+            target = m.group(1)
+            if "/" not in target:  # a folder's private header, beside its user
+                target = os.path.join(folder_of(name), target)
+                if target not in files:
+                    problems.append(f"{files[name]}:{lineno}: includes \"{m.group(1)}\", which is not beside it "
+                                    f"(a header of another folder is included as \"folder/{m.group(1)}\")")
+                    continue
             if target in files and module_of(target) != module_of(name):
                 uses.add(module_of(target))
             if target in layer_of and layer_of[target] > mine:
@@ -278,15 +282,86 @@ def main():
                 if layer_of[header] > mine:
                     problems.append(f"{files[name]}:{lineno}: calls {fn}() of {header} (layer "
                                     f"'{layer_name[header]}'), above its own layer '{layer_name[name]}'")
+    return depends
+
+
+def check_unused_exports(codes, callers, exported, problems, files):
+    """A problem for each exported function that no file but its definer's module calls."""
+    called = {}
+    for name, (_, code) in list(codes.items()) + list(callers.items()):
+        words = re.findall(r"\b([A-Za-z_]\w*)\b", code)
+        for fn in set(words):
+            if fn not in exported:
+                continue
+            # another module's use, or a header's own use (an inline function or a macro of
+            # that header calls it, and expands in its callers)
+            if module_of(exported[fn]) != module_of(name) or (name == exported[fn] and words.count(fn) > 1):
+                called.setdefault(fn, name)
+    functions = {fn for name, (_, code) in codes.items() if name.endswith(".h") for fn in declared_functions(code)}
+    for fn in sorted(functions):
+        if fn in exported and fn not in called:
+            problems.append(f"{files[exported[fn]]}: exports {fn}(), which no other file calls "
+                            f"(make it static, or remove it)")
+
+
+def check_mpi(codes, files, mpi_folders, problems):
+    """A problem for each MPI call or <mpi.h> outside the parallel runtime's folder."""
+    for name, (raw, code) in sorted(codes.items()):
+        if folder_of(name) in mpi_folders:
+            continue
+        for lineno, line in enumerate(code.splitlines(), 1):
+            m = re.search(r"\bP?MPI_[A-Z]\w*\s*\(", line)
+            if m:
+                problems.append(f"{files[name]}:{lineno}: calls {m.group(0)[:-1].strip()}(): only the "
+                                f"parallel runtime (src/{' or src/'.join(sorted(mpi_folders))}/) calls MPI")
+        for lineno, line in enumerate(raw.splitlines(), 1):
+            if re.match(r"\s*#\s*include\s*<mpi\.h>", line):
+                problems.append(f"{files[name]}:{lineno}: includes <mpi.h>: only the parallel runtime calls MPI")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    root = os.path.abspath(parser.parse_args().root)
+    table = read_table(root)
+    files = project_files(root)
+    layer_of, layer_name, folder_layer = {}, {}, {}
+    for depth, (name, folders) in enumerate(table):
+        for folder in folders:
+            folder_layer[folder] = (len(table) - depth, name)  # higher number, higher layer
+    problems = []
+    for name in files:
+        if folder_of(name) in folder_layer:
+            layer_of[name], layer_name[name] = folder_layer[folder_of(name)]
+        else:
+            problems.append(f"{files[name]}: its folder src/{folder_of(name)}/ is not in the layer table "
+                            f"of docs/design.md §8.1")
+    codes = {name: read_code(path) for name, path in files.items()}
+    callers = {name: read_code(path) for name, path in caller_files(root).items()}
+    exported = check_prefixes(codes, files, problems)
+    definers = {}
+    for name, (_, code) in codes.items():
+        if name.endswith(".c"):
+            for fn in defined_functions(code):
+                definers[fn] = name
+    for fn, header in sorted(exported.items()):
+        where = definers.get(fn)
+        if where and module_of(where) != module_of(header) and folder_of(where) != folder_of(header):
+            problems.append(f"{files[where]}: defines {fn}(), which {header} (layer '{layer_name.get(header)}') "
+                            f"declares: a header declares only what its own folder implements")
+    depends = check_dependencies(codes, files, layer_of, layer_name, exported, problems)
     cycle = find_cycle(depends)
     if cycle:
         problems.append("modules depend on each other in a circle: " + " -> ".join(cycle))
+    check_unused_exports(codes, callers, exported, problems, files)
+    check_mpi(codes, files, {f for f, (_, layer) in folder_layer.items() if f == "parallel"}, problems)
     for p in problems:
         print(os.path.relpath(p.split(":")[0], root) + p[len(p.split(":")[0]):] if p.startswith(root) else p)
     if problems:
         print(f"check_layers: {len(problems)} violation(s) of the layers of docs/design.md §8.1")
         return 1
-    print(f"check_layers: {len(files)} files in {len(table)} layers, no include or call runs upward")
+    print(f"check_layers: {len(files)} files in {len(folder_layer)} folders of {len(table)} layers, "
+          f"no include or call runs upward, no export unused, MPI only in src/parallel/")
     return 0
 
 

@@ -1,5 +1,5 @@
 /* The peak floating-point throughput of this machine's cores, measured with
- * register-only loops (src/cpu.c; docs/design.md §8.10): fp32 FMAs at the
+ * register-only loops (src/base/cpu.c; docs/design.md §8.10): fp32 FMAs at the
  * widest width the CPU has, and bf16 dot products where it has AVX512_BF16.
  * `momfmm bench` runs the same probe at start-up and states its GFLOP/s as a
  * fraction of this peak.
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/cpu.h"
+#include "base/cpu.h"
 
 int main(int argc, char **argv) {
     int threads = 1;

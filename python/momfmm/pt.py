@@ -10,7 +10,7 @@ The module computes the model of docs/model.md §1 as the C code does: pre-LN bl
 head. It is float32 by default (as the C code) and `.double()` works. It recomputes everything
 per forward (no streaming state); `generate` re-runs the whole prefix for each new id and picks
 it as `momfmm generate` does (greedy, or sampled with temperature, top-k, top-p and seed through
-the same sampler and counter generator, include/momfmm/rng.h), so both give the same ids.
+the same sampler and counter generator, src/base/rng.h), so both give the same ids.
 
 Parameter names are the checkpoint's /model names (docs/files.md §4) with '/' -> '.', except the
 embedding: `tok_emb` -> `tok_emb.weight`. Momentum buffers /buffers/blocks/<i>/attn/prev_q|prev_k

@@ -1,5 +1,5 @@
-"""The sampler of `momfmm generate` (src/cmd_generate.c, docs/cli.md §5) and the counter-based
-random numbers it draws (include/momfmm/rng.h), in Python, step for step: momfmm.pt.generate
+"""The sampler of `momfmm generate` (src/commands/cmd_generate.c, docs/cli.md §5) and the counter-based
+random numbers it draws (src/base/rng.h), in Python, step for step: momfmm.pt.generate
 picks its ids with these, so that the same logits, seed and settings give the ids the C command
 prints. numpy and the standard library only.
 """
@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 
-# The counter-based generator of include/momfmm/rng.h, in 64-bit arithmetic.
+# The counter-based generator of src/base/rng.h, in 64-bit arithmetic.
 MASK64 = (1 << 64) - 1
-GENERATE_STREAM = 0x6E4  # rng_key(seed, 0x6E4, 0, 0): src/cmd_generate.c
+GENERATE_STREAM = 0x6E4  # rng_key(seed, 0x6E4, 0, 0): src/commands/cmd_generate.c
 
 
 def _rng_mix(z):
@@ -31,7 +31,7 @@ def rng_uniform(key, counter):
 
 
 def sample_next(logits, temperature=0.0, top_k=0, top_p=1.0, key=0, counter=0):
-    """The next id from one position's logits as sample_next of src/cmd_generate.c computes it
+    """The next id from one position's logits as sample_next of src/commands/cmd_generate.c computes it
     (docs/cli.md §5, generate), step for step: greedy (the first largest logit) at temperature
     0 or top_k 1; else the ids sorted by logit (float32, ties by id), the first top_k kept, cut
     to the fewest whose weights exp((z_v − z_max)/T) reach top_p of their sum, then one uniform

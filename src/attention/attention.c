@@ -2,14 +2,14 @@
  * heads, rotate and shear q and k, run softmax or FMM attention per head,
  * merge the heads. Per-head vectors are stored head-major [B, H, T, dh] so
  * every kernel sees contiguous [T, dh] matrices. */
-#include "momfmm/attention.h"
+#include "attention/attention.h"
 
 #include <omp.h>
 #include <string.h>
 
-#include "momfmm/kernels.h"
-#include "momfmm/momentum.h"
-#include "momfmm/tiled_softmax.h"
+#include "attention/momentum.h"
+#include "kernels/kernels.h"
+#include "kernels/tiled_softmax.h"
 
 enum { VECTOR_Q = 0, VECTOR_K = 1 };
 

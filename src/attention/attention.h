@@ -8,8 +8,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "momfmm/config.h"
-#include "momfmm/fmm.h"
+#include "attention/fmm.h"
+#include "config/config.h"
 
 /* One block's attention: settings, tables and parameters (a view). */
 typedef struct {

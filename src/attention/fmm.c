@@ -15,11 +15,11 @@
  * normaliser Σ φ(q_i)·φ(k_j) come out of the same matmuls.  Its backward is
  * the same primitive three more times (forward-time state for dq, reverse-time
  * states for dk and dv).  All matmuls go through gemm_product (gemm.h). */
-#include "momfmm/fmm.h"
+#include "attention/fmm.h"
 
-#include "momfmm/fast_math.h"
-#include "momfmm/gemm.h"
-#include "momfmm/tiled_softmax.h"
+#include "base/fast_math.h"
+#include "kernels/gemm.h"
+#include "kernels/tiled_softmax.h"
 
 #include <math.h>
 #include <stdint.h>

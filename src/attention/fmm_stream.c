@@ -5,7 +5,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "momfmm/fmm.h"
+#include "attention/fmm.h"
 
 size_t fmm_stream_state_floats(const fmm_settings *s, int dh) { return (size_t)s->n_kernels * ((size_t)dh * dh + dh); }
 

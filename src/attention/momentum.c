@@ -1,6 +1,6 @@
 /* Momentum shear of docs/model.md §1.2, forward and adjoint, for one head of one
  * sequence.  x is [T, dh] row-major.  O(T * dh) time, no allocation. */
-#include "momfmm/momentum.h"
+#include "attention/momentum.h"
 
 #include <assert.h>
 

@@ -1,5 +1,5 @@
 /* OpenBLAS kernel selection; see blas_core.h for why. */
-#include "momfmm/blas_core.h"
+#include "base/blas_core.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -11,8 +11,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
+#include "base/status.h"
+#include "base/sys.h"
 
 static bool is_fallback_core(const char *core) {
     static const char *fallbacks[] = {"Prescott", "Core2", "Katmai", "Coppermine", "Northwood", "Banias", "Atom"};

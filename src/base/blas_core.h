@@ -2,7 +2,7 @@
 #ifndef MOMFMM_BLAS_CORE_H
 #define MOMFMM_BLAS_CORE_H
 
-#include "momfmm/status.h"
+#include "base/status.h"
 
 /* Debian's OpenBLAS 0.3.21 does not recognise some current CPUs (e.g.
  * virtualised Sapphire Rapids) and falls back to its SSE3 "Prescott"

@@ -1,6 +1,6 @@
 /* The version and revision come from cmake/version.cmake as compile
  * definitions of this file alone, so that a new revision recompiles one file. */
-#include "momfmm/build_info.h"
+#include "base/build_info.h"
 
 #ifndef MOMFMM_VERSION
 #define MOMFMM_VERSION "0.0.0"

@@ -1,24 +1,24 @@
 /* CPU features and bf16 conversion (cpu.h): what the GEMM engines and the
  * bf16 weight copy need to know of the processor, in one place below them. */
-#include "momfmm/cpu.h"
+#include "base/cpu.h"
 
 #include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <string.h>
 
-#include "momfmm/sys.h"
+#include "base/sys.h"
 
 /* AMX-BF16 is CPUID leaf 7, subleaf 0, EDX bit 22; gcc 12's
  * __builtin_cpu_supports does not know it. (AMX also needs the kernel's
  * permission for the tile state, which oneDNN requests itself.) */
-bool cpu_has_amx_bf16(void) {
+static bool cpu_has_amx_bf16(void) {
     unsigned eax, ebx, ecx, edx;
     return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && ((edx >> 22) & 1u);
 }
 
 /* __builtin_cpu_supports also checks that the OS saves the AVX-512 state. */
-bool cpu_has_avx512_bf16(void) {
+static bool cpu_has_avx512_bf16(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");
@@ -154,7 +154,7 @@ double cpu_fma_peak_gflops(double seconds) {
     return 0;
 }
 
-double cpu_bf16_peak_gflops(double seconds) {
+static double cpu_bf16_peak_gflops(double seconds) {
     if (!cpu_has_avx512_bf16()) return 0;
     return probe(bf16_loop_avx512, 4.0 * 16 * PROBE_ACCUMULATORS, seconds);
 }

@@ -7,10 +7,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* AVX512_BF16 (with AVX512BW and VL, and the OS saving their state), and
- * AMX-BF16; cpu_has_bf16 is either. */
-bool cpu_has_avx512_bf16(void);
-bool cpu_has_amx_bf16(void);
 bool cpu_has_bf16(void);
 /* AVX512F, BW, VL and DQ (oneDNN's avx512_core): what oneDNN needs to
  * emulate bf16 products on a CPU without native bf16. */
@@ -31,7 +27,6 @@ void cpu_f32_to_bf16_portable(uint16_t *dst, const float *src, size_t n);
  * measured, concurrently, for a multi-core peak. */
 const char *cpu_fma_isa(void);
 double cpu_fma_peak_gflops(double seconds);
-double cpu_bf16_peak_gflops(double seconds);
 
 /* The peaks of `threads` cores at once (the probes run concurrently, as a
  * multi-core load may lower the clock): totals over the threads. */

@@ -1,5 +1,5 @@
 /* Flush-to-zero / denormals-are-zero; see float_env.h for why. */
-#include "momfmm/float_env.h"
+#include "base/float_env.h"
 
 #include <stdlib.h>
 

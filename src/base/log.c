@@ -1,6 +1,6 @@
 /* Logging from rank 0 (log.h). The rank is handed down by the parallel
  * runtime, so that the base layer needs nothing above it (docs/design.md §8.1). */
-#include "momfmm/log.h"
+#include "base/log.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -1,11 +1,11 @@
 /* Per-phase step times (prof.h). Single-threaded by design: only the thread
  * that drives the step calls it, around kernels that may themselves run on
  * several threads. */
-#include "momfmm/prof.h"
+#include "base/prof.h"
 
 #include <string.h>
 
-#include "momfmm/sys.h"
+#include "base/sys.h"
 
 static bool enabled;
 static double totals[PROF_PHASES];
@@ -17,7 +17,6 @@ static const char *const NAMES[PROF_PHASES] = {
 };
 
 void prof_enable(bool on) { enabled = on; }
-bool prof_enabled(void) { return enabled; }
 double prof_start(void) { return enabled ? sys_seconds() : 0.0; }
 
 void prof_add(prof_phase phase, double start) {

@@ -23,7 +23,6 @@ typedef enum {
 } prof_phase;
 
 void prof_enable(bool on);
-bool prof_enabled(void);
 /* The time to pass to prof_add (0 when profiling is off). */
 double prof_start(void);
 /* Adds the seconds since `start` to the phase (nothing when off). */

@@ -1,5 +1,5 @@
 /* Failures: status messages and the panic hook (docs/design.md §8.7). */
-#include "momfmm/status.h"
+#include "base/status.h"
 
 #include <stdarg.h>
 #include <stdio.h>

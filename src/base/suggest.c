@@ -2,13 +2,13 @@
  * words compared are short (commands, options, keys), but a typed word may
  * be a whole long config line, so the distance stops early when the lengths
  * alone rule a match out. */
-#include "momfmm/suggest.h"
+#include "base/suggest.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
+#include "base/status.h"
+#include "base/sys.h"
 
 static int min3(int a, int b, int c) {
     int m = a < b ? a : b;

@@ -1,5 +1,5 @@
 /* Memory, clock and file kinds (sys.h). */
-#include "momfmm/sys.h"
+#include "base/sys.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "momfmm/status.h"
+#include "base/status.h"
 
 void *sys_calloc(size_t count, size_t size) {
     void *p = calloc(count ? count : 1, size ? size : 1);

@@ -9,19 +9,19 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "momfmm/blas_core.h"
-#include "momfmm/build_info.h"
-#include "momfmm/cmd_common.h"
-#include "momfmm/commands.h"
-#include "momfmm/dist.h"
-#include "momfmm/float_env.h"
-#include "momfmm/log.h"
-#include "momfmm/signals.h"
-#include "momfmm/status.h"
-#include "momfmm/store.h"
-#include "momfmm/suggest.h"
-#include "momfmm/sys.h"
-#include "momfmm/version.h"
+#include "base/blas_core.h"
+#include "base/build_info.h"
+#include "base/float_env.h"
+#include "base/log.h"
+#include "base/status.h"
+#include "base/suggest.h"
+#include "base/sys.h"
+#include "cli/version.h"
+#include "commands/cmd_common.h"
+#include "commands/commands.h"
+#include "commands/signals.h"
+#include "parallel/dist.h"
+#include "store/store.h"
 
 #define MAX_OVERRIDES 256
 #define MAX_COUNT (1 << 30)

@@ -2,7 +2,7 @@
  * build_info.c's; the library versions from each library's header (built with) and from the library
  * itself (runs with), since a shared library may be replaced after the
  * build. MPI's are dist.c's, the one file that calls MPI (docs/design.md §8.3). */
-#include "momfmm/version.h"
+#include "cli/version.h"
 
 #include <cblas.h>
 #include <hdf5.h>
@@ -10,10 +10,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "momfmm/build_info.h"
-#include "momfmm/cpu.h"
-#include "momfmm/dist.h"
-#include "momfmm/gemm.h"
+#include "base/build_info.h"
+#include "base/cpu.h"
+#include "kernels/gemm.h"
+#include "parallel/dist.h"
 
 /* OPENBLAS_VERSION is " OpenBLAS 0.3.21 ": the number alone. */
 static void openblas_build_version(char *out, size_t len) {

@@ -8,15 +8,15 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "momfmm/blas_core.h"
-#include "momfmm/cmd_common.h"
-#include "momfmm/commands.h"
-#include "momfmm/cpu.h"
-#include "momfmm/dist.h"
-#include "momfmm/log.h"
-#include "momfmm/prof.h"
-#include "momfmm/sys.h"
-#include "momfmm/train.h"
+#include "base/blas_core.h"
+#include "base/cpu.h"
+#include "base/log.h"
+#include "base/prof.h"
+#include "base/sys.h"
+#include "commands/cmd_common.h"
+#include "commands/commands.h"
+#include "parallel/dist.h"
+#include "training/train.h"
 
 /* The measured step times (wall and this process's CPU seconds) and their
  * phases, [steps] and [steps][PROF_PHASES]. */

@@ -13,17 +13,17 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "momfmm/chain.h"
-#include "momfmm/checkpoint.h"
-#include "momfmm/cmd_common.h"
-#include "momfmm/commands.h"
-#include "momfmm/dist.h"
-#include "momfmm/eval.h"
-#include "momfmm/log.h"
-#include "momfmm/readouts.h"
-#include "momfmm/status.h"
-#include "momfmm/store.h"
-#include "momfmm/sys.h"
+#include "base/log.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "commands/cmd_common.h"
+#include "commands/commands.h"
+#include "data/chain.h"
+#include "eval/eval.h"
+#include "eval/readouts.h"
+#include "parallel/dist.h"
+#include "store/checkpoint.h"
+#include "store/store.h"
 
 /* What inspect and eval read: a model for inference holding a checkpoint's
  * weights and buffers, and with `history` its metric tables. */

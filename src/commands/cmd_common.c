@@ -1,6 +1,6 @@
 /* Exiting wrappers of the command layer around the core modules' status
  * returns (docs/design.md §8.7: exit codes; §8.1: only commands exit). */
-#include "momfmm/cmd_common.h"
+#include "commands/cmd_common.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -9,16 +9,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "momfmm/blas_core.h"
-#include "momfmm/build_info.h"
-#include "momfmm/checkpoint.h"
-#include "momfmm/cpu.h"
-#include "momfmm/dist.h"
-#include "momfmm/float_env.h"
-#include "momfmm/gemm.h"
-#include "momfmm/log.h"
-#include "momfmm/store.h"
-#include "momfmm/tokenizer.h"
+#include "base/blas_core.h"
+#include "base/build_info.h"
+#include "base/cpu.h"
+#include "base/float_env.h"
+#include "base/log.h"
+#include "data/tokenizer.h"
+#include "kernels/gemm.h"
+#include "parallel/dist.h"
+#include "store/checkpoint.h"
+#include "store/store.h"
 
 static void print_message(const char *fmt, va_list args) {
     fputs("momfmm: ", stderr);
@@ -50,14 +50,16 @@ _Noreturn void cmd_fail_all(int exit_code, const char *fmt, ...) {
     exit(exit_code);
 }
 
-_Noreturn void cmd_exit_on_status(const status *st, bool every_rank_alike) {
+/* Ends with st->code and its message: through cmd_fail_all when every rank
+ * reached the same status, else through cmd_fail (this rank alone failed). */
+static _Noreturn void cmd_exit_on_status(const status *st, bool every_rank_alike) {
     if (every_rank_alike) cmd_fail_all(st->code, "%s", st->message);
     cmd_fail(st->code, "%s", st->message);
 }
 
 /* data.tokenizer_checksum: what the named model is now (a value given is
  * replaced), so that every later reader checks it reads the same model. */
-void cmd_record_tokenizer(config *c) {
+static void cmd_record_tokenizer(config *c) {
     if (!c->tokenizer[0]) {
         c->tokenizer_checksum[0] = '\0';
         return;

@@ -6,9 +6,9 @@
 #define MOMFMM_CMD_COMMON_H
 #include <stdbool.h>
 
-#include "momfmm/config.h"
-#include "momfmm/model.h"
-#include "momfmm/status.h"
+#include "base/status.h"
+#include "config/config.h"
+#include "model/model.h"
 
 /* Prints "momfmm: <message>" on stderr and ends the process, or the whole
  * MPI job when it has several ranks and only this one failed. */
@@ -16,9 +16,6 @@ _Noreturn void cmd_fail(int exit_code, const char *fmt, ...) __attribute__((form
 /* The same, for an error that every rank detects identically (config,
  * command line): rank 0 prints, every rank finalises MPI and exits. */
 _Noreturn void cmd_fail_all(int exit_code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Ends with st->code and its message: through cmd_fail_all when every rank
- * reached the same status, else through cmd_fail (this rank alone failed). */
-_Noreturn void cmd_exit_on_status(const status *st, bool every_rank_alike);
 
 /* Defaults, the INI file, the --set overrides and the cross-key checks, each
  * exiting 2 on error; the whole of a command's configuration step. */
@@ -29,9 +26,6 @@ config cmd_load_config(const char *path, int n_overrides, char *const *overrides
  * per rank. */
 void cmd_dist_init(int *argc, char ***argv);
 void cmd_check_launch(void);
-/* Sets data.tokenizer_checksum from the model data.tokenizer names (exit 3 when
- * it does not read), or clears it without a tokenizer. */
-void cmd_record_tokenizer(config *c);
 /* The parameters compared across ranks by checksum (exit 1 on a mismatch). */
 void cmd_check_consistency(const model *m, long long step);
 

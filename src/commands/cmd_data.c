@@ -8,11 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/cmd_common.h"
-#include "momfmm/commands.h"
-#include "momfmm/data.h"
-#include "momfmm/dist.h"
-#include "momfmm/status.h"
+#include "base/status.h"
+#include "commands/cmd_common.h"
+#include "commands/commands.h"
+#include "data/data.h"
+#include "parallel/dist.h"
 
 static const char *TASK_NAMES[] = {"chain", "copy", "listops", "text"};
 

@@ -11,17 +11,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/checkpoint.h"
-#include "momfmm/cmd_common.h"
-#include "momfmm/commands.h"
-#include "momfmm/dist.h"
-#include "momfmm/log.h"
-#include "momfmm/rng.h"
-#include "momfmm/status.h"
-#include "momfmm/store.h"
-#include "momfmm/stream.h"
-#include "momfmm/sys.h"
-#include "momfmm/tokenizer.h"
+#include "base/log.h"
+#include "base/rng.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "commands/cmd_common.h"
+#include "commands/commands.h"
+#include "data/tokenizer.h"
+#include "model/stream.h"
+#include "parallel/dist.h"
+#include "store/checkpoint.h"
+#include "store/store.h"
 
 #define BYTE_VOCAB 256
 

@@ -7,15 +7,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/checkpoint.h"
-#include "momfmm/cmd_common.h"
-#include "momfmm/commands.h"
-#include "momfmm/dist.h"
-#include "momfmm/log.h"
-#include "momfmm/logits_file.h"
-#include "momfmm/status.h"
-#include "momfmm/store.h"
-#include "momfmm/sys.h"
+#include "base/log.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "commands/cmd_common.h"
+#include "commands/commands.h"
+#include "parallel/dist.h"
+#include "store/checkpoint.h"
+#include "store/logits_file.h"
+#include "store/store.h"
 
 /* Forward passes of at most train.batch_size rows (a size the run's
  * activations fitted at), each row's logits copied out before the next. */

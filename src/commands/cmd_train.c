@@ -12,19 +12,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "momfmm/blas_core.h"
-#include "momfmm/checkpoint.h"
-#include "momfmm/cmd_common.h"
-#include "momfmm/commands.h"
-#include "momfmm/dist.h"
-#include "momfmm/gemm.h"
-#include "momfmm/live_metrics.h"
-#include "momfmm/log.h"
-#include "momfmm/signals.h"
-#include "momfmm/status.h"
-#include "momfmm/store.h"
-#include "momfmm/sys.h"
-#include "momfmm/train.h"
+#include "base/blas_core.h"
+#include "base/log.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "commands/cmd_common.h"
+#include "commands/commands.h"
+#include "commands/signals.h"
+#include "kernels/gemm.h"
+#include "parallel/dist.h"
+#include "store/checkpoint.h"
+#include "store/live_metrics.h"
+#include "store/store.h"
+#include "training/train.h"
 
 /* Why this rank would stop: its own stop signal, SIGPIPE for a closed
  * stdout on rank 0 (train ... | head: EPIPE, log_output_closed), 0: none. */

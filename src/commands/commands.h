@@ -8,8 +8,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "momfmm/checkpoint.h"
-#include "momfmm/model.h"
+#include "model/model.h"
+#include "store/checkpoint.h"
 
 /* With `init`, the run starts from that checkpoint's weights (fine-tuning);
  * with `overwrite`, an earlier run's checkpoints in out_dir are removed. */

@@ -1,5 +1,5 @@
 /* Stop signals (signals.h; docs/design.md §8.7). */
-#include "momfmm/signals.h"
+#include "commands/signals.h"
 
 #include <errno.h>
 #include <fcntl.h>

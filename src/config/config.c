@@ -1,7 +1,7 @@
 /* INI configuration (docs/config.md §6), table-driven: one row per key gives its section,
  * name, type, default and limits, so parsing, validation, the resolved
  * `config_ini` text and the resume comparison all read the same table. */
-#include "momfmm/config.h"
+#include "config/config.h"
 
 #include <errno.h>
 #include <math.h>
@@ -12,9 +12,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "momfmm/ini.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "config/ini.h"
 
 #include "config_table.h"
 

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "momfmm/status.h"
+#include "base/status.h"
 
 typedef enum { ATTENTION_SOFTMAX = 0, ATTENTION_FMM = 1 } config_attention_kind;
 /* attention.impl: softmax attention in tiles, linear memory (default), or

@@ -2,12 +2,12 @@
  * no single key's range can say (a chain period beyond the vocabulary, a
  * minimum above its maximum, keys that belong to another task). The keys'
  * own types and ranges are parsed in config.c. */
-#include "momfmm/config.h"
+#include "config/config.h"
 
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "momfmm/status.h"
+#include "base/status.h"
 
 #define REJECT(...) return status_fail(st, EXIT_USAGE, __VA_ARGS__)
 /* The chain's periods (docs/tasks.md §2): each range ordered, and every

@@ -2,7 +2,7 @@
  * it back, the resolved `config_ini` a checkpoint stores, and the comparisons
  * of two configs that resume and `--init` report. The key table and parsing
  * are in config.c; these only read the table. */
-#include "momfmm/config.h"
+#include "config/config.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/ini.h"
-#include "momfmm/sys.h"
+#include "base/sys.h"
+#include "config/ini.h"
 
 #include "config_table.h"
 

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "momfmm/suggest.h"
+#include "base/suggest.h"
 
 #include "config_table.h"
 

@@ -1,6 +1,6 @@
 /* The INI syntax (docs/config.md §6); see ini.h. */
-#include "momfmm/ini.h"
-#include "momfmm/sys.h"
+#include "config/ini.h"
+#include "base/sys.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -72,7 +72,10 @@ static int utf8_length(const unsigned char *p) {
     return n;
 }
 
-bool ini_needs_quotes(const char *value) {
+/* True when `value` would not read back verbatim unquoted: leading or
+ * trailing blanks, a leading '"', ';' or '#', control bytes, or bytes that
+ * are not UTF-8. */
+static bool ini_needs_quotes(const char *value) {
     const unsigned char *p = (const unsigned char *)value;
     size_t n = strlen(value);
     if (n == 0) return false;

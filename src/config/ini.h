@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "momfmm/status.h"
+#include "base/status.h"
 
 /* Called for each section header, each pair, and each line that is neither
  * (text: the stripped line); `line` counts from 1. A non-zero return stops
@@ -30,10 +30,6 @@ int ini_parse(const char *text, const ini_handlers *h);
  * ini_unquote decodes `value` in place (unchanged when not quoted): 0, or -1
  * with the reason in why. */
 int ini_unquote(char *value, char *why, size_t len);
-/* True when `value` would not read back verbatim unquoted: leading or
- * trailing blanks, a leading '"', ';' or '#', control bytes, or bytes that
- * are not UTF-8. */
-bool ini_needs_quotes(const char *value);
 /* `value` as config_ini writes it: verbatim, or quoted with the escapes
  * above (valid UTF-8 kept, other bytes as \xNN); caller frees. */
 char *ini_quote(const char *value);

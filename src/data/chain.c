@@ -4,12 +4,12 @@
  * the period 2^42. Without chain_len_max and chain_noise the samples are
  * those of the fixed-period task before they existed, bit for bit
  * (tests/test_data.c pins them). */
-#include "momfmm/chain.h"
+#include "data/chain.h"
 
 #include <stdlib.h>
 
-#include "momfmm/rng.h"
-#include "momfmm/sys.h"
+#include "base/rng.h"
+#include "base/sys.h"
 
 #define NOISE_COUNTERS (1ULL << 40)
 #define FILLER_COUNTERS (1ULL << 41)
@@ -35,7 +35,9 @@ int chain_period(uint64_t key, chain_periods p) {
     return p.lo + (int)rng_below(key, PERIOD_COUNTER, (uint32_t)(p.hi - p.lo + 1));
 }
 
-int chain_first_filler(const config *c) {
+/* The first filler token: V - data.chain_fillers with data.chain_noise > 0
+ * (chain tokens lie below it), else V (no fillers). */
+static int chain_first_filler(const config *c) {
     return c->chain_noise > 0 ? c->vocab_size - c->chain_fillers : c->vocab_size;
 }
 

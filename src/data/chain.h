@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "momfmm/config.h"
+#include "config/config.h"
 
 /* The periods a sample may have: uniform in [lo, hi]. */
 typedef struct {
@@ -23,9 +23,6 @@ chain_periods chain_periods_of(const config *c, bool length_eval);
 /* The period of the sample of `key`: lo when the range is one value (no
  * draw: the fixed-period task of before), else lo + below(key, 2^42, hi - lo + 1). */
 int chain_period(uint64_t key, chain_periods p);
-/* The first filler token: V - data.chain_fillers with data.chain_noise > 0
- * (chain tokens lie below it), else V (no fillers). */
-int chain_first_filler(const config *c);
 
 typedef struct chain_sampler chain_sampler;
 /* Scratch for samples of up to data.seq_len under config c (its periods,

@@ -1,5 +1,5 @@
 /* The text corpus of docs/tasks.md §2; see corpus.h. */
-#include "momfmm/corpus.h"
+#include "data/corpus.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -13,9 +13,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "momfmm/log.h"
-#include "momfmm/sys.h"
-#include "momfmm/token_file.h"
+#include "base/log.h"
+#include "base/sys.h"
+#include "data/token_file.h"
 
 /* vm.max_map_count, the kernel's limit on a process's mappings. */
 static long max_map_count(void) {

@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "momfmm/status.h"
+#include "base/status.h"
 
 /* The byte between two text documents: NUL, which text never contains, so
  * the model sees an unambiguous end of document (docs/tasks.md §2). Token

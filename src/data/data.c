@@ -1,6 +1,6 @@
 /* Task generators of docs/tasks.md §2 (chain, copy, listops, text). Each sample draws
  * from its own counter stream keyed by (seed, split, step, global index). */
-#include "momfmm/data.h"
+#include "data/data.h"
 
 #include <errno.h>
 #include <math.h>
@@ -9,15 +9,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/chain.h"
-#include "momfmm/corpus.h"
-#include "momfmm/dist.h"
-#include "momfmm/listops.h"
-#include "momfmm/log.h"
-#include "momfmm/rng.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
-#include "momfmm/tokenizer.h"
+#include "base/log.h"
+#include "base/rng.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "data/chain.h"
+#include "data/corpus.h"
+#include "data/listops.h"
+#include "data/tokenizer.h"
+#include "parallel/dist.h"
 
 struct data_source {
     config cfg;
@@ -293,7 +293,8 @@ void data_close(data_source *d) {
     free(d);
 }
 
-void data_shard_range(int global_B, int rank, int n_ranks, int *first, int *count) {
+/* Rows of global batch `global_B` that rank r of n takes (docs/tasks.md §2). */
+static void data_shard_range(int global_B, int rank, int n_ranks, int *first, int *count) {
     long long lo = (long long)rank * global_B / n_ranks, hi = (long long)(rank + 1) * global_B / n_ranks;
     *first = (int)lo;
     *count = (int)(hi - lo);

@@ -5,8 +5,8 @@
 #define MOMFMM_DATA_H
 #include <stdint.h>
 
-#include "momfmm/config.h"
-#include "momfmm/tokenizer.h"
+#include "config/config.h"
+#include "data/tokenizer.h"
 
 /* SPLIT_LENGTH: the chain task's length-generalisation eval, chains of the
  * periods data.eval_chain_len .. data.eval_chain_len_max (docs/tasks.md §2). */
@@ -50,9 +50,6 @@ int data_fill(const data_source *d, data_batch *b, int split, long long step, lo
 /* The chain period of sample `index` of (split, step), as data_fill draws
  * it; 0 for the other tasks (docs/tasks.md §2). */
 int data_sample_period(const data_source *d, int split, long long step, long long index);
-
-/* Rows of global batch `global_B` that rank r of n takes (docs/tasks.md §2). */
-void data_shard_range(int global_B, int rank, int n_ranks, int *first, int *count);
 
 /* This rank's shard of the global batch (docs/tasks.md §2) and its data source. */
 typedef struct {

@@ -1,11 +1,11 @@
 /* ListOps generator and evaluator (docs/tasks.md §2, after LRA's listops.py). */
-#include "momfmm/listops.h"
+#include "data/listops.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/rng.h"
+#include "base/rng.h"
 
 typedef struct {
     uint64_t key, counter;

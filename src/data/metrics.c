@@ -1,17 +1,19 @@
 /* docs/metrics.md §3 metrics: L_new, L_rep, loss_by_k, delta_12, acc, exact match. */
-#include "momfmm/metrics.h"
+#include "data/metrics.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/chain.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "data/chain.h"
 
-void metric_occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int *counts_scratch, int vocab_size,
-                              int *k_out) {
+/* Occurrence count k of each target (docs/metrics.md §3): how often the target token
+ * appeared among inputs[0..t]. counts_scratch holds vocab_size ints. */
+static void metric_occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int *counts_scratch,
+                                     int vocab_size, int *k_out) {
     memset(counts_scratch, 0, sizeof(int) * vocab_size);
     for (int t = 0; t < T; t++) {
         counts_scratch[inputs[t]]++;
@@ -123,7 +125,7 @@ void metric_values_format(const metric_values *e, int task, int digits, char *ou
 
 void metric_table_init(metric_table *t) { memset(t, 0, sizeof *t); }
 
-void metric_table_add_column(metric_table *t, const char *name, int width, bool integer) {
+static void metric_table_add_column(metric_table *t, const char *name, int width, bool integer) {
     t->columns = sys_realloc(t->columns, sizeof(metric_column) * (size_t)(t->n_columns + 1));
     metric_column *c = &t->columns[t->n_columns++];
     memset(c, 0, sizeof *c);
@@ -134,12 +136,14 @@ void metric_table_add_column(metric_table *t, const char *name, int width, bool 
     t->row_width += width;
 }
 
-void metric_table_add_vector_column(metric_table *t, const char *name, int width) {
+/* A column stored [rows, width] whatever its width (1 included). */
+static void metric_table_add_vector_column(metric_table *t, const char *name, int width) {
     metric_table_add_column(t, name, width, false);
     t->columns[t->n_columns - 1].vector = true;
 }
 
-void metric_table_add_matrix_column(metric_table *t, const char *name, int outer, int inner) {
+/* A column whose rows are [n_rows_inner, inner] matrices. */
+static void metric_table_add_matrix_column(metric_table *t, const char *name, int outer, int inner) {
     metric_table_add_column(t, name, outer * inner, false);
     t->columns[t->n_columns - 1].inner = inner;
 }

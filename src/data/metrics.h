@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "momfmm/data.h"
+#include "data/data.h"
 
 #define OCCURRENCE_BINS 16
 
@@ -35,11 +35,6 @@ const char *metric_text(double value, int digits, char *buf, size_t len);
  * text loss and bits per byte; copy accuracy and exact match; listops
  * accuracy; chain L_new, L_rep, delta_12. */
 void metric_values_format(const metric_values *e, int task, int digits, char *out, size_t len);
-
-/* Occurrence count k of each target (docs/metrics.md §3): how often the target token
- * appeared among inputs[0..t]. counts_scratch holds vocab_size ints. */
-void metric_occurrence_counts(const int32_t *inputs, const int32_t *targets, int T, int *counts_scratch, int vocab_size,
-                              int *k_out);
 
 /* L_rep's sum and count of one row (targets with k >= 1) added into *sum,
  * *count: the chain task's L_rep by period (docs/metrics.md §3).
@@ -73,11 +68,6 @@ typedef struct {
 } metric_table;
 
 void metric_table_init(metric_table *t);
-void metric_table_add_column(metric_table *t, const char *name, int width, bool integer);
-/* A column stored [rows, width] whatever its width (1 included). */
-void metric_table_add_vector_column(metric_table *t, const char *name, int width);
-/* A column whose rows are [n_rows_inner, inner] matrices. */
-void metric_table_add_matrix_column(metric_table *t, const char *name, int outer, int inner);
 void metric_table_append(metric_table *t, const double *row);
 /* Column offset within a row, or -1. */
 int metric_table_column_offset(const metric_table *t, const char *name);

@@ -1,11 +1,11 @@
 /* Token files of docs/tasks.md §2; see token_file.h. */
-#include "momfmm/token_file.h"
+#include "data/token_file.h"
 
 #include <hdf5.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "momfmm/h5reader.h"
+#include "hdf5/h5reader.h"
 
 static const unsigned char HDF5_SIGNATURE[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
 

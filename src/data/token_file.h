@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "momfmm/status.h"
+#include "base/status.h"
 
 typedef enum { TOKEN_FILE_TEXT = 0, TOKEN_FILE_NANOGPT = 1, TOKEN_FILE_LLMC = 2, TOKEN_FILE_HDF5 = 3 } token_file_kind;
 

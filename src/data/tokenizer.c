@@ -2,16 +2,16 @@
  * model file is a protobuf ModelProto: field 1 (repeated) is a SentencePiece
  * message with field 1 the piece (string) and field 3 its type (varint:
  * 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte). */
-#include "momfmm/tokenizer.h"
+#include "data/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "momfmm/dist.h"
-#include "momfmm/h5reader.h"
-#include "momfmm/sys.h"
+#include "base/sys.h"
+#include "hdf5/h5reader.h"
+#include "parallel/dist.h"
 
 enum { PIECE_NORMAL = 1, PIECE_USER_DEFINED = 4, PIECE_BYTE = 6 };
 #define MAX_MODEL_BYTES (64L << 20)

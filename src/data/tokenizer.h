@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "momfmm/status.h"
+#include "base/status.h"
 
 typedef struct {
     int n_pieces;

@@ -1,16 +1,16 @@
 /* Evaluation (docs/metrics.md §3; docs/design.md §8.5); see eval.h. */
-#include "momfmm/eval.h"
+#include "eval/eval.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/chain.h"
-#include "momfmm/dist.h"
-#include "momfmm/kernels.h"
-#include "momfmm/readouts.h"
-#include "momfmm/stream.h"
-#include "momfmm/sys.h"
+#include "base/sys.h"
+#include "data/chain.h"
+#include "eval/readouts.h"
+#include "kernels/kernels.h"
+#include "model/stream.h"
+#include "parallel/dist.h"
 
 void eval_result_init(eval_result *r, const model *m) {
     memset(r, 0, sizeof *r);

@@ -7,11 +7,11 @@
 #define MOMFMM_EVAL_H
 #include <stdbool.h>
 
-#include "momfmm/config.h"
-#include "momfmm/data.h"
-#include "momfmm/metrics.h"
-#include "momfmm/model.h"
-#include "momfmm/status.h"
+#include "base/status.h"
+#include "config/config.h"
+#include "data/data.h"
+#include "data/metrics.h"
+#include "model/model.h"
 
 typedef struct {
     metric_values metrics; /* docs/metrics.md §3 over train.eval_batches batches */

@@ -1,15 +1,15 @@
 /* Momentum-seed read-outs; see readouts.h. */
-#include "momfmm/readouts.h"
+#include "eval/readouts.h"
 
 #include <complex.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/gemm.h"
-#include "momfmm/rng.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
+#include "base/rng.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "kernels/gemm.h"
 
 static double row_norm(const float *x, size_t n) {
     double s = 0;

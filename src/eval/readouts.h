@@ -4,7 +4,7 @@
 #define MOMFMM_READOUTS_H
 #include <stdint.h>
 
-#include "momfmm/model.h"
+#include "model/model.h"
 
 /* gain_R of docs/metrics.md §3 for every block on the activations of the last forward
  * (B rows of T, global sample indices first_row ... first_row + B - 1):

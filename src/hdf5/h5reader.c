@@ -1,6 +1,6 @@
 /* The hostile-file reader (docs/files.md §4, hostile files; docs/design.md
  * §8.4); see h5reader.h. */
-#include "momfmm/h5reader.h"
+#include "hdf5/h5reader.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -11,8 +11,8 @@
 #include <sys/file.h>
 #include <unistd.h>
 
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
+#include "base/status.h"
+#include "base/sys.h"
 
 _Noreturn void h5reader_fail(h5reader *r, const char *fmt, ...) {
     int used = snprintf(r->err->message, sizeof r->err->message, "%s: ", r->path);
@@ -100,7 +100,7 @@ bool h5reader_exists(h5reader *r, const char *name) {
 
 /* Root attribute `name`, which must exist and hold one value (a scalar
  * dataspace): an array in its place would overflow the one value read. */
-hid_t h5reader_open_scalar_attr(h5reader *r, const char *name) {
+static hid_t h5reader_open_scalar_attr(h5reader *r, const char *name) {
     if (H5Aexists(r->file, name) <= 0) h5reader_fail(r, "missing root attribute '%s'", name);
     hid_t attr = H5Aopen(r->file, name, H5P_DEFAULT);
     if (attr < 0) h5reader_fail(r, "cannot open attribute '%s'", name);
@@ -161,7 +161,8 @@ long long h5reader_attr_int(h5reader *r, const char *name) {
     return value;
 }
 
-void h5reader_format_shape(char *out, size_t len, int ndim, const hsize_t *dims) {
+/* "[a, b, ...]" */
+static void h5reader_format_shape(char *out, size_t len, int ndim, const hsize_t *dims) {
     size_t used = (size_t)snprintf(out, len, "[");
     for (int i = 0; i < ndim && used < len; i++)
         used += (size_t)snprintf(out + used, len - used, "%s%llu", i ? ", " : "", (unsigned long long)dims[i]);
@@ -233,7 +234,9 @@ void h5reader_require_integer(h5reader *r, const char *name, hid_t dset) {
                       kind >= 0 && kind < (int)(sizeof names / sizeof names[0]) ? names[kind] : "unknown");
 }
 
-hid_t h5reader_open_checked_rows(h5reader *r, const char *name, int ndim, const hsize_t *dims, bool more_rows) {
+/* The same, where with more_rows the dataset may hold more than dims[0]
+ * rows (a live file that a run keeps appending to). */
+static hid_t h5reader_open_checked_rows(h5reader *r, const char *name, int ndim, const hsize_t *dims, bool more_rows) {
     hsize_t got[H5S_MAX_RANK] = {0};
     int got_ndim;
     hid_t dset = h5reader_open_dataset(r, name, &got_ndim, got);

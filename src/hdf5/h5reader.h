@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "momfmm/status.h"
+#include "base/status.h"
 
 /* A read in progress. Any problem formats a message and jumps back to the
  * entry point (h5reader_run), which closes the file: files are opened with
@@ -31,13 +31,9 @@ _Noreturn void h5reader_fail(h5reader *r, const char *fmt, ...) __attribute__((f
 bool h5reader_exists(h5reader *r, const char *name);
 /* Whether another process holds an HDF5 write lock on `path` (an flock). */
 bool h5reader_is_locked(const char *path);
-/* Root attribute `name`, which must exist and be one value (scalar). */
-hid_t h5reader_open_scalar_attr(h5reader *r, const char *name);
 /* A string attribute, variable- or fixed-length (at most 64 MiB); caller frees. */
 char *h5reader_attr_string(h5reader *r, const char *name);
 long long h5reader_attr_int(h5reader *r, const char *name);
-/* "[a, b, ...]" */
-void h5reader_format_shape(char *out, size_t len, int ndim, const hsize_t *dims);
 /* Dataset `name` with its rank and dims; fails when it is missing. */
 hid_t h5reader_open_dataset(h5reader *r, const char *name, int *ndim, hsize_t *dims);
 /* The elements a dataset declares, overflow-checked, bounded, stored in the
@@ -47,9 +43,6 @@ unsigned long long h5reader_checked_elements(h5reader *r, const char *name, hid_
 void h5reader_require_integer(h5reader *r, const char *name, hid_t dset);
 /* The dataset `name`, whose shape must be ndim x dims (h5reader_checked_elements too). */
 hid_t h5reader_open_checked(h5reader *r, const char *name, int ndim, const hsize_t *dims);
-/* The same, where with more_rows the dataset may hold more than dims[0]
- * rows (a live file that a run keeps appending to). */
-hid_t h5reader_open_checked_rows(h5reader *r, const char *name, int ndim, const hsize_t *dims, bool more_rows);
 void h5reader_read_checked(h5reader *r, const char *name, hid_t mem_type, int ndim, const hsize_t *dims, void *out);
 /* The first dims[0] rows, as doubles, of a dataset whose other dimensions
  * are dims[1..]: all of its rows unless `more_rows` (h5reader_open_checked_rows). */

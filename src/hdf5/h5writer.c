@@ -1,6 +1,6 @@
 /* The atomic, optionally collective HDF5 writer (docs/design.md §8.4,
  * docs/scale.md §7); see h5writer.h. */
-#include "momfmm/h5writer.h"
+#include "hdf5/h5writer.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -9,10 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "momfmm/dist.h"
-#include "momfmm/dist_hdf5.h"
-#include "momfmm/h5util.h"
-#include "momfmm/sys.h"
+#include "base/sys.h"
+#include "hdf5/h5util.h"
+#include "parallel/dist.h"
+#include "parallel/dist_hdf5.h"
 
 herr_t h5writer_agree(const h5writer *w, herr_t status) {
     return w->together ? (dist_any(status < 0) ? -1 : 0) : status;

@@ -8,7 +8,7 @@
 #include <hdf5.h>
 #include <stdbool.h>
 
-#include "momfmm/status.h"
+#include "base/status.h"
 
 /* A file being written. Together, every rank holds one and takes part in
  * every dataset and attribute (collective in parallel HDF5); the leader

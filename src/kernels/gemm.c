@@ -1,12 +1,12 @@
 /* The GEMM engine: engine choice, CPU check, bf16 conversion and the
  * OpenBLAS engine; the oneDNN engines are in gemm_onednn.c. See gemm.h and
  * docs/scale.md §7 for why. */
-#include "momfmm/gemm.h"
+#include "kernels/gemm.h"
 
-#include "momfmm/blas_core.h"
-#include "momfmm/cpu.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
+#include "base/blas_core.h"
+#include "base/cpu.h"
+#include "base/status.h"
+#include "base/sys.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -35,7 +35,6 @@ static const char *const engine_names[] = {"openblas", "onednn-f32", "onednn-bf1
 static const char *const class_names[GEMM_CLASSES] = {"forward", "backward_data", "backward_weight"};
 
 const char *gemm_engine_name(gemm_engine engine) { return engine_names[engine]; }
-const char *gemm_class_name(gemm_class c) { return class_names[c]; }
 
 bool gemm_engine_parse(const char *name, gemm_engine *engine) {
     for (int e = GEMM_OPENBLAS; e <= GEMM_AUTO; e++)

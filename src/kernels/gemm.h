@@ -41,8 +41,6 @@ typedef enum {
  * runs of one config differed in the last bits; docs/design.md §8.10). */
 #define GEMM_AUTO_MIN_MACS (1 << 24)
 typedef enum { GEMM_CLASS_FORWARD, GEMM_CLASS_BACKWARD_DATA, GEMM_CLASS_BACKWARD_WEIGHT, GEMM_CLASSES } gemm_class;
-/* "forward", "backward_data", "backward_weight". */
-const char *gemm_class_name(gemm_class c);
 
 /* "openblas", "onednn-f32", "onednn-bf16", "auto" (the names a config would use). */
 const char *gemm_engine_name(gemm_engine engine);

@@ -18,9 +18,9 @@
  * otherwise. */
 #include "gemm_onednn.h"
 
-#include "momfmm/cpu.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
+#include "base/cpu.h"
+#include "base/status.h"
+#include "base/sys.h"
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>

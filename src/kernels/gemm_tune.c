@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/blas_core.h"
-#include "momfmm/gemm.h"
-#include "momfmm/sys.h"
+#include "base/blas_core.h"
+#include "base/sys.h"
+#include "kernels/gemm.h"
 
 /* Timed at full size, since the engines' ranking changed when the rows were
  * cut to a quarter: a cheaper proxy picked oneDNN for the weight gradients,

@@ -7,12 +7,12 @@
  * kernels give the same results on any number of threads (the GEMMs do
  * not, gemm.c). Each parallel loop calls a per-row (or per-column-range)
  * function compiled with the ISA clones. */
-#include "momfmm/kernels.h"
+#include "kernels/kernels.h"
 
 #include <omp.h>
 
-#include "momfmm/fast_math.h"
-#include "momfmm/gemm.h"
+#include "base/fast_math.h"
+#include "kernels/gemm.h"
 
 #include <float.h>
 #include <math.h>

@@ -1,5 +1,5 @@
 /* Register-blocked products for attention tiles (tile_gemm.h). */
-#include "momfmm/tile_gemm.h"
+#include "kernels/tile_gemm.h"
 
 #include <string.h>
 

@@ -14,13 +14,13 @@
  * all its key tiles, and the softmax's per-row maxima and sums run along
  * contiguous rows of lanes; backward, key tiles outside, transposes K and V
  * once per key tile. */
-#include "momfmm/tiled_softmax.h"
+#include "kernels/tiled_softmax.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "momfmm/fast_math.h"
-#include "momfmm/tile_gemm.h"
+#include "base/fast_math.h"
+#include "kernels/tile_gemm.h"
 
 /* A query tile of 96 rows against key tiles of 192: the score tiles (72 KB
  * each) and the transposed operands stay in a 512 KB L2 cache, and both

@@ -1,20 +1,20 @@
 /* The transformer of docs/model.md §1: parameter layout, initialisation, forward and
  * backward. Attention lives in attention.c, the kernels in kernels.c. */
-#include "momfmm/model.h"
+#include "model/model.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/attention.h"
-#include "momfmm/fast_math.h"
-#include "momfmm/gemm.h"
-#include "momfmm/kernels.h"
-#include "momfmm/prof.h"
-#include "momfmm/rng.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
+#include "attention/attention.h"
+#include "base/fast_math.h"
+#include "base/prof.h"
+#include "base/rng.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "kernels/gemm.h"
+#include "kernels/kernels.h"
 
 #define TOP(field) offsetof(model_tensors, field)
 #define BLOCK(field) offsetof(model_block_tensors, field)

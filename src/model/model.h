@@ -8,11 +8,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "momfmm/attention.h"
-#include "momfmm/config.h"
-#include "momfmm/fmm.h"
-#include "momfmm/gemm.h"
-#include "momfmm/status.h"
+#include "attention/attention.h"
+#include "attention/fmm.h"
+#include "base/status.h"
+#include "config/config.h"
+#include "kernels/gemm.h"
 
 #define PARAM_NAME_MAX 64
 

@@ -1,14 +1,14 @@
 /* Streaming inference (docs/model.md §1.2; docs/cli.md §5: `generate`, `eval --stream`): the model
  * of model.c run on segments of a stream, with the caches and carries of
  * stream_state; see stream.h (docs/design.md §8.6). */
-#include "momfmm/stream.h"
+#include "model/stream.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/attention.h"
-#include "momfmm/kernels.h"
-#include "momfmm/sys.h"
+#include "attention/attention.h"
+#include "base/sys.h"
+#include "kernels/kernels.h"
 
 typedef struct {
     float **slot;

@@ -16,8 +16,8 @@
 #define MOMFMM_STREAM_H
 #include <stdint.h>
 
-#include "momfmm/model.h"
-#include "momfmm/status.h"
+#include "base/status.h"
+#include "model/model.h"
 
 typedef struct {
     int S, capacity, pos, n_max;     /* sequences, positions, consumed, segment cap */

@@ -3,7 +3,7 @@
  * int-count limit of every MPI call. It sees buffers and spans, not the
  * model. The loss is scaled by 1 / (global count of targets) before
  * backward, so the gradient all-reduce is a plain sum. */
-#include "momfmm/dist.h"
+#include "parallel/dist.h"
 
 #include <hdf5.h>
 
@@ -15,10 +15,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "momfmm/dist_hdf5.h"
-#include "momfmm/log.h"
-#include "momfmm/sys.h"
-#include "momfmm/watchdog.h"
+#include "base/log.h"
+#include "base/sys.h"
+#include "parallel/dist_hdf5.h"
+#include "parallel/watchdog.h"
 
 /* Created once in dist_init, freed in dist_finalize. A private duplicate of
  * the world keeps our collectives apart from any other library's traffic; the

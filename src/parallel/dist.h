@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "momfmm/status.h"
+#include "base/status.h"
 
 /* Starts MPI, creates the world and node communicators, hands the rank to
  * the logger and installs the panic hook that ends every rank of the job

@@ -13,7 +13,7 @@
  * names the peers behind this rank's mark and, at an odd mark (a polled
  * wait, where every waiting rank repeats its mark), the peers at the same
  * mark that have gone silent: stopped, or cut off. */
-#include "momfmm/watchdog.h"
+#include "parallel/watchdog.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -22,7 +22,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "momfmm/sys.h"
+#include "base/sys.h"
 
 static struct {
     _Atomic double since;            /* last progress of the operation in flight; 0: none */

@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "momfmm/status.h"
+#include "base/status.h"
 
 /* The ranks of the job and their host names (hosts: [size][stride], kept,
  * not copied: it must live until watchdog_free); allocates the arrival

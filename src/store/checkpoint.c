@@ -4,7 +4,7 @@
  * never leaves half a file under a checkpoint's name; reads check every
  * attribute, dataset and shape and return EXIT_BAD_FILE naming the file and
  * what is wrong. */
-#include "momfmm/checkpoint.h"
+#include "store/checkpoint.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,13 +20,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "momfmm/build_info.h"
-#include "momfmm/gemm.h"
-#include "momfmm/h5reader.h"
-#include "momfmm/h5util.h"
-#include "momfmm/h5writer.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
+#include "base/build_info.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "hdf5/h5reader.h"
+#include "hdf5/h5util.h"
+#include "hdf5/h5writer.h"
+#include "kernels/gemm.h"
 
 /* ---- writing (through the atomic, optionally collective writer, h5writer.h) */
 

@@ -7,12 +7,12 @@
 #define MOMFMM_CHECKPOINT_H
 #include <stdbool.h>
 
-#include "momfmm/config.h"
-#include "momfmm/data.h"
-#include "momfmm/h5writer.h"
-#include "momfmm/metrics.h"
-#include "momfmm/model.h"
-#include "momfmm/status.h"
+#include "base/status.h"
+#include "config/config.h"
+#include "data/data.h"
+#include "data/metrics.h"
+#include "hdf5/h5writer.h"
+#include "model/model.h"
 
 #define CHECKPOINT_FORMAT "momfmm-checkpoint"
 #define CHECKPOINT_FORMAT_VERSION 1

@@ -2,17 +2,17 @@
  * chunked dataset with an unlimited first dimension: SWMR allows appending
  * (H5Dset_extent) but not creating objects, so all datasets exist before
  * H5Fstart_swmr_write. */
-#include "momfmm/live_metrics.h"
+#include "store/live_metrics.h"
 
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "momfmm/checkpoint.h"
-#include "momfmm/h5util.h"
-#include "momfmm/status.h"
-#include "momfmm/sys.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "hdf5/h5util.h"
+#include "store/checkpoint.h"
 
 #define MAX_COLUMNS 32
 

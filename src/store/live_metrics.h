@@ -6,7 +6,7 @@
 #define MOMFMM_LIVE_METRICS_H
 #include <stddef.h>
 
-#include "momfmm/metrics.h"
+#include "data/metrics.h"
 
 typedef struct live_metrics live_metrics;
 

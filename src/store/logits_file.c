@@ -1,7 +1,7 @@
 /* The token and logits files of `momfmm logits` (docs/cli.md §5, docs/files.md
  * §4); see logits_file.h. Read through the hostile-file reader, written
  * through the atomic writer. */
-#include "momfmm/logits_file.h"
+#include "store/logits_file.h"
 
 #include <hdf5.h>
 #include <limits.h>
@@ -9,11 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "momfmm/build_info.h"
-#include "momfmm/h5reader.h"
-#include "momfmm/h5util.h"
-#include "momfmm/h5writer.h"
-#include "momfmm/sys.h"
+#include "base/build_info.h"
+#include "base/sys.h"
+#include "hdf5/h5reader.h"
+#include "hdf5/h5util.h"
+#include "hdf5/h5writer.h"
 
 typedef struct {
     int vocab, max_T, out_width;

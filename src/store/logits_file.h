@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "momfmm/status.h"
+#include "base/status.h"
 
 /* The token ids of /tokens as rows: [T] reads as one row. */
 typedef struct {

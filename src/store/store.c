@@ -1,6 +1,6 @@
 /* The checkpoint store (docs/design.md §8.4); see store.h. Names are written
  * (snprintf) and parsed (sscanf) only here. */
-#include "momfmm/store.h"
+#include "store/store.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -12,10 +12,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "momfmm/dist.h"
-#include "momfmm/h5reader.h"
-#include "momfmm/log.h"
-#include "momfmm/sys.h"
+#include "base/log.h"
+#include "base/sys.h"
+#include "hdf5/h5reader.h"
+#include "parallel/dist.h"
 
 #define CHECKPOINT_NAME "ckpt_%08lld.h5"
 #define CHECKPOINT_NAME_LEN 16 /* strlen("ckpt_00000000.h5") */
@@ -155,7 +155,8 @@ int store_open_run(const char *dir, bool resuming, bool overwrite, status *err) 
     return 0;
 }
 
-void store_checkpoint_path(const char *dir, long long step, char *path, size_t len) {
+/* dir/ckpt_<8 digits>.h5 */
+static void store_checkpoint_path(const char *dir, long long step, char *path, size_t len) {
     char name[32];
     snprintf(name, sizeof name, CHECKPOINT_NAME, step);
     snprintf(path, len, "%s/%s", dir, name);
@@ -189,7 +190,9 @@ void store_listing_free(store_listing *l) {
     memset(l, 0, sizeof *l);
 }
 
-void store_prune(const char *dir, int keep, long long step) {
+/* Keeps the newest `keep` checkpoints at or below `step`; files from later
+ * steps (another timeline) are neither counted nor deleted. */
+static void store_prune(const char *dir, int keep, long long step) {
     store_listing l;
     store_list(dir, &l);
     int eligible = 0;

@@ -10,10 +10,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "momfmm/checkpoint.h"
-#include "momfmm/config.h"
-#include "momfmm/logits_file.h"
-#include "momfmm/status.h"
+#include "base/status.h"
+#include "config/config.h"
+#include "store/checkpoint.h"
+#include "store/logits_file.h"
 
 #define STORE_PATH_MAX (CONFIG_PATH_MAX + 64)
 
@@ -40,9 +40,6 @@ bool store_overwrite_removes(const char *dir, const char *path);
  * launcher's exit status (docs/cli.md §5). store_open_run removes it. */
 void store_mark_stopped(const char *dir, const char *checkpoint, int signo);
 
-/* dir/ckpt_<8 digits>.h5 */
-void store_checkpoint_path(const char *dir, long long step, char *path, size_t len);
-
 /* Checkpoint paths in dir, oldest first. */
 typedef struct {
     char **paths;
@@ -65,10 +62,6 @@ int store_write_logits(const char *path, const float *logits, int ndim, int B, i
  * file written. */
 int store_save(const char *dir, int keep, const model *m, const checkpoint_info *info, const metric_table *train,
                const metric_table *eval, h5writer_mode writers, char *path, size_t len, status *err);
-
-/* Keeps the newest `keep` checkpoints at or below `step`; files from later
- * steps (another timeline) are neither counted nor deleted. */
-void store_prune(const char *dir, int keep, long long step);
 
 /* Tries load(path, ctx, err) on the checkpoints of dir, newest first, until
  * one returns 0 (*resumed = true). A checkpoint that returns STORE_SKIP is

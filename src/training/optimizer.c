@@ -1,10 +1,10 @@
 /* AdamW with PyTorch semantics (docs/model.md §1.4): bias-corrected moments, eps after
  * the square root, decoupled weight decay p -= lr * wd * p applied first. */
-#include "momfmm/optimizer.h"
+#include "training/optimizer.h"
 
 #include <math.h>
 
-#include "momfmm/fast_math.h"
+#include "base/fast_math.h"
 
 double optimizer_learning_rate(const config *c, long long step) {
     if (c->warmup > 0 && step <= c->warmup) return c->lr * (double)step / (double)c->warmup;
@@ -59,8 +59,8 @@ float optimizer_clip_factor(double norm, double max_norm) {
     return (float)(max_norm / (norm + 1e-6));
 }
 
-VECTOR_CLONES void optimizer_adamw(float *params, const float *grads, float *m, float *v, size_t n, long long t,
-                                   const optimizer_settings *s, int decay) {
+VECTOR_CLONES static void optimizer_adamw(float *params, const float *grads, float *m, float *v, size_t n, long long t,
+                                          const optimizer_settings *s, int decay) {
     float b1 = (float)s->beta1, b2 = (float)s->beta2, lr = (float)s->lr, eps = (float)s->eps;
     /* 1 - beta in double: 1.0f - 0.999f is off by 1e-5 relative */
     float one_minus_b1 = (float)(1.0 - s->beta1), one_minus_b2 = (float)(1.0 - s->beta2);

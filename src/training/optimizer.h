@@ -3,8 +3,8 @@
 #define MOMFMM_OPTIMIZER_H
 #include <stddef.h>
 
-#include "momfmm/config.h"
-#include "momfmm/model.h"
+#include "config/config.h"
+#include "model/model.h"
 
 /* Learning rate at 1-based step `step`: linear warmup over train.warmup steps,
  * then cosine from lr to min_lr over the remaining steps, or constant. */
@@ -31,8 +31,6 @@ typedef struct {
     float grad_scale;
 } optimizer_settings;
 
-void optimizer_adamw(float *params, const float *grads, float *m, float *v, size_t n, long long t,
-                     const optimizer_settings *s, int decay);
 /* The whole model, tensor by tensor so that decay follows docs/model.md §1.4. */
 void optimizer_step_model(model *mdl, long long t, const optimizer_settings *s);
 /* AdamW on elements [lo, hi) of the flat buffer, inside the model's moment

@@ -1,7 +1,7 @@
 /* The trainer (docs/model.md §1.4, docs/tasks.md §2, docs/metrics.md §3): data-parallel steps, evaluation into the
  * metric tables, resume and save through the store (docs/design.md §8.4,
  * §8.5). Returns statuses; the commands are in cmd_train.c. */
-#include "momfmm/train.h"
+#include "training/train.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -11,14 +11,14 @@
 #include <string.h>
 #include <time.h>
 
-#include "momfmm/checkpoint.h"
-#include "momfmm/gemm.h"
-#include "momfmm/log.h"
-#include "momfmm/optimizer.h"
-#include "momfmm/prof.h"
-#include "momfmm/status.h"
-#include "momfmm/store.h"
-#include "momfmm/sys.h"
+#include "base/log.h"
+#include "base/prof.h"
+#include "base/status.h"
+#include "base/sys.h"
+#include "kernels/gemm.h"
+#include "store/checkpoint.h"
+#include "store/store.h"
+#include "training/optimizer.h"
 
 /* Bytes per parameter of a run of n parameters, this rank's (the ZeRO-1
  * slice: elements [first, first + count)), before any allocation. */

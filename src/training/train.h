@@ -7,13 +7,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "momfmm/checkpoint.h"
-#include "momfmm/config.h"
-#include "momfmm/dist.h"
-#include "momfmm/eval.h"
-#include "momfmm/metrics.h"
-#include "momfmm/model.h"
-#include "momfmm/status.h"
+#include "base/status.h"
+#include "config/config.h"
+#include "data/metrics.h"
+#include "eval/eval.h"
+#include "model/model.h"
+#include "parallel/dist.h"
+#include "store/checkpoint.h"
 
 /* What the command layer learns of a step in progress (docs/design.md
  * §8.7, stop signals); every member may be NULL. Between compute_begin and

@@ -242,7 +242,7 @@ def test_old_name(report):
 
 
 def test_rng_matches_c(report):
-    """rng_key and rng_uniform of include/momfmm/rng.h: values a one-off C program printed
+    """rng_key and rng_uniform of src/base/rng.h: values a one-off C program printed
     from the header (seed 0, draws 0..2; seed 123456789012345, draw 1000)."""
     key = mt.rng_key(0, mt.GENERATE_STREAM, 0, 0)
     report.check("rng_key(0, 0x6E4, 0, 0)", key == 2425697351651058593, str(key))
