@@ -14,6 +14,7 @@
 #include "base/sys.h"
 #include "commands/cmd_common.h"
 #include "parallel/dist.h"
+#include "parallel/reducer.h"
 #include "test_util.h"
 
 #define RELAUNCH_MARK "MOMFMM_TEST_DIST_RANKS"

@@ -1,7 +1,7 @@
 /* `momfmm --version` (docs/cli.md §5). The version and the revision are
  * build_info.c's; the library versions from each library's header (built with) and from the library
  * itself (runs with), since a shared library may be replaced after the
- * build. MPI's are dist.c's, the one file that calls MPI (docs/design.md §8.3). */
+ * build. MPI's are the parallel runtime's, the one folder that calls MPI (docs/design.md §8.3). */
 #include "cli/version.h"
 
 #include <cblas.h>

@@ -58,7 +58,7 @@ typedef struct gemm_ctx gemm_ctx;
 
 /* A context for one engine, or NULL when gemm_unavailable_reason(engine) is
  * not NULL. threads is the thread count oneDNN uses (its OpenMP runtime);
- * pass the one OpenBLAS was given (dist_threads()), so that both engines run
+ * pass the one OpenBLAS was given (blas_core_threads()), so that both engines run
  * with the same parallelism — one thread per rank by default. */
 gemm_ctx *gemm_create(gemm_engine engine, int threads);
 void gemm_destroy(gemm_ctx *ctx);

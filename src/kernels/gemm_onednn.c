@@ -73,7 +73,7 @@ struct gemm_onednn {
 
 /* oneDNN's OpenMP runtime reads its thread count from the calling thread's
  * OpenMP state, which OMP_NUM_THREADS set when libgomp loaded (all cores
- * when unset); OpenBLAS got dist_threads() instead. Setting it before every
+ * when unset); OpenBLAS got blas_core_threads() instead. Setting it before every
  * creation and run (a store into the thread's OpenMP state) keeps both
  * engines at the same parallelism from whichever thread calls. */
 static void use_threads(const gemm_onednn *dnn) {

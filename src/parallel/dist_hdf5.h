@@ -1,6 +1,6 @@
 /* Parallel HDF5 on dist.c's communicator (docs/scale.md §7): the one place
- * an MPI communicator reaches HDF5, so that dist.c stays the only file that
- * calls MPI. Kept apart from dist.h so that HDF5's header stays out of the
+ * an MPI communicator reaches HDF5, so that src/parallel/ stays the only
+ * folder that calls MPI. Kept apart from dist.h so that HDF5's header stays out of the
  * modules that only need the collectives. */
 #ifndef MOMFMM_DIST_HDF5_H
 #define MOMFMM_DIST_HDF5_H

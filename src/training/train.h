@@ -13,6 +13,7 @@
 #include "eval/eval.h"
 #include "model/model.h"
 #include "parallel/dist.h"
+#include "parallel/reducer.h"
 #include "store/checkpoint.h"
 
 /* What the command layer learns of a step in progress (docs/design.md
