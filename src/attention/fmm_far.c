@@ -1,0 +1,239 @@
+/* FMM's far field (docs/model.md §1.3): the feature maps φ and the
+ * multi-kernel linear attention far_l,i = num_l,i / (den_l,i + eps), by
+ * chunks in O(T·C·dh + T·dh²), never T x T. */
+#include <math.h>
+#include <string.h>
+
+#include "base/fast_math.h"
+#include "kernels/gemm.h"
+
+#include "fmm_internal.h"
+
+/* ------------------------------------------------------------------------ */
+/* Feature maps φ of docs/model.md §1.3 (all strictly positive, so normalisers are > 0) */
+/* ------------------------------------------------------------------------ */
+
+/* Branch-free forms (the sign of x is random, so branches mispredict half
+ * the time, and gcc -O2 turns float ternaries and fminf into branches or
+ * calls): a 0/1 mask blended arithmetically, and min(x, 0) = (x - |x|) / 2
+ * (exact).
+ *   elu(x) + 1  = x + 1 (x > 0), e^x (x <= 0);  elu_flip(x) = elu(-x) + 1
+ *   tanh(x) + 1 = 2 / (1 + e^-2x); with t = e^-2|x| <= 1 nothing overflows:
+ *                 2 / (1 + t) for x >= 0, 2t / (1 + t) for x < 0. */
+static inline float phi_elu(float x) {
+    float pos = (float)(x > 0.0f), e = fast_exp_nonpositive(0.5f * (x - fabsf(x)));
+    return e + pos * (x + 1.0f - e);
+}
+
+static inline float phi_elu_flip(float x) { return phi_elu(-x); }
+
+static inline float phi_tanh(float x) {
+    float neg = (float)(x < 0.0f), t = fast_exp_nonpositive(-2.0f * fabsf(x));
+    return 2.0f / (1.0f + t) * (1.0f + neg * (t - 1.0f));
+}
+
+/* φ'(x) from x and φ(x), avoiding another exp: elu: φ where x <= 0
+ * (φ = e^x), else 1; elu_flip: -elu'(-x); tanh: 1 - tanh² = φ (2 - φ). */
+static inline float slope_elu(float x, float phi) { return phi + (float)(x > 0.0f) * (1.0f - phi); }
+
+static inline float slope_elu_flip(float x, float phi) { return -slope_elu(-x, phi); }
+
+static inline float slope_tanh(float x, float phi) {
+    (void)x;
+    return phi * (2.0f - phi);
+}
+
+static float feature_value(fmm_feature_map m, float x) {
+    return m == FEATURE_ELU ? phi_elu(x) : m == FEATURE_ELU_FLIP ? phi_elu_flip(x) : phi_tanh(x);
+}
+
+float fmm_feature(fmm_feature_map m, float x) { return feature_value(m, x); }
+
+static float feature_slope(fmm_feature_map m, float x, float phi) {
+    return m == FEATURE_ELU ? slope_elu(x, phi) : m == FEATURE_ELU_FLIP ? slope_elu_flip(x, phi) : slope_tanh(x, phi);
+}
+
+/* gcc -O2 vectorises only loops of known length, so elementwise work runs
+ * in blocks of VEC_BLOCK (restrict: no alias checks), then a scalar tail. */
+#define VEC_BLOCK 16
+
+static void feature_block(fmm_feature_map m, const float *restrict x, float *restrict phi) {
+    switch (m) {
+    case FEATURE_ELU:
+        for (int i = 0; i < VEC_BLOCK; i++) phi[i] = phi_elu(x[i]);
+        break;
+    case FEATURE_ELU_FLIP:
+        for (int i = 0; i < VEC_BLOCK; i++) phi[i] = phi_elu_flip(x[i]);
+        break;
+    case FEATURE_TANH:
+        for (int i = 0; i < VEC_BLOCK; i++) phi[i] = phi_tanh(x[i]);
+        break;
+    }
+}
+
+void fmm_apply_feature_map(fmm_feature_map m, const float *x, float *phi, size_t n) {
+    size_t i = 0;
+    for (; i + VEC_BLOCK <= n; i += VEC_BLOCK) feature_block(m, x + i, phi + i);
+    for (; i < n; i++) phi[i] = feature_value(m, x[i]);
+}
+
+static void chain_block(fmm_feature_map m, const float *restrict x, const float *restrict phi,
+                        const float *restrict dphi, float *restrict dx) {
+    switch (m) {
+    case FEATURE_ELU:
+        for (int i = 0; i < VEC_BLOCK; i++) dx[i] += dphi[i] * slope_elu(x[i], phi[i]);
+        break;
+    case FEATURE_ELU_FLIP:
+        for (int i = 0; i < VEC_BLOCK; i++) dx[i] += dphi[i] * slope_elu_flip(x[i], phi[i]);
+        break;
+    case FEATURE_TANH:
+        for (int i = 0; i < VEC_BLOCK; i++) dx[i] += dphi[i] * slope_tanh(x[i], phi[i]);
+        break;
+    }
+}
+
+/* dx += dphi ⊙ φ'(x): the chain rule through the feature map (n values). */
+static void feature_chain(fmm_feature_map m, const float *x, const float *phi, const float *dphi, float *dx, size_t n) {
+    size_t i = 0;
+    for (; i + VEC_BLOCK <= n; i += VEC_BLOCK) chain_block(m, x + i, phi + i, dphi + i, dx + i);
+    for (; i < n; i++) dx[i] += dphi[i] * feature_slope(m, x[i], phi[i]);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Chunked linear attention (the O(T·C·dh + T·dh²) core)                     */
+/* ------------------------------------------------------------------------ */
+
+static fmm_sum_range reversed(fmm_sum_range r) {
+    return r == SUM_PAST ? SUM_FUTURE : r == SUM_FUTURE ? SUM_PAST : SUM_ALL;
+}
+
+/* Through the process-wide GEMM engine (gemm.h; docs/scale.md §7): cblas_sgemm
+ * itself for fp32/OpenBLAS, oneDNN's matmul for the other engines. */
+static void sgemm(bool ta, bool tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb, float beta,
+                  float *C, int ldc) {
+    gemm_product(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* Zeroes the block entries (i, j) outside the range: j > i for SUM_PAST,
+ * j < i for SUM_FUTURE (the diagonal is kept: position i sees itself). */
+static void mask_block(float *block, int len, fmm_sum_range range) {
+    for (int i = 0; i < len; i++) {
+        float *row = block + (size_t)i * len;
+        if (range == SUM_PAST) memset(row + i + 1, 0, (size_t)(len - i - 1) * sizeof *row);
+        else memset(row, 0, (size_t)i * sizeof *row);
+    }
+}
+
+typedef struct {
+    const float *A, *B, *X; /* [T, m], [T, m], [T, n] */
+    float *Y;               /* [T, n] */
+    int m, n;
+} lin_operands;
+
+/* One chunk [start, start + len): intra-chunk part through the masked
+ * len x len block A_c B_cᵀ, inter-chunk part A_c · state, where state =
+ * Σ B_j X_jᵀ over the chunks already visited; then the chunk joins state. */
+static void linear_attention_chunk(const lin_operands *o, int start, int len, fmm_sum_range range, bool first,
+                                   bool last, float *block, float *state) {
+    int m = o->m, n = o->n;
+    const float *Ac = o->A + (size_t)start * m, *Bc = o->B + (size_t)start * m;
+    const float *Xc = o->X + (size_t)start * n;
+    float *Yc = o->Y + (size_t)start * n;
+    sgemm(false, true, len, len, m, Ac, m, Bc, m, 0.0f, block, len);
+    mask_block(block, len, range);
+    sgemm(false, false, len, n, len, block, len, Xc, n, 0.0f, Yc, n);
+    if (!first) sgemm(false, false, len, n, m, Ac, m, state, n, 1.0f, Yc, n);
+    if (!last) sgemm(true, false, m, n, len, Bc, m, Xc, n, first ? 0.0f : 1.0f, state, n);
+}
+
+/* Y_i = Σ_{j in range(i)} (A_i · B_j) X_j without forming the T x T matrix.
+ * SUM_ALL uses one global state Bᵀ X (m x n).  The chunk size only changes
+ * the summation order, so results agree across chunk sizes up to rounding.
+ * Scratch: block [C, C], state [m, n]. */
+static void linear_attention_product(const lin_operands *o, int T, fmm_sum_range range, int C, float *block,
+                                     float *state) {
+    if (range == SUM_ALL) {
+        sgemm(true, false, o->m, o->n, T, o->B, o->m, o->X, o->n, 0.0f, state, o->n);
+        sgemm(false, false, T, o->n, o->m, o->A, o->m, state, o->n, 0.0f, o->Y, o->n);
+        return;
+    }
+    int n_chunks = (T + C - 1) / C;
+    for (int step = 0; step < n_chunks; step++) {
+        int c = range == SUM_PAST ? step : n_chunks - 1 - step;
+        int start = c * C, len = T - start < C ? T - start : C;
+        linear_attention_chunk(o, start, len, range, step == 0, step == n_chunks - 1, block, state);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Far field (docs/model.md §1.3): far_l,i = num_l,i / (den_l,i + eps)                 */
+/* ------------------------------------------------------------------------ */
+
+/* [v | 1]: the ones column makes the last output column Σ φ(q_i)·φ(k_j). */
+void fmm_fill_augmented(float *aug, const float *v, int T, int dh) {
+    for (int i = 0; i < T; i++) {
+        memcpy(aug + (size_t)i * (dh + 1), v + (size_t)i * dh, (size_t)dh * sizeof *v);
+        aug[(size_t)i * (dh + 1) + dh] = 1.0f;
+    }
+}
+
+/* Writes kernel l's [num | den] into nd ([T, dh + 1]), adds
+ * weight * num / (den + eps) to out.  Expects fc->sc.v_aug = [v | 1]. */
+void fmm_far_kernel_forward(const fmm_far_context *fc, fmm_feature_map m, const float *q, const float *k, float weight,
+                            float *nd, float *out) {
+    int T = fc->T, dh = fc->dh;
+    fmm_apply_feature_map(m, q, fc->sc.phi_q, (size_t)T * dh);
+    fmm_apply_feature_map(m, k, fc->sc.phi_k, (size_t)T * dh);
+    lin_operands o = {fc->sc.phi_q, fc->sc.phi_k, fc->sc.v_aug, nd, dh, dh + 1};
+    linear_attention_product(&o, T, fc->range, fc->C, fc->sc.block, fc->sc.state);
+    for (int i = 0; i < T; i++) {
+        const float *row = nd + (size_t)i * (dh + 1);
+        fmm_add_scaled(out + (size_t)i * dh, weight / (row[dh] + fc->s->eps), row, dh);
+    }
+}
+
+/* Gradient w.r.t. the augmented value rows, u'_i = [g_i / D_i, -(g_i·o_i)/D_i]
+ * with g_i = weight * dout_i, o_i = far_l,i, D_i = den_i + eps: then
+ * d(num_i) = u_i and d(den_i) = the last entry.  Returns Σ_i dout_i · o_i. */
+static double build_u_aug(const fmm_far_context *fc, const float *nd, const float *dout, float weight, float *u_aug) {
+    int dh = fc->dh;
+    double dout_dot_far = 0.0;
+    for (int i = 0; i < fc->T; i++) {
+        const float *row = nd + (size_t)i * (dh + 1), *gi = dout + (size_t)i * dh;
+        float *u = u_aug + (size_t)i * (dh + 1);
+        float inv_d = 1.0f / (row[dh] + fc->s->eps);
+        float dout_dot_o = fmm_dot(gi, row, dh) * inv_d;
+        for (int c = 0; c < dh; c++) u[c] = weight * gi[c] * inv_d;
+        u[dh] = -weight * dout_dot_o * inv_d;
+        dout_dot_far += dout_dot_o;
+    }
+    return dout_dot_far;
+}
+
+/* With a_ij = φq_i·φk_j and u', v' the augmented rows (range j <= i causal):
+ *   dφq_i = Σ_{j<=i} (u'_i·v'_j) φk_j       forward-time state  V'ᵀ φK
+ *   dφk_j = Σ_{i>=j} (v'_j·u'_i) φq_i       reverse-time state  U'ᵀ φQ
+ *   dv'_j = Σ_{i>=j} (φk_j·φq_i) u'_i       reverse-time state  φQᵀ U'
+ * Adds into dq, dk, dv; returns Σ_i dout_i · far_l,i. */
+double fmm_far_kernel_backward(const fmm_far_context *fc, fmm_feature_map m, const float *q, const float *k,
+                               float weight, const float *nd, const float *dout, float *dq, float *dk, float *dv) {
+    int T = fc->T, dh = fc->dh, e = dh + 1;
+    const fmm_scratch *sc = &fc->sc;
+    fmm_apply_feature_map(m, q, sc->phi_q, (size_t)T * dh);
+    fmm_apply_feature_map(m, k, sc->phi_k, (size_t)T * dh);
+    double dout_dot_far = build_u_aug(fc, nd, dout, weight, sc->u_aug);
+
+    lin_operands dphi_q = {sc->u_aug, sc->v_aug, sc->phi_k, sc->result, e, dh};
+    linear_attention_product(&dphi_q, T, fc->range, fc->C, sc->block, sc->state);
+    feature_chain(m, q, sc->phi_q, sc->result, dq, (size_t)T * dh);
+
+    fmm_sum_range back = reversed(fc->range);
+    lin_operands dphi_k = {sc->v_aug, sc->u_aug, sc->phi_q, sc->result, e, dh};
+    linear_attention_product(&dphi_k, T, back, fc->C, sc->block, sc->state);
+    feature_chain(m, k, sc->phi_k, sc->result, dk, (size_t)T * dh);
+
+    lin_operands dv_aug = {sc->phi_k, sc->phi_q, sc->u_aug, sc->result, dh, e};
+    linear_attention_product(&dv_aug, T, back, fc->C, sc->block, sc->state);
+    for (int i = 0; i < T; i++) fmm_add_scaled(dv + (size_t)i * dh, 1.0f, sc->result + (size_t)i * e, dh);
+    return dout_dot_far;
+}
