@@ -118,7 +118,9 @@ def caller_files(root):
 
 
 def module_of(name):
-    return name[:-2]
+    """"kernels/gemm" of kernels/gemm.c and .h; a folder's private X_internal.h is module X's."""
+    stem = name[:-2]
+    return stem[:-len("_internal")] if stem.endswith("_internal") else stem
 
 
 def folder_of(name):

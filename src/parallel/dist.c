@@ -56,7 +56,7 @@ size_t dist_max_count(size_t element_size) {
     return n > 0 ? n : 1;
 }
 
-int dist_piece(size_t remaining, size_t element_size) {
+static int piece(size_t remaining, size_t element_size) {
     size_t limit = dist_max_count(element_size);
     return (int)(remaining < limit ? remaining : limit);
 }
@@ -202,7 +202,7 @@ int dist_check_launch(status *st) {
 void dist_sum_doubles(double *x, size_t n) {
     if (dist_size() == 1) return;
     for (size_t done = 0; done < n;) {
-        int count = dist_piece(n - done, sizeof(double));
+        int count = piece(n - done, sizeof(double));
         MPI_Request request;
         MPI_Iallreduce(MPI_IN_PLACE, x + done, count, MPI_DOUBLE, MPI_SUM, world, &request);
         dist_watch_wait("sum all-reduce", &request);
@@ -275,7 +275,7 @@ void dist_broadcast_bytes_from(int root, void *x, size_t n) {
     if (dist_size() == 1) return;
     char *p = x;
     for (size_t done = 0; done < n;) {
-        int count = dist_piece(n - done, 1);
+        int count = piece(n - done, 1);
         MPI_Request request;
         MPI_Ibcast(p + done, count, MPI_BYTE, root, world, &request);
         dist_watch_wait("broadcast", &request);

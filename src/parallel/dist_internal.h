@@ -11,9 +11,8 @@
 /* dist.c: the private duplicate of MPI_COMM_WORLD made in dist_init. */
 MPI_Comm dist_world(void);
 /* dist.c: elements of `element_size` bytes that one MPI call may carry
- * (dist_set_max_message_bytes), and the next piece of `remaining`. */
+ * (dist_set_max_message_bytes). */
 size_t dist_max_count(size_t element_size);
-int dist_piece(size_t remaining, size_t element_size);
 
 /* arrivals.c: the persistent requests of the protocol, made once in
  * dist_init after the host table `hosts` ([size][MPI_MAX_PROCESSOR_NAME])
