@@ -24,6 +24,7 @@
 #include "parallel/dist.h"
 #include "store/checkpoint.h"
 #include "store/store.h"
+#include "store/token_input.h"
 
 /* What inspect and eval read: a model for inference holding a checkpoint's
  * weights and buffers, and with `history` its metric tables. */
@@ -463,7 +464,7 @@ int command_loss(const char *ckpt, const char *tokens, const char *grads, bool f
     model m;
     data_batch b;
     status err;
-    if (checkpoint_load_model(ckpt, &m, true, &err) != 0 || checkpoint_read_tokens(tokens, &m, &b, &err) != 0)
+    if (checkpoint_load_model(ckpt, &m, true, &err) != 0 || token_input_read_batch(tokens, &m, &b, &err) != 0)
         cmd_fail(err.code, "%s", err.message);
     model_forward(&m, b.inputs, b.targets, b.labels, b.B, b.T, false);
     long long count;

@@ -16,10 +16,11 @@
 #include "store/checkpoint.h"
 #include "store/logits_file.h"
 #include "store/store.h"
+#include "store/token_input.h"
 
 /* Forward passes of at most train.batch_size rows (a size the run's
  * activations fitted at), each row's logits copied out before the next. */
-static void forward_rows(model *m, const logits_file_tokens *t, float *logits) {
+static void forward_rows(model *m, const token_input_ids *t, float *logits) {
     bool lm = m->cfg.head == HEAD_LM;
     int rows = m->cfg.batch_size < t->B ? m->cfg.batch_size : t->B;
     size_t width = lm ? (size_t)t->T * m->n_out : (size_t)m->n_out;
@@ -47,9 +48,9 @@ int command_logits(const char *ckpt, const char *tokens, const char *out, bool f
     const char *read[] = {path, tokens}; /* a run directory's checkpoint is known only now */
     cmd_check_output("--out", out, read, 2, force);
     bool lm = m.cfg.head == HEAD_LM;
-    logits_file_tokens t;
+    token_input_ids t;
     status err;
-    if (logits_file_read_tokens(tokens, m.V, m.rope_positions, m.n_out, lm, &t, &err) != 0)
+    if (token_input_read_ids(tokens, m.V, m.rope_positions, m.n_out, lm, &t, &err) != 0)
         cmd_fail(err.code, "%s", err.message);
     float *logits = sys_calloc((size_t)t.B * (lm ? (size_t)t.T : 1) * m.n_out, sizeof(float));
     forward_rows(&m, &t, logits);

@@ -415,7 +415,6 @@ typedef struct {
     model *m;
     bool optimizer;
     metric_table *train, *eval;
-    data_batch *b;
 } read_request;
 
 static void config_body(h5reader *r, void *ctx) {
@@ -508,68 +507,4 @@ int checkpoint_read_metrics_file(const char *path, config *c, metric_table *trai
     status ignored;
     return h5reader_run_into(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, "metrics file", metrics_file_body, &q,
                              err ? err : &ignored);
-}
-
-static void check_token_range(h5reader *r, const char *name, const int32_t *x, size_t n, int lo, int hi) {
-    for (size_t i = 0; i < n; i++)
-        if (x[i] < lo || x[i] >= hi) h5reader_fail(r, "%s[%zu] = %d is outside [%d, %d)", name, i, x[i], lo, hi);
-}
-
-/* A token file's [B, T] whose activations cannot fit in memory is refused
- * before the batch and the activations are allocated. */
-static void check_batch_fits(h5reader *r, const model *m, const hsize_t *dims) {
-    if (dims[0] > INT_MAX)
-        h5reader_fail(r, "/inputs has B = %llu rows, more than %d", (unsigned long long)dims[0], INT_MAX);
-    double bytes = (double)model_activation_bytes(m, (int)dims[0], (int)dims[1]);
-    double available = sys_memory_available();
-    if (available > 0 && bytes > available)
-        h5reader_fail(r, "/inputs of %llu x %llu tokens needs %.3g GB of activations, more than the %.3g GB available",
-                      (unsigned long long)dims[0], (unsigned long long)dims[1], bytes / 1e9, available / 1e9);
-}
-
-static void tokens_body(h5reader *r, void *ctx) {
-    read_request *q = ctx;
-    const model *m = q->m;
-    hsize_t dims[H5S_MAX_RANK] = {0};
-    int ndim;
-    hid_t inputs = h5reader_open_dataset(r, "/inputs", &ndim, dims);
-    if (ndim != 2 || dims[0] == 0 || dims[1] == 0) h5reader_fail(r, "/inputs must be a non-empty [B, T] int32 array");
-    if (dims[1] > (hsize_t)m->rope_positions)
-        h5reader_fail(r, "/inputs has T = %llu, longer than the model's %d positions", (unsigned long long)dims[1],
-                      m->rope_positions);
-    h5reader_require_integer(r, "/inputs", inputs);
-    h5reader_checked_elements(r, "/inputs", inputs, ndim, dims);
-    H5Dclose(inputs);
-    check_batch_fits(r, m, dims);
-    hsize_t other[H5S_MAX_RANK];
-    hid_t targets = h5reader_open_dataset(r, "/targets", &ndim, other);
-    h5reader_require_integer(r, "/targets", targets);
-    H5Dclose(targets);
-    if (m->cfg.head == HEAD_CLS && h5reader_exists(r, "/labels")) {
-        hid_t labels = h5reader_open_dataset(r, "/labels", &ndim, other);
-        h5reader_require_integer(r, "/labels", labels);
-        H5Dclose(labels);
-    }
-    data_batch *b = q->b;
-    data_batch_alloc(b, (int)dims[0], (int)dims[1]);
-    size_t n = (size_t)b->B * b->T;
-    h5reader_read_checked(r, "/inputs", H5T_NATIVE_INT32, 2, dims, b->inputs);
-    h5reader_read_checked(r, "/targets", H5T_NATIVE_INT32, 2, dims, b->targets);
-    check_token_range(r, "/inputs", b->inputs, n, 0, m->V);
-    if (m->cfg.head == HEAD_CLS) {
-        hsize_t label_dims[1] = {dims[0]};
-        h5reader_read_checked(r, "/labels", H5T_NATIVE_INT32, 1, label_dims, b->labels);
-        check_token_range(r, "/labels", b->labels, (size_t)b->B, 0, m->n_out);
-    } else {
-        check_token_range(r, "/targets", b->targets, n, -1, m->V);
-        size_t counted = 0;
-        for (size_t i = 0; i < n; i++) counted += b->targets[i] >= 0;
-        if (counted == 0)
-            h5reader_fail(r, "/targets counts no position (every target is -1): there is no loss to compute");
-    }
-}
-
-int checkpoint_read_tokens(const char *path, const model *m, data_batch *b, status *err) {
-    read_request q = {.m = (model *)m, .b = b};
-    return h5reader_run(path, "token file", tokens_body, &q, err);
 }

@@ -1,4 +1,4 @@
-/* HDF5 files of docs/files.md §4: checkpoints, token files and gradient files. The
+/* HDF5 files of docs/files.md §4: checkpoints and gradient files. The
  * file format only: where checkpoints go, their names and temporary names
  * are the store's (store.h, docs/design.md §8.4). Every function returns 0,
  * or an exit code (EXIT_BAD_FILE) with a message naming the file and the
@@ -9,7 +9,6 @@
 
 #include "base/status.h"
 #include "config/config.h"
-#include "data/data.h"
 #include "data/metrics.h"
 #include "hdf5/h5writer.h"
 #include "model/model.h"
@@ -74,10 +73,6 @@ int checkpoint_load_model(const char *path, model *m, bool training, status *err
  * the standard tables (metric_tables_standard) with the rows that every
  * column holds. The caller frees the tables, also after a failure. */
 int checkpoint_read_metrics_file(const char *path, config *c, metric_table *train, metric_table *eval, status *err);
-
-/* Token file (docs/files.md §4): /inputs, /targets int32 [B,T], /labels [B] for cls;
- * tokens out of the vocabulary are a bad file too. */
-int checkpoint_read_tokens(const char *path, const model *m, data_batch *b, status *err);
 
 /* /grads/<name> for every parameter, root attribute loss; atomically
  * through `tmp` as checkpoint_write. */

@@ -1,27 +1,10 @@
-/* The files of `momfmm logits` (docs/cli.md §5, docs/files.md §4): the
- * tokens to run, an HDF5 /tokens of uint16 or int32 ids, [T] or [B, T]; and
- * the logits written, /logits float32 [B, T, V] (lm) or [B, n_classes] (cls)
- * with attributes naming the checkpoint. Returns 0, or EXIT_BAD_FILE with a
- * message naming the file and the problem. */
+/* The file `momfmm logits` writes (docs/cli.md §5, docs/files.md §4; the
+ * tokens it reads are token_input.h's): /logits float32 [B, T, V] (lm) or
+ * [B, n_classes] (cls) with attributes naming the checkpoint. Returns 0, or
+ * an exit code with a message naming the file and the problem. */
 #ifndef MOMFMM_LOGITS_FILE_H
 #define MOMFMM_LOGITS_FILE_H
-#include <stdbool.h>
-#include <stdint.h>
-
 #include "base/status.h"
-
-/* The token ids of /tokens as rows: [T] reads as one row. */
-typedef struct {
-    int B, T;
-    int32_t *ids; /* [B*T], row-major; the caller frees */
-} logits_file_tokens;
-
-/* Reads /tokens, refusing another type or rank, an empty one, T longer
- * than `max_T` positions (the model's), logits that cannot fit in memory
- * (out_width floats per position with `per_position`, else per row), and
- * an id outside [0, vocab) (naming its offset, the first such). */
-int logits_file_read_tokens(const char *path, int vocab, int max_T, int out_width, bool per_position,
-                            logits_file_tokens *out, status *err);
 
 /* What the attributes of a logits file record. */
 typedef struct {
