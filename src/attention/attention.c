@@ -29,7 +29,7 @@ static bool tiled_at(const config *cfg, int T) { return tiled(cfg) && T > TILED_
 /* FMM's band and far-field state; tiled softmax's log-sum-exp per row;
  * dense softmax's T x T probabilities. */
 size_t attention_saved_per_head(const config *cfg, const fmm_settings *fmm, int T) {
-    if (cfg->attention == ATTENTION_FMM) return fmm_head_saved_floats(fmm, T, cfg->d_model / cfg->n_heads);
+    if (cfg->attention == ATTENTION_FMM) return fmm_head_saved_floats(fmm, T, config_head_dim(cfg));
     return tiled_at(cfg, T) ? (size_t)T : (size_t)T * T;
 }
 
@@ -37,7 +37,7 @@ size_t attention_saved_per_head(const config *cfg, const fmm_settings *fmm, int 
  * gradients of q, k, v (the last one also holds the head's output for
  * tiled softmax's backward). */
 size_t attention_scratch_per_head(const config *cfg, const fmm_settings *fmm, int T) {
-    int dh = cfg->d_model / cfg->n_heads;
+    int dh = config_head_dim(cfg);
     size_t kernel = cfg->attention == ATTENTION_FMM ? fmm_head_scratch_floats(fmm, T, dh)
                     : tiled_at(cfg, T)              ? tiled_softmax_scratch_floats(T, dh)
                                                     : (size_t)T * T;

@@ -527,6 +527,8 @@ const char *config_eval_source(const config *c) { return c->eval_resolved[0] ? c
 
 bool config_momentum_enabled(const config *c) { return c->gamma != 0.0 || c->learn_gamma; }
 
+int config_head_dim(const config *c) { return c->d_model / c->n_heads; }
+
 bool config_eval_readouts(const config *c) {
     if (c->eval_readouts != 0) return c->eval_readouts == 1;
     return config_momentum_enabled(c) || c->task != TASK_TEXT;

@@ -148,6 +148,10 @@ const char *config_eval_source(const config *c);
 bool config_eval_readouts(const config *c);
 /* True when momentum attention is on (docs/model.md §1.2). */
 bool config_momentum_enabled(const config *c);
+/* dh, the head dimension d_model / n_heads (docs/README.md, conventions):
+ * the one place it is divided; config_check_model refuses a d_model that
+ * n_heads does not divide, or an odd dh. */
+int config_head_dim(const config *c);
 /* Rows per forward/backward of a shard of shard_rows: train.micro_batch, or
  * the whole shard when 0 or larger (docs/scale.md §7, micro-batches). */
 int config_micro_rows(const config *c, int shard_rows);

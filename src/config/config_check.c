@@ -42,9 +42,9 @@ static int check_chain(const config *c, const char *origin, status *st) {
 int config_check_model(const config *c, const char *origin, status *st) {
     if (c->d_model % c->n_heads != 0)
         REJECT("%s: model.d_model = %d is not divisible by model.n_heads = %d", origin, c->d_model, c->n_heads);
-    if ((c->d_model / c->n_heads) % 2 != 0)
+    if (config_head_dim(c) % 2 != 0)
         REJECT("%s: model.d_model / model.n_heads = %d is odd; RoPE needs an even head dimension", origin,
-               c->d_model / c->n_heads);
+               config_head_dim(c));
     status_clear(st);
     return 0;
 }

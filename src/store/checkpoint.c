@@ -188,7 +188,7 @@ static void read_config_ini(h5reader *r, config *c) {
  * model_create builds) and RoPE tables, in double for the size checks. */
 static double model_floats(const config *c) {
     double positions = c->max_seq_len > c->seq_len ? c->max_seq_len : c->seq_len;
-    return (double)model_param_count(c) + positions * (c->d_model / c->n_heads);
+    return (double)model_param_count(c) + positions * config_head_dim(c);
 }
 
 /* A config from a file whose model (times `copies`: 4 with gradients and

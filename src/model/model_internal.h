@@ -1,0 +1,12 @@
+/* What the two halves of the model share (docs/design.md §8.2): params.c
+ * carves the activation buffer that model.c's forward and backward use.
+ * Private to src/model/. */
+#ifndef MOMFMM_MODEL_INTERNAL_H
+#define MOMFMM_MODEL_INTERNAL_H
+#include "model/model.h"
+
+/* Carves m->acts for B rows of T by the activation plan, unless the buffer
+ * already holds them (the largest batch and length seen: nothing is
+ * allocated per step). */
+void model_reserve_activations(model *m, int B, int T);
+#endif
