@@ -1,4 +1,4 @@
-/* Tests of the FMM attention kernels (src/attention/fmm.c, docs/model.md §1.3).
+/* Tests of the FMM attention kernels (src/attention/fmm_head.c, fmm_near.c, fmm_far.c; docs/model.md §1.3).
  *   test_fmm          run every check, one line each; exit 1 on any failure
  *   test_fmm --bench  time fmm_head_forward + fmm_head_backward per token */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
@@ -491,7 +491,7 @@ static void bench_one(int T, int chunk, bool causal) {
 
 /* The near field alone (no far kernels), its band of W keys per row on the
  * rows and on tiled_softmax's tiles, at T 4096, dh 32: where
- * FMM_TILED_BAND_MIN_WIDTH (fmm.c) comes from. */
+ * FMM_TILED_BAND_MIN_WIDTH (fmm_near.c) comes from. */
 static void bench_band(int T, bool causal, int half) {
     const int dh = 32;
     fmm_case c;

@@ -1,4 +1,4 @@
-/* What the files of FMM attention share (docs/model.md §1.3): fmm.c (sizes
+/* What the files of FMM attention share (docs/model.md §1.3): fmm_head.c (sizes
  * and the entry points of fmm.h), fmm_near.c (the banded softmax near
  * field, on rows or on tiles), fmm_far.c (the feature maps and the chunked
  * linear-attention far field) and fmm_stream.c (the same field one token at

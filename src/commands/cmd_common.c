@@ -16,6 +16,7 @@
 #include "base/log.h"
 #include "data/tokenizer.h"
 #include "kernels/gemm.h"
+#include "parallel/arrivals.h"
 #include "parallel/dist.h"
 #include "store/checkpoint.h"
 #include "store/store.h"

@@ -20,6 +20,7 @@
 #include "commands/commands.h"
 #include "commands/signals.h"
 #include "kernels/gemm.h"
+#include "parallel/arrivals.h"
 #include "parallel/dist.h"
 #include "store/checkpoint.h"
 #include "store/live_metrics.h"

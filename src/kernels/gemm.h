@@ -97,7 +97,7 @@ size_t gemm_primitives_created(const gemm_ctx *ctx);
 /* ---- The process-wide engine the model's products run on ---------------
  * cblas is process-wide, so the engine is too: the command layer picks it
  * once at start-up from train.precision and train.gemm (docs/scale.md §7)
- * and the kernels (kernels.c, fmm.c) call gemm_product, which runs on it.
+ * and the kernels (kernels.c, fmm_far.c) call gemm_product, which runs on it.
  * With no engine set, or GEMM_OPENBLAS, gemm_product is exactly the
  * cblas_sgemm call the kernels made before, so fp32 results stay
  * bit-identical. The default context is not destroyed by the setter. */

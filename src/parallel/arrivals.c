@@ -3,12 +3,13 @@
  * that the watchdog (watchdog.c) can name the ranks a stalled collective
  * waits for. Every collective of src/parallel/ waits through
  * dist_watch_wait (dist_internal.h). */
+#include "parallel/arrivals.h"
+
 #include <mpi.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
 #include "base/sys.h"
-#include "parallel/dist.h"
 #include "parallel/watchdog.h"
 
 #include "dist_internal.h"
@@ -33,7 +34,7 @@ typedef struct {
 
 static struct {
     MPI_Comm comm;
-    int peers;          /* size - 1; peer j is rank j + (j >= rank) */
+    int rank, peers;    /* this rank, and size - 1; peer j is rank j + (j >= rank) */
     arrival_peer *peer; /* [peers] */
     MPI_Request *recv;  /* [peers]: the receives together, for MPI_Testsome */
     int *done;          /* [peers]: MPI_Testsome's indices */
@@ -43,12 +44,13 @@ static struct {
 
 enum { ARRIVAL_TAG = 1 };
 
-static int peer_rank(int j) { return j + (j >= dist_rank()); }
+static int peer_rank(int j) { return j + (j >= arrivals.rank); }
 
-void dist_arrivals_create(const char *hosts) {
-    int n = arrivals.peers = dist_size() - 1;
-    watchdog_init(dist_rank(), dist_size(), hosts, MPI_MAX_PROCESSOR_NAME);
-    MPI_Comm_dup(dist_world(), &arrivals.comm);
+void dist_arrivals_create(MPI_Comm world, int rank, int size, const char *hosts) {
+    int n = arrivals.peers = size - 1;
+    arrivals.rank = rank;
+    watchdog_init(rank, size, hosts, MPI_MAX_PROCESSOR_NAME);
+    MPI_Comm_dup(world, &arrivals.comm);
     arrivals.peer = sys_calloc((size_t)n + 1, sizeof(arrival_peer));
     arrivals.recv = sys_calloc((size_t)n + 1, sizeof(MPI_Request));
     arrivals.done = sys_calloc((size_t)n + 1, sizeof(int));
@@ -171,5 +173,5 @@ void dist_watch_step(long long step) { watchdog_step(step); }
  * it (collective), announced and awaited like a blocking collective. */
 void dist_watch_phase(const char *phase, bool whole) {
     watchdog_phase(phase, whole);
-    if (phase && whole && dist_size() > 1) arrive_and_pass();
+    if (phase && whole && arrivals.peers > 0) arrive_and_pass();
 }

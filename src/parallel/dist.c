@@ -97,7 +97,7 @@ int dist_init(int *argc, char ***argv, status *st) {
     MPI_Comm_size(world, &world_size);
     MPI_Comm_size(node, &node_size);
     gather_hosts();
-    dist_arrivals_create(hosts);
+    dist_arrivals_create(world, world_rank, world_size, hosts);
     log_set_rank(dist_rank());
     status_at_panic(abort_job);
     if (provided < MPI_THREAD_FUNNELED)

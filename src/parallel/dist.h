@@ -1,6 +1,6 @@
 /* The parallel runtime (docs/design.md §8.3): MPI start-up and shut-down, the
- * collectives the layers above use and the dist.timeout watch (the bucketed
- * gradient reducer has reducer.h, the context group context.h). It
+ * collectives the layers above use (the dist.timeout watch has arrivals.h, the
+ * bucketed gradient reducer reducer.h). It
  * sees buffers of bytes, doubles and floats and spans of one flat buffer,
  * never the model: what a span is (a tensor, and after which block of
  * backward its gradient is final) is the training layer's to say. */
@@ -47,25 +47,6 @@ void dist_set_max_message_bytes(size_t bytes);
 void dist_host_names(char *out, size_t len);
 /* EXIT_USAGE when srun started several tasks that MPI does not see as one job. */
 int dist_check_launch(status *st);
-
-/* The watchdog (dist.timeout, docs/design.md §8.11; arrivals.c, watchdog.c): from here
- * on, an MPI operation of this module (and a phase named below) that makes
- * no progress for `seconds` calls hook with one line naming the step, the
- * operation, this rank and host, and the ranks (with their hosts) that have
- * not arrived at the operation, from a thread of its own; the hook must end
- * the process without MPI (the command layer's prints and _exits with
- * EXIT_DIST_TIMEOUT). A no-op on one rank; 1 on a failed thread start. */
-typedef void (*dist_timeout_hook)(const char *message);
-int dist_watch_start(double seconds, dist_timeout_hook hook, status *st);
-/* The step the watchdog's message names. */
-void dist_watch_step(long long step);
-/* Names what the layers above do ("checkpoint write", "eval"; NULL: done):
- * the operations inside carry the name; with `whole`, the phase itself is
- * watched from its start, for the MPI calls made in it by other libraries
- * (parallel HDF5), each of this module's operations counting as progress;
- * a whole phase is entered by every rank (collective: its arrival is
- * announced and awaited like an operation's). */
-void dist_watch_phase(const char *phase, bool whole);
 
 /* In-place sum over ranks, in pieces of one MPI call each. */
 void dist_sum_doubles(double *x, size_t n);

@@ -14,10 +14,10 @@ MPI_Comm dist_world(void);
  * (dist_set_max_message_bytes). */
 size_t dist_max_count(size_t element_size);
 
-/* arrivals.c: the persistent requests of the protocol, made once in
- * dist_init after the host table `hosts` ([size][MPI_MAX_PROCESSOR_NAME])
- * is gathered, freed in dist_finalize. */
-void dist_arrivals_create(const char *hosts);
+/* arrivals.c: the persistent requests of the protocol on a duplicate of
+ * `world`, made once in dist_init after the host table `hosts`
+ * ([size][MPI_MAX_PROCESSOR_NAME]) is gathered, freed in dist_finalize. */
+void dist_arrivals_create(MPI_Comm world, int rank, int size, const char *hosts);
 void dist_arrivals_free(void);
 /* arrivals.c: this rank's next mark to every peer; with `repeat`, the same
  * mark again while a polled wait lasts (a heartbeat). */
