@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# FMM vs exact softmax attention as the sequence grows (README, "FMM attention
-# and long sequences"): `momfmm bench` of configs/bench_fmm.ini (batch 1,
+# FMM vs exact softmax attention as the sequence grows (docs/performance.md
+# §9.7): `momfmm bench` of configs/bench_fmm.ini (batch 1,
 # d 256, 8 heads, 4 layers, 1 thread) at T = 1k, 4k, 16k, 64k for FMM,
 # softmax tiled (attention.impl = tiled, linear memory) and softmax dense
 # (the T x T probabilities kept); prints a Markdown table of tokens/s,

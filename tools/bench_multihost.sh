@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The alpha-beta model against the network it models (README "Several
-# hosts", docs/design.md §8.11): on a test bed of 4 hosts
+# The alpha-beta model against the network it models (docs/cluster.md
+# §10.8, docs/design.md §8.11): on a test bed of 4 hosts
 # (tests/multihost/netbed.sh, 1 rank per host), with the hosts' links
 # unshaped, shaped to 10 Gb/s and to 1 Gb/s (tc tbf on eth0 inside every
 # host), at 2 and 4 hosts:

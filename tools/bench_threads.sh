@@ -4,7 +4,7 @@
 # goes first each round so that a noisy neighbour on a shared machine hits
 # both alike. Prints every round (tokens/s and the fraction of the measured
 # FMA peak), the medians, the median of the per-round speed-ups and whether
-# it reaches 1.8x (the README's target at two threads, "Performance").
+# it reaches 1.8x (the target at two threads, docs/performance.md §9.2).
 #
 #   tools/bench_threads.sh [CONFIG.ini] [ROUNDS] [-- extra momfmm bench args]
 #   e.g. tools/bench_threads.sh configs/bench_d256.ini 5 -- --steps 5

@@ -4,7 +4,7 @@
 # with dist.zero = 1, alternating which goes first each round so that a noisy
 # neighbour on a shared machine hits both alike. Prints every round, the
 # medians, their ratio and whether zero = 1 is within 3% of zero = 0 (the
-# README's target for ZeRO-1, "Scaling past one rank's memory"), and the bytes
+# target for ZeRO-1, docs/performance.md §9.6), and the bytes
 # per parameter of each.
 #
 #   tools/bench_zero.sh [CONFIG.ini] [ROUNDS] [NP] [-- extra momfmm bench args]

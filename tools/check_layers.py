@@ -1,7 +1,11 @@
 #!/usr/bin/python3
 """Checks that the C program keeps the layers of docs/design.md §8.1.
 
-    /usr/bin/python3 tools/check_layers.py [--root DIR]
+    /usr/bin/python3 tools/check_layers.py [--root DIR] [--summary]
+
+With --summary it also prints, layer by layer from the top, each folder's
+files and lines and the folders it uses, and the count of folder-to-folder
+arrows (the README's "Layout" quotes it).
 
 The layer table is read from docs/design.md itself (the table under "§8.1"), so
 the document and the check cannot drift apart. Each row names a layer and, in
@@ -321,10 +325,28 @@ def check_mpi(codes, files, mpi_folders, problems):
                 problems.append(f"{files[name]}:{lineno}: includes <mpi.h>: only the parallel runtime calls MPI")
 
 
+def print_summary(table, files, codes, depends):
+    """Layer by layer: each folder's files, lines and the folders its modules use."""
+    arrows = set()
+    for module, used in depends.items():
+        for other in used:
+            if folder_of(other) != folder_of(module):
+                arrows.add((folder_of(module), folder_of(other)))
+    for name, folders in table:
+        for folder in folders:
+            mine = [f for f in files if folder_of(f) == folder]
+            lines = sum(codes[f][0].count("\n") for f in mine)
+            uses = sorted(b for a, b in arrows if a == folder)
+            print(f"{name:18} src/{folder + '/':12} {len(mine):3} files {lines:6} lines  uses {' '.join(uses) or '-'}")
+    print(f"{len(arrows)} arrows between {sum(len(f) for _, f in table)} folders")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    root = os.path.abspath(parser.parse_args().root)
+    parser.add_argument("--summary", action="store_true", help="print each folder's size and the folders it uses")
+    args = parser.parse_args()
+    root = os.path.abspath(args.root)
     table = read_table(root)
     files = project_files(root)
     layer_of, layer_name, folder_layer = {}, {}, {}
@@ -357,6 +379,8 @@ def main():
         problems.append("modules depend on each other in a circle: " + " -> ".join(cycle))
     check_unused_exports(codes, callers, exported, problems, files)
     check_mpi(codes, files, {f for f, (_, layer) in folder_layer.items() if f == "parallel"}, problems)
+    if args.summary:
+        print_summary(table, files, codes, depends)
     for p in problems:
         print(os.path.relpath(p.split(":")[0], root) + p[len(p.split(":")[0]):] if p.startswith(root) else p)
     if problems:

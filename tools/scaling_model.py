@@ -51,7 +51,7 @@ binomial tree, every message the whole bucket:
 
     t_allreduce(p) = 2 ceil(log2 p) * (alpha * k + 4 n / beta)
 
-(measured on shaped links: README "Several hosts").
+(measured on shaped links: docs/cluster.md §10.8).
 
 With --measured-step-ms the p = 2 row is compared with the measured 2-rank
 step. --probe FILE takes α and β from the `fit alpha_us=... beta_gbps=...`

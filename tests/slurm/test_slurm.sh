@@ -401,7 +401,7 @@ if job_ok "requeued finished job completes" "$J_MPI"; then
 fi
 
 # ---- 3. requeued onto fewer tasks: dist.zero = 1 at 4 tasks, resumed at 3 ----
-# The README's commands: USR1, the script requeues the job; while it waits
+# The commands of docs/cluster.md §10.5: USR1, the script requeues the job; while it waits
 # (cred_expire) hold it, set NumTasks=3, release it. One job per launcher, run
 # side by side: mpirun starts 3 ranks (it reads SLURM_TASKS_PER_NODE), srun
 # as many as train_srun.sbatch passes as --ntasks (its default, SLURM_NTASKS,
