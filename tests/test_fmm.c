@@ -94,12 +94,13 @@ static void case_free(fmm_case *c) {
 }
 
 static void case_forward(fmm_case *c) {
-    fmm_head_forward(&c->s, c->q, c->k, c->v, c->blend_near, c->blend_far, c->out, c->saved, c->scratch, c->T, c->dh);
+    fmm_head_forward(&c->s, NULL, c->q, c->k, c->v, c->blend_near, c->blend_far, c->out, c->saved, c->scratch, c->T,
+                     c->dh);
 }
 
 static void case_backward(fmm_case *c) {
     c->d_blend_near = c->d_blend_far = 0.0f;
-    fmm_head_backward(&c->s, c->q, c->k, c->v, c->blend_near, c->blend_far, c->saved, c->w, c->dq, c->dk, c->dv,
+    fmm_head_backward(&c->s, NULL, c->q, c->k, c->v, c->blend_near, c->blend_far, c->saved, c->w, c->dq, c->dk, c->dv,
                       &c->d_blend_near, &c->d_blend_far, c->scratch, c->T, c->dh);
 }
 
@@ -504,7 +505,8 @@ static void bench_band(int T, bool causal, int half) {
         case_backward(&c);
         double t1 = now_seconds();
         tiled_softmax_band_forward(c.out, lse, c.q, c.k, c.v, T, T, dh, 0, causal, half, scratch);
-        tiled_softmax_band_backward(c.dq, c.dk, c.dv, c.w, c.out, lse, c.q, c.k, c.v, T, dh, causal, half, scratch);
+        tiled_softmax_band_backward(c.dq, c.dk, c.dv, c.w, c.out, lse, c.q, c.k, c.v, T, T, dh, 0, causal, half, false,
+                                    scratch);
         double t2 = now_seconds();
         rows = fmin(rows, t1 - t0), tiles = fmin(tiles, t2 - t1);
     }

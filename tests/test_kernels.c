@@ -169,7 +169,8 @@ static void test_tiled(bool causal, int T, int dh, int half) {
     c.aux1 = calloc((size_t)T, 4), c.aux2 = calloc(tiled_softmax_scratch_floats(T, dh), 4);
     float *dq = calloc(n, 4), *dk = calloc(n, 4), *dv = calloc(n, 4);
     tiled_softmax_band_forward(c.out, c.aux1, c.x, c.w, c.b, T, T, dh, 0, causal, half, c.aux2);
-    tiled_softmax_band_backward(dq, dk, dv, c.probe, c.out, c.aux1, c.x, c.w, c.b, T, dh, causal, half, c.aux2);
+    tiled_softmax_band_backward(dq, dk, dv, c.probe, c.out, c.aux1, c.x, c.w, c.b, T, T, dh, 0, causal, half, false,
+                                c.aux2);
     char name[80], tag[32];
     snprintf(tag, sizeof tag, half ? "%s band %d" : "%s", causal ? "causal" : "full", half);
     snprintf(name, sizeof name, "tiled attention %s T=%d dq", tag, T);

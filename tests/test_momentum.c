@@ -67,7 +67,7 @@ static void fd_case(const char *name, int T, int dh, momentum_coeffs c, int anch
     float dg = dg0;
 
     momentum_shear_forward(k.x, k.prev, NULL, k.xhat, p, c, T, dh);
-    momentum_shear_backward(k.w, p, dx, &dg, c, anchored, scratch, T, dh);
+    momentum_shear_backward(k.w, p, dx, &dg, c, anchored, NULL, NULL, scratch, T, dh);
     for (size_t i = 0; i < n; i++) ana[i] = dx[i] - dx0[i];
     float dg_ana = dg - dg0;
 
@@ -154,8 +154,8 @@ static void backward_null_case(void) {
     momentum_coeffs c = coeffs(0.3f, 0.5f, 0.1f);
     float dg = 0;
     momentum_shear_forward(x, NULL, NULL, xhat, p, c, T, DH);
-    momentum_shear_backward(g, p, dx1, &dg, c, 1, scratch, T, DH);
-    momentum_shear_backward(g, NULL, dx2, NULL, c, 1, scratch, T, DH);
+    momentum_shear_backward(g, p, dx1, &dg, c, 1, NULL, NULL, scratch, T, DH);
+    momentum_shear_backward(g, NULL, dx2, NULL, c, 1, NULL, NULL, scratch, T, DH);
     test_check(memcmp(dx1, dx2, sizeof dx1) == 0, "bwd: p/d_gamma NULL gives same dx", NULL);
 }
 

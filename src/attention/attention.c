@@ -112,7 +112,7 @@ static void unprepare_gradient(const attention_layer *a, int h, int which, float
     memset(d_raw, 0, sizeof(float) * T * a->dh);
     float *d_gamma = a->d_gamma ? a->d_gamma + h : NULL;
     float scratch[a->dh];
-    momentum_shear_backward(d_hat, p, d_raw, d_gamma, head_coeffs(a, h), a->cfg->anchor, scratch, T, a->dh);
+    momentum_shear_backward(d_hat, p, d_raw, d_gamma, head_coeffs(a, h), a->cfg->anchor, NULL, NULL, scratch, T, a->dh);
     if (post) rope_backward(d_raw, a->rope_cos, a->rope_sin, T, a->dh, 0);
 }
 
@@ -144,7 +144,7 @@ static void forward_head(const attention_layer *a, const attention_saved *s, con
         gather_head(v, rows, 3 * d, 2 * d + h * dh, T, dh);
         float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
         if (a->cfg->attention == ATTENTION_FMM) {
-            fmm_head_forward(a->fmm, q, k, v, a->blend[h], a->blend[a->H + h], head_out, saved, scratch, T, dh);
+            fmm_head_forward(a->fmm, NULL, q, k, v, a->blend[h], a->blend[a->H + h], head_out, saved, scratch, T, dh);
         } else if (tiled_at(a->cfg, T)) {
             tiled_softmax_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal, scratch);
         } else {
@@ -175,7 +175,7 @@ static void backward_head(const attention_layer *a, const attention_saved *s, co
         const float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
         gather_head(d_head_out, d_out + (size_t)b * T * d, d, h * dh, T, dh);
         if (a->cfg->attention == ATTENTION_FMM) {
-            fmm_head_backward(a->fmm, q, k, v, a->blend[h], a->blend[a->H + h], saved, d_head_out, dq, dk, dv,
+            fmm_head_backward(a->fmm, NULL, q, k, v, a->blend[h], a->blend[a->H + h], saved, d_head_out, dq, dk, dv,
                               &a->d_blend[h], &a->d_blend[a->H + h], scratch, T, dh);
         } else if (tiled_at(a->cfg, T)) {
             float *head_out = d_raw; /* free until unprepare_gradient overwrites it */

@@ -23,20 +23,51 @@ typedef struct {
     bool band_tiles; /* a wide band may run on tiled_softmax's kernel (attention.impl = tiled) */
 } fmm_settings;
 
+/* A head's T rows as one shard of a sequence cut across the ranks of a
+ * context group (docs/design.md §8.12). The rows see the same keys as on
+ * one rank: the band's halo keys of the neighbouring shards, and, in the
+ * far field, the sums of the other shards' keys in range. A NULL shard is
+ * a whole sequence. */
+typedef struct {
+    int T_seq;          /* the whole sequence's length (the band's clamp) */
+    int left, right;    /* halo keys before and after the rows */
+    const float *k, *v; /* [left + T + right, dh]: the band's keys and values, the rows' own in the middle */
+    /* [n_kernels][dh, dh + 1]: Σ φ_l(k_j) ⊗ [v_j | 1] over the keys of the
+     * other shards that the rows see (causal: those before), or NULL */
+    const float *far_in;
+    /* backward: [n_kernels][dh + 1, dh]: Σ u'_i ⊗ φ_l(q_i) over the rows of
+     * the other shards that see these keys (causal: those after), or NULL */
+    const float *far_grad_in;
+} fmm_shard;
+
+/* Floats of one kernel set's far-field state, [n_kernels][dh, dh + 1]
+ * (far_in, far_grad_in and the totals below). */
+size_t fmm_far_state_floats(const fmm_settings *s, int dh);
+/* This shard's share of the other shards' far_in: per kernel φ(K)ᵀ [V | 1]
+ * of its T keys; and of their far_grad_in, from the forward's `saved` and
+ * dout (both O(T dh²), nothing T x T). */
+void fmm_head_far_totals(const fmm_settings *s, const float *k, const float *v, float *totals, float *scratch, int T,
+                         int dh);
+void fmm_head_far_grad_totals(const fmm_settings *s, const fmm_shard *shard, const float *q, float blend_far,
+                              const float *saved, const float *dout, float *totals, float *scratch, int T, int dh);
+
 /* Floats saved between forward and backward, per head. */
 size_t fmm_head_saved_floats(const fmm_settings *s, int T, int dh);
 /* Floats of scratch one call needs (reused across heads, not kept). */
 size_t fmm_head_scratch_floats(const fmm_settings *s, int T, int dh);
 
 /* out = sigmoid(blend_near) * near + sigmoid(blend_far) * (1/r) sum_l far_l.
- * q, k are the (possibly sheared, rotated) q-hat, k-hat of docs/model.md §1.3. */
-void fmm_head_forward(const fmm_settings *s, const float *q, const float *k, const float *v, float blend_near,
-                      float blend_far, float *out, float *saved, float *scratch, int T, int dh);
+ * q, k are the (possibly sheared, rotated) q-hat, k-hat of docs/model.md §1.3;
+ * shard (or NULL) places the T rows in a longer sequence. */
+void fmm_head_forward(const fmm_settings *s, const fmm_shard *shard, const float *q, const float *k, const float *v,
+                      float blend_near, float blend_far, float *out, float *saved, float *scratch, int T, int dh);
 
-/* Writes (overwrites) dq, dk, dv; adds into *d_blend_near, *d_blend_far. */
-void fmm_head_backward(const fmm_settings *s, const float *q, const float *k, const float *v, float blend_near,
-                       float blend_far, const float *saved, const float *dout, float *dq, float *dk, float *dv,
-                       float *d_blend_near, float *d_blend_far, float *scratch, int T, int dh);
+/* Writes (overwrites) dq [T, dh] and dk, dv: [left + T + right, dh] for a
+ * shard (the halo keys' gradients go back to their shards), [T, dh] else;
+ * adds into *d_blend_near, *d_blend_far. */
+void fmm_head_backward(const fmm_settings *s, const fmm_shard *shard, const float *q, const float *k, const float *v,
+                       float blend_near, float blend_far, const float *saved, const float *dout, float *dq, float *dk,
+                       float *dv, float *d_blend_near, float *d_blend_far, float *scratch, int T, int dh);
 /* The weight of value j in output i of a forward (docs/metrics.md §3, the
  * attention read-out): out_i = sum_j weight(i, j) v_j exactly, from q, k
  * and the forward's `saved`, in O(dh): nothing T x T. */

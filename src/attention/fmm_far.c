@@ -132,7 +132,8 @@ typedef struct {
 
 /* One chunk [start, start + len): intra-chunk part through the masked
  * len x len block A_c B_cᵀ, inter-chunk part A_c · state, where state =
- * Σ B_j X_jᵀ over the chunks already visited; then the chunk joins state. */
+ * Σ B_j X_jᵀ over the chunks already visited (and what came in from other
+ * shards); then the chunk joins state. `first`: the state is still zero. */
 static void linear_attention_chunk(const lin_operands *o, int start, int len, fmm_sum_range range, bool first,
                                    bool last, float *block, float *state) {
     int m = o->m, n = o->n;
@@ -149,20 +150,32 @@ static void linear_attention_chunk(const lin_operands *o, int start, int len, fm
 /* Y_i = Σ_{j in range(i)} (A_i · B_j) X_j without forming the T x T matrix.
  * SUM_ALL uses one global state Bᵀ X (m x n).  The chunk size only changes
  * the summation order, so results agree across chunk sizes up to rounding.
+ * `init` ([m, n] or NULL) is Σ B_j X_jᵀ over the positions of the other
+ * shards in range (context parallelism, docs/design.md §8.12): the state the
+ * walk starts from, or for SUM_ALL the rest of the global state.
  * Scratch: block [C, C], state [m, n]. */
-static void linear_attention_product(const lin_operands *o, int T, fmm_sum_range range, int C, float *block,
-                                     float *state) {
+static void linear_attention_product(const lin_operands *o, int T, fmm_sum_range range, int C, const float *init,
+                                     float *block, float *state) {
+    size_t state_floats = (size_t)o->m * o->n;
     if (range == SUM_ALL) {
-        sgemm(true, false, o->m, o->n, T, o->B, o->m, o->X, o->n, 0.0f, state, o->n);
+        if (init) memcpy(state, init, state_floats * sizeof *state);
+        sgemm(true, false, o->m, o->n, T, o->B, o->m, o->X, o->n, init ? 1.0f : 0.0f, state, o->n);
         sgemm(false, false, T, o->n, o->m, o->A, o->m, state, o->n, 0.0f, o->Y, o->n);
         return;
     }
+    if (init) memcpy(state, init, state_floats * sizeof *state);
     int n_chunks = (T + C - 1) / C;
     for (int step = 0; step < n_chunks; step++) {
         int c = range == SUM_PAST ? step : n_chunks - 1 - step;
         int start = c * C, len = T - start < C ? T - start : C;
-        linear_attention_chunk(o, start, len, range, step == 0, step == n_chunks - 1, block, state);
+        linear_attention_chunk(o, start, len, range, step == 0 && !init, step == n_chunks - 1, block, state);
     }
+}
+
+/* dst [n, m] = srcᵀ, src [m, n]. */
+static void transpose(float *dst, const float *src, int m, int n) {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) dst[(size_t)j * m + i] = src[(size_t)i * n + j];
 }
 
 /* ------------------------------------------------------------------------ */
@@ -177,15 +190,13 @@ void fmm_fill_augmented(float *aug, const float *v, int T, int dh) {
     }
 }
 
-/* Writes kernel l's [num | den] into nd ([T, dh + 1]), adds
- * weight * num / (den + eps) to out.  Expects fc->sc.v_aug = [v | 1]. */
 void fmm_far_kernel_forward(const fmm_far_context *fc, fmm_feature_map m, const float *q, const float *k, float weight,
-                            float *nd, float *out) {
+                            const float *in, float *nd, float *out) {
     int T = fc->T, dh = fc->dh;
     fmm_apply_feature_map(m, q, fc->sc.phi_q, (size_t)T * dh);
     fmm_apply_feature_map(m, k, fc->sc.phi_k, (size_t)T * dh);
     lin_operands o = {fc->sc.phi_q, fc->sc.phi_k, fc->sc.v_aug, nd, dh, dh + 1};
-    linear_attention_product(&o, T, fc->range, fc->C, fc->sc.block, fc->sc.state);
+    linear_attention_product(&o, T, fc->range, fc->C, in, fc->sc.block, fc->sc.state);
     for (int i = 0; i < T; i++) {
         const float *row = nd + (size_t)i * (dh + 1);
         fmm_add_scaled(out + (size_t)i * dh, weight / (row[dh] + fc->s->eps), row, dh);
@@ -214,26 +225,45 @@ static double build_u_aug(const fmm_far_context *fc, const float *nd, const floa
  *   dφq_i = Σ_{j<=i} (u'_i·v'_j) φk_j       forward-time state  V'ᵀ φK
  *   dφk_j = Σ_{i>=j} (v'_j·u'_i) φq_i       reverse-time state  U'ᵀ φQ
  *   dv'_j = Σ_{i>=j} (φk_j·φq_i) u'_i       reverse-time state  φQᵀ U'
- * Adds into dq, dk, dv; returns Σ_i dout_i · far_l,i. */
+ * From other shards the forward-time state starts at `in`ᵀ and the
+ * reverse-time ones at `grad_in` = Σ u'_i ⊗ φq_i of the rows after (and its
+ * transpose). Adds into dq, dk, dv; returns Σ_i dout_i · far_l,i. */
 double fmm_far_kernel_backward(const fmm_far_context *fc, fmm_feature_map m, const float *q, const float *k,
-                               float weight, const float *nd, const float *dout, float *dq, float *dk, float *dv) {
+                               float weight, const float *in, const float *grad_in, const float *nd, const float *dout,
+                               float *dq, float *dk, float *dv) {
     int T = fc->T, dh = fc->dh, e = dh + 1;
     const fmm_scratch *sc = &fc->sc;
     fmm_apply_feature_map(m, q, sc->phi_q, (size_t)T * dh);
     fmm_apply_feature_map(m, k, sc->phi_k, (size_t)T * dh);
     double dout_dot_far = build_u_aug(fc, nd, dout, weight, sc->u_aug);
 
+    if (in) transpose(sc->init, in, dh, e);
     lin_operands dphi_q = {sc->u_aug, sc->v_aug, sc->phi_k, sc->result, e, dh};
-    linear_attention_product(&dphi_q, T, fc->range, fc->C, sc->block, sc->state);
+    linear_attention_product(&dphi_q, T, fc->range, fc->C, in ? sc->init : NULL, sc->block, sc->state);
     feature_chain(m, q, sc->phi_q, sc->result, dq, (size_t)T * dh);
 
     fmm_sum_range back = reversed(fc->range);
     lin_operands dphi_k = {sc->v_aug, sc->u_aug, sc->phi_q, sc->result, e, dh};
-    linear_attention_product(&dphi_k, T, back, fc->C, sc->block, sc->state);
+    linear_attention_product(&dphi_k, T, back, fc->C, grad_in, sc->block, sc->state);
     feature_chain(m, k, sc->phi_k, sc->result, dk, (size_t)T * dh);
 
+    if (grad_in) transpose(sc->init, grad_in, e, dh);
     lin_operands dv_aug = {sc->phi_k, sc->phi_q, sc->u_aug, sc->result, dh, e};
-    linear_attention_product(&dv_aug, T, back, fc->C, sc->block, sc->state);
+    linear_attention_product(&dv_aug, T, back, fc->C, grad_in ? sc->init : NULL, sc->block, sc->state);
     for (int i = 0; i < T; i++) fmm_add_scaled(dv + (size_t)i * dh, 1.0f, sc->result + (size_t)i * e, dh);
     return dout_dot_far;
+}
+
+void fmm_far_kernel_totals(const fmm_far_context *fc, fmm_feature_map m, const float *k, float *totals) {
+    int T = fc->T, dh = fc->dh;
+    fmm_apply_feature_map(m, k, fc->sc.phi_k, (size_t)T * dh);
+    sgemm(true, false, dh, dh + 1, T, fc->sc.phi_k, dh, fc->sc.v_aug, dh + 1, 0.0f, totals, dh + 1);
+}
+
+void fmm_far_kernel_grad_totals(const fmm_far_context *fc, fmm_feature_map m, const float *q, float weight,
+                                const float *nd, const float *dout, float *totals) {
+    int T = fc->T, dh = fc->dh;
+    fmm_apply_feature_map(m, q, fc->sc.phi_q, (size_t)T * dh);
+    build_u_aug(fc, nd, dout, weight, fc->sc.u_aug);
+    sgemm(true, false, dh + 1, dh, T, fc->sc.u_aug, dh + 1, fc->sc.phi_q, dh, 0.0f, totals, dh);
 }

@@ -14,6 +14,18 @@ fmm_band fmm_band_of(const fmm_settings *s, int T) {
     if (g.half < 0) g.half = 0;
     g.causal = s->causal;
     g.width = g.half == 0 ? 0 : (s->causal ? g.half : 2 * g.half - 1);
+    g.left = 0;
+    g.Tk = T;
+    return g;
+}
+
+/* The whole sequence's band (the same keys per row as on one rank), over
+ * the shard's keys with their halos. */
+fmm_band fmm_band_of_shard(const fmm_settings *s, const fmm_shard *shard, int T) {
+    if (!shard) return fmm_band_of(s, T);
+    fmm_band g = fmm_band_of(s, shard->T_seq);
+    g.left = shard->left;
+    g.Tk = shard->left + T + shard->right;
     return g;
 }
 
@@ -36,16 +48,17 @@ size_t fmm_band_saved_floats(const fmm_settings *s, const fmm_band *g, int T, in
 }
 
 /* Row i's keys are j in [*lo, *hi]; P[i, j - base] holds p_ij. */
-int fmm_band_limits(const fmm_band *g, int i, int T, int *lo, int *hi) {
-    *lo = i - g->half + 1 > 0 ? i - g->half + 1 : 0;
-    *hi = g->causal ? i : (i + g->half - 1 < T - 1 ? i + g->half - 1 : T - 1);
-    return i - g->half + 1;
+int fmm_band_limits(const fmm_band *g, int i, int *lo, int *hi) {
+    int at = i + g->left; /* row i's own key */
+    *lo = at - g->half + 1 > 0 ? at - g->half + 1 : 0;
+    *hi = g->causal ? at : (at + g->half - 1 < g->Tk - 1 ? at + g->half - 1 : g->Tk - 1);
+    return at - g->half + 1;
 }
 
 /* Softmax of row i's band scores, written into p (width W, zeros outside the
  * band).  The row maximum is subtracted before exp (no overflow). */
-void fmm_band_row(const fmm_band *g, const float *qi, const float *k, float *p, int i, int T, int dh) {
-    int lo, hi, base = fmm_band_limits(g, i, T, &lo, &hi);
+void fmm_band_row(const fmm_band *g, const float *qi, const float *k, float *p, int i, int dh) {
+    int lo, hi, base = fmm_band_limits(g, i, &lo, &hi);
     float scale = 1.0f / sqrtf((float)dh), max = -INFINITY, sum = 0.0f;
     memset(p, 0, (size_t)g->width * sizeof *p);
     for (int j = lo; j <= hi; j++) {
@@ -65,8 +78,8 @@ void fmm_band_rows_forward(const fmm_band *g, const float *q, const float *k, co
     for (int i = 0; i < T; i++) {
         float *p = P + (size_t)i * g->width, *oi = out + (size_t)i * dh;
         int lo, hi, base;
-        fmm_band_row(g, q + (size_t)i * dh, k, p, i, T, dh);
-        base = fmm_band_limits(g, i, T, &lo, &hi);
+        fmm_band_row(g, q + (size_t)i * dh, k, p, i, dh);
+        base = fmm_band_limits(g, i, &lo, &hi);
         memset(oi, 0, (size_t)dh * sizeof *oi);
         for (int j = lo; j <= hi; j++) fmm_add_scaled(oi, weight * p[j - base], v + (size_t)j * dh, dh);
     }
@@ -83,7 +96,7 @@ double fmm_band_rows_backward(const fmm_band *g, const float *q, const float *k,
     for (int i = 0; i < T; i++) {
         const float *p = P + (size_t)i * g->width, *gi = dout + (size_t)i * dh;
         const float *qi = q + (size_t)i * dh;
-        int lo, hi, base = fmm_band_limits(g, i, T, &lo, &hi);
+        int lo, hi, base = fmm_band_limits(g, i, &lo, &hi);
         float pe = 0.0f;
         for (int j = lo; j <= hi; j++) {
             e[j - base] = fmm_dot(gi, v + (size_t)j * dh, dh);
@@ -105,22 +118,25 @@ double fmm_band_rows_backward(const fmm_band *g, const float *q, const float *k,
 void fmm_band_tiles_forward(const fmm_band *g, const float *q, const float *k, const float *v, float weight,
                             float *saved, float *out, float *scratch, int T, int dh) {
     float *near = saved + T;
-    tiled_softmax_band_forward(near, saved, q, k, v, T, T, dh, 0, g->causal, g->half, scratch);
+    tiled_softmax_band_forward(near, saved, q, k, v, T, g->Tk, dh, g->left, g->causal, g->half, scratch);
     for (size_t i = 0; i < (size_t)T * dh; i++) out[i] = weight * near[i];
 }
 
 /* Its backward, which is linear in dout: the kernel's gradients for dout,
- * scaled by the weight; returns Σ_i dout_i · near_i. Writes dq, dk, dv. */
+ * scaled by the weight; returns Σ_i dout_i · near_i. Writes dq [T, dh],
+ * dk, dv [Tk, dh]. */
 double fmm_band_tiles_backward(const fmm_band *g, const float *q, const float *k, const float *v, float weight,
                                const float *saved, const float *dout, float *dq, float *dk, float *dv, float *scratch,
                                int T, int dh) {
     const float *near = saved + T;
-    size_t n = (size_t)T * dh;
-    tiled_softmax_band_backward(dq, dk, dv, dout, near, saved, q, k, v, T, dh, g->causal, g->half, scratch);
+    size_t n = (size_t)T * dh, nk = (size_t)g->Tk * dh;
+    tiled_softmax_band_backward(dq, dk, dv, dout, near, saved, q, k, v, T, g->Tk, dh, g->left, g->causal, g->half,
+                                false, scratch);
     double dout_dot_near = 0.0;
     for (size_t i = 0; i < n; i++) {
         dout_dot_near += (double)dout[i] * near[i];
-        dq[i] *= weight, dk[i] *= weight, dv[i] *= weight;
+        dq[i] *= weight;
     }
+    for (size_t i = 0; i < nk; i++) dk[i] *= weight, dv[i] *= weight;
     return dout_dot_near;
 }

@@ -21,8 +21,8 @@ size_t fmm_stream_scratch_floats(const fmm_settings *s, int dh) {
 static void near_row(const fmm_settings *s, const float *qi, const float *k_all, const float *v_all, int i, float *out,
                      float *p, int dh) {
     fmm_band g = fmm_band_of(s, i + 1);
-    int lo, hi, base = fmm_band_limits(&g, i, i + 1, &lo, &hi);
-    fmm_band_row(&g, qi, k_all, p, i, i + 1, dh);
+    int lo, hi, base = fmm_band_limits(&g, i, &lo, &hi);
+    fmm_band_row(&g, qi, k_all, p, i, dh);
     memset(out, 0, sizeof(float) * dh);
     for (int j = lo; j <= hi; j++) fmm_add_scaled(out, p[j - base], v_all + (size_t)j * dh, dh);
 }

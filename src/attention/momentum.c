@@ -3,6 +3,7 @@
 #include "attention/momentum.h"
 
 #include <assert.h>
+#include <math.h>
 
 /* Columns processed together in the forward; the p_{t-1} state of a block
  * lives on the stack, so the forward needs neither scratch nor the p output. */
@@ -49,13 +50,13 @@ void momentum_shear_forward(const float *x, const float *prev, const float *p_pr
  * prev gets nothing (buffers carry no gradient).  dL/dgamma = sum_t g_t . p_t.
  * scratch[i] holds u_{t+1} for column i during the reverse sweep. */
 void momentum_shear_backward(const float *dxhat, const float *p, float *dx, float *d_gamma, momentum_coeffs c,
-                             int anchored, float *scratch, int T, int dh) {
-    float *un = scratch;                       /* u_{t+1} */
-    for (int i = 0; i < dh; i++) un[i] = 0.0f; /* u_T = 0 */
+                             int anchored, const float *g_next, const float *u_next, float *scratch, int T, int dh) {
+    float *un = scratch;                                            /* u_{t+1} */
+    for (int i = 0; i < dh; i++) un[i] = u_next ? u_next[i] : 0.0f; /* u_T */
     const float cg = c.gamma + c.gamma2;
     for (int t = T - 1; t >= 0; t--) {
         const float *g = dxhat + (size_t)t * dh;
-        const float *gn = t + 1 < T ? g + dh : NULL; /* g_{t+1}, 0 at T */
+        const float *gn = t + 1 < T ? g + dh : g_next; /* g_{t+1}; at T the next shard's, or 0 */
         float *dxt = dx + (size_t)t * dh;
         const int via_d = t > 0 || !anchored; /* does d_t read x_t? */
         for (int i = 0; i < dh; i++) {
@@ -71,4 +72,46 @@ void momentum_shear_backward(const float *dxhat, const float *p, float *dx, floa
         for (size_t k = 0; k < (size_t)T * dh; k++) s += (double)dxhat[k] * p[k];
         *d_gamma += (float)s;
     }
+}
+
+void momentum_p_end(const float *x, const float *prev, const float *p_prev, float beta, float *p_end, int T, int dh) {
+    for (int i = 0; i < dh; i++) {
+        float pm = p_prev ? p_prev[i] : 0.0f;
+        for (int t = 0; t < T; t++) {
+            const float *xt = x + (size_t)t * dh;
+            float d = t > 0 ? xt[i] - xt[i - dh] : prev ? xt[i] - prev[i] : 0.0f;
+            pm = d + beta * pm;
+        }
+        p_end[i] = pm;
+    }
+}
+
+/* p_t is affine in the carries: with d_0 = x_0 - x_prev and p_{-1} = p_prev,
+ * p_t = p0_t + beta^t (beta p_prev - x_prev), p0 the share with both 0. */
+void momentum_carry_p(const float *p_end0, const float *x_prev, const float *p_prev, float beta, float *p_end, int T,
+                      int dh) {
+    float decay = powf(beta, (float)(T - 1));
+    for (int i = 0; i < dh; i++) p_end[i] = p_end0[i] + decay * (beta * p_prev[i] - x_prev[i]);
+}
+
+void momentum_u_first(const float *dxhat, const float *g_next, const float *u_next, momentum_coeffs c, float *u_first,
+                      int T, int dh) {
+    const float cg = c.gamma + c.gamma2;
+    for (int i = 0; i < dh; i++) {
+        float un = u_next ? u_next[i] : 0.0f, gn = g_next ? g_next[i] : 0.0f;
+        for (int t = T - 1; t >= 0; t--) {
+            float g = dxhat[(size_t)t * dh + i];
+            un = cg * g - c.gamma2 * gn + c.beta * un;
+            gn = g;
+        }
+        u_first[i] = un;
+    }
+}
+
+/* u_t is affine in the carries the same way, backwards from row T - 1:
+ * u_t = u0_t + beta^(T-1-t) (beta u_next - gamma2 g_next). */
+void momentum_carry_u(const float *u_first0, const float *g_next, const float *u_next, momentum_coeffs c,
+                      float *u_first, int T, int dh) {
+    float decay = powf(c.beta, (float)(T - 1));
+    for (int i = 0; i < dh; i++) u_first[i] = u_first0[i] + decay * (c.beta * u_next[i] - c.gamma2 * g_next[i]);
 }

@@ -301,21 +301,24 @@ static void backward_tile(float *dq, float *dkj, float *dvj, const float *dout, 
 }
 
 void tiled_softmax_band_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                                 const float *q, const float *k, const float *v, int T, int dh, bool causal, int half,
-                                 float *scratch) {
+                                 const float *q, const float *k, const float *v, int Tq, int Tk, int dh, int q_pos0,
+                                 bool causal, int half, bool accumulate, float *scratch) {
     tile_scratch s = carve(scratch, dh);
-    tile_mask mask = mask_of(0, T, causal, half);
-    row_dots(s.D, dout, out, T, dh);
-    memset(dq, 0, sizeof(float) * (size_t)T * dh);
-    memset(dk, 0, sizeof(float) * (size_t)T * dh);
-    memset(dv, 0, sizeof(float) * (size_t)T * dh);
-    for (int j0 = 0; j0 < T; j0 += TILE_KB) {
-        int keys = min_int(TILE_KB, T - j0);
+    tile_mask mask = mask_of(q_pos0, Tk, causal, half);
+    row_dots(s.D, dout, out, Tq, dh);
+    if (!accumulate) {
+        memset(dq, 0, sizeof(float) * (size_t)Tq * dh);
+        memset(dk, 0, sizeof(float) * (size_t)Tk * dh);
+        memset(dv, 0, sizeof(float) * (size_t)Tk * dh);
+    }
+    for (int j0 = 0; j0 < Tk; j0 += TILE_KB) {
+        int keys = min_int(TILE_KB, Tk - j0);
         const float *kj = k + (size_t)j0 * dh;
+        /* the rows that see a key of this tile, at positions j0 - ahead .. j0 + keys - 1 + behind, in query tiles */
+        int first = max_int(j0 - mask.ahead - q_pos0, 0), end = min_int(j0 + keys + mask.behind - q_pos0, Tq);
+        if (first >= end) continue;
         tile_gemm_transpose(s.kt, TILE_KB, kj, dh, keys, dh);
         tile_gemm_transpose(s.vt, TILE_KB, v + (size_t)j0 * dh, dh, keys, dh);
-        /* the rows that see a key of this tile, j0 - ahead .. j0 + keys - 1 + behind, in query tiles */
-        int first = max_int(j0 - mask.ahead, 0), end = min_int(j0 + keys + mask.behind, T);
         for (int i0 = first; i0 < end; i0 += TILE_Q)
             backward_tile(dq, dk + (size_t)j0 * dh, dv + (size_t)j0 * dh, dout, lse, q, kj, dh, i0,
                           min_int(TILE_Q, end - i0), j0, keys, &mask, &s);
@@ -325,5 +328,17 @@ void tiled_softmax_band_backward(float *dq, float *dk, float *dv, const float *d
 void tiled_softmax_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                             const float *q, const float *k, const float *v, int T, int dh, bool causal,
                             float *scratch) {
-    tiled_softmax_band_backward(dq, dk, dv, dout, out, lse, q, k, v, T, dh, causal, 0, scratch);
+    tiled_softmax_band_backward(dq, dk, dv, dout, out, lse, q, k, v, T, T, dh, 0, causal, 0, false, scratch);
+}
+
+void tiled_softmax_merge(float *out, float *lse, const float *block_out, const float *block_lse, int Tq, int dh) {
+    for (int i = 0; i < Tq; i++) {
+        float m = fmaxf(lse[i], block_lse[i]);
+        if (m == -INFINITY) continue; /* neither has seen a key */
+        float a = expf(lse[i] - m), b = expf(block_lse[i] - m), inv = 1.0f / (a + b);
+        float *o = out + (size_t)i * dh;
+        const float *ob = block_out + (size_t)i * dh;
+        for (int c = 0; c < dh; c++) o[c] = (a * o[c] + b * ob[c]) * inv;
+        lse[i] = m + logf(a + b);
+    }
 }

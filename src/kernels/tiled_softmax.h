@@ -33,7 +33,16 @@ float tiled_softmax_weight(const float *q, const float *k, const float *lse, int
  * no key in the band are skipped. */
 void tiled_softmax_band_forward(float *out, float *lse, const float *q, const float *k, const float *v, int Tq, int Tk,
                                 int dh, int q_pos0, bool causal, int half, float *scratch);
+/* Its backward, for the same Tq, Tk and q_pos0: dq [Tq, dh], dk, dv
+ * [Tk, dh] from dout, and the out and lse of the whole forward (after
+ * tiled_softmax_merge when keys came in blocks: ring attention,
+ * docs/design.md §8.12); overwritten, or added into with `accumulate`. */
 void tiled_softmax_band_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                                 const float *q, const float *k, const float *v, int T, int dh, bool causal, int half,
-                                 float *scratch);
+                                 const float *q, const float *k, const float *v, int Tq, int Tk, int dh, int q_pos0,
+                                 bool causal, int half, bool accumulate, float *scratch);
+/* Merges the forward over one more block of keys (block_out, block_lse)
+ * into (out, lse), [Tq, dh] and [Tq]: the softmax over the union of the
+ * keys, by the log-sum-exp. A row whose lse is -inf has seen no key yet
+ * (initialise lse to -inf and out to 0). */
+void tiled_softmax_merge(float *out, float *lse, const float *block_out, const float *block_lse, int Tq, int dh);
 #endif
