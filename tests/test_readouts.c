@@ -145,7 +145,8 @@ static void test_attention_scores(void) {
 static void set_pattern(model *m, int l, int b, int h, int kind, const int (*keys)[2]) {
     attention_layer view = model_attention_layer(m, l, false);
     attention_saved saved = model_attention_saved(m, l, B, T);
-    float *p = saved.saved + ((size_t)b * m->H + h) * attention_saved_per_head(view.cfg, view.fmm, T);
+    attention_layer_sizes z = {view.cfg, view.fmm, NULL, T};
+    float *p = saved.saved + ((size_t)b * m->H + h) * attention_saved_per_head(&z);
     for (int i = 0; i < T; i++) {
         for (int j = 0; j < T; j++) p[i * T + j] = j <= i ? 1.0f / (float)(i + 1) : 0.0f;
         if (kind == 3 || keys[i][0] < 0) continue;

@@ -1,17 +1,17 @@
 /* Attention sublayer (docs/model.md §1.1-1.3; docs/design.md §8.1): split q, k, v into
  * heads, rotate and shear q and k, run softmax or FMM attention per head,
  * merge the heads. Per-head vectors are stored head-major [B, H, T, dh] so
- * every kernel sees contiguous [T, dh] matrices. */
+ * every kernel sees contiguous [T, dh] matrices. A shard of sequences cut
+ * across a context group runs in attention_shard.c (docs/design.md §8.12). */
 #include "attention/attention.h"
 
 #include <omp.h>
 #include <string.h>
 
-#include "attention/momentum.h"
 #include "kernels/kernels.h"
 #include "kernels/tiled_softmax.h"
 
-enum { VECTOR_Q = 0, VECTOR_K = 1 };
+#include "attention_internal.h"
 
 static bool tiled(const config *cfg) {
     return cfg->attention == ATTENTION_SOFTMAX && cfg->attention_impl == ATTENTION_TILED;
@@ -24,24 +24,32 @@ static bool tiled(const config *cfg) {
  * nothing T x T is kept (docs/model.md §1.3). */
 #define TILED_KEEP_MAX 256
 
-static bool tiled_at(const config *cfg, int T) { return tiled(cfg) && T > TILED_KEEP_MAX; }
+static bool attention_tiled_at(const config *cfg, int T) { return tiled(cfg) && T > TILED_KEEP_MAX; }
+
+/* A shard of a context group's sequences (docs/design.md §8.12). */
+static bool sharded(const attention_layer_sizes *z) { return z->cut && z->cut->chunks > 1; }
 
 /* FMM's band and far-field state; tiled softmax's log-sum-exp per row;
- * dense softmax's T x T probabilities. */
-size_t attention_saved_per_head(const config *cfg, const fmm_settings *fmm, int T) {
-    if (cfg->attention == ATTENTION_FMM) return fmm_head_saved_floats(fmm, T, config_head_dim(cfg));
-    return tiled_at(cfg, T) ? (size_t)T : (size_t)T * T;
+ * dense softmax's T x T probabilities. A shard also keeps what its
+ * exchanges brought (attention_shard.c), and runs softmax as ring attention
+ * on the tiled kernel whatever the length. */
+size_t attention_saved_per_head(const attention_layer_sizes *z) {
+    int T = z->T;
+    if (z->cfg->attention == ATTENTION_FMM)
+        return fmm_head_saved_floats(z->fmm, T, config_head_dim(z->cfg)) +
+               (sharded(z) ? attention_shard_saved_per_head(z) : 0);
+    return sharded(z) || attention_tiled_at(z->cfg, T) ? (size_t)T : (size_t)T * T;
 }
 
-/* Kernel scratch plus five [T, dh] temporaries for gathering and the
- * gradients of q, k, v (the last one also holds the head's output for
- * tiled softmax's backward). */
-size_t attention_scratch_per_head(const config *cfg, const fmm_settings *fmm, int T) {
-    int dh = config_head_dim(cfg);
-    size_t kernel = cfg->attention == ATTENTION_FMM ? fmm_head_scratch_floats(fmm, T, dh)
-                    : tiled_at(cfg, T)              ? tiled_softmax_scratch_floats(T, dh)
-                                                    : (size_t)T * T;
-    return kernel + 5 * (size_t)T * dh;
+/* Kernel scratch (and a shard's) plus five [T, dh] temporaries for
+ * gathering and the gradients of q, k, v (the last one also holds the
+ * head's output for tiled softmax's backward). */
+size_t attention_scratch_per_head(const attention_layer_sizes *z) {
+    int T = z->T, dh = config_head_dim(z->cfg);
+    size_t kernel = z->cfg->attention == ATTENTION_FMM            ? fmm_head_scratch_floats(z->fmm, T, dh)
+                    : sharded(z) || attention_tiled_at(z->cfg, T) ? tiled_softmax_scratch_floats(T, dh)
+                                                                  : (size_t)T * T;
+    return kernel + (sharded(z) ? attention_shard_scratch_per_head(z) : 0) + 5 * (size_t)T * dh;
 }
 
 int attention_threads(void) { return omp_get_max_threads(); }
@@ -58,67 +66,74 @@ size_t attention_stream_probs_floats(const config *cfg, int n_max, int capacity)
     return cfg->attention == ATTENTION_SOFTMAX && !tiled(cfg) ? (size_t)n_max * capacity : 0;
 }
 
-static bool is_sheared(const attention_layer *a, int which) {
+bool attention_is_sheared(const attention_layer *a, int which) {
     return a->momentum && (which == VECTOR_Q || a->cfg->apply_to == APPLY_QK);
 }
 
-static momentum_coeffs head_coeffs(const attention_layer *a, int h) {
+momentum_coeffs attention_head_coeffs(const attention_layer *a, int h) {
     momentum_coeffs c = {a->gamma ? a->gamma[h] : (float)a->cfg->gamma, (float)a->cfg->beta, (float)a->cfg->gamma2};
     return c;
 }
 
-/* The momentum buffer of (q|k, head) in a [2][H][dh] array. */
-static size_t head_buffer(const attention_layer *a, int which, int h) { return ((size_t)which * a->H + h) * a->dh; }
+size_t attention_head_buffer(const attention_layer *a, int which, int h) { return ((size_t)which * a->H + h) * a->dh; }
 
-static void gather_head(float *dst, const float *rows, int row_stride, int col, int T, int dh) {
-    for (int t = 0; t < T; t++) memcpy(dst + (size_t)t * dh, rows + (size_t)t * row_stride + col, sizeof(float) * dh);
+size_t attention_head_offset(const attention_layer *a, int b, int h, int T) {
+    return ((size_t)b * a->H + h) * (size_t)T * a->dh;
 }
 
-static void scatter_head(float *rows, const float *src, int row_stride, int col, int T, int dh) {
-    for (int t = 0; t < T; t++) memcpy(rows + (size_t)t * row_stride + col, src + (size_t)t * dh, sizeof(float) * dh);
+void attention_shear_frame(const attention_layer *a, float *raw, int T, int pos0) {
+    if (a->cfg->placement == PLACEMENT_POST_ROPE) rope_forward(raw, a->rope_cos, a->rope_sin, T, a->dh, pos0);
 }
 
-static void add_last_position(float *sum, const float *x, int T, int dh) {
-    const float *last = x + (size_t)(T - 1) * dh;
-    for (int i = 0; i < dh; i++) sum[i] += last[i];
+void attention_shear(const attention_layer *a, int h, int which, const float *x, float *dst, float *p, int T,
+                     const attention_span *span) {
+    const float *prev =
+        span->first ? (a->cfg->anchor ? NULL : a->buffers + attention_head_buffer(a, which, h)) : span->prev;
+    momentum_shear_forward(x, prev, span->first ? NULL : span->p_prev, dst, p, attention_head_coeffs(a, h), T, a->dh);
+    if (a->cfg->placement != PLACEMENT_POST_ROPE) rope_forward(dst, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
 }
 
-/* raw (unrotated q or k of one head) -> dst = q-hat or k-hat (docs/model.md §1.2):
- * post_rope shears the rotated vectors, pre_rope rotates the sheared ones. */
-static void prepare_vector(const attention_layer *a, int h, int which, float *raw, float *dst, float *p, int T) {
-    if (!is_sheared(a, which)) {
+/* raw (unrotated q or k of one head; destroyed) -> dst = q-hat or k-hat
+ * (docs/model.md §1.2): post_rope shears the rotated vectors, pre_rope
+ * rotates the sheared ones. */
+static void prepare_vector(const attention_layer *a, int h, int which, float *raw, float *dst, float *p, int T,
+                           const attention_span *span) {
+    if (!attention_is_sheared(a, which)) {
         memcpy(dst, raw, sizeof(float) * T * a->dh);
-        rope_forward(dst, a->rope_cos, a->rope_sin, T, a->dh, 0);
+        rope_forward(dst, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
         return;
     }
-    bool post = a->cfg->placement == PLACEMENT_POST_ROPE;
-    if (post) rope_forward(raw, a->rope_cos, a->rope_sin, T, a->dh, 0);
-    if (a->buffer_sums) add_last_position(a->buffer_sums + head_buffer(a, which, h), raw, T, a->dh);
-    const float *prev = a->cfg->anchor ? NULL : a->buffers + head_buffer(a, which, h);
-    momentum_shear_forward(raw, prev, NULL, dst, p, head_coeffs(a, h), T, a->dh);
-    if (!post) rope_forward(dst, a->rope_cos, a->rope_sin, T, a->dh, 0);
+    attention_shear_frame(a, raw, T, span->pos0);
+    if (a->buffer_sums && span->holds_last)
+        attention_add_last_position(a->buffer_sums + attention_head_buffer(a, which, h), raw, T, a->dh);
+    attention_shear(a, h, which, raw, dst, p, T, span);
 }
 
-/* The adjoint of prepare_vector: d_hat (destroyed) -> d_raw (overwritten). */
-static void unprepare_gradient(const attention_layer *a, int h, int which, float *d_hat, float *d_raw, const float *p,
-                               int T) {
-    if (!is_sheared(a, which)) {
-        rope_backward(d_hat, a->rope_cos, a->rope_sin, T, a->dh, 0);
+void attention_shear_gradient_frame(const attention_layer *a, float *d_hat, int T, int pos0) {
+    if (a->cfg->placement != PLACEMENT_POST_ROPE) rope_backward(d_hat, a->rope_cos, a->rope_sin, T, a->dh, pos0);
+}
+
+void attention_unprepare(const attention_layer *a, int h, int which, float *d_hat, float *d_raw, const float *p, int T,
+                         const attention_span *span) {
+    if (!attention_is_sheared(a, which)) {
+        rope_backward(d_hat, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
         memcpy(d_raw, d_hat, sizeof(float) * T * a->dh);
         return;
     }
-    bool post = a->cfg->placement == PLACEMENT_POST_ROPE;
-    if (!post) rope_backward(d_hat, a->rope_cos, a->rope_sin, T, a->dh, 0);
+    attention_shear_gradient_frame(a, d_hat, T, span->pos0);
     memset(d_raw, 0, sizeof(float) * T * a->dh);
     float *d_gamma = a->d_gamma ? a->d_gamma + h : NULL;
     float scratch[a->dh];
-    momentum_shear_backward(d_hat, p, d_raw, d_gamma, head_coeffs(a, h), a->cfg->anchor, NULL, NULL, scratch, T, a->dh);
-    if (post) rope_backward(d_raw, a->rope_cos, a->rope_sin, T, a->dh, 0);
+    momentum_shear_backward(d_hat, p, d_raw, d_gamma, attention_head_coeffs(a, h), span->first && a->cfg->anchor,
+                            span->g_next, span->u_next, scratch, T, a->dh);
+    if (a->cfg->placement == PLACEMENT_POST_ROPE) rope_backward(d_raw, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
 }
 
-/* Offset of head (b, h) in a [B][H][T][dh] array. */
-static size_t head_offset(const attention_layer *a, int b, int h, int T) {
-    return ((size_t)b * a->H + h) * (size_t)T * a->dh;
+/* A whole sequence as one span. */
+static const attention_span WHOLE = {0, true, NULL, NULL, NULL, NULL, true};
+
+static attention_layer_sizes sizes_of(const attention_layer *a, int T) {
+    return (attention_layer_sizes){a->cfg, a->fmm, a->cut, T};
 }
 
 /* Heads run in parallel (docs/design.md §8.10), each thread with its own
@@ -129,33 +144,39 @@ static size_t head_offset(const attention_layer *a, int b, int h, int T) {
 static void forward_head(const attention_layer *a, const attention_saved *s, const float *qkv, float *out, int B, int T,
                          int h, float *scratch) {
     int d = a->d, dh = a->dh;
-    size_t saved_per_head = attention_saved_per_head(a->cfg, a->fmm, T);
-    float *raw = scratch + attention_scratch_per_head(a->cfg, a->fmm, T) - 5 * (size_t)T * dh;
+    attention_layer_sizes z = sizes_of(a, T);
+    size_t saved_per_head = attention_saved_per_head(&z);
+    float *raw = scratch + attention_scratch_per_head(&z) - 5 * (size_t)T * dh;
     float *head_out = raw + (size_t)T * dh;
     bool keep_p = s->p_q != NULL;
     for (int b = 0; b < B; b++) {
         const float *rows = qkv + (size_t)b * T * 3 * d;
-        size_t off = head_offset(a, b, h, T);
+        size_t off = attention_head_offset(a, b, h, T);
         float *q = s->q_hat + off, *k = s->k_hat + off, *v = s->v_heads + off;
-        gather_head(raw, rows, 3 * d, h * dh, T, dh);
-        prepare_vector(a, h, VECTOR_Q, raw, q, keep_p ? s->p_q + off : NULL, T);
-        gather_head(raw, rows, 3 * d, d + h * dh, T, dh);
-        prepare_vector(a, h, VECTOR_K, raw, k, keep_p ? s->p_k + off : NULL, T);
-        gather_head(v, rows, 3 * d, 2 * d + h * dh, T, dh);
+        attention_gather_head(raw, rows, 3 * d, h * dh, T, dh);
+        prepare_vector(a, h, VECTOR_Q, raw, q, keep_p ? s->p_q + off : NULL, T, &WHOLE);
+        attention_gather_head(raw, rows, 3 * d, d + h * dh, T, dh);
+        prepare_vector(a, h, VECTOR_K, raw, k, keep_p ? s->p_k + off : NULL, T, &WHOLE);
+        attention_gather_head(v, rows, 3 * d, 2 * d + h * dh, T, dh);
         float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
         if (a->cfg->attention == ATTENTION_FMM) {
             fmm_head_forward(a->fmm, NULL, q, k, v, a->blend[h], a->blend[a->H + h], head_out, saved, scratch, T, dh);
-        } else if (tiled_at(a->cfg, T)) {
+        } else if (attention_tiled_at(a->cfg, T)) {
             tiled_softmax_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal, scratch);
         } else {
             softmax_attention_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal);
         }
-        scatter_head(out + (size_t)b * T * d, head_out, d, h * dh, T, dh);
+        attention_scatter_head(out + (size_t)b * T * d, head_out, d, h * dh, T, dh);
     }
 }
 
 void attention_forward(const attention_layer *a, const attention_saved *s, const float *qkv, float *out, int B, int T) {
-    size_t per_thread = attention_scratch_per_head(a->cfg, a->fmm, T);
+    attention_layer_sizes z = sizes_of(a, T);
+    if (sharded(&z)) {
+        attention_shard_forward(a, s, qkv, out, B, T);
+        return;
+    }
+    size_t per_thread = attention_scratch_per_head(&z);
 #pragma omp parallel for schedule(static, 1) num_threads(s->threads)
     for (int h = 0; h < a->H; h++)
         forward_head(a, s, qkv, out, B, T, h, s->scratch + (size_t)omp_get_thread_num() * per_thread);
@@ -164,37 +185,43 @@ void attention_forward(const attention_layer *a, const attention_saved *s, const
 static void backward_head(const attention_layer *a, const attention_saved *s, const float *d_out, float *d_qkv, int B,
                           int T, int h, float *scratch) {
     int d = a->d, dh = a->dh;
-    size_t saved_per_head = attention_saved_per_head(a->cfg, a->fmm, T), tdh = (size_t)T * dh;
-    float *d_head_out = scratch + attention_scratch_per_head(a->cfg, a->fmm, T) - 5 * tdh;
+    attention_layer_sizes z = sizes_of(a, T);
+    size_t saved_per_head = attention_saved_per_head(&z), tdh = (size_t)T * dh;
+    float *d_head_out = scratch + attention_scratch_per_head(&z) - 5 * tdh;
     float *dq = d_head_out + tdh, *dk = dq + tdh, *dv = dk + tdh, *d_raw = dv + tdh;
     bool keep_p = s->p_q != NULL;
     for (int b = 0; b < B; b++) {
         float *d_rows = d_qkv + (size_t)b * T * 3 * d;
-        size_t off = head_offset(a, b, h, T);
+        size_t off = attention_head_offset(a, b, h, T);
         const float *q = s->q_hat + off, *k = s->k_hat + off, *v = s->v_heads + off;
         const float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
-        gather_head(d_head_out, d_out + (size_t)b * T * d, d, h * dh, T, dh);
+        attention_gather_head(d_head_out, d_out + (size_t)b * T * d, d, h * dh, T, dh);
         if (a->cfg->attention == ATTENTION_FMM) {
             fmm_head_backward(a->fmm, NULL, q, k, v, a->blend[h], a->blend[a->H + h], saved, d_head_out, dq, dk, dv,
                               &a->d_blend[h], &a->d_blend[a->H + h], scratch, T, dh);
-        } else if (tiled_at(a->cfg, T)) {
-            float *head_out = d_raw; /* free until unprepare_gradient overwrites it */
-            gather_head(head_out, s->out + (size_t)b * T * d, d, h * dh, T, dh);
+        } else if (attention_tiled_at(a->cfg, T)) {
+            float *head_out = d_raw; /* free until attention_unprepare overwrites it */
+            attention_gather_head(head_out, s->out + (size_t)b * T * d, d, h * dh, T, dh);
             tiled_softmax_backward(dq, dk, dv, d_head_out, head_out, saved, q, k, v, T, dh, a->cfg->causal, scratch);
         } else {
             softmax_attention_backward(dq, dk, dv, d_head_out, saved, q, k, v, scratch, T, T, dh, a->cfg->causal);
         }
-        unprepare_gradient(a, h, VECTOR_Q, dq, d_raw, keep_p ? s->p_q + off : NULL, T);
-        scatter_head(d_rows, d_raw, 3 * d, h * dh, T, dh);
-        unprepare_gradient(a, h, VECTOR_K, dk, d_raw, keep_p ? s->p_k + off : NULL, T);
-        scatter_head(d_rows, d_raw, 3 * d, d + h * dh, T, dh);
-        scatter_head(d_rows, dv, 3 * d, 2 * d + h * dh, T, dh);
+        attention_unprepare(a, h, VECTOR_Q, dq, d_raw, keep_p ? s->p_q + off : NULL, T, &WHOLE);
+        attention_scatter_head(d_rows, d_raw, 3 * d, h * dh, T, dh);
+        attention_unprepare(a, h, VECTOR_K, dk, d_raw, keep_p ? s->p_k + off : NULL, T, &WHOLE);
+        attention_scatter_head(d_rows, d_raw, 3 * d, d + h * dh, T, dh);
+        attention_scatter_head(d_rows, dv, 3 * d, 2 * d + h * dh, T, dh);
     }
 }
 
 void attention_backward(const attention_layer *a, const attention_saved *s, const float *d_out, float *d_qkv, int B,
                         int T) {
-    size_t per_thread = attention_scratch_per_head(a->cfg, a->fmm, T);
+    attention_layer_sizes z = sizes_of(a, T);
+    if (sharded(&z)) {
+        attention_shard_backward(a, s, d_out, d_qkv, B, T);
+        return;
+    }
+    size_t per_thread = attention_scratch_per_head(&z);
 #pragma omp parallel for schedule(static, 1) num_threads(s->threads)
     for (int h = 0; h < a->H; h++)
         backward_head(a, s, d_out, d_qkv, B, T, h, s->scratch + (size_t)omp_get_thread_num() * per_thread);
@@ -206,11 +233,12 @@ void attention_backward(const attention_layer *a, const attention_saved *s, cons
  * from q-hat and k-hat; FMM's near and far fields are fmm_head_weight's. */
 float attention_weight(const attention_layer *a, const attention_saved *s, int b, int h, int T, int i, int j) {
     if (a->cfg->causal && j > i) return 0.0f;
-    size_t off = head_offset(a, b, h, T), per_head = attention_saved_per_head(a->cfg, a->fmm, T);
+    attention_layer_sizes z = sizes_of(a, T);
+    size_t off = attention_head_offset(a, b, h, T), per_head = attention_saved_per_head(&z);
     const float *q = s->q_hat + off, *k = s->k_hat + off, *saved = s->saved + ((size_t)b * a->H + h) * per_head;
     if (a->cfg->attention == ATTENTION_FMM)
         return fmm_head_weight(a->fmm, q, k, a->blend[h], a->blend[a->H + h], saved, T, a->dh, i, j);
-    if (!tiled_at(a->cfg, T)) return saved[(size_t)i * T + j];
+    if (!attention_tiled_at(a->cfg, T)) return saved[(size_t)i * T + j];
     return tiled_softmax_weight(q, k, saved, a->dh, i, j);
 }
 
@@ -222,20 +250,17 @@ float attention_weight(const attention_layer *a, const attention_saved *s, int b
 static void prepare_stream_vector(const attention_layer *a, const attention_stream_layer *st, int s, int h, int which,
                                   float *raw, float *dst, float *p, int n) {
     int dh = a->dh, pos = st->rope_pos;
-    if (!is_sheared(a, which)) {
-        memcpy(dst, raw, sizeof(float) * n * dh);
-        rope_forward(dst, a->rope_cos, a->rope_sin, n, dh, pos);
-        return;
-    }
     size_t carry = (((size_t)which * st->S + s) * a->H + h) * dh;
     float *carry_x = st->carry_x + carry, *carry_p = st->carry_p + carry;
-    const float *prev = st->continued ? carry_x : a->cfg->anchor ? NULL : a->buffers + head_buffer(a, which, h);
-    bool post = a->cfg->placement == PLACEMENT_POST_ROPE;
-    if (post) rope_forward(raw, a->rope_cos, a->rope_sin, n, dh, pos);
-    momentum_shear_forward(raw, prev, st->continued ? carry_p : NULL, dst, p, head_coeffs(a, h), n, dh);
+    attention_span span = {pos, !st->continued, carry_x, carry_p, NULL, NULL, false};
+    if (!attention_is_sheared(a, which)) {
+        prepare_vector(a, h, which, raw, dst, p, n, &span);
+        return;
+    }
+    attention_shear_frame(a, raw, n, pos);
+    attention_shear(a, h, which, raw, dst, p, n, &span);
     memcpy(carry_x, raw + (size_t)(n - 1) * dh, sizeof(float) * dh);
     memcpy(carry_p, p + (size_t)(n - 1) * dh, sizeof(float) * dh);
-    if (!post) rope_forward(dst, a->rope_cos, a->rope_sin, n, dh, pos);
 }
 
 void attention_stream_forward(const attention_layer *a, const attention_stream_layer *st, const float *qkv, float *out,
@@ -249,11 +274,11 @@ void attention_stream_forward(const attention_layer *a, const attention_stream_l
         for (int h = 0; h < a->H; h++) {
             size_t index = (size_t)s * a->H + h;
             float *k_cache = st->k_cache + index * cache, *v_cache = st->v_cache + index * cache;
-            gather_head(raw, rows, 3 * d, h * dh, n, dh);
+            attention_gather_head(raw, rows, 3 * d, h * dh, n, dh);
             prepare_stream_vector(a, st, s, h, VECTOR_Q, raw, q, p, n);
-            gather_head(raw, rows, 3 * d, d + h * dh, n, dh);
+            attention_gather_head(raw, rows, 3 * d, d + h * dh, n, dh);
             prepare_stream_vector(a, st, s, h, VECTOR_K, raw, k_cache + (size_t)pos * dh, p, n);
-            gather_head(v_cache + (size_t)pos * dh, rows, 3 * d, 2 * d + h * dh, n, dh);
+            attention_gather_head(v_cache + (size_t)pos * dh, rows, 3 * d, 2 * d + h * dh, n, dh);
             if (a->cfg->attention == ATTENTION_FMM) {
                 fmm_head_stream(a->fmm, q, k_cache, v_cache, pos, n, a->blend[h], a->blend[a->H + h],
                                 st->far_state + index * far_floats, head_out, kernel, dh);
@@ -262,7 +287,7 @@ void attention_stream_forward(const attention_layer *a, const attention_stream_l
                     tiled_softmax_forward(head_out, kernel, q, k_cache, v_cache, n, pos + n, dh, pos, true, kernel + n);
                 else softmax_attention_forward(head_out, st->probs, q, k_cache, v_cache, n, pos + n, dh, pos, true);
             }
-            scatter_head(out + (size_t)s * n * d, head_out, d, h * dh, n, dh);
+            attention_scatter_head(out + (size_t)s * n * d, head_out, d, h * dh, n, dh);
         }
     }
 }

@@ -10,6 +10,7 @@
 
 #include "attention/fmm.h"
 #include "config/config.h"
+#include "parallel/context.h"
 
 /* One block's attention: settings, tables and parameters (a view). */
 typedef struct {
@@ -23,6 +24,9 @@ typedef struct {
     float *d_gamma, *d_blend; /* their gradients (backward only), or NULL */
     const float *buffers;     /* momentum buffers prev_q, prev_k: [2][H][dh] */
     float *buffer_sums;       /* [2][H][dh]: last-position sums to collect, or NULL */
+    /* this rank's positions of every sequence when a context group shares
+     * them (docs/design.md §8.12), or NULL: whole sequences */
+    const context_cut *cut;
 } attention_layer;
 
 /* What one block's forward on B rows of T keeps for its backward. */
@@ -33,6 +37,7 @@ typedef struct {
     const float *out;               /* [B][T][d]: the merged heads' output (backward of tiled softmax) */
     float *scratch;                 /* threads x attention_scratch_per_head floats */
     int threads;                    /* heads that may run at once, one scratch area each */
+    float *exchange;                /* attention_exchange_floats: the context group's messages */
 } attention_saved;
 
 /* One block's streaming state for S sequences (docs/model.md §1.2: the carry). */
@@ -47,10 +52,21 @@ typedef struct {
     bool continued;           /* an earlier position exists (perhaps slid out of the cache) */
 } attention_stream_layer;
 
+/* What one block's sizes depend on: T rows per sequence on this rank, and
+ * the cut (NULL: whole sequences). */
+typedef struct {
+    const config *cfg;
+    const fmm_settings *fmm;
+    const context_cut *cut;
+    int T;
+} attention_layer_sizes;
+
 /* Floats per (row, head) kept between forward and backward, and the
- * per-head scratch, for sequences of T (dh = d_model / n_heads). */
-size_t attention_saved_per_head(const config *cfg, const fmm_settings *fmm, int T);
-size_t attention_scratch_per_head(const config *cfg, const fmm_settings *fmm, int T);
+ * per-head scratch (dh = d_model / n_heads). */
+size_t attention_saved_per_head(const attention_layer_sizes *z);
+size_t attention_scratch_per_head(const attention_layer_sizes *z);
+/* Floats of the exchange buffer for B rows (0 for whole sequences). */
+size_t attention_exchange_floats(const attention_layer_sizes *z, int B);
 /* Heads run on this many threads at once (OpenMP's), each with its own
  * scratch of attention_scratch_per_head floats. */
 int attention_threads(void);

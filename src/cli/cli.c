@@ -20,6 +20,7 @@
 #include "commands/cmd_common.h"
 #include "commands/commands.h"
 #include "commands/signals.h"
+#include "parallel/context.h"
 #include "parallel/dist.h"
 #include "store/store.h"
 
@@ -488,6 +489,7 @@ int main(int argc, char **argv) {
     arguments a = parse_arguments(cmd, argc - 2, argv + 2);
     if (cmd->checkpoint_precision) cmd_use_checkpoint_precision(a.positional[0], a.precision);
     int rc = cmd->run(&a);
+    context_free();
     dist_finalize();
     return rc;
 }

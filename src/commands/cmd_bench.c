@@ -15,6 +15,7 @@
 #include "base/sys.h"
 #include "commands/cmd_common.h"
 #include "commands/commands.h"
+#include "parallel/context.h"
 #include "parallel/dist.h"
 #include "training/train.h"
 
@@ -23,6 +24,7 @@
 typedef struct {
     int steps;
     double *times, *cpu_times, *phases, wait;
+    double context_bytes, context_wait; /* sent by this rank and waited for, over the timed steps */
 } bench_samples;
 
 /* Index of the median step (the one whose time is the median). */
@@ -45,6 +47,8 @@ static void run_steps(trainer *t, bench_samples *b) {
     for (int i = 0; i < 2; i++) /* warm-up: allocations, caches, oneDNN primitives */
         if (trainer_step(t, &r, &err) != 0) cmd_fail(err.code, "%s", err.message);
     prof_enable(true);
+    double ignored[2];
+    context_take_stats(&ignored[0], &ignored[1]);
     for (int i = 0; i < b->steps; i++) {
         dist_barrier();
         prof_reset();
@@ -56,7 +60,23 @@ static void run_steps(trainer *t, bench_samples *b) {
         b->times[i] = sys_seconds() - start;
         prof_read(b->phases + (size_t)i * PROF_PHASES);
     }
+    context_take_stats(&b->context_bytes, &b->context_wait);
     prof_enable(false);
+}
+
+/* The context group's traffic per step (docs/design.md §8.12): the most any
+ * rank sent and waited, and how even the ranks' attention times are (ring
+ * attention's zigzag is for that balance). */
+static void print_context(const bench_samples *b, int median) {
+    if (context_size() == 1) return;
+    const double *p = b->phases + (size_t)median * PROF_PHASES;
+    double attention = p[PROF_FORWARD_ATTENTION] + p[PROF_BACKWARD_ATTENTION], mean = attention;
+    dist_sum_doubles(&mean, 1);
+    mean /= dist_size();
+    log_rank0("bench context=%d data_groups=%d context_sent_mb_per_step=%.3f context_wait_ms=%.3f "
+              "attention_ms_mean=%.1f attention_ms_max=%.1f\n",
+              context_size(), context_data_size(), dist_max_double(b->context_bytes / b->steps) / 1e6,
+              1e3 * dist_max_double(b->context_wait / b->steps), 1e3 * mean, 1e3 * dist_max_double(attention));
 }
 
 /* "forward linear 123.4 ms (45.1%) | ...": rank 0's median step, and what
@@ -99,8 +119,13 @@ int command_bench(const char *config_path, int n_overrides, char *const *overrid
     trainer t;
     status err;
     if (trainer_create(&t, &cfg, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
-    bench_samples b = {steps, sys_calloc((size_t)steps, sizeof(double)), sys_calloc((size_t)steps, sizeof(double)),
-                       sys_calloc((size_t)steps * PROF_PHASES, sizeof(double)), 0};
+    bench_samples b = {steps,
+                       sys_calloc((size_t)steps, sizeof(double)),
+                       sys_calloc((size_t)steps, sizeof(double)),
+                       sys_calloc((size_t)steps * PROF_PHASES, sizeof(double)),
+                       0,
+                       0,
+                       0};
     run_steps(&t, &b);
     /* once more after the steps, the higher counting: on a shared machine a
      * neighbour's burst during one probe would otherwise flatter the run */
@@ -132,6 +157,7 @@ int command_bench(const char *config_path, int n_overrides, char *const *overrid
         log_rank0("bench peak bf16_gflops=%.1f (vdpbf16ps, %.2f x fp32)\n", peak.bf16_gflops,
                   peak.bf16_gflops / peak.fp32_gflops);
     print_phases(&b, median);
+    print_context(&b, median);
     train_memory_use u = trainer_memory(&t); /* rank 0's: the largest ZeRO-1 slice is at most one element more */
     log_rank0("bench memory param_bytes_per_param=%.3f grad_bytes_per_param=%.3f moment_bytes_per_param=%.3f "
               "activation_mb=%.3f\n",

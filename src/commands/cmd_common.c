@@ -17,6 +17,7 @@
 #include "data/tokenizer.h"
 #include "kernels/gemm.h"
 #include "parallel/arrivals.h"
+#include "parallel/context.h"
 #include "parallel/dist.h"
 #include "store/checkpoint.h"
 #include "store/store.h"
@@ -36,6 +37,7 @@ _Noreturn void cmd_fail(int exit_code, const char *fmt, ...) {
     /* A lone failing rank would leave the others waiting in a collective:
      * take the whole job down with the same code. */
     if (dist_size() > 1) dist_abort(exit_code);
+    context_free();
     dist_finalize();
     exit(exit_code);
 }
@@ -47,6 +49,7 @@ _Noreturn void cmd_fail_all(int exit_code, const char *fmt, ...) {
         print_message(fmt, args);
         va_end(args);
     }
+    context_free();
     dist_finalize();
     exit(exit_code);
 }
@@ -94,6 +97,8 @@ config cmd_load_config(const char *path, int n_overrides, char *const *overrides
         cmd_exit_on_status(&st, true);
     cmd_record_tokenizer(&c);
     if (dist_watch_start(c.timeout, collective_timed_out, &st) != 0) cmd_fail(st.code, "%s", st.message);
+    /* the D x C grid (docs/design.md §8.12): every rank refuses the same np alike */
+    if (context_init(c.context, (context_scan_method)c.context_scan, &st) != 0) cmd_exit_on_status(&st, true);
     return c;
 }
 

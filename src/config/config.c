@@ -121,6 +121,8 @@ const config_key CONFIG_KEYS[] = {
     {"dist", "zero", KEY_INT, OFF(zero), "0", 0, 1, NULL, ROLE_SCHEDULE},
     {"dist", "collective_io", KEY_BOOL, OFF(collective_io), "false", 0, 1, NULL, ROLE_SCHEDULE},
     {"dist", "timeout", KEY_DOUBLE, OFF(timeout), "300", 1, 1e6, NULL, ROLE_SCHEDULE},
+    {"dist", "context", KEY_INT, OFF(context), "1", 1, 4096, NULL, ROLE_SCHEDULE},
+    {"dist", "context_scan", KEY_ENUM, OFF(context_scan), "allgather", 0, 0, "allgather|exscan|ring", ROLE_SCHEDULE},
 };
 #define N_KEYS (sizeof(CONFIG_KEYS) / sizeof(CONFIG_KEYS[0]))
 const size_t CONFIG_N_KEYS = N_KEYS;
@@ -528,6 +530,8 @@ const char *config_eval_source(const config *c) { return c->eval_resolved[0] ? c
 bool config_momentum_enabled(const config *c) { return c->gamma != 0.0 || c->learn_gamma; }
 
 int config_head_dim(const config *c) { return c->d_model / c->n_heads; }
+
+bool config_context_zigzag(const config *c) { return c->attention == ATTENTION_SOFTMAX && c->causal; }
 
 bool config_eval_readouts(const config *c) {
     if (c->eval_readouts != 0) return c->eval_readouts == 1;

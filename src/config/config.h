@@ -95,6 +95,8 @@ typedef struct {
     int zero;           /* dist.zero: 1 = ZeRO-1, AdamW moments sharded over ranks */
     double timeout;     /* dist.timeout: seconds a collective may wait for a peer (docs/design.md §8.11) */
     bool collective_io; /* dist.collective_io: ZeRO-1 checkpoint data through MPI-IO collective buffering */
+    int context;        /* dist.context: ranks per sequence, C of the D x C grid (docs/design.md §8.12) */
+    int context_scan;   /* dist.context_scan: how the far-field state crosses them (context_scan_method's order) */
 } config;
 
 /* Defaults of docs/config.md §6 (and of configs/README.md). */
@@ -148,6 +150,10 @@ const char *config_eval_source(const config *c);
 bool config_eval_readouts(const config *c);
 /* True when momentum attention is on (docs/model.md §1.2). */
 bool config_momentum_enabled(const config *c);
+/* Whether a context group cuts each sequence in zigzag chunks (causal
+ * softmax: ring attention's balance) rather than contiguous shards
+ * (docs/design.md §8.12). */
+bool config_context_zigzag(const config *c);
 /* dh, the head dimension d_model / n_heads (docs/README.md, conventions):
  * the one place it is divided; config_check_model refuses a d_model that
  * n_heads does not divide, or an odd dh. */

@@ -39,6 +39,33 @@ static int check_chain(const config *c, const char *origin, status *st) {
     return 0;
 }
 
+/* Context parallelism (docs/design.md §8.12): what a cut sequence can run.
+ * Every chunk holds a position; FMM's band reaches only the next rank
+ * (its halo comes from one neighbour, so k - 1 keys must fit in the
+ * shortest shard); softmax crosses ranks as ring attention on the tiled
+ * kernel; the read-outs and the streamed eval need whole sequences. */
+static int check_context(const config *c, const char *origin, status *st) {
+    if (c->context == 1) return 0;
+    int chunks = config_context_zigzag(c) ? 2 * c->context : c->context, shortest = c->seq_len / chunks;
+    if (shortest < 1)
+        REJECT("%s: data.seq_len = %d cannot be cut in the %d %s of dist.context = %d", origin, c->seq_len, chunks,
+               chunks > c->context ? "zigzag chunks" : "shards", c->context);
+    int half = c->fmm_bandwidth < c->seq_len ? c->fmm_bandwidth : c->seq_len;
+    if (c->attention == ATTENTION_FMM && half - 1 > shortest)
+        REJECT("%s: fmm.bandwidth = %d needs the %d keys before each shard from one neighbour, more than the %d "
+               "positions of the shortest shard (data.seq_len / dist.context): lower fmm.bandwidth or dist.context",
+               origin, c->fmm_bandwidth, half - 1, shortest);
+    if (c->attention == ATTENTION_SOFTMAX && c->attention_impl == ATTENTION_DENSE)
+        REJECT("%s: dist.context = %d runs softmax as ring attention on the tiled kernel: attention.impl = dense "
+               "keeps T x T probabilities, use attention.impl = tiled",
+               origin, c->context);
+    if (c->eval_readouts == 1)
+        REJECT("%s: train.eval_readouts = true needs whole sequences on a rank (the read-outs pair positions of every "
+               "shard): dist.context = %d; use auto or false, and eval the checkpoint afterwards",
+               origin, c->context);
+    return 0;
+}
+
 int config_check_model(const config *c, const char *origin, status *st) {
     if (c->d_model % c->n_heads != 0)
         REJECT("%s: model.d_model = %d is not divisible by model.n_heads = %d", origin, c->d_model, c->n_heads);
@@ -80,6 +107,7 @@ int config_check(const config *c, const char *origin, status *st) {
     if (c->task == TASK_LISTOPS && !c->data_path[0] && c->listops_min_len > c->seq_len)
         REJECT("%s: data.listops_min_len = %d exceeds data.seq_len = %d", origin, c->listops_min_len, c->seq_len);
     if (c->min_lr > c->lr) REJECT("%s: train.min_lr = %g exceeds train.lr = %g", origin, c->min_lr, c->lr);
+    if (check_context(c, origin, st) != 0) return st->code;
     status_clear(st);
     return 0;
 }

@@ -17,6 +17,7 @@
 #include "data/corpus.h"
 #include "data/listops.h"
 #include "data/tokenizer.h"
+#include "parallel/context.h"
 #include "parallel/dist.h"
 
 struct data_source {
@@ -37,6 +38,9 @@ struct data_source {
      * (T comes from the config) or is allocated per step: the T + 1 tokens
      * of a sample; the chain generator's own (chain.h) */
     int32_t *sequence;
+    /* a whole row's inputs and targets, of which a context group's rank
+     * keeps its shard (data_fill_shard) */
+    int32_t *row_inputs, *row_targets;
     chain_sampler *chain;
 };
 
@@ -243,6 +247,8 @@ data_source *data_open(const config *c, status *st) {
     data_source *d = sys_calloc(1, sizeof *d);
     d->cfg = *c;
     d->sequence = sys_calloc((size_t)c->seq_len + 1, sizeof(int32_t));
+    d->row_inputs = sys_calloc(2 * ((size_t)c->seq_len + 1), sizeof(int32_t));
+    d->row_targets = d->row_inputs + c->seq_len + 1;
     if (c->task == TASK_CHAIN) d->chain = chain_open(c);
     int rc = 0;
     if (c->task == TASK_TEXT) rc = open_text(d, st);
@@ -289,6 +295,7 @@ void data_close(data_source *d) {
     free(d->rows);
     free(d->row_labels);
     free(d->sequence);
+    free(d->row_inputs);
     chain_close(d->chain);
     free(d);
 }
@@ -316,11 +323,16 @@ static void copy_sample(const config *c, uint64_t key, int32_t *seq, int32_t *ta
 
 /* text: T + 1 consecutive tokens of the split's stream from a random offset
  * (they may run across a separator into the next document). */
-static void text_sample(const data_source *d, uint64_t key, int split, int32_t *seq, int len) {
-    const corpus *from = split == SPLIT_TRAIN ? &d->text : d->eval;
-    long long lo = split == SPLIT_TRAIN ? 0 : d->eval_start, hi = split == SPLIT_TRAIN ? d->train_end : from->size;
+static long long text_start(const data_source *d, uint64_t key, int split, int len, const corpus **from) {
+    *from = split == SPLIT_TRAIN ? &d->text : d->eval;
+    long long lo = split == SPLIT_TRAIN ? 0 : d->eval_start, hi = split == SPLIT_TRAIN ? d->train_end : (*from)->size;
     long long span = hi - lo - len + 1;
-    long long start = lo + (long long)(rng_uniform(key, 0) * (double)span);
+    return lo + (long long)(rng_uniform(key, 0) * (double)span);
+}
+
+static void text_sample(const data_source *d, uint64_t key, int split, int32_t *seq, int len) {
+    const corpus *from;
+    long long start = text_start(d, key, split, len, &from);
     corpus_read(from, start, len, seq);
 }
 
@@ -351,33 +363,79 @@ static int listops_sample(const data_source *d, uint64_t key, int split, int32_t
     return 0;
 }
 
-int data_fill(const data_source *d, data_batch *b, int split, long long step, long long first, status *st) {
+/* Row `index` of (split, step): T inputs, targets and the label. */
+static int fill_row(const data_source *d, int split, long long step, long long index, int32_t *inputs, int32_t *targets,
+                    int32_t *label, int T, status *st) {
     const config *c = &d->cfg;
-    int T = b->T;
     int32_t *seq = d->sequence;
+    uint64_t key = rng_key((uint64_t)c->seed, (uint64_t)split, (uint64_t)step, (uint64_t)index);
+    *label = 0;
+    if (c->task == TASK_LISTOPS) return listops_sample(d, key, split, inputs, targets, label, T, st);
+    if (c->task == TASK_CHAIN) {
+        chain_sample(d->chain, key, chain_periods_of(c, split == SPLIT_LENGTH), inputs, targets, T);
+        return 0;
+    }
+    if (c->task == TASK_TEXT && d->eval_in_order && split == SPLIT_EVAL) {
+        text_window(d, step * c->batch_size + index, inputs, targets, T);
+        return 0;
+    }
+    if (c->task == TASK_TEXT) {
+        text_sample(d, key, split, seq, T + 1);
+        memcpy(targets, seq + 1, sizeof(int32_t) * T);
+    } else {
+        copy_sample(c, key, seq, targets, T);
+    }
+    memcpy(inputs, seq, sizeof(int32_t) * T);
+    return 0;
+}
+
+int data_fill(const data_source *d, data_batch *b, int split, long long step, long long first, status *st) {
+    int T = b->T;
+    for (int r = 0; r < b->B; r++)
+        if (fill_row(d, split, step, first + r, b->inputs + (size_t)r * T, b->targets + (size_t)r * T, &b->labels[r], T,
+                     st) != 0)
+            return st->code;
+    return 0;
+}
+
+/* A text sample's ranges read in place: the rank reads only its shard of
+ * the corpus (docs/design.md §8.12). */
+static void text_ranges(const data_source *d, int split, long long step, long long index, const context_cut *cut,
+                        int32_t *inputs, int32_t *targets) {
+    const config *c = &d->cfg;
+    uint64_t key = rng_key((uint64_t)c->seed, (uint64_t)split, (uint64_t)step, (uint64_t)index);
+    const corpus *from;
+    long long start = text_start(d, key, split, cut->T_seq + 1, &from); /* text_sample's window */
+    for (int r = 0, at = 0; r < cut->n; at += cut->len[r], r++) {
+        corpus_read(from, start + cut->start[r], cut->len[r], inputs + at);
+        corpus_read(from, start + cut->start[r] + 1, cut->len[r], targets + at);
+    }
+}
+
+/* The rows [first, first + b->B) of (split, step) cut to a context group
+ * rank's positions (docs/design.md §8.12): b's rows hold cut->total
+ * positions, range after range; `full` (or NULL) receives the whole rows
+ * too, for the metrics that count over a whole sequence. A text sample is
+ * read in place, only its shard, when no whole row is asked for. */
+static int data_fill_shard(const data_source *d, data_batch *b, data_batch *full, const context_cut *cut, int split,
+                           long long step, long long first, status *st) {
+    int T = cut->T_seq;
     for (int r = 0; r < b->B; r++) {
-        uint64_t key = rng_key((uint64_t)c->seed, (uint64_t)split, (uint64_t)step, (uint64_t)(first + r));
-        int32_t *inputs = b->inputs + (size_t)r * T, *targets = b->targets + (size_t)r * T;
-        b->labels[r] = 0;
-        if (c->task == TASK_LISTOPS) {
-            if (listops_sample(d, key, split, inputs, targets, &b->labels[r], T, st) != 0) return st->code;
+        int32_t *inputs = b->inputs + (size_t)r * b->T, *targets = b->targets + (size_t)r * b->T;
+        bool in_place = !full && d->cfg.task == TASK_TEXT && !(d->eval_in_order && split == SPLIT_EVAL);
+        if (in_place) {
+            b->labels[r] = 0;
+            text_ranges(d, split, step, first + r, cut, inputs, targets);
             continue;
         }
-        if (c->task == TASK_CHAIN) {
-            chain_sample(d->chain, key, chain_periods_of(c, split == SPLIT_LENGTH), inputs, targets, T);
-            continue;
+        int32_t *row_in = full ? full->inputs + (size_t)r * T : d->row_inputs;
+        int32_t *row_tg = full ? full->targets + (size_t)r * T : d->row_targets;
+        if (fill_row(d, split, step, first + r, row_in, row_tg, &b->labels[r], T, st) != 0) return st->code;
+        if (full) full->labels[r] = b->labels[r];
+        for (int k = 0, at = 0; k < cut->n; at += cut->len[k], k++) {
+            memcpy(inputs + at, row_in + cut->start[k], sizeof(int32_t) * cut->len[k]);
+            memcpy(targets + at, row_tg + cut->start[k], sizeof(int32_t) * cut->len[k]);
         }
-        if (c->task == TASK_TEXT && d->eval_in_order && split == SPLIT_EVAL) {
-            text_window(d, step * c->batch_size + first + r, inputs, targets, T);
-            continue;
-        }
-        if (c->task == TASK_TEXT) {
-            text_sample(d, key, split, seq, T + 1);
-            memcpy(targets, seq + 1, sizeof(int32_t) * T);
-        } else {
-            copy_sample(c, key, seq, targets, T);
-        }
-        memcpy(inputs, seq, sizeof(int32_t) * T);
     }
     return 0;
 }
@@ -391,20 +449,30 @@ int data_sample_period(const data_source *d, int split, long long step, long lon
 
 int data_shard_open(data_shard *s, const config *cfg, status *err) {
     memset(s, 0, sizeof *s);
-    int size = dist_size(), count;
-    if (size > cfg->batch_size)
+    int groups = context_data_size(), count;
+    if (groups > cfg->batch_size)
         return status_fail(err, EXIT_USAGE,
-                           "train.batch_size = %d is smaller than the number of ranks (%d): every rank needs a sample",
-                           cfg->batch_size, size);
+                           "train.batch_size = %d is smaller than the number of data-parallel groups (%d ranks / "
+                           "dist.context = %d): every group needs a sample",
+                           cfg->batch_size, groups, context_size());
     s->data = data_open(cfg, err);
     if (!s->data) return err->code;
-    data_shard_range(cfg->batch_size, dist_rank(), size, &s->first, &count);
-    data_batch_alloc(&s->batch, count, cfg->seq_len);
+    /* the ranks of a context group share their group's rows, each its positions (docs/design.md §8.12) */
+    data_shard_range(cfg->batch_size, context_data_rank(), groups, &s->first, &count);
+    s->cut = context_cut_of(cfg->seq_len, context_size(), context_rank(), config_context_zigzag(cfg));
+    data_batch_alloc(&s->batch, count, s->cut.total);
+    if (s->cut.chunks > 1) data_batch_alloc(&s->full, count, cfg->seq_len);
     return 0;
+}
+
+int data_shard_fill(data_shard *s, int split, long long step, bool full_rows, status *st) {
+    if (s->cut.chunks == 1) return data_fill(s->data, &s->batch, split, step, s->first, st);
+    return data_fill_shard(s->data, &s->batch, full_rows ? &s->full : NULL, &s->cut, split, step, s->first, st);
 }
 
 void data_shard_close(data_shard *s) {
     data_batch_free(&s->batch);
+    data_batch_free(&s->full);
     data_close(s->data);
     memset(s, 0, sizeof *s);
 }

@@ -7,6 +7,7 @@
 
 #include "config/config.h"
 #include "data/tokenizer.h"
+#include "parallel/context.h"
 
 /* SPLIT_LENGTH: the chain task's length-generalisation eval, chains of the
  * periods data.eval_chain_len .. data.eval_chain_len_max (docs/tasks.md §2). */
@@ -51,15 +52,21 @@ int data_fill(const data_source *d, data_batch *b, int split, long long step, lo
  * it; 0 for the other tasks (docs/tasks.md §2). */
 int data_sample_period(const data_source *d, int split, long long step, long long index);
 
-/* This rank's shard of the global batch (docs/tasks.md §2) and its data source. */
+/* This rank's shard of the global batch (docs/tasks.md §2) and its data
+ * source: its data group's rows, each cut to this rank's positions when a
+ * context group shares the sequences. */
 typedef struct {
     data_source *data;
-    data_batch batch;
+    data_batch batch; /* [B][cut.total] */
+    data_batch full;  /* [B][seq_len] whole rows (a context group's, data_shard_fill with full_rows) */
+    context_cut cut;
     int first; /* global index of the shard's first row */
 } data_shard;
 
-/* Returns 0, or EXIT_USAGE in err when there are more ranks than rows, or
- * the failure of data_open. */
+/* Returns 0, or EXIT_USAGE in err when there are more data-parallel groups
+ * than rows, or the failure of data_open. */
 int data_shard_open(data_shard *s, const config *cfg, status *err);
+/* The shard's rows of (split, step); with full_rows also s->full. */
+int data_shard_fill(data_shard *s, int split, long long step, bool full_rows, status *st);
 void data_shard_close(data_shard *s);
 #endif

@@ -10,6 +10,7 @@
 #include "eval/readouts.h"
 #include "kernels/kernels.h"
 #include "model/stream.h"
+#include "parallel/context.h"
 #include "parallel/dist.h"
 
 void eval_result_init(eval_result *r, const model *m) {
@@ -84,8 +85,9 @@ typedef struct {
     /* [2L + 1]: gain ratio sums per block, the row count, then the attention
      * sublayer's ratio sums per layer (gain_R_attn) */
     double *gains;
-    float *losses; /* [B*T] streamed losses */
+    float *losses; /* [B*T] streamed losses, or a context group's gathered ones */
     int32_t *predictions;
+    float *gathered; /* a context group's: this rank's losses and predictions, then every rank's */
     double max_diff;
     double target_bytes; /* of the counted targets (data_target_bytes), for bpb */
 } eval_sums;
@@ -98,32 +100,76 @@ static data_batch rows_of(const data_batch *b, int first, int rows) {
 
 /* L_rep of each row into its period's bin (docs/metrics.md §3), the period
  * as data_fill drew it. */
-static void add_rep_by_period(const model *m, const data_batch *v, long long first_row, eval_sums *e) {
+static void add_rep_by_period(const model *m, const data_batch *v, const float *losses, long long first_row,
+                              eval_sums *e) {
     chain_periods p = chain_periods_of(&m->cfg, false);
     int n = p.hi - p.lo + 1, T = v->T;
     int *scratch = sys_calloc((size_t)m->V + T, sizeof(int));
     for (int r = 0; r < v->B; r++) {
         int bin = data_sample_period(e->data, SPLIT_EVAL, e->batch, first_row + r) - p.lo;
         size_t at = (size_t)r * T;
-        metrics_row_repeats(v->inputs + at, v->targets + at, m->acts.losses + at, T, scratch, m->V, &e->by_period[bin],
+        metrics_row_repeats(v->inputs + at, v->targets + at, losses + at, T, scratch, m->V, &e->by_period[bin],
                             &e->by_period[n + bin]);
     }
     free(scratch);
 }
 
+/* A context group's rows (docs/design.md §8.12): every rank's losses and
+ * predictions of rows v gathered into whole rows (B x seq_len floats each,
+ * small beside the activations), so that the metrics that count over a
+ * whole sequence (occurrences, exact match) run unchanged, on the group's
+ * first rank alone. lm only: a cls row's loss is already the sequence's. */
+static void gather_rows(const model *m, const data_batch *v, eval_sums *e) {
+    const context_cut *cut = &m->cut;
+    int C = context_size(), T = cut->T_seq, most = 0;
+    for (int c = 0; c < C; c++) {
+        context_cut other = context_cut_of(T, C, c, cut->n == 2);
+        most = other.total > most ? other.total : most;
+    }
+    size_t per_rank = 2 * (size_t)v->B * most;
+    float *mine = e->gathered, *all = mine + per_rank;
+    for (int r = 0; r < v->B; r++)
+        for (int t = 0; t < v->T; t++) {
+            mine[(size_t)r * most + t] = m->acts.losses[(size_t)r * v->T + t];
+            mine[(size_t)(v->B + r) * most + t] = (float)m->acts.predictions[(size_t)r * v->T + t];
+        }
+    context_allgather(mine, all, per_rank, "eval losses all-gather");
+    for (int c = 0; c < C; c++) {
+        context_cut other = context_cut_of(T, C, c, cut->n == 2);
+        const float *from = all + c * per_rank;
+        for (int r = 0; r < v->B; r++)
+            for (int k = 0, at = 0; k < other.n; at += other.len[k], k++)
+                for (int t = 0; t < other.len[k]; t++) {
+                    size_t to = (size_t)r * T + other.start[k] + t;
+                    e->losses[to] = from[(size_t)r * most + at + t];
+                    e->predictions[to] = (int32_t)from[(size_t)(v->B + r) * most + at + t];
+                }
+    }
+}
+
 /* One forward of rows v (global sample index first_row onwards) into the
  * sums; gain_R's random directions are keyed by sample, so the rows may
- * come in any grouping. */
-static int evaluate_rows(model *m, const data_source *data, const data_batch *v, long long first_row, uint64_t seed,
-                         int segment, eval_sums *e, status *err) {
+ * come in any grouping. `whole`: v's whole rows when v holds a context
+ * group's shard of them, else NULL. */
+static int evaluate_rows(model *m, const data_source *data, const data_batch *v, const data_batch *whole,
+                         long long first_row, uint64_t seed, int segment, eval_sums *e, status *err) {
     model_forward(m, v->inputs, v->targets, v->labels, v->B, v->T, false);
-    metrics_accumulate(&e->full, v, m->acts.losses, m->acts.predictions, m->cfg.head == HEAD_CLS, m->V);
-    e->target_bytes += data_target_bytes(data, v->targets, (size_t)v->B * v->T);
-    /* before the block gains: their perturbed forwards replace the saved attention state */
-    if (m->cfg.task == TASK_CHAIN) {
-        readouts_attention_scores(m, v->inputs, v->targets, v->B, v->T, m->cfg.chain_len, e->scores);
-        add_rep_by_period(m, v, first_row, e);
+    bool cls = m->cfg.head == HEAD_CLS, counts = !whole || context_rank() == 0;
+    const data_batch *rows = whole ? whole : v;
+    const float *losses = m->acts.losses;
+    const int32_t *predictions = m->acts.predictions;
+    if (whole && !cls) {
+        gather_rows(m, v, e);
+        losses = e->losses, predictions = e->predictions;
     }
+    if (!counts) return 0; /* the group's first rank counts its sequences */
+    metrics_accumulate(&e->full, rows, losses, predictions, cls, m->V);
+    e->target_bytes += data_target_bytes(data, rows->targets, (size_t)rows->B * rows->T);
+    /* before the block gains: their perturbed forwards replace the losses and the saved attention state */
+    if (m->cfg.task == TASK_CHAIN) add_rep_by_period(m, rows, losses, first_row, e);
+    if (whole) return 0; /* the read-outs and the streamed eval need whole sequences on a rank */
+    if (m->cfg.task == TASK_CHAIN)
+        readouts_attention_scores(m, v->inputs, v->targets, v->B, v->T, m->cfg.chain_len, e->scores);
     if (config_eval_readouts(&m->cfg))
         readouts_block_gains(m, v->B, v->T, seed, first_row, e->gains, e->gains + m->L + 1);
     e->gains[m->L] += v->B;
@@ -141,14 +187,16 @@ static int evaluate_rows(model *m, const data_source *data, const data_batch *v,
  * more activation memory than a training step. */
 static int evaluate_batch(model *m, data_shard *shard, int i, int segment, eval_sums *e, status *err) {
     data_batch *b = &shard->batch;
-    if (data_fill(shard->data, b, SPLIT_EVAL, i, shard->first, err) != 0) return err->code;
+    bool cut = shard->cut.chunks > 1;
+    if (data_shard_fill(shard, SPLIT_EVAL, i, cut, err) != 0) return err->code;
     e->data = shard->data;
     e->batch = i;
     int rows = config_micro_rows(&m->cfg, b->B), rc = 0;
     for (int first = 0; first < b->B && rc == 0; first += rows) {
-        data_batch v = rows_of(b, first, b->B - first < rows ? b->B - first : rows);
-        rc = evaluate_rows(m, shard->data, &v, shard->first + first, (uint64_t)m->cfg.seed + (uint64_t)i, segment, e,
-                           err);
+        int n = b->B - first < rows ? b->B - first : rows;
+        data_batch v = rows_of(b, first, n), whole = cut ? rows_of(&shard->full, first, n) : v;
+        rc = evaluate_rows(m, shard->data, &v, cut ? &whole : NULL, shard->first + first,
+                           (uint64_t)m->cfg.seed + (uint64_t)i, segment, e, err);
     }
     return rc;
 }
@@ -158,13 +206,21 @@ static int evaluate_batch(model *m, data_shard *shard, int i, int segment, eval_
  * attention read-out only. */
 static int evaluate_length_batch(model *m, data_shard *shard, int i, eval_sums *e, status *err) {
     data_batch *b = &shard->batch;
-    if (data_fill(shard->data, b, SPLIT_LENGTH, i, shard->first, err) != 0) return err->code;
+    bool cut = shard->cut.chunks > 1;
+    if (data_shard_fill(shard, SPLIT_LENGTH, i, cut, err) != 0) return err->code;
     int rows = config_micro_rows(&m->cfg, b->B), LH = m->L * m->H;
     for (int first = 0; first < b->B; first += rows) {
-        data_batch v = rows_of(b, first, b->B - first < rows ? b->B - first : rows);
+        int n = b->B - first < rows ? b->B - first : rows;
+        data_batch v = rows_of(b, first, n);
         model_forward(m, v.inputs, v.targets, v.labels, v.B, v.T, false);
-        metrics_accumulate(&e->length, &v, m->acts.losses, m->acts.predictions, false, m->V);
-        readouts_attention_scores(m, v.inputs, v.targets, v.B, v.T, m->cfg.chain_len, e->scores + 2 * LH + 1);
+        if (!cut) {
+            metrics_accumulate(&e->length, &v, m->acts.losses, m->acts.predictions, false, m->V);
+            readouts_attention_scores(m, v.inputs, v.targets, v.B, v.T, m->cfg.chain_len, e->scores + 2 * LH + 1);
+            continue;
+        }
+        data_batch whole = rows_of(&shard->full, first, n); /* a context group's: see evaluate_rows */
+        gather_rows(m, &v, e);
+        if (context_rank() == 0) metrics_accumulate(&e->length, &whole, e->losses, e->predictions, false, m->V);
     }
     return 0;
 }
@@ -181,10 +237,12 @@ int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, st
     if (stream_segment > 0 && stream_check(m, shard->batch.T, err) != 0) return err->code;
     eval_sums e;
     memset(&e, 0, sizeof e);
-    size_t rows = (size_t)shard->batch.B * shard->batch.T;
+    /* whole rows: a context group gathers its shards' losses into them */
+    size_t rows = (size_t)shard->batch.B * shard->cut.T_seq;
     e.gains = sys_calloc(2 * (size_t)m->L + 1, sizeof(double));
     e.losses = sys_calloc(rows, sizeof(float));
     e.predictions = sys_calloc(rows, sizeof(int32_t));
+    if (shard->cut.chunks > 1) e.gathered = sys_calloc((1 + (size_t)context_size()) * 2 * rows, sizeof(float));
     int LH = m->L * m->H;
     e.scores = sys_calloc(2 * (2 * (size_t)LH + 1), sizeof(double));
     e.by_period = sys_calloc(2 * (size_t)r->n_periods, sizeof(double));
@@ -217,7 +275,7 @@ int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, st
         r->metrics.bpb = e.full.loss_sum / (M_LN2 * e.target_bytes);
         dist_sum_doubles(e.gains, 2 * m->L + 1);
         /* without the read-outs (train.eval_readouts) gain_R is NaN: not measured */
-        r->gains_measured = config_eval_readouts(&m->cfg);
+        r->gains_measured = config_eval_readouts(&m->cfg) && shard->cut.chunks == 1; /* whole sequences only */
         double rows = r->gains_measured ? e.gains[m->L] : NAN;
         for (int l = 0; l < m->L; l++) r->gain_R[l] = e.gains[l] / rows;
         for (int l = 0; l < m->L; l++) r->gain_R_attn[l] = e.gains[m->L + 1 + l] / rows;
@@ -230,7 +288,7 @@ int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, st
         r->stream_metrics.bpb = e.streamed.loss_sum / (M_LN2 * e.target_bytes);
         r->stream_max_diff = dist_max_double(e.max_diff);
     }
-    free(e.gains), free(e.losses), free(e.predictions), free(e.scores), free(e.by_period);
+    free(e.gains), free(e.losses), free(e.predictions), free(e.scores), free(e.by_period), free(e.gathered);
     return rc;
 }
 

@@ -17,6 +17,7 @@
 #include "base/sys.h"
 #include "kernels/gemm.h"
 #include "kernels/kernels.h"
+#include "parallel/context.h"
 
 #include "model_internal.h"
 
@@ -36,8 +37,11 @@ static void add_into(float *dst, const float *src, size_t n) {
     }
 }
 
-/* docs/model.md §1 item 4, cls: mean of x over the valid positions (targets != -1). */
-static void pool_valid_positions(float *pooled, const float *x, const int32_t *mask, int B, int T, int d) {
+/* docs/model.md §1 item 4, cls: mean of x over the valid positions
+ * (targets != -1). A sequence cut across a context group sums its shards'
+ * rows and counts over the group (docs/design.md §8.12). */
+static void pool_valid_positions(const model *m, float *pooled, float *counts, const float *x, const int32_t *mask,
+                                 int B, int T, int d) {
     for (int b = 0; b < B; b++) {
         float *out = pooled + (size_t)b * d;
         memset(out, 0, sizeof(float) * d);
@@ -47,20 +51,31 @@ static void pool_valid_positions(float *pooled, const float *x, const int32_t *m
             add_into(out, x + ((size_t)b * T + t) * d, (size_t)d);
             count++;
         }
-        for (int i = 0; i < d && count; i++) out[i] /= (float)count;
+        counts[b] = (float)count;
     }
+    if (m->cut.chunks > 1) {
+        context_sum(pooled, (size_t)B * d, "cls mean pool sum");
+        context_sum(counts, (size_t)B, "cls mean pool count");
+    }
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < d && counts[b] > 0; i++) pooled[(size_t)b * d + i] /= counts[b];
 }
 
-static void unpool_valid_positions(float *dx, const float *d_pooled, const int32_t *mask, int B, int T, int d) {
-    for (int b = 0; b < B; b++) {
-        int count = 0;
-        for (int t = 0; t < T; t++) count += mask[b * T + t] >= 0;
+static void unpool_valid_positions(float *dx, const float *d_pooled, const float *counts, const int32_t *mask, int B,
+                                   int T, int d) {
+    for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             float *row = dx + ((size_t)b * T + t) * d;
-            for (int i = 0; i < d; i++)
-                row[i] = mask[b * T + t] >= 0 ? d_pooled[(size_t)b * d + i] / (float)count : 0.0f;
+            for (int i = 0; i < d; i++) row[i] = mask[b * T + t] >= 0 ? d_pooled[(size_t)b * d + i] / counts[b] : 0.0f;
         }
-    }
+}
+
+/* The cls head's loss and weights belong to one rank of a context group:
+ * every rank of the group holds the same pooled rows (docs/design.md §8.12). */
+static bool owns_sequence_head(const model *m) { return m->cfg.head != HEAD_CLS || context_rank() == 0; }
+
+void model_cut_sequences(model *m, int T_seq) {
+    m->cut = context_cut_of(T_seq, context_size(), context_rank(), config_context_zigzag(&m->cfg));
 }
 
 attention_layer model_attention_layer(model *m, int l, bool collect_buffers) {
@@ -81,6 +96,7 @@ attention_layer model_attention_layer(model *m, int l, bool collect_buffers) {
         .d_blend = g->fmm_blend,
         .buffers = m->buffers + buffers,
         .buffer_sums = collect_buffers ? m->buffer_sums + buffers : NULL,
+        .cut = m->cut.chunks > 1 ? &m->cut : NULL,
     };
     return a;
 }
@@ -90,7 +106,8 @@ attention_layer model_attention_layer(model *m, int l, bool collect_buffers) {
 attention_saved model_attention_saved(const model *m, int l, int B, int T) {
     const model_activations *a = &m->acts;
     size_t heads = (size_t)l * B * T * m->d;
-    size_t saved = (size_t)l * B * m->H * attention_saved_per_head(&m->cfg, &m->fmm, T);
+    attention_layer_sizes z = {&m->cfg, &m->fmm, m->cut.chunks > 1 ? &m->cut : NULL, T};
+    size_t saved = (size_t)l * B * m->H * attention_saved_per_head(&z);
     attention_saved s = {
         .q_hat = a->q_hat + heads,
         .k_hat = a->k_hat + heads,
@@ -101,6 +118,7 @@ attention_saved model_attention_saved(const model *m, int l, int B, int T) {
         .out = a->att_out + heads,
         .scratch = a->head_scratch,
         .threads = a->threads,
+        .exchange = a->exchange,
     };
     return s;
 }
@@ -153,7 +171,7 @@ void model_forward(model *m, const int32_t *inputs, const int32_t *targets, cons
         PROF_TIMED(PROF_FORWARD_LOSS, copy_logits_to_probs(a, bt * m->V));
         PROF_TIMED(PROF_FORWARD_LOSS, cross_entropy_forward(a->probs, a->losses, a->predictions, targets, rows, m->V));
     } else {
-        PROF_TIMED(PROF_FORWARD_LOSS, pool_valid_positions(a->pooled, a->ln_f, targets, B, T, m->d));
+        PROF_TIMED(PROF_FORWARD_LOSS, pool_valid_positions(m, a->pooled, a->pool_counts, a->ln_f, targets, B, T, m->d));
         PROF_TIMED(PROF_FORWARD_LINEAR,
                    matmul_forward(a->logits, a->pooled, m->w.cls_weight, m->w.cls_bias, B, m->d, m->n_out));
         PROF_TIMED(PROF_FORWARD_LOSS, copy_logits_to_probs(a, (size_t)B * m->n_out));
@@ -165,8 +183,9 @@ double model_loss_sum(const model *m, const int32_t *targets, int B, int T, long
     double sum = 0;
     long long n = 0;
     if (m->cfg.head == HEAD_CLS) {
-        for (int b = 0; b < B; b++) sum += m->acts.losses[b];
-        *count = B;
+        bool mine = owns_sequence_head(m);
+        for (int b = 0; b < B && mine; b++) sum += m->acts.losses[b];
+        *count = mine ? B : 0;
         return sum;
     }
     for (int i = 0; i < B * T; i++)
@@ -179,7 +198,7 @@ double model_loss_sum(const model *m, const int32_t *targets, int B, int T, long
 }
 
 long long model_target_count(const model *m, const int32_t *targets, int B, int T) {
-    if (m->cfg.head == HEAD_CLS) return B;
+    if (m->cfg.head == HEAD_CLS) return owns_sequence_head(m) ? B : 0;
     long long n = 0;
     for (int i = 0; i < B * T; i++) n += targets[i] >= 0;
     return n;
@@ -206,10 +225,14 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
                                                          m->w.head_weight, rows, m->d, m->V, accumulate));
     } else {
         float *d_pooled = a->d_pooled;
+        bool mine = owns_sequence_head(m); /* the others' head gradients would count the sequence again */
+        float *g_weight = mine ? m->g.cls_weight : a->cls_grads,
+              *g_bias = mine ? m->g.cls_bias : a->cls_grads + m->n_out * m->d;
         PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_backward(a->probs, labels, B, m->n_out, scale));
-        PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(d_pooled, m->g.cls_weight, m->g.cls_bias, a->probs, a->pooled,
-                                                         m->w.cls_weight, B, m->d, m->n_out, accumulate));
-        PROF_TIMED(PROF_BACKWARD_LOSS, unpool_valid_positions(a->d_model_rows, d_pooled, targets, B, T, m->d));
+        PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(d_pooled, g_weight, g_bias, a->probs, a->pooled,
+                                                         m->w.cls_weight, B, m->d, m->n_out, accumulate && mine));
+        PROF_TIMED(PROF_BACKWARD_LOSS,
+                   unpool_valid_positions(a->d_model_rows, d_pooled, a->pool_counts, targets, B, T, m->d));
     }
     PROF_TIMED(PROF_BACKWARD_LOSS, memset(a->d_residual, 0, sizeof(float) * rows * m->d));
     PROF_TIMED(PROF_BACKWARD_NORM, layernorm_backward(a->d_residual, m->g.ln_f_weight, m->g.ln_f_bias, a->d_model_rows,

@@ -45,6 +45,7 @@ typedef struct {
     int B, T;                         /* capacity */
     int threads;                      /* heads' scratch areas (attention_threads() when reserved) */
     bool kept_logits;                 /* laid out with probs apart from logits */
+    int cut_chunks, cut_seq;          /* laid out for this cut (model.cut) */
     float *residual;                  /* [L+1][B*T*d]: block inputs, final stream */
     float *mid;                       /* [L][B*T*d]: after attention */
     float *ln1, *ln1_mean, *ln1_rstd; /* [L][B*T*d], [L][B*T] */
@@ -67,6 +68,9 @@ typedef struct {
     float *d_residual, *d_model_rows; /* [B*T*d] */
     float *d_ff;                      /* [B*T*d_ff] */
     float *d_pooled;                  /* [B*d] (cls) */
+    float *pool_counts;               /* [B] (cls): valid positions of each row, over the context group */
+    float *cls_grads;                 /* [n_out*(d+1)] (cls, context rank > 0): the head's gradients, dropped */
+    float *exchange;                  /* the context group's messages (attention_exchange_floats) */
     float *head_scratch;              /* per-head scratch: T*T or fmm scratch, + 2*T*dh */
     float *mem;
 } model_activations;
@@ -107,6 +111,10 @@ struct model {
     size_t n_buffer;
     int rope_positions;
     float *rope_cos, *rope_sin;
+    /* This rank's positions of every sequence (model_cut_sequences): whole
+     * sequences (one chunk) unless a context group shares them
+     * (dist.context > 1, docs/design.md §8.12). */
+    context_cut cut;
     model_activations acts;
 };
 
@@ -133,6 +141,12 @@ void model_init_parameters(model *m);
  * optimizer step, a broadcast): refreshes the bf16 copy of the weights when
  * the GEMM engine is bf16 (docs/scale.md §7), else does nothing. */
 void model_params_changed(const model *m);
+
+/* From now on the model's rows are this rank's positions of sequences of
+ * T_seq (context_cut_of for the context group; zigzag for causal softmax,
+ * docs/design.md §8.12): forwards take T = m->cut.total. Whole sequences
+ * again with a context group of one. */
+void model_cut_sequences(model *m, int T_seq);
 
 /* Forward on B rows of T tokens (T <= data.seq_len). targets: [B*T] for lm
  * (-1 = ignored); for cls, `targets` marks valid positions (-1 = padding)

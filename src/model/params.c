@@ -16,6 +16,7 @@
 #include "kernels/gemm.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "parallel/context.h"
 
 #include "model_internal.h"
 
@@ -166,6 +167,7 @@ static int model_build(model *m, const config *cfg, bool training, status *err) 
     m->buffers = sys_calloc(2 * m->n_buffer, sizeof(float));
     m->buffer_sums = m->buffers + m->n_buffer;
     m->rope_positions = cfg->max_seq_len > cfg->seq_len ? cfg->max_seq_len : cfg->seq_len;
+    m->cut = context_cut_of(cfg->seq_len, 1, 0, false); /* whole sequences until model_cut_sequences */
     m->rope_cos = sys_calloc((size_t)m->rope_positions * m->dh, sizeof(float));
     m->rope_sin = m->rope_cos + (size_t)m->rope_positions * m->dh / 2;
     rope_tables(m->rope_cos, m->rope_sin, m->rope_positions, m->dh, cfg->rope_base);
@@ -237,7 +239,8 @@ typedef struct {
 /* The activation buffer's layout for B rows of T: one entry per array. */
 static size_t activation_plan(const model *m, model_activations *a, int B, int T, carve *plan) {
     size_t L = (size_t)m->L, bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
-    bool lm = m->cfg.head == HEAD_LM, keep_p = m->cfg.learn_gamma;
+    bool lm = m->cfg.head == HEAD_LM, keep_p = m->cfg.learn_gamma, sharded = m->cut.chunks > 1;
+    attention_layer_sizes z = {&m->cfg, &m->fmm, sharded ? &m->cut : NULL, T};
     carve all[] = {
         {&a->residual, (L + 1) * bt * d},
         {&a->mid, L * bt * d},
@@ -249,7 +252,7 @@ static size_t activation_plan(const model *m, model_activations *a, int B, int T
         {&a->v_heads, L * bt * d},
         {&a->p_q, keep_p ? L * bt * d : 0},
         {&a->p_k, keep_p ? L * bt * d : 0},
-        {&a->att_saved, L * B * m->H * attention_saved_per_head(&m->cfg, &m->fmm, T)},
+        {&a->att_saved, L * B * m->H * attention_saved_per_head(&z)},
         {&a->att_out, L * bt * d},
         {&a->ln2, L * bt * d},
         {&a->ln2_mean, L * bt},
@@ -268,7 +271,10 @@ static size_t activation_plan(const model *m, model_activations *a, int B, int T
         {&a->d_model_rows, bt * d},
         {&a->d_ff, bt * ff},
         {&a->d_pooled, lm ? 0 : (size_t)B * d},
-        {&a->head_scratch, attention_scratch_per_head(&m->cfg, &m->fmm, T) * (size_t)attention_threads()},
+        {&a->pool_counts, lm ? 0 : (size_t)B},
+        {&a->cls_grads, lm || !sharded ? 0 : (size_t)m->n_out * (d + 1)},
+        {&a->exchange, attention_exchange_floats(&z, B)},
+        {&a->head_scratch, attention_scratch_per_head(&z) * (size_t)attention_threads()},
         {&a->probs, !m->keep_logits ? 0
                     : lm            ? bt * m->V
                                     : (size_t)B * m->n_out},
@@ -288,11 +294,14 @@ size_t model_activation_bytes(const model *m, int B, int T) {
 
 void model_reserve_activations(model *m, int B, int T) {
     model_activations *a = &m->acts;
-    if (a->mem && B <= a->B && T <= a->T && a->kept_logits == m->keep_logits && attention_threads() <= a->threads)
+    if (a->mem && B <= a->B && T <= a->T && a->kept_logits == m->keep_logits && attention_threads() <= a->threads &&
+        a->cut_chunks == m->cut.chunks && a->cut_seq == m->cut.T_seq)
         return;
     activations_free(a);
     a->B = B;
     a->T = T;
+    a->cut_chunks = m->cut.chunks;
+    a->cut_seq = m->cut.T_seq;
     a->threads = attention_threads();
     a->kept_logits = m->keep_logits;
     carve plan[ACTIVATION_SLOTS];

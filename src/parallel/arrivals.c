@@ -157,10 +157,14 @@ void dist_wait_polling(MPI_Request *request) {
 /* Every collective runs non-blocking, polled between its two marks, so
  * that a rank that waits is heard: one inside a blocking call could not
  * tell who else is waiting. */
-void dist_watch_wait(const char *operation, MPI_Request *request) {
+void dist_watch_wait(const char *operation, MPI_Request *request) { dist_watch_waitall(operation, request, 1); }
+
+/* One operation however many requests (none on a rank with nothing to
+ * send or receive): every rank counts the same marks. */
+void dist_watch_waitall(const char *operation, MPI_Request *requests, int n) {
     watchdog_enter(operation, 0, 0);
     dist_send_mark(false);
-    dist_wait_polling(request);
+    for (int i = 0; i < n; i++) dist_wait_polling(&requests[i]);
     dist_send_mark(false);
     watchdog_leave();
 }

@@ -27,4 +27,8 @@ void dist_wait_polling(MPI_Request *request);
 /* arrivals.c: a whole watched operation named `operation`: marks on entry
  * and when done, the request polled between them. */
 void dist_watch_wait(const char *operation, MPI_Request *request);
+/* arrivals.c: the same for n requests (n may be 0) as one watched
+ * operation, so that ranks with more or fewer messages (the ends of a
+ * context group, a message cut into pieces) still count the same marks. */
+void dist_watch_waitall(const char *operation, MPI_Request *requests, int n);
 #endif

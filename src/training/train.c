@@ -16,6 +16,7 @@
 #include "base/status.h"
 #include "base/sys.h"
 #include "kernels/gemm.h"
+#include "parallel/context.h"
 #include "store/checkpoint.h"
 #include "store/store.h"
 #include "training/optimizer.h"
@@ -144,11 +145,13 @@ static void choose_gemm_engines(trainer *t) {
 int trainer_create(trainer *t, const config *cfg, status *err) {
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
-    if (dist_size() > cfg->batch_size)
+    if (context_data_size() > cfg->batch_size)
         return status_fail(err, EXIT_USAGE,
-                           "train.batch_size = %d is smaller than the number of ranks (%d): every rank needs a sample",
-                           cfg->batch_size, dist_size());
+                           "train.batch_size = %d is smaller than the number of data-parallel groups (%d ranks / "
+                           "dist.context = %d): every group needs a sample",
+                           cfg->batch_size, context_data_size(), context_size());
     if (check_parameter_memory(cfg, err) != 0 || model_create(&t->model, cfg, err) != 0) return err->code;
+    model_cut_sequences(&t->model, cfg->seq_len); /* this rank's positions (docs/design.md §8.12) */
     if (cfg->zero) {
         size_t first, count;
         dist_partition(t->model.n_params, dist_rank(), dist_size(), &first, &count);
@@ -307,7 +310,7 @@ int trainer_step(trainer *t, train_step_result *result, status *err) {
     data_batch *b = &t->shard.batch;
     train_step_result res = {0};
     long long step = t->step + 1;
-    if (data_fill(t->shard.data, b, SPLIT_TRAIN, step, t->shard.first, err) != 0) return err->code;
+    if (data_shard_fill(&t->shard, SPLIT_TRAIN, step, false, err) != 0) return err->code;
     double target_bytes;
     double global_count = global_target_count(t, &target_bytes);
     float scale = global_count > 0 ? (float)(1.0 / global_count) : 0.0f;

@@ -1,0 +1,71 @@
+/* What attention.c (one block's attention on whole sequences) and
+ * attention_shard.c (the same on a shard of each sequence, with the context
+ * group's exchanges, docs/design.md §8.12) share. Private to src/attention/. */
+#ifndef MOMFMM_ATTENTION_INTERNAL_H
+#define MOMFMM_ATTENTION_INTERNAL_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "attention/attention.h"
+#include "attention/momentum.h"
+
+enum { VECTOR_Q = 0, VECTOR_K = 1 };
+
+/* One contiguous range of a head's rows in its sequence: where it starts
+ * (RoPE's positions) and the momentum recurrences' carries across its ends
+ * (docs/model.md §1.2). A whole sequence is {0, true, NULL, NULL, NULL,
+ * NULL, true}. */
+typedef struct {
+    int pos0;                     /* the global position of its first row */
+    bool first;                   /* it starts the sequence: anchor, or the buffer */
+    const float *prev, *p_prev;   /* forward: x and p of the row before it (not first) */
+    const float *g_next, *u_next; /* backward: g and u of the row after it, or NULL at the end */
+    bool holds_last;              /* it holds the sequence's last position (momentum buffers) */
+} attention_span;
+
+bool attention_is_sheared(const attention_layer *a, int which);
+momentum_coeffs attention_head_coeffs(const attention_layer *a, int h);
+/* The momentum buffer of (q|k, head) in a [2][H][dh] array. */
+size_t attention_head_buffer(const attention_layer *a, int which, int h);
+/* Offset of head (b, h) in a [B][H][T][dh] array. */
+size_t attention_head_offset(const attention_layer *a, int b, int h, int T);
+
+/* One head's dh columns of rows (stride row_stride floats) to and from [T, dh]. */
+static inline void attention_gather_head(float *dst, const float *rows, int row_stride, int col, int T, int dh) {
+    for (int t = 0; t < T; t++) memcpy(dst + (size_t)t * dh, rows + (size_t)t * row_stride + col, sizeof(float) * dh);
+}
+
+static inline void attention_scatter_head(float *rows, const float *src, int row_stride, int col, int T, int dh) {
+    for (int t = 0; t < T; t++) memcpy(rows + (size_t)t * row_stride + col, src + (size_t)t * dh, sizeof(float) * dh);
+}
+
+/* The vector the shear reads: raw rotated in place for post_rope, as it is
+ * for pre_rope (docs/model.md §1.2, frame). */
+void attention_shear_frame(const attention_layer *a, float *raw, int T, int pos0);
+/* x (in the shear's frame) -> dst = q-hat or k-hat: the shear with the
+ * span's carries, then for pre_rope the rotation; p the shear's p (or NULL). */
+void attention_shear(const attention_layer *a, int h, int which, const float *x, float *dst, float *p, int T,
+                     const attention_span *span);
+/* sum += x's last row [dh] (the momentum buffers, docs/model.md §1.2). */
+static inline void attention_add_last_position(float *sum, const float *x, int T, int dh) {
+    const float *last = x + (size_t)(T - 1) * dh;
+    for (int i = 0; i < dh; i++) sum[i] += last[i];
+}
+/* The adjoint: d_hat (destroyed) -> d_raw (overwritten). */
+void attention_unprepare(const attention_layer *a, int h, int which, float *d_hat, float *d_raw, const float *p, int T,
+                         const attention_span *span);
+/* The shear's gradient input g from d_hat (in place): d_hat rotated back
+ * for pre_rope (the shear ran before the rotation), as it is for post_rope. */
+void attention_shear_gradient_frame(const attention_layer *a, float *d_hat, int T, int pos0);
+
+/* attention_shard.c: attention_forward and attention_backward when the
+ * sequence is cut across a context group (a->cut). */
+void attention_shard_forward(const attention_layer *a, const attention_saved *s, const float *qkv, float *out, int B,
+                             int T);
+void attention_shard_backward(const attention_layer *a, const attention_saved *s, const float *d_out, float *d_qkv,
+                              int B, int T);
+/* Its extra per-head saved floats and per-thread scratch. */
+size_t attention_shard_saved_per_head(const attention_layer_sizes *z);
+size_t attention_shard_scratch_per_head(const attention_layer_sizes *z);
+#endif
