@@ -231,6 +231,10 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
         PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_backward(a->probs, labels, B, m->n_out, scale));
         PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(d_pooled, g_weight, g_bias, a->probs, a->pooled,
                                                          m->w.cls_weight, B, m->d, m->n_out, accumulate && mine));
+        if (!mine && !accumulate) { /* the reduced sums of the last step are still there: this rank adds none */
+            memset(m->g.cls_weight, 0, sizeof(float) * m->n_out * m->d);
+            memset(m->g.cls_bias, 0, sizeof(float) * m->n_out);
+        }
         PROF_TIMED(PROF_BACKWARD_LOSS,
                    unpool_valid_positions(a->d_model_rows, d_pooled, a->pool_counts, targets, B, T, m->d));
     }
