@@ -53,6 +53,25 @@ binomial tree, every message the whole bucket:
 
 (measured on shaped links: docs/cluster.md §10.8).
 
+Context parallelism (--context C, dist.context, docs/design.md §8.12): the
+p ranks form D = p / C data-parallel groups of C ranks that share each
+sequence; the gradient all-reduce still spans all p ranks, and every layer
+adds the context group's exchanges, forward and backward, per step:
+
+  FMM (--kind fmm): a halo shift of (k - 1) B H dh keys and values (one
+  message each way), the momentum carries' all-gather of 8 B H dh floats per
+  rank, the far-field state scan's all-gather of r B H dh (dh + 1) floats
+  per rank (LASP-2; C - 1 messages each for a ring all-gather):
+    t_ctx = 2 L [3 alpha + 2 (C - 1) alpha + 4 (k - 1) B d / beta
+                + 4 (C - 1) B (8 d + r H dh (dh + 1)) / beta]
+  none of it hidden (each waits for what it brings);
+  softmax (--kind softmax): ring attention, C - 1 steps of the shard's K and
+  V forward (2 B T_c d floats) and C steps of K, V and their gradients
+  backward (4 B T_c d), each step's send overlapped with the attention of
+  the block in hand (--attention-ms of one step, split evenly over the steps):
+    t_ring = L [(C - 1) (alpha + 8 B T_c d / beta) + C (alpha + 16 B T_c d / beta)]
+    exposed = max(0, t_ring - attention)
+
 With --measured-step-ms the p = 2 row is compared with the measured 2-rank
 step. --probe FILE takes α and β from the `fit alpha_us=... beta_gbps=...`
 line of build/net_probe's output (tools/net_probe.c: ping-pong between the
@@ -119,6 +138,23 @@ def project(p, compute_s, n_params, alpha, beta_bytes, overlap, hideable, bucket
     return t_ar, exposed, step, compute_s / step
 
 
+def context_seconds(c, a, alpha, beta_bytes):
+    """(context s per step, exposed s) of a context group of c ranks (docs/design.md §8.12)."""
+    if c <= 1:
+        return 0.0, 0.0
+    L, B, d, T_c = a.layers, a.rows_per_rank, a.d_model, a.tokens_per_rank / max(a.rows_per_rank, 1)
+    if a.kind == "fmm":
+        dh = d / a.heads
+        halo = 4 * (a.band - 1) * B * d / beta_bytes  # k and v, forward and back
+        gathers = 4 * (c - 1) * B * (8 * d + a.kernels * a.heads * dh * (dh + 1)) / beta_bytes
+        t = 2 * L * ((3 + 2 * (c - 1)) * alpha + halo + gathers)
+        return t, t
+    forward = (c - 1) * (alpha + 8 * B * T_c * d / beta_bytes)
+    backward = c * (alpha + 16 * B * T_c * d / beta_bytes)
+    t = L * (forward + backward)
+    return t, max(0.0, t - a.attention_ms / 1e3)
+
+
 def bytes_per_param(p, zero):
     """Parameters, gradients, moments (sharded with zero)."""
     return 4 + 4 + (8 / p if zero else 8)
@@ -159,7 +195,22 @@ def main():
                          "MPI_Iallreduce)")
     ap.add_argument("--probe", metavar="FILE",
                     help="net_probe output whose fit line gives α and β (overrides --alpha-us, --beta-gbps)")
+    cp = ap.add_argument_group("context parallelism (dist.context; the model's shape)")
+    cp.add_argument("--context", type=int, default=1, help="C: ranks per sequence (p must be a multiple)")
+    cp.add_argument("--kind", choices=("fmm", "softmax"), default="fmm", help="attention.kind")
+    cp.add_argument("--layers", type=int, default=4, help="model.n_layers")
+    cp.add_argument("--d-model", type=int, default=256, help="model.d_model")
+    cp.add_argument("--heads", type=int, default=8, help="model.n_heads")
+    cp.add_argument("--kernels", type=int, default=2, help="FMM far-field kernels r")
+    cp.add_argument("--band", type=int, default=5, help="fmm.bandwidth k")
+    cp.add_argument("--rows-per-rank", type=int, default=1, help="sequences each context group holds, B")
+    cp.add_argument("--attention-ms", type=float, default=0.0,
+                    help="softmax: attention compute per step per rank (hides the ring's sends)")
     a = ap.parse_args()
+    if a.context < 1:
+        ap.error("--context must be at least 1")
+    if a.context > 1 and a.tokens_per_rank <= 0:
+        ap.error("--context needs --tokens-per-rank (this rank's shard: B x T / C)")
     if a.probe:
         a.alpha_us, a.beta_gbps = probe_fit(a.probe)
     if not 0.0 <= a.overlap_fraction <= 1.0:
@@ -168,6 +219,9 @@ def main():
     alpha = a.alpha_us * 1e-6
     beta = a.beta_gbps * 1e9 / 8  # bytes per second
     ranks = [int(x) for x in a.ranks.split(",")]
+    bad = [p for p in ranks if p % a.context]
+    if bad:
+        ap.error(f"--ranks {bad} are not multiples of --context {a.context}")
     k = n_buckets(a.params, a.bucket_mb)
     if a.measured_step_ms > 0 and 2 not in ranks:
         ranks = [2] + ranks
@@ -180,6 +234,11 @@ def main():
     head = (f"| p | {comm} (ms) | latency part (ms) | bandwidth part (ms) | exposed (ms) | step (ms) | efficiency "
             "| bytes/param per rank | GB per rank (no activations) |")
     sep = "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    if a.context > 1:
+        print(f"context {a.context}: D = p / {a.context} data groups; {a.kind}, {a.layers} layers, d {a.d_model}, "
+              f"{a.heads} heads, {a.tokens_per_rank:g} tokens per rank in {a.rows_per_rank} row(s)\n")
+        head = head.replace("| p |", "| p (D x C) |") + " context (ms) | context exposed (ms) |"
+        sep += "---:|---:|"
     if a.tokens_per_rank > 0:
         head += " global tokens/s |"
         sep += "---:|"
@@ -188,10 +247,16 @@ def main():
     for p in ranks:
         t_ar, exposed, step, eff = project(p, compute, a.params, alpha, beta, a.overlap_fraction,
                                            a.hideable_fraction, k, a.zero, a.algorithm)
+        t_ctx, ctx_exposed = context_seconds(a.context, a, alpha, beta)
+        step += ctx_exposed
+        eff = compute / step
         lat = latency_seconds(p, alpha, k, a.algorithm) + (latency_seconds(p, alpha, k, "ring") / 2 if a.zero else 0)
         per = bytes_per_param(p, a.zero)
-        row = (f"| {p} | {t_ar * 1e3:.3f} | {lat * 1e3:.3f} | {(t_ar - lat) * 1e3:.3f} | {exposed * 1e3:.3f} | "
+        label = f"{p} ({p // a.context} x {a.context})" if a.context > 1 else f"{p}"
+        row = (f"| {label} | {t_ar * 1e3:.3f} | {lat * 1e3:.3f} | {(t_ar - lat) * 1e3:.3f} | {exposed * 1e3:.3f} | "
                f"{step * 1e3:.1f} | {100 * eff:.2f}% | {per:.3f} | {per * a.params / 1e9:.2f} |")
+        if a.context > 1:
+            row += f" {t_ctx * 1e3:.3f} | {ctx_exposed * 1e3:.3f} |"
         if a.tokens_per_rank > 0:
             row += f" {p * a.tokens_per_rank / step:,.0f} |"
         print(row)
