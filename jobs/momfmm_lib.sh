@@ -2,15 +2,19 @@
 # The functions the job scripts share (train.sbatch, train_srun.sbatch,
 # sweep.sbatch, experiments.sbatch; tools/run_experiments.sh uses run_step and
 # ini_steps). Sourced, never run: each job script reads it again at every start,
-# so a requeued job starts with the library as it is then. Sourcing only
-# defines functions. The caller sets `me` (its name, for messages) first.
+# so a requeued job starts with the library as it is then. The caller sets
+# `me` (its name, for messages) first.
 #
 # How a job script finds this file (the same block in each, checked by
 # tests/slurm/test_slurm.sh): Slurm runs a spooled copy of the script, so it is
 # $MOMFMM_JOBS_LIB if set; else momfmm_lib.sh beside the script as run (a
 # script run in place: bash jobs/train.sbatch); else beside the script as
 # submitted (the Command of `scontrol show job`, less the arguments); else
-# jobs/momfmm_lib.sh of the submit directory.
+# jobs/momfmm_lib.sh of the submit directory. Sourcing sets MOMFMM_JOBS_DIR
+# (this file's directory) and defines functions.
+
+# The directory of this file, absolute (a job script may change directory after sourcing it)
+MOMFMM_JOBS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # shellcheck disable=SC2154 # me: set by the caller
 die() { echo "$me: $*" >&2; exit 2; }
@@ -120,6 +124,18 @@ find_binary() {
         die "momfmm binary ${bin:-momfmm} not found: set MOMFMM, build build/momfmm (cmake --build build) or put an installed momfmm on PATH"
 }
 
+# find_wrapper: the launcher tools/momfmm-mpirun into `wrapper`: beside this
+# file's jobs/ directory (a source tree, or DIR/share/momfmm of an
+# installation, which holds tools/ and jobs/ alike), else momfmm-mpirun on
+# PATH; exits 2 if there is none.
+find_wrapper() {
+    wrapper=$(cd "$MOMFMM_JOBS_DIR/../tools" 2>/dev/null && pwd)/momfmm-mpirun
+    if [ ! -x "$wrapper" ]; then
+        wrapper=$(command -v momfmm-mpirun) ||
+            die "momfmm-mpirun not found: neither $MOMFMM_JOBS_DIR/../tools/momfmm-mpirun nor on PATH"
+    fi
+}
+
 # set_launcher mpirun|srun: ranks x threads of this start (one rank per task,
 # cpus-per-task threads per rank; `ranks` = slurm_ranks) and the launcher
 # command into the array `launch`.
@@ -146,7 +162,11 @@ set_launcher() {
         # sequence (SIGTERM, then SIGKILL) gives the ranks this long per stage
         # to write the checkpoint of their last finished step (docs/cli.md §5)
         export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-5}
-        launch=(mpirun "${flags[@]}" -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS) ;;
+        # mpirun ($MOMFMM_MPIRUN) through the one launcher of momfmm-mpirun:
+        # stop requests, faults ended in bounded time (MOMFMM_LAUNCHER_GRACE),
+        # the ranks' status (docs/cli.md §5)
+        find_wrapper
+        launch=("$wrapper" "${flags[@]}" -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS) ;;
     srun)
         # Since Slurm 22.05 srun does not take --cpus-per-task from the allocation by itself.
         export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
@@ -177,8 +197,9 @@ log_start() {
 
 # run_step OUT_DIR LOG GROUP COMMAND...: runs COMMAND in the background, its
 # output appended to LOG (none: LOG empty), in a process group of its own if
-# GROUP is 1, and waits for it, ending it in bounded time once its ranks on
-# this host have exited (guard_launcher); sets `rc` to its exit status. The caller's
+# GROUP is 1, and waits for it; sets `rc` to its exit status. (The job
+# scripts' COMMAND is tools/momfmm-mpirun, which ends mpirun in bounded time
+# once its ranks on this host have exited.) The caller's
 # traps set `caught` and send SIGUSR1 to `step_pid` (docs/cli.md §5: momfmm
 # checkpoints the last finished step, writes OUT_DIR/STOPPED and exits 0). A
 # launcher drops a signal that comes before it has started the ranks (mpirun
@@ -196,8 +217,6 @@ run_step() {
     fi
     step_pid=$!
     set +m
-    guard_launcher "$step_pid" &
-    local guard=$!
     [ -n "$caught" ] && kill -USR1 "$step_pid" 2>/dev/null
     # wait returns early whenever a trapped signal arrives: wait until the step is gone
     wait "$step_pid"
@@ -215,8 +234,6 @@ run_step() {
     r=$?
     [ "$r" -ne 127 ] && rc=$r
     step_pid=
-    kill "$guard" 2>/dev/null
-    wait "$guard" 2>/dev/null
 }
 
 # forward SIG: the job scripts' trap: USR1 (time limit or preemption), TERM (scancel).
@@ -286,48 +303,4 @@ train_job() {
     job_step "$out_dir"
     requeue_if_stopped "$out_dir" ""
     exit "$rc"
-}
-
-# guard_launcher PID: ends the launcher PID (mpirun) in bounded time once
-# its ranks on this host have exited. mpirun (Open MPI 4.1.4) outlives its
-# ranks when a host stops answering: after the ranks here have exited
-# (dist.timeout, exit 5; docs/design.md §8.11) it waits forever for the daemon
-# of a host whose link is down. So once every rank this launcher started on
-# this host has exited (a descendant with OMPI_COMM_WORLD_RANK in its
-# environment), it gets MOMFMM_LAUNCHER_GRACE seconds (default 30) to end,
-# then SIGTERM, and SIGKILL 10 s later. Returns when PID has ended. srun's
-# tasks are not its descendants: Slurm itself ends those steps.
-guard_launcher() {
-    local launcher=$1 grace=${MOMFMM_LAUNCHER_GRACE:-30} seen= gone_since= now
-    while kill -0 "$launcher" 2>/dev/null; do
-        sleep 1
-        if local_ranks "$launcher"; then
-            seen=1
-            gone_since=
-            continue
-        fi
-        [ -n "$seen" ] || continue
-        now=$(date +%s)
-        gone_since=${gone_since:-$now}
-        [ $((now - gone_since)) -ge "$grace" ] || continue
-        echo "${me:-guard_launcher}: the ranks on $(hostname) have exited, the launcher (pid $launcher) has not after ${grace} s: SIGTERM, SIGKILL 10 s later" >&2
-        kill -TERM "$launcher" 2>/dev/null
-        for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$launcher" 2>/dev/null && sleep 1; done
-        kill -KILL "$launcher" 2>/dev/null
-        return 0
-    done
-}
-
-# local_ranks PID: true while a descendant of PID is an MPI rank (its
-# environment holds OMPI_COMM_WORLD_RANK).
-local_ranks() {
-    local pid
-    for pid in $(ps -e -o pid= -o ppid= | awk -v root="$1" '
-        { parent[$1] = $2 }
-        END { for (p in parent) { q = p; while (q in parent && q != root && q > 1) q = parent[q]; if (q == root && p != root) print p } }'); do
-        # 2>/dev/null first: a zombie's environ cannot be opened (ESRCH), and
-        # the redirection's message would land in the job's output every second
-        tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -q '^OMPI_COMM_WORLD_RANK=' && return 0
-    done
-    return 1
 }
