@@ -11,7 +11,7 @@
 # script run in place: bash jobs/train.sbatch); else beside the script as
 # submitted (the Command of `scontrol show job`, less the arguments); else
 # jobs/momfmm_lib.sh of the submit directory. Sourcing sets MOMFMM_JOBS_DIR
-# (this file's directory) and defines functions.
+# (this file's directory) and SLURM_VARIABLES and defines functions.
 
 # The directory of this file, absolute (a job script may change directory after sourcing it)
 MOMFMM_JOBS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -20,35 +20,114 @@ MOMFMM_JOBS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 die() { echo "$me: $*" >&2; exit 2; }
 
 # The rank count of this start: the sum of SLURM_TASKS_PER_NODE ("4", "2(x3),1"),
-# else SLURM_NTASKS. Not SLURM_NTASKS first: after `scontrol update JobId=ID
+# else SLURM_NTASKS, else "?" (mpirun, outside an allocation, takes -np from
+# MPIRUN_FLAGS). Not SLURM_NTASKS first: after `scontrol update JobId=ID
 # NumTasks=N` on a requeued job, SLURM_NTASKS (and SLURM_NPROCS) still hold the
 # submitted count, and srun, which reads them, would start that many tasks.
+# Both are checked by check_slurm_env first.
 slurm_ranks() {
     local n=0 e per_node
     IFS=, read -r -a per_node <<<"${SLURM_TASKS_PER_NODE:-}"
     for e in "${per_node[@]}"; do
         if [[ $e =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
-            n=$((n + BASH_REMATCH[1] * BASH_REMATCH[2]))
-        elif [[ $e =~ ^[0-9]+$ ]]; then
-            n=$((n + e))
+            n=$((n + 10#${BASH_REMATCH[1]} * 10#${BASH_REMATCH[2]}))
         else
-            n=0
-            break
+            n=$((n + 10#$e))
         fi
     done
     if [ "$n" -gt 0 ]; then echo "$n"; else echo "${SLURM_NTASKS:-?}"; fi
 }
 
+# What each SLURM_* variable that the job scripts (and this file) read must
+# hold when it is set: NAME KIND WHAT, one per line. Slurm writes every one
+# of them well formed; a value set by hand (a job script run outside Slurm,
+# or a site's wrapper) that is not stops the job with one line naming the
+# variable and its value, exit 2 (check_slurm_env), before anything starts:
+# no "unbound variable", no mpirun without a task count, no thread count
+# that momfmm cannot start with.
+SLURM_VARIABLES='SLURM_JOB_ID id a job id, a whole number from 1
+SLURM_ARRAY_JOB_ID id an array job id, a whole number from 1
+SLURM_ARRAY_TASK_ID index an array task index, a whole number from 0
+SLURM_RESTART_COUNT index a restart count, a whole number from 0
+SLURM_NTASKS count a task count, a whole number from 1
+SLURM_TASKS_PER_NODE per_node tasks per node as Slurm writes them (4, or 2(x3),1), at least 1 in all
+SLURM_CPUS_PER_TASK cpus CPUs per task, a whole number from 1 to this node'"'"'s CPU count
+SLURM_OVERCOMMIT flag 0 or 1
+SLURM_JOB_NAME name a job name: not empty, no / and no control character (it names the run directory)
+SLURM_SUBMIT_DIR dir an absolute path of an existing directory
+SLURM_JOB_NODELIST nodes a node list: not empty, no blank and no control character'
+
+# node_cpus: this node's CPU count (the most threads a rank may get here).
+node_cpus() {
+    local n
+    n=$(getconf _NPROCESSORS_ONLN 2>/dev/null)
+    [[ $n =~ ^[1-9][0-9]{0,5}$ ]] || n=1
+    echo "$n"
+}
+
+# slurm_value_ok KIND VALUE: true if VALUE is a well-formed value of KIND
+# (SLURM_VARIABLES). Numbers: decimal without a leading zero (bash's
+# arithmetic would read 010 as octal, 08 as an error), at most 10 digits.
+slurm_value_ok() {
+    local kind=$1 v=$2 e total=0 per_node
+    case $kind in
+    id | count) [[ $v =~ ^[1-9][0-9]{0,9}$ ]] ;;
+    index) [[ $v =~ ^(0|[1-9][0-9]{0,9})$ ]] ;;
+    cpus) [[ $v =~ ^[1-9][0-9]{0,5}$ ]] && [ "$v" -le "$(node_cpus)" ] ;;
+    flag) [[ $v =~ ^[01]$ ]] ;;
+    per_node)
+        IFS=, read -r -a per_node <<<"$v"
+        [ -n "$v" ] && [[ $v != *, && $v != ,* && $v != *[[:cntrl:]]* ]] || return 1
+        for e in "${per_node[@]}"; do
+            if [[ $e =~ ^(0|[1-9][0-9]{0,6})\(x([1-9][0-9]{0,6})\)$ ]]; then
+                total=$((total + BASH_REMATCH[1] * BASH_REMATCH[2]))
+            elif [[ $e =~ ^(0|[1-9][0-9]{0,6})$ ]]; then
+                total=$((total + e))
+            else
+                return 1
+            fi
+        done
+        [ "$total" -gt 0 ] ;;
+    name) [ -n "$v" ] && [[ $v != */* && $v != *[[:cntrl:]]* ]] ;;
+    dir) [[ $v == /* ]] && [ -d "$v" ] ;;
+    nodes) [ -n "$v" ] && [[ $v != *[[:space:][:cntrl:]]* ]] ;;
+    *) return 1 ;;
+    esac
+}
+
+# check_slurm_env: exits 2 on the first SLURM_* variable of SLURM_VARIABLES
+# that is set to a value Slurm would not write (one line: the variable, its
+# value, what it must be).
+check_slurm_env() {
+    local name kind what value
+    while read -r name kind what; do
+        [ -n "${!name+set}" ] || continue
+        value=${!name}
+        slurm_value_ok "$kind" "$value" && continue
+        [ "$kind" = cpus ] && what="${what%this node*}this node's CPU count ($(node_cpus))"
+        value=${value//[[:cntrl:]]/?}
+        die "$name='$value': expected $what"
+    done <<<"$SLURM_VARIABLES"
+}
+
+# need_slurm NAME WHY: exits 2 unless the variable NAME is set (WHY: what it is for).
+need_slurm() {
+    [ -n "${!1+set}" ] || die "$1 is not set: $2 (Slurm sets it in every job; set it when running a job script by hand)"
+}
+
 # require_job ARGS: exits 2 unless inside a Slurm job (ARGS: the script's
-# arguments, for the message).
+# arguments, for the message), or if a SLURM_* value is not well formed
+# (check_slurm_env).
 require_job() {
-    [ -n "${SLURM_JOB_ID:-}" ] || die "not inside a Slurm job: submit with 'sbatch jobs/$me${1:+ $1}'"
+    [ -n "${SLURM_JOB_ID+set}" ] ||
+        die "not inside a Slurm job (SLURM_JOB_ID is not set): submit with 'sbatch jobs/$me${1:+ $1}'"
+    check_slurm_env
 }
 
 # require_array_job WHAT: exits 2 unless an array task (WHAT: what the lines are).
 require_array_job() {
-    [ -n "${SLURM_ARRAY_TASK_ID:-}" ] ||
-        die "not an array job: submit with sbatch --array=0-N (N+1 = number of $1 lines)"
+    [ -n "${SLURM_ARRAY_TASK_ID+set}" ] ||
+        die "not an array job (SLURM_ARRAY_TASK_ID is not set): submit with sbatch --array=0-N (N+1 = number of $1 lines)"
 }
 
 # read_lines FILE: FILE's lines into the array `lines`, without blank lines and
@@ -293,6 +372,7 @@ train_job() {
     shift
     [ -r "$config" ] || die "config $config: not readable from $(pwd)"
     parse_options "" "$@"
+    [ -n "$out_dir_set" ] || need_slurm SLURM_JOB_NAME "the run directory is MOMFMM_RUNS/<job name>-<job id>"
     out_dir=${out_dir_set:-${MOMFMM_RUNS:-runs}/${SLURM_JOB_NAME}-${SLURM_JOB_ID}}
     mkdir -p "$out_dir" || die "cannot create run directory $out_dir"
     set_resume_arg "$out_dir"
