@@ -16,8 +16,9 @@ bed, with a link cut, a host frozen, a rank killed: test_multihost.py::TestFault
   and every rank within 8 s (its watcher: SIGUSR1, SIGUSR2 2 s later,
   SIGKILL 2 s after that) and every checkpoint left loads; SIGHUP stops the
   run with the checkpoint of the last finished step, exit 0.
-- TestIgnoredSignal: started with & by a shell script, which starts it with
-  SIGINT ignored: kill -INT stops the run with a checkpoint, exit 0.
+- TestIgnoredSignal: started with & and nohup by a shell script, which
+  starts it with SIGINT and SIGHUP ignored: SIGHUP stays ignored (nohup's
+  purpose), kill -INT stops the run with a checkpoint, exit 0.
 - TestRankError: 3 ranks, dist.timeout = 3, rank 1 SIGSTOPped: a rank's
   dist.timeout line is on the launcher's stderr before the launcher exits,
   within dist.timeout + 3 s of the SIGSTOP; exit 5 and no Open MPI banner.
@@ -132,7 +133,8 @@ class TestHungMpirun:
         report.check("hung mpirun: the rank's line on the launcher's stderr within 1.5 s of its writing, "
                      "long before mpirun ends", t_line is not None and t_line - job.t0 < 3.0 and
                      t_guard is not None and t_line < t_guard,
-                     f"line at {t_line and t_line - job.t0}, guard at {t_guard and t_guard - job.t0}: {job.text('err')}")
+                     f"line at {t_line and t_line - job.t0}, guard at {t_guard and t_guard - job.t0}: "
+                     f"{job.text('err')}")
         # the rank exits at 1.5 s; the launcher sees it gone within 1 s and waits the grace
         report.check(f"hung mpirun: ended within 1.5 + {self.GRACE} + 1 + 1.5 s, exit 5, one line of the launcher",
                      rc == 5 and took < 1.5 + self.GRACE + 1 + 1.5 and guard is not None and guard.endswith("exit 5")
@@ -237,18 +239,21 @@ class TestOwnDeath:
 
 class TestIgnoredSignal:
     def test_background_sigint(self, momfmm, workdir, report):
-        probe = run(["bash", "-c", "grep ^SigIgn: /proc/self/status & wait"])
+        probe = run(["bash", "-c", "nohup grep ^SigIgn: /proc/self/status & wait"])
         ignored = int(probe.stdout.split()[1], 16) if probe.stdout else 0
-        report.check("premise: a shell script starts a command with & with SIGINT ignored",
-                     ignored & (1 << (signal.SIGINT - 1)), probe.stdout)
+        report.check("premise: a shell script starts `nohup command &` with SIGINT and SIGHUP ignored",
+                     ignored & (1 << (signal.SIGINT - 1)) and ignored & (1 << (signal.SIGHUP - 1)), probe.stdout)
         ini, out_dir, e = slow_run(workdir, "background_sigint")
         pidfile = os.path.join(workdir, "background_sigint.pid")
-        script = f'"$@" & echo $! > {pidfile}; wait $!'
+        script = f'nohup "$@" & echo $! > {pidfile}; wait $!'
         job = Launched(["bash", "-c", script, "_", LAUNCHER] + MPIRUN[1:] + ["-np", "2", momfmm, "train", ini], e)
         try:
             assert job.wait_for("out", r"^step 1/", 60), f"the run started: {job.text('err')[-300:]}"
             launcher = int(open(pidfile).read())
-            time.sleep(0.5)
+            os.kill(launcher, signal.SIGHUP)
+            time.sleep(1.0)
+            report.check("started with nohup: SIGHUP stays ignored", job.proc.poll() is None and "SIGHUP" not in
+                         job.text("err"), job.text("err")[-300:])
             sent = time.time()
             os.kill(launcher, signal.SIGINT)
             rc = job.wait(STEP_MS / 1000 + 20)
