@@ -14,7 +14,8 @@ bed, with a link cut, a host frozen, a rank killed: test_multihost.py::TestFault
 - TestOwnDeath: 2 ranks of momfmm with steps of 2 s (nothing printed
   meanwhile): SIGKILL to the launcher, and to its process group, ends mpirun
   and every rank within 8 s (its watcher: SIGUSR1, SIGUSR2 2 s later,
-  SIGKILL 2 s after that) and every checkpoint left loads; SIGHUP stops the
+  SIGKILL 2 s after that), the SIGUSR1 wrote the checkpoint of the last
+  finished step (STOPPED) and every checkpoint left loads; SIGHUP stops the
   run with the checkpoint of the last finished step, exit 0.
 - TestIgnoredSignal: started with & and nohup by a shell script, which
   starts it with SIGINT and SIGHUP ignored: SIGHUP stays ignored (nohup's
@@ -209,6 +210,10 @@ class TestOwnDeath:
                      "mpirun" in job.text("err"), job.text("err")[-400:])
         ok, bad = all_load(momfmm, out_dir)
         report.check(f"{name}: every checkpoint left loads", ok, f"{bad}")
+        stopped = os.path.join(out_dir, "STOPPED")
+        marker = open(stopped).read() if os.path.exists(stopped) else ""
+        report.check(f"{name}: the watcher's SIGUSR1 wrote the checkpoint of the last finished step (STOPPED)",
+                     marker.startswith("signal 10: checkpoint "), repr(marker))
 
     def test_sigkill(self, momfmm, workdir, report):
         self.killed(momfmm, workdir, report, "sigkill_launcher", lambda job: job.proc.kill())
