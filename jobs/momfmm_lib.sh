@@ -2,49 +2,132 @@
 # The functions the job scripts share (train.sbatch, train_srun.sbatch,
 # sweep.sbatch, experiments.sbatch; tools/run_experiments.sh uses run_step and
 # ini_steps). Sourced, never run: each job script reads it again at every start,
-# so a requeued job starts with the library as it is then. Sourcing only
-# defines functions. The caller sets `me` (its name, for messages) first.
+# so a requeued job starts with the library as it is then. The caller sets
+# `me` (its name, for messages) first.
 #
 # How a job script finds this file (the same block in each, checked by
 # tests/slurm/test_slurm.sh): Slurm runs a spooled copy of the script, so it is
 # $MOMFMM_JOBS_LIB if set; else momfmm_lib.sh beside the script as run (a
 # script run in place: bash jobs/train.sbatch); else beside the script as
 # submitted (the Command of `scontrol show job`, less the arguments); else
-# jobs/momfmm_lib.sh of the submit directory.
+# jobs/momfmm_lib.sh of the submit directory. Sourcing sets MOMFMM_JOBS_DIR
+# (this file's directory) and SLURM_VARIABLES and defines functions.
+
+# The directory of this file, absolute (a job script may change directory after sourcing it)
+MOMFMM_JOBS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # shellcheck disable=SC2154 # me: set by the caller
 die() { echo "$me: $*" >&2; exit 2; }
 
 # The rank count of this start: the sum of SLURM_TASKS_PER_NODE ("4", "2(x3),1"),
-# else SLURM_NTASKS. Not SLURM_NTASKS first: after `scontrol update JobId=ID
+# else SLURM_NTASKS, else "?" (mpirun, outside an allocation, takes -np from
+# MPIRUN_FLAGS). Not SLURM_NTASKS first: after `scontrol update JobId=ID
 # NumTasks=N` on a requeued job, SLURM_NTASKS (and SLURM_NPROCS) still hold the
 # submitted count, and srun, which reads them, would start that many tasks.
+# Both are checked by check_slurm_env first.
 slurm_ranks() {
     local n=0 e per_node
     IFS=, read -r -a per_node <<<"${SLURM_TASKS_PER_NODE:-}"
     for e in "${per_node[@]}"; do
         if [[ $e =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
-            n=$((n + BASH_REMATCH[1] * BASH_REMATCH[2]))
-        elif [[ $e =~ ^[0-9]+$ ]]; then
-            n=$((n + e))
+            n=$((n + 10#${BASH_REMATCH[1]} * 10#${BASH_REMATCH[2]}))
         else
-            n=0
-            break
+            n=$((n + 10#$e))
         fi
     done
     if [ "$n" -gt 0 ]; then echo "$n"; else echo "${SLURM_NTASKS:-?}"; fi
 }
 
+# What each SLURM_* variable that the job scripts (and this file) read must
+# hold when it is set: NAME KIND WHAT, one per line. Slurm writes every one
+# of them well formed; a value set by hand (a job script run outside Slurm,
+# or a site's wrapper) that is not stops the job with one line naming the
+# variable and its value, exit 2 (check_slurm_env), before anything starts:
+# no "unbound variable", no mpirun without a task count, no thread count
+# that momfmm cannot start with.
+SLURM_VARIABLES='SLURM_JOB_ID id a job id, a whole number from 1
+SLURM_ARRAY_JOB_ID id an array job id, a whole number from 1
+SLURM_ARRAY_TASK_ID index an array task index, a whole number from 0
+SLURM_RESTART_COUNT index a restart count, a whole number from 0
+SLURM_NTASKS count a task count, a whole number from 1
+SLURM_TASKS_PER_NODE per_node tasks per node as Slurm writes them (4, or 2(x3),1), at least 1 in all
+SLURM_CPUS_PER_TASK cpus CPUs per task, a whole number from 1 to this node'"'"'s CPU count
+SLURM_OVERCOMMIT flag 0 or 1
+SLURM_JOB_NAME name a job name: not empty, no / and no control character (it names the run directory)
+SLURM_SUBMIT_DIR dir an absolute path of an existing directory
+SLURM_JOB_NODELIST nodes a node list: not empty, no blank and no control character'
+
+# node_cpus: this node's CPU count (the most threads a rank may get here).
+node_cpus() {
+    local n
+    n=$(getconf _NPROCESSORS_ONLN 2>/dev/null)
+    [[ $n =~ ^[1-9][0-9]{0,5}$ ]] || n=1
+    echo "$n"
+}
+
+# slurm_value_ok KIND VALUE: true if VALUE is a well-formed value of KIND
+# (SLURM_VARIABLES). Numbers: decimal without a leading zero (bash's
+# arithmetic would read 010 as octal, 08 as an error), at most 10 digits.
+slurm_value_ok() {
+    local kind=$1 v=$2 e total=0 per_node
+    case $kind in
+    id | count) [[ $v =~ ^[1-9][0-9]{0,9}$ ]] ;;
+    index) [[ $v =~ ^(0|[1-9][0-9]{0,9})$ ]] ;;
+    cpus) [[ $v =~ ^[1-9][0-9]{0,5}$ ]] && [ "$v" -le "$(node_cpus)" ] ;;
+    flag) [[ $v =~ ^[01]$ ]] ;;
+    per_node)
+        IFS=, read -r -a per_node <<<"$v"
+        [ -n "$v" ] && [[ $v != *, && $v != ,* && $v != *[[:cntrl:]]* ]] || return 1
+        for e in "${per_node[@]}"; do
+            if [[ $e =~ ^(0|[1-9][0-9]{0,6})\(x([1-9][0-9]{0,6})\)$ ]]; then
+                total=$((total + BASH_REMATCH[1] * BASH_REMATCH[2]))
+            elif [[ $e =~ ^(0|[1-9][0-9]{0,6})$ ]]; then
+                total=$((total + e))
+            else
+                return 1
+            fi
+        done
+        [ "$total" -gt 0 ] ;;
+    name) [ -n "$v" ] && [[ $v != */* && $v != *[[:cntrl:]]* ]] ;;
+    dir) [[ $v == /* ]] && [ -d "$v" ] ;;
+    nodes) [ -n "$v" ] && [[ $v != *[[:space:][:cntrl:]]* ]] ;;
+    *) return 1 ;;
+    esac
+}
+
+# check_slurm_env: exits 2 on the first SLURM_* variable of SLURM_VARIABLES
+# that is set to a value Slurm would not write (one line: the variable, its
+# value, what it must be).
+check_slurm_env() {
+    local name kind what value
+    while read -r name kind what; do
+        [ -n "${!name+set}" ] || continue
+        value=${!name}
+        slurm_value_ok "$kind" "$value" && continue
+        [ "$kind" = cpus ] && what="${what%this node*}this node's CPU count ($(node_cpus))"
+        value=${value//[[:cntrl:]]/?}
+        die "$name='$value': expected $what"
+    done <<<"$SLURM_VARIABLES"
+}
+
+# need_slurm NAME WHY: exits 2 unless the variable NAME is set (WHY: what it is for).
+need_slurm() {
+    [ -n "${!1+set}" ] || die "$1 is not set: $2 (Slurm sets it in every job; set it when running a job script by hand)"
+}
+
 # require_job ARGS: exits 2 unless inside a Slurm job (ARGS: the script's
-# arguments, for the message).
+# arguments, for the message), or if a SLURM_* value is not well formed
+# (check_slurm_env).
 require_job() {
-    [ -n "${SLURM_JOB_ID:-}" ] || die "not inside a Slurm job: submit with 'sbatch jobs/$me${1:+ $1}'"
+    [ -n "${SLURM_JOB_ID+set}" ] ||
+        die "not inside a Slurm job (SLURM_JOB_ID is not set): submit with 'sbatch jobs/$me${1:+ $1}'"
+    check_slurm_env
 }
 
 # require_array_job WHAT: exits 2 unless an array task (WHAT: what the lines are).
 require_array_job() {
-    [ -n "${SLURM_ARRAY_TASK_ID:-}" ] ||
-        die "not an array job: submit with sbatch --array=0-N (N+1 = number of $1 lines)"
+    [ -n "${SLURM_ARRAY_TASK_ID+set}" ] ||
+        die "not an array job (SLURM_ARRAY_TASK_ID is not set): submit with sbatch --array=0-N (N+1 = number of $1 lines)"
 }
 
 # read_lines FILE: FILE's lines into the array `lines`, without blank lines and
@@ -120,6 +203,18 @@ find_binary() {
         die "momfmm binary ${bin:-momfmm} not found: set MOMFMM, build build/momfmm (cmake --build build) or put an installed momfmm on PATH"
 }
 
+# find_wrapper: the launcher tools/momfmm-mpirun into `wrapper`: beside this
+# file's jobs/ directory (a source tree, or DIR/share/momfmm of an
+# installation, which holds tools/ and jobs/ alike), else momfmm-mpirun on
+# PATH; exits 2 if there is none.
+find_wrapper() {
+    wrapper=$(cd "$MOMFMM_JOBS_DIR/../tools" 2>/dev/null && pwd)/momfmm-mpirun
+    if [ ! -x "$wrapper" ]; then
+        wrapper=$(command -v momfmm-mpirun) ||
+            die "momfmm-mpirun not found: neither $MOMFMM_JOBS_DIR/../tools/momfmm-mpirun nor on PATH"
+    fi
+}
+
 # set_launcher mpirun|srun: ranks x threads of this start (one rank per task,
 # cpus-per-task threads per rank; `ranks` = slurm_ranks) and the launcher
 # command into the array `launch`.
@@ -146,7 +241,11 @@ set_launcher() {
         # sequence (SIGTERM, then SIGKILL) gives the ranks this long per stage
         # to write the checkpoint of their last finished step (docs/cli.md §5)
         export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-5}
-        launch=(mpirun "${flags[@]}" -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS) ;;
+        # mpirun ($MOMFMM_MPIRUN) through the one launcher of momfmm-mpirun:
+        # stop requests, faults ended in bounded time (MOMFMM_LAUNCHER_GRACE),
+        # the ranks' status (docs/cli.md §5)
+        find_wrapper
+        launch=("$wrapper" "${flags[@]}" -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS) ;;
     srun)
         # Since Slurm 22.05 srun does not take --cpus-per-task from the allocation by itself.
         export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
@@ -177,8 +276,9 @@ log_start() {
 
 # run_step OUT_DIR LOG GROUP COMMAND...: runs COMMAND in the background, its
 # output appended to LOG (none: LOG empty), in a process group of its own if
-# GROUP is 1, and waits for it, ending it in bounded time once its ranks on
-# this host have exited (guard_launcher); sets `rc` to its exit status. The caller's
+# GROUP is 1, and waits for it; sets `rc` to its exit status. (The job
+# scripts' COMMAND is tools/momfmm-mpirun, which ends mpirun in bounded time
+# once its ranks on this host have exited.) The caller's
 # traps set `caught` and send SIGUSR1 to `step_pid` (docs/cli.md §5: momfmm
 # checkpoints the last finished step, writes OUT_DIR/STOPPED and exits 0). A
 # launcher drops a signal that comes before it has started the ranks (mpirun
@@ -196,8 +296,6 @@ run_step() {
     fi
     step_pid=$!
     set +m
-    guard_launcher "$step_pid" &
-    local guard=$!
     [ -n "$caught" ] && kill -USR1 "$step_pid" 2>/dev/null
     # wait returns early whenever a trapped signal arrives: wait until the step is gone
     wait "$step_pid"
@@ -215,8 +313,6 @@ run_step() {
     r=$?
     [ "$r" -ne 127 ] && rc=$r
     step_pid=
-    kill "$guard" 2>/dev/null
-    wait "$guard" 2>/dev/null
 }
 
 # forward SIG: the job scripts' trap: USR1 (time limit or preemption), TERM (scancel).
@@ -276,6 +372,7 @@ train_job() {
     shift
     [ -r "$config" ] || die "config $config: not readable from $(pwd)"
     parse_options "" "$@"
+    [ -n "$out_dir_set" ] || need_slurm SLURM_JOB_NAME "the run directory is MOMFMM_RUNS/<job name>-<job id>"
     out_dir=${out_dir_set:-${MOMFMM_RUNS:-runs}/${SLURM_JOB_NAME}-${SLURM_JOB_ID}}
     mkdir -p "$out_dir" || die "cannot create run directory $out_dir"
     set_resume_arg "$out_dir"
@@ -286,48 +383,4 @@ train_job() {
     job_step "$out_dir"
     requeue_if_stopped "$out_dir" ""
     exit "$rc"
-}
-
-# guard_launcher PID: ends the launcher PID (mpirun) in bounded time once
-# its ranks on this host have exited. mpirun (Open MPI 4.1.4) outlives its
-# ranks when a host stops answering: after the ranks here have exited
-# (dist.timeout, exit 5; docs/design.md §8.11) it waits forever for the daemon
-# of a host whose link is down. So once every rank this launcher started on
-# this host has exited (a descendant with OMPI_COMM_WORLD_RANK in its
-# environment), it gets MOMFMM_LAUNCHER_GRACE seconds (default 30) to end,
-# then SIGTERM, and SIGKILL 10 s later. Returns when PID has ended. srun's
-# tasks are not its descendants: Slurm itself ends those steps.
-guard_launcher() {
-    local launcher=$1 grace=${MOMFMM_LAUNCHER_GRACE:-30} seen= gone_since= now
-    while kill -0 "$launcher" 2>/dev/null; do
-        sleep 1
-        if local_ranks "$launcher"; then
-            seen=1
-            gone_since=
-            continue
-        fi
-        [ -n "$seen" ] || continue
-        now=$(date +%s)
-        gone_since=${gone_since:-$now}
-        [ $((now - gone_since)) -ge "$grace" ] || continue
-        echo "${me:-guard_launcher}: the ranks on $(hostname) have exited, the launcher (pid $launcher) has not after ${grace} s: SIGTERM, SIGKILL 10 s later" >&2
-        kill -TERM "$launcher" 2>/dev/null
-        for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$launcher" 2>/dev/null && sleep 1; done
-        kill -KILL "$launcher" 2>/dev/null
-        return 0
-    done
-}
-
-# local_ranks PID: true while a descendant of PID is an MPI rank (its
-# environment holds OMPI_COMM_WORLD_RANK).
-local_ranks() {
-    local pid
-    for pid in $(ps -e -o pid= -o ppid= | awk -v root="$1" '
-        { parent[$1] = $2 }
-        END { for (p in parent) { q = p; while (q in parent && q != root && q > 1) q = parent[q]; if (q == root && p != root) print p } }'); do
-        # 2>/dev/null first: a zombie's environ cannot be opened (ESRCH), and
-        # the redirection's message would land in the job's output every second
-        tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -q '^OMPI_COMM_WORLD_RANK=' && return 0
-    done
-    return 1
 }

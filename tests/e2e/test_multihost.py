@@ -15,10 +15,12 @@ by hand the same:
   together across hosts (MPI-IO, zero 1); resuming its step-6 checkpoint on
   the same 4 hosts ends bitwise equal to the uninterrupted run, and on 3
   hosts within 1e-5.
-- TestFaults: a host's link down, a rank stopped (also mid-checkpoint), a
-  host's processes killed: the survivors end within dist.timeout, mpirun in
-  bounded time (jobs/launch_guard.sh), the checkpoints load and `--resume
-  auto` continues on the surviving host (the class's docstring).
+- TestFaults: under the launcher tools/momfmm-mpirun, a host's link down, a
+  rank stopped (also mid-checkpoint), a host's processes stopped, a rank
+  killed, a host's processes killed: the survivors end within dist.timeout,
+  the launcher within dist.timeout + its grace with the ranks' status (5, or
+  137 for a killed rank) and their line on its stderr, the checkpoints load
+  and `--resume auto` continues on the surviving host (the class's docstring).
 """
 import glob
 import os
@@ -36,6 +38,7 @@ from netbed import Bed
 from processes import kill_session, rank_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LAUNCHER = os.path.join(ROOT, "tools", "momfmm-mpirun")
 
 STEPS = 12
 LOSS_RTOL = 1e-6
@@ -152,11 +155,18 @@ class TestEquality:
         report.check("no temporary file left", not glob.glob(os.path.join(workdir, "resume_*", "*.tmp*")))
 
 
-# Faults: dist.timeout of the tests, the launcher's grace (jobs/launch_guard.sh)
-# and the margin allowed for a step or checkpoint in progress and the polling.
+# Faults: dist.timeout of the tests, the launcher's grace (MOMFMM_LAUNCHER_GRACE
+# of tools/momfmm-mpirun: then it kills mpirun), and the margin allowed for a
+# step or checkpoint in progress and the polling.
 TIMEOUT = 10
 GRACE = 5
 MARGIN = 8
+# The launcher's status per fault (docs/cli.md §5): a peer that did not
+# answer is 5, as the ranks say; a rank killed by SIGKILL is 137, as mpirun
+# says (the job ends at once: its daemon reports the death); a host whose
+# processes are killed is 5 (mpirun loses its daemon there and ends the job
+# at once with a status of its own, 9, which the launcher replaces).
+STATUS = {"link_down": 5, "sigstop": 5, "sigstop_in_save": 5, "sigstop_host": 5, "sigkill_rank": 137, "sigkill_host": 5}
 
 
 def rank_pids(bed, host):
@@ -183,17 +193,20 @@ def checkpoints(out_dir):
 
 
 class TestFaults:
-    """2 hosts x 2 ranks, dist.zero 1 (every rank writes the checkpoints);
+    """2 hosts x 2 ranks, dist.zero 1 (every rank writes the checkpoints),
+    launched by tools/momfmm-mpirun on host 1 (MOMFMM_LAUNCHER_GRACE = 5);
     after a second checkpoint, host 2's link goes down, rank 3 (on host 2) is
-    SIGSTOPped (also while the ranks write a checkpoint together), or every
-    process of host 2 is SIGKILLed. The ranks on host 1
-    end within dist.timeout (+ margin); with the link down or the rank
-    stopped, they print the one dist.timeout line naming the step, the
-    operation, their host and who did not answer (ranks 2 and 3 on host 2,
-    or rank 3; check_named); the guarded mpirun ends within dist.timeout +
-    grace + 10 s; every checkpoint left loads and no temporary carries a
-    checkpoint's name; `--resume auto` on host 1 alone (2 ranks) continues
-    from the newest checkpoint to the end."""
+    SIGSTOPped (also while the ranks write a checkpoint together), every
+    process of host 2 is SIGSTOPped, rank 3 is SIGKILLed, or every process of
+    host 2 is SIGKILLed. The ranks on host 1 end within dist.timeout (+
+    margin); when the peers go silent (link down, stopped), they print the
+    one dist.timeout line naming the step, the operation, their host and who
+    did not answer (ranks 2 and 3 on host 2, or rank 3; check_named), and it
+    is on the launcher's stderr; the launcher ends within dist.timeout +
+    grace (+ margin), the kills within seconds, with exit 5 (137 for the
+    killed rank: STATUS); every checkpoint left loads and no temporary
+    carries a checkpoint's name; `--resume auto` on host 1 alone (2 ranks)
+    continues from the newest checkpoint to the end."""
 
     def fault_run(self, momfmm, workdir, report, fault):
         bed = Bed()
@@ -201,12 +214,12 @@ class TestFaults:
             "train.steps": 1000000, "train.ckpt_interval": 5, "train.keep": 3, "train.log_interval": 50,
             "train.eval_interval": 0, "dist.zero": 1, "dist.timeout": TIMEOUT, "dist.check_interval": 0}))
         shutil.rmtree(out_dir, ignore_errors=True)
-        guard = os.path.join(ROOT, "jobs", "launch_guard.sh")
         cmd = bed.mpirun([1, 2], 2, [momfmm, "train", ini])
-        cmd = cmd[:cmd.index("mpirun")] + [guard] + cmd[cmd.index("mpirun"):]
+        cmd[cmd.index("mpirun")] = LAUNCHER  # on host 1, it starts mpirun ($MOMFMM_MPIRUN) with the same arguments
         log_path = os.path.join(workdir, f"fault_{fault}.log")
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        err_path = os.path.join(workdir, f"fault_{fault}.err")
+        with open(log_path, "w") as log, open(err_path, "w") as err:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=err, start_new_session=True,
                                     env=env(MOMFMM_LAUNCHER_GRACE=GRACE))
         try:
             started = wait_for(lambda: len(checkpoints(out_dir)) >= 2 and len(rank_pids(bed, 2)) == 2, 90)
@@ -219,39 +232,44 @@ class TestFaults:
             t0 = time.time()
             if fault == "link_down":
                 bed.link(2, False)
-            elif fault.startswith("sigstop"):
-                os.kill(rank_pids(bed, 2)[3], signal.SIGSTOP)
+            elif fault in ("sigstop", "sigstop_in_save", "sigkill_rank"):
+                os.kill(rank_pids(bed, 2)[3], signal.SIGKILL if fault == "sigkill_rank" else signal.SIGSTOP)
             else:
                 for pid in bed.pids(2):
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL if fault == "sigkill_host" else signal.SIGSTOP)
             survivors_gone = wait_for(lambda: not rank_pids(bed, 1), TIMEOUT + MARGIN)
             t_ranks = time.time() - t0
             report.check(f"{fault}: the ranks on host 1 end within dist.timeout {TIMEOUT} s + {MARGIN} s",
                          survivors_gone, f"{t_ranks:.1f} s")
+            bound = TIMEOUT + GRACE + MARGIN
             try:
-                proc.wait(timeout=TIMEOUT + GRACE + 10 + MARGIN)
+                proc.wait(timeout=bound)
             except subprocess.TimeoutExpired:
                 pass
             t_launcher = time.time() - t0
-            report.check(f"{fault}: mpirun (launch_guard.sh) ends within {TIMEOUT + GRACE + 10 + MARGIN} s",
-                         proc.poll() is not None, f"{t_launcher:.1f} s, status {proc.poll()}")
+            rc = proc.poll()
+            report.check(f"{fault}: the launcher ends within dist.timeout + grace + {MARGIN} s = {bound} s",
+                         rc is not None, f"{t_launcher:.1f} s, status {rc}")
+            report.check(f"{fault}: the launcher's status is {STATUS[fault]}", rc == STATUS[fault],
+                         f"status {rc}; stderr ...{open(err_path).read()[-600:]}")
         finally:
             kill_session(proc.pid)
             for pid in bed.pids(2) + bed.pids(1):
                 os.kill(pid, signal.SIGKILL)
             if fault == "link_down":
                 subprocess.run([bed.script, "link", bed.prefix, "2", "up"], timeout=30, check=True)
-        text = open(log_path).read()
+        text = open(err_path).read()  # the launcher's stderr: the ranks' lines, its own
         lines = [l for l in text.splitlines() if "dist.timeout:" in l]
-        print(f"{fault}: ranks on host 1 ended {t_ranks:.1f} s, the launcher {t_launcher:.1f} s after the fault; "
+        print(f"{fault}: ranks on host 1 ended {t_ranks:.1f} s, the launcher {t_launcher:.1f} s after the fault, "
+              f"status {rc}; "
               + (lines[0] if lines else "no dist.timeout line"), flush=True)
-        if fault != "sigkill_host":
-            # with host 2's processes gone, mpirun itself ends the job at once
+        if not fault.startswith("sigkill"):
+            # with rank 3 or host 2's processes gone, mpirun itself ends the job at once
             named = [l for l in lines if re.search(r"step \d+: .+ did not complete in \d+ s", l)
                      and f"(host {bed.name(1)})" in l and "exiting 5" in l]
             report.check(f"{fault}: a rank on host 1 says which step and operation timed out", named,
                          lines[0] if lines else text[-500:])
-        if fault != "sigkill_host":
+        if not fault.startswith("sigkill"):
             self.check_named(bed, fault, lines, report)
         if fault == "sigstop_in_save":
             report.check(f"{fault}: the line names the checkpoint write", any("checkpoint write" in l for l in lines))
@@ -266,7 +284,8 @@ class TestFaults:
         inside (docs/design.md §8.11): the
         fault sigstop_in_save aims there, and the others land there when the
         fault comes during a write."""
-        expect = f"ranks 2, 3 (host {bed.name(2)})" if fault == "link_down" else f"rank 3 (host {bed.name(2)})"
+        expect = f"ranks 2, 3 (host {bed.name(2)})" if fault in ("link_down", "sigstop_host") \
+            else f"rank 3 (host {bed.name(2)})"
         mine = [l for l in lines if f"(host {bed.name(1)}): " in l]
         found = [(l, re.search(r"\(host [^)]*\): (.*); exiting 5$", l)) for l in mine]
         said = [m.group(1) for _, m in found if m]
@@ -309,6 +328,12 @@ class TestFaults:
 
     def test_sigstop_rank_in_checkpoint_write(self, momfmm, workdir, report):
         self.fault_run(momfmm, workdir, report, "sigstop_in_save")
+
+    def test_sigstop_host(self, momfmm, workdir, report):
+        self.fault_run(momfmm, workdir, report, "sigstop_host")
+
+    def test_sigkill_rank(self, momfmm, workdir, report):
+        self.fault_run(momfmm, workdir, report, "sigkill_rank")
 
     def test_sigkill_host(self, momfmm, workdir, report):
         self.fault_run(momfmm, workdir, report, "sigkill_host")
