@@ -166,7 +166,22 @@ MARGIN = 8
 # says (the job ends at once: its daemon reports the death); a host whose
 # processes are killed is 5 (mpirun loses its daemon there and ends the job
 # at once with a status of its own, 9, which the launcher replaces).
-STATUS = {"link_down": 5, "sigstop": 5, "sigstop_in_save": 5, "sigstop_host": 5, "sigkill_rank": 137, "sigkill_host": 5}
+STATUS = {"link_down": 5, "sigstop": 5, "sigstop_in_save": 5, "sigstop_host": 5, "sigkill_rank": 137, "sigkill_host": 5,
+          "context_sigstop": 5}
+# context_sigstop: one context group of 4 ranks across both hosts
+# (docs/design.md §8.12); rank 3 stopped, the others stall in one of the
+# group's exchanges, which the line names
+CONTEXT = {"attention.kind": "fmm", "fmm.bandwidth": 3, "data.seq_len": 32, "dist.context": 4, "momentum.gamma": 0.2}
+CONTEXT_OPERATIONS = ("far-field state scan",)
+
+
+def process_state(pid):
+    """The one-letter state of /proc/PID/stat ('T': stopped), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, TypeError, IndexError):
+        return None
 
 
 def rank_pids(bed, host):
@@ -210,17 +225,21 @@ class TestFaults:
 
     def fault_run(self, momfmm, workdir, report, fault):
         bed = Bed()
+        context = CONTEXT if fault.startswith("context") else {}
         ini, out_dir, _ = write_tiny_config(workdir, f"fault_{fault}", **overrides(**{
             "train.steps": 1000000, "train.ckpt_interval": 5, "train.keep": 3, "train.log_interval": 50,
-            "train.eval_interval": 0, "dist.zero": 1, "dist.timeout": TIMEOUT, "dist.check_interval": 0}))
+            "train.eval_interval": 0, "dist.zero": 1, "dist.timeout": TIMEOUT, "dist.check_interval": 0,
+            **context}))
         shutil.rmtree(out_dir, ignore_errors=True)
         cmd = bed.mpirun([1, 2], 2, [momfmm, "train", ini])
         cmd[cmd.index("mpirun")] = LAUNCHER  # on host 1, it starts mpirun ($MOMFMM_MPIRUN) with the same arguments
         log_path = os.path.join(workdir, f"fault_{fault}.log")
         err_path = os.path.join(workdir, f"fault_{fault}.err")
+        # context_sigstop: rank 3 stops itself in the far-field state scan of step 11 (2 layers a step)
+        hook = {"MOMFMM_TEST_STOP": "3:21:far-field state scan"} if context else {}
         with open(log_path, "w") as log, open(err_path, "w") as err:
             proc = subprocess.Popen(cmd, stdout=log, stderr=err, start_new_session=True,
-                                    env=env(MOMFMM_LAUNCHER_GRACE=GRACE))
+                                    env=env(MOMFMM_LAUNCHER_GRACE=GRACE, **hook))
         try:
             started = wait_for(lambda: len(checkpoints(out_dir)) >= 2 and len(rank_pids(bed, 2)) == 2, 90)
             assert started, f"no second checkpoint within 90 s:\n{open(log_path).read()[-2000:]}"
@@ -232,6 +251,10 @@ class TestFaults:
             t0 = time.time()
             if fault == "link_down":
                 bed.link(2, False)
+            elif fault == "context_sigstop":
+                stopped = wait_for(lambda: process_state(rank_pids(bed, 2).get(3)) == "T", 60, step=0.01)
+                t0 = time.time()
+                report.check(f"{fault}: rank 3 stopped itself in the far-field state scan", stopped)
             elif fault in ("sigstop", "sigstop_in_save", "sigkill_rank"):
                 os.kill(rank_pids(bed, 2)[3], signal.SIGKILL if fault == "sigkill_rank" else signal.SIGSTOP)
             else:
@@ -273,7 +296,10 @@ class TestFaults:
             self.check_named(bed, fault, lines, report)
         if fault == "sigstop_in_save":
             report.check(f"{fault}: the line names the checkpoint write", any("checkpoint write" in l for l in lines))
-        self.check_checkpoints(momfmm, bed, out_dir, ini, fault, report)
+        if context:
+            report.check(f"{fault}: the line names the context group's exchange it stalled in",
+                         any(op in l for l in lines for op in CONTEXT_OPERATIONS), "\n".join(lines))
+        self.check_checkpoints(momfmm, bed, out_dir, ini, fault, report, ["--set", "dist.context=2"] if context else [])
 
     def check_named(self, bed, fault, lines, report):
         """The ranks on host 1 name who did not answer: rank 3 (host 2) when it
@@ -298,7 +324,7 @@ class TestFaults:
         report.check(f"{fault}: no rank on host 1 names another rank",
                      all(x in ok or not x.startswith("no answer") for x in said), "\n".join(mine))
 
-    def check_checkpoints(self, momfmm, bed, out_dir, ini, fault, report):
+    def check_checkpoints(self, momfmm, bed, out_dir, ini, fault, report, sets=()):
         files = checkpoints(out_dir)
         steps = []
         for f in files:
@@ -312,8 +338,8 @@ class TestFaults:
         if not steps:
             return
         newest = max(steps)
-        r = run(bed.mpirun([1], 2, [momfmm, "train", ini, "--resume", "auto", "--set", f"train.steps={newest + 5}"]),
-                timeout=120)
+        r = run(bed.mpirun([1], 2, [momfmm, "train", ini, "--resume", "auto", "--set", f"train.steps={newest + 5}",
+                                    *sets]), timeout=120)
         done = os.path.join(out_dir, f"ckpt_{newest + 5:08d}.h5")
         report.check(f"{fault}: --resume auto on host 1 with 2 ranks continues from step {newest} to the end",
                      r.returncode == 0 and os.path.exists(done) and load_checkpoint(done).step == newest + 5
@@ -334,6 +360,9 @@ class TestFaults:
 
     def test_sigkill_rank(self, momfmm, workdir, report):
         self.fault_run(momfmm, workdir, report, "sigkill_rank")
+
+    def test_context_group_rank_stopped(self, momfmm, workdir, report):
+        self.fault_run(momfmm, workdir, report, "context_sigstop")
 
     def test_sigkill_host(self, momfmm, workdir, report):
         self.fault_run(momfmm, workdir, report, "sigkill_host")
