@@ -11,7 +11,8 @@
 #include "kernels/kernels.h"
 #include "kernels/tiled_softmax.h"
 
-#include "attention_internal.h"
+#include "attention_shard.h"
+#include "attention_vectors.h"
 
 static bool tiled(const config *cfg) {
     return cfg->attention == ATTENTION_SOFTMAX && cfg->attention_impl == ATTENTION_TILED;
@@ -30,26 +31,30 @@ static bool attention_tiled_at(const config *cfg, int T) { return tiled(cfg) && 
 static bool sharded(const attention_layer_sizes *z) { return z->cut && z->cut->chunks > 1; }
 
 /* FMM's band and far-field state; tiled softmax's log-sum-exp per row;
- * dense softmax's T x T probabilities. A shard also keeps what its
- * exchanges brought (attention_shard.c), and runs softmax as ring attention
- * on the tiled kernel whatever the length. */
+ * dense softmax's T x T probabilities. A shard's are attention_shard.c's:
+ * it also keeps what its exchanges brought, and runs softmax as ring
+ * attention on the tiled kernel whatever the length. */
 size_t attention_saved_per_head(const attention_layer_sizes *z) {
     int T = z->T;
-    if (z->cfg->attention == ATTENTION_FMM)
-        return fmm_head_saved_floats(z->fmm, T, config_head_dim(z->cfg)) +
-               (sharded(z) ? attention_shard_saved_per_head(z) : 0);
-    return sharded(z) || attention_tiled_at(z->cfg, T) ? (size_t)T : (size_t)T * T;
+    if (sharded(z)) return attention_shard_saved_per_head(z);
+    if (z->cfg->attention == ATTENTION_FMM) return fmm_head_saved_floats(z->fmm, T, config_head_dim(z->cfg));
+    return attention_tiled_at(z->cfg, T) ? (size_t)T : (size_t)T * T;
 }
 
-/* Kernel scratch (and a shard's) plus five [T, dh] temporaries for
+/* Kernel scratch (a shard's: attention_shard.c's) plus five [T, dh] temporaries for
  * gathering and the gradients of q, k, v (the last one also holds the
  * head's output for tiled softmax's backward). */
 size_t attention_scratch_per_head(const attention_layer_sizes *z) {
     int T = z->T, dh = config_head_dim(z->cfg);
-    size_t kernel = z->cfg->attention == ATTENTION_FMM            ? fmm_head_scratch_floats(z->fmm, T, dh)
-                    : sharded(z) || attention_tiled_at(z->cfg, T) ? tiled_softmax_scratch_floats(T, dh)
-                                                                  : (size_t)T * T;
-    return kernel + (sharded(z) ? attention_shard_scratch_per_head(z) : 0) + 5 * (size_t)T * dh;
+    if (sharded(z)) return attention_shard_scratch_per_head(z);
+    size_t kernel = z->cfg->attention == ATTENTION_FMM ? fmm_head_scratch_floats(z->fmm, T, dh)
+                    : attention_tiled_at(z->cfg, T)    ? tiled_softmax_scratch_floats(T, dh)
+                                                       : (size_t)T * T;
+    return kernel + 5 * (size_t)T * dh;
+}
+
+size_t attention_exchange_floats(const attention_layer_sizes *z, int B) {
+    return sharded(z) ? attention_shard_exchange_floats(z, B) : 0;
 }
 
 int attention_threads(void) { return omp_get_max_threads(); }
@@ -64,69 +69,6 @@ size_t attention_stream_scratch_floats(const config *cfg, const fmm_settings *fm
 
 size_t attention_stream_probs_floats(const config *cfg, int n_max, int capacity) {
     return cfg->attention == ATTENTION_SOFTMAX && !tiled(cfg) ? (size_t)n_max * capacity : 0;
-}
-
-bool attention_is_sheared(const attention_layer *a, int which) {
-    return a->momentum && (which == VECTOR_Q || a->cfg->apply_to == APPLY_QK);
-}
-
-momentum_coeffs attention_head_coeffs(const attention_layer *a, int h) {
-    momentum_coeffs c = {a->gamma ? a->gamma[h] : (float)a->cfg->gamma, (float)a->cfg->beta, (float)a->cfg->gamma2};
-    return c;
-}
-
-size_t attention_head_buffer(const attention_layer *a, int which, int h) { return ((size_t)which * a->H + h) * a->dh; }
-
-size_t attention_head_offset(const attention_layer *a, int b, int h, int T) {
-    return ((size_t)b * a->H + h) * (size_t)T * a->dh;
-}
-
-void attention_shear_frame(const attention_layer *a, float *raw, int T, int pos0) {
-    if (a->cfg->placement == PLACEMENT_POST_ROPE) rope_forward(raw, a->rope_cos, a->rope_sin, T, a->dh, pos0);
-}
-
-void attention_shear(const attention_layer *a, int h, int which, const float *x, float *dst, float *p, int T,
-                     const attention_span *span) {
-    const float *prev =
-        span->first ? (a->cfg->anchor ? NULL : a->buffers + attention_head_buffer(a, which, h)) : span->prev;
-    momentum_shear_forward(x, prev, span->first ? NULL : span->p_prev, dst, p, attention_head_coeffs(a, h), T, a->dh);
-    if (a->cfg->placement != PLACEMENT_POST_ROPE) rope_forward(dst, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
-}
-
-/* raw (unrotated q or k of one head; destroyed) -> dst = q-hat or k-hat
- * (docs/model.md §1.2): post_rope shears the rotated vectors, pre_rope
- * rotates the sheared ones. */
-static void prepare_vector(const attention_layer *a, int h, int which, float *raw, float *dst, float *p, int T,
-                           const attention_span *span) {
-    if (!attention_is_sheared(a, which)) {
-        memcpy(dst, raw, sizeof(float) * T * a->dh);
-        rope_forward(dst, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
-        return;
-    }
-    attention_shear_frame(a, raw, T, span->pos0);
-    if (a->buffer_sums && span->holds_last)
-        attention_add_last_position(a->buffer_sums + attention_head_buffer(a, which, h), raw, T, a->dh);
-    attention_shear(a, h, which, raw, dst, p, T, span);
-}
-
-void attention_shear_gradient_frame(const attention_layer *a, float *d_hat, int T, int pos0) {
-    if (a->cfg->placement != PLACEMENT_POST_ROPE) rope_backward(d_hat, a->rope_cos, a->rope_sin, T, a->dh, pos0);
-}
-
-void attention_unprepare(const attention_layer *a, int h, int which, float *d_hat, float *d_raw, const float *p, int T,
-                         const attention_span *span) {
-    if (!attention_is_sheared(a, which)) {
-        rope_backward(d_hat, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
-        memcpy(d_raw, d_hat, sizeof(float) * T * a->dh);
-        return;
-    }
-    attention_shear_gradient_frame(a, d_hat, T, span->pos0);
-    memset(d_raw, 0, sizeof(float) * T * a->dh);
-    float *d_gamma = a->d_gamma ? a->d_gamma + h : NULL;
-    float scratch[a->dh];
-    momentum_shear_backward(d_hat, p, d_raw, d_gamma, attention_head_coeffs(a, h), span->first && a->cfg->anchor,
-                            span->g_next, span->u_next, scratch, T, a->dh);
-    if (a->cfg->placement == PLACEMENT_POST_ROPE) rope_backward(d_raw, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
 }
 
 /* A whole sequence as one span. */
@@ -154,9 +96,9 @@ static void forward_head(const attention_layer *a, const attention_saved *s, con
         size_t off = attention_head_offset(a, b, h, T);
         float *q = s->q_hat + off, *k = s->k_hat + off, *v = s->v_heads + off;
         attention_gather_head(raw, rows, 3 * d, h * dh, T, dh);
-        prepare_vector(a, h, VECTOR_Q, raw, q, keep_p ? s->p_q + off : NULL, T, &WHOLE);
+        attention_prepare(a, h, VECTOR_Q, raw, q, keep_p ? s->p_q + off : NULL, T, &WHOLE);
         attention_gather_head(raw, rows, 3 * d, d + h * dh, T, dh);
-        prepare_vector(a, h, VECTOR_K, raw, k, keep_p ? s->p_k + off : NULL, T, &WHOLE);
+        attention_prepare(a, h, VECTOR_K, raw, k, keep_p ? s->p_k + off : NULL, T, &WHOLE);
         attention_gather_head(v, rows, 3 * d, 2 * d + h * dh, T, dh);
         float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
         if (a->cfg->attention == ATTENTION_FMM) {
@@ -254,7 +196,7 @@ static void prepare_stream_vector(const attention_layer *a, const attention_stre
     float *carry_x = st->carry_x + carry, *carry_p = st->carry_p + carry;
     attention_span span = {pos, !st->continued, carry_x, carry_p, NULL, NULL, false};
     if (!attention_is_sheared(a, which)) {
-        prepare_vector(a, h, which, raw, dst, p, n, &span);
+        attention_prepare(a, h, which, raw, dst, p, n, &span);
         return;
     }
     attention_shear_frame(a, raw, n, pos);

@@ -20,7 +20,8 @@
 #include "kernels/tiled_softmax.h"
 #include "parallel/context.h"
 
-#include "attention_internal.h"
+#include "attention_shard.h"
+#include "attention_vectors.h"
 
 /* ---- geometry */
 
@@ -58,16 +59,27 @@ static attention_layer_sizes sizes_of(const attention_layer *a, int T) {
     return (attention_layer_sizes){a->cfg, a->fmm, a->cut, T};
 }
 
-size_t attention_shard_saved_per_head(const attention_layer_sizes *z) {
+/* What a shard keeps beyond the kernel's own: far_in, then the halo rows. */
+static size_t shard_state_floats(const attention_layer_sizes *z) {
     if (z->cfg->attention != ATTENTION_FMM) return 0;
     int dh = config_head_dim(z->cfg);
     return fmm_far_state_floats(z->fmm, dh) + 2 * (size_t)(halo_left(z) + halo_right(z)) * dh;
 }
 
+/* FMM's saved floats and the shard's state; ring attention's log-sum-exp. */
+size_t attention_shard_saved_per_head(const attention_layer_sizes *z) {
+    if (z->cfg->attention == ATTENTION_FMM)
+        return fmm_head_saved_floats(z->fmm, z->T, config_head_dim(z->cfg)) + shard_state_floats(z);
+    return (size_t)z->T;
+}
+
+/* The kernel's scratch; FMM's keys, values and their gradients with the
+ * halos, or a ring block's output and log-sum-exp; five [T, dh] temporaries. */
 size_t attention_shard_scratch_per_head(const attention_layer_sizes *z) {
-    int dh = config_head_dim(z->cfg), Tk = halo_left(z) + z->T + halo_right(z);
-    if (z->cfg->attention == ATTENTION_FMM) return 4 * (size_t)Tk * dh; /* k, v and their gradients with halos */
-    return (size_t)z->T * (dh + 1);                                     /* a block's output and log-sum-exp */
+    int dh = config_head_dim(z->cfg), T = z->T, Tk = halo_left(z) + T + halo_right(z);
+    if (z->cfg->attention == ATTENTION_FMM)
+        return fmm_head_scratch_floats(z->fmm, T, dh) + 4 * (size_t)Tk * dh + 5 * (size_t)T * dh;
+    return tiled_softmax_scratch_floats(T, dh) + (size_t)T * (dh + 1) + 5 * (size_t)T * dh;
 }
 
 /* The exchange buffer, carved (attention_exchange_floats sizes it). Per
@@ -103,8 +115,7 @@ static exchange_areas carve_exchange(const attention_layer_sizes *z, int B, floa
     return x;
 }
 
-size_t attention_exchange_floats(const attention_layer_sizes *z, int B) {
-    if (!z->cut || z->cut->chunks == 1) return 0;
+size_t attention_shard_exchange_floats(const attention_layer_sizes *z, int B) {
     size_t total;
     carve_exchange(z, B, NULL, &total);
     return total;
@@ -276,13 +287,13 @@ static void shear_head(const attention_layer *a, const attention_saved *s, const
 
 static float *thread_scratch(const attention_layer *a, const attention_saved *s, int T) {
     attention_layer_sizes z = sizes_of(a, T);
-    return s->scratch + (size_t)omp_get_thread_num() * attention_scratch_per_head(&z);
+    return s->scratch + (size_t)omp_get_thread_num() * attention_shard_scratch_per_head(&z);
 }
 
 /* The last 5 [T, dh] of a head's scratch (attention_scratch_per_head). */
 static float *tail_scratch(const attention_layer *a, float *scratch, int T) {
     attention_layer_sizes z = sizes_of(a, T);
-    return scratch + attention_scratch_per_head(&z) - 5 * (size_t)T * a->dh;
+    return scratch + attention_shard_scratch_per_head(&z) - 5 * (size_t)T * a->dh;
 }
 
 /* q-hat, k-hat, v of the shard: rotated at their global positions, sheared
@@ -372,8 +383,8 @@ static void pack_halos(const attention_layer *a, const attention_saved *s, const
 /* A head's saved shard state: far_in, then the halo rows k, v (left, right). */
 static float *shard_saved(const attention_layer *a, const attention_saved *s, int b, int h, int T) {
     attention_layer_sizes z = sizes_of(a, T);
-    return s->saved + ((size_t)b * a->H + h) * attention_saved_per_head(&z) +
-           (attention_saved_per_head(&z) - attention_shard_saved_per_head(&z));
+    size_t per_head = attention_shard_saved_per_head(&z);
+    return s->saved + ((size_t)b * a->H + h) * per_head + (per_head - shard_state_floats(&z));
 }
 
 /* Keeps (b, h)'s far_in and the halo rows it received for the backward. */
@@ -423,7 +434,7 @@ static void fmm_forward_head(const attention_layer *a, const attention_saved *s,
         keep_shard_state(a, s, x, b, h, T);
         size_t off = attention_head_offset(a, b, h, T);
         fmm_shard shard = shard_of(a, s, b, h, T, k_ext, v_ext, NULL);
-        float *saved = s->saved + ((size_t)b * a->H + h) * attention_saved_per_head(&z);
+        float *saved = s->saved + ((size_t)b * a->H + h) * attention_shard_saved_per_head(&z);
         fmm_head_forward(a->fmm, &shard, s->q_hat + off, s->k_hat + off, s->v_heads + off, a->blend[h],
                          a->blend[a->H + h], head_out, saved, scratch, T, dh);
         attention_scatter_head(out + (size_t)b * T * d, head_out, d, h * dh, T, dh);
@@ -484,7 +495,7 @@ static void fmm_backward_head(const attention_layer *a, const attention_saved *s
     float *d_head_out = tail_scratch(a, scratch, T), *dq = d_head_out + (size_t)T * dh;
     for (int b = 0; b < B; b++) {
         size_t off = attention_head_offset(a, b, h, T), at = halo_at(a, b, h, halo);
-        const float *saved = s->saved + ((size_t)b * a->H + h) * attention_saved_per_head(&z);
+        const float *saved = s->saved + ((size_t)b * a->H + h) * attention_shard_saved_per_head(&z);
         float *grad_in = x->grad_in + ((size_t)b * a->H + h) * state;
         fmm_shard shard = shard_of(a, s, b, h, T, k_ext, v_ext, state ? grad_in : NULL);
         attention_gather_head(d_head_out, d_out + (size_t)b * T * d, d, h * dh, T, dh);
@@ -571,7 +582,7 @@ static void ring_forward_head(const attention_layer *a, const attention_saved *s
     float *bout = scratch + tiled_softmax_scratch_floats(T, dh), *blse = bout + (size_t)T * dh;
     for (int b = 0; b < B; b++) {
         size_t off = attention_head_offset(a, b, h, T);
-        float *lse = s->saved + ((size_t)b * a->H + h) * attention_saved_per_head(&z), *acc = x->acc + off;
+        float *lse = s->saved + ((size_t)b * a->H + h) * attention_shard_saved_per_head(&z), *acc = x->acc + off;
         const float *k = block_part(a, (float *)block, b, h, 0, most),
                     *v = block_part(a, (float *)block, b, h, 1, most);
         for (int qr = 0; qr < a->cut->n; qr++) {
@@ -614,7 +625,7 @@ static void ring_shard_forward(const attention_layer *a, const attention_saved *
     size_t block_n = (size_t)B * a->H * 4 * most * dh;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < a->H; h++) {
-            float *lse = s->saved + ((size_t)b * a->H + h) * attention_saved_per_head(&z);
+            float *lse = s->saved + ((size_t)b * a->H + h) * attention_shard_saved_per_head(&z);
             for (int i = 0; i < T; i++) lse[i] = -INFINITY;
         }
     memset(x->acc, 0, sizeof(float) * (size_t)B * a->H * T * dh);
@@ -644,7 +655,7 @@ static void ring_backward_head(const attention_layer *a, const attention_saved *
     float *d_head_out = tail_scratch(a, scratch, T), *head_out = d_head_out + (size_t)T * dh;
     for (int b = 0; b < B; b++) {
         size_t off = attention_head_offset(a, b, h, T);
-        const float *lse = s->saved + ((size_t)b * a->H + h) * attention_saved_per_head(&z);
+        const float *lse = s->saved + ((size_t)b * a->H + h) * attention_shard_saved_per_head(&z);
         attention_gather_head(d_head_out, d_out + (size_t)b * T * d, d, h * dh, T, dh);
         attention_gather_head(head_out, s->out + (size_t)b * T * d, d, h * dh, T, dh);
         float *k = block_part(a, block, b, h, 0, most), *v = block_part(a, block, b, h, 1, most);

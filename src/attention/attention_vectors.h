@@ -1,13 +1,16 @@
-/* What attention.c (one block's attention on whole sequences) and
- * attention_shard.c (the same on a shard of each sequence, with the context
- * group's exchanges, docs/design.md §8.12) share. Private to src/attention/. */
-#ifndef MOMFMM_ATTENTION_INTERNAL_H
-#define MOMFMM_ATTENTION_INTERNAL_H
+/* The q and k vectors of one head (attention_vectors.c): heads gathered
+ * from and scattered to rows, RoPE at the rows' positions and the momentum
+ * shear with its carries (docs/model.md §1.1-1.2), forward and adjoint;
+ * shared by attention.c (whole sequences, streaming) and attention_shard.c
+ * (a shard of each sequence, docs/design.md §8.12). Private to
+ * src/attention/. */
+#ifndef MOMFMM_ATTENTION_VECTORS_H
+#define MOMFMM_ATTENTION_VECTORS_H
 #include <stdbool.h>
 #include <stddef.h>
 #include <string.h>
 
-#include "attention/attention.h"
+#include "attention/attention_types.h"
 #include "attention/momentum.h"
 
 enum { VECTOR_Q = 0, VECTOR_K = 1 };
@@ -43,6 +46,12 @@ static inline void attention_scatter_head(float *rows, const float *src, int row
 /* The vector the shear reads: raw rotated in place for post_rope, as it is
  * for pre_rope (docs/model.md §1.2, frame). */
 void attention_shear_frame(const attention_layer *a, float *raw, int T, int pos0);
+/* raw (unrotated q or k of one head's span; destroyed) -> dst = q-hat or
+ * k-hat (docs/model.md §1.2): post_rope shears the rotated vectors, pre_rope
+ * rotates the sheared ones; adds the span's last x to the momentum buffer
+ * sums when it holds the sequence's last position. */
+void attention_prepare(const attention_layer *a, int h, int which, float *raw, float *dst, float *p, int T,
+                       const attention_span *span);
 /* x (in the shear's frame) -> dst = q-hat or k-hat: the shear with the
  * span's carries, then for pre_rope the rotation; p the shear's p (or NULL). */
 void attention_shear(const attention_layer *a, int h, int which, const float *x, float *dst, float *p, int T,
@@ -58,14 +67,4 @@ void attention_unprepare(const attention_layer *a, int h, int which, float *d_ha
 /* The shear's gradient input g from d_hat (in place): d_hat rotated back
  * for pre_rope (the shear ran before the rotation), as it is for post_rope. */
 void attention_shear_gradient_frame(const attention_layer *a, float *d_hat, int T, int pos0);
-
-/* attention_shard.c: attention_forward and attention_backward when the
- * sequence is cut across a context group (a->cut). */
-void attention_shard_forward(const attention_layer *a, const attention_saved *s, const float *qkv, float *out, int B,
-                             int T);
-void attention_shard_backward(const attention_layer *a, const attention_saved *s, const float *d_out, float *d_qkv,
-                              int B, int T);
-/* Its extra per-head saved floats and per-thread scratch. */
-size_t attention_shard_saved_per_head(const attention_layer_sizes *z);
-size_t attention_shard_scratch_per_head(const attention_layer_sizes *z);
 #endif
