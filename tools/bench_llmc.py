@@ -55,7 +55,14 @@ docs/design.md §8.10), for each t of --threads. Each round runs every thread
 count, and the two programs of a pair alternate which goes first from round
 to round, so that a noisy neighbour on a shared machine hits both alike.
 The table gives tokens/s (B T / median step) of each, the ratio
-momfmm / llm.c per pair, and min and median over the rounds.
+momfmm / llm.c per pair, and min and median over the rounds. Its last
+column is the same ratio by CPU time (user + system, all threads): llm.c's
+median CPU time per timed step over momfmm's (`cpu_ms_per_step` of its
+median step). Where other work shares the cores, wall time includes the
+waits for a free core and CPU time does not, so at one thread that column
+is the steadier figure; with more threads it includes OpenMP's spinning.
+llm.c's CPU time per step is read from /proc when each step's line arrives
+(steps after a validation loss left out), so it is good to a few percent.
 
 Bad arguments exit 2 with one line naming the value; a program that fails
 or prints no step times exits 1 with one line and the end of its output.
@@ -79,7 +86,7 @@ VAL_TOKENS = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin"
 FIRST_GENERATION_STEP = 20       # train_gpt2.c: generation before step 20 (step > 0 && step % 20 == 0)
 LAST_STEP = 40                   # train_gpt2.c: for (step = 0; step <= 40; step++)
 STEP_LINE = re.compile(r"^step (\d+): train loss (\S+) \(took (\S+) ms\)")
-BENCH_LINE = re.compile(r"bench\s+tokens_per_s=(\S+)\s+ms_per_step=(\S+)")
+BENCH_LINE = re.compile(r"bench\s+tokens_per_s=(\S+)\s+ms_per_step=(\S+).*\scpu_ms_per_step=(\S+)")
 RANKS_LINE = re.compile(r"momfmm: (\d+) ranks? x (\d+) threads?")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -254,8 +261,21 @@ def tail(text, lines=8):
     return " | ".join(text.strip().splitlines()[-lines:])
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of a live process (all its threads), from /proc; None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def run_llmc(a, workdir, threads, expect):
-    """One train_gpt2 run; returns the median of the timed steps in ms."""
+    """One train_gpt2 run; returns the median of the timed steps' own times (ms) and the median
+    CPU time of those steps (ms, or None): train_gpt2's CPU time read when a step's line
+    arrives, less that read at the line before, for the timed steps not preceded by a
+    validation loss (steps 10 ...)."""
     cmd = [a.llmc]
     if shutil.which("stdbuf"):
         cmd = ["stdbuf", "-oL"] + cmd      # line-buffered stdout, so that the run can stop at the last timed step
@@ -270,13 +290,14 @@ def run_llmc(a, workdir, threads, expect):
     timed_out = threading.Event()
     watchdog = threading.Timer(a.timeout, lambda: (timed_out.set(), stop()))
     watchdog.start()
-    out, times = [], {}
+    out, times, cpu = [], {}, {}
     try:
         for line in p.stdout:
             out.append(line)
             m = STEP_LINE.match(line)
             if m:
                 times[int(m.group(1))] = float(m.group(3))
+                cpu[int(m.group(1))] = cpu_seconds(p.pid)
                 if int(m.group(1)) >= last:
                     break
     finally:
@@ -296,11 +317,13 @@ def run_llmc(a, workdir, threads, expect):
         if not m or int(m.group(1)) != want:
             raise RunFailed(f"train_gpt2 printed {key}: {m.group(1) if m else 'nothing'}, the files "
                             f"written say {want}: {tail(text)}")
-    return median(timed)
+    cpu_ms = [1e3 * (cpu[s] - cpu[s - 1]) for s in range(a.warmup, last + 1)
+              if s % 10 and cpu.get(s) is not None and cpu.get(s - 1) is not None]
+    return median(timed), median(cpu_ms) if cpu_ms else None
 
 
 def run_momfmm(a, threads):
-    """One `momfmm bench`; returns (median ms per step, its ranks x threads line)."""
+    """One `momfmm bench`; returns (median ms per step, CPU ms of that step, its ranks x threads)."""
     cmd = [a.momfmm, "bench", a.config, "--steps", str(a.steps)]
     for kv in (f"model.vocab_size={a.V}", f"model.d_model={a.C}", f"model.n_heads={a.NH}",
                f"model.n_layers={a.L}", f"model.d_ff={4 * a.C}", f"data.seq_len={a.T}",
@@ -316,7 +339,7 @@ def run_momfmm(a, threads):
         raise RunFailed(f"momfmm bench ({threads} threads) exited {p.returncode} with no "
                         f"`bench tokens_per_s=` line: {tail(p.stderr or p.stdout)}")
     ranks = RANKS_LINE.search(p.stdout)
-    return float(m.group(2)), f"{ranks.group(1)} x {ranks.group(2)}" if ranks else "?"
+    return float(m.group(2)), float(m.group(3)), f"{ranks.group(1)} x {ranks.group(2)}" if ranks else "?"
 
 
 def cpu_name():
@@ -354,26 +377,31 @@ def bench(a, workdir):
     for r in range(a.rounds):
         for t in a.threads:
             order = ("llm.c", "momfmm") if r % 2 == 0 else ("momfmm", "llm.c")
-            got = {}
+            ms, cpu = {}, {}
             for prog in order:
                 if prog == "llm.c":
-                    got[prog] = run_llmc(a, workdir, t, expect)
+                    ms[prog], cpu[prog] = run_llmc(a, workdir, t, expect)
                 else:
-                    got[prog], ranks = run_momfmm(a, t)
-            tl, tm = 1e3 * tokens / got["llm.c"], 1e3 * tokens / got["momfmm"]
-            rows[t].append((tl, tm, tm / tl))
-            print(f"round {r + 1}, {t} thread(s): {order[0]} first | llm.c {got['llm.c']:.1f} ms/step "
-                  f"{tl:.1f} tokens/s | momfmm {got['momfmm']:.1f} ms/step {tm:.1f} tokens/s "
-                  f"(momfmm {ranks} ranks x threads) | momfmm/llm.c {tm / tl:.3f}", flush=True)
+                    ms[prog], cpu[prog], ranks = run_momfmm(a, t)
+            tl, tm = 1e3 * tokens / ms["llm.c"], 1e3 * tokens / ms["momfmm"]
+            by_cpu = cpu["llm.c"] / cpu["momfmm"] if cpu["llm.c"] and cpu["momfmm"] else None
+            rows[t].append((tl, tm, tm / tl, by_cpu))
+            cpu_text = {k: "?" if v is None else f"{v:.1f}" for k, v in cpu.items()}
+            print(f"round {r + 1}, {t} thread(s): {order[0]} first | llm.c {ms['llm.c']:.1f} ms/step "
+                  f"(CPU {cpu_text['llm.c']}) {tl:.1f} tokens/s | momfmm {ms['momfmm']:.1f} ms/step "
+                  f"(CPU {cpu_text['momfmm']}) {tm:.1f} tokens/s ({ranks}: ranks x threads, its start-up "
+                  f"line) | momfmm/llm.c {tm / tl:.3f} | load average {os.getloadavg()[0]:.2f}", flush=True)
     print()
-    print("| threads | round | llm.c tokens/s | momfmm tokens/s | momfmm/llm.c |")
-    print("|---|---|---|---|---|")
+    print("| threads | round | llm.c tokens/s | momfmm tokens/s | momfmm/llm.c | momfmm/llm.c by CPU time |")
+    print("|---|---|---|---|---|---|")
+    cell = lambda x, fmt: "-" if x is None else format(x, fmt)  # noqa: E731
     for t in a.threads:
-        for r, (tl, tm, q) in enumerate(rows[t]):
-            print(f"| {t} | {r + 1} | {tl:.1f} | {tm:.1f} | {q:.3f} |")
+        for r, (tl, tm, q, c) in enumerate(rows[t]):
+            print(f"| {t} | {r + 1} | {tl:.1f} | {tm:.1f} | {q:.3f} | {cell(c, '.3f')} |")
         for label, f in (("min", min), ("median", median)):
-            cols = [f([row[i] for row in rows[t]]) for i in range(3)]
-            print(f"| {t} | {label} | {cols[0]:.1f} | {cols[1]:.1f} | {cols[2]:.3f} |")
+            cols = [[row[i] for row in rows[t] if row[i] is not None] for i in range(4)]
+            cols = [f(col) if col else None for col in cols]
+            print(f"| {t} | {label} | {cols[0]:.1f} | {cols[1]:.1f} | {cols[2]:.3f} | {cell(cols[3], '.3f')} |")
     return 0
 
 

@@ -2,10 +2,11 @@
 train_gpt2 (a Python script written here) checks the files the tool lays out for it against
 llm.c's formats (checkpoint header and parameter count, LayerNorm weights and biases where
 train_gpt2.c's order puts them, token files' headers and sizes) and prints llm.c's lines, with
-step times that tell which steps were timed and how many threads it was given; momfmm is the
-real binary at a tiny shape. Checks the table (tokens/s, ratio per pair, min and median), the
-alternation, that the run stops before train_gpt2's first generation, and that bad arguments
-exit 2 and a failing train_gpt2 exits 1, each in one line, the scratch directory removed."""
+step times and CPU time that tell which steps were timed and how many threads it was given;
+momfmm is the real binary at a tiny shape. Checks the table (tokens/s, ratio per pair, the
+ratio by CPU time, min and median), the alternation, that the run stops before train_gpt2's
+first generation, and that bad arguments exit 2 and a failing train_gpt2 exits 1, each in one
+line, the scratch directory removed."""
 import os
 import re
 import stat
@@ -20,7 +21,8 @@ SHAPE = ["--d-model", "32", "--layers", "2", "--heads", "4", "--vocab", "300"]
 B, T = 4, 64
 
 # Steps 2, 3, 4 are the timed ones (--warmup 2 --steps 3): their median is 1000 ms at one
-# thread (256 tokens/s), 500 ms at two; a window one step off has another median. From step 4
+# thread (256 tokens/s), 500 ms at two; a window one step off has another median. Each of them
+# burns 100 ms of CPU time before its line (the tool reads train_gpt2's CPU time). From step 4
 # on it takes its time, so that a run the tool does not stop reaches the generation at step 20.
 FAKE = r'''#!/usr/bin/python3
 import os, sys, time
@@ -82,6 +84,10 @@ for step in range(41):
         log.write("generation\n")     # the tool should have stopped it before: the test says so
         log.flush()
         print("generating:\n---", flush=True)
+    if step in ms:                      # 100 ms of CPU time in each timed step
+        t0 = time.process_time()
+        while time.process_time() - t0 < 0.1:
+            pass
     print(f"step {step}: train loss 5.7 (took {ms.get(step, 9000.0) / max(threads, 1):f} ms)", flush=True)
     if step >= 4:
         time.sleep(0.25)     # as a real step takes time: the tool stops it here, long before step 20
@@ -139,24 +145,31 @@ def test_table(workdir, momfmm, fake, report):
     report.check("states the CPU", re.search(r"^cpu: .+", r.stdout, re.M) is not None, r.stdout[:300])
     header, rows = table(r.stdout)
     report.check("table header", header == ["threads", "round", "llm.c tokens/s", "momfmm tokens/s",
-                                            "momfmm/llm.c"], str(header))
+                                            "momfmm/llm.c", "momfmm/llm.c by CPU time"], str(header))
+    cpus = re.findall(r"^round \d, \d thread\(s\): .* llm\.c \S+ ms/step \(CPU (\S+)\) .* momfmm \S+ ms/step "
+                      r"\(CPU (\S+)\)", r.stdout, re.M)
+    report.check("each round states both CPU times per step, llm.c's the fake's 100 ms",
+                 len(cpus) == 4 and all(90 <= float(c[0]) <= 300 and float(c[1]) > 0 for c in cpus), str(cpus))
     report.check("8 rows: 2 rounds, min and median per thread count",
                  [row[:2] for row in rows] == [[t, x] for t in ("1", "2") for x in ("1", "2", "min", "median")],
                  str(rows))
-    if len(rows) != 8 or any(len(row) != 5 for row in rows):
+    if len(rows) != 8 or any(len(row) != 6 for row in rows) or len(cpus) != 4:
         return
     for row in rows:
-        t, label, (llmc, mom, ratio) = row[0], row[1], map(float, row[2:])
+        t, label, (llmc, mom, ratio, by_cpu) = row[0], row[1], map(float, row[2:])
         want = B * T * int(t)     # the fake's median step: 1000 ms / threads
         report.check(f"{t} thread(s) {label}: llm.c tokens/s from steps 2..4 = {want}", llmc == want, str(row))
         report.check(f"{t} thread(s) {label}: momfmm tokens/s > 0", mom > 0, str(row))
         if label != "min" and label != "median":
             report.check(f"{t} thread(s) round {label}: ratio = momfmm / llm.c",
                          abs(ratio - mom / llmc) <= 2e-3 * ratio + 1e-3, str(row))
+            c = [float(x) for x in cpus[2 * (int(label) - 1) + (t == "2")]]
+            report.check(f"{t} thread(s) round {label}: by CPU time = llm.c's CPU / momfmm's",
+                         abs(by_cpu - c[0] / c[1]) <= 0.1 * by_cpu, f"{row} {c}")
     for k, t in enumerate(("1", "2")):
         rounds = [[float(c) for c in row[2:]] for row in rows[4 * k:4 * k + 2]]
         mins, meds = [float(c) for c in rows[4 * k + 2][2:]], [float(c) for c in rows[4 * k + 3][2:]]
-        for i, name in enumerate(("llm.c", "momfmm", "ratio")):
+        for i, name in enumerate(("llm.c", "momfmm", "ratio", "by CPU time")):
             col = [x[i] for x in rounds]
             report.check(f"{t} thread(s) {name}: min, median of the rounds",
                          abs(mins[i] - min(col)) <= 1e-3 * mins[i] + 0.1
