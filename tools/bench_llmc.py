@@ -88,6 +88,7 @@ LAST_STEP = 40                   # train_gpt2.c: for (step = 0; step <= 40; step
 STEP_LINE = re.compile(r"^step (\d+): train loss (\S+) \(took (\S+) ms\)")
 BENCH_LINE = re.compile(r"bench\s+tokens_per_s=(\S+)\s+ms_per_step=(\S+).*\scpu_ms_per_step=(\S+)")
 RANKS_LINE = re.compile(r"momfmm: (\d+) ranks? x (\d+) threads?")
+ENGINE_LINE = re.compile(r"^bench precision (.*)$", re.M)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 USAGE = """usage: tools/bench_llmc.sh LLMC [options]
@@ -323,7 +324,8 @@ def run_llmc(a, workdir, threads, expect):
 
 
 def run_momfmm(a, threads):
-    """One `momfmm bench`; returns (median ms per step, CPU ms of that step, its ranks x threads)."""
+    """One `momfmm bench`; returns (median ms per step, CPU ms of that step, its ranks x threads,
+    its precision and GEMM engines)."""
     cmd = [a.momfmm, "bench", a.config, "--steps", str(a.steps)]
     for kv in (f"model.vocab_size={a.V}", f"model.d_model={a.C}", f"model.n_heads={a.NH}",
                f"model.n_layers={a.L}", f"model.d_ff={4 * a.C}", f"data.seq_len={a.T}",
@@ -339,7 +341,9 @@ def run_momfmm(a, threads):
         raise RunFailed(f"momfmm bench ({threads} threads) exited {p.returncode} with no "
                         f"`bench tokens_per_s=` line: {tail(p.stderr or p.stdout)}")
     ranks = RANKS_LINE.search(p.stdout)
-    return float(m.group(2)), float(m.group(3)), f"{ranks.group(1)} x {ranks.group(2)}" if ranks else "?"
+    engines = ENGINE_LINE.search(p.stdout)
+    return (float(m.group(2)), float(m.group(3)), f"{ranks.group(1)} x {ranks.group(2)}" if ranks else "?",
+            engines.group(1) if engines else "?")
 
 
 def cpu_name():
@@ -374,6 +378,7 @@ def bench(a, workdir):
           f"steps {a.steps} (llm.c steps {a.warmup}..{a.warmup + a.steps - 1}, momfmm bench after its 2 warm-up)")
     print(f"llm.c: {a.llmc}\nmomfmm: {a.momfmm} bench {os.path.relpath(a.config)}", flush=True)
     rows = {t: [] for t in a.threads}
+    engines = {}
     for r in range(a.rounds):
         for t in a.threads:
             order = ("llm.c", "momfmm") if r % 2 == 0 else ("momfmm", "llm.c")
@@ -382,7 +387,8 @@ def bench(a, workdir):
                 if prog == "llm.c":
                     ms[prog], cpu[prog] = run_llmc(a, workdir, t, expect)
                 else:
-                    ms[prog], cpu[prog], ranks = run_momfmm(a, t)
+                    ms[prog], cpu[prog], ranks, engine = run_momfmm(a, t)
+                    engines.setdefault(engine, []).append(t)
             tl, tm = 1e3 * tokens / ms["llm.c"], 1e3 * tokens / ms["momfmm"]
             by_cpu = cpu["llm.c"] / cpu["momfmm"] if cpu["llm.c"] and cpu["momfmm"] else None
             rows[t].append((tl, tm, tm / tl, by_cpu))
@@ -391,6 +397,8 @@ def bench(a, workdir):
                   f"(CPU {cpu_text['llm.c']}) {tl:.1f} tokens/s | momfmm {ms['momfmm']:.1f} ms/step "
                   f"(CPU {cpu_text['momfmm']}) {tm:.1f} tokens/s ({ranks}: ranks x threads, its start-up "
                   f"line) | momfmm/llm.c {tm / tl:.3f} | load average {os.getloadavg()[0]:.2f}", flush=True)
+    for engine, ts in engines.items():
+        print(f"momfmm precision {engine} (runs at {', '.join(map(str, ts))} threads)")
     print()
     print("| threads | round | llm.c tokens/s | momfmm tokens/s | momfmm/llm.c | momfmm/llm.c by CPU time |")
     print("|---|---|---|---|---|---|")
