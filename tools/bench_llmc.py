@@ -84,7 +84,6 @@ CHECKPOINT = "gpt2_124M.bin"
 TRAIN_TOKENS = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin"
 VAL_TOKENS = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin"
 FIRST_GENERATION_STEP = 20       # train_gpt2.c: generation before step 20 (step > 0 && step % 20 == 0)
-LAST_STEP = 40                   # train_gpt2.c: for (step = 0; step <= 40; step++)
 STEP_LINE = re.compile(r"^step (\d+): train loss (\S+) \(took (\S+) ms\)")
 BENCH_LINE = re.compile(r"bench\s+tokens_per_s=(\S+)\s+ms_per_step=(\S+).*\scpu_ms_per_step=(\S+)")
 RANKS_LINE = re.compile(r"momfmm: (\d+) ranks? x (\d+) threads?")
