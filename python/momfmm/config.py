@@ -32,6 +32,8 @@ class Key:
     __slots__ = ("section", "name", "type", "default", "min", "max", "choices", "size")
 
     def __init__(self, section, name, type_, default, lo=0.0, hi=0.0, choices=None, size=PATH_MAX):
+        if type_ == "bool":
+            lo, hi = 0, 1  # as the C table has it
         self.section, self.name, self.type, self.default = section, name, type_, default
         self.min, self.max, self.choices, self.size = lo, hi, choices, size
 

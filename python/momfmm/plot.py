@@ -121,7 +121,9 @@ def plot_lr(runs, out_dir, written):
     for i, (run, color) in enumerate(zip(runs, colors(len(runs)))):
         tr = series(run.train, "lr")
         if tr:
-            ax.plot(*tr, color=color, label=run.name, ms=4, mfc="none", **style(i))
+            # markevery as a fraction needs two points (matplotlib indexes the first gap)
+            marks = style(i) if len(tr[0]) > 1 else {k: v for k, v in style(i).items() if k != "markevery"}
+            ax.plot(*tr, color=color, label=run.name, ms=4, mfc="none", **marks)
             drawn = True
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     return finish(fig, ax, drawn, out_dir, "lr.png", written, "no /metrics/train/lr")

@@ -87,7 +87,7 @@ def fill_defaults(args):
 def check_options(args):
     """Raises UsageError for options that do not fit together or name no usable file."""
     if not os.path.isfile(args.suite):
-        raise UsageError(f"--suite {args.suite}: no such file")
+        raise UsageError(f"--suite {args.suite}: {'not a regular file' if os.path.exists(args.suite) else 'no such file'}")
     if args.save_digests and args.digests is None:
         raise UsageError("--save-digests needs --digests DIR (no default with --runs or --no-digests)")
     digests = args.digests
