@@ -13,6 +13,8 @@ momfmm_version: types, single values, ranges); config_ini passing the binary's c
 (momfmm.config); the tensors of the config's name table with their exact shapes, finite (and
 /optim/v non-negative); and no other tensor under /model, /buffers or /optim. The metric tables
 (/metrics/train, /metrics/eval) have the columns of the config's task and model (momfmm.config).
+/buffers is read (and must be exactly the config's) only when momentum is on, as the binary
+reads it.
 The tools' main() turn a RunError into exit code 3 (docs/cli.md §5).
 
 A run directory stands for its newest checkpoint that loads (list_checkpoints orders the names,
@@ -479,7 +481,8 @@ def _read_checkpoint(path, model=True, optim=False, metrics=False):
         ck.config.read_dict(c.raw)
         if model:
             ck.params = _read_tensors(r, "/model", settings.model_tensors(c))
-            ck.buffers = _read_buffers(r, c)
+            if c.momentum_on:  # as the binary, which reads /buffers only then
+                ck.buffers = _read_buffers(r, c)
         if optim:
             table = settings.model_tensors(c)
             ck.optim_m = _read_tensors(r, "/optim/m", table)
@@ -540,6 +543,31 @@ def _check_range(r, name, x, lo, hi):
     bad = np.flatnonzero((x.reshape(-1) < lo) | (x.reshape(-1) >= hi))
     if len(bad):
         r.fail(f"{name}[{int(bad[0])}] = {int(x.reshape(-1)[bad[0]])} is outside [{lo}, {hi})")
+
+
+def open_h5(path, what="file"):
+    """An h5py.File of `path` opened read-only (SWMR first, for a live file), for files the
+    readers above do not know (gradient and logits files of the tests): a regular file only
+    (files.check_input), a RunError naming it otherwise."""
+    check_input(path, what)
+    for kwargs in ({"libver": "latest", "swmr": True}, {}):
+        try:
+            return h5py.File(path, "r", **kwargs)
+        except (OSError, ValueError):
+            continue
+    if is_locked(path):
+        raise RunError(f"{path}: cannot open {what}: locked by another process that has it open for writing")
+    raise RunError(f"{path}: not a readable HDF5 file")
+
+
+def read_tensor_group(f, group):
+    """{relative name: array} of every dataset below `group` of an open file (empty when absent),
+    unchecked: for gradient and logits files, not checkpoints (load_checkpoint)."""
+    out = {}
+    if group in f:
+        f[group].visititems(lambda n, o: out.__setitem__(n, np.asarray(o[()]))
+                            if isinstance(o, h5py.Dataset) else None)
+    return out
 
 
 def newest_checkpoint(directory):

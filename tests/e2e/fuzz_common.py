@@ -2,7 +2,7 @@
 test_checkpoint_files.py; docs/files.md §4): a tiny trained checkpoint with its
 config and a good token file, the exit-code assertion, the copy-and-mutate
 helpers for HDF5 files, and the Python readers' verdict on the same files
-(issue 51: momfmm.pt.load refuses exactly what `momfmm eval` refuses, the
+(docs/design.md §8.8: momfmm.pt.load refuses exactly what `momfmm eval` refuses, the
 report tool exactly what `momfmm inspect` refuses, momfmm.h5.load_tokens what
 `momfmm loss` refuses)."""
 import contextlib

@@ -6,7 +6,7 @@ each class as its own entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
   nothing trained; `momfmm inspect` and `eval` exit 3 as well unless the
   damage is only in /optim (which they do not read, docs/files.md §4); the Python
   readers agree on each (momfmm.pt.load as eval, momfmm_report.py as inspect,
-  momfmm.h5.load_checkpoint with /optim as --resume; issue 51). Checkpoints
+  momfmm.h5.load_checkpoint with /optim as --resume). Checkpoints
   written before gain_R_attn or the chain's lengen_*, attn_* and L_rep_by_period
   columns resume, their old rows NaN. --resume auto
   skips a corrupt newest checkpoint (reported, kept) and resumes bitwise from

@@ -10,7 +10,7 @@ launches whose ranks differ in train.steps, model.d_model, train.lr; escaped str
 vm.max_map_count; a ListOps TSV with a byte-order mark. The config round trip over
 random strings is tests/test_config.c's property test.
 
-Every hostile checkpoint here also goes to the Python readers (issue 51), which must refuse it
+Every hostile checkpoint here also goes to the Python readers (docs/design.md §8.8), which must refuse it
 exactly when the binary does: momfmm.pt.load as `eval`, momfmm_report.py as `inspect`,
 momfmm.h5.load_checkpoint with /optim as `train --resume` (fuzz_common.verdict_mismatches);
 tensors of another model than config_ini names are refused by the Python readers, and the
@@ -402,7 +402,7 @@ REPORT_TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..
 def test_tensors_of_another_model(momfmm, base):
     """Tensors that config_ini does not name (more layers than model.n_layers, an FMM blend under
     attention.kind = softmax, any other dataset below /model or /buffers): the Python readers
-    refuse them naming the tensor (issue 51). The binary's reader is to refuse them too (its
+    refuse them naming the tensor (docs/files.md §4). The binary's reader is to refuse them too (its
     change is the C side's): until it does, its acceptance is reported as an expected failure."""
     d, ini, ck, tok = base
 

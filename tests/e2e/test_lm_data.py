@@ -224,7 +224,7 @@ def test_tokenize_then_train(momfmm, tmp_path, report):
 def test_tokenize_decode_refuses_what_train_refuses(momfmm, tmp_path, report):
     """The same token files through momfmm (data.path with data.format = tokens: `momfmm data`
     reads the corpus) and through `momfmm-tokenize decode` with a model of as many pieces as
-    model.vocab_size (issue 51): decode refuses a file (exit 3, one line naming it) exactly when
+    model.vocab_size (docs/cli.md §5): decode refuses a file (exit 3, one line naming it) exactly when
     the binary does, and prints the bytes of the files it reads."""
     docs = tmp_path / "docs"
     docs.mkdir()

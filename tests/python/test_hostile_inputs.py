@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The Python tools at the edges of their input (issue 51; docs/design.md §8.8, docs/cli.md §5),
+"""The Python tools at the edges of their input (docs/design.md §8.8, docs/cli.md §5, docs/files.md §4),
 one table per class, without the momfmm binary:
 
 1. hostile command-line values for momfmm-tokenize: each is one line on stderr naming the value
