@@ -500,11 +500,11 @@ def load_checkpoint(path, optim=True, metrics=True):
     return _read_checkpoint(path, model=True, optim=optim, metrics=metrics)
 
 
-def load_tokens(path, settings_=None):
+def load_tokens(path, config=None):
     """(inputs [B, T], targets [B, T], labels [B] or None) of a token file (docs/files.md §4:
     datasets inputs, targets and, for the cls head, labels), as int64 numpy arrays, checked as
     `momfmm loss` checks it: /inputs a non-empty [B, T] of integers, /targets and /labels of
-    integers with the shapes [B, T] and [B]; with the model's Config `settings_` also T within its
+    integers with the shapes [B, T] and [B]; with the model's Config `config` also T within its
     positions, ids in [0, V), targets in [-1, V) counting at least one position (lm) or labels in
     [0, n_classes) (cls). Raises RunError naming the file."""
     with Reader(path, "token file") as r:
@@ -512,7 +512,7 @@ def load_tokens(path, settings_=None):
         dims = tuple(int(d) for d in dset.shape)
         if len(dims) != 2 or dims[0] == 0 or dims[1] == 0:
             r.fail("/inputs must be a non-empty [B, T] int32 array")
-        c = settings_
+        c = config
         if c is not None and dims[1] > c.positions:
             r.fail(f"/inputs has T = {dims[1]}, longer than the model's {c.positions} positions")
         r.require_integer("/inputs", dset)

@@ -9,6 +9,7 @@ import contextlib
 import io
 import os
 import shutil
+import signal
 
 import h5py
 import numpy as np
@@ -104,8 +105,12 @@ def python_verdicts(path):
     except files.RunError:
         out["momfmm.pt.load"] = 3
     err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        out["momfmm_report.py"] = report.main([path])
+    sigpipe = signal.getsignal(signal.SIGPIPE)  # main() restores SIGPIPE's default, for `| head`
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            out["momfmm_report.py"] = report.main([path])
+    finally:
+        signal.signal(signal.SIGPIPE, sigpipe)
     lines = err.getvalue().strip().splitlines()
     assert out["momfmm_report.py"] == 0 or (len(lines) == 1 and path in lines[0]), \
         f"momfmm_report.py {path}: not one line naming the file: {err.getvalue()[-600:]!r}"
