@@ -6,7 +6,11 @@ cmake --install, under share/momfmm/python). Run with Debian's
 scipy for the results report).
 
 Modules (docs/design.md §8.8), each importing only those listed before it:
-  h5       the HDF5 reader: checkpoints, metrics.h5, token files (docs/files.md §4)
+  files    errors, checkpoint names, inputs opened without blocking, outputs never through a link
+  config   a config as the binary reads it: syntax, key table, checks, tensor and metric names
+  tool     the tools' one-line errors and exit codes (docs/cli.md §5)
+  h5       the HDF5 reader, with the binary's checks: checkpoints, metrics.h5, token files
+           (docs/files.md §4)
   fmt      Markdown tables and their cells (values, mean ± std over a group)
   plot     figures of runs (tools/momfmm_plot.py, momfmm-plot)
   digest   results digests: a finished run's report data as committed JSON (results/experiments/)
@@ -15,6 +19,7 @@ Modules (docs/design.md §8.8), each importing only those listed before it:
   sampling the sampler of `momfmm generate` and rng.h's counter generator, in Python
   pt       a checkpoint as a PyTorch nn.Module: load, save, export, loss, generate, sampled as
            `momfmm generate` (needs torch)
+  tokenizer  momfmm-tokenize (tools/momfmm_tokenize.py): sentencepiece models and token files
   torch    the deprecated old name of pt (warns), kept for one release
 This file imports none of them, so `import momfmm.h5` loads neither matplotlib nor the rest.
 """

@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from momfmm import files
 from momfmm.h5 import Run, RunError
 
 FORMAT = "momfmm-run-digest"
@@ -70,19 +71,12 @@ def digest_of(run, wall_s=None, wall_unlogged=0):
 
 
 def write_digest(path, run, wall_s=None, wall_unlogged=0):
-    """Writes run's digest to path atomically (a temporary file renamed over it), so an
-    interrupted save leaves the previous digest or none, never half of one."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(digest_of(run, wall_s, wall_unlogged), f, separators=(",", ":"), sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    """Writes run's digest to path atomically (momfmm.files.output_path: written beside it, then
+    renamed over it), so an interrupted save leaves the previous digest or none, never half of
+    one, and never writes through a symbolic link. Raises files.RunError or files.ArgumentError
+    naming the file when it cannot be written."""
+    text = json.dumps(digest_of(run, wall_s, wall_unlogged), separators=(",", ":"), sort_keys=True)
+    files.write_text(path, text + "\n")
 
 
 def _table(path, split, key, value):
@@ -123,14 +117,10 @@ def _number(path, d, key, kind, optional=False):
 
 def read_digest(path, name=None):
     """(Run, wall_s, wall_unlogged) from a digest file. Raises RunError."""
-    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
-        raise RunError(f"{path}: not a regular file")  # a FIFO would block the read
-    if os.path.isfile(path) and os.path.getsize(path) > MAX_BYTES:
-        raise RunError(f"{path}: {os.path.getsize(path)} bytes, more than a digest's {MAX_BYTES}")
+    data = files.read_input(path, "digest", limit=MAX_BYTES)  # a FIFO would block a plain read
     try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        d = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise RunError(f"{path}: not a readable digest ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise RunError(f"{path}: not a {FORMAT} file")

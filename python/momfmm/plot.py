@@ -24,10 +24,12 @@ one checkpoint file (docs/files.md §4). Writes into DIR:
 default 150). Runs are told apart by colour and by line style and marker, so that curves that
 coincide stay visible; formulas are typeset with matplotlib's mathtext.
 
-A figure whose data no run has is skipped with a note. Prints the files written. Exit 3 for a
-missing or corrupt file (naming it), 2 for a command-line error.
+A figure whose data no run has is skipped with a note. Prints the files written. A run directory
+stands for its newest checkpoint that loads, as for `momfmm inspect` (a damaged newest one is
+skipped with a warning). Each figure is written whole, beside its name and renamed over it, never
+through a symbolic link or onto a FIFO or device (momfmm.files.output_path). Exit 3 for a missing
+or corrupt file (naming it), 2 for a command-line error; one line on stderr.
 """
-import argparse
 import math
 import os
 import sys
@@ -39,7 +41,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from momfmm.h5 import EXIT_BAD_FILE, RunError, load_runs  # noqa: E402
+from momfmm import files, tool  # noqa: E402
+from momfmm.h5 import load_runs  # noqa: E402
 
 PROG = "momfmm_plot.py"
 DPI = 150
@@ -90,8 +93,11 @@ def output_name(name):
 def save(fig, out_dir, name, written):
     path = os.path.join(out_dir, output_name(name))
     fig.tight_layout()
-    fig.savefig(path, dpi=OUTPUT["dpi"])
-    plt.close(fig)
+    try:
+        with files.output_path(path) as tmp:
+            fig.savefig(tmp, dpi=OUTPUT["dpi"])
+    finally:
+        plt.close(fig)
     written.append(path)
 
 
@@ -115,7 +121,9 @@ def plot_lr(runs, out_dir, written):
     for i, (run, color) in enumerate(zip(runs, colors(len(runs)))):
         tr = series(run.train, "lr")
         if tr:
-            ax.plot(*tr, color=color, label=run.name, ms=4, mfc="none", **style(i))
+            # markevery as a fraction needs two points (matplotlib indexes the first gap)
+            marks = style(i) if len(tr[0]) > 1 else {k: v for k, v in style(i).items() if k != "markevery"}
+            ax.plot(*tr, color=color, label=run.name, ms=4, mfc="none", **marks)
             drawn = True
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     return finish(fig, ax, drawn, out_dir, "lr.png", written, "no /metrics/train/lr")
@@ -382,19 +390,23 @@ def plot_points(path, title, xlabel, ylabel, curves, band=None):
     if band:
         ax.axhspan(band[0], band[1], color="0.85", zorder=0, label=band[2])
     ax.legend(fontsize=8, loc="best")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=OUTPUT["dpi"])
-    plt.close(fig)
+    try:
+        with files.output_path(path) as tmp:
+            fig.savefig(tmp, dpi=OUTPUT["dpi"])
+    finally:
+        plt.close(fig)
     return path
 
 
 def write_figures(runs, out_dir, fmt="png", dpi=DPI):
     """Every figure of the runs (momfmm.h5.Run, labelled by their names) into out_dir, created
-    if needed (OSError when it cannot be), as fmt (png, pdf or svg) at dpi; prints a note for
-    each figure skipped and returns the paths written: those of planned_figures(runs)."""
+    if needed, as fmt (png, pdf or svg) at dpi; prints a note for each figure skipped and returns
+    the paths written: those of planned_figures(runs). Raises files.ArgumentError when out_dir
+    or a figure's name there is not a directory or regular file, files.RunError when one cannot
+    be written."""
     OUTPUT.update(format=fmt, dpi=dpi)
-    os.makedirs(out_dir, exist_ok=True)
+    files.make_directory(out_dir)
     written = []
     for plot, name, fits, why, _ in FIGURES:
         chosen = [run for run in runs if fits(run)]
@@ -458,7 +470,7 @@ FIGURES = (
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    ap = tool.Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", metavar="RUN_OR_CKPT",
                     help="run directory, checkpoint file, or metrics.h5")
     ap.add_argument("--out", required=True, metavar="DIR", help="directory for the figures")
@@ -467,23 +479,16 @@ def main(argv=None):
     ap.add_argument("--label", action="extend", nargs="+", default=[], metavar="NAME",
                     help="names of the runs, in order (default: directory or file names)")
     args = ap.parse_args(argv)
-    try:
-        runs = load_runs(args.runs, args.label)
-    except ValueError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except RunError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_FILE
-    try:
-        os.makedirs(args.out, exist_ok=True)
-    except OSError as exc:
-        print(f"{PROG}: error: {args.out}: cannot create directory ({exc.strerror})",
-              file=sys.stderr)
-        return EXIT_BAD_FILE
     if args.dpi < 10 or args.dpi > 2400:
-        print(f"{PROG}: error: --dpi {args.dpi}: must be in [10, 2400]", file=sys.stderr)
-        return 2
+        ap.error(f"--dpi {args.dpi}: must be in [10, 2400]")
+    return tool.run(PROG, plot_runs, args)
+
+
+def plot_runs(args):
+    """The figures of args.runs into args.out, their paths printed; returns 0. Raises the
+    package's errors (momfmm.tool.run turns them into exit 2 or 3)."""
+    runs = load_runs(args.runs, args.label)
+    files.make_directory(args.out, flag="--out")
     written = write_figures(runs, args.out, args.format, args.dpi)
     for path in written:
         print(path)

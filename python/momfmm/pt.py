@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from momfmm import h5
+from momfmm import files, h5
 from momfmm.sampling import GENERATE_STREAM, rng_key, rng_uniform, sample_next  # noqa: F401 (re-exported)
 
 LN_EPS = 1e-5  # docs/model.md §1, item 3
@@ -92,6 +92,21 @@ class ModelConfig:
             raise ValueError(f"bad fmm settings: kernels {self.kernels}, bandwidth "
                              f"{self.bandwidth}, chunk {self.fmm_chunk}")
         return self
+
+    @classmethod
+    def from_settings(cls, c):
+        """From a momfmm.config.Config (a checkpoint's config_ini as the binary reads it:
+        typed values, defaults filled in)."""
+        g = c.get
+        return cls(
+            vocab_size=g("model.vocab_size"), d_model=g("model.d_model"), n_heads=g("model.n_heads"),
+            n_layers=g("model.n_layers"), d_ff=g("model.d_ff"), rope_base=g("model.rope_base"),
+            causal=g("model.causal"), head=g("model.head"), n_classes=g("model.n_classes"),
+            kind=g("attention.kind"), gamma=g("momentum.gamma"), learn_gamma=g("momentum.learn_gamma"),
+            beta=g("momentum.beta"), gamma2=g("momentum.gamma2"), apply_to=g("momentum.apply_to"),
+            placement=g("momentum.placement"), anchor=g("momentum.anchor"), bandwidth=g("fmm.bandwidth"),
+            kernels=list(g("fmm.kernels")), fmm_eps=g("fmm.eps"), fmm_chunk=g("fmm.chunk"),
+        ).check()
 
     @classmethod
     def from_ini(cls, cfg):
@@ -367,41 +382,18 @@ def state_name(name):
 
 
 def load(path, device="cpu", dtype=torch.float32):
-    """The checkpoint at `path` as a MomfmmModel in eval mode; raises h5.RunError naming the file
-    when it cannot be read or its tensors do not fit its config."""
+    """The checkpoint at `path` as a MomfmmModel in eval mode. The file is read with the checks
+    of the binary's reader (momfmm.h5.load_checkpoint: what `momfmm eval` accepts, and no tensor
+    its config_ini does not name); raises h5.RunError naming the file otherwise."""
     ck = h5.load_checkpoint(path, optim=False, metrics=False)
-    try:
-        model = MomfmmModel(ModelConfig.from_ini(ck.config))
-    except (ValueError, KeyError) as exc:
-        raise h5.RunError(f"{path}: unsupported config_ini ({exc})") from None
-    tensors = {state_name(n): torch.from_numpy(np.asarray(a, dtype=np.float32))
-               for n, a in ck.params.items()}
-    if model.config.momentum_on:   # buffers absent -> zeros, as in the C code
-        tensors.update({state_name(n): torch.from_numpy(np.asarray(a, dtype=np.float32))
-                        for n, a in ck.buffers.items()})
-    expected = dict(model.state_dict())
-    missing = sorted(n for n in expected if n not in tensors and not n.endswith(("prev_q", "prev_k")))
-    extra = sorted(n for n in tensors if n not in expected)
-    wrong = sorted(n for n in tensors if n in expected and tensors[n].shape != expected[n].shape)
-    if missing or extra or wrong:
-        raise h5.RunError(f"{path}: tensors do not match config_ini (missing {missing}, "
-                          f"unexpected {extra}, wrong shape {wrong})")
-    model.load_state_dict(tensors, strict=False)
-    model.momfmm_positions = _positions(ck.config)
-    model.momfmm_config_ini = _attr_ini(ck)
+    model = MomfmmModel(ModelConfig.from_settings(ck.settings))
+    tensors = {state_name(n): torch.from_numpy(a) for n, a in ck.params.items()}
+    tensors.update({state_name(n): torch.from_numpy(a) for n, a in ck.buffers.items()})
+    # the reader gave exactly the config's name table: a difference is a bug of this module
+    model.load_state_dict(tensors, strict=True)
+    model.momfmm_positions = ck.settings.positions
+    model.momfmm_config_ini = ck.attrs["config_ini"]
     return model.to(device=device, dtype=dtype).eval()
-
-
-def _positions(cfg):
-    """max(model.max_seq_len, data.seq_len) of a config_ini (the C model's RoPE positions)."""
-    def get(sec, key):
-        return int(cfg.get(sec, key)) if cfg.has_option(sec, key) else 0
-    return max(get("model", "max_seq_len"), get("data", "seq_len")) or None
-
-
-def _attr_ini(ck):
-    value = ck.attrs.get("config_ini")
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def export(path, out_pt, config_json=None):
@@ -410,10 +402,10 @@ def export(path, out_pt, config_json=None):
     as JSON, from which `build(json.load(f))` makes the module to load the state_dict into.
     Returns the ModelConfig."""
     model = load(path)
-    torch.save(model.state_dict(), out_pt)
+    with files.output_path(out_pt, inputs=[path]) as tmp:
+        torch.save(model.state_dict(), tmp)
     if config_json is not None:
-        with open(config_json, "w") as f:
-            json.dump(dataclasses.asdict(model.config), f, indent=1)
+        files.write_text(config_json, json.dumps(dataclasses.asdict(model.config), indent=1), inputs=[path])
     return model.config
 
 
@@ -482,10 +474,10 @@ def save(model, path, config_ini=None, sections=None, step=0, tokens_seen=0):
     module was loaded from (load), else only the keys below and momfmm's defaults. The module's
     ModelConfig keys are then set in it (so config and tensors agree), then `sections`
     ({"data": {"seq_len": 64}, "model": {"max_seq_len": 256}, ...}: values written as they
-    are, booleans as true/false). Written to a temporary name beside `path`, then renamed over
-    it (an existing file is replaced, as torch.save does). Raises ValueError for a non-finite
+    are, booleans as true/false). Written beside `path`, then renamed over it (momfmm.files.
+    output_path: an existing regular file is replaced, as torch.save does; a symbolic link, FIFO
+    or directory there is refused with files.ArgumentError). Raises ValueError for a non-finite
     tensor, before writing anything."""
-    import os
     import h5py
 
     base = config_ini if config_ini is not None else getattr(model, "momfmm_config_ini", None) or ""
@@ -500,8 +492,7 @@ def save(model, path, config_ini=None, sections=None, step=0, tokens_seen=0):
             raise ValueError(f"{name} holds non-finite values: momfmm refuses such a checkpoint")
         group = "buffers" if name in buffers else "model"
         tensors[f"{group}/{checkpoint_name(name)}"] = array
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
+    with files.output_path(path) as tmp:
         with h5py.File(tmp, "w") as f:
             f.attrs["format"] = h5.CHECKPOINT_FORMAT
             f.attrs["format_version"] = np.int32(1)
@@ -512,10 +503,6 @@ def save(model, path, config_ini=None, sections=None, step=0, tokens_seen=0):
             f.attrs["momfmm_version"] = f"momfmm.pt.save (torch {torch.__version__})"
             for name, array in tensors.items():
                 f[name] = array
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return path
 
 
@@ -525,7 +512,8 @@ def build(config):
 
 
 def load_tokens(path):
-    """(inputs, targets, labels or None) of a token file (docs/files.md §4) as long tensors."""
+    """(inputs, targets, labels or None) of a token file (docs/files.md §4) as long tensors,
+    checked as momfmm.h5.load_tokens checks it."""
     return tuple(None if a is None else torch.from_numpy(a) for a in h5.load_tokens(path))
 
 

@@ -26,10 +26,14 @@ with n and the values listed.
 --results reads every run of the suite (configs/experiments/suite.list, runs from
 tools/run_experiments.sh) and writes its results report and figures: see momfmm.results.cli.
 
+A run directory stands for its newest checkpoint that loads, as for `momfmm inspect` (a damaged
+newest one is skipped with a warning; docs/design.md §8.4). --out never writes through a symbolic
+link or onto a FIFO, device or one of the runs read (exit 2), and replaces FILE only when the
+table is complete (momfmm.files.output_path).
+
 Exit 3 for a missing or corrupt file (naming it), 2 for a command-line error (and for
---results when no run of the suite exists, unless --allow-empty).
+--results when no run of the suite exists, unless --allow-empty); one line on stderr.
 """
-import argparse
 import math
 import os
 import signal
@@ -37,8 +41,9 @@ import sys
 
 import numpy as np
 
+from momfmm import files, tool
 from momfmm.fmt import MISSING, config_value, fmt_group, fmt_value, markdown, shortest
-from momfmm.h5 import EXIT_BAD_FILE, RunError, load_runs
+from momfmm.h5 import load_runs
 from momfmm.results import cli as results
 from momfmm.results.errors import UsageError
 
@@ -173,8 +178,8 @@ def rows_averaged_over(runs, rows, key):
 
 def build_parser():
     """One parser for both modes, so that `--help` shows --results and its options too."""
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                 epilog="Both modes print to stdout unless --out FILE is given.")
+    ap = tool.Parser(prog=PROG, description=__doc__.split("\n\n")[0],
+                     epilog="Both modes print to stdout unless --out FILE is given.")
     ap.add_argument("paths", nargs="*", metavar="RUN_OR_CKPT",
                     help="run directory, checkpoint file, or metrics.h5")
     ap.add_argument("--out", metavar="FILE",
@@ -224,22 +229,17 @@ def main(argv=None):
     if not args.paths:
         ap.error("give one or more RUN_OR_CKPT, or --results")
     try:
-        write_table(args)
+        return tool.run(PROG, write_table, args)
     except UsageError as exc:
         ap.error(str(exc))
-    except ValueError as exc:  # more --label values than runs
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except RunError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_FILE
-    return 0
 
 
 def write_table(args):
-    """The comparison table of args.paths to args.out (stdout if None). Raises UsageError for
-    options that do not fit, ValueError for more labels than runs, RunError for a file that
-    cannot be read."""
+    """The comparison table of args.paths to args.out (stdout if None); returns 0. Raises
+    UsageError for options that do not fit, files.ArgumentError for more labels than runs or an
+    --out that cannot be written to, RunError for a file that cannot be read."""
+    if args.out is not None:  # before reading anything: an --out that would replace a run, or a link
+        files.check_output(args.out, args.paths, "--out")
     digits = 4 if args.digits is None else args.digits
     metrics = [m.strip() for m in (args.metrics or "").split(",") if m.strip()]
     if args.metrics is not None and not metrics:
@@ -283,7 +283,8 @@ def write_table(args):
         body = [[fmt_value(row[c], c, digits) for c in columns] for _, row in order]
         header = columns
     text = markdown(header, body) + "\n\n" + "; ".join(notes) + ".\n"
-    results.emit(text, args.out)
+    results.emit(text, args.out, inputs=list(args.paths) + [f for r in runs for f in r.files])
+    return 0
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from momfmm.files import list_checkpoints
 from momfmm.h5 import load_checkpoint
 
 from processes import children, kill_session, rank_of, session_members
@@ -18,7 +19,6 @@ from common import MPIRUN, env, run, train_command, write_tiny_config
 # docs/cli.md §5: the launcher wrapper that turns Ctrl-C and SIGTERM into SIGUSR1
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "momfmm-mpirun")
 
-CKPT_NAME = re.compile(r"^ckpt_(\d{8})\.h5$")
 LOSS_RTOL = 1e-5
 WEIGHT_RTOL = 1e-4
 
@@ -45,13 +45,9 @@ def ckpt(out_dir, step):
 
 
 def checkpoints(out_dir):
-    """{step: path} of files named exactly ckpt_<8 digits>.h5."""
-    out = {}
-    for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
-        m = CKPT_NAME.match(name)
-        if m:
-            out[int(m.group(1))] = os.path.join(out_dir, name)
-    return out
+    """{step: path} of the checkpoints of a run directory, by the package's one name rule
+    (momfmm.files.list_checkpoints, docs/files.md §4)."""
+    return dict(list_checkpoints(out_dir)) if os.path.isdir(out_dir) else {}
 
 
 def tail(result, n=600):

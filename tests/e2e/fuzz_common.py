@@ -1,8 +1,15 @@
-"""What the hostile-input modules share (test_fuzz.py, test_fuzz_files.py;
-docs/files.md §4): a tiny trained checkpoint with its config and a good token
-file, the exit-code assertion and the copy-and-mutate helpers for HDF5 files."""
+"""What the hostile-input modules share (test_fuzz.py, test_fuzz_files.py,
+test_checkpoint_files.py; docs/files.md §4): a tiny trained checkpoint with its
+config and a good token file, the exit-code assertion, the copy-and-mutate
+helpers for HDF5 files, and the Python readers' verdict on the same files
+(docs/design.md §8.8: momfmm.pt.load refuses exactly what `momfmm eval` refuses, the
+report tool exactly what `momfmm inspect` refuses, momfmm.h5.load_tokens what
+`momfmm loss` refuses)."""
+import contextlib
+import io
 import os
 import shutil
+import signal
 
 import h5py
 import numpy as np
@@ -76,3 +83,62 @@ def mutated_copy(src, dst, mutate):
     shutil.copy(src, dst)
     with h5py.File(dst, "a") as f:
         mutate(f)
+
+
+# ---- the Python readers on the binary's hostile files ----
+
+# the Python reader of each binary command: momfmm.pt.load reads what eval reads (attributes,
+# config, /model, /buffers), the report tool what inspect reads (and /metrics)
+PYTHON_READER = {"eval": "momfmm.pt.load", "inspect": "momfmm_report.py", "generate": "momfmm.pt.load"}
+
+
+def python_verdicts(path):
+    """{"momfmm.pt.load": code, "momfmm_report.py": code} for a checkpoint file: 0 when the Python
+    reader reads it, 3 when it refuses it (files.RunError; the report tool's exit code, its main()
+    run in this process). Any other exception is a bug of the reader and fails the test."""
+    import momfmm.pt as mt
+    from momfmm import files, report
+    out = {}
+    try:
+        mt.load(path)
+        out["momfmm.pt.load"] = 0
+    except files.RunError:
+        out["momfmm.pt.load"] = 3
+    err = io.StringIO()
+    sigpipe = signal.getsignal(signal.SIGPIPE)  # main() restores SIGPIPE's default, for `| head`
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            out["momfmm_report.py"] = report.main([path])
+    finally:
+        signal.signal(signal.SIGPIPE, sigpipe)
+    lines = err.getvalue().strip().splitlines()
+    assert out["momfmm_report.py"] == 0 or (len(lines) == 1 and path in lines[0]), \
+        f"momfmm_report.py {path}: not one line naming the file: {err.getvalue()[-600:]!r}"
+    return out
+
+
+def verdict_mismatches(what, path, binary):
+    """The Python readers against the binary's exit codes {command: code} on one file: a list of
+    "what: reader reads/refuses, momfmm command refuses/reads" for every disagreement."""
+    python = python_verdicts(path)
+    out = []
+    for command, code in binary.items():
+        reader = PYTHON_READER.get(command)
+        if reader is None:
+            continue
+        if (python[reader] != 0) != (code != 0) or python[reader] not in (0, 3):
+            out.append(f"{what}: {reader} exits {python[reader]}, momfmm {command} exits {code}")
+    return out
+
+
+def tokens_mismatch(what, path, ckpt, code):
+    """momfmm.h5.load_tokens with the model of `ckpt` against `momfmm loss ckpt path`'s exit
+    code: None when both read or both refuse, else the disagreement."""
+    from momfmm import files, h5
+    settings = h5.load_checkpoint(ckpt, optim=False, metrics=False).settings
+    try:
+        h5.load_tokens(path, settings)
+        python = 0
+    except files.RunError:
+        python = 3
+    return None if (python != 0) == (code != 0) else f"{what}: load_tokens exits {python}, momfmm loss exits {code}"

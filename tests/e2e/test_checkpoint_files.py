@@ -4,7 +4,9 @@ each class as its own entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
   wrong format, newer format_version, missing dataset, wrong shapes, model
   keys changed): exit 3 naming the file and the problem, the file untouched,
   nothing trained; `momfmm inspect` and `eval` exit 3 as well unless the
-  damage is only in /optim (which they do not read, docs/files.md §4). Checkpoints
+  damage is only in /optim (which they do not read, docs/files.md §4); the Python
+  readers agree on each (momfmm.pt.load as eval, momfmm_report.py as inspect,
+  momfmm.h5.load_checkpoint with /optim as --resume). Checkpoints
   written before gain_R_attn or the chain's lengen_*, attn_* and L_rep_by_period
   columns resume, their old rows NaN. --resume auto
   skips a corrupt newest checkpoint (reported, kept) and resumes bitwise from
@@ -25,6 +27,7 @@ import numpy as np
 import pytest
 
 from common import run
+from fuzz_common import verdict_mismatches
 from ckpt_util import (N, RESUME, R, bitwise_report, checkpoints, ckpt, digest,  # noqa: F401 (R, straight: fixtures)
                        straight, tail)
 
@@ -133,9 +136,10 @@ class TestBadFiles:
         report.check(f"bad file {case}: exit 3 naming the file and the problem", ok,
                      f"rc {r.returncode}; stderr {msg[:300]!r}")
         if readers is not None:
-            got = []
+            got, binary = [], {}
             for command in ("inspect", "eval"):
                 x = run([R.momfmm, command, path], timeout=60)
+                binary[command] = x.returncode
                 m = x.stderr.strip()
                 good = (x.returncode == 3 and os.path.basename(path) in m and all(n in m for n in needles)
                         and len(m.splitlines()) == 1) if readers else x.returncode == 0
@@ -144,6 +148,17 @@ class TestBadFiles:
                     print(f"     {command} {path}: rc {x.returncode} {m[:200]!r}", flush=True)
             report.check(f"bad file {case}: momfmm inspect and eval " +
                          ("exit 3 naming it" if readers else "read it (the damage is in /optim only)"), all(got))
+            mismatches = verdict_mismatches(f"bad file {case}", path, binary)
+            report.check(f"bad file {case}: the Python readers agree with inspect and eval", not mismatches,
+                         "; ".join(mismatches))
+            from momfmm.h5 import RunError, load_checkpoint
+            try:
+                load_checkpoint(path)
+                refusal = ""
+            except RunError as exc:
+                refusal = str(exc)
+            report.check(f"bad file {case}: momfmm.h5.load_checkpoint (with /optim) refuses it as --resume does",
+                         os.path.basename(path) in refusal and len(refusal.splitlines()) == 1, refusal)
         report.check(f"bad file {case}: file untouched, nothing trained",
                      digest(path) == before and not checkpoints(out_dir)
                      and not re.search(r"^step \d+/", r.stdout, re.M))

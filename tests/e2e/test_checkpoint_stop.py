@@ -33,8 +33,9 @@ import pytest
 
 from processes import session_members
 from common import env
-from ckpt_util import (CKPT_NAME, LongRun, Runner, SlowRun, check_stopped, checkpoints, ckpt, load_state, same_bits,
+from ckpt_util import (LongRun, Runner, SlowRun, check_stopped, checkpoints, ckpt, load_state, same_bits,
                        tail)
+from momfmm.files import checkpoint_step
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,7 @@ def check_crash(R, report, rng, kills=8):
         names = os.listdir(out_dir)
         tmp_seen += sum(".tmp." in n for n in names)
         for n in names:
-            if n.startswith("ckpt_") and n.endswith(".h5") and not CKPT_NAME.match(n):
+            if n.startswith("ckpt_") and n.endswith(".h5") and checkpoint_step(n) is None:
                 bad.append(f"kill {i}: unexpected name {n}")
         found = checkpoints(out_dir)
         for step, path in sorted(found.items()):

@@ -12,7 +12,10 @@ reshaped or float-typed tensors, declared-but-unstored datasets (10^9 rows of
 metrics), a model too large for memory in config_ini, a FIFO. Token files:
 huge declared shapes with small chunks (the element count overflows int), float
 ids, wrong rank, ids out of range, declared-but-unstored rows. Configs: values
-out of range, unknown keys, duplicates.
+out of range, unknown keys, duplicates. Each malformed checkpoint and token file
+goes to the Python readers too, which refuse it as the binary does
+(fuzz_common.verdict_mismatches: momfmm.pt.load as eval, the report tool as
+inspect; momfmm.h5.load_tokens as loss).
 
 The later classes of hostile files are test_fuzz_files.py; the shared tiny
 checkpoint and helpers are fuzz_common.py."""
@@ -27,7 +30,7 @@ import numpy as np
 
 from common import run
 from fuzz_common import (COMMANDS, METRICS, TIMEOUT_S, TINY, assert_refused, base, mutated_copy,  # noqa: F401 (base: a fixture)
-                         replace_dataset)
+                         python_verdicts, replace_dataset, tokens_mismatch, verdict_mismatches)
 
 SEED = 16
 
@@ -151,32 +154,43 @@ def config_cases():
 
 def run_all(momfmm, jobs, codes=(2, 3)):
     """Runs (description, args) jobs a few at a time: each run mostly waits for MPI's
-    start-up, so this keeps the module's runtime down on two cores."""
+    start-up, so this keeps the module's runtime down on two cores. Returns the
+    CompletedProcess of each job."""
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda job: run([momfmm, *job[1]], timeout=TIMEOUT_S), jobs))
     for (what, _), r in zip(jobs, results):
         assert_refused(r, what, codes)
-    return len(jobs)
+    return results
 
 
 def test_malformed_checkpoints(momfmm, base):
     d, ini, ck, tok = base
     rng = np.random.default_rng(SEED)
     cases = checkpoint_cases(rng)
-    jobs = []
+    jobs, keys = [], []
     for i, (what, mutate) in enumerate(cases):
         bad = os.path.join(d, f"bad_ck_{i}.h5")
         mutated_copy(ck, bad, mutate)
         metrics_only = what.endswith(METRICS)
         for cmd in COMMANDS[:1] if metrics_only else COMMANDS:
             jobs.append((f"{cmd[0]} on {what}", (cmd[0], bad, *cmd[1:])))
+            keys.append((i, cmd[0]))
         if not metrics_only:
             jobs.append((f"loss on {what}", ("loss", bad, tok)))
+            keys.append((i, "loss"))
         out = os.path.join(d, f"resume_{i}")
         os.makedirs(out, exist_ok=True)
         jobs.append((f"train --resume on {what}", ("train", ini, "--set", f"train.out_dir={out}", "--resume", bad)))
-    n = run_all(momfmm, jobs)
-    print(f"fuzz: {len(cases)} malformed checkpoints, {n} runs")
+        keys.append((i, "train"))
+    results = run_all(momfmm, jobs)
+    binary = {}
+    for (i, command), r in zip(keys, results):
+        binary.setdefault(i, {})[command] = r.returncode
+    mismatches = []
+    for i, (what, _) in enumerate(cases):
+        mismatches += verdict_mismatches(what, os.path.join(d, f"bad_ck_{i}.h5"), binary[i])
+    assert not mismatches, "the Python readers and the binary disagree:\n  " + "\n  ".join(mismatches)
+    print(f"fuzz: {len(cases)} malformed checkpoints, {len(jobs)} runs, the Python readers agree on each")
 
 
 def test_malformed_token_files(momfmm, base):
@@ -186,7 +200,11 @@ def test_malformed_token_files(momfmm, base):
         path = os.path.join(d, f"bad_tok_{i}.h5")
         make(path)
         jobs.append((f"loss on token file with {what}", ("loss", ck, path)))
-    print(f"fuzz: {run_all(momfmm, jobs, codes=(3,))} malformed token files")
+    results = run_all(momfmm, jobs, codes=(3,))
+    mismatches = [tokens_mismatch(what, args[2], ck, r.returncode) for (what, args), r in zip(jobs, results)]
+    mismatches = [m for m in mismatches if m]
+    assert not mismatches, "momfmm.h5.load_tokens and momfmm loss disagree:\n  " + "\n  ".join(mismatches)
+    print(f"fuzz: {len(jobs)} malformed token files, load_tokens agrees on each")
 
 
 def test_special_files(momfmm, base):
@@ -197,6 +215,8 @@ def test_special_files(momfmm, base):
     for cmd in COMMANDS:
         assert_refused(run([momfmm, cmd[0], fifo, *cmd[1:]], timeout=20), f"{cmd[0]} on a FIFO", codes=(3,))
     assert_refused(run([momfmm, "loss", ck, fifo], timeout=20), "loss on a FIFO token file", codes=(3,))
+    assert python_verdicts(fifo) == {"momfmm.pt.load": 3, "momfmm_report.py": 3}, "the Python readers on a FIFO"
+    assert tokens_mismatch("a FIFO token file", fifo, ck, 3) is None
     out = os.path.join(d, "fifo_run")
     os.makedirs(out, exist_ok=True)
     if not os.path.exists(os.path.join(out, "ckpt_00000009.h5")):

@@ -8,17 +8,35 @@ launches whose ranks differ in train.steps, model.d_model, train.lr; escaped str
 (newline, ' ;', '#', quotes in train.out_dir; a NUL inside config_ini); --init with
 --overwrite; a relative data.path read from another directory; more documents than
 vm.max_map_count; a ListOps TSV with a byte-order mark. The config round trip over
-random strings is tests/test_config.c's property test."""
+random strings is tests/test_config.c's property test.
+
+Every hostile checkpoint here also goes to the Python readers (docs/design.md §8.8), which must refuse it
+exactly when the binary does: momfmm.pt.load as `eval`, momfmm_report.py as `inspect`,
+momfmm.h5.load_checkpoint with /optim as `train --resume` (fuzz_common.verdict_mismatches);
+tensors of another model than config_ini names are refused by the Python readers, and the
+binary's refusal is expected from the C side's change (xfail until then)."""
 import os
 import shutil
 import subprocess
 import time
 
+import re
+
 import h5py
 import numpy as np
+import pytest
 
 from common import run
-from fuzz_common import COMMANDS, METRICS, SANITIZER_MARKS, TIMEOUT_S, base, mutated_copy, replace_dataset  # noqa: F401 (base: a fixture)
+from fuzz_common import (COMMANDS, METRICS, SANITIZER_MARKS, TIMEOUT_S, base, mutated_copy,  # noqa: F401 (base: a fixture)
+                         python_verdicts, replace_dataset, verdict_mismatches)
+
+
+def python_agrees(report, what, path, binary):
+    """A named check: the Python readers refuse `path` exactly when the binary's commands do
+    (binary: {command: exit code})."""
+    mismatches = verdict_mismatches(what, path, binary)
+    report.check(f"{what}: the Python readers agree with momfmm {'/'.join(binary)}", not mismatches,
+                 "; ".join(mismatches))
 
 
 # ---- the classes of docs/files.md §4 added later: links and foreign storage, filters,
@@ -91,6 +109,7 @@ def test_links_and_foreign_storage(momfmm, base, report):
         mutated_copy(ck, bad, mutate)
         commands = [("inspect",)] if what.endswith(METRICS) else [
             *COMMANDS, ("loss", tok), ("train", "--resume")]
+        binary = {}
         for cmd in commands:
             if cmd[0] == "train":
                 out = os.path.join(d, f"foreign_run_{i}")
@@ -98,7 +117,11 @@ def test_links_and_foreign_storage(momfmm, base, report):
             else:
                 args = [cmd[0], bad, *cmd[1:]]
             r, seconds = timed(momfmm, args)
+            binary[cmd[0]] = r.returncode
             refused(report, f"{cmd[0]} on {what}: exit 3 naming it", r, seconds, 3, bad, needle)
+        start = time.time()
+        python_agrees(report, what, bad, binary)
+        report.check(f"{what}: the Python readers answer within 20 s", time.time() - start < 20)
     # --resume auto meets the file under a checkpoint name
     out = os.path.join(d, "foreign_auto")
     os.makedirs(out, exist_ok=True)
@@ -128,6 +151,7 @@ def test_filters(momfmm, base, report):
         r, seconds = timed(momfmm, ["inspect", bad])
         refused(report, f"inspect: gzip'd metric columns of {label} zero rows refused within 10 s", r, seconds, 3,
                 bad, "/metrics/train/step", "compressed", within=10)
+        python_agrees(report, f"gzip'd metric columns of {label} rows", bad, {"inspect": r.returncode})
     # honest compression loads: small gzip'd metric columns and a gzip'd tensor
     good = os.path.join(d, "zip_good.h5")
 
@@ -142,12 +166,14 @@ def test_filters(momfmm, base, report):
     mutated_copy(ck, good, recompress)
     r, seconds = timed(momfmm, ["inspect", good])
     report.check("inspect loads gzip'd small columns and tensors", r.returncode == 0, r.stderr[-300:])
+    python_agrees(report, "gzip'd small columns and tensors", good, {"inspect": r.returncode, "eval": 0})
     # declared far beyond memory, also through a filter
     huge = os.path.join(d, "zip_tensor.h5")
     mutated_copy(ck, huge, replace_dataset("model/tok_emb", lambda f, p: f.create_dataset(
         p, shape=(2**31, 32), dtype="f4", chunks=(2**14, 32), compression="gzip")))
     r, seconds = timed(momfmm, ["eval", huge])
     refused(report, "eval: a gzip'd tensor declaring 2^31 x 32 refused", r, seconds, 3, huge, "/model/tok_emb")
+    python_agrees(report, "a gzip'd tensor declaring 2^31 x 32", huge, {"eval": r.returncode})
 
 
 def test_counters_near_limits(momfmm, base, report):
@@ -160,13 +186,16 @@ def test_counters_near_limits(momfmm, base, report):
                                              "skipped_steps": np.int64(big)}, 0, "")):
         bad = os.path.join(d, f"limits_{name.split()[0]}.h5")
         mutated_copy(ck, bad, lambda f, attrs=attrs: [f.attrs.__setitem__(k, v) for k, v in attrs.items()])
+        binary = {}
         for cmd in (["inspect", bad], ["eval", bad]):
             r, seconds = timed(momfmm, cmd)
+            binary[cmd[0]] = r.returncode
             if code:
                 refused(report, f"{cmd[0]} with {name}: exit 3", r, seconds, code, needle)
             else:
                 report.check(f"{cmd[0]} with {name}: reads", r.returncode == 0 and
                              not any(m in r.stderr for m in SANITIZER_MARKS), r.stderr[-300:])
+        python_agrees(report, name, bad, binary)
     # tokens_seen near 2^63 resumed and trained on: saturates, and the checkpoint written loads
     near = os.path.join(d, "limits_tokens.h5")
     mutated_copy(ck, near, lambda f: f.attrs.__setitem__("tokens_seen", np.int64(big - 10)))
@@ -186,6 +215,7 @@ def test_counters_near_limits(momfmm, base, report):
 
 
 def test_nonfinite_checkpoints(momfmm, base, report):
+    from momfmm.h5 import RunError, load_checkpoint
     d, ini, ck, tok = base
 
     def poke(name, index, value):
@@ -214,6 +244,15 @@ def test_nonfinite_checkpoints(momfmm, base, report):
             r, seconds = timed(momfmm, cmd)
             label = cmd[0] + (" " + cmd[-2] if cmd[0] == "train" else "")
             refused(report, f"{label} on {what}: exit 3 naming file and tensor", r, seconds, 3, bad, needle)
+        # what eval and inspect read: refused with the weights, read with only /optim damaged
+        python_agrees(report, what, bad, {"eval": 3 if weights else 0, "inspect": 3 if weights else 0})
+        try:
+            load_checkpoint(bad)  # /optim too, as train --resume reads it
+            message = ""
+        except RunError as exc:
+            message = str(exc)
+        report.check(f"load_checkpoint with /optim on {what}: refused naming the tensor, as train --resume",
+                     needle.split("[")[0].split(" holds")[0] in message, message)
 
 
 def test_locked_checkpoint(momfmm, base, report):
@@ -244,6 +283,12 @@ def test_locked_checkpoint(momfmm, base, report):
                      r.stdout[-300:])
         r, seconds = timed(momfmm, ["eval", out])
         refused(report, "eval of the run directory stops at the locked checkpoint", r, seconds, 3, "locked")
+        verdicts = python_verdicts(newer)
+        report.check("the Python readers refuse the locked checkpoint", verdicts["momfmm.pt.load"] == 3 and
+                     verdicts["momfmm_report.py"] == 3, str(verdicts))
+        r = run(["/usr/bin/python3", REPORT_TOOL, out], timeout=TIMEOUT_S)
+        report.check("momfmm_report.py of the run directory stops at it too (exit 3, not falling back)",
+                     r.returncode == 3 and "locked" in r.stderr and "not falling back" in r.stderr, r.stderr[-300:])
     finally:
         holder.communicate("", timeout=30)
     r = run([momfmm, "inspect", newer], timeout=TIMEOUT_S)
@@ -326,6 +371,7 @@ def test_escaped_strings(momfmm, base, report):
     mutated_copy(ck, bad, nul)
     r, seconds = timed(momfmm, ["eval", bad])
     refused(report, "config_ini with an embedded NUL: exit 3", r, seconds, 3, bad, "config_ini", "NUL")
+    python_agrees(report, "config_ini with an embedded NUL", bad, {"eval": r.returncode})
 
 
 def test_init_and_overwrite(momfmm, base, report):
@@ -348,6 +394,52 @@ def test_init_and_overwrite(momfmm, base, report):
         report.check(f"{what} creates no out_dir", not os.path.exists(fresh))
     r = run([momfmm, "train", ini, "--set", f"train.out_dir={fresh}", "--init", source], timeout=TIMEOUT_S)
     report.check("--init from another directory's checkpoint works", r.returncode == 0, r.stderr[-300:])
+
+
+REPORT_TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "momfmm_report.py")
+
+
+def test_tensors_of_another_model(momfmm, base):
+    """Tensors that config_ini does not name (more layers than model.n_layers, an FMM blend under
+    attention.kind = softmax, any other dataset below /model or /buffers): the Python readers
+    refuse them naming the tensor (docs/files.md §4). The binary's reader is to refuse them too (its
+    change is the C side's): until it does, its acceptance is reported as an expected failure."""
+    d, ini, ck, tok = base
+
+    def second_layer(f):
+        for name in list(f["model/blocks/0"]):
+            f.copy(f[f"model/blocks/0/{name}"], f"model/blocks/1/{name}")
+
+    def blend(f):
+        f["model/blocks/0/attn/fmm_blend"] = np.zeros((2, 4), np.float32)
+
+    def extra_model(f):
+        f["model/foo"] = np.zeros(3, np.float32)
+
+    def extra_buffer(f):
+        f.copy(f["buffers/blocks/0"], "buffers/blocks/5")
+
+    accepted = []
+    for i, (what, mutate, needle) in enumerate((
+            ("a second layer under model.n_layers = 1", second_layer, "/model/blocks/1"),
+            ("fmm_blend under attention.kind = softmax", blend, "/model/blocks/0/attn/fmm_blend"),
+            ("an extra /model/foo", extra_model, "/model/foo"),
+            ("buffers of a sixth layer", extra_buffer, "/buffers/blocks/5"))):
+        bad = os.path.join(d, f"other_model_{i}.h5")
+        mutated_copy(ck, bad, mutate)
+        verdicts = python_verdicts(bad)
+        assert verdicts == {"momfmm.pt.load": 3, "momfmm_report.py": 3}, f"{what}: {verdicts}"
+        from momfmm.h5 import RunError, load_checkpoint
+        with pytest.raises(RunError, match=re.escape(needle)):
+            load_checkpoint(bad, optim=False, metrics=False)
+        for command in ("eval", "inspect"):
+            r, _ = timed(momfmm, [command, bad])
+            assert r.returncode in (0, 3) and not any(m in r.stderr for m in SANITIZER_MARKS), r.stderr[-300:]
+            if r.returncode == 0:
+                accepted.append(f"{command} {what}")
+    if accepted:
+        pytest.xfail("the binary reads tensors config_ini does not name (the C reader's change is pending): "
+                     + "; ".join(accepted))
 
 
 TEXT = """[model]

@@ -11,6 +11,7 @@ import importlib.util
 import math
 import os
 import re
+import subprocess
 import sys
 
 import h5py
@@ -218,3 +219,62 @@ def test_tokenize_then_train(momfmm, tmp_path, report):
                  r.stderr)
     r = run([sys.executable, TOKENIZE, "decode", "--model", tmp_path / "tok2" / "x.model", out / "val.bin"])
     report.check("tokenize decode of a missing model fails", r.returncode != 0)
+
+
+def test_tokenize_decode_refuses_what_train_refuses(momfmm, tmp_path, report):
+    """The same token files through momfmm (data.path with data.format = tokens: `momfmm data`
+    reads the corpus) and through `momfmm-tokenize decode` with a model of as many pieces as
+    model.vocab_size (docs/cli.md §5): decode refuses a file (exit 3, one line naming it) exactly when
+    the binary does, and prints the bytes of the files it reads."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    rng = np.random.default_rng(9)
+    (docs / "a.txt").write_text(" ".join(rng.choice(["near", "far", "field", "é", "\n", "x = 1;"], 600)))
+    model = tmp_path / "tok" / "tokenizer.model"
+    r = run([sys.executable, TOKENIZE, "train", docs, "--vocab-size", 300, "--out", tmp_path / "tok"])
+    assert r.returncode == 0, r.stderr
+    import sentencepiece as spm
+    pieces = spm.SentencePieceProcessor(model_file=str(model)).get_piece_size()
+    good = np.arange(400) % pieces
+    files = {
+        "nanogpt.bin": lambda p: write_nanogpt(p, good),
+        "llmc.bin": lambda p: write_llmc(p, good),
+        "odd.bin": lambda p: p.write_bytes(good.astype("<u2").tobytes() + b"\x01"),
+        "id_past_pieces.bin": lambda p: write_nanogpt(p, np.r_[good, pieces]),
+        "llmc_v7.bin": lambda p: write_llmc(p, good, version=7),
+        "llmc_lying.bin": lambda p: write_llmc(p, good, declared=900),
+        "llmc_short.bin": lambda p: p.write_bytes(np.array([20240520, 1, 3], "<i4").tobytes()),
+        "empty.bin": lambda p: p.write_bytes(b""),
+    }
+    for name, dtype, kw in (("h5_u16.h5", "<u2", {}), ("h5_i32.h5", "<i4", {}), ("h5_chunked.h5", "<u2",
+                            {"chunks": (100,)}), ("h5_gzip.h5", "<u2", {"compression": "gzip"}),
+                            ("h5_float.h5", "<f4", {}), ("h5_i64.h5", "<i8", {}), ("h5_big_endian.h5", ">u2", {}),
+                            ("h5_u32.h5", "<u4", {})):
+        files[name] = lambda p, dtype=dtype, kw=kw: h5py.File(p, "w").create_dataset("tokens", data=good.astype(dtype),
+                                                                                       **kw).file.close()
+    files["h5_negative.h5"] = lambda p: h5py.File(p, "w").create_dataset(
+        "tokens", data=np.r_[good, -1].astype("<i4")).file.close()
+    files["h5_2d.h5"] = lambda p: h5py.File(p, "w").create_dataset("tokens", data=good.reshape(2, -1)
+                                                                     .astype("<u2")).file.close()
+    files["h5_empty.h5"] = lambda p: h5py.File(p, "w").create_dataset("tokens", data=np.zeros(0, "<u2")).file.close()
+    files["h5_no_tokens.h5"] = lambda p: h5py.File(p, "w").create_dataset("ids", data=good.astype("<u2")).file.close()
+    files["h5_linked.h5"] = lambda p: h5py.File(p, "w").__setitem__(
+        "tokens", h5py.ExternalLink(str(tmp_path / "h5_u16.h5"), "/tokens"))
+    ini = write_ini(tmp_path / "d.ini", str(tmp_path / "never"), "unset", vocab=pieces, format="tokens",
+                    eval_fraction=0.5)
+    printed = set()
+    for name, make in files.items():
+        path = tmp_path / name
+        make(path)
+        binary = run([momfmm, "data", ini, "--set", f"data.path={path}", "--show", 1], timeout=60)
+        python = subprocess.run([sys.executable, TOKENIZE, "decode", "--model", str(model), str(path)],
+                                capture_output=True, timeout=60)
+        err = python.stderr.decode(errors="replace").strip()
+        agree = (binary.returncode != 0) == (python.returncode != 0) and python.returncode in (0, 3)
+        report.check(f"{name}: decode {'refuses' if python.returncode else 'reads'} it as momfmm does "
+                     f"(exit {python.returncode} vs {binary.returncode})",
+                     agree and (python.returncode == 0 or (len(err.splitlines()) == 1 and name in err)),
+                     f"momfmm: {binary.stderr.strip()[-200:]!r}; decode: {err[-300:]!r}")
+        if python.returncode == 0:
+            printed.add(python.stdout)
+    report.check("every token file it reads prints the same bytes (the same ids)", len(printed) == 1, str(len(printed)))

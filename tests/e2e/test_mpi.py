@@ -40,6 +40,7 @@ import time
 import h5py
 import numpy as np
 import pytest
+from momfmm.files import list_checkpoints
 from momfmm.h5 import load_checkpoint, newest_checkpoint
 
 from processes import children, kill_session, rank_of, session_members
@@ -284,7 +285,7 @@ def check_stop_signal(report, runner):
         rc, took = job.wait(30)
         text = job.log()
         m = re.search(r"stop requested: writing a checkpoint at step (\d+)", text)
-        ckpts = sorted(glob.glob(os.path.join(job.out_dir, "ckpt_*.h5")))
+        ckpts = [path for _, path in list_checkpoints(job.out_dir)]
         ok = rc == 0 and m is not None and len(ckpts) == 1 and ckpts[0].endswith(f"ckpt_{int(m.group(1)):08d}.h5")
         report.check("usr1 to rank 2 only: job exits 0 within 30 s with a checkpoint at the announced step", ok,
                      f"rc {rc} after {took:.1f} s, {m.group(0) if m else 'no stop line'}, "

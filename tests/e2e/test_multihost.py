@@ -31,6 +31,7 @@ import subprocess
 import time
 
 import numpy as np
+from momfmm.files import list_checkpoints
 from momfmm.h5 import load_checkpoint
 
 from common import MPIRUN, env, run, write_tiny_config
@@ -204,7 +205,8 @@ def wait_for(condition, seconds, step=0.2):
 
 
 def checkpoints(out_dir):
-    return sorted(glob.glob(os.path.join(out_dir, "ckpt_*.h5")))
+    """The checkpoints of a run directory, oldest first (momfmm.files.list_checkpoints)."""
+    return [path for _, path in list_checkpoints(out_dir)]
 
 
 class TestFaults:

@@ -39,6 +39,7 @@ import time
 import h5py
 import numpy as np
 
+from momfmm.files import list_checkpoints
 from momfmm.h5 import load_checkpoint
 
 from common import env, load_newest, run, train_command, write_tiny_config
@@ -120,7 +121,7 @@ class TestMicroBatch:
         # micro-batches too (docs/scale.md §7), with the same metrics
         _, ref = train(momfmm, workdir, "mb_eval", **{"train.log_interval": 20})
         assert ref is not None
-        whole = glob.glob(os.path.join(workdir, "mb_eval", "ckpt_*.h5"))[-1]
+        whole = list_checkpoints(os.path.join(workdir, "mb_eval"))[-1][1]  # the newest
         split = os.path.join(workdir, "mb_eval_split.h5")
         shutil.copy(whole, split)
         with h5py.File(split, "r+") as f:
@@ -252,7 +253,7 @@ class TestKillDuringSave:
             kill_session(proc.pid)
         report.check("rank 2 killed while a sharded checkpoint was being written (a *.tmp.* file existed)",
                      caught_tmp, "no temporary file seen before the kill")
-        files = sorted(glob.glob(os.path.join(out_dir, "ckpt_*.h5")))
+        files = [path for _, path in list_checkpoints(out_dir)]
         loadable = []
         for f in files:
             try:

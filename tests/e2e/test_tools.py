@@ -4,6 +4,7 @@ the checkpoints' final eval values (docs/metrics.md §3, 4), --average-over trai
 SWMR metrics.h5 with gain_R and gamma is read, and bad paths exit 3 naming the file (docs/cli.md §5)."""
 import math
 import os
+import re
 import shutil
 import sys
 
@@ -88,14 +89,16 @@ def check_report_rows(report, rows, dirs):
 
 def text_run(out_dir, ckpt_path):
     """A run directory whose checkpoint says data.task = text (a copy of a chain checkpoint with
-    its config_ini edited: the report reads only the config and the metrics)."""
+    its config_ini edited, a text config the binary accepts: data.path set; the report reads only
+    the config and the metrics)."""
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
     path = shutil.copy(ckpt_path, out_dir)
     with h5py.File(path, "r+") as f:
         ini = f.attrs["config_ini"]
         ini = ini.decode() if isinstance(ini, bytes) else ini
-        f.attrs["config_ini"] = ini.replace("task = chain", "task = text")
+        ini = re.sub(r"^path =.*$", "path = corpus.txt", ini.replace("task = chain", "task = text"), flags=re.M)
+        f.attrs["config_ini"] = ini
     return out_dir
 
 
@@ -116,6 +119,7 @@ def write_live_metrics(live_dir, ckpt_path):
     ev["gamma"] = np.full((n, n_layers, n_heads), 0.2)
     ev["gamma"][-1] = 0.35
     f = h5py.File(os.path.join(live_dir, "metrics.h5"), "w", libver="latest")
+    f.attrs["config_ini"] = src.attrs["config_ini"]  # as momfmm writes it (docs/files.md §4)
     for split, data in (("train", train), ("eval", ev)):
         for k, v in data.items():
             f.create_dataset(f"metrics/{split}/{k}", data=v, maxshape=(None,) + v.shape[1:],

@@ -24,8 +24,8 @@ import os
 import tempfile
 import unittest
 
-import h5py
 import numpy as np
+from checkpoints import write_checkpoint
 
 from momfmm.digest import FORMAT, digest_of, read_digest, write_digest
 from momfmm.h5 import RunError, load_run
@@ -42,22 +42,13 @@ def write_run(directory, step, steps=4, version="momfmm 0.2.0 (git test)"):
     """A run directory as momfmm writes it, reduced to what the reader needs: one checkpoint
     with its root attributes, config and /metrics tables (docs/files.md §4)."""
     os.makedirs(directory, exist_ok=True)
-    with h5py.File(os.path.join(directory, f"ckpt_{step:08d}.h5"), "w") as f:
-        f.attrs["format"] = "momfmm-checkpoint"
-        f.attrs["config_ini"] = CONFIG.format(steps=steps)
-        f.attrs["step"] = np.int64(step)
-        f.attrs["world_size"] = np.int32(2)
-        f.attrs["momfmm_version"] = version
-        n = step
-        f["metrics/train/step"] = np.arange(1, n + 1, dtype=np.int64)
-        f["metrics/train/loss"] = np.linspace(7.0, 1.0 / 3.0, n)
-        f["metrics/train/lr"] = np.full(n, 3e-4)
-        f["metrics/train/tokens_per_s"] = np.full(n, 12345.678901)
-        f["metrics/train/grad_norm"] = np.ones(n)
-        f["metrics/eval/step"] = np.array([n], dtype=np.int64)
-        f["metrics/eval/loss"] = np.array([0.123456789012345])
-        f["metrics/eval/loss_by_k"] = np.arange(16, dtype=float).reshape(1, 16) / 7.0
-        f["metrics/eval/gain_R"] = np.array([[1.5, 2.25]])
+    n = step
+    train = {"step": np.arange(1, n + 1), "loss": np.linspace(7.0, 1.0 / 3.0, n), "lr": np.full(n, 3e-4),
+             "tokens_per_s": np.full(n, 12345.678901), "grad_norm": np.ones(n)}
+    evals = {"step": [n], "loss": [0.123456789012345], "loss_by_k": np.arange(16, dtype=float).reshape(1, 16) / 7.0,
+             "gain_R": [[1.5, 2.25]]}
+    write_checkpoint(os.path.join(directory, f"ckpt_{step:08d}.h5"), CONFIG.format(steps=steps), step, train, evals,
+                     attrs={"world_size": np.int32(2), "momfmm_version": version})
     with open(os.path.join(directory, "train.log"), "w") as f:
         f.write("# 2026-12-01T08:00:00 up 1 s\n# exit 0 after 42 s\n")
 
@@ -217,8 +208,9 @@ class Malformed(unittest.TestCase):
             os.mkdir(directory)
             with open(huge, "wb") as f:
                 f.truncate((64 << 20) + 1)
-            for path, fragment in ((fifo, "not a regular file"), (directory, "not a readable digest"),
-                                   (huge, "67108865 bytes, more than a digest's")):
+            for path, fragment in ((fifo, "cannot open digest: not a regular file but a FIFO"),
+                                   (directory, "cannot open digest: not a regular file but a directory"),
+                                   (huge, "67108865 bytes, more than the 67108864 a digest may hold")):
                 with self.subTest(path=path), self.assertRaises(RunError) as cm:
                     read_digest(path)
                 self.assertIn(f"{path}: {fragment}", str(cm.exception))

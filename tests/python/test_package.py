@@ -8,7 +8,8 @@
 2. The package's import graph, read from the sources with ast, has no cycle.
 3. Nothing in the package, the tools or the tests touches sys.path (PYTHONPATH, an installed
    copy, or for the tools the package beside them loaded by location); the tools in tools/
-   import no other tool.
+   import no other tool, but for the three entry scripts momfmm_report.py, momfmm_plot.py and
+   momfmm_tokenize.py, which import the one launcher (momfmm_launcher.py) and only call it.
 4. momfmm.h5 reads a small checkpoint and token file written with h5py in the docs/files.md §4
    layout: load_checkpoint's fields and load_tokens' arrays.
 """
@@ -24,6 +25,8 @@ PYTHON_DIR = os.path.join(ROOT, "python")
 PACKAGE_DIR = os.path.join(PYTHON_DIR, "momfmm")
 TOOLS_DIR = os.path.join(ROOT, "tools")
 PACKAGE = "momfmm"
+LAUNCHER = "momfmm_launcher"
+ENTRY_SCRIPTS = {"momfmm_report": "report", "momfmm_plot": "plot", "momfmm_tokenize": "tokenize"}
 
 
 def package_modules():
@@ -147,8 +150,29 @@ class PackageTest(unittest.TestCase):
                     imported |= {a.name.split(".")[0] for a in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.module:
                     imported.add(node.module.split(".")[0])
+            allowed = {LAUNCHER} if name in ENTRY_SCRIPTS else set()
             with self.subTest(tool=name):
-                self.assertFalse(imported & tools, f"{path} imports {sorted(imported & tools)}")
+                self.assertFalse((imported & tools) - allowed, f"{path} imports {sorted(imported & tools)}")
+
+    def test_entry_scripts_only_call_the_launcher(self):
+        """One launcher for the three tools (docs/design.md §8.8): each entry script imports
+        launch from momfmm_launcher, defines nothing and calls launch with its own name; the
+        launcher maps each name to a module of the package that has a main()."""
+        for name, tool in ENTRY_SCRIPTS.items():
+            path = os.path.join(TOOLS_DIR, name + ".py")
+            with self.subTest(script=name), open(path) as f:
+                tree = ast.parse(f.read(), path)
+                defined = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Assign))]
+                calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+                self.assertEqual(defined, [], f"{path} defines more than the launcher's call")
+                self.assertEqual([(c.func.id, [a.value for a in c.args]) for c in calls], [("launch", [tool])])
+        env = dict(os.environ, PYTHONPATH="", PYTHONDONTWRITEBYTECODE="1")
+        for name in ENTRY_SCRIPTS:
+            with self.subTest(help=name):
+                r = subprocess.run([sys.executable, os.path.join(TOOLS_DIR, name + ".py"), "--help"], env=env,
+                                   cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=120)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn("usage:", r.stdout)
 
     def test_quoted_config_values(self):
         """config_ini's quoted values (docs/config.md §6, escaping) read as momfmm reads them."""
@@ -169,21 +193,21 @@ class PackageTest(unittest.TestCase):
     def test_reader_round_trip(self):
         import h5py
         import numpy as np
+        from checkpoints import write_checkpoint
         from momfmm import h5
-        weight = np.arange(6, dtype=np.float32).reshape(2, 3)
+        ini = "[model]\nvocab_size = 16\nd_model = 8\nn_heads = 2\nn_layers = 1\nd_ff = 16\n[momentum]\ngamma = 0.5\n"
         with tempfile.TemporaryDirectory() as tmp:
-            ckpt = os.path.join(tmp, "ckpt_00000007.h5")
-            with h5py.File(ckpt, "w") as f:
-                f.attrs["format"] = "momfmm-checkpoint"
-                f.attrs["step"] = np.int64(7)
-                f.attrs["world_size"] = np.int32(2)
-                f.attrs["config_ini"] = np.bytes_(b"[model]\nd_model = 3\n")  # fixed-length
-                f.create_dataset("model/blocks/0/attn/qkv/weight", data=weight)
-                f.create_dataset("optim/m/blocks/0/attn/qkv/weight", data=weight * 2)
-                f.create_dataset("optim/v/blocks/0/attn/qkv/weight", data=weight * 3)
-                f.create_dataset("buffers/blocks/0/attn/prev_q", data=np.ones((1, 3), np.float32))
-                f.create_dataset("metrics/train/step", data=np.array([1, 2, 3]))
-                f.create_dataset("metrics/train/loss", data=np.array([3.0, 2.0]))
+            ckpt = write_checkpoint(os.path.join(tmp, "ckpt_00000007.h5"), ini, 7,
+                                    train={"step": [1, 2, 3], "loss": [3.0, 2.0, 1.5]},
+                                    attrs={"world_size": np.int32(2), "config_ini": np.bytes_(ini.encode())})
+            weight = np.arange(24 * 8, dtype=np.float32).reshape(24, 8)
+            with h5py.File(ckpt, "r+") as f:
+                f["model/blocks/0/attn/qkv/weight"][()] = weight
+                for group, scale in (("optim/m", 2), ("optim/v", 3)):
+                    f.copy(f["model"], group)
+                    f[group].visititems(lambda n, d: d.write_direct(np.abs(d[()])) if isinstance(d, h5py.Dataset)
+                                        else None)
+                    f[f"{group}/blocks/0/attn/qkv/weight"][()] = weight * scale
             tokens = os.path.join(tmp, "tokens.h5")
             with h5py.File(tokens, "w") as f:
                 f.create_dataset("inputs", data=np.array([[1, 2]], np.int32))
@@ -192,13 +216,14 @@ class PackageTest(unittest.TestCase):
             ck = h5.load_checkpoint(ckpt)
             self.assertEqual(ck.step, 7)
             self.assertEqual(ck.attrs["world_size"], 2)
-            self.assertEqual(ck.config.get("model", "d_model"), "3")
+            self.assertEqual(ck.config.get("model", "d_model"), "8")  # a fixed-length config_ini
+            self.assertEqual(ck.settings.get("model.d_model"), 8)
             np.testing.assert_array_equal(ck.params["blocks/0/attn/qkv/weight"], weight)
             np.testing.assert_array_equal(ck.optim_v["blocks/0/attn/qkv/weight"], weight * 3)
-            self.assertEqual(sorted(ck.datasets()), [
-                "buffers/blocks/0/attn/prev_q", "model/blocks/0/attn/qkv/weight",
-                "optim/m/blocks/0/attn/qkv/weight", "optim/v/blocks/0/attn/qkv/weight"])
-            self.assertEqual(len(ck.train["loss"]), 2)  # metric columns cut to the shortest
+            self.assertEqual(sorted(ck.buffers), ["blocks/0/attn/prev_k", "blocks/0/attn/prev_q"])
+            self.assertEqual(len(ck.datasets()), 3 * len(ck.params) + 2)
+            self.assertEqual(ck.train["loss"].tolist(), [3.0, 2.0, 1.5])
+            self.assertTrue(np.isnan(ck.train["lr"]).all())
             self.assertEqual(h5.newest_checkpoint(tmp), ckpt)
             self.assertEqual(h5.load_checkpoint(ckpt, optim=False, metrics=False).optim_m, {})
 

@@ -23,9 +23,9 @@ import re
 import shutil
 import subprocess
 
-import h5py
 import numpy as np
 import pytest
+from checkpoints import write_checkpoint
 
 from momfmm import fmt
 from momfmm.results import suite
@@ -55,20 +55,13 @@ def write_run(run_dir, gamma="0", seed="1", l_rep=1.0, steps=4):
     """A run directory holding one checkpoint (docs/files.md §4) at its final step, with two
     eval rows whose last L_rep is l_rep."""
     os.makedirs(run_dir, exist_ok=True)
-    path = os.path.join(run_dir, f"ckpt_{steps:08d}.h5")
-    with h5py.File(path, "w") as f:
-        f.attrs["format"] = "momfmm-checkpoint"
-        f.attrs["step"] = np.int64(steps)
-        f.attrs["world_size"] = np.int32(2)
-        f.attrs["config_ini"] = config_ini(gamma, seed, steps)
-        f.create_dataset("metrics/train/step", data=np.arange(1, steps + 1, dtype=np.int64))
-        f.create_dataset("metrics/train/loss", data=np.linspace(4.0, 3.0, steps))
-        f.create_dataset("metrics/train/lr", data=np.full(steps, 1e-3))
-        f.create_dataset("metrics/train/tokens_per_s", data=np.full(steps, 1000.0))
-        f.create_dataset("metrics/eval/step", data=np.array([2, steps], dtype=np.int64))
-        for name, last in (("loss", 2.5), ("L_new", 4.0), ("L_rep", l_rep), ("delta_12", 0.5),
-                           ("acc", 0.3)):
-            f.create_dataset(f"metrics/eval/{name}", data=np.array([last + 1.0, last]))
+    train = {"step": np.arange(1, steps + 1), "loss": np.linspace(4.0, 3.0, steps), "lr": np.full(steps, 1e-3),
+             "tokens_per_s": np.full(steps, 1000.0)}
+    evals = {"step": [2, steps]}
+    for name, last in (("loss", 2.5), ("L_new", 4.0), ("L_rep", l_rep), ("delta_12", 0.5), ("acc", 0.3)):
+        evals[name] = [last + 1.0, last]
+    write_checkpoint(os.path.join(run_dir, f"ckpt_{steps:08d}.h5"), config_ini(gamma, seed, steps), steps,
+                     train, evals, attrs={"world_size": np.int32(2)})
     return run_dir
 
 

@@ -67,6 +67,8 @@ def write_random_checkpoint(path, text, rng):
         f.attrs["format"] = "momfmm-checkpoint"
         f.attrs["format_version"] = 1
         f.attrs["step"] = 0
+        f.attrs["tokens_seen"] = 0
+        f.attrs["world_size"] = 1
         f.attrs["config_ini"] = text
         for name, shape in ref.parameter_shapes(s).items():
             scale = 1.0 / math.sqrt(shape[-1]) if len(shape) == 2 else 0.3
@@ -285,8 +287,9 @@ FD_CASES = [
         "attention": {"kind": "fmm"},
         "momentum": {"gamma": 0.25, "placement": "pre_rope", "apply_to": "q", "beta": 0.5},
         "fmm": {"bandwidth": 0, "kernels": "elu"}}),
-    ("fd_cls_fmm_noncausal", {
-        "model": {"head": "cls", "causal": "false"}, "attention": {"kind": "fmm"},
+    ("fd_cls_fmm_noncausal", {  # the cls head is ListOps' (docs/config.md §6: 10 classes)
+        "model": {"head": "cls", "causal": "false", "n_classes": 10}, "attention": {"kind": "fmm"},
+        "data": {"task": "listops", "listops_min_len": 4},
         "momentum": {"gamma": 0.2, "learn_gamma": "true"},
         "fmm": {"bandwidth": 2, "kernels": "tanh"}}),
     ("fd_softmax_noncausal_rope500", {

@@ -27,10 +27,10 @@ Runs made on another machine come from their results digests (momfmm.digest), by
 results/experiments/NAME.json with the default --runs; --save-digests first writes the digest of
 every finished run under --runs, to be committed (docs/design.md §8.8).
 """
-import argparse
 import os
 import sys
 
+from momfmm import files, tool
 from momfmm.digest import write_digest
 from momfmm.results.claims import Verdict
 from momfmm.results.context import DEFAULT_DIGESTS, DEFAULT_RUNS, Context, root_relative
@@ -87,7 +87,7 @@ def fill_defaults(args):
 def check_options(args):
     """Raises UsageError for options that do not fit together or name no usable file."""
     if not os.path.isfile(args.suite):
-        raise UsageError(f"--suite {args.suite}: no such file")
+        raise UsageError(f"--suite {args.suite}: {'not a regular file' if os.path.exists(args.suite) else 'no such file'}")
     if args.save_digests and args.digests is None:
         raise UsageError("--save-digests needs --digests DIR (no default with --runs or --no-digests)")
     digests = args.digests
@@ -95,15 +95,15 @@ def check_options(args):
         raise UsageError(f"--digests '{digests}': not a directory")
 
 
-def emit(text, out):
+def emit(text, out, inputs=()):
     """Markdown to stdout, or to the file out (its directory created): the only place a report
-    goes, so a committed file changes only when named with --out."""
+    goes, so a committed file changes only when named with --out. Written through
+    momfmm.files.output_path: whole or not at all, never through a symbolic link or onto a FIFO,
+    a device or one of `inputs` (files.ArgumentError)."""
     if out is None:
         sys.stdout.write(text)
         return
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        f.write(text)
+    files.write_text(out, text, inputs=inputs, flag="--out")
 
 
 def save_digests(entries, directory):
@@ -114,8 +114,8 @@ def save_digests(entries, directory):
         path = os.path.join(directory, e.name + ".json")
         try:
             write_digest(path, e.run, e.wall_s, e.wall_unlogged)
-        except OSError as exc:
-            raise ReportError(f"cannot write {path}: {exc.strerror or exc}", status=1) from None
+        except (files.RunError, files.ArgumentError) as exc:
+            raise ReportError(f"cannot write {path}: {exc}", status=1) from None
     print(f"{PROG}: saved {len(saved)} results digest{'s' if len(saved) != 1 else ''} in {directory}",
           file=sys.stderr)
 
@@ -126,6 +126,8 @@ def write_results(args):
     of nothing but "not run" rows is what a mistyped --runs produces, not something to keep."""
     fill_defaults(args)
     check_options(args)
+    if args.out is not None:  # before reading anything
+        files.check_output(args.out, flag="--out")
     entries = parse_suite(args.suite)
     load_entries(entries, args.runs, args.digests)
     if args.save_digests:
@@ -151,22 +153,23 @@ def write_results(args):
 
 
 def run(args, ap):
-    """write_results for an entry point: a UsageError becomes ap.error (exit 2 with the usage
-    line), any other ReportError a one-line message; returns the exit code."""
-    try:
+    """write_results for an entry point: a UsageError becomes ap.error (exit 2, one line), any
+    other ReportError a one-line message and its status, and the package's file and argument
+    errors exit 3 and 2 (momfmm.tool.run); returns the exit code."""
+    def body():
         write_results(args)
+        return 0
+    try:
+        return tool.run(PROG, body)
     except UsageError as exc:
         ap.error(str(exc))
     except ReportError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return exc.status
-    return 0
+        return tool.fail(PROG, exc, exc.status)
 
 
 def main(argv=None):
     """`python3 -m momfmm.results ...`: the same as `momfmm_report.py --results ...`."""
-    ap = argparse.ArgumentParser(prog=f"{PROG} --results",
-                                 description="Results report of the experiment suite's HDF5 files")
+    ap = tool.Parser(prog=f"{PROG} --results", description="Results report of the experiment suite's HDF5 files")
     ap.add_argument("--out", metavar="FILE", help="write to FILE instead of stdout")
     add_arguments(ap)
     return run(ap.parse_args(sys.argv[1:] if argv is None else argv), ap)

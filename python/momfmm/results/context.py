@@ -4,6 +4,7 @@ import os
 import re
 import shlex
 
+from momfmm.files import checkpoint_name
 from momfmm.results.runs import target_steps
 from momfmm.results.suite import default_suite, repository_root, setting
 
@@ -58,7 +59,7 @@ class Context:
         src = next((x for x in self.entries if x.name == e.init), None) if e.init else None
         if src is None:
             return "--resume auto"
-        return f"--init {os.path.join(self.runs, src.name, f'ckpt_{target_steps(src):08d}.h5')}"
+        return f"--init {os.path.join(self.runs, src.name, checkpoint_name(target_steps(src)))}"
 
     def rel(self, path):
         return os.path.relpath(path, self.out_dir)

@@ -11,7 +11,7 @@ import io
 import os
 import sys
 
-from momfmm import plot
+from momfmm import files, plot
 from momfmm.results.suite import PROG, attention_label
 
 
@@ -39,7 +39,7 @@ def run_figures(ctx, name, pairs, wanted):
             # momfmm.plot notes each figure it skips on stdout; RESULTS.md's log does not show them.
             with contextlib.redirect_stdout(io.StringIO()):
                 written = plot.write_figures(runs, directory)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, files.RunError, files.ArgumentError) as exc:
             print(f"{PROG}: warning: momfmm_plot.py for {name} failed: {exc}", file=sys.stderr)
             written = []
         keep = {fname for fname, _ in wanted}

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 
+from momfmm import files
 from momfmm.digest import read_digest
 from momfmm.fmt import MISSING, config_value, fmt_group
 from momfmm.h5 import RunError, load_run
@@ -37,12 +38,20 @@ def load_directory(e, path):
     try:
         e.run = load_run(path, label=e.name)
     except RunError as exc:
-        if any(f.endswith(".h5") for f in os.listdir(path)):
+        if started(path):
             e.error = str(exc)
             print(f"{PROG}: warning: {exc}", file=sys.stderr)
         return
     e.world_size = world_size(e.run)
     read_wall_time(e, os.path.join(path, "train.log"))
+
+
+def started(path):
+    """Whether a run directory holds a checkpoint or a metrics.h5 (a run that started)."""
+    try:
+        return bool(files.list_checkpoints(path)) or os.path.lexists(os.path.join(path, "metrics.h5"))
+    except files.RunError:
+        return False
 
 
 def world_size(run):
@@ -74,17 +83,21 @@ def read_wall_time(e, log):
     ("# <date> <uptime>" ... "# exit RC after N s"; a resumed run has several): the sum over
     the starts that logged an exit, and how many starts did not (killed with their session,
     so the sum is a lower bound)."""
-    if not os.path.exists(log):
+    if not os.path.lexists(log):
         return
     starts = exits = 0
-    with open(log, errors="replace") as f:
-        for line in f:
-            m = re.match(r"# exit -?\d+ after (\d+) s", line)
-            if m:
-                e.wall_s = (e.wall_s or 0) + int(m.group(1))
-                exits += 1
-            elif re.match(r"# \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d ", line):
-                starts += 1
+    try:
+        lines = files.read_input(log, "log").decode("utf-8", "replace").splitlines()
+    except files.RunError as exc:
+        print(f"{PROG}: warning: {exc}; its wall time is left out", file=sys.stderr)
+        return
+    for line in lines:
+        m = re.match(r"# exit -?\d+ after (\d+) s", line)
+        if m:
+            e.wall_s = (e.wall_s or 0) + int(m.group(1))
+            exits += 1
+        elif re.match(r"# \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d ", line):
+            starts += 1
     e.wall_unlogged = max(starts - exits, 0)
 
 

@@ -6,11 +6,13 @@ SOURCE, an earlier line. Lines that differ only in train.seed are one configurat
 (momfmm.results.runs groups them). Paths in the suite are relative to the repository root,
 repository_root(). tests/e2e reuse parse_suite.
 """
-import configparser
 import os
 import re
 
+from momfmm import config as settings
+from momfmm import files
 from momfmm.fmt import shortest
+from momfmm.h5 import config_parser
 from momfmm.results.errors import ReportError
 
 PROG = "momfmm_report.py"
@@ -74,29 +76,29 @@ def parse_overrides(words):
 def parse_suite(path):
     """[Entry] of the suite file; raises ReportError naming the line that does not parse."""
     entries, names = [], {}
-    with open(path) as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            words = line.split()
-            if len(words) < 2:
-                raise ReportError(f"{path}:{lineno}: expected 'NAME CONFIG [--set k=v ...] [--init SOURCE]'")
-            name, config, rest = words[0], words[1], words[2:]
-            if name in names:
-                raise ReportError(f"{path}:{lineno}: run name '{name}' repeats line {names[name]}")
-            names[name] = lineno
-            rest, init = split_init(rest)
-            if init is not None and "--init" in rest[::2]:
-                raise ReportError(f"{path}:{lineno}: --init given twice (a run starts from one checkpoint)")
-            if init is not None and (init not in names or init == name):
-                raise ReportError(f"{path}:{lineno}: --init {init}: names no earlier line "
-                                  "(a line starts from the final checkpoint of one above it)")
-            try:
-                sets = parse_overrides(rest)
-            except ValueError as exc:
-                raise ReportError(f"{path}:{lineno}: {exc}") from None
-            entries.append(Entry(name, config, sets, lineno, line, init))
+    text = files.read_input(path, "suite list").decode("utf-8", "surrogateescape")
+    for lineno, raw in enumerate(text.replace("\r\n", "\n").replace("\r", "\n").split("\n"), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        words = line.split()
+        if len(words) < 2:
+            raise ReportError(f"{path}:{lineno}: expected 'NAME CONFIG [--set k=v ...] [--init SOURCE]'")
+        name, config, rest = words[0], words[1], words[2:]
+        if name in names:
+            raise ReportError(f"{path}:{lineno}: run name '{name}' repeats line {names[name]}")
+        names[name] = lineno
+        rest, init = split_init(rest)
+        if init is not None and "--init" in rest[::2]:
+            raise ReportError(f"{path}:{lineno}: --init given twice (a run starts from one checkpoint)")
+        if init is not None and (init not in names or init == name):
+            raise ReportError(f"{path}:{lineno}: --init {init}: names no earlier line "
+                              "(a line starts from the final checkpoint of one above it)")
+        try:
+            sets = parse_overrides(rest)
+        except ValueError as exc:
+            raise ReportError(f"{path}:{lineno}: {exc}") from None
+        entries.append(Entry(name, config, sets, lineno, line, init))
     return entries
 
 
@@ -113,12 +115,19 @@ _config_cache = {}
 
 
 def base_config(path):
-    """The config file of a suite line (relative to the repository root), parsed once."""
+    """The config file of a suite line (relative to the repository root), parsed once as momfmm
+    parses it (momfmm.config; quoted values decoded); empty when the file is missing. Raises
+    ReportError naming a line the binary would refuse, RunError for a file that is not a
+    regular file."""
     full = os.path.join(repository_root(), path)
     if full not in _config_cache:
-        cp = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=(";", "#"))
-        if os.path.exists(full):
-            cp.read(full)
+        cp = config_parser()
+        if os.path.lexists(full):
+            text = files.read_input(full, "config").decode("utf-8", "surrogateescape")
+            try:
+                cp.read_dict(settings.parse(text, path).raw)
+            except settings.ConfigError as exc:
+                raise ReportError(str(exc)) from None
         _config_cache[full] = cp
     return _config_cache[full]
 
