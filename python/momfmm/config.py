@@ -1,8 +1,8 @@
-"""A config as the momfmm binary reads it (docs/config.md §6): the INI syntax of src/ini.c, the
-key table of src/config.c (types, defaults, limits, choices), the cross-key checks of
-src/config_check.c; and what a config fixes in a checkpoint (docs/files.md §4): the tensor
-names and shapes of the model (src/model.c's name table, docs/design.md §8.2) and the columns
-of its metric tables (src/metrics.c).
+"""A config as the momfmm binary reads it (docs/config.md §6): the INI syntax of src/config/ini.c, the
+key table of src/config/config.c (types, defaults, limits, choices), the cross-key checks of
+src/config/config_check.c; and what a config fixes in a checkpoint (docs/files.md §4): the tensor
+names and shapes of the model (src/model/model.c's name table, docs/design.md §8.2) and the columns
+of its metric tables (src/data/metrics.c).
 
 momfmm.h5 reads every checkpoint's `config_ini` through `parse` and `Config.check`, so the
 Python readers accept exactly the configs the binary accepts; tests/python/test_hostile_inputs.py
@@ -14,13 +14,13 @@ import math
 import os
 import re
 
-# Limits at +-BIG are open ends (src/config.c).
+# Limits at +-BIG are open ends (src/config/config.c).
 BIG = 1e18
 PATH_MAX = 1024          # CONFIG_PATH_MAX: a path value holds at most 1023 bytes
 LIST_MAX = 8             # CONFIG_LIST_MAX: names of fmm.kernels
 LISTOPS_CLASSES = 10
 FMM_KERNELS = "elu|elu_flip|tanh"
-OCCURRENCE_BINS = 16     # loss_by_k's bins (src/metrics.h)
+OCCURRENCE_BINS = 16     # loss_by_k's bins (src/data/metrics.h)
 
 
 class ConfigError(ValueError):
@@ -42,7 +42,7 @@ class Key:
         return f"{self.section}.{self.name}"
 
 
-# src/config.c CONFIG_KEYS, row for row: section, name, type, default, min, max, choices.
+# src/config/config.c CONFIG_KEYS, row for row: section, name, type, default, min, max, choices.
 KEYS = [
     Key("model", "vocab_size", "int", "64", 2, 1 << 24),
     Key("model", "d_model", "int", "64", 2, 1 << 16),
@@ -121,13 +121,15 @@ KEYS = [
     Key("dist", "zero", "int", "0", 0, 1),
     Key("dist", "collective_io", "bool", "false"),
     Key("dist", "timeout", "double", "300", 1, 1e6),
+    Key("dist", "context", "int", "1", 1, 4096),
+    Key("dist", "context_scan", "enum", "allgather", choices="allgather|exscan|ring"),
 ]
 KEY_OF = {(k.section, k.name): k for k in KEYS}
 SECTIONS = list(dict.fromkeys(k.section for k in KEYS))
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
-# ---------------------------------------------------------------- values (src/config.c set_value)
+# ---------------------------------------------------------------- values (src/config/config.c set_value)
 _SPACE = " \t\n\v\f\r"  # what strtoll and strtod skip first
 _INT = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+", re.ASCII)
 _DEC = re.compile(r"[ \t\n\v\f\r]*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
@@ -168,7 +170,7 @@ def _choice(choices, value):
 
 
 def _parse_list(choices, value):
-    """fmm.kernels' names (src/config.c parse_list): a list of names, or None."""
+    """fmm.kernels' names (src/config/config.c parse_list): a list of names, or None."""
     out = []
     p = value.lstrip(" \t")
     while p:
@@ -261,7 +263,7 @@ def set_value(key, text):
     return names
 
 
-# ---------------------------------------------------------------- quoted values (src/ini.c ini_unquote)
+# ---------------------------------------------------------------- quoted values (src/config/ini.c ini_unquote)
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', ";": ";", "#": "#"}
 
 
@@ -296,7 +298,7 @@ def unquote(value):
     return out.decode("utf-8", "surrogateescape")
 
 
-# ---------------------------------------------------------------- the INI syntax (src/ini.c)
+# ---------------------------------------------------------------- the INI syntax (src/config/ini.c)
 def _strip(s):
     return s.lstrip(" \t").rstrip(" \t\r")
 
@@ -319,7 +321,7 @@ def _comment_start(value):
 
 def ini_lines(text):
     """(line number, "section", name) and (line number, "pair", key, raw value) and (line
-    number, "malformed", text) events of an INI text, as src/ini.c's parser calls its handlers."""
+    number, "malformed", text) events of an INI text, as src/config/ini.c's parser calls its handlers."""
     if text.startswith("\ufeff"):
         text = text[1:]
     lines = text.split("\n")
@@ -362,7 +364,7 @@ class Config:
     def __getitem__(self, key):
         return self.get(key)
 
-    # ------------------------------------------------------------ src/config_check.c
+    # ------------------------------------------------------------ src/config/config_check.c
     def check(self, origin="config_ini"):
         """config_check: the keys against each other; raises ConfigError naming origin."""
         g = self.get
@@ -403,7 +405,34 @@ class Config:
             raise fail(f"{origin}: data.listops_min_len = {lo} exceeds data.seq_len = {T}")
         if g("train.min_lr") > g("train.lr"):
             raise fail(f"{origin}: train.min_lr = {g('train.min_lr'):g} exceeds train.lr = {g('train.lr'):g}")
+        self._check_context(origin)
         return self
+
+    def _check_context(self, origin):
+        """check_context of src/config/config_check.c (docs/design.md §8.12)."""
+        g = self.get
+        C, T = g("dist.context"), g("data.seq_len")
+        if C == 1:
+            return
+        zigzag = g("attention.kind") == "softmax" and g("model.causal")
+        chunks = 2 * C if zigzag else C
+        shortest = T // chunks
+        if shortest < 1:
+            raise ConfigError(f"{origin}: data.seq_len = {T} cannot be cut in the {chunks} "
+                              f"{'zigzag chunks' if chunks > C else 'shards'} of dist.context = {C}")
+        k = g("fmm.bandwidth")
+        half = k if k < T else T
+        if g("attention.kind") == "fmm" and half - 1 > shortest:
+            raise ConfigError(f"{origin}: fmm.bandwidth = {k} needs the {half - 1} keys before each shard from one "
+                              f"neighbour, more than the {shortest} positions of the shortest shard (data.seq_len / "
+                              "dist.context): lower fmm.bandwidth or dist.context")
+        if g("attention.kind") == "softmax" and g("attention.impl") == "dense":
+            raise ConfigError(f"{origin}: dist.context = {C} runs softmax as ring attention on the tiled kernel: "
+                              "attention.impl = dense keeps T x T probabilities, use attention.impl = tiled")
+        if g("train.eval_readouts") == "true":
+            raise ConfigError(f"{origin}: train.eval_readouts = true needs whole sequences on a rank (the read-outs "
+                              f"pair positions of every shard): dist.context = {C}; use auto or false, and eval the "
+                              "checkpoint afterwards")
 
     def _check_chain(self, origin):
         g = self.get
@@ -496,7 +525,7 @@ def parse(text, origin="config_ini"):
     return c
 
 
-# ---------------------------------------------------------------- the model's tensors (src/model.c)
+# ---------------------------------------------------------------- the model's tensors (src/model/model.c)
 def model_tensors(c):
     """[(name, shape)] of the model a config describes, in the name table's order (docs/files.md
     §4, docs/design.md §8.2): the datasets /model/<name> of a checkpoint."""
@@ -531,12 +560,12 @@ def buffer_tensors(c):
 
 
 def model_floats(c):
-    """The floats of the model: parameters and RoPE tables (src/checkpoint.c model_floats)."""
+    """The floats of the model: parameters and RoPE tables (src/store/checkpoint.c model_floats)."""
     params = sum(math.prod(shape) for _, shape in model_tensors(c))
     return float(params) + float(c.positions) * (c.get("model.d_model") // c.get("model.n_heads"))
 
 
-# ---------------------------------------------------------------- metric tables (src/metrics.c)
+# ---------------------------------------------------------------- metric tables (src/data/metrics.c)
 class Column:
     """A metric column: its name, whether it holds integers (step), and the shape of one row
     (() for a scalar, (w,) or (outer, inner))."""

@@ -27,7 +27,7 @@ EXIT_BAD_FILE = 3
 
 
 def escape_controls(text):
-    """A message with its control bytes as \\xNN (src/status.c status_escape_controls): one line,
+    """A message with its control bytes as \\xNN (src/base/status.c status_escape_controls): one line,
     and no terminal escape sequence from a file's bytes."""
     return re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\x{ord(m.group()):02x}", text)
 
@@ -133,7 +133,7 @@ def read_input(path, what="file", limit=None):
 
 def is_locked(path):
     """Whether another process holds `path` open for writing with HDF5's file lock (an flock;
-    src/h5reader.c h5reader_is_locked)."""
+    src/hdf5/h5reader.c h5reader_is_locked)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError:

@@ -2,8 +2,8 @@
 (momfmm.plot, momfmm.report, momfmm.results), momfmm.pt, the float64 reference model and the
 tests read every checkpoint, metrics and token file through it.
 
-Reads the HDF5 files of docs/files.md §4 with the checks of the binary's reader (src/h5reader.c,
-src/checkpoint.c), so that a file the binary refuses is refused here too, with a one-line
+Reads the HDF5 files of docs/files.md §4 with the checks of the binary's reader (src/hdf5/h5reader.c,
+src/store/checkpoint.c), so that a file the binary refuses is refused here too, with a one-line
 RunError naming the file and what is wrong: only regular files; every link on the way to an
 object a hard link (no external, soft or user-defined link, no external raw storage, no virtual
 dataset); every declared size bounded before it is read (2^31 elements, the bytes stored, a
@@ -38,7 +38,7 @@ from momfmm.files import (EXIT_BAD_FILE, ArgumentError, RunError, check_input, e
 CHECKPOINT_FORMAT = "momfmm-checkpoint"
 FORMAT_VERSION = 1
 METRICS_NAME = "metrics.h5"
-# Bounds on what a file may declare before anything is read for it (src/h5reader.c).
+# Bounds on what a file may declare before anything is read for it (src/hdf5/h5reader.c).
 MAX_ATTR_STRING = 1 << 26
 MAX_DATASET_ELEMENTS = 1 << 31
 MAX_FILTER_RATIO = 256
@@ -63,7 +63,7 @@ def _proc_bytes(path, key):
 
 
 def memory_available():
-    """Bytes a reader may allocate (src/sys.c sys_memory_available): MemAvailable, bounded by
+    """Bytes a reader may allocate (src/base/sys.c sys_memory_available): MemAvailable, bounded by
     what ulimit -v and -d leave; 0 when unknown."""
     import resource
     available = max(_proc_bytes("/proc/meminfo", "MemAvailable"), 0.0)
@@ -82,7 +82,7 @@ def memory_available():
 
 # ---------------------------------------------------------------- the hostile-file reader
 class Reader:
-    """An HDF5 file open for reading with the checks of src/h5reader.c; every failure raises
+    """An HDF5 file open for reading with the checks of src/hdf5/h5reader.c; every failure raises
     RunError "<path>: <what is wrong>". Use as a context manager."""
 
     def __init__(self, path, what="checkpoint", swmr=False):
@@ -308,7 +308,7 @@ def _shape(dims):
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
-# ---------------------------------------------------------------- checkpoints (src/checkpoint.c)
+# ---------------------------------------------------------------- checkpoints (src/store/checkpoint.c)
 class Checkpoint:
     """Everything a checkpoint file holds (docs/files.md §4), checked as the binary checks it.
 
@@ -353,7 +353,7 @@ def read_config(r, origin="config_ini"):
 
 
 def _read_attributes(r):
-    """The root attributes of a checkpoint, checked (src/checkpoint.c read_config_body)."""
+    """The root attributes of a checkpoint, checked (src/store/checkpoint.c read_config_body)."""
     fmt = r.attr_string("format")
     if fmt != CHECKPOINT_FORMAT:
         r.fail(f"format is '{fmt[:63]}', expected '{CHECKPOINT_FORMAT}'")
@@ -437,7 +437,7 @@ def _read_buffers(r, c):
 
 
 def read_metric_table(r, group, columns, live=False):
-    """{name: array} of a /metrics/<split> group (src/checkpoint.c read_metric_table): rows are
+    """{name: array} of a /metrics/<split> group (src/store/checkpoint.c read_metric_table): rows are
     those of the first column (step, 1-D) in a checkpoint, those every column holds in a live
     metrics.h5; each column [rows, ...] as the config makes it; the columns added after
     format_version 1 may be missing (absent from the result). A missing group is an empty
@@ -757,7 +757,7 @@ def warn(message):
 
 def read_newest_checkpoint(run, directory, required=True):
     """Fills run from the newest checkpoint of `directory` that loads, as `momfmm inspect DIR` and
-    `eval DIR` choose it (src/store.c store_load_newest): one that does not load is skipped with
+    `eval DIR` choose it (src/store/store.c store_load_newest): one that does not load is skipped with
     a warning, unless another process holds it open for writing (then RunError: not falling back
     to an older state without a word). Returns the path read, or None when the directory holds
     no checkpoint; RunError when it holds some and none loads (with `required`; else a warning

@@ -15,12 +15,12 @@ headered .bin or an HDF5 /tokens dataset. Documents are joined by the model's en
 `train` writes DIR/tokenizer.model, DIR/train.bin (and DIR/val.bin with --eval-path) and prints
 the config keys that train on them.
 
-The corpus is read as `momfmm train` reads a text corpus (src/corpus.c, data.format = bytes):
+The corpus is read as `momfmm train` reads a text corpus (src/data/corpus.c, data.format = bytes):
 bytes, whatever they are; bytes that are not UTF-8 become the model's byte pieces, so the ids
 decode to the file's bytes exactly. `decode` reads a token file with the binary's checks
-(src/token_file.c: llm.c magic, version and size; an HDF5 /tokens 1-D uint16 or int32
+(src/data/token_file.c: llm.c magic, version and size; an HDF5 /tokens 1-D uint16 or int32
 little-endian, contiguous, inside the file; nanoGPT's even size; ids below the model's pieces)
-and prints the bytes the pieces stand for, as `momfmm generate` does (src/tokenizer.c). Outputs
+and prints the bytes the pieces stand for, as `momfmm generate` does (src/data/tokenizer.c). Outputs
 are written whole and never through a symbolic link (momfmm.files.output_path). A user's error is
 one line: exit 2 for a value or argument, 3 for a file (docs/cli.md §5)."""
 import fnmatch
@@ -39,14 +39,14 @@ PROG = "momfmm-tokenize"
 LLMC_MAGIC, LLMC_VERSION, LLMC_HEADER = 20240520, 1, 256 * 4
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 SNIFF = 4096                   # a walked file with a NUL byte in its first 4 KiB is binary (docs/tasks.md §2)
-MAX_MODEL_BYTES = 64 << 20     # a sentencepiece model file (src/tokenizer.c)
+MAX_MODEL_BYTES = 64 << 20     # a sentencepiece model file (src/data/tokenizer.c)
 VOCAB_MIN = 259                # the 256 byte pieces, <unk>, </s> and one piece more
 VOCAB_MAX = 1 << 24            # model.vocab_size's limit (docs/config.md §6)
 UINT16_PIECES = 1 << 16        # nanoGPT's and llm.c's uint16 ids
 INT32_MAX = (1 << 31) - 1
 
 
-# ---------------------------------------------------------------- the corpus (src/corpus.c)
+# ---------------------------------------------------------------- the corpus (src/data/corpus.c)
 def _globbed(rel, patterns):
     """Whether a glob matches rel or one of its tails after a '/' (as corpus.c matches)."""
     tails = [rel] + [rel[i + 1:] for i, c in enumerate(rel) if c == "/"]
@@ -54,7 +54,7 @@ def _globbed(rel, patterns):
 
 
 def _walk(root, directory, inc, exc, found, skipped):
-    """Every non-hidden entry of directory, recursively (src/corpus.c add_tree, add_entry)."""
+    """Every non-hidden entry of directory, recursively (src/data/corpus.c add_tree, add_entry)."""
     try:
         names = os.listdir(directory)
     except OSError as err:
@@ -207,7 +207,7 @@ def encode_corpus(sp, paths):
 
 
 def decode_ids(sp, ids):
-    """The bytes `momfmm generate` prints for ids (src/tokenizer.c decode_piece): a byte piece
+    """The bytes `momfmm generate` prints for ids (src/data/tokenizer.c decode_piece): a byte piece
     its byte, a normal or user-defined piece its text with U+2581 as a space, control, unknown and
     unused pieces nothing."""
     out = bytearray()
@@ -220,7 +220,7 @@ def decode_ids(sp, ids):
     return bytes(out)
 
 
-# ---------------------------------------------------------------- token files (src/token_file.c)
+# ---------------------------------------------------------------- token files (src/data/token_file.c)
 def write_tokens(path, ids, fmt, inputs=()):
     """nanoGPT: the ids as little-endian uint16; llm.c: 256 int32 of header (magic, version 1,
     count), then uint16; hdf5: a contiguous 1-D /tokens, uint16 or int32 (memory-mapped by
@@ -249,7 +249,7 @@ def _le32(b):
 
 def read_tokens(path):
     """(ids, offset, width) of a token file as momfmm reads one with data.format = tokens: llm.c's
-    magic, else the HDF5 signature, else nanoGPT's flat uint16 (src/token_file.c: every check of
+    magic, else the HDF5 signature, else nanoGPT's flat uint16 (src/data/token_file.c: every check of
     token_file_layout_of): the ids as int64, the byte offset of the first and the bytes of one.
     RunError naming the file and what is wrong."""
     with files.open_input(path, "token file") as f:
@@ -281,7 +281,7 @@ def read_tokens(path):
 
 
 def _hdf5_layout(path, size):
-    """(offset, count, width) of an HDF5 token file's /tokens (src/token_file.c hdf5_body)."""
+    """(offset, count, width) of an HDF5 token file's /tokens (src/data/token_file.c hdf5_body)."""
     import h5py
     from momfmm.h5 import Reader
     with Reader(path, "token file") as r:
@@ -307,7 +307,7 @@ def _hdf5_layout(path, size):
 
 
 def check_ids(path, ids, pieces, offset=0, width=2):
-    """RunError for the first id outside [0, pieces) (src/corpus.c check_ids)."""
+    """RunError for the first id outside [0, pieces) (src/data/corpus.c check_ids)."""
     bad = np.flatnonzero((ids < 0) | (ids >= pieces))
     if len(bad):
         i = int(bad[0])
