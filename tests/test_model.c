@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention/attention.h"
 #include "base/status.h"
 #include "base/sys.h"
 #include "commands/cmd_common.h"
+#include "kernels/gemm.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "parallel/dist.h"
@@ -217,6 +219,152 @@ static void check_tiled_equals_dense(void) {
     free(targets);
 }
 
+/* ---- train.recompute = block (docs/scale.md §7) ----------------------- */
+
+enum { RC_ROWS = 3, RC_MICRO = 2, RC_STEPS = 3, RC_LAYERS = 3, RC_HOOKS = 16 };
+
+/* block_done's layers in call order, and the progress calls. */
+typedef struct {
+    int done[RC_HOOKS], n_done;
+    long progress;
+} hook_log;
+
+static void log_block_done(void *ctx, int layer) {
+    hook_log *h = ctx;
+    if (h->n_done < RC_HOOKS) h->done[h->n_done++] = layer;
+}
+
+static void log_progress(void *ctx) { ((hook_log *)ctx)->progress++; }
+
+/* Floats of one block's forward state (mid ... fc_tanh) for B rows of T,
+ * counted here from model.h's array list, apart from params.c's plan. */
+static size_t block_state_floats(const model *m, int rows, int length) {
+    size_t bt = (size_t)rows * length, d = (size_t)m->d, ff = (size_t)m->d_ff;
+    size_t per_row = 7 * d + 4 + 2 * ff + (m->cfg.learn_gamma ? 2 * d : 0); /* mid ln1 q k v att ln2; 4 stats */
+    return bt * per_row + (size_t)rows * m->H * attention_saved_per_head(&m->cfg, &m->fmm, length);
+}
+
+typedef struct {
+    int length;
+    int32_t *inputs, *targets, labels[RC_ROWS];
+    bool losses, buffer_sums, grads, hooks;
+} recompute_case;
+
+/* One micro-batch (rows [first, first + rows)) forward and backward on both
+ * models, comparing what the forward and backward leave. */
+static void micro_both(model m[2], recompute_case *c, int first, int rows, float scale, bool last) {
+    size_t at = (size_t)first * c->length;
+    const int32_t *in = c->inputs + at, *tg = c->targets + at, *lb = c->labels + first;
+    hook_log logs[2] = {{{0}, 0, 0}, {{0}, 0, 0}};
+    for (int k = 0; k < 2; k++) {
+        model_forward(&m[k], in, tg, lb, rows, c->length, m[k].momentum);
+        model_backward_hooks hooks = {log_block_done, log_progress, &logs[k]};
+        model_backward(&m[k], in, tg, lb, rows, c->length, scale, last ? &hooks : NULL, first > 0);
+    }
+    size_t n_loss = m[0].cfg.head == HEAD_LM ? (size_t)rows * c->length : (size_t)rows;
+    c->losses &= memcmp(m[0].acts.losses, m[1].acts.losses, sizeof(float) * n_loss) == 0;
+    /* compared after backward: a recomputation that collected again would double them */
+    c->buffer_sums &= memcmp(m[0].buffer_sums, m[1].buffer_sums, sizeof(float) * m[0].n_buffer) == 0;
+    bool order = logs[1].n_done == (last ? m[1].L + 1 : 0);
+    for (int i = 0; i < logs[1].n_done; i++) order &= logs[1].done[i] == m[1].L - 1 - i;
+    c->hooks &= order && logs[0].n_done == logs[1].n_done && logs[1].progress >= logs[0].progress;
+}
+
+/* RC_STEPS trainer-like steps (micro-batches of 2 and 1 rows, the buffers
+ * set to the batch mean of their sums, AdamW) of `cfg` with recompute none
+ * and block, side by side: losses, buffer sums, gradients, the hooks'
+ * calls and the final weights bit for bit; and the activation estimate
+ * smaller by L - 1 copies of a block's state. */
+static void check_recompute(const char *tag, config cfg, int length) {
+    cfg.vocab_size = 11, cfg.d_model = 16, cfg.n_heads = 2, cfg.n_layers = RC_LAYERS, cfg.d_ff = 24;
+    cfg.seq_len = length, cfg.chain_len = 3;
+    recompute_case c = {.length = length, .losses = true, .buffer_sums = true, .grads = true, .hooks = true};
+    c.inputs = malloc(sizeof(int32_t) * RC_ROWS * length), c.targets = malloc(sizeof(int32_t) * RC_ROWS * length);
+    model m[2];
+    char name[200];
+    for (int k = 0; k < 2; k++) {
+        cfg.recompute = k ? RECOMPUTE_BLOCK : RECOMPUTE_NONE;
+        snprintf(name, sizeof name, "recompute %s: model_create", tag);
+        if (!test_check(model_create(&m[k], &cfg, NULL) == 0, name, NULL)) return;
+        model_init_parameters(&m[k]);
+        uint64_t state = 5;
+        for (size_t i = 0; i < m[k].n_params; i++) m[k].params[i] += 0.3f * fd_uniform(&state);
+        for (size_t i = 0; i < m[k].n_buffer; i++) m[k].buffers[i] = 0.5f * fd_uniform(&state);
+        model_params_changed(&m[k]);
+    }
+    optimizer_settings opt = {1e-2, 0.9, 0.95, 1e-8, 0.1, 1.0f};
+    double *sums = calloc(m[0].n_buffer, sizeof(double));
+    for (int step = 1; step <= RC_STEPS; step++) {
+        for (int i = 0; i < RC_ROWS * length; i++) {
+            c.inputs[i] = (int32_t)((i * 7 + 3 * step) % cfg.vocab_size);
+            bool pad = cfg.head == HEAD_CLS ? i % length == length - 1 : (i + step) % 5 == 2;
+            c.targets[i] = pad ? -1 : (int32_t)((i * 5 + step) % cfg.vocab_size);
+        }
+        for (int r = 0; r < RC_ROWS; r++) c.labels[r] = (int32_t)((r * 3 + step) % 10);
+        long long count = model_target_count(&m[0], c.targets, RC_ROWS, length);
+        memset(sums, 0, sizeof(double) * m[0].n_buffer);
+        for (int first = 0; first < RC_ROWS; first += RC_MICRO) {
+            int rows = RC_ROWS - first < RC_MICRO ? RC_ROWS - first : RC_MICRO;
+            micro_both(m, &c, first, rows, (float)(1.0 / count), first + rows >= RC_ROWS);
+            for (size_t i = 0; i < m[0].n_buffer; i++) sums[i] += m[0].buffer_sums[i];
+        }
+        c.grads &= memcmp(m[0].grads, m[1].grads, sizeof(float) * m[0].n_params) == 0;
+        for (int k = 0; k < 2; k++) {
+            for (size_t i = 0; m[k].momentum && i < m[k].n_buffer; i++) m[k].buffers[i] = (float)(sums[i] / RC_ROWS);
+            optimizer_step_model(&m[k], step, &opt);
+            model_params_changed(&m[k]);
+        }
+    }
+    const char *checks[] = {"losses", "momentum buffer sums (collected once)", "gradients", "backward hooks"};
+    bool ok[] = {c.losses, c.buffer_sums, c.grads, c.hooks};
+    for (int i = 0; i < 4; i++) {
+        snprintf(name, sizeof name, "recompute %s: %s = none, bitwise", tag, checks[i]);
+        test_check(ok[i], name, NULL);
+    }
+    snprintf(name, sizeof name, "recompute %s: weights after %d steps = none, bitwise", tag, RC_STEPS);
+    test_check(memcmp(m[0].params, m[1].params, sizeof(float) * m[0].n_params) == 0, name, NULL);
+    size_t none = model_activation_bytes(&m[0], RC_MICRO, length),
+           block = model_activation_bytes(&m[1], RC_MICRO, length);
+    size_t expected = (RC_LAYERS - 1) * block_state_floats(&m[0], RC_MICRO, length) * sizeof(float);
+    snprintf(name, sizeof name, "recompute %s: activation bytes %d block states fewer", tag, RC_LAYERS - 1);
+    test_check(none - block == expected && block < none, name, "none %zu, block %zu, expected difference %zu", none,
+               block, expected);
+    for (int k = 0; k < 2; k++) model_free(&m[k]);
+    free(sums), free(c.inputs), free(c.targets);
+}
+
+static void check_recompute_variants(void) {
+    config base, c;
+    config_defaults(&base);
+    base.gamma = 0.3, base.anchor = false; /* the buffers enter the loss */
+    c = base, c.attention_impl = ATTENTION_DENSE;
+    check_recompute("softmax dense", c, 9);
+    c = base; /* past TILED_KEEP_MAX (attention.c): the log-sum-exp kept, not the probabilities */
+    check_recompute("softmax tiled T 300", c, 300);
+    c = base, c.learn_gamma = true, c.beta = 0.5, c.gamma2 = 0.1; /* p_q, p_k kept */
+    check_recompute("momentum learned gamma", c, 9);
+    c = base, c.attention = ATTENTION_FMM, c.fmm_bandwidth = 3, c.fmm_chunk = 4;
+    c.fmm_kernels = (config_list){2, {FEATURE_ELU, FEATURE_ELU_FLIP}};
+    check_recompute("fmm band on rows", c, 40);
+    c.fmm_bandwidth = 48, c.fmm_chunk = 16; /* attention.impl = tiled: the band on tiles */
+    check_recompute("fmm band on tiles", c, 120);
+    c = base, c.head = HEAD_CLS, c.n_classes = 10, c.task = TASK_LISTOPS, c.causal = false;
+    check_recompute("cls head", c, 9);
+    const char *why = gemm_unavailable_reason(GEMM_ONEDNN_BF16);
+    if (why) {
+        test_skip("recompute bf16", why);
+        return;
+    }
+    gemm_ctx *bf16 = gemm_create(GEMM_ONEDNN_BF16, 1);
+    gemm_set_default(bf16); /* before the models exist: they register their weights with it */
+    c = base, c.attention_impl = ATTENTION_DENSE, c.learn_gamma = true, c.precision = PRECISION_BF16;
+    check_recompute("bf16 softmax dense learned gamma", c, 9);
+    c = base, c.attention = ATTENTION_FMM, c.fmm_bandwidth = 3, c.fmm_chunk = 4, c.precision = PRECISION_BF16;
+    check_recompute("bf16 fmm", c, 40);
+    gemm_set_default(NULL);
+    gemm_destroy(bf16);
+}
+
 static void softmax_causal(config *c) { (void)c; }
 static void softmax_full(config *c) { c->causal = false; }
 static void momentum_post(config *c) { c->gamma = 0.3; }
@@ -248,6 +396,7 @@ int main(int argc, char **argv) {
     run_case("model cls head", cls_head);
     check_optimizer_threads();
     check_tiled_equals_dense();
+    check_recompute_variants();
     int rc = test_summary("test_model");
     dist_finalize();
     return rc;

@@ -9,4 +9,8 @@
  * already holds them (the largest batch and length seen: nothing is
  * allocated per step). */
 void model_reserve_activations(model *m, int B, int T);
+/* Which copy of the per-block arrays of m->acts (mid ... fc_tanh) holds
+ * block `layer`'s forward state: its own, or with train.recompute = block
+ * the one copy all blocks share (docs/scale.md §7). */
+size_t model_activation_slot(const model *m, int layer);
 #endif

@@ -234,29 +234,37 @@ typedef struct {
 
 #define ACTIVATION_SLOTS 40
 
+/* Copies of the per-block forward state: one per block, or with
+ * train.recompute = block one that every block's forward overwrites and
+ * backward remakes from the block's input, which the residual stream keeps
+ * for every block (docs/scale.md §7). */
+static size_t state_copies(const model *m) { return m->cfg.recompute == RECOMPUTE_BLOCK ? 1 : (size_t)m->L; }
+
+size_t model_activation_slot(const model *m, int layer) { return state_copies(m) == 1 ? 0 : (size_t)layer; }
+
 /* The activation buffer's layout for B rows of T: one entry per array. */
 static size_t activation_plan(const model *m, model_activations *a, int B, int T, carve *plan) {
-    size_t L = (size_t)m->L, bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
+    size_t L = (size_t)m->L, bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff, K = state_copies(m);
     bool lm = m->cfg.head == HEAD_LM, keep_p = m->cfg.learn_gamma;
     carve all[] = {
         {&a->residual, (L + 1) * bt * d},
-        {&a->mid, L * bt * d},
-        {&a->ln1, L * bt * d},
-        {&a->ln1_mean, L * bt},
-        {&a->ln1_rstd, L * bt},
-        {&a->q_hat, L * bt * d},
-        {&a->k_hat, L * bt * d},
-        {&a->v_heads, L * bt * d},
-        {&a->p_q, keep_p ? L * bt * d : 0},
-        {&a->p_k, keep_p ? L * bt * d : 0},
-        {&a->att_saved, L * B * m->H * attention_saved_per_head(&m->cfg, &m->fmm, T)},
-        {&a->att_out, L * bt * d},
-        {&a->ln2, L * bt * d},
-        {&a->ln2_mean, L * bt},
-        {&a->ln2_rstd, L * bt},
-        {&a->fc_pre, L * bt * ff},
+        {&a->mid, K * bt * d},
+        {&a->ln1, K * bt * d},
+        {&a->ln1_mean, K * bt},
+        {&a->ln1_rstd, K * bt},
+        {&a->q_hat, K * bt * d},
+        {&a->k_hat, K * bt * d},
+        {&a->v_heads, K * bt * d},
+        {&a->p_q, keep_p ? K * bt * d : 0},
+        {&a->p_k, keep_p ? K * bt * d : 0},
+        {&a->att_saved, K * B * m->H * attention_saved_per_head(&m->cfg, &m->fmm, T)},
+        {&a->att_out, K * bt * d},
+        {&a->ln2, K * bt * d},
+        {&a->ln2_mean, K * bt},
+        {&a->ln2_rstd, K * bt},
+        {&a->fc_pre, K * bt * ff},
         {&a->fc_act, bt * ff},
-        {&a->fc_tanh, L * bt * ff},
+        {&a->fc_tanh, K * bt * ff},
         {&a->ln_f, bt * d},
         {&a->ln_f_mean, bt},
         {&a->ln_f_rstd, bt},
@@ -295,6 +303,7 @@ void model_reserve_activations(model *m, int B, int T) {
     a->T = T;
     a->threads = attention_threads();
     a->kept_logits = m->keep_logits;
+    a->state_of = -1;
     carve plan[ACTIVATION_SLOTS];
     size_t total = 0, n = activation_plan(m, a, B, T, plan);
     for (size_t i = 0; i < n; i++) total += plan[i].count;
