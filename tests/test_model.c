@@ -219,9 +219,10 @@ static void check_tiled_equals_dense(void) {
     free(targets);
 }
 
-/* ---- train.recompute = block (docs/scale.md §7) ----------------------- */
+/* ---- train.recompute = mlp | block (docs/scale.md §7) ----------------- */
 
-enum { RC_ROWS = 3, RC_MICRO = 2, RC_STEPS = 3, RC_LAYERS = 3, RC_HOOKS = 16 };
+/* models of a case: recompute none (the reference), mlp and block */
+enum { RC_ROWS = 3, RC_MICRO = 2, RC_STEPS = 3, RC_LAYERS = 3, RC_HOOKS = 16, RC_MODELS = 3 };
 
 /* block_done's layers in call order, and the progress calls. */
 typedef struct {
@@ -236,54 +237,111 @@ static void log_block_done(void *ctx, int layer) {
 
 static void log_progress(void *ctx) { ((hook_log *)ctx)->progress++; }
 
-/* Floats of one block's forward state (mid ... fc_tanh) for B rows of T,
- * counted here from model.h's array list, apart from params.c's plan. */
+/* Floats of one block's MLP state (ln2, its mean and rstd, fc_pre, fc_tanh)
+ * and of all its forward state (mid ... fc_tanh) for B rows of T, counted
+ * here from model.h's array list, apart from params.c's plan. */
+static size_t mlp_state_floats(const model *m, int rows, int length) {
+    return (size_t)rows * length * (m->d + 2 + 2 * (size_t)m->d_ff);
+}
+
 static size_t block_state_floats(const model *m, int rows, int length) {
-    size_t bt = (size_t)rows * length, d = (size_t)m->d, ff = (size_t)m->d_ff;
-    size_t per_row = 7 * d + 4 + 2 * ff + (m->cfg.learn_gamma ? 2 * d : 0); /* mid ln1 q k v att ln2; 4 stats */
-    return bt * per_row + (size_t)rows * m->H * attention_saved_per_head(&m->cfg, &m->fmm, length);
+    size_t bt = (size_t)rows * length, d = (size_t)m->d;
+    size_t per_row = 6 * d + 2 + (m->cfg.learn_gamma ? 2 * d : 0); /* mid ln1 q k v att, ln1's stats, p_q p_k */
+    return bt * per_row + (size_t)rows * m->H * attention_saved_per_head(&m->cfg, &m->fmm, length) +
+           mlp_state_floats(m, rows, length);
 }
 
 typedef struct {
     int length;
     int32_t *inputs, *targets, labels[RC_ROWS];
-    bool losses, buffer_sums, grads, hooks;
+    /* per model, against model 0: */
+    bool losses[RC_MODELS], buffer_sums[RC_MODELS], grads[RC_MODELS], hooks[RC_MODELS];
 } recompute_case;
 
-/* One micro-batch (rows [first, first + rows)) forward and backward on both
- * models, comparing what the forward and backward leave. */
-static void micro_both(model m[2], recompute_case *c, int first, int rows, float scale, bool last) {
+/* One micro-batch (rows [first, first + rows)) forward and backward on
+ * every model, comparing what the forward and backward leave with model 0's. */
+static void micro_all(model m[RC_MODELS], recompute_case *c, int first, int rows, float scale, bool last) {
     size_t at = (size_t)first * c->length;
     const int32_t *in = c->inputs + at, *tg = c->targets + at, *lb = c->labels + first;
-    hook_log logs[2] = {{{0}, 0, 0}, {{0}, 0, 0}};
-    for (int k = 0; k < 2; k++) {
+    hook_log logs[RC_MODELS];
+    memset(logs, 0, sizeof logs);
+    for (int k = 0; k < RC_MODELS; k++) {
         model_forward(&m[k], in, tg, lb, rows, c->length, m[k].momentum);
         model_backward_hooks hooks = {log_block_done, log_progress, &logs[k]};
         model_backward(&m[k], in, tg, lb, rows, c->length, scale, last ? &hooks : NULL, first > 0);
     }
     size_t n_loss = m[0].cfg.head == HEAD_LM ? (size_t)rows * c->length : (size_t)rows;
-    c->losses &= memcmp(m[0].acts.losses, m[1].acts.losses, sizeof(float) * n_loss) == 0;
-    /* compared after backward: a recomputation that collected again would double them */
-    c->buffer_sums &= memcmp(m[0].buffer_sums, m[1].buffer_sums, sizeof(float) * m[0].n_buffer) == 0;
-    bool order = logs[1].n_done == (last ? m[1].L + 1 : 0);
-    for (int i = 0; i < logs[1].n_done; i++) order &= logs[1].done[i] == m[1].L - 1 - i;
-    c->hooks &= order && logs[0].n_done == logs[1].n_done && logs[1].progress >= logs[0].progress;
+    for (int k = 1; k < RC_MODELS; k++) {
+        c->losses[k] &= memcmp(m[0].acts.losses, m[k].acts.losses, sizeof(float) * n_loss) == 0;
+        /* compared after backward: a recomputation that collected again would double them */
+        c->buffer_sums[k] &= memcmp(m[0].buffer_sums, m[k].buffer_sums, sizeof(float) * m[0].n_buffer) == 0;
+        bool order = logs[k].n_done == (last ? m[k].L + 1 : 0);
+        for (int i = 0; i < logs[k].n_done; i++) order &= logs[k].done[i] == m[k].L - 1 - i;
+        c->hooks[k] &= order && logs[0].n_done == logs[k].n_done && logs[k].progress >= logs[0].progress;
+    }
 }
 
-/* RC_STEPS trainer-like steps (micro-batches of 2 and 1 rows, the buffers
- * set to the batch mean of their sums, AdamW) of `cfg` with recompute none
- * and block, side by side: losses, buffer sums, gradients, the hooks'
- * calls and the final weights bit for bit; and the activation estimate
- * smaller by L - 1 copies of a block's state. */
+/* The buffers set to the batch mean of their sums, then AdamW, as the
+ * trainer does after a step's micro-batches. */
+static void step_all(model m[RC_MODELS], const double *sums, int step) {
+    optimizer_settings opt = {1e-2, 0.9, 0.95, 1e-8, 0.1, 1.0f};
+    for (int k = 0; k < RC_MODELS; k++) {
+        for (size_t i = 0; m[k].momentum && i < m[k].n_buffer; i++) m[k].buffers[i] = (float)(sums[i] / RC_ROWS);
+        optimizer_step_model(&m[k], step, &opt);
+        model_params_changed(&m[k]);
+    }
+}
+
+/* Step `step`'s batch: tokens, padding (cls: each row's last position) and labels. */
+static void fill_batch(recompute_case *c, const config *cfg, int step) {
+    int length = c->length;
+    for (int i = 0; i < RC_ROWS * length; i++) {
+        c->inputs[i] = (int32_t)((i * 7 + 3 * step) % cfg->vocab_size);
+        bool pad = cfg->head == HEAD_CLS ? i % length == length - 1 : (i + step) % 5 == 2;
+        c->targets[i] = pad ? -1 : (int32_t)((i * 5 + step) % cfg->vocab_size);
+    }
+    for (int r = 0; r < RC_ROWS; r++) c->labels[r] = (int32_t)((r * 3 + step) % 10);
+}
+
+static void report_recompute(const char *tag, model m[RC_MODELS], const recompute_case *c) {
+    const char *modes[RC_MODELS] = {"none", "mlp", "block"};
+    char name[200];
+    for (int k = 1; k < RC_MODELS; k++) {
+        const char *checks[] = {"losses", "momentum buffer sums (collected once)", "gradients", "backward hooks"};
+        bool ok[] = {c->losses[k], c->buffer_sums[k], c->grads[k], c->hooks[k]};
+        for (int i = 0; i < 4; i++) {
+            snprintf(name, sizeof name, "recompute %s %s: %s = none, bitwise", modes[k], tag, checks[i]);
+            test_check(ok[i], name, NULL);
+        }
+        snprintf(name, sizeof name, "recompute %s %s: weights after %d steps = none, bitwise", modes[k], tag, RC_STEPS);
+        test_check(memcmp(m[0].params, m[k].params, sizeof(float) * m[0].n_params) == 0, name, NULL);
+        size_t none = model_activation_bytes(&m[0], RC_MICRO, c->length);
+        size_t got = model_activation_bytes(&m[k], RC_MICRO, c->length);
+        size_t state =
+            k == 1 ? mlp_state_floats(&m[0], RC_MICRO, c->length) : block_state_floats(&m[0], RC_MICRO, c->length);
+        size_t expected = (RC_LAYERS - 1) * state * sizeof(float);
+        snprintf(name, sizeof name, "recompute %s %s: activation bytes, %d %s states fewer", modes[k], tag,
+                 RC_LAYERS - 1, k == 1 ? "MLP" : "block");
+        test_check(none - got == expected && got < none, name, "none %zu, %s %zu, expected difference %zu", none,
+                   modes[k], got, expected);
+    }
+}
+
+/* RC_STEPS trainer-like steps (micro-batches of 2 and 1 rows) of `cfg` with
+ * recompute none, mlp and block side by side: losses, buffer sums,
+ * gradients, the hooks' calls and the final weights bit for bit; and the
+ * activation estimate smaller by L - 1 copies of the state recomputed. */
 static void check_recompute(const char *tag, config cfg, int length) {
     cfg.vocab_size = 11, cfg.d_model = 16, cfg.n_heads = 2, cfg.n_layers = RC_LAYERS, cfg.d_ff = 24;
     cfg.seq_len = length, cfg.chain_len = 3;
-    recompute_case c = {.length = length, .losses = true, .buffer_sums = true, .grads = true, .hooks = true};
+    recompute_case c = {.length = length};
+    for (int k = 0; k < RC_MODELS; k++) c.losses[k] = c.buffer_sums[k] = c.grads[k] = c.hooks[k] = true;
     c.inputs = malloc(sizeof(int32_t) * RC_ROWS * length), c.targets = malloc(sizeof(int32_t) * RC_ROWS * length);
-    model m[2];
-    char name[200];
-    for (int k = 0; k < 2; k++) {
-        cfg.recompute = k ? RECOMPUTE_BLOCK : RECOMPUTE_NONE;
+    const int modes[RC_MODELS] = {RECOMPUTE_NONE, RECOMPUTE_MLP, RECOMPUTE_BLOCK};
+    model m[RC_MODELS];
+    for (int k = 0; k < RC_MODELS; k++) {
+        cfg.recompute = modes[k];
+        char name[200];
         snprintf(name, sizeof name, "recompute %s: model_create", tag);
         if (!test_check(model_create(&m[k], &cfg, NULL) == 0, name, NULL)) return;
         model_init_parameters(&m[k]);
@@ -292,44 +350,22 @@ static void check_recompute(const char *tag, config cfg, int length) {
         for (size_t i = 0; i < m[k].n_buffer; i++) m[k].buffers[i] = 0.5f * fd_uniform(&state);
         model_params_changed(&m[k]);
     }
-    optimizer_settings opt = {1e-2, 0.9, 0.95, 1e-8, 0.1, 1.0f};
     double *sums = calloc(m[0].n_buffer, sizeof(double));
     for (int step = 1; step <= RC_STEPS; step++) {
-        for (int i = 0; i < RC_ROWS * length; i++) {
-            c.inputs[i] = (int32_t)((i * 7 + 3 * step) % cfg.vocab_size);
-            bool pad = cfg.head == HEAD_CLS ? i % length == length - 1 : (i + step) % 5 == 2;
-            c.targets[i] = pad ? -1 : (int32_t)((i * 5 + step) % cfg.vocab_size);
-        }
-        for (int r = 0; r < RC_ROWS; r++) c.labels[r] = (int32_t)((r * 3 + step) % 10);
+        fill_batch(&c, &cfg, step);
         long long count = model_target_count(&m[0], c.targets, RC_ROWS, length);
         memset(sums, 0, sizeof(double) * m[0].n_buffer);
         for (int first = 0; first < RC_ROWS; first += RC_MICRO) {
             int rows = RC_ROWS - first < RC_MICRO ? RC_ROWS - first : RC_MICRO;
-            micro_both(m, &c, first, rows, (float)(1.0 / count), first + rows >= RC_ROWS);
+            micro_all(m, &c, first, rows, (float)(1.0 / count), first + rows >= RC_ROWS);
             for (size_t i = 0; i < m[0].n_buffer; i++) sums[i] += m[0].buffer_sums[i];
         }
-        c.grads &= memcmp(m[0].grads, m[1].grads, sizeof(float) * m[0].n_params) == 0;
-        for (int k = 0; k < 2; k++) {
-            for (size_t i = 0; m[k].momentum && i < m[k].n_buffer; i++) m[k].buffers[i] = (float)(sums[i] / RC_ROWS);
-            optimizer_step_model(&m[k], step, &opt);
-            model_params_changed(&m[k]);
-        }
+        for (int k = 1; k < RC_MODELS; k++)
+            c.grads[k] &= memcmp(m[0].grads, m[k].grads, sizeof(float) * m[0].n_params) == 0;
+        step_all(m, sums, step);
     }
-    const char *checks[] = {"losses", "momentum buffer sums (collected once)", "gradients", "backward hooks"};
-    bool ok[] = {c.losses, c.buffer_sums, c.grads, c.hooks};
-    for (int i = 0; i < 4; i++) {
-        snprintf(name, sizeof name, "recompute %s: %s = none, bitwise", tag, checks[i]);
-        test_check(ok[i], name, NULL);
-    }
-    snprintf(name, sizeof name, "recompute %s: weights after %d steps = none, bitwise", tag, RC_STEPS);
-    test_check(memcmp(m[0].params, m[1].params, sizeof(float) * m[0].n_params) == 0, name, NULL);
-    size_t none = model_activation_bytes(&m[0], RC_MICRO, length),
-           block = model_activation_bytes(&m[1], RC_MICRO, length);
-    size_t expected = (RC_LAYERS - 1) * block_state_floats(&m[0], RC_MICRO, length) * sizeof(float);
-    snprintf(name, sizeof name, "recompute %s: activation bytes %d block states fewer", tag, RC_LAYERS - 1);
-    test_check(none - block == expected && block < none, name, "none %zu, block %zu, expected difference %zu", none,
-               block, expected);
-    for (int k = 0; k < 2; k++) model_free(&m[k]);
+    report_recompute(tag, m, &c);
+    for (int k = 0; k < RC_MODELS; k++) model_free(&m[k]);
     free(sums), free(c.inputs), free(c.targets);
 }
 

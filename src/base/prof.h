@@ -17,7 +17,7 @@ typedef enum {
     PROF_BACKWARD_NORM,
     PROF_BACKWARD_ACTIVATION,
     PROF_BACKWARD_LOSS,
-    PROF_RECOMPUTE,   /* backward remaking a block's forward state (train.recompute = block) */
+    PROF_RECOMPUTE,   /* backward remaking forward state (train.recompute) */
     PROF_OPTIMIZER,   /* gradient norm, clipping, AdamW, the bf16 weight copy */
     PROF_REDUCE_WAIT, /* waiting for the gradient all-reduce after backward */
     PROF_PHASES

@@ -45,8 +45,8 @@ typedef struct {
     int B, T;                         /* capacity */
     int threads;                      /* heads' scratch areas (attention_threads() when reserved) */
     bool kept_logits;                 /* laid out with probs apart from logits */
-    int state_of;                     /* the block forwarded last, -1 none; with train.recompute = block
-                                       * [L] below is [1], its state alone (docs/scale.md §7) */
+    int state_of;                     /* the block forwarded last, -1 none; with train.recompute the
+                                       * [L] of what it remakes is [1], that block's (docs/scale.md §7) */
     float *residual;                  /* [L+1][B*T*d]: block inputs, final stream */
     float *mid;                       /* [L][B*T*d]: after attention */
     float *ln1, *ln1_mean, *ln1_rstd; /* [L][B*T*d], [L][B*T] */
@@ -147,9 +147,10 @@ void model_forward(model *m, const int32_t *inputs, const int32_t *targets, cons
 void model_block_forward(model *m, int layer, int B, int T, bool collect_buffers);
 /* Makes block `layer`'s forward state of the last forward on B rows of T
  * readable (model_attention_saved, model_block_mid): with train.recompute
- * = block one copy of it is kept, of the last block forwarded, and another
- * block's is remade from its input, bit for bit (docs/scale.md §7); does
- * nothing otherwise. The block's output is not rewritten. */
+ * one copy of the MLP's (mlp) or the whole block's state (block) is kept,
+ * of the last block forwarded, and another block's is remade, bit for bit
+ * (docs/scale.md §7); does nothing otherwise or when it is there. The
+ * block's output is not rewritten. */
 void model_block_restore(model *m, int layer, int B, int T);
 /* Block `layer`'s x + attention (its attention sublayer's output with the
  * residual), [B*T*d], as its last forward or model_block_restore left it. */
@@ -173,7 +174,7 @@ void model_backward(model *m, const int32_t *inputs, const int32_t *targets, con
 attention_layer model_attention_layer(model *m, int layer, bool collect_buffers);
 /* Block `layer`'s saved attention state of the last forward on B rows of T
  * (q-hat, k-hat, v, the kernel's saved floats), for attention_weight; with
- * train.recompute = block, after model_block_restore of that block. */
+ * train.recompute, after model_block_restore of that block. */
 attention_saved model_attention_saved(const model *m, int layer, int B, int T);
 /* Bytes of the activation buffer for B rows of T (saved forward state and
  * backward scratch), so that a run can refuse up front what will not fit. */

@@ -234,17 +234,25 @@ typedef struct {
 
 #define ACTIVATION_SLOTS 40
 
-/* Copies of the per-block forward state: one per block, or with
- * train.recompute = block one that every block's forward overwrites and
- * backward remakes from the block's input, which the residual stream keeps
- * for every block (docs/scale.md §7). */
-static size_t state_copies(const model *m) { return m->cfg.recompute == RECOMPUTE_BLOCK ? 1 : (size_t)m->L; }
+/* Copies of a part of the per-block forward state (the MLP's: ln2 ...
+ * fc_tanh; or the attention sublayer's: mid ... att_out): one per block,
+ * or one that every block's forward overwrites and backward remakes from
+ * what the block keeps (docs/scale.md §7): train.recompute = mlp remakes
+ * the MLP's from mid, block both from the block's input, which the
+ * residual stream keeps for every block. */
+static size_t state_copies(const model *m, bool mlp) {
+    int r = m->cfg.recompute;
+    return r == RECOMPUTE_BLOCK || (mlp && r == RECOMPUTE_MLP) ? 1 : (size_t)m->L;
+}
 
-size_t model_activation_slot(const model *m, int layer) { return state_copies(m) == 1 ? 0 : (size_t)layer; }
+size_t model_activation_slot(const model *m, int layer, bool mlp) {
+    return state_copies(m, mlp) == 1 ? 0 : (size_t)layer;
+}
 
 /* The activation buffer's layout for B rows of T: one entry per array. */
 static size_t activation_plan(const model *m, model_activations *a, int B, int T, carve *plan) {
-    size_t L = (size_t)m->L, bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff, K = state_copies(m);
+    size_t L = (size_t)m->L, bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
+    size_t K = state_copies(m, false), KM = state_copies(m, true);
     bool lm = m->cfg.head == HEAD_LM, keep_p = m->cfg.learn_gamma;
     carve all[] = {
         {&a->residual, (L + 1) * bt * d},
@@ -259,12 +267,12 @@ static size_t activation_plan(const model *m, model_activations *a, int B, int T
         {&a->p_k, keep_p ? K * bt * d : 0},
         {&a->att_saved, K * B * m->H * attention_saved_per_head(&m->cfg, &m->fmm, T)},
         {&a->att_out, K * bt * d},
-        {&a->ln2, K * bt * d},
-        {&a->ln2_mean, K * bt},
-        {&a->ln2_rstd, K * bt},
-        {&a->fc_pre, K * bt * ff},
+        {&a->ln2, KM * bt * d},
+        {&a->ln2_mean, KM * bt},
+        {&a->ln2_rstd, KM * bt},
+        {&a->fc_pre, KM * bt * ff},
         {&a->fc_act, bt * ff},
-        {&a->fc_tanh, K * bt * ff},
+        {&a->fc_tanh, KM * bt * ff},
         {&a->ln_f, bt * d},
         {&a->ln_f_mean, bt},
         {&a->ln_f_rstd, bt},
