@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention/attention.h"
 #include "base/status.h"
 #include "base/sys.h"
 #include "commands/cmd_common.h"
+#include "kernels/gemm.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "parallel/dist.h"
@@ -217,6 +219,188 @@ static void check_tiled_equals_dense(void) {
     free(targets);
 }
 
+/* ---- train.recompute = mlp | block (docs/scale.md §7) ----------------- */
+
+/* models of a case: recompute none (the reference), mlp and block */
+enum { RC_ROWS = 3, RC_MICRO = 2, RC_STEPS = 3, RC_LAYERS = 3, RC_HOOKS = 16, RC_MODELS = 3 };
+
+/* block_done's layers in call order, and the progress calls. */
+typedef struct {
+    int done[RC_HOOKS], n_done;
+    long progress;
+} hook_log;
+
+static void log_block_done(void *ctx, int layer) {
+    hook_log *h = ctx;
+    if (h->n_done < RC_HOOKS) h->done[h->n_done++] = layer;
+}
+
+static void log_progress(void *ctx) { ((hook_log *)ctx)->progress++; }
+
+/* Floats of one block's MLP state (ln2, its mean and rstd, fc_pre, fc_tanh)
+ * and of all its forward state (mid ... fc_tanh) for B rows of T, counted
+ * here from model.h's array list, apart from params.c's plan. */
+static size_t mlp_state_floats(const model *m, int rows, int length) {
+    return (size_t)rows * length * (m->d + 2 + 2 * (size_t)m->d_ff);
+}
+
+static size_t block_state_floats(const model *m, int rows, int length) {
+    size_t bt = (size_t)rows * length, d = (size_t)m->d;
+    size_t per_row = 6 * d + 2 + (m->cfg.learn_gamma ? 2 * d : 0); /* mid ln1 q k v att, ln1's stats, p_q p_k */
+    attention_layer_sizes z = {&m->cfg, &m->fmm, NULL, length};
+    return bt * per_row + (size_t)rows * m->H * attention_saved_per_head(&z) + mlp_state_floats(m, rows, length);
+}
+
+typedef struct {
+    int length;
+    int32_t *inputs, *targets, labels[RC_ROWS];
+    /* per model, against model 0: */
+    bool losses[RC_MODELS], buffer_sums[RC_MODELS], grads[RC_MODELS], hooks[RC_MODELS];
+} recompute_case;
+
+/* One micro-batch (rows [first, first + rows)) forward and backward on
+ * every model, comparing what the forward and backward leave with model 0's. */
+static void micro_all(model m[RC_MODELS], recompute_case *c, int first, int rows, float scale, bool last) {
+    size_t at = (size_t)first * c->length;
+    const int32_t *in = c->inputs + at, *tg = c->targets + at, *lb = c->labels + first;
+    hook_log logs[RC_MODELS];
+    memset(logs, 0, sizeof logs);
+    for (int k = 0; k < RC_MODELS; k++) {
+        model_forward(&m[k], in, tg, lb, rows, c->length, m[k].momentum);
+        model_backward_hooks hooks = {log_block_done, log_progress, &logs[k]};
+        model_backward(&m[k], in, tg, lb, rows, c->length, scale, last ? &hooks : NULL, first > 0);
+    }
+    size_t n_loss = m[0].cfg.head == HEAD_LM ? (size_t)rows * c->length : (size_t)rows;
+    for (int k = 1; k < RC_MODELS; k++) {
+        c->losses[k] &= memcmp(m[0].acts.losses, m[k].acts.losses, sizeof(float) * n_loss) == 0;
+        /* compared after backward: a recomputation that collected again would double them */
+        c->buffer_sums[k] &= memcmp(m[0].buffer_sums, m[k].buffer_sums, sizeof(float) * m[0].n_buffer) == 0;
+        bool order = logs[k].n_done == (last ? m[k].L + 1 : 0);
+        for (int i = 0; i < logs[k].n_done; i++) order &= logs[k].done[i] == m[k].L - 1 - i;
+        c->hooks[k] &= order && logs[0].n_done == logs[k].n_done && logs[k].progress >= logs[0].progress;
+    }
+}
+
+/* The buffers set to the batch mean of their sums, then AdamW, as the
+ * trainer does after a step's micro-batches. */
+static void step_all(model m[RC_MODELS], const double *sums, int step) {
+    optimizer_settings opt = {1e-2, 0.9, 0.95, 1e-8, 0.1, 1.0f};
+    for (int k = 0; k < RC_MODELS; k++) {
+        for (size_t i = 0; m[k].momentum && i < m[k].n_buffer; i++) m[k].buffers[i] = (float)(sums[i] / RC_ROWS);
+        optimizer_step_model(&m[k], step, &opt);
+        model_params_changed(&m[k]);
+    }
+}
+
+/* Step `step`'s batch: tokens, padding (cls: each row's last position) and labels. */
+static void fill_batch(recompute_case *c, const config *cfg, int step) {
+    int length = c->length;
+    for (int i = 0; i < RC_ROWS * length; i++) {
+        c->inputs[i] = (int32_t)((i * 7 + 3 * step) % cfg->vocab_size);
+        bool pad = cfg->head == HEAD_CLS ? i % length == length - 1 : (i + step) % 5 == 2;
+        c->targets[i] = pad ? -1 : (int32_t)((i * 5 + step) % cfg->vocab_size);
+    }
+    for (int r = 0; r < RC_ROWS; r++) c->labels[r] = (int32_t)((r * 3 + step) % 10);
+}
+
+static void report_recompute(const char *tag, model m[RC_MODELS], const recompute_case *c) {
+    const char *modes[RC_MODELS] = {"none", "mlp", "block"};
+    char name[200];
+    for (int k = 1; k < RC_MODELS; k++) {
+        const char *checks[] = {"losses", "momentum buffer sums (collected once)", "gradients", "backward hooks"};
+        bool ok[] = {c->losses[k], c->buffer_sums[k], c->grads[k], c->hooks[k]};
+        for (int i = 0; i < 4; i++) {
+            snprintf(name, sizeof name, "recompute %s %s: %s = none, bitwise", modes[k], tag, checks[i]);
+            test_check(ok[i], name, NULL);
+        }
+        snprintf(name, sizeof name, "recompute %s %s: weights after %d steps = none, bitwise", modes[k], tag, RC_STEPS);
+        test_check(memcmp(m[0].params, m[k].params, sizeof(float) * m[0].n_params) == 0, name, NULL);
+        size_t none = model_activation_bytes(&m[0], RC_MICRO, c->length);
+        size_t got = model_activation_bytes(&m[k], RC_MICRO, c->length);
+        size_t state =
+            k == 1 ? mlp_state_floats(&m[0], RC_MICRO, c->length) : block_state_floats(&m[0], RC_MICRO, c->length);
+        size_t expected = (RC_LAYERS - 1) * state * sizeof(float);
+        snprintf(name, sizeof name, "recompute %s %s: activation bytes, %d %s states fewer", modes[k], tag,
+                 RC_LAYERS - 1, k == 1 ? "MLP" : "block");
+        test_check(none - got == expected && got < none, name, "none %zu, %s %zu, expected difference %zu", none,
+                   modes[k], got, expected);
+    }
+}
+
+/* RC_STEPS trainer-like steps (micro-batches of 2 and 1 rows) of `cfg` with
+ * recompute none, mlp and block side by side: losses, buffer sums,
+ * gradients, the hooks' calls and the final weights bit for bit; and the
+ * activation estimate smaller by L - 1 copies of the state recomputed. */
+static void check_recompute(const char *tag, config cfg, int length) {
+    cfg.vocab_size = 11, cfg.d_model = 16, cfg.n_heads = 2, cfg.n_layers = RC_LAYERS, cfg.d_ff = 24;
+    cfg.seq_len = length, cfg.chain_len = 3;
+    recompute_case c = {.length = length};
+    for (int k = 0; k < RC_MODELS; k++) c.losses[k] = c.buffer_sums[k] = c.grads[k] = c.hooks[k] = true;
+    c.inputs = malloc(sizeof(int32_t) * RC_ROWS * length), c.targets = malloc(sizeof(int32_t) * RC_ROWS * length);
+    const int modes[RC_MODELS] = {RECOMPUTE_NONE, RECOMPUTE_MLP, RECOMPUTE_BLOCK};
+    model m[RC_MODELS];
+    for (int k = 0; k < RC_MODELS; k++) {
+        cfg.recompute = modes[k];
+        char name[200];
+        snprintf(name, sizeof name, "recompute %s: model_create", tag);
+        if (!test_check(model_create(&m[k], &cfg, NULL) == 0, name, NULL)) return;
+        model_init_parameters(&m[k]);
+        uint64_t state = 5;
+        for (size_t i = 0; i < m[k].n_params; i++) m[k].params[i] += 0.3f * fd_uniform(&state);
+        for (size_t i = 0; i < m[k].n_buffer; i++) m[k].buffers[i] = 0.5f * fd_uniform(&state);
+        model_params_changed(&m[k]);
+    }
+    double *sums = calloc(m[0].n_buffer, sizeof(double));
+    for (int step = 1; step <= RC_STEPS; step++) {
+        fill_batch(&c, &cfg, step);
+        long long count = model_target_count(&m[0], c.targets, RC_ROWS, length);
+        memset(sums, 0, sizeof(double) * m[0].n_buffer);
+        for (int first = 0; first < RC_ROWS; first += RC_MICRO) {
+            int rows = RC_ROWS - first < RC_MICRO ? RC_ROWS - first : RC_MICRO;
+            micro_all(m, &c, first, rows, (float)(1.0 / count), first + rows >= RC_ROWS);
+            for (size_t i = 0; i < m[0].n_buffer; i++) sums[i] += m[0].buffer_sums[i];
+        }
+        for (int k = 1; k < RC_MODELS; k++)
+            c.grads[k] &= memcmp(m[0].grads, m[k].grads, sizeof(float) * m[0].n_params) == 0;
+        step_all(m, sums, step);
+    }
+    report_recompute(tag, m, &c);
+    for (int k = 0; k < RC_MODELS; k++) model_free(&m[k]);
+    free(sums), free(c.inputs), free(c.targets);
+}
+
+static void check_recompute_variants(void) {
+    config base, c;
+    config_defaults(&base);
+    base.gamma = 0.3, base.anchor = false; /* the buffers enter the loss */
+    c = base, c.attention_impl = ATTENTION_DENSE;
+    check_recompute("softmax dense", c, 9);
+    c = base; /* past TILED_KEEP_MAX (attention.c): the log-sum-exp kept, not the probabilities */
+    check_recompute("softmax tiled T 300", c, 300);
+    c = base, c.learn_gamma = true, c.beta = 0.5, c.gamma2 = 0.1; /* p_q, p_k kept */
+    check_recompute("momentum learned gamma", c, 9);
+    c = base, c.attention = ATTENTION_FMM, c.fmm_bandwidth = 3, c.fmm_chunk = 4;
+    c.fmm_kernels = (config_list){2, {FEATURE_ELU, FEATURE_ELU_FLIP}};
+    check_recompute("fmm band on rows", c, 40);
+    c.fmm_bandwidth = 48, c.fmm_chunk = 16; /* attention.impl = tiled: the band on tiles */
+    check_recompute("fmm band on tiles", c, 120);
+    c = base, c.head = HEAD_CLS, c.n_classes = 10, c.task = TASK_LISTOPS, c.causal = false;
+    check_recompute("cls head", c, 9);
+    const char *why = gemm_unavailable_reason(GEMM_ONEDNN_BF16);
+    if (why) {
+        test_skip("recompute bf16", why);
+        return;
+    }
+    gemm_ctx *bf16 = gemm_create(GEMM_ONEDNN_BF16, 1);
+    gemm_set_default(bf16); /* before the models exist: they register their weights with it */
+    c = base, c.attention_impl = ATTENTION_DENSE, c.learn_gamma = true, c.precision = PRECISION_BF16;
+    check_recompute("bf16 softmax dense learned gamma", c, 9);
+    c = base, c.attention = ATTENTION_FMM, c.fmm_bandwidth = 3, c.fmm_chunk = 4, c.precision = PRECISION_BF16;
+    check_recompute("bf16 fmm", c, 40);
+    gemm_set_default(NULL);
+    gemm_destroy(bf16);
+}
+
 static void softmax_causal(config *c) { (void)c; }
 static void softmax_full(config *c) { c->causal = false; }
 static void momentum_post(config *c) { c->gamma = 0.3; }
@@ -248,6 +432,7 @@ int main(int argc, char **argv) {
     run_case("model cls head", cls_head);
     check_optimizer_threads();
     check_tiled_equals_dense();
+    check_recompute_variants();
     int rc = test_summary("test_model");
     dist_finalize();
     return rc;

@@ -17,6 +17,7 @@ typedef enum {
     PROF_BACKWARD_NORM,
     PROF_BACKWARD_ACTIVATION,
     PROF_BACKWARD_LOSS,
+    PROF_RECOMPUTE,   /* backward remaking forward state (train.recompute) */
     PROF_OPTIMIZER,   /* gradient norm, clipping, AdamW, the bf16 weight copy */
     PROF_REDUCE_WAIT, /* waiting for the gradient all-reduce after backward */
     PROF_PHASES
@@ -27,6 +28,10 @@ void prof_enable(bool on);
 double prof_start(void);
 /* Adds the seconds since `start` to the phase (nothing when off). */
 void prof_add(prof_phase phase, double start);
+/* While diverted, every phase's time goes to `phase` instead: backward's
+ * recomputation runs the forward's own timed code, whose time must not
+ * count as forward twice. PROF_PHASES ends the diversion. */
+void prof_divert(prof_phase phase);
 void prof_reset(void);
 /* Seconds per phase since the last reset. */
 void prof_read(double seconds[PROF_PHASES]);

@@ -115,6 +115,9 @@ const config_key CONFIG_KEYS[] = {
      * run may resume in another precision (with a warning) */
     {"train", "precision", KEY_ENUM, OFF(precision), "fp32", 0, 0, "fp32|bf16", ROLE_SCHEDULE},
     {"train", "gemm", KEY_ENUM, OFF(gemm), "auto", 0, 0, "openblas|onednn|auto", ROLE_SCHEDULE},
+    /* docs/scale.md §7: what backward keeps, not what it computes (bitwise
+     * the same gradients), so a run may resume with the other value */
+    {"train", "recompute", KEY_ENUM, OFF(recompute), "none", 0, 0, "none|mlp|block", ROLE_SCHEDULE},
     {"dist", "bucket_mb", KEY_DOUBLE, OFF(bucket_mb), "4", 1e-3, 1e6, NULL, ROLE_SCHEDULE},
     {"dist", "overlap", KEY_BOOL, OFF(overlap), "true", 0, 1, NULL, ROLE_SCHEDULE},
     {"dist", "check_interval", KEY_INT, OFF(check_interval), "100", 0, 1 << 30, NULL, ROLE_SCHEDULE},

@@ -19,6 +19,10 @@ typedef enum { NONFINITE_STOP = 0, NONFINITE_SKIP = 1 } config_nonfinite_policy;
 /* train.precision and train.gemm (docs/scale.md §7) */
 typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1 } config_precision;
 typedef enum { GEMM_IMPL_OPENBLAS = 0, GEMM_IMPL_ONEDNN = 1, GEMM_IMPL_AUTO = 2 } config_gemm;
+/* train.recompute (docs/scale.md §7): every block keeps its forward state;
+ * or its MLP's is remade by backward block by block; or the whole block's,
+ * from the block's input */
+typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_MLP = 1, RECOMPUTE_BLOCK = 2 } config_recompute;
 typedef enum { TASK_CHAIN = 0, TASK_COPY = 1, TASK_LISTOPS = 2, TASK_TEXT = 3 } config_task;
 
 #define CONFIG_PATH_MAX 1024
@@ -87,6 +91,7 @@ typedef struct {
     int on_nonfinite; /* config_nonfinite_policy */
     int precision;    /* config_precision */
     int gemm;         /* config_gemm */
+    int recompute;    /* config_recompute */
     /* [dist] */
     double bucket_mb;
     bool overlap;

@@ -55,7 +55,9 @@ void readouts_block_gains(model *m, int B, int T, uint64_t seed, long long first
     double *delta_norms = sys_calloc((size_t)B, sizeof(double));
     if (fp32) gemm_set_default(NULL); /* cblas_sgemm, fp32 (gemm.h) */
     for (int l = 0; l < m->L; l++) {
-        float *in = a->residual + l * bt_d, *out = a->residual + (l + 1) * bt_d, *mid = a->mid + l * bt_d;
+        /* with train.recompute = block, block l's mid is remade first (docs/scale.md §7) */
+        model_block_restore(m, l, B, T);
+        float *in = a->residual + l * bt_d, *out = a->residual + (l + 1) * bt_d, *mid = model_block_mid(m, l, B, T);
         memcpy(saved_in, in, sizeof(float) * bt_d);
         memcpy(saved_out, out, sizeof(float) * bt_d);
         memcpy(saved_mid, mid, sizeof(float) * bt_d);
@@ -103,34 +105,36 @@ static void previous_occurrences(const int32_t *inputs, int T, int V, int *last,
     }
 }
 
+/* Block by block, since with train.recompute = block only one block's
+ * attention state is kept and model_block_restore remakes the others'
+ * (docs/scale.md §7); each (block, head) sum adds its queries in the same
+ * order either way. */
 void readouts_attention_scores(model *m, const int32_t *inputs, const int32_t *targets, int B, int T, int period,
                                double *sums) {
     int LH = m->L * m->H;
     int *last = sys_calloc((size_t)m->V + T, sizeof(int)), *prev = last + m->V;
-    attention_layer *views = sys_calloc((size_t)m->L, sizeof *views);
-    attention_saved *saved = sys_calloc((size_t)m->L, sizeof *saved);
     for (int l = 0; l < m->L; l++) {
-        views[l] = model_attention_layer(m, l, false);
-        saved[l] = model_attention_saved(m, l, B, T);
-    }
-    for (int b = 0; b < B; b++) {
-        const int32_t *x = inputs + (size_t)b * T, *y = targets + (size_t)b * T;
-        previous_occurrences(x, T, m->V, last, prev);
-        for (int i = 0; i < T; i++) {
-            /* the queries where the two keys exist and differ: where they
-             * coincide (a fixed period without fillers) no score can tell
-             * them apart (docs/metrics.md §3) */
-            int positional = i - (period - 1), induction = prev[i] + 1;
-            if (y[i] < 0 || prev[i] < 0 || positional < 0 || positional == induction) continue;
-            sums[2 * LH] += 1;
-            for (int l = 0; l < m->L; l++)
+        model_block_restore(m, l, B, T);
+        attention_layer view = model_attention_layer(m, l, false);
+        attention_saved saved = model_attention_saved(m, l, B, T);
+        for (int b = 0; b < B; b++) {
+            const int32_t *x = inputs + (size_t)b * T, *y = targets + (size_t)b * T;
+            previous_occurrences(x, T, m->V, last, prev);
+            for (int i = 0; i < T; i++) {
+                /* the queries where the two keys exist and differ: where they
+                 * coincide (a fixed period without fillers) no score can tell
+                 * them apart (docs/metrics.md §3) */
+                int positional = i - (period - 1), induction = prev[i] + 1;
+                if (y[i] < 0 || prev[i] < 0 || positional < 0 || positional == induction) continue;
+                if (l == 0) sums[2 * LH] += 1;
                 for (int h = 0; h < m->H; h++) {
-                    sums[l * m->H + h] += attention_weight(&views[l], &saved[l], b, h, T, i, positional);
-                    sums[LH + l * m->H + h] += attention_weight(&views[l], &saved[l], b, h, T, i, induction);
+                    sums[l * m->H + h] += attention_weight(&view, &saved, b, h, T, i, positional);
+                    sums[LH + l * m->H + h] += attention_weight(&view, &saved, b, h, T, i, induction);
                 }
+            }
         }
     }
-    free(last), free(views), free(saved);
+    free(last);
 }
 
 void readouts_gammas(const model *m, double *out) {

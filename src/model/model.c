@@ -105,9 +105,9 @@ attention_layer model_attention_layer(model *m, int l, bool collect_buffers) {
  * which knows nothing of `activations`, docs/design.md §8.1). */
 attention_saved model_attention_saved(const model *m, int l, int B, int T) {
     const model_activations *a = &m->acts;
-    size_t heads = (size_t)l * B * T * m->d;
+    size_t slot = model_activation_slot(m, l, false), heads = slot * B * T * m->d;
     attention_layer_sizes z = {&m->cfg, &m->fmm, m->cut.chunks > 1 ? &m->cut : NULL, T};
-    size_t saved = (size_t)l * B * m->H * attention_saved_per_head(&z);
+    size_t saved = slot * B * m->H * attention_saved_per_head(&z);
     attention_saved s = {
         .q_hat = a->q_hat + heads,
         .k_hat = a->k_hat + heads,
@@ -123,30 +123,81 @@ attention_saved model_attention_saved(const model *m, int l, int B, int T) {
     return s;
 }
 
-void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
+static void progress(const model_backward_hooks *hooks) {
+    if (hooks && hooks->progress) hooks->progress(hooks->ctx);
+}
+
+/* Block l's forward up to mid = x + attention(LN1(x)), the first half of
+ * what its backward reads. Backward's recomputation runs this same code
+ * (train.recompute = block; mlp_state's too with mlp; docs/scale.md §7),
+ * so the state it remakes is the forward's bit for bit; `hooks`: the
+ * progress calls backward makes between kernels, NULL in a forward. */
+static void attention_state(model *m, int l, int B, int T, bool collect_buffers, const model_backward_hooks *hooks) {
     model_activations *a = &m->acts;
-    size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
+    size_t bt = (size_t)B * T, d = (size_t)m->d, s = model_activation_slot(m, l, false);
     int rows = (int)bt;
     const model_block_tensors *w = &m->w.blocks[l];
-    float *x = a->residual + l * bt * d, *mid = a->mid + l * bt * d;
-    float *ln1 = a->ln1 + l * bt * d, *ln2 = a->ln2 + l * bt * d, *att = a->att_out + l * bt * d;
-    float *fc_pre = a->fc_pre + l * bt * ff, *fc_act = a->fc_act, *fc_tanh = a->fc_tanh + l * bt * ff;
-    PROF_TIMED(PROF_FORWARD_NORM, layernorm_forward(ln1, a->ln1_mean + l * bt, a->ln1_rstd + l * bt, x, w->ln1_weight,
+    float *x = a->residual + l * bt * d, *mid = a->mid + s * bt * d;
+    float *ln1 = a->ln1 + s * bt * d, *att = a->att_out + s * bt * d;
+    PROF_TIMED(PROF_FORWARD_NORM, layernorm_forward(ln1, a->ln1_mean + s * bt, a->ln1_rstd + s * bt, x, w->ln1_weight,
                                                     w->ln1_bias, rows, m->d));
     PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(a->qkv, ln1, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d));
     attention_layer view = model_attention_layer(m, l, collect_buffers);
     attention_saved saved = model_attention_saved(m, l, B, T);
     PROF_TIMED(PROF_FORWARD_ATTENTION, attention_forward(&view, &saved, a->qkv, att, B, T));
+    progress(hooks);
     PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(mid, att, w->proj_weight, w->proj_bias, rows, m->d, m->d));
     PROF_TIMED(PROF_FORWARD_ACTIVATION, add_into(mid, x, bt * d));
-    PROF_TIMED(PROF_FORWARD_NORM, layernorm_forward(ln2, a->ln2_mean + l * bt, a->ln2_rstd + l * bt, mid, w->ln2_weight,
-                                                    w->ln2_bias, rows, m->d));
+}
+
+/* The second half, mid -> the MLP's GELU (fc_act); recomputed alone with
+ * train.recompute = mlp. */
+static void mlp_state(model *m, int l, int B, int T, const model_backward_hooks *hooks) {
+    model_activations *a = &m->acts;
+    size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff, s = model_activation_slot(m, l, true);
+    int rows = (int)bt;
+    const model_block_tensors *w = &m->w.blocks[l];
+    float *ln2 = a->ln2 + s * bt * d, *fc_pre = a->fc_pre + s * bt * ff, *fc_tanh = a->fc_tanh + s * bt * ff;
+    PROF_TIMED(PROF_FORWARD_NORM,
+               layernorm_forward(ln2, a->ln2_mean + s * bt, a->ln2_rstd + s * bt, model_block_mid(m, l, B, T),
+                                 w->ln2_weight, w->ln2_bias, rows, m->d));
     PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(fc_pre, ln2, w->fc_weight, w->fc_bias, rows, m->d, m->d_ff));
-    PROF_TIMED(PROF_FORWARD_ACTIVATION, gelu_forward(fc_act, fc_tanh, fc_pre, bt * ff));
-    float *out = a->residual + (l + 1) * bt * d;
+    progress(hooks);
+    PROF_TIMED(PROF_FORWARD_ACTIVATION, gelu_forward(a->fc_act, fc_tanh, fc_pre, bt * ff));
+    a->state_of = l;
+}
+
+void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
+    attention_state(m, l, B, T, collect_buffers, NULL);
+    mlp_state(m, l, B, T, NULL);
+    model_activations *a = &m->acts;
+    size_t bt = (size_t)B * T, d = (size_t)m->d;
+    const model_block_tensors *w = &m->w.blocks[l];
+    float *out = a->residual + (l + 1) * bt * d, *mid = model_block_mid(m, l, B, T);
     PROF_TIMED(PROF_FORWARD_LINEAR,
-               matmul_forward(out, fc_act, w->mlp_proj_weight, w->mlp_proj_bias, rows, m->d_ff, m->d));
+               matmul_forward(out, a->fc_act, w->mlp_proj_weight, w->mlp_proj_bias, (int)bt, m->d_ff, m->d));
     PROF_TIMED(PROF_FORWARD_ACTIVATION, add_into(out, mid, bt * d));
+}
+
+/* With train.recompute the one copy of the MLP's state (mlp) or of the
+ * whole block's (block) may hold another block's: block l's is remade
+ * from what the block keeps, mid or its input (docs/scale.md §7). The time
+ * counts as recompute, not twice as forward; the momentum buffer sums are
+ * not collected again (the forward did, and a second sum would double
+ * them); the block's output, which the forward wrote and backward never
+ * reads, is not remade. */
+static void restore_state(model *m, int l, int B, int T, const model_backward_hooks *hooks) {
+    if (m->cfg.recompute == RECOMPUTE_NONE || m->acts.state_of == l) return;
+    prof_divert(PROF_RECOMPUTE);
+    if (m->cfg.recompute == RECOMPUTE_BLOCK) attention_state(m, l, B, T, false, hooks);
+    mlp_state(m, l, B, T, hooks);
+    prof_divert(PROF_PHASES);
+}
+
+void model_block_restore(model *m, int layer, int B, int T) { restore_state(m, layer, B, T, NULL); }
+
+float *model_block_mid(const model *m, int layer, int B, int T) {
+    return m->acts.mid + model_activation_slot(m, layer, false) * B * T * m->d;
 }
 
 /* The softmax runs on a copy when the model keeps its logits: the same
@@ -244,36 +295,34 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
                                                       a->ln_f_mean, a->ln_f_rstd, rows, m->d, accumulate));
 }
 
-static void progress(const model_backward_hooks *hooks) {
-    if (hooks && hooks->progress) hooks->progress(hooks->ctx);
-}
-
 static void block_backward(model *m, int l, int B, int T, const model_backward_hooks *hooks, bool accumulate) {
     model_activations *a = &m->acts;
     const model_block_tensors *w = &m->w.blocks[l];
     model_block_tensors *g = &m->g.blocks[l];
+    restore_state(m, l, B, T, hooks);
     size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
+    size_t s = model_activation_slot(m, l, false), sm = model_activation_slot(m, l, true);
     int rows = (int)bt;
-    float *x = a->residual + l * bt * d, *mid = a->mid + l * bt * d;
-    float *fc_pre = a->fc_pre + l * bt * ff;
+    float *x = a->residual + l * bt * d, *mid = a->mid + s * bt * d;
+    float *fc_pre = a->fc_pre + sm * bt * ff, *fc_tanh = a->fc_tanh + sm * bt * ff;
     /* d_residual holds dL/d(block output); the residual paths pass it through
      * unchanged and each LayerNorm backward adds its branch into it. */
     /* the GELU output is not kept per layer: it follows from the saved
      * pre-activation and tanh term, the same floats as forward made */
-    PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_from_tanh(a->fc_act, fc_pre, a->fc_tanh + l * bt * ff, bt * ff));
+    PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_from_tanh(a->fc_act, fc_pre, fc_tanh, bt * ff));
     PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual,
                                                      a->fc_act, w->mlp_proj_weight, rows, m->d_ff, m->d, accumulate));
     progress(hooks);
-    PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_backward(a->d_ff, fc_pre, a->fc_tanh + l * bt * ff, a->d_ff, bt * ff));
+    PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_backward(a->d_ff, fc_pre, fc_tanh, a->d_ff, bt * ff));
     PROF_TIMED(PROF_BACKWARD_LINEAR,
-               matmul_backward(a->d_model_rows, g->fc_weight, g->fc_bias, a->d_ff, a->ln2 + l * bt * d, w->fc_weight,
+               matmul_backward(a->d_model_rows, g->fc_weight, g->fc_bias, a->d_ff, a->ln2 + sm * bt * d, w->fc_weight,
                                rows, m->d, m->d_ff, accumulate));
     progress(hooks);
     PROF_TIMED(PROF_BACKWARD_NORM,
                layernorm_backward(a->d_residual, g->ln2_weight, g->ln2_bias, a->d_model_rows, mid, w->ln2_weight,
-                                  a->ln2_mean + l * bt, a->ln2_rstd + l * bt, rows, m->d, accumulate));
+                                  a->ln2_mean + sm * bt, a->ln2_rstd + sm * bt, rows, m->d, accumulate));
     PROF_TIMED(PROF_BACKWARD_LINEAR,
-               matmul_backward(a->d_model_rows, g->proj_weight, g->proj_bias, a->d_residual, a->att_out + l * bt * d,
+               matmul_backward(a->d_model_rows, g->proj_weight, g->proj_bias, a->d_residual, a->att_out + s * bt * d,
                                w->proj_weight, rows, m->d, m->d, accumulate));
     progress(hooks);
     attention_layer view = model_attention_layer(m, l, false);
@@ -281,12 +330,12 @@ static void block_backward(model *m, int l, int B, int T, const model_backward_h
     PROF_TIMED(PROF_BACKWARD_ATTENTION, attention_backward(&view, &saved, a->d_model_rows, a->qkv, B, T));
     progress(hooks);
     PROF_TIMED(PROF_BACKWARD_LINEAR,
-               matmul_backward(a->d_model_rows, g->qkv_weight, g->qkv_bias, a->qkv, a->ln1 + l * bt * d, w->qkv_weight,
+               matmul_backward(a->d_model_rows, g->qkv_weight, g->qkv_bias, a->qkv, a->ln1 + s * bt * d, w->qkv_weight,
                                rows, m->d, 3 * m->d, accumulate));
     progress(hooks);
     PROF_TIMED(PROF_BACKWARD_NORM,
                layernorm_backward(a->d_residual, g->ln1_weight, g->ln1_bias, a->d_model_rows, x, w->ln1_weight,
-                                  a->ln1_mean + l * bt, a->ln1_rstd + l * bt, rows, m->d, accumulate));
+                                  a->ln1_mean + s * bt, a->ln1_rstd + s * bt, rows, m->d, accumulate));
 }
 
 void model_backward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,

@@ -46,6 +46,8 @@ typedef struct {
     int threads;                      /* heads' scratch areas (attention_threads() when reserved) */
     bool kept_logits;                 /* laid out with probs apart from logits */
     int cut_chunks, cut_seq;          /* laid out for this cut (model.cut) */
+    int state_of;                     /* the block forwarded last, -1 none; with train.recompute the
+                                       * [L] of what it remakes is [1], that block's (docs/scale.md §7) */
     float *residual;                  /* [L+1][B*T*d]: block inputs, final stream */
     float *mid;                       /* [L][B*T*d]: after attention */
     float *ln1, *ln1_mean, *ln1_rstd; /* [L][B*T*d], [L][B*T] */
@@ -157,6 +159,16 @@ void model_forward(model *m, const int32_t *inputs, const int32_t *targets, cons
 /* Block l alone: acts.residual[l] -> acts.residual[l + 1] (after a forward
  * at this B, T has reserved the activations). */
 void model_block_forward(model *m, int layer, int B, int T, bool collect_buffers);
+/* Makes block `layer`'s forward state of the last forward on B rows of T
+ * readable (model_attention_saved, model_block_mid): with train.recompute
+ * one copy of the MLP's (mlp) or the whole block's state (block) is kept,
+ * of the last block forwarded, and another block's is remade, bit for bit
+ * (docs/scale.md §7); does nothing otherwise or when it is there. The
+ * block's output is not rewritten. */
+void model_block_restore(model *m, int layer, int B, int T);
+/* Block `layer`'s x + attention (its attention sublayer's output with the
+ * residual), [B*T*d], as its last forward or model_block_restore left it. */
+float *model_block_mid(const model *m, int layer, int B, int T);
 /* Sum of this rank's per-target (lm) or per-row (cls) losses, and their count. */
 double model_loss_sum(const model *m, const int32_t *targets, int B, int T, long long *count);
 /* The count of model_loss_sum before any forward: the trainer needs the
@@ -175,7 +187,8 @@ void model_backward(model *m, const int32_t *inputs, const int32_t *targets, con
  * vectors. */
 attention_layer model_attention_layer(model *m, int layer, bool collect_buffers);
 /* Block `layer`'s saved attention state of the last forward on B rows of T
- * (q-hat, k-hat, v, the kernel's saved floats), for attention_weight. */
+ * (q-hat, k-hat, v, the kernel's saved floats), for attention_weight; with
+ * train.recompute, after model_block_restore of that block. */
 attention_saved model_attention_saved(const model *m, int layer, int B, int T);
 /* Bytes of the activation buffer for B rows of T (saved forward state and
  * backward scratch), so that a run can refuse up front what will not fit. */

@@ -236,30 +236,46 @@ typedef struct {
 
 #define ACTIVATION_SLOTS 40
 
+/* Copies of a part of the per-block forward state (the MLP's: ln2 ...
+ * fc_tanh; or the attention sublayer's: mid ... att_out): one per block,
+ * or one that every block's forward overwrites and backward remakes from
+ * what the block keeps (docs/scale.md §7): train.recompute = mlp remakes
+ * the MLP's from mid, block both from the block's input, which the
+ * residual stream keeps for every block. */
+static size_t state_copies(const model *m, bool mlp) {
+    int r = m->cfg.recompute;
+    return r == RECOMPUTE_BLOCK || (mlp && r == RECOMPUTE_MLP) ? 1 : (size_t)m->L;
+}
+
+size_t model_activation_slot(const model *m, int layer, bool mlp) {
+    return state_copies(m, mlp) == 1 ? 0 : (size_t)layer;
+}
+
 /* The activation buffer's layout for B rows of T: one entry per array. */
 static size_t activation_plan(const model *m, model_activations *a, int B, int T, carve *plan) {
     size_t L = (size_t)m->L, bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
+    size_t K = state_copies(m, false), KM = state_copies(m, true);
     bool lm = m->cfg.head == HEAD_LM, keep_p = m->cfg.learn_gamma, sharded = m->cut.chunks > 1;
     attention_layer_sizes z = {&m->cfg, &m->fmm, sharded ? &m->cut : NULL, T};
     carve all[] = {
         {&a->residual, (L + 1) * bt * d},
-        {&a->mid, L * bt * d},
-        {&a->ln1, L * bt * d},
-        {&a->ln1_mean, L * bt},
-        {&a->ln1_rstd, L * bt},
-        {&a->q_hat, L * bt * d},
-        {&a->k_hat, L * bt * d},
-        {&a->v_heads, L * bt * d},
-        {&a->p_q, keep_p ? L * bt * d : 0},
-        {&a->p_k, keep_p ? L * bt * d : 0},
-        {&a->att_saved, L * B * m->H * attention_saved_per_head(&z)},
-        {&a->att_out, L * bt * d},
-        {&a->ln2, L * bt * d},
-        {&a->ln2_mean, L * bt},
-        {&a->ln2_rstd, L * bt},
-        {&a->fc_pre, L * bt * ff},
+        {&a->mid, K * bt * d},
+        {&a->ln1, K * bt * d},
+        {&a->ln1_mean, K * bt},
+        {&a->ln1_rstd, K * bt},
+        {&a->q_hat, K * bt * d},
+        {&a->k_hat, K * bt * d},
+        {&a->v_heads, K * bt * d},
+        {&a->p_q, keep_p ? K * bt * d : 0},
+        {&a->p_k, keep_p ? K * bt * d : 0},
+        {&a->att_saved, K * B * m->H * attention_saved_per_head(&z)},
+        {&a->att_out, K * bt * d},
+        {&a->ln2, KM * bt * d},
+        {&a->ln2_mean, KM * bt},
+        {&a->ln2_rstd, KM * bt},
+        {&a->fc_pre, KM * bt * ff},
         {&a->fc_act, bt * ff},
-        {&a->fc_tanh, L * bt * ff},
+        {&a->fc_tanh, KM * bt * ff},
         {&a->ln_f, bt * d},
         {&a->ln_f_mean, bt},
         {&a->ln_f_rstd, bt},
@@ -304,6 +320,7 @@ void model_reserve_activations(model *m, int B, int T) {
     a->cut_seq = m->cut.T_seq;
     a->threads = attention_threads();
     a->kept_logits = m->keep_logits;
+    a->state_of = -1;
     carve plan[ACTIVATION_SLOTS];
     size_t total = 0, n = activation_plan(m, a, B, T, plan);
     for (size_t i = 0; i < n; i++) total += plan[i].count;

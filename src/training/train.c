@@ -196,7 +196,8 @@ static double global_target_count(trainer *t, double *bytes) {
 
 /* One reduction carries the loss sum and the momentum buffer sums accumulated
  * over the micro-batches (docs/model.md §1.2: buffers are the global-batch
- * mean; backward does not read them, so they change after it). */
+ * mean; the forward reads them, and so does backward's recomputation of a
+ * block with train.recompute = block, so they change after backward). */
 static double reduce_forward_results(trainer *t, double global_count, bool *abandon) {
     model *m = &t->model;
     double *r = t->reduce_scratch;

@@ -25,8 +25,15 @@ any world size. One class per group, each its own CTest entry
   writing checkpoints together (every 2 steps) ends the job; every ckpt_*.h5
   left loads, and `--resume auto` at np = 3 continues from the newest to the
   end with exit 0.
-- TestBadValues: train.micro_batch = -1, dist.zero = 2, dist.timeout = 0 and
-  non-numbers exit 2 naming the key.
+- TestRecompute: train.recompute = mlp and block train the run of none bit
+  for bit (weights, moments, buffers, the train and eval tables but
+  tokens/s: the eval's gain_R and attention read-out remake the blocks'
+  state too), 3 layers, at np = 1 with micro-batches of 3 and at np = 2
+  with ZeRO-1 and learned gamma; the start-up line's activation estimate is
+  smaller (block); `bench` runs them, times the recomputation as its own
+  phase and reports activation_mb none > mlp > block.
+- TestBadValues: train.micro_batch = -1, dist.zero = 2, dist.timeout = 0,
+  train.recompute = layer and non-numbers exit 2 naming the key.
 """
 import glob
 import os
@@ -271,10 +278,64 @@ class TestKillDuringSave:
         report.check("the resumed run reaches its last step", final.step == target, f"step {final.step}")
 
 
+class TestRecompute:
+    # fillers and a length eval: queries whose positional and induction keys
+    # differ, so that the attention read-out has numbers to compare
+    SIZE = {"model.n_layers": 3, "train.steps": 10, "train.eval_interval": 5, "train.gemm": "openblas",
+            "data.chain_noise": 0.3, "data.chain_fillers": 8, "data.eval_chain_len": 4, "data.eval_chain_len_max": 6}
+
+    @staticmethod
+    def activation_mb(stdout):
+        found = re.search(r"^memory: .*\| activations ([\d.]+) MB", stdout, re.M)
+        return float(found.group(1)) if found else float("nan")
+
+    def test_recompute_equals_none(self, momfmm, workdir, report):
+        for label, np_, extra in (("np 1, micro_batch 3", None, {"train.micro_batch": 3}),
+                                  ("np 2, zero 1, learned gamma", 2, {"dist.zero": 1, "momentum.learn_gamma": True})):
+            runs = {mode: train(momfmm, workdir, f"rc_{mode}_np{np_ or 1}", np_=np_,
+                                **self.SIZE, **extra, **{"train.recompute": mode}) for mode in ("none", "mlp", "block")}
+            r_none, ref = runs["none"]
+            for mode in ("mlp", "block"):
+                r, got = runs[mode]
+                if not report.check(f"{label}: none and {mode} train", ref is not None and got is not None):
+                    continue
+                da, db = ref.datasets(), got.datasets()
+                differ = [k for k in da if not np.array_equal(da[k], db[k])]
+                report.check(f"{label}, {mode}: every checkpoint tensor (weights, moments, buffers) bitwise as none",
+                             da.keys() == db.keys() and not differ, f"{len(da)} tensors, differ: {differ[:5]}")
+                tables = [(f"train/{k}", ref.train[k], got.train[k]) for k in ref.train if k != "tokens_per_s"]
+                tables += [(f"eval/{k}", ref.eval[k], got.eval[k]) for k in ref.eval]
+                differ = [k for k, a, b in tables if not np.array_equal(a, b, equal_nan=True)]
+                read = [k for k, a, _ in tables if k.endswith(("gain_R", "attn_induction")) and np.isfinite(a).all()]
+                report.check(f"{label}, {mode}: train and eval tables bitwise as none (gain_R, attention read-out)",
+                             len(read) == 3 and not differ, f"finite: {read}, differ: {differ[:5]}")
+                if mode == "block":  # mlp's saving is below the line's 0.1 MB here: test_bench checks it
+                    a, b = self.activation_mb(r_none.stdout), self.activation_mb(r.stdout)
+                    report.check(f"{label}, block: the start-up line's activation estimate is smaller", b < a,
+                                 f"{a} vs {b} MB")
+
+    def test_bench(self, momfmm, workdir, report):
+        # large enough that the MLP's recomputation shows in bench's 0.1 ms resolution
+        bigger = {"model.d_model": 64, "model.d_ff": 256, "data.seq_len": 64}
+        ini, _, _ = write_tiny_config(workdir, "rc_bench", **base_overrides(**self.SIZE, **bigger))
+        phases, acts = {}, {}
+        for mode in ("none", "mlp", "block"):
+            r = run([momfmm, "bench", ini, "--steps", "1", "--set", f"train.recompute={mode}"], timeout=60)
+            found = re.search(r"backward recompute ([\d.]+) ms", r.stdout)
+            phases[mode] = float(found.group(1)) if r.returncode == 0 and found else float("nan")
+            found = re.search(r"activation_mb=([\d.]+)", r.stdout)
+            acts[mode] = float(found.group(1)) if found else float("nan")
+        report.check("bench: the recomputation is its own phase, 0 without it",
+                     phases["block"] > 0 and phases["mlp"] > 0 and phases["none"] == 0,
+                     " ".join(f"{mode} {ms} ms" for mode, ms in phases.items()))
+        report.check("bench: activation_mb none > mlp > block", acts["none"] > acts["mlp"] > acts["block"],
+                     " ".join(f"{mode} {mb} MB" for mode, mb in acts.items()))
+
+
 class TestBadValues:
     def test_bad_values_exit_2(self, momfmm, workdir, report):
         for key, value in (("train.micro_batch", -1), ("dist.zero", 2), ("train.micro_batch", "two"),
-                           ("dist.timeout", 0), ("dist.timeout", "soon")):
+                           ("dist.timeout", 0), ("dist.timeout", "soon"), ("train.recompute", "layer")):
             ini, _, _ = write_tiny_config(workdir, "bad", **base_overrides())
             r = run(train_command(momfmm, ini, sets=[f"{key}={value}"]), timeout=60)
             report.check(f"{key} = {value}: exit 2 naming the key", r.returncode == 2 and key.split(".")[1] in r.stderr,
