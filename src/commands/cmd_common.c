@@ -14,6 +14,7 @@
 #include "base/cpu.h"
 #include "base/float_env.h"
 #include "base/log.h"
+#include "base/sys.h"
 #include "data/tokenizer.h"
 #include "kernels/gemm.h"
 #include "parallel/arrivals.h"
@@ -216,11 +217,14 @@ void cmd_print_banner(void) {
 void cmd_check_output(const char *flag, const char *out, const char *const *inputs, int n_inputs, bool force) {
     struct stat st, input;
     if (!out[0]) cmd_fail_all(EXIT_USAGE, "%s: an empty path names no file", flag);
-    if (stat(out, &st) != 0) return;
-    for (int i = 0; i < n_inputs; i++)
+    if (lstat(out, &st) != 0) return;
+    bool named = stat(out, &st) == 0; /* through a link: the file it names */
+    for (int i = 0; i < n_inputs && named; i++)
         if (stat(inputs[i], &input) == 0 && input.st_dev == st.st_dev && input.st_ino == st.st_ino)
             cmd_fail_all(EXIT_USAGE, "%s %s: is the input %s; choose another file", flag, out, inputs[i]);
-    if (!S_ISREG(st.st_mode)) cmd_fail_all(EXIT_USAGE, "%s %s: exists and is not a regular file", flag, out);
+    /* a link, a FIFO or a device is never replaced, --force or not (docs/files.md §4) */
+    status why;
+    if (sys_check_replaceable(out, &why) != 0) cmd_fail_all(EXIT_USAGE, "%s: %s", flag, why.message);
     if (!force)
         cmd_fail_all(EXIT_USAGE,
                      "%s %s: the file exists; remove it, choose another name, or pass --force to replace it", flag,

@@ -103,7 +103,8 @@ static bool save_checkpoint(const trainer *t, train_loop *loop, int stop_cause) 
                  writers == H5WRITER_COLLECTIVE ? ", collective" : "");
     printf("checkpoint %s | %.1f MB in %.2f s (%.0f MB/s)%s\n", path, mb, seconds, mb / (seconds > 0 ? seconds : 1e-9),
            together);
-    if (stop_cause) store_mark_stopped(t->cfg.out_dir, path, stop_cause);
+    if (stop_cause && store_mark_stopped(t->cfg.out_dir, path, stop_cause, &err) != 0)
+        fprintf(stderr, "momfmm: warning: %s\n", err.message);
     log_flush();
     return true;
 }

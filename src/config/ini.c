@@ -200,17 +200,15 @@ int ini_parse(const char *text, const ini_handlers *h) {
 }
 
 char *ini_read_file(const char *path, status *st) {
-    if (access(path, R_OK) != 0) {
+    /* never a FIFO (would block) or a directory (would read as empty): docs/files.md §4 */
+    int fd = sys_open_file(path, SYS_READ, "config", st);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!f && fd >= 0) {
         status_fail(st, EXIT_USAGE, "%s: cannot open config: %s", path, strerror(errno));
-        return NULL;
+        close(fd);
     }
-    if (!sys_is_regular_file(path)) {
-        status_fail(st, EXIT_USAGE, "%s: cannot open config: not a regular file", path);
-        return NULL;
-    }
-    FILE *f = fopen(path, "rb");
     if (!f) {
-        status_fail(st, EXIT_USAGE, "%s: cannot open config: %s", path, strerror(errno));
+        st->code = EXIT_USAGE; /* a config that cannot be read is a config error (docs/cli.md §5) */
         return NULL;
     }
     size_t cap = 4096, len = 0;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/sys.h"
 #include "hdf5/h5reader.h"
@@ -115,14 +116,14 @@ static int parse(tokenizer *t, const unsigned char *bytes, size_t n) {
 int tokenizer_open(tokenizer *t, const char *path, status *st) {
     memset(t, 0, sizeof *t);
     status_clear(st);
+    int fd = sys_open_file(path, SYS_READ, "data.tokenizer", st);
+    if (fd < 0) return st->code;
     struct stat s;
-    FILE *f = sys_is_regular_file(path) && stat(path, &s) == 0 ? fopen(path, "rb") : NULL;
-    if (!f)
-        return status_fail(st, EXIT_BAD_FILE, "data.tokenizer = %s: cannot open (not a readable regular file)", path);
-    size_t size = s.st_size > 0 && s.st_size < MAX_MODEL_BYTES ? (size_t)s.st_size : 0;
+    size_t size = fstat(fd, &s) == 0 && s.st_size > 0 && s.st_size < MAX_MODEL_BYTES ? (size_t)s.st_size : 0;
     unsigned char *bytes = sys_calloc(size + 1, 1);
-    size_t n = fread(bytes, 1, size, f);
-    fclose(f);
+    size_t n = 0;
+    for (ssize_t got = 1; n < size && got > 0; n += got > 0 ? (size_t)got : 0) got = read(fd, bytes + n, size - n);
+    close(fd);
     int rc = n == 0 || n != size ? -1 : parse(t, bytes, n);
     t->checksum = dist_checksum(bytes, n);
     t->model = bytes;

@@ -83,9 +83,10 @@ static void remove_stale_temporaries(const char *dir) {
 static int lock_directory(const char *dir, status *err) {
     char path[STORE_PATH_MAX];
     snprintf(path, sizeof path, "%s/.lock", dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0664);
-    if (fd < 0)
-        return status_fail(err, EXIT_USAGE, "train.out_dir = %s: cannot create %s: %s", dir, path, strerror(errno));
+    /* a regular file, never a link or a FIFO (whose read below would block): docs/files.md §4 */
+    status opened;
+    int fd = sys_open_file(path, SYS_LOCK, "the run's lock", &opened);
+    if (fd < 0) return status_fail(err, EXIT_USAGE, "train.out_dir = %s: %s", dir, opened.message);
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         char holder[32] = "";
         ssize_t n = read(fd, holder, sizeof holder - 1);
@@ -136,10 +137,12 @@ int store_open_run(const char *dir, bool resuming, bool overwrite, status *err) 
     int held = l.n, special = -1;
     char newest[STORE_PATH_MAX] = "";
     if (held) snprintf(newest, sizeof newest, "%s", l.paths[held - 1]);
-    for (int i = 0; i < held && special < 0; i++)
-        if (!sys_is_regular_file(l.paths[i])) special = i;
     /* a special file (a FIFO) under a checkpoint's name would block a read forever */
-    if (special >= 0) status_fail(err, EXIT_BAD_FILE, "%s: not a regular file (a FIFO or device?)", l.paths[special]);
+    for (int i = 0; i < held && special < 0; i++) {
+        int fd = sys_open_file(l.paths[i], SYS_READ, "checkpoint", err);
+        if (fd >= 0) close(fd);
+        else special = i;
+    }
     store_listing_free(&l);
     if (special >= 0) return EXIT_BAD_FILE;
     if (held && !resuming && !overwrite)
@@ -261,12 +264,14 @@ bool store_is_directory(const char *path) {
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-void store_mark_stopped(const char *dir, const char *checkpoint, int signo) {
-    char marker[STORE_PATH_MAX];
+int store_mark_stopped(const char *dir, const char *checkpoint, int signo, status *err) {
+    char marker[STORE_PATH_MAX], text[STORE_PATH_MAX + 64];
     snprintf(marker, sizeof marker, "%s/STOPPED", dir);
-    FILE *f = fopen(marker, "w");
-    if (f) {
-        fprintf(f, "signal %d: checkpoint %s\n", signo, checkpoint);
-        fclose(f);
-    }
+    int fd = sys_open_file(marker, SYS_REPLACE, "the stop marker", err);
+    if (fd < 0) return err->code;
+    int len = snprintf(text, sizeof text, "signal %d: checkpoint %s\n", signo, checkpoint);
+    bool written = write(fd, text, (size_t)len) == len;
+    int cause = errno;
+    close(fd);
+    return written ? 0 : status_fail(err, EXIT_BAD_FILE, "%s: cannot write: %s", marker, strerror(cause));
 }

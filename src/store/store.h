@@ -37,8 +37,10 @@ bool store_overwrite_removes(const char *dir, const char *path);
 
 /* dir/STOPPED, naming the checkpoint a signal stop wrote: the job scripts
  * (jobs/ *.sbatch) read it to report the stop as a success whatever the
- * launcher's exit status (docs/cli.md §5). store_open_run removes it. */
-void store_mark_stopped(const char *dir, const char *checkpoint, int signo);
+ * launcher's exit status (docs/cli.md §5). store_open_run removes it.
+ * Written as a regular file, never through a link (docs/files.md §4); 0,
+ * or EXIT_BAD_FILE in err. */
+int store_mark_stopped(const char *dir, const char *checkpoint, int signo, status *err);
 
 /* Checkpoint paths in dir, oldest first. */
 typedef struct {
