@@ -55,7 +55,8 @@ typedef struct {
 /* One step with its logging, eval and checkpoint; false once the run must
  * stop. *final_saved is whether the last state is on disk. */
 typedef struct {
-    long long first_step, interval_tokens;
+    long long first_step;
+    double interval_tokens; /* a double: 2^30 steps of 2^48 tokens would overflow an int64 */
     double start, interval_start;
     live_metrics *live;
     bool final_saved, diverged;
@@ -337,7 +338,7 @@ static bool train_one_step(trainer *t, train_loop *loop, stop_writer *w) {
         write_stop_checkpoint(w, agreed_stop_cause());
         return false;
     }
-    loop->interval_tokens += (long long)cfg->batch_size * cfg->seq_len;
+    loop->interval_tokens += (double)cfg->batch_size * cfg->seq_len;
     bool logged = false;
     if (t->step % cfg->log_interval == 0 || t->step == cfg->steps) {
         double now = sys_seconds();

@@ -1,5 +1,5 @@
 /* The checkpoint store (docs/design.md §8.4); see store.h. Names are written
- * (snprintf) and parsed (sscanf) only here. */
+ * (snprintf) and parsed (store_checkpoint_step) only here. */
 #include "store/store.h"
 
 #include <dirent.h>
@@ -17,8 +17,42 @@
 #include "hdf5/h5reader.h"
 #include "parallel/dist.h"
 
+/* Written with at least 8 digits (ckpt_00000600.h5); step 10^8 and later
+ * take more, so names are ordered by their value, never as text. */
 #define CHECKPOINT_NAME "ckpt_%08lld.h5"
-#define CHECKPOINT_NAME_LEN 16 /* strlen("ckpt_00000000.h5") */
+#define CHECKPOINT_PREFIX "ckpt_"
+#define CHECKPOINT_SUFFIX ".h5"
+#define TEMPORARY_INFIX ".tmp."
+
+/* The value of the decimal digits at s (one or more: no sign, no blank,
+ * leading zeros allowed) in *value when it is at most LLONG_MAX: the number
+ * of digits, or 0 (none, or a value past LLONG_MAX). */
+static size_t parse_digits(const char *s, long long *value) {
+    size_t n = 0;
+    long long v = 0;
+    for (; s[n] >= '0' && s[n] <= '9'; n++)
+        if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, s[n] - '0', &v)) return 0;
+    *value = v;
+    return n;
+}
+
+/* The length of the checkpoint name at the start of `name` (its step in
+ * *step), or 0: the one rule of docs/files.md §4 (checkpoint names). */
+static size_t checkpoint_name_length(const char *name, long long *step) {
+    size_t prefix = strlen(CHECKPOINT_PREFIX), suffix = strlen(CHECKPOINT_SUFFIX);
+    if (strncmp(name, CHECKPOINT_PREFIX, prefix) != 0) return 0;
+    size_t digits = parse_digits(name + prefix, step);
+    if (digits == 0 || strncmp(name + prefix + digits, CHECKPOINT_SUFFIX, suffix) != 0) return 0;
+    return prefix + digits + suffix;
+}
+
+bool store_checkpoint_step(const char *name, long long *step) {
+    long long value;
+    size_t n = checkpoint_name_length(name, &value);
+    if (n == 0 || name[n] != '\0') return false;
+    if (step) *step = value;
+    return true;
+}
 
 static int make_directory(const char *path, status *err) {
     char buf[CONFIG_PATH_MAX];
@@ -42,24 +76,23 @@ static void temporary_path(const char *path, h5writer_mode writers, char *tmp, s
     snprintf(tmp, len, "%s.tmp.%d", path, pid);
 }
 
+/* <checkpoint name or best.h5>.tmp.<digits> (temporary_path's names). */
 static bool is_temporary_name(const char *name) {
-    unsigned long long step;
-    int used = 0;
-    sscanf(name, STORE_BEST_NAME ".tmp.%*d%n", &used);
-    if (used > 0 && name[used] == '\0') return true;
-    return sscanf(name, "ckpt_%8llu.h5.tmp.%*d%n", &step, &used) == 1 && used > 0 && name[used] == '\0';
+    long long value;
+    size_t base = checkpoint_name_length(name, &value);
+    if (base == 0 && strncmp(name, STORE_BEST_NAME, strlen(STORE_BEST_NAME)) == 0) base = strlen(STORE_BEST_NAME);
+    if (base == 0 || strncmp(name + base, TEMPORARY_INFIX, strlen(TEMPORARY_INFIX)) != 0) return false;
+    const char *pid = name + base + strlen(TEMPORARY_INFIX);
+    size_t digits = parse_digits(pid, &value);
+    return digits > 0 && pid[digits] == '\0';
 }
 
-static bool is_checkpoint_name(const char *name) {
-    unsigned long long step;
-    char tail[8];
-    return sscanf(name, "ckpt_%8llu%4s", &step, tail) == 2 && strcmp(tail, ".h5") == 0 &&
-           strlen(name) == CHECKPOINT_NAME_LEN;
-}
-
+/* The step of a listed path (store_list takes checkpoint names only). */
 static long long step_of(const char *path) {
     const char *name = strrchr(path, '/');
-    return atoll((name ? name + 1 : path) + strlen("ckpt_"));
+    long long step = -1;
+    store_checkpoint_step(name ? name + 1 : path, &step);
+    return step;
 }
 
 /* Temporary files of writes that a crash interrupted (never a checkpoint's
@@ -158,7 +191,7 @@ int store_open_run(const char *dir, bool resuming, bool overwrite, status *err) 
     return 0;
 }
 
-/* dir/ckpt_<8 digits>.h5 */
+/* dir/ckpt_<step, at least 8 digits>.h5 */
 static void store_checkpoint_path(const char *dir, long long step, char *path, size_t len) {
     char name[32];
     snprintf(name, sizeof name, CHECKPOINT_NAME, step);
@@ -167,7 +200,12 @@ static void store_checkpoint_path(const char *dir, long long step, char *path, s
 
 void store_best_path(const char *dir, char *path, size_t len) { snprintf(path, len, "%s/" STORE_BEST_NAME, dir); }
 
-static int compare_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+/* By step, then (two names of one step: ckpt_5.h5, ckpt_00000005.h5) by name. */
+static int compare_names(const void *a, const void *b) {
+    const char *x = *(char *const *)a, *y = *(char *const *)b;
+    long long sx = step_of(x), sy = step_of(y);
+    return sx != sy ? (sx < sy ? -1 : 1) : strcmp(x, y);
+}
 
 void store_list(const char *dir, store_listing *out) {
     DIR *d = opendir(dir);
@@ -175,13 +213,13 @@ void store_list(const char *dir, store_listing *out) {
     char **paths = sys_calloc((size_t)cap, sizeof(char *));
     struct dirent *entry;
     while (d && (entry = readdir(d))) {
-        if (!is_checkpoint_name(entry->d_name)) continue;
+        if (!store_checkpoint_step(entry->d_name, NULL)) continue;
         if (n == cap) paths = sys_realloc(paths, sizeof(char *) * (size_t)(cap *= 2));
         paths[n] = sys_calloc(STORE_PATH_MAX, 1);
         snprintf(paths[n++], STORE_PATH_MAX, "%s/%s", dir, entry->d_name);
     }
     if (d) closedir(d);
-    /* one directory prefix: the names' order (fixed-width steps) is the paths' */
+    /* by value: ckpt_100000000.h5 is newer than ckpt_99999999.h5 */
     qsort(paths, (size_t)n, sizeof(char *), compare_names);
     out->paths = paths;
     out->n = n;

@@ -1,6 +1,6 @@
 /* The checkpoint store (docs/design.md §8.4): the run directory
  * train.out_dir and everything about where checkpoint files go. Checkpoints
- * are named ckpt_<8-digit step>.h5; a write goes to a temporary name
+ * are named ckpt_<step>.h5, at least 8 digits; a write goes to a temporary name
  * (<final name>.tmp.<pid>) that is renamed into place, and a run starting in
  * the directory removes temporaries an interrupted write left. Pruning keeps
  * the newest train.keep checkpoints at or below the run's step. Auto-resume
@@ -42,7 +42,15 @@ bool store_overwrite_removes(const char *dir, const char *path);
  * or EXIT_BAD_FILE in err. */
 int store_mark_stopped(const char *dir, const char *checkpoint, int signo, status *err);
 
-/* Checkpoint paths in dir, oldest first. */
+/* The one rule of checkpoint names (docs/files.md §4): "ckpt_", one or more
+ * decimal digits (leading zeros allowed, no sign), ".h5", the value at most
+ * LLONG_MAX. Whether `name` (no directory) is one, with its step in *step
+ * (may be NULL). Anything else (ckpt_-1.h5, ckpt_1e3.h5, ckpt_.h5, 20
+ * digits) is not a checkpoint: never listed, pruned or resumed. */
+bool store_checkpoint_step(const char *name, long long *step);
+
+/* Checkpoint paths in dir, oldest first: by step (not as text: step 10^8
+ * has nine digits), two names of one step by name. */
 typedef struct {
     char **paths;
     int n;

@@ -2,7 +2,8 @@
 code, the object named and a time bound: external and soft links (to a FIFO too),
 external raw storage and virtual datasets; filters (gzip'd metric columns declaring
 2^25 and 2^31 rows, a gzip'd tensor declaring 2^31 x 32; honest compression still
-loads); counters near 2^63 (step, tokens_seen, skipped_steps); NaN/Inf weights and
+loads); counters near 2^63 (step, tokens_seen, skipped_steps); checkpoint names past
+eight digits (step 10^8) and names outside the rule; NaN/Inf weights and
 buffers, NaN and negative AdamW moments; a checkpoint locked by a writer; MPMD
 launches whose ranks differ in train.steps, model.d_model, train.lr; escaped strings
 (newline, ' ;', '#', quotes in train.out_dir; a NUL inside config_ini); --init with
@@ -183,6 +184,40 @@ def test_counters_near_limits(momfmm, base, report):
                                 "--resume", "auto"])
     report.check("the checkpoint with a saturated tokens_seen resumes", r.returncode == 0 and
                  "resumed from" in r.stdout and "ckpt_00000004.h5" in r.stdout, r.stderr[-300:])
+
+
+def test_checkpoint_names_past_eight_digits(momfmm, base, report):
+    """docs/files.md §4, checkpoint names: ckpt_ + digits + .h5 ordered by value. A run
+    resumed at step 99999999 writes ckpt_100000000.h5 (nine digits), which --resume auto,
+    eval, inspect and generate of the run directory take as the newest and train.keep
+    prunes by; names outside the rule are neither listed nor removed."""
+    d, ini, ck, tok = base
+    out = os.path.join(d, "wide_names")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    old = os.path.join(out, "ckpt_99999999.h5")
+    mutated_copy(ck, old, lambda f: f.attrs.__setitem__("step", np.int64(99999999)))
+    foreign = ["ckpt_1e3.h5", "ckpt_-1.h5", "ckpt_.h5", "ckpt_99999999999999999999.h5"]
+    for name in foreign:
+        shutil.copy(ck, os.path.join(out, name))
+    sets = ["--set", f"train.out_dir={out}", "--set", "train.keep=2", "--set", "train.eval_interval=0"]
+    r, seconds = timed(momfmm, ["train", ini, *sets, "--set", "train.steps=100000001", "--resume", "auto"])
+    left = sorted(os.listdir(out))
+    report.check("resume auto at step 99999999: two steps, exit 0", r.returncode == 0 and
+                 "resumed from" in r.stdout and "ckpt_99999999.h5" in r.stdout, r.stderr[-300:])
+    report.check("train.keep = 2 keeps ckpt_100000000.h5 and ckpt_100000001.h5, prunes ckpt_99999999.h5",
+                 "ckpt_100000000.h5" in left and "ckpt_100000001.h5" in left and "ckpt_99999999.h5" not in left,
+                 str(left))
+    report.check("names outside the rule are not checkpoints: neither pruned nor read",
+                 all(n in left for n in foreign), str(left))
+    for cmd in (["inspect", out], ["eval", out], ["generate", out, "--prompt", "1,2", "--tokens", "2"]):
+        r, seconds = timed(momfmm, cmd)
+        report.check(f"{cmd[0]} RUN_DIR reads the newest, ckpt_100000001.h5", r.returncode == 0 and
+                     "ckpt_100000001.h5" in r.stdout and not any(m in r.stderr for m in SANITIZER_MARKS),
+                     (r.stdout + r.stderr)[-300:])
+    r, seconds = timed(momfmm, ["train", ini, *sets, "--set", "train.steps=100000002", "--resume", "auto"])
+    report.check("resume auto takes ckpt_100000001.h5 over the eight-digit names", r.returncode == 0 and
+                 "resumed from" in r.stdout and "ckpt_100000001.h5" in r.stdout, r.stdout[-300:])
 
 
 def test_nonfinite_checkpoints(momfmm, base, report):
