@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -172,4 +173,9 @@ const char *sys_descriptor_path(int fd, char *buf, size_t len) {
     bool same = stat(buf, &via_proc) == 0 && fstat(fd, &open_file) == 0 && via_proc.st_dev == open_file.st_dev &&
                 via_proc.st_ino == open_file.st_ino;
     return same ? buf : NULL;
+}
+
+double sys_free_bytes(const char *path) {
+    struct statvfs fs;
+    return statvfs(path, &fs) == 0 ? (double)fs.f_bavail * (double)fs.f_frsize : -1;
 }

@@ -64,4 +64,7 @@ bool sys_same_file(int fd, const char *path);
  * where /proc is not mounted (the caller then uses the path and checks it
  * with sys_same_file afterwards). */
 const char *sys_descriptor_path(int fd, char *buf, size_t len);
+/* Bytes free for an unprivileged writer in the file system holding `path`
+ * (statvfs f_bavail), or -1 when unknown: named when a write fails. */
+double sys_free_bytes(const char *path);
 #endif

@@ -110,6 +110,8 @@ const config_key CONFIG_KEYS[] = {
     {"train", "keep_best", KEY_BOOL, OFF(keep_best), "false", 0, 1, NULL, ROLE_SCHEDULE},
     {"train", "out_dir", KEY_STRING, OFF(out_dir), "runs/default", 0, 0, NULL, ROLE_SCHEDULE},
     {"train", "on_nonfinite", KEY_ENUM, OFF(on_nonfinite), "stop", 0, 0, "stop|skip", ROLE_SCHEDULE},
+    /* docs/cli.md §5, full disk: steps whose state cannot be kept are not run unless asked */
+    {"train", "on_save_failure", KEY_ENUM, OFF(on_save_failure), "stop", 0, 0, "stop|continue", ROLE_SCHEDULE},
     {"train", "micro_batch", KEY_INT, OFF(micro_batch), "0", 0, 1 << 24, NULL, ROLE_SCHEDULE},
     /* docs/scale.md §7: how the products run, not what the model is, so a
      * run may resume in another precision (with a warning) */

@@ -16,6 +16,8 @@ typedef enum { APPLY_QK = 0, APPLY_Q = 1 } config_momentum_target;
 typedef enum { PLACEMENT_POST_ROPE = 0, PLACEMENT_PRE_ROPE = 1 } config_momentum_placement;
 typedef enum { SCHEDULE_COSINE = 0, SCHEDULE_CONSTANT = 1 } config_schedule;
 typedef enum { NONFINITE_STOP = 0, NONFINITE_SKIP = 1 } config_nonfinite_policy;
+/* train.on_save_failure (docs/cli.md §5): a checkpoint that cannot be written ends the run, or not */
+typedef enum { SAVE_FAILURE_STOP = 0, SAVE_FAILURE_CONTINUE = 1 } config_save_failure_policy;
 /* train.precision and train.gemm (docs/scale.md §7) */
 typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1 } config_precision;
 typedef enum { GEMM_IMPL_OPENBLAS = 0, GEMM_IMPL_ONEDNN = 1, GEMM_IMPL_AUTO = 2 } config_gemm;
@@ -84,9 +86,10 @@ typedef struct {
     int schedule; /* config_schedule */
     long long seed;
     char out_dir[CONFIG_PATH_MAX];
-    int on_nonfinite; /* config_nonfinite_policy */
-    int precision;    /* config_precision */
-    int gemm;         /* config_gemm */
+    int on_nonfinite;    /* config_nonfinite_policy */
+    int on_save_failure; /* config_save_failure_policy */
+    int precision;       /* config_precision */
+    int gemm;            /* config_gemm */
     /* [dist] */
     double bucket_mb;
     bool overlap;

@@ -109,9 +109,24 @@ hid_t h5writer_create_checked(const char *path, sys_open_how how, hid_t fapl, in
     } else if (file < 0) {
         status_fail(err, EXIT_BAD_FILE, "%s: cannot create (%s)", path, strerror(cause));
     }
+    /* a new file that HDF5 could not create (a full disk) is not left behind */
+    if (file < 0 && how == SYS_CREATE && sys_same_file(opened, path)) unlink(path);
     if (file >= 0 && fd) *fd = opened;
     else close(opened);
     return file;
+}
+
+/* The leader's temporary after a failure: emptied through its own
+ * descriptor first, because the HDF5 handle of a failed write is abandoned
+ * open (below) and would keep the unlinked file's blocks allocated until
+ * the process exits: a full disk stays full, and the retry after freeing
+ * older checkpoints (store.c) would fail again. Removed only while the name
+ * is still the file created. */
+static void discard_temporary(const h5writer *w, const char *tmp) {
+    if (!w->leader || w->fd < 0) return;
+    bool emptied = ftruncate(w->fd, 0) == 0; /* best effort: nothing else frees the blocks */
+    (void)emptied;
+    if (sys_same_file(w->fd, tmp)) unlink(tmp);
 }
 
 /* fsyncs the written file (the descriptor the leader created it with),
@@ -190,14 +205,14 @@ static int write_and_publish(const char *path, const char *tmp, h5writer *w, h5w
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our messages name the problem */
     w->file = create_file(w, mode, tmp, err);
     if (w->file < 0) {
-        if (w->leader && w->fd >= 0) unlink(tmp); /* a full disk may have left it created and empty */
+        discard_temporary(w, tmp); /* a full disk may have left it created and empty */
         return EXIT_BAD_FILE;
     }
     herr_t written = body(w, ctx);
     if (written >= 0) written = h5writer_agree(w, H5Fflush(w->file, H5F_SCOPE_GLOBAL));
     if (written >= 0) written = h5writer_agree(w, H5Fclose(w->file));
     if (written < 0) {
-        if (w->leader) unlink(tmp);
+        discard_temporary(w, tmp);
         double limit = sys_file_size_limit(); /* SIGXFSZ is caught: the write fails with EFBIG */
         if (limit >= 0)
             return status_fail(err, EXIT_BAD_FILE,
@@ -208,7 +223,7 @@ static int write_and_publish(const char *path, const char *tmp, h5writer *w, h5w
     }
     int rc = 0;
     if (w->leader && publish(w, tmp, path, err) != 0) {
-        unlink(tmp);
+        discard_temporary(w, tmp);
         rc = EXIT_BAD_FILE;
     }
     if (h5writer_agree(w, rc != 0 ? -1 : 0) < 0 && rc == 0)

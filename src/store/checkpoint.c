@@ -142,6 +142,26 @@ static herr_t write_checkpoint_content(const h5writer *w, const void *ctx) {
     return 0;
 }
 
+/* HDF5's object header, link and B-tree entries of one dataset, about (a
+ * 10,656-parameter checkpoint of 80 datasets takes 74 KB beyond its data). */
+#define DATASET_OVERHEAD_BYTES 1024.0
+
+double checkpoint_size_estimate(const model *m, const checkpoint_info *info, const metric_table *train,
+                                const metric_table *eval) {
+    double tensors = 3.0 * m->n_entries + (m->momentum ? 2.0 * m->L : 0.0), bytes = 0;
+    bytes += 4.0 * (3.0 * (double)m->n_params + (m->momentum ? (double)m->n_buffer : 0.0));
+    const metric_table *tables[] = {train, eval};
+    for (int i = 0; i < 2; i++)
+        if (tables[i]) {
+            bytes += 8.0 * (double)tables[i]->n_rows * tables[i]->row_width;
+            tensors += tables[i]->n_columns;
+        }
+    char *ini = config_to_ini(&m->cfg);
+    bytes += (double)info->tokenizer_size + (double)strlen(ini);
+    free(ini);
+    return bytes + DATASET_OVERHEAD_BYTES * tensors;
+}
+
 int checkpoint_write(const char *path, const char *tmp, const model *m, const checkpoint_info *info,
                      const metric_table *train, const metric_table *eval, h5writer_mode writers, status *err) {
     if (writers == H5WRITER_ALONE && m->moment_count != m->n_params)

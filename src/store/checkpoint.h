@@ -49,6 +49,12 @@ typedef struct {
 int checkpoint_write(const char *path, const char *tmp, const model *m, const checkpoint_info *info,
                      const metric_table *train, const metric_table *eval, h5writer_mode writers, status *err);
 
+/* About the bytes checkpoint_write takes for this state: the tensors,
+ * buffers, metric rows, /tokenizer and config_ini, and HDF5's headers (about
+ * 1 KiB per dataset): named when a write fails for want of space. */
+double checkpoint_size_estimate(const model *m, const checkpoint_info *info, const metric_table *train,
+                                const metric_table *eval);
+
 /* The resolved config of a checkpoint (root attribute config_ini) and its info. */
 int checkpoint_read_config(const char *path, config *c, checkpoint_info *info, status *err);
 

@@ -263,11 +263,65 @@ int store_write_logits(const char *path, const float *logits, int ndim, int B, i
     return logits_file_write(path, tmp, logits, ndim, B, T, width, source, err);
 }
 
+/* Before the one retry of a failed checkpoint write (docs/cli.md §5, full
+ * disk): the checkpoints at or below `step` that pruning would remove once
+ * the new one is written, but never the newest of them, the last state on
+ * disk until a newer one is complete. `path` (the one being written) is not
+ * counted. Returns how many were removed. Rank 0. */
+static int free_for_retry(const char *dir, int keep, long long step, const char *path) {
+    store_listing l;
+    store_list(dir, &l);
+    int eligible = 0, removed = 0;
+    for (int i = 0; i < l.n; i++) eligible += step_of(l.paths[i]) <= step && strcmp(l.paths[i], path) != 0;
+    int surplus = eligible - (keep - 1) < eligible - 1 ? eligible - (keep - 1) : eligible - 1;
+    for (int i = 0, seen = 0; i < l.n && seen < surplus; i++) {
+        if (step_of(l.paths[i]) > step || strcmp(l.paths[i], path) == 0) continue;
+        seen++;
+        if (remove(l.paths[i]) != 0) continue;
+        removed++;
+        log_rank0("removed %s, which train.keep = %d drops anyway, to make room for the checkpoint\n", l.paths[i],
+                  keep);
+    }
+    store_listing_free(&l);
+    return removed;
+}
+
+/* The failure of a checkpoint write, said in full: the directory, what
+ * failed, the bytes it needs against those free, and the newest checkpoint
+ * left (docs/cli.md §5). */
+static void describe_save_failure(const char *dir, long long step, double need, int freed, status *err) {
+    char why[sizeof err->message], newest[STORE_PATH_MAX + 64] = "no checkpoint is on disk";
+    snprintf(why, sizeof why, "%s", err->message);
+    store_listing l;
+    store_list(dir, &l);
+    for (int i = l.n - 1; i >= 0; i--)
+        if (step_of(l.paths[i]) < step) {
+            snprintf(newest, sizeof newest, "the newest checkpoint, %s, is intact", l.paths[i]);
+            break;
+        }
+    store_listing_free(&l);
+    double free_bytes = sys_free_bytes(dir);
+    char room[96] = "";
+    if (free_bytes >= 0) snprintf(room, sizeof room, ", %.3g MB are free", free_bytes / 1e6);
+    status_fail(err, EXIT_BAD_FILE,
+                "train.out_dir = %s: the checkpoint of step %lld cannot be written (%s): it needs about %.3g MB%s "
+                "after removing %d older checkpoint%s that train.keep allows; %s",
+                dir, step, why, need / 1e6, room, freed, freed == 1 ? "" : "s", newest);
+}
+
 int store_save(const char *dir, int keep, const model *m, const checkpoint_info *info, const metric_table *train,
                const metric_table *eval, h5writer_mode writers, char *path, size_t len, status *err) {
     store_checkpoint_path(dir, info->step, path, len);
+    bool leader = writers == H5WRITER_ALONE || dist_rank() == 0;
     int rc = store_write_checkpoint(path, m, info, train, eval, writers, err);
-    if (rc == 0 && (writers == H5WRITER_ALONE || dist_rank() == 0)) store_prune(dir, keep, info->step);
+    if (rc != 0) {
+        /* a full disk: room from what retention drops anyway, then one retry */
+        int freed = leader ? free_for_retry(dir, keep, info->step, path) : 0;
+        if (writers != H5WRITER_ALONE) dist_broadcast_bytes(&freed, sizeof freed);
+        if (freed > 0) rc = store_write_checkpoint(path, m, info, train, eval, writers, err);
+        if (rc != 0) describe_save_failure(dir, info->step, checkpoint_size_estimate(m, info, train, eval), freed, err);
+    }
+    if (rc == 0 && leader) store_prune(dir, keep, info->step);
     return rc;
 }
 

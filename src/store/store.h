@@ -69,7 +69,12 @@ int store_write_logits(const char *path, const float *logits, int ndim, int B, i
 
 /* The checkpoint of info->step in dir, then pruning (by rank 0) to the
  * newest `keep` at or below that step. Fills path (len bytes) with the
- * file written. */
+ * file written. When the write fails (a full disk, any write error), the
+ * older checkpoints that this pruning would remove anyway are removed first
+ * (never the newest: the last state stays until a newer one is complete)
+ * and, when that freed any, the write is tried once more; a failure then
+ * is EXIT_BAD_FILE with a message naming dir, the bytes needed and free,
+ * and the newest checkpoint left (docs/cli.md §5). */
 int store_save(const char *dir, int keep, const model *m, const checkpoint_info *info, const metric_table *train,
                const metric_table *eval, h5writer_mode writers, char *path, size_t len, status *err);
 

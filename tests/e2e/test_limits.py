@@ -5,7 +5,7 @@
   directory that does not exist (not created) or an empty one (left empty: no
   session directory), ulimit -n 8 and ulimit -f 4 MB; 50 inspects at once,
   twice, beside a training run under mpirun all succeed.
-- TestFileLimits: a checkpoint larger than ulimit -f stops train with exit 1
+- TestFileLimits: a checkpoint larger than ulimit -f stops train with exit 3
   and one line naming the file and the limit, no temporary left, a summary
   naming no checkpoint; init likewise exits 3. `train | head -1` (alone, and
   under momfmm-mpirun -np 2) stops with a checkpoint and exit 0, not SIGPIPE.
@@ -139,9 +139,10 @@ class TestFileLimits:
         r = run([momfmm, "train", ini], timeout=TIMEOUT_S, preexec_fn=limited(FSIZE=size // 2))
         took = time.time() - start
         path = ckpt(out_dir, 2)
-        report.check("train, ulimit -f half a checkpoint: exit 1 (no SIGXFSZ) within 30 s, one line naming the "
-                     "checkpoint and ulimit -f", r.returncode == 1 and took < 30 and one_line(r.stderr) and
-                     path in r.stderr and "ulimit -f" in r.stderr, f"rc {r.returncode} after {took:.1f} s: "
+        report.check("train, ulimit -f half a checkpoint: exit 3 (no SIGXFSZ) within 30 s, one line naming the "
+                     "checkpoint, ulimit -f and the run directory", r.returncode == 3 and took < 30 and
+                     one_line(r.stderr) and path in r.stderr and "ulimit -f" in r.stderr and
+                     f"train.out_dir = {out_dir}" in r.stderr, f"rc {r.returncode} after {took:.1f} s: "
                      f"{r.stderr[-500:]!r}")
         left = [n for n in os.listdir(out_dir) if ".tmp" in n]
         report.check("train, ulimit -f: no checkpoint and no temporary file left",
