@@ -8,17 +8,20 @@ buffers, NaN and negative AdamW moments; a checkpoint locked by a writer; MPMD
 launches whose ranks differ in train.steps, model.d_model, train.lr; escaped strings
 (newline, ' ;', '#', quotes in train.out_dir; a NUL inside config_ini); --init with
 --overwrite; a relative data.path read from another directory; more documents than
-vm.max_map_count; a ListOps TSV with a byte-order mark. The config round trip over
+vm.max_map_count; a ListOps TSV with a byte-order mark; file kinds: every reader given
+a FIFO, a socket, a directory or a device, and every file a command writes with a
+symbolic link (or a FIFO) under its name. The config round trip over
 random strings is tests/test_config.c's property test."""
 import os
 import shutil
+import signal
 import subprocess
 import time
 
 import h5py
 import numpy as np
 
-from common import run
+from common import env, run
 from fuzz_common import COMMANDS, METRICS, SANITIZER_MARKS, TIMEOUT_S, base, mutated_copy, replace_dataset  # noqa: F401 (base: a fixture)
 
 
@@ -218,6 +221,121 @@ def test_checkpoint_names_past_eight_digits(momfmm, base, report):
     r, seconds = timed(momfmm, ["train", ini, *sets, "--set", "train.steps=100000002", "--resume", "auto"])
     report.check("resume auto takes ckpt_100000001.h5 over the eight-digit names", r.returncode == 0 and
                  "resumed from" in r.stdout and "ckpt_100000001.h5" in r.stdout, r.stdout[-300:])
+
+
+# ---- file kinds (docs/files.md §4): what momfmm reads must be a regular file, and
+# nothing it writes goes through a symbolic link or onto a special file ----
+
+def special_kinds(d):
+    """{kind: path}: a FIFO without a writer, a bound unix socket, a directory, a device."""
+    import socket
+    fifo, sock = os.path.join(d, "kind_fifo"), os.path.join(d, "kind_sock")
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+    if os.path.exists(sock):
+        os.unlink(sock)
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(sock)
+    special_kinds.keep = s  # bound for the test's life
+    os.makedirs(os.path.join(d, "kind_dir"), exist_ok=True)
+    return {"a FIFO": fifo, "a socket": sock, "a directory": os.path.join(d, "kind_dir"),
+            "a character device": "/dev/null"}
+
+
+def test_file_kinds_on_read(momfmm, base, report):
+    """Every file read, by every reader, with every kind of thing in its place: one line
+    naming the kind, the documented code, within seconds (a FIFO would block an open)."""
+    d, ini, ck, tok = base
+    out = os.path.join(d, "kinds_run")
+    readers = [("the config of init", lambda p: ["init", p, "--out", os.path.join(d, "never.h5")], 2, True),
+               ("the checkpoint of inspect", lambda p: ["inspect", p], 3, False),
+               ("the checkpoint of eval", lambda p: ["eval", p], 3, False),
+               ("the checkpoint of generate", lambda p: ["generate", p, "--prompt", "1"], 3, False),
+               ("the token file of loss", lambda p: ["loss", ck, p], 3, True),
+               ("the token file of logits", lambda p: ["logits", ck, p, "--out", os.path.join(d, "never2.h5")], 3,
+                True),
+               ("train --resume PATH", lambda p: ["train", ini, "--set", f"train.out_dir={out}", "--resume", p], 3,
+                True),
+               ("train --init", lambda p: ["train", ini, "--set", f"train.out_dir={out}", "--init", p], 3, True)]
+    for kind, path in special_kinds(d).items():
+        for what, args, code, takes_directory in readers:
+            if kind == "a directory" and not takes_directory:
+                continue  # a directory there is a run directory (docs/cli.md §5)
+            r, seconds = timed(momfmm, args(path), timeout=30)
+            refused(report, f"{what} is {kind}: exit {code}", r, seconds, code, f"not a regular file but {kind}",
+                    within=10)
+
+
+def test_written_files_never_through_links(momfmm, base, report):
+    """Every file a command writes, with a symbolic link (or a FIFO) under its name: the
+    write is refused with one line, the link's target keeps its bytes (docs/files.md §4)."""
+    d, ini, ck, tok = base
+    target = os.path.join(d, "precious")
+
+    def link(at):
+        with open(target, "wb") as f:
+            f.write(b"precious bytes")
+        if os.path.lexists(at):
+            os.unlink(at)
+        os.symlink(target, at)
+        return at
+
+    def untouched():
+        with open(target, "rb") as f:
+            return f.read() == b"precious bytes"
+
+    tokens = os.path.join(d, "kinds_tokens.h5")
+    with h5py.File(tokens, "w") as f:
+        f["tokens"] = np.arange(8, dtype=np.int32) % 32
+    for what, args, at in (("init --out", ["init", ini, "--force", "--out"], "out.h5"),
+                           ("loss --grads", ["loss", ck, tok, "--force", "--grads"], "grads.h5"),
+                           ("logits --out", ["logits", ck, tokens, "--force", "--out"], "logits.h5")):
+        path = link(os.path.join(d, at))
+        r, seconds = timed(momfmm, args + [path])
+        refused(report, f"{what} a symbolic link, --force: exit 2", r, seconds, 2, "symbolic link")
+        report.check(f"{what}: the link's target keeps its bytes", untouched() and os.path.islink(path))
+
+    def run_dir(name, *files):
+        out = os.path.join(d, name)
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        return out, [link(os.path.join(out, f)) for f in files]
+
+    sets = ["--set", "train.steps=2", "--set", "train.eval_interval=1"]
+    out, _ = run_dir("link_lock", ".lock")
+    r, seconds = timed(momfmm, ["train", ini, "--set", f"train.out_dir={out}", *sets])
+    refused(report, "train with .lock a symbolic link: exit 2", r, seconds, 2, ".lock", "symbolic link")
+    out, _ = run_dir("fifo_lock")
+    os.mkfifo(os.path.join(out, ".lock"))
+    r, seconds = timed(momfmm, ["train", ini, "--set", f"train.out_dir={out}", *sets])
+    refused(report, "train with .lock a FIFO: exit 2 at once, no hang", r, seconds, 2, ".lock", "FIFO", within=10)
+    out, _ = run_dir("link_ckpt", "ckpt_00000002.h5")
+    r, seconds = timed(momfmm, ["train", ini, "--set", f"train.out_dir={out}", *sets, "--resume", "auto"])
+    report.check("train with ckpt_00000002.h5 a symbolic link: that checkpoint is refused, exit 3",
+                 r.returncode == 3 and "ckpt_00000002.h5" in r.stderr and "symbolic link" in r.stderr,
+                 r.stderr[-400:])
+    report.check("  the link's target keeps its bytes", untouched())
+    for name, extra, needle in (("metrics.h5", [], "metrics.h5"),
+                                ("best.h5", ["--set", "train.keep_best=true"], "best checkpoint not written")):
+        out, _ = run_dir("link_" + name.split(".")[0], name)
+        r, seconds = timed(momfmm, ["train", ini, "--set", f"train.out_dir={out}", *sets, *extra])
+        report.check(f"train with {name} a symbolic link: a warning naming it, exit 0",
+                     r.returncode == 0 and needle in r.stderr and "symbolic link" in r.stderr, r.stderr[-400:])
+        report.check(f"  the link's target keeps its bytes", untouched())
+    # STOPPED is written at a stop signal: a link put there during the run is not followed
+    out, _ = run_dir("link_stopped")
+    p = subprocess.Popen([momfmm, "train", ini, "--set", f"train.out_dir={out}", "--set", "train.steps=1000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env(MOMFMM_TEST_STEP_SLEEP_MS=200))
+    for line in p.stdout:
+        if line.startswith("step "):
+            break
+    link(os.path.join(out, "STOPPED"))
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    report.check("a stop with STOPPED a symbolic link: the checkpoint is written, a warning, exit 0",
+                 p.returncode == 0 and "STOPPED" in err and "symbolic link" in err, err[-400:])
+    report.check("  the link's target keeps its bytes", untouched())
 
 
 def test_nonfinite_checkpoints(momfmm, base, report):
