@@ -201,7 +201,7 @@ static void print_decoded(const char *ckpt, const model *m, const int32_t *promp
     status st;
     char now[17] = "";
     /* the model the checkpoint carries, else the file data.tokenizer names */
-    if (tokenizer_from_checkpoint(&t, ckpt, &st) == 0 && t.n_pieces == 0) tokenizer_open(&t, c->tokenizer, &st);
+    if (checkpoint_read_tokenizer(ckpt, &t, &st) == 0 && t.n_pieces == 0) tokenizer_open(&t, c->tokenizer, &st);
     if (t.n_pieces > 0) tokenizer_checksum_text(t.checksum, now);
     if (!now[0] || (c->tokenizer_checksum[0] && strcmp(now, c->tokenizer_checksum) != 0)) {
         printf("text: not decoded: %s\n", now[0] ? "data.tokenizer has changed since the run (checksum)" : st.message);

@@ -107,6 +107,41 @@ bool h5reader_exists(h5reader *r, const char *name) {
     }
 }
 
+typedef struct {
+    h5reader_name_filter allowed;
+    void *ctx;
+    char first[512]; /* the first name refused, "" while none is */
+    H5L_type_t type;
+} name_walk;
+
+/* H5Lvisit's callback: may not jump (HDF5 is inside its iteration), so it
+ * records the first refused name and stops the walk. */
+static herr_t visit_name(hid_t group, const char *name, const H5L_info_t *info, void *ctx) {
+    (void)group;
+    name_walk *w = ctx;
+    if (info->type == H5L_TYPE_HARD && w->allowed(name, w->ctx)) return 0;
+    snprintf(w->first, sizeof w->first, "%s", name);
+    w->type = info->type;
+    return 1;
+}
+
+void h5reader_only_names(h5reader *r, const char *group, h5reader_name_filter allowed, void *ctx, const char *what) {
+    if (!h5reader_exists(r, group)) return;
+    hid_t g = H5Gopen2(r->file, group, H5P_DEFAULT);
+    if (g < 0) h5reader_fail(r, "%s is not a group", group);
+    /* hard links to groups are followed, once each; soft and external links are reported, never followed */
+    name_walk w = {.allowed = allowed, .ctx = ctx};
+    herr_t walked = H5Lvisit(g, H5_INDEX_NAME, H5_ITER_INC, visit_name, &w);
+    H5Gclose(g);
+    if (w.first[0] && w.type != H5L_TYPE_HARD)
+        h5reader_fail(r, "%s/%s is %s link: links are refused", group, w.first,
+                      w.type == H5L_TYPE_EXTERNAL ? "an external"
+                      : w.type == H5L_TYPE_SOFT   ? "a soft"
+                                                  : "a user-defined");
+    if (w.first[0]) h5reader_fail(r, "%s/%s is not %s: the tensors and config_ini disagree", group, w.first, what);
+    if (walked < 0) h5reader_fail(r, "cannot list %s (corrupt?)", group);
+}
+
 /* Root attribute `name`, which must exist and hold one value (a scalar
  * dataspace): an array in its place would overflow the one value read. */
 static hid_t h5reader_open_scalar_attr(h5reader *r, const char *name) {

@@ -10,6 +10,7 @@
 #include "base/status.h"
 #include "config/config.h"
 #include "data/metrics.h"
+#include "data/tokenizer.h"
 #include "hdf5/h5writer.h"
 #include "model/model.h"
 
@@ -68,6 +69,12 @@ int checkpoint_read_state(const char *path, model *m, bool optimizer, metric_tab
 /* Only the /metrics tables (built for the checkpoint's config, as
  * checkpoint_read_state's): e.g. the history of best.h5. */
 int checkpoint_read_metrics(const char *path, metric_table *train, metric_table *eval, status *err);
+
+/* The sentencepiece model a checkpoint carries as /tokenizer (docs/files.md
+ * §4), checked as every load checks it (whole, and the one config_ini's
+ * data.tokenizer_checksum records): 0 with t->n_pieces = 0 when it carries
+ * none; EXIT_BAD_FILE and a status otherwise. */
+int checkpoint_read_tokenizer(const char *path, tokenizer *t, status *err);
 
 /* A model created from a checkpoint's config (with gradients and moments
  * when `training`, else model_create_for_inference) holding its weights and

@@ -338,6 +338,106 @@ def test_written_files_never_through_links(momfmm, base, report):
     report.check("  the link's target keeps its bytes", untouched())
 
 
+# ---- self-consistency on every load (docs/files.md §4): config_ini and the tensors agree,
+# and a tokenizer model is read whole ----
+
+def test_config_and_tensors_agree(momfmm, base, report):
+    """A checkpoint holding a tensor its config_ini does not imply loads as nothing: every
+    reader (eval, inspect, generate, loss, logits, train --init, --resume) exits 3 naming it."""
+    d, ini, ck, tok = base  # n_layers 1, softmax, lm, momentum on (gamma 0.2), learn_gamma false
+    def add(name, shape):
+        return lambda f: f.create_dataset(name, data=np.zeros(shape, np.float32))
+
+    def fewer_layers(f):  # a two-block model whose config names one
+        f["model"].copy(f["model/blocks/0"], "blocks/1")
+
+    cases = [("config_ini names fewer layers than stored", fewer_layers, "/model/blocks/1"),
+             ("FMM blend logits in a softmax model", add("model/blocks/0/attn/fmm_blend", (2, 4)), "fmm_blend"),
+             ("a learned gamma that config_ini does not learn", add("model/blocks/0/attn/momentum_gamma", (4,)),
+              "momentum_gamma"),
+             ("a cls head in an lm model", add("model/cls/bias", (10,)), "/model/cls"),
+             ("a second block of momentum buffers", add("buffers/blocks/1/attn/prev_q", (4, 8)),
+              "/buffers/blocks/1"),
+             ("a soft link among the tensors", lambda f: f.__setitem__("model/alias", h5py.SoftLink("/model/tok_emb")),
+              "/model/alias is a soft link")]
+    tokens = os.path.join(d, "agree_tokens.h5")
+    with h5py.File(tokens, "w") as f:
+        f["tokens"] = np.arange(8, dtype=np.int32) % 32
+    out = os.path.join(d, "agree_run")
+    train = ["train", ini, "--set", f"train.out_dir={out}"]
+    readers = [("eval", lambda p: ["eval", p]), ("inspect", lambda p: ["inspect", p]),
+               ("generate", lambda p: ["generate", p, "--prompt", "1"]), ("loss", lambda p: ["loss", p, tok]),
+               ("logits", lambda p: ["logits", p, tokens, "--force", "--out", os.path.join(d, "agree_logits.h5")]),
+               ("train --init", lambda p: train + ["--init", p]), ("train --resume", lambda p: train + ["--resume", p])]
+    for i, (what, mutate, needle) in enumerate(cases):
+        bad = os.path.join(d, f"agree_{i}.h5")
+        mutated_copy(ck, bad, mutate)
+        for reader, args in readers:
+            r, seconds = timed(momfmm, args(bad))
+            refused(report, f"{reader}: {what}: exit 3", r, seconds, 3, needle)
+    # /optim is read where a run resumes: an extra moment refuses --resume, not eval
+    bad = os.path.join(d, "agree_optim.h5")
+    mutated_copy(ck, bad, add("optim/m/blocks/1/ln1/weight", (32,)))
+    r, seconds = timed(momfmm, ["train", ini, "--set", f"train.out_dir={out}", "--resume", bad])
+    refused(report, "train --resume: an AdamW moment beyond the model: exit 3", r, seconds, 3, "/optim/m/blocks/1")
+    r, seconds = timed(momfmm, ["eval", bad])
+    report.check("eval of the same file reads (it does not read /optim)", r.returncode == 0, r.stderr[-300:])
+
+
+def sentencepiece_model(pieces=("<unk>", "a", "b", "\u2581c", "<0x41>"), vocab=None):
+    """The bytes of a small sentencepiece ModelProto: pieces, a trainer_spec with vocab_size,
+    a normalizer_spec, in that order (as sentencepiece writes them)."""
+    def field(number, payload):
+        return bytes([number << 3 | 2, len(payload)]) + payload
+    out = b""
+    for p in pieces:
+        kind = 6 if p.startswith("<0x") else 2 if p == "<unk>" else 1
+        out += field(1, field(1, p.encode()) + bytes([3 << 3, kind]))
+    out += field(2, bytes([4 << 3, vocab or len(pieces), 3 << 3, 2]))
+    return out + field(3, field(1, b"identity"))
+
+
+def test_tokenizer_whole_or_refused(momfmm, base, report):
+    """data.tokenizer is read whole before a run starts (a model cut anywhere exits 3 with one
+    line, nothing trained or written); a checkpoint's /tokenizer is read whole and must be the
+    model config_ini's data.tokenizer_checksum records, on every load."""
+    d, ini, ck, tok = base
+    words = os.path.join(d, "words.bin")
+    (np.arange(4000) * 7 % 5).astype(np.uint16).tofile(words)
+    model = os.path.join(d, "sp.model")
+    whole = sentencepiece_model()
+    with open(model, "wb") as f:
+        f.write(whole)
+    sets = ["--set", "data.task=text", "--set", "data.format=tokens", "--set", f"data.path={words}",
+            "--set", "train.steps=2"]
+    out = os.path.join(d, "tok_run")
+    shutil.rmtree(out, ignore_errors=True)
+    r, seconds = timed(momfmm, ["train", ini, *sets, "--set", f"data.tokenizer={model}", "--set",
+                                f"train.out_dir={out}"])
+    report.check("a whole model: the run trains, its checkpoints carry /tokenizer", r.returncode == 0 and
+                 "tokenizer" in h5py.File(os.path.join(out, "ckpt_00000002.h5"), "r"), r.stderr[-300:])
+    cuts = sorted({1, 7, len(whole) // 2, len(whole) - 14, len(whole) - 1})
+    for cut in cuts:
+        cut_model = os.path.join(d, f"sp_cut{cut}.model")
+        with open(cut_model, "wb") as f:
+            f.write(whole[:cut])
+        fresh = os.path.join(d, f"tok_cut{cut}")
+        r, seconds = timed(momfmm, ["train", ini, *sets, "--set", f"data.tokenizer={cut_model}", "--set",
+                                    f"train.out_dir={fresh}"])
+        refused(report, f"data.tokenizer cut to {cut} of {len(whole)} bytes: exit 3 before the run", r, seconds, 3,
+                cut_model, "not a sentencepiece model")
+        report.check(f"  nothing written (no {os.path.basename(fresh)})", not os.path.exists(fresh))
+    ckpt = os.path.join(out, "ckpt_00000002.h5")
+    for what, payload, needle in (("cut short", whole[:-14], "not a sentencepiece model"),
+                                  ("another model", sentencepiece_model(pieces=("<unk>", "x", "y")), "checksum")):
+        bad = os.path.join(d, f"tok_{what.split()[0]}.h5")
+        mutated_copy(ckpt, bad, replace_dataset("tokenizer", lambda f, p, b=payload: f.create_dataset(
+            p, data=np.frombuffer(b, np.uint8))))
+        for cmd in (["eval", bad], ["inspect", bad], ["generate", bad, "--prompt", "1"]):
+            r, seconds = timed(momfmm, cmd)
+            refused(report, f"{cmd[0]}: /tokenizer {what}: exit 3", r, seconds, 3, "/tokenizer", needle)
+
+
 def test_nonfinite_checkpoints(momfmm, base, report):
     d, ini, ck, tok = base
 
