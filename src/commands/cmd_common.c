@@ -2,6 +2,8 @@
  * returns (docs/design.md §8.7: exit codes; §8.1: only commands exit). */
 #include "commands/cmd_common.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +59,36 @@ _Noreturn void cmd_fail_all(int exit_code, const char *fmt, ...) {
 static _Noreturn void cmd_exit_on_status(const status *st, bool every_rank_alike) {
     if (every_rank_alike) cmd_fail_all(st->code, "%s", st->message);
     cmd_fail(st->code, "%s", st->message);
+}
+
+static bool stdout_was_closed;
+
+void cmd_guard_standard_streams(void) {
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+        int null = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+        if (null >= 0 && null != fd) {
+            dup2(null, fd);
+            close(null);
+        }
+        if (fd == 1) stdout_was_closed = true;
+    }
+}
+
+int cmd_finish_output(int rc) {
+    int cause = log_output_error();
+    bool failed = ferror(stdout) != 0;
+    if (fflush(stdout) != 0) failed = true, cause = cause ? cause : errno;
+    if (fclose(stdout) != 0) failed = true, cause = cause ? cause : errno;
+    if (rc != 0 || log_output_closed()) return rc;
+    if (stdout_was_closed) {
+        fprintf(stderr, "momfmm: standard output is closed: the command's output is lost\n");
+        return EXIT_BAD_FILE;
+    }
+    if (!failed) return rc;
+    fprintf(stderr, "momfmm: standard output: write failed (%s): the command's output is lost\n",
+            cause ? strerror(cause) : "an I/O error");
+    return EXIT_BAD_FILE;
 }
 
 /* data.tokenizer_checksum: what the named model is now (a value given is

@@ -112,7 +112,7 @@ static int print_text(const unsigned char *b, int n, bool final) {
             i += len;
         }
     }
-    fflush(stdout);
+    log_flush();
     return i;
 }
 

@@ -9,6 +9,8 @@
   and one line naming the file and the limit, no temporary left, a summary
   naming no checkpoint; init likewise exits 3. `train | head -1` (alone, and
   under momfmm-mpirun -np 2) stops with a checkpoint and exit 0, not SIGPIPE.
+- TestStandardOutput: every command that prints, with stdout on /dev/full or
+  closed, exits 3 with one line naming standard output.
 - TestMemoryLimits: under ulimit -v (not in the sanitizer build, whose shadow
   memory needs the address space) OpenBLAS's buffers that do not fit, and a
   model whose parameters, gradients and moments do not fit, or activations
@@ -186,6 +188,40 @@ class TestFileLimits:
                      rc == 0 and first and saved and saved[max(saved)] in marker and
                      ("standard output closed" if wrapped else "standard output closed (EPIPE)") in err,
                      f"rc {rc}; first {first!r}; checkpoints {sorted(saved)}; STOPPED {marker!r}; {err[-400:]!r}")
+
+
+class TestStandardOutput:
+    def test_output_lost(self, momfmm, trained, workdir, report):
+        """docs/cli.md §5: what a command writes to stdout is checked at exit. Every command
+        that prints, with stdout on a full device (/dev/full) or closed (>&-): one line
+        naming standard output and exit 3, never a silent 0; a closed stdout is not handed
+        to a file the command opens (the checkpoint of train, init's --out)."""
+        ini, out_dir, ck, tokens = trained
+        logits_in = os.path.join(workdir, "logits_tokens.h5")
+        with h5py.File(logits_in, "w") as f:
+            f["tokens"] = np.arange(8, dtype=np.int32)
+        every = dict(commands(momfmm, trained, workdir))
+        every.update({
+            "--version": [momfmm, "--version"],
+            "help train": [momfmm, "help", "train"],
+            "logits": [momfmm, "logits", ck, logits_in, "--out", os.path.join(workdir, "logits.h5"), "--force"],
+            "data": [momfmm, "data", ini, "--show", "2"],
+            "bench": [momfmm, "bench", ini, "--steps", "1"],
+            "train": [momfmm, "train", ini, "--set", f"train.out_dir={os.path.join(workdir, 'stdout_run')}",
+                      "--overwrite"],
+        })
+        for name, cmd in every.items():
+            for how in ("/dev/full", "closed"):
+                with open("/dev/full", "w") as full:
+                    kw = {"stdout": full} if how == "/dev/full" else {"stdout": subprocess.PIPE,
+                                                                      "preexec_fn": lambda: os.close(1)}
+                    r = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, timeout=TIMEOUT_S, env=env(), **kw)
+                report.check(f"{name} with stdout {how}: exit 3, one line naming standard output",
+                             r.returncode == 3 and one_line(r.stderr) and "standard output" in r.stderr,
+                             f"rc {r.returncode}: {r.stderr[-300:]!r}")
+        with h5py.File(ckpt(os.path.join(workdir, "stdout_run"), 2), "r") as f:
+            report.check("train with stdout closed: its checkpoint is a checkpoint (no log lines in it)",
+                         f.attrs["format"] == "momfmm-checkpoint")
 
 
 class TestMemoryLimits:
