@@ -471,6 +471,7 @@ int main(int argc, char **argv) {
     cmd_guard_standard_streams(); /* before any file is opened: none may become stdout */
     blas_core_select(argv);       /* before MPI starts: it may re-execute the program */
     float_env_flush_denormals();  /* before MPI and HDF5 start threads, so they inherit it */
+    cmd_bound_threads();          /* before any OpenMP region could start OMP_NUM_THREADS threads */
     H5dont_atexit();              /* see live_metrics_abandon */
     /* Started before MPI, parallel HDF5 does not hook MPI_Finalize to close
      * itself: that hook would close the files a failed write abandoned and

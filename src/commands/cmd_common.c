@@ -134,10 +134,17 @@ config cmd_load_config(const char *path, int n_overrides, char *const *overrides
  * world of one and starts no MPI runtime (no singleton daemon, session
  * directory or TMPDIR use), so that it works under env -i, an odd TMPDIR or
  * a tight ulimit -n, and many at once beside a run (docs/cli.md §5). */
+/* blas_core_bound_threads' verdict, said once the rank is known (cmd_dist_init). */
+static status threads_verdict;
+static char threads_note[160];
+
+void cmd_bound_threads(void) { blas_core_bound_threads(threads_note, sizeof threads_note, &threads_verdict); }
+
 void cmd_dist_init(int *argc, char ***argv) {
     status st;
     if (dist_launched() && dist_init(argc, argv, &st) != 0) cmd_exit_on_status(&st, true);
-    blas_core_use_threads(blas_core_threads());
+    if (threads_verdict.code != 0) cmd_exit_on_status(&threads_verdict, true);
+    if (threads_note[0] && dist_rank() == 0) fprintf(stderr, "momfmm: warning: %s\n", threads_note);
 }
 
 /* A world of one: fail and cmd_fail_all are the same here. */

@@ -34,9 +34,14 @@ int cmd_finish_output(int rc);
  * exiting 2 on error; the whole of a command's configuration step. */
 config cmd_load_config(const char *path, int n_overrides, char *const *overrides);
 
+/* OMP_NUM_THREADS bounded by the machine's CPUs and given to
+ * OpenMP (blas_core_bound_threads), before anything could start a pool:
+ * main calls it first. Its verdict is said by cmd_dist_init. */
+void cmd_bound_threads(void);
 /* Starts MPI (dist_init) when a launcher started the process (dist_launched;
- * alone it is a world of one without MPI) and gives OpenBLAS its threads
- * per rank. */
+ * alone it is a world of one without MPI); then, every rank alike, exit 2
+ * for an OMP_NUM_THREADS that is no number, or rank 0's warning when it was
+ * clamped (docs/cli.md §5, threads). */
 void cmd_dist_init(int *argc, char ***argv);
 void cmd_check_launch(void);
 /* The parameters compared across ranks by checksum (exit 1 on a mismatch). */

@@ -11,6 +11,9 @@
   under momfmm-mpirun -np 2) stops with a checkpoint and exit 0, not SIGPIPE.
 - TestStandardOutput: every command that prints, with stdout on /dev/full or
   closed, exits 3 with one line naming standard output.
+- TestThreads: OMP_NUM_THREADS of 100000, 20000 and the CPUs + 1 train at
+  once on the machine's CPUs with one warning; values that are no count
+  exit 2; alone and at np = 2.
 - TestMemoryLimits: under ulimit -v (not in the sanitizer build, whose shadow
   memory needs the address space) OpenBLAS's buffers that do not fit, and a
   model whose parameters, gradients and moments do not fit, or activations
@@ -222,6 +225,41 @@ class TestStandardOutput:
         with h5py.File(ckpt(os.path.join(workdir, "stdout_run"), 2), "r") as f:
             report.check("train with stdout closed: its checkpoint is a checkpoint (no log lines in it)",
                          f.attrs["format"] == "momfmm-checkpoint")
+
+
+class TestThreads:
+    def test_thread_counts_bounded(self, momfmm, trained, workdir, report):
+        """docs/cli.md §5, threads: OMP_NUM_THREADS is bounded by the machine's CPUs before any
+        pool starts (100000 segfaulted, 20000 took 80 s for a 0.05 s run): above it, a one-line
+        warning and the CPU count; not a positive integer, exit 2 naming it. OpenBLAS's own
+        variables are capped by OpenBLAS at load. Alone and at np = 2."""
+        ini, _, _, _ = trained
+        cpus = os.cpu_count()
+        out = os.path.join(workdir, "threads_run")
+        cmd = [momfmm, "train", ini, "--set", f"train.out_dir={out}", "--overwrite"]
+        cases = [({"OMP_NUM_THREADS": "100000"}, 0, f"using {cpus}"),
+                 ({"OMP_NUM_THREADS": "20000"}, 0, f"using {cpus}"),
+                 ({"OMP_NUM_THREADS": str(cpus + 1)}, 0, f"using {cpus}"),
+                 ({"OMP_NUM_THREADS": f"{cpus},1"}, 0, None),
+                 ({"OPENBLAS_NUM_THREADS": "100000", "GOTO_NUM_THREADS": "100000"}, 0, None)]
+        cases += [({"OMP_NUM_THREADS": bad}, 2, f"OMP_NUM_THREADS = '{bad}'") for bad in ("abc", "0", "-1", "1e9")]
+        for variables, code, needle in cases:
+            for np_ in (None, 2):
+                what = " ".join(f"{k}={v}" for k, v in variables.items()) + ("" if np_ is None else " np 2")
+                start = time.time()
+                r = run((MPIRUN + ["-np", str(np_)] if np_ else []) + cmd, timeout=TIMEOUT_S, env=env(**variables))
+                took = time.time() - start
+                lines = [l for l in r.stderr.splitlines() if l.startswith("momfmm:")]
+                threads = re.search(r"x (\d+) threads?", r.stdout)
+                if code == 0:
+                    report.check(f"{what}: trains within 60 s on at most {cpus} threads"
+                                 + (", one warning naming the count used" if needle else ", no warning"),
+                                 r.returncode == 0 and took < 60 and threads and int(threads[1]) <= cpus and
+                                 (len(lines) == 1 and needle in lines[0] if needle else not lines),
+                                 f"rc {r.returncode} in {took:.1f} s: {r.stderr[-300:]!r}")
+                else:
+                    report.check(f"{what}: exit 2, one line naming it", r.returncode == 2 and len(lines) == 1 and
+                                 needle in lines[0], f"rc {r.returncode}: {r.stderr[-300:]!r}")
 
 
 class TestMemoryLimits:
