@@ -25,7 +25,8 @@ double sys_cpu_seconds(void);
 /* MemAvailable of /proc/meminfo in bytes, or 0 when unknown, and no more
  * than sys_address_space_left when ulimit -v or -d sets a limit: the bound
  * on sizes that files and options declare (docs/files.md §4, hostile input)
- * and on a run's memory estimate. */
+ * and on a run's memory estimate. MOMFMM_TEST_MEMORY_AVAILABLE=BYTES (a test
+ * hook) lowers it further. */
 double sys_memory_available(void);
 /* Bytes this process may still map under ulimit -v (RLIMIT_AS, less VmSize)
  * and ulimit -d (RLIMIT_DATA, less VmData), the smaller; -1 without limits. */

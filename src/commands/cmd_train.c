@@ -324,7 +324,15 @@ static bool stop_on_nonfinite(trainer *t, train_loop *loop, const train_step_res
                   r->loss, r->grad_norm, t->skipped_steps);
         return false;
     }
-    if (dist_rank() == 0)
+    /* what it could be caused by, said only where it is known: the first step
+     * of a run from step 0 has made no update yet, so its NaN is no divergence */
+    if (dist_rank() == 0 && t->step == 1)
+        fprintf(stderr,
+                "momfmm: step 1 is not finite (loss %g, grad_norm %g) before any update, so no training "
+                "diverged: the %s of the initial weights (the config's init, or the --init checkpoint's) on the "
+                "first batch overflows in float32; stopping without a checkpoint\n",
+                r->loss, r->grad_norm, isfinite(r->loss) ? "backward" : "forward");
+    else if (dist_rank() == 0)
         fprintf(stderr,
                 "momfmm: training diverged at step %lld (loss %g, grad_norm %g): stopping without a checkpoint of "
                 "this step; the checkpoints in %s are kept (train.on_nonfinite = skip skips such steps instead)\n",

@@ -105,6 +105,15 @@ void config_defaults(config *c);
 /* Code 1 naming the key when a compiled-in default does not parse (a bug,
  * caught by the unit test). */
 int config_check_defaults(status *st);
+/* The limits of the i-th numeric key of the table (docs/config.md §6), for
+ * the test that trains at every one of them (tests/test_ranges.c): false
+ * past the last. `exclusive`: the range is (min, max). */
+typedef struct {
+    char name[64]; /* "section.key" */
+    double min, max;
+    bool integer, exclusive;
+} config_numeric_key;
+bool config_numeric_key_at(size_t i, config_numeric_key *out);
 
 /* Reads an INI file over the defaults. On an unknown section or key (with a
  * "did you mean" when one is close), a key or section set twice (naming both
