@@ -388,6 +388,7 @@ static long long table_rows(h5reader *r, const char *group, const metric_table *
  * least 67 million steps, far beyond any; the bound keeps a hostile file's
  * table (2^31 declared rows) from taking a large allocation and seconds. */
 #define MAX_METRIC_ROWS ((long long)1 << 26)
+#define MAX_STEP 9007199254740992.0 /* 2^53 */
 
 /* A missing group means an empty history (e.g. a step-0 checkpoint). */
 static void read_metric_table(h5reader *r, const char *group, metric_table *t, bool live) {
@@ -419,6 +420,12 @@ static void read_metric_table(h5reader *r, const char *group, metric_table *t, b
         if (column_added_later(col->name) && !h5reader_exists(r, name))
             for (size_t i = 0; i < (size_t)rows * col->width; i++) column[i] = NAN;
         else h5reader_read_leading_rows(r, name, live, ndim_want, want, column);
+        /* a step column holds steps, 0 ... 2^53 (train.steps' limit, exact
+         * as doubles): anything else would overflow where it is converted
+         * back to an integer (printed by inspect, written on resume) */
+        for (long long i = 0; col->integer && i < rows; i++)
+            if (!(column[i] >= 0 && column[i] <= MAX_STEP))
+                h5reader_fail(r, "%s[%lld] = %.17g is not a step (0 ... 2^53)", name, i, column[i]);
         for (long long i = 0; i < rows; i++) {
             if (c == 0) metric_table_append(t, row);
             for (int j = 0; j < col->width; j++) t->values[i * t->row_width + offset + j] = column[i * col->width + j];

@@ -171,6 +171,15 @@ def test_counters_near_limits(momfmm, base, report):
             else:
                 report.check(f"{cmd[0]} with {name}: reads", r.returncode == 0 and
                              not any(m in r.stderr for m in SANITIZER_MARKS), r.stderr[-300:])
+    # a step column past 2^53 (exact as doubles; train.steps' limit) would overflow where it
+    # becomes an integer again: inspect prints it, a resume writes it back
+    for value in (2**63 - 1, 2**53 + 2, -1):
+        bad = os.path.join(d, f"limits_step_column_{value}.h5")
+        mutated_copy(ck, bad, replace_dataset("metrics/train/step", lambda f, p, v=value: f.create_dataset(
+            p, data=np.full(f["metrics/train/loss"].shape, v, np.int64))))
+        r, seconds = timed(momfmm, ["inspect", bad])
+        refused(report, f"inspect with /metrics/train/step = {value}: exit 3", r, seconds, 3, "/metrics/train/step[0]",
+                "is not a step")
     # tokens_seen near 2^63 resumed and trained on: saturates, and the checkpoint written loads
     near = os.path.join(d, "limits_tokens.h5")
     mutated_copy(ck, near, lambda f: f.attrs.__setitem__("tokens_seen", np.int64(big - 10)))
