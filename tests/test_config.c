@@ -156,14 +156,28 @@ static void test_suggestions(void) {
     test_check(suggest_closest("fly", commands, 7) == NULL, "suggest_closest: fly has no suggestion", NULL);
 }
 
+/* train.steps' range and why (docs/config.md §6). */
+#define STEPS_RANGE \
+    "must be in [0, 9007199254740992]: steps are stored as doubles in the metric tables, exact up to 2^53"
+#define BETA_RANGE                                                                                                    \
+    "must be in (-1, 1): |beta| < 1: the velocity p_t = d_t + beta p_(t-1) grows as beta^t otherwise, and the first " \
+    "step's loss is NaN at T = 512 for beta = 2"
+
 static void test_limits(void) {
-    expect_text("[train]\nsteps = -5\n", "t.ini:2: train.steps = -5 is out of range: must be >= 0");
+    expect_text("[train]\nsteps = -5\n", "t.ini:2: train.steps = -5 is out of range: " STEPS_RANGE);
+    /* open limits: |beta| < 1, 1 and -1 included in the refusal */
+    expect_text("[momentum]\nbeta = 2\n", "t.ini:2: momentum.beta = 2 is out of range: " BETA_RANGE);
+    expect_text("[momentum]\nbeta = 1\n", "t.ini:2: momentum.beta = 1 is out of range: " BETA_RANGE);
+    expect_text("[momentum]\nbeta = -1\n", "t.ini:2: momentum.beta = -1 is out of range: " BETA_RANGE);
+    expect_text("[momentum]\nbeta = -0.999\n", "");
     expect_text("[model]\nn_heads = 0\n", "t.ini:2: model.n_heads = 0 is out of range: must be in [1, 4096]");
     expect_text("[model]\nn_layers = 99999999999999999999\n",
                 "t.ini:2: model.n_layers = 99999999999999999999 is out of range: must be in [1, 4096]");
     expect_text("[model]\nn_classes = 1\n", "t.ini:2: model.n_classes = 1 is out of range: must be in [2, 1048576]");
-    expect_text("[train]\nadam_eps = 0\n", "t.ini:2: train.adam_eps = 0 is out of range: must be >= 1e-30");
-    expect_override("train.steps=-5", "--set train.steps = -5 is out of range: must be >= 0");
+    expect_text("[train]\nadam_eps = 0\n",
+                "t.ini:2: train.adam_eps = 0 is out of range: must be >= 1e-30: 0 would make "
+                "0/0 of a sum whose terms all underflow");
+    expect_override("train.steps=-5", "--set train.steps = -5 is out of range: " STEPS_RANGE);
     /* the chain's fillers (docs/tasks.md §2): a rate below 1, or no chain token would be left */
     expect_text("[data]\nchain_noise = 0.95\n",
                 "t.ini:2: data.chain_noise = 0.95 is out of range: must be in [0, 0.9]");
@@ -368,12 +382,12 @@ static void test_override_syntax(void) {
     test_check(rc == 0 && !strcmp(c.data_path, " spaced "), "--set takes a quoted value", "'%s'", c.data_path);
     rc = config_apply_override(&c, "data.path=a ;b", &st);
     test_check(rc == 0 && !strcmp(c.data_path, "a ;b"), "--set: ';' does not start a comment", "'%s'", c.data_path);
-    expect_override("train.lr=1e400", "--set train.lr = 1e400 is out of range: beyond what a double holds (must be >= "
-                                      "0)");
-    expect_override("train.lr=1e-400", "--set train.lr = 1e-400 is out of range: beyond what a double holds (must be "
-                                       ">= 0)");
+    expect_override("train.weight_decay=1e400",
+                    "--set train.weight_decay = 1e400 is out of range: beyond what a double holds (must be >= 0)");
+    expect_override("train.weight_decay=1e-400",
+                    "--set train.weight_decay = 1e-400 is out of range: beyond what a double holds (must be >= 0)");
     expect_override("train.steps=99999999999999999999",
-                    "--set train.steps = 99999999999999999999 is out of range: must be >= 0");
+                    "--set train.steps = 99999999999999999999 is out of range: " STEPS_RANGE);
     expect_override("train.lrr = 1", "--set unknown key train.lrr; did you mean train.lr?");
     expect_override("lr\x07=1", "--set lr\\x07=1: expected section.key=value");
 }

@@ -1,8 +1,9 @@
 /* Data of docs/tasks.md §2: the text corpus (directory walk order, separator
  * placement, split by whole documents, determinism, refused inputs), long
  * samples without stack arrays, listops limits and TSV labels refused at
- * open, and fast_exp_nonpositive and its eight-lane form on NaN and infinite
- * inputs (run it in the sanitizer build too). */
+ * open, fast_exp_nonpositive and its eight-lane form on NaN and infinite
+ * inputs (run it in the sanitizer build too), and sentencepiece models read
+ * whole or refused (every truncation, single-byte damage). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,9 +12,11 @@
 #include <unistd.h>
 
 #include "base/fast_math.h"
+#include "base/sys.h"
 #include "config/config.h"
 #include "data/corpus.h"
 #include "data/data.h"
+#include "data/tokenizer.h"
 #include "test_util.h"
 
 static char workdir[] = "/tmp/test_data_XXXXXX";
@@ -422,6 +425,94 @@ static void test_exp8(void) {
 static void test_exp8(void) {}
 #endif
 
+/* ---- sentencepiece models (docs/tasks.md §2, tokenizer): whole, or refused ---- */
+
+/* Appends a length-delimited field (wire type 2) of `len` bytes to out. */
+static size_t put_field(unsigned char *out, int field, const void *bytes, size_t len) {
+    size_t n = 0;
+    out[n++] = (unsigned char)(field << 3 | 2);
+    out[n++] = (unsigned char)len; /* every field here is below 128 bytes */
+    memcpy(out + n, bytes, len);
+    return n + len;
+}
+
+/* A ModelProto as sentencepiece writes it: the pieces, a TrainerSpec with
+ * vocab_size = `vocab`, a NormalizerSpec. Returns its length. */
+static size_t make_model(unsigned char *out, int vocab) {
+    static const struct {
+        const char *piece;
+        int type;
+    } pieces[] = {{"<unk>", 2},
+                  {"<s>", 3},
+                  {"<0x41>", 6},
+                  {"ab", 1},
+                  {"\xe2\x96\x81"
+                   "c",
+                   1}};
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++) {
+        unsigned char piece[32];
+        size_t len = put_field(piece, 1, pieces[i].piece, strlen(pieces[i].piece));
+        piece[len++] = 3 << 3 | 0; /* the piece's type, a varint */
+        piece[len++] = (unsigned char)pieces[i].type;
+        n += put_field(out + n, 1, piece, len);
+    }
+    unsigned char trainer[] = {4 << 3 | 0, (unsigned char)vocab, 3 << 3 | 0, 2};
+    n += put_field(out + n, 2, trainer, sizeof trainer);
+    unsigned char normalizer[16];
+    size_t len = put_field(normalizer, 1, "identity", 8);
+    return n + put_field(out + n, 3, normalizer, len);
+}
+
+static int parse_model(const unsigned char *bytes, size_t n, tokenizer *t, status *st) {
+    unsigned char *copy = sys_calloc(n + 1, 1);
+    memcpy(copy, bytes, n);
+    return tokenizer_from_bytes(t, copy, n, "model", st);
+}
+
+static void test_tokenizer_whole_or_refused(void) {
+    unsigned char model[512];
+    size_t n = make_model(model, 5);
+    tokenizer t;
+    status st;
+    int rc = parse_model(model, n, &t, &st);
+    bool decoded = rc == 0 && t.n_pieces == 5 && t.length[2] == 1 && t.text[2][0] == 'A' && t.length[3] == 2 &&
+                   t.length[4] == 2 && t.text[4][0] == ' ' && t.length[1] == 0;
+    test_check(decoded, "tokenizer: a whole model reads, 5 pieces decoded", rc ? "%s" : NULL, st.message);
+    if (rc == 0) tokenizer_free(&t);
+    /* a model cut after any byte is refused, whatever the cut: none reads as fewer pieces */
+    size_t accepted = 0, first = 0;
+    for (size_t cut = 0; cut < n; cut++) {
+        if (parse_model(model, cut, &t, &st) != 0) continue;
+        tokenizer_free(&t);
+        if (!accepted++) first = cut;
+    }
+    test_check(accepted == 0, "tokenizer: every one of its strict prefixes is refused",
+               accepted ? "%zu accepted, first %zu of %zu bytes" : NULL, accepted, first, n);
+    rc = parse_model(model, n - 12, &t, &st);
+    test_check(rc == EXIT_BAD_FILE && strstr(st.message, "model: not a sentencepiece model") &&
+                   strstr(st.message, "truncated"),
+               "tokenizer: the refusal names the origin and says truncated", "%s", st.message);
+    n = make_model(model, 7);
+    rc = parse_model(model, n, &t, &st);
+    test_check(rc == EXIT_BAD_FILE && strstr(st.message, "5 pieces, but its trainer_spec says vocab_size = 7"),
+               "tokenizer: fewer pieces than vocab_size is refused", "%s", st.message);
+    /* any byte changed: refused or read, never a crash (the sanitizer build watches) */
+    n = make_model(model, 5);
+    int read = 0;
+    for (size_t i = 0; i < n; i++)
+        for (int v = 0; v < 256; v += 51) {
+            unsigned char bad[512];
+            memcpy(bad, model, n);
+            bad[i] = (unsigned char)v;
+            if (parse_model(bad, n, &t, &st) != 0) continue;
+            read++;
+            tokenizer_free(&t);
+        }
+    test_check(read < (int)n * 6, "tokenizer: single-byte damage: refused or read, no crash", "%d of %zu read", read,
+               n * 6);
+}
+
 int main(void) {
     if (!test_check(mkdtemp(workdir) != NULL, "scratch directory made", NULL)) return test_summary("test_data");
     make_corpus();
@@ -434,6 +525,7 @@ int main(void) {
     test_listops_limits();
     test_exp();
     test_exp8();
+    test_tokenizer_whole_or_refused();
     char command[600];
     snprintf(command, sizeof command, "rm -rf %s", workdir);
     test_check(system(command) == 0, "scratch directory removed", NULL);

@@ -16,6 +16,7 @@ import re
 
 # Limits at +-BIG are open ends (src/config/config.c).
 BIG = 1e18
+STEPS_MAX = 2.0 ** 53    # train.steps: steps are stored as doubles in the metric tables
 PATH_MAX = 1024          # CONFIG_PATH_MAX: a path value holds at most 1023 bytes
 LIST_MAX = 8             # CONFIG_LIST_MAX: names of fmm.kernels
 LISTOPS_CLASSES = 10
@@ -29,13 +30,14 @@ class ConfigError(ValueError):
 
 
 class Key:
-    __slots__ = ("section", "name", "type", "default", "min", "max", "choices", "size")
+    __slots__ = ("section", "name", "type", "default", "min", "max", "choices", "size", "exclusive")
 
-    def __init__(self, section, name, type_, default, lo=0.0, hi=0.0, choices=None, size=PATH_MAX):
+    def __init__(self, section, name, type_, default, lo=0.0, hi=0.0, choices=None, size=PATH_MAX, exclusive=False):
         if type_ == "bool":
             lo, hi = 0, 1  # as the C table has it
         self.section, self.name, self.type, self.default = section, name, type_, default
         self.min, self.max, self.choices, self.size = lo, hi, choices, size
+        self.exclusive = exclusive  # (min, max), the LIMIT_NOTES of src/config/config.c
 
     @property
     def full(self):
@@ -56,16 +58,16 @@ KEYS = [
     Key("model", "n_classes", "int", "10", 2, 1 << 20),
     Key("attention", "kind", "enum", "softmax", choices="softmax|fmm"),
     Key("attention", "impl", "enum", "tiled", choices="tiled|dense"),
-    Key("momentum", "gamma", "double", "0", -BIG, BIG),
+    Key("momentum", "gamma", "double", "0", -100, 100),
     Key("momentum", "learn_gamma", "bool", "false"),
-    Key("momentum", "beta", "double", "0", -BIG, BIG),
-    Key("momentum", "gamma2", "double", "0", -BIG, BIG),
+    Key("momentum", "beta", "double", "0", -1, 1, exclusive=True),
+    Key("momentum", "gamma2", "double", "0", -100, 100),
     Key("momentum", "apply_to", "enum", "qk", choices="qk|q"),
     Key("momentum", "placement", "enum", "post_rope", choices="post_rope|pre_rope"),
     Key("momentum", "anchor", "bool", "true"),
     Key("fmm", "bandwidth", "int", "5", 0, 1 << 24),
     Key("fmm", "kernels", "list", "elu", choices=FMM_KERNELS),
-    Key("fmm", "eps", "double", "1e-6", 0, BIG),
+    Key("fmm", "eps", "double", "1e-6", 1e-30, BIG),
     Key("fmm", "chunk", "int", "16", 1, 1 << 20),
     Key("data", "task", "enum", "chain", choices="chain|copy|listops|text"),
     Key("data", "seq_len", "int", "64", 1, 1 << 24),
@@ -90,10 +92,10 @@ KEYS = [
     Key("data", "listops_max_len", "int", "128", 1, 1 << 24),
     Key("data", "listops_max_depth", "int", "10", 1, 64),
     Key("data", "listops_max_args", "int", "10", 2, 64),
-    Key("train", "steps", "int64", "1000", 0, BIG),
+    Key("train", "steps", "int64", "1000", 0, STEPS_MAX),
     Key("train", "batch_size", "int", "16", 1, 1 << 24),
-    Key("train", "lr", "double", "1e-3", 0, BIG),
-    Key("train", "min_lr", "double", "0", 0, BIG),
+    Key("train", "lr", "double", "1e-3", 0, 1),
+    Key("train", "min_lr", "double", "0", 0, 1),
     Key("train", "warmup", "int", "0", 0, 1 << 30),
     Key("train", "schedule", "enum", "cosine", choices="cosine|constant"),
     Key("train", "weight_decay", "double", "0.01", 0, BIG),
@@ -112,6 +114,7 @@ KEYS = [
     Key("train", "keep_best", "bool", "false"),
     Key("train", "out_dir", "string", "runs/default"),
     Key("train", "on_nonfinite", "enum", "stop", choices="stop|skip"),
+    Key("train", "on_save_failure", "enum", "stop", choices="stop|continue"),
     Key("train", "micro_batch", "int", "0", 0, 1 << 24),
     Key("train", "precision", "enum", "fp32", choices="fp32|bf16"),
     Key("train", "gemm", "enum", "auto", choices="openblas|onednn|auto"),
@@ -198,7 +201,7 @@ def _range_text(key):
         return f"must be >= {lo}"
     if key.min <= -BIG:
         return f"must be <= {hi}"
-    return f"must be in [{lo}, {hi}]"
+    return f"must be in ({lo}, {hi})" if key.exclusive else f"must be in [{lo}, {hi}]"
 
 
 def format_double(x):
@@ -240,7 +243,7 @@ def set_value(key, text):
             raise ConfigError(f"{key.full} = {v} is out of range: beyond what a double holds ({_range_text(key)})")
         if not math.isfinite(number):
             raise ConfigError(f"{key.full} = '{v}': expected a number")
-        if number < key.min or number > key.max:
+        if number < key.min or number > key.max or (key.exclusive and number in (key.min, key.max)):
             raise ConfigError(f"{key.full} = {v} is out of range: {_range_text(key)}")
         return number
     if kind == "bool":
@@ -406,6 +409,11 @@ class Config:
             raise fail(f"{origin}: data.listops_min_len = {lo} exceeds data.seq_len = {T}")
         if g("train.min_lr") > g("train.lr"):
             raise fail(f"{origin}: train.min_lr = {g('train.min_lr'):g} exceeds train.lr = {g('train.lr'):g}")
+        lr, wd = g("train.lr"), g("train.weight_decay")
+        if lr * wd >= 1:
+            raise fail(f"{origin}: train.lr x train.weight_decay = {lr:g} x {wd:g} = {lr * wd:g}: must be below 1, "
+                       "else the decoupled decay p -= lr*wd*p flips the weights' sign every step (and past 2 grows "
+                       "them without bound)")
         self._check_context(origin)
         return self
 

@@ -1,8 +1,11 @@
 /* OpenBLAS kernel selection; see blas_core.h for why. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT: before any header */
 #include "base/blas_core.h"
 
 #include <cblas.h>
+#include <errno.h>
 #include <omp.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,19 +67,58 @@ const char *blas_core_description(void) {
     return text;
 }
 
-int blas_core_threads(void) {
-    const char *env = getenv("OMP_NUM_THREADS");
-    int n = env ? atoi(env) : 1;
-    return n > 0 ? n : 1;
+/* The machine's CPUs: the online ones, or (without that count) those of
+ * this process's affinity mask. Not the mask first: mpirun binds each rank
+ * to one core by default, and two threads a rank there is the launcher's
+ * binding, which the user may change (--bind-to), not a count that breaks
+ * anything; 100000 threads is. */
+static int available_cpus(void) {
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (online > 0) return online < 1 << 20 ? (int)online : 1 << 20;
+    cpu_set_t set;
+    return sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0 ? CPU_COUNT(&set) : 1;
 }
 
-/* The threads are OpenMP's (libgomp would otherwise take every core when
- * OMP_NUM_THREADS is unset): the GEMM engine splits large products over
- * them and runs OpenBLAS itself on one thread per call (gemm.c), so that
- * one pool of threads serves every kernel. */
-void blas_core_use_threads(int threads) {
+static int bounded_threads; /* 0 until blas_core_bound_threads or blas_core_threads ran */
+
+/* OMP_NUM_THREADS as a count: its first item ("4" or "4,2"), -1 when that
+ * is not a positive integer, 1 when unset or empty. */
+static long requested_threads(const char *env) {
+    if (!env || !env[0]) return 1;
+    char *end;
+    errno = 0;
+    long n = strtol(env, &end, 10);
+    bool number = end != env && (*end == '\0' || *end == ',') && env[0] >= '0' && env[0] <= '9';
+    return number && errno == 0 && n > 0 ? n : -1;
+}
+
+int blas_core_bound_threads(char *note, size_t len, status *st) {
+    const char *env = getenv("OMP_NUM_THREADS");
+    long requested = requested_threads(env);
+    int cpus = available_cpus();
+    note[0] = '\0';
+    bounded_threads = requested < 1 ? 1 : requested > cpus ? cpus : (int)requested;
+    if (requested > cpus)
+        snprintf(note, len, "OMP_NUM_THREADS = %ld is more than the %d CPU%s of this machine: using %d", requested,
+                 cpus, cpus == 1 ? "" : "s", cpus);
+    /* the threads are OpenMP's (libgomp would otherwise take OMP_NUM_THREADS
+     * as it is, or every core when unset): the GEMM engine splits large
+     * products over them and runs OpenBLAS itself on one thread per call
+     * (gemm.c), so that one pool of threads serves every kernel */
     openblas_set_num_threads(1);
-    omp_set_num_threads(threads > 0 ? threads : 1);
+    omp_set_num_threads(bounded_threads);
+    if (requested < 0)
+        return status_fail(st, EXIT_USAGE, "OMP_NUM_THREADS = '%s': not a number of threads (a positive integer)", env);
+    return 0;
+}
+
+int blas_core_threads(void) {
+    if (bounded_threads == 0) {
+        long requested = requested_threads(getenv("OMP_NUM_THREADS"));
+        int cpus = available_cpus();
+        bounded_threads = requested < 1 ? 1 : requested > cpus ? cpus : (int)requested;
+    }
+    return bounded_threads;
 }
 
 /* OpenBLAS 0.3.21 maps a buffer of BUFFER_SIZE (128 MiB on x86-64; seen as

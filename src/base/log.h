@@ -12,4 +12,8 @@ void log_rank0(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * went away, with SIGPIPE ignored) for log_output_closed. */
 void log_flush(void);
 bool log_output_closed(void);
+/* errno of the first flush of stdout that failed (ENOSPC on a full device,
+ * EPIPE, EIO), or 0: the cause named when the command layer checks stdout
+ * at exit (cmd_finish_output). */
+int log_output_error(void);
 #endif

@@ -1,6 +1,9 @@
-/* Memory, clock and file kinds (sys.h). */
+/* Memory, clock and file kinds (sys.h; docs/files.md §4). */
 #include "base/sys.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,7 +11,9 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/status.h"
 
@@ -89,10 +94,94 @@ double sys_memory_available(void) {
     if (available < 0) available = 0;
     double left = sys_address_space_left();
     if (left >= 0 && (available == 0 || left < available)) available = left > 0 ? left : 1;
+    /* test hook: a smaller machine (tests/test_ranges.c), where a config whose
+     * model cannot fit is refused as it would be there, without ulimit -v
+     * (which the sanitizer build's shadow memory cannot live under) */
+    const char *cap = getenv("MOMFMM_TEST_MEMORY_AVAILABLE");
+    double bytes = cap ? atof(cap) : 0;
+    if (bytes > 0 && (available == 0 || bytes < available)) available = bytes;
     return available;
 }
 
-bool sys_is_regular_file(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+static const char *kind_of(mode_t mode) {
+    return S_ISDIR(mode)    ? "a directory"
+           : S_ISFIFO(mode) ? "a FIFO"
+           : S_ISSOCK(mode) ? "a socket"
+           : S_ISCHR(mode)  ? "a character device"
+           : S_ISBLK(mode)  ? "a block device"
+           : S_ISLNK(mode)  ? "a symbolic link (momfmm never writes through one)"
+                            : "not a regular file";
+}
+
+/* status_fail for sys_open_file, whose failures return -1 (not a descriptor). */
+static int refuse(status *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int refuse(status *st, const char *fmt, ...) {
+    char message[sizeof st->message];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(message, sizeof message, fmt, args);
+    va_end(args);
+    status_fail(st, EXIT_BAD_FILE, "%s", message);
+    return -1;
+}
+
+static int open_flags(sys_open_how how) {
+    int flags = O_NONBLOCK | O_CLOEXEC;
+    if (how == SYS_READ) return flags | O_RDONLY;
+    flags |= O_NOFOLLOW | O_CREAT | (how == SYS_LOCK ? O_RDWR : O_WRONLY);
+    return how == SYS_CREATE ? flags | O_EXCL : flags;
+}
+
+int sys_open_file(const char *path, sys_open_how how, const char *what, status *st) {
+    bool writes = how != SYS_READ;
+    const char *verb = how == SYS_CREATE ? "create" : "open", *space = what ? " " : "", *noun = what ? what : "";
+    struct stat s;
+    /* the look before the open: a device is never opened, a link never written through */
+    if ((writes ? lstat(path, &s) : stat(path, &s)) == 0) {
+        if (how == SYS_CREATE)
+            return refuse(st, "%s: cannot create%s%s: exists already (%s)", path, space, noun, kind_of(s.st_mode));
+        if (!S_ISREG(s.st_mode))
+            return refuse(st, "%s: cannot open%s%s: not a regular file but %s", path, space, noun, kind_of(s.st_mode));
+    } else if (!writes || errno != ENOENT) {
+        return refuse(st, "%s: cannot open%s%s: %s", path, space, noun, strerror(errno));
+    }
+    int fd = open(path, open_flags(how), 0666);
+    if (fd < 0)
+        return refuse(st, "%s: cannot %s%s%s: %s", path, verb, space, noun,
+                      errno == ELOOP ? "a symbolic link (momfmm never writes through one)" : strerror(errno));
+    const char *why = fstat(fd, &s) != 0                            ? strerror(errno)
+                      : !S_ISREG(s.st_mode)                         ? kind_of(s.st_mode)
+                      : how == SYS_REPLACE && ftruncate(fd, 0) != 0 ? strerror(errno)
+                                                                    : NULL;
+    if (!why) return fd;
+    close(fd);
+    return refuse(st, "%s: cannot %s%s%s: %s%s", path, verb, space, noun,
+                  S_ISREG(s.st_mode) ? "" : "not a regular file but ", why);
+}
+
+int sys_check_replaceable(const char *path, status *st) {
+    struct stat s;
+    if (lstat(path, &s) != 0) return errno == ENOENT ? 0 : refuse(st, "%s: %s", path, strerror(errno));
+    if (S_ISREG(s.st_mode)) return 0;
+    return refuse(st, "%s: exists and is %s: not replaced (only a regular file is)", path, kind_of(s.st_mode));
+}
+
+bool sys_same_file(int fd, const char *path) {
+    struct stat open_file, named;
+    return fstat(fd, &open_file) == 0 && lstat(path, &named) == 0 && S_ISREG(named.st_mode) &&
+           open_file.st_dev == named.st_dev && open_file.st_ino == named.st_ino;
+}
+
+const char *sys_descriptor_path(int fd, char *buf, size_t len) {
+    snprintf(buf, len, "/proc/self/fd/%d", fd);
+    struct stat via_proc, open_file;
+    /* the same file through /proc: mounted, and naming this descriptor's file */
+    bool same = stat(buf, &via_proc) == 0 && fstat(fd, &open_file) == 0 && via_proc.st_dev == open_file.st_dev &&
+                via_proc.st_ino == open_file.st_ino;
+    return same ? buf : NULL;
+}
+
+double sys_free_bytes(const char *path) {
+    struct statvfs fs;
+    return statvfs(path, &fs) == 0 ? (double)fs.f_bavail * (double)fs.f_frsize : -1;
 }

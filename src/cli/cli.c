@@ -469,14 +469,16 @@ static int run_data(const arguments *a) {
 __attribute__((constructor)) static void guard_stop_signals(void) { signals_guard_startup(); }
 
 int main(int argc, char **argv) {
-    blas_core_select(argv);      /* before MPI starts: it may re-execute the program */
-    float_env_flush_denormals(); /* before MPI and HDF5 start threads, so they inherit it */
-    H5dont_atexit();             /* see live_metrics_abandon */
+    cmd_guard_standard_streams(); /* before any file is opened: none may become stdout */
+    blas_core_select(argv);       /* before MPI starts: it may re-execute the program */
+    float_env_flush_denormals();  /* before MPI and HDF5 start threads, so they inherit it */
+    cmd_bound_threads();          /* before any OpenMP region could start OMP_NUM_THREADS threads */
+    H5dont_atexit();              /* see live_metrics_abandon */
     /* Started before MPI, parallel HDF5 does not hook MPI_Finalize to close
      * itself: that hook would close the files a failed write abandoned and
      * crash (HDFFV-11052, docs/scale.md §7); the operating system frees them. */
     H5open();
-    if (argc >= 2 && answer_without_mpi(argc, argv)) return 0;
+    if (argc >= 2 && answer_without_mpi(argc, argv)) return cmd_finish_output(0);
     cmd_dist_init(&argc, &argv);
     if (argc < 2) cmd_fail_all(EXIT_USAGE, "no command given\n%s", usage_all());
     const command_spec *cmd = find_command(argv[1]);
@@ -488,7 +490,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd->name, "train") != 0) signals_release(); /* default actions elsewhere */
     arguments a = parse_arguments(cmd, argc - 2, argv + 2);
     if (cmd->checkpoint_precision) cmd_use_checkpoint_precision(a.positional[0], a.precision);
-    int rc = cmd->run(&a);
+    int rc = cmd_finish_output(cmd->run(&a)); /* a result lost on a full or closed stdout is a failure */
     context_free();
     dist_finalize();
     return rc;

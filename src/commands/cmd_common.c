@@ -2,6 +2,8 @@
  * returns (docs/design.md §8.7: exit codes; §8.1: only commands exit). */
 #include "commands/cmd_common.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +16,7 @@
 #include "base/cpu.h"
 #include "base/float_env.h"
 #include "base/log.h"
+#include "base/sys.h"
 #include "data/tokenizer.h"
 #include "kernels/gemm.h"
 #include "parallel/arrivals.h"
@@ -61,6 +64,36 @@ static _Noreturn void cmd_exit_on_status(const status *st, bool every_rank_alike
     cmd_fail(st->code, "%s", st->message);
 }
 
+static bool stdout_was_closed;
+
+void cmd_guard_standard_streams(void) {
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+        int null = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+        if (null >= 0 && null != fd) {
+            dup2(null, fd);
+            close(null);
+        }
+        if (fd == 1) stdout_was_closed = true;
+    }
+}
+
+int cmd_finish_output(int rc) {
+    int cause = log_output_error();
+    bool failed = ferror(stdout) != 0;
+    if (fflush(stdout) != 0) failed = true, cause = cause ? cause : errno;
+    if (fclose(stdout) != 0) failed = true, cause = cause ? cause : errno;
+    if (rc != 0 || log_output_closed()) return rc;
+    if (stdout_was_closed) {
+        fprintf(stderr, "momfmm: standard output is closed: the command's output is lost\n");
+        return EXIT_BAD_FILE;
+    }
+    if (!failed) return rc;
+    fprintf(stderr, "momfmm: standard output: write failed (%s): the command's output is lost\n",
+            cause ? strerror(cause) : "an I/O error");
+    return EXIT_BAD_FILE;
+}
+
 /* data.tokenizer_checksum: what the named model is now (a value given is
  * replaced), so that every later reader checks it reads the same model. */
 static void cmd_record_tokenizer(config *c) {
@@ -106,10 +139,17 @@ config cmd_load_config(const char *path, int n_overrides, char *const *overrides
  * world of one and starts no MPI runtime (no singleton daemon, session
  * directory or TMPDIR use), so that it works under env -i, an odd TMPDIR or
  * a tight ulimit -n, and many at once beside a run (docs/cli.md §5). */
+/* blas_core_bound_threads' verdict, said once the rank is known (cmd_dist_init). */
+static status threads_verdict;
+static char threads_note[160];
+
+void cmd_bound_threads(void) { blas_core_bound_threads(threads_note, sizeof threads_note, &threads_verdict); }
+
 void cmd_dist_init(int *argc, char ***argv) {
     status st;
     if (dist_launched() && dist_init(argc, argv, &st) != 0) cmd_exit_on_status(&st, true);
-    blas_core_use_threads(blas_core_threads());
+    if (threads_verdict.code != 0) cmd_exit_on_status(&threads_verdict, true);
+    if (threads_note[0] && dist_rank() == 0) fprintf(stderr, "momfmm: warning: %s\n", threads_note);
 }
 
 /* A world of one: fail and cmd_fail_all are the same here. */
@@ -221,11 +261,14 @@ void cmd_print_banner(void) {
 void cmd_check_output(const char *flag, const char *out, const char *const *inputs, int n_inputs, bool force) {
     struct stat st, input;
     if (!out[0]) cmd_fail_all(EXIT_USAGE, "%s: an empty path names no file", flag);
-    if (stat(out, &st) != 0) return;
-    for (int i = 0; i < n_inputs; i++)
+    if (lstat(out, &st) != 0) return;
+    bool named = stat(out, &st) == 0; /* through a link: the file it names */
+    for (int i = 0; i < n_inputs && named; i++)
         if (stat(inputs[i], &input) == 0 && input.st_dev == st.st_dev && input.st_ino == st.st_ino)
             cmd_fail_all(EXIT_USAGE, "%s %s: is the input %s; choose another file", flag, out, inputs[i]);
-    if (!S_ISREG(st.st_mode)) cmd_fail_all(EXIT_USAGE, "%s %s: exists and is not a regular file", flag, out);
+    /* a link, a FIFO or a device is never replaced, --force or not (docs/files.md §4) */
+    status why;
+    if (sys_check_replaceable(out, &why) != 0) cmd_fail_all(EXIT_USAGE, "%s: %s", flag, why.message);
     if (!force)
         cmd_fail_all(EXIT_USAGE,
                      "%s %s: the file exists; remove it, choose another name, or pass --force to replace it", flag,

@@ -17,13 +17,31 @@ _Noreturn void cmd_fail(int exit_code, const char *fmt, ...) __attribute__((form
  * command line): rank 0 prints, every rank finalises MPI and exits. */
 _Noreturn void cmd_fail_all(int exit_code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* main's first act: descriptors 0, 1 and 2 open. One that is closed (a
+ * shell's >&-) becomes /dev/null, so that no file the program opens (a
+ * checkpoint, the lock) takes its number and receives the output; a closed
+ * stdout is remembered for cmd_finish_output. */
+void cmd_guard_standard_streams(void);
+/* main's last act (docs/cli.md §5): stdout flushed, checked (ferror) and
+ * closed. A failed write or close (a full device, a stdout that was closed,
+ * an I/O error) means the command's output is lost: one line on stderr and
+ * EXIT_BAD_FILE, unless the command failed already (rc != 0) or is a train
+ * that stopped on its closed pipe (EPIPE, which it reports itself).
+ * Returns the exit code. */
+int cmd_finish_output(int rc);
+
 /* Defaults, the INI file, the --set overrides and the cross-key checks, each
  * exiting 2 on error; the whole of a command's configuration step. */
 config cmd_load_config(const char *path, int n_overrides, char *const *overrides);
 
+/* OMP_NUM_THREADS bounded by the machine's CPUs and given to
+ * OpenMP (blas_core_bound_threads), before anything could start a pool:
+ * main calls it first. Its verdict is said by cmd_dist_init. */
+void cmd_bound_threads(void);
 /* Starts MPI (dist_init) when a launcher started the process (dist_launched;
- * alone it is a world of one without MPI) and gives OpenBLAS its threads
- * per rank. */
+ * alone it is a world of one without MPI); then, every rank alike, exit 2
+ * for an OMP_NUM_THREADS that is no number, or rank 0's warning when it was
+ * clamped (docs/cli.md §5, threads). */
 void cmd_dist_init(int *argc, char ***argv);
 void cmd_check_launch(void);
 /* The parameters compared across ranks by checksum (exit 1 on a mismatch). */

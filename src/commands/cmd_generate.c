@@ -17,6 +17,7 @@
 #include "base/sys.h"
 #include "commands/cmd_common.h"
 #include "commands/commands.h"
+#include "config/ini.h"
 #include "data/tokenizer.h"
 #include "model/stream.h"
 #include "parallel/dist.h"
@@ -44,31 +45,23 @@ static int parse_prompt(const char *text, int vocab, int32_t **out) {
     return n;
 }
 
-static int hex_digit(char c) {
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
-/* The bytes of --stop, where \n, \t, \r, \\ and \xNN stand for one byte each
- * (a shell passes a newline awkwardly). Returns the count. */
-static int parse_stop(const char *text, int32_t *out) {
-    int n = 0;
-    for (const char *p = text; *p; p++) {
-        unsigned char byte = (unsigned char)*p;
-        if (*p == '\\' && p[1]) {
-            char e = *++p;
-            if (e == 'n') byte = '\n';
-            else if (e == 't') byte = '\t';
-            else if (e == 'r') byte = '\r';
-            else if (e == 'x' && hex_digit(p[1]) >= 0 && hex_digit(p[2]) >= 0) {
-                byte = (unsigned char)(16 * hex_digit(p[1]) + hex_digit(p[2]));
-                p += 2;
-            } else byte = (unsigned char)e;
-        }
-        out[n++] = byte;
+/* The bytes of --stop, with the escapes of a quoted config value (\n, \t,
+ * \r, \\, \xNN ...; docs/config.md §6), decoded strictly by the one
+ * decoder (ini_unescape): a malformed escape or an empty stop string, which
+ * would never match and so never stop, exits 2 before the model is loaded.
+ * Returns the count; *out is allocated. */
+static int parse_stop(const char *text, int32_t **out) {
+    char *bytes = strdup(text), why[160];
+    status st; /* status_fail shows the value's control bytes as \xNN */
+    if (ini_unescape(bytes, why, sizeof why) != 0) {
+        status_fail(&st, EXIT_USAGE, "--stop '%.60s': %s", text, why);
+        cmd_fail_all(st.code, "%s", st.message);
     }
+    int n = (int)strlen(bytes);
+    if (n == 0) cmd_fail_all(EXIT_USAGE, "--stop '': an empty stop string never matches; leave --stop out instead");
+    *out = sys_calloc((size_t)n, sizeof(int32_t));
+    for (int i = 0; i < n; i++) (*out)[i] = (unsigned char)bytes[i];
+    free(bytes);
     return n;
 }
 
@@ -112,7 +105,7 @@ static int print_text(const unsigned char *b, int n, bool final) {
             i += len;
         }
     }
-    fflush(stdout);
+    log_flush();
     return i;
 }
 
@@ -201,7 +194,7 @@ static void print_decoded(const char *ckpt, const model *m, const int32_t *promp
     status st;
     char now[17] = "";
     /* the model the checkpoint carries, else the file data.tokenizer names */
-    if (tokenizer_from_checkpoint(&t, ckpt, &st) == 0 && t.n_pieces == 0) tokenizer_open(&t, c->tokenizer, &st);
+    if (checkpoint_read_tokenizer(ckpt, &t, &st) == 0 && t.n_pieces == 0) tokenizer_open(&t, c->tokenizer, &st);
     if (t.n_pieces > 0) tokenizer_checksum_text(t.checksum, now);
     if (!now[0] || (c->tokenizer_checksum[0] && strcmp(now, c->tokenizer_checksum) != 0)) {
         printf("text: not decoded: %s\n", now[0] ? "data.tokenizer has changed since the run (checksum)" : st.message);
@@ -228,11 +221,11 @@ int command_generate(const char *ckpt, const command_generate_options *o) {
     model m;
     status err;
     char path[STORE_PATH_MAX];
+    int32_t *stop = NULL;
+    int n_stop = o->stop ? parse_stop(o->stop, &stop) : 0;
     command_load_run_checkpoint(ckpt, &m, path, sizeof path, NULL);
     int32_t *prompt;
     int n_prompt = read_prompt(o, &m, &prompt);
-    int32_t *stop = sys_calloc(strlen(o->stop ? o->stop : "") + 1, sizeof(int32_t));
-    int n_stop = o->stop ? parse_stop(o->stop, stop) : 0;
     long long total = (long long)n_prompt + o->n_tokens;
     int capacity = total < m.rope_positions ? (int)total : m.rope_positions; /* the window */
     int n_max = n_prompt < capacity ? n_prompt : capacity;

@@ -55,19 +55,32 @@ typedef struct {
 /* One step with its logging, eval and checkpoint; false once the run must
  * stop. *final_saved is whether the last state is on disk. */
 typedef struct {
-    long long first_step, interval_tokens;
+    long long first_step;
+    double interval_tokens; /* a double: 2^30 steps of 2^48 tokens would overflow an int64 */
     double start, interval_start;
     live_metrics *live;
     bool final_saved, diverged;
-    bool file_limit;                  /* a checkpoint crossed ulimit -f: the run stops */
+    bool save_stopped;                /* a checkpoint could not be written: the run stopped (on_save_failure) */
     eval_record last_eval, best_eval; /* best: of best.h5 with train.keep_best */
     char latest[STORE_PATH_MAX];      /* the last checkpoint written, "" while none is */
 } train_loop;
 
-/* Returns false when rank 0 could not write the checkpoint; on success
- * loop->latest names it. Weights that are not finite are never written:
- * they would prune the good checkpoints (docs/design.md §8.7, divergence
- * guard); every rank holds the same weights, so every rank decides alike. */
+/* What a failed checkpoint write leads to, for its message: the run stops
+ * (train.on_save_failure = stop, the default: steps whose state cannot be
+ * kept are not run) or goes on (continue). A stop-signal checkpoint ends
+ * the run either way. */
+static const char *after_failed_save(const trainer *t, int stop_cause) {
+    if (stop_cause) return "";
+    if (t->cfg.on_save_failure == SAVE_FAILURE_CONTINUE)
+        return "; training goes on without it (train.on_save_failure = continue)";
+    return "; stopping here, exit 3 (train.on_save_failure = continue would train on without checkpoints)";
+}
+
+/* Returns false when rank 0 could not write the checkpoint (the store has
+ * freed what train.keep allows and retried once); on success loop->latest
+ * names it. Weights that are not finite are never written: they would
+ * prune the good checkpoints (docs/design.md §8.7, divergence guard);
+ * every rank holds the same weights, so every rank decides alike. */
 static bool save_checkpoint(const trainer *t, train_loop *loop, int stop_cause) {
     status err;
     if (!trainer_weights_finite(t)) {
@@ -83,14 +96,11 @@ static bool save_checkpoint(const trainer *t, train_loop *loop, int stop_cause) 
     dist_watch_phase("checkpoint write", trainer_writers(t) != H5WRITER_ALONE);
     int rc = trainer_save(t, path, sizeof path, &err);
     dist_watch_phase(NULL, false);
-    if (dist_rank() != 0) return true;
+    if (dist_rank() != 0) return rc == 0;
     if (rc != 0) {
-        /* ulimit -f: every later checkpoint is at least as large, so the
-         * run stops here rather than train on without any (exit 1) */
-        loop->file_limit = loop->file_limit || signals_file_limit_reached();
-        fprintf(stderr, "momfmm: checkpoint at step %lld not written: %s%s\n", t->step, err.message,
-                signals_file_limit_reached() ? "; it crossed the file size limit: stopping, as every later one would"
-                                             : "");
+        fprintf(stderr, "momfmm: checkpoint at step %lld not written: %s%s%s\n", t->step, err.message,
+                signals_file_limit_reached() ? " (it crossed the file size limit, as every later one would)" : "",
+                after_failed_save(t, stop_cause));
         return false;
     }
     snprintf(loop->latest, sizeof loop->latest, "%s", path);
@@ -103,7 +113,8 @@ static bool save_checkpoint(const trainer *t, train_loop *loop, int stop_cause) 
                  writers == H5WRITER_COLLECTIVE ? ", collective" : "");
     printf("checkpoint %s | %.1f MB in %.2f s (%.0f MB/s)%s\n", path, mb, seconds, mb / (seconds > 0 ? seconds : 1e-9),
            together);
-    if (stop_cause) store_mark_stopped(t->cfg.out_dir, path, stop_cause);
+    if (stop_cause && store_mark_stopped(t->cfg.out_dir, path, stop_cause, &err) != 0)
+        fprintf(stderr, "momfmm: warning: %s\n", err.message);
     log_flush();
     return true;
 }
@@ -313,7 +324,15 @@ static bool stop_on_nonfinite(trainer *t, train_loop *loop, const train_step_res
                   r->loss, r->grad_norm, t->skipped_steps);
         return false;
     }
-    if (dist_rank() == 0)
+    /* what it could be caused by, said only where it is known: the first step
+     * of a run from step 0 has made no update yet, so its NaN is no divergence */
+    if (dist_rank() == 0 && t->step == 1)
+        fprintf(stderr,
+                "momfmm: step 1 is not finite (loss %g, grad_norm %g) before any update, so no training "
+                "diverged: the %s of the initial weights (the config's init, or the --init checkpoint's) on the "
+                "first batch overflows in float32; stopping without a checkpoint\n",
+                r->loss, r->grad_norm, isfinite(r->loss) ? "backward" : "forward");
+    else if (dist_rank() == 0)
         fprintf(stderr,
                 "momfmm: training diverged at step %lld (loss %g, grad_norm %g): stopping without a checkpoint of "
                 "this step; the checkpoints in %s are kept (train.on_nonfinite = skip skips such steps instead)\n",
@@ -336,7 +355,7 @@ static bool train_one_step(trainer *t, train_loop *loop, stop_writer *w) {
         write_stop_checkpoint(w, agreed_stop_cause());
         return false;
     }
-    loop->interval_tokens += (long long)cfg->batch_size * cfg->seq_len;
+    loop->interval_tokens += (double)cfg->batch_size * cfg->seq_len;
     bool logged = false;
     if (t->step % cfg->log_interval == 0 || t->step == cfg->steps) {
         double now = sys_seconds();
@@ -360,10 +379,12 @@ static bool train_one_step(trainer *t, train_loop *loop, stop_writer *w) {
     }
     bool periodic = cfg->ckpt_interval > 0 && t->step % cfg->ckpt_interval == 0;
     if (periodic || t->step == cfg->steps) {
-        bool saved = save_checkpoint(t, loop, 0);
+        /* rank 0 alone knows when it wrote alone: every rank stops together */
+        bool saved = !dist_any(!save_checkpoint(t, loop, 0));
         if (t->step == cfg->steps) loop->final_saved = saved;
+        loop->save_stopped = !saved && cfg->on_save_failure == SAVE_FAILURE_STOP;
     }
-    return !loop->file_limit;
+    return !loop->save_stopped;
 }
 
 /* docs/cli.md §5: the run's summary on rank 0. */
@@ -494,14 +515,15 @@ int command_train(const char *config_path, int n_overrides, char *const *overrid
         metric_values_from_row(&t.eval_log, t.eval_log.n_rows - 1, &loop.last_eval.metrics);
     }
     stop_writer_finish(&writer);
-    if (loop.file_limit) loop.final_saved = false; /* said where it failed */
+    if (loop.save_stopped) loop.final_saved = false; /* said where it failed */
     if (!cfg.keep_best) keep_lowest(&loop.best_eval, &t.eval_log);
     print_summary(&t, &loop, sys_seconds() - loop.start);
     live_metrics_close(loop.live);
     trainer_free(&t);
-    /* a scheduler reads exit 0 as "done": not so when the last state is lost */
+    /* a scheduler reads exit 0 as "done": not so when the last state is lost
+     * (docs/cli.md §5: a checkpoint that cannot be written is exit 3) */
     if (loop.diverged) return EXIT_DIVERGED;
-    if (!loop.final_saved && !loop.file_limit)
-        fprintf(stderr, "momfmm: the final checkpoint was not written: exiting with status 1\n");
-    return loop.final_saved ? 0 : 1;
+    if (!loop.final_saved && !loop.save_stopped && dist_rank() == 0)
+        fprintf(stderr, "momfmm: the final checkpoint was not written: exiting with status 3\n");
+    return loop.final_saved ? 0 : EXIT_BAD_FILE;
 }

@@ -19,12 +19,14 @@
 #include "config_table.h"
 
 #define OFF(f) offsetof(config, f), sizeof(((config *)0)->f)
-/* An open end: messages state only the other limit. Two limits guard the
- * arithmetic rather than taste (docs/config.md §6): n_classes >= 2, since
- * one class makes every cross-entropy 0 or worse; adam_eps >= 1e-30, since
- * AdamW divides by sqrt(v) + eps (in float), and a parameter whose gradient
- * has stayed 0 would otherwise get 0/0. */
+/* An open end: messages state only the other limit. Every numeric range
+ * is one that trains (docs/config.md §6; tests/test_ranges.c trains at
+ * every limit of this table), or a refusal that says why: the limits that
+ * guard the arithmetic rather than taste carry their reason in LIMIT_NOTES
+ * (below); n_classes >= 2, since one class makes every cross-entropy 0 or
+ * worse. */
 #define BIG 1e18
+#define STEPS_MAX 9007199254740992.0 /* 2^53 */
 const config_key CONFIG_KEYS[] = {
     {"model", "vocab_size", KEY_INT, OFF(vocab_size), "64", 2, 1 << 24, NULL, ROLE_MODEL},
     {"model", "d_model", KEY_INT, OFF(d_model), "64", 2, 1 << 16, NULL, ROLE_MODEL},
@@ -40,16 +42,16 @@ const config_key CONFIG_KEYS[] = {
     /* how softmax attention is computed, not what: the same model either way
      * (docs/model.md §1.3), so a run may resume with the other */
     {"attention", "impl", KEY_ENUM, OFF(attention_impl), "tiled", 0, 0, "tiled|dense", ROLE_SCHEDULE},
-    {"momentum", "gamma", KEY_DOUBLE, OFF(gamma), "0", -BIG, BIG, NULL, ROLE_MODEL},
+    {"momentum", "gamma", KEY_DOUBLE, OFF(gamma), "0", -100, 100, NULL, ROLE_MODEL},
     {"momentum", "learn_gamma", KEY_BOOL, OFF(learn_gamma), "false", 0, 1, NULL, ROLE_MODEL},
-    {"momentum", "beta", KEY_DOUBLE, OFF(beta), "0", -BIG, BIG, NULL, ROLE_MODEL},
-    {"momentum", "gamma2", KEY_DOUBLE, OFF(gamma2), "0", -BIG, BIG, NULL, ROLE_MODEL},
+    {"momentum", "beta", KEY_DOUBLE, OFF(beta), "0", -1, 1, NULL, ROLE_MODEL},
+    {"momentum", "gamma2", KEY_DOUBLE, OFF(gamma2), "0", -100, 100, NULL, ROLE_MODEL},
     {"momentum", "apply_to", KEY_ENUM, OFF(apply_to), "qk", 0, 0, "qk|q", ROLE_MODEL},
     {"momentum", "placement", KEY_ENUM, OFF(placement), "post_rope", 0, 0, "post_rope|pre_rope", ROLE_MODEL},
     {"momentum", "anchor", KEY_BOOL, OFF(anchor), "true", 0, 1, NULL, ROLE_MODEL},
     {"fmm", "bandwidth", KEY_INT, OFF(fmm_bandwidth), "5", 0, 1 << 24, NULL, ROLE_MODEL},
     {"fmm", "kernels", KEY_LIST, OFF(fmm_kernels), "elu", 0, 0, CONFIG_FMM_KERNELS, ROLE_MODEL},
-    {"fmm", "eps", KEY_DOUBLE, OFF(fmm_eps), "1e-6", 0, BIG, NULL, ROLE_MODEL},
+    {"fmm", "eps", KEY_DOUBLE, OFF(fmm_eps), "1e-6", 1e-30, BIG, NULL, ROLE_MODEL},
     {"fmm", "chunk", KEY_INT, OFF(fmm_chunk), "16", 1, 1 << 20, NULL, ROLE_SCHEDULE},
     {"data", "task", KEY_ENUM, OFF(task), "chain", 0, 0, "chain|copy|listops|text", ROLE_MODEL},
     {"data", "seq_len", KEY_INT, OFF(seq_len), "64", 1, 1 << 24, NULL, ROLE_MODEL},
@@ -86,10 +88,10 @@ const config_key CONFIG_KEYS[] = {
     {"data", "listops_max_len", KEY_INT, OFF(listops_max_len), "128", 1, 1 << 24, NULL, ROLE_MODEL},
     {"data", "listops_max_depth", KEY_INT, OFF(listops_max_depth), "10", 1, 64, NULL, ROLE_MODEL},
     {"data", "listops_max_args", KEY_INT, OFF(listops_max_args), "10", 2, 64, NULL, ROLE_MODEL},
-    {"train", "steps", KEY_INT64, OFF(steps), "1000", 0, BIG, NULL, ROLE_SCHEDULE},
+    {"train", "steps", KEY_INT64, OFF(steps), "1000", 0, STEPS_MAX, NULL, ROLE_SCHEDULE},
     {"train", "batch_size", KEY_INT, OFF(batch_size), "16", 1, 1 << 24, NULL, ROLE_MODEL},
-    {"train", "lr", KEY_DOUBLE, OFF(lr), "1e-3", 0, BIG, NULL, ROLE_SCHEDULE},
-    {"train", "min_lr", KEY_DOUBLE, OFF(min_lr), "0", 0, BIG, NULL, ROLE_SCHEDULE},
+    {"train", "lr", KEY_DOUBLE, OFF(lr), "1e-3", 0, 1, NULL, ROLE_SCHEDULE},
+    {"train", "min_lr", KEY_DOUBLE, OFF(min_lr), "0", 0, 1, NULL, ROLE_SCHEDULE},
     {"train", "warmup", KEY_INT, OFF(warmup), "0", 0, 1 << 30, NULL, ROLE_SCHEDULE},
     {"train", "schedule", KEY_ENUM, OFF(schedule), "cosine", 0, 0, "cosine|constant", ROLE_SCHEDULE},
     {"train", "weight_decay", KEY_DOUBLE, OFF(weight_decay), "0.01", 0, BIG, NULL, ROLE_SCHEDULE},
@@ -110,6 +112,8 @@ const config_key CONFIG_KEYS[] = {
     {"train", "keep_best", KEY_BOOL, OFF(keep_best), "false", 0, 1, NULL, ROLE_SCHEDULE},
     {"train", "out_dir", KEY_STRING, OFF(out_dir), "runs/default", 0, 0, NULL, ROLE_SCHEDULE},
     {"train", "on_nonfinite", KEY_ENUM, OFF(on_nonfinite), "stop", 0, 0, "stop|skip", ROLE_SCHEDULE},
+    /* docs/cli.md §5, full disk: steps whose state cannot be kept are not run unless asked */
+    {"train", "on_save_failure", KEY_ENUM, OFF(on_save_failure), "stop", 0, 0, "stop|continue", ROLE_SCHEDULE},
     {"train", "micro_batch", KEY_INT, OFF(micro_batch), "0", 0, 1 << 24, NULL, ROLE_SCHEDULE},
     /* docs/scale.md §7: how the products run, not what the model is, so a
      * run may resume in another precision (with a warning) */
@@ -130,6 +134,37 @@ const config_key CONFIG_KEYS[] = {
 #define N_KEYS (sizeof(CONFIG_KEYS) / sizeof(CONFIG_KEYS[0]))
 const size_t CONFIG_N_KEYS = N_KEYS;
 _Static_assert(N_KEYS <= CONFIG_MAX_KEYS, "CONFIG_MAX_KEYS bounds the key table");
+
+/* The limits that are not for taste (docs/config.md §6): open ones, and why
+ * each is where it is, appended to a range message so that a refusal says
+ * what the value would do. */
+typedef struct {
+    const char *section, *name;
+    bool exclusive; /* (min, max) rather than [min, max] */
+    const char *why;
+} limit_note;
+
+#define WHY_GAMMA "a shear of more than 100 times the velocity only drives the attention scores towards float overflow"
+#define WHY_EPS "0 would make 0/0 of a sum whose terms all underflow"
+static const limit_note LIMIT_NOTES[] = {
+    {"momentum", "beta", true,
+     "|beta| < 1: the velocity p_t = d_t + beta p_(t-1) grows as beta^t otherwise, and the first step's loss is NaN "
+     "at T = 512 for beta = 2"},
+    {"momentum", "gamma", false, WHY_GAMMA},
+    {"momentum", "gamma2", false, WHY_GAMMA},
+    {"fmm", "eps", false, WHY_EPS},
+    {"train", "adam_eps", false, WHY_EPS},
+    {"train", "lr", false,
+     "an AdamW step moves every weight by about lr: at 10 the loss runs into the thousands, at 1e6 to NaN"},
+    {"train", "steps", false, "steps are stored as doubles in the metric tables, exact up to 2^53"},
+};
+
+static const limit_note *note_of(const config_key *key) {
+    for (size_t i = 0; i < sizeof LIMIT_NOTES / sizeof LIMIT_NOTES[0]; i++)
+        if (!strcmp(LIMIT_NOTES[i].section, key->section) && !strcmp(LIMIT_NOTES[i].name, key->name))
+            return &LIMIT_NOTES[i];
+    return NULL;
+}
 
 static const config_key *find_key(const char *section, const char *name) {
     for (size_t i = 0; i < N_KEYS; i++)
@@ -205,6 +240,12 @@ static void bad_list_item(const char *choices, const char *value, char *out, siz
     snprintf(out, len, "%s", "");
 }
 
+/* Whether v lies outside the key's limits, closed or open. */
+static bool outside(const config_key *key, double v) {
+    const limit_note *note = note_of(key);
+    return v < key->min || v > key->max || (note && note->exclusive && (v == key->min || v == key->max));
+}
+
 /* Stores `value` into the field of `key`. */
 static set_result set_value(config *c, const config_key *key, const char *value) {
     char *field = (char *)c + key->offset;
@@ -215,7 +256,7 @@ static set_result set_value(config *c, const config_key *key, const char *value)
     case KEY_INT64: {
         long long v = strtoll(value, &end, 10);
         if (end == value || *end) return SET_SYNTAX;
-        if (errno == ERANGE || (double)v < key->min || (double)v > key->max) return SET_RANGE;
+        if (errno == ERANGE || outside(key, (double)v)) return SET_RANGE;
         if (key->type == KEY_INT) *(int *)field = (int)v;
         else *(long long *)field = v;
         return SET_OK;
@@ -226,7 +267,7 @@ static set_result set_value(config *c, const config_key *key, const char *value)
         /* 1e400 or 1e-400: a number, but not one a double holds */
         if (errno == ERANGE && (isinf(v) || v == 0)) return SET_HUGE;
         if (!isfinite(v)) return SET_SYNTAX;
-        if (v < key->min || v > key->max) return SET_RANGE;
+        if (outside(key, v)) return SET_RANGE;
         *(double *)field = v;
         return SET_OK;
     }
@@ -267,6 +308,20 @@ int config_check_defaults(status *st) {
     return 0;
 }
 
+bool config_numeric_key_at(size_t i, config_numeric_key *out) {
+    for (size_t k = 0, seen = 0; k < N_KEYS; k++) {
+        const config_key *key = &CONFIG_KEYS[k];
+        if (key->type != KEY_INT && key->type != KEY_INT64 && key->type != KEY_DOUBLE) continue;
+        if (seen++ != i) continue;
+        const limit_note *note = note_of(key);
+        *out = (config_numeric_key){
+            .min = key->min, .max = key->max, .integer = key->type != KEY_DOUBLE, .exclusive = note && note->exclusive};
+        snprintf(out->name, sizeof out->name, "%s.%s", key->section, key->name);
+        return true;
+    }
+    return false;
+}
+
 /* The value as typed for a message: control bytes as \xNN (a file's bytes
  * stay out of the terminal), cut with "..." after about 57 characters. */
 const char *config_shown(const char *value, char *buf, size_t len) {
@@ -280,15 +335,20 @@ const char *config_shown(const char *value, char *buf, size_t len) {
     return buf;
 }
 
-/* "must be >= 0", "must be in [1, 4096]": limits at +-BIG are open ends. */
+/* "must be >= 0", "must be in [1, 4096]", "must be in (-1, 1) (why)":
+ * limits at +-BIG are open ends. */
 static void describe_range(const config_key *key, char *out, size_t len) {
     char lo[32], hi[32];
     config_format_double(key->min, lo, sizeof lo);
     config_format_double(key->max, hi, sizeof hi);
-    if (key->max >= BIG && key->min <= -BIG) snprintf(out, len, "must be finite");
-    else if (key->max >= BIG) snprintf(out, len, "must be >= %s", lo);
-    else if (key->min <= -BIG) snprintf(out, len, "must be <= %s", hi);
-    else snprintf(out, len, "must be in [%s, %s]", lo, hi);
+    const limit_note *note = note_of(key);
+    int n;
+    if (key->max >= BIG && key->min <= -BIG) n = snprintf(out, len, "must be finite");
+    else if (key->max >= BIG) n = snprintf(out, len, "must be >= %s", lo);
+    else if (key->min <= -BIG) n = snprintf(out, len, "must be <= %s", hi);
+    else if (note && note->exclusive) n = snprintf(out, len, "must be in (%s, %s)", lo, hi);
+    else n = snprintf(out, len, "must be in [%s, %s]", lo, hi);
+    if (note && n >= 0 && (size_t)n < len) snprintf(out + n, len - (size_t)n, ": %s", note->why);
 }
 
 /* Why `value` does not fit `key`, as "section.key = value ..." text. */

@@ -16,6 +16,8 @@ typedef enum { APPLY_QK = 0, APPLY_Q = 1 } config_momentum_target;
 typedef enum { PLACEMENT_POST_ROPE = 0, PLACEMENT_PRE_ROPE = 1 } config_momentum_placement;
 typedef enum { SCHEDULE_COSINE = 0, SCHEDULE_CONSTANT = 1 } config_schedule;
 typedef enum { NONFINITE_STOP = 0, NONFINITE_SKIP = 1 } config_nonfinite_policy;
+/* train.on_save_failure (docs/cli.md §5): a checkpoint that cannot be written ends the run, or not */
+typedef enum { SAVE_FAILURE_STOP = 0, SAVE_FAILURE_CONTINUE = 1 } config_save_failure_policy;
 /* train.precision and train.gemm (docs/scale.md §7) */
 typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1 } config_precision;
 typedef enum { GEMM_IMPL_OPENBLAS = 0, GEMM_IMPL_ONEDNN = 1, GEMM_IMPL_AUTO = 2 } config_gemm;
@@ -88,10 +90,11 @@ typedef struct {
     int schedule; /* config_schedule */
     long long seed;
     char out_dir[CONFIG_PATH_MAX];
-    int on_nonfinite; /* config_nonfinite_policy */
-    int precision;    /* config_precision */
-    int gemm;         /* config_gemm */
-    int recompute;    /* config_recompute */
+    int on_nonfinite;    /* config_nonfinite_policy */
+    int on_save_failure; /* config_save_failure_policy */
+    int precision;       /* config_precision */
+    int gemm;            /* config_gemm */
+    int recompute;       /* config_recompute */
     /* [dist] */
     double bucket_mb;
     bool overlap;
@@ -109,6 +112,15 @@ void config_defaults(config *c);
 /* Code 1 naming the key when a compiled-in default does not parse (a bug,
  * caught by the unit test). */
 int config_check_defaults(status *st);
+/* The limits of the i-th numeric key of the table (docs/config.md §6), for
+ * the test that trains at every one of them (tests/test_ranges.c): false
+ * past the last. `exclusive`: the range is (min, max). */
+typedef struct {
+    char name[64]; /* "section.key" */
+    double min, max;
+    bool integer, exclusive;
+} config_numeric_key;
+bool config_numeric_key_at(size_t i, config_numeric_key *out);
 
 /* Reads an INI file over the defaults. On an unknown section or key (with a
  * "did you mean" when one is close), a key or section set twice (naming both

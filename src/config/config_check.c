@@ -107,6 +107,12 @@ int config_check(const config *c, const char *origin, status *st) {
     if (c->task == TASK_LISTOPS && !c->data_path[0] && c->listops_min_len > c->seq_len)
         REJECT("%s: data.listops_min_len = %d exceeds data.seq_len = %d", origin, c->listops_min_len, c->seq_len);
     if (c->min_lr > c->lr) REJECT("%s: train.min_lr = %g exceeds train.lr = %g", origin, c->min_lr, c->lr);
+    /* AdamW's decoupled decay p -= lr * wd * p (docs/model.md §1.4): at lr * wd >= 1 the factor 1 - lr * wd is
+     * zero or negative, flipping the weights every step, and past 2 they grow without bound */
+    if (c->lr * c->weight_decay >= 1)
+        REJECT("%s: train.lr x train.weight_decay = %g x %g = %g: must be below 1, else the decoupled decay "
+               "p -= lr*wd*p flips the weights' sign every step (and past 2 grows them without bound)",
+               origin, c->lr, c->weight_decay, c->lr * c->weight_decay);
     if (check_context(c, origin, st) != 0) return st->code;
     status_clear(st);
     return 0;

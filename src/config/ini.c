@@ -123,10 +123,9 @@ static int hex_digit(char c) {
                                   : -1;
 }
 
-int ini_unquote(char *value, char *why, size_t len) {
-    if (value[0] != '"') return 0;
-    char *in = value + 1, *out = value;
-    for (; *in && *in != '"'; in++) {
+int ini_unescape(char *text, char *why, size_t len) {
+    char *in = text, *out = text;
+    for (; *in; in++) {
         if (*in != '\\') {
             *out++ = *in;
             continue;
@@ -154,7 +153,7 @@ int ini_unquote(char *value, char *why, size_t len) {
             *out++ = (char)(hi * 16 + lo);
             in += 2;
             break;
-        case '\0': snprintf(why, len, "no closing quote"); return -1;
+        case '\0': snprintf(why, len, "a backslash at the end escapes nothing"); return -1;
         default:
             if ((unsigned char)e < 0x20 || (unsigned char)e >= 0x7f)
                 snprintf(why, len, "unknown escape: a backslash before byte \\x%02x", (unsigned char)e);
@@ -162,18 +161,27 @@ int ini_unquote(char *value, char *why, size_t len) {
             return -1;
         }
     }
-    if (*in != '"') {
+    *out = '\0';
+    return 0;
+}
+
+int ini_unquote(char *value, char *why, size_t len) {
+    if (value[0] != '"') return 0;
+    char *close = value + 1;
+    for (; *close && *close != '"'; close++)
+        if (*close == '\\' && close[1]) close++;
+    if (*close != '"') {
         snprintf(why, len, "no closing quote");
         return -1;
     }
-    in++;
-    in += strspn(in, " \t");
-    if (*in) {
+    const char *rest = close + 1 + strspn(close + 1, " \t");
+    if (*rest) {
         snprintf(why, len, "text after the closing quote");
         return -1;
     }
-    *out = '\0';
-    return 0;
+    *close = '\0';
+    memmove(value, value + 1, (size_t)(close - value)); /* the text between the quotes, its NUL included */
+    return ini_unescape(value, why, len);
 }
 
 /* Lines of any length: each is copied whole into a buffer that grows to
@@ -200,17 +208,15 @@ int ini_parse(const char *text, const ini_handlers *h) {
 }
 
 char *ini_read_file(const char *path, status *st) {
-    if (access(path, R_OK) != 0) {
+    /* never a FIFO (would block) or a directory (would read as empty): docs/files.md §4 */
+    int fd = sys_open_file(path, SYS_READ, "config", st);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!f && fd >= 0) {
         status_fail(st, EXIT_USAGE, "%s: cannot open config: %s", path, strerror(errno));
-        return NULL;
+        close(fd);
     }
-    if (!sys_is_regular_file(path)) {
-        status_fail(st, EXIT_USAGE, "%s: cannot open config: not a regular file", path);
-        return NULL;
-    }
-    FILE *f = fopen(path, "rb");
     if (!f) {
-        status_fail(st, EXIT_USAGE, "%s: cannot open config: %s", path, strerror(errno));
+        st->code = EXIT_USAGE; /* a config that cannot be read is a config error (docs/cli.md §5) */
         return NULL;
     }
     size_t cap = 4096, len = 0;

@@ -30,6 +30,11 @@ int ini_parse(const char *text, const ini_handlers *h);
  * ini_unquote decodes `value` in place (unchanged when not quoted): 0, or -1
  * with the reason in why. */
 int ini_unquote(char *value, char *why, size_t len);
+/* The escapes above decoded in place in `text` (no quotes around it), the
+ * one decoder of them: config values and generate --stop (docs/cli.md §5).
+ * 0, or -1 with the reason in why (an unknown escape, \x without two hex
+ * digits, \x00, a backslash at the end). */
+int ini_unescape(char *text, char *why, size_t len);
 /* `value` as config_ini writes it: verbatim, or quoted with the escapes
  * above (valid UTF-8 kept, other bytes as \xNN); caller frees. */
 char *ini_quote(const char *value);

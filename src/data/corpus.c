@@ -28,41 +28,24 @@ static long max_map_count(void) {
     return limit;
 }
 
-static const char *kind_of(mode_t mode) {
-    return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISSOCK(mode) ? "a socket" : "a device";
-}
-
-/* status_fail for open_regular, whose failures return -1 (not a descriptor). */
-static int refuse(status *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int refuse(status *st, const char *fmt, ...) {
-    char message[sizeof st->message];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(message, sizeof message, fmt, args);
-    va_end(args);
-    status_fail(st, EXIT_BAD_FILE, "%s", message);
-    return -1;
-}
-
-/* A regular, non-empty file opened for reading: its descriptor, or -1 with
- * a status. stat first, so that a device is never opened; O_NONBLOCK, so
- * that a FIFO swapped in between cannot block the open; fstat to be sure. */
+/* A regular, non-empty file opened for reading (sys_open_file: never a
+ * FIFO or a device, docs/files.md §4): its descriptor, or -1 with a status
+ * naming the key. */
 static int open_regular(const char *key, const char *path, long long *size, status *st) {
+    int fd = sys_open_file(path, SYS_READ, NULL, st);
     struct stat s;
-    if (stat(path, &s) != 0) return refuse(st, "%s = %s: cannot open: %s", key, path, strerror(errno));
-    if (!S_ISREG(s.st_mode)) return refuse(st, "%s = %s: not a regular file but %s", key, path, kind_of(s.st_mode));
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return refuse(st, "%s = %s: cannot open: %s", key, path, strerror(errno));
-    if (fstat(fd, &s) != 0 || !S_ISREG(s.st_mode)) {
-        close(fd);
-        return refuse(st, "%s = %s: not a regular file", key, path);
+    if (fd >= 0 && fstat(fd, &s) == 0 && s.st_size > 0) {
+        *size = (long long)s.st_size;
+        return fd;
     }
-    if (s.st_size == 0) {
+    if (fd >= 0) {
         close(fd);
-        return refuse(st, "%s = %s: the file is empty", key, path);
+        status_fail(st, EXIT_BAD_FILE, "%s: the file is empty", path);
     }
-    *size = (long long)s.st_size;
-    return fd;
+    char why[sizeof st->message];
+    snprintf(why, sizeof why, "%s", st->message);
+    status_fail(st, EXIT_BAD_FILE, "%s = %s", key, why);
+    return -1;
 }
 
 /* PROT_READ + MAP_SHARED: every rank on a node reads the same page-cache

@@ -1,20 +1,26 @@
 /* sentencepiece models of docs/tasks.md §2 (tokenizer); see tokenizer.h. The
  * model file is a protobuf ModelProto: field 1 (repeated) is a SentencePiece
  * message with field 1 the piece (string) and field 3 its type (varint:
- * 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte). */
+ * 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte); field
+ * 2 the TrainerSpec, whose field 4 is vocab_size; field 3 the
+ * NormalizerSpec. sentencepiece writes them in that order, so a file cut
+ * anywhere either cuts a field (its length runs past the end) or loses the
+ * specs: a model is taken only whole. */
 #include "data/tokenizer.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/sys.h"
-#include "hdf5/h5reader.h"
 #include "parallel/dist.h"
 
 enum { PIECE_NORMAL = 1, PIECE_USER_DEFINED = 4, PIECE_BYTE = 6 };
 #define MAX_MODEL_BYTES (64L << 20)
+#define CONFIG_ORIGIN_MAX 1100 /* "data.tokenizer = " and a path */
 
 typedef struct {
     const unsigned char *at, *end;
@@ -81,7 +87,7 @@ static int add_piece(tokenizer *t, reader *msg) {
             skip(msg, (int)(key & 7));
         }
     }
-    if (msg->bad || !piece) return -1;
+    if (msg->bad || !piece || type < 1 || type > PIECE_BYTE) return -1;
     unsigned char *text = sys_calloc(piece_len + 1, 1);
     int len = decode_piece(piece, piece_len, type, text);
     if (len < 0) {
@@ -95,44 +101,74 @@ static int add_piece(tokenizer *t, reader *msg) {
     return 0;
 }
 
-static int parse(tokenizer *t, const unsigned char *bytes, size_t n) {
-    reader r = {bytes, bytes + n, 0};
-    while (r.at < r.end && !r.bad) {
-        uint64_t key = varint(&r);
-        if (key != (1 << 3 | 2)) {
-            skip(&r, (int)(key & 7));
-            continue;
-        }
-        uint64_t len = varint(&r);
-        if (r.bad || len > (uint64_t)(r.end - r.at)) return -1;
-        reader msg = {r.at, r.at + len, 0};
-        if (add_piece(t, &msg) != 0) return -1;
-        r.at += len;
+/* TrainerSpec's vocab_size (field 4), or 0 when absent; -1 when the message is bad. */
+static long long trainer_vocab_size(reader msg) {
+    long long vocab = 0;
+    while (msg.at < msg.end && !msg.bad) {
+        uint64_t key = varint(&msg);
+        if (key == (4 << 3 | 0)) vocab = (long long)varint(&msg);
+        else skip(&msg, (int)(key & 7));
     }
-    return r.bad || t->n_pieces == 0 ? -1 : 0;
+    return msg.bad ? -1 : vocab;
+}
+
+/* The whole ModelProto: 0, or -1 with why it is not a model in `why`. */
+static int parse(tokenizer *t, const unsigned char *bytes, size_t n, char *why, size_t len) {
+    reader r = {bytes, bytes + n, 0};
+    long long vocab = -2; /* -2: no TrainerSpec */
+    bool normalizer = false;
+    const char *bad = NULL;
+    while (r.at < r.end && !r.bad && !bad) {
+        uint64_t key = varint(&r);
+        int field = (int)(key >> 3), wire = (int)(key & 7);
+        uint64_t size = !r.bad && field > 0 && wire == 2 && field <= 3 ? varint(&r) : 0;
+        if (r.bad || field == 0) bad = "a malformed field (not a protobuf message)";
+        else if (wire != 2 || field > 3) skip(&r, wire);
+        else if (size > (uint64_t)(r.end - r.at)) bad = "a field runs past the end of the file (truncated?)";
+        else {
+            reader msg = {r.at, r.at + size, 0};
+            if (field == 1 && add_piece(t, &msg) != 0) bad = "a malformed piece";
+            if (field == 2 && (vocab = trainer_vocab_size(msg)) < 0) bad = "a malformed trainer_spec";
+            normalizer |= field == 3;
+            r.at += size;
+        }
+    }
+    if (!bad && r.bad) bad = "a field runs past the end of the file (truncated?)";
+    if (!bad && t->n_pieces == 0) bad = "no pieces";
+    if (!bad && (vocab == -2 || !normalizer)) bad = "no trainer_spec or normalizer_spec after the pieces (truncated?)";
+    if (bad) snprintf(why, len, "%s", bad);
+    else if (vocab > 0 && vocab != t->n_pieces)
+        snprintf(why, len, "%d pieces, but its trainer_spec says vocab_size = %lld (truncated?)", t->n_pieces, vocab);
+    else return 0;
+    return -1;
+}
+
+int tokenizer_from_bytes(tokenizer *t, unsigned char *bytes, size_t n, const char *origin, status *st) {
+    memset(t, 0, sizeof *t);
+    t->model = bytes;
+    t->model_size = n;
+    t->checksum = dist_checksum(bytes, n);
+    char why[128];
+    snprintf(why, sizeof why, "%s", n == 0 ? "empty" : "above 64 MiB");
+    if (n > 0 && n < MAX_MODEL_BYTES && parse(t, bytes, n, why, sizeof why) == 0) return 0;
+    tokenizer_free(t);
+    return status_fail(st, EXIT_BAD_FILE, "%s: not a sentencepiece model (momfmm-tokenize train): %s", origin, why);
 }
 
 int tokenizer_open(tokenizer *t, const char *path, status *st) {
     memset(t, 0, sizeof *t);
     status_clear(st);
+    int fd = sys_open_file(path, SYS_READ, "data.tokenizer", st);
+    if (fd < 0) return st->code;
     struct stat s;
-    FILE *f = sys_is_regular_file(path) && stat(path, &s) == 0 ? fopen(path, "rb") : NULL;
-    if (!f)
-        return status_fail(st, EXIT_BAD_FILE, "data.tokenizer = %s: cannot open (not a readable regular file)", path);
-    size_t size = s.st_size > 0 && s.st_size < MAX_MODEL_BYTES ? (size_t)s.st_size : 0;
+    size_t size = fstat(fd, &s) == 0 && s.st_size > 0 && s.st_size < MAX_MODEL_BYTES ? (size_t)s.st_size : 0;
     unsigned char *bytes = sys_calloc(size + 1, 1);
-    size_t n = fread(bytes, 1, size, f);
-    fclose(f);
-    int rc = n == 0 || n != size ? -1 : parse(t, bytes, n);
-    t->checksum = dist_checksum(bytes, n);
-    t->model = bytes;
-    t->model_size = n;
-    if (rc != 0) {
-        tokenizer_free(t);
-        return status_fail(st, EXIT_BAD_FILE, "data.tokenizer = %s: not a sentencepiece model (momfmm-tokenize train)",
-                           path);
-    }
-    return 0;
+    size_t n = 0;
+    for (ssize_t got = 1; n < size && got > 0; n += got > 0 ? (size_t)got : 0) got = read(fd, bytes + n, size - n);
+    close(fd);
+    char origin[CONFIG_ORIGIN_MAX];
+    snprintf(origin, sizeof origin, "data.tokenizer = %s", path);
+    return tokenizer_from_bytes(t, bytes, n == size ? n : 0, origin, st);
 }
 
 void tokenizer_free(tokenizer *t) {
@@ -141,38 +177,6 @@ void tokenizer_free(tokenizer *t) {
     free(t->length);
     free(t->model);
     memset(t, 0, sizeof *t);
-}
-
-/* The reader's body: /tokenizer, 1-D unsigned bytes, below the model limit. */
-static void checkpoint_body(h5reader *r, void *ctx) {
-    tokenizer *t = ctx;
-    if (!h5reader_exists(r, "/tokenizer")) return;
-    int ndim;
-    hsize_t dims[H5S_MAX_RANK];
-    hid_t dset = h5reader_open_dataset(r, "/tokenizer", &ndim, dims);
-    h5reader_require_integer(r, "/tokenizer", dset);
-    H5Dclose(dset);
-    if (ndim != 1 || dims[0] == 0 || dims[0] >= MAX_MODEL_BYTES)
-        h5reader_fail(r, "/tokenizer must hold the bytes of a sentencepiece model (1-D, below %ld MiB)",
-                      MAX_MODEL_BYTES >> 20);
-    t->model_size = (size_t)dims[0];
-    t->model = sys_calloc(t->model_size, 1);
-    h5reader_read_checked(r, "/tokenizer", H5T_NATIVE_UCHAR, 1, dims, t->model);
-}
-
-int tokenizer_from_checkpoint(tokenizer *t, const char *path, status *st) {
-    memset(t, 0, sizeof *t);
-    if (h5reader_run(path, "checkpoint", checkpoint_body, t, st) != 0 || !t->model) {
-        free(t->model);
-        memset(t, 0, sizeof *t);
-        return st->code;
-    }
-    t->checksum = dist_checksum(t->model, t->model_size);
-    if (parse(t, t->model, t->model_size) != 0) {
-        tokenizer_free(t);
-        return status_fail(st, EXIT_BAD_FILE, "%s: /tokenizer is not a sentencepiece model", path);
-    }
-    return 0;
 }
 
 void tokenizer_checksum_text(uint64_t checksum, char out[17]) {

@@ -20,14 +20,17 @@ typedef struct {
 } tokenizer;
 
 /* Reads the model file at `path` (ModelProto: pieces with their type; "▁"
- * decodes to a space, "<0xNN>" byte pieces to the byte). 0, or EXIT_BAD_FILE
- * and a status naming data.tokenizer and the file. */
+ * decodes to a space, "<0xNN>" byte pieces to the byte), whole: a file cut
+ * short or damaged anywhere is refused (tokenizer_from_bytes). 0, or
+ * EXIT_BAD_FILE and a status naming data.tokenizer and the file. */
 int tokenizer_open(tokenizer *t, const char *path, status *st);
+/* The model in `bytes` (n of them, allocated with malloc; t owns them, also
+ * after a failure, when they are freed), parsed to the end: every field
+ * well formed, the pieces, then TrainerSpec and NormalizerSpec, and as many
+ * pieces as TrainerSpec's vocab_size. 0, or EXIT_BAD_FILE and a status
+ * "<origin>: not a sentencepiece model ...: <why>". */
+int tokenizer_from_bytes(tokenizer *t, unsigned char *bytes, size_t n, const char *origin, status *st);
 void tokenizer_free(tokenizer *t);
-/* The model a checkpoint carries as its /tokenizer dataset (docs/files.md §4),
- * so that the checkpoint alone can print text. 0 with t->n_pieces = 0 when it
- * carries none; EXIT_BAD_FILE and a status when it is not a model. */
-int tokenizer_from_checkpoint(tokenizer *t, const char *path, status *st);
 
 /* data.tokenizer_checksum's text of a checksum: 16 hex digits. */
 void tokenizer_checksum_text(uint64_t checksum, char out[17]);

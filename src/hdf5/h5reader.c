@@ -36,7 +36,8 @@ static herr_t refuse_external_link(const char *parent_file, const char *parent_g
 }
 
 bool h5reader_is_locked(const char *path) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    status ignored;
+    int fd = sys_open_file(path, SYS_READ, NULL, &ignored);
     if (fd < 0) return false;
     /* HDF5 1.10 locks with flock: a writer holds LOCK_EX, readers LOCK_SH */
     bool locked = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
@@ -46,17 +47,25 @@ bool h5reader_is_locked(const char *path) {
 
 static void reader_open(h5reader *r, const char *what) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* failures come back as messages, not HDF5 error stacks */
-    if (access(r->path, R_OK) != 0) h5reader_fail(r, "cannot open %s: %s", what, strerror(errno));
-    /* a FIFO or a device would block the open or read forever (docs/files.md §4) */
-    if (!sys_is_regular_file(r->path)) h5reader_fail(r, "cannot open %s: not a regular file", what);
-    if (H5Fis_hdf5(r->path) <= 0) h5reader_fail(r, "not an HDF5 file (empty, truncated or corrupt)");
+    /* a FIFO or a device would block the open or read forever (docs/files.md §4):
+     * HDF5 opens the file checked here, by its /proc name when there is one */
+    status opened;
+    int fd = sys_open_file(r->path, SYS_READ, what, &opened);
+    const char *why = strstr(opened.message, ": cannot "); /* after the path, which h5reader_fail adds */
+    if (fd < 0) h5reader_fail(r, "%s", why ? why + 2 : opened.message);
+    char by_descriptor[64];
+    const char *name = sys_descriptor_path(fd, by_descriptor, sizeof by_descriptor);
+    if (!name) name = r->path;
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
     H5Pset_elink_cb(fapl, refuse_external_link, NULL);
-    r->file = H5Fopen(r->path, r->open_flags, fapl);
+    bool hdf5 = H5Fis_hdf5(name) > 0;
+    if (hdf5) r->file = H5Fopen(name, r->open_flags, fapl);
     /* a file in the old format (no SWMR) opens without the flag */
-    if (r->file < 0 && (r->open_flags & H5F_ACC_SWMR_READ)) r->file = H5Fopen(r->path, H5F_ACC_RDONLY, fapl);
+    if (hdf5 && r->file < 0 && (r->open_flags & H5F_ACC_SWMR_READ)) r->file = H5Fopen(name, H5F_ACC_RDONLY, fapl);
     H5Pclose(fapl);
+    close(fd); /* HDF5 holds its own descriptor of the file */
+    if (!hdf5) h5reader_fail(r, "not an HDF5 file (empty, truncated or corrupt)");
     if (r->file < 0 && h5reader_is_locked(r->path))
         h5reader_fail(r,
                       "cannot open %s: locked by another process that has it open for writing (HDF5 file locking); "
@@ -96,6 +105,41 @@ bool h5reader_exists(h5reader *r, const char *name) {
         if (!saved) return true;
         *p = saved;
     }
+}
+
+typedef struct {
+    h5reader_name_filter allowed;
+    void *ctx;
+    char first[512]; /* the first name refused, "" while none is */
+    H5L_type_t type;
+} name_walk;
+
+/* H5Lvisit's callback: may not jump (HDF5 is inside its iteration), so it
+ * records the first refused name and stops the walk. */
+static herr_t visit_name(hid_t group, const char *name, const H5L_info_t *info, void *ctx) {
+    (void)group;
+    name_walk *w = ctx;
+    if (info->type == H5L_TYPE_HARD && w->allowed(name, w->ctx)) return 0;
+    snprintf(w->first, sizeof w->first, "%s", name);
+    w->type = info->type;
+    return 1;
+}
+
+void h5reader_only_names(h5reader *r, const char *group, h5reader_name_filter allowed, void *ctx, const char *what) {
+    if (!h5reader_exists(r, group)) return;
+    hid_t g = H5Gopen2(r->file, group, H5P_DEFAULT);
+    if (g < 0) h5reader_fail(r, "%s is not a group", group);
+    /* hard links to groups are followed, once each; soft and external links are reported, never followed */
+    name_walk w = {.allowed = allowed, .ctx = ctx};
+    herr_t walked = H5Lvisit(g, H5_INDEX_NAME, H5_ITER_INC, visit_name, &w);
+    H5Gclose(g);
+    if (w.first[0] && w.type != H5L_TYPE_HARD)
+        h5reader_fail(r, "%s/%s is %s link: links are refused", group, w.first,
+                      w.type == H5L_TYPE_EXTERNAL ? "an external"
+                      : w.type == H5L_TYPE_SOFT   ? "a soft"
+                                                  : "a user-defined");
+    if (w.first[0]) h5reader_fail(r, "%s/%s is not %s: the tensors and config_ini disagree", group, w.first, what);
+    if (walked < 0) h5reader_fail(r, "cannot list %s (corrupt?)", group);
 }
 
 /* Root attribute `name`, which must exist and hold one value (a scalar

@@ -29,6 +29,12 @@ _Noreturn void h5reader_fail(h5reader *r, const char *fmt, ...) __attribute__((f
 /* Whether the object `name` ("/a/b") exists, every link on the way a hard
  * link: a soft, external or user-defined link fails (docs/files.md §4). */
 bool h5reader_exists(h5reader *r, const char *name);
+/* Fails naming the first object below `group` (any depth, e.g.
+ * "blocks/2/ln1/weight") whose name relative to it `allowed` refuses, or
+ * that a link other than a hard one reaches; `what` completes "... is not
+ * <what>" in the message. Nothing when the group is absent. */
+typedef bool (*h5reader_name_filter)(const char *name, void *ctx);
+void h5reader_only_names(h5reader *r, const char *group, h5reader_name_filter allowed, void *ctx, const char *what);
 /* Whether another process holds an HDF5 write lock on `path` (an flock). */
 bool h5reader_is_locked(const char *path);
 /* A string attribute, variable- or fixed-length (at most 64 MiB); caller frees. */

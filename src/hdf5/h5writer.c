@@ -94,20 +94,55 @@ herr_t h5util_write_string_attr(hid_t obj, const char *name, const char *value) 
     return status;
 }
 
-/* fsyncs the written file, renames it over the target, fsyncs the
- * directory: after a crash, `path` holds the old file or the new one. */
-static int publish(const char *tmp, const char *path, status *err) {
-    int fd = open(tmp, O_RDONLY);
-    if (fd < 0 || fsync(fd) != 0) {
-        status_fail(err, EXIT_BAD_FILE, "%s: fsync failed: %s", tmp, strerror(errno));
-        if (fd >= 0) close(fd);
-        return -1;
+hid_t h5writer_create_checked(const char *path, sys_open_how how, hid_t fapl, int *fd, status *err) {
+    int opened = sys_open_file(path, how, NULL, err);
+    if (opened < 0) return -1;
+    char by_descriptor[64];
+    const char *name = sys_descriptor_path(opened, by_descriptor, sizeof by_descriptor);
+    hid_t file = H5Fcreate(name ? name : path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    int cause = errno;
+    /* without /proc HDF5 opened the path: it must still be the file checked */
+    if (file >= 0 && !name && !sys_same_file(opened, path)) {
+        H5Fclose(file);
+        file = -1;
+        status_fail(err, EXIT_BAD_FILE, "%s: replaced by another file while it was being created: refused", path);
+    } else if (file < 0) {
+        status_fail(err, EXIT_BAD_FILE, "%s: cannot create (%s)", path, strerror(cause));
     }
-    close(fd);
+    /* a new file that HDF5 could not create (a full disk) is not left behind */
+    if (file < 0 && how == SYS_CREATE && sys_same_file(opened, path)) unlink(path);
+    if (file >= 0 && fd) *fd = opened;
+    else close(opened);
+    return file;
+}
+
+/* The leader's temporary after a failure: emptied through its own
+ * descriptor first, because the HDF5 handle of a failed write is abandoned
+ * open (below) and would keep the unlinked file's blocks allocated until
+ * the process exits: a full disk stays full, and the retry after freeing
+ * older checkpoints (store.c) would fail again. Removed only while the name
+ * is still the file created. */
+static void discard_temporary(const h5writer *w, const char *tmp) {
+    if (!w->leader || w->fd < 0) return;
+    bool emptied = ftruncate(w->fd, 0) == 0; /* best effort: nothing else frees the blocks */
+    (void)emptied;
+    if (sys_same_file(w->fd, tmp)) unlink(tmp);
+}
+
+/* fsyncs the written file (the descriptor the leader created it with),
+ * renames it over the target, fsyncs the directory: after a crash, `path`
+ * holds the old file or the new one. The temporary must still be the file
+ * created, and the target absent or a regular file: a symbolic link there
+ * is the user's pointer elsewhere, not a file to replace (docs/files.md §4). */
+static int publish(const h5writer *w, const char *tmp, const char *path, status *err) {
+    if (fsync(w->fd) != 0) return status_fail(err, EXIT_BAD_FILE, "%s: fsync failed: %s", tmp, strerror(errno));
+    if (!sys_same_file(w->fd, tmp))
+        return status_fail(err, EXIT_BAD_FILE, "%s: replaced by another file during the write: not published", tmp);
+    if (sys_check_replaceable(path, err) != 0) return -1;
     if (rename(tmp, path) != 0)
         return status_fail(err, EXIT_BAD_FILE, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
     char *copy = strdup(path);
-    int dir = open(dirname(copy), O_RDONLY | O_DIRECTORY);
+    int dir = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     free(copy);
     if (dir >= 0) {
         fsync(dir);
@@ -116,22 +151,48 @@ static int publish(const char *tmp, const char *path, status *err) {
     return 0;
 }
 
-/* Together: the file through MPI-IO on every rank. Metadata operations
- * are collective; data transfers independent by default: a rank's part of a
- * tensor is one contiguous byte range of the file, which leaves collective
- * buffering nothing to merge on one node, and its extra exchange made
- * checkpoints slower here (docs/scale.md §7: 1.8 s vs 1.4 s for 303 MB at
- * np = 4); a parallel file system may favour the collective mode
- * (dist.collective_io). */
-static hid_t create_file(h5writer *w, h5writer_mode mode, const char *tmp) {
-    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-    if (w->together) {
-        w->dxpl = H5Pcreate(H5P_DATASET_XFER);
-        H5Pset_dxpl_mpio(w->dxpl, mode == H5WRITER_COLLECTIVE ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
+/* The temporary, by the leader: a new regular file (sys_open_file's
+ * SYS_CREATE: O_EXCL | O_NOFOLLOW, never over anything, a link included),
+ * after removing a leftover of the same name (a crashed process of the same
+ * pid; unlink removes a link, never its target). Alone, HDF5 creates the
+ * file through that descriptor (h5writer_create_checked). Together, every
+ * rank then opens the name through MPI-IO, and the leader checks that it
+ * is still the file it created: someone with write access to the directory
+ * could swap it in between (docs/files.md §4, the residual race). Together:
+ * metadata operations are collective; data transfers independent by
+ * default: a rank's part of a tensor is one contiguous byte range of the
+ * file, which leaves collective buffering nothing to merge on one node, and
+ * its extra exchange made checkpoints slower here (docs/scale.md §7: 1.8 s
+ * vs 1.4 s for 303 MB at np = 4); a parallel file system may favour the
+ * collective mode (dist.collective_io). */
+static hid_t create_file(h5writer *w, h5writer_mode mode, const char *tmp, status *err) {
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), file = -1;
+    if (w->leader) unlink(tmp);
+    if (!w->together) {
+        file = h5writer_create_checked(tmp, SYS_CREATE, fapl, &w->fd, err);
+        H5Pclose(fapl);
+        return file;
     }
-    hid_t file = w->together && dist_hdf5_mpio(fapl) != 0 ? -1 : H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    w->dxpl = H5Pcreate(H5P_DATASET_XFER);
+    H5Pset_dxpl_mpio(w->dxpl, mode == H5WRITER_COLLECTIVE ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
+    if (w->leader) w->fd = sys_open_file(tmp, SYS_CREATE, NULL, err);
+    if (h5writer_agree(w, w->leader && w->fd < 0 ? -1 : 0) < 0) {
+        H5Pclose(fapl);
+        if (!w->leader) status_fail(err, EXIT_BAD_FILE, "%s: rank 0 could not create it", tmp);
+        return -1;
+    }
+    if (dist_hdf5_mpio(fapl) == 0) file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    int cause = errno;
     H5Pclose(fapl);
-    return file;
+    /* a failed create is abandoned, as a failed write (below) */
+    if (h5writer_agree(w, file < 0 ? -1 : 0) < 0) {
+        status_fail(err, EXIT_BAD_FILE, "%s: cannot create (%s)", tmp, strerror(cause));
+        return -1;
+    }
+    if (h5writer_agree(w, w->leader && !sys_same_file(w->fd, tmp) ? -1 : 0) >= 0) return file;
+    H5Fclose(file); /* collective: every rank holds it */
+    status_fail(err, EXIT_BAD_FILE, "%s: replaced by another file while it was being created: refused", tmp);
+    return -1;
 }
 
 /* A file whose writing or flushing failed (a full disk) is abandoned, not
@@ -142,17 +203,16 @@ static hid_t create_file(h5writer *w, h5writer_mode mode, const char *tmp) {
 static int write_and_publish(const char *path, const char *tmp, h5writer *w, h5writer_mode mode, h5writer_body body,
                              const void *ctx, status *err) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our messages name the problem */
-    w->file = create_file(w, mode, tmp);
-    int cause = errno;
-    if (h5writer_agree(w, w->file < 0 ? -1 : 0) < 0) {
-        if (w->leader) unlink(tmp); /* a full disk may have left it created and empty */
-        return status_fail(err, EXIT_BAD_FILE, "%s: cannot create (%s)", tmp, strerror(cause));
+    w->file = create_file(w, mode, tmp, err);
+    if (w->file < 0) {
+        discard_temporary(w, tmp); /* a full disk may have left it created and empty */
+        return EXIT_BAD_FILE;
     }
     herr_t written = body(w, ctx);
     if (written >= 0) written = h5writer_agree(w, H5Fflush(w->file, H5F_SCOPE_GLOBAL));
     if (written >= 0) written = h5writer_agree(w, H5Fclose(w->file));
     if (written < 0) {
-        if (w->leader) unlink(tmp);
+        discard_temporary(w, tmp);
         double limit = sys_file_size_limit(); /* SIGXFSZ is caught: the write fails with EFBIG */
         if (limit >= 0)
             return status_fail(err, EXIT_BAD_FILE,
@@ -162,8 +222,8 @@ static int write_and_publish(const char *path, const char *tmp, h5writer *w, h5w
         return status_fail(err, EXIT_BAD_FILE, "%s: writing failed (disk full or I/O error)", path);
     }
     int rc = 0;
-    if (w->leader && publish(tmp, path, err) != 0) {
-        unlink(tmp);
+    if (w->leader && publish(w, tmp, path, err) != 0) {
+        discard_temporary(w, tmp);
         rc = EXIT_BAD_FILE;
     }
     if (h5writer_agree(w, rc != 0 ? -1 : 0) < 0 && rc == 0)
@@ -174,8 +234,10 @@ static int write_and_publish(const char *path, const char *tmp, h5writer *w, h5w
 int h5writer_run(const char *path, const char *tmp, h5writer_mode mode, h5writer_body body, const void *ctx,
                  status *err) {
     bool together = mode != H5WRITER_ALONE;
-    h5writer w = {.file = -1, .dxpl = H5P_DEFAULT, .together = together, .leader = !together || dist_rank() == 0};
+    h5writer w = {
+        .file = -1, .fd = -1, .dxpl = H5P_DEFAULT, .together = together, .leader = !together || dist_rank() == 0};
     int rc = write_and_publish(path, tmp, &w, mode, body, ctx, err);
     if (w.dxpl != H5P_DEFAULT) H5Pclose(w.dxpl);
+    if (w.fd >= 0) close(w.fd);
     return rc;
 }

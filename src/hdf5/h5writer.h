@@ -9,12 +9,14 @@
 #include <stdbool.h>
 
 #include "base/status.h"
+#include "base/sys.h"
 
 /* A file being written. Together, every rank holds one and takes part in
  * every dataset and attribute (collective in parallel HDF5); the leader
  * (rank 0) writes the data nobody else does. Alone, the one writer leads. */
 typedef struct {
     hid_t file, dxpl;
+    int fd; /* the leader's descriptor of the temporary (fsync, checks), else -1 */
     bool together, leader;
 } h5writer;
 
@@ -39,6 +41,15 @@ herr_t h5writer_dataset(const h5writer *w, const char *name, hid_t mem_type, hid
 
 /* Fills the file; returns 0, or -1 after a failure (agreed). */
 typedef herr_t (*h5writer_body)(const h5writer *w, const void *ctx);
+
+/* H5Fcreate of `path` opened first by sys_open_file (`how`: SYS_CREATE for
+ * a new file, SYS_REPLACE to empty a regular one; docs/files.md §4): never
+ * through a symbolic link or onto a FIFO or device. HDF5 creates it through
+ * the descriptor's /proc name, so that nothing swapped in at `path` is
+ * written; without /proc it takes the path and the result is checked to be
+ * the same file. Returns the file, and with `fd` the descriptor (which the
+ * caller closes after H5Fclose); or -1 with err naming the path. */
+hid_t h5writer_create_checked(const char *path, sys_open_how how, hid_t fapl, int *fd, status *err);
 
 /* Creates `path` through `tmp` (a name in the same directory, the same on
  * every writer together): body fills it, then flush, close, fsync, rename,

@@ -142,6 +142,26 @@ static herr_t write_checkpoint_content(const h5writer *w, const void *ctx) {
     return 0;
 }
 
+/* HDF5's object header, link and B-tree entries of one dataset, about (a
+ * 10,656-parameter checkpoint of 80 datasets takes 74 KB beyond its data). */
+#define DATASET_OVERHEAD_BYTES 1024.0
+
+double checkpoint_size_estimate(const model *m, const checkpoint_info *info, const metric_table *train,
+                                const metric_table *eval) {
+    double tensors = 3.0 * m->n_entries + (m->momentum ? 2.0 * m->L : 0.0), bytes = 0;
+    bytes += 4.0 * (3.0 * (double)m->n_params + (m->momentum ? (double)m->n_buffer : 0.0));
+    const metric_table *tables[] = {train, eval};
+    for (int i = 0; i < 2; i++)
+        if (tables[i]) {
+            bytes += 8.0 * (double)tables[i]->n_rows * tables[i]->row_width;
+            tensors += tables[i]->n_columns;
+        }
+    char *ini = config_to_ini(&m->cfg);
+    bytes += (double)info->tokenizer_size + (double)strlen(ini);
+    free(ini);
+    return bytes + DATASET_OVERHEAD_BYTES * tensors;
+}
+
 int checkpoint_write(const char *path, const char *tmp, const model *m, const checkpoint_info *info,
                      const metric_table *train, const metric_table *eval, h5writer_mode writers, status *err) {
     if (writers == H5WRITER_ALONE && m->moment_count != m->n_params)
@@ -368,6 +388,7 @@ static long long table_rows(h5reader *r, const char *group, const metric_table *
  * least 67 million steps, far beyond any; the bound keeps a hostile file's
  * table (2^31 declared rows) from taking a large allocation and seconds. */
 #define MAX_METRIC_ROWS ((long long)1 << 26)
+#define MAX_STEP 9007199254740992.0 /* 2^53 */
 
 /* A missing group means an empty history (e.g. a step-0 checkpoint). */
 static void read_metric_table(h5reader *r, const char *group, metric_table *t, bool live) {
@@ -399,6 +420,12 @@ static void read_metric_table(h5reader *r, const char *group, metric_table *t, b
         if (column_added_later(col->name) && !h5reader_exists(r, name))
             for (size_t i = 0; i < (size_t)rows * col->width; i++) column[i] = NAN;
         else h5reader_read_leading_rows(r, name, live, ndim_want, want, column);
+        /* a step column holds steps, 0 ... 2^53 (train.steps' limit, exact
+         * as doubles): anything else would overflow where it is converted
+         * back to an integer (printed by inspect, written on resume) */
+        for (long long i = 0; col->integer && i < rows; i++)
+            if (!(column[i] >= 0 && column[i] <= MAX_STEP))
+                h5reader_fail(r, "%s[%lld] = %.17g is not a step (0 ... 2^53)", name, i, column[i]);
         for (long long i = 0; i < rows; i++) {
             if (c == 0) metric_table_append(t, row);
             for (int j = 0; j < col->width; j++) t->values[i * t->row_width + offset + j] = column[i * col->width + j];
@@ -415,7 +442,120 @@ typedef struct {
     model *m;
     bool optimizer;
     metric_table *train, *eval;
+    unsigned char *tokenizer_bytes; /* /tokenizer being read, freed by the entry point after a failure */
+    tokenizer *tok;                 /* where a /tokenizer goes (checkpoint_read_tokenizer), or NULL */
+    /* the names /model (and /optim/m|v) and /buffers may hold, sorted; freed by the entry point */
+    const char **tensor_names, **buffer_names;
+    char *buffer_text;
+    int n_tensors, n_buffers;
 } read_request;
+
+static int compare_strings(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The first of the sorted names[0, n) that is not below `key`. */
+static int lower_bound(const char **names, int n, const char *key) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (strcmp(names[mid], key) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+typedef struct {
+    const char **names;
+    int n;
+} name_set;
+
+/* A name a group may hold below it: one of its tensors, or a group on the
+ * way to one ("blocks", "blocks/0/attn"). */
+static bool tensor_or_group(const char *name, void *ctx) {
+    const name_set *set = ctx;
+    int at = lower_bound(set->names, set->n, name);
+    if (at < set->n && strcmp(set->names[at], name) == 0) return true;
+    char group[512];
+    int len = snprintf(group, sizeof group, "%s/", name);
+    at = lower_bound(set->names, set->n, group);
+    return len < (int)sizeof group && at < set->n && strncmp(set->names[at], group, (size_t)len) == 0;
+}
+
+/* Nothing in the file beyond what config_ini implies (docs/files.md §4):
+ * no /model/blocks/<L>, no fmm_blend in a softmax model, no momentum_gamma
+ * that is not learned, no head of the other kind, no momentum buffers of a
+ * model without momentum; /optim/m and /optim/v likewise where a run
+ * resumes. A file whose config names fewer layers than it stores would
+ * otherwise load as the smaller model. */
+static void check_nothing_else(h5reader *r, const model *m, read_request *q) {
+    const config *c = &m->cfg;
+    q->tensor_names = sys_calloc((size_t)m->n_entries, sizeof(char *));
+    for (int i = 0; i < m->n_entries; i++) q->tensor_names[q->n_tensors++] = m->entries[i].name;
+    qsort(q->tensor_names, (size_t)q->n_tensors, sizeof(char *), compare_strings);
+    int buffers = m->momentum ? 2 * m->L : 0;
+    q->buffer_names = sys_calloc((size_t)buffers + 1, sizeof(char *));
+    q->buffer_text = sys_calloc((size_t)buffers + 1, 48);
+    for (int i = 0; i < buffers; i++) {
+        char *name = q->buffer_text + (size_t)i * 48;
+        snprintf(name, 48, "blocks/%d/attn/%s", i / 2, i % 2 ? "prev_k" : "prev_q");
+        q->buffer_names[q->n_buffers++] = name;
+    }
+    qsort(q->buffer_names, (size_t)q->n_buffers, sizeof(char *), compare_strings);
+    char what[256];
+    snprintf(what, sizeof what,
+             "a tensor of the model config_ini describes (model.n_layers = %d, attention.kind = %s, "
+             "momentum.learn_gamma = %s, model.head = %s)",
+             c->n_layers, c->attention == ATTENTION_FMM ? "fmm" : "softmax", c->learn_gamma ? "true" : "false",
+             c->head == HEAD_CLS ? "cls" : "lm");
+    name_set tensors = {q->tensor_names, q->n_tensors}, buffers_set = {q->buffer_names, q->n_buffers};
+    h5reader_only_names(r, "/model", tensor_or_group, &tensors, what);
+    if (q->optimizer) {
+        h5reader_only_names(r, "/optim/m", tensor_or_group, &tensors, what);
+        h5reader_only_names(r, "/optim/v", tensor_or_group, &tensors, what);
+    }
+    snprintf(what, sizeof what,
+             "a momentum buffer of the model config_ini describes (momentum %s, model.n_layers = %d)",
+             m->momentum ? "on" : "off", c->n_layers);
+    h5reader_only_names(r, "/buffers", tensor_or_group, &buffers_set, what);
+}
+
+static void free_names(read_request *q) {
+    free(q->tensor_names);
+    free(q->buffer_names);
+    free(q->buffer_text);
+}
+
+/* /tokenizer (docs/files.md §4): when present, the whole sentencepiece model
+ * that config_ini's data.tokenizer_checksum records (tokenizer_from_bytes
+ * parses it to the end), into q->tok when asked for. */
+static void read_tokenizer(h5reader *r, const config *c, read_request *q) {
+    if (!h5reader_exists(r, "/tokenizer")) return;
+    if (!c->tokenizer[0]) h5reader_fail(r, "/tokenizer is present, but config_ini names no data.tokenizer");
+    int ndim;
+    hsize_t dims[H5S_MAX_RANK];
+    hid_t dset = h5reader_open_dataset(r, "/tokenizer", &ndim, dims);
+    h5reader_require_integer(r, "/tokenizer", dset);
+    H5Dclose(dset);
+    if (ndim != 1 || dims[0] == 0 || dims[0] >= ((hsize_t)64 << 20))
+        h5reader_fail(r, "/tokenizer must hold the bytes of a sentencepiece model (1-D, below 64 MiB)");
+    q->tokenizer_bytes = sys_calloc((size_t)dims[0], 1);
+    h5reader_read_checked(r, "/tokenizer", H5T_NATIVE_UCHAR, 1, dims, q->tokenizer_bytes);
+    tokenizer t;
+    status st;
+    unsigned char *bytes = q->tokenizer_bytes;
+    q->tokenizer_bytes = NULL; /* tokenizer_from_bytes owns them now */
+    if (tokenizer_from_bytes(&t, bytes, (size_t)dims[0], "/tokenizer", &st) != 0) h5reader_fail(r, "%s", st.message);
+    char now[17];
+    tokenizer_checksum_text(t.checksum, now);
+    if (c->tokenizer_checksum[0] && strcmp(now, c->tokenizer_checksum) != 0) {
+        tokenizer_free(&t);
+        h5reader_fail(r, "/tokenizer has checksum %s, but config_ini records data.tokenizer_checksum = %s", now,
+                      c->tokenizer_checksum);
+    }
+    if (q->tok) *q->tok = t;
+    else tokenizer_free(&t);
+}
 
 static void config_body(h5reader *r, void *ctx) {
     read_request *q = ctx;
@@ -426,6 +566,7 @@ static void state_body(h5reader *r, void *ctx) {
     read_request *q = ctx;
     model *m = q->m;
     read_tensors(r, "/model", m, m->params);
+    check_nothing_else(r, m, q);
     check_values(r, "/model", m, m->params, 0, m->n_params, false);
     if (m->momentum) {
         read_buffers(r, m);
@@ -443,6 +584,7 @@ static void state_body(h5reader *r, void *ctx) {
     }
     if (q->train) read_metric_table(r, "/metrics/train", q->train, false);
     if (q->eval) read_metric_table(r, "/metrics/eval", q->eval, false);
+    read_tokenizer(r, &m->cfg, q);
 }
 
 int checkpoint_read_config(const char *path, config *c, checkpoint_info *info, status *err) {
@@ -454,7 +596,24 @@ int checkpoint_read_state(const char *path, model *m, bool optimizer, metric_tab
                           status *err) {
     read_request q = {.m = m, .optimizer = optimizer, .train = train, .eval = eval};
     int rc = h5reader_run(path, "checkpoint", state_body, &q, err);
+    free(q.tokenizer_bytes);
+    free_names(&q);
     model_params_changed(m);
+    return rc;
+}
+
+static void tokenizer_body(h5reader *r, void *ctx) {
+    read_request *q = ctx;
+    read_config_ini(r, q->c);
+    read_tokenizer(r, q->c, q);
+}
+
+int checkpoint_read_tokenizer(const char *path, tokenizer *t, status *err) {
+    config c;
+    memset(t, 0, sizeof *t);
+    read_request q = {.c = &c, .tok = t};
+    int rc = h5reader_run(path, "checkpoint", tokenizer_body, &q, err);
+    free(q.tokenizer_bytes);
     return rc;
 }
 

@@ -10,6 +10,7 @@
 #include "base/status.h"
 #include "config/config.h"
 #include "data/metrics.h"
+#include "data/tokenizer.h"
 #include "hdf5/h5writer.h"
 #include "model/model.h"
 
@@ -49,6 +50,12 @@ typedef struct {
 int checkpoint_write(const char *path, const char *tmp, const model *m, const checkpoint_info *info,
                      const metric_table *train, const metric_table *eval, h5writer_mode writers, status *err);
 
+/* About the bytes checkpoint_write takes for this state: the tensors,
+ * buffers, metric rows, /tokenizer and config_ini, and HDF5's headers (about
+ * 1 KiB per dataset): named when a write fails for want of space. */
+double checkpoint_size_estimate(const model *m, const checkpoint_info *info, const metric_table *train,
+                                const metric_table *eval);
+
 /* The resolved config of a checkpoint (root attribute config_ini) and its info. */
 int checkpoint_read_config(const char *path, config *c, checkpoint_info *info, status *err);
 
@@ -62,6 +69,12 @@ int checkpoint_read_state(const char *path, model *m, bool optimizer, metric_tab
 /* Only the /metrics tables (built for the checkpoint's config, as
  * checkpoint_read_state's): e.g. the history of best.h5. */
 int checkpoint_read_metrics(const char *path, metric_table *train, metric_table *eval, status *err);
+
+/* The sentencepiece model a checkpoint carries as /tokenizer (docs/files.md
+ * §4), checked as every load checks it (whole, and the one config_ini's
+ * data.tokenizer_checksum records): 0 with t->n_pieces = 0 when it carries
+ * none; EXIT_BAD_FILE and a status otherwise. */
+int checkpoint_read_tokenizer(const char *path, tokenizer *t, status *err);
 
 /* A model created from a checkpoint's config (with gradients and moments
  * when `training`, else model_create_for_inference) holding its weights and

@@ -12,6 +12,7 @@
 #include "base/status.h"
 #include "base/sys.h"
 #include "hdf5/h5util.h"
+#include "hdf5/h5writer.h"
 #include "store/checkpoint.h"
 
 #define MAX_COLUMNS 32
@@ -101,8 +102,15 @@ live_metrics *live_metrics_open(const char *dir, const char *config_ini, const m
     live_metrics *lm = sys_calloc(1, sizeof *lm);
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST); /* SWMR needs the latest format */
-    lm->file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    /* replaced in place, but never through a symbolic link or onto a FIFO (docs/files.md §4) */
+    status created;
+    lm->file = h5writer_create_checked(path, SYS_REPLACE, fapl, NULL, &created);
     H5Pclose(fapl);
+    if (lm->file < 0) {
+        status_fail(err, EXIT_BAD_FILE, "%s", created.message);
+        live_metrics_close(lm);
+        return NULL;
+    }
     bool ok = lm->file >= 0 && h5util_write_string_attr(lm->file, "config_ini", config_ini) >= 0 &&
               create_table(lm->file, "train", train, &lm->train) == 0 &&
               create_table(lm->file, "eval", eval, &lm->eval) == 0 && append_rows(&lm->train, train) == 0 &&

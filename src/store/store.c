@@ -1,5 +1,5 @@
 /* The checkpoint store (docs/design.md §8.4); see store.h. Names are written
- * (snprintf) and parsed (sscanf) only here. */
+ * (snprintf) and parsed (store_checkpoint_step) only here. */
 #include "store/store.h"
 
 #include <dirent.h>
@@ -17,8 +17,49 @@
 #include "hdf5/h5reader.h"
 #include "parallel/dist.h"
 
+/* Written with at least 8 digits (ckpt_00000600.h5); step 10^8 and later
+ * take more, so names are ordered by their value, never as text. */
 #define CHECKPOINT_NAME "ckpt_%08lld.h5"
-#define CHECKPOINT_NAME_LEN 16 /* strlen("ckpt_00000000.h5") */
+#define CHECKPOINT_PREFIX "ckpt_"
+#define CHECKPOINT_SUFFIX ".h5"
+#define TEMPORARY_INFIX ".tmp."
+
+/* The value of the decimal digits at s (one or more: no sign, no blank,
+ * leading zeros allowed) in *value when it is at most LLONG_MAX: the number
+ * of digits, or 0 (none, or a value past LLONG_MAX). */
+static size_t parse_digits(const char *s, long long *value) {
+    size_t n = 0;
+    long long v = 0;
+    for (; s[n] >= '0' && s[n] <= '9'; n++)
+        if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, s[n] - '0', &v)) return 0;
+    *value = v;
+    return n;
+}
+
+/* The length of the checkpoint name at the start of `name` (its step in
+ * *step), or 0: the one rule of docs/files.md §4 (checkpoint names): the
+ * name CHECKPOINT_NAME writes for its step and no other, so that a step has
+ * one name (ckpt_600.h5 and ckpt_000000600.h5 are not checkpoints) and the
+ * Python package's rule is the same. */
+static size_t checkpoint_name_length(const char *name, long long *step) {
+    size_t prefix = strlen(CHECKPOINT_PREFIX), suffix = strlen(CHECKPOINT_SUFFIX);
+    if (strncmp(name, CHECKPOINT_PREFIX, prefix) != 0) return 0;
+    size_t digits = parse_digits(name + prefix, step);
+    if (digits == 0 || strncmp(name + prefix + digits, CHECKPOINT_SUFFIX, suffix) != 0) return 0;
+    char canonical[32];
+    if ((size_t)snprintf(canonical, sizeof canonical, CHECKPOINT_NAME, *step) != prefix + digits + suffix ||
+        strncmp(canonical, name, prefix + digits + suffix) != 0)
+        return 0;
+    return prefix + digits + suffix;
+}
+
+bool store_checkpoint_step(const char *name, long long *step) {
+    long long value;
+    size_t n = checkpoint_name_length(name, &value);
+    if (n == 0 || name[n] != '\0') return false;
+    if (step) *step = value;
+    return true;
+}
 
 static int make_directory(const char *path, status *err) {
     char buf[CONFIG_PATH_MAX];
@@ -42,24 +83,23 @@ static void temporary_path(const char *path, h5writer_mode writers, char *tmp, s
     snprintf(tmp, len, "%s.tmp.%d", path, pid);
 }
 
+/* <checkpoint name or best.h5>.tmp.<digits> (temporary_path's names). */
 static bool is_temporary_name(const char *name) {
-    unsigned long long step;
-    int used = 0;
-    sscanf(name, STORE_BEST_NAME ".tmp.%*d%n", &used);
-    if (used > 0 && name[used] == '\0') return true;
-    return sscanf(name, "ckpt_%8llu.h5.tmp.%*d%n", &step, &used) == 1 && used > 0 && name[used] == '\0';
+    long long value;
+    size_t base = checkpoint_name_length(name, &value);
+    if (base == 0 && strncmp(name, STORE_BEST_NAME, strlen(STORE_BEST_NAME)) == 0) base = strlen(STORE_BEST_NAME);
+    if (base == 0 || strncmp(name + base, TEMPORARY_INFIX, strlen(TEMPORARY_INFIX)) != 0) return false;
+    const char *pid = name + base + strlen(TEMPORARY_INFIX);
+    size_t digits = parse_digits(pid, &value);
+    return digits > 0 && pid[digits] == '\0';
 }
 
-static bool is_checkpoint_name(const char *name) {
-    unsigned long long step;
-    char tail[8];
-    return sscanf(name, "ckpt_%8llu%4s", &step, tail) == 2 && strcmp(tail, ".h5") == 0 &&
-           strlen(name) == CHECKPOINT_NAME_LEN;
-}
-
+/* The step of a listed path (store_list takes checkpoint names only). */
 static long long step_of(const char *path) {
     const char *name = strrchr(path, '/');
-    return atoll((name ? name + 1 : path) + strlen("ckpt_"));
+    long long step = -1;
+    store_checkpoint_step(name ? name + 1 : path, &step);
+    return step;
 }
 
 /* Temporary files of writes that a crash interrupted (never a checkpoint's
@@ -83,9 +123,10 @@ static void remove_stale_temporaries(const char *dir) {
 static int lock_directory(const char *dir, status *err) {
     char path[STORE_PATH_MAX];
     snprintf(path, sizeof path, "%s/.lock", dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0664);
-    if (fd < 0)
-        return status_fail(err, EXIT_USAGE, "train.out_dir = %s: cannot create %s: %s", dir, path, strerror(errno));
+    /* a regular file, never a link or a FIFO (whose read below would block): docs/files.md §4 */
+    status opened;
+    int fd = sys_open_file(path, SYS_LOCK, "the run's lock", &opened);
+    if (fd < 0) return status_fail(err, EXIT_USAGE, "train.out_dir = %s: %s", dir, opened.message);
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         char holder[32] = "";
         ssize_t n = read(fd, holder, sizeof holder - 1);
@@ -136,10 +177,12 @@ int store_open_run(const char *dir, bool resuming, bool overwrite, status *err) 
     int held = l.n, special = -1;
     char newest[STORE_PATH_MAX] = "";
     if (held) snprintf(newest, sizeof newest, "%s", l.paths[held - 1]);
-    for (int i = 0; i < held && special < 0; i++)
-        if (!sys_is_regular_file(l.paths[i])) special = i;
     /* a special file (a FIFO) under a checkpoint's name would block a read forever */
-    if (special >= 0) status_fail(err, EXIT_BAD_FILE, "%s: not a regular file (a FIFO or device?)", l.paths[special]);
+    for (int i = 0; i < held && special < 0; i++) {
+        int fd = sys_open_file(l.paths[i], SYS_READ, "checkpoint", err);
+        if (fd >= 0) close(fd);
+        else special = i;
+    }
     store_listing_free(&l);
     if (special >= 0) return EXIT_BAD_FILE;
     if (held && !resuming && !overwrite)
@@ -155,7 +198,7 @@ int store_open_run(const char *dir, bool resuming, bool overwrite, status *err) 
     return 0;
 }
 
-/* dir/ckpt_<8 digits>.h5 */
+/* dir/ckpt_<step, at least 8 digits>.h5 */
 static void store_checkpoint_path(const char *dir, long long step, char *path, size_t len) {
     char name[32];
     snprintf(name, sizeof name, CHECKPOINT_NAME, step);
@@ -164,7 +207,12 @@ static void store_checkpoint_path(const char *dir, long long step, char *path, s
 
 void store_best_path(const char *dir, char *path, size_t len) { snprintf(path, len, "%s/" STORE_BEST_NAME, dir); }
 
-static int compare_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+/* By step (a step has one name, store_checkpoint_step). */
+static int compare_names(const void *a, const void *b) {
+    const char *x = *(char *const *)a, *y = *(char *const *)b;
+    long long sx = step_of(x), sy = step_of(y);
+    return sx != sy ? (sx < sy ? -1 : 1) : strcmp(x, y);
+}
 
 void store_list(const char *dir, store_listing *out) {
     DIR *d = opendir(dir);
@@ -172,13 +220,13 @@ void store_list(const char *dir, store_listing *out) {
     char **paths = sys_calloc((size_t)cap, sizeof(char *));
     struct dirent *entry;
     while (d && (entry = readdir(d))) {
-        if (!is_checkpoint_name(entry->d_name)) continue;
+        if (!store_checkpoint_step(entry->d_name, NULL)) continue;
         if (n == cap) paths = sys_realloc(paths, sizeof(char *) * (size_t)(cap *= 2));
         paths[n] = sys_calloc(STORE_PATH_MAX, 1);
         snprintf(paths[n++], STORE_PATH_MAX, "%s/%s", dir, entry->d_name);
     }
     if (d) closedir(d);
-    /* one directory prefix: the names' order (fixed-width steps) is the paths' */
+    /* by value: ckpt_100000000.h5 is newer than ckpt_99999999.h5 */
     qsort(paths, (size_t)n, sizeof(char *), compare_names);
     out->paths = paths;
     out->n = n;
@@ -222,11 +270,65 @@ int store_write_logits(const char *path, const float *logits, int ndim, int B, i
     return logits_file_write(path, tmp, logits, ndim, B, T, width, source, err);
 }
 
+/* Before the one retry of a failed checkpoint write (docs/cli.md §5, full
+ * disk): the checkpoints at or below `step` that pruning would remove once
+ * the new one is written, but never the newest of them, the last state on
+ * disk until a newer one is complete. `path` (the one being written) is not
+ * counted. Returns how many were removed. Rank 0. */
+static int free_for_retry(const char *dir, int keep, long long step, const char *path) {
+    store_listing l;
+    store_list(dir, &l);
+    int eligible = 0, removed = 0;
+    for (int i = 0; i < l.n; i++) eligible += step_of(l.paths[i]) <= step && strcmp(l.paths[i], path) != 0;
+    int surplus = eligible - (keep - 1) < eligible - 1 ? eligible - (keep - 1) : eligible - 1;
+    for (int i = 0, seen = 0; i < l.n && seen < surplus; i++) {
+        if (step_of(l.paths[i]) > step || strcmp(l.paths[i], path) == 0) continue;
+        seen++;
+        if (remove(l.paths[i]) != 0) continue;
+        removed++;
+        log_rank0("removed %s, which train.keep = %d drops anyway, to make room for the checkpoint\n", l.paths[i],
+                  keep);
+    }
+    store_listing_free(&l);
+    return removed;
+}
+
+/* The failure of a checkpoint write, said in full: the directory, what
+ * failed, the bytes it needs against those free, and the newest checkpoint
+ * left (docs/cli.md §5). */
+static void describe_save_failure(const char *dir, long long step, double need, int freed, status *err) {
+    char why[sizeof err->message], newest[STORE_PATH_MAX + 64] = "no checkpoint is on disk";
+    snprintf(why, sizeof why, "%s", err->message);
+    store_listing l;
+    store_list(dir, &l);
+    for (int i = l.n - 1; i >= 0; i--)
+        if (step_of(l.paths[i]) < step) {
+            snprintf(newest, sizeof newest, "the newest checkpoint, %s, is intact", l.paths[i]);
+            break;
+        }
+    store_listing_free(&l);
+    double free_bytes = sys_free_bytes(dir);
+    char room[96] = "";
+    if (free_bytes >= 0) snprintf(room, sizeof room, ", %.3g MB are free", free_bytes / 1e6);
+    status_fail(err, EXIT_BAD_FILE,
+                "train.out_dir = %s: the checkpoint of step %lld cannot be written (%s): it needs about %.3g MB%s "
+                "after removing %d older checkpoint%s that train.keep allows; %s",
+                dir, step, why, need / 1e6, room, freed, freed == 1 ? "" : "s", newest);
+}
+
 int store_save(const char *dir, int keep, const model *m, const checkpoint_info *info, const metric_table *train,
                const metric_table *eval, h5writer_mode writers, char *path, size_t len, status *err) {
     store_checkpoint_path(dir, info->step, path, len);
+    bool leader = writers == H5WRITER_ALONE || dist_rank() == 0;
     int rc = store_write_checkpoint(path, m, info, train, eval, writers, err);
-    if (rc == 0 && (writers == H5WRITER_ALONE || dist_rank() == 0)) store_prune(dir, keep, info->step);
+    if (rc != 0) {
+        /* a full disk: room from what retention drops anyway, then one retry */
+        int freed = leader ? free_for_retry(dir, keep, info->step, path) : 0;
+        if (writers != H5WRITER_ALONE) dist_broadcast_bytes(&freed, sizeof freed);
+        if (freed > 0) rc = store_write_checkpoint(path, m, info, train, eval, writers, err);
+        if (rc != 0) describe_save_failure(dir, info->step, checkpoint_size_estimate(m, info, train, eval), freed, err);
+    }
+    if (rc == 0 && leader) store_prune(dir, keep, info->step);
     return rc;
 }
 
@@ -261,12 +363,14 @@ bool store_is_directory(const char *path) {
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-void store_mark_stopped(const char *dir, const char *checkpoint, int signo) {
-    char marker[STORE_PATH_MAX];
+int store_mark_stopped(const char *dir, const char *checkpoint, int signo, status *err) {
+    char marker[STORE_PATH_MAX], text[STORE_PATH_MAX + 64];
     snprintf(marker, sizeof marker, "%s/STOPPED", dir);
-    FILE *f = fopen(marker, "w");
-    if (f) {
-        fprintf(f, "signal %d: checkpoint %s\n", signo, checkpoint);
-        fclose(f);
-    }
+    int fd = sys_open_file(marker, SYS_REPLACE, "the stop marker", err);
+    if (fd < 0) return err->code;
+    int len = snprintf(text, sizeof text, "signal %d: checkpoint %s\n", signo, checkpoint);
+    bool written = write(fd, text, (size_t)len) == len;
+    int cause = errno;
+    close(fd);
+    return written ? 0 : status_fail(err, EXIT_BAD_FILE, "%s: cannot write: %s", marker, strerror(cause));
 }

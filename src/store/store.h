@@ -1,6 +1,6 @@
 /* The checkpoint store (docs/design.md §8.4): the run directory
  * train.out_dir and everything about where checkpoint files go. Checkpoints
- * are named ckpt_<8-digit step>.h5; a write goes to a temporary name
+ * are named ckpt_<step>.h5, at least 8 digits; a write goes to a temporary name
  * (<final name>.tmp.<pid>) that is renamed into place, and a run starting in
  * the directory removes temporaries an interrupted write left. Pruning keeps
  * the newest train.keep checkpoints at or below the run's step. Auto-resume
@@ -37,10 +37,21 @@ bool store_overwrite_removes(const char *dir, const char *path);
 
 /* dir/STOPPED, naming the checkpoint a signal stop wrote: the job scripts
  * (jobs/ *.sbatch) read it to report the stop as a success whatever the
- * launcher's exit status (docs/cli.md §5). store_open_run removes it. */
-void store_mark_stopped(const char *dir, const char *checkpoint, int signo);
+ * launcher's exit status (docs/cli.md §5). store_open_run removes it.
+ * Written as a regular file, never through a link (docs/files.md §4); 0,
+ * or EXIT_BAD_FILE in err. */
+int store_mark_stopped(const char *dir, const char *checkpoint, int signo, status *err);
 
-/* Checkpoint paths in dir, oldest first. */
+/* The one rule of checkpoint names (docs/files.md §4): exactly the name the
+ * store writes for a step in [0, LLONG_MAX], "ckpt_" + the step zero-padded
+ * to 8 digits (more past 10^8, no leading zero then) + ".h5". Whether `name`
+ * (no directory) is one, with its step in *step (may be NULL). Anything else
+ * (ckpt_600.h5, ckpt_-1.h5, ckpt_1e3.h5, ckpt_.h5, 20 digits) is not a
+ * checkpoint: never listed, pruned or resumed. */
+bool store_checkpoint_step(const char *name, long long *step);
+
+/* Checkpoint paths in dir, oldest first: by step (not as text: step 10^8
+ * has nine digits), two names of one step by name. */
 typedef struct {
     char **paths;
     int n;
@@ -59,7 +70,12 @@ int store_write_logits(const char *path, const float *logits, int ndim, int B, i
 
 /* The checkpoint of info->step in dir, then pruning (by rank 0) to the
  * newest `keep` at or below that step. Fills path (len bytes) with the
- * file written. */
+ * file written. When the write fails (a full disk, any write error), the
+ * older checkpoints that this pruning would remove anyway are removed first
+ * (never the newest: the last state stays until a newer one is complete)
+ * and, when that freed any, the write is tried once more; a failure then
+ * is EXIT_BAD_FILE with a message naming dir, the bytes needed and free,
+ * and the newest checkpoint left (docs/cli.md §5). */
 int store_save(const char *dir, int keep, const model *m, const checkpoint_info *info, const metric_table *train,
                const metric_table *eval, h5writer_mode writers, char *path, size_t len, status *err);
 

@@ -48,21 +48,26 @@ static bool fits(double need, double *fill, double *available) {
 }
 
 /* Before the model allocates anything (exit 2, docs/cli.md §5): its
- * parameters, gradients, moments and bf16 copy alone, from the layout
- * counted without allocating. A model too large for the node would
- * otherwise end in an allocation failure or the OOM killer. */
+ * parameters, gradients, moments and bf16 copy, from the layout counted
+ * without allocating, and its RoPE table (positions x head dimension
+ * floats: model.max_seq_len = 2^24 alone is gigabytes). A model too large
+ * for the node would otherwise end in an allocation failure or the OOM
+ * killer. */
 static int check_parameter_memory(const config *cfg, status *err) {
     double n = (double)model_param_count(cfg), slice = n;
     if (cfg->zero && dist_size() > 1) slice = ceil(n / dist_size());
     train_memory_use u = memory_per_param(cfg, n, slice);
-    double per_param = u.param_bytes + u.grad_bytes + u.moment_bytes, need = per_param * n, fill, available;
+    double positions = cfg->max_seq_len > cfg->seq_len ? cfg->max_seq_len : cfg->seq_len;
+    double per_param = u.param_bytes + u.grad_bytes + u.moment_bytes, fill, available;
+    double need = per_param * n + sizeof(float) * positions * config_head_dim(cfg);
     if (fits(need, &fill, &available)) return 0;
     return status_fail(err, EXIT_USAGE,
                        "memory: this model needs %.2f GB per rank before activations (%.0f parameters x %.2f bytes: "
-                       "parameters %.2f, gradients %.2f, moments %.2f), %.0f%% of the memory available on the "
-                       "fullest node (%d rank%s on it, %.2f GB available%s): reduce model.d_model, model.n_layers, "
-                       "model.d_ff or model.vocab_size, or spread the moments with dist.zero = 1 over more ranks",
-                       need / 1e9, n, per_param, u.param_bytes, u.grad_bytes, u.moment_bytes, 100 * fill,
+                       "parameters %.2f, gradients %.2f, moments %.2f; a RoPE table of %.0f positions), %.0f%% of "
+                       "the memory available on the fullest node (%d rank%s on it, %.2f GB available%s): reduce "
+                       "model.d_model, model.n_layers, model.d_ff, model.vocab_size or model.max_seq_len, or "
+                       "spread the moments with dist.zero = 1 over more ranks",
+                       need / 1e9, n, per_param, u.param_bytes, u.grad_bytes, u.moment_bytes, positions, 100 * fill,
                        dist_node_ranks(), dist_node_ranks() == 1 ? "" : "s", available / 1e9,
                        sys_address_space_left() >= 0 ? " under this process's ulimit -v / -d" : "");
 }

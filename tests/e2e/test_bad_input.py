@@ -81,7 +81,7 @@ CONFIG_CASES = [
      ("train.learning_rate", "did you mean train.lr")),
     ("command trian", None, None, ["trian"], 2, ("unknown command 'trian'", "did you mean train?")),
     ("train.steps=-5 states the range", None, None, ["train", GOOD, "--set", "train.steps=-5"], 2,
-     ("train.steps = -5 is out of range", "must be >= 0")),
+     ("train.steps = -5 is out of range", "must be in [0, 9007199254740992]")),
     # docs/config.md §6: quoted values, '#' comments, numbers beyond a double, control bytes
     ("lr = 1e400 is out of range", "huge.ini", "[train]\nlr = 1e400\n", ["train", INI], 2,
      ("huge.ini:2", "train.lr = 1e400 is out of range", "beyond what a double holds")),
@@ -98,6 +98,14 @@ CONFIG_CASES = [
     ("control bytes shown escaped", "ctrl.ini", "[model]\nd_model = 3\x1b[2J\n", ["train", INI], 2,
      ("ctrl.ini:2", "3\\x1b[2J")),
 ]
+# generate --stop (docs/cli.md §5): the escapes of a quoted config value, decoded strictly,
+# before the checkpoint is read (NOPE: a malformed --stop is reported, not the missing file)
+CONFIG_CASES += [(f"generate --stop {stop!r}", None, None, ["generate", NOPE, "--prompt", "1", "--stop", stop], 2,
+                  ("--stop", why))
+                 for stop, why in (("\\xZZ", "\\x needs two hex digits"), ("\\x4", "\\x needs two hex digits"),
+                                   ("a\\", "a backslash at the end"), ("", "empty stop string"),
+                                   ("\\q", "unknown escape \\q"), ("\\x00", "NUL byte"),
+                                   ("ab\\", "a backslash at the end"))]
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,13 @@ each class as its own entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
   skips a corrupt newest checkpoint (reported, kept) and resumes bitwise from
   the older one; pruning (train.keep) never deletes the run's own new
   checkpoints because of a corrupt newer file.
-- TestFullDisk (a 600 KB tmpfs as train.out_dir): a checkpoint that does not
-  fit is reported naming its path, the previous one is intact and loads, no
-  temporary file is left, the program does not crash.
+- TestFullDisk (a 600 KB or 1.2 MB tmpfs as train.out_dir; alone, np = 2
+  with rank 0 writing, ZeRO-1 with independent and collective transfers): a
+  checkpoint that does not fit stops the run with exit 3 and one line naming
+  train.out_dir, the bytes needed and free and the checkpoint left, no step
+  after it runs, the previous one is intact and loads, no temporary file is
+  left; with train.keep = 2 the oldest checkpoint makes room and the retry
+  succeeds; train.on_save_failure = continue trains to the end (exit 3).
 
 The fixtures R (the runner) and straight (the reference run) are in ckpt_util.py.
 """
@@ -247,8 +251,19 @@ class TestBadFiles:
 # ---- 5. full disk ---------------------------------------------------------------------
 
 class TestFullDisk:
+    """docs/cli.md §5, full disk: a checkpoint that does not fit frees what train.keep drops
+    anyway, retries once, else stops the run (exit 3, one line naming train.out_dir and the
+    bytes needed) with the last checkpoint intact; train.on_save_failure = continue trains on.
+    Alone, with rank 0 writing for np = 2, and with ZeRO-1's collective write."""
+
     def test_full_disk(self, R, report):
         check_full_disk(R, report)
+        check_retry_frees_older(R, report)
+        check_full_disk(R, report, on_failure="continue")
+
+    def test_full_disk_np2(self, R, report):
+        # rank 0 writes alone: the other rank must stop at the same step, not wait for it
+        check_full_disk(R, report, np_=2)
 
     def test_full_disk_together(self, R, report):
         # dist.zero = 1 at np = 2: both ranks write the file through MPI-IO
@@ -256,43 +271,93 @@ class TestFullDisk:
         # a failure on the full disk must end in the same outcome on both
         # ranks, not a rank waiting forever in a collective call
         check_full_disk(R, report, np_=2, zero=1)
+        check_retry_frees_older(R, report, np_=2, zero=1)
         check_full_disk(R, report, np_=2, zero=1, collective=True)
 
 
-def check_full_disk(R, report, np_=None, zero=0, collective=False):
-    what = "full disk" if np_ is None else f"full disk, np {np_} zero {zero}{', collective' if collective else ''}"
-    ini, _, _ = R.config("disk_cfg", **RESUME,
-                         **{"train.steps": 2 * N, "dist.zero": zero, "dist.collective_io": collective})
-    mnt = os.path.join(R.work, "tmpfs")
-    os.makedirs(mnt, exist_ok=True)
-    while os.path.ismount(mnt):  # left mounted by an aborted earlier run
-        if run(["umount", mnt], timeout=30).returncode != 0:
-            break
-    r = run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", mnt], timeout=30)
-    if r.returncode != 0:
-        pytest.skip(f"full disk: cannot mount a tmpfs: {r.stderr.strip()[:200]}")
-    try:
-        r = R.train(ini, f"train.out_dir={mnt}", "train.steps=2", "train.keep=1", np_=np_)
+class tmpfs:
+    """A small tmpfs mounted at <work>/tmpfs for the block (skips without permission)."""
+
+    def __init__(self, R, size):
+        self.mnt, self.size = os.path.join(R.work, "tmpfs"), size
+
+    def __enter__(self):
+        os.makedirs(self.mnt, exist_ok=True)
+        while os.path.ismount(self.mnt):  # left mounted by an aborted earlier run
+            if run(["umount", self.mnt], timeout=30).returncode != 0:
+                break
+        r = run(["mount", "-t", "tmpfs", "-o", f"size={self.size}", "tmpfs", self.mnt], timeout=30)
+        if r.returncode != 0:
+            pytest.skip(f"full disk: cannot mount a tmpfs: {r.stderr.strip()[:200]}")
+        return self.mnt
+
+    def __exit__(self, *exc):
+        run(["umount", self.mnt], timeout=30)
+
+
+def fill(mnt, leave):
+    """Fills the file system of mnt with a file `filler` until `leave` bytes are free."""
+    st = os.statvfs(mnt)
+    with open(os.path.join(mnt, "filler"), "wb") as f:
+        f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
+
+
+def label(np_, zero, collective, on_failure="stop"):
+    where = "alone" if np_ is None else f"np {np_} zero {zero}{', collective' if collective else ''}"
+    return f"full disk ({where}, on_save_failure {on_failure})"
+
+
+def check_full_disk(R, report, np_=None, zero=0, collective=False, on_failure="stop"):
+    what = label(np_, zero, collective, on_failure)
+    ini, _, _ = R.config("disk_cfg", **{**RESUME, "train.steps": 3 * N, "dist.zero": zero,
+                                                  "dist.collective_io": collective, "train.keep": 1,
+                                                  "train.on_save_failure": on_failure})
+    with tmpfs(R, "600k") as mnt:
+        r = R.train(ini, f"train.out_dir={mnt}", "train.steps=2", np_=np_)
         first = ckpt(mnt, 2)
         assert r.returncode == 0 and os.path.exists(first), \
             f"{what}: a first checkpoint fits in the 600 KB tmpfs: {tail(r)}"
         before = digest(first)
-        st = os.statvfs(mnt)
-        free = st.f_bavail * st.f_frsize
-        with open(os.path.join(mnt, "filler"), "wb") as f:
-            f.write(b"\0" * max(0, free - 40 * 1024))
-        r = R.train(ini, f"train.out_dir={mnt}", "train.steps=4", "train.keep=1", resume="auto", np_=np_,
-                    timeout=120)
+        fill(mnt, 40 * 1024)
+        r = R.train(ini, f"train.out_dir={mnt}", resume="auto", np_=np_, timeout=120)
         second = ckpt(mnt, 4)
-        report.check(f"{what}: the error names the checkpoint ('checkpoint at step 4 not written: <path>')",
-                     "checkpoint at step 4 not written" in r.stderr and second in r.stderr, tail(r))
+        lines = [l for l in r.stderr.splitlines() if l.startswith("momfmm:")]
+        named = ("checkpoint at step 4 not written" in r.stderr and second in r.stderr and
+                 f"train.out_dir = {mnt}" in r.stderr and "needs about" in r.stderr and "MB are free" in r.stderr
+                 and f"the newest checkpoint, {first}, is intact" in r.stderr)
+        if on_failure == "stop":
+            report.check(f"{what}: exit 3 after the failed write of step 4, one line naming the directory, the "
+                         "bytes needed and free, and the checkpoint left", r.returncode == 3 and named and
+                         len(lines) == 1, tail(r))
+            report.check(f"{what}: no step after the failed checkpoint is run",
+                         "step 4/" in r.stdout and "step 5/" not in r.stdout, r.stdout[-300:])
+        else:
+            report.check(f"{what}: the run trains on to step {3 * N} and exits 3 (final checkpoint lost)",
+                         r.returncode == 3 and named and f"step {3 * N}/{3 * N}" in r.stdout and
+                         "the final checkpoint was not written" in r.stderr, tail(r))
         report.check(f"{what}: the program does not crash after the failed write",
                      r.returncode >= 0 and "Segmentation" not in r.stderr and "signal" not in r.stderr,
                      f"rc {r.returncode}; stderr {r.stderr.strip()[:400]!r}")
         report.check(f"{what}: the previous checkpoint is intact (same sha256) and loads",
                      digest(first) == before and R.inspect(first).returncode == 0)
         left = [n for n in os.listdir(mnt) if n not in ("filler", "metrics.h5", ".lock", os.path.basename(first))]
-        report.check(f"{what}: no half-written file left (neither ckpt_00000004.h5 nor a temporary)", not left,
+        report.check(f"{what}: no half-written file left (no later checkpoint, no temporary)", not left,
                      f"left {left}")
-    finally:
-        run(["umount", mnt], timeout=30)
+
+
+def check_retry_frees_older(R, report, np_=None, zero=0):
+    """keep = 2 with two checkpoints on disk: the write of the third fails, the oldest (which
+    pruning drops anyway) is removed, the retry fits: exit 0, the newest two kept."""
+    what = label(np_, zero, False) + ", keep 2"
+    ini, _, _ = R.config("disk_retry", **{**RESUME, "train.steps": 3 * N // 2, "dist.zero": zero, "train.keep": 2})
+    with tmpfs(R, "1200k") as mnt:
+        r = R.train(ini, f"train.out_dir={mnt}", "train.steps=4", np_=np_)
+        assert r.returncode == 0 and os.path.exists(ckpt(mnt, 4)), f"{what}: two checkpoints fit: {tail(r)}"
+        fill(mnt, os.path.getsize(ckpt(mnt, 4)) // 2)
+        r = R.train(ini, f"train.out_dir={mnt}", resume="auto", np_=np_, timeout=120)
+        report.check(f"{what}: the oldest checkpoint is removed to make room, the retry succeeds, exit 0",
+                     r.returncode == 0 and f"removed {ckpt(mnt, 2)}" in r.stdout and
+                     os.path.exists(ckpt(mnt, 6)) and R.inspect(ckpt(mnt, 6)).returncode == 0, tail(r))
+        report.check(f"{what}: the newest two checkpoints are kept, no temporary left",
+                     sorted(checkpoints(mnt)) == [4, 6] and not [n for n in os.listdir(mnt) if ".tmp" in n],
+                     str(sorted(os.listdir(mnt))))

@@ -119,7 +119,7 @@ def test_set_suggestions_and_ranges(momfmm, tmp_path):
     usage_error(run([momfmm, "init", ini, "--out", out, "--set", "train.lrr=1"]), "did you mean train.lr?")
     usage_error(run([momfmm, "init", ini, "--out", out, "--set", "learning_rate=1"]), "did you mean train.lr=1?")
     usage_error(run([momfmm, "init", ini, "--out", out, "--set", "train.steps=-5"]),
-                "train.steps = -5 is out of range: must be >= 0")
+                "train.steps = -5 is out of range: must be in [0, 9007199254740992]")
     usage_error(run([momfmm, "init", ini, "--out", out, "--set", "model.n_heads=0"]),
                 "model.n_heads = 0 is out of range: must be in [1, 4096]")
     usage_error(run([momfmm, "init", ini, "--out", out, "--set", "model.n_classes=1"]), "model.n_classes")

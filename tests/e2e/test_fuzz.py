@@ -2,8 +2,9 @@
 malformed checkpoints, token files and configs run against `loss`, `eval`,
 `inspect`, `generate` and `train --resume`. Every case must end within its timeout
 in exit 2 or 3: never a signal, never 0, never a sanitizer report (this module
-runs in the ASan/UBSan build too). Plus the divergence guard (train.lr huge →
-exit 4, the newest finite checkpoint kept; on_nonfinite = skip counts), the run
+runs in the ASan/UBSan build too). Plus the divergence guard (weights whose
+products overflow → exit 4, the newest finite checkpoint kept, and at step 1 of a run
+from step 0 not called a divergence; on_nonfinite = skip counts), the run
 lock (a second concurrent run exits 2), and the overwrite refusals.
 
 Classes of malformed checkpoints: array attributes in place of scalars,
@@ -20,6 +21,7 @@ inspect; momfmm.h5.load_tokens as loss).
 The later classes of hostile files are test_fuzz_files.py; the shared tiny
 checkpoint and helpers are fuzz_common.py."""
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -147,6 +149,12 @@ def config_cases():
         ("data.seq_len = 2^40", "data.seq_len=1099511627776"), ("unknown key", "train.lrr=1"),
         ("train.on_nonfinite = maybe", "train.on_nonfinite=maybe"), ("no section", "lr=1"),
         ("momentum.beta = inf", "momentum.beta=inf"), ("train.keep = 0", "train.keep=0"),
+        # ranges that train (docs/config.md §6): values that cannot are refused, saying why
+        ("momentum.beta = 2", "momentum.beta=2"), ("momentum.beta = 1", "momentum.beta=1"),
+        ("momentum.gamma = 1e18", "momentum.gamma=1e18"), ("momentum.gamma2 = -1e3", "momentum.gamma2=-1000"),
+        ("fmm.eps = 0", "fmm.eps=0"), ("train.lr = 1e18", "train.lr=1e18"),
+        ("train.lr x train.weight_decay >= 1", "train.weight_decay=1000"), ("train.steps = 2^53 + 2",
+                                                                           "train.steps=9007199254740994"),
     ]
 
 
@@ -306,21 +314,35 @@ def test_run_directory(momfmm, workdir):
 
 
 def test_divergence_guard(momfmm, workdir):
+    """Every config value trains (docs/config.md §6), so the guard is driven by weights: a
+    checkpoint of finite weights whose products overflow float32 (LayerNorm's bias 1 and
+    qkv weights of 3e38: every q, k and v is infinite) makes the next loss NaN."""
     d = os.path.join(workdir, "diverge")
     os.makedirs(d, exist_ok=True)
     ini, out = tiny_ini(d, "stop")
-    huge = ["--set", "train.lr=1e12", "--set", "train.warmup=0", "--set", "train.steps=30"]
-    r = run([momfmm, "train", ini, *huge], timeout=TIMEOUT_S)
+    assert run([momfmm, "train", ini, "--set", "train.steps=2"], timeout=TIMEOUT_S).returncode == 0
+    huge = os.path.join(out, "ckpt_00000002.h5")
+    with h5py.File(huge, "r+") as f:
+        f["model/blocks/0/ln1/bias"][...] = np.float32(1)
+        f["model/blocks/0/attn/qkv/weight"][...] = np.float32(3e38)
+    r = run([momfmm, "train", ini, "--set", "train.steps=30", "--resume", "auto"], timeout=TIMEOUT_S)
     assert r.returncode == 4, f"exit {r.returncode}: {r.stderr[-500:]}"
-    assert "diverged at step" in r.stderr
+    assert "diverged at step 3" in r.stderr, r.stderr[-500:]
     kept = sorted(n for n in os.listdir(out) if n.startswith("ckpt_"))
     assert kept, "the last good checkpoints are kept"
     for name in kept:
         with h5py.File(os.path.join(out, name), "r") as f:
             for key in ("model/tok_emb", "model/head/weight"):
                 assert np.isfinite(f[key][()]).all(), f"{name}: non-finite weights"
+    # the first step of a run from step 0 has made no update: not called a divergence
+    ini3, out3 = tiny_ini(d, "init")
+    r = run([momfmm, "train", ini3, "--init", huge], timeout=TIMEOUT_S)
+    assert r.returncode == 4 and "step 1 is not finite" in r.stderr and "no training diverged" in r.stderr and \
+        "diverged at step" not in r.stderr, r.stderr[-500:]
     ini2, out2 = tiny_ini(d, "skip")
-    r = run([momfmm, "train", ini2, *huge, "--set", "train.on_nonfinite=skip", "--set", "train.steps=8"],
+    os.makedirs(out2, exist_ok=True)
+    shutil.copy(huge, out2)
+    r = run([momfmm, "train", ini2, "--set", "train.on_nonfinite=skip", "--set", "train.steps=8", "--resume", "auto"],
             timeout=TIMEOUT_S)
     assert r.returncode == 0, r.stderr[-500:]
     assert "update skipped" in r.stdout

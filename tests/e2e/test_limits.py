@@ -5,10 +5,15 @@
   directory that does not exist (not created) or an empty one (left empty: no
   session directory), ulimit -n 8 and ulimit -f 4 MB; 50 inspects at once,
   twice, beside a training run under mpirun all succeed.
-- TestFileLimits: a checkpoint larger than ulimit -f stops train with exit 1
+- TestFileLimits: a checkpoint larger than ulimit -f stops train with exit 3
   and one line naming the file and the limit, no temporary left, a summary
   naming no checkpoint; init likewise exits 3. `train | head -1` (alone, and
   under momfmm-mpirun -np 2) stops with a checkpoint and exit 0, not SIGPIPE.
+- TestStandardOutput: every command that prints, with stdout on /dev/full or
+  closed, exits 3 with one line naming standard output.
+- TestThreads: OMP_NUM_THREADS of 100000, 20000 and the CPUs + 1 train at
+  once on the machine's CPUs with one warning; values that are no count
+  exit 2; alone and at np = 2.
 - TestMemoryLimits: under ulimit -v (not in the sanitizer build, whose shadow
   memory needs the address space) OpenBLAS's buffers that do not fit, and a
   model whose parameters, gradients and moments do not fit, or activations
@@ -139,9 +144,10 @@ class TestFileLimits:
         r = run([momfmm, "train", ini], timeout=TIMEOUT_S, preexec_fn=limited(FSIZE=size // 2))
         took = time.time() - start
         path = ckpt(out_dir, 2)
-        report.check("train, ulimit -f half a checkpoint: exit 1 (no SIGXFSZ) within 30 s, one line naming the "
-                     "checkpoint and ulimit -f", r.returncode == 1 and took < 30 and one_line(r.stderr) and
-                     path in r.stderr and "ulimit -f" in r.stderr, f"rc {r.returncode} after {took:.1f} s: "
+        report.check("train, ulimit -f half a checkpoint: exit 3 (no SIGXFSZ) within 30 s, one line naming the "
+                     "checkpoint, ulimit -f and the run directory", r.returncode == 3 and took < 30 and
+                     one_line(r.stderr) and path in r.stderr and "ulimit -f" in r.stderr and
+                     f"train.out_dir = {out_dir}" in r.stderr, f"rc {r.returncode} after {took:.1f} s: "
                      f"{r.stderr[-500:]!r}")
         left = [n for n in os.listdir(out_dir) if ".tmp" in n]
         report.check("train, ulimit -f: no checkpoint and no temporary file left",
@@ -185,6 +191,76 @@ class TestFileLimits:
                      rc == 0 and first and saved and saved[max(saved)] in marker and
                      ("standard output closed" if wrapped else "standard output closed (EPIPE)") in err,
                      f"rc {rc}; first {first!r}; checkpoints {sorted(saved)}; STOPPED {marker!r}; {err[-400:]!r}")
+
+
+class TestStandardOutput:
+    def test_output_lost(self, momfmm, trained, workdir, report):
+        """docs/cli.md §5: what a command writes to stdout is checked at exit. Every command
+        that prints, with stdout on a full device (/dev/full) or closed (>&-): one line
+        naming standard output and exit 3, never a silent 0; a closed stdout is not handed
+        to a file the command opens (the checkpoint of train, init's --out)."""
+        ini, out_dir, ck, tokens = trained
+        logits_in = os.path.join(workdir, "logits_tokens.h5")
+        with h5py.File(logits_in, "w") as f:
+            f["tokens"] = np.arange(8, dtype=np.int32)
+        every = dict(commands(momfmm, trained, workdir))
+        every.update({
+            "--version": [momfmm, "--version"],
+            "help train": [momfmm, "help", "train"],
+            "logits": [momfmm, "logits", ck, logits_in, "--out", os.path.join(workdir, "logits.h5"), "--force"],
+            "data": [momfmm, "data", ini, "--show", "2"],
+            "bench": [momfmm, "bench", ini, "--steps", "1"],
+            "train": [momfmm, "train", ini, "--set", f"train.out_dir={os.path.join(workdir, 'stdout_run')}",
+                      "--overwrite"],
+        })
+        for name, cmd in every.items():
+            for how in ("/dev/full", "closed"):
+                with open("/dev/full", "w") as full:
+                    kw = {"stdout": full} if how == "/dev/full" else {"stdout": subprocess.PIPE,
+                                                                      "preexec_fn": lambda: os.close(1)}
+                    r = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, timeout=TIMEOUT_S, env=env(), **kw)
+                report.check(f"{name} with stdout {how}: exit 3, one line naming standard output",
+                             r.returncode == 3 and one_line(r.stderr) and "standard output" in r.stderr,
+                             f"rc {r.returncode}: {r.stderr[-300:]!r}")
+        with h5py.File(ckpt(os.path.join(workdir, "stdout_run"), 2), "r") as f:
+            report.check("train with stdout closed: its checkpoint is a checkpoint (no log lines in it)",
+                         f.attrs["format"] == "momfmm-checkpoint")
+
+
+class TestThreads:
+    def test_thread_counts_bounded(self, momfmm, trained, workdir, report):
+        """docs/cli.md §5, threads: OMP_NUM_THREADS is bounded by the machine's CPUs before any
+        pool starts (100000 segfaulted, 20000 took 80 s for a 0.05 s run): above it, a one-line
+        warning and the CPU count; not a positive integer, exit 2 naming it. OpenBLAS's own
+        variables are capped by OpenBLAS at load. Alone and at np = 2."""
+        ini, _, _, _ = trained
+        cpus = os.cpu_count()
+        out = os.path.join(workdir, "threads_run")
+        cmd = [momfmm, "train", ini, "--set", f"train.out_dir={out}", "--overwrite"]
+        cases = [({"OMP_NUM_THREADS": "100000"}, 0, f"using {cpus}"),
+                 ({"OMP_NUM_THREADS": "20000"}, 0, f"using {cpus}"),
+                 ({"OMP_NUM_THREADS": str(cpus + 1)}, 0, f"using {cpus}"),
+                 ({"OMP_NUM_THREADS": f"{cpus},1"}, 0, None),
+                 ({"OPENBLAS_NUM_THREADS": "100000", "GOTO_NUM_THREADS": "100000"}, 0, None)]
+        cases += [({"OMP_NUM_THREADS": bad}, 2, f"OMP_NUM_THREADS = '{bad}'") for bad in ("abc", "0", "-1", "1e9")]
+        for variables, code, needle in cases:
+            # under mpirun: one value clamped, one refused (every rank alike, rank 0 says it)
+            for np_ in (None, 2) if variables.get("OMP_NUM_THREADS") in ("100000", "abc") else (None,):
+                what = " ".join(f"{k}={v}" for k, v in variables.items()) + ("" if np_ is None else " np 2")
+                start = time.time()
+                r = run((MPIRUN + ["-np", str(np_)] if np_ else []) + cmd, timeout=TIMEOUT_S, env=env(**variables))
+                took = time.time() - start
+                lines = [l for l in r.stderr.splitlines() if l.startswith("momfmm:")]
+                threads = re.search(r"x (\d+) threads?", r.stdout)
+                if code == 0:
+                    report.check(f"{what}: trains within 60 s on at most {cpus} threads"
+                                 + (", one warning naming the count used" if needle else ", no warning"),
+                                 r.returncode == 0 and took < 60 and threads and int(threads[1]) <= cpus and
+                                 (len(lines) == 1 and needle in lines[0] if needle else not lines),
+                                 f"rc {r.returncode} in {took:.1f} s: {r.stderr[-300:]!r}")
+                else:
+                    report.check(f"{what}: exit 2, one line naming it", r.returncode == 2 and len(lines) == 1 and
+                                 needle in lines[0], f"rc {r.returncode}: {r.stderr[-300:]!r}")
 
 
 class TestMemoryLimits:

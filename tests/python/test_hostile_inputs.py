@@ -387,6 +387,8 @@ def c_keys():
     table = table[:table.index("\n};")]
     table = re.sub(r"/\*.*?\*/", "", table, flags=re.S)
     env = {"BIG": 1e18, "NULL": None, "CONFIG_FMM_KERNELS": config.FMM_KERNELS}
+    for name, value in re.findall(r"^#define (\w+) ([0-9.eE+-]+)", source, re.M):  # the table's own limits
+        env.setdefault(name, float(value))
     out = {}
     for row in re.findall(r"\{(\"[^{}]*)\}", table):
         fields = [f.strip() for f in re.split(r",(?![^(]*\))", row)]
