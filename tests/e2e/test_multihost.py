@@ -205,8 +205,9 @@ def wait_for(condition, seconds, step=0.2):
 
 
 def checkpoints(out_dir):
-    """The checkpoints of a run directory, oldest first (momfmm.files.list_checkpoints)."""
-    return [path for _, path in list_checkpoints(out_dir)]
+    """The checkpoints of a run directory, oldest first (momfmm.files.list_checkpoints); none
+    while the run has not made its directory yet."""
+    return [path for _, path in list_checkpoints(out_dir)] if os.path.isdir(out_dir) else []
 
 
 class TestFaults:

@@ -318,7 +318,9 @@ def write_tokens(path: str, case: Case, s: ref.ModelSettings, batch: int, rng):
 
 
 def make_momentum_free_copy(src: str, dst: str):
-    """Same checkpoint, momentum section reset to the defaults of docs/config.md §6 (momentum off)."""
+    """Same checkpoint, momentum section reset to the defaults of docs/config.md §6 (momentum off):
+    the momentum tensors (gamma, its moments, the /buffers group) go with it, as the binary refuses
+    tensors the config does not describe."""
     shutil.copyfile(src, dst)
     with h5py.File(dst, "r+") as f:
         cp = configparser.ConfigParser(interpolation=None)
@@ -332,6 +334,8 @@ def make_momentum_free_copy(src: str, dst: str):
                 for name in h5.read_tensor_group(f, top):
                     if name.endswith("momentum_gamma"):
                         del f[top][name]
+        if "buffers" in f:
+            del f["buffers"]
 
 
 # --------------------------------------------------------------------------
