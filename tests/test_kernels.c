@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/cpu.h"
 #include "base/float_env.h"
 #include "kernels/kernels.h"
 #include "kernels/tile_gemm.h"
@@ -331,6 +332,107 @@ static void test_tile_gemm(void) {
     else test_skip("tiled attention: AVX2 and portable products agree", "the CPU has no AVX2 and FMA");
 }
 
+/* ---- bf16 tile products (tile_gemm.c) ---- */
+static float bf16_round(float x) {
+    uint16_t h;
+    cpu_f32_to_bf16(&h, &x, 1);
+    return cpu_bf16_to_f32(h);
+}
+
+/* One product C = 0.5 A B (+ C) on bf16 operands: A [m x k] packed with
+ * its pairs contiguous (a_row = ld, a_col = 1) or across rows (a_row = 1,
+ * a_col = ld), B [k x n] in pairs along k; returns C [m x (n + 1)] (its
+ * last column must stay as it was) and the inputs for the reference. */
+typedef struct {
+    int m, n, k;
+    float *a, *b, *c0, *c; /* a [m x k], b [k x n], c0 the C before */
+} bf16_product;
+
+static bf16_product run_bf16_product(int m, int n, int k, bool pairs_across, bool accumulate) {
+    bf16_product r = {m, n, k, randn((size_t)m * k + 1, 1), randn((size_t)k * n + 1, 1), NULL, NULL};
+    int pairs = (k + 1) / 2, ldc = n + 1;
+    r.c0 = randn((size_t)m * ldc, 1), r.c = malloc(sizeof(float) * (size_t)m * ldc);
+    memcpy(r.c, r.c0, sizeof(float) * (size_t)m * ldc);
+    uint16_t *a16 = calloc(2 * (size_t)(m + 1) * (pairs + 1), 2), *b16 = calloc(2 * (size_t)pairs * (n + 3), 2);
+    ptrdiff_t a_row = pairs_across ? 1 : pairs + 1, a_col = pairs_across ? m + 1 : 1;
+    /* A's element (i, p) is a[i * k + p]: p runs along k */
+    tile_bf16_pack(a16, a_col, a_row, r.a, 1, k, k, m);
+    tile_bf16_pack(b16, n + 3, 1, r.b, n, 1, k, n);
+    tile_gemm_bf16(m, n, k, 0.5f, a16, a_row, a_col, b16, n + 3, accumulate, r.c, ldc);
+    if (!accumulate)
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) r.c0[i * ldc + j] = 0.0f;
+    free(a16), free(b16);
+    return r;
+}
+
+static void free_product(bf16_product *r) { free(r->a), free(r->b), free(r->c0), free(r->c); }
+
+/* Against the double-precision product of the bf16-rounded operands,
+ * within the fp32 sum's bound (k + 3) u sum |a b|. */
+static double bf16_product_error(const bf16_product *r) {
+    double worst = 0;
+    int ldc = r->n + 1;
+    for (int i = 0; i < r->m; i++)
+        for (int j = 0; j < ldc; j++) {
+            double exact = r->c0[i * ldc + j], magnitude = fabs(exact);
+            for (int p = 0; j < r->n && p < r->k; p++) {
+                double term = 0.5 * bf16_round(r->a[i * r->k + p]) * bf16_round(r->b[p * r->n + j]);
+                exact += term, magnitude += fabs(term);
+            }
+            double bound = (r->k + 3) * 0x1p-24 * magnitude + 1e-30;
+            worst = fmax(worst, fabs(r->c[i * ldc + j] - exact) / bound);
+        }
+    return worst;
+}
+
+static const int bf16_shapes[][3] = {{1, 1, 1}, {6, 32, 32}, {7, 17, 5},  {13, 29, 96}, {8, 12, 9},   {96, 32, 192},
+                                     {5, 3, 0}, {7, 70, 33}, {11, 64, 3}, {6, 48, 1},   {33, 33, 17}, {4, 16, 2}};
+
+static void test_tile_bf16_path(const char *path) {
+    double worst = 0;
+    for (size_t s = 0; s < sizeof bf16_shapes / sizeof bf16_shapes[0]; s++)
+        for (int mode = 0; mode < 4; mode++) {
+            bf16_product r =
+                run_bf16_product(bf16_shapes[s][0], bf16_shapes[s][1], bf16_shapes[s][2], mode & 1, mode & 2);
+            worst = fmax(worst, bf16_product_error(&r));
+            free_product(&r);
+        }
+    char name[96];
+    snprintf(name, sizeof name, "tile_gemm_bf16 (%s): odd shapes, both A layouts, accumulate", path);
+    test_within(name, worst, 1.0);
+}
+
+/* vdpbf16ps and the fp32 path give the same bits on every shape. */
+static void test_tile_bf16_same_bits(void) {
+    bool same = true;
+    for (size_t s = 0; s < sizeof bf16_shapes / sizeof bf16_shapes[0]; s++)
+        for (int mode = 0; mode < 4; mode++) {
+            bf16_product r[2];
+            for (int way = 0; way < 2; way++) {
+                uint64_t seed = rng_state;
+                tile_gemm_set_bf16_native(way);
+                r[way] = run_bf16_product(bf16_shapes[s][0], bf16_shapes[s][1], bf16_shapes[s][2], mode & 1, mode & 2);
+                if (way == 0) rng_state = seed; /* the same operands twice */
+            }
+            size_t bytes = sizeof(float) * (size_t)bf16_shapes[s][0] * (bf16_shapes[s][1] + 1);
+            same = same && memcmp(r[0].c, r[1].c, bytes) == 0;
+            free_product(&r[0]), free_product(&r[1]);
+        }
+    tile_gemm_set_bf16_native(-1);
+    test_check(same, "tile_gemm_bf16: vdpbf16ps gives the fp32 path's bits", NULL);
+}
+
+static void test_tile_bf16(void) {
+    tile_gemm_set_bf16_native(0);
+    test_tile_bf16_path("fp32 sums");
+    tile_gemm_set_bf16_native(-1);
+    if (tile_gemm_bf16_native()) {
+        test_tile_bf16_path("vdpbf16ps");
+        test_tile_bf16_same_bits();
+    } else test_skip("tile_gemm_bf16 (vdpbf16ps)", "the CPU has no AVX512_BF16");
+}
+
 /* ---- cross-entropy ---- */
 static double ce_loss(void *p) {
     ctx *c = p;
@@ -406,6 +508,7 @@ int main(void) {
     test_tiled_equals_dense(true);
     test_tiled_equals_dense(false);
     test_tile_gemm();
+    test_tile_bf16();
     test_cross_entropy();
     test_flush_denormals();
     return test_summary("test_kernels");
