@@ -504,9 +504,9 @@ static void bench_band(int T, bool causal, int half) {
         case_forward(&c);
         case_backward(&c);
         double t1 = now_seconds();
-        tiled_softmax_band_forward(c.out, lse, c.q, c.k, c.v, T, T, dh, 0, causal, half, scratch);
+        tiled_softmax_band_forward(c.out, lse, c.q, c.k, c.v, T, T, dh, 0, causal, half, false, scratch);
         tiled_softmax_band_backward(c.dq, c.dk, c.dv, c.w, c.out, lse, c.q, c.k, c.v, T, T, dh, 0, causal, half, false,
-                                    scratch);
+                                    false, scratch);
         double t2 = now_seconds();
         rows = fmin(rows, t1 - t0), tiles = fmin(tiles, t2 - t1);
     }

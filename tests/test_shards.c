@@ -292,9 +292,9 @@ static void ring_softmax_test(bool causal, int T, int chunks) {
     fd_fill(whole.q, n, 1.0f, &seed), fd_fill(whole.k, n, 1.0f, &seed);
     fd_fill(whole.v, n, 1.0f, &seed), fd_fill(whole.w, n, 1.0f, &seed);
     float *lse = floats((size_t)T), *scratch = floats(tiled_softmax_scratch_floats(T, dh));
-    tiled_softmax_forward(whole.out, lse, whole.q, whole.k, whole.v, T, T, dh, 0, causal, scratch);
+    tiled_softmax_forward(whole.out, lse, whole.q, whole.k, whole.v, T, T, dh, 0, causal, false, scratch);
     tiled_softmax_backward(whole.dq, whole.dk, whole.dv, whole.w, whole.out, lse, whole.q, whole.k, whole.v, T, dh,
-                           causal, scratch);
+                           causal, false, scratch);
     float *glse = floats((size_t)T), *bout = floats(n), *blse = floats((size_t)T);
     for (int i = 0; i < T; i++) glse[i] = -INFINITY;
     for (int qc = 0; qc < chunks; qc++) { /* forward: each query chunk merges the blocks it sees */
@@ -303,7 +303,8 @@ static void ring_softmax_test(bool causal, int T, int chunks) {
             int kind = pair_kind(causal, qc, kc), k0 = cut(T, chunks, kc), tk = cut(T, chunks, kc + 1) - k0;
             if (kind < 0) continue;
             tiled_softmax_forward(bout, blse, whole.q + (size_t)q0 * dh, whole.k + (size_t)k0 * dh,
-                                  whole.v + (size_t)k0 * dh, tq, tk, dh, kind == 0 ? 0 : q0 - k0, kind == 0, scratch);
+                                  whole.v + (size_t)k0 * dh, tq, tk, dh, kind == 0 ? 0 : q0 - k0, kind == 0, false,
+                                  scratch);
             tiled_softmax_merge(got.out + (size_t)q0 * dh, glse + q0, bout, blse, tq, dh);
         }
     }
@@ -316,7 +317,7 @@ static void ring_softmax_test(bool causal, int T, int chunks) {
             tiled_softmax_band_backward(got.dq + (size_t)q0 * dh, got.dk + (size_t)k0 * dh, got.dv + (size_t)k0 * dh,
                                         whole.w + (size_t)q0 * dh, got.out + (size_t)q0 * dh, glse + q0,
                                         whole.q + (size_t)q0 * dh, whole.k + (size_t)k0 * dh, whole.v + (size_t)k0 * dh,
-                                        tq, tk, dh, kind == 0 ? 0 : q0 - k0, kind == 0, 0, true, scratch);
+                                        tq, tk, dh, kind == 0 ? 0 : q0 - k0, kind == 0, 0, true, false, scratch);
         }
     double err = fmax(rel_err(got.out, whole.out, n), rel_err(got.dq, whole.dq, n));
     err = fmax(err, fmax(rel_err(got.dk, whole.dk, n), rel_err(got.dv, whole.dv, n)));

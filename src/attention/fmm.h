@@ -21,6 +21,10 @@ typedef struct {
     float eps;       /* normaliser epsilon of the far field */
     int chunk;       /* chunk length C of the chunked linear attention */
     bool band_tiles; /* a wide band may run on tiled_softmax's kernel (attention.impl = tiled) */
+    /* products on bf16 operands (train.precision = bf16, docs/design.md
+     * §8.10): the band's tiles and the far field here, and softmax
+     * attention's tiles, which read it from the same settings */
+    bool bf16;
 } fmm_settings;
 
 /* A head's T rows as one shard of a sequence cut across the ranks of a

@@ -44,6 +44,7 @@ typedef struct {
     int half, width;
     bool causal;
     int left, Tk;
+    bool bf16; /* the tiles' products on bf16 operands (fmm_settings) */
 } fmm_band;
 
 /* The band of a whole sequence of T, or of a shard's T rows (shard: NULL

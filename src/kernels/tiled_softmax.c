@@ -38,24 +38,67 @@
 static int min_int(int a, int b) { return a < b ? a : b; }
 static int max_int(int a, int b) { return a > b ? a : b; }
 
+/* bf16 operands (docs/design.md §8.10), packed once per tile into pairs
+ * (tile_gemm.h), each in the form its product reads: forward the query
+ * tile (q, once for all its key tiles), the key and value tiles (k, v) and
+ * the probabilities (p); backward the key tile (kt, vt: once for all its
+ * query tiles), and per (key tile, query tile) the keys as dQ's operand
+ * (k), the query and output-gradient rows (q, qr, d, dr) and the tile's
+ * probabilities and score gradients (p, sr, s). Sizes in pairs. */
+typedef struct {
+    uint16_t *q, *qr, *k, *kt, *v, *vt, *d, *dr, *p, *s, *sr;
+} tile_pairs;
+
+/* Pairs of the bf16 operands (docs/design.md §8.10): forward and backward
+ * share them, for at most this many pairs. */
+static size_t pairs_needed(int dh) {
+    size_t hp = (size_t)(dh + 1) / 2, forward = hp * TILE_Q + TILE_K * hp + (TILE_K + 1) / 2 * ((size_t)dh + TILE_Q);
+    size_t rows = (TILE_Q + 1) / 2, backward = 2 * hp * TILE_KB + (TILE_KB + 1) / 2 * (size_t)dh + 2 * TILE_Q * hp +
+                                            2 * rows * dh + 2 * rows * TILE_KB + TILE_Q * (size_t)(TILE_KB + 1) / 2;
+    return forward > backward ? forward : backward;
+}
+
 /* The scratch, carved: forward uses st, qt, acc and the row arrays;
- * backward p, dp, kt, vt and D. */
+ * backward p, dp, kt, vt and D; the bf16 paths the pairs. */
 typedef struct {
     float *st, *dp, *qt, *kt, *vt, *acc, *m, *l, *mx, *rescale, *sum, *D;
+    uint16_t *pairs; /* pairs_needed(dh) */
+    bool bf16;       /* the products on bf16 operands */
 } tile_scratch;
 
 size_t tiled_softmax_scratch_floats(int T, int dh) {
     return 2 * (size_t)TILE_Q * TILE_K + 2 * (size_t)dh * TILE_K + 2 * (size_t)dh * TILE_Q + 5 * (size_t)TILE_Q +
-           (size_t)T;
+           (size_t)T + pairs_needed(dh); /* a pair takes a float's 4 bytes */
 }
 
-static tile_scratch carve(float *scratch, int dh) {
+static tile_scratch carve(float *scratch, int dh, bool bf16) {
     tile_scratch s;
+    s.bf16 = bf16;
     s.st = scratch, s.dp = s.st + (size_t)TILE_Q * TILE_K, s.kt = s.dp + (size_t)TILE_Q * TILE_K;
     s.vt = s.kt + (size_t)dh * TILE_K, s.qt = s.vt + (size_t)dh * TILE_K, s.acc = s.qt + (size_t)dh * TILE_Q;
     s.m = s.acc + (size_t)dh * TILE_Q, s.l = s.m + TILE_Q, s.mx = s.l + TILE_Q, s.rescale = s.mx + TILE_Q;
-    s.sum = s.rescale + TILE_Q, s.D = s.sum + TILE_Q;
+    s.sum = s.rescale + TILE_Q, s.pairs = (uint16_t *)(s.sum + TILE_Q);
+    s.D = s.sum + TILE_Q + pairs_needed(dh); /* [T], last: the rest of the scratch */
     return s;
+}
+
+/* The forward's pairs, carved from s->pairs. */
+static tile_pairs forward_pairs(const tile_scratch *s, int dh) {
+    size_t hp = (size_t)(dh + 1) / 2;
+    tile_pairs p = {0};
+    p.q = s->pairs, p.k = p.q + 2 * hp * TILE_Q, p.v = p.k + 2 * TILE_K * hp;
+    p.p = p.v + 2 * (size_t)(TILE_K + 1) / 2 * dh;
+    return p;
+}
+
+static tile_pairs backward_pairs(const tile_scratch *s, int dh) {
+    size_t hp = (size_t)(dh + 1) / 2, rows = (TILE_Q + 1) / 2;
+    tile_pairs p = {0};
+    p.kt = s->pairs, p.vt = p.kt + 2 * hp * TILE_KB, p.k = p.vt + 2 * hp * TILE_KB;
+    p.qr = p.k + 2 * (size_t)(TILE_KB + 1) / 2 * dh, p.dr = p.qr + 2 * TILE_Q * hp, p.q = p.dr + 2 * TILE_Q * hp;
+    p.d = p.q + 2 * rows * dh, p.p = p.d + 2 * rows * dh, p.s = p.p + 2 * rows * TILE_KB;
+    p.sr = p.s + 2 * rows * TILE_KB;
+    return p;
 }
 
 /* Which keys a query row sees (tiled_softmax.h): key j is visible to the
@@ -181,19 +224,44 @@ static void online_tile(const tile_scratch *s, int rows, int keys, int i0, int j
     }
 }
 
+/* The tile's scores S^T = scale K_j Q_i^T (keys x rows) into s->st, from
+ * the query tile as forward_tile packed it. */
+static void tile_scores(const float *kj, int keys, int rows, int dh, const tile_scratch *s, const tile_pairs *pr) {
+    float scale = 1.0f / sqrtf((float)dh);
+    if (!s->bf16) {
+        tile_gemm(keys, rows, dh, scale, kj, dh, 1, s->qt, TILE_Q, false, s->st, TILE_Q);
+        return;
+    }
+    int hp = (dh + 1) / 2;
+    tile_bf16_pack(pr->k, 1, hp, kj, 1, dh, dh, keys);
+    tile_gemm_bf16(keys, rows, dh, scale, pr->k, hp, 1, pr->q, TILE_Q, false, s->st, TILE_Q);
+}
+
+/* acc += P V_j, P the tile's probabilities (s->st, keys x rows). */
+static void tile_values(const float *vj, int keys, int rows, int dh, const tile_scratch *s, const tile_pairs *pr) {
+    if (!s->bf16) {
+        tile_gemm(rows, dh, keys, 1.0f, s->st, 1, TILE_Q, vj, dh, true, s->acc, dh);
+        return;
+    }
+    tile_bf16_pack(pr->p, TILE_Q, 1, s->st, TILE_Q, 1, keys, rows);
+    tile_bf16_pack(pr->v, dh, 1, vj, dh, 1, keys, dh);
+    tile_gemm_bf16(rows, dh, keys, 1.0f, pr->p, 1, TILE_Q, pr->v, dh, true, s->acc, dh);
+}
+
 static void forward_tile(float *out, float *lse, const float *q, const float *k, const float *v, int dh, int i0,
                          int rows, const tile_mask *mask, const tile_scratch *s) {
-    float scale = 1.0f / sqrtf((float)dh);
     /* the keys any row of the tile sees: from the first row's first to the last row's last */
     int first_key = key_begin(mask, i0), last_key = key_end(mask, i0 + rows - 1);
-    tile_gemm_transpose(s->qt, TILE_Q, q + (size_t)i0 * dh, dh, rows, dh);
+    tile_pairs pr = forward_pairs(s, dh);
+    if (s->bf16) tile_bf16_pack(pr.q, TILE_Q, 1, q + (size_t)i0 * dh, 1, dh, dh, rows);
+    else tile_gemm_transpose(s->qt, TILE_Q, q + (size_t)i0 * dh, dh, rows, dh);
     for (int r = 0; r < rows; r++) s->m[r] = -INFINITY, s->l[r] = 0.0f;
     memset(s->acc, 0, sizeof(float) * (size_t)rows * dh);
     for (int j0 = first_key; j0 < last_key; j0 += TILE_K) {
         int keys = min_int(TILE_K, last_key - j0);
-        tile_gemm(keys, rows, dh, scale, k + (size_t)j0 * dh, dh, 1, s->qt, TILE_Q, false, s->st, TILE_Q);
+        tile_scores(k + (size_t)j0 * dh, keys, rows, dh, s, &pr);
         online_tile(s, rows, keys, i0, j0, mask, dh);
-        tile_gemm(rows, dh, keys, 1.0f, s->st, 1, TILE_Q, v + (size_t)j0 * dh, dh, true, s->acc, dh);
+        tile_values(v + (size_t)j0 * dh, keys, rows, dh, s, &pr);
     }
     for (int r = 0; r < rows; r++) {
         float inv = 1.0f / s->l[r];
@@ -205,8 +273,8 @@ static void forward_tile(float *out, float *lse, const float *q, const float *k,
 }
 
 void tiled_softmax_band_forward(float *out, float *lse, const float *q, const float *k, const float *v, int Tq, int Tk,
-                                int dh, int q_pos0, bool causal, int half, float *scratch) {
-    tile_scratch s = carve(scratch, dh);
+                                int dh, int q_pos0, bool causal, int half, bool bf16, float *scratch) {
+    tile_scratch s = carve(scratch, dh, bf16);
     tile_mask mask = mask_of(q_pos0, Tk, causal, half);
     for (int i0 = 0; i0 < Tq; i0 += TILE_Q)
         forward_tile(out, lse, q, k, v, dh, i0, min_int(TILE_Q, Tq - i0), &mask, &s);
@@ -219,8 +287,8 @@ float tiled_softmax_weight(const float *q, const float *k, const float *lse, int
 }
 
 void tiled_softmax_forward(float *out, float *lse, const float *q, const float *k, const float *v, int Tq, int Tk,
-                           int dh, int q_pos0, bool causal, float *scratch) {
-    tiled_softmax_band_forward(out, lse, q, k, v, Tq, Tk, dh, q_pos0, causal, 0, scratch);
+                           int dh, int q_pos0, bool causal, bool bf16, float *scratch) {
+    tiled_softmax_band_forward(out, lse, q, k, v, Tq, Tk, dh, q_pos0, causal, 0, bf16, scratch);
 }
 
 /* Scores of one tile (rows x keys, stride TILE_KB), the keys [from, keys)
@@ -276,34 +344,89 @@ VECTOR_CLONES static void row_dots(float *D, const float *dout, const float *out
     }
 }
 
-/* The gradients' share of key tile j0 (keys x dh of K and V, transposed in
- * s->kt and s->vt) from the query rows i0 .. i0 + rows - 1, cut to the keys
- * those rows see: from the first row's first to the last row's last. */
-static void backward_tile(float *dq, float *dkj, float *dvj, const float *dout, const float *lse, const float *q,
-                          const float *kj, int dh, int i0, int rows, int j0, int keys, const tile_mask *mask,
-                          const tile_scratch *s) {
-    float scale = 1.0f / sqrtf((float)dh), *p = s->st;
-    int from = max_int(key_begin(mask, i0) - j0, 0);
-    keys = min_int(keys, key_end(mask, i0 + rows - 1) - j0) - from;
-    j0 += from, kj += (size_t)from * dh, dkj += (size_t)from * dh, dvj += (size_t)from * dh;
-    const float *qi = q + (size_t)i0 * dh, *doi = dout + (size_t)i0 * dh;
-    tile_gemm(rows, keys, dh, scale, qi, dh, 1, s->kt + from, TILE_KB, false, p, TILE_KB);
+/* The tile's probabilities exp(s - lse), in place of its scores. */
+static void tile_probabilities(float *p, const float *lse, int rows, int keys, int i0, int j0, const tile_mask *mask) {
 #if FAST_EXP8_AVAILABLE
     if (tile_gemm_available()) recompute_probabilities_avx2(p, lse, rows, keys, i0, j0, mask);
     else
 #endif
         recompute_probabilities(p, lse, rows, 0, keys, i0, j0, mask);
-    tile_gemm(keys, dh, rows, 1.0f, p, 1, TILE_KB, doi, dh, true, dvj, dh);
-    tile_gemm(rows, keys, dh, 1.0f, doi, dh, 1, s->vt + from, TILE_KB, false, s->dp, TILE_KB);
-    score_gradient(s->dp, p, s->D, rows, keys, i0);
-    tile_gemm(rows, dh, keys, scale, s->dp, TILE_KB, 1, kj, dh, true, dq + (size_t)i0 * dh, dh);
-    tile_gemm(keys, dh, rows, scale, s->dp, 1, TILE_KB, qi, dh, true, dkj, dh);
+}
+
+/* One (key tile, query tile) pair of backward: rows query rows from i0
+ * against keys keys from j0 (K_j transposed in s->kt and V_j in s->vt from
+ * column `from`); q, dout, dq at row i0, k, dk, dv at key j0. */
+typedef struct {
+    float *dq, *dk, *dv;
+    const float *q, *dout, *k, *lse;
+    int i0, rows, j0, keys, from;
+} tile_pair_args;
+
+static void backward_products(const tile_pair_args *t, int dh, const tile_mask *mask, const tile_scratch *s) {
+    float scale = 1.0f / sqrtf((float)dh), *p = s->st;
+    int rows = t->rows, keys = t->keys;
+    tile_gemm(rows, keys, dh, scale, t->q, dh, 1, s->kt + t->from, TILE_KB, false, p, TILE_KB);
+    tile_probabilities(p, t->lse, rows, keys, t->i0, t->j0, mask);
+    tile_gemm(keys, dh, rows, 1.0f, p, 1, TILE_KB, t->dout, dh, true, t->dv, dh);
+    tile_gemm(rows, keys, dh, 1.0f, t->dout, dh, 1, s->vt + t->from, TILE_KB, false, s->dp, TILE_KB);
+    score_gradient(s->dp, p, s->D, rows, keys, t->i0);
+    tile_gemm(rows, dh, keys, scale, s->dp, TILE_KB, 1, t->k, dh, true, t->dq, dh);
+    tile_gemm(keys, dh, rows, scale, s->dp, 1, TILE_KB, t->q, dh, true, t->dk, dh);
+}
+
+/* The same steps on bf16 operands: the query and output-gradient rows and
+ * the keys packed once for the pair, P and dS once each as they come. */
+static void backward_products_bf16(const tile_pair_args *t, int dh, const tile_mask *mask, const tile_scratch *s) {
+    float scale = 1.0f / sqrtf((float)dh), *p = s->st;
+    int rows = t->rows, keys = t->keys, hp = (dh + 1) / 2, kp = (TILE_KB + 1) / 2;
+    tile_pairs pr = backward_pairs(s, dh);
+    tile_bf16_pack(pr.qr, 1, hp, t->q, 1, dh, dh, rows);
+    tile_bf16_pack(pr.dr, 1, hp, t->dout, 1, dh, dh, rows);
+    tile_bf16_pack(pr.q, dh, 1, t->q, dh, 1, rows, dh);
+    tile_bf16_pack(pr.d, dh, 1, t->dout, dh, 1, rows, dh);
+    tile_bf16_pack(pr.k, dh, 1, t->k, dh, 1, keys, dh);
+    tile_gemm_bf16(rows, keys, dh, scale, pr.qr, hp, 1, pr.kt + 2 * t->from, TILE_KB, false, p, TILE_KB);
+    tile_probabilities(p, t->lse, rows, keys, t->i0, t->j0, mask);
+    tile_bf16_pack(pr.p, TILE_KB, 1, p, TILE_KB, 1, rows, keys);
+    tile_gemm_bf16(keys, dh, rows, 1.0f, pr.p, 1, TILE_KB, pr.d, dh, true, t->dv, dh);
+    tile_gemm_bf16(rows, keys, dh, 1.0f, pr.dr, hp, 1, pr.vt + 2 * t->from, TILE_KB, false, s->dp, TILE_KB);
+    score_gradient(s->dp, p, s->D, rows, keys, t->i0);
+    tile_bf16_pack(pr.sr, 1, kp, s->dp, 1, TILE_KB, keys, rows);
+    tile_bf16_pack(pr.s, TILE_KB, 1, s->dp, TILE_KB, 1, rows, keys);
+    tile_gemm_bf16(rows, dh, keys, scale, pr.sr, kp, 1, pr.k, dh, true, t->dq, dh);
+    tile_gemm_bf16(keys, dh, rows, scale, pr.s, 1, TILE_KB, pr.q, dh, true, t->dk, dh);
+}
+
+/* The gradients' share of key tile j0 (keys x dh of K and V, packed in
+ * s->kt and s->vt) from the query rows i0 .. i0 + rows - 1, cut to the keys
+ * those rows see: from the first row's first to the last row's last. */
+static void backward_tile(float *dq, float *dkj, float *dvj, const float *dout, const float *lse, const float *q,
+                          const float *kj, int dh, int i0, int rows, int j0, int keys, const tile_mask *mask,
+                          const tile_scratch *s) {
+    int from = max_int(key_begin(mask, i0) - j0, 0);
+    size_t at = (size_t)from * dh, row = (size_t)i0 * dh;
+    tile_pair_args t = {dq + row, dkj + at, dvj + at, q + row, dout + row, kj + at, lse, i0, rows, j0 + from,
+                        min_int(keys, key_end(mask, i0 + rows - 1) - j0) - from, from};
+    if (s->bf16) backward_products_bf16(&t, dh, mask, s);
+    else backward_products(&t, dh, mask, s);
+}
+
+/* Key tile j0's K and V as the products of backward_tile read them. */
+static void pack_key_tile(const float *kj, const float *vj, int keys, int dh, const tile_scratch *s) {
+    if (s->bf16) {
+        tile_pairs pr = backward_pairs(s, dh);
+        tile_bf16_pack(pr.kt, TILE_KB, 1, kj, 1, dh, dh, keys);
+        tile_bf16_pack(pr.vt, TILE_KB, 1, vj, 1, dh, dh, keys);
+        return;
+    }
+    tile_gemm_transpose(s->kt, TILE_KB, kj, dh, keys, dh);
+    tile_gemm_transpose(s->vt, TILE_KB, vj, dh, keys, dh);
 }
 
 void tiled_softmax_band_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                                  const float *q, const float *k, const float *v, int Tq, int Tk, int dh, int q_pos0,
-                                 bool causal, int half, bool accumulate, float *scratch) {
-    tile_scratch s = carve(scratch, dh);
+                                 bool causal, int half, bool accumulate, bool bf16, float *scratch) {
+    tile_scratch s = carve(scratch, dh, bf16);
     tile_mask mask = mask_of(q_pos0, Tk, causal, half);
     row_dots(s.D, dout, out, Tq, dh);
     if (!accumulate) {
@@ -317,8 +440,7 @@ void tiled_softmax_band_backward(float *dq, float *dk, float *dv, const float *d
         /* the rows that see a key of this tile, at positions j0 - ahead .. j0 + keys - 1 + behind, in query tiles */
         int first = max_int(j0 - mask.ahead - q_pos0, 0), end = min_int(j0 + keys + mask.behind - q_pos0, Tq);
         if (first >= end) continue;
-        tile_gemm_transpose(s.kt, TILE_KB, kj, dh, keys, dh);
-        tile_gemm_transpose(s.vt, TILE_KB, v + (size_t)j0 * dh, dh, keys, dh);
+        pack_key_tile(kj, v + (size_t)j0 * dh, keys, dh, &s);
         for (int i0 = first; i0 < end; i0 += TILE_Q)
             backward_tile(dq, dk + (size_t)j0 * dh, dv + (size_t)j0 * dh, dout, lse, q, kj, dh, i0,
                           min_int(TILE_Q, end - i0), j0, keys, &mask, &s);
@@ -326,9 +448,9 @@ void tiled_softmax_band_backward(float *dq, float *dk, float *dv, const float *d
 }
 
 void tiled_softmax_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                            const float *q, const float *k, const float *v, int T, int dh, bool causal,
+                            const float *q, const float *k, const float *v, int T, int dh, bool causal, bool bf16,
                             float *scratch) {
-    tiled_softmax_band_backward(dq, dk, dv, dout, out, lse, q, k, v, T, T, dh, 0, causal, 0, false, scratch);
+    tiled_softmax_band_backward(dq, dk, dv, dout, out, lse, q, k, v, T, T, dh, 0, causal, 0, false, bf16, scratch);
 }
 
 void tiled_softmax_merge(float *out, float *lse, const float *block_out, const float *block_lse, int Tq, int dh) {
