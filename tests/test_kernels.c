@@ -280,8 +280,8 @@ static two_ways tiled_two_ways(int DH, int half, bool (*choose)(int way)) {
         for (int i = 0; i < 4; i++) got[way][i] = calloc(n, 4);
         bool bf16 = choose(way);
         tiled_softmax_band_forward(got[way][0], lse, q, k, v, T, T, DH, 0, true, half, bf16, scratch);
-        tiled_softmax_band_backward(got[way][1], got[way][2], got[way][3], dout, got[way][0], lse, q, k, v, T, T, DH,
-                                    0, true, half, false, bf16, scratch);
+        tiled_softmax_band_backward(got[way][1], got[way][2], got[way][3], dout, got[way][0], lse, q, k, v, T, T, DH, 0,
+                                    true, half, false, bf16, scratch);
     }
     two_ways r = {0, true};
     for (int i = 0; i < 4; i++) {

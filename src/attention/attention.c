@@ -51,9 +51,9 @@ size_t attention_saved_per_head(const attention_layer_sizes *z) {
 size_t attention_scratch_per_head(const attention_layer_sizes *z) {
     int T = z->T, dh = config_head_dim(z->cfg);
     if (sharded(z)) return attention_shard_scratch_per_head(z);
-    size_t kernel = z->cfg->attention == ATTENTION_FMM ? fmm_head_scratch_floats(z->fmm, T, dh)
-                    : attention_tiled_at(z->cfg, z->fmm, T)    ? tiled_softmax_scratch_floats(T, dh)
-                                                       : (size_t)T * T;
+    size_t kernel = z->cfg->attention == ATTENTION_FMM      ? fmm_head_scratch_floats(z->fmm, T, dh)
+                    : attention_tiled_at(z->cfg, z->fmm, T) ? tiled_softmax_scratch_floats(T, dh)
+                                                            : (size_t)T * T;
     return kernel + 5 * (size_t)T * dh;
 }
 

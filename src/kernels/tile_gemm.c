@@ -542,7 +542,11 @@ __attribute__((BF16_TARGET)) static void pack_pair_row_native(uint16_t *dst, con
 void tile_bf16_pack(uint16_t *dst, ptrdiff_t d_k, ptrdiff_t d_n, const float *src, ptrdiff_t s_k, ptrdiff_t s_n, int k,
                     int n) {
     int pairs = (k + 1) / 2;
-    if (s_k == 1 && d_k == 1) { /* each j: k contiguous values into contiguous pairs */
+    if (s_k == 1 && d_k == 1) {         /* each j: k contiguous values into contiguous pairs */
+        if (s_n == k && 2 * d_n == k) { /* and the rows one after the other: one conversion */
+            cpu_f32_to_bf16(dst, src, (size_t)k * n);
+            return;
+        }
         for (int j = 0; j < n; j++) {
             uint16_t *row = dst + 2 * j * d_n;
             cpu_f32_to_bf16(row, src + j * s_n, (size_t)k);

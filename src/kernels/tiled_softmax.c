@@ -53,8 +53,8 @@ typedef struct {
  * share them, for at most this many pairs. */
 static size_t pairs_needed(int dh) {
     size_t hp = (size_t)(dh + 1) / 2, forward = hp * TILE_Q + TILE_K * hp + (TILE_K + 1) / 2 * ((size_t)dh + TILE_Q);
-    size_t rows = (TILE_Q + 1) / 2, backward = 2 * hp * TILE_KB + (TILE_KB + 1) / 2 * (size_t)dh + 2 * TILE_Q * hp +
-                                            2 * rows * dh + 2 * rows * TILE_KB + TILE_Q * (size_t)(TILE_KB + 1) / 2;
+    size_t rows = (TILE_Q + 1) / 2, backward = 2 * hp * TILE_KB + (TILE_KB + 1) / 2 * (size_t)dh + 2 * rows * dh +
+                                               2 * rows * TILE_KB + TILE_Q * (size_t)(TILE_KB + 1) / 2;
     return forward > backward ? forward : backward;
 }
 
@@ -64,11 +64,14 @@ typedef struct {
     float *st, *dp, *qt, *kt, *vt, *acc, *m, *l, *mx, *rescale, *sum, *D;
     uint16_t *pairs; /* pairs_needed(dh) */
     bool bf16;       /* the products on bf16 operands */
+    tile_pairs pr;   /* the pairs, carved for the direction that runs */
 } tile_scratch;
 
+/* D [T], and in bf16 backward's Q and dO as the scores' operands, packed
+ * once per call: 2 [T][(dh + 1) / 2] pairs. */
 size_t tiled_softmax_scratch_floats(int T, int dh) {
     return 2 * (size_t)TILE_Q * TILE_K + 2 * (size_t)dh * TILE_K + 2 * (size_t)dh * TILE_Q + 5 * (size_t)TILE_Q +
-           (size_t)T + pairs_needed(dh); /* a pair takes a float's 4 bytes */
+           pairs_needed(dh) + (size_t)T * (1 + 2 * (size_t)((dh + 1) / 2)); /* a pair takes a float's 4 bytes */
 }
 
 static tile_scratch carve(float *scratch, int dh, bool bf16) {
@@ -78,7 +81,7 @@ static tile_scratch carve(float *scratch, int dh, bool bf16) {
     s.vt = s.kt + (size_t)dh * TILE_K, s.qt = s.vt + (size_t)dh * TILE_K, s.acc = s.qt + (size_t)dh * TILE_Q;
     s.m = s.acc + (size_t)dh * TILE_Q, s.l = s.m + TILE_Q, s.mx = s.l + TILE_Q, s.rescale = s.mx + TILE_Q;
     s.sum = s.rescale + TILE_Q, s.pairs = (uint16_t *)(s.sum + TILE_Q);
-    s.D = s.sum + TILE_Q + pairs_needed(dh); /* [T], last: the rest of the scratch */
+    s.D = s.sum + TILE_Q + pairs_needed(dh); /* [T], then the rows' pairs: the rest of the scratch */
     return s;
 }
 
@@ -91,13 +94,15 @@ static tile_pairs forward_pairs(const tile_scratch *s, int dh) {
     return p;
 }
 
-static tile_pairs backward_pairs(const tile_scratch *s, int dh) {
+/* Backward's: qr and dr hold all Tq rows (after D). */
+static tile_pairs backward_pairs(const tile_scratch *s, int dh, int Tq) {
     size_t hp = (size_t)(dh + 1) / 2, rows = (TILE_Q + 1) / 2;
     tile_pairs p = {0};
     p.kt = s->pairs, p.vt = p.kt + 2 * hp * TILE_KB, p.k = p.vt + 2 * hp * TILE_KB;
-    p.qr = p.k + 2 * (size_t)(TILE_KB + 1) / 2 * dh, p.dr = p.qr + 2 * TILE_Q * hp, p.q = p.dr + 2 * TILE_Q * hp;
+    p.q = p.k + 2 * (size_t)(TILE_KB + 1) / 2 * dh;
     p.d = p.q + 2 * rows * dh, p.p = p.d + 2 * rows * dh, p.s = p.p + 2 * rows * TILE_KB;
     p.sr = p.s + 2 * rows * TILE_KB;
+    p.qr = (uint16_t *)(s->D + Tq), p.dr = p.qr + 2 * (size_t)Tq * hp;
     return p;
 }
 
@@ -252,16 +257,16 @@ static void forward_tile(float *out, float *lse, const float *q, const float *k,
                          int rows, const tile_mask *mask, const tile_scratch *s) {
     /* the keys any row of the tile sees: from the first row's first to the last row's last */
     int first_key = key_begin(mask, i0), last_key = key_end(mask, i0 + rows - 1);
-    tile_pairs pr = forward_pairs(s, dh);
-    if (s->bf16) tile_bf16_pack(pr.q, TILE_Q, 1, q + (size_t)i0 * dh, 1, dh, dh, rows);
+    const tile_pairs *pr = &s->pr;
+    if (s->bf16) tile_bf16_pack(pr->q, TILE_Q, 1, q + (size_t)i0 * dh, 1, dh, dh, rows);
     else tile_gemm_transpose(s->qt, TILE_Q, q + (size_t)i0 * dh, dh, rows, dh);
     for (int r = 0; r < rows; r++) s->m[r] = -INFINITY, s->l[r] = 0.0f;
     memset(s->acc, 0, sizeof(float) * (size_t)rows * dh);
     for (int j0 = first_key; j0 < last_key; j0 += TILE_K) {
         int keys = min_int(TILE_K, last_key - j0);
-        tile_scores(k + (size_t)j0 * dh, keys, rows, dh, s, &pr);
+        tile_scores(k + (size_t)j0 * dh, keys, rows, dh, s, pr);
         online_tile(s, rows, keys, i0, j0, mask, dh);
-        tile_values(v + (size_t)j0 * dh, keys, rows, dh, s, &pr);
+        tile_values(v + (size_t)j0 * dh, keys, rows, dh, s, pr);
     }
     for (int r = 0; r < rows; r++) {
         float inv = 1.0f / s->l[r];
@@ -275,6 +280,7 @@ static void forward_tile(float *out, float *lse, const float *q, const float *k,
 void tiled_softmax_band_forward(float *out, float *lse, const float *q, const float *k, const float *v, int Tq, int Tk,
                                 int dh, int q_pos0, bool causal, int half, bool bf16, float *scratch) {
     tile_scratch s = carve(scratch, dh, bf16);
+    s.pr = forward_pairs(&s, dh);
     tile_mask mask = mask_of(q_pos0, Tk, causal, half);
     for (int i0 = 0; i0 < Tq; i0 += TILE_Q)
         forward_tile(out, lse, q, k, v, dh, i0, min_int(TILE_Q, Tq - i0), &mask, &s);
@@ -379,17 +385,16 @@ static void backward_products(const tile_pair_args *t, int dh, const tile_mask *
 static void backward_products_bf16(const tile_pair_args *t, int dh, const tile_mask *mask, const tile_scratch *s) {
     float scale = 1.0f / sqrtf((float)dh), *p = s->st;
     int rows = t->rows, keys = t->keys, hp = (dh + 1) / 2, kp = (TILE_KB + 1) / 2;
-    tile_pairs pr = backward_pairs(s, dh);
-    tile_bf16_pack(pr.qr, 1, hp, t->q, 1, dh, dh, rows);
-    tile_bf16_pack(pr.dr, 1, hp, t->dout, 1, dh, dh, rows);
+    const tile_pairs pr = s->pr;
+    const uint16_t *qr = pr.qr + 2 * (size_t)t->i0 * hp, *dr = pr.dr + 2 * (size_t)t->i0 * hp;
     tile_bf16_pack(pr.q, dh, 1, t->q, dh, 1, rows, dh);
     tile_bf16_pack(pr.d, dh, 1, t->dout, dh, 1, rows, dh);
     tile_bf16_pack(pr.k, dh, 1, t->k, dh, 1, keys, dh);
-    tile_gemm_bf16(rows, keys, dh, scale, pr.qr, hp, 1, pr.kt + 2 * t->from, TILE_KB, false, p, TILE_KB);
+    tile_gemm_bf16(rows, keys, dh, scale, qr, hp, 1, pr.kt + 2 * t->from, TILE_KB, false, p, TILE_KB);
     tile_probabilities(p, t->lse, rows, keys, t->i0, t->j0, mask);
     tile_bf16_pack(pr.p, TILE_KB, 1, p, TILE_KB, 1, rows, keys);
     tile_gemm_bf16(keys, dh, rows, 1.0f, pr.p, 1, TILE_KB, pr.d, dh, true, t->dv, dh);
-    tile_gemm_bf16(rows, keys, dh, 1.0f, pr.dr, hp, 1, pr.vt + 2 * t->from, TILE_KB, false, s->dp, TILE_KB);
+    tile_gemm_bf16(rows, keys, dh, 1.0f, dr, hp, 1, pr.vt + 2 * t->from, TILE_KB, false, s->dp, TILE_KB);
     score_gradient(s->dp, p, s->D, rows, keys, t->i0);
     tile_bf16_pack(pr.sr, 1, kp, s->dp, 1, TILE_KB, keys, rows);
     tile_bf16_pack(pr.s, TILE_KB, 1, s->dp, TILE_KB, 1, rows, keys);
@@ -405,8 +410,18 @@ static void backward_tile(float *dq, float *dkj, float *dvj, const float *dout, 
                           const tile_scratch *s) {
     int from = max_int(key_begin(mask, i0) - j0, 0);
     size_t at = (size_t)from * dh, row = (size_t)i0 * dh;
-    tile_pair_args t = {dq + row, dkj + at, dvj + at, q + row, dout + row, kj + at, lse, i0, rows, j0 + from,
-                        min_int(keys, key_end(mask, i0 + rows - 1) - j0) - from, from};
+    tile_pair_args t = {dq + row,
+                        dkj + at,
+                        dvj + at,
+                        q + row,
+                        dout + row,
+                        kj + at,
+                        lse,
+                        i0,
+                        rows,
+                        j0 + from,
+                        min_int(keys, key_end(mask, i0 + rows - 1) - j0) - from,
+                        from};
     if (s->bf16) backward_products_bf16(&t, dh, mask, s);
     else backward_products(&t, dh, mask, s);
 }
@@ -414,9 +429,8 @@ static void backward_tile(float *dq, float *dkj, float *dvj, const float *dout, 
 /* Key tile j0's K and V as the products of backward_tile read them. */
 static void pack_key_tile(const float *kj, const float *vj, int keys, int dh, const tile_scratch *s) {
     if (s->bf16) {
-        tile_pairs pr = backward_pairs(s, dh);
-        tile_bf16_pack(pr.kt, TILE_KB, 1, kj, 1, dh, dh, keys);
-        tile_bf16_pack(pr.vt, TILE_KB, 1, vj, 1, dh, dh, keys);
+        tile_bf16_pack(s->pr.kt, TILE_KB, 1, kj, 1, dh, dh, keys);
+        tile_bf16_pack(s->pr.vt, TILE_KB, 1, vj, 1, dh, dh, keys);
         return;
     }
     tile_gemm_transpose(s->kt, TILE_KB, kj, dh, keys, dh);
@@ -429,6 +443,11 @@ void tiled_softmax_band_backward(float *dq, float *dk, float *dv, const float *d
     tile_scratch s = carve(scratch, dh, bf16);
     tile_mask mask = mask_of(q_pos0, Tk, causal, half);
     row_dots(s.D, dout, out, Tq, dh);
+    if (bf16) { /* the scores' operands: Q and dO in pairs along dh, once for every key tile */
+        s.pr = backward_pairs(&s, dh, Tq);
+        tile_bf16_pack(s.pr.qr, 1, (dh + 1) / 2, q, 1, dh, dh, Tq);
+        tile_bf16_pack(s.pr.dr, 1, (dh + 1) / 2, dout, 1, dh, dh, Tq);
+    }
     if (!accumulate) {
         memset(dq, 0, sizeof(float) * (size_t)Tq * dh);
         memset(dk, 0, sizeof(float) * (size_t)Tk * dh);
