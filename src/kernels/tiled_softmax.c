@@ -180,17 +180,22 @@ __attribute__((target("avx2"), always_inline)) static inline __m256 lanes_betwee
     return _mm256_andnot_ps(lanes_from(hi), lanes_from(lo));
 }
 
+/* Every row of the tile sees every key: the last key's first row and the
+ * first key's last. */
+static bool tile_whole(const tile_mask *mask, int rows, int keys, int i0, int j0) {
+    return row_begin(mask, j0 + keys - 1, i0, rows) == 0 && row_end(mask, j0, i0, rows) == rows;
+}
+
 /* tile_exponentials eight rows at a time with fast_exp8_nonpositive, each
- * group's sums in a register across the keys; the rows past the last full
- * group of eight go to the scalar loop (masked loads and stores are slow on
- * AMD's cores). */
-__attribute__((target("avx2,fma"))) static void tile_exponentials_avx2(float *st, float *sum, const float *m, int rows,
-                                                                       int keys, int i0, int j0,
+ * group's sums in a register across the keys, from row `from` (a multiple
+ * of eight); the rows past the last full group of eight go to the scalar
+ * loop (masked loads and stores are slow on AMD's cores). */
+__attribute__((target("avx2,fma"))) static void tile_exponentials_avx2(float *st, float *sum, const float *m, int from,
+                                                                       int rows, int keys, int i0, int j0,
                                                                        const tile_mask *mask) {
     int full = rows / 8 * 8;
-    /* every row sees every key: the last key's first row and the first key's last */
-    bool whole = row_begin(mask, j0 + keys - 1, i0, rows) == 0 && row_end(mask, j0, i0, rows) == rows;
-    for (int r0 = 0; r0 < full; r0 += 8) {
+    bool whole = tile_whole(mask, rows, keys, i0, j0);
+    for (int r0 = from; r0 < full; r0 += 8) {
         __m256 mr = _mm256_loadu_ps(m + r0), total = _mm256_setzero_ps();
         for (int j = 0; j < keys; j++) {
             float *col = st + (size_t)j * TILE_Q + r0;
@@ -205,12 +210,105 @@ __attribute__((target("avx2,fma"))) static void tile_exponentials_avx2(float *st
     }
     if (full < rows) tile_exponentials(st, sum, m, full, rows, keys, i0, j0, mask);
 }
+
+/* Lanes lo <= lane < hi of sixteen, as a mask register. */
+static __mmask16 lanes16(int lo, int hi) {
+    lo = max_int(min_int(lo, 16), 0), hi = max_int(min_int(hi, 16), 0);
+    return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+/* The same sixteen rows at a time on AVX-512 (fast_exp16_nonpositive: the
+ * same bits as the eight-lane groups), then the rest as above, so that
+ * each row's result does not depend on the vector width. */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline __m512
+exponentials16(const float *col, __m512 mr, bool whole, int j, int r0, int rows, int i0, int j0,
+               const tile_mask *mask) {
+    __m512 e = fast_exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(col), mr));
+    if (whole) return e;
+    return _mm512_maskz_mov_ps(lanes16(row_begin(mask, j0 + j, i0, rows) - r0, row_end(mask, j0 + j, i0, rows) - r0),
+                               e);
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static void tile_exponentials_avx512(float *st, float *sum, const float *m,
+                                                                                 int rows, int keys, int i0, int j0,
+                                                                                 const tile_mask *mask) {
+    int full = rows / 16 * 16;
+    bool whole = tile_whole(mask, rows, keys, i0, j0);
+    for (int r0 = 0; r0 < full; r0 += 16) {
+        __m512 mr = _mm512_loadu_ps(m + r0), total = _mm512_setzero_ps();
+        for (int j = 0; j < keys; j++) {
+            float *col = st + (size_t)j * TILE_Q + r0;
+            __m512 e = exponentials16(col, mr, whole, j, r0, rows, i0, j0, mask);
+            _mm512_storeu_ps(col, e);
+            total = _mm512_add_ps(total, e);
+        }
+        _mm512_storeu_ps(sum + r0, total);
+    }
+    tile_exponentials_avx2(st, sum, m, full, rows, keys, i0, j0, mask);
+}
+
+/* Sixteen bf16 pairs (a_i, b_i) from two rows of sixteen floats, with
+ * cpu_f32_to_bf16's rounding (vcvtne2ps2bf16) and one permute. */
+__attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"), always_inline)) static inline __m512i
+interleave16(__m512 a, __m512 b) {
+    const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
+/* The same exponentials for bf16 on vdpbf16ps, written as forward's P
+ * operand (pairs of keys, tile_values) instead of back into st: two keys
+ * at a time, summed in key order as above, so the same values and sums;
+ * the rows past the sixteens go through st and tile_bf16_pack. */
+__attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl,avx2,fma"))) static void
+tile_exponentials_pairs(float *st, float *sum, const float *m, int rows, int keys, int i0, int j0,
+                        const tile_mask *mask, uint16_t *pairs) {
+    int full = rows / 16 * 16;
+    bool whole = tile_whole(mask, rows, keys, i0, j0);
+    for (int r0 = 0; r0 < full; r0 += 16) {
+        __m512 mr = _mm512_loadu_ps(m + r0), total = _mm512_setzero_ps();
+        for (int j = 0; j < keys; j += 2) {
+            const float *col = st + (size_t)j * TILE_Q + r0;
+            __m512 e0 = exponentials16(col, mr, whole, j, r0, rows, i0, j0, mask), e1 = _mm512_setzero_ps();
+            total = _mm512_add_ps(total, e0);
+            if (j + 1 < keys) {
+                e1 = exponentials16(col + TILE_Q, mr, whole, j + 1, r0, rows, i0, j0, mask);
+                total = _mm512_add_ps(total, e1);
+            }
+            _mm512_storeu_si512((void *)(pairs + 2 * ((size_t)(j / 2) * TILE_Q + r0)), interleave16(e0, e1));
+        }
+        _mm512_storeu_ps(sum + r0, total);
+    }
+    if (full == rows) return;
+    tile_exponentials_avx2(st, sum, m, full, rows, keys, i0, j0, mask);
+    tile_bf16_pack(pairs + 2 * full, TILE_Q, 1, st + full, TILE_Q, 1, keys, rows - full);
+}
+
+/* Where the exponentials run on AVX-512: with the wide products
+ * (tile_gemm_wide, which the tests switch) on a CPU that has AVX-512F. */
+static bool exp16_here(void) {
+    static int cpu = -1;
+    if (cpu < 0) cpu = __builtin_cpu_supports("avx512f");
+    return cpu && tile_gemm_wide();
+}
 #endif
 
+/* Where bf16's exponentials write the P operand themselves: vdpbf16ps
+ * and AVX-512 exponentials both run. */
+static bool fused_pairs(const tile_scratch *s) {
+#if FAST_EXP8_AVAILABLE
+    return s->bf16 && exp16_here() && tile_gemm_bf16_native();
+#else
+    (void)s;
+    return false;
+#endif
+}
+
 /* One tile of scores S^T (keys x rows, stride TILE_Q) into the running
- * softmax: leaves exp(s - m_new) (0 where masked), updates each row's m
- * and l and rescales its output row by exp(m_old - m_new). A row that has
- * seen no key yet keeps m = -inf, l = 0. */
+ * softmax: leaves exp(s - m_new) (0 where masked), in st or, where
+ * fused_pairs, as the P operand in s->pr.p; updates each row's m and l and
+ * rescales its output row by exp(m_old - m_new). A row that has seen no
+ * key yet keeps m = -inf, l = 0. */
 static void online_tile(const tile_scratch *s, int rows, int keys, int i0, int j0, const tile_mask *mask, int dh) {
     tile_maxima(s->mx, s->m, s->st, rows, keys, i0, j0, mask);
     for (int r = 0; r < rows; r++) {
@@ -218,7 +316,9 @@ static void online_tile(const tile_scratch *s, int rows, int keys, int i0, int j
         s->m[r] = s->mx[r];
     }
 #if FAST_EXP8_AVAILABLE
-    if (tile_gemm_available()) tile_exponentials_avx2(s->st, s->sum, s->m, rows, keys, i0, j0, mask);
+    if (fused_pairs(s)) tile_exponentials_pairs(s->st, s->sum, s->m, rows, keys, i0, j0, mask, s->pr.p);
+    else if (exp16_here()) tile_exponentials_avx512(s->st, s->sum, s->m, rows, keys, i0, j0, mask);
+    else if (tile_gemm_available()) tile_exponentials_avx2(s->st, s->sum, s->m, 0, rows, keys, i0, j0, mask);
     else
 #endif
         tile_exponentials(s->st, s->sum, s->m, 0, rows, keys, i0, j0, mask);
@@ -248,7 +348,7 @@ static void tile_values(const float *vj, int keys, int rows, int dh, const tile_
         tile_gemm(rows, dh, keys, 1.0f, s->st, 1, TILE_Q, vj, dh, true, s->acc, dh);
         return;
     }
-    tile_bf16_pack(pr->p, TILE_Q, 1, s->st, TILE_Q, 1, keys, rows);
+    if (!fused_pairs(s)) tile_bf16_pack(pr->p, TILE_Q, 1, s->st, TILE_Q, 1, keys, rows);
     tile_bf16_pack(pr->v, dh, 1, vj, dh, 1, keys, dh);
     tile_gemm_bf16(rows, dh, keys, 1.0f, pr->p, 1, TILE_Q, pr->v, dh, true, s->acc, dh);
 }
@@ -329,6 +429,29 @@ recompute_probabilities_avx2(float *p, const float *lse, int rows, int keys, int
     }
     if (full < keys) recompute_probabilities(p, lse, rows, full, keys, i0, j0, mask);
 }
+
+/* The same sixteen keys at a time on AVX-512, then one group of eight
+ * where it fits, then the scalar loop: the same bits as above. */
+__attribute__((target("avx512f,avx2,fma"))) static void
+recompute_probabilities_avx512(float *p, const float *lse, int rows, int keys, int i0, int j0, const tile_mask *mask) {
+    int full16 = keys / 16 * 16, full = keys / 8 * 8;
+    for (int r = 0; r < rows; r++) {
+        float *row = p + (size_t)r * TILE_KB;
+        int begin = key_begin(mask, i0 + r) - j0, end = min_int(key_end(mask, i0 + r) - j0, keys);
+        __m512 lse_r = _mm512_set1_ps(lse[i0 + r]);
+        for (int j = 0; j < full16; j += 16) {
+            __m512 e = fast_exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), lse_r));
+            if (begin > j || end < j + 16) e = _mm512_maskz_mov_ps(lanes16(begin - j, end - j), e);
+            _mm512_storeu_ps(row + j, e);
+        }
+        if (full16 < full) {
+            __m256 e = fast_exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + full16), _mm256_set1_ps(lse[i0 + r])));
+            if (begin > full16 || end < full) e = _mm256_and_ps(e, lanes_between(begin - full16, end - full16));
+            _mm256_storeu_ps(row + full16, e);
+        }
+    }
+    if (full < keys) recompute_probabilities(p, lse, rows, full, keys, i0, j0, mask);
+}
 #endif
 
 /* dS = P * (dP - D), in place in dp. */
@@ -350,10 +473,64 @@ VECTOR_CLONES static void row_dots(float *D, const float *dout, const float *out
     }
 }
 
+#if FAST_EXP8_AVAILABLE
+/* bf16 backward's dS = P * (dP - D) (score_gradient's steps) and the three
+ * operands made of P and dS (tile_bf16_pack's rounding) in one pass, two
+ * rows at a time: P and dS in pairs across rows (p, s) and dS in pairs
+ * along keys (sr). */
+__attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"))) static void
+score_gradient_pairs(const float *p, const float *dp, const float *D, int rows, int keys, int i0,
+                     const tile_pairs *pr) {
+    const int kp = (TILE_KB + 1) / 2;
+    for (int r = 0; r < rows; r += 2) {
+        bool two = r + 1 < rows;
+        const float *p0 = p + (size_t)r * TILE_KB, *g0 = dp + (size_t)r * TILE_KB;
+        __m512 d0 = _mm512_set1_ps(D[i0 + r]), d1 = _mm512_set1_ps(two ? D[i0 + r + 1] : 0.0f);
+        uint16_t *row0 = pr->sr + 2 * (size_t)r * kp, *row1 = row0 + 2 * kp;
+        uint16_t *pp = pr->p + 2 * (size_t)(r / 2) * TILE_KB, *ps = pr->s + 2 * (size_t)(r / 2) * TILE_KB;
+        for (int j = 0; j < keys; j += 16) {
+            __mmask16 m = lanes16(0, keys - j);
+            __m512 a0 = _mm512_maskz_loadu_ps(m, p0 + j), a1 = _mm512_setzero_ps(), s1 = a1;
+            __m512 s0 = _mm512_mul_ps(a0, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, g0 + j), d0));
+            if (two) {
+                a1 = _mm512_maskz_loadu_ps(m, p0 + TILE_KB + j);
+                s1 = _mm512_mul_ps(a1, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, g0 + TILE_KB + j), d1));
+                _mm256_mask_storeu_epi16(row1 + j, m, (__m256i)_mm512_cvtneps_pbh(s1));
+            }
+            _mm256_mask_storeu_epi16(row0 + j, m, (__m256i)_mm512_cvtneps_pbh(s0));
+            _mm512_mask_storeu_epi32(pp + 2 * j, m, interleave16(a0, a1));
+            _mm512_mask_storeu_epi32(ps + 2 * j, m, interleave16(s0, s1));
+        }
+        if (keys & 1) { /* the last pair's high half, as tile_bf16_pack leaves it */
+            row0[keys] = 0;
+            if (two) row1[keys] = 0;
+        }
+    }
+}
+#endif
+
+/* bf16 backward's operands made of P and dS: P and dS in pairs across rows
+ * (pr->p, pr->s) and dS along keys (pr->sr); dS = P * (dP - D). */
+static void score_gradient_bf16(float *p, float *dp, const float *D, int rows, int keys, int i0,
+                                const tile_scratch *s) {
+    const tile_pairs *pr = &s->pr;
+#if FAST_EXP8_AVAILABLE
+    if (tile_gemm_bf16_native()) {
+        score_gradient_pairs(p, dp, D, rows, keys, i0, pr);
+        return;
+    }
+#endif
+    tile_bf16_pack(pr->p, TILE_KB, 1, p, TILE_KB, 1, rows, keys);
+    score_gradient(dp, p, D, rows, keys, i0);
+    tile_bf16_pack(pr->sr, 1, (TILE_KB + 1) / 2, dp, 1, TILE_KB, keys, rows);
+    tile_bf16_pack(pr->s, TILE_KB, 1, dp, TILE_KB, 1, rows, keys);
+}
+
 /* The tile's probabilities exp(s - lse), in place of its scores. */
 static void tile_probabilities(float *p, const float *lse, int rows, int keys, int i0, int j0, const tile_mask *mask) {
 #if FAST_EXP8_AVAILABLE
-    if (tile_gemm_available()) recompute_probabilities_avx2(p, lse, rows, keys, i0, j0, mask);
+    if (exp16_here()) recompute_probabilities_avx512(p, lse, rows, keys, i0, j0, mask);
+    else if (tile_gemm_available()) recompute_probabilities_avx2(p, lse, rows, keys, i0, j0, mask);
     else
 #endif
         recompute_probabilities(p, lse, rows, 0, keys, i0, j0, mask);
@@ -392,12 +569,9 @@ static void backward_products_bf16(const tile_pair_args *t, int dh, const tile_m
     tile_bf16_pack(pr.k, dh, 1, t->k, dh, 1, keys, dh);
     tile_gemm_bf16(rows, keys, dh, scale, qr, hp, 1, pr.kt + 2 * t->from, TILE_KB, false, p, TILE_KB);
     tile_probabilities(p, t->lse, rows, keys, t->i0, t->j0, mask);
-    tile_bf16_pack(pr.p, TILE_KB, 1, p, TILE_KB, 1, rows, keys);
-    tile_gemm_bf16(keys, dh, rows, 1.0f, pr.p, 1, TILE_KB, pr.d, dh, true, t->dv, dh);
     tile_gemm_bf16(rows, keys, dh, 1.0f, dr, hp, 1, pr.vt + 2 * t->from, TILE_KB, false, s->dp, TILE_KB);
-    score_gradient(s->dp, p, s->D, rows, keys, t->i0);
-    tile_bf16_pack(pr.sr, 1, kp, s->dp, 1, TILE_KB, keys, rows);
-    tile_bf16_pack(pr.s, TILE_KB, 1, s->dp, TILE_KB, 1, rows, keys);
+    score_gradient_bf16(p, s->dp, s->D, rows, keys, t->i0, s);
+    tile_gemm_bf16(keys, dh, rows, 1.0f, pr.p, 1, TILE_KB, pr.d, dh, true, t->dv, dh);
     tile_gemm_bf16(rows, dh, keys, scale, pr.sr, kp, 1, pr.k, dh, true, t->dq, dh);
     tile_gemm_bf16(keys, dh, rows, scale, pr.s, 1, TILE_KB, pr.q, dh, true, t->dk, dh);
 }
