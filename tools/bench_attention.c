@@ -107,12 +107,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bench_attention [T in 1..1048576] [dh in 1..256] [fp32|avx2|bf16|bf16-fp32]\n");
         return 2;
     }
-    cpu_peak both = cpu_measure_peak(1, 0.5);
-    double peak = bf16 && both.bf16_gflops > 0 ? both.bf16_gflops : both.fp32_gflops;
+    double fp32_peak = cpu_fma_peak_gflops(0.5), bf16_peak = cpu_measure_peak(1, 0.5).bf16_gflops;
+    double peak = bf16 && bf16_peak > 0 ? bf16_peak : fp32_peak;
     printf("fp32 FMA peak %.1f GFLOP/s (%s), bf16 dot-product peak %.1f (1 thread, measured); tile products on %s; "
            "percentages of the %s peak\n",
-           both.fp32_gflops, both.isa, both.bf16_gflops, kernel_name(bf16),
-           bf16 && both.bf16_gflops > 0 ? "bf16" : "fp32");
+           fp32_peak, cpu_fma_isa(), bf16_peak, kernel_name(bf16), bf16 && bf16_peak > 0 ? "bf16" : "fp32");
     size_t n = (size_t)T * dh;
     float *q = random_floats(n), *k = random_floats(n), *v = random_floats(n), *out = random_floats(n);
     float *dout = random_floats(n), *dq = random_floats(n), *dk = random_floats(n), *dv = random_floats(n);
