@@ -539,6 +539,25 @@ __attribute__((BF16_TARGET)) static void pack_pair_row_native(uint16_t *dst, con
 }
 #endif
 
+/* tile_bf16_pack of n rows of k contiguous values one after the other
+ * (s_k = 1, s_n = k, k <= PLACED_BLOCK) into pairs placed anywhere: blocks
+ * of whole rows converted by one call, each pair then copied to its place
+ * (the high half of an odd k's last pair 0). */
+#define PLACED_BLOCK 4096
+static void pack_placed(uint16_t *dst, ptrdiff_t d_k, ptrdiff_t d_n, const float *src, int k, int n) {
+    uint16_t converted[PLACED_BLOCK];
+    int pairs = (k + 1) / 2, rows = PLACED_BLOCK / k;
+    for (int j0 = 0; j0 < n; j0 += rows) {
+        int count = min_int(rows, n - j0);
+        cpu_f32_to_bf16(converted, src + (size_t)j0 * k, (size_t)count * k);
+        for (int j = 0; j < count; j++)
+            for (int pp = 0; pp < pairs; pp++) {
+                uint16_t pair[2] = {converted[j * k + 2 * pp], 2 * pp + 1 < k ? converted[j * k + 2 * pp + 1] : 0};
+                memcpy(dst + 2 * (pp * d_k + (j0 + j) * d_n), pair, sizeof pair);
+            }
+    }
+}
+
 void tile_bf16_pack(uint16_t *dst, ptrdiff_t d_k, ptrdiff_t d_n, const float *src, ptrdiff_t s_k, ptrdiff_t s_n, int k,
                     int n) {
     int pairs = (k + 1) / 2;
@@ -552,6 +571,10 @@ void tile_bf16_pack(uint16_t *dst, ptrdiff_t d_k, ptrdiff_t d_n, const float *sr
             cpu_f32_to_bf16(row, src + j * s_n, (size_t)k);
             if (k & 1) row[k] = 0;
         }
+        return;
+    }
+    if (s_k == 1 && s_n == k && k > 0 && k <= PLACED_BLOCK) { /* pairs contiguous in src, not in dst */
+        pack_placed(dst, d_k, d_n, src, k, n);
         return;
     }
 #if TILE_GEMM_AVX2
