@@ -521,20 +521,24 @@ static void pack_pair_row(uint16_t *dst, ptrdiff_t d_n, const float *even, const
 }
 
 #if TILE_GEMM_AVX2
-/* Two contiguous rows into one row of contiguous pairs, 16 pairs per step:
- * vcvtne2ps2bf16 (the rounding of cpu_f32_to_bf16) puts the even row's 16
- * in the low half and the odd row's in the high half, one permute
- * interleaves them. The tail is masked. */
-__attribute__((BF16_TARGET)) static void pack_pair_row_native(uint16_t *dst, const float *even, const float *odd,
-                                                              int n) {
+/* Rows of contiguous values, two by two, into rows of contiguous pairs, 16
+ * pairs per step: vcvtne2ps2bf16 (the rounding of cpu_f32_to_bf16) puts
+ * the even row's 16 in the low half and the odd row's in the high half,
+ * one permute interleaves them. The tail is masked. */
+__attribute__((BF16_TARGET)) static void pack_rows_native(uint16_t *dst, ptrdiff_t d_k, const float *src, ptrdiff_t s_k,
+                                                          int k, int n) {
     const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                                                 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (int j = 0; j < n; j += 16) {
-        __mmask16 m = (__mmask16)(n - j >= 16 ? 0xffffu : (1u << (n - j)) - 1u);
-        __m512 e = _mm512_maskz_loadu_ps(m, even + j),
-               o = odd ? _mm512_maskz_loadu_ps(m, odd + j) : _mm512_setzero_ps();
-        __m512i pairs = _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(o, e));
-        _mm512_mask_storeu_epi32(dst + 2 * j, m, pairs);
+    for (int p = 0; p < k; p += 2) {
+        const float *even = src + p * s_k, *odd = even + s_k;
+        uint16_t *row = dst + p * d_k; /* pair row p / 2 */
+        for (int j = 0; j < n; j += 16) {
+            __mmask16 m = (__mmask16)(n - j >= 16 ? 0xffffu : (1u << (n - j)) - 1u);
+            __m512 e = _mm512_maskz_loadu_ps(m, even + j),
+                   o = p + 1 < k ? _mm512_maskz_loadu_ps(m, odd + j) : _mm512_setzero_ps();
+            _mm512_mask_storeu_epi32(row + 2 * j, m,
+                                     _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(o, e)));
+        }
     }
 }
 #endif
@@ -578,16 +582,13 @@ void tile_bf16_pack(uint16_t *dst, ptrdiff_t d_k, ptrdiff_t d_n, const float *sr
         return;
     }
 #if TILE_GEMM_AVX2
-    bool native = s_n == 1 && d_n == 1 && tile_gemm_bf16_native();
+    if (s_n == 1 && d_n == 1 && tile_gemm_bf16_native()) {
+        pack_rows_native(dst, d_k, src, s_k, k, n);
+        return;
+    }
 #endif
     for (int pp = 0; pp < pairs; pp++) {
         const float *even = src + 2 * pp * s_k, *odd = 2 * pp + 1 < k ? even + s_k : NULL;
-#if TILE_GEMM_AVX2
-        if (native) {
-            pack_pair_row_native(dst + 2 * pp * d_k, even, odd, n);
-            continue;
-        }
-#endif
         pack_pair_row(dst + 2 * pp * d_k, d_n, even, odd, s_n, n);
     }
 }
