@@ -55,10 +55,14 @@ static float feature_slope(fmm_feature_map m, float x, float phi) {
 }
 
 /* gcc -O2 vectorises only loops of known length, so elementwise work runs
- * in blocks of VEC_BLOCK (restrict: no alias checks), then a scalar tail. */
+ * in blocks of VEC_BLOCK (restrict: no alias checks), then a scalar tail;
+ * the two entry points below are cloned for AVX2 and AVX-512
+ * (VECTOR_CLONES, fast_math.h: the same bits on every clone), where the
+ * default target's four lanes made the feature maps the largest piece of
+ * a bf16 FMM head after its products (perf, bench_fmm at T 4096). */
 #define VEC_BLOCK 16
 
-static void feature_block(fmm_feature_map m, const float *restrict x, float *restrict phi) {
+static inline void feature_block(fmm_feature_map m, const float *restrict x, float *restrict phi) {
     switch (m) {
     case FEATURE_ELU:
         for (int i = 0; i < VEC_BLOCK; i++) phi[i] = phi_elu(x[i]);
@@ -72,14 +76,14 @@ static void feature_block(fmm_feature_map m, const float *restrict x, float *res
     }
 }
 
-void fmm_apply_feature_map(fmm_feature_map m, const float *x, float *phi, size_t n) {
+VECTOR_CLONES void fmm_apply_feature_map(fmm_feature_map m, const float *x, float *phi, size_t n) {
     size_t i = 0;
     for (; i + VEC_BLOCK <= n; i += VEC_BLOCK) feature_block(m, x + i, phi + i);
     for (; i < n; i++) phi[i] = feature_value(m, x[i]);
 }
 
-static void chain_block(fmm_feature_map m, const float *restrict x, const float *restrict phi,
-                        const float *restrict dphi, float *restrict dx) {
+static inline void chain_block(fmm_feature_map m, const float *restrict x, const float *restrict phi,
+                               const float *restrict dphi, float *restrict dx) {
     switch (m) {
     case FEATURE_ELU:
         for (int i = 0; i < VEC_BLOCK; i++) dx[i] += dphi[i] * slope_elu(x[i], phi[i]);
@@ -94,7 +98,8 @@ static void chain_block(fmm_feature_map m, const float *restrict x, const float 
 }
 
 /* dx += dphi ⊙ φ'(x): the chain rule through the feature map (n values). */
-static void feature_chain(fmm_feature_map m, const float *x, const float *phi, const float *dphi, float *dx, size_t n) {
+VECTOR_CLONES static void feature_chain(fmm_feature_map m, const float *x, const float *phi, const float *dphi,
+                                        float *dx, size_t n) {
     size_t i = 0;
     for (; i + VEC_BLOCK <= n; i += VEC_BLOCK) chain_block(m, x + i, phi + i, dphi + i, dx + i);
     for (; i < n; i++) dx[i] += dphi[i] * feature_slope(m, x[i], phi[i]);
