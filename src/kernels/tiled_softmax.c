@@ -13,7 +13,9 @@
  * S^T (keys x rows), so that only the query tile is transposed, once for
  * all its key tiles, and the softmax's per-row maxima and sums run along
  * contiguous rows of lanes; backward, key tiles outside, transposes K and V
- * once per key tile. */
+ * once per key tile. In bf16 (train.precision = bf16) the same products
+ * run on tile_gemm_bf16, their operands packed in pairs (tile_pairs below),
+ * and the softmax around them stays fp32. */
 #include "kernels/tiled_softmax.h"
 
 #include <math.h>
