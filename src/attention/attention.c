@@ -28,7 +28,7 @@ static bool tiled(const config *cfg) {
 #define TILED_KEEP_MAX 256
 
 static bool attention_tiled_at(const config *cfg, const fmm_settings *fmm, int T) {
-    return tiled(cfg) && (T > TILED_KEEP_MAX || fmm->bf16);
+    return tiled(cfg) && (T > TILED_KEEP_MAX || fmm->short_tiles);
 }
 
 /* A shard of a context group's sequences (docs/design.md §8.12). */
