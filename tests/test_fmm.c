@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 #include "attention/fmm.h"
 #include "config/config.h"
+#include "kernels/tile_gemm.h"
 #include "kernels/tiled_softmax.h"
 #include "test_util.h"
 
@@ -443,6 +444,61 @@ static void band_tiles_tests(void) {
     fd_test("tiles noncausal k25 none T110 dh8", on_tiles(settings(25, false, "", 4)), 110, 8, 3e-3);
 }
 
+/* ---- bf16 (fmm_settings.bf16; docs/design.md §8.10) ---- */
+static fmm_settings in_bf16(fmm_settings s) {
+    s.bf16 = true;
+    return s;
+}
+
+/* The largest difference of out, dq, dk, dv and the blend gradients of two
+ * runs, relative to each one's largest value; same: every bit equal. */
+static double case_diff(const fmm_case *a, const fmm_case *b, bool *same) {
+    size_t n = (size_t)a->T * a->dh, bytes = n * sizeof(float);
+    const float *got[4] = {a->out, a->dq, a->dk, a->dv}, *want[4] = {b->out, b->dq, b->dk, b->dv};
+    double err = 0;
+    *same = a->d_blend_near == b->d_blend_near && a->d_blend_far == b->d_blend_far;
+    for (int g = 0; g < 4; g++)
+        err = fmax(err, rel_diff(got[g], want[g], n)), *same = *same && !memcmp(got[g], want[g], bytes);
+    float ba[2] = {a->d_blend_near, a->d_blend_far}, bb[2] = {b->d_blend_near, b->d_blend_far};
+    return fmax(err, rel_diff(ba, bb, 2));
+}
+
+/* FMM on bf16 operands against fp32, within 2e-2 of the largest value:
+ * measured 2e-4 to 8.6e-3, the most without a band (the far field's
+ * gradients, sums of many bf16 products that partly cancel); a wrong
+ * pair or stride is off by the size of the values. And, where the CPU
+ * has AVX512_BF16, vdpbf16ps against the bf16 products' fp32 path, bit
+ * for bit. */
+static void bf16_test(const char *label, fmm_settings s, int T, int dh) {
+    fmm_case runs[3];
+    for (int i = 0; i < 3; i++) {
+        case_init(&runs[i], i ? in_bf16(s) : s, T, dh, 13, 1.0f, 0.3f, -0.2f);
+        tile_gemm_set_bf16_native(i == 1 ? 0 : -1);
+        case_forward(&runs[i]), case_backward(&runs[i]);
+    }
+    tile_gemm_set_bf16_native(-1);
+    bool same;
+    char name[112];
+    snprintf(name, sizeof name, "bf16 = fp32 within 2e-2, %s", label);
+    test_within(name, case_diff(&runs[1], &runs[0], &same), 2e-2);
+    double apart = case_diff(&runs[2], &runs[1], &same);
+    snprintf(name, sizeof name, "bf16 vdpbf16ps = fp32 sums, bits, %s", label);
+    if (tile_gemm_bf16_native()) test_check(same, name, "max rel %.3g", apart);
+    else test_skip(name, "the CPU has no AVX512_BF16");
+    for (int i = 0; i < 3; i++) case_free(&runs[i]);
+}
+
+static void bf16_tests(void) {
+    bf16_test("causal k5 elu,elu_flip T200 C16 dh32", settings(5, true, "elu,elu_flip", 16), 200, 32);
+    bf16_test("noncausal k3 elu,tanh T150 C8 dh16", settings(3, false, "elu,tanh", 8), 150, 16);
+    bf16_test("causal k0 elu T101 C7 dh24", settings(0, true, "elu", 7), 101, 24);
+    bf16_test("tiles causal k64 elu T300 C16 dh32", on_tiles(settings(64, true, "elu", 16)), 300, 32);
+    bf16_test("tiles noncausal k50 tanh T200 C0 dh16", on_tiles(settings(50, false, "tanh", 0)), 200, 16);
+    buffer_contract_test("bf16 causal k5 elu,tanh T13 C4", in_bf16(settings(5, true, "elu,tanh", 4)), 13);
+    buffer_contract_test("bf16 noncausal k3 elu T37 C5", in_bf16(settings(3, false, "elu", 5)), 37);
+    buffer_contract_test("bf16 tiles causal k60 elu T130 C4", in_bf16(on_tiles(settings(60, true, "elu", 4))), 130);
+}
+
 /* The model copies fmm.kernels' indices (config.h, CONFIG_FMM_KERNELS) into
  * fmm_settings as fmm_feature_map values: the two orders must agree. */
 static void kernel_order_test(void) {
@@ -504,9 +560,9 @@ static void bench_band(int T, bool causal, int half) {
         case_forward(&c);
         case_backward(&c);
         double t1 = now_seconds();
-        tiled_softmax_band_forward(c.out, lse, c.q, c.k, c.v, T, T, dh, 0, causal, half, scratch);
+        tiled_softmax_band_forward(c.out, lse, c.q, c.k, c.v, T, T, dh, 0, causal, half, false, scratch);
         tiled_softmax_band_backward(c.dq, c.dk, c.dv, c.w, c.out, lse, c.q, c.k, c.v, T, T, dh, 0, causal, half, false,
-                                    scratch);
+                                    false, scratch);
         double t2 = now_seconds();
         rows = fmin(rows, t1 - t0), tiles = fmin(tiles, t2 - t1);
     }
@@ -549,5 +605,6 @@ int main(int argc, char **argv) {
     chunk_invariance_test("noncausal elu", false, "elu");
     fd_tests();
     band_tiles_tests();
+    bf16_tests();
     return test_summary("test_fmm");
 }

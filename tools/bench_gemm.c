@@ -14,11 +14,16 @@
  * round runs every shape on every engine, starting with a different engine
  * each round so that drifting machine load spreads over all of them; the
  * first round (JIT, first touch) is discarded and the median over the rest
- * is printed. */
+ * is printed. Times are the process's CPU time (one thread): on a shared
+ * core the time another process holds it is not counted. The last line
+ * gives each engine's total as a fraction of the core's measured peak
+ * (cpu_measure_peak: fp32 FMAs for the fp32 engines, vdpbf16ps for bf16). */
+#define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/blas_core.h"
 #include "base/cpu.h"
@@ -84,6 +89,12 @@ static int compare_doubles(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+static double cpu_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, compare_doubles);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -139,9 +150,9 @@ int main(int argc, char **argv) {
                 int e = (j + r) % ENGINES;
                 if (!ctx[e]) continue;
                 const product *p = &products[s];
-                double t0 = sys_seconds();
+                double t0 = cpu_seconds();
                 for (int k = 0; k < reps; k++) run_product(ctx[e], e, p, &x);
-                double seconds = sys_seconds() - t0;
+                double seconds = cpu_seconds() - t0;
                 gflops[s][e][r] = 2.0 * p->M * p->N * p->K * reps / seconds * 1e-9;
             }
 
@@ -170,7 +181,15 @@ int main(int argc, char **argv) {
         if (ctx[e]) printf(" %12.1f", step_flops / step_seconds[e] * 1e-9);
         else printf(" %12s", "-");
     }
-    printf("\n");
+    cpu_peak peak = cpu_measure_peak(1, 0.5);
+    printf("\n%-36s", "fraction of the peak");
+    for (int e = 0; e < ENGINES; e++) {
+        double top = engine_of[e] == GEMM_ONEDNN_BF16 ? peak.bf16_gflops : peak.fp32_gflops;
+        if (ctx[e] && top > 0) printf(" %11.0f%%", 100 * step_flops / step_seconds[e] * 1e-9 / top);
+        else printf(" %12s", "-");
+    }
+    printf("\npeaks (1 thread, measured): fp32 FMA %.1f GFLOP/s (%s), bf16 dot products %.1f\n", peak.fp32_gflops,
+           peak.isa, peak.bf16_gflops);
     for (int e = 0; e < ENGINES; e++) gemm_destroy(ctx[e]);
     free(x.A), free(x.B), free(x.C), free(x.A16), free(x.B16);
     return 0;

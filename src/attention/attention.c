@@ -22,10 +22,14 @@ static bool tiled(const config *cfg) {
  * dense does: at most 256 x T floats per head, still linear in T, and
  * cheaper than recomputing them in backward (bench_d256 at T = 256, one
  * thread: backward attention 25% slower with the recompute). Past it,
- * nothing T x T is kept (docs/model.md §1.3). */
+ * nothing T x T is kept (docs/model.md §1.3). In bf16 the tiles run at
+ * every length: their products are the bf16 ones (docs/design.md §8.10),
+ * where dense's would be oneDNN calls of a few microseconds each. */
 #define TILED_KEEP_MAX 256
 
-static bool attention_tiled_at(const config *cfg, int T) { return tiled(cfg) && T > TILED_KEEP_MAX; }
+static bool attention_tiled_at(const config *cfg, const fmm_settings *fmm, int T) {
+    return tiled(cfg) && (T > TILED_KEEP_MAX || fmm->short_tiles);
+}
 
 /* A shard of a context group's sequences (docs/design.md §8.12). */
 static bool sharded(const attention_layer_sizes *z) { return z->cut && z->cut->chunks > 1; }
@@ -38,7 +42,7 @@ size_t attention_saved_per_head(const attention_layer_sizes *z) {
     int T = z->T;
     if (sharded(z)) return attention_shard_saved_per_head(z);
     if (z->cfg->attention == ATTENTION_FMM) return fmm_head_saved_floats(z->fmm, T, config_head_dim(z->cfg));
-    return attention_tiled_at(z->cfg, T) ? (size_t)T : (size_t)T * T;
+    return attention_tiled_at(z->cfg, z->fmm, T) ? (size_t)T : (size_t)T * T;
 }
 
 /* Kernel scratch (a shard's: attention_shard.c's) plus five [T, dh] temporaries for
@@ -47,9 +51,9 @@ size_t attention_saved_per_head(const attention_layer_sizes *z) {
 size_t attention_scratch_per_head(const attention_layer_sizes *z) {
     int T = z->T, dh = config_head_dim(z->cfg);
     if (sharded(z)) return attention_shard_scratch_per_head(z);
-    size_t kernel = z->cfg->attention == ATTENTION_FMM ? fmm_head_scratch_floats(z->fmm, T, dh)
-                    : attention_tiled_at(z->cfg, T)    ? tiled_softmax_scratch_floats(T, dh)
-                                                       : (size_t)T * T;
+    size_t kernel = z->cfg->attention == ATTENTION_FMM      ? fmm_head_scratch_floats(z->fmm, T, dh)
+                    : attention_tiled_at(z->cfg, z->fmm, T) ? tiled_softmax_scratch_floats(T, dh)
+                                                            : (size_t)T * T;
     return kernel + 5 * (size_t)T * dh;
 }
 
@@ -103,8 +107,8 @@ static void forward_head(const attention_layer *a, const attention_saved *s, con
         float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
         if (a->cfg->attention == ATTENTION_FMM) {
             fmm_head_forward(a->fmm, NULL, q, k, v, a->blend[h], a->blend[a->H + h], head_out, saved, scratch, T, dh);
-        } else if (attention_tiled_at(a->cfg, T)) {
-            tiled_softmax_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal, scratch);
+        } else if (attention_tiled_at(a->cfg, a->fmm, T)) {
+            tiled_softmax_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal, a->fmm->bf16, scratch);
         } else {
             softmax_attention_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal);
         }
@@ -141,10 +145,11 @@ static void backward_head(const attention_layer *a, const attention_saved *s, co
         if (a->cfg->attention == ATTENTION_FMM) {
             fmm_head_backward(a->fmm, NULL, q, k, v, a->blend[h], a->blend[a->H + h], saved, d_head_out, dq, dk, dv,
                               &a->d_blend[h], &a->d_blend[a->H + h], scratch, T, dh);
-        } else if (attention_tiled_at(a->cfg, T)) {
+        } else if (attention_tiled_at(a->cfg, a->fmm, T)) {
             float *head_out = d_raw; /* free until attention_unprepare overwrites it */
             attention_gather_head(head_out, s->out + (size_t)b * T * d, d, h * dh, T, dh);
-            tiled_softmax_backward(dq, dk, dv, d_head_out, head_out, saved, q, k, v, T, dh, a->cfg->causal, scratch);
+            tiled_softmax_backward(dq, dk, dv, d_head_out, head_out, saved, q, k, v, T, dh, a->cfg->causal,
+                                   a->fmm->bf16, scratch);
         } else {
             softmax_attention_backward(dq, dk, dv, d_head_out, saved, q, k, v, scratch, T, T, dh, a->cfg->causal);
         }
@@ -180,7 +185,7 @@ float attention_weight(const attention_layer *a, const attention_saved *s, int b
     const float *q = s->q_hat + off, *k = s->k_hat + off, *saved = s->saved + ((size_t)b * a->H + h) * per_head;
     if (a->cfg->attention == ATTENTION_FMM)
         return fmm_head_weight(a->fmm, q, k, a->blend[h], a->blend[a->H + h], saved, T, a->dh, i, j);
-    if (!attention_tiled_at(a->cfg, T)) return saved[(size_t)i * T + j];
+    if (!attention_tiled_at(a->cfg, a->fmm, T)) return saved[(size_t)i * T + j];
     return tiled_softmax_weight(q, k, saved, a->dh, i, j);
 }
 
@@ -226,7 +231,8 @@ void attention_stream_forward(const attention_layer *a, const attention_stream_l
                                 st->far_state + index * far_floats, head_out, kernel, dh);
             } else {
                 if (tiled(a->cfg))
-                    tiled_softmax_forward(head_out, kernel, q, k_cache, v_cache, n, pos + n, dh, pos, true, kernel + n);
+                    tiled_softmax_forward(head_out, kernel, q, k_cache, v_cache, n, pos + n, dh, pos, true,
+                                          a->fmm->bf16, kernel + n);
                 else softmax_attention_forward(head_out, st->probs, q, k_cache, v_cache, n, pos + n, dh, pos, true);
             }
             attention_scatter_head(out + (size_t)s * n * d, head_out, d, h * dh, n, dh);

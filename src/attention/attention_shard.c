@@ -592,7 +592,8 @@ static void ring_forward_head(const attention_layer *a, const attention_saved *s
                 if (kind < 0) continue;
                 tiled_softmax_forward(bout, blse, s->q_hat + off + (size_t)q0 * dh, k + (size_t)k0 * dh,
                                       v + (size_t)k0 * dh, tq, owner->len[kr], dh,
-                                      kind == 0 ? 0 : a->cut->start[qr] - owner->start[kr], kind == 0, scratch);
+                                      kind == 0 ? 0 : a->cut->start[qr] - owner->start[kr], kind == 0, a->fmm->bf16,
+                                      scratch);
                 tiled_softmax_merge(acc + (size_t)q0 * dh, lse + q0, bout, blse, tq, dh);
             }
         }
@@ -669,7 +670,7 @@ static void ring_backward_head(const attention_layer *a, const attention_saved *
                 tiled_softmax_band_backward(x->acc + off + qa, dk + ka, dv + ka, d_head_out + qa, head_out + qa,
                                             lse + q0, s->q_hat + off + qa, k + ka, v + ka, tq, owner->len[kr], dh,
                                             kind == 0 ? 0 : a->cut->start[qr] - owner->start[kr], kind == 0, 0, true,
-                                            scratch);
+                                            a->fmm->bf16, scratch);
             }
         }
     }

@@ -6,6 +6,7 @@
 
 #include "base/fast_math.h"
 #include "kernels/gemm.h"
+#include "kernels/tile_gemm.h"
 
 #include "fmm_internal.h"
 
@@ -54,10 +55,14 @@ static float feature_slope(fmm_feature_map m, float x, float phi) {
 }
 
 /* gcc -O2 vectorises only loops of known length, so elementwise work runs
- * in blocks of VEC_BLOCK (restrict: no alias checks), then a scalar tail. */
+ * in blocks of VEC_BLOCK (restrict: no alias checks), then a scalar tail;
+ * the two entry points below are cloned for AVX2 and AVX-512
+ * (VECTOR_CLONES, fast_math.h: the same bits on every clone), where the
+ * default target's four lanes made the feature maps the largest piece of
+ * a bf16 FMM head after its products (perf, bench_fmm at T 4096). */
 #define VEC_BLOCK 16
 
-static void feature_block(fmm_feature_map m, const float *restrict x, float *restrict phi) {
+static inline void feature_block(fmm_feature_map m, const float *restrict x, float *restrict phi) {
     switch (m) {
     case FEATURE_ELU:
         for (int i = 0; i < VEC_BLOCK; i++) phi[i] = phi_elu(x[i]);
@@ -71,14 +76,14 @@ static void feature_block(fmm_feature_map m, const float *restrict x, float *res
     }
 }
 
-void fmm_apply_feature_map(fmm_feature_map m, const float *x, float *phi, size_t n) {
+VECTOR_CLONES void fmm_apply_feature_map(fmm_feature_map m, const float *x, float *phi, size_t n) {
     size_t i = 0;
     for (; i + VEC_BLOCK <= n; i += VEC_BLOCK) feature_block(m, x + i, phi + i);
     for (; i < n; i++) phi[i] = feature_value(m, x[i]);
 }
 
-static void chain_block(fmm_feature_map m, const float *restrict x, const float *restrict phi,
-                        const float *restrict dphi, float *restrict dx) {
+static inline void chain_block(fmm_feature_map m, const float *restrict x, const float *restrict phi,
+                               const float *restrict dphi, float *restrict dx) {
     switch (m) {
     case FEATURE_ELU:
         for (int i = 0; i < VEC_BLOCK; i++) dx[i] += dphi[i] * slope_elu(x[i], phi[i]);
@@ -93,7 +98,8 @@ static void chain_block(fmm_feature_map m, const float *restrict x, const float 
 }
 
 /* dx += dphi ⊙ φ'(x): the chain rule through the feature map (n values). */
-static void feature_chain(fmm_feature_map m, const float *x, const float *phi, const float *dphi, float *dx, size_t n) {
+VECTOR_CLONES static void feature_chain(fmm_feature_map m, const float *x, const float *phi, const float *dphi,
+                                        float *dx, size_t n) {
     size_t i = 0;
     for (; i + VEC_BLOCK <= n; i += VEC_BLOCK) chain_block(m, x + i, phi + i, dphi + i, dx + i);
     for (; i < n; i++) dx[i] += dphi[i] * feature_slope(m, x[i], phi[i]);
@@ -147,18 +153,97 @@ static void linear_attention_chunk(const lin_operands *o, int start, int len, fm
     if (!last) sgemm(true, false, m, n, len, Bc, m, Xc, n, first ? 0.0f : 1.0f, state, n);
 }
 
+/* ---- bf16 (fmm_settings.bf16; docs/design.md §8.10) ----
+ * The same products on bf16 operands with fp32 sums (tile_gemm_bf16), on
+ * the tile kernel rather than the engine: they are small (a chunk of 16
+ * rows) and run inside the parallel heads. Each chunk's operands are
+ * packed once, in the form each product reads (tile_gemm.h): A_c in rows
+ * (a) and B_c both ways (bt for the block, b for the state), X_c (x) for
+ * both products that read it, the masked block, and the state. The state
+ * itself stays fp32: its products add into it in fp32. */
+typedef struct {
+    uint16_t *a, *bt, *b, *x, *block, *state;
+} far_pairs;
+
+size_t fmm_far_pairs_floats(int C, int dh) {
+    size_t c = (size_t)C, e = (size_t)dh + 1, hc = (c + 1) / 2, he = (e + 1) / 2;
+    return 2 * c * he + 2 * hc * e + c * hc + he * e;
+}
+
+static far_pairs carve_pairs(uint16_t *p, int C, int dh) {
+    size_t c = (size_t)C, e = (size_t)dh + 1, hc = (c + 1) / 2, he = (e + 1) / 2;
+    far_pairs f;
+    f.a = p, f.bt = f.a + 2 * c * he, f.b = f.bt + 2 * he * c, f.x = f.b + 2 * hc * e, f.block = f.x + 2 * hc * e;
+    f.state = f.block + 2 * c * hc;
+    return f;
+}
+
+/* state (=|+=) B_cᵀ X_c over rows [start, start + len), fp32 sums. */
+static void state_add_bf16(const lin_operands *o, int start, int len, bool accumulate, float *state,
+                           const far_pairs *f) {
+    int m = o->m, n = o->n;
+    tile_bf16_pack(f->b, m, 1, o->B + (size_t)start * m, m, 1, len, m);
+    tile_bf16_pack(f->x, n, 1, o->X + (size_t)start * n, n, 1, len, n);
+    tile_gemm_bf16(m, n, len, 1.0f, f->b, 1, m, f->x, n, accumulate, state, n);
+}
+
+/* Y_c (=|+=) A_c state, with the state packed in f->state. */
+static void state_product_bf16(const lin_operands *o, int start, int len, bool accumulate, const far_pairs *f) {
+    int m = o->m, n = o->n, hm = (m + 1) / 2;
+    tile_bf16_pack(f->a, 1, hm, o->A + (size_t)start * m, 1, m, m, len);
+    tile_gemm_bf16(len, n, m, 1.0f, f->a, hm, 1, f->state, n, accumulate, o->Y + (size_t)start * n, n);
+}
+
+/* linear_attention_chunk's steps on bf16 operands. */
+static void chunk_bf16(const lin_operands *o, int start, int len, fmm_sum_range range, bool first, bool last,
+                       float *block, float *state, const far_pairs *f) {
+    int m = o->m, n = o->n, hm = (m + 1) / 2, hl = (len + 1) / 2;
+    const float *Ac = o->A + (size_t)start * m, *Bc = o->B + (size_t)start * m;
+    float *Yc = o->Y + (size_t)start * n;
+    tile_bf16_pack(f->a, 1, hm, Ac, 1, m, m, len);
+    tile_bf16_pack(f->bt, len, 1, Bc, 1, m, m, len);
+    tile_bf16_pack(f->x, n, 1, o->X + (size_t)start * n, n, 1, len, n);
+    tile_gemm_bf16(len, len, m, 1.0f, f->a, hm, 1, f->bt, len, false, block, len);
+    mask_block(block, len, range);
+    tile_bf16_pack(f->block, 1, hl, block, 1, len, len, len);
+    tile_gemm_bf16(len, n, len, 1.0f, f->block, hl, 1, f->x, n, false, Yc, n);
+    if (!first) {
+        tile_bf16_pack(f->state, n, 1, state, n, 1, m, n);
+        tile_gemm_bf16(len, n, m, 1.0f, f->a, hm, 1, f->state, n, true, Yc, n);
+    }
+    if (!last) {
+        tile_bf16_pack(f->b, m, 1, Bc, m, 1, len, m);
+        tile_gemm_bf16(m, n, len, 1.0f, f->b, 1, m, f->x, n, !first, state, n);
+    }
+}
+
+/* SUM_ALL on bf16 operands: the global state chunk by chunk, then each
+ * chunk's rows against it. */
+static void all_bf16(const lin_operands *o, int T, int C, bool started, float *state, const far_pairs *f) {
+    for (int start = 0; start < T; start += C)
+        state_add_bf16(o, start, T - start < C ? T - start : C, started || start > 0, state, f);
+    tile_bf16_pack(f->state, o->n, 1, state, o->n, 1, o->m, o->n);
+    for (int start = 0; start < T; start += C) state_product_bf16(o, start, T - start < C ? T - start : C, false, f);
+}
+
 /* Y_i = Σ_{j in range(i)} (A_i · B_j) X_j without forming the T x T matrix.
  * SUM_ALL uses one global state Bᵀ X (m x n).  The chunk size only changes
  * the summation order, so results agree across chunk sizes up to rounding.
  * `init` ([m, n] or NULL) is Σ B_j X_jᵀ over the positions of the other
  * shards in range (context parallelism, docs/design.md §8.12): the state the
  * walk starts from, or for SUM_ALL the rest of the global state.
- * Scratch: block [C, C], state [m, n]. */
+ * Scratch: block [C, C], state [m, n]; pairs (bf16, or NULL: fp32). */
 static void linear_attention_product(const lin_operands *o, int T, fmm_sum_range range, int C, const float *init,
-                                     float *block, float *state) {
+                                     float *block, float *state, uint16_t *pairs) {
     size_t state_floats = (size_t)o->m * o->n;
+    far_pairs f = {0};
+    if (pairs) f = carve_pairs(pairs, C, o->m > o->n ? o->m - 1 : o->n - 1);
     if (range == SUM_ALL) {
         if (init) memcpy(state, init, state_floats * sizeof *state);
+        if (pairs) {
+            all_bf16(o, T, C, init != NULL, state, &f);
+            return;
+        }
         sgemm(true, false, o->m, o->n, T, o->B, o->m, o->X, o->n, init ? 1.0f : 0.0f, state, o->n);
         sgemm(false, false, T, o->n, o->m, o->A, o->m, state, o->n, 0.0f, o->Y, o->n);
         return;
@@ -168,8 +253,21 @@ static void linear_attention_product(const lin_operands *o, int T, fmm_sum_range
     for (int step = 0; step < n_chunks; step++) {
         int c = range == SUM_PAST ? step : n_chunks - 1 - step;
         int start = c * C, len = T - start < C ? T - start : C;
-        linear_attention_chunk(o, start, len, range, step == 0 && !init, step == n_chunks - 1, block, state);
+        bool first = step == 0 && !init, last = step == n_chunks - 1;
+        if (pairs) chunk_bf16(o, start, len, range, first, last, block, state, &f);
+        else linear_attention_chunk(o, start, len, range, first, last, block, state);
     }
+}
+
+/* state = Bᵀ X over all T rows (a shard's totals), in the head's precision. */
+static void state_sum(const lin_operands *o, int T, int C, uint16_t *pairs, float *state) {
+    if (!pairs) {
+        sgemm(true, false, o->m, o->n, T, o->B, o->m, o->X, o->n, 0.0f, state, o->n);
+        return;
+    }
+    far_pairs f = carve_pairs(pairs, C, o->m > o->n ? o->m - 1 : o->n - 1);
+    for (int start = 0; start < T; start += C)
+        state_add_bf16(o, start, T - start < C ? T - start : C, start > 0, state, &f);
 }
 
 /* dst [n, m] = srcᵀ, src [m, n]. */
@@ -196,7 +294,7 @@ void fmm_far_kernel_forward(const fmm_far_context *fc, fmm_feature_map m, const 
     fmm_apply_feature_map(m, q, fc->sc.phi_q, (size_t)T * dh);
     fmm_apply_feature_map(m, k, fc->sc.phi_k, (size_t)T * dh);
     lin_operands o = {fc->sc.phi_q, fc->sc.phi_k, fc->sc.v_aug, nd, dh, dh + 1};
-    linear_attention_product(&o, T, fc->range, fc->C, in, fc->sc.block, fc->sc.state);
+    linear_attention_product(&o, T, fc->range, fc->C, in, fc->sc.block, fc->sc.state, fc->sc.pairs);
     for (int i = 0; i < T; i++) {
         const float *row = nd + (size_t)i * (dh + 1);
         fmm_add_scaled(out + (size_t)i * dh, weight / (row[dh] + fc->s->eps), row, dh);
@@ -239,17 +337,17 @@ double fmm_far_kernel_backward(const fmm_far_context *fc, fmm_feature_map m, con
 
     if (in) transpose(sc->init, in, dh, e);
     lin_operands dphi_q = {sc->u_aug, sc->v_aug, sc->phi_k, sc->result, e, dh};
-    linear_attention_product(&dphi_q, T, fc->range, fc->C, in ? sc->init : NULL, sc->block, sc->state);
+    linear_attention_product(&dphi_q, T, fc->range, fc->C, in ? sc->init : NULL, sc->block, sc->state, sc->pairs);
     feature_chain(m, q, sc->phi_q, sc->result, dq, (size_t)T * dh);
 
     fmm_sum_range back = reversed(fc->range);
     lin_operands dphi_k = {sc->v_aug, sc->u_aug, sc->phi_q, sc->result, e, dh};
-    linear_attention_product(&dphi_k, T, back, fc->C, grad_in, sc->block, sc->state);
+    linear_attention_product(&dphi_k, T, back, fc->C, grad_in, sc->block, sc->state, sc->pairs);
     feature_chain(m, k, sc->phi_k, sc->result, dk, (size_t)T * dh);
 
     if (grad_in) transpose(sc->init, grad_in, e, dh);
     lin_operands dv_aug = {sc->phi_k, sc->phi_q, sc->u_aug, sc->result, dh, e};
-    linear_attention_product(&dv_aug, T, back, fc->C, grad_in ? sc->init : NULL, sc->block, sc->state);
+    linear_attention_product(&dv_aug, T, back, fc->C, grad_in ? sc->init : NULL, sc->block, sc->state, sc->pairs);
     for (int i = 0; i < T; i++) fmm_add_scaled(dv + (size_t)i * dh, 1.0f, sc->result + (size_t)i * e, dh);
     return dout_dot_far;
 }
@@ -257,7 +355,8 @@ double fmm_far_kernel_backward(const fmm_far_context *fc, fmm_feature_map m, con
 void fmm_far_kernel_totals(const fmm_far_context *fc, fmm_feature_map m, const float *k, float *totals) {
     int T = fc->T, dh = fc->dh;
     fmm_apply_feature_map(m, k, fc->sc.phi_k, (size_t)T * dh);
-    sgemm(true, false, dh, dh + 1, T, fc->sc.phi_k, dh, fc->sc.v_aug, dh + 1, 0.0f, totals, dh + 1);
+    lin_operands o = {NULL, fc->sc.phi_k, fc->sc.v_aug, NULL, dh, dh + 1};
+    state_sum(&o, T, fc->C, fc->sc.pairs, totals);
 }
 
 void fmm_far_kernel_grad_totals(const fmm_far_context *fc, fmm_feature_map m, const float *q, float weight,
@@ -265,5 +364,6 @@ void fmm_far_kernel_grad_totals(const fmm_far_context *fc, fmm_feature_map m, co
     int T = fc->T, dh = fc->dh;
     fmm_apply_feature_map(m, q, fc->sc.phi_q, (size_t)T * dh);
     build_u_aug(fc, nd, dout, weight, fc->sc.u_aug);
-    sgemm(true, false, dh + 1, dh, T, fc->sc.u_aug, dh + 1, fc->sc.phi_q, dh, 0.0f, totals, dh);
+    lin_operands o = {NULL, fc->sc.u_aug, fc->sc.phi_q, NULL, dh + 1, dh};
+    state_sum(&o, T, fc->C, fc->sc.pairs, totals);
 }

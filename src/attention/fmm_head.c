@@ -49,15 +49,15 @@ size_t fmm_head_saved_floats(const fmm_settings *s, int T, int dh) {
 }
 
 /* Scratch, carved by carve_scratch: phi_q, phi_k [T, dh]; v_aug, u_aug,
- * result [T, dh + 1]; block [C, C]; state and init [dh + 1, dh + 1];
- * band_row [W].
+ * result [T, dh + 1]; block [C, C]; state and init [dh + 1, dh + 1]; the
+ * bf16 pairs (fmm_far_pairs_floats); band_row [W].
  * A band on tiles uses the scratch before the far field does. */
 size_t fmm_head_scratch_floats(const fmm_settings *s, int T, int dh) {
     if (T <= 0) return 0;
     size_t t = (size_t)T, c = (size_t)effective_chunk(s, T), e = (size_t)dh + 1;
     fmm_band g = fmm_band_of(s, T);
     size_t band = (size_t)g.width, far = 0;
-    if (far_kernels(s) > 0) far = 2 * t * (size_t)dh + 3 * t * e + c * c + 2 * e * e;
+    if (far_kernels(s) > 0) far = 2 * t * (size_t)dh + 3 * t * e + c * c + 2 * e * e + fmm_far_pairs_floats((int)c, dh);
     size_t tiles = fmm_band_on_tiles(s, &g) ? tiled_softmax_scratch_floats(T, dh) : 0;
     return far + band > tiles ? far + band : tiles;
 }
@@ -78,7 +78,8 @@ static fmm_scratch carve_scratch(const fmm_settings *s, float *scratch, int T, i
     sc.block = sc.result + t * e;
     sc.state = sc.block + c * c;
     sc.init = sc.state + e * e;
-    sc.band_row = sc.init + e * e;
+    sc.pairs = s->bf16 ? (uint16_t *)(sc.init + e * e) : NULL;
+    sc.band_row = sc.init + e * e + fmm_far_pairs_floats((int)c, dh);
     return sc;
 }
 

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "attention/fmm.h"
 
@@ -44,6 +45,7 @@ typedef struct {
     int half, width;
     bool causal;
     int left, Tk;
+    bool bf16; /* the tiles' products on bf16 operands (fmm_settings) */
 } fmm_band;
 
 /* The band of a whole sequence of T, or of a shard's T rows (shard: NULL
@@ -77,6 +79,7 @@ double fmm_band_tiles_backward(const fmm_band *g, const float *q, const float *k
 
 typedef struct {
     float *phi_q, *phi_k, *v_aug, *u_aug, *result, *block, *state, *init, *band_row;
+    uint16_t *pairs; /* bf16 (fmm_settings.bf16): a chunk's operands in pairs; NULL: fp32 */
 } fmm_scratch;
 
 /* Which j enter Y_i: j <= i (causal forward), j >= i (causal backward, the
@@ -90,6 +93,8 @@ typedef struct {
     fmm_scratch sc;
 } fmm_far_context;
 
+/* Floats (pairs) of fmm_scratch.pairs for chunks of C and a head of dh. */
+size_t fmm_far_pairs_floats(int C, int dh);
 /* phi = φ(x) over n values. */
 void fmm_apply_feature_map(fmm_feature_map m, const float *x, float *phi, size_t n);
 /* [v | 1] into aug [T, dh + 1]. */

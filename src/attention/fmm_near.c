@@ -16,6 +16,7 @@ fmm_band fmm_band_of(const fmm_settings *s, int T) {
     g.width = g.half == 0 ? 0 : (s->causal ? g.half : 2 * g.half - 1);
     g.left = 0;
     g.Tk = T;
+    g.bf16 = s->bf16;
     return g;
 }
 
@@ -118,7 +119,7 @@ double fmm_band_rows_backward(const fmm_band *g, const float *q, const float *k,
 void fmm_band_tiles_forward(const fmm_band *g, const float *q, const float *k, const float *v, float weight,
                             float *saved, float *out, float *scratch, int T, int dh) {
     float *near = saved + T;
-    tiled_softmax_band_forward(near, saved, q, k, v, T, g->Tk, dh, g->left, g->causal, g->half, scratch);
+    tiled_softmax_band_forward(near, saved, q, k, v, T, g->Tk, dh, g->left, g->causal, g->half, g->bf16, scratch);
     for (size_t i = 0; i < (size_t)T * dh; i++) out[i] = weight * near[i];
 }
 
@@ -131,7 +132,7 @@ double fmm_band_tiles_backward(const fmm_band *g, const float *q, const float *k
     const float *near = saved + T;
     size_t n = (size_t)T * dh, nk = (size_t)g->Tk * dh;
     tiled_softmax_band_backward(dq, dk, dv, dout, near, saved, q, k, v, T, g->Tk, dh, g->left, g->causal, g->half,
-                                false, scratch);
+                                false, g->bf16, scratch);
     double dout_dot_near = 0.0;
     for (size_t i = 0; i < n; i++) {
         dout_dot_near += (double)dout[i] * near[i];

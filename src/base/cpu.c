@@ -18,7 +18,7 @@ static bool cpu_has_amx_bf16(void) {
 }
 
 /* __builtin_cpu_supports also checks that the OS saves the AVX-512 state. */
-static bool cpu_has_avx512_bf16(void) {
+bool cpu_has_avx512_bf16(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");

@@ -8,6 +8,9 @@
 #include <stdint.h>
 
 bool cpu_has_bf16(void);
+/* AVX512_BF16 (vdpbf16ps) with AVX-512BW and VL, and the OS saving the
+ * AVX-512 state: what the bf16 tile kernel (kernels/tile_gemm.h) runs on. */
+bool cpu_has_avx512_bf16(void);
 /* AVX512F, BW, VL and DQ (oneDNN's avx512_core): what oneDNN needs to
  * emulate bf16 products on a CPU without native bf16. */
 bool cpu_has_avx512_core(void);

@@ -36,7 +36,8 @@ static void add_row_ratios(const float *after, const float *after_saved, const f
  * below bf16's resolution (8 significant bits, 4e-3 relative), so with the
  * bf16 engine the ratio would measure rounding, not the block. Those
  * forwards, and the unperturbed one they are compared with, run in fp32 on
- * OpenBLAS whatever the precision; the fp32 engines run as they are. */
+ * OpenBLAS, attention's products in fp32 too (fmm_settings.bf16), whatever
+ * the precision; the fp32 engines run as they are. */
 static bool needs_fp32_forward(void) {
     gemm_ctx *engine = gemm_default();
     return engine && gemm_ctx_engine(engine) == GEMM_ONEDNN_BF16;
@@ -53,7 +54,8 @@ void readouts_block_gains(model *m, int B, int T, uint64_t seed, long long first
     /* the unperturbed outputs the ratios compare with: the forward's own, or fp32 ones */
     float *base_out = fp32 ? saved_mid + bt_d : saved_out, *base_mid = fp32 ? base_out + bt_d : saved_mid;
     double *delta_norms = sys_calloc((size_t)B, sizeof(double));
-    if (fp32) gemm_set_default(NULL); /* cblas_sgemm, fp32 (gemm.h) */
+    bool attention_bf16 = m->fmm.bf16;
+    if (fp32) gemm_set_default(NULL), m->fmm.bf16 = false; /* cblas_sgemm, fp32 (gemm.h) */
     for (int l = 0; l < m->L; l++) {
         /* with train.recompute = block, block l's mid is remade first (docs/scale.md §7) */
         model_block_restore(m, l, B, T);
@@ -91,7 +93,7 @@ void readouts_block_gains(model *m, int B, int T, uint64_t seed, long long first
         memcpy(out, saved_out, sizeof(float) * bt_d);
         memcpy(mid, saved_mid, sizeof(float) * bt_d);
     }
-    if (fp32) gemm_set_default(engine);
+    if (fp32) gemm_set_default(engine), m->fmm.bf16 = attention_bf16;
     free(saved_in);
     free(delta_norms);
 }

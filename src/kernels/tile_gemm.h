@@ -12,6 +12,7 @@
 #define MOMFMM_TILE_GEMM_H
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* True where the kernel runs: x86-64 with AVX2 and FMA, and not turned off
  * by tile_gemm_set_enabled (the tests compare it with gemm_product). */
@@ -33,4 +34,37 @@ void tile_gemm(int m, int n, int k, float alpha, const float *a, ptrdiff_t a_row
 /* dst[p * ld_dst + j] = src[j * ld_src + p] for j < rows, p < cols: a
  * [rows x cols] block transposed, to serve as tile_gemm's B. */
 void tile_gemm_transpose(float *dst, ptrdiff_t ld_dst, const float *src, ptrdiff_t ld_src, int rows, int cols);
+
+/* ---- bf16 operands (train.precision = bf16; docs/design.md §8.10) ----
+ * The same products on operands rounded to bf16, summed in fp32. An
+ * operand is stored as pairs along the inner dimension k: two adjacent
+ * uint16_t, element 2pp then 2pp + 1 (a 0 past an odd k), which is what
+ * vdpbf16ps multiplies and adds into one fp32 lane. Strides count pairs.
+ * Where the CPU has AVX512_BF16 the products run on vdpbf16ps; elsewhere
+ * (or when the tests choose it) the same sums run in fp32: each product of
+ * two bf16 numbers is exact in fp32, and every lane adds its pair's odd
+ * product first, then the even one, as vdpbf16ps does, so both paths give
+ * the same bits (test_kernels checks it; values below 2^-126 aside, which
+ * vdpbf16ps flushes to zero). */
+
+/* True where tile_gemm_bf16 runs on vdpbf16ps: the CPU has AVX512_BF16
+ * (cpu_has_avx512_bf16) and tile_gemm_set_bf16_native did not turn it off
+ * (0: the fp32 path; 1 or -1: the CPU's choice). */
+bool tile_gemm_bf16_native(void);
+void tile_gemm_set_bf16_native(int choice);
+
+/* Packs k x n values of src, element (p, j) at src[p * s_k + j * s_n],
+ * into pairs along k: pair (pp, j) at dst + 2 * (pp * d_k + j * d_n), for
+ * pp < (k + 1) / 2. The rounding is cpu_f32_to_bf16's. Contiguous rows
+ * (s_n = d_n = 1) and contiguous pairs (s_k = d_k = 1) are the fast cases;
+ * other strides are gathered first. */
+void tile_bf16_pack(uint16_t *dst, ptrdiff_t d_k, ptrdiff_t d_n, const float *src, ptrdiff_t s_k, ptrdiff_t s_n, int k,
+                    int n);
+
+/* C[m x n] = alpha A B, or C += alpha A B with accumulate (the fp32 C as
+ * tile_gemm's): A's pair (i, pp) at a + 2 * (i * a_row + pp * a_col), B's
+ * pair (pp, j) at b + 2 * (pp * ldb + j); nothing past column n of B is
+ * read. */
+void tile_gemm_bf16(int m, int n, int k, float alpha, const uint16_t *a, ptrdiff_t a_row, ptrdiff_t a_col,
+                    const uint16_t *b, ptrdiff_t ldb, bool accumulate, float *c, ptrdiff_t ldc);
 #endif

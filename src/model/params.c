@@ -149,6 +149,12 @@ static int model_build(model *m, const config *cfg, bool training, status *err) 
     m->fmm.eps = (float)cfg->fmm_eps;
     m->fmm.chunk = cfg->fmm_chunk;
     m->fmm.band_tiles = cfg->attention_impl == ATTENTION_TILED;
+    /* attention's products in the precision of the model's others: the
+     * engine the command chose from train.precision or --precision
+     * (cmd_use_precision), which a checkpoint's config may not say */
+    gemm_ctx *engine = gemm_default();
+    m->fmm.bf16 = engine && gemm_ctx_engine(engine) == GEMM_ONEDNN_BF16;
+    m->fmm.short_tiles = m->fmm.bf16;
     build_layout(m);
     m->moment_first = 0;
     m->moment_count = m->n_params;

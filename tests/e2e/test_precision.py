@@ -3,8 +3,9 @@
 - TestConvergence: the chain (chain_len 10) and copy tasks trained in fp32 and in bf16 over
   3 seeds each reach the same final eval loss within the spread of the seeds (the
   numbers are printed).
-- TestRanks: np = 1 and np = 4 in bf16 give the same per-step loss within 1e-5 relative
-  (the gradient reduction is fp32).
+- TestRanks: np = 1 and np = 4 in bf16 give the same first loss, bit for bit, and the
+  same per-step loss within 3e-5 relative over 15 steps (the gradient reduction is fp32;
+  bf16's roundings amplify its last-bit differences as training goes on).
 - TestResume: a checkpoint written in fp32 resumes in bf16 with a warning naming
   train.precision, and back; eval, loss and generate take the checkpoint's precision
   and --precision overrides it.
@@ -113,9 +114,16 @@ class TestRanks:
         # the log prints 4 decimals: compare the checkpoint's full-precision history
         hist = {n: load_checkpoint(newest_checkpoint(os.path.join(workdir, f"ranks_np{n}"))).train["loss"]
                 for n in (1, 4)}
-        rel = float(np.max(np.abs(hist[1] - hist[4]) / np.abs(hist[1])))
-        report.check("np=4 per-step loss (checkpoint history) within 1e-5 relative of np=1", rel <= 1e-5,
-                     f"{hist[1].size} steps, worst {rel:.2e}")
+        rel = np.abs(hist[1] - hist[4]) / np.abs(hist[1])
+        # The first step's loss is the same bits (each rank's rows as on one
+        # rank); from the second the reduction's order differs in the last
+        # bits (5e-9 relative), and every bf16 rounding that difference tips
+        # over adds 2^-9 of one operand, so the curves drift apart by training
+        # itself: measured up to 8.2e-6 with attention in fp32 and 1.3e-5
+        # with it in bf16 (docs/design.md §8.10), within 3e-5 over 15 steps.
+        report.check("np=4 first step's loss equals np=1's", rel[0] == 0.0, f"rel {rel[0]:.2e}")
+        report.check("np=4 per-step loss (checkpoint history) within 3e-5 relative of np=1",
+                     float(rel.max()) <= 3e-5, f"{hist[1].size} steps, worst {float(rel.max()):.2e}")
 
 
 # ---------------------------------------------------------------------------

@@ -13,10 +13,15 @@ Some momentum cases also check that the C loss equals the C loss of the same
 checkpoint with momentum switched off (gamma = 0).
 
 With --precision bf16 every case runs `momfmm loss ... --precision bf16` (every
-matrix product on bf16 operands, docs/scale.md §7) and the bounds are those of
-mixed precision: loss within 1e-2 relative, and each gradient tensor's cosine
-similarity to the reference's >= 0.99 (a bf16 operand carries 8 significant bits,
-so elementwise 1e-4 bounds cannot hold).
+matrix product on bf16 operands, attention's included: docs/scale.md §7,
+docs/design.md §8.10) and the bounds are those of mixed precision: loss within
+1e-2 relative, and each gradient tensor's cosine similarity to the reference's
+>= 0.99 (a bf16 operand carries 8 significant bits, so elementwise 1e-4 bounds
+cannot hold). The same case also runs through the reference in float32 under
+torch.autocast("cpu", bfloat16), PyTorch's own mixed precision, and momfmm's
+lowest gradient cosine (over the case's tensors and batches) must be as close
+to 1 as autocast's, up to a factor AUTOCAST_DEFICIT_FACTOR in 1 - cosine: both
+lowest cosines are printed.
 
 Usage:
     /usr/bin/python3 tests/reference/test_parity.py --momfmm build/momfmm \
@@ -52,9 +57,18 @@ GROUPS = ("softmax", "momentum", "fmm", "cls")
 BF16_LOSS_RTOL = 1e-2
 BF16_MIN_COSINE = 0.99
 PRECISION = {"name": "fp32"}   # set by main()
+# At these sizes both lowest cosines lie within 2e-3 of 1 and differ by
+# noise; measured (AMD EPYC Zen 5, AVX512_BF16): momfmm's deficit at most
+# autocast's on 10 of 13 cases, within 3e-5 of it on two, 1.4x on
+# all_options_pre_rope_q (8.5e-4 vs 6.0e-4), whose deficit is the same with
+# attention in fp32 (9.2e-4): the linear layers' bf16 products, not
+# attention's. Before attention ran in bf16 that case stood at 7.7e-3,
+# which this factor refuses.
+AUTOCAST_DEFICIT_FACTOR = 2.0
 # bf16 runs a representative case or two of every group (unless --case)
-BF16_SUBSET = ("two_layers_d32_h4_rope500", "noncausal_d24_h3", "gamma0.2_qk_post_rope",
-               "all_options_pre_rope_q", "band5_elu", "T23_chunk8_band5", "momentum_all_kernels_learned",
+BF16_SUBSET = ("two_layers_d32_h4_rope500", "noncausal_d24_h3", "tiled_T300_ragged", "gamma0.2_qk_post_rope",
+               "all_options_pre_rope_q", "tiled_T300_all_options", "band5_elu", "T23_chunk8_band5",
+               "momentum_all_kernels_learned", "band60_on_tiles_momentum_T150", "noncausal_band30_on_tiles_T130",
                "softmax_noncausal", "fmm_momentum_noncausal")
 
 
@@ -420,6 +434,32 @@ def cosine_failure(gc, gr):
     return 1.0 - cos, f"cosine similarity {cos:.4f} < {BF16_MIN_COSINE}"
 
 
+def autocast_loss_and_grads(cfg, params, buffers, inputs, targets, labels):
+    """The reference in float32 under torch.autocast("cpu", bfloat16): what
+    PyTorch's mixed precision computes for the same case (float64 grads)."""
+    p32 = {n: t.detach().to(torch.float32).requires_grad_(True) for n, t in params.items()}
+    b32 = {n: t.detach().to(torch.float32) for n, t in buffers.items()}
+    names = sorted(p32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = ref.forward_loss(cfg, p32, b32, inputs, targets, labels)
+    grads = torch.autograd.grad(loss, [p32[n] for n in names], allow_unused=True)
+    return float(loss.detach()), {n: (torch.zeros_like(p32[n]) if g is None else g.detach()).to(torch.float64)
+                                  for n, g in zip(names, grads)}
+
+
+def lowest_cosine(grads, r_grads):
+    """The lowest cosine similarity of grads to r_grads over the tensors whose
+    reference gradient is not zero."""
+    lowest = 1.0
+    for name, gr in r_grads.items():
+        gr = gr.numpy().ravel()
+        gc = np.asarray(grads[name], dtype=np.float64).ravel()
+        nr, nc = float(np.linalg.norm(gr)), float(np.linalg.norm(gc))
+        if nr > 0.0:
+            lowest = min(lowest, float(np.dot(gc, gr)) / (nr * nc) if nc > 0 else 0.0)
+    return lowest
+
+
 def rel_err(a, b):
     return abs(a - b) / max(abs(b), 1e-30)
 
@@ -460,6 +500,7 @@ def run_case(binary: str, case: Case, workdir: str):
     cfg, params, buffers = ref.load_checkpoint(ck)
 
     worst_loss, worst_grad, worst_name = 0.0, 0.0, ""
+    lowest = {"momfmm": 1.0, "autocast": 1.0}  # bf16: lowest gradient cosines
     first = None
     tensor_fails = {}          # name -> (badness, message): one line per failing tensor
     for b in range(case.batches):
@@ -481,6 +522,10 @@ def run_case(binary: str, case: Case, workdir: str):
             worst_loss = max(worst_loss, e)
             if not e <= (BF16_LOSS_RTOL if PRECISION["name"] == "bf16" else LOSS_RTOL):
                 fails.append(f"batch {b}: loss ({label}) C {value!r} ref {r_loss!r} rel err {e:.2e}")
+        if PRECISION["name"] == "bf16":
+            _, a_grads = autocast_loss_and_grads(cfg, params, buffers, inputs, targets, labels)
+            lowest["momfmm"] = min(lowest["momfmm"], lowest_cosine(c_grads, r_grads))
+            lowest["autocast"] = min(lowest["autocast"], lowest_cosine(a_grads, r_grads))
         gfails, gworst, gname = compare_grads(c_grads, r_grads, shapes)
         for name, (badness, msg) in gfails.items():      # keep each tensor's worst batch
             if name not in tensor_fails or badness > tensor_fails[name][0]:
@@ -494,6 +539,11 @@ def run_case(binary: str, case: Case, workdir: str):
     grad_label = "1-cos" if PRECISION["name"] == "bf16" else "grad err/max"
     summary = (f"loss rel err {worst_loss:.1e}, {grad_label} {worst_grad:.1e}"
                f"{' (' + worst_name + ')' if worst_name else ''}, {case.batches} batches")
+    if PRECISION["name"] == "bf16":
+        summary += f"; lowest cosine momfmm {lowest['momfmm']:.5f}, autocast {lowest['autocast']:.5f}"
+        if 1.0 - lowest["momfmm"] > AUTOCAST_DEFICIT_FACTOR * (1.0 - lowest["autocast"]):
+            fails.append(f"lowest gradient cosine {lowest['momfmm']:.5f}: 1 - cosine more than "
+                         f"{AUTOCAST_DEFICIT_FACTOR:g} x autocast bf16's ({lowest['autocast']:.5f}) on the same case")
     return not fails, summary, fails
 
 
