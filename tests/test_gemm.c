@@ -241,9 +241,11 @@ static void test_engine(gemm_engine engine) {
  * product whose operand lies in the registered parameters reads their bf16
  * copy (a change of the fp32 weights is invisible until the refresh); a
  * training step (fmm and softmax models) creates no primitive after the
- * first steps, and refreshes the copy exactly once. Returns whether the model
- * could be created. */
-static bool train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size_t *refreshes) {
+ * first steps, and refreshes the copy exactly once, in AdamW's pass
+ * (docs/design.md §8.10): a forward then gives the losses it gives after
+ * a refresh of the whole copy (*fresh). Returns whether the model could be
+ * created. */
+static bool train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size_t *refreshes, bool *fresh) {
     config cfg;
     config_defaults(&cfg);
     cfg.vocab_size = 19, cfg.d_model = 32, cfg.n_heads = 2, cfg.n_layers = 2, cfg.d_ff = 48, cfg.seq_len = 24;
@@ -262,10 +264,15 @@ static bool train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size
         model_forward(&m, inputs, targets, NULL, B, T, m.momentum);
         model_backward(&m, inputs, targets, NULL, B, T, 1.0f / (B * T), NULL, false);
         optimizer_step_model(&m, step, &s);
-        model_params_changed(&m);
         if (step == 2) *created_at_2 = gemm_primitives_created(ctx);
     }
     *refreshes = gemm_weight_refreshes(ctx) - refresh0;
+    float losses[B * T];
+    model_forward(&m, inputs, targets, NULL, B, T, false);
+    memcpy(losses, m.acts.losses, sizeof losses);
+    model_params_changed(&m);
+    model_forward(&m, inputs, targets, NULL, B, T, false);
+    *fresh = !memcmp(losses, m.acts.losses, sizeof losses);
     model_free(&m);
     return true;
 }
@@ -288,7 +295,8 @@ static void test_default_engine(gemm_engine engine) {
     }
     for (int attention = ATTENTION_SOFTMAX; attention <= ATTENTION_FMM; attention++) {
         size_t at_2 = 0, refreshes = 0;
-        if (!train_steps(ctx, attention, &at_2, &refreshes)) continue;
+        bool fresh = false;
+        if (!train_steps(ctx, attention, &at_2, &refreshes, &fresh)) continue;
         size_t at_10 = gemm_primitives_created(ctx);
         snprintf(name, sizeof name, "%s %s: no new primitive after step 2 (%zu)", gemm_engine_name(engine),
                  attention == ATTENTION_FMM ? "fmm" : "softmax", at_10);
@@ -297,6 +305,9 @@ static void test_default_engine(gemm_engine engine) {
             snprintf(name, sizeof name, "bf16 %s: weights refreshed once per step (%zu in 10 steps)",
                      attention == ATTENTION_FMM ? "fmm" : "softmax", refreshes);
             test_check(refreshes == 10, name, NULL);
+            snprintf(name, sizeof name, "bf16 %s: AdamW's copy = a refresh's (the same losses)",
+                     attention == ATTENTION_FMM ? "fmm" : "softmax");
+            test_check(fresh, name, NULL);
         }
     }
     gemm_set_default(NULL);

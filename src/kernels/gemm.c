@@ -254,6 +254,12 @@ void gemm_refresh_weights(gemm_ctx *ctx, const float *params) {
     ctx->refreshes++;
 }
 
+uint16_t *gemm_weights_for_update(gemm_ctx *ctx, const float *params) {
+    if (!uses_weight_copy(ctx) || params != ctx->weights) return NULL;
+    ctx->refreshes++;
+    return ctx->weights_bf16;
+}
+
 void gemm_unregister_weights(gemm_ctx *ctx, const float *params) {
     if (!ctx || params != ctx->weights) return;
     ctx->weights = NULL;

@@ -130,9 +130,10 @@ size_t model_param_count(const config *cfg);
 void model_shard_moments(model *m, size_t first, size_t count);
 /* Deterministic initialisation from train.seed (identical on every rank). */
 void model_init_parameters(model *m);
-/* To be called whenever m->params change (initialisation, loading, an
- * optimizer step, a broadcast): refreshes the bf16 copy of the weights when
- * the GEMM engine is bf16 (docs/scale.md §7), else does nothing. */
+/* To be called whenever m->params change (initialisation, loading, a
+ * ZeRO-1 step, a broadcast; optimizer_step_model writes the copy itself):
+ * refreshes the bf16 copy of the weights when the GEMM engine is bf16
+ * (docs/scale.md §7), else does nothing. */
 void model_params_changed(const model *m);
 
 /* Forward on B rows of T tokens (T <= data.seq_len). targets: [B*T] for lm
