@@ -1,6 +1,7 @@
 /* Finite-difference tests of every layer kernel in kernels.c: each checks
  * the analytic backward against central differences of L = sum(out * w). */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,6 +142,40 @@ static void test_gelu(void) {
     gelu_bias_backward(in_place, again, c.aux2, c.aux1, in_place, ROWS, DIM, true);
     bool same = !memcmp(again, expected, sizeof(float) * DIM) && !memcmp(in_place, dx, sizeof(float) * N);
     test_check(same, "gelu+bias dbias accumulates, in place (bits)", NULL);
+}
+
+/* ---- the column-wise sums on threads ---- */
+/* Each thread sums one range of columns (kernels.c): the same floats on 1
+ * and 3 threads, at a width that gives every thread a range of its own
+ * (200 columns: 80, 80 and 40). out: dx, dgelu [rows, dim]; dw, db,
+ * dgelu_bias, dmatmul_bias, dmatmul_weight [dim]; dtable [5, dim]. */
+enum { SUM_ROWS = 9, SUM_DIM = 200, SUM_OUT = 2 * SUM_ROWS * SUM_DIM + 5 * SUM_DIM + 5 * SUM_DIM };
+
+static void column_sums(int threads, float *out, const float *dy, const float *x, const float *w, const float *mean,
+                        const float *rstd, const int32_t *tokens) {
+    enum { R = SUM_ROWS, D = SUM_DIM };
+    omp_set_num_threads(threads);
+    float *dx = out, *dgelu = dx + R * D, *dw = dgelu + R * D, *db = dw + D, *dgelu_bias = db + D;
+    float *dmatmul_bias = dgelu_bias + D, *dmatmul_weight = dmatmul_bias + D, *dtable = dmatmul_weight + D;
+    memset(out, 0, sizeof(float) * SUM_OUT);
+    layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, R, D, false);
+    gelu_bias_backward(dgelu, dgelu_bias, x, w, dy, R, D, false); /* w stands in for the tanh terms */
+    matmul_backward(NULL, dmatmul_weight, dmatmul_bias, dy, x, x, R, 1, D, false);
+    embedding_backward(dtable, tokens, dy, R, D);
+}
+
+static void test_column_sums_threads(void) {
+    static const int32_t tokens[SUM_ROWS] = {0, 3, 3, 1, 4, 0, 2, 3, 4};
+    float *dy = randn(SUM_ROWS * SUM_DIM, 1), *x = randn(SUM_ROWS * SUM_DIM, 1), *w = randn(SUM_ROWS * SUM_DIM, 1);
+    float *mean = randn(SUM_ROWS, 0.1f), *rstd = randn(SUM_ROWS, 1);
+    float *one = calloc(SUM_OUT, 4), *three = calloc(SUM_OUT, 4);
+    int before = omp_get_max_threads();
+    kernel_set_parallel_min(1);
+    column_sums(1, one, dy, x, w, mean, rstd, tokens);
+    column_sums(3, three, dy, x, w, mean, rstd, tokens);
+    kernel_set_parallel_min(0);
+    omp_set_num_threads(before);
+    test_check(!memcmp(one, three, sizeof(float) * SUM_OUT), "column sums: the same on 1 and 3 threads (bits)", NULL);
 }
 
 /* ---- embedding ---- */
@@ -478,6 +513,7 @@ int main(void) {
     test_layernorm(37);
     test_layernorm_residual();
     test_gelu();
+    test_column_sums_threads();
     test_embedding();
     test_rope();
     test_attention(true);

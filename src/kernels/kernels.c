@@ -29,8 +29,8 @@ void kernel_set_parallel_min(size_t floats) { parallel_min_floats = floats ? flo
  * a multiple of COLUMN_ALIGN floats wide (whole vectors), and it sweeps
  * the rows through it; a column's sum is the same on any split. Narrow
  * blocks of 64 columns, one task each, touched a new page per row and
- * array: GELU's backward with its bias gradient ran 1.6 times slower in
- * them than as two passes. */
+ * array: GELU's backward with its bias gradient ran slower in them than as
+ * two passes. */
 #define COLUMN_ALIGN 16
 
 static void thread_columns(int dim, int *lo, int *hi) {
@@ -463,9 +463,9 @@ void softmax_attention_backward(float *dq, float *dk, float *dv, const float *do
 }
 
 /* The first index of the maximum: chunks of lanes compared at once, which
- * vectorises, then the chunk that holds it (a scalar scan to the first
- * maximum was a tenth of the row's time at V = 8192). None equal (a row of
- * NaN): the last index, as the scalar scan gives. */
+ * vectorises (a scan that stops at the first match does not), then the
+ * chunk that holds it. None equal (a row of NaN): the last index, as a
+ * scalar scan gives. */
 static inline int first_index_of(const float *p, int n, float value) {
     int j = 0;
     for (; j + REDUCTION_LANES <= n; j += REDUCTION_LANES) {
