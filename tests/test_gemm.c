@@ -4,6 +4,7 @@
  * operands; the primitive cache. Engines this build or CPU lacks are
  * reported as skipped. */
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,6 +209,38 @@ static void test_edges(gemm_ctx *ctx) {
     test_check(ok, "K = 0 gives beta C (beta 0 clears NaN); M = 0 is a no-op", NULL);
 }
 
+/* Products from every thread of one parallel region at once, as
+ * attention's heads make them (docs/design.md §8.10), each shape first seen
+ * there: each thread's C equals the same product made alone afterwards,
+ * bit for bit. Threads that shared one oneDNN state (its primitive cache,
+ * a primitive's memory handles, the bf16 buffers, the scratchpad) clobbered
+ * each other: oneDNN refused a handle and the run panicked. */
+static void test_threads(gemm_ctx *ctx) {
+    enum { TEAM = 4, ROUNDS = 8 };
+    uint64_t rng = 99;
+    bool same = true;
+    int before = omp_get_max_threads();
+    omp_set_num_threads(TEAM);
+    for (int round = 0; round < ROUNDS && same; round++) {
+        problem p[TEAM];
+        float *together[TEAM];
+        for (int t = 0; t < TEAM; t++)
+            p[t] = make_problem(t % 2, round % 2, 40 + 4 * round + t, 72 + t, 56 + 8 * t, t, 1.0f, 0.5f * t, &rng);
+#pragma omp parallel for schedule(static, 1) num_threads(TEAM)
+        for (int t = 0; t < TEAM; t++) together[t] = run(ctx, &p[t]);
+        for (int t = 0; t < TEAM; t++) {
+            float *alone = run(ctx, &p[t]);
+            same = same && !memcmp(alone, together[t], sizeof(float) * (size_t)p[t].M * p[t].ldc);
+            free(alone), free(together[t]), free_problem(&p[t]);
+        }
+    }
+    omp_set_num_threads(before);
+    char name[96];
+    snprintf(name, sizeof name, "%s: products from %d threads at once (bits)", gemm_engine_name(gemm_ctx_engine(ctx)),
+             TEAM);
+    test_check(same, name, NULL);
+}
+
 static void test_engine(gemm_engine engine) {
     const char *why = gemm_unavailable_reason(engine);
     gemm_ctx *ctx = gemm_create(engine, 1);
@@ -234,6 +267,7 @@ static void test_engine(gemm_engine engine) {
                NULL);
     test_edges(ctx);
     if (bf16) test_bf16_copies(ctx);
+    test_threads(ctx);
     gemm_destroy(ctx);
 }
 
