@@ -4,6 +4,7 @@
  * operands; the primitive cache. Engines this build or CPU lacks are
  * reported as skipped. */
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,6 +209,38 @@ static void test_edges(gemm_ctx *ctx) {
     test_check(ok, "K = 0 gives beta C (beta 0 clears NaN); M = 0 is a no-op", NULL);
 }
 
+/* Products from every thread of one parallel region at once, as
+ * attention's heads make them (docs/design.md §8.10), each shape first seen
+ * there: each thread's C equals the same product made alone afterwards,
+ * bit for bit. Threads that shared one oneDNN state (its primitive cache,
+ * a primitive's memory handles, the bf16 buffers, the scratchpad) clobbered
+ * each other: oneDNN refused a handle and the run panicked. */
+static void test_threads(gemm_ctx *ctx) {
+    enum { TEAM = 4, ROUNDS = 8 };
+    uint64_t rng = 99;
+    bool same = true;
+    int before = omp_get_max_threads();
+    omp_set_num_threads(TEAM);
+    for (int round = 0; round < ROUNDS && same; round++) {
+        problem p[TEAM];
+        float *together[TEAM];
+        for (int t = 0; t < TEAM; t++)
+            p[t] = make_problem(t % 2, round % 2, 40 + 4 * round + t, 72 + t, 56 + 8 * t, t, 1.0f, 0.5f * t, &rng);
+#pragma omp parallel for schedule(static, 1) num_threads(TEAM)
+        for (int t = 0; t < TEAM; t++) together[t] = run(ctx, &p[t]);
+        for (int t = 0; t < TEAM; t++) {
+            float *alone = run(ctx, &p[t]);
+            same = same && !memcmp(alone, together[t], sizeof(float) * (size_t)p[t].M * p[t].ldc);
+            free(alone), free(together[t]), free_problem(&p[t]);
+        }
+    }
+    omp_set_num_threads(before);
+    char name[96];
+    snprintf(name, sizeof name, "%s: products from %d threads at once (bits)", gemm_engine_name(gemm_ctx_engine(ctx)),
+             TEAM);
+    test_check(same, name, NULL);
+}
+
 static void test_engine(gemm_engine engine) {
     const char *why = gemm_unavailable_reason(engine);
     gemm_ctx *ctx = gemm_create(engine, 1);
@@ -234,6 +267,7 @@ static void test_engine(gemm_engine engine) {
                NULL);
     test_edges(ctx);
     if (bf16) test_bf16_copies(ctx);
+    test_threads(ctx);
     gemm_destroy(ctx);
 }
 
@@ -241,9 +275,11 @@ static void test_engine(gemm_engine engine) {
  * product whose operand lies in the registered parameters reads their bf16
  * copy (a change of the fp32 weights is invisible until the refresh); a
  * training step (fmm and softmax models) creates no primitive after the
- * first steps, and refreshes the copy exactly once. Returns whether the model
- * could be created. */
-static bool train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size_t *refreshes) {
+ * first steps, and refreshes the copy exactly once, in AdamW's pass
+ * (docs/design.md §8.10): a forward then gives the losses it gives after
+ * a refresh of the whole copy (*fresh). Returns whether the model could be
+ * created. */
+static bool train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size_t *refreshes, bool *fresh) {
     config cfg;
     config_defaults(&cfg);
     cfg.vocab_size = 19, cfg.d_model = 32, cfg.n_heads = 2, cfg.n_layers = 2, cfg.d_ff = 48, cfg.seq_len = 24;
@@ -262,10 +298,15 @@ static bool train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size
         model_forward(&m, inputs, targets, NULL, B, T, m.momentum);
         model_backward(&m, inputs, targets, NULL, B, T, 1.0f / (B * T), NULL, false);
         optimizer_step_model(&m, step, &s);
-        model_params_changed(&m);
         if (step == 2) *created_at_2 = gemm_primitives_created(ctx);
     }
     *refreshes = gemm_weight_refreshes(ctx) - refresh0;
+    float losses[B * T];
+    model_forward(&m, inputs, targets, NULL, B, T, false);
+    memcpy(losses, m.acts.losses, sizeof losses);
+    model_params_changed(&m);
+    model_forward(&m, inputs, targets, NULL, B, T, false);
+    *fresh = !memcmp(losses, m.acts.losses, sizeof losses);
     model_free(&m);
     return true;
 }
@@ -288,7 +329,8 @@ static void test_default_engine(gemm_engine engine) {
     }
     for (int attention = ATTENTION_SOFTMAX; attention <= ATTENTION_FMM; attention++) {
         size_t at_2 = 0, refreshes = 0;
-        if (!train_steps(ctx, attention, &at_2, &refreshes)) continue;
+        bool fresh = false;
+        if (!train_steps(ctx, attention, &at_2, &refreshes, &fresh)) continue;
         size_t at_10 = gemm_primitives_created(ctx);
         snprintf(name, sizeof name, "%s %s: no new primitive after step 2 (%zu)", gemm_engine_name(engine),
                  attention == ATTENTION_FMM ? "fmm" : "softmax", at_10);
@@ -297,6 +339,9 @@ static void test_default_engine(gemm_engine engine) {
             snprintf(name, sizeof name, "bf16 %s: weights refreshed once per step (%zu in 10 steps)",
                      attention == ATTENTION_FMM ? "fmm" : "softmax", refreshes);
             test_check(refreshes == 10, name, NULL);
+            snprintf(name, sizeof name, "bf16 %s: AdamW's copy = a refresh's (the same losses)",
+                     attention == ATTENTION_FMM ? "fmm" : "softmax");
+            test_check(fresh, name, NULL);
         }
     }
     gemm_set_default(NULL);

@@ -1,6 +1,7 @@
 /* Finite-difference tests of every layer kernel in kernels.c: each checks
  * the analytic backward against central differences of L = sum(out * w). */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,35 +53,130 @@ static double layernorm_loss(void *p) {
     return fd_dot(c->out, c->probe, (size_t)c->rows * c->in);
 }
 
-static void test_layernorm(void) {
+/* dim 9 is all tail, 37 two blocks of lanes and a tail (NORM_LANES 16). */
+static void test_layernorm(int dim) {
     ctx c = {0};
-    c.rows = 4, c.in = 9;
-    size_t n = 36;
-    c.x = randn(n, 2), c.w = randn(9, 1), c.b = randn(9, 1), c.out = randn(n, 1), c.probe = randn(n, 1);
+    c.rows = 4, c.in = dim;
+    size_t n = (size_t)c.rows * dim;
+    c.x = randn(n, 2), c.w = randn(dim, 1), c.b = randn(dim, 1), c.out = randn(n, 1), c.probe = randn(n, 1);
     c.aux1 = calloc(4, 4), c.aux2 = calloc(4, 4);
-    float *dx = calloc(n, 4), *dw = calloc(9, 4), *db = calloc(9, 4);
+    float *dx = calloc(n, 4), *dw = calloc(dim, 4), *db = calloc(dim, 4);
     layernorm_forward(c.out, c.aux1, c.aux2, c.x, c.w, c.b, c.rows, c.in);
     layernorm_backward(dx, dw, db, c.probe, c.x, c.w, c.aux1, c.aux2, c.rows, c.in, true);
-    fd_check("layernorm dinp", c.x, dx, n, layernorm_loss, &c, 1e-2, 1e-2);
-    fd_check("layernorm dweight", c.w, dw, 9, layernorm_loss, &c, 1e-2, 1e-2);
-    fd_check("layernorm dbias", c.b, db, 9, layernorm_loss, &c, 1e-2, 1e-2);
+    char name[80];
+    snprintf(name, sizeof name, "layernorm dinp (dim %d)", dim);
+    fd_check(name, c.x, dx, n, layernorm_loss, &c, 1e-2, 1e-2);
+    snprintf(name, sizeof name, "layernorm dweight (dim %d)", dim);
+    fd_check(name, c.w, dw, dim, layernorm_loss, &c, 1e-2, 1e-2);
+    snprintf(name, sizeof name, "layernorm dbias (dim %d)", dim);
+    fd_check(name, c.b, db, dim, layernorm_loss, &c, 1e-2, 1e-2);
 }
 
-/* ---- gelu ---- */
+/* ---- layernorm with the residual add and the product's bias ---- */
+typedef struct {
+    float *a, *product_bias, *residual, *x, *w, *b, *out, *mean, *rstd, *probe;
+    int rows, dim;
+} residual_ctx;
+
+static double residual_loss(void *p) {
+    residual_ctx *c = p;
+    size_t n = (size_t)c->rows * c->dim;
+    memcpy(c->x, c->a, sizeof(float) * n);
+    layernorm_residual_forward(c->out, c->mean, c->rstd, c->x, c->product_bias, c->residual, c->w, c->b, c->rows,
+                               c->dim);
+    return fd_dot(c->out, c->probe, n);
+}
+
+/* x = a + product_bias + residual, then LayerNorm: da = dresidual = the
+ * norm's dinp, dproduct_bias its column sums; and the fused kernel gives
+ * the floats of residual_add followed by layernorm_forward. */
+static void test_layernorm_residual(void) {
+    enum { ROWS = 3, DIM = 37, N = ROWS * DIM };
+    residual_ctx c = {randn(N, 2),  randn(DIM, 1),   randn(N, 2),     calloc(N, 4), randn(DIM, 1), randn(DIM, 1),
+                      calloc(N, 4), calloc(ROWS, 4), calloc(ROWS, 4), randn(N, 1),  ROWS,          DIM};
+    residual_loss(&c);
+    float *dx = calloc(N, 4), *dw = calloc(DIM, 4), *db = calloc(DIM, 4), *dbias = calloc(DIM, 4);
+    layernorm_backward(dx, dw, db, c.probe, c.x, c.w, c.mean, c.rstd, ROWS, DIM, false);
+    for (int i = 0; i < N; i++) dbias[i % DIM] += dx[i];
+    fd_check("layernorm+residual d(product)", c.a, dx, N, residual_loss, &c, 1e-2, 1e-2);
+    fd_check("layernorm+residual d(residual)", c.residual, dx, N, residual_loss, &c, 1e-2, 1e-2);
+    fd_check("layernorm+residual d(product bias)", c.product_bias, dbias, DIM, residual_loss, &c, 1e-2, 1e-2);
+    float *sum = malloc(sizeof(float) * N), *out = malloc(sizeof(float) * N), mean[ROWS], rstd[ROWS];
+    memcpy(sum, c.a, sizeof(float) * N);
+    residual_add(sum, c.product_bias, c.residual, ROWS, DIM);
+    layernorm_forward(out, mean, rstd, sum, c.w, c.b, ROWS, DIM);
+    residual_loss(&c);
+    bool same = !memcmp(sum, c.x, sizeof(float) * N) && !memcmp(out, c.out, sizeof(float) * N) &&
+                !memcmp(mean, c.mean, sizeof mean) && !memcmp(rstd, c.rstd, sizeof rstd);
+    test_check(same, "layernorm+residual = residual_add, then layernorm (bits)", NULL);
+}
+
+/* ---- gelu with the product's bias ---- */
 static double gelu_loss(void *p) {
     ctx *c = p;
-    gelu_forward(c->out, c->aux1, c->x, (size_t)c->rows);
-    return fd_dot(c->out, c->probe, (size_t)c->rows);
+    size_t n = (size_t)c->rows * c->in;
+    memcpy(c->aux2, c->x, sizeof(float) * n); /* the pre-activation, made bias-free by the product */
+    gelu_bias_forward(c->out, c->aux1, c->aux2, c->b, c->rows, c->in);
+    return fd_dot(c->out, c->probe, n);
 }
 
+/* dim 70: the tail after whole vectors of the column ranges (COLUMN_ALIGN 16). */
 static void test_gelu(void) {
+    enum { ROWS = 3, DIM = 70, N = ROWS * DIM };
     ctx c = {0};
-    c.rows = 40;
-    c.x = randn(40, 4), c.out = randn(40, 1), c.probe = randn(40, 1), c.aux1 = calloc(40, 4);
-    float *dx = calloc(40, 4);
-    gelu_forward(c.out, c.aux1, c.x, 40);
-    gelu_backward(dx, c.x, c.aux1, c.probe, 40);
-    fd_check("gelu", c.x, dx, 40, gelu_loss, &c, 1e-3, 1e-2);
+    c.rows = ROWS, c.in = DIM;
+    c.x = randn(N, 4), c.b = randn(DIM, 1), c.out = calloc(N, 4), c.probe = randn(N, 1);
+    c.aux1 = calloc(N, 4), c.aux2 = calloc(N, 4);
+    float *dx = calloc(N, 4), *db = calloc(DIM, 4), *again = calloc(DIM, 4), *remade = calloc(N, 4);
+    gelu_loss(&c);
+    gelu_bias_backward(dx, db, c.aux2, c.aux1, c.probe, ROWS, DIM, false);
+    fd_check("gelu+bias dinp", c.x, dx, N, gelu_loss, &c, 1e-3, 1e-2);
+    fd_check("gelu+bias dbias", c.b, db, DIM, gelu_loss, &c, 1e-3, 1e-2);
+    gelu_loss(&c);
+    gelu_from_tanh(remade, c.aux2, c.aux1, N);
+    test_check(!memcmp(remade, c.out, sizeof(float) * N), "gelu_from_tanh = gelu_bias_forward (bits)", NULL);
+    /* accumulate adds each row to what dbias holds, in order; dpre may alias dout */
+    float *expected = malloc(sizeof(float) * DIM), *in_place = malloc(sizeof(float) * N);
+    memcpy(again, db, sizeof(float) * DIM), memcpy(expected, db, sizeof(float) * DIM);
+    for (int i = 0; i < N; i++) expected[i % DIM] += dx[i];
+    memcpy(in_place, c.probe, sizeof(float) * N);
+    gelu_bias_backward(in_place, again, c.aux2, c.aux1, in_place, ROWS, DIM, true);
+    bool same = !memcmp(again, expected, sizeof(float) * DIM) && !memcmp(in_place, dx, sizeof(float) * N);
+    test_check(same, "gelu+bias dbias accumulates, in place (bits)", NULL);
+}
+
+/* ---- the column-wise sums on threads ---- */
+/* Each thread sums one range of columns (kernels.c): the same floats on 1
+ * and 3 threads, at a width that gives every thread a range of its own
+ * (200 columns: 80, 80 and 40). out: dx, dgelu [rows, dim]; dw, db,
+ * dgelu_bias, dmatmul_bias, dmatmul_weight [dim]; dtable [5, dim]. */
+enum { SUM_ROWS = 9, SUM_DIM = 200, SUM_OUT = 2 * SUM_ROWS * SUM_DIM + 5 * SUM_DIM + 5 * SUM_DIM };
+
+static void column_sums(int threads, float *out, const float *dy, const float *x, const float *w, const float *mean,
+                        const float *rstd, const int32_t *tokens) {
+    enum { R = SUM_ROWS, D = SUM_DIM };
+    omp_set_num_threads(threads);
+    float *dx = out, *dgelu = dx + R * D, *dw = dgelu + R * D, *db = dw + D, *dgelu_bias = db + D;
+    float *dmatmul_bias = dgelu_bias + D, *dmatmul_weight = dmatmul_bias + D, *dtable = dmatmul_weight + D;
+    memset(out, 0, sizeof(float) * SUM_OUT);
+    layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, R, D, false);
+    gelu_bias_backward(dgelu, dgelu_bias, x, w, dy, R, D, false); /* w stands in for the tanh terms */
+    matmul_backward(NULL, dmatmul_weight, dmatmul_bias, dy, x, x, R, 1, D, false);
+    embedding_backward(dtable, tokens, dy, R, D);
+}
+
+static void test_column_sums_threads(void) {
+    static const int32_t tokens[SUM_ROWS] = {0, 3, 3, 1, 4, 0, 2, 3, 4};
+    float *dy = randn(SUM_ROWS * SUM_DIM, 1), *x = randn(SUM_ROWS * SUM_DIM, 1), *w = randn(SUM_ROWS * SUM_DIM, 1);
+    float *mean = randn(SUM_ROWS, 0.1f), *rstd = randn(SUM_ROWS, 1);
+    float *one = calloc(SUM_OUT, 4), *three = calloc(SUM_OUT, 4);
+    int before = omp_get_max_threads();
+    kernel_set_parallel_min(1);
+    column_sums(1, one, dy, x, w, mean, rstd, tokens);
+    column_sums(3, three, dy, x, w, mean, rstd, tokens);
+    kernel_set_parallel_min(0);
+    omp_set_num_threads(before);
+    test_check(!memcmp(one, three, sizeof(float) * SUM_OUT), "column sums: the same on 1 and 3 threads (bits)", NULL);
 }
 
 /* ---- embedding ---- */
@@ -490,6 +586,31 @@ static double ce_loss(void *p) {
     return sum;
 }
 
+/* Training's fused pass = forward, then backward, bit for bit (losses,
+ * predictions, dlogits; a scale of 0 gives zeros); 40 classes take the
+ * argmax's chunked search past its first chunk, where the maximum is tied. */
+static void test_cross_entropy_fused(void) {
+    enum { ROWS = 4, V = 40 };
+    static const int32_t targets[ROWS] = {2, -1, 39, 17};
+    float *logits = randn(ROWS * V, 3), *two = malloc(sizeof(float) * ROWS * V),
+          *one = malloc(sizeof(float) * ROWS * V);
+    logits[V + 20] = logits[V + 33] = 9.0f; /* row 1: first maximum at 20 */
+    float loss_two[ROWS], loss_one[ROWS];
+    int32_t pred_two[ROWS], pred_one[ROWS];
+    for (int zero = 0; zero < 2; zero++) {
+        float scale = zero ? 0.0f : 0.125f;
+        memcpy(two, logits, sizeof(float) * ROWS * V), memcpy(one, logits, sizeof(float) * ROWS * V);
+        cross_entropy_forward(two, loss_two, pred_two, targets, ROWS, V);
+        cross_entropy_backward(two, targets, ROWS, V, scale);
+        cross_entropy_forward_backward(one, loss_one, pred_one, targets, ROWS, V, scale);
+        bool same = !memcmp(two, one, sizeof(float) * ROWS * V) && !memcmp(loss_two, loss_one, sizeof loss_one) &&
+                    !memcmp(pred_two, pred_one, sizeof pred_one);
+        test_check(same && pred_one[1] == 20,
+                   zero ? "cross-entropy fused, scale 0 (bits)" : "cross-entropy fused (bits)",
+                   "prediction of the tied row %d", pred_one[1]);
+    }
+}
+
 static void test_cross_entropy(void) {
     static const int32_t targets[4] = {2, -1, 0, 5};
     ctx c = {0};
@@ -537,8 +658,11 @@ static void test_flush_denormals(void) { test_skip("subnormals flushed to zero",
 
 int main(void) {
     test_matmul();
-    test_layernorm();
+    test_layernorm(9);
+    test_layernorm(37);
+    test_layernorm_residual();
     test_gelu();
+    test_column_sums_threads();
     test_embedding();
     test_rope();
     test_attention(true);
@@ -556,6 +680,7 @@ int main(void) {
     test_tile_gemm();
     test_tile_bf16();
     test_cross_entropy();
+    test_cross_entropy_fused();
     test_flush_denormals();
     return test_summary("test_kernels");
 }

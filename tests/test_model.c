@@ -105,6 +105,27 @@ static void check_threads(case_ctx *c, long long count, const char *tag) {
     free(one);
 }
 
+/* Training's forward leaves the loss's gradient in the softmax's pass
+ * (model_forward_train): the same losses and gradients, bit for bit, as
+ * the forward and the backward's own cross-entropy pass. */
+static void check_forward_train(case_ctx *c, long long count, const char *tag) {
+    model *m = c->m;
+    size_t bytes = sizeof(float) * m->n_params, n_losses = m->cfg.head == HEAD_CLS ? B : B * T;
+    float *two = malloc(bytes), losses[B * T];
+    float scale = (float)(1.0 / count);
+    loss_of(c);
+    memcpy(losses, m->acts.losses, sizeof(float) * n_losses);
+    model_backward(m, c->inputs, c->targets, c->labels, B, T, scale, NULL, false);
+    memcpy(two, m->grads, bytes);
+    model_forward_train(m, c->inputs, c->targets, c->labels, B, T, false, scale);
+    bool same_losses = !memcmp(losses, m->acts.losses, sizeof(float) * n_losses);
+    model_backward(m, c->inputs, c->targets, c->labels, B, T, scale, NULL, false);
+    char name[160];
+    snprintf(name, sizeof name, "%s: forward_train = forward, backward (bits)", tag);
+    test_check(same_losses && !memcmp(two, m->grads, bytes), name, NULL);
+    free(two);
+}
+
 static void run_case(const char *tag, void (*adjust)(config *)) {
     config cfg;
     config_defaults(&cfg);
@@ -137,6 +158,7 @@ static void run_case(const char *tag, void (*adjust)(config *)) {
     for (int i = 0; i < m.n_entries; i++) fd_tensor(&c, &m.entries[i], tag);
     check_overwrite(&c, count, tag);
     check_threads(&c, count, tag);
+    check_forward_train(&c, count, tag);
     model_free(&m);
 }
 

@@ -9,9 +9,9 @@
 typedef enum {
     PROF_FORWARD_LINEAR,     /* the linear layers' GEMMs (qkv, proj, MLP, head), bias adds */
     PROF_FORWARD_ATTENTION,  /* heads split and merged, RoPE, momentum shear, softmax or FMM */
-    PROF_FORWARD_NORM,       /* LayerNorm */
-    PROF_FORWARD_ACTIVATION, /* GELU, residual adds */
-    PROF_FORWARD_LOSS,       /* embedding, pooling, softmax cross-entropy */
+    PROF_FORWARD_NORM,       /* LayerNorm with the residual add before it */
+    PROF_FORWARD_ACTIVATION, /* GELU with the fc bias, a residual add without a norm after it */
+    PROF_FORWARD_LOSS,       /* embedding, pooling, softmax cross-entropy (and its gradient, training) */
     PROF_BACKWARD_LINEAR,
     PROF_BACKWARD_ATTENTION,
     PROF_BACKWARD_NORM,

@@ -18,11 +18,20 @@
 #include "gemm_onednn.h"
 #endif
 
+/* Threads of one parallel region with a oneDNN state of their own. */
+#define GEMM_TEAM_MAX 256
+
 struct gemm_ctx {
     gemm_engine engine;
     gemm_engine class_engine[GEMM_CLASSES]; /* GEMM_AUTO's choices */
 #ifdef MOMFMM_HAVE_ONEDNN
     gemm_onednn *dnn; /* NULL for GEMM_OPENBLAS */
+    /* A product inside a parallel region (attention's heads) runs on its
+     * thread's own oneDNN state, made at its first such product: a state's
+     * primitive cache, memory handles, bf16 buffers and scratchpad belong
+     * to one call at a time (shared, the heads' threads clobbered each
+     * other and oneDNN refused a handle at OMP_NUM_THREADS = 2). */
+    gemm_onednn *team[GEMM_TEAM_MAX];
 #endif
     char description[384];
     /* The registered weights (gemm_register_weights): fp32 and bf16 copy. */
@@ -83,6 +92,7 @@ void gemm_destroy(gemm_ctx *ctx) {
     if (!ctx) return;
 #ifdef MOMFMM_HAVE_ONEDNN
     gemm_onednn_destroy(ctx->dnn);
+    for (int t = 0; t < GEMM_TEAM_MAX; t++) gemm_onednn_destroy(ctx->team[t]);
 #endif
     free(ctx->weights_bf16);
     free(ctx);
@@ -111,7 +121,11 @@ const char *gemm_describe(gemm_ctx *ctx) {
 
 size_t gemm_primitives_created(const gemm_ctx *ctx) {
 #ifdef MOMFMM_HAVE_ONEDNN
-    if (ctx->dnn) return gemm_onednn_primitives(ctx->dnn);
+    if (ctx->dnn) {
+        size_t created = gemm_onednn_primitives(ctx->dnn);
+        for (int t = 0; t < GEMM_TEAM_MAX; t++) created += ctx->team[t] ? gemm_onednn_primitives(ctx->team[t]) : 0;
+        return created;
+    }
 #endif
     (void)ctx;
     return 0;
@@ -138,6 +152,25 @@ static gemm_engine route(const gemm_ctx *ctx, bool trans_a, bool trans_b, int M,
 static void openblas_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                              const float *B, int ldb, float beta, float *C, int ldc);
 
+#ifdef MOMFMM_HAVE_ONEDNN
+/* On the calling thread's oneDNN state: the context's own outside a
+ * parallel region, else the thread's (one thread each: the region has the
+ * cores). Past GEMM_TEAM_MAX threads, the context's state one call at a
+ * time. */
+static void run_onednn(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, gemm_operand A,
+                       int lda, gemm_operand B, int ldb, float beta, float *C, int ldc) {
+    int t = omp_in_parallel() ? omp_get_thread_num() : -1;
+    if (t >= 0 && t < GEMM_TEAM_MAX) {
+        if (!ctx->team[t]) ctx->team[t] = gemm_onednn_create(ctx->engine == GEMM_ONEDNN_BF16, 1);
+        gemm_onednn_run(ctx->team[t], trans_a, trans_b, M, N, K, alpha, A.f32, A.bf16, lda, B.f32, B.bf16, ldb, beta, C,
+                        ldc);
+        return;
+    }
+#pragma omp critical(gemm_onednn_shared)
+    gemm_onednn_run(ctx->dnn, trans_a, trans_b, M, N, K, alpha, A.f32, A.bf16, lda, B.f32, B.bf16, ldb, beta, C, ldc);
+}
+#endif
+
 void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, gemm_operand A, int lda,
                 gemm_operand B, int ldb, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
@@ -147,8 +180,7 @@ void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, 
     }
 #ifdef MOMFMM_HAVE_ONEDNN
     if (ctx->dnn && route(ctx, trans_a, trans_b, M, N, K) != GEMM_OPENBLAS) {
-        gemm_onednn_run(ctx->dnn, trans_a, trans_b, M, N, K, alpha, A.f32, A.bf16, lda, B.f32, B.bf16, ldb, beta, C,
-                        ldc);
+        run_onednn(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
 #endif
@@ -252,6 +284,12 @@ void gemm_refresh_weights(gemm_ctx *ctx, const float *params) {
     if (!uses_weight_copy(ctx) || params != ctx->weights) return;
     cpu_f32_to_bf16(ctx->weights_bf16, params, ctx->n_weights);
     ctx->refreshes++;
+}
+
+uint16_t *gemm_weights_for_update(gemm_ctx *ctx, const float *params) {
+    if (!uses_weight_copy(ctx) || params != ctx->weights) return NULL;
+    ctx->refreshes++;
+    return ctx->weights_bf16;
 }
 
 void gemm_unregister_weights(gemm_ctx *ctx, const float *params) {

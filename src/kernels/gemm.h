@@ -113,11 +113,17 @@ void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
  * bf16 engine, registering allocates its bf16 copy once (no-op for the fp32
  * engines or a NULL ctx). gemm_refresh_weights reconverts the whole copy: the
  * model calls it whenever the fp32 parameters change (initialisation,
- * loading, each optimizer step). gemm_unregister_weights forgets them (the
+ * loading, a ZeRO-1 step), unless the change wrote the copy too
+ * (gemm_weights_for_update). gemm_unregister_weights forgets them (the
  * model is freed) when `params` is the registered buffer. */
 void gemm_register_weights(gemm_ctx *ctx, const float *params, size_t n);
 void gemm_refresh_weights(gemm_ctx *ctx, const float *params);
 void gemm_unregister_weights(gemm_ctx *ctx, const float *params);
+/* For a pass that updates all the registered weights and converts each block to bf16 while it is in cache (the
+ * optimizer, docs/design.md §8.10), instead of a refresh that reads them again: the copy to write, at the weights'
+ * offsets, or NULL when ctx keeps none of `params` (then nothing is to be written). The caller converts every
+ * element with cpu_f32_to_bf16; this counts as that step's refresh. */
+uint16_t *gemm_weights_for_update(gemm_ctx *ctx, const float *params);
 /* GEMM_AUTO: the engine of each class (OpenBLAS until set). */
 void gemm_set_class_engines(gemm_ctx *ctx, const gemm_engine engines[GEMM_CLASSES]);
 void gemm_class_engines(const gemm_ctx *ctx, gemm_engine engines[GEMM_CLASSES]);

@@ -25,15 +25,24 @@ static size_t parallel_min_floats = PARALLEL_MIN_DEFAULT;
 
 void kernel_set_parallel_min(size_t floats) { parallel_min_floats = floats ? floats : PARALLEL_MIN_DEFAULT; }
 
-/* Columns per task of the column-wise sums: a multiple of every vector
- * width, so each range vectorises whole. */
-#define COLUMN_BLOCK 64
+/* The column-wise sums give each thread one contiguous range of columns,
+ * a multiple of COLUMN_ALIGN floats wide (whole vectors), and it sweeps
+ * the rows through it; a column's sum is the same on any split. Narrow
+ * blocks of 64 columns, one task each, touched a new page per row and
+ * array: GELU's backward with its bias gradient ran slower in them than as
+ * two passes. */
+#define COLUMN_ALIGN 16
 
-static int column_blocks(int dim) { return (dim + COLUMN_BLOCK - 1) / COLUMN_BLOCK; }
+static void thread_columns(int dim, int *lo, int *hi) {
+    int per = (dim + omp_get_num_threads() - 1) / omp_get_num_threads();
+    per = (per + COLUMN_ALIGN - 1) / COLUMN_ALIGN * COLUMN_ALIGN;
+    int start = omp_get_thread_num() * per;
+    *lo = start < dim ? start : dim;
+    *hi = start + per < dim ? start + per : dim;
+}
 
-/* out[c] += sum over rows of rows_data[r][c], c in block, rows in order. */
-VECTOR_CLONES static void add_column_sums(float *out, const float *rows_data, int rows, int dim, int block) {
-    int lo = block * COLUMN_BLOCK, hi = lo + COLUMN_BLOCK < dim ? lo + COLUMN_BLOCK : dim;
+/* out[c] += sum over rows of rows_data[r][c], c in [lo, hi), rows in order. */
+VECTOR_CLONES static void add_column_sums(float *out, const float *rows_data, int rows, int dim, int lo, int hi) {
     for (int r = 0; r < rows; r++) {
         const float *row = rows_data + (size_t)r * dim;
         for (int c = lo; c < hi; c++) out[c] += row[c];
@@ -59,20 +68,89 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
                  dweight, in_dim);
     if (!dbias) return;
     if (!accumulate) memset(dbias, 0, sizeof(float) * out_dim);
-#pragma omp parallel for schedule(static) if ((size_t)rows * out_dim >= parallel_min_floats)
-    for (int block = 0; block < column_blocks(out_dim); block++) add_column_sums(dbias, dout, rows, out_dim, block);
+#pragma omp parallel if ((size_t)rows * out_dim >= parallel_min_floats)
+    {
+        int lo, hi;
+        thread_columns(out_dim, &lo, &hi);
+        add_column_sums(dbias, dout, rows, out_dim, lo, hi);
+    }
+}
+
+/* LayerNorm's sums run in NORM_LANES fixed lanes, then the lanes in order
+ * and the tail: strict C11 may not reorder a sequential sum, so the mean's
+ * and the variance's double sums ran at one add per add latency (8 cycles
+ * an element); lanes vectorise, and every clone and machine adds the same
+ * floats in the same order. The lanes are GCC's generic vectors (written
+ * as arrays, GCC vectorised across the lanes' iterations, a transpose per
+ * load), and they are never indexed inside a loop, so that they stay in
+ * registers. */
+#define NORM_LANES 16
+typedef float norm_floats __attribute__((vector_size(NORM_LANES * sizeof(float))));
+/* double lanes in two halves of one zmm each: GCC 12 kept a vector wider
+ * than a register in memory, a store and a load per add */
+typedef float half_floats __attribute__((vector_size(NORM_LANES / 2 * sizeof(float))));
+typedef double half_doubles __attribute__((vector_size(NORM_LANES / 2 * sizeof(double))));
+typedef struct {
+    half_doubles lo, hi;
+} norm_doubles;
+
+/* Macros and pointers: a function taking or returning a 64-byte vector
+ * would change the ABI between the clones (as in tile_gemm.c). */
+#define LOAD_LANES(v, p) memcpy(&(v), (p), sizeof(v))
+
+/* The lanes of x[i..i + NORM_LANES), as two halves. */
+#define LOAD_HALVES(first, second, x, i) (LOAD_LANES(first, (x) + (i)), LOAD_LANES(second, (x) + (i) + NORM_LANES / 2))
+#define ADD_AS_DOUBLES(lanes, first, second)                     \
+    ((lanes).lo += __builtin_convertvector(first, half_doubles), \
+     (lanes).hi += __builtin_convertvector(second, half_doubles))
+
+static inline double sum_double_lanes(const norm_doubles *lanes) {
+    double sum = 0;
+    for (int k = 0; k < NORM_LANES / 2; k++) sum += lanes->lo[k];
+    for (int k = 0; k < NORM_LANES / 2; k++) sum += lanes->hi[k];
+    return sum;
+}
+
+static inline float sum_float_lanes(const norm_floats *lanes) {
+    float sum = 0;
+    for (int k = 0; k < NORM_LANES; k++) sum += (*lanes)[k];
+    return sum;
+}
+
+/* Mean and 1/std of one row from its sum, then y; mean and rstd are saved
+ * for the backward. */
+static inline void layernorm_finish_row(float *y, float *mean, float *rstd, const float *x, const float *weight,
+                                        const float *bias, int dim, double sum) {
+    float mu = (float)(sum / dim);
+    norm_doubles lanes = {{0}, {0}};
+    double tail = 0;
+    int i = 0;
+    for (; i + NORM_LANES <= dim; i += NORM_LANES) {
+        half_floats first, second;
+        LOAD_HALVES(first, second, x, i);
+        half_doubles a = __builtin_convertvector(first - mu, half_doubles);
+        half_doubles b = __builtin_convertvector(second - mu, half_doubles);
+        lanes.lo += a * a, lanes.hi += b * b;
+    }
+    for (; i < dim; i++) tail += (double)(x[i] - mu) * (x[i] - mu);
+    float rs = (float)(1.0 / sqrt((sum_double_lanes(&lanes) + tail) / dim + 1e-5));
+    for (i = 0; i < dim; i++) y[i] = (x[i] - mu) * rs * weight[i] + bias[i];
+    *mean = mu;
+    *rstd = rs;
 }
 
 VECTOR_CLONES static void layernorm_forward_row(float *y, float *mean, float *rstd, const float *x, const float *weight,
                                                 const float *bias, int dim) {
-    double sum = 0, sq = 0;
-    for (int i = 0; i < dim; i++) sum += x[i];
-    float mu = (float)(sum / dim);
-    for (int i = 0; i < dim; i++) sq += (double)(x[i] - mu) * (x[i] - mu);
-    float rs = (float)(1.0 / sqrt(sq / dim + 1e-5));
-    for (int i = 0; i < dim; i++) y[i] = (x[i] - mu) * rs * weight[i] + bias[i];
-    *mean = mu;
-    *rstd = rs;
+    norm_doubles lanes = {{0}, {0}};
+    double tail = 0;
+    int i = 0;
+    for (; i + NORM_LANES <= dim; i += NORM_LANES) {
+        half_floats first, second;
+        LOAD_HALVES(first, second, x, i);
+        ADD_AS_DOUBLES(lanes, first, second);
+    }
+    for (; i < dim; i++) tail += x[i];
+    layernorm_finish_row(y, mean, rstd, x, weight, bias, dim, sum_double_lanes(&lanes) + tail);
 }
 
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight, const float *bias,
@@ -82,28 +160,72 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, c
         layernorm_forward_row(out + (size_t)r * dim, &mean[r], &rstd[r], inp + (size_t)r * dim, weight, bias, dim);
 }
 
-/* dL/dxhat = dy * w; dx += rs * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)). */
+/* x = x + product_bias + residual, summed as it is written, then the norm
+ * of x while the row is in L1: the residual add and the bias of the
+ * product before it cost no pass of their own (docs/design.md §8.10). The
+ * same floats as the add followed by layernorm_forward_row. */
+VECTOR_CLONES static void layernorm_residual_row(float *y, float *mean, float *rstd, float *x,
+                                                 const float *product_bias, const float *residual, const float *weight,
+                                                 const float *bias, int dim) {
+    norm_doubles lanes = {{0}, {0}};
+    double tail = 0;
+    int i = 0;
+    for (; i + NORM_LANES <= dim; i += NORM_LANES) {
+        /* summed from the registers: reloading the stored row stalled on
+         * store-to-load forwarding */
+        half_floats first, second, b1, b2, r1, r2;
+        LOAD_HALVES(first, second, x, i), LOAD_HALVES(b1, b2, product_bias, i), LOAD_HALVES(r1, r2, residual, i);
+        first = first + b1 + r1, second = second + b2 + r2;
+        memcpy(x + i, &first, sizeof first), memcpy(x + i + NORM_LANES / 2, &second, sizeof second);
+        ADD_AS_DOUBLES(lanes, first, second);
+    }
+    for (; i < dim; i++) {
+        x[i] = x[i] + product_bias[i] + residual[i];
+        tail += x[i];
+    }
+    layernorm_finish_row(y, mean, rstd, x, weight, bias, dim, sum_double_lanes(&lanes) + tail);
+}
+
+void layernorm_residual_forward(float *out, float *mean, float *rstd, float *x, const float *product_bias,
+                                const float *residual, const float *weight, const float *bias, int rows, int dim) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= parallel_min_floats)
+    for (int r = 0; r < rows; r++) {
+        size_t at = (size_t)r * dim;
+        layernorm_residual_row(out + at, &mean[r], &rstd[r], x + at, product_bias, residual + at, weight, bias, dim);
+    }
+}
+
+/* dL/dxhat = dy * w; dx += rs * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),
+ * the two means summed in lanes as the forward's. */
 VECTOR_CLONES static void layernorm_backward_row(float *dx, const float *dy, const float *x, const float *weight,
                                                  float mu, float rs, int dim) {
-    float mean_dxhat = 0, mean_dxhat_xhat = 0;
-    for (int i = 0; i < dim; i++) {
-        float xhat = (x[i] - mu) * rs, dxhat = dy[i] * weight[i];
-        mean_dxhat += dxhat;
-        mean_dxhat_xhat += dxhat * xhat;
+    norm_floats lanes_dxhat = {0}, lanes_dxhat_xhat = {0};
+    float tail_dxhat = 0, tail_dxhat_xhat = 0;
+    int i = 0;
+    for (; i + NORM_LANES <= dim; i += NORM_LANES) {
+        norm_floats xv, dyv, wv;
+        LOAD_LANES(xv, x + i), LOAD_LANES(dyv, dy + i), LOAD_LANES(wv, weight + i);
+        norm_floats xhat = (xv - mu) * rs, dxhat = dyv * wv;
+        lanes_dxhat += dxhat;
+        lanes_dxhat_xhat += dxhat * xhat;
     }
-    mean_dxhat /= dim;
-    mean_dxhat_xhat /= dim;
-    for (int i = 0; i < dim; i++) {
+    for (; i < dim; i++) {
+        float xhat = (x[i] - mu) * rs, dxhat = dy[i] * weight[i];
+        tail_dxhat += dxhat;
+        tail_dxhat_xhat += dxhat * xhat;
+    }
+    float mean_dxhat = (sum_float_lanes(&lanes_dxhat) + tail_dxhat) / dim;
+    float mean_dxhat_xhat = (sum_float_lanes(&lanes_dxhat_xhat) + tail_dxhat_xhat) / dim;
+    for (i = 0; i < dim; i++) {
         float xhat = (x[i] - mu) * rs, dxhat = dy[i] * weight[i];
         dx[i] += rs * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
     }
 }
 
-/* dweight[c] += sum_r dy * xhat, dbias[c] += sum_r dy over the block's columns. */
+/* dweight[c] += sum_r dy * xhat, dbias[c] += sum_r dy over columns [lo, hi). */
 VECTOR_CLONES static void layernorm_backward_columns(float *dweight, float *dbias, const float *dout, const float *inp,
-                                                     const float *mean, const float *rstd, int rows, int dim,
-                                                     int block) {
-    int lo = block * COLUMN_BLOCK, hi = lo + COLUMN_BLOCK < dim ? lo + COLUMN_BLOCK : dim;
+                                                     const float *mean, const float *rstd, int rows, int dim, int lo,
+                                                     int hi) {
     for (int r = 0; r < rows; r++) {
         const float *x = inp + (size_t)r * dim, *dy = dout + (size_t)r * dim;
         float mu = mean[r], rs = rstd[r];
@@ -124,9 +246,9 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
         for (int r = 0; r < rows; r++)
             layernorm_backward_row(dinp + (size_t)r * dim, dout + (size_t)r * dim, inp + (size_t)r * dim, weight,
                                    mean[r], rstd[r], dim);
-#pragma omp for schedule(static)
-        for (int block = 0; block < column_blocks(dim); block++)
-            layernorm_backward_columns(dweight, dbias, dout, inp, mean, rstd, rows, dim, block);
+        int lo, hi; /* the columns do not read dinp: no barrier between */
+        thread_columns(dim, &lo, &hi);
+        layernorm_backward_columns(dweight, dbias, dout, inp, mean, rstd, rows, dim, lo, hi);
     }
 }
 
@@ -143,19 +265,22 @@ static size_t chunk_length(size_t n, size_t chunk) {
     return left < ELEMENT_CHUNK ? left : ELEMENT_CHUNK;
 }
 
-VECTOR_CLONES static void gelu_forward_chunk(float *out, float *tanh_saved, const float *inp, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i], th = gelu_tanh_term(x);
+/* pre += bias, then GELU of it, along one row: the bias add costs no pass
+ * of its own (docs/design.md §8.10). */
+VECTOR_CLONES static void gelu_bias_forward_row(float *out, float *tanh_saved, float *pre, const float *bias, int dim) {
+    for (int i = 0; i < dim; i++) {
+        float x = pre[i] + bias[i], th = gelu_tanh_term(x);
+        pre[i] = x;
         tanh_saved[i] = th;
         out[i] = 0.5f * x * (1.0f + th);
     }
 }
 
-void gelu_forward(float *out, float *tanh_saved, const float *inp, size_t n) {
-#pragma omp parallel for schedule(static) if (element_chunks(n) > 1)
-    for (size_t c = 0; c < element_chunks(n); c++) {
-        size_t at = c * ELEMENT_CHUNK;
-        gelu_forward_chunk(out + at, tanh_saved + at, inp + at, chunk_length(n, c));
+void gelu_bias_forward(float *out, float *tanh_saved, float *pre, const float *bias, int rows, int dim) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= parallel_min_floats)
+    for (int r = 0; r < rows; r++) {
+        size_t at = (size_t)r * dim;
+        gelu_bias_forward_row(out + at, tanh_saved + at, pre + at, bias, dim);
     }
 }
 
@@ -171,23 +296,43 @@ void gelu_from_tanh(float *out, const float *inp, const float *tanh_saved, size_
     }
 }
 
-VECTOR_CLONES static void gelu_backward_chunk(float *dinp, const float *inp, const float *tanh_saved, const float *dout,
-                                              size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        float th = tanh_saved[i];
-        float sech2 = 1.0f - th * th;
-        float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] = dout[i] * grad;
+/* Columns [lo, hi) of dpre = dout * gelu'(pre), row by row, each added
+ * into the bias gradient as it is made: rows in order per column, the sum
+ * add_column_sums makes, in the pass that makes dpre. */
+VECTOR_CLONES static void gelu_bias_backward_columns(float *dpre, float *dbias, const float *pre,
+                                                     const float *tanh_saved, const float *dout, int rows, int dim,
+                                                     int lo, int hi) {
+    for (int r = 0; r < rows; r++) {
+        size_t at = (size_t)r * dim;
+        for (int c = lo; c < hi; c++) {
+            float x = pre[at + c], th = tanh_saved[at + c];
+            float sech2 = 1.0f - th * th;
+            float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+            dpre[at + c] = dout[at + c] * grad;
+            dbias[c] += dpre[at + c];
+        }
     }
 }
 
-void gelu_backward(float *dinp, const float *inp, const float *tanh_saved, const float *dout, size_t n) {
-#pragma omp parallel for schedule(static) if (element_chunks(n) > 1)
-    for (size_t c = 0; c < element_chunks(n); c++) {
-        size_t at = c * ELEMENT_CHUNK;
-        gelu_backward_chunk(dinp + at, inp + at, tanh_saved + at, dout + at, chunk_length(n, c));
+void gelu_bias_backward(float *dpre, float *dbias, const float *pre, const float *tanh_saved, const float *dout,
+                        int rows, int dim, bool accumulate) {
+    if (!accumulate) memset(dbias, 0, sizeof(float) * dim);
+#pragma omp parallel if ((size_t)rows * dim >= parallel_min_floats)
+    {
+        int lo, hi;
+        thread_columns(dim, &lo, &hi);
+        gelu_bias_backward_columns(dpre, dbias, pre, tanh_saved, dout, rows, dim, lo, hi);
     }
+}
+
+/* x = x + product_bias + residual, rows of dim. */
+VECTOR_CLONES static void residual_add_row(float *x, const float *product_bias, const float *residual, int dim) {
+    for (int i = 0; i < dim; i++) x[i] = x[i] + product_bias[i] + residual[i];
+}
+
+void residual_add(float *x, const float *product_bias, const float *residual, int rows, int dim) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= parallel_min_floats)
+    for (int r = 0; r < rows; r++) residual_add_row(x + (size_t)r * dim, product_bias, residual + (size_t)r * dim, dim);
 }
 
 void embedding_forward(float *out, const int32_t *tokens, const float *table, int rows, int dim) {
@@ -195,11 +340,10 @@ void embedding_forward(float *out, const int32_t *tokens, const float *table, in
     for (int r = 0; r < rows; r++) memcpy(out + (size_t)r * dim, table + (size_t)tokens[r] * dim, sizeof(float) * dim);
 }
 
-/* Rows may share a token, so the scatter-add runs by column blocks, each
- * block's rows in order. */
+/* Rows may share a token, so the scatter-add runs by column ranges, each
+ * range's rows in order. */
 VECTOR_CLONES static void embedding_backward_columns(float *dtable, const int32_t *tokens, const float *dout, int rows,
-                                                     int dim, int block) {
-    int lo = block * COLUMN_BLOCK, hi = lo + COLUMN_BLOCK < dim ? lo + COLUMN_BLOCK : dim;
+                                                     int dim, int lo, int hi) {
     for (int r = 0; r < rows; r++) {
         float *row = dtable + (size_t)tokens[r] * dim;
         const float *g = dout + (size_t)r * dim;
@@ -208,9 +352,12 @@ VECTOR_CLONES static void embedding_backward_columns(float *dtable, const int32_
 }
 
 void embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int rows, int dim) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= parallel_min_floats)
-    for (int block = 0; block < column_blocks(dim); block++)
-        embedding_backward_columns(dtable, tokens, dout, rows, dim, block);
+#pragma omp parallel if ((size_t)rows * dim >= parallel_min_floats)
+    {
+        int lo, hi;
+        thread_columns(dim, &lo, &hi);
+        embedding_backward_columns(dtable, tokens, dout, rows, dim, lo, hi);
+    }
 }
 
 void rope_tables(float *cos_table, float *sin_table, int max_positions, int dh, double base) {
@@ -315,26 +462,59 @@ void softmax_attention_backward(float *dq, float *dk, float *dv, const float *do
     }
 }
 
-VECTOR_CLONES static void cross_entropy_forward_row(float *p, float *loss, int32_t *prediction, int target,
-                                                    int n_classes) {
+/* The first index of the maximum: chunks of lanes compared at once, which
+ * vectorises (a scan that stops at the first match does not), then the
+ * chunk that holds it. None equal (a row of NaN): the last index, as a
+ * scalar scan gives. */
+static inline int first_index_of(const float *p, int n, float value) {
+    int j = 0;
+    for (; j + REDUCTION_LANES <= n; j += REDUCTION_LANES) {
+        int hit = 0;
+        for (int l = 0; l < REDUCTION_LANES; l++) hit |= p[j + l] == value;
+        if (hit) break;
+    }
+    while (j < n - 1 && p[j] != value) j++;
+    return j;
+}
+
+/* Softmax and loss of one row; with `grad` (training) the row then becomes
+ * grad_scale * (p - onehot) while it is in cache, the floats of
+ * cross_entropy_backward. */
+VECTOR_CLONES static void cross_entropy_row(float *p, float *loss, int32_t *prediction, int target, int n_classes,
+                                            bool grad, float grad_scale) {
     float max = fast_max_lanes(p, n_classes);
-    int argmax = 0;
-    while (argmax < n_classes - 1 && p[argmax] != max) argmax++; /* the first maximum */
     /* log-sum-exp form: exact even where p[target] underflows to 0 */
     float target_logit = target >= 0 ? p[target] - max : 0.0f;
+    *prediction = first_index_of(p, n_classes, max);
     for (int c = 0; c < n_classes; c++) p[c] = fast_exp_nonpositive(p[c] - max);
     double sum = fast_sum_lanes(p, n_classes);
     float inv = (float)(1.0 / sum);
-    for (int c = 0; c < n_classes; c++) p[c] *= inv;
-    *prediction = argmax;
     *loss = target < 0 ? 0.0f : (float)(log(sum) - (double)target_logit);
+    if (!grad) {
+        for (int c = 0; c < n_classes; c++) p[c] *= inv;
+    } else if (target < 0) {
+        memset(p, 0, sizeof(float) * n_classes);
+    } else {
+        for (int c = 0; c < n_classes; c++) p[c] = p[c] * inv * grad_scale;
+        p[target] -= grad_scale;
+    }
+}
+
+static void cross_entropy_rows(float *p, float *losses, int32_t *predictions, const int32_t *targets, int rows,
+                               int n_classes, bool grad, float scale) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * n_classes >= parallel_min_floats)
+    for (int r = 0; r < rows; r++)
+        cross_entropy_row(p + (size_t)r * n_classes, &losses[r], &predictions[r], targets[r], n_classes, grad, scale);
 }
 
 void cross_entropy_forward(float *probs, float *losses, int32_t *predictions, const int32_t *targets, int rows,
                            int n_classes) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * n_classes >= parallel_min_floats)
-    for (int r = 0; r < rows; r++)
-        cross_entropy_forward_row(probs + (size_t)r * n_classes, &losses[r], &predictions[r], targets[r], n_classes);
+    cross_entropy_rows(probs, losses, predictions, targets, rows, n_classes, false, 0.0f);
+}
+
+void cross_entropy_forward_backward(float *logits, float *losses, int32_t *predictions, const int32_t *targets,
+                                    int rows, int n_classes, float scale) {
+    cross_entropy_rows(logits, losses, predictions, targets, rows, n_classes, true, scale);
 }
 
 void cross_entropy_backward(float *probs, const int32_t *targets, int rows, int n_classes, float scale) {

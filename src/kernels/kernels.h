@@ -4,7 +4,7 @@
  * gemm_product (gemm.h): cblas_sgemm in fp32, oneDNN when docs/scale.md §7 asks.
  * Each kernel family is named for the layer it computes, as llm.c names them
  * (docs/design.md §8.1, prefixes):
- * Prefixes: matmul_ layernorm_ gelu_ embedding_ rope_ softmax_attention_ cross_entropy_ */
+ * Prefixes: matmul_ layernorm_ gelu_ residual_ embedding_ rope_ softmax_attention_ cross_entropy_ */
 #ifndef MOMFMM_KERNELS_H
 #define MOMFMM_KERNELS_H
 #include <stdbool.h>
@@ -27,19 +27,32 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
 /* LayerNorm with eps 1e-5 (docs/model.md §1); saves mean and 1/std per row. */
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight, const float *bias,
                        int rows, int dim);
+/* The residual add before a LayerNorm, fused into it (docs/design.md §8.10): x = x + product_bias + residual
+ * (x is the product's output, made without its bias; it becomes the residual stream), then out = LayerNorm(x)
+ * as layernorm_forward would give it. */
+void layernorm_residual_forward(float *out, float *mean, float *rstd, float *x, const float *product_bias,
+                                const float *residual, const float *weight, const float *bias, int rows, int dim);
 /* dinp += ...; dweight, dbias += ... (= without `accumulate`) */
 void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, const float *mean, const float *rstd, int rows, int dim, bool accumulate);
 
-/* GELU, tanh approximation (docs/model.md §1). tanh_saved keeps the tanh term for
- * the backward, which then needs no transcendental function. */
-void gelu_forward(float *out, float *tanh_saved, const float *inp, size_t n);
-/* out = gelu(inp) from the tanh term gelu_forward saved: bit for bit its
+/* GELU, tanh approximation (docs/model.md §1), with the bias of the product before it fused into its pass
+ * (docs/design.md §8.10): pre (rows of dim, the product's output made without its bias) becomes pre + bias, the
+ * pre-activation the backward reads; out = gelu(pre), which may alias pre. tanh_saved keeps the tanh term for the
+ * backward, which then needs no transcendental function. */
+void gelu_bias_forward(float *out, float *tanh_saved, float *pre, const float *bias, int rows, int dim);
+/* out = gelu(inp) from the tanh term gelu_bias_forward saved: bit for bit its
  * output, without a transcendental function (backward remakes the
  * activations this way instead of keeping them). */
 void gelu_from_tanh(float *out, const float *inp, const float *tanh_saved, size_t n);
-/* dinp = dout * gelu'(inp); dinp may alias dout. */
-void gelu_backward(float *dinp, const float *inp, const float *tanh_saved, const float *dout, size_t n);
+/* dpre = dout * gelu'(pre) (dpre may alias dout), and in the same pass the bias gradient, dbias += column sums of
+ * dpre (= without `accumulate`): the floats matmul_backward's dbias would be. */
+void gelu_bias_backward(float *dpre, float *dbias, const float *pre, const float *tanh_saved, const float *dout,
+                        int rows, int dim, bool accumulate);
+
+/* x = x + product_bias + residual: a residual add with the bias of the product that made x (made without it),
+ * where no LayerNorm follows to fuse it into (layernorm_residual_forward). */
+void residual_add(float *x, const float *product_bias, const float *residual, int rows, int dim);
 
 /* out[r] = table[tokens[r]]. */
 void embedding_forward(float *out, const int32_t *tokens, const float *table, int rows, int dim);
@@ -71,4 +84,8 @@ void cross_entropy_forward(float *probs, float *losses, int32_t *predictions, co
                            int n_classes);
 /* In place: probs becomes dlogits = scale * (p - onehot), 0 for target -1. */
 void cross_entropy_backward(float *probs, const int32_t *targets, int rows, int n_classes, float scale);
+/* Training's pair in one visit of each row (docs/design.md §8.10): cross_entropy_forward, then
+ * cross_entropy_backward with `scale`; the same losses, predictions and dlogits, bit for bit. */
+void cross_entropy_forward_backward(float *logits, float *losses, int32_t *predictions, const int32_t *targets,
+                                    int rows, int n_classes, float scale);
 #endif

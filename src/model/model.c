@@ -21,7 +21,7 @@
 
 #include "model_internal.h"
 
-/* The residual adds, elementwise on OpenMP's threads. */
+/* Elementwise adds on OpenMP's threads (the cls head's pooling). */
 VECTOR_CLONES static void add_chunk(float *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
@@ -127,56 +127,102 @@ static void progress(const model_backward_hooks *hooks) {
     if (hooks && hooks->progress) hooks->progress(hooks->ctx);
 }
 
-/* Block l's forward up to mid = x + attention(LN1(x)), the first half of
- * what its backward reads. Backward's recomputation runs this same code
- * (train.recompute = block; mlp_state's too with mlp; docs/scale.md §7),
- * so the state it remakes is the forward's bit for bit; `hooks`: the
- * progress calls backward makes between kernels, NULL in a forward. */
+/* The LayerNorm that follows block l: the next block's LN1 (in its slot,
+ * which block l no longer reads once its qkv product is made), or ln_f
+ * after the last block. */
+typedef struct {
+    float *out, *mean, *rstd;
+    const float *weight, *bias;
+} block_norm;
+
+static block_norm norm_after_block(model *m, int l, size_t bt) {
+    model_activations *a = &m->acts;
+    if (l + 1 == m->L) return (block_norm){a->ln_f, a->ln_f_mean, a->ln_f_rstd, m->w.ln_f_weight, m->w.ln_f_bias};
+    const model_block_tensors *w = &m->w.blocks[l + 1];
+    size_t at = model_activation_slot(m, l + 1, false) * bt;
+    return (block_norm){a->ln1 + at * m->d, a->ln1_mean + at, a->ln1_rstd + at, w->ln1_weight, w->ln1_bias};
+}
+
+/* LN1 of block l's input on its own: the first block's, a block run alone
+ * and a recomputed one; otherwise it runs in the pass of the previous
+ * block's last residual add. */
+static void block_ln1(model *m, int l, size_t bt) {
+    model_activations *a = &m->acts;
+    const model_block_tensors *w = &m->w.blocks[l];
+    size_t at = model_activation_slot(m, l, false) * bt;
+    PROF_TIMED(PROF_FORWARD_NORM,
+               layernorm_forward(a->ln1 + at * m->d, a->ln1_mean + at, a->ln1_rstd + at, a->residual + l * bt * m->d,
+                                 w->ln1_weight, w->ln1_bias, (int)bt, m->d));
+}
+
+/* Block l's forward from its LN1 on up to mid = x + attention(LN1(x)) and
+ * LN2 of mid, the first half of what its backward reads. The residual add
+ * and the projection's bias run in LN2's pass (docs/design.md §8.10).
+ * Backward's recomputation runs this same code (train.recompute = block;
+ * mlp_state's too with mlp; docs/scale.md §7), so the state it remakes is
+ * the forward's bit for bit; `hooks`: the progress calls backward makes
+ * between kernels, NULL in a forward. */
 static void attention_state(model *m, int l, int B, int T, bool collect_buffers, const model_backward_hooks *hooks) {
     model_activations *a = &m->acts;
-    size_t bt = (size_t)B * T, d = (size_t)m->d, s = model_activation_slot(m, l, false);
+    size_t bt = (size_t)B * T, d = (size_t)m->d, s = model_activation_slot(m, l, false),
+           sm = model_activation_slot(m, l, true);
     int rows = (int)bt;
     const model_block_tensors *w = &m->w.blocks[l];
     float *x = a->residual + l * bt * d, *mid = a->mid + s * bt * d;
     float *ln1 = a->ln1 + s * bt * d, *att = a->att_out + s * bt * d;
-    PROF_TIMED(PROF_FORWARD_NORM, layernorm_forward(ln1, a->ln1_mean + s * bt, a->ln1_rstd + s * bt, x, w->ln1_weight,
-                                                    w->ln1_bias, rows, m->d));
     PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(a->qkv, ln1, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d));
     attention_layer view = model_attention_layer(m, l, collect_buffers);
     attention_saved saved = model_attention_saved(m, l, B, T);
     PROF_TIMED(PROF_FORWARD_ATTENTION, attention_forward(&view, &saved, a->qkv, att, B, T));
     progress(hooks);
-    PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(mid, att, w->proj_weight, w->proj_bias, rows, m->d, m->d));
-    PROF_TIMED(PROF_FORWARD_ACTIVATION, add_into(mid, x, bt * d));
+    PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(mid, att, w->proj_weight, NULL, rows, m->d, m->d));
+    PROF_TIMED(PROF_FORWARD_NORM,
+               layernorm_residual_forward(a->ln2 + sm * bt * d, a->ln2_mean + sm * bt, a->ln2_rstd + sm * bt, mid,
+                                          w->proj_bias, x, w->ln2_weight, w->ln2_bias, rows, m->d));
 }
 
-/* The second half, mid -> the MLP's GELU (fc_act); recomputed alone with
- * train.recompute = mlp. */
-static void mlp_state(model *m, int l, int B, int T, const model_backward_hooks *hooks) {
+/* The second half, LN2's output -> the MLP's GELU (fc_act), the fc bias in
+ * GELU's pass; recomputed alone with train.recompute = mlp, after LN2 of
+ * the kept mid (`ln2_again`: the same floats as the fused pass made). */
+static void mlp_state(model *m, int l, int B, int T, bool ln2_again, const model_backward_hooks *hooks) {
     model_activations *a = &m->acts;
     size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff, s = model_activation_slot(m, l, true);
     int rows = (int)bt;
     const model_block_tensors *w = &m->w.blocks[l];
     float *ln2 = a->ln2 + s * bt * d, *fc_pre = a->fc_pre + s * bt * ff, *fc_tanh = a->fc_tanh + s * bt * ff;
-    PROF_TIMED(PROF_FORWARD_NORM,
-               layernorm_forward(ln2, a->ln2_mean + s * bt, a->ln2_rstd + s * bt, model_block_mid(m, l, B, T),
-                                 w->ln2_weight, w->ln2_bias, rows, m->d));
-    PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(fc_pre, ln2, w->fc_weight, w->fc_bias, rows, m->d, m->d_ff));
+    if (ln2_again)
+        PROF_TIMED(PROF_FORWARD_NORM,
+                   layernorm_forward(ln2, a->ln2_mean + s * bt, a->ln2_rstd + s * bt, model_block_mid(m, l, B, T),
+                                     w->ln2_weight, w->ln2_bias, rows, m->d));
+    PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(fc_pre, ln2, w->fc_weight, NULL, rows, m->d, m->d_ff));
     progress(hooks);
-    PROF_TIMED(PROF_FORWARD_ACTIVATION, gelu_forward(a->fc_act, fc_tanh, fc_pre, bt * ff));
+    PROF_TIMED(PROF_FORWARD_ACTIVATION, gelu_bias_forward(a->fc_act, fc_tanh, fc_pre, w->fc_bias, rows, m->d_ff));
     a->state_of = l;
 }
 
-void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
+/* Block l from its LN1's output on. The last residual add runs in the pass
+ * of the LayerNorm after it, with the bias of the product before it
+ * (docs/design.md §8.10): none of these costs a pass of its own. `next` is
+ * the LayerNorm after the block; NULL (a block run alone) adds without it. */
+static void block_forward(model *m, int l, int B, int T, bool collect_buffers, const block_norm *next) {
     attention_state(m, l, B, T, collect_buffers, NULL);
-    mlp_state(m, l, B, T, NULL);
+    mlp_state(m, l, B, T, false, NULL);
     model_activations *a = &m->acts;
     size_t bt = (size_t)B * T, d = (size_t)m->d;
+    int rows = (int)bt;
     const model_block_tensors *w = &m->w.blocks[l];
     float *out = a->residual + (l + 1) * bt * d, *mid = model_block_mid(m, l, B, T);
-    PROF_TIMED(PROF_FORWARD_LINEAR,
-               matmul_forward(out, a->fc_act, w->mlp_proj_weight, w->mlp_proj_bias, (int)bt, m->d_ff, m->d));
-    PROF_TIMED(PROF_FORWARD_ACTIVATION, add_into(out, mid, bt * d));
+    PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(out, a->fc_act, w->mlp_proj_weight, NULL, rows, m->d_ff, m->d));
+    if (next)
+        PROF_TIMED(PROF_FORWARD_NORM,
+                   layernorm_residual_forward(next->out, next->mean, next->rstd, out, w->mlp_proj_bias, mid,
+                                              next->weight, next->bias, rows, m->d));
+    else PROF_TIMED(PROF_FORWARD_ACTIVATION, residual_add(out, w->mlp_proj_bias, mid, rows, m->d));
+}
+
+void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
+    block_ln1(m, l, (size_t)B * T);
+    block_forward(m, l, B, T, collect_buffers, NULL);
 }
 
 /* With train.recompute the one copy of the MLP's state (mlp) or of the
@@ -189,8 +235,12 @@ void model_block_forward(model *m, int l, int B, int T, bool collect_buffers) {
 static void restore_state(model *m, int l, int B, int T, const model_backward_hooks *hooks) {
     if (m->cfg.recompute == RECOMPUTE_NONE || m->acts.state_of == l) return;
     prof_divert(PROF_RECOMPUTE);
-    if (m->cfg.recompute == RECOMPUTE_BLOCK) attention_state(m, l, B, T, false, hooks);
-    mlp_state(m, l, B, T, hooks);
+    bool whole = m->cfg.recompute == RECOMPUTE_BLOCK;
+    if (whole) {
+        block_ln1(m, l, (size_t)B * T);
+        attention_state(m, l, B, T, false, hooks);
+    }
+    mlp_state(m, l, B, T, !whole, hooks);
     prof_divert(PROF_PHASES);
 }
 
@@ -206,28 +256,53 @@ static void copy_logits_to_probs(model_activations *a, size_t n) {
     if (a->probs != a->logits) memcpy(a->probs, a->logits, sizeof(float) * n);
 }
 
-void model_forward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
-                   bool collect_buffers) {
+/* The head's softmax cross-entropy; for training (`grads`) it leaves the
+ * loss's gradient where the probabilities would be, in the same pass. */
+static void head_loss(model *m, const int32_t *classes, int rows, bool grads, float loss_scale) {
+    model_activations *a = &m->acts;
+    if (grads)
+        PROF_TIMED(PROF_FORWARD_LOSS, cross_entropy_forward_backward(a->probs, a->losses, a->predictions, classes, rows,
+                                                                     m->n_out, loss_scale));
+    else
+        PROF_TIMED(PROF_FORWARD_LOSS,
+                   cross_entropy_forward(a->probs, a->losses, a->predictions, classes, rows, m->n_out));
+    a->dlogits = grads;
+}
+
+static void forward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
+                    bool collect_buffers, bool grads, float loss_scale) {
     model_reserve_activations(m, B, T);
     model_activations *a = &m->acts;
-    size_t bt = (size_t)B * T, d = (size_t)m->d;
+    size_t bt = (size_t)B * T;
     int rows = (int)bt;
     if (collect_buffers) memset(m->buffer_sums, 0, sizeof(float) * m->n_buffer);
     PROF_TIMED(PROF_FORWARD_LOSS, embedding_forward(a->residual, inputs, m->w.tok_emb, rows, m->d));
-    for (int l = 0; l < m->L; l++) model_block_forward(m, l, B, T, collect_buffers);
-    PROF_TIMED(PROF_FORWARD_NORM, layernorm_forward(a->ln_f, a->ln_f_mean, a->ln_f_rstd, a->residual + m->L * bt * d,
-                                                    m->w.ln_f_weight, m->w.ln_f_bias, rows, m->d));
+    block_ln1(m, 0, bt);
+    for (int l = 0; l < m->L; l++) {
+        block_norm next = norm_after_block(m, l, bt); /* ln_f after the last block */
+        block_forward(m, l, B, T, collect_buffers, &next);
+    }
     if (m->cfg.head == HEAD_LM) {
         PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(a->logits, a->ln_f, m->w.head_weight, NULL, rows, m->d, m->V));
         PROF_TIMED(PROF_FORWARD_LOSS, copy_logits_to_probs(a, bt * m->V));
-        PROF_TIMED(PROF_FORWARD_LOSS, cross_entropy_forward(a->probs, a->losses, a->predictions, targets, rows, m->V));
+        head_loss(m, targets, rows, grads, loss_scale);
     } else {
         PROF_TIMED(PROF_FORWARD_LOSS, pool_valid_positions(m, a->pooled, a->pool_counts, a->ln_f, targets, B, T, m->d));
         PROF_TIMED(PROF_FORWARD_LINEAR,
                    matmul_forward(a->logits, a->pooled, m->w.cls_weight, m->w.cls_bias, B, m->d, m->n_out));
         PROF_TIMED(PROF_FORWARD_LOSS, copy_logits_to_probs(a, (size_t)B * m->n_out));
-        PROF_TIMED(PROF_FORWARD_LOSS, cross_entropy_forward(a->probs, a->losses, a->predictions, labels, B, m->n_out));
+        head_loss(m, labels, B, grads, loss_scale);
     }
+}
+
+void model_forward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
+                   bool collect_buffers) {
+    forward(m, inputs, targets, labels, B, T, collect_buffers, false, 0.0f);
+}
+
+void model_forward_train(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
+                         bool collect_buffers, float loss_scale) {
+    forward(m, inputs, targets, labels, B, T, collect_buffers, true, loss_scale);
 }
 
 double model_loss_sum(const model *m, const int32_t *targets, int B, int T, long long *count) {
@@ -271,7 +346,7 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
     model_activations *a = &m->acts;
     int rows = B * T;
     if (m->cfg.head == HEAD_LM) {
-        PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_backward(a->probs, targets, rows, m->V, scale));
+        if (!a->dlogits) PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_backward(a->probs, targets, rows, m->V, scale));
         PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows, m->g.head_weight, NULL, a->probs, a->ln_f,
                                                          m->w.head_weight, rows, m->d, m->V, accumulate));
     } else {
@@ -279,7 +354,7 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
         bool mine = owns_sequence_head(m); /* the others' head gradients would count the sequence again */
         float *g_weight = mine ? m->g.cls_weight : a->cls_grads,
               *g_bias = mine ? m->g.cls_bias : a->cls_grads + m->n_out * m->d;
-        PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_backward(a->probs, labels, B, m->n_out, scale));
+        if (!a->dlogits) PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_backward(a->probs, labels, B, m->n_out, scale));
         PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(d_pooled, g_weight, g_bias, a->probs, a->pooled,
                                                          m->w.cls_weight, B, m->d, m->n_out, accumulate && mine));
         if (!mine && !accumulate) { /* the reduced sums of the last step are still there: this rank adds none */
@@ -313,10 +388,11 @@ static void block_backward(model *m, int l, int B, int T, const model_backward_h
     PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual,
                                                      a->fc_act, w->mlp_proj_weight, rows, m->d_ff, m->d, accumulate));
     progress(hooks);
-    PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_backward(a->d_ff, fc_pre, fc_tanh, a->d_ff, bt * ff));
-    PROF_TIMED(PROF_BACKWARD_LINEAR,
-               matmul_backward(a->d_model_rows, g->fc_weight, g->fc_bias, a->d_ff, a->ln2 + sm * bt * d, w->fc_weight,
-                               rows, m->d, m->d_ff, accumulate));
+    /* the fc bias gradient in GELU's pass (docs/design.md §8.10) */
+    PROF_TIMED(PROF_BACKWARD_ACTIVATION,
+               gelu_bias_backward(a->d_ff, g->fc_bias, fc_pre, fc_tanh, a->d_ff, rows, m->d_ff, accumulate));
+    PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows, g->fc_weight, NULL, a->d_ff, a->ln2 + sm * bt * d,
+                                                     w->fc_weight, rows, m->d, m->d_ff, accumulate));
     progress(hooks);
     PROF_TIMED(PROF_BACKWARD_NORM,
                layernorm_backward(a->d_residual, g->ln2_weight, g->ln2_bias, a->d_model_rows, mid, w->ln2_weight,

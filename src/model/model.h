@@ -62,6 +62,7 @@ typedef struct {
     float *logits;        /* [B*T*V] (lm) or [B*n_classes] (cls) */
     float *probs;         /* the same shape: softmax of logits; == logits (overwritten)
                                         * unless the model keeps logits */
+    bool dlogits;         /* probs holds the loss's gradient instead (model_forward_train) */
     float *pooled;        /* [B*d] (cls) */
     float *losses;        /* [B*T] (lm) or [B] (cls) */
     int32_t *predictions; /* [B*T] or [B] */
@@ -139,9 +140,10 @@ size_t model_param_count(const config *cfg);
 void model_shard_moments(model *m, size_t first, size_t count);
 /* Deterministic initialisation from train.seed (identical on every rank). */
 void model_init_parameters(model *m);
-/* To be called whenever m->params change (initialisation, loading, an
- * optimizer step, a broadcast): refreshes the bf16 copy of the weights when
- * the GEMM engine is bf16 (docs/scale.md §7), else does nothing. */
+/* To be called whenever m->params change (initialisation, loading, a
+ * ZeRO-1 step, a broadcast; optimizer_step_model writes the copy itself):
+ * refreshes the bf16 copy of the weights when the GEMM engine is bf16
+ * (docs/scale.md §7), else does nothing. */
 void model_params_changed(const model *m);
 
 /* From now on the model's rows are this rank's positions of sequences of
@@ -156,6 +158,11 @@ void model_cut_sequences(model *m, int T_seq);
  * With collect_buffers the last-position vectors are summed into buffer_sums. */
 void model_forward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
                    bool collect_buffers);
+/* model_forward for training: the softmax's pass over the logits leaves the loss's gradient, loss_scale *
+ * (p - onehot), where the probabilities would be (docs/design.md §8.10: one pass fewer), for model_backward, which
+ * must then be given the same loss_scale. */
+void model_forward_train(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
+                         bool collect_buffers, float loss_scale);
 /* Block l alone: acts.residual[l] -> acts.residual[l + 1] (after a forward
  * at this B, T has reserved the activations). */
 void model_block_forward(model *m, int layer, int B, int T, bool collect_buffers);

@@ -65,10 +65,6 @@ void stream_free(stream_state *st) {
     memset(st, 0, sizeof *st);
 }
 
-static void add_rows(float *dst, const float *src, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] += src[i];
-}
-
 /* Block l's slice of the caches and carries, for attention.c. */
 static attention_stream_layer stream_layer(const model *m, const stream_state *st, int l) {
     size_t heads = (size_t)l * st->S * m->H, dh = (size_t)m->dh;
@@ -92,7 +88,6 @@ static attention_stream_layer stream_layer(const model *m, const stream_state *s
 /* One block on the segment, the same kernels as model_block_forward. */
 static void stream_block(model *m, stream_state *st, int l, int rows, int n) {
     const model_block_tensors *w = &m->w.blocks[l];
-    size_t rd = (size_t)rows * m->d, rf = (size_t)rows * m->d_ff;
     float *mean = st->stats, *rstd = st->stats + rows;
     layernorm_forward(st->ln, mean, rstd, st->x, w->ln1_weight, w->ln1_bias, rows, m->d);
     matmul_forward(st->qkv, st->ln, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d);
@@ -100,13 +95,13 @@ static void stream_block(model *m, stream_state *st, int l, int rows, int n) {
     view.rope_cos = st->rope_cos, view.rope_sin = st->rope_sin; /* the segment's absolute positions */
     attention_stream_layer cache = stream_layer(m, st, l);
     attention_stream_forward(&view, &cache, st->qkv, st->att, n);
-    matmul_forward(st->mid, st->att, w->proj_weight, w->proj_bias, rows, m->d, m->d);
-    add_rows(st->mid, st->x, rd);
-    layernorm_forward(st->ln, mean, rstd, st->mid, w->ln2_weight, w->ln2_bias, rows, m->d);
-    matmul_forward(st->fc, st->ln, w->fc_weight, w->fc_bias, rows, m->d, m->d_ff);
-    gelu_forward(st->fc, st->fc_tanh, st->fc, rf);
-    matmul_forward(st->x, st->fc, w->mlp_proj_weight, w->mlp_proj_bias, rows, m->d_ff, m->d);
-    add_rows(st->x, st->mid, rd);
+    matmul_forward(st->mid, st->att, w->proj_weight, NULL, rows, m->d, m->d);
+    layernorm_residual_forward(st->ln, mean, rstd, st->mid, w->proj_bias, st->x, w->ln2_weight, w->ln2_bias, rows,
+                               m->d);
+    matmul_forward(st->fc, st->ln, w->fc_weight, NULL, rows, m->d, m->d_ff);
+    gelu_bias_forward(st->fc, st->fc_tanh, st->fc, w->fc_bias, rows, m->d_ff);
+    matmul_forward(st->x, st->fc, w->mlp_proj_weight, NULL, rows, m->d_ff, m->d);
+    residual_add(st->x, w->mlp_proj_bias, st->mid, rows, m->d);
 }
 
 int stream_forward(model *m, stream_state *st, const int32_t *tokens, int n, float *logits, status *err) {

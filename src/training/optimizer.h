@@ -31,11 +31,15 @@ typedef struct {
     float grad_scale;
 } optimizer_settings;
 
-/* The whole model, tensor by tensor so that decay follows docs/model.md §1.4. */
+/* The whole model, tensor by tensor so that decay follows docs/model.md §1.4.
+ * Where the GEMM engine keeps a bf16 copy of the weights (docs/scale.md §7),
+ * the same pass writes it (docs/design.md §8.10): no model_params_changed
+ * after this step. */
 void optimizer_step_model(model *mdl, long long t, const optimizer_settings *s);
 /* AdamW on elements [lo, hi) of the flat buffer, inside the model's moment
  * range (ZeRO-1 slice, docs/scale.md §7); grads[0] is element lo. Weight decay
- * follows each tensor's model_param, so a slice may cut tensors anywhere. */
+ * follows each tensor's model_param, so a slice may cut tensors anywhere.
+ * The bf16 copy is left to model_params_changed, after the all-gather. */
 void optimizer_step_range(model *mdl, size_t lo, size_t hi, const float *grads, long long t,
                           const optimizer_settings *s);
 #endif

@@ -231,7 +231,7 @@ static void micro_step(trainer *t, int first, int rows, float scale, const model
     size_t offset = (size_t)first * b->T;
     const int32_t *inputs = b->inputs + offset, *targets = b->targets + offset;
     const int32_t *labels = b->labels ? b->labels + first : NULL;
-    model_forward(m, inputs, targets, labels, rows, b->T, m->momentum);
+    model_forward_train(m, inputs, targets, labels, rows, b->T, m->momentum, scale);
     long long count;
     double *r = t->reduce_scratch;
     r[0] += model_loss_sum(m, targets, rows, b->T, &count);
@@ -273,7 +273,7 @@ static void sharded_update(trainer *t, long long step, train_step_result *res) {
 }
 
 /* The gradient norm, then, unless the loss or the norm is not finite,
- * clipping and AdamW (docs/model.md §1.4) and the bf16 weight refresh. */
+ * clipping and AdamW (docs/model.md §1.4) and the bf16 weight copy. */
 static void update_parameters(trainer *t, long long step, train_step_result *res) {
     model *m = &t->model;
     res->grad_norm = t->cfg.zero ? sharded_grad_norm(t) : optimizer_global_norm(m->grads, m->n_params);
@@ -284,15 +284,15 @@ static void update_parameters(trainer *t, long long step, train_step_result *res
         t->skipped_steps++;
         return;
     }
-    if (t->cfg.zero) {
-        sharded_update(t, step, res);
-    } else {
+    if (!t->cfg.zero) {
         optimizer_settings s = {
             res->lr,         t->cfg.beta1,        t->cfg.beta2,
             t->cfg.adam_eps, t->cfg.weight_decay, optimizer_clip_factor(res->grad_norm, t->cfg.grad_clip)};
-        optimizer_step_model(m, step, &s);
+        optimizer_step_model(m, step, &s); /* and the bf16 copy, in its pass (docs/design.md §8.10) */
+        return;
     }
-    model_params_changed(m); /* the once-per-step bf16 refresh, docs/scale.md §7 */
+    sharded_update(t, step, res);
+    model_params_changed(m); /* the all-gathered weights' once-per-step bf16 refresh, docs/scale.md §7 */
 }
 
 /* Test hook (docs/cli.md §5, signals): MOMFMM_TEST_STEP_SLEEP_MS=N makes
