@@ -62,18 +62,20 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
 
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, int rows, int in_dim, int out_dim, bool accumulate) {
-    if (dinp)
-        gemm_product(false, false, rows, in_dim, out_dim, 1.0f, dout, out_dim, weight, in_dim, 0.0f, dinp, in_dim);
     gemm_product(true, false, out_dim, in_dim, rows, 1.0f, dout, out_dim, inp, in_dim, accumulate ? 1.0f : 0.0f,
                  dweight, in_dim);
-    if (!dbias) return;
-    if (!accumulate) memset(dbias, 0, sizeof(float) * out_dim);
+    if (dbias) {
+        if (!accumulate) memset(dbias, 0, sizeof(float) * out_dim);
 #pragma omp parallel if ((size_t)rows * out_dim >= parallel_min_floats)
-    {
-        int lo, hi;
-        thread_columns(out_dim, &lo, &hi);
-        add_column_sums(dbias, dout, rows, out_dim, lo, hi);
+        {
+            int lo, hi;
+            thread_columns(out_dim, &lo, &hi);
+            add_column_sums(dbias, dout, rows, out_dim, lo, hi);
+        }
     }
+    /* last: dinp may be inp's memory (the model's one work buffer) */
+    if (dinp)
+        gemm_product(false, false, rows, in_dim, out_dim, 1.0f, dout, out_dim, weight, in_dim, 0.0f, dinp, in_dim);
 }
 
 /* LayerNorm's sums run in NORM_LANES fixed lanes, then the lanes in order

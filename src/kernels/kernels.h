@@ -20,7 +20,7 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
                     int out_dim);
 /* dinp = dout W (skipped if NULL); dweight += dout^T inp; dbias += column
  * sums; without `accumulate` dweight and dbias are written (=) instead,
- * the GEMM with beta = 0. */
+ * the GEMM with beta = 0. dinp is written last and may be inp's memory. */
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, int rows, int in_dim, int out_dim, bool accumulate);
 

@@ -57,7 +57,8 @@ typedef struct {
     float *att_out;                   /* [L][B*T*d] heads merged */
     float *ln2, *ln2_mean, *ln2_rstd;
     float *fc_pre, *fc_tanh; /* [L][B*T*d_ff] */
-    float *fc_act;           /* [B*T*d_ff]: one layer's GELU output, remade in backward */
+    float *fc_act;           /* [B*T*d_ff]: one layer's GELU output, remade in backward; shares
+                              * its memory with qkv and d_ff (params.c's work_floats) */
     float *ln_f, *ln_f_mean, *ln_f_rstd;
     float *logits;        /* [B*T*V] (lm) or [B*n_classes] (cls) */
     float *probs;         /* the same shape: softmax of logits; == logits (overwritten)
@@ -67,9 +68,9 @@ typedef struct {
     float *losses;        /* [B*T] (lm) or [B] (cls) */
     int32_t *predictions; /* [B*T] or [B] */
     /* scratch */
-    float *qkv;                       /* [B*T*3d] */
+    float *qkv;                       /* [B*T*3d]: the qkv product, then its gradient */
     float *d_residual, *d_model_rows; /* [B*T*d] */
-    float *d_ff;                      /* [B*T*d_ff] */
+    float *d_ff;                      /* [B*T*d_ff]: == fc_act == qkv, one buffer */
     float *d_pooled;                  /* [B*d] (cls) */
     float *pool_counts;               /* [B] (cls): valid positions of each row, over the context group */
     float *cls_grads;                 /* [n_out*(d+1)] (cls, context rank > 0): the head's gradients, dropped */

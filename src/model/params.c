@@ -257,6 +257,19 @@ size_t model_activation_slot(const model *m, int layer, bool mlp) {
     return state_copies(m, mlp) == 1 ? 0 : (size_t)layer;
 }
 
+/* One buffer holds, each in its turn, a block's qkv product (read by
+ * attention's forward, which saves what backward needs in q_hat ...), the
+ * GELU output fc_act (read by the MLP's output product, remade by backward
+ * before its weight gradient), d_ff (written after that weight gradient:
+ * matmul_backward reads inp before it writes dinp) and the qkv gradient
+ * (after d_ff's last reader). None of the four is read after the next is
+ * written, so one buffer of the largest holds them: 7 KB a token at d 256
+ * (docs/scale.md §7). */
+static size_t work_floats(const model *m, size_t bt) {
+    size_t ff = (size_t)m->d_ff, qkv = 3 * (size_t)m->d;
+    return bt * (ff > qkv ? ff : qkv);
+}
+
 /* The activation buffer's layout for B rows of T: one entry per array. */
 static size_t activation_plan(const model *m, model_activations *a, int B, int T, carve *plan) {
     size_t L = (size_t)m->L, bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
@@ -280,7 +293,7 @@ static size_t activation_plan(const model *m, model_activations *a, int B, int T
         {&a->ln2_mean, KM * bt},
         {&a->ln2_rstd, KM * bt},
         {&a->fc_pre, KM * bt * ff},
-        {&a->fc_act, bt * ff},
+        {&a->fc_act, work_floats(m, bt)},
         {&a->fc_tanh, KM * bt * ff},
         {&a->ln_f, bt * d},
         {&a->ln_f_mean, bt},
@@ -288,10 +301,8 @@ static size_t activation_plan(const model *m, model_activations *a, int B, int T
         {&a->logits, lm ? bt * m->V : (size_t)B * m->n_out},
         {&a->pooled, lm ? 0 : (size_t)B * d},
         {&a->losses, bt},
-        {&a->qkv, bt * 3 * d},
         {&a->d_residual, bt * d},
         {&a->d_model_rows, bt * d},
-        {&a->d_ff, bt * ff},
         {&a->d_pooled, lm ? 0 : (size_t)B * d},
         {&a->pool_counts, lm ? 0 : (size_t)B},
         {&a->cls_grads, lm || !sharded ? 0 : (size_t)m->n_out * (d + 1)},
@@ -337,6 +348,7 @@ void model_reserve_activations(model *m, int B, int T) {
         cursor += plan[i].count;
     }
     if (!a->probs) a->probs = a->logits; /* the softmax works in place */
+    a->qkv = a->d_ff = a->fc_act;        /* work_floats */
     a->predictions = sys_calloc((size_t)B * T, sizeof(int32_t));
 }
 
