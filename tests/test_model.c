@@ -126,6 +126,43 @@ static void check_forward_train(case_ctx *c, long long count, const char *tag) {
     free(two);
 }
 
+/* The LM head on passes of 5 rows (a long shard's, model.h head_rows):
+ * the losses and every gradient of the head in one pass, within float
+ * rounding (the head's weight gradient sums the passes), after
+ * model_forward_train and after model_forward; fails when a pass's
+ * logits or rows are misplaced. */
+static void check_head_passes(case_ctx *c, long long count, const char *tag) {
+    model *m = c->m;
+    if (m->cfg.head != HEAD_LM) return;
+    size_t bytes = sizeof(float) * m->n_params;
+    float *whole = malloc(bytes), losses[B * T];
+    float scale = (float)(1.0 / count);
+    model_forward_train(m, c->inputs, c->targets, c->labels, B, T, false, scale);
+    memcpy(losses, m->acts.losses, sizeof losses);
+    model_backward(m, c->inputs, c->targets, c->labels, B, T, scale, NULL, false);
+    memcpy(whole, m->grads, bytes);
+    int rows_before = m->head_rows;
+    m->head_rows = 5;
+    for (int train = 0; train < 2; train++) {
+        if (train) model_forward_train(m, c->inputs, c->targets, c->labels, B, T, false, scale);
+        else loss_of(c);
+        double loss_err = 0, grad_err = 0, grad_max = 0;
+        for (int i = 0; i < B * T; i++) loss_err = fmax(loss_err, fabs(m->acts.losses[i] - losses[i]));
+        model_backward(m, c->inputs, c->targets, c->labels, B, T, scale, NULL, false);
+        for (size_t i = 0; i < m->n_params; i++) {
+            grad_err = fmax(grad_err, fabs(m->grads[i] - whole[i]));
+            grad_max = fmax(grad_max, fabs(whole[i]));
+        }
+        char name[160];
+        snprintf(name, sizeof name, "%s: the LM head on passes of 5 rows = one pass (%s)", tag,
+                 train ? "forward_train" : "forward");
+        test_check(loss_err <= 1e-5 && grad_err <= 1e-5 * grad_max && grad_max > 0, name,
+                   "loss err %.2e, grad err %.2e of %.2e", loss_err, grad_err, grad_max);
+    }
+    m->head_rows = rows_before;
+    free(whole);
+}
+
 static void run_case(const char *tag, void (*adjust)(config *)) {
     config cfg;
     config_defaults(&cfg);
@@ -159,6 +196,7 @@ static void run_case(const char *tag, void (*adjust)(config *)) {
     check_overwrite(&c, count, tag);
     check_threads(&c, count, tag);
     check_forward_train(&c, count, tag);
+    check_head_passes(&c, count, tag);
     model_free(&m);
 }
 

@@ -269,6 +269,22 @@ static void head_loss(model *m, const int32_t *classes, int rows, bool grads, fl
     a->dlogits = grads;
 }
 
+/* The LM head on passes of model_head_pass_rows rows: each pass's logits,
+ * then its losses and predictions; backward remakes the logits
+ * (lm_head_backward_passes), so that no B*T*V buffer exists. */
+static void lm_head_passes(model *m, const int32_t *targets, int rows) {
+    model_activations *a = &m->acts;
+    int pass = model_head_pass_rows(m, rows);
+    for (int r = 0; r < rows; r += pass) {
+        int n = rows - r < pass ? rows - r : pass;
+        PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(a->logits, a->ln_f + (size_t)r * m->d, m->w.head_weight, NULL,
+                                                       n, m->d, m->V));
+        PROF_TIMED(PROF_FORWARD_LOSS, cross_entropy_forward(a->probs, a->losses + r, a->predictions + r, targets + r,
+                                                            n, m->V));
+    }
+    a->dlogits = false;
+}
+
 static void forward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
                     bool collect_buffers, bool grads, float loss_scale) {
     model_reserve_activations(m, B, T);
@@ -282,7 +298,9 @@ static void forward(model *m, const int32_t *inputs, const int32_t *targets, con
         block_norm next = norm_after_block(m, l, bt); /* ln_f after the last block */
         block_forward(m, l, B, T, collect_buffers, &next);
     }
-    if (m->cfg.head == HEAD_LM) {
+    if (m->cfg.head == HEAD_LM && model_head_pass_rows(m, rows) < rows) {
+        lm_head_passes(m, targets, rows);
+    } else if (m->cfg.head == HEAD_LM) {
         PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(a->logits, a->ln_f, m->w.head_weight, NULL, rows, m->d, m->V));
         PROF_TIMED(PROF_FORWARD_LOSS, copy_logits_to_probs(a, bt * m->V));
         head_loss(m, targets, rows, grads, loss_scale);
@@ -341,11 +359,31 @@ static void zero_accumulated_grads(model *m) {
     }
 }
 
+/* Each pass's logits remade (counted as recompute), the loss's gradient in
+ * the softmax's pass, then the head's products, the weight gradient summed
+ * over the passes. */
+static void lm_head_backward_passes(model *m, const int32_t *targets, int rows, float scale, bool accumulate) {
+    model_activations *a = &m->acts;
+    int pass = model_head_pass_rows(m, rows);
+    for (int r = 0; r < rows; r += pass) {
+        int n = rows - r < pass ? rows - r : pass;
+        const float *ln_f = a->ln_f + (size_t)r * m->d;
+        PROF_TIMED(PROF_RECOMPUTE, matmul_forward(a->logits, ln_f, m->w.head_weight, NULL, n, m->d, m->V));
+        PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_forward_backward(a->probs, a->losses + r, a->predictions + r,
+                                                                      targets + r, n, m->V, scale));
+        PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows + (size_t)r * m->d, m->g.head_weight, NULL,
+                                                         a->probs, ln_f, m->w.head_weight, n, m->d, m->V,
+                                                         accumulate || r > 0));
+    }
+}
+
 static void head_backward(model *m, const int32_t *targets, const int32_t *labels, int B, int T, float scale,
                           bool accumulate) {
     model_activations *a = &m->acts;
     int rows = B * T;
-    if (m->cfg.head == HEAD_LM) {
+    if (m->cfg.head == HEAD_LM && model_head_pass_rows(m, rows) < rows) {
+        lm_head_backward_passes(m, targets, rows, scale, accumulate);
+    } else if (m->cfg.head == HEAD_LM) {
         if (!a->dlogits) PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_backward(a->probs, targets, rows, m->V, scale));
         PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows, m->g.head_weight, NULL, a->probs, a->ln_f,
                                                          m->w.head_weight, rows, m->d, m->V, accumulate));

@@ -46,6 +46,7 @@ typedef struct {
     int threads;                      /* heads' scratch areas (attention_threads() when reserved) */
     bool kept_logits;                 /* laid out with probs apart from logits */
     int cut_chunks, cut_seq;          /* laid out for this cut (model.cut) */
+    int head_rows;                    /* laid out for passes of these rows (model.head_rows) */
     int state_of;                     /* the block forwarded last, -1 none; with train.recompute the
                                        * [L] of what it remakes is [1], that block's (docs/scale.md §7) */
     float *residual;                  /* [L+1][B*T*d]: block inputs, final stream */
@@ -107,6 +108,11 @@ struct model {
      * acts.probs (eval --stream compares logits, docs/design.md §8.5);
      * otherwise the softmax overwrites the logits, saving B*T*V floats. */
     bool keep_logits;
+    /* Otherwise the LM head runs on passes of at most head_rows rows
+     * (HEAD_PASS_FLOATS / V, at least 256), its logits one pass's, and
+     * backward remakes each pass's logits (docs/scale.md §7): a long shard
+     * does not hold B*T*V floats. Tests may lower it. */
+    int head_rows;
     model_tensors w, g; /* views into params and grads */
     /* docs/model.md §1.2 momentum buffers prev_q, prev_k: [L][2][H][dh]. buffer_sums
      * collects this rank's sum of last-position vectors during a training

@@ -14,4 +14,10 @@ void model_reserve_activations(model *m, int B, int T);
  * ... att_out): its own, or the one copy all blocks share when
  * train.recompute remakes that part (docs/scale.md §7). */
 size_t model_activation_slot(const model *m, int layer, bool mlp);
+/* Rows of one pass of the LM head over `rows` rows: all of them, or
+ * m->head_rows when the logits are not kept (model.h). */
+int model_head_pass_rows(const model *m, int rows);
+/* The logits of one pass: at most this many floats (16 MiB) unless the
+ * head's vocabulary needs 256 rows of more. */
+#define HEAD_PASS_FLOATS (1 << 22)
 #endif

@@ -174,6 +174,7 @@ static int model_build(model *m, const config *cfg, bool training, status *err) 
     m->buffer_sums = m->buffers + m->n_buffer;
     m->rope_positions = cfg->max_seq_len > cfg->seq_len ? cfg->max_seq_len : cfg->seq_len;
     m->cut = context_cut_of(cfg->seq_len, 1, 0, false); /* whole sequences until model_cut_sequences */
+    m->head_rows = HEAD_PASS_FLOATS / m->V > 256 ? HEAD_PASS_FLOATS / m->V : 256;
     m->rope_cos = sys_calloc((size_t)m->rope_positions * m->dh, sizeof(float));
     m->rope_sin = m->rope_cos + (size_t)m->rope_positions * m->dh / 2;
     rope_tables(m->rope_cos, m->rope_sin, m->rope_positions, m->dh, cfg->rope_base);
@@ -253,6 +254,10 @@ static size_t state_copies(const model *m, bool mlp) {
     return r == RECOMPUTE_BLOCK || (mlp && r == RECOMPUTE_MLP) ? 1 : (size_t)m->L;
 }
 
+int model_head_pass_rows(const model *m, int rows) {
+    return m->keep_logits || rows <= m->head_rows ? rows : m->head_rows;
+}
+
 size_t model_activation_slot(const model *m, int layer, bool mlp) {
     return state_copies(m, mlp) == 1 ? 0 : (size_t)layer;
 }
@@ -298,7 +303,7 @@ static size_t activation_plan(const model *m, model_activations *a, int B, int T
         {&a->ln_f, bt * d},
         {&a->ln_f_mean, bt},
         {&a->ln_f_rstd, bt},
-        {&a->logits, lm ? bt * m->V : (size_t)B * m->n_out},
+        {&a->logits, lm ? model_head_pass_rows(m, (int)bt) * (size_t)m->V : (size_t)B * m->n_out},
         {&a->pooled, lm ? 0 : (size_t)B * d},
         {&a->losses, bt},
         {&a->d_residual, bt * d},
@@ -327,7 +332,7 @@ size_t model_activation_bytes(const model *m, int B, int T) {
 
 void model_reserve_activations(model *m, int B, int T) {
     model_activations *a = &m->acts;
-    if (a->mem && B <= a->B && T <= a->T && a->kept_logits == m->keep_logits && attention_threads() <= a->threads &&
+    if (a->mem && B <= a->B && T <= a->T && a->kept_logits == m->keep_logits && a->head_rows == m->head_rows && attention_threads() <= a->threads &&
         a->cut_chunks == m->cut.chunks && a->cut_seq == m->cut.T_seq)
         return;
     activations_free(a);
@@ -337,6 +342,7 @@ void model_reserve_activations(model *m, int B, int T) {
     a->cut_seq = m->cut.T_seq;
     a->threads = attention_threads();
     a->kept_logits = m->keep_logits;
+    a->head_rows = m->head_rows;
     a->state_of = -1;
     carve plan[ACTIVATION_SLOTS];
     size_t total = 0, n = activation_plan(m, a, B, T, plan);
