@@ -277,10 +277,10 @@ static void lm_head_passes(model *m, const int32_t *targets, int rows) {
     int pass = model_head_pass_rows(m, rows);
     for (int r = 0; r < rows; r += pass) {
         int n = rows - r < pass ? rows - r : pass;
-        PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(a->logits, a->ln_f + (size_t)r * m->d, m->w.head_weight, NULL,
-                                                       n, m->d, m->V));
-        PROF_TIMED(PROF_FORWARD_LOSS, cross_entropy_forward(a->probs, a->losses + r, a->predictions + r, targets + r,
-                                                            n, m->V));
+        PROF_TIMED(PROF_FORWARD_LINEAR,
+                   matmul_forward(a->logits, a->ln_f + (size_t)r * m->d, m->w.head_weight, NULL, n, m->d, m->V));
+        PROF_TIMED(PROF_FORWARD_LOSS,
+                   cross_entropy_forward(a->probs, a->losses + r, a->predictions + r, targets + r, n, m->V));
     }
     a->dlogits = false;
 }
@@ -371,9 +371,9 @@ static void lm_head_backward_passes(model *m, const int32_t *targets, int rows, 
         PROF_TIMED(PROF_RECOMPUTE, matmul_forward(a->logits, ln_f, m->w.head_weight, NULL, n, m->d, m->V));
         PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_forward_backward(a->probs, a->losses + r, a->predictions + r,
                                                                       targets + r, n, m->V, scale));
-        PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows + (size_t)r * m->d, m->g.head_weight, NULL,
-                                                         a->probs, ln_f, m->w.head_weight, n, m->d, m->V,
-                                                         accumulate || r > 0));
+        PROF_TIMED(PROF_BACKWARD_LINEAR,
+                   matmul_backward(a->d_model_rows + (size_t)r * m->d, m->g.head_weight, NULL, a->probs, ln_f,
+                                   m->w.head_weight, n, m->d, m->V, accumulate || r > 0));
     }
 }
 

@@ -332,8 +332,8 @@ size_t model_activation_bytes(const model *m, int B, int T) {
 
 void model_reserve_activations(model *m, int B, int T) {
     model_activations *a = &m->acts;
-    if (a->mem && B <= a->B && T <= a->T && a->kept_logits == m->keep_logits && a->head_rows == m->head_rows && attention_threads() <= a->threads &&
-        a->cut_chunks == m->cut.chunks && a->cut_seq == m->cut.T_seq)
+    if (a->mem && B <= a->B && T <= a->T && a->kept_logits == m->keep_logits && a->head_rows == m->head_rows &&
+        attention_threads() <= a->threads && a->cut_chunks == m->cut.chunks && a->cut_seq == m->cut.T_seq)
         return;
     activations_free(a);
     a->B = B;
