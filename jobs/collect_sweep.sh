@@ -31,6 +31,8 @@ while [ $# -gt 0 ]; do
 done
 [[ $id =~ ^[0-9]+$ ]] || { echo "$me: ARRAY_JOB_ID must be a number (the id sbatch printed), got '${id}'" >&2; usage; }
 
+# shellcheck source-path=SCRIPTDIR source=momfmm_lib.sh
+. "$here/momfmm_lib.sh" || { echo "$me: cannot read $here/momfmm_lib.sh" >&2; exit 2; }
 report_tool=${MOMFMM_REPORT:-$here/../tools/momfmm_report.py}
 if [ ! -f "$report_tool" ]; then
     echo "$me: report tool $report_tool not found (tools/momfmm_report.py of the repository; set MOMFMM_REPORT to use another)" >&2
@@ -78,11 +80,11 @@ trap 'rm -f "$report"' EXIT
     echo "|---|---|---|---|"
     for task in "${tasks[@]}"; do
         dir=${dir_of[$task]}
-        ckpts=("$dir"/ckpt_*.h5)
-        newest="(none)"
-        if [ ${#ckpts[@]} -gt 0 ]; then
-            newest=$(basename "${ckpts[${#ckpts[@]} - 1]}")
+        # by step, not by the glob's text order (momfmm_lib.sh)
+        if newest=$(newest_checkpoint "$dir"); then
             dirs+=("$dir")
+        else
+            newest="(none)"
         fi
         echo "| $task | ${sets_of[$task]} | $dir | $newest |"
     done
@@ -100,6 +102,11 @@ if ! /usr/bin/python3 "$report_tool" "${dirs[@]}" >>"$report"; then
 fi
 cat "$report"
 if [ -n "$out" ]; then
+    # never through a link or onto a special file (docs/cli.md §5, as every output)
+    if [ -L "$out" ] || { [ -e "$out" ] && [ ! -f "$out" ]; }; then
+        echo "$me: --out $out is a symbolic link or not a regular file: not written" >&2
+        exit 2
+    fi
     cp "$report" "$out" || exit 1
     echo "$me: report written to $out" >&2
 fi

@@ -142,10 +142,57 @@ read_lines() {
     done <"$1"
 }
 
+# Checkpoint names, by the one rule of docs/files.md §4 that the binary
+# (store.c) and momfmm.files apply: exactly ckpt_ + the step's decimal digits
+# zero-padded to 8 (no zero before a 9th digit, at most 2^63 - 1) + .h5.
+# Ordered by step as a number, never as text (ckpt_100000000.h5 is newer than
+# ckpt_99999999.h5), and no other spelling (ckpt_600.h5, ckpt_1e3.h5) counts.
+
+STEP_MAX=9223372036854775807 # 2^63 - 1, compared as text at 19 digits
+
+# is_checkpoint_name NAME: status 0 when NAME is a checkpoint's name.
+is_checkpoint_name() {
+    local LC_ALL=C # [0-9] is ASCII digits only
+    [[ $1 =~ ^ckpt_([0-9]{8,19})\.h5$ ]] || return 1
+    local digits=${BASH_REMATCH[1]}
+    [ ${#digits} -eq 8 ] || [ "${digits:0:1}" != 0 ] || return 1
+    # shellcheck disable=SC2071 # as text on purpose: 19 digits overflow the shell's arithmetic
+    [ ${#digits} -lt 19 ] || [[ ! $digits > "$STEP_MAX" ]]
+}
+
+# newest_checkpoint DIR: the name of DIR's checkpoint with the highest step;
+# empty (status 1) when DIR has none. Longer digits are a higher step, equal
+# lengths compare as text, so no step overflows the shell's arithmetic.
+newest_checkpoint() {
+    local path name best=
+    for path in "$1"/ckpt_*.h5; do
+        name=${path##*/}
+        is_checkpoint_name "$name" || continue
+        if [ -z "$best" ] || [ ${#name} -gt ${#best} ] || { [ ${#name} -eq ${#best} ] && [[ $name > $best ]]; }; then
+            best=$name
+        fi
+    done
+    [ -n "$best" ] && echo "$best"
+}
+
+# checkpoint_name STEP: the name of step STEP's checkpoint; STEP is decimal
+# digits as the binary reads them (leading zeros are not octal), else exit 2.
+checkpoint_name() {
+    [[ $1 =~ ^0*([0-9]+)$ ]] || die "a step must be decimal digits, got '$1'"
+    local digits=${BASH_REMATCH[1]}
+    # shellcheck disable=SC2071 # as text on purpose, as in is_checkpoint_name
+    if [ ${#digits} -gt 19 ] || { [ ${#digits} -eq 19 ] && [[ $digits > "$STEP_MAX" ]]; }; then
+        die "step $1 is above 2^63 - 1"
+    fi
+    while [ ${#digits} -lt 8 ]; do digits=0$digits; done
+    echo "ckpt_$digits.h5"
+}
+
 # ini_steps INI: train.steps of an INI file (its [train] section), empty if absent.
 ini_steps() {
     awk '/^[[:space:]]*\[/{s=$0; gsub(/[][[:space:]]/, "", s)} s=="train" && /^[[:space:]]*steps[[:space:]]*=/ {
-        sub(/^[^=]*=[[:space:]]*/, ""); sub(/[[:space:]]*([;#].*)?$/, ""); v=$0} END{print v}' "$1"
+        sub(/^[^=]*=[[:space:]]*/, ""); sub(/[[:space:]]*([;#].*)?$/, "");
+        if ($0 ~ /^".*"$/) $0 = substr($0, 2, length($0) - 2); v=$0} END{print v}' "$1"
 }
 
 # parse_options HINT [--set section.key=value | --resume PATH]...: the --set
@@ -181,7 +228,7 @@ parse_options() {
 # OUT_DIR has no checkpoint yet (e.g. to fine-tune).
 set_resume_arg() {
     resume_arg=auto
-    if [ -n "$resume" ] && [ "$resume" != auto ] && ! compgen -G "$1/ckpt_*.h5" >/dev/null; then
+    if [ -n "$resume" ] && [ "$resume" != auto ] && ! newest_checkpoint "$1" >/dev/null; then
         resume_arg=$resume
     fi
 }

@@ -208,6 +208,53 @@ def test_checkpoint_names(name, step):
         assert files.checkpoint_name(step) == name
 
 
+JOBS_LIB = os.path.join(ROOT, "jobs", "momfmm_lib.sh")
+
+
+def shell(script, *args):
+    """Runs bash with jobs/momfmm_lib.sh sourced: (status, stdout, stderr)."""
+    p = subprocess.run(["bash", "-c", f'me=test; . "{JOBS_LIB}"; ' + script, "bash", *args],
+                       capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_shell_checkpoint_names_are_the_packages():
+    """The job scripts' is_checkpoint_name (jobs/momfmm_lib.sh) accepts exactly the names
+    momfmm.files.checkpoint_step accepts: the NAMES table and 300 random near-misses."""
+    import random
+    rng = random.Random(5)
+    names = [n for n, _ in NAMES if "\n" not in n]
+    for _ in range(300):
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 21)))
+        names.append(f"ckpt_{digits}.h5")
+        names.append(files.checkpoint_name(rng.randint(0, 2**63 - 1)))
+    code, out, err = shell('for n in "$@"; do if is_checkpoint_name "$n"; then echo 1; else echo 0; fi; done', *names)
+    assert code == 0, err
+    got = out.split()
+    assert len(got) == len(names)
+    wrong = [n for n, g in zip(names, got) if (g == "1") != (files.checkpoint_step(n) is not None)]
+    assert not wrong, wrong[:10]
+
+
+def test_shell_newest_checkpoint_orders_by_step(tmp_path):
+    """newest_checkpoint takes ckpt_100000000.h5 over ckpt_99999999.h5 and skips names that are
+    not checkpoints; checkpoint_name reads steps as decimal (010 is 10, 08 is 8) and refuses
+    anything else with exit 2."""
+    d = tmp_path / "run"
+    d.mkdir()
+    for name in ("ckpt_99999999.h5", "ckpt_100000000.h5", "ckpt_999999999.h5.tmp.1", "ckpt_1e10.h5",
+                 "ckpt_0999999999.h5", "ckpt_9999999999999999999.h5"):
+        (d / name).write_bytes(b"")
+    assert shell('newest_checkpoint "$1"', str(d))[:2] == (0, "ckpt_100000000.h5\n")
+    assert shell('newest_checkpoint "$1"', str(tmp_path / "none"))[:2] == (1, "")
+    for step, name in (("010", "ckpt_00000010.h5"), ("08", "ckpt_00000008.h5"), ("0", "ckpt_00000000.h5"),
+                       ("123456789", "ckpt_123456789.h5"), (str(2**63 - 1), files.checkpoint_name(2**63 - 1))):
+        assert shell('checkpoint_name "$1"', step)[:2] == (0, name + "\n"), step
+    for bad in ("1x", "-1", "", "1e3", str(2**63), " 5"):
+        code, _, err = shell('checkpoint_name "$1"', bad)
+        assert code == 2 and err.count("\n") == 1, (bad, err)
+
+
 def test_run_directories_are_ordered_by_step(tmp_path):
     """ckpt_100000000.h5 is newer than ckpt_99999999.h5 (lexically it sorts first): every reader
     of a run directory takes it; names that are not checkpoints are not listed."""
@@ -242,6 +289,22 @@ def test_only_the_name_parser_lists_run_directories():
                         isinstance(node.func.value, ast.Name) and node.func.value.id in ("os", "glob")):
                     found.add((os.path.relpath(path, os.path.join(ROOT, "python")), getattr(fn, "name", None)))
     assert {f for f in found if f[1] is not None} <= LISTERS, sorted(found)
+
+
+
+def test_only_the_shell_library_spells_checkpoint_names():
+    """No job script or shell tool globs ckpt_*.h5 or formats ckpt_%08d itself: they call
+    jobs/momfmm_lib.sh's is_checkpoint_name, newest_checkpoint and checkpoint_name."""
+    scripts = [os.path.join(ROOT, "jobs", f) for f in os.listdir(os.path.join(ROOT, "jobs"))
+               if f.endswith((".sh", ".sbatch")) and f != "momfmm_lib.sh"]
+    scripts += [os.path.join(TOOLS, f) for f in os.listdir(TOOLS) if f.endswith(".sh")]
+    offenders = []
+    for path in scripts:
+        for number, line in enumerate(open(path), 1):
+            code = line.split("#", 1)[0] if not line.lstrip().startswith("#") else ""
+            if re.search(r"ckpt_(\*|%0?8?d)", code):
+                offenders.append(f"{os.path.relpath(path, ROOT)}:{number}: {line.strip()}")
+    assert not offenders, offenders
 
 
 # ---------------------------------------------------------------- 3. links and special files
