@@ -85,7 +85,10 @@ A 1B-parameter model with ZeRO-1 at 8-512 ranks:
 """
 import argparse
 import math
+import os
 import re
+import stat
+import sys
 
 
 def n_buckets(n_params, bucket_mb, bytes_per=4):
@@ -160,14 +163,29 @@ def bytes_per_param(p, zero):
     return 4 + 4 + (8 / p if zero else 8)
 
 
+def refuse(message):
+    """A user's error: one line on stderr, exit 2."""
+    print(f"scaling_model.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def probe_fit(path):
     """(alpha µs, beta Gb/s) from net_probe's `fit` line in the file at path."""
-    with open(path) as f:
+    try:  # a regular file only, opened without blocking (a FIFO there must not hang the tool)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            refuse(f"{path}: --probe is not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        refuse(f"{path}: cannot read --probe: {exc.strerror}")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        refuse(f"{path}: --probe is not a regular file")
+    with os.fdopen(fd, errors="replace") as f:
         for line in f:
             m = re.match(r"fit alpha_us=([0-9.eE+-]+) beta_gbps=([0-9.eE+-]+)", line)
             if m:
                 return float(m.group(1)), float(m.group(2))
-    raise SystemExit(f"{path}: no 'fit alpha_us=... beta_gbps=...' line (the output of build/net_probe)")
+    refuse(f"{path}: no 'fit alpha_us=... beta_gbps=...' line (the output of build/net_probe)")
 
 
 def main():

@@ -196,11 +196,11 @@ def _parse_list(choices, value):
 def _range_text(key):
     lo, hi = format_double(key.min), format_double(key.max)
     if key.max >= BIG and key.min <= -BIG:
-        return "must be finite"
+        return f"must be in [{lo}, {hi}]"
     if key.max >= BIG:
-        return f"must be >= {lo}"
+        return f"must be >= {lo} (at most {hi})"
     if key.min <= -BIG:
-        return f"must be <= {hi}"
+        return f"must be <= {hi} (at least {lo})"
     return f"must be in ({lo}, {hi})" if key.exclusive else f"must be in [{lo}, {hi}]"
 
 

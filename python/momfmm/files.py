@@ -133,12 +133,17 @@ def read_input(path, what="file", limit=None):
 
 def is_locked(path):
     """Whether another process holds `path` open for writing with HDF5's file lock (an flock;
-    src/hdf5/h5reader.c h5reader_is_locked)."""
+    src/hdf5/h5reader.c h5reader_is_locked). Only a regular file is opened (stat, then fstat of
+    the descriptor, as open_input): a FIFO or device under a checkpoint's name is not locked."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError:
         return False
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return False
     except BlockingIOError:

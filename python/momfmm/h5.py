@@ -436,6 +436,9 @@ def _read_buffers(r, c):
     return out
 
 
+STEP_COLUMN_MAX = float(2**53)  # train.steps' limit, exact as a double
+
+
 def read_metric_table(r, group, columns, live=False):
     """{name: array} of a /metrics/<split> group (src/store/checkpoint.c read_metric_table): rows are
     those of the first column (step, 1-D) in a checkpoint, those every column holds in a live
@@ -464,6 +467,12 @@ def read_metric_table(r, group, columns, live=False):
     out = {}
     for col in present:
         data = r.read_checked(f"{group}/{col.name}", (rows,) + col.row, np.float64, more_rows=live)
+        if col.integer:
+            # a step column holds steps, 0 ... 2^53, as the binary checks (src/store/checkpoint.c):
+            # anything else would not convert back to the integer it stands for
+            bad = np.flatnonzero(~((data >= 0) & (data <= STEP_COLUMN_MAX)))
+            if bad.size:
+                r.fail(f"{group}/{col.name}[{bad[0]}] = {data.flat[bad[0]]!r} is not a step (0 ... 2^53)")
         out[col.name] = data.astype(np.int64) if col.integer else data
     return out
 
