@@ -175,7 +175,7 @@ static void test_limits(void) {
                 "t.ini:2: model.n_layers = 99999999999999999999 is out of range: must be in [1, 4096]");
     expect_text("[model]\nn_classes = 1\n", "t.ini:2: model.n_classes = 1 is out of range: must be in [2, 1048576]");
     expect_text("[train]\nadam_eps = 0\n",
-                "t.ini:2: train.adam_eps = 0 is out of range: must be >= 1e-30: 0 would make "
+                "t.ini:2: train.adam_eps = 0 is out of range: must be >= 1e-30 (at most 1e+18): 0 would make "
                 "0/0 of a sum whose terms all underflow");
     expect_override("train.steps=-5", "--set train.steps = -5 is out of range: " STEPS_RANGE);
     /* the chain's fillers (docs/tasks.md §2): a rate below 1, or no chain token would be left */
@@ -382,10 +382,12 @@ static void test_override_syntax(void) {
     test_check(rc == 0 && !strcmp(c.data_path, " spaced "), "--set takes a quoted value", "'%s'", c.data_path);
     rc = config_apply_override(&c, "data.path=a ;b", &st);
     test_check(rc == 0 && !strcmp(c.data_path, "a ;b"), "--set: ';' does not start a comment", "'%s'", c.data_path);
-    expect_override("train.weight_decay=1e400",
-                    "--set train.weight_decay = 1e400 is out of range: beyond what a double holds (must be >= 0)");
-    expect_override("train.weight_decay=1e-400",
-                    "--set train.weight_decay = 1e-400 is out of range: beyond what a double holds (must be >= 0)");
+    expect_override(
+        "train.weight_decay=1e400",
+        "--set train.weight_decay = 1e400 is out of range: beyond what a double holds (must be >= 0 (at most 1e+18))");
+    expect_override(
+        "train.weight_decay=1e-400",
+        "--set train.weight_decay = 1e-400 is out of range: beyond what a double holds (must be >= 0 (at most 1e+18))");
     expect_override("train.steps=99999999999999999999",
                     "--set train.steps = 99999999999999999999 is out of range: " STEPS_RANGE);
     expect_override("train.lrr = 1", "--set unknown key train.lrr; did you mean train.lr?");

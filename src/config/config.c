@@ -335,17 +335,18 @@ const char *config_shown(const char *value, char *buf, size_t len) {
     return buf;
 }
 
-/* "must be >= 0", "must be in [1, 4096]", "must be in (-1, 1) (why)":
- * limits at +-BIG are open ends. */
+/* "must be >= 0 (at most 1e+18)", "must be in [1, 4096]", "must be in
+ * (-1, 1) (why)": a limit at +-BIG is named last, since a value beyond it
+ * (1e19) is refused too and the message must say why. */
 static void describe_range(const config_key *key, char *out, size_t len) {
     char lo[32], hi[32];
     config_format_double(key->min, lo, sizeof lo);
     config_format_double(key->max, hi, sizeof hi);
     const limit_note *note = note_of(key);
     int n;
-    if (key->max >= BIG && key->min <= -BIG) n = snprintf(out, len, "must be finite");
-    else if (key->max >= BIG) n = snprintf(out, len, "must be >= %s", lo);
-    else if (key->min <= -BIG) n = snprintf(out, len, "must be <= %s", hi);
+    if (key->max >= BIG && key->min <= -BIG) n = snprintf(out, len, "must be in [%s, %s]", lo, hi);
+    else if (key->max >= BIG) n = snprintf(out, len, "must be >= %s (at most %s)", lo, hi);
+    else if (key->min <= -BIG) n = snprintf(out, len, "must be <= %s (at least %s)", hi, lo);
     else if (note && note->exclusive) n = snprintf(out, len, "must be in (%s, %s)", lo, hi);
     else n = snprintf(out, len, "must be in [%s, %s]", lo, hi);
     if (note && n >= 0 && (size_t)n < len) snprintf(out + n, len - (size_t)n, ": %s", note->why);
