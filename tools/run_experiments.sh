@@ -146,7 +146,7 @@ line_steps() {
         steps=$(awk -v n="$steps" -v s="$scale" 'BEGIN{v=int(n*s+0.5); print (v<1?1:v)}')
     echo "$steps"
 }
-line_final() { printf '%s/%s/ckpt_%08d.h5' "$runs" "${names[$1]}" "$(line_steps "$1")"; }
+line_final() { echo "$runs/${names[$1]}/$(checkpoint_name "$(line_steps "$1")")"; }
 
 selected=()
 for i in "${!names[@]}"; do
@@ -215,7 +215,7 @@ for i in "${selected[@]}"; do
     # a line with --init starts from its source's final checkpoint; once it has a
     # checkpoint of its own, it resumes from that (momfmm takes one or the other)
     start=(--resume auto)
-    if [ -n "${inits[$i]}" ] && ! compgen -G "$out/ckpt_*.h5" >/dev/null; then
+    if [ -n "${inits[$i]}" ] && ! newest_checkpoint "$out" >/dev/null; then
         start=(--init "$(line_final "${index[${inits[$i]}]}")")
         if [ "$dry" = 0 ] && [ ! -e "${start[1]}" ]; then
             echo "$me: [$k/${#selected[@]}] $name: starts from ${inits[$i]}'s final checkpoint ${start[1]}, which is missing (${inits[$i]} did not finish)" >&2
@@ -235,6 +235,11 @@ for i in "${selected[@]}"; do
         continue
     fi
     mkdir -p "$out" || { failed+=("$name"); continue; }
+    if [ -L "$out/train.log" ] || { [ -e "$out/train.log" ] && [ ! -f "$out/train.log" ]; }; then
+        echo "$me: [$k/${#selected[@]}] $name: $out/train.log is a symbolic link or not a regular file: not appended to" >&2
+        failed+=("$name")
+        continue
+    fi
     t0=$(date +%s)
     echo "$me: [$k/${#selected[@]}] $name: ${cmd[*]}"
     {
