@@ -208,6 +208,7 @@ def test_counters_near_limits(momfmm, base, report):
         r, seconds = timed(momfmm, ["inspect", bad])
         refused(report, f"inspect with /metrics/train/step = {value}: exit 3", r, seconds, 3, "/metrics/train/step[0]",
                 "is not a step")
+        python_agrees(report, f"/metrics/train/step = {value}", bad, {"inspect": r.returncode})
     # tokens_seen near 2^63 resumed and trained on: saturates, and the checkpoint written loads
     near = os.path.join(d, "limits_tokens.h5")
     mutated_copy(ck, near, lambda f: f.attrs.__setitem__("tokens_seen", np.int64(big - 10)))
