@@ -383,9 +383,11 @@ int model_gemm_shapes(const model *m, int rows, gemm_shape *out) {
     int n = 0, layers = m->cfg.head == HEAD_LM ? 5 : 4; /* the cls head's product is tiny */
     for (int i = 0; i < layers; i++) {
         int in = linear[i].in, o = linear[i].out, count = i < 4 ? m->L : 1;
-        out[n++] = (gemm_shape){GEMM_CLASS_FORWARD, rows, o, in, 1.0f, count};
-        out[n++] = (gemm_shape){GEMM_CLASS_BACKWARD_DATA, rows, in, o, 0.0f, count};
-        out[n++] = (gemm_shape){GEMM_CLASS_BACKWARD_WEIGHT, o, in, rows, 0.0f, count};
+        /* the LM head runs on passes of model_head_pass_rows rows */
+        int r = i < 4 ? rows : model_head_pass_rows(m, rows);
+        out[n++] = (gemm_shape){GEMM_CLASS_FORWARD, r, o, in, 1.0f, count};
+        out[n++] = (gemm_shape){GEMM_CLASS_BACKWARD_DATA, r, in, o, 0.0f, count};
+        out[n++] = (gemm_shape){GEMM_CLASS_BACKWARD_WEIGHT, o, in, r, 0.0f, count};
     }
     return n;
 }

@@ -135,7 +135,9 @@ static void choose_gemm_engines(trainer *t) {
     t->gemm_engines[0] = '\0';
     if (!ctx || gemm_ctx_engine(ctx) != GEMM_AUTO) return;
     gemm_shape shapes[MODEL_GEMM_SHAPES];
-    int n = model_gemm_shapes(&t->model, config_micro_rows(&t->cfg, t->shard.batch.B) * t->cfg.seq_len, shapes);
+    /* the products of this rank's rows: its shard of each sequence under
+     * dist.context (docs/design.md §8.12), not the whole length */
+    int n = model_gemm_shapes(&t->model, config_micro_rows(&t->cfg, t->shard.batch.B) * t->model.cut.total, shapes);
     int engines[GEMM_CLASSES];
     gemm_engine chosen[GEMM_CLASSES];
     gemm_class_engines(ctx, chosen);
