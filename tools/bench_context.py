@@ -61,6 +61,11 @@ def bench(a, np_, context, T, extra=(), steps=None):
     return out
 
 
+def mib(megabytes):
+    """bench's activation_mb is 10^6 bytes, its peak_rss_mb (getrusage's KiB / 1024) MiB: both in MiB."""
+    return megabytes * 1e6 / 2**20
+
+
 def fmt(x, digits=1):
     return f"{x:,.{digits}f}" if isinstance(x, float) else str(x)
 
@@ -71,7 +76,7 @@ def memory(a):
     base = next((r for c, r in rows if c == 1 and "error" not in r), None)
     print(f"Peak RSS per rank against context, one sequence of T = {a.T:,} ({a.config}; {cpu_name()}; "
           f"{a.steps} steps)\n")
-    print("| C (np) | peak RSS, largest rank (MB) | activations of a rank (MB) | expected: fixed + act(1)/C (MB) "
+    print("| C (np) | peak RSS, largest rank (MiB) | activations of a rank (MiB) | expected: fixed + act(1)/C (MiB) "
           "| RSS / expected | tokens/s |")
     print("|---:|---:|---:|---:|---:|---:|")
     for c, r in rows:
@@ -81,10 +86,10 @@ def memory(a):
         expected = ""
         ratio = ""
         if base:
-            fixed = base["peak_rss_mb"] - base["activation_mb"]
-            e = fixed + base["activation_mb"] / c
+            fixed = base["peak_rss_mb"] - mib(base["activation_mb"])
+            e = fixed + mib(base["activation_mb"]) / c
             expected, ratio = fmt(e), f"{r['peak_rss_mb'] / e:.2f}"
-        print(f"| {c} | {fmt(r['peak_rss_mb'])} | {fmt(r['activation_mb'])} | {expected} | {ratio} | "
+        print(f"| {c} | {fmt(r['peak_rss_mb'])} | {fmt(mib(r['activation_mb']))} | {expected} | {ratio} | "
               f"{fmt(r['tokens_per_s'])} |")
     print(f"\ncommand: {rows[-1][1]['command']}")
     if a.plot:
@@ -95,12 +100,12 @@ def memory(a):
         fig, ax = plt.subplots(figsize=(5, 3.5))
         ax.plot([c for c, _ in ok], [r["peak_rss_mb"] for _, r in ok], "o-", label="peak RSS, largest rank")
         if base:
-            fixed = base["peak_rss_mb"] - base["activation_mb"]
-            ax.plot([c for c, _ in ok], [fixed + base["activation_mb"] / c for c, _ in ok], "--",
+            fixed = base["peak_rss_mb"] - mib(base["activation_mb"])
+            ax.plot([c for c, _ in ok], [fixed + mib(base["activation_mb"]) / c for c, _ in ok], "--",
                     label="fixed + activations / C")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("dist.context C (ranks per sequence)")
-        ax.set_ylabel("MB per rank")
+        ax.set_ylabel("MiB per rank")
         ax.set_title(f"T = {a.T:,}, {os.path.basename(a.config)}")
         ax.legend()
         fig.tight_layout()
