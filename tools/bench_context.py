@@ -34,6 +34,7 @@ with 1 thread per rank; --set passes more settings (train.recompute=block).
 Prints Markdown tables with the CPU (lscpu's model name) and the command.
 """
 import argparse
+import math
 import os
 import re
 import subprocess
@@ -113,13 +114,19 @@ def memory(a):
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(5, 3.5))
         for i, (setting, ok, base, fixed) in enumerate(curves):
-            color = f"C{i}"
             name = f"recompute {setting}" if setting else "peak RSS"
-            ax.plot([c for c, _ in ok], [r["peak_rss_mb"] for _, r in ok], "o-", color=color,
+            ax.plot([c for c, _ in ok], [r["peak_rss_mb"] for _, r in ok], "o-", color=f"C{i}", lw=2.5, ms=7,
                     label=f"{name}: peak RSS, largest rank")
-            if base:
-                ax.plot([c for c, _ in ok], [fixed + mib(base["activation_mb"]) / c for c, _ in ok], "--",
-                        color=color, label=f"{name}: fixed + activations / C")
+            if base:  # on top, thin, so that it shows where it meets the measurement
+                ax.plot([c for c, _ in ok], [fixed + mib(base["activation_mb"]) / c for c, _ in ok], "x--", color="k",
+                        lw=1, ms=5, zorder=3, label="fixed + activations(C = 1) / C" if i == 0 else None)
+        ax.set_yscale("log", base=2)
+        values = [r["peak_rss_mb"] for _, ok, _, _ in curves for _, r in ok]
+        if values:
+            ticks = [2**k for k in range(int(math.log2(min(values))), int(math.log2(max(values))) + 2)]
+            ax.set_yticks(ticks)
+            ax.set_yticklabels([f"{t:,}" for t in ticks])
+            ax.minorticks_off()
         ax.set_xscale("log", base=2)
         ax.set_xticks([c for c in contexts])
         ax.set_xticklabels([str(c) for c in contexts])
