@@ -2,7 +2,8 @@
 """Context parallelism measured (docs/design.md §8.12, docs/scale.md §7):
 `momfmm bench` under mpirun with dist.context = C, one table per question.
 
-    tools/bench_context.py memory     [--T 65536] [--contexts 1,2,4,8] [--plot FILE.png]
+    tools/bench_context.py memory     [--T 65536] [--contexts 1,2,4,8] [--recompute none,block] [--plot FILE.png]
+    tools/bench_context.py longest    [--np 8] [--Ts 2048,4096,8192] [--Ts-context 16384,32768,65536] [--budget-gib 22]
     tools/bench_context.py efficiency [--T0 8192] [--kinds fmm,softmax] [--rounds 3]
     tools/bench_context.py scans      [--T 65536] [--context 4] [--rounds 3]
     tools/bench_context.py run        --T 524288 --context 8 [--steps 2]
@@ -11,6 +12,14 @@ memory: one sequence of T on C ranks (np = C) for each C: the largest peak RSS
   over the ranks (bench's peak_rss_mb) and the activation estimate of one rank,
   against the fixed part (the C = 1 run's RSS less its activations) plus
   1/C of the activations: within 15% is the goal; --plot draws RSS against C.
+  RSS is in MiB, the activations (10^6 bytes in bench's line) converted to
+  MiB. --recompute runs the sweep once per train.recompute setting (a table
+  each, one plot).
+longest: np ranks holding one sequence each (context 1, batch np; --Ts) or
+  one sequence across all of them (context np, batch 1, with and without
+  train.recompute = block; --Ts-context): the largest rank's RSS fitted as
+  fixed + slope T by least squares, and the T at which np times it reaches
+  --budget-gib: a projection, not a run at that T.
 efficiency: np = 1 at T0 against np = 2 with context 2 at 2 T0 (the same
   tokens per rank), alternating which runs first each round: tokens/s per
   rank, their ratio pair by pair (goals: FMM >= 90%, ring softmax >= 80%).
@@ -25,6 +34,7 @@ with 1 thread per rank; --set passes more settings (train.recompute=block).
 Prints Markdown tables with the CPU (lscpu's model name) and the command.
 """
 import argparse
+import math
 import os
 import re
 import subprocess
@@ -61,51 +71,112 @@ def bench(a, np_, context, T, extra=(), steps=None):
     return out
 
 
+def mib(megabytes):
+    """bench's activation_mb is 10^6 bytes, its peak_rss_mb (getrusage's KiB / 1024) MiB: both in MiB."""
+    return megabytes * 1e6 / 2**20
+
+
 def fmt(x, digits=1):
     return f"{x:,.{digits}f}" if isinstance(x, float) else str(x)
 
 
 def memory(a):
     contexts = [int(c) for c in a.contexts.split(",")]
-    rows = [(c, bench(a, c, c, a.T)) for c in contexts]
-    base = next((r for c, r in rows if c == 1 and "error" not in r), None)
-    print(f"Peak RSS per rank against context, one sequence of T = {a.T:,} ({a.config}; {cpu_name()}; "
-          f"{a.steps} steps)\n")
-    print("| C (np) | peak RSS, largest rank (MB) | activations of a rank (MB) | expected: fixed + act(1)/C (MB) "
-          "| RSS / expected | tokens/s |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for c, r in rows:
-        if "error" in r:
-            print(f"| {c} | {r['error']} | | | | |")
-            continue
-        expected = ""
-        ratio = ""
-        if base:
-            fixed = base["peak_rss_mb"] - base["activation_mb"]
-            e = fixed + base["activation_mb"] / c
-            expected, ratio = fmt(e), f"{r['peak_rss_mb'] / e:.2f}"
-        print(f"| {c} | {fmt(r['peak_rss_mb'])} | {fmt(r['activation_mb'])} | {expected} | {ratio} | "
-              f"{fmt(r['tokens_per_s'])} |")
-    print(f"\ncommand: {rows[-1][1]['command']}")
+    settings = a.recompute.split(",") if a.recompute else [None]
+    curves = []
+    for setting in settings:
+        extra = [f"train.recompute={setting}"] if setting else []
+        rows = [(c, bench(a, c, c, a.T, extra)) for c in contexts]
+        base = next((r for c, r in rows if c == 1 and "error" not in r), None)
+        fixed = base["peak_rss_mb"] - mib(base["activation_mb"]) if base else None
+        label = f", train.recompute = {setting}" if setting else ""
+        print(f"Peak RSS per rank against context, one sequence of T = {a.T:,} ({a.config}{label}; {cpu_name()}; "
+              f"{a.steps} steps)\n")
+        print("| C (np) | peak RSS, largest rank (MiB) | activations of a rank (MiB) | expected: fixed + act(1)/C (MiB) "
+              "| RSS / expected |")
+        print("|---:|---:|---:|---:|---:|")
+        for c, r in rows:
+            if "error" in r:
+                print(f"| {c} | {r['error']} | | | |")
+                continue
+            expected = ""
+            ratio = ""
+            if base:
+                e = fixed + mib(base["activation_mb"]) / c
+                expected, ratio = fmt(e), f"{r['peak_rss_mb'] / e:.2f}"
+            print(f"| {c} | {fmt(r['peak_rss_mb'])} | {fmt(mib(r['activation_mb']))} | {expected} | {ratio} |")
+        print(f"\nfixed part (C = 1: RSS less activations): {fmt(fixed) if base else '?'} MiB")
+        print(f"command: {rows[-1][1]['command']}\n")
+        curves.append((setting, [(c, r) for c, r in rows if "error" not in r], base, fixed))
     if a.plot:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        ok = [(c, r) for c, r in rows if "error" not in r]
         fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.plot([c for c, _ in ok], [r["peak_rss_mb"] for _, r in ok], "o-", label="peak RSS, largest rank")
-        if base:
-            fixed = base["peak_rss_mb"] - base["activation_mb"]
-            ax.plot([c for c, _ in ok], [fixed + base["activation_mb"] / c for c, _ in ok], "--",
-                    label="fixed + activations / C")
+        for i, (setting, ok, base, fixed) in enumerate(curves):
+            name = f"recompute {setting}" if setting else "peak RSS"
+            ax.plot([c for c, _ in ok], [r["peak_rss_mb"] for _, r in ok], "o-", color=f"C{i}", lw=2.5, ms=7,
+                    label=f"{name}: peak RSS, largest rank")
+            if base:  # on top, thin, so that it shows where it meets the measurement
+                ax.plot([c for c, _ in ok], [fixed + mib(base["activation_mb"]) / c for c, _ in ok], "x--", color="k",
+                        lw=1, ms=5, zorder=3, label="fixed + activations(C = 1) / C" if i == 0 else None)
+        ax.set_yscale("log", base=2)
+        values = [r["peak_rss_mb"] for _, ok, _, _ in curves for _, r in ok]
+        if values:
+            ticks = [2**k for k in range(int(math.log2(min(values))), int(math.log2(max(values))) + 2)]
+            ax.set_yticks(ticks)
+            ax.set_yticklabels([f"{t:,}" for t in ticks])
+            ax.minorticks_off()
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("dist.context C (ranks per sequence)")
-        ax.set_ylabel("MB per rank")
+        ax.set_xticks([c for c in contexts])
+        ax.set_xticklabels([str(c) for c in contexts])
+        ax.set_xlabel("dist.context C (ranks per sequence, np = C)")
+        ax.set_ylabel("MiB per rank")
         ax.set_title(f"T = {a.T:,}, {os.path.basename(a.config)}")
-        ax.legend()
+        ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(a.plot, dpi=120)
+        fig.savefig(a.plot, dpi=100)
         print(f"plot: {a.plot}")
+
+
+def longest(a):
+    """np ranks, one sequence each (data parallel) or one sequence across them
+    (context np, with and without recomputing blocks): RSS = fixed + slope T
+    fitted to the measured T, and the T at which np times the largest rank's
+    RSS reaches the budget."""
+    budget = a.budget_gib * 1024  # MiB for all np ranks
+    setups = [("data parallel: context 1, batch np (one sequence per rank)", 1, a.np, [], a.Ts),
+              (f"context {a.np}, batch 1", a.np, 1, [], a.Ts_context),
+              (f"context {a.np}, batch 1, train.recompute = block", a.np, 1, ["train.recompute=block"], a.Ts_context)]
+    print(f"Longest sequence on {a.np} ranks within {a.budget_gib:g} GiB in all ({a.config}; {cpu_name()}; "
+          f"{a.steps} steps): RSS of the largest rank fitted as fixed + slope T, projected to "
+          f"{a.np} x RSS = {a.budget_gib:g} GiB\n")
+    print("| configuration | measured: T → peak RSS, largest rank (MiB) | fixed (MiB) | slope (KiB per token "
+          "of the sequence) | projected longest T |")
+    print("|---|---|---:|---:|---:|")
+    commands = []
+    for name, context, batch, extra, Ts in setups:
+        points = []
+        for T in [int(t) for t in Ts.split(",")]:
+            r = bench(a, a.np, context, T, extra + [f"train.batch_size={batch}"])
+            commands.append(r["command"])
+            if "error" in r:
+                print(f"| {name} | T = {T:,}: {r['error']} | | | |")
+                continue
+            points.append((T, r["peak_rss_mb"]))
+        if len(points) < 2:
+            continue
+        n = len(points)
+        mt = sum(t for t, _ in points) / n
+        mr = sum(m for _, m in points) / n
+        slope = sum((t - mt) * (m - mr) for t, m in points) / sum((t - mt) ** 2 for t, _ in points)
+        fixed = mr - slope * mt
+        longest_T = (budget / a.np - fixed) / slope
+        measured = ", ".join(f"{t:,} → {fmt(m)}" for t, m in points)
+        print(f"| {name} | {measured} | {fmt(fixed)} | {slope * 1024:.1f} | {longest_T:,.0f} |")
+    print("\ncommands:")
+    for c in commands:
+        print(f"  {c}")
 
 
 def efficiency(a):
@@ -157,7 +228,7 @@ def single(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("memory", "efficiency", "scans", "run"))
+    ap.add_argument("what", choices=("memory", "longest", "efficiency", "scans", "run"))
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "momfmm"))
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "bench_fmm.ini"))
     ap.add_argument("--mpirun", default=os.environ.get("MPIEXEC", "mpirun"))
@@ -167,17 +238,24 @@ def main():
     ap.add_argument("--T0", type=int, default=8192)
     ap.add_argument("--contexts", default="1,2,4,8")
     ap.add_argument("--context", type=int, default=4)
-    ap.add_argument("--np", type=int, default=0, help="run: ranks (default: the context)")
+    ap.add_argument("--np", type=int, default=0, help="run: ranks (default: the context); longest: ranks (8)")
     ap.add_argument("--kinds", default="fmm,softmax")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--plot")
+    ap.add_argument("--recompute", default="", help="memory: train.recompute settings, a table each (none,block)")
+    ap.add_argument("--Ts", default="2048,4096,8192", help="longest: T of the data-parallel runs")
+    ap.add_argument("--Ts-context", dest="Ts_context", default="16384,32768,65536",
+                    help="longest: T of the context runs")
+    ap.add_argument("--budget-gib", dest="budget_gib", type=float, default=22.0, help="longest: GiB for all ranks")
     a = ap.parse_args()
     for name in ("steps", "T", "T0", "context", "rounds"):
         if getattr(a, name) < 1:
             ap.error(f"--{name} must be at least 1")
     if not os.access(a.binary, os.X_OK):
         ap.error(f"{a.binary}: not an executable momfmm binary (--binary)")
-    return {"memory": memory, "efficiency": efficiency, "scans": scans, "run": single}[a.what](a) or 0
+    if a.what == "longest" and not a.np:
+        a.np = 8
+    return {"memory": memory, "longest": longest, "efficiency": efficiency, "scans": scans, "run": single}[a.what](a) or 0
 
 
 if __name__ == "__main__":
