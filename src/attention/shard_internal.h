@@ -1,8 +1,9 @@
-/* What the three parts of attention on a shard share (docs/design.md
- * §8.12): attention_shard.c (the geometry, the exchange buffer, momentum's
- * carries and the entry points), shard_fmm.c (FMM's halos and far-field
- * states) and shard_ring.c (exact softmax by ring attention). Private to
- * src/attention/. */
+/* What the parts of attention on a shard share (docs/design.md §8.12):
+ * attention_shard.c (the exchange buffer, momentum's carries and the entry
+ * points) calls shard_fmm.c (FMM's halos and far-field states) and
+ * shard_ring.c (exact softmax by ring attention); all three read
+ * shard_geometry.c (the halo, ranges, sizes and scratch), which calls none
+ * of them. Private to src/attention/. */
 #ifndef MOMFMM_SHARD_INTERNAL_H
 #define MOMFMM_SHARD_INTERNAL_H
 #include <stddef.h>
