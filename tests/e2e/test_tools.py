@@ -251,3 +251,31 @@ def test_bad_path(workdir, runs, what, script):
     r = tool(script, runs["mom"], path, *extra)
     assert r.returncode == 3 and path in r.stderr and len(r.stderr.strip().splitlines()) == 1, \
         f"{os.path.basename(script)} {what}: exit 3 naming it: rc {r.returncode} {r.stderr.strip()}"
+
+
+SPEED = os.path.join(ROOT, "tools", "bench_speed.py")
+
+
+def test_bench_speed(momfmm, workdir, report):
+    """tools/bench_speed.py (docs/performance.md §9.9) on a tiny model, 2 rounds: one line per
+    round and set-up, the table with every set-up (the first against itself 1.000), each goal
+    the set-ups measure with its verdict (the tiny model's attention may time as 0 ms: its ratio is then '—'); a bad set-up or binary is one line and exit 2."""
+    ini = write_config(os.path.join(workdir, "speed.ini"), tiny_config(os.path.join(workdir, "speed_run")))
+    r = run([PYTHON, SPEED, ini, "--binary", momfmm, "--rounds", "2", "--steps", "1",
+             "--setups", "fp32,bf16,fp32@2"], timeout=300)
+    out = r.stdout
+    rows = re.findall(r"^\| (fp32|bf16|fp32@2) \| [0-9,.]+ \|", out, re.M)
+    report.check("bench_speed.py exits 0 with a round line per set-up and round and a table row per set-up",
+                 r.returncode == 0 and len(re.findall(r"^round [12] ", out, re.M)) == 6 and rows == ["fp32", "bf16", "fp32@2"],
+                 out[-600:] + r.stderr[-300:])
+    report.check("the first set-up's tokens/s against itself is 1.000", re.search(
+        r"^\| fp32 \|.*\| 1\.000 \(1\.000–1\.000\) \| [^|]+ \|$", out, re.M) is not None, out[-400:])
+    goals = re.findall(r"^goal: (.+): (met|MISSED)$", out, re.M)
+    report.check("a verdict for each goal the set-ups measure (bf16 speed, attention, peak; fp32 peak; 2 threads)",
+                 len(goals) == 5, str(goals))
+    for args, needle in ((["--setups", "fp64"], "the precision must be one of"),
+                         (["--setups", "fp32@0"], "the thread count"),
+                         (["--binary", os.path.join(workdir, "nope")], "not an executable momfmm binary")):
+        bad = run([PYTHON, SPEED, ini, "--binary", momfmm, *args] if "--binary" not in args else [PYTHON, SPEED, ini, *args])
+        report.check(f"bench_speed.py {' '.join(args)}: exit 2, one line", bad.returncode == 2 and needle in bad.stderr
+                     and len(bad.stderr.strip().splitlines()) == 1, bad.stderr[-300:])

@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""A training step's speed in several set-ups, side by side (docs/performance.md §9.9):
+`momfmm bench CONFIG` once per set-up and round, the order rotating each round so that a
+noisy neighbour on a shared machine hits every set-up alike.
+
+    tools/bench_speed.py CONFIG [--setups fp32,bf16,fp32@2] [--rounds 3] [--steps 5]
+                         [--binary build/momfmm] [--set section.key=value ...]
+
+A set-up is a precision (fp32: train.gemm = auto, the default; fp32-openblas, fp32-onednn:
+that engine alone; bf16: train.precision = bf16) and a thread count after '@' (default 1),
+set as OMP_NUM_THREADS and OPENBLAS_NUM_THREADS. For each set-up it prints, as medians over
+the rounds: tokens/s; the attention phases (forward + backward) and the products' phases in
+ms; the non-product phases' share; the achieved GFLOP/s as a fraction of the measured peak of
+its own precision (bench's fp32 FMA loop, or its vdpbf16ps loop for bf16) per thread; and,
+pair by pair within a round, each set-up against the first one (tokens/s ratio and attention
+time ratio, median and range). Then the goals of docs/performance.md §9.9 that the set-ups
+allow, each with 'met' or 'MISSED'. The CPU (lscpu's model name and flags) and the commands
+are printed first.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRECISIONS = {
+    "fp32": [],
+    "fp32-openblas": ["--set", "train.gemm=openblas"],
+    "fp32-onednn": ["--set", "train.gemm=onednn"],
+    "bf16": ["--set", "train.precision=bf16"],
+}
+PHASE = re.compile(r"([a-z][a-z ]+?) ([0-9.]+) ms \(")
+
+
+def refuse(message):
+    print(f"bench_speed.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_setup(text):
+    precision, _, threads = text.partition("@")
+    if precision not in PRECISIONS:
+        refuse(f"--setups: '{text}': the precision must be one of {', '.join(PRECISIONS)}")
+    if threads and not (threads.isdigit() and 1 <= int(threads) <= 256):
+        refuse(f"--setups: '{text}': the thread count after @ must be 1 ... 256")
+    return text, precision, int(threads or 1)
+
+
+def cpu():
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    name = re.search(r"^Model name:\s*(.+)$", out, re.M)
+    flags = re.search(r"^Flags:\s*(.+)$", out, re.M)
+    have = set(flags.group(1).split()) if flags else set()
+    isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in have]
+    return f"{name.group(1).strip() if name else 'unknown CPU'} ({' '.join(isa)})", "avx512f" in have
+
+
+def run(a, precision, threads):
+    """One bench run: its figures, or exits with bench's own message."""
+    cmd = [a.binary, "bench", a.config, "--steps", str(a.steps), *PRECISIONS[precision]]
+    for s in a.set:
+        cmd += ["--set", s]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        line = next((l for l in r.stderr.splitlines() if l.startswith("momfmm:")), r.stderr.strip()[-300:])
+        print(f"bench_speed.py: {' '.join(cmd)}: exit {r.returncode}: {line}", file=sys.stderr)
+        sys.exit(1)
+    out = r.stdout
+    figures = {k: float(v) for k, v in re.findall(r"\b([a-z_0-9]+)=([-0-9.]+)", out)}
+    phases_line = next((l for l in out.splitlines() if l.startswith("bench phases")), "")
+    phases = {name.strip(): float(ms) for name, ms in PHASE.findall(phases_line.split(":", 1)[-1])}
+    step = sum(phases.values()) or float("nan")
+    products = phases.get("forward linear", 0) + phases.get("backward linear", 0)
+    attention = phases.get("forward attention", 0) + phases.get("backward attention", 0)
+    other = step - products - attention - phases.get("reduce wait", 0)
+    peak = figures.get("bf16_gflops") if precision == "bf16" else figures.get("fp32_fma_gflops")
+    return {
+        "tokens_per_s": figures["tokens_per_s"],
+        "attention_ms": attention,
+        "products_ms": products,
+        "other_share": other / step,
+        "of_peak": figures["gflops"] / peak if peak else float("nan"),
+        "command": f"OMP_NUM_THREADS={threads} " + " ".join(cmd),
+    }
+
+
+def spread(values):
+    return f"{statistics.median(values):.3f} ({min(values):.3f}–{max(values):.3f})"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("config")
+    ap.add_argument("--setups", default="fp32,bf16")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--binary", default=os.path.join(ROOT, "build", "momfmm"))
+    ap.add_argument("--set", action="append", default=[], metavar="section.key=value")
+    a = ap.parse_args()
+    setups = [parse_setup(s) for s in a.setups.split(",") if s]
+    if not setups or len({s[0] for s in setups}) != len(setups):
+        refuse(f"--setups: '{a.setups}': name one or more distinct set-ups")
+    if not 1 <= a.rounds <= 100 or not 1 <= a.steps <= 1000:
+        refuse("--rounds must be 1 ... 100 and --steps 1 ... 1000")
+    if not (os.path.isfile(a.binary) and os.access(a.binary, os.X_OK)):
+        refuse(f"{a.binary}: not an executable momfmm binary (--binary)")
+    if not os.path.isfile(a.config):
+        refuse(f"{a.config}: no such config file")
+    name, avx512 = cpu()
+    print(f"CPU: {name}; {a.config}, {a.rounds} rounds, bench --steps {a.steps}; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    results = {s[0]: [] for s in setups}
+    for r in range(a.rounds):
+        order = setups[r % len(setups):] + setups[:r % len(setups)]
+        for label, precision, threads in order:
+            got = run(a, precision, threads)
+            if r == 0:
+                print(f"  {label}: {got['command']}")
+            results[label].append(got)
+            print(f"round {r + 1} {label}: {got['tokens_per_s']:.1f} tokens/s, attention {got['attention_ms']:.1f} ms, "
+                  f"{100 * got['of_peak']:.1f}% of its peak")
+    first = setups[0][0]
+    print(f"\n| set-up | tokens/s | attention ms | products ms | other phases | of its peak (all threads) "
+          f"| tokens/s vs {first} | attention vs {first} |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    ratios = {}
+    for label, _, _ in setups:
+        runs = results[label]
+        med = {k: statistics.median(x[k] for x in runs) for k in ("tokens_per_s", "attention_ms", "products_ms",
+                                                                    "other_share", "of_peak")}
+        speed = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs, results[first])]
+        att = [x["attention_ms"] / y["attention_ms"] for x, y in zip(runs, results[first]) if y["attention_ms"] > 0]
+        ratios[label] = (statistics.median(speed), statistics.median(att) if att else float("nan"), med)
+        print(f"| {label} | {med['tokens_per_s']:,.1f} | {med['attention_ms']:.1f} | {med['products_ms']:.1f} "
+              f"| {100 * med['other_share']:.1f}% | {100 * med['of_peak']:.1f}% | {spread(speed)} "
+              f"| {spread(att) if att else '—'} |")
+    goals(ratios, results, avx512)
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+
+
+def goals(ratios, results, avx512):
+    """docs/performance.md §9.9's goals that these set-ups measure."""
+    lines = []
+    if "fp32" in ratios and "bf16" in ratios:
+        speed, att, med = ratios["bf16"]
+        lines.append((f"bf16 >= 1.75x fp32 tokens/s (measured {speed:.2f}x)", speed >= 1.75))
+        lines.append((f"bf16 attention <= 0.6x fp32's (measured {att:.2f}x)", att <= 0.6))
+        lines.append((f"bf16 >= 75% of the bf16 peak (measured {100 * med['of_peak']:.1f}%)", med["of_peak"] >= 0.75))
+    if "fp32" in ratios:
+        need = 0.80 if avx512 else 0.85
+        of_peak = ratios["fp32"][2]["of_peak"]
+        lines.append((f"fp32 >= {100 * need:.0f}% of the FMA peak (measured {100 * of_peak:.1f}%)", of_peak >= need))
+    for label in ratios:
+        if label.endswith("@2") and label[:-2] in ratios:
+            speed = statistics.median(x["tokens_per_s"] / y["tokens_per_s"]
+                                      for x, y in zip(results[label], results[label[:-2]]))
+            lines.append((f"{label} >= 1.9x {label[:-2]} (measured {speed:.2f}x)", speed >= 1.9))
+    for text, ok in lines:
+        print(f"goal: {text}: {'met' if ok else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()
