@@ -50,5 +50,12 @@ def test_bad_input(momfmm, workdir, report):
     empty = os.path.join(workdir, "empty.txt")
     open(empty, "w").close()
     m = run([sys.executable, MODEL, "--probe", empty, "--compute-ms", "1", "--params", "1"])
-    report.check("scaling_model.py --probe on a file without a fit line exits non-zero naming it",
-                 m.returncode != 0 and empty in m.stderr and "no 'fit" in m.stderr, m.stderr[-300:])
+    report.check("scaling_model.py --probe on a file without a fit line exits 2 naming it",
+                 m.returncode == 2 and empty in m.stderr and "no 'fit" in m.stderr, m.stderr[-300:])
+    fifo = os.path.join(workdir, "probe.fifo")
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+    m = run([sys.executable, MODEL, "--probe", fifo, "--compute-ms", "1", "--params", "1"], timeout=30)
+    report.check("scaling_model.py --probe on a FIFO exits 2 at once, one line naming it",
+                 m.returncode == 2 and fifo in m.stderr and "not a regular file" in m.stderr
+                 and len(m.stderr.strip().splitlines()) == 1, m.stderr[-300:])
