@@ -10,7 +10,11 @@
 #   - `momfmm bench` measures it: allreduce_wait_ms with dist.overlap = false
 #     is the whole all-reduce (one sample per rank, so the ranks' compute,
 #     and the wait for the slower one, stays small);
-# then, at 1 Gb/s on 2 hosts, dist.bucket_mb 1, 4, 16, 64 with overlap on.
+# then, at 1 Gb/s on 2 hosts, dist.bucket_mb 1, 4, 16, 64 with overlap on;
+# then context parallelism (docs/design.md §8.12) on 2 hosts at each shape:
+# `momfmm bench configs/bench_fmm.ini` with dist.context = 2 at T =
+# CONTEXT_T, FMM and causal softmax (ring attention), its context_wait_ms
+# against scaling_model.py's context term from the fitted alpha and beta.
 # Every figure is repeated REPEATS times; the summary gives medians.
 #
 #   sudo tools/bench_multihost.sh [OUT_DIR]     (root: network namespaces)
@@ -19,7 +23,9 @@
 # default nbm: never one another bed uses), REPEATS (3), STEPS (5), CONFIG
 # (configs/bench_d256.ini) and PARAMS (its parameter count, 3683840),
 # BUCKETS ("1 4 16 64"), SHAPES ("10gbit 1gbit"; "none": unshaped), MPI_ARGS
-# (more mpirun options; default "--mca mpi_yield_when_idle 1").
+# (more mpirun options; default "--mca mpi_yield_when_idle 1"), PARTS (what
+# to run: "allreduce buckets context"), CONTEXT_T (16384), CONTEXT_KINDS
+# ("fmm softmax").
 # Writes OUT_DIR/raw.tsv (one row per run) and prints the summary
 # (OUT_DIR/summary.md). Exits 77 where the bed cannot be made.
 set -u
@@ -31,6 +37,9 @@ STEPS=${STEPS:-5}
 CONFIG=${CONFIG:-$ROOT/configs/bench_d256.ini}
 PARAMS=${PARAMS:-3683840} # parameters of CONFIG (bench_d256), for the model
 BUCKETS=${BUCKETS:-1 4 16 64}
+PARTS=${PARTS:-allreduce buckets context}
+CONTEXT_T=${CONTEXT_T:-16384}
+CONTEXT_KINDS=${CONTEXT_KINDS:-fmm softmax}
 SHAPES=${SHAPES:-10gbit 1gbit}
 # a rank that waits yields its core (Open MPI polls otherwise): on a shared
 # machine the busy poll of one rank holds the core another rank needs, and
@@ -77,6 +86,8 @@ shape() {
 
 load() { cut -d' ' -f1 /proc/loadavg; }
 
+part() { [[ " $PARTS " == *" $1 "* ]]; }
+
 row() { printf '%s\n' "$*" | tr ' ' '\t' >>"$RAW"; }
 
 probe() {
@@ -105,23 +116,44 @@ bench() {
     row bench "$shape" "$n" "$rep" "$bucket" "$overlap" $m "$(load)"
 }
 
+# context parallelism across 2 hosts: one sequence of CONTEXT_T, dist.context = 2
+bench_context() {
+    local shape=$1 kind=$2 rep=$3
+    local log=$OUT/context_${shape}_${kind}_$rep.log
+    across 2 "$BUILD/momfmm" bench "$ROOT/configs/bench_fmm.ini" --steps "$STEPS" --set dist.context=2 \
+        --set data.seq_len="$CONTEXT_T" --set model.max_seq_len="$CONTEXT_T" --set attention.kind="$kind" \
+        --set train.gemm=openblas --set train.out_dir="$OUT/run" >"$log" 2>&1
+    local step wait sent att
+    step=$(grep -o '\bms_per_step=[0-9.]*' "$log" | cut -d= -f2)
+    wait=$(grep -o 'context_wait_ms=[0-9.]*' "$log" | cut -d= -f2)
+    sent=$(grep -o 'context_sent_mb_per_step=[0-9.]*' "$log" | cut -d= -f2)
+    att=$(grep -o 'attention_ms_mean=[0-9.]*' "$log" | cut -d= -f2)
+    [ -n "$step" ] && [ -n "$wait" ] || { echo "bench_multihost: context bench failed, see $log" >&2; return; }
+    row context "$shape" "$kind" "$rep" "$step" "$wait" "$sent" "$att" "$(load)"
+}
+
 : >"$RAW"
 echo "bed $NETBED_PREFIX, mpirun $MPI_ARGS: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(grep -c ^processor /proc/cpuinfo) cores, load $(load)"
 for shape in $SHAPES; do
     shape "$shape"
     for n in 2 4; do
         for rep in $(seq 1 "$REPEATS"); do
-            probe "$shape" "$n" "$rep"
-            bench "$shape" "$n" "$rep" 4 false
+            if part allreduce || { part context && [ "$n" = 2 ]; }; then probe "$shape" "$n" "$rep"; fi
+            part allreduce && bench "$shape" "$n" "$rep" 4 false
         done
     done
+    for rep in $(seq 1 "$REPEATS"); do
+        for kind in $CONTEXT_KINDS; do part context && bench_context "$shape" "$kind" "$rep"; done
+    done
 done
-shape 1gbit
-for rep in $(seq 1 "$REPEATS"); do
-    for bucket in $BUCKETS; do bench 1gbit 2 "$rep" "$bucket" true; done
-done
+if part buckets; then
+    shape 1gbit
+    for rep in $(seq 1 "$REPEATS"); do
+        for bucket in $BUCKETS; do bench 1gbit 2 "$rep" "$bucket" true; done
+    done
+fi
 shape none
-"$PY" - "$RAW" "$PARAMS" "$ROOT/tools" <<'PYEOF' | tee "$OUT/summary.md"
+"$PY" - "$RAW" "$PARAMS" "$ROOT/tools" "$CONTEXT_T" <<'PYEOF' | tee "$OUT/summary.md"
 import statistics as st, sys
 sys.path.insert(0, sys.argv[3])
 import scaling_model as sm
@@ -145,6 +177,25 @@ for shape in dict.fromkeys(r[1] for r in rows):
         p8, m8 = med([float(r[7]) for r in pr]), med([float(r[6]) for r in pr])
         print(f"| {shape} | {n} | {a:.1f} | {b:.2f} | {p8:.0f} / {m8:.0f} | {pred:.0f} "
               f"| {med([float(r[7]) for r in be]):.0f} | {med([float(r[6]) for r in be]):.0f} |")
+cx = [r for r in rows if r[0] == "context"]
+if cx:
+    import argparse
+    print("\n| link | dist.context = 2, bench_fmm T | attention | α, β fitted (2 hosts) | sent a step (MB) "
+          "| context wait measured (ms) | context term predicted (ms): all / exposed | step (ms) |")
+    print("|---|---:|---|---|---:|---:|---:|---:|")
+    for shape in dict.fromkeys(r[1] for r in cx):
+        pr = [r for r in rows if r[0] == "probe" and r[1] == shape and r[2] == "2"]
+        a_us, b_gbps = med([float(r[4]) for r in pr]), med([float(r[5]) for r in pr])
+        for kind in dict.fromkeys(r[2] for r in cx if r[1] == shape):
+            sel = [r for r in cx if r[1] == shape and r[2] == kind]
+            att = med([float(r[7]) for r in sel])
+            T = int(sys.argv[4])
+            shape_args = argparse.Namespace(kind=kind, layers=4, d_model=256, heads=8, kernels=2, band=5,
+                                            rows_per_rank=1, tokens_per_rank=T / 2, attention_ms=att)
+            t, exposed = sm.context_seconds(2, shape_args, a_us * 1e-6, b_gbps * 1e9 / 8)
+            print(f"| {shape} | {T:,} | {kind} | {a_us:.1f} µs, {b_gbps:.2f} Gb/s | {med([float(r[6]) for r in sel]):.2f} "
+                  f"| {med([float(r[5]) for r in sel]):.0f} | {t * 1e3:.0f} / {exposed * 1e3:.0f} "
+                  f"| {med([float(r[4]) for r in sel]):.0f} |")
 bk = [r for r in rows if r[0] == "bench" and r[5] == "true"]
 if bk:
     print("\n| dist.bucket_mb (1 Gb/s, 2 hosts, overlap on) | step (ms) | allreduce_wait_ms |")
