@@ -67,10 +67,11 @@ adds the context group's exchanges, forward and backward, per step:
   none of it hidden (each waits for what it brings);
   softmax (--kind softmax): ring attention, C - 1 steps of the shard's K and
   V forward (2 B T_c d floats) and C steps of K, V and their gradients
-  backward (4 B T_c d), each step's send overlapped with the attention of
-  the block in hand (--attention-ms of one step, split evenly over the steps):
-    t_ring = L [(C - 1) (alpha + 8 B T_c d / beta) + C (alpha + 16 B T_c d / beta)]
-    exposed = max(0, t_ring - attention)
+  backward (4 B T_c d). Forward's sends overlap the attention of the block
+  in hand (a third of --attention-ms, the step's attention, is forward's);
+  a backward block leaves only after its products, so backward's are exposed:
+    t_fwd = L (C - 1) (alpha + 8 B T_c d / beta),  t_bwd = L C (alpha + 16 B T_c d / beta)
+    exposed = t_bwd + max(0, t_fwd - attention / 3)
 
 With --measured-step-ms the p = 2 row is compared with the measured 2-rank
 step. --probe FILE takes α and β from the `fit alpha_us=... beta_gbps=...`
@@ -152,10 +153,10 @@ def context_seconds(c, a, alpha, beta_bytes):
         gathers = 4 * (c - 1) * B * (8 * d + a.kernels * a.heads * dh * (dh + 1)) / beta_bytes
         t = 2 * L * ((3 + 2 * (c - 1)) * alpha + halo + gathers)
         return t, t
-    forward = (c - 1) * (alpha + 8 * B * T_c * d / beta_bytes)
-    backward = c * (alpha + 16 * B * T_c * d / beta_bytes)
-    t = L * (forward + backward)
-    return t, max(0.0, t - a.attention_ms / 1e3)
+    forward = L * (c - 1) * (alpha + 8 * B * T_c * d / beta_bytes)
+    backward = L * c * (alpha + 16 * B * T_c * d / beta_bytes)
+    # a backward block leaves after its products (docs/design.md §8.12): only forward overlaps
+    return forward + backward, backward + max(0.0, forward - a.attention_ms / 1e3 / 3)
 
 
 def bytes_per_param(p, zero):
