@@ -248,7 +248,10 @@ done
 # after KillWait). dist.timeout is above BOUND: ranks that gave up first (exit
 # 5) would end the job as FAILED, which Slurm does not requeue.
 BOUND=25
-sed 's/^steps = 30/steps = 120/; s/^timeout = 10/timeout = 30/' mn.ini >fault.ini
+# sequences of 128 (not 32): 120 steps take about a minute, so that neither
+# job can finish before the other has its checkpoint 20 and the link is cut
+# (at 32 the mpirun job ran all 120 steps in 13 s while the srun job started)
+sed 's/^steps = 30/steps = 120/; s/^timeout = 10/timeout = 30/; s/^seq_len = 32/seq_len = 128/' mn.ini >fault.ini
 TOL=1e-5
 declare -A F_ID=() F_DIR=() F_OUT=() F_UPDATE=() F_REQUEUED=()
 for s in train train_srun; do
