@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 #include "attention/fmm.h"
 #include "config/config.h"
+#include "fmm_test_settings.h"
 #include "kernels/tile_gemm.h"
 #include "kernels/tiled_softmax.h"
 #include "test_util.h"
@@ -29,24 +30,7 @@ typedef struct {
 } fmm_case;
 
 static fmm_settings settings(int bandwidth, bool causal, const char *kernels, int chunk) {
-    fmm_settings s;
-    memset(&s, 0, sizeof s);
-    s.bandwidth = bandwidth;
-    s.causal = causal;
-    s.eps = 1e-6f;
-    s.chunk = chunk;
-    config c;
-    config_defaults(&c);
-    char assignment[128];
-    snprintf(assignment, sizeof assignment, "fmm.kernels=%s", kernels);
-    status st;
-    if (config_apply_override(&c, assignment, &st) != 0) {
-        fprintf(stderr, "bad kernel list in test: %s\n", st.message);
-        exit(2);
-    }
-    s.n_kernels = c.fmm_kernels.n;
-    for (int i = 0; i < c.fmm_kernels.n; i++) s.kernels[i] = (fmm_feature_map)c.fmm_kernels.items[i];
-    return s;
+    return fmm_test_settings(bandwidth, causal, kernels, chunk);
 }
 
 /* The same with the band allowed on tiles (attention.impl = tiled). */

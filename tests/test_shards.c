@@ -8,6 +8,7 @@
 #include "attention/fmm.h"
 #include "attention/momentum.h"
 #include "config/config.h"
+#include "fmm_test_settings.h"
 #include "kernels/tiled_softmax.h"
 #include "test_util.h"
 
@@ -42,25 +43,8 @@ static int cut(int T, int C, int c) { return (int)((long long)T * c / C); }
 /* ------------------------------------------------------------------------ */
 
 static fmm_settings fmm_of(int bandwidth, bool causal, const char *kernels, bool tiles) {
-    fmm_settings s;
-    memset(&s, 0, sizeof s);
-    s.bandwidth = bandwidth;
-    s.causal = causal;
-    s.eps = 1e-6f;
-    s.chunk = 16;
+    fmm_settings s = fmm_test_settings(bandwidth, causal, kernels, 16);
     s.band_tiles = tiles;
-    if (!kernels[0]) return s; /* no far field */
-    config c;
-    config_defaults(&c);
-    char assignment[128];
-    snprintf(assignment, sizeof assignment, "fmm.kernels=%s", kernels);
-    status st;
-    if (config_apply_override(&c, assignment, &st) != 0) {
-        fprintf(stderr, "bad kernel list in test: %s\n", st.message);
-        exit(2);
-    }
-    s.n_kernels = c.fmm_kernels.n;
-    for (int i = 0; i < c.fmm_kernels.n; i++) s.kernels[i] = (fmm_feature_map)c.fmm_kernels.items[i];
     return s;
 }
 
