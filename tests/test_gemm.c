@@ -1,7 +1,8 @@
-/* The GEMM engine (gemm.h; docs/scale.md §7): oneDNN fp32 and bf16 against
- * cblas_sgemm for every transpose combination, odd sizes, padded leading
- * dimensions, alpha and beta; the bf16 rounding itself; bf16 copies of
- * operands; the primitive cache. Engines this build or CPU lacks are
+/* The GEMM engine (gemm.h; docs/scale.md §7): oneDNN fp32 and bf16 and our
+ * own AVX-512 kernel against cblas_sgemm for every transpose combination,
+ * odd sizes, padded leading dimensions, alpha and beta, and for our own
+ * products past its packed blocks; the bf16 rounding itself; bf16 copies
+ * of operands; the primitive cache. Engines this build or CPU lacks are
  * reported as skipped. */
 #include <math.h>
 #include <omp.h>
@@ -241,6 +242,33 @@ static void test_threads(gemm_ctx *ctx) {
     test_check(same, name, NULL);
 }
 
+/* Our own kernel (gemm_avx512.c) past its packed blocks: rows past MC (168),
+ * columns past NC (768), the inner dimension past KC (384), with ragged
+ * edges in each (neither 14 rows nor 32 columns divide them); and the same
+ * bits whichever number of threads cuts a product (gemm.c cuts it by rows
+ * or columns, and the kernel sums each element in one order). */
+static void test_blocks(gemm_ctx *ctx) {
+    uint64_t rng = 5;
+    double worst = 0;
+    bool same = true;
+    int before = omp_get_max_threads();
+    for (int t = 0; t < 4; t++) {
+        int M = t & 1 ? 801 : 179, N = t & 1 ? 171 : 797; /* the cut runs along the longer of M and N */
+        problem p = make_problem(t & 1, t >> 1, M, N, 389, t, 0.5f, t >= 2 ? 1.0f : 0.0f, &rng);
+        omp_set_num_threads(1);
+        float *C = run(ctx, &p), *R = run_cblas(&p);
+        omp_set_num_threads(3);
+        float *C3 = run(ctx, &p);
+        double r = error_ratio(&p, C, R, false, false);
+        if (!(r <= worst)) worst = r;
+        same = same && !memcmp(C, C3, sizeof(float) * (size_t)p.M * p.ldc);
+        free(C), free(C3), free(R), free_problem(&p);
+    }
+    omp_set_num_threads(before);
+    test_check(worst <= 1.0, "avx512-f32: products past its blocks, ragged edges, all transposes", "%.3g", worst);
+    test_check(same, "avx512-f32: the same bits on 1 and 3 threads", NULL);
+}
+
 static void test_engine(gemm_engine engine) {
     const char *why = gemm_unavailable_reason(engine);
     gemm_ctx *ctx = gemm_create(engine, 1);
@@ -263,9 +291,10 @@ static void test_engine(gemm_engine engine) {
     if (bf16)
         test_check(exact <= 1.0 && again_exact <= 1.0, "bf16: round-to-nearest operands, fp32 accumulation", NULL);
     snprintf(name, sizeof name, "%s: primitive cache reused on repeated shapes", gemm_engine_name(engine));
-    test_check(engine == GEMM_OPENBLAS ? created == 0 : created > 0 && gemm_primitives_created(ctx) == created, name,
-               NULL);
+    bool onednn = engine == GEMM_ONEDNN_F32 || engine == GEMM_ONEDNN_BF16;
+    test_check(!onednn ? created == 0 : created > 0 && gemm_primitives_created(ctx) == created, name, NULL);
     test_edges(ctx);
+    if (engine == GEMM_AVX512_F32) test_blocks(ctx);
     if (bf16) test_bf16_copies(ctx);
     test_threads(ctx);
     gemm_destroy(ctx);
@@ -350,8 +379,30 @@ static void test_default_engine(gemm_engine engine) {
 
 /* GEMM_AUTO (docs/design.md §8.10): the class of a product is read off its
  * transposes; a class set to oneDNN runs there (its primitive cache grows),
- * the others, small products and products inside a parallel region run on
- * OpenBLAS; the choice's text form reads back. */
+ * the others, small products and products inside a parallel region do not
+ * (those run on our own kernel or OpenBLAS); the choice's text form reads
+ * back. */
+/* A class given to our own kernel: its products equal cblas's to fp32
+ * rounding (the routing itself is route()'s, which test_auto checks
+ * through oneDNN's primitive count). */
+static void test_auto_own(void) {
+    gemm_ctx *ctx = gemm_create(GEMM_AUTO, 1);
+    if (gemm_unavailable_reason(GEMM_AVX512_F32)) {
+        test_skip("auto: a class on avx512-f32", gemm_unavailable_reason(GEMM_AVX512_F32));
+        gemm_destroy(ctx);
+        return;
+    }
+    gemm_engine set[GEMM_CLASSES] = {GEMM_OPENBLAS, GEMM_AVX512_F32, GEMM_OPENBLAS};
+    gemm_set_class_engines(ctx, set);
+    uint64_t rng = 11;
+    problem p = make_problem(false, false, 256, 256, 300, 0, 1.0f, 0.0f, &rng); /* backward_data: NN */
+    float *C = run(ctx, &p), *R = run_cblas(&p);
+    double r = error_ratio(&p, C, R, false, false);
+    test_check(r <= 1.0, "auto: the backward_data class on avx512-f32, within fp32 rounding", "%.3g", r);
+    free(C), free(R), free_problem(&p);
+    gemm_destroy(ctx);
+}
+
 static void test_auto(void) {
     gemm_engine set[GEMM_CLASSES] = {GEMM_ONEDNN_F32, GEMM_OPENBLAS, GEMM_OPENBLAS}, back[GEMM_CLASSES];
     char text[160];
@@ -365,6 +416,12 @@ static void test_auto(void) {
     bool refused = true;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) refused &= !gemm_class_engines_parse(bad[i], back);
     test_check(refused, "auto: malformed class engines refused", NULL);
+    gemm_engine own[GEMM_CLASSES] = {GEMM_OPENBLAS, GEMM_AVX512_F32, GEMM_ONEDNN_F32};
+    gemm_class_engines_format(own, text, sizeof text);
+    test_check(!strcmp(text, "forward=openblas,backward_data=avx512-f32,backward_weight=onednn-f32") &&
+                   gemm_class_engines_parse(text, back) && !memcmp(own, back, sizeof own),
+               "auto: our own kernel's name reads back", "%s", text);
+    test_auto_own();
     gemm_ctx *ctx = gemm_create(GEMM_AUTO, 1);
     if (!test_check(ctx != NULL, "auto: always available", NULL)) return;
     if (gemm_unavailable_reason(GEMM_ONEDNN_F32)) {
@@ -384,7 +441,7 @@ static void test_auto(void) {
     gemm(ctx, true, false, M, N, K, 1.0f, A, M, B, N, 0.0f, C, N); /* weight gradient: OpenBLAS */
     gemm(ctx, false, true, 8, 8, 8, 1.0f, A, 8, B, 8, 0.0f, C, 8); /* small: OpenBLAS */
     test_check(after_forward == before + 1 && gemm_primitives_created(ctx) == after_forward,
-               "auto: the forward class on oneDNN, the others and small products on OpenBLAS", "%zu %zu %zu", before,
+               "auto: the forward class on oneDNN, the other classes and small products not", "%zu %zu %zu", before,
                after_forward, gemm_primitives_created(ctx));
     gemm(ctx, false, true, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, A, K, B, K, 0.0f, R, N);
@@ -402,6 +459,7 @@ int main(void) {
                    !gemm_engine_parse("bf16", &parsed),
                "engine names parse", NULL);
     for (int e = GEMM_OPENBLAS; e <= GEMM_ONEDNN_BF16; e++) test_engine((gemm_engine)e);
+    test_engine(GEMM_AVX512_F32);
     for (int e = GEMM_ONEDNN_F32; e <= GEMM_ONEDNN_BF16; e++) test_default_engine((gemm_engine)e);
     test_auto();
     return test_summary("test_gemm");

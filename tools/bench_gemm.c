@@ -10,7 +10,8 @@
  *   bwdW TN  dW[o x i]    += dout^T in               (beta = 1)
  * Engines: OpenBLAS sgemm, oneDNN fp32, oneDNN bf16 as the model would run
  * it (weights passed with a bf16 copy, activations converted per call), and
- * oneDNN bf16 with both operands pre-converted (the matmul alone). Each
+ * oneDNN bf16 with both operands pre-converted (the matmul alone), and our
+ * own AVX-512 kernel (gemm_avx512.c) where the CPU has AVX-512F. Each
  * round runs every shape on every engine, starting with a different engine
  * each round so that drifting machine load spreads over all of them; the
  * first round (JIT, first touch) is discarded and the median over the rest
@@ -43,9 +44,11 @@ typedef struct {
     float beta;
 } product;
 
-enum { ENGINES = 4, MAX_PRODUCTS = 15, MAX_ROUNDS = 64 };
-static const char *const engine_labels[ENGINES] = {"openblas", "onednn-f32", "onednn-bf16", "bf16-preconv"};
-static const gemm_engine engine_of[ENGINES] = {GEMM_OPENBLAS, GEMM_ONEDNN_F32, GEMM_ONEDNN_BF16, GEMM_ONEDNN_BF16};
+enum { ENGINES = 5, MAX_PRODUCTS = 15, MAX_ROUNDS = 64 };
+static const char *const engine_labels[ENGINES] = {"openblas", "onednn-f32", "onednn-bf16", "bf16-preconv",
+                                                   "avx512-f32"};
+static const gemm_engine engine_of[ENGINES] = {GEMM_OPENBLAS, GEMM_ONEDNN_F32, GEMM_ONEDNN_BF16, GEMM_ONEDNN_BF16,
+                                               GEMM_AVX512_F32};
 
 static int model_products(const dims *d, product *out) {
     const struct {

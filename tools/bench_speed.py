@@ -6,8 +6,8 @@ noisy neighbour on a shared machine hits every set-up alike.
     tools/bench_speed.py CONFIG [--setups fp32,bf16,fp32@2] [--rounds 3] [--steps 5]
                          [--binary build/momfmm] [--set section.key=value ...]
 
-A set-up is a precision (fp32: train.gemm = auto, the default; fp32-openblas, fp32-onednn:
-that engine alone; bf16: train.precision = bf16) and a thread count after '@' (default 1),
+A set-up is a precision (fp32: train.gemm = auto, the default; fp32-openblas, fp32-onednn,
+fp32-avx512: that engine alone; bf16: train.precision = bf16) and a thread count after '@' (default 1),
 set as OMP_NUM_THREADS and OPENBLAS_NUM_THREADS. For each set-up it prints, as medians over
 the rounds: tokens/s; the attention phases (forward + backward) and the products' phases in
 ms; the non-product phases' share; the achieved GFLOP/s as a fraction of the measured peak of
@@ -29,6 +29,7 @@ PRECISIONS = {
     "fp32": [],
     "fp32-openblas": ["--set", "train.gemm=openblas"],
     "fp32-onednn": ["--set", "train.gemm=onednn"],
+    "fp32-avx512": ["--set", "train.gemm=avx512"],
     "bf16": ["--set", "train.precision=bf16"],
 }
 PHASE = re.compile(r"([a-z][a-z ]+?) ([0-9.]+) ms \(")

@@ -117,7 +117,7 @@ KEYS = [
     Key("train", "on_save_failure", "enum", "stop", choices="stop|continue"),
     Key("train", "micro_batch", "int", "0", 0, 1 << 24),
     Key("train", "precision", "enum", "fp32", choices="fp32|bf16"),
-    Key("train", "gemm", "enum", "auto", choices="openblas|onednn|auto"),
+    Key("train", "gemm", "enum", "auto", choices="openblas|onednn|auto|avx512"),
     Key("train", "recompute", "enum", "none", choices="none|mlp|block"),
     Key("dist", "bucket_mb", "double", "4", 1e-3, 1e6),
     Key("dist", "overlap", "bool", "true"),

@@ -47,7 +47,7 @@ MAX_METRIC_ROWS = 1 << 26
 INT_MAX = (1 << 31) - 1
 NUL = b"\0"
 GEMM_CLASSES = ("forward", "backward_data", "backward_weight")
-GEMM_ENGINES = ("openblas", "onednn-f32")
+GEMM_ENGINES = ("openblas", "onednn-f32", "avx512-f32")
 
 
 # ---------------------------------------------------------------- the memory available
@@ -388,8 +388,8 @@ def _read_attributes(r):
 
 
 def _gemm_engines_ok(text):
-    """gemm_class_engines_parse: forward=E,backward_data=E,backward_weight=E, E openblas or
-    onednn-f32, and shorter than the 128 bytes the C side keeps."""
+    """gemm_class_engines_parse: forward=E,backward_data=E,backward_weight=E, E openblas,
+    onednn-f32 or avx512-f32, and shorter than the 128 bytes the C side keeps."""
     parts = text.split(",")
     return (len(text.encode("utf-8", "surrogateescape")) < 128 and len(parts) == len(GEMM_CLASSES)
             and all(p.partition("=")[0] == c and p.partition("=")[1] == "=" and p.partition("=")[2] in GEMM_ENGINES

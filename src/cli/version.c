@@ -41,5 +41,9 @@ void version_print(void) {
     const char *why = gemm_unavailable_reason(GEMM_ONEDNN_BF16);
     if (why) printf("bf16:     unavailable: %s\n", why);
     else printf("bf16:     %s\n", cpu_has_bf16() ? "native" : "emulated by oneDNN (MOMFMM_FORCE_BF16=1, slow)");
+    /* whether train.gemm = avx512 can run here (docs/design.md §8.10) */
+    why = gemm_unavailable_reason(GEMM_AVX512_F32);
+    if (why) printf("avx512:   unavailable: %s\n", why);
+    else printf("avx512:   momfmm's own fp32 kernel (train.gemm = avx512, and auto)\n");
     log_flush(); /* a failure is noted for the check at exit (cmd_finish_output) */
 }

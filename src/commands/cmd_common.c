@@ -167,8 +167,12 @@ void cmd_check_consistency(const model *m, long long step) {
 
 static gemm_engine engine_of(const config *c) {
     if (c->precision == PRECISION_BF16) return GEMM_ONEDNN_BF16;
-    if (c->gemm == GEMM_IMPL_AUTO) return GEMM_AUTO;
-    return c->gemm == GEMM_IMPL_ONEDNN ? GEMM_ONEDNN_F32 : GEMM_OPENBLAS;
+    switch (c->gemm) {
+    case GEMM_IMPL_AUTO: return GEMM_AUTO;
+    case GEMM_IMPL_ONEDNN: return GEMM_ONEDNN_F32;
+    case GEMM_IMPL_AVX512: return GEMM_AVX512_F32;
+    default: return GEMM_OPENBLAS;
+    }
 }
 
 void cmd_use_precision(const config *c) {
@@ -176,7 +180,10 @@ void cmd_use_precision(const config *c) {
     const char *why = gemm_unavailable_reason(engine);
     if (why)
         cmd_fail_all(EXIT_USAGE, "%s cannot run here: %s",
-                     c->precision == PRECISION_BF16 ? "train.precision = bf16" : "train.gemm = onednn", why);
+                     c->precision == PRECISION_BF16 ? "train.precision = bf16"
+                     : c->gemm == GEMM_IMPL_AVX512  ? "train.gemm = avx512"
+                                                    : "train.gemm = onednn",
+                     why);
     /* this rank's limits (ulimit -v) may be its own: it alone fails */
     status st;
     if (blas_core_reserve_buffers(blas_core_threads(), &st) != 0) cmd_exit_on_status(&st, false);

@@ -118,7 +118,7 @@ const config_key CONFIG_KEYS[] = {
     /* docs/scale.md §7: how the products run, not what the model is, so a
      * run may resume in another precision (with a warning) */
     {"train", "precision", KEY_ENUM, OFF(precision), "fp32", 0, 0, "fp32|bf16", ROLE_SCHEDULE},
-    {"train", "gemm", KEY_ENUM, OFF(gemm), "auto", 0, 0, "openblas|onednn|auto", ROLE_SCHEDULE},
+    {"train", "gemm", KEY_ENUM, OFF(gemm), "auto", 0, 0, "openblas|onednn|auto|avx512", ROLE_SCHEDULE},
     /* docs/scale.md §7: what backward keeps, not what it computes (bitwise
      * the same gradients), so a run may resume with the other value */
     {"train", "recompute", KEY_ENUM, OFF(recompute), "none", 0, 0, "none|mlp|block", ROLE_SCHEDULE},

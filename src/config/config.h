@@ -20,7 +20,7 @@ typedef enum { NONFINITE_STOP = 0, NONFINITE_SKIP = 1 } config_nonfinite_policy;
 typedef enum { SAVE_FAILURE_STOP = 0, SAVE_FAILURE_CONTINUE = 1 } config_save_failure_policy;
 /* train.precision and train.gemm (docs/scale.md §7) */
 typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1 } config_precision;
-typedef enum { GEMM_IMPL_OPENBLAS = 0, GEMM_IMPL_ONEDNN = 1, GEMM_IMPL_AUTO = 2 } config_gemm;
+typedef enum { GEMM_IMPL_OPENBLAS = 0, GEMM_IMPL_ONEDNN = 1, GEMM_IMPL_AUTO = 2, GEMM_IMPL_AVX512 = 3 } config_gemm;
 /* train.recompute (docs/scale.md §7): every block keeps its forward state;
  * or its MLP's is remade by backward block by block; or the whole block's,
  * from the block's input */

@@ -1,5 +1,6 @@
-/* The GEMM engine: engine choice, CPU check, bf16 conversion and the
- * OpenBLAS engine; the oneDNN engines are in gemm_onednn.c. See gemm.h and
+/* The GEMM engine: engine choice, CPU check, bf16 conversion, and the
+ * OpenBLAS engine and our own cut between threads; the oneDNN engines are
+ * in gemm_onednn.c, our own kernel in gemm_avx512.c. See gemm.h and
  * docs/scale.md §7 for why. */
 #include "kernels/gemm.h"
 
@@ -14,16 +15,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm_avx512.h"
 #ifdef MOMFMM_HAVE_ONEDNN
 #include "gemm_onednn.h"
 #endif
 
-/* Threads of one parallel region with a oneDNN state of their own. */
+/* Threads of one parallel region with a oneDNN state, or a packing space of
+ * our own kernel, of their own. */
 #define GEMM_TEAM_MAX 256
 
 struct gemm_ctx {
     gemm_engine engine;
     gemm_engine class_engine[GEMM_CLASSES]; /* GEMM_AUTO's choices */
+    gemm_engine small_engine;               /* GEMM_AUTO's small and in-region products (gemm.h) */
 #ifdef MOMFMM_HAVE_ONEDNN
     gemm_onednn *dnn; /* NULL for GEMM_OPENBLAS */
     /* A product inside a parallel region (attention's heads) runs on its
@@ -33,6 +37,9 @@ struct gemm_ctx {
      * other and oneDNN refused a handle at OMP_NUM_THREADS = 2). */
     gemm_onednn *team[GEMM_TEAM_MAX];
 #endif
+    /* Our own kernel's packing space per OpenMP thread, made at the
+     * thread's first product (a fixed size, then reused). */
+    gemm_avx512_space *space[GEMM_TEAM_MAX];
     char description[384];
     /* The registered weights (gemm_register_weights): fp32 and bf16 copy. */
     const float *weights;
@@ -40,13 +47,13 @@ struct gemm_ctx {
     size_t n_weights, weights_capacity, refreshes;
 };
 
-static const char *const engine_names[] = {"openblas", "onednn-f32", "onednn-bf16", "auto"};
+static const char *const engine_names[] = {"openblas", "onednn-f32", "onednn-bf16", "auto", "avx512-f32"};
 static const char *const class_names[GEMM_CLASSES] = {"forward", "backward_data", "backward_weight"};
 
 const char *gemm_engine_name(gemm_engine engine) { return engine_names[engine]; }
 
 bool gemm_engine_parse(const char *name, gemm_engine *engine) {
-    for (int e = GEMM_OPENBLAS; e <= GEMM_AUTO; e++)
+    for (int e = GEMM_OPENBLAS; e <= GEMM_AVX512_F32; e++)
         if (strcmp(name, engine_names[e]) == 0) {
             *engine = (gemm_engine)e;
             return true;
@@ -55,7 +62,8 @@ bool gemm_engine_parse(const char *name, gemm_engine *engine) {
 }
 
 const char *gemm_unavailable_reason(gemm_engine engine) {
-    if (engine == GEMM_OPENBLAS || engine == GEMM_AUTO) return NULL; /* auto: OpenBLAS without oneDNN */
+    if (engine == GEMM_OPENBLAS || engine == GEMM_AUTO) return NULL; /* auto: OpenBLAS without the others */
+    if (engine == GEMM_AVX512_F32) return gemm_avx512_unavailable_reason();
 #ifndef MOMFMM_HAVE_ONEDNN
     return "momfmm was built without oneDNN (see cmake/onednn.cmake)";
 #else
@@ -79,9 +87,11 @@ gemm_ctx *gemm_create(gemm_engine engine, int threads) {
     if (gemm_unavailable_reason(engine)) return NULL;
     gemm_ctx *ctx = sys_calloc(1, sizeof *ctx);
     ctx->engine = engine;
-#ifdef MOMFMM_HAVE_ONEDNN
-    if (engine != GEMM_OPENBLAS) ctx->dnn = gemm_onednn_create(engine == GEMM_ONEDNN_BF16, threads > 0 ? threads : 1);
     for (int c = 0; c < GEMM_CLASSES; c++) ctx->class_engine[c] = GEMM_OPENBLAS;
+    ctx->small_engine = gemm_unavailable_reason(GEMM_AVX512_F32) ? GEMM_OPENBLAS : GEMM_AVX512_F32;
+#ifdef MOMFMM_HAVE_ONEDNN
+    if (engine != GEMM_OPENBLAS && engine != GEMM_AVX512_F32)
+        ctx->dnn = gemm_onednn_create(engine == GEMM_ONEDNN_BF16, threads > 0 ? threads : 1);
 #else
     (void)threads;
 #endif
@@ -94,6 +104,7 @@ void gemm_destroy(gemm_ctx *ctx) {
     gemm_onednn_destroy(ctx->dnn);
     for (int t = 0; t < GEMM_TEAM_MAX; t++) gemm_onednn_destroy(ctx->team[t]);
 #endif
+    for (int t = 0; t < GEMM_TEAM_MAX; t++) gemm_avx512_space_destroy(ctx->space[t]);
     free(ctx->weights_bf16);
     free(ctx);
 }
@@ -101,21 +112,20 @@ void gemm_destroy(gemm_ctx *ctx) {
 gemm_engine gemm_ctx_engine(const gemm_ctx *ctx) { return ctx->engine; }
 
 const char *gemm_describe(gemm_ctx *ctx) {
+    const char *onednn = "";
 #ifdef MOMFMM_HAVE_ONEDNN
+    if (ctx->dnn) onednn = gemm_onednn_describe(ctx->dnn);
+#endif
     if (ctx->engine == GEMM_AUTO) {
         char classes[192];
         gemm_class_engines_format(ctx->class_engine, classes, sizeof classes);
-        snprintf(ctx->description, sizeof ctx->description, "auto: %s (OpenBLAS core %s; %s)", classes,
-                 blas_core_description(), gemm_onednn_describe(ctx->dnn));
-        return ctx->description;
-    }
-    if (ctx->dnn) {
-        snprintf(ctx->description, sizeof ctx->description, "%s (%s)", gemm_engine_name(ctx->engine),
-                 gemm_onednn_describe(ctx->dnn));
-        return ctx->description;
-    }
-#endif
-    snprintf(ctx->description, sizeof ctx->description, "openblas sgemm (core %s)", blas_core_description());
+        snprintf(ctx->description, sizeof ctx->description, "auto: %s (OpenBLAS core %s%s%s)", classes,
+                 blas_core_description(), *onednn ? "; " : "", onednn);
+    } else if (*onednn)
+        snprintf(ctx->description, sizeof ctx->description, "%s (%s)", gemm_engine_name(ctx->engine), onednn);
+    else if (ctx->engine == GEMM_AVX512_F32)
+        snprintf(ctx->description, sizeof ctx->description, "avx512-f32 (momfmm's own blocked kernel)");
+    else snprintf(ctx->description, sizeof ctx->description, "openblas sgemm (core %s)", blas_core_description());
     return ctx->description;
 }
 
@@ -144,13 +154,13 @@ static void scale_c(int M, int N, float beta, float *C, int ldc) {
 /* The engine a product runs on (gemm.h, GEMM_AUTO's classes). */
 static gemm_engine route(const gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K) {
     if (ctx->engine != GEMM_AUTO) return ctx->engine;
-    if (omp_in_parallel() || (double)M * N * K < GEMM_AUTO_MIN_MACS) return GEMM_OPENBLAS;
+    if (omp_in_parallel() || (double)M * N * K < GEMM_AUTO_MIN_MACS) return ctx->small_engine;
     gemm_class c = trans_a ? GEMM_CLASS_BACKWARD_WEIGHT : trans_b ? GEMM_CLASS_FORWARD : GEMM_CLASS_BACKWARD_DATA;
     return ctx->class_engine[c];
 }
 
-static void openblas_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
-                             const float *B, int ldb, float beta, float *C, int ldc);
+static void split_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool trans_b, int M, int N, int K,
+                          float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
 #ifdef MOMFMM_HAVE_ONEDNN
 /* On the calling thread's oneDNN state: the context's own outside a
@@ -178,14 +188,14 @@ void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, 
         scale_c(M, N, beta, C, ldc);
         return;
     }
+    gemm_engine engine = route(ctx, trans_a, trans_b, M, N, K);
 #ifdef MOMFMM_HAVE_ONEDNN
-    if (ctx->dnn && route(ctx, trans_a, trans_b, M, N, K) != GEMM_OPENBLAS) {
+    if (ctx->dnn && engine != GEMM_OPENBLAS && engine != GEMM_AVX512_F32) {
         run_onednn(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
 #endif
-    (void)ctx;
-    openblas_product(trans_a, trans_b, M, N, K, alpha, A.f32, lda, B.f32, ldb, beta, C, ldc);
+    split_product(ctx, engine, trans_a, trans_b, M, N, K, alpha, A.f32, lda, B.f32, ldb, beta, C, ldc);
 }
 
 void gemm(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
@@ -220,20 +230,51 @@ static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
  * register blocks divide it). */
 #define SPLIT_ALIGN 32
 
-/* OpenBLAS on OpenMP's threads (docs/design.md §8.10): OpenBLAS itself runs
- * single-threaded, and a large product is cut into one block of rows (or
- * of columns, when there are fewer rows) of C per thread, each a
- * cblas_sgemm of its own. So one pool of threads (OpenMP's) runs every
- * kernel: OpenBLAS's own pool beside it, both spinning for two cores,
- * slowed a 2-thread run threefold. As with OpenBLAS's own threading, the
- * last bits of a product depend on how it is cut (its kernels round edge
- * blocks differently), hence on the thread count. Inside a parallel region
- * (attention's heads) the product runs on the calling thread. */
-static void openblas_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
-                             const float *B, int ldb, float beta, float *C, int ldc) {
+/* One part of a product on the calling thread: cblas_sgemm, or our own
+ * kernel on the thread's packing space (made at its first product). Past
+ * GEMM_TEAM_MAX threads, one shared space, one call at a time. */
+static void part_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool trans_b, int M, int N, int K,
+                         float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    if (engine != GEMM_AVX512_F32) {
+        sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        scale_c(M, N, beta, C, ldc);
+        return;
+    }
+    int t = omp_get_thread_num();
+    if (t < GEMM_TEAM_MAX - 1) {
+        if (!ctx->space[t]) ctx->space[t] = gemm_avx512_space_create();
+        gemm_avx512_run(ctx->space[t], trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+#pragma omp critical(gemm_avx512_shared)
+    {
+        gemm_avx512_space **shared = &ctx->space[GEMM_TEAM_MAX - 1];
+        if (!*shared) *shared = gemm_avx512_space_create();
+        gemm_avx512_run(*shared, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+}
+
+/* OpenBLAS, and our own kernel, on OpenMP's threads (docs/design.md
+ * §8.10): OpenBLAS itself runs single-threaded, and a large product is cut
+ * into one block of rows (or of columns, when there are fewer rows) of C
+ * per thread, each a product of its own. So one pool of threads (OpenMP's)
+ * runs every kernel: OpenBLAS's own pool beside it, both spinning for two
+ * cores, slowed a 2-thread run threefold. As with OpenBLAS's own threading,
+ * the last bits of an OpenBLAS product depend on how it is cut (its kernels
+ * round edge blocks differently), hence on the thread count; our own
+ * kernel sums every element in the same order however it is cut. Inside a
+ * parallel region (attention's heads) the product runs on the calling
+ * thread. ctx may be NULL for OpenBLAS. */
+static void split_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool trans_b, int M, int N, int K,
+                          float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                          int ldc) {
     int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
     if (threads <= 1 || (double)M * N * K < SPLIT_MIN_MACS) {
-        sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        part_product(ctx, engine, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     bool by_rows = M >= N;
@@ -245,19 +286,20 @@ static void openblas_product(bool trans_a, bool trans_b, int M, int N, int K, fl
         int lo = p * step, n = extent - lo < step ? extent - lo : step;
         if (n <= 0) continue;
         if (by_rows)
-            sgemm(trans_a, trans_b, n, N, K, alpha, trans_a ? A + lo : A + (size_t)lo * lda, lda, B, ldb, beta,
-                  C + (size_t)lo * ldc, ldc);
+            part_product(ctx, engine, trans_a, trans_b, n, N, K, alpha, trans_a ? A + lo : A + (size_t)lo * lda, lda, B,
+                         ldb, beta, C + (size_t)lo * ldc, ldc);
         else
-            sgemm(trans_a, trans_b, M, n, K, alpha, A, lda, trans_b ? B + (size_t)lo * ldb : B + lo, ldb, beta, C + lo,
-                  ldc);
+            part_product(ctx, engine, trans_a, trans_b, M, n, K, alpha, A, lda, trans_b ? B + (size_t)lo * ldb : B + lo,
+                         ldb, beta, C + lo, ldc);
     }
 }
 
 void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                   int ldb, float beta, float *C, int ldc) {
     gemm_ctx *ctx = default_ctx;
-    if (!ctx || route(ctx, trans_a, trans_b, M, N, K) == GEMM_OPENBLAS) {
-        openblas_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_engine engine = ctx ? route(ctx, trans_a, trans_b, M, N, K) : GEMM_OPENBLAS;
+    if (engine == GEMM_OPENBLAS || engine == GEMM_AVX512_F32) {
+        split_product(ctx, engine, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     gemm_operand a = {A, NULL}, b = {B, NULL};
@@ -301,7 +343,8 @@ void gemm_unregister_weights(gemm_ctx *ctx, const float *params) {
 size_t gemm_weight_refreshes(const gemm_ctx *ctx) { return ctx ? ctx->refreshes : 0; }
 
 void gemm_set_class_engines(gemm_ctx *ctx, const gemm_engine engines[GEMM_CLASSES]) {
-    for (int c = 0; c < GEMM_CLASSES; c++) ctx->class_engine[c] = engines[c];
+    for (int c = 0; c < GEMM_CLASSES; c++)
+        ctx->class_engine[c] = gemm_unavailable_reason(engines[c]) ? GEMM_OPENBLAS : engines[c];
 }
 
 void gemm_class_engines(const gemm_ctx *ctx, gemm_engine engines[GEMM_CLASSES]) {
@@ -315,6 +358,11 @@ void gemm_class_engines_format(const gemm_engine engines[GEMM_CLASSES], char *ou
             (size_t)snprintf(out + used, len - used, "%s%s=%s", c ? "," : "", class_names[c], engine_names[engines[c]]);
 }
 
+/* The engines a product class can be given: the fp32 ones. */
+static bool gemm_engine_is_class_choice(gemm_engine e) {
+    return e == GEMM_OPENBLAS || e == GEMM_ONEDNN_F32 || e == GEMM_AVX512_F32;
+}
+
 bool gemm_class_engines_parse(const char *text, gemm_engine engines[GEMM_CLASSES]) {
     const char *p = text;
     for (int c = 0; c < GEMM_CLASSES; c++) {
@@ -322,9 +370,10 @@ bool gemm_class_engines_parse(const char *text, gemm_engine engines[GEMM_CLASSES
         if (strncmp(p, class_names[c], n) != 0 || p[n] != '=') return false;
         p += n + 1;
         size_t len = strcspn(p, ",");
-        if (len == strlen("openblas") && !strncmp(p, "openblas", len)) engines[c] = GEMM_OPENBLAS;
-        else if (len == strlen("onednn-f32") && !strncmp(p, "onednn-f32", len)) engines[c] = GEMM_ONEDNN_F32;
-        else return false;
+        char name[16] = "";
+        if (len >= sizeof name) return false;
+        memcpy(name, p, len);
+        if (!gemm_engine_parse(name, &engines[c]) || !gemm_engine_is_class_choice(engines[c])) return false;
         p += len;
         if (c + 1 < GEMM_CLASSES && *p++ != ',') return false;
     }

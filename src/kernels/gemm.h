@@ -1,5 +1,6 @@
-/* The GEMM engine: every fp32 matrix product of the model, through OpenBLAS
- * or oneDNN, with optional bf16 operands (docs/scale.md §7).
+/* The GEMM engine: every fp32 matrix product of the model, through OpenBLAS,
+ * oneDNN or our own AVX-512 kernel, with optional bf16 operands
+ * (docs/scale.md §7).
  *
  * Why an engine layer: at the model's shapes (M = batch x seq rows = 2048,
  * N, K = 256..1024, one thread per rank) the products are where the time
@@ -28,21 +29,26 @@ typedef enum {
     GEMM_OPENBLAS,    /* cblas_sgemm: the reference, always available */
     GEMM_ONEDNN_F32,  /* oneDNN matmul primitive, fp32 operands */
     GEMM_ONEDNN_BF16, /* oneDNN matmul primitive, bf16 operands, fp32 accumulate and C */
-    GEMM_AUTO,        /* fp32: OpenBLAS or oneDNN per product class, chosen by measurement */
+    GEMM_AUTO,        /* fp32: OpenBLAS, oneDNN or our own per product class, chosen by measurement */
+    GEMM_AVX512_F32,  /* the project's own blocked fp32 kernel, AVX-512 cores (gemm_avx512.c) */
 } gemm_engine;
 
 /* The product classes of GEMM_AUTO, told apart by their transposes: the
  * linear layers' forward (x W^T), backward to the input (dY W) and to the
  * weight (dY^T X). Products inside a parallel region (attention's heads)
- * and small ones (below GEMM_AUTO_MIN_MACS) always run on OpenBLAS: their
- * per-call overhead is the lower, and a product of a fraction of a
- * millisecond is too short for a start-up measurement to rank the engines
- * the same way twice (at d 64 the choice flipped from run to run, so two
- * runs of one config differed in the last bits; docs/design.md §8.10). */
+ * and small ones (below GEMM_AUTO_MIN_MACS) are not measured but run on a
+ * fixed engine: our own AVX-512 kernel where the CPU has AVX-512F, else
+ * OpenBLAS. A product of a fraction of a millisecond is too short for a
+ * start-up measurement to rank the engines the same way twice (at d 64 the
+ * choice flipped from run to run, so two runs of one config differed in the
+ * last bits; docs/design.md §8.10); and at attention's block products
+ * (64 rows x 256 keys x 64) our own kernel took 190-200 ms of a
+ * bench_d768 step where OpenBLAS's AVX2 kernels (pinned by
+ * OPENBLAS_CORETYPE on such machines) took 260-290. */
 #define GEMM_AUTO_MIN_MACS (1 << 24)
 typedef enum { GEMM_CLASS_FORWARD, GEMM_CLASS_BACKWARD_DATA, GEMM_CLASS_BACKWARD_WEIGHT, GEMM_CLASSES } gemm_class;
 
-/* "openblas", "onednn-f32", "onednn-bf16", "auto" (the names a config would use). */
+/* "openblas", "onednn-f32", "onednn-bf16", "auto", "avx512-f32". */
 const char *gemm_engine_name(gemm_engine engine);
 /* Parses one of those names; false when it is none of them. */
 bool gemm_engine_parse(const char *name, gemm_engine *engine);
@@ -58,6 +64,7 @@ typedef struct gemm_ctx gemm_ctx;
 
 /* A context for one engine, or NULL when gemm_unavailable_reason(engine) is
  * not NULL. threads is the thread count oneDNN uses (its OpenMP runtime);
+ * OpenBLAS and our own kernel are cut into blocks between OpenMP's threads;
  * pass the one OpenBLAS was given (blas_core_threads()), so that both engines run
  * with the same parallelism — one thread per rank by default. */
 gemm_ctx *gemm_create(gemm_engine engine, int threads);
@@ -124,14 +131,16 @@ void gemm_unregister_weights(gemm_ctx *ctx, const float *params);
  * offsets, or NULL when ctx keeps none of `params` (then nothing is to be written). The caller converts every
  * element with cpu_f32_to_bf16; this counts as that step's refresh. */
 uint16_t *gemm_weights_for_update(gemm_ctx *ctx, const float *params);
-/* GEMM_AUTO: the engine of each class (OpenBLAS until set). */
+/* GEMM_AUTO: the engine of each class (OpenBLAS until set). An engine that
+ * cannot run here (a checkpoint's choice made on another machine) is set as
+ * OpenBLAS. */
 void gemm_set_class_engines(gemm_ctx *ctx, const gemm_engine engines[GEMM_CLASSES]);
 void gemm_class_engines(const gemm_ctx *ctx, gemm_engine engines[GEMM_CLASSES]);
 /* "forward=onednn-f32,backward_data=openblas,backward_weight=openblas", and
  * back: the form a checkpoint records them in (docs/files.md §4), so that a
  * resumed run computes with the same engines. Parse returns false for text
- * that is not such a list (engines other than openblas and onednn-f32
- * included). */
+ * that is not such a list (engines other than openblas, onednn-f32 and
+ * avx512-f32 included). */
 void gemm_class_engines_format(const gemm_engine engines[GEMM_CLASSES], char *out, size_t len);
 bool gemm_class_engines_parse(const char *text, gemm_engine engines[GEMM_CLASSES]);
 
@@ -143,14 +152,15 @@ typedef struct {
     float beta;
     int count;
 } gemm_shape;
-/* Times every shape on OpenBLAS and on oneDNN fp32 (alternating rounds,
- * the best round of each) and gives each class the engine that runs its
- * shapes fastest; oneDNN only when it is at least 3% faster, so that a
- * near tie stays with the reference engine. A class's time is its shapes'
+/* Times every shape on OpenBLAS, on oneDNN fp32 and on our own AVX-512
+ * kernel, those that run here (alternating rounds, the best round of each),
+ * and gives each class the engine that runs its shapes fastest; another
+ * engine than OpenBLAS only when it is at least 3% faster, so that a near
+ * tie stays with the reference engine. A class's time is its shapes'
  * times weighted by their counts; shapes below GEMM_AUTO_MIN_MACS are not
  * timed (they run on OpenBLAS), shapes above 2^32 multiply-adds (about
- * 80 ms) are timed on fewer rows. Every class is OpenBLAS when oneDNN is
- * unavailable or ctx is not GEMM_AUTO. */
+ * 80 ms) are timed on fewer rows. Every class is OpenBLAS when neither
+ * other engine runs here or ctx is not GEMM_AUTO. */
 void gemm_tune(gemm_ctx *ctx, const gemm_shape *shapes, int n, gemm_engine engines[GEMM_CLASSES]);
 
 /* How many times the bf16 copy was (re)converted: once per optimizer step. */

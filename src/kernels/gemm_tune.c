@@ -17,7 +17,7 @@
  * where OpenBLAS is 5% faster at the real shape. */
 #define TUNE_MAX_MACS 4294967296.0 /* about 80 ms per product at 100 GFLOP/s */
 #define TUNE_ROUNDS 2
-#define TUNE_MARGIN 1.03 /* oneDNN must beat OpenBLAS by this factor */
+#define TUNE_MARGIN 1.03 /* another engine must beat OpenBLAS by this factor */
 
 /* The shape as timed: rows (M, or K for a weight gradient) cut so that the
  * product stays within TUNE_MAX_MACS. */
@@ -35,7 +35,7 @@ static void transposes(gemm_class c, bool *trans_a, bool *trans_b) {
     *trans_b = c == GEMM_CLASS_FORWARD;
 }
 
-/* Seconds of one product on `engine` (a context of its own). */
+/* Seconds of one product on ctx's engine. */
 static double time_product(gemm_ctx *ctx, const gemm_shape *s, const float *A, const float *B, float *C) {
     bool ta, tb;
     transposes(s->cls, &ta, &tb);
@@ -45,11 +45,36 @@ static double time_product(gemm_ctx *ctx, const gemm_shape *s, const float *A, c
     return sys_seconds() - start;
 }
 
+/* The engines to time: OpenBLAS first (the reference), then those of
+ * oneDNN fp32 and our own kernel that run here. */
+static int candidates(gemm_engine out[3]) {
+    int n = 0;
+    out[n++] = GEMM_OPENBLAS;
+    if (!gemm_unavailable_reason(GEMM_ONEDNN_F32)) out[n++] = GEMM_ONEDNN_F32;
+    if (!gemm_unavailable_reason(GEMM_AVX512_F32)) out[n++] = GEMM_AVX512_F32;
+    return n;
+}
+
+/* The fastest engine of each class: another than OpenBLAS only when it
+ * beats OpenBLAS by TUNE_MARGIN. */
+static void pick(const double best[][GEMM_CLASSES], const gemm_engine *engine, int n,
+                 gemm_engine engines[GEMM_CLASSES]) {
+    for (int c = 0; c < GEMM_CLASSES; c++) {
+        int fastest = 0;
+        for (int e = 1; e < n; e++)
+            if (best[e][c] * TUNE_MARGIN < best[0][c] && best[e][c] < best[fastest][c]) fastest = e;
+        engines[c] = engine[fastest];
+    }
+}
+
 void gemm_tune(gemm_ctx *ctx, const gemm_shape *shapes, int n, gemm_engine engines[GEMM_CLASSES]) {
     for (int c = 0; c < GEMM_CLASSES; c++) engines[c] = GEMM_OPENBLAS;
-    if (!ctx || gemm_ctx_engine(ctx) != GEMM_AUTO || gemm_unavailable_reason(GEMM_ONEDNN_F32) || n <= 0) return;
+    gemm_engine engine[3];
+    int count = candidates(engine);
+    if (!ctx || gemm_ctx_engine(ctx) != GEMM_AUTO || count == 1 || n <= 0) return;
     int threads = blas_core_threads();
-    gemm_ctx *openblas = gemm_create(GEMM_OPENBLAS, threads), *onednn = gemm_create(GEMM_ONEDNN_F32, threads);
+    gemm_ctx *timed[3];
+    for (int e = 0; e < count; e++) timed[e] = gemm_create(engine[e], threads);
     size_t largest = 1;
     for (int i = 0; i < n; i++) {
         gemm_shape s = bounded(shapes[i]);
@@ -59,28 +84,27 @@ void gemm_tune(gemm_ctx *ctx, const gemm_shape *shapes, int n, gemm_engine engin
     float *A = sys_calloc(largest, sizeof(float)), *B = sys_calloc(largest, sizeof(float));
     float *C = sys_calloc(largest, sizeof(float));
     for (size_t i = 0; i < largest; i++) A[i] = (float)(i % 7) * 0.01f, B[i] = (float)(i % 5) * 0.01f;
-    double best[2][GEMM_CLASSES];
-    for (int e = 0; e < 2; e++)
+    double best[3][GEMM_CLASSES];
+    for (int e = 0; e < count; e++)
         for (int c = 0; c < GEMM_CLASSES; c++) best[e][c] = 1e300;
-    /* round 0 warms up (oneDNN compiles its kernels); the engines alternate
-     * which goes first, so that drifting load hits both alike */
+    /* round 0 warms up (oneDNN compiles its kernels, our own kernel makes
+     * its packing space); the engines rotate which goes first, so that
+     * drifting load hits all alike */
     for (int round = 0; round <= TUNE_ROUNDS; round++) {
-        double total[2][GEMM_CLASSES] = {{0}};
-        for (int k = 0; k < 2; k++) {
-            int e = (round + k) % 2;
+        double total[3][GEMM_CLASSES] = {{0}};
+        for (int k = 0; k < count; k++) {
+            int e = (round + k) % count;
             for (int i = 0; i < n; i++) {
                 if ((double)shapes[i].M * shapes[i].N * shapes[i].K < GEMM_AUTO_MIN_MACS) continue;
                 gemm_shape s = bounded(shapes[i]);
                 double scale = (double)shapes[i].M * shapes[i].N * shapes[i].K / ((double)s.M * s.N * s.K);
-                total[e][s.cls] += shapes[i].count * scale * time_product(e ? onednn : openblas, &s, A, B, C);
+                total[e][s.cls] += shapes[i].count * scale * time_product(timed[e], &s, A, B, C);
             }
         }
-        for (int e = 0; round > 0 && e < 2; e++)
+        for (int e = 0; round > 0 && e < count; e++)
             for (int c = 0; c < GEMM_CLASSES; c++) best[e][c] = total[e][c] < best[e][c] ? total[e][c] : best[e][c];
     }
-    for (int c = 0; c < GEMM_CLASSES; c++)
-        if (best[1][c] * TUNE_MARGIN < best[0][c]) engines[c] = GEMM_ONEDNN_F32;
+    pick(best, engine, count, engines);
     free(A), free(B), free(C);
-    gemm_destroy(openblas);
-    gemm_destroy(onednn);
+    for (int e = 0; e < count; e++) gemm_destroy(timed[e]);
 }

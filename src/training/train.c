@@ -377,9 +377,8 @@ static void use_recorded_gemm_engines(trainer *t, const checkpoint_info *info, c
     gemm_ctx *ctx = gemm_default();
     gemm_engine engines[GEMM_CLASSES];
     if (!ctx || gemm_ctx_engine(ctx) != GEMM_AUTO || !gemm_class_engines_parse(info->gemm_engines, engines)) return;
-    if (gemm_unavailable_reason(GEMM_ONEDNN_F32))
-        for (int c = 0; c < GEMM_CLASSES; c++) engines[c] = GEMM_OPENBLAS; /* recorded where oneDNN ran */
-    gemm_set_class_engines(ctx, engines);
+    gemm_set_class_engines(ctx, engines); /* an engine recorded where it ran, not here, becomes OpenBLAS */
+    gemm_class_engines(ctx, engines);
     gemm_class_engines_format(engines, t->gemm_engines, sizeof t->gemm_engines);
     log_rank0("gemm auto: %s, as %s recorded\n", t->gemm_engines, path);
 }

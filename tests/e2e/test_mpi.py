@@ -582,3 +582,37 @@ class TestGemmAuto:
         report.check("a resumed run takes the recorded choice", resumed.returncode == 0 and
                      f"gemm auto: {recorded}, as {ckpt} recorded" in resumed.stdout,
                      f"rc {resumed.returncode}: " + " / ".join(l for l in resumed.stdout.splitlines() if "gemm" in l))
+
+    def test_own_kernel_and_machines_without_it(self, R, report):
+        """momfmm's own AVX-512 kernel (train.gemm = avx512; docs/design.md §8.10): it trains
+        where the CPU has AVX-512F; a CPU without it (MOMFMM_FAKE_NO_AVX512=1 plays one)
+        refuses it with exit 2, and a checkpoint whose recorded choice names it resumes
+        there on OpenBLAS, saying so."""
+        no_avx512 = {"MOMFMM_FAKE_NO_AVX512": "1"}
+        r, _ = R.train("gemm_own_refused", 1, sets=["train.gemm=avx512"], direct=True, extra_env=no_avx512,
+                       **dict(self.SIZE, **{"train.steps": 2}))
+        report.check("train.gemm = avx512 without AVX-512F: exit 2 naming the key and the reason",
+                     r.returncode == 2 and "train.gemm = avx512" in r.stderr and "AVX-512F" in r.stderr
+                     and len(r.stderr.strip().splitlines()) == 1, f"rc {r.returncode}: {r.stderr.strip()[-300:]}")
+        version = run([R.momfmm, "--version"], env=env()).stdout
+        if re.search(r"^avx512:\s+unavailable", version, re.M):
+            pytest.skip("this CPU has no AVX-512F: the kernel itself cannot run here")
+        r, ckpt = R.train("gemm_own", 1, sets=["train.gemm=avx512"], direct=True, **self.SIZE)
+        report.check("train.gemm = avx512 trains and names the kernel at start-up",
+                     r.returncode == 0 and ckpt is not None and "avx512-f32" in r.stdout,
+                     f"rc {r.returncode}: {r.stderr[-300:]}")
+        r, ckpt = R.train("gemm_auto_own", 1, direct=True, **self.SIZE)
+        if not report.check("auto trains (the choice recorded)", r.returncode == 0 and ckpt is not None,
+                            f"rc {r.returncode}: {r.stderr[-300:]}"):
+            return
+        own = "forward=avx512-f32,backward_data=avx512-f32,backward_weight=avx512-f32"
+        with h5py.File(ckpt, "r+") as f:
+            f.attrs["gemm_engines"] = own
+        path, _ = R.config("gemm_auto_own", **dict(self.SIZE, **{"train.steps": 8}))
+        resumed = run(train_command(R.momfmm, path, (), resume=ckpt), timeout=300, env=env(**no_avx512))
+        fallback = "forward=openblas,backward_data=openblas,backward_weight=openblas"
+        report.check("a recorded avx512-f32 resumes on OpenBLAS where the CPU lacks AVX-512F",
+                     resumed.returncode == 0 and f"gemm auto: {fallback}, as {ckpt} recorded" in resumed.stdout,
+                     f"rc {resumed.returncode}: " + " / ".join(l for l in resumed.stdout.splitlines() if "gemm" in l))
+        ev = run([R.momfmm, "eval", ckpt], timeout=120, env=env(**no_avx512))
+        report.check("eval of that checkpoint runs there too", ev.returncode == 0, ev.stderr[-300:])
