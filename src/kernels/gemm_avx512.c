@@ -3,9 +3,9 @@
  * multiplication", 2008), as BLIS and OpenBLAS do it, sized for the model's
  * linear products (docs/design.md §8.10).
  *
- * Why our own: at the model's shapes oneDNN 2.6's f32 matmul leaves 15-40%
- * of the FMA peak unused (its backward-to-the-input products ran at 62-84%,
- * this kernel's at 84-86%; docs/performance.md §9.9), and Debian's OpenBLAS
+ * Why our own: at the model's shapes oneDNN 2.6's f32 matmul leaves 10-40%
+ * of the FMA peak unused (its backward-to-the-input products ran at 62-91%,
+ * this kernel's at 84-89%; docs/performance.md §9.9), and Debian's OpenBLAS
  * runs its AVX2 kernels where OPENBLAS_CORETYPE pins them. `train.gemm = auto` times this kernel
  * beside the other two and takes it per product class only where it wins.
  *
