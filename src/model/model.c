@@ -270,8 +270,9 @@ static void head_loss(model *m, const int32_t *classes, int rows, bool grads, fl
 }
 
 /* The LM head on passes of model_head_pass_rows rows: each pass's logits,
- * then its losses and predictions; backward remakes the logits
- * (lm_head_backward_passes), so that no B*T*V buffer exists. */
+ * then its losses and predictions; backward remakes the logits of all but
+ * the last pass (lm_head_backward_passes), so that no B*T*V buffer
+ * exists. */
 static void lm_head_passes(model *m, const int32_t *targets, int rows) {
     model_activations *a = &m->acts;
     int pass = model_head_pass_rows(m, rows);
@@ -359,21 +360,31 @@ static void zero_accumulated_grads(model *m) {
     }
 }
 
-/* Each pass's logits remade (counted as recompute), the loss's gradient in
- * the softmax's pass, then the head's products, the weight gradient summed
- * over the passes. */
+/* The passes in backward: the last one first, from the probabilities its
+ * forward left in the buffer (cross_entropy_backward gives the bits
+ * cross_entropy_forward_backward would), then each other pass's logits
+ * remade (counted as recompute) with the loss's gradient in the softmax's
+ * pass; each pass's products follow, the weight gradient summed over the
+ * passes. Remaking the last pass too cost 1% of a bench_d768 step (two
+ * passes; docs/scale.md §7). */
 static void lm_head_backward_passes(model *m, const int32_t *targets, int rows, float scale, bool accumulate) {
     model_activations *a = &m->acts;
-    int pass = model_head_pass_rows(m, rows);
-    for (int r = 0; r < rows; r += pass) {
+    int pass = model_head_pass_rows(m, rows), passes = (rows + pass - 1) / pass;
+    for (int i = 0; i < passes; i++) {
+        bool first = i == 0; /* the last pass, its probabilities kept */
+        int r = (first ? passes - 1 : i - 1) * pass;
         int n = rows - r < pass ? rows - r : pass;
         const float *ln_f = a->ln_f + (size_t)r * m->d;
-        PROF_TIMED(PROF_RECOMPUTE, matmul_forward(a->logits, ln_f, m->w.head_weight, NULL, n, m->d, m->V));
-        PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_forward_backward(a->probs, a->losses + r, a->predictions + r,
-                                                                      targets + r, n, m->V, scale));
+        if (first) {
+            PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_backward(a->probs, targets + r, n, m->V, scale));
+        } else {
+            PROF_TIMED(PROF_RECOMPUTE, matmul_forward(a->logits, ln_f, m->w.head_weight, NULL, n, m->d, m->V));
+            PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_forward_backward(a->probs, a->losses + r, a->predictions + r,
+                                                                          targets + r, n, m->V, scale));
+        }
         PROF_TIMED(PROF_BACKWARD_LINEAR,
                    matmul_backward(a->d_model_rows + (size_t)r * m->d, m->g.head_weight, NULL, a->probs, ln_f,
-                                   m->w.head_weight, n, m->d, m->V, accumulate || r > 0));
+                                   m->w.head_weight, n, m->d, m->V, accumulate || !first));
     }
 }
 
