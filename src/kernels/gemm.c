@@ -239,11 +239,6 @@ static void part_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool t
         sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0) {
-        scale_c(M, N, beta, C, ldc);
-        return;
-    }
     int t = omp_get_thread_num();
     if (t < GEMM_TEAM_MAX - 1) {
         if (!ctx->space[t]) ctx->space[t] = gemm_avx512_space_create();
@@ -297,9 +292,8 @@ static void split_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool 
 void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                   int ldb, float beta, float *C, int ldc) {
     gemm_ctx *ctx = default_ctx;
-    gemm_engine engine = ctx ? route(ctx, trans_a, trans_b, M, N, K) : GEMM_OPENBLAS;
-    if (engine == GEMM_OPENBLAS || engine == GEMM_AVX512_F32) {
-        split_product(ctx, engine, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (!ctx) {
+        split_product(NULL, GEMM_OPENBLAS, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     gemm_operand a = {A, NULL}, b = {B, NULL};

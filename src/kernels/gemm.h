@@ -106,8 +106,8 @@ size_t gemm_primitives_created(const gemm_ctx *ctx);
  * once at start-up from train.precision and train.gemm (docs/scale.md §7)
  * and the kernels (kernels.c, fmm_far.c) call gemm_product, which runs on it.
  * With no engine set, or GEMM_OPENBLAS, gemm_product is exactly the
- * cblas_sgemm call the kernels made before, so fp32 results stay
- * bit-identical. The default context is not destroyed by the setter. */
+ * cblas_sgemm call the kernels made before (an empty product is C = beta C
+ * either way), so fp32 results stay bit-identical. The default context is not destroyed by the setter. */
 void gemm_set_default(gemm_ctx *ctx);
 gemm_ctx *gemm_default(void); /* NULL when none is set */
 

@@ -127,9 +127,6 @@ __attribute__((target("avx512f"))) static void pack_transposed(float *dst, int w
         int top = i0 + 16 < width ? i0 + 16 : width;
         for (; p < k; p++)
             for (int i = i0; i < top; i++) dst[(size_t)p * width + i] = i < rows ? src[(size_t)i * ld + p] : 0.0f;
-        if (n <= 0)
-            for (p = 0; p < k; p++)
-                for (int i = i0; i < top; i++) dst[(size_t)p * width + i] = 0.0f;
     }
 }
 

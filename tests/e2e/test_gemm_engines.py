@@ -1,0 +1,84 @@
+"""The GEMM engines in training (docs/design.md §8.10), one class per CTest entry
+(e2e_gemm_<group>, tests/CMakeLists.txt):
+
+- TestGemmAuto: train.gemm = auto on 2 ranks takes one choice everywhere (the parameter
+  checksum would stop ranks that computed differently), records it in the checkpoint and a
+  resumed run takes it from there; momfmm's own AVX-512 kernel (train.gemm = avx512) trains
+  where the CPU has AVX-512F, is refused with exit 2 where it has not
+  (MOMFMM_FAKE_NO_AVX512=1 plays such a CPU), and a checkpoint recording it resumes and
+  evaluates there on OpenBLAS.
+
+The runs use test_mpi.py's Runner (its R fixture): the same tiny configs and launcher.
+"""
+import re
+
+import h5py
+import pytest
+
+from common import env, run, train_command
+from test_mpi import R  # noqa: F401  (the module's Runner fixture)
+
+
+class TestGemmAuto:
+    """train.gemm = auto (the default; docs/design.md §8.10): rank 0 times the engines
+    and every rank takes its choice. Products large enough to be tuned (512 rows of
+    d 128, d_ff 512); the parameter checksum every step (dist.check_interval = 1)
+    would stop the run if two ranks computed with different engines. The choice goes
+    into the checkpoint and a resumed run takes it from there."""
+
+    SIZE = {"model.d_model": 128, "model.n_heads": 4, "model.d_ff": 512, "data.seq_len": 64,
+            "train.batch_size": 16, "train.steps": 6, "train.eval_interval": 6}
+
+    def test_same_choice_on_every_rank(self, R, report):
+        r, ckpt = R.train("gemm_auto", 2, **self.SIZE)
+        choice = re.search(r"gemm auto: (forward=\S+,backward_data=\S+,backward_weight=[a-z0-9-]+)", r.stdout)
+        report.check("np=2 auto: trains to the end with every step's checksum equal on both ranks",
+                     r.returncode == 0 and ckpt is not None, f"rc {r.returncode}: {r.stderr[-400:]}")
+        report.check("np=2 auto: the start-up line names each class's engine", choice is not None,
+                     " / ".join(l for l in r.stdout.splitlines() if "gemm" in l)[:300])
+        if not ckpt:
+            return
+        with h5py.File(ckpt, "r") as f:
+            recorded = f.attrs.get("gemm_engines")
+        recorded = recorded.decode() if isinstance(recorded, bytes) else recorded
+        report.check("the checkpoint records the choice (root attribute gemm_engines)",
+                     choice is not None and recorded == choice.group(1), f"{recorded!r} vs start-up line")
+        path, _ = R.config("gemm_auto", **dict(self.SIZE, **{"train.steps": 8}))
+        resumed = run(train_command(R.momfmm, path, (), np_=2, resume=ckpt), timeout=300, env=env())
+        report.check("a resumed run takes the recorded choice", resumed.returncode == 0 and
+                     f"gemm auto: {recorded}, as {ckpt} recorded" in resumed.stdout,
+                     f"rc {resumed.returncode}: " + " / ".join(l for l in resumed.stdout.splitlines() if "gemm" in l))
+
+    def test_own_kernel_and_machines_without_it(self, R, report):
+        """momfmm's own AVX-512 kernel (train.gemm = avx512; docs/design.md §8.10): it trains
+        where the CPU has AVX-512F; a CPU without it (MOMFMM_FAKE_NO_AVX512=1 plays one)
+        refuses it with exit 2, and a checkpoint whose recorded choice names it resumes
+        there on OpenBLAS, saying so."""
+        no_avx512 = {"MOMFMM_FAKE_NO_AVX512": "1"}
+        r, _ = R.train("gemm_own_refused", 1, sets=["train.gemm=avx512"], direct=True, extra_env=no_avx512,
+                       **dict(self.SIZE, **{"train.steps": 2}))
+        report.check("train.gemm = avx512 without AVX-512F: exit 2 naming the key and the reason",
+                     r.returncode == 2 and "train.gemm = avx512" in r.stderr and "AVX-512F" in r.stderr
+                     and len(r.stderr.strip().splitlines()) == 1, f"rc {r.returncode}: {r.stderr.strip()[-300:]}")
+        version = run([R.momfmm, "--version"], env=env()).stdout
+        if re.search(r"^avx512:\s+unavailable", version, re.M):
+            pytest.skip("this CPU has no AVX-512F: the kernel itself cannot run here")
+        r, ckpt = R.train("gemm_own", 1, sets=["train.gemm=avx512"], direct=True, **self.SIZE)
+        report.check("train.gemm = avx512 trains and names the kernel at start-up",
+                     r.returncode == 0 and ckpt is not None and "avx512-f32" in r.stdout,
+                     f"rc {r.returncode}: {r.stderr[-300:]}")
+        r, ckpt = R.train("gemm_auto_own", 1, direct=True, **self.SIZE)
+        if not report.check("auto trains (the choice recorded)", r.returncode == 0 and ckpt is not None,
+                            f"rc {r.returncode}: {r.stderr[-300:]}"):
+            return
+        own = "forward=avx512-f32,backward_data=avx512-f32,backward_weight=avx512-f32"
+        with h5py.File(ckpt, "r+") as f:
+            f.attrs["gemm_engines"] = own
+        path, _ = R.config("gemm_auto_own", **dict(self.SIZE, **{"train.steps": 8}))
+        resumed = run(train_command(R.momfmm, path, (), resume=ckpt), timeout=300, env=env(**no_avx512))
+        fallback = "forward=openblas,backward_data=openblas,backward_weight=openblas"
+        report.check("a recorded avx512-f32 resumes on OpenBLAS where the CPU lacks AVX-512F",
+                     resumed.returncode == 0 and f"gemm auto: {fallback}, as {ckpt} recorded" in resumed.stdout,
+                     f"rc {resumed.returncode}: " + " / ".join(l for l in resumed.stdout.splitlines() if "gemm" in l))
+        ev = run([R.momfmm, "eval", ckpt], timeout=120, env=env(**no_avx512))
+        report.check("eval of that checkpoint runs there too", ev.returncode == 0, ev.stderr[-300:])
