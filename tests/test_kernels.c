@@ -532,6 +532,32 @@ static void test_tile_bf16_same_bits(void) {
     test_check(same, "tile_gemm_bf16: vdpbf16ps gives the fp32 path's bits", NULL);
 }
 
+/* Rows of contiguous values into pair rows (the packing of a query tile
+ * and a key tile): the transposing path on vdpbf16ps cores gives the bytes
+ * of the scalar one, writes nothing between the pair rows (d_k > n) and
+ * rounds an odd k's last pair up with a zero. */
+static void test_tile_bf16_pack_transposed(void) {
+    static const int ks[] = {1, 2, 3, 31, 32, 33, 64, 65, 97}, ns[] = {1, 15, 16, 17, 96, 101};
+    bool same = true;
+    for (size_t a = 0; a < sizeof ks / sizeof ks[0]; a++)
+        for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++) {
+            int k = ks[a], n = ns[b], pairs = (k + 1) / 2;
+            ptrdiff_t d_k = n + 5;
+            float *src = randn((size_t)k * n, 1);
+            uint16_t *got[2];
+            for (int way = 0; way < 2; way++) {
+                got[way] = malloc(2 * sizeof(uint16_t) * (size_t)pairs * d_k);
+                memset(got[way], 0xA5, 2 * sizeof(uint16_t) * (size_t)pairs * d_k);
+                tile_gemm_set_bf16_native(way == 0 ? 0 : -1);
+                tile_bf16_pack(got[way], d_k, 1, src, 1, k, k, n);
+            }
+            same = same && memcmp(got[0], got[1], 2 * sizeof(uint16_t) * (size_t)pairs * d_k) == 0;
+            free(src), free(got[0]), free(got[1]);
+        }
+    tile_gemm_set_bf16_native(-1);
+    test_check(same, "tile_bf16_pack: rows into pair rows, vdpbf16ps path = scalar path's bytes", NULL);
+}
+
 /* Tiled attention on bf16 operands against the fp32 kernel (T = 300:
  * ragged tiles; causal, a band narrower than a tile and one wider): out,
  * dq, dk, dv within BF16_TILED_BOUND of the largest value. An operand in
@@ -570,6 +596,7 @@ static void test_tile_bf16(void) {
     if (tile_gemm_bf16_native()) {
         test_tile_bf16_path("vdpbf16ps");
         test_tile_bf16_same_bits();
+        test_tile_bf16_pack_transposed();
         test_tiled_bf16_same_bits(24, 0);
         test_tiled_bf16_same_bits(64, 150);
     } else test_skip("tile_gemm_bf16 and tiled attention on vdpbf16ps", "the CPU has no AVX512_BF16");

@@ -29,6 +29,8 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define GEMM_AVX512_BUILT 1
 #include <immintrin.h>
+
+#include "transpose16.h"
 #else
 #define GEMM_AVX512_BUILT 0
 #endif
@@ -79,33 +81,6 @@ void gemm_avx512_space_destroy(gemm_avx512_space *space) {
 }
 
 #if GEMM_AVX512_BUILT
-/* The 16 x 16 block r (row i in r[i]) transposed in place: unpacks pair
- * rows, shuffles gather four rows' columns within each 128-bit lane, and
- * lane shuffles gather the four groups of rows. */
-__attribute__((target("avx512f"), always_inline)) static inline void transpose16(__m512 r[16]) {
-    __m512 t[16], u[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    /* u[4g + j], lane L: column 4L + j of rows 4g .. 4g + 3 */
-    for (int g = 0; g < 4; g++) {
-        u[4 * g] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-        u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-        u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-        u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-    }
-    for (int j = 0; j < 4; j++) {
-        __m512 v0 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x44), v1 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xEE);
-        __m512 v2 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x44),
-               v3 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xEE);
-        r[j] = _mm512_shuffle_f32x4(v0, v2, 0x88);
-        r[4 + j] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
-        r[8 + j] = _mm512_shuffle_f32x4(v1, v3, 0x88);
-        r[12 + j] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
-    }
-}
-
 /* dst[p * width + i] = src[i * ld + p] for i < rows (zeros for rows <= i <
  * width), p < k: `rows` rows along k into columns of `width` floats, in
  * blocks of 16 x 16. A block's 16-float columns are stored whole in

@@ -7,6 +7,8 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+
+#include "transpose16.h"
 #define TILE_GEMM_AVX2 1
 #else
 #define TILE_GEMM_AVX2 0
@@ -58,6 +60,7 @@ bool tile_gemm_available(void) {
 }
 
 static int min_int(int a, int b) { return a < b ? a : b; }
+static int max_int(int a, int b) { return a > b ? a : b; }
 
 /* One block of the operands, as the micro-kernels see it. */
 typedef struct {
@@ -562,6 +565,38 @@ static void pack_placed(uint16_t *dst, ptrdiff_t d_k, ptrdiff_t d_n, const float
     }
 }
 
+#if TILE_GEMM_AVX2
+/* pack_placed's case with the pairs of each j contiguous in dst's rows
+ * (d_n = 1): a transpose of bf16 pairs. Sixteen rows of src at a time, 32
+ * values (16 pairs) of each converted into one register (vcvtne2ps2bf16:
+ * cpu_f32_to_bf16's rounding, pairs in order), the 16 x 16 pairs
+ * transposed in registers, each pair row stored whole (masked past n). A
+ * query tile of the forward and a key tile of the backward are packed
+ * this way (docs/design.md §8.10); pack_placed's scalar copies of single
+ * pairs took as long as a fifth of the tile products they fed. */
+__attribute__((BF16_TARGET)) static void pack_pairs_transposed(uint16_t *dst, ptrdiff_t d_k, const float *src, int k,
+                                                               int n) {
+    int pairs = (k + 1) / 2;
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        int rows = min_int(16, n - j0);
+        __mmask16 in_rows = (__mmask16)((1u << rows) - 1u);
+        for (int p0 = 0; p0 < pairs; p0 += 16) {
+            int c0 = 2 * p0, len = min_int(32, k - c0); /* values of each row in this block */
+            __mmask16 lo = (__mmask16)((1u << min_int(len, 16)) - 1u),
+                      hi = (__mmask16)((1u << max_int(len - 16, 0)) - 1u);
+            __m512 r[16];
+            for (int i = 0; i < 16; i++) {
+                const float *x = src + (size_t)(j0 + min_int(i, rows - 1)) * k + c0; /* past n: a row read again */
+                r[i] = (__m512)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, x + 16), _mm512_maskz_loadu_ps(lo, x));
+            }
+            transpose16(r);
+            for (int p = 0; p < min_int(16, pairs - p0); p++)
+                _mm512_mask_storeu_epi32(dst + 2 * ((size_t)(p0 + p) * d_k + j0), in_rows, (__m512i)r[p]);
+        }
+    }
+}
+#endif
+
 void tile_bf16_pack(uint16_t *dst, ptrdiff_t d_k, ptrdiff_t d_n, const float *src, ptrdiff_t s_k, ptrdiff_t s_n, int k,
                     int n) {
     int pairs = (k + 1) / 2;
@@ -577,6 +612,12 @@ void tile_bf16_pack(uint16_t *dst, ptrdiff_t d_k, ptrdiff_t d_n, const float *sr
         }
         return;
     }
+#if TILE_GEMM_AVX2
+    if (s_k == 1 && s_n == k && d_n == 1 && k > 0 && tile_gemm_bf16_native()) {
+        pack_pairs_transposed(dst, d_k, src, k, n);
+        return;
+    }
+#endif
     if (s_k == 1 && s_n == k && k > 0 && k <= PLACED_BLOCK) { /* pairs contiguous in src, not in dst */
         pack_placed(dst, d_k, d_n, src, k, n);
         return;

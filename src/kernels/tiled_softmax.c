@@ -139,6 +139,12 @@ static int row_end(const tile_mask *m, int j, int i0, int rows) {
     return min_int(max_int(j + m->behind - m->q_pos0 - i0 + 1, 0), rows);
 }
 
+/* Every row of the tile sees every key: the last key's first row and the
+ * first key's last. */
+static bool tile_whole(const tile_mask *mask, int rows, int keys, int i0, int j0) {
+    return row_begin(mask, j0 + keys - 1, i0, rows) == 0 && row_end(mask, j0, i0, rows) == rows;
+}
+
 /* The running maxima: mx = max(m, the visible scores of the tile). The
  * restrict pointers tell GCC the rows do not overlap, so the loops over a
  * tile's rows vectorise. */
@@ -180,12 +186,6 @@ __attribute__((target("avx2"), always_inline)) static inline __m256 lanes_from(i
 /* Lanes lo <= lane < hi of eight, as a mask. */
 __attribute__((target("avx2"), always_inline)) static inline __m256 lanes_between(int lo, int hi) {
     return _mm256_andnot_ps(lanes_from(hi), lanes_from(lo));
-}
-
-/* Every row of the tile sees every key: the last key's first row and the
- * first key's last. */
-static bool tile_whole(const tile_mask *mask, int rows, int keys, int i0, int j0) {
-    return row_begin(mask, j0 + keys - 1, i0, rows) == 0 && row_end(mask, j0, i0, rows) == rows;
 }
 
 /* tile_exponentials eight rows at a time with fast_exp8_nonpositive, each
@@ -355,6 +355,53 @@ static void tile_values(const float *vj, int keys, int rows, int dh, const tile_
     tile_gemm_bf16(rows, dh, keys, 1.0f, pr->p, 1, TILE_Q, pr->v, dh, true, s->acc, dh);
 }
 
+/* The scratch of a query tile seen from its row r0: each row's state and
+ * the packed queries from that row on, so that rows r0.. run as a tile of
+ * their own; the tile's scores and P (st, pr.p) are made afresh by each. */
+static tile_scratch rows_from(const tile_scratch *s, int r0, int dh) {
+    tile_scratch part = *s;
+    part.m += r0, part.l += r0, part.mx += r0, part.rescale += r0, part.sum += r0;
+    part.acc += (size_t)r0 * dh, part.qt += r0, part.pr.q += 2 * (size_t)r0;
+    return part;
+}
+
+/* Where a pair of tiles crosses the mask's edge (a causal diagonal), its
+ * rows run as two parts, each cut to the keys its rows see, and each part
+ * again while it crosses: a causal diagonal square then costs little more
+ * than its lower half (bench_attention at T = 256, bf16: backward 20% faster,
+ * forward 3-6%; docs/design.md §8.10). A part is a multiple of `unit` rows:
+ * 32 in forward, where the rows are the columns of the scores' 32-wide
+ * micro-tiles; 16 in backward, the exponentials' vector. The keys cut
+ * away are masked ones, which add exact zeros. */
+#define FORWARD_PART 32
+#define BACKWARD_PART 16
+
+static bool split_rows(const tile_mask *mask, int rows, int keys, int i0, int j0, int unit) {
+    return rows >= 2 * unit && !tile_whole(mask, rows, keys, i0, j0);
+}
+
+/* The first part's rows: half, rounded up to the unit. */
+static int first_part(int rows, int unit) { return (rows / 2 + unit - 1) / unit * unit; }
+
+/* Key tile [j0, j0 + keys) into the running softmax of rows r0 .. r0 +
+ * rows - 1 of the query tile at row i0. */
+static void forward_keys(const float *k, const float *v, int dh, int i0, int r0, int rows, int j0, int keys,
+                         const tile_mask *mask, const tile_scratch *s) {
+    int row = i0 + r0, first = max_int(j0, key_begin(mask, row)),
+        last = min_int(j0 + keys, key_end(mask, row + rows - 1));
+    if (first >= last) return; /* these rows see none of the tile's keys: their state stays */
+    if (split_rows(mask, rows, last - first, row, first, FORWARD_PART)) {
+        int part = first_part(rows, FORWARD_PART);
+        forward_keys(k, v, dh, i0, r0, part, first, last - first, mask, s);
+        forward_keys(k, v, dh, i0, r0 + part, rows - part, first, last - first, mask, s);
+        return;
+    }
+    tile_scratch rs = rows_from(s, r0, dh);
+    tile_scores(k + (size_t)first * dh, last - first, rows, dh, &rs, &rs.pr);
+    online_tile(&rs, rows, last - first, row, first, mask, dh);
+    tile_values(v + (size_t)first * dh, last - first, rows, dh, &rs, &rs.pr);
+}
+
 static void forward_tile(float *out, float *lse, const float *q, const float *k, const float *v, int dh, int i0,
                          int rows, const tile_mask *mask, const tile_scratch *s) {
     /* the keys any row of the tile sees: from the first row's first to the last row's last */
@@ -364,12 +411,8 @@ static void forward_tile(float *out, float *lse, const float *q, const float *k,
     else tile_gemm_transpose(s->qt, TILE_Q, q + (size_t)i0 * dh, dh, rows, dh);
     for (int r = 0; r < rows; r++) s->m[r] = -INFINITY, s->l[r] = 0.0f;
     memset(s->acc, 0, sizeof(float) * (size_t)rows * dh);
-    for (int j0 = first_key; j0 < last_key; j0 += TILE_K) {
-        int keys = min_int(TILE_K, last_key - j0);
-        tile_scores(k + (size_t)j0 * dh, keys, rows, dh, s, pr);
-        online_tile(s, rows, keys, i0, j0, mask, dh);
-        tile_values(v + (size_t)j0 * dh, keys, rows, dh, s, pr);
-    }
+    for (int j0 = first_key; j0 < last_key; j0 += TILE_K)
+        forward_keys(k, v, dh, i0, 0, rows, j0, min_int(TILE_K, last_key - j0), mask, s);
     for (int r = 0; r < rows; r++) {
         float inv = 1.0f / s->l[r];
         const float *o = s->acc + (size_t)r * dh;
@@ -602,6 +645,22 @@ static void backward_tile(float *dq, float *dkj, float *dvj, const float *dout, 
     else backward_products(&t, dh, mask, s);
 }
 
+/* backward_tile, its rows in parts where the pair crosses the mask's edge
+ * (split_rows), each part cut to the keys it sees. */
+static void backward_rows(float *dq, float *dkj, float *dvj, const float *dout, const float *lse, const float *q,
+                          const float *kj, int dh, int i0, int rows, int j0, int keys, const tile_mask *mask,
+                          const tile_scratch *s) {
+    int from = max_int(key_begin(mask, i0) - j0, 0), end = min_int(keys, key_end(mask, i0 + rows - 1) - j0);
+    if (from >= end) return; /* these rows see none of the tile's keys */
+    if (split_rows(mask, rows, end - from, i0, j0 + from, BACKWARD_PART)) {
+        int part = first_part(rows, BACKWARD_PART);
+        backward_rows(dq, dkj, dvj, dout, lse, q, kj, dh, i0, part, j0, keys, mask, s);
+        backward_rows(dq, dkj, dvj, dout, lse, q, kj, dh, i0 + part, rows - part, j0, keys, mask, s);
+        return;
+    }
+    backward_tile(dq, dkj, dvj, dout, lse, q, kj, dh, i0, rows, j0, keys, mask, s);
+}
+
 /* Key tile j0's K and V as the products of backward_tile read them. */
 static void pack_key_tile(const float *kj, const float *vj, int keys, int dh, const tile_scratch *s) {
     if (s->bf16) {
@@ -637,7 +696,7 @@ void tiled_softmax_band_backward(float *dq, float *dk, float *dv, const float *d
         if (first >= end) continue;
         pack_key_tile(kj, v + (size_t)j0 * dh, keys, dh, &s);
         for (int i0 = first; i0 < end; i0 += TILE_Q)
-            backward_tile(dq, dk + (size_t)j0 * dh, dv + (size_t)j0 * dh, dout, lse, q, kj, dh, i0,
+            backward_rows(dq, dk + (size_t)j0 * dh, dv + (size_t)j0 * dh, dout, lse, q, kj, dh, i0,
                           min_int(TILE_Q, end - i0), j0, keys, &mask, &s);
     }
 }
