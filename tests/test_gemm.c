@@ -340,6 +340,33 @@ static bool train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size
     return true;
 }
 
+/* gemm_hold (the default engine being bf16): a product reading a held
+ * activation, inside its range, gives the bits of converting it per call;
+ * the copy is read while held (a change to the floats is not seen) and
+ * no longer after gemm_release. */
+static void test_hold(void) {
+    uint64_t rng = 5;
+    problem p = make_problem(false, false, 40, 24, 36, 0, 1.0f, 0.0f, &rng);
+    size_t na = (size_t)p.M * p.lda, nc = (size_t)p.M * p.ldc;
+    float *C[3];
+    for (int i = 0; i < 3; i++) {
+        C[i] = malloc(sizeof(float) * nc);
+        memcpy(C[i], p.C0, sizeof(float) * nc);
+    }
+    gemm_product(false, false, p.M, p.N, p.K, 1.0f, p.A, p.lda, p.B, p.ldb, 0.0f, C[0], p.ldc);
+    gemm_hold(p.A, na);
+    float kept = p.A[0];
+    gemm_product(false, false, p.M - 1, p.N, p.K, 1.0f, p.A + p.lda, p.lda, p.B, p.ldb, 0.0f, C[1] + p.ldc, p.ldc);
+    p.A[0] = kept + 1.0f; /* not seen while held */
+    gemm_product(false, false, 1, p.N, p.K, 1.0f, p.A, p.lda, p.B, p.ldb, 0.0f, C[1], p.ldc);
+    gemm_release();
+    gemm_product(false, false, 1, p.N, p.K, 1.0f, p.A, p.lda, p.B, p.ldb, 0.0f, C[2], p.ldc);
+    test_check(memcmp(C[0], C[1], sizeof(float) * nc) == 0 && C[2][0] != C[0][0],
+               "bf16: a held activation is converted once and read from its copy until released", NULL);
+    for (int i = 0; i < 3; i++) free(C[i]);
+    free_problem(&p);
+}
+
 static void test_default_engine(gemm_engine engine) {
     gemm_ctx *ctx = gemm_create(engine, 1);
     if (!ctx) return; /* reported by test_engine */
@@ -355,6 +382,7 @@ static void test_default_engine(gemm_engine engine) {
         gemm_product(false, true, 1, 2, 3, 1.0f, x, 3, W, 3, 0.0f, y, 2);
         test_check(stale && y[0] == 6.0f + 1.0f / 64, "bf16: weights read from their copy until refreshed", NULL);
         gemm_unregister_weights(ctx, W);
+        test_hold();
     }
     for (int attention = ATTENTION_SOFTMAX; attention <= ATTENTION_FMM; attention++) {
         size_t at_2 = 0, refreshes = 0;

@@ -45,6 +45,11 @@ struct gemm_ctx {
     const float *weights;
     uint16_t *weights_bf16;
     size_t n_weights, weights_capacity, refreshes;
+    /* The held activation (gemm_hold): its range and bf16 copy, kept in a
+     * buffer grown to the largest one held. */
+    const float *held;
+    uint16_t *held_bf16;
+    size_t n_held, held_capacity;
 };
 
 static const char *const engine_names[] = {"openblas", "onednn-f32", "onednn-bf16", "auto", "avx512-f32"};
@@ -106,6 +111,7 @@ void gemm_destroy(gemm_ctx *ctx) {
 #endif
     for (int t = 0; t < GEMM_TEAM_MAX; t++) gemm_avx512_space_destroy(ctx->space[t]);
     free(ctx->weights_bf16);
+    free(ctx->held_bf16);
     free(ctx);
 }
 
@@ -220,6 +226,18 @@ static const uint16_t *weight_copy(const gemm_ctx *ctx, const float *p) {
     return ctx->weights_bf16 + (p - ctx->weights);
 }
 
+/* The same for the held activation (gemm_hold). */
+static const uint16_t *held_copy(const gemm_ctx *ctx, const float *p) {
+    if (!ctx->held || p < ctx->held || p >= ctx->held + ctx->n_held) return NULL;
+    return ctx->held_bf16 + (p - ctx->held);
+}
+
+/* An operand's bf16 copy: the weights', the held activation's, or none. */
+static const uint16_t *bf16_copy(const gemm_ctx *ctx, const float *p) {
+    const uint16_t *copy = weight_copy(ctx, p);
+    return copy ? copy : held_copy(ctx, p);
+}
+
 static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                   int ldb, float beta, float *C, int ldc) {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
@@ -298,10 +316,32 @@ void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
     }
     gemm_operand a = {A, NULL}, b = {B, NULL};
     if (uses_weight_copy(ctx)) {
-        a.bf16 = weight_copy(ctx, A);
-        b.bf16 = weight_copy(ctx, B);
+        a.bf16 = bf16_copy(ctx, A);
+        b.bf16 = bf16_copy(ctx, B);
     }
     gemm_mixed(ctx, trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
+}
+
+#define HELD_MIN ((size_t)1 << 20) /* bf16 elements: 2 MiB */
+
+void gemm_hold(const float *activation, size_t n) {
+    gemm_ctx *ctx = default_ctx;
+    if (!uses_weight_copy(ctx)) return;
+    if (n > ctx->held_capacity) { /* only while the first step meets its largest activation */
+        free(ctx->held_bf16);
+        /* huge pages, as the activations' own (at least one: 2 MiB-aligned):
+         * on 4 KiB pages oneDNN's reads of the copy ran slower than the
+         * conversion saved */
+        ctx->held_capacity = n > HELD_MIN ? n : HELD_MIN;
+        ctx->held_bf16 = sys_calloc_huge(ctx->held_capacity, sizeof *ctx->held_bf16);
+    }
+    cpu_f32_to_bf16(ctx->held_bf16, activation, n);
+    ctx->held = activation;
+    ctx->n_held = n;
+}
+
+void gemm_release(void) {
+    if (default_ctx) default_ctx->held = NULL, default_ctx->n_held = 0;
 }
 
 void gemm_register_weights(gemm_ctx *ctx, const float *params, size_t n) {

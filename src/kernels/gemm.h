@@ -116,6 +116,16 @@ gemm_ctx *gemm_default(void); /* NULL when none is set */
 void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                   int ldb, float beta, float *C, int ldc);
 
+/* An activation that two products in a row read (matmul_backward's dY,
+ * for the weight's gradient and for the input's): with the bf16 engine,
+ * gemm_hold converts its n floats once, and until gemm_release a
+ * gemm_product operand inside them is read from that copy, as one inside
+ * the weights is, instead of being converted per call (the same rounding,
+ * so the same bits). The floats must not change while held. No-ops for
+ * the fp32 engines. */
+void gemm_hold(const float *activation, size_t n);
+void gemm_release(void);
+
 /* The model's parameters are one contiguous buffer of n floats; with the
  * bf16 engine, registering allocates its bf16 copy once (no-op for the fp32
  * engines or a NULL ctx). gemm_refresh_weights reconverts the whole copy: the

@@ -231,6 +231,8 @@ const char *gemm_onednn_describe(gemm_onednn *dnn) {
     return dnn->text;
 }
 
+#define BF16_BUFFER_MIN ((size_t)1 << 20) /* bf16 elements: 2 MiB */
+
 /* The bf16 form of an operand stored as rows x cols with leading dimension
  * ld: its own bf16 copy when it has one, else a dense conversion into buf.
  * *used_ld is the leading dimension of what is returned. */
@@ -243,8 +245,11 @@ static const uint16_t *bf16_operand(bf16_buffer *buf, const float *f32, const ui
     size_t need = (size_t)rows * (size_t)cols;
     if (need > buf->capacity) { /* only when a larger operand first appears */
         free(buf->data);
-        buf->data = aligned_bytes(need * sizeof *buf->data);
-        buf->capacity = need;
+        /* on huge pages (at least one, so 2 MiB-aligned), as the
+         * activations it is converted from: the product reads it across
+         * rows, and on 4 KiB pages its TLB misses slowed the product */
+        buf->capacity = need > BF16_BUFFER_MIN ? need : BF16_BUFFER_MIN;
+        buf->data = sys_calloc_huge(buf->capacity, sizeof *buf->data);
     }
     for (int r = 0; r < rows; r++) cpu_f32_to_bf16(buf->data + (size_t)r * cols, f32 + (size_t)r * ld, (size_t)cols);
     *used_ld = cols;

@@ -62,6 +62,7 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
 
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, int rows, int in_dim, int out_dim, bool accumulate) {
+    gemm_hold(dout, (size_t)rows * out_dim); /* both products read dout: bf16 converts it once */
     gemm_product(true, false, out_dim, in_dim, rows, 1.0f, dout, out_dim, inp, in_dim, accumulate ? 1.0f : 0.0f,
                  dweight, in_dim);
     if (dbias) {
@@ -76,6 +77,7 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
     /* last: dinp may be inp's memory (the model's one work buffer) */
     if (dinp)
         gemm_product(false, false, rows, in_dim, out_dim, 1.0f, dout, out_dim, weight, in_dim, 0.0f, dinp, in_dim);
+    gemm_release();
 }
 
 /* LayerNorm's sums run in NORM_LANES fixed lanes, then the lanes in order
