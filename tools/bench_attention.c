@@ -94,7 +94,7 @@ static bool choose_path(const char *path, bool *bf16) {
 }
 
 static const char *kernel_name(bool bf16) {
-    if (bf16) return tile_gemm_bf16_native() ? "vdpbf16ps (6 x 32)" : "the bf16 products' fp32 path";
+    if (bf16) return tile_gemm_bf16_native() ? "vdpbf16ps (8 x 32)" : "the bf16 products' fp32 path";
     return tile_gemm_wide()        ? "the AVX-512 micro-kernel (full 32-column blocks) and the AVX2 one"
            : tile_gemm_available() ? "the AVX2 micro-kernel"
                                    : "portable C";
