@@ -199,8 +199,7 @@ static void test_embedding(void) {
 /* ---- rope ---- */
 static double rope_loss(void *p) {
     ctx *c = p;
-    memcpy(c->out, c->x, sizeof(float) * c->T * c->dh);
-    rope_forward(c->out, c->cos_t, c->sin_t, c->T, c->dh, 3);
+    rope_forward(c->out, c->x, c->cos_t, c->sin_t, c->T, c->dh, 3);
     return fd_dot(c->out, c->probe, (size_t)c->T * c->dh);
 }
 
@@ -211,13 +210,16 @@ static void test_rope(void) {
     c.cos_t = calloc(16 * 4, 4), c.sin_t = calloc(16 * 4, 4);
     rope_tables(c.cos_t, c.sin_t, 16, 8, 10000.0);
     c.x = randn(n, 1), c.out = randn(n, 1), c.probe = randn(n, 1);
-    float *dx = malloc(sizeof(float) * n);
-    memcpy(dx, c.probe, sizeof(float) * n);
-    rope_backward(dx, c.cos_t, c.sin_t, c.T, c.dh, 3);
+    float *dx = malloc(sizeof(float) * n), *in_place = malloc(sizeof(float) * n);
+    rope_backward(dx, c.probe, c.cos_t, c.sin_t, c.T, c.dh, 3);
     fd_check("rope", c.x, dx, n, rope_loss, &c, 1e-2, 1e-3);
+    memcpy(in_place, c.probe, sizeof(float) * n);
+    rope_backward(in_place, in_place, c.cos_t, c.sin_t, c.T, c.dh, 3);
+    test_check(memcmp(in_place, dx, sizeof(float) * n) == 0, "rope in place = from another array, bits", NULL);
+    free(in_place);
     /* angle check: position 1, pair 0 rotates by exactly 1 radian */
     float v[8] = {1, 0, 1, 0, 1, 0, 1, 0};
-    rope_forward(v, c.cos_t, c.sin_t, 1, 8, 1);
+    rope_forward(v, v, c.cos_t, c.sin_t, 1, 8, 1);
     test_check(fabsf(v[0] - cosf(1.0f)) < 1e-6f && fabsf(v[1] - sinf(1.0f)) < 1e-6f, "rope angle t*theta_0",
                "(%.8f, %.8f)", v[0], v[1]);
 }

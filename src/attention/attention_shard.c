@@ -214,7 +214,7 @@ static void shear_head(const attention_layer *a, const attention_saved *s, const
                     memcpy(raw, dst + at, sizeof(float) * len * dh);
                     attention_shear(a, h, which, raw, dst + at, p ? p + at : NULL, len, &span);
                 } else {
-                    rope_forward(dst + at, a->rope_cos, a->rope_sin, len, dh, span.pos0);
+                    rope_forward(dst + at, dst + at, a->rope_cos, a->rope_sin, len, dh, span.pos0);
                 }
             }
         }

@@ -24,7 +24,7 @@ size_t attention_head_offset(const attention_layer *a, int b, int h, int T) {
 }
 
 void attention_shear_frame(const attention_layer *a, float *raw, int T, int pos0) {
-    if (a->cfg->placement == PLACEMENT_POST_ROPE) rope_forward(raw, a->rope_cos, a->rope_sin, T, a->dh, pos0);
+    if (a->cfg->placement == PLACEMENT_POST_ROPE) rope_forward(raw, raw, a->rope_cos, a->rope_sin, T, a->dh, pos0);
 }
 
 void attention_shear(const attention_layer *a, int h, int which, const float *x, float *dst, float *p, int T,
@@ -32,14 +32,14 @@ void attention_shear(const attention_layer *a, int h, int which, const float *x,
     const float *prev =
         span->first ? (a->cfg->anchor ? NULL : a->buffers + attention_head_buffer(a, which, h)) : span->prev;
     momentum_shear_forward(x, prev, span->first ? NULL : span->p_prev, dst, p, attention_head_coeffs(a, h), T, a->dh);
-    if (a->cfg->placement != PLACEMENT_POST_ROPE) rope_forward(dst, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
+    if (a->cfg->placement != PLACEMENT_POST_ROPE)
+        rope_forward(dst, dst, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
 }
 
 void attention_prepare(const attention_layer *a, int h, int which, float *raw, float *dst, float *p, int T,
                        const attention_span *span) {
     if (!attention_is_sheared(a, which)) {
-        memcpy(dst, raw, sizeof(float) * T * a->dh);
-        rope_forward(dst, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
+        rope_forward(dst, raw, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
         return;
     }
     attention_shear_frame(a, raw, T, span->pos0);
@@ -49,14 +49,13 @@ void attention_prepare(const attention_layer *a, int h, int which, float *raw, f
 }
 
 void attention_shear_gradient_frame(const attention_layer *a, float *d_hat, int T, int pos0) {
-    if (a->cfg->placement != PLACEMENT_POST_ROPE) rope_backward(d_hat, a->rope_cos, a->rope_sin, T, a->dh, pos0);
+    if (a->cfg->placement != PLACEMENT_POST_ROPE) rope_backward(d_hat, d_hat, a->rope_cos, a->rope_sin, T, a->dh, pos0);
 }
 
 void attention_unprepare(const attention_layer *a, int h, int which, float *d_hat, float *d_raw, const float *p, int T,
                          const attention_span *span) {
     if (!attention_is_sheared(a, which)) {
-        rope_backward(d_hat, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
-        memcpy(d_raw, d_hat, sizeof(float) * T * a->dh);
+        rope_backward(d_raw, d_hat, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
         return;
     }
     attention_shear_gradient_frame(a, d_hat, T, span->pos0);
@@ -65,5 +64,6 @@ void attention_unprepare(const attention_layer *a, int h, int which, float *d_ha
     float scratch[a->dh];
     momentum_shear_backward(d_hat, p, d_raw, d_gamma, attention_head_coeffs(a, h), span->first && a->cfg->anchor,
                             span->g_next, span->u_next, scratch, T, a->dh);
-    if (a->cfg->placement == PLACEMENT_POST_ROPE) rope_backward(d_raw, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
+    if (a->cfg->placement == PLACEMENT_POST_ROPE)
+        rope_backward(d_raw, d_raw, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
 }

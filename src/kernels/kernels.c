@@ -378,26 +378,29 @@ void rope_tables_from(float *cos_table, float *sin_table, long long first, int c
         }
 }
 
-static void rope_rotate(float *x, const float *cos_table, const float *sin_table, int T, int dh, int pos0,
-                        float direction) {
+static void rope_rotate(float *dst, const float *src, const float *cos_table, const float *sin_table, int T, int dh,
+                        int pos0, float direction) {
     int half = dh / 2;
     for (int t = 0; t < T; t++) {
         const float *c = cos_table + (size_t)(pos0 + t) * half, *s = sin_table + (size_t)(pos0 + t) * half;
-        float *u = x + (size_t)t * dh;
+        const float *u = src + (size_t)t * dh;
+        float *w = dst + (size_t)t * dh;
         for (int j = 0; j < half; j++) {
             float a = u[2 * j], b = u[2 * j + 1], sn = direction * s[j];
-            u[2 * j] = a * c[j] - b * sn;
-            u[2 * j + 1] = a * sn + b * c[j];
+            w[2 * j] = a * c[j] - b * sn;
+            w[2 * j + 1] = a * sn + b * c[j];
         }
     }
 }
 
-void rope_forward(float *x, const float *cos_table, const float *sin_table, int T, int dh, int pos0) {
-    rope_rotate(x, cos_table, sin_table, T, dh, pos0, 1.0f);
+void rope_forward(float *dst, const float *src, const float *cos_table, const float *sin_table, int T, int dh,
+                  int pos0) {
+    rope_rotate(dst, src, cos_table, sin_table, T, dh, pos0, 1.0f);
 }
 
-void rope_backward(float *dx, const float *cos_table, const float *sin_table, int T, int dh, int pos0) {
-    rope_rotate(dx, cos_table, sin_table, T, dh, pos0, -1.0f);
+void rope_backward(float *dst, const float *src, const float *cos_table, const float *sin_table, int T, int dh,
+                   int pos0) {
+    rope_rotate(dst, src, cos_table, sin_table, T, dh, pos0, -1.0f);
 }
 
 /* Causal attention is computed in blocks of query rows, each against only the

@@ -59,15 +59,19 @@ void embedding_forward(float *out, const int32_t *tokens, const float *table, in
 /* dtable[tokens[r]] += dout[r]. */
 void embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int rows, int dim);
 
-/* RoPE (docs/model.md §1.1) in place on one head's [T, dh] vectors at positions
- * pos0..pos0+T-1; tables are [max_positions, dh/2] of cos and sin of t*theta_j. */
+/* RoPE (docs/model.md §1.1) of one head's [T, dh] vectors at positions
+ * pos0..pos0+T-1, from src into dst (dst may be src: in place; a copy and
+ * a rotation in one pass otherwise); tables are [max_positions, dh/2] of
+ * cos and sin of t*theta_j. */
 void rope_tables(float *cos_table, float *sin_table, int max_positions, int dh, double base);
 /* Rows first..first+count-1 of rope_tables, in rows 0..count-1 (the same
  * values): RoPE at absolute positions of an unbounded stream. */
 void rope_tables_from(float *cos_table, float *sin_table, long long first, int count, int dh, double base);
-void rope_forward(float *x, const float *cos_table, const float *sin_table, int T, int dh, int pos0);
-/* The inverse rotation, which is also the adjoint: applied to a gradient in place. */
-void rope_backward(float *dx, const float *cos_table, const float *sin_table, int T, int dh, int pos0);
+void rope_forward(float *dst, const float *src, const float *cos_table, const float *sin_table, int T, int dh,
+                  int pos0);
+/* The inverse rotation, which is also the adjoint: applied to a gradient. */
+void rope_backward(float *dst, const float *src, const float *cos_table, const float *sin_table, int T, int dh,
+                   int pos0);
 
 /* Softmax attention of one head (docs/model.md §1.3 `softmax`): q [Tq, dh] at positions
  * q_pos0.., k, v [Tk, dh] at positions 0..Tk-1; probs [Tq, Tk] saved. Causal
