@@ -30,16 +30,17 @@
  * share them, for at most this many pairs. */
 static size_t pairs_needed(int dh) {
     size_t hp = (size_t)(dh + 1) / 2, forward = hp * TILE_Q + TILE_K * hp + (TILE_K + 1) / 2 * ((size_t)dh + TILE_Q);
-    size_t rows = (TILE_Q + 1) / 2, backward = 2 * hp * TILE_KB + (TILE_KB + 1) / 2 * (size_t)dh + 2 * rows * dh +
+    size_t rows = (TILE_Q + 1) / 2, backward = 2 * hp * TILE_KB + 2 * (TILE_KB + 1) / 2 * (size_t)dh + 2 * rows * dh +
                                                2 * rows * TILE_KB + TILE_Q * (size_t)(TILE_KB + 1) / 2;
     return forward > backward ? forward : backward;
 }
 
-/* D [T], and in bf16 backward's Q and dO as the scores' operands, packed
- * once per call: 2 [T][(dh + 1) / 2] pairs. */
+/* D [T], and in bf16 backward's Q and dO packed once per call, as the
+ * scores' operands (2 [T][(dh + 1) / 2] pairs) and as dK's and dV's (2
+ * [(T + 1) / 2][dh]). A pair takes a float's 4 bytes. */
 size_t tiled_softmax_scratch_floats(int T, int dh) {
     return 2 * (size_t)TILE_Q * TILE_K + 2 * (size_t)dh * TILE_K + 2 * (size_t)dh * TILE_Q + 5 * (size_t)TILE_Q +
-           pairs_needed(dh) + (size_t)T * (1 + 2 * (size_t)((dh + 1) / 2)); /* a pair takes a float's 4 bytes */
+           pairs_needed(dh) + (size_t)T * (1 + 2 * (size_t)((dh + 1) / 2)) + 2 * (size_t)((T + 1) / 2) * dh;
 }
 
 tiled_scratch tiled_carve(float *scratch, int dh, bool bf16) {

@@ -20,8 +20,9 @@ static tiled_pairs backward_pairs(const tiled_scratch *s, int dh, int Tq) {
     p.kt = s->pairs, p.vt = p.kt + 2 * hp * TILE_KB, p.k = p.vt + 2 * hp * TILE_KB;
     p.q = p.k + 2 * (size_t)(TILE_KB + 1) / 2 * dh;
     p.d = p.q + 2 * rows * dh, p.p = p.d + 2 * rows * dh, p.s = p.p + 2 * rows * TILE_KB;
-    p.sr = p.s + 2 * rows * TILE_KB;
+    p.sr = p.s + 2 * rows * TILE_KB, p.kc = p.sr + 2 * (size_t)TILE_Q * ((TILE_KB + 1) / 2);
     p.qr = (uint16_t *)(s->D + Tq), p.dr = p.qr + 2 * (size_t)Tq * hp;
+    p.qc = p.dr + 2 * (size_t)Tq * hp, p.dc = p.qc + 2 * (size_t)((Tq + 1) / 2) * dh;
     return p;
 }
 
@@ -209,16 +210,24 @@ static void backward_products_bf16(const tile_pair_args *t, int dh, const tiled_
     int rows = t->rows, keys = t->keys, hp = (dh + 1) / 2, kp = (TILE_KB + 1) / 2;
     const tiled_pairs pr = s->pr;
     const uint16_t *qr = pr.qr + 2 * (size_t)t->i0 * hp, *dr = pr.dr + 2 * (size_t)t->i0 * hp;
-    tile_bf16_pack(pr.q, dh, 1, t->q, dh, 1, rows, dh);
-    tile_bf16_pack(pr.d, dh, 1, t->dout, dh, 1, rows, dh);
-    tile_bf16_pack(pr.k, dh, 1, t->k, dh, 1, keys, dh);
+    const uint16_t *qc = pr.qc + 2 * (size_t)(t->i0 / 2) * dh, *dc = pr.dc + 2 * (size_t)(t->i0 / 2) * dh;
+    const uint16_t *kc = pr.kc + 2 * (size_t)(t->from / 2) * dh;
+    if (t->i0 % 2 || rows % 2) { /* rows not on the call's pairs */
+        tile_bf16_pack(pr.q, dh, 1, t->q, dh, 1, rows, dh);
+        tile_bf16_pack(pr.d, dh, 1, t->dout, dh, 1, rows, dh);
+        qc = pr.q, dc = pr.d;
+    }
+    if (t->from % 2 || keys % 2) { /* keys not on the key tile's pairs */
+        tile_bf16_pack(pr.k, dh, 1, t->k, dh, 1, keys, dh);
+        kc = pr.k;
+    }
     tile_gemm_bf16(rows, keys, dh, scale, qr, hp, 1, pr.kt + 2 * t->from, TILE_KB, false, p, TILE_KB);
     tile_probabilities(p, t->lse, rows, keys, t->i0, t->j0, mask);
     tile_gemm_bf16(rows, keys, dh, 1.0f, dr, hp, 1, pr.vt + 2 * t->from, TILE_KB, false, s->dp, TILE_KB);
     score_gradient_bf16(p, s->dp, s->D, rows, keys, t->i0, s);
-    tile_gemm_bf16(keys, dh, rows, 1.0f, pr.p, 1, TILE_KB, pr.d, dh, true, t->dv, dh);
-    tile_gemm_bf16(rows, dh, keys, scale, pr.sr, kp, 1, pr.k, dh, true, t->dq, dh);
-    tile_gemm_bf16(keys, dh, rows, scale, pr.s, 1, TILE_KB, pr.q, dh, true, t->dk, dh);
+    tile_gemm_bf16(keys, dh, rows, 1.0f, pr.p, 1, TILE_KB, dc, dh, true, t->dv, dh);
+    tile_gemm_bf16(rows, dh, keys, scale, pr.sr, kp, 1, kc, dh, true, t->dq, dh);
+    tile_gemm_bf16(keys, dh, rows, scale, pr.s, 1, TILE_KB, qc, dh, true, t->dk, dh);
 }
 
 /* The gradients' share of key tile j0 (keys x dh of K and V, packed in
@@ -267,6 +276,7 @@ static void pack_key_tile(const float *kj, const float *vj, int keys, int dh, co
     if (s->bf16) {
         tile_bf16_pack(s->pr.kt, TILE_KB, 1, kj, 1, dh, dh, keys);
         tile_bf16_pack(s->pr.vt, TILE_KB, 1, vj, 1, dh, dh, keys);
+        tile_bf16_pack(s->pr.kc, dh, 1, kj, dh, 1, keys, dh);
         return;
     }
     tile_gemm_transpose(s->kt, TILE_KB, kj, dh, keys, dh);
@@ -283,6 +293,8 @@ void tiled_softmax_band_backward(float *dq, float *dk, float *dv, const float *d
         s.pr = backward_pairs(&s, dh, Tq);
         tile_bf16_pack(s.pr.qr, 1, (dh + 1) / 2, q, 1, dh, dh, Tq);
         tile_bf16_pack(s.pr.dr, 1, (dh + 1) / 2, dout, 1, dh, dh, Tq);
+        tile_bf16_pack(s.pr.qc, dh, 1, q, dh, 1, Tq, dh);
+        tile_bf16_pack(s.pr.dc, dh, 1, dout, dh, 1, Tq, dh);
     }
     if (!accumulate) {
         memset(dq, 0, sizeof(float) * (size_t)Tq * dh);

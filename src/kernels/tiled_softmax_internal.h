@@ -33,9 +33,14 @@ static inline int tiled_max(int a, int b) { return a > b ? a : b; }
  * the probabilities (p); backward the key tile (kt, vt: once for all its
  * query tiles), and per (key tile, query tile) the keys as dQ's operand
  * (k), the query and output-gradient rows (q, qr, d, dr) and the tile's
- * probabilities and score gradients (p, sr, s). Sizes in pairs. */
+ * probabilities and score gradients (p, sr, s). Backward also packs the
+ * keys as dQ's operand once per key tile (kc) and the query and
+ * output-gradient rows as dK's and dV's once per call (qc, dc); a pair of
+ * tiles reads those where its first row and key and its counts are even
+ * (its pairs then line up), and packs its own k, q and d otherwise. Sizes
+ * in pairs. */
 typedef struct {
-    uint16_t *q, *qr, *k, *kt, *v, *vt, *d, *dr, *p, *s, *sr;
+    uint16_t *q, *qr, *qc, *k, *kc, *kt, *v, *vt, *d, *dr, *dc, *p, *s, *sr;
 } tiled_pairs;
 
 /* The scratch, carved: forward uses st, qt, acc and the row arrays;
