@@ -348,7 +348,9 @@ void gemm_register_weights(gemm_ctx *ctx, const float *params, size_t n) {
     if (!uses_weight_copy(ctx)) return;
     if (n > ctx->weights_capacity || !ctx->weights_bf16) {
         free(ctx->weights_bf16);
-        ctx->weights_bf16 = sys_calloc(n ? n : 1, sizeof *ctx->weights_bf16);
+        /* on huge pages, as the fp32 parameters: AdamW writes it in its
+         * sweep over them and every product reads it */
+        ctx->weights_bf16 = sys_calloc_huge(n ? n : 1, sizeof *ctx->weights_bf16);
         ctx->weights_capacity = n;
     }
     ctx->weights = params;
