@@ -224,27 +224,38 @@ static void online_tile(const tiled_scratch *s, int rows, int keys, int i0, int 
 }
 
 /* The tile's scores S^T = scale K_j Q_i^T (keys x rows) into s->st, from
- * the query tile as forward_tile packed it. */
-static void tile_scores(const float *kj, int keys, int rows, int dh, const tiled_scratch *s, const tiled_pairs *pr) {
+ * the query tile as forward_tile packed it; in bf16 K_j is the key tile's
+ * packing (pack_key_values) from its key `off` on. */
+static void tile_scores(const float *kj, int off, int keys, int rows, int dh, const tiled_scratch *s,
+                        const tiled_pairs *pr) {
     float scale = 1.0f / sqrtf((float)dh);
     if (!s->bf16) {
         tile_gemm(keys, rows, dh, scale, kj, dh, 1, s->qt, TILE_Q, false, s->st, TILE_Q);
         return;
     }
     int hp = (dh + 1) / 2;
-    tile_bf16_pack(pr->k, 1, hp, kj, 1, dh, dh, keys);
-    tile_gemm_bf16(keys, rows, dh, scale, pr->k, hp, 1, pr->q, TILE_Q, false, s->st, TILE_Q);
+    tile_gemm_bf16(keys, rows, dh, scale, pr->k + 2 * (size_t)off * hp, hp, 1, pr->q, TILE_Q, false, s->st, TILE_Q);
 }
 
-/* acc += P V_j, P the tile's probabilities (s->st, keys x rows). */
-static void tile_values(const float *vj, int keys, int rows, int dh, const tiled_scratch *s, const tiled_pairs *pr) {
+/* acc += P V_j, P the tile's probabilities (s->st, keys x rows); in bf16
+ * V_j from the key tile's packing, from its key `off` on (even: its pairs
+ * start there). */
+static void tile_values(const float *vj, int off, int keys, int rows, int dh, const tiled_scratch *s,
+                        const tiled_pairs *pr) {
     if (!s->bf16) {
         tile_gemm(rows, dh, keys, 1.0f, s->st, 1, TILE_Q, vj, dh, true, s->acc, dh);
         return;
     }
     if (!fused_pairs(s)) tile_bf16_pack(pr->p, TILE_Q, 1, s->st, TILE_Q, 1, keys, rows);
+    tile_gemm_bf16(rows, dh, keys, 1.0f, pr->p, 1, TILE_Q, pr->v + 2 * (size_t)(off / 2) * dh, dh, true, s->acc, dh);
+}
+
+/* bf16: a key tile's K (pairs along dh) and V (pairs along keys), packed
+ * once for every part of the query tile that reads it. */
+static void pack_key_values(const float *kj, const float *vj, int keys, int dh, const tiled_pairs *pr) {
+    int hp = (dh + 1) / 2;
+    tile_bf16_pack(pr->k, 1, hp, kj, 1, dh, dh, keys);
     tile_bf16_pack(pr->v, dh, 1, vj, dh, 1, keys, dh);
-    tile_gemm_bf16(rows, dh, keys, 1.0f, pr->p, 1, TILE_Q, pr->v, dh, true, s->acc, dh);
 }
 
 /* The scratch of a query tile seen from its row r0: each row's state and
@@ -258,22 +269,26 @@ static tiled_scratch rows_from(const tiled_scratch *s, int r0, int dh) {
 }
 
 /* Key tile [j0, j0 + keys) into the running softmax of rows r0 .. r0 +
- * rows - 1 of the query tile at row i0. */
-static void forward_keys(const float *k, const float *v, int dh, int i0, int r0, int rows, int j0, int keys,
+ * rows - 1 of the query tile at row i0; the key tile packed (bf16) starts
+ * at key kj0. */
+static void forward_keys(const float *k, const float *v, int dh, int i0, int r0, int rows, int j0, int keys, int kj0,
                          const tiled_mask *mask, const tiled_scratch *s) {
     int row = i0 + r0, first = tiled_max(j0, tiled_key_begin(mask, row)),
         last = tiled_min(j0 + keys, tiled_key_end(mask, row + rows - 1));
     if (first >= last) return; /* these rows see none of the tile's keys: their state stays */
     if (tiled_split_rows(mask, rows, last - first, row, first, FORWARD_PART)) {
         int part = tiled_first_part(rows, FORWARD_PART);
-        forward_keys(k, v, dh, i0, r0, part, first, last - first, mask, s);
-        forward_keys(k, v, dh, i0, r0 + part, rows - part, first, last - first, mask, s);
+        forward_keys(k, v, dh, i0, r0, part, first, last - first, kj0, mask, s);
+        forward_keys(k, v, dh, i0, r0 + part, rows - part, first, last - first, kj0, mask, s);
         return;
     }
+    /* bf16: from an even key of the packed tile, where V's pairs start; the
+     * key before `first` that this may add is masked for all these rows */
+    if (s->bf16 && (first - kj0) % 2) first--;
     tiled_scratch rs = rows_from(s, r0, dh);
-    tile_scores(k + (size_t)first * dh, last - first, rows, dh, &rs, &rs.pr);
+    tile_scores(k + (size_t)first * dh, first - kj0, last - first, rows, dh, &rs, &rs.pr);
     online_tile(&rs, rows, last - first, row, first, mask, dh);
-    tile_values(v + (size_t)first * dh, last - first, rows, dh, &rs, &rs.pr);
+    tile_values(v + (size_t)first * dh, first - kj0, last - first, rows, dh, &rs, &rs.pr);
 }
 
 static void forward_tile(float *out, float *lse, const float *q, const float *k, const float *v, int dh, int i0,
@@ -285,8 +300,11 @@ static void forward_tile(float *out, float *lse, const float *q, const float *k,
     else tile_gemm_transpose(s->qt, TILE_Q, q + (size_t)i0 * dh, dh, rows, dh);
     for (int r = 0; r < rows; r++) s->m[r] = -INFINITY, s->l[r] = 0.0f;
     memset(s->acc, 0, sizeof(float) * (size_t)rows * dh);
-    for (int j0 = first_key; j0 < last_key; j0 += TILE_K)
-        forward_keys(k, v, dh, i0, 0, rows, j0, tiled_min(TILE_K, last_key - j0), mask, s);
+    for (int j0 = first_key; j0 < last_key; j0 += TILE_K) {
+        int keys = tiled_min(TILE_K, last_key - j0);
+        if (s->bf16) pack_key_values(k + (size_t)j0 * dh, v + (size_t)j0 * dh, keys, dh, pr);
+        forward_keys(k, v, dh, i0, 0, rows, j0, keys, j0, mask, s);
+    }
     for (int r = 0; r < rows; r++) {
         float inv = 1.0f / s->l[r];
         const float *o = s->acc + (size_t)r * dh;
