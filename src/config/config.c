@@ -334,6 +334,20 @@ const char *config_shown(const char *value, char *buf, size_t len) {
     return buf;
 }
 
+/* Here, not in config_format.c beside the other formatting: that file
+ * reads this one's key table, and the range messages below need this, so
+ * the two files would each call the other. %.17g always round-trips, so
+ * the loop ends by 17 at the latest; infinities and NaN print as %g does.
+ * Whole numbers below 1e16 keep their digits (10000, not 1e+04). */
+char *config_format_double(double x, char *out, size_t len) {
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(out, len, "%.*g", digits, x);
+        if (isnan(x) || strtod(out, NULL) == x) break;
+    }
+    if (strchr(out, 'e') && x == floor(x) && fabs(x) < 1e16) snprintf(out, len, "%.0f", x);
+    return out;
+}
+
 /* "must be >= 0 (at most 1e+18)", "must be in [1, 4096]", "must be in
  * (-1, 1) (why)": a limit at +-BIG is named last, since a value beyond it
  * (1e19) is refused too and the message must say why. */

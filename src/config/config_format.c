@@ -119,15 +119,3 @@ static bool is_architecture_key(const config_key *k) {
 int config_compare_architecture(const config *a, const config *b, char *out, size_t out_len) {
     return compare_where(a, b, is_architecture_key, out, out_len);
 }
-
-/* %.17g always round-trips, so the loop ends by 17 at the latest; infinities
- * and NaN print as %g does. Whole numbers below 1e16 keep their digits
- * (10000, not 1e+04). */
-char *config_format_double(double x, char *out, size_t len) {
-    for (int digits = 1; digits <= 17; digits++) {
-        snprintf(out, len, "%.*g", digits, x);
-        if (isnan(x) || strtod(out, NULL) == x) break;
-    }
-    if (strchr(out, 'e') && x == floor(x) && fabs(x) < 1e16) snprintf(out, len, "%.0f", x);
-    return out;
-}
