@@ -289,7 +289,9 @@ void tiled_softmax_band_backward(float *dq, float *dk, float *dv, const float *d
     tiled_scratch s = tiled_carve(scratch, dh, bf16);
     tiled_mask mask = tiled_mask_of(q_pos0, Tk, causal, half);
     row_dots(s.D, dout, out, Tq, dh);
-    if (bf16) { /* the scores' operands: Q and dO in pairs along dh, once for every key tile */
+    if (bf16) {
+        /* Q and dO once for every key tile: in pairs along dh for the
+         * scores (qr, dr), across rows for dK and dV (qc, dc) */
         s.pr = backward_pairs(&s, dh, Tq);
         tile_bf16_pack(s.pr.qr, 1, (dh + 1) / 2, q, 1, dh, dh, Tq);
         tile_bf16_pack(s.pr.dr, 1, (dh + 1) / 2, dout, 1, dh, dh, Tq);
