@@ -348,11 +348,11 @@ for s in "${!F_ID[@]}"; do
     before=$failed
     if job_ok "$t requeued job completes" "$j"; then
         ranks=$(grep -oP '^momfmm: \K[0-9]+ ranks? x 1 thread on [^|]*' "$o" | sed 's/ *$//' | paste -sd';')
-        if [ "${F_UPDATE[$s]}" = ok ] && [ "$(job_field "$j" NodeList)" = "$P-h[1-$((N - 1))]" ] && [ "$(job_field "$j" Restarts)" = 1 ] &&
+        if [ "${F_UPDATE[$s]:-}" = ok ] && [ "$(job_field "$j" NodeList)" = "$P-h[1-$((N - 1))]" ] && [ "$(job_field "$j" Restarts)" = 1 ] &&
             [ "$ranks" = "3 ranks x 1 thread on $P-h1 $P-h2 $P-h3;2 ranks x 1 thread on $P-h1 $P-h2" ]; then
             pass "$t 3 nodes, then the 2 left" "momfmm start-up lines: $ranks"
         else
-            fail "$t 3 nodes, then the 2 left" "update: ${F_UPDATE[$s]}; NodeList=$(job_field "$j" NodeList) Restarts=$(job_field "$j" Restarts); momfmm: '$ranks'"
+            fail "$t 3 nodes, then the 2 left" "update: ${F_UPDATE[$s]:-none}; NodeList=$(job_field "$j" NodeList) Restarts=$(job_field "$j" Restarts); momfmm: '$ranks'"
         fi
         resumed=$(grep -m1 '^resumed from' "$o")
         ck=$(echo "$resumed" | grep -oP '^resumed from \K\S+')
