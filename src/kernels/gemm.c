@@ -219,23 +219,18 @@ gemm_ctx *gemm_default(void) { return default_ctx; }
 
 static bool uses_weight_copy(const gemm_ctx *ctx) { return ctx && ctx->engine == GEMM_ONEDNN_BF16; }
 
-/* The bf16 copy of an operand inside the registered weights, else NULL
- * (converted per call). The copy has the same layout, so the same offset. */
-static const uint16_t *weight_copy(const gemm_ctx *ctx, const float *p) {
-    if (!ctx->weights_bf16 || p < ctx->weights || p >= ctx->weights + ctx->n_weights) return NULL;
-    return ctx->weights_bf16 + (p - ctx->weights);
+/* The bf16 copy of p when p lies in [base, base + n), whose copy (same
+ * layout, so the same offset) is `copy`; else NULL. */
+static const uint16_t *copy_within(const float *base, const uint16_t *copy, size_t n, const float *p) {
+    if (!base || !copy || p < base || p >= base + n) return NULL;
+    return copy + (p - base);
 }
 
-/* The same for the held activation (gemm_hold). */
-static const uint16_t *held_copy(const gemm_ctx *ctx, const float *p) {
-    if (!ctx->held || p < ctx->held || p >= ctx->held + ctx->n_held) return NULL;
-    return ctx->held_bf16 + (p - ctx->held);
-}
-
-/* An operand's bf16 copy: the weights', the held activation's, or none. */
+/* An operand's bf16 copy: the registered weights', the held activation's
+ * (gemm_hold), or none (converted per call). */
 static const uint16_t *bf16_copy(const gemm_ctx *ctx, const float *p) {
-    const uint16_t *copy = weight_copy(ctx, p);
-    return copy ? copy : held_copy(ctx, p);
+    const uint16_t *copy = copy_within(ctx->weights, ctx->weights_bf16, ctx->n_weights, p);
+    return copy ? copy : copy_within(ctx->held, ctx->held_bf16, ctx->n_held, p);
 }
 
 static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
