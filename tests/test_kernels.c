@@ -40,7 +40,8 @@ static void test_matmul(void) {
     c.rows = 5, c.in = 7, c.out_dim = 6;
     c.x = randn(35, 1), c.w = randn(42, 1), c.b = randn(6, 1), c.out = randn(30, 1), c.probe = randn(30, 1);
     float *dx = calloc(35, 4), *dw = calloc(42, 4), *db = calloc(6, 4);
-    matmul_backward(dx, dw, db, c.probe, c.x, c.w, c.rows, c.in, c.out_dim, true);
+    float *partials = malloc(sizeof(float) * kernel_sum_partials_floats(c.out_dim));
+    matmul_backward(dx, dw, db, c.probe, c.x, c.w, c.rows, c.in, c.out_dim, true, partials);
     fd_check("matmul dinp", c.x, dx, 35, matmul_loss, &c, 1e-2, 1e-3);
     fd_check("matmul dweight", c.w, dw, 42, matmul_loss, &c, 1e-2, 1e-3);
     fd_check("matmul dbias", c.b, db, 6, matmul_loss, &c, 1e-2, 1e-3);
@@ -62,7 +63,8 @@ static void test_layernorm(int dim) {
     c.aux1 = calloc(4, 4), c.aux2 = calloc(4, 4);
     float *dx = calloc(n, 4), *dw = calloc(dim, 4), *db = calloc(dim, 4);
     layernorm_forward(c.out, c.aux1, c.aux2, c.x, c.w, c.b, c.rows, c.in);
-    layernorm_backward(dx, dw, db, c.probe, c.x, c.w, c.aux1, c.aux2, c.rows, c.in, true);
+    float *partials = malloc(sizeof(float) * kernel_sum_partials_floats(dim));
+    layernorm_backward(dx, dw, db, c.probe, c.x, c.w, c.aux1, c.aux2, c.rows, c.in, true, partials);
     char name[80];
     snprintf(name, sizeof name, "layernorm dinp (dim %d)", dim);
     fd_check(name, c.x, dx, n, layernorm_loss, &c, 1e-2, 1e-2);
@@ -96,7 +98,8 @@ static void test_layernorm_residual(void) {
                       calloc(N, 4), calloc(ROWS, 4), calloc(ROWS, 4), randn(N, 1),  ROWS,          DIM};
     residual_loss(&c);
     float *dx = calloc(N, 4), *dw = calloc(DIM, 4), *db = calloc(DIM, 4), *dbias = calloc(DIM, 4);
-    layernorm_backward(dx, dw, db, c.probe, c.x, c.w, c.mean, c.rstd, ROWS, DIM, false);
+    float *partials = malloc(sizeof(float) * kernel_sum_partials_floats(DIM));
+    layernorm_backward(dx, dw, db, c.probe, c.x, c.w, c.mean, c.rstd, ROWS, DIM, false, partials);
     for (int i = 0; i < N; i++) dbias[i % DIM] += dx[i];
     fd_check("layernorm+residual d(product)", c.a, dx, N, residual_loss, &c, 1e-2, 1e-2);
     fd_check("layernorm+residual d(residual)", c.residual, dx, N, residual_loss, &c, 1e-2, 1e-2);
@@ -129,54 +132,90 @@ static void test_gelu(void) {
     c.aux1 = calloc(N, 4), c.aux2 = calloc(N, 4);
     float *dx = calloc(N, 4), *db = calloc(DIM, 4), *again = calloc(DIM, 4), *remade = calloc(N, 4);
     gelu_loss(&c);
-    gelu_bias_backward(dx, db, c.aux2, c.aux1, c.probe, ROWS, DIM, false);
+    float *partials = malloc(sizeof(float) * kernel_sum_partials_floats(DIM));
+    gelu_bias_backward(dx, db, c.aux2, c.aux1, c.probe, ROWS, DIM, false, partials);
     fd_check("gelu+bias dinp", c.x, dx, N, gelu_loss, &c, 1e-3, 1e-2);
     fd_check("gelu+bias dbias", c.b, db, DIM, gelu_loss, &c, 1e-3, 1e-2);
     gelu_loss(&c);
     gelu_from_tanh(remade, c.aux2, c.aux1, N);
     test_check(!memcmp(remade, c.out, sizeof(float) * N), "gelu_from_tanh = gelu_bias_forward (bits)", NULL);
-    /* accumulate adds each row to what dbias holds, in order; dpre may alias dout */
-    float *expected = malloc(sizeof(float) * DIM), *in_place = malloc(sizeof(float) * N);
+    /* accumulate adds the rows' sum (one block of rows here, its rows in
+     * order) to what dbias holds; dpre may alias dout */
+    float *expected = malloc(sizeof(float) * DIM), *in_place = malloc(sizeof(float) * N), rows_sum[DIM];
     memcpy(again, db, sizeof(float) * DIM), memcpy(expected, db, sizeof(float) * DIM);
-    for (int i = 0; i < N; i++) expected[i % DIM] += dx[i];
+    memset(rows_sum, 0, sizeof rows_sum);
+    for (int i = 0; i < N; i++) rows_sum[i % DIM] += dx[i];
+    for (int i = 0; i < DIM; i++) expected[i] += rows_sum[i];
     memcpy(in_place, c.probe, sizeof(float) * N);
-    gelu_bias_backward(in_place, again, c.aux2, c.aux1, in_place, ROWS, DIM, true);
+    gelu_bias_backward(in_place, again, c.aux2, c.aux1, in_place, ROWS, DIM, true, partials);
     bool same = !memcmp(again, expected, sizeof(float) * DIM) && !memcmp(in_place, dx, sizeof(float) * N);
     test_check(same, "gelu+bias dbias accumulates, in place (bits)", NULL);
 }
 
-/* ---- the column-wise sums on threads ---- */
-/* Each thread sums one range of columns (kernels.c): the same floats on 1
- * and 3 threads, at a width that gives every thread a range of its own
- * (200 columns: 80, 80 and 40). out: dx, dgelu [rows, dim]; dw, db,
- * dgelu_bias, dmatmul_bias, dmatmul_weight [dim]; dtable [5, dim]. */
-enum { SUM_ROWS = 9, SUM_DIM = 200, SUM_OUT = 2 * SUM_ROWS * SUM_DIM + 5 * SUM_DIM + 5 * SUM_DIM };
+/* ---- the sums over rows on threads ---- */
+/* Bias and LayerNorm gradients add fixed blocks of rows, then the blocks
+ * in order; the embedding's scatter-add runs by column ranges (kernels.c):
+ * the same floats on 1, 2 and 3 threads. 2,051 rows make 63 blocks of 33
+ * and a short last one (at most 64 blocks of at least 32 rows), 200
+ * columns a range per thread (80, 80 and 40 on 3). out: dx, dgelu
+ * [rows, dim]; dw, db, dgelu_bias, dmatmul_bias, dmatmul_weight [dim];
+ * dtable [5, dim]. */
+enum { SUM_ROWS = 2051, SUM_DIM = 200, SUM_OUT = 2 * SUM_ROWS * SUM_DIM + 5 * SUM_DIM + 5 * SUM_DIM };
 
 static void column_sums(int threads, float *out, const float *dy, const float *x, const float *w, const float *mean,
-                        const float *rstd, const int32_t *tokens) {
+                        const float *rstd, const int32_t *tokens, float *partials) {
     enum { R = SUM_ROWS, D = SUM_DIM };
     omp_set_num_threads(threads);
     float *dx = out, *dgelu = dx + R * D, *dw = dgelu + R * D, *db = dw + D, *dgelu_bias = db + D;
     float *dmatmul_bias = dgelu_bias + D, *dmatmul_weight = dmatmul_bias + D, *dtable = dmatmul_weight + D;
     memset(out, 0, sizeof(float) * SUM_OUT);
-    layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, R, D, false);
-    gelu_bias_backward(dgelu, dgelu_bias, x, w, dy, R, D, false); /* w stands in for the tanh terms */
-    matmul_backward(NULL, dmatmul_weight, dmatmul_bias, dy, x, x, R, 1, D, false);
+    layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, R, D, false, partials);
+    gelu_bias_backward(dgelu, dgelu_bias, x, w, dy, R, D, false, partials); /* w stands in for the tanh terms */
+    matmul_backward(NULL, dmatmul_weight, dmatmul_bias, dy, x, x, R, 1, D, false, partials);
     embedding_backward(dtable, tokens, dy, R, D);
 }
 
+/* The largest relative difference between the float sums over rows and
+ * float64 sums of the same floats (dy's columns: LayerNorm's and the
+ * product's bias gradients; dgelu's: GELU's). */
+static double column_sums_error(const float *out, const float *dy) {
+    enum { R = SUM_ROWS, D = SUM_DIM };
+    const float *dgelu = out + R * D, *db = out + 2 * R * D + D, *dgelu_bias = db + D, *dmatmul_bias = dgelu_bias + D;
+    double worst = 0;
+    for (int c = 0; c < D; c++) {
+        double of_dy = 0, of_dgelu = 0, scale_dy = 0, scale_dgelu = 0;
+        for (int r = 0; r < R; r++) {
+            of_dy += dy[r * D + c], scale_dy += fabs(dy[r * D + c]);
+            of_dgelu += dgelu[r * D + c], scale_dgelu += fabs(dgelu[r * D + c]);
+        }
+        double e[3] = {fabs(db[c] - of_dy) / scale_dy, fabs(dmatmul_bias[c] - of_dy) / scale_dy,
+                       fabs(dgelu_bias[c] - of_dgelu) / scale_dgelu};
+        for (int i = 0; i < 3; i++) worst = e[i] > worst ? e[i] : worst;
+    }
+    return worst;
+}
+
 static void test_column_sums_threads(void) {
-    static const int32_t tokens[SUM_ROWS] = {0, 3, 3, 1, 4, 0, 2, 3, 4};
+    int32_t *tokens = malloc(sizeof(int32_t) * SUM_ROWS);
+    for (int r = 0; r < SUM_ROWS; r++) tokens[r] = (r * 7 + r / 3) % 5;
     float *dy = randn(SUM_ROWS * SUM_DIM, 1), *x = randn(SUM_ROWS * SUM_DIM, 1), *w = randn(SUM_ROWS * SUM_DIM, 1);
     float *mean = randn(SUM_ROWS, 0.1f), *rstd = randn(SUM_ROWS, 1);
-    float *one = calloc(SUM_OUT, 4), *three = calloc(SUM_OUT, 4);
+    float *partials = malloc(sizeof(float) * kernel_sum_partials_floats(SUM_DIM));
+    float *out[3];
     int before = omp_get_max_threads();
     kernel_set_parallel_min(1);
-    column_sums(1, one, dy, x, w, mean, rstd, tokens);
-    column_sums(3, three, dy, x, w, mean, rstd, tokens);
+    for (int t = 0; t < 3; t++) {
+        out[t] = calloc(SUM_OUT, 4);
+        column_sums(t + 1, out[t], dy, x, w, mean, rstd, tokens, partials);
+    }
     kernel_set_parallel_min(0);
     omp_set_num_threads(before);
-    test_check(!memcmp(one, three, sizeof(float) * SUM_OUT), "column sums: the same on 1 and 3 threads (bits)", NULL);
+    bool same = !memcmp(out[0], out[1], sizeof(float) * SUM_OUT) && !memcmp(out[0], out[2], sizeof(float) * SUM_OUT);
+    test_check(same, "sums over rows: the same on 1, 2 and 3 threads (bits)", NULL);
+    double error = column_sums_error(out[0], dy);
+    test_check(error < 1e-6, "sums over rows by blocks: float64's within 1e-6 of the sum of magnitudes", "%.2e", error);
+    for (int t = 0; t < 3; t++) free(out[t]);
+    free(tokens), free(dy), free(x), free(w), free(mean), free(rstd), free(partials);
 }
 
 /* ---- embedding ---- */

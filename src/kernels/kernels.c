@@ -1,9 +1,10 @@
 /* Layer kernels of docs/model.md §1; see kernels.h for the conventions.
  *
  * Threads (docs/design.md §8.10): row-wise work runs on OpenMP's threads,
- * row by row; a sum over rows (a bias or LayerNorm gradient, the embedding
- * gradient) runs column by column instead, each column's rows added in
- * order. Either way every float is computed as on one thread: these
+ * row by row; a sum over rows (a bias or LayerNorm gradient) in fixed
+ * blocks of rows, each block's partial sums made beside its rows' own
+ * work, then the blocks added in order; the embedding's scatter-add column
+ * by column. Either way every float is computed as on one thread: these
  * kernels give the same results on any number of threads (the GEMMs do
  * not, gemm.c). Each parallel loop calls a per-row (or per-column-range)
  * function compiled with the ISA clones. */
@@ -25,12 +26,9 @@ static size_t parallel_min_floats = PARALLEL_MIN_DEFAULT;
 
 void kernel_set_parallel_min(size_t floats) { parallel_min_floats = floats ? floats : PARALLEL_MIN_DEFAULT; }
 
-/* The column-wise sums give each thread one contiguous range of columns,
- * a multiple of COLUMN_ALIGN floats wide (whole vectors), and it sweeps
- * the rows through it; a column's sum is the same on any split. Narrow
- * blocks of 64 columns, one task each, touched a new page per row and
- * array: GELU's backward with its bias gradient ran slower in them than as
- * two passes. */
+/* The last pass of a column sum, and the embedding's scatter-add, give
+ * each thread one contiguous range of columns, a multiple of COLUMN_ALIGN
+ * floats wide (whole vectors); a column's sum is the same on any split. */
 #define COLUMN_ALIGN 16
 
 static void thread_columns(int dim, int *lo, int *hi) {
@@ -41,11 +39,54 @@ static void thread_columns(int dim, int *lo, int *hi) {
     *hi = start + per < dim ? start + per : dim;
 }
 
-/* out[c] += sum over rows of rows_data[r][c], c in [lo, hi), rows in order. */
-VECTOR_CLONES static void add_column_sums(float *out, const float *rows_data, int rows, int dim, int lo, int hi) {
-    for (int r = 0; r < rows; r++) {
-        const float *row = rows_data + (size_t)r * dim;
+/* Sums over rows run in blocks of rows fixed by the row count alone
+ * (docs/design.md §8.10): each block's rows are added in order into the
+ * block's partial sums, in the pass that makes the rows' other results,
+ * then each column adds the blocks' partials in order. Split by columns
+ * instead (each thread half of every row), two threads ran GELU's and
+ * LayerNorm's backward barely faster than one, at times slower: each
+ * thread's stream of half rows made the prefetchers fetch the other half
+ * too (bench_d256, GELU's backward 6.5 ms a step on two threads, 3.9 by
+ * blocks). The blocks are at least SUM_BLOCK_ROWS_MIN rows, at most
+ * SUM_BLOCKS_MAX of them, so the partials take SUM_BLOCKS_MAX rows per
+ * sum. */
+#define SUM_BLOCKS_MAX 64
+#define SUM_BLOCK_ROWS_MIN 32
+
+typedef struct {
+    int rows_per, count;
+} row_blocks;
+
+static row_blocks row_blocks_of(int rows) {
+    int count = (rows + SUM_BLOCK_ROWS_MIN - 1) / SUM_BLOCK_ROWS_MIN;
+    if (count > SUM_BLOCKS_MAX) count = SUM_BLOCKS_MAX;
+    if (count < 1) count = 1;
+    int per = (rows + count - 1) / count;
+    return (row_blocks){per, per ? (rows + per - 1) / per : 1};
+}
+
+static int block_end(row_blocks blocks, int b, int rows) {
+    int end = (b + 1) * blocks.rows_per;
+    return end < rows ? end : rows;
+}
+
+size_t kernel_sum_partials_floats(int max_dim) { return (size_t)SUM_BLOCKS_MAX * 2 * (size_t)max_dim; }
+
+/* out[c] += the blocks' partials[b * stride + c] in block order, c in [lo, hi). */
+VECTOR_CLONES static void add_block_partials(float *out, const float *partials, int count, size_t stride, int lo,
+                                             int hi) {
+    for (int b = 0; b < count; b++) {
+        const float *row = partials + (size_t)b * stride;
         for (int c = lo; c < hi; c++) out[c] += row[c];
+    }
+}
+
+/* partial[c] = the sum of rows [r0, r1) of rows_data in order. */
+VECTOR_CLONES static void block_column_sums(float *partial, const float *rows_data, int r0, int r1, int dim) {
+    memset(partial, 0, sizeof(float) * dim);
+    for (int r = r0; r < r1; r++) {
+        const float *row = rows_data + (size_t)r * dim;
+        for (int c = 0; c < dim; c++) partial[c] += row[c];
     }
 }
 
@@ -61,17 +102,22 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
 }
 
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                     const float *weight, int rows, int in_dim, int out_dim, bool accumulate) {
+                     const float *weight, int rows, int in_dim, int out_dim, bool accumulate, float *partials) {
     gemm_hold(dout, (size_t)rows * out_dim); /* both products read dout: bf16 converts it once */
     gemm_product(true, false, out_dim, in_dim, rows, 1.0f, dout, out_dim, inp, in_dim, accumulate ? 1.0f : 0.0f,
                  dweight, in_dim);
     if (dbias) {
         if (!accumulate) memset(dbias, 0, sizeof(float) * out_dim);
+        row_blocks blocks = row_blocks_of(rows);
 #pragma omp parallel if ((size_t)rows * out_dim >= parallel_min_floats)
         {
+#pragma omp for schedule(static)
+            for (int b = 0; b < blocks.count; b++)
+                block_column_sums(partials + (size_t)b * out_dim, dout, b * blocks.rows_per, block_end(blocks, b, rows),
+                                  out_dim);
             int lo, hi;
             thread_columns(out_dim, &lo, &hi);
-            add_column_sums(dbias, dout, rows, out_dim, lo, hi);
+            add_block_partials(dbias, partials, blocks.count, (size_t)out_dim, lo, hi);
         }
     }
     /* last: dinp may be inp's memory (the model's one work buffer) */
@@ -226,33 +272,43 @@ VECTOR_CLONES static void layernorm_backward_row(float *dx, const float *dy, con
     }
 }
 
-/* dweight[c] += sum_r dy * xhat, dbias[c] += sum_r dy over columns [lo, hi). */
-VECTOR_CLONES static void layernorm_backward_columns(float *dweight, float *dbias, const float *dout, const float *inp,
-                                                     const float *mean, const float *rstd, int rows, int dim, int lo,
-                                                     int hi) {
-    for (int r = 0; r < rows; r++) {
-        const float *x = inp + (size_t)r * dim, *dy = dout + (size_t)r * dim;
+/* Rows [r0, r1) of LayerNorm's backward, and their sums for the weight
+ * and bias gradients into the block's partials pw and pb. */
+VECTOR_CLONES static void layernorm_backward_block(float *dinp, float *pw, float *pb, const float *dout,
+                                                   const float *inp, const float *weight, const float *mean,
+                                                   const float *rstd, int r0, int r1, int dim) {
+    memset(pw, 0, sizeof(float) * dim);
+    memset(pb, 0, sizeof(float) * dim);
+    for (int r = r0; r < r1; r++) {
+        size_t at = (size_t)r * dim;
+        const float *x = inp + at, *dy = dout + at;
         float mu = mean[r], rs = rstd[r];
-        for (int c = lo; c < hi; c++) {
-            dweight[c] += dy[c] * ((x[c] - mu) * rs);
-            dbias[c] += dy[c];
+        layernorm_backward_row(dinp + at, dy, x, weight, mu, rs, dim);
+        for (int c = 0; c < dim; c++) {
+            pw[c] += dy[c] * ((x[c] - mu) * rs);
+            pb[c] += dy[c];
         }
     }
 }
 
 void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                        const float *weight, const float *mean, const float *rstd, int rows, int dim, bool accumulate) {
+                        const float *weight, const float *mean, const float *rstd, int rows, int dim, bool accumulate,
+                        float *partials) {
     if (!accumulate) memset(dweight, 0, sizeof(float) * dim), memset(dbias, 0, sizeof(float) * dim);
-    bool parallel = (size_t)rows * dim >= parallel_min_floats;
-#pragma omp parallel if (parallel)
+    row_blocks blocks = row_blocks_of(rows);
+    size_t stride = 2 * (size_t)dim; /* a block's weight partials, then its bias partials */
+#pragma omp parallel if ((size_t)rows * dim >= parallel_min_floats)
     {
-#pragma omp for schedule(static) nowait
-        for (int r = 0; r < rows; r++)
-            layernorm_backward_row(dinp + (size_t)r * dim, dout + (size_t)r * dim, inp + (size_t)r * dim, weight,
-                                   mean[r], rstd[r], dim);
-        int lo, hi; /* the columns do not read dinp: no barrier between */
+#pragma omp for schedule(static)
+        for (int b = 0; b < blocks.count; b++) {
+            float *pw = partials + b * stride;
+            layernorm_backward_block(dinp, pw, pw + dim, dout, inp, weight, mean, rstd, b * blocks.rows_per,
+                                     block_end(blocks, b, rows), dim);
+        }
+        int lo, hi;
         thread_columns(dim, &lo, &hi);
-        layernorm_backward_columns(dweight, dbias, dout, inp, mean, rstd, rows, dim, lo, hi);
+        add_block_partials(dweight, partials, blocks.count, stride, lo, hi);
+        add_block_partials(dbias, partials + dim, blocks.count, stride, lo, hi);
     }
 }
 
@@ -300,32 +356,38 @@ void gelu_from_tanh(float *out, const float *inp, const float *tanh_saved, size_
     }
 }
 
-/* Columns [lo, hi) of dpre = dout * gelu'(pre), row by row, each added
- * into the bias gradient as it is made: rows in order per column, the sum
- * add_column_sums makes, in the pass that makes dpre. */
-VECTOR_CLONES static void gelu_bias_backward_columns(float *dpre, float *dbias, const float *pre,
-                                                     const float *tanh_saved, const float *dout, int rows, int dim,
-                                                     int lo, int hi) {
-    for (int r = 0; r < rows; r++) {
+/* Rows [r0, r1) of dpre = dout * gelu'(pre), each row added into the
+ * block's bias partials as it is made: GELU's backward and the bias
+ * gradient in one pass (docs/design.md §8.10). */
+VECTOR_CLONES static void gelu_bias_backward_block(float *dpre, float *partial, const float *pre,
+                                                   const float *tanh_saved, const float *dout, int r0, int r1,
+                                                   int dim) {
+    memset(partial, 0, sizeof(float) * dim);
+    for (int r = r0; r < r1; r++) {
         size_t at = (size_t)r * dim;
-        for (int c = lo; c < hi; c++) {
+        for (int c = 0; c < dim; c++) {
             float x = pre[at + c], th = tanh_saved[at + c];
             float sech2 = 1.0f - th * th;
             float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
             dpre[at + c] = dout[at + c] * grad;
-            dbias[c] += dpre[at + c];
+            partial[c] += dpre[at + c];
         }
     }
 }
 
 void gelu_bias_backward(float *dpre, float *dbias, const float *pre, const float *tanh_saved, const float *dout,
-                        int rows, int dim, bool accumulate) {
+                        int rows, int dim, bool accumulate, float *partials) {
     if (!accumulate) memset(dbias, 0, sizeof(float) * dim);
+    row_blocks blocks = row_blocks_of(rows);
 #pragma omp parallel if ((size_t)rows * dim >= parallel_min_floats)
     {
+#pragma omp for schedule(static)
+        for (int b = 0; b < blocks.count; b++)
+            gelu_bias_backward_block(dpre, partials + (size_t)b * dim, pre, tanh_saved, dout, b * blocks.rows_per,
+                                     block_end(blocks, b, rows), dim);
         int lo, hi;
         thread_columns(dim, &lo, &hi);
-        gelu_bias_backward_columns(dpre, dbias, pre, tanh_saved, dout, rows, dim, lo, hi);
+        add_block_partials(dbias, partials, blocks.count, (size_t)dim, lo, hi);
     }
 }
 

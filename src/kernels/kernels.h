@@ -18,11 +18,18 @@ void kernel_set_parallel_min(size_t floats);
 /* Linear layer, PyTorch convention (docs/model.md §1, forward pass): out = inp W^T + b, W [out_dim, in_dim]. */
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int rows, int in_dim,
                     int out_dim);
+/* The sums over rows (a bias or LayerNorm gradient) add fixed blocks of
+ * rows (docs/design.md §8.10); `partials` is the caller's space for the
+ * blocks' partial sums, kernel_sum_partials_floats(dim) floats for sums
+ * over rows of up to dim columns. */
+size_t kernel_sum_partials_floats(int max_dim);
+
 /* dinp = dout W (skipped if NULL); dweight += dout^T inp; dbias += column
- * sums; without `accumulate` dweight and dbias are written (=) instead,
- * the GEMM with beta = 0. dinp is written last and may be inp's memory. */
+ * sums (skipped if NULL; partials may be NULL then); without `accumulate`
+ * dweight and dbias are written (=) instead, the GEMM with beta = 0. dinp
+ * is written last and may be inp's memory. */
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                     const float *weight, int rows, int in_dim, int out_dim, bool accumulate);
+                     const float *weight, int rows, int in_dim, int out_dim, bool accumulate, float *partials);
 
 /* LayerNorm with eps 1e-5 (docs/model.md §1); saves mean and 1/std per row. */
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight, const float *bias,
@@ -34,7 +41,8 @@ void layernorm_residual_forward(float *out, float *mean, float *rstd, float *x, 
                                 const float *residual, const float *weight, const float *bias, int rows, int dim);
 /* dinp += ...; dweight, dbias += ... (= without `accumulate`) */
 void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                        const float *weight, const float *mean, const float *rstd, int rows, int dim, bool accumulate);
+                        const float *weight, const float *mean, const float *rstd, int rows, int dim, bool accumulate,
+                        float *partials);
 
 /* GELU, tanh approximation (docs/model.md §1), with the bias of the product before it fused into its pass
  * (docs/design.md §8.10): pre (rows of dim, the product's output made without its bias) becomes pre + bias, the
@@ -48,7 +56,7 @@ void gelu_from_tanh(float *out, const float *inp, const float *tanh_saved, size_
 /* dpre = dout * gelu'(pre) (dpre may alias dout), and in the same pass the bias gradient, dbias += column sums of
  * dpre (= without `accumulate`): the floats matmul_backward's dbias would be. */
 void gelu_bias_backward(float *dpre, float *dbias, const float *pre, const float *tanh_saved, const float *dout,
-                        int rows, int dim, bool accumulate);
+                        int rows, int dim, bool accumulate, float *partials);
 
 /* x = x + product_bias + residual: a residual add with the bias of the product that made x (made without it),
  * where no LayerNorm follows to fuse it into (layernorm_residual_forward). */

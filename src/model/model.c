@@ -384,7 +384,7 @@ static void lm_head_backward_passes(model *m, const int32_t *targets, int rows, 
         }
         PROF_TIMED(PROF_BACKWARD_LINEAR,
                    matmul_backward(a->d_model_rows + (size_t)r * m->d, m->g.head_weight, NULL, a->probs, ln_f,
-                                   m->w.head_weight, n, m->d, m->V, accumulate || !first));
+                                   m->w.head_weight, n, m->d, m->V, accumulate || !first, NULL));
     }
 }
 
@@ -397,15 +397,16 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
     } else if (m->cfg.head == HEAD_LM) {
         if (!a->dlogits) PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_backward(a->probs, targets, rows, m->V, scale));
         PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows, m->g.head_weight, NULL, a->probs, a->ln_f,
-                                                         m->w.head_weight, rows, m->d, m->V, accumulate));
+                                                         m->w.head_weight, rows, m->d, m->V, accumulate, NULL));
     } else {
         float *d_pooled = a->d_pooled;
         bool mine = owns_sequence_head(m); /* the others' head gradients would count the sequence again */
         float *g_weight = mine ? m->g.cls_weight : a->cls_grads,
               *g_bias = mine ? m->g.cls_bias : a->cls_grads + m->n_out * m->d;
         if (!a->dlogits) PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_backward(a->probs, labels, B, m->n_out, scale));
-        PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(d_pooled, g_weight, g_bias, a->probs, a->pooled,
-                                                         m->w.cls_weight, B, m->d, m->n_out, accumulate && mine));
+        PROF_TIMED(PROF_BACKWARD_LINEAR,
+                   matmul_backward(d_pooled, g_weight, g_bias, a->probs, a->pooled, m->w.cls_weight, B, m->d, m->n_out,
+                                   accumulate && mine, a->sum_partials));
         if (!mine && !accumulate) { /* the reduced sums of the last step are still there: this rank adds none */
             memset(m->g.cls_weight, 0, sizeof(float) * m->n_out * m->d);
             memset(m->g.cls_bias, 0, sizeof(float) * m->n_out);
@@ -414,9 +415,10 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
                    unpool_valid_positions(a->d_model_rows, d_pooled, a->pool_counts, targets, B, T, m->d));
     }
     PROF_TIMED(PROF_BACKWARD_LOSS, memset(a->d_residual, 0, sizeof(float) * rows * m->d));
-    PROF_TIMED(PROF_BACKWARD_NORM, layernorm_backward(a->d_residual, m->g.ln_f_weight, m->g.ln_f_bias, a->d_model_rows,
-                                                      a->residual + (size_t)m->L * rows * m->d, m->w.ln_f_weight,
-                                                      a->ln_f_mean, a->ln_f_rstd, rows, m->d, accumulate));
+    PROF_TIMED(PROF_BACKWARD_NORM,
+               layernorm_backward(a->d_residual, m->g.ln_f_weight, m->g.ln_f_bias, a->d_model_rows,
+                                  a->residual + (size_t)m->L * rows * m->d, m->w.ln_f_weight, a->ln_f_mean,
+                                  a->ln_f_rstd, rows, m->d, accumulate, a->sum_partials));
 }
 
 static void block_backward(model *m, int l, int B, int T, const model_backward_hooks *hooks, bool accumulate) {
@@ -434,21 +436,22 @@ static void block_backward(model *m, int l, int B, int T, const model_backward_h
     /* the GELU output is not kept per layer: it follows from the saved
      * pre-activation and tanh term, the same floats as forward made */
     PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_from_tanh(a->fc_act, fc_pre, fc_tanh, bt * ff));
-    PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual,
-                                                     a->fc_act, w->mlp_proj_weight, rows, m->d_ff, m->d, accumulate));
+    PROF_TIMED(PROF_BACKWARD_LINEAR,
+               matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, a->fc_act,
+                               w->mlp_proj_weight, rows, m->d_ff, m->d, accumulate, a->sum_partials));
     progress(hooks);
     /* the fc bias gradient in GELU's pass (docs/design.md §8.10) */
-    PROF_TIMED(PROF_BACKWARD_ACTIVATION,
-               gelu_bias_backward(a->d_ff, g->fc_bias, fc_pre, fc_tanh, a->d_ff, rows, m->d_ff, accumulate));
+    PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_bias_backward(a->d_ff, g->fc_bias, fc_pre, fc_tanh, a->d_ff, rows,
+                                                            m->d_ff, accumulate, a->sum_partials));
     PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows, g->fc_weight, NULL, a->d_ff, a->ln2 + sm * bt * d,
-                                                     w->fc_weight, rows, m->d, m->d_ff, accumulate));
+                                                     w->fc_weight, rows, m->d, m->d_ff, accumulate, NULL));
     progress(hooks);
-    PROF_TIMED(PROF_BACKWARD_NORM,
-               layernorm_backward(a->d_residual, g->ln2_weight, g->ln2_bias, a->d_model_rows, mid, w->ln2_weight,
-                                  a->ln2_mean + sm * bt, a->ln2_rstd + sm * bt, rows, m->d, accumulate));
+    PROF_TIMED(PROF_BACKWARD_NORM, layernorm_backward(a->d_residual, g->ln2_weight, g->ln2_bias, a->d_model_rows, mid,
+                                                      w->ln2_weight, a->ln2_mean + sm * bt, a->ln2_rstd + sm * bt, rows,
+                                                      m->d, accumulate, a->sum_partials));
     PROF_TIMED(PROF_BACKWARD_LINEAR,
                matmul_backward(a->d_model_rows, g->proj_weight, g->proj_bias, a->d_residual, a->att_out + s * bt * d,
-                               w->proj_weight, rows, m->d, m->d, accumulate));
+                               w->proj_weight, rows, m->d, m->d, accumulate, a->sum_partials));
     progress(hooks);
     attention_layer view = model_attention_layer(m, l, false);
     attention_saved saved = model_attention_saved(m, l, B, T);
@@ -456,11 +459,11 @@ static void block_backward(model *m, int l, int B, int T, const model_backward_h
     progress(hooks);
     PROF_TIMED(PROF_BACKWARD_LINEAR,
                matmul_backward(a->d_model_rows, g->qkv_weight, g->qkv_bias, a->qkv, a->ln1 + s * bt * d, w->qkv_weight,
-                               rows, m->d, 3 * m->d, accumulate));
+                               rows, m->d, 3 * m->d, accumulate, a->sum_partials));
     progress(hooks);
     PROF_TIMED(PROF_BACKWARD_NORM,
                layernorm_backward(a->d_residual, g->ln1_weight, g->ln1_bias, a->d_model_rows, x, w->ln1_weight,
-                                  a->ln1_mean + s * bt, a->ln1_rstd + s * bt, rows, m->d, accumulate));
+                                  a->ln1_mean + s * bt, a->ln1_rstd + s * bt, rows, m->d, accumulate, a->sum_partials));
 }
 
 void model_backward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,

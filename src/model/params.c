@@ -275,6 +275,13 @@ static size_t work_floats(const model *m, size_t bt) {
     return bt * (ff > qkv ? ff : qkv);
 }
 
+/* The widest sum over rows backward makes: the qkv or fc bias, or the
+ * classifier's (the LM head has no bias). */
+static int widest_sum(const model *m) {
+    int widest = 3 * m->d > m->d_ff ? 3 * m->d : m->d_ff;
+    return m->cfg.head != HEAD_LM && m->n_out > widest ? m->n_out : widest;
+}
+
 /* The activation buffer's layout for B rows of T: one entry per array. */
 static size_t activation_plan(const model *m, model_activations *a, int B, int T, carve *plan) {
     size_t L = (size_t)m->L, bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
@@ -313,6 +320,7 @@ static size_t activation_plan(const model *m, model_activations *a, int B, int T
         {&a->cls_grads, lm || !sharded ? 0 : (size_t)m->n_out * (d + 1)},
         {&a->exchange, attention_exchange_floats(&z, B)},
         {&a->head_scratch, attention_scratch_per_head(&z) * (size_t)attention_threads()},
+        {&a->sum_partials, kernel_sum_partials_floats(widest_sum(m))},
         {&a->probs, !m->keep_logits ? 0
                     : lm            ? bt * m->V
                                     : (size_t)B * m->n_out},
