@@ -117,12 +117,23 @@ static void check_forward_train(case_ctx *c, long long count, const char *tag) {
     memcpy(losses, m->acts.losses, sizeof(float) * n_losses);
     model_backward(m, c->inputs, c->targets, c->labels, B, T, scale, NULL, false);
     memcpy(two, m->grads, bytes);
-    model_forward_train(m, c->inputs, c->targets, c->labels, B, T, false, scale);
+    model_forward_train(m, c->inputs, c->targets, c->labels, B, T, false, scale, false);
     bool same_losses = !memcmp(losses, m->acts.losses, sizeof(float) * n_losses);
     model_backward(m, c->inputs, c->targets, c->labels, B, T, scale, NULL, false);
     char name[160];
     snprintf(name, sizeof name, "%s: forward_train = forward, backward (bits)", tag);
     test_check(same_losses && !memcmp(two, m->grads, bytes), name, NULL);
+    /* a second micro-batch adds to the gradients (accumulate), the LM
+     * head's in model_forward_train's products */
+    loss_of(c);
+    model_backward(m, c->inputs, c->targets, c->labels, B, T, scale, NULL, true);
+    memcpy(two, m->grads, bytes);
+    model_forward_train(m, c->inputs, c->targets, c->labels, B, T, false, scale, false);
+    model_backward(m, c->inputs, c->targets, c->labels, B, T, scale, NULL, false);
+    model_forward_train(m, c->inputs, c->targets, c->labels, B, T, false, scale, true);
+    model_backward(m, c->inputs, c->targets, c->labels, B, T, scale, NULL, true);
+    snprintf(name, sizeof name, "%s: forward_train = forward, backward, accumulating (bits)", tag);
+    test_check(!memcmp(two, m->grads, bytes), name, NULL);
     free(two);
 }
 
@@ -137,14 +148,14 @@ static void check_head_passes(case_ctx *c, long long count, const char *tag) {
     size_t bytes = sizeof(float) * m->n_params;
     float *whole = malloc(bytes), losses[B * T];
     float scale = (float)(1.0 / count);
-    model_forward_train(m, c->inputs, c->targets, c->labels, B, T, false, scale);
+    model_forward_train(m, c->inputs, c->targets, c->labels, B, T, false, scale, false);
     memcpy(losses, m->acts.losses, sizeof losses);
     model_backward(m, c->inputs, c->targets, c->labels, B, T, scale, NULL, false);
     memcpy(whole, m->grads, bytes);
     int rows_before = m->head_rows;
     m->head_rows = 5;
     for (int train = 0; train < 2; train++) {
-        if (train) model_forward_train(m, c->inputs, c->targets, c->labels, B, T, false, scale);
+        if (train) model_forward_train(m, c->inputs, c->targets, c->labels, B, T, false, scale, false);
         else loss_of(c);
         double loss_err = 0, grad_err = 0, grad_max = 0;
         for (int i = 0; i < B * T; i++) loss_err = fmax(loss_err, fabs(m->acts.losses[i] - losses[i]));

@@ -286,8 +286,33 @@ static void lm_head_passes(model *m, const int32_t *targets, int rows) {
     a->dlogits = false;
 }
 
+/* Training's LM head, on the passes of lm_head_passes (one when they fit):
+ * each pass's logits, its losses with the loss's gradient in the softmax's
+ * pass, then at once the head's backward products for that pass, the
+ * weight gradient summed over the passes in order. Backward then starts
+ * at ln_f and remakes no pass (docs/scale.md §7): remaking all but the
+ * last took 1% of a bench_d768 step. Whole, the products are the ones
+ * model_backward would run, bit for bit. */
+static void lm_head_train(model *m, const int32_t *targets, int rows, float scale, bool accumulate) {
+    model_activations *a = &m->acts;
+    int pass = model_head_pass_rows(m, rows);
+    for (int r = 0; r < rows; r += pass) {
+        int n = rows - r < pass ? rows - r : pass;
+        const float *ln_f = a->ln_f + (size_t)r * m->d;
+        PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(a->logits, ln_f, m->w.head_weight, NULL, n, m->d, m->V));
+        PROF_TIMED(PROF_FORWARD_LOSS, copy_logits_to_probs(a, (size_t)n * m->V));
+        PROF_TIMED(PROF_FORWARD_LOSS, cross_entropy_forward_backward(a->probs, a->losses + r, a->predictions + r,
+                                                                     targets + r, n, m->V, scale));
+        PROF_TIMED(PROF_BACKWARD_LINEAR,
+                   matmul_backward(a->d_model_rows + (size_t)r * m->d, m->g.head_weight, NULL, a->probs, ln_f,
+                                   m->w.head_weight, n, m->d, m->V, accumulate || r > 0, NULL));
+    }
+    a->dlogits = true;
+    a->head_done = true;
+}
+
 static void forward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
-                    bool collect_buffers, bool grads, float loss_scale) {
+                    bool collect_buffers, bool grads, float loss_scale, bool accumulate) {
     model_reserve_activations(m, B, T);
     model_activations *a = &m->acts;
     size_t bt = (size_t)B * T;
@@ -299,7 +324,10 @@ static void forward(model *m, const int32_t *inputs, const int32_t *targets, con
         block_norm next = norm_after_block(m, l, bt); /* ln_f after the last block */
         block_forward(m, l, B, T, collect_buffers, &next);
     }
-    if (m->cfg.head == HEAD_LM && model_head_pass_rows(m, rows) < rows) {
+    a->head_done = false;
+    if (m->cfg.head == HEAD_LM && grads) {
+        lm_head_train(m, targets, rows, loss_scale, accumulate);
+    } else if (m->cfg.head == HEAD_LM && model_head_pass_rows(m, rows) < rows) {
         lm_head_passes(m, targets, rows);
     } else if (m->cfg.head == HEAD_LM) {
         PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(a->logits, a->ln_f, m->w.head_weight, NULL, rows, m->d, m->V));
@@ -316,12 +344,12 @@ static void forward(model *m, const int32_t *inputs, const int32_t *targets, con
 
 void model_forward(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
                    bool collect_buffers) {
-    forward(m, inputs, targets, labels, B, T, collect_buffers, false, 0.0f);
+    forward(m, inputs, targets, labels, B, T, collect_buffers, false, 0.0f, false);
 }
 
 void model_forward_train(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
-                         bool collect_buffers, float loss_scale) {
-    forward(m, inputs, targets, labels, B, T, collect_buffers, true, loss_scale);
+                         bool collect_buffers, float loss_scale, bool accumulate) {
+    forward(m, inputs, targets, labels, B, T, collect_buffers, true, loss_scale, accumulate);
 }
 
 double model_loss_sum(const model *m, const int32_t *targets, int B, int T, long long *count) {
@@ -392,7 +420,9 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
                           bool accumulate) {
     model_activations *a = &m->acts;
     int rows = B * T;
-    if (m->cfg.head == HEAD_LM && model_head_pass_rows(m, rows) < rows) {
+    if (m->cfg.head == HEAD_LM && a->head_done) {
+        /* model_forward_train ran the head's backward (lm_head_train) */
+    } else if (m->cfg.head == HEAD_LM && model_head_pass_rows(m, rows) < rows) {
         lm_head_backward_passes(m, targets, rows, scale, accumulate);
     } else if (m->cfg.head == HEAD_LM) {
         if (!a->dlogits) PROF_TIMED(PROF_BACKWARD_LOSS, cross_entropy_backward(a->probs, targets, rows, m->V, scale));

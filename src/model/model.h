@@ -65,6 +65,7 @@ typedef struct {
     float *probs;         /* the same shape: softmax of logits; == logits (overwritten)
                                         * unless the model keeps logits */
     bool dlogits;         /* probs holds the loss's gradient instead (model_forward_train) */
+    bool head_done;       /* the LM head's gradients are made (model_forward_train) */
     float *pooled;        /* [B*d] (cls) */
     float *losses;        /* [B*T] (lm) or [B] (cls) */
     int32_t *predictions; /* [B*T] or [B] */
@@ -168,9 +169,10 @@ void model_forward(model *m, const int32_t *inputs, const int32_t *targets, cons
                    bool collect_buffers);
 /* model_forward for training: the softmax's pass over the logits leaves the loss's gradient, loss_scale *
  * (p - onehot), where the probabilities would be (docs/design.md §8.10: one pass fewer), for model_backward, which
- * must then be given the same loss_scale. */
+ * must then be given the same loss_scale and `accumulate`. An LM head runs its own backward products at once, pass
+ * by pass (docs/scale.md §7), its weight gradient added with `accumulate` (as model_backward's). */
 void model_forward_train(model *m, const int32_t *inputs, const int32_t *targets, const int32_t *labels, int B, int T,
-                         bool collect_buffers, float loss_scale);
+                         bool collect_buffers, float loss_scale, bool accumulate);
 /* Block l alone: acts.residual[l] -> acts.residual[l + 1] (after a forward
  * at this B, T has reserved the activations). */
 void model_block_forward(model *m, int layer, int B, int T, bool collect_buffers);

@@ -233,7 +233,7 @@ static void micro_step(trainer *t, int first, int rows, float scale, const model
     size_t offset = (size_t)first * b->T;
     const int32_t *inputs = b->inputs + offset, *targets = b->targets + offset;
     const int32_t *labels = b->labels ? b->labels + first : NULL;
-    model_forward_train(m, inputs, targets, labels, rows, b->T, m->momentum, scale);
+    model_forward_train(m, inputs, targets, labels, rows, b->T, m->momentum, scale, first > 0);
     long long count;
     double *r = t->reduce_scratch;
     r[0] += model_loss_sum(m, targets, rows, b->T, &count);
