@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "base/fast_math.h"
 #include "kernels/tiled_softmax.h"
 
 #include "fmm_internal.h"
@@ -133,11 +134,8 @@ double fmm_band_tiles_backward(const fmm_band *g, const float *q, const float *k
     size_t n = (size_t)T * dh, nk = (size_t)g->Tk * dh;
     tiled_softmax_band_backward(dq, dk, dv, dout, near, saved, q, k, v, T, g->Tk, dh, g->left, g->causal, g->half,
                                 false, g->bf16, scratch);
-    double dout_dot_near = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        dout_dot_near += (double)dout[i] * near[i];
-        dq[i] *= weight;
-    }
+    double dout_dot_near = fast_dot_lanes_double(dout, near, n);
+    for (size_t i = 0; i < n; i++) dq[i] *= weight;
     for (size_t i = 0; i < nk; i++) dk[i] *= weight, dv[i] *= weight;
     return dout_dot_near;
 }

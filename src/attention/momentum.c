@@ -2,6 +2,8 @@
  * sequence.  x is [T, dh] row-major.  O(T * dh) time, no allocation. */
 #include "attention/momentum.h"
 
+#include "base/fast_math.h"
+
 #include <assert.h>
 #include <math.h>
 
@@ -68,9 +70,7 @@ void momentum_shear_backward(const float *dxhat, const float *p, float *dx, floa
     }
     if (d_gamma) {
         assert(p && "dL/dgamma needs p from the forward");
-        double s = 0.0;
-        for (size_t k = 0; k < (size_t)T * dh; k++) s += (double)dxhat[k] * p[k];
-        *d_gamma += (float)s;
+        *d_gamma += (float)fast_dot_lanes_double(dxhat, p, (size_t)T * dh);
     }
 }
 

@@ -115,6 +115,30 @@ static inline float fast_sum_lanes(const float *x, int n) {
     return total;
 }
 
+/* sum x[j] y[j] in the same lanes and order as fast_sum_lanes. */
+static inline float fast_dot_lanes(const float *x, const float *y, int n) {
+    float acc[REDUCTION_LANES] = {0};
+    int j = 0;
+    for (; j + REDUCTION_LANES <= n; j += REDUCTION_LANES)
+        for (int l = 0; l < REDUCTION_LANES; l++) acc[l] += x[j + l] * y[j + l];
+    float total = 0;
+    for (int l = 0; l < REDUCTION_LANES; l++) total += acc[l];
+    for (; j < n; j++) total += x[j] * y[j];
+    return total;
+}
+
+/* The same in double, for long sums (a head's T x dh products). */
+static inline double fast_dot_lanes_double(const float *x, const float *y, size_t n) {
+    double acc[REDUCTION_LANES] = {0};
+    size_t j = 0;
+    for (; j + REDUCTION_LANES <= n; j += REDUCTION_LANES)
+        for (int l = 0; l < REDUCTION_LANES; l++) acc[l] += (double)x[j + l] * y[j + l];
+    double total = 0;
+    for (int l = 0; l < REDUCTION_LANES; l++) total += acc[l];
+    for (; j < n; j++) total += (double)x[j] * y[j];
+    return total;
+}
+
 static inline float fast_max_lanes(const float *x, int n) {
     float acc[REDUCTION_LANES];
     for (int l = 0; l < REDUCTION_LANES; l++) acc[l] = -3.402823466e38f;

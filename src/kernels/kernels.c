@@ -501,13 +501,14 @@ void softmax_attention_forward(float *out, float *probs, const float *q, const f
     }
 }
 
-/* dS = P * (dP - rowsum(dP * P)) over the visible keys. */
-static void softmax_rows_backward(float *dscores, const float *probs, int rows, int keys, int Tk) {
+/* dS = P * (dP - rowsum(dP * P)) over the visible keys, the row sum in
+ * fixed lanes: summed in order, one add per add latency, it took as long
+ * as a block's products (bench_d768, fp32). */
+VECTOR_CLONES static void softmax_rows_backward(float *dscores, const float *probs, int rows, int keys, int Tk) {
     for (int r = 0; r < rows; r++) {
         const float *p = probs + (size_t)r * Tk;
         float *ds = dscores + (size_t)r * Tk;
-        float dot = 0;
-        for (int j = 0; j < keys; j++) dot += ds[j] * p[j];
+        float dot = fast_dot_lanes(ds, p, keys);
         for (int j = 0; j < keys; j++) ds[j] = p[j] * (ds[j] - dot);
     }
 }

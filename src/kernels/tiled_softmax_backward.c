@@ -93,30 +93,11 @@ VECTOR_CLONES static void score_gradient(float *restrict dp, const float *restri
     }
 }
 
-/* D[t] = dO_t . O_t in DOT_LANES fixed lanes (element c in lane c mod 16
- * while full lanes last), then the lanes in order and the tail: a
- * sequential sum ran at one add per add latency (4% of a bf16 backward at
- * dh 64), and the lanes vectorise with the same floats on every clone and
- * machine, as LayerNorm's sums do (kernels.c). */
-#define DOT_LANES 16
-typedef float dot_floats __attribute__((vector_size(DOT_LANES * sizeof(float))));
-
+/* D[t] = dO_t . O_t in fixed lanes (fast_dot_lanes): a sequential sum ran
+ * at one add per add latency (4% of a bf16 backward at dh 64), and the
+ * lanes vectorise with the same floats on every clone and machine. */
 VECTOR_CLONES static void row_dots(float *D, const float *dout, const float *out, int T, int dh) {
-    int full = dh / DOT_LANES * DOT_LANES;
-    for (int t = 0; t < T; t++) {
-        const float *a = dout + (size_t)t * dh, *b = out + (size_t)t * dh;
-        dot_floats lanes = {0};
-        for (int c = 0; c < full; c += DOT_LANES) {
-            dot_floats x, y;
-            memcpy(&x, a + c, sizeof x);
-            memcpy(&y, b + c, sizeof y);
-            lanes += x * y;
-        }
-        float sum = 0.0f;
-        for (int i = 0; i < DOT_LANES; i++) sum += lanes[i];
-        for (int c = full; c < dh; c++) sum += a[c] * b[c];
-        D[t] = sum;
-    }
+    for (int t = 0; t < T; t++) D[t] = fast_dot_lanes(dout + (size_t)t * dh, out + (size_t)t * dh, dh);
 }
 
 #if FAST_EXP8_AVAILABLE
