@@ -256,6 +256,22 @@ static void test_rope(void) {
     rope_backward(in_place, in_place, c.cos_t, c.sin_t, c.T, c.dh, 3);
     test_check(memcmp(in_place, dx, sizeof(float) * n) == 0, "rope in place = from another array, bits", NULL);
     free(in_place);
+    /* between strided rows (a head's columns of wider rows), the floats of
+     * the contiguous rotation, other columns untouched */
+    enum { LD = 21, AT = 5 };
+    float wide[6 * LD], back[6 * LD], fwd[48];
+    for (int i = 0; i < 6 * LD; i++) wide[i] = back[i] = (float)i;
+    for (int t = 0; t < 6; t++) memcpy(wide + t * LD + AT, c.x + t * 8, sizeof(float) * 8);
+    rope_forward_rows(fwd, 8, wide + AT, LD, c.cos_t, c.sin_t, c.T, c.dh, 3);
+    rope_forward(c.out, c.x, c.cos_t, c.sin_t, c.T, c.dh, 3);
+    rope_backward_rows(back + AT, LD, c.probe, 8, c.cos_t, c.sin_t, c.T, c.dh, 3);
+    bool same = !memcmp(fwd, c.out, sizeof fwd);
+    for (int t = 0; t < 6; t++)
+        for (int i = 0; i < LD; i++) {
+            bool head = i >= AT && i < AT + 8;
+            same &= head ? back[t * LD + i] == dx[t * 8 + i - AT] : back[t * LD + i] == (float)(t * LD + i);
+        }
+    test_check(same, "rope between strided rows = contiguous, bits", NULL);
     /* angle check: position 1, pair 0 rotates by exactly 1 radian */
     float v[8] = {1, 0, 1, 0, 1, 0, 1, 0};
     rope_forward(v, v, c.cos_t, c.sin_t, 1, 8, 1);

@@ -99,10 +99,8 @@ static void forward_head(const attention_layer *a, const attention_saved *s, con
         const float *rows = qkv + (size_t)b * T * 3 * d;
         size_t off = attention_head_offset(a, b, h, T);
         float *q = s->q_hat + off, *k = s->k_hat + off, *v = s->v_heads + off;
-        attention_gather_head(raw, rows, 3 * d, h * dh, T, dh);
-        attention_prepare(a, h, VECTOR_Q, raw, q, keep_p ? s->p_q + off : NULL, T, &WHOLE);
-        attention_gather_head(raw, rows, 3 * d, d + h * dh, T, dh);
-        attention_prepare(a, h, VECTOR_K, raw, k, keep_p ? s->p_k + off : NULL, T, &WHOLE);
+        attention_prepare_rows(a, h, VECTOR_Q, rows, 3 * d, raw, q, keep_p ? s->p_q + off : NULL, T, &WHOLE);
+        attention_prepare_rows(a, h, VECTOR_K, rows, 3 * d, raw, k, keep_p ? s->p_k + off : NULL, T, &WHOLE);
         attention_gather_head(v, rows, 3 * d, 2 * d + h * dh, T, dh);
         float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
         if (a->cfg->attention == ATTENTION_FMM) {
@@ -153,10 +151,8 @@ static void backward_head(const attention_layer *a, const attention_saved *s, co
         } else {
             softmax_attention_backward(dq, dk, dv, d_head_out, saved, q, k, v, scratch, T, T, dh, a->cfg->causal);
         }
-        attention_unprepare(a, h, VECTOR_Q, dq, d_raw, keep_p ? s->p_q + off : NULL, T, &WHOLE);
-        attention_scatter_head(d_rows, d_raw, 3 * d, h * dh, T, dh);
-        attention_unprepare(a, h, VECTOR_K, dk, d_raw, keep_p ? s->p_k + off : NULL, T, &WHOLE);
-        attention_scatter_head(d_rows, d_raw, 3 * d, d + h * dh, T, dh);
+        attention_unprepare_rows(a, h, VECTOR_Q, dq, d_rows, 3 * d, d_raw, keep_p ? s->p_q + off : NULL, T, &WHOLE);
+        attention_unprepare_rows(a, h, VECTOR_K, dk, d_rows, 3 * d, d_raw, keep_p ? s->p_k + off : NULL, T, &WHOLE);
         attention_scatter_head(d_rows, dv, 3 * d, 2 * d + h * dh, T, dh);
     }
 }

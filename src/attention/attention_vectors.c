@@ -48,6 +48,17 @@ void attention_prepare(const attention_layer *a, int h, int which, float *raw, f
     attention_shear(a, h, which, raw, dst, p, T, span);
 }
 
+void attention_prepare_rows(const attention_layer *a, int h, int which, const float *rows, int row_stride, float *raw,
+                            float *dst, float *p, int T, const attention_span *span) {
+    const float *src = rows + (size_t)which * a->d + (size_t)h * a->dh;
+    if (!attention_is_sheared(a, which)) {
+        rope_forward_rows(dst, a->dh, src, row_stride, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
+        return;
+    }
+    attention_gather_head(raw, rows, row_stride, which * a->d + h * a->dh, T, a->dh);
+    attention_prepare(a, h, which, raw, dst, p, T, span);
+}
+
 void attention_shear_gradient_frame(const attention_layer *a, float *d_hat, int T, int pos0) {
     if (a->cfg->placement != PLACEMENT_POST_ROPE) rope_backward(d_hat, d_hat, a->rope_cos, a->rope_sin, T, a->dh, pos0);
 }
@@ -66,4 +77,15 @@ void attention_unprepare(const attention_layer *a, int h, int which, float *d_ha
                             span->g_next, span->u_next, scratch, T, a->dh);
     if (a->cfg->placement == PLACEMENT_POST_ROPE)
         rope_backward(d_raw, d_raw, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
+}
+
+void attention_unprepare_rows(const attention_layer *a, int h, int which, float *d_hat, float *rows, int row_stride,
+                              float *d_raw, const float *p, int T, const attention_span *span) {
+    float *dst = rows + (size_t)which * a->d + (size_t)h * a->dh;
+    if (!attention_is_sheared(a, which)) {
+        rope_backward_rows(dst, row_stride, d_hat, a->dh, a->rope_cos, a->rope_sin, T, a->dh, span->pos0);
+        return;
+    }
+    attention_unprepare(a, h, which, d_hat, d_raw, p, T, span);
+    attention_scatter_head(rows, d_raw, row_stride, which * a->d + h * a->dh, T, a->dh);
 }

@@ -52,6 +52,11 @@ void attention_shear_frame(const attention_layer *a, float *raw, int T, int pos0
  * sums when it holds the sequence's last position. */
 void attention_prepare(const attention_layer *a, int h, int which, float *raw, float *dst, float *p, int T,
                        const attention_span *span);
+/* attention_prepare of head h's q or k (which) straight from the qkv rows
+ * (stride row_stride): unsheared vectors are rotated out of the rows
+ * without a gather (raw unused), sheared ones gathered into raw first. */
+void attention_prepare_rows(const attention_layer *a, int h, int which, const float *rows, int row_stride, float *raw,
+                            float *dst, float *p, int T, const attention_span *span);
 /* x (in the shear's frame) -> dst = q-hat or k-hat: the shear with the
  * span's carries, then for pre_rope the rotation; p the shear's p (or NULL). */
 void attention_shear(const attention_layer *a, int h, int which, const float *x, float *dst, float *p, int T,
@@ -64,6 +69,11 @@ static inline void attention_add_last_position(float *sum, const float *x, int T
 /* The adjoint: d_hat (destroyed) -> d_raw (overwritten). */
 void attention_unprepare(const attention_layer *a, int h, int which, float *d_hat, float *d_raw, const float *p, int T,
                          const attention_span *span);
+/* attention_unprepare into head h's q or k (which) columns of the gradient
+ * rows (stride row_stride): unsheared, rotated straight into them (d_raw
+ * unused); sheared, through d_raw and a scatter. */
+void attention_unprepare_rows(const attention_layer *a, int h, int which, float *d_hat, float *rows, int row_stride,
+                              float *d_raw, const float *p, int T, const attention_span *span);
 /* The shear's gradient input g from d_hat (in place): d_hat rotated back
  * for pre_rope (the shear ran before the rotation), as it is for post_rope. */
 void attention_shear_gradient_frame(const attention_layer *a, float *d_hat, int T, int pos0);

@@ -440,29 +440,49 @@ void rope_tables_from(float *cos_table, float *sin_table, long long first, int c
         }
 }
 
-static void rope_rotate(float *dst, const float *src, const float *cos_table, const float *sin_table, int T, int dh,
-                        int pos0, float direction) {
+/* One row: w = u rotated pair by pair by angle direction * theta; w may
+ * be u (each pair is read before it is written). */
+VECTOR_CLONES static void rope_rotate_row(float *w, const float *u, const float *c, const float *s, int half,
+                                          float direction) {
+    for (int j = 0; j < half; j++) {
+        float a = u[2 * j], b = u[2 * j + 1], sn = direction * s[j];
+        w[2 * j] = a * c[j] - b * sn;
+        w[2 * j + 1] = a * sn + b * c[j];
+    }
+}
+
+/* Rows of dst (stride dst_ld) = rows of src (stride src_ld) rotated:
+ * attention rotates a head's q and k straight out of the qkv rows, and its
+ * gradients straight into theirs, without a gather or a scatter
+ * (docs/design.md §8.10). */
+static void rope_rotate(float *dst, int dst_ld, const float *src, int src_ld, const float *cos_table,
+                        const float *sin_table, int T, int dh, int pos0, float direction) {
     int half = dh / 2;
     for (int t = 0; t < T; t++) {
-        const float *c = cos_table + (size_t)(pos0 + t) * half, *s = sin_table + (size_t)(pos0 + t) * half;
-        const float *u = src + (size_t)t * dh;
-        float *w = dst + (size_t)t * dh;
-        for (int j = 0; j < half; j++) {
-            float a = u[2 * j], b = u[2 * j + 1], sn = direction * s[j];
-            w[2 * j] = a * c[j] - b * sn;
-            w[2 * j + 1] = a * sn + b * c[j];
-        }
+        size_t at = (size_t)(pos0 + t) * half;
+        rope_rotate_row(dst + (size_t)t * dst_ld, src + (size_t)t * src_ld, cos_table + at, sin_table + at, half,
+                        direction);
     }
 }
 
 void rope_forward(float *dst, const float *src, const float *cos_table, const float *sin_table, int T, int dh,
                   int pos0) {
-    rope_rotate(dst, src, cos_table, sin_table, T, dh, pos0, 1.0f);
+    rope_rotate(dst, dh, src, dh, cos_table, sin_table, T, dh, pos0, 1.0f);
 }
 
 void rope_backward(float *dst, const float *src, const float *cos_table, const float *sin_table, int T, int dh,
                    int pos0) {
-    rope_rotate(dst, src, cos_table, sin_table, T, dh, pos0, -1.0f);
+    rope_rotate(dst, dh, src, dh, cos_table, sin_table, T, dh, pos0, -1.0f);
+}
+
+void rope_forward_rows(float *dst, int dst_ld, const float *src, int src_ld, const float *cos_table,
+                       const float *sin_table, int T, int dh, int pos0) {
+    rope_rotate(dst, dst_ld, src, src_ld, cos_table, sin_table, T, dh, pos0, 1.0f);
+}
+
+void rope_backward_rows(float *dst, int dst_ld, const float *src, int src_ld, const float *cos_table,
+                        const float *sin_table, int T, int dh, int pos0) {
+    rope_rotate(dst, dst_ld, src, src_ld, cos_table, sin_table, T, dh, pos0, -1.0f);
 }
 
 /* Causal attention is computed in blocks of query rows, each against only the

@@ -80,6 +80,12 @@ void rope_forward(float *dst, const float *src, const float *cos_table, const fl
 /* The inverse rotation, which is also the adjoint: applied to a gradient. */
 void rope_backward(float *dst, const float *src, const float *cos_table, const float *sin_table, int T, int dh,
                    int pos0);
+/* The same between rows of any stride: dst's rows dst_ld floats apart,
+ * src's src_ld (a head's dh columns of the qkv rows). */
+void rope_forward_rows(float *dst, int dst_ld, const float *src, int src_ld, const float *cos_table,
+                       const float *sin_table, int T, int dh, int pos0);
+void rope_backward_rows(float *dst, int dst_ld, const float *src, int src_ld, const float *cos_table,
+                        const float *sin_table, int T, int dh, int pos0);
 
 /* Softmax attention of one head (docs/model.md §1.3 `softmax`): q [Tq, dh] at positions
  * q_pos0.., k, v [Tk, dh] at positions 0..Tk-1; probs [Tq, Tk] saved. Causal
