@@ -272,6 +272,23 @@ static void test_rope(void) {
             same &= head ? back[t * LD + i] == dx[t * 8 + i - AT] : back[t * LD + i] == (float)(t * LD + i);
         }
     test_check(same, "rope between strided rows = contiguous, bits", NULL);
+    /* dh 40: two steps of eight pairs on the AVX-512 path and a tail of
+     * four, the bits of the formula written out, both directions */
+    enum { WT = 5, WD = 40, WH = WD / 2 };
+    float wcos[(3 + WT) * WH], wsin[(3 + WT) * WH], u[WT * WD], got[2][WT * WD], want[2][WT * WD];
+    rope_tables(wcos, wsin, 3 + WT, WD, 10000.0);
+    fd_fill(u, WT * WD, 1.0f, &rng_state);
+    rope_forward(got[0], u, wcos, wsin, WT, WD, 3);
+    rope_backward(got[1], u, wcos, wsin, WT, WD, 3);
+    for (int dir = 0; dir < 2; dir++)
+        for (int t = 0; t < WT; t++)
+            for (int j = 0; j < WH; j++) {
+                float a = u[t * WD + 2 * j], b = u[t * WD + 2 * j + 1], co = wcos[(3 + t) * WH + j];
+                float sn = (dir ? -1.0f : 1.0f) * wsin[(3 + t) * WH + j];
+                want[dir][t * WD + 2 * j] = a * co - b * sn;
+                want[dir][t * WD + 2 * j + 1] = a * sn + b * co;
+            }
+    test_check(!memcmp(got, want, sizeof got), "rope at dh 40 = its formula, both directions, bits", NULL);
     /* angle check: position 1, pair 0 rotates by exactly 1 radian */
     float v[8] = {1, 0, 1, 0, 1, 0, 1, 0};
     rope_forward(v, v, c.cos_t, c.sin_t, 1, 8, 1);
