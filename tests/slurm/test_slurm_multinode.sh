@@ -248,15 +248,18 @@ done
 # after KillWait). dist.timeout is above BOUND: ranks that gave up first (exit
 # 5) would end the job as FAILED, which Slurm does not requeue.
 BOUND=25
-# sequences of 128 (not 32): 120 steps take about a minute, so that neither
-# job can finish before the other has its checkpoint 20 and the link is cut
-# (at 32 the mpirun job ran all 120 steps in 13 s while the srun job started)
-sed 's/^steps = 30/steps = 120/; s/^timeout = 10/timeout = 30/; s/^seq_len = 32/seq_len = 128/' mn.ini >fault.ini
+# Every step at least 200 ms (the test hook MOMFMM_TEST_STEP_SLEEP_MS; the
+# same floats): 120 steps take half a minute whatever the machine, so that
+# neither job can finish before the other has its checkpoint 20 and the link
+# is cut. Sized by its sequences alone, the mpirun job ran all 120 steps in
+# 13 s while the srun job started (at 32, and at 128 once steps were faster).
+SLOW_STEPS=MOMFMM_TEST_STEP_SLEEP_MS=200
+sed 's/^steps = 30/steps = 120/; s/^timeout = 10/timeout = 30/' mn.ini >fault.ini
 TOL=1e-5
 declare -A F_ID=() F_DIR=() F_OUT=() F_UPDATE=() F_REQUEUED=()
 for s in train train_srun; do
     submit "fault $s.sbatch" --job-name="fault-$s" -N "$N" --ntasks="$N" --ntasks-per-node=1 --time=5 \
-        "$ROOT/jobs/$s.sbatch" fault.ini || continue
+        --export="ALL,$SLOW_STEPS" "$ROOT/jobs/$s.sbatch" fault.ini || continue
     F_ID[$s]=$jid
     F_DIR[$s]=runs/fault-$s-$jid
     F_OUT[$s]=runs/slurm/fault-$s-$jid.out
