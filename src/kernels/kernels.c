@@ -81,6 +81,14 @@ VECTOR_CLONES static void add_block_partials(float *out, const float *partials, 
     }
 }
 
+/* Inside a parallel region: out += the blocks' partials (stride floats
+ * apart), this thread's range of the dim columns. */
+static void add_blocks_on_thread(float *out, const float *partials, int count, size_t stride, int dim) {
+    int lo, hi;
+    thread_columns(dim, &lo, &hi);
+    add_block_partials(out, partials, count, stride, lo, hi);
+}
+
 /* partial[c] = the sum of rows [r0, r1) of rows_data in order. */
 VECTOR_CLONES static void block_column_sums(float *partial, const float *rows_data, int r0, int r1, int dim) {
     memset(partial, 0, sizeof(float) * dim);
@@ -115,9 +123,7 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
             for (int b = 0; b < blocks.count; b++)
                 block_column_sums(partials + (size_t)b * out_dim, dout, b * blocks.rows_per, block_end(blocks, b, rows),
                                   out_dim);
-            int lo, hi;
-            thread_columns(out_dim, &lo, &hi);
-            add_block_partials(dbias, partials, blocks.count, (size_t)out_dim, lo, hi);
+            add_blocks_on_thread(dbias, partials, blocks.count, (size_t)out_dim, out_dim);
         }
     }
     /* last: dinp may be inp's memory (the model's one work buffer) */
@@ -305,10 +311,8 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
             layernorm_backward_block(dinp, pw, pw + dim, dout, inp, weight, mean, rstd, b * blocks.rows_per,
                                      block_end(blocks, b, rows), dim);
         }
-        int lo, hi;
-        thread_columns(dim, &lo, &hi);
-        add_block_partials(dweight, partials, blocks.count, stride, lo, hi);
-        add_block_partials(dbias, partials + dim, blocks.count, stride, lo, hi);
+        add_blocks_on_thread(dweight, partials, blocks.count, stride, dim);
+        add_blocks_on_thread(dbias, partials + dim, blocks.count, stride, dim);
     }
 }
 
@@ -385,9 +389,7 @@ void gelu_bias_backward(float *dpre, float *dbias, const float *pre, const float
         for (int b = 0; b < blocks.count; b++)
             gelu_bias_backward_block(dpre, partials + (size_t)b * dim, pre, tanh_saved, dout, b * blocks.rows_per,
                                      block_end(blocks, b, rows), dim);
-        int lo, hi;
-        thread_columns(dim, &lo, &hi);
-        add_block_partials(dbias, partials, blocks.count, (size_t)dim, lo, hi);
+        add_blocks_on_thread(dbias, partials, blocks.count, (size_t)dim, dim);
     }
 }
 
