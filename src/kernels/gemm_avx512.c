@@ -47,10 +47,11 @@ enum {
     KC = 384,     /* inner block: an A panel of 21 KB stays in L1 */
     MC = 168,     /* rows of the packed A block (12 panels) */
     NC = 768,     /* columns of the packed B block (1.2 MB with KC) */
+    MS = 8 * MC,  /* rows whose packed A is kept across B's blocks (2 MB with KC) */
 };
 
 struct gemm_avx512_space {
-    float *a; /* MC x KC, panels of MR rows */
+    float *a; /* MS x KC, blocks of MC rows, panels of MR rows */
     float *b; /* KC x NC, panels of NR columns, in the same allocation */
 };
 
@@ -69,8 +70,8 @@ const char *gemm_avx512_unavailable_reason(void) {
 gemm_avx512_space *gemm_avx512_space_create(void) {
     gemm_avx512_space *s = sys_calloc(1, sizeof *s);
     /* 16 floats of slack after each block: pack_transposed's last store */
-    s->a = sys_calloc_huge((size_t)MC * KC + (size_t)KC * NC + 32, sizeof(float));
-    s->b = s->a + (size_t)MC * KC + 16;
+    s->a = sys_calloc_huge((size_t)MS * KC + (size_t)KC * NC + 32, sizeof(float));
+    s->b = s->a + (size_t)MS * KC + 16;
     return s;
 }
 
@@ -195,12 +196,13 @@ static void edge_tile(int k, const float *a, const float *b, float alpha, float 
     for (int r = 0; r < m; r++) memcpy(c + (size_t)r * ldc, tile + r * NR, sizeof(float) * (size_t)n);
 }
 
-static void block_product(const gemm_avx512_space *s, int m, int n, int k, float alpha, float beta, float *C, int ldc) {
+static void block_product(const float *packed_a, const float *packed_b, int m, int n, int k, float alpha, float beta,
+                          float *C, int ldc) {
     for (int i0 = 0; i0 < m; i0 += MR) {
-        const float *a = s->a + (size_t)i0 * k;
+        const float *a = packed_a + (size_t)i0 * k;
         int rows = m - i0 < MR ? m - i0 : MR;
         for (int j0 = 0; j0 < n; j0 += NR) {
-            const float *b = s->b + (size_t)j0 * k;
+            const float *b = packed_b + (size_t)j0 * k;
             int cols = n - j0 < NR ? n - j0 : NR;
             float *c = C + (size_t)i0 * ldc + j0;
             if (rows == MR && cols == NR) micro_tile(k, a, b, alpha, beta, c, ldc);
@@ -209,22 +211,46 @@ static void block_product(const gemm_avx512_space *s, int m, int n, int k, float
     }
 }
 
-void gemm_avx512_run(gemm_avx512_space *s, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
-                     int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-    for (int j0 = 0; j0 < N; j0 += NC) {
-        int n = N - j0 < NC ? N - j0 : NC;
-        for (int p0 = 0; p0 < K; p0 += KC) {
-            int k = K - p0 < KC ? K - p0 : KC;
+/* C's rows [0, M): for each block of k, B's column blocks in turn and A's
+ * row blocks under each. With `keep_a` (M <= MS) A's blocks are packed
+ * while the first column block runs and kept for the others (docs/design.md
+ * §8.10): packed again per column block, A was read from memory each time
+ * (the LM head's forward, 8192 columns, packed it 11 times); without, one
+ * column block, each is packed into one place. Each element of C sums its
+ * k blocks in order either way, so the floats are those of any other cut. */
+static void row_block(gemm_avx512_space *s, bool keep_a, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                      const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    for (int p0 = 0; p0 < K; p0 += KC) {
+        int k = K - p0 < KC ? K - p0 : KC;
+        float block_beta = p0 == 0 ? beta : 1.0f;
+        for (int j0 = 0; j0 < N; j0 += NC) {
+            int n = N - j0 < NC ? N - j0 : NC;
             const float *b = trans_b ? B + (size_t)j0 * ldb + p0 : B + (size_t)p0 * ldb + j0;
             pack_b(s->b, trans_b, b, ldb, k, n);
-            float block_beta = p0 == 0 ? beta : 1.0f;
             for (int i0 = 0; i0 < M; i0 += MC) {
                 int m = M - i0 < MC ? M - i0 : MC;
-                const float *a = trans_a ? A + (size_t)p0 * lda + i0 : A + (size_t)i0 * lda + p0;
-                pack_a(s->a, trans_a, a, lda, m, k);
-                block_product(s, m, n, k, alpha, block_beta, C + (size_t)i0 * ldc + j0, ldc);
+                float *packed_a = keep_a ? s->a + (size_t)i0 * KC : s->a;
+                if (j0 == 0)
+                    pack_a(packed_a, trans_a, trans_a ? A + (size_t)p0 * lda + i0 : A + (size_t)i0 * lda + p0, lda, m,
+                           k);
+                block_product(packed_a, s->b, m, n, k, alpha, block_beta, C + (size_t)i0 * ldc + j0, ldc);
             }
         }
+    }
+}
+
+/* One column block: all rows at once (B packed once per block of k).
+ * More: at most MS rows at a time, A kept (B packed once per MS rows). */
+void gemm_avx512_run(gemm_avx512_space *s, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
+                     int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    if (N <= NC) {
+        row_block(s, false, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    for (int i1 = 0; i1 < M; i1 += MS) {
+        int m = M - i1 < MS ? M - i1 : MS;
+        row_block(s, true, trans_a, trans_b, m, N, K, alpha, trans_a ? A + i1 : A + (size_t)i1 * lda, lda, B, ldb, beta,
+                  C + (size_t)i1 * ldc, ldc);
     }
 }
 #else
