@@ -21,7 +21,8 @@ import os
 import numpy as np
 
 from momfmm import files
-from momfmm.h5 import Run, RunError
+from momfmm.files import RunError
+from momfmm.rundir import Run
 
 FORMAT = "momfmm-run-digest"
 VERSION = 1
@@ -55,7 +56,7 @@ def _column(values, digits=None):
 
 
 def digest_of(run, wall_s=None, wall_unlogged=0):
-    """The digest of a loaded run (momfmm.h5.Run) as a JSON-ready dict."""
+    """The digest of a loaded run (momfmm.rundir.Run) as a JSON-ready dict."""
     ini = io.StringIO()
     run.config.write(ini)
     return {

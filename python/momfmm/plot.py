@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from momfmm import files, tool  # noqa: E402
-from momfmm.h5 import load_runs  # noqa: E402
+from momfmm.rundir import load_runs  # noqa: E402
 
 PROG = "momfmm_plot.py"
 DPI = 150
@@ -400,7 +400,7 @@ def plot_points(path, title, xlabel, ylabel, curves, band=None):
 
 
 def write_figures(runs, out_dir, fmt="png", dpi=DPI):
-    """Every figure of the runs (momfmm.h5.Run, labelled by their names) into out_dir, created
+    """Every figure of the runs (momfmm.rundir.Run, labelled by their names) into out_dir, created
     if needed, as fmt (png, pdf or svg) at dpi; prints a note for each figure skipped and returns
     the paths written: those of planned_figures(runs). Raises files.ArgumentError when out_dir
     or a figure's name there is not a directory or regular file, files.RunError when one cannot

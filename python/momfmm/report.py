@@ -43,7 +43,7 @@ import numpy as np
 
 from momfmm import files, tool
 from momfmm.fmt import MISSING, config_value, fmt_group, fmt_value, markdown, shortest
-from momfmm.h5 import load_runs
+from momfmm.rundir import load_runs
 from momfmm.results import cli as results
 from momfmm.results.errors import UsageError
 

@@ -283,7 +283,7 @@ def read_tokens(path):
 def _hdf5_layout(path, size):
     """(offset, count, width) of an HDF5 token file's /tokens (src/data/token_file.c hdf5_body)."""
     import h5py
-    from momfmm.h5 import Reader
+    from momfmm.h5reader import Reader
     with Reader(path, "token file") as r:
         dset = r.open_dataset("/tokens")
         if len(dset.shape) != 1:

@@ -28,7 +28,8 @@ import numpy as np
 from checkpoints import write_checkpoint
 
 from momfmm.digest import FORMAT, digest_of, read_digest, write_digest
-from momfmm.h5 import RunError, load_run
+from momfmm.files import RunError
+from momfmm.rundir import load_run
 from momfmm.results.cli import main as results_main
 from momfmm.results.cli import save_digests
 from momfmm.results.errors import ReportError

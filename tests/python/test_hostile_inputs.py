@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from checkpoints import write_checkpoint
 
-from momfmm import config, files, h5
+from momfmm import config, files, h5, rundir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS = os.path.join(ROOT, "tools")
@@ -265,7 +265,7 @@ def test_run_directories_are_ordered_by_step(tmp_path):
         (d / junk).write_bytes(b"not a checkpoint")
     assert [s for s, _ in files.list_checkpoints(str(d))] == [2, 99999999, 100000000]
     assert h5.newest_checkpoint(str(d)).endswith("ckpt_100000000.h5")
-    run = h5.load_run(str(d))
+    run = rundir.load_run(str(d))
     assert run.ckpt_step == 100000000 and run.step == 100000000
     code, out, err, _ = tool("report", d, "--metrics", "loss")
     assert code == 0 and "| 100000000 |" in out.decode(), err
@@ -352,7 +352,7 @@ def test_outputs_are_never_links_or_special_files(tmp_path, run_dir, kind):
     model = mt.load(h5.newest_checkpoint(str(run_dir)))
     for what, write in (("pt.save", lambda: mt.save(model, str(out))),
                         ("pt.export", lambda: mt.export(h5.newest_checkpoint(str(run_dir)), str(out))),
-                        ("write_digest", lambda: write_digest(str(out), h5.load_run(str(run_dir))))):
+                        ("write_digest", lambda: write_digest(str(out), rundir.load_run(str(run_dir))))):
         with pytest.raises(files.ArgumentError):
             write()
     assert (os.readlink(out) if os.path.islink(out) else None, os.lstat(out).st_mode) == before

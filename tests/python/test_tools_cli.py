@@ -210,10 +210,10 @@ def test_figure_links_do_not_depend_on_writing_figures(tree, tmp_path):
         texts.append(out.read_text().replace(str(out), "OUT"))
     assert texts[0] == texts[1]
     assert not (tmp_path / "without" / "figures").exists()
-    from momfmm import h5, plot
+    from momfmm import plot, rundir
     for eval_keys in (None, ("loss",)):
         d = write_run(str(tmp_path / f"plot_{bool(eval_keys)}"), gamma="0.2")
-        run_ = h5.load_run(d)
+        run_ = rundir.load_run(d)
         if eval_keys:
             run_.eval = {k: v for k, v in run_.eval.items() if k in eval_keys + ("step",)}
         written = plot.write_figures([run_], str(tmp_path / "figs" / os.path.basename(d)))

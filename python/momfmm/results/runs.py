@@ -1,6 +1,6 @@
 """Each suite line's run, and the groups of lines that differ only in train.seed.
 
-A line's run is read through momfmm.h5.load_run from RUNS/NAME, or from its results digest
+A line's run is read through momfmm.rundir.load_run from RUNS/NAME, or from its results digest
 DIGESTS/NAME.json (momfmm.digest) when the directory is missing or has not reached the digest's
 step. A Group's numbers are the final evals of its finished runs (mean ± sample std over seeds).
 """
@@ -14,7 +14,8 @@ import numpy as np
 from momfmm import files
 from momfmm.digest import read_digest
 from momfmm.fmt import MISSING, config_value, fmt_group
-from momfmm.h5 import RunError, load_run
+from momfmm.files import RunError
+from momfmm.rundir import load_run
 from momfmm.results.suite import PROG, attention_label, base_config, setting
 
 LN2 = math.log(2.0)

@@ -38,7 +38,7 @@ class Entry:
     def __init__(self, name, config, sets, lineno, text, init=None):
         self.name, self.config, self.sets, self.lineno, self.text = name, config, sets, lineno, text
         self.init = init      # SOURCE of --init SOURCE: the earlier line whose final checkpoint it starts from
-        self.run = None       # momfmm.h5.Run, when the run directory has files
+        self.run = None       # momfmm.rundir.Run, when the run directory has files
         self.error = None     # why the run could not be read
         self.world_size = None
         self.wall_s = None    # wall time from train.log ("# exit RC after N s"), if logged
