@@ -26,6 +26,7 @@ import h5py
 import numpy as np
 
 from momfmm import config as settings
+from momfmm import schema
 from momfmm.config import ConfigError
 from momfmm.files import RunError, check_input, is_locked, list_checkpoints
 from momfmm.h5reader import Reader, memory_available
@@ -130,7 +131,7 @@ def _gemm_engines_ok(text):
 
 
 def _check_model_fits(r, c):
-    need, available = 4.0 * settings.model_floats(c), memory_available()
+    need, available = 4.0 * schema.model_floats(c), memory_available()
     if available > 0 and need > available:
         r.fail(f"config_ini describes a model of {need / 1e9:.3g} GB (model.d_model = {c.get('model.d_model')}, "
                f"model.vocab_size = {c.get('model.vocab_size')}, model.n_layers = {c.get('model.n_layers')}), "
@@ -158,14 +159,14 @@ def _read_tensors(r, group, table, nonnegative=False):
 
 def _read_buffers(r, c):
     out = {}
-    for name, shape in settings.buffer_tensors(c):
+    for name, shape in schema.buffer_tensors(c):
         full = f"/buffers/{name}"
         x = r.read_checked(full, shape, np.float32)
         if not np.isfinite(x).all():
             r.fail(f"{full} holds {float(x.reshape(-1)[np.flatnonzero(~np.isfinite(x))[0]]):g}: a checkpoint of "
                    "non-finite values is refused")
         out[name] = x
-    r.unexpected("/buffers", {name for name, _ in settings.buffer_tensors(c)})
+    r.unexpected("/buffers", {name for name, _ in schema.buffer_tensors(c)})
     return out
 
 
@@ -181,7 +182,7 @@ def read_metric_table(r, group, columns, live=False):
     if not r.exists(group):
         return {}
     present = [col for col in columns
-               if not (settings.added_later(col.name) and not r.exists(f"{group}/{col.name}"))]
+               if not (schema.added_later(col.name) and not r.exists(f"{group}/{col.name}"))]
     rows = None
     for i, col in enumerate(present if live else present[:1]):
         name = f"{group}/{col.name}"
@@ -222,16 +223,16 @@ def _read_checkpoint(path, model=True, optim=False, metrics=False):
         ck.settings, ck.step = c, ck.attrs["step"]
         ck.config.read_dict(c.raw)
         if model:
-            ck.params = _read_tensors(r, "/model", settings.model_tensors(c))
+            ck.params = _read_tensors(r, "/model", schema.model_tensors(c))
             if c.momentum_on:  # as the binary, which reads /buffers only then
                 ck.buffers = _read_buffers(r, c)
         if optim:
-            table = settings.model_tensors(c)
+            table = schema.model_tensors(c)
             ck.optim_m = _read_tensors(r, "/optim/m", table)
             ck.optim_v = _read_tensors(r, "/optim/v", table, nonnegative=True)
         if metrics:
-            ck.train = read_metric_table(r, "/metrics/train", settings.metric_columns(c, "train"))
-            ck.eval = read_metric_table(r, "/metrics/eval", settings.metric_columns(c, "eval"))
+            ck.train = read_metric_table(r, "/metrics/train", schema.metric_columns(c, "train"))
+            ck.eval = read_metric_table(r, "/metrics/eval", schema.metric_columns(c, "eval"))
     return ck
 
 
@@ -361,6 +362,6 @@ def read_metrics_file(path):
         c, _ = read_config(r)
         if not r.exists("/metrics"):
             r.fail("no /metrics group: not a metrics file")
-        train = read_metric_table(r, "/metrics/train", settings.metric_columns(c, "train"), live=True)
-        evals = read_metric_table(r, "/metrics/eval", settings.metric_columns(c, "eval"), live=True)
+        train = read_metric_table(r, "/metrics/train", schema.metric_columns(c, "train"), live=True)
+        evals = read_metric_table(r, "/metrics/eval", schema.metric_columns(c, "eval"), live=True)
     return c, train, evals

@@ -1,12 +1,13 @@
 """Small checkpoints for the Python tests, written with h5py in the layout of docs/files.md §4 as
 the momfmm binary would accept them (the readers of momfmm.h5 run the binary's checks): every
-root attribute, the config's tensors (momfmm.config.model_tensors) and buffers, and the metric
+root attribute, the config's tensors (momfmm.schema.model_tensors) and buffers, and the metric
 tables with all the columns of the config's task (those a test does not give hold NaN, as
 unmeasured values do). Imported by the tests beside it (pytest puts this directory on the path)."""
 import h5py
 import numpy as np
 
 from momfmm import config as settings
+from momfmm import schema
 
 
 def write_checkpoint(path, ini, step, train=None, evals=None, attrs=None, seed=0):
@@ -24,7 +25,7 @@ def write_checkpoint(path, ini, step, train=None, evals=None, attrs=None, seed=0
         f.attrs["config_ini"] = ini
         for name, value in (attrs or {}).items():
             f.attrs[name] = value
-        for name, shape in settings.model_tensors(c):
+        for name, shape in schema.model_tensors(c):
             if name.endswith("momentum_gamma"):
                 value = np.full(shape, c.get("momentum.gamma"), np.float32)
             elif name.endswith("weight") and "ln" in name:
@@ -32,16 +33,16 @@ def write_checkpoint(path, ini, step, train=None, evals=None, attrs=None, seed=0
             else:
                 value = (0.02 * rng.standard_normal(shape)).astype(np.float32)
             f[f"model/{name}"] = value
-        for name, shape in settings.buffer_tensors(c):
+        for name, shape in schema.buffer_tensors(c):
             f[f"buffers/{name}"] = np.zeros(shape, np.float32)
         for split, given in (("train", train), ("eval", evals)):
             if given is None:
                 continue
             rows = len(given["step"])
-            for col in settings.metric_columns(c, split):
+            for col in schema.metric_columns(c, split):
                 if col.name in given:
                     data = np.asarray(given[col.name], np.int64 if col.integer else np.float64)
-                elif settings.added_later(col.name):
+                elif schema.added_later(col.name):
                     continue
                 else:
                     data = np.full((rows,) + col.row, np.nan)
