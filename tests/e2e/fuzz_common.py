@@ -10,6 +10,7 @@ import io
 import os
 import shutil
 import signal
+import time
 
 import h5py
 import numpy as np
@@ -142,3 +143,39 @@ def tokens_mismatch(what, path, ckpt, code):
     except files.RunError:
         python = 3
     return None if (python != 0) == (code != 0) else f"{what}: load_tokens exits {python}, momfmm loss exits {code}"
+
+
+def timed(momfmm, args, timeout=TIMEOUT_S, **kw):
+    start = time.time()
+    r = run([momfmm, *args], timeout=timeout, **kw)
+    return r, time.time() - start
+
+
+def refused(report, what, r, seconds, code, *needles, within=20):
+    """A named check: exit `code` within `within` s, one line naming every needle, no sanitizer report."""
+    msg = r.stderr.strip()
+    lines = [l for l in msg.splitlines() if l.startswith("momfmm:")]
+    ok = (r.returncode == code and seconds < within and all(n in msg for n in needles) and len(lines) == 1
+          and not any(mark in r.stderr for mark in SANITIZER_MARKS))
+    report.check(what, ok, f"rc {r.returncode} (want {code}) in {seconds:.1f} s: {msg[-400:]!r}")
+
+
+# A text-task config (data.path, train.out_dir to fill in).
+TEXT = """[model]
+vocab_size = 256
+d_model = 32
+n_heads = 4
+n_layers = 1
+d_ff = 64
+[data]
+task = text
+seq_len = 32
+path = {path}
+[train]
+steps = 2
+batch_size = 4
+log_interval = 1
+eval_interval = 2
+eval_batches = 1
+out_dir = {out}
+"""

@@ -7,11 +7,8 @@ eight digits (step 10^8) and names outside the rule; NaN/Inf weights and
 buffers, NaN and negative AdamW moments; a checkpoint locked by a writer; MPMD
 launches whose ranks differ in train.steps, model.d_model, train.lr; escaped strings
 (newline, ' ;', '#', quotes in train.out_dir; a NUL inside config_ini); --init with
---overwrite; a relative data.path read from another directory; more documents than
-vm.max_map_count; a ListOps TSV with a byte-order mark; file kinds: every reader given
-a FIFO, a socket, a directory or a device, and every file a command writes with a
-symbolic link (or a FIFO) under its name. The config round trip over
-random strings is tests/test_config.c's property test.
+--overwrite. File kinds, links under written names and data files: test_fuzz_inputs.py.
+The config round trip over random strings is tests/test_config.c's property test.
 
 Every hostile checkpoint here also goes to the Python readers (docs/design.md §8.8), which must refuse it
 exactly when the binary does: momfmm.pt.load as `eval`, momfmm_report.py as `inspect`,
@@ -19,7 +16,6 @@ momfmm.h5.load_checkpoint with /optim as `train --resume` (fuzz_common.verdict_m
 tensors of another model than config_ini names are refused by both."""
 import os
 import shutil
-import signal
 import subprocess
 import time
 
@@ -29,9 +25,9 @@ import h5py
 import numpy as np
 import pytest
 
-from common import env, run
-from fuzz_common import (COMMANDS, METRICS, SANITIZER_MARKS, TIMEOUT_S, base, mutated_copy,  # noqa: F401 (base: a fixture)
-                         python_verdicts, replace_dataset, verdict_mismatches)
+from common import run
+from fuzz_common import (COMMANDS, METRICS, SANITIZER_MARKS, TEXT, TIMEOUT_S, base,  # noqa: F401 (base: a fixture)
+                         mutated_copy, python_verdicts, refused, replace_dataset, timed, verdict_mismatches)
 
 
 def python_agrees(report, what, path, binary):
@@ -44,21 +40,6 @@ def python_agrees(report, what, path, binary):
 
 # ---- the classes of docs/files.md §4 added later: links and foreign storage, filters,
 # counters near their limits, non-finite values, locks, mismatched ranks, escaped strings ----
-
-def timed(momfmm, args, timeout=TIMEOUT_S, **kw):
-    start = time.time()
-    r = run([momfmm, *args], timeout=timeout, **kw)
-    return r, time.time() - start
-
-
-def refused(report, what, r, seconds, code, *needles, within=20):
-    """A named check: exit `code` within `within` s, one line naming every needle, no sanitizer report."""
-    msg = r.stderr.strip()
-    lines = [l for l in msg.splitlines() if l.startswith("momfmm:")]
-    ok = (r.returncode == code and seconds < within and all(n in msg for n in needles) and len(lines) == 1
-          and not any(mark in r.stderr for mark in SANITIZER_MARKS))
-    report.check(what, ok, f"rc {r.returncode} (want {code}) in {seconds:.1f} s: {msg[-400:]!r}")
-
 
 def foreign_cases(d):
     """(description, mutate, the object the message must name): data found outside the file."""
@@ -259,121 +240,6 @@ def test_checkpoint_names_past_eight_digits(momfmm, base, report):
     r, seconds = timed(momfmm, ["train", ini, *sets, "--set", "train.steps=100000002", "--resume", "auto"])
     report.check("resume auto takes ckpt_100000001.h5 over the eight-digit names", r.returncode == 0 and
                  "resumed from" in r.stdout and "ckpt_100000001.h5" in r.stdout, r.stdout[-300:])
-
-
-# ---- file kinds (docs/files.md §4): what momfmm reads must be a regular file, and
-# nothing it writes goes through a symbolic link or onto a special file ----
-
-def special_kinds(d):
-    """{kind: path}: a FIFO without a writer, a bound unix socket, a directory, a device."""
-    import socket
-    fifo, sock = os.path.join(d, "kind_fifo"), os.path.join(d, "kind_sock")
-    if not os.path.exists(fifo):
-        os.mkfifo(fifo)
-    if os.path.exists(sock):
-        os.unlink(sock)
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(sock)
-    special_kinds.keep = s  # bound for the test's life
-    os.makedirs(os.path.join(d, "kind_dir"), exist_ok=True)
-    return {"a FIFO": fifo, "a socket": sock, "a directory": os.path.join(d, "kind_dir"),
-            "a character device": "/dev/null"}
-
-
-def test_file_kinds_on_read(momfmm, base, report):
-    """Every file read, by every reader, with every kind of thing in its place: one line
-    naming the kind, the documented code, within seconds (a FIFO would block an open)."""
-    d, ini, ck, tok = base
-    out = os.path.join(d, "kinds_run")
-    readers = [("the config of init", lambda p: ["init", p, "--out", os.path.join(d, "never.h5")], 2, True),
-               ("the checkpoint of inspect", lambda p: ["inspect", p], 3, False),
-               ("the checkpoint of eval", lambda p: ["eval", p], 3, False),
-               ("the checkpoint of generate", lambda p: ["generate", p, "--prompt", "1"], 3, False),
-               ("the token file of loss", lambda p: ["loss", ck, p], 3, True),
-               ("the token file of logits", lambda p: ["logits", ck, p, "--out", os.path.join(d, "never2.h5")], 3,
-                True),
-               ("train --resume PATH", lambda p: ["train", ini, "--set", f"train.out_dir={out}", "--resume", p], 3,
-                True),
-               ("train --init", lambda p: ["train", ini, "--set", f"train.out_dir={out}", "--init", p], 3, True)]
-    for kind, path in special_kinds(d).items():
-        for what, args, code, takes_directory in readers:
-            if kind == "a directory" and not takes_directory:
-                continue  # a directory there is a run directory (docs/cli.md §5)
-            r, seconds = timed(momfmm, args(path), timeout=30)
-            refused(report, f"{what} is {kind}: exit {code}", r, seconds, code, f"not a regular file but {kind}",
-                    within=10)
-
-
-def test_written_files_never_through_links(momfmm, base, report):
-    """Every file a command writes, with a symbolic link (or a FIFO) under its name: the
-    write is refused with one line, the link's target keeps its bytes (docs/files.md §4)."""
-    d, ini, ck, tok = base
-    target = os.path.join(d, "precious")
-
-    def link(at):
-        with open(target, "wb") as f:
-            f.write(b"precious bytes")
-        if os.path.lexists(at):
-            os.unlink(at)
-        os.symlink(target, at)
-        return at
-
-    def untouched():
-        with open(target, "rb") as f:
-            return f.read() == b"precious bytes"
-
-    tokens = os.path.join(d, "kinds_tokens.h5")
-    with h5py.File(tokens, "w") as f:
-        f["tokens"] = np.arange(8, dtype=np.int32) % 32
-    for what, args, at in (("init --out", ["init", ini, "--force", "--out"], "out.h5"),
-                           ("loss --grads", ["loss", ck, tok, "--force", "--grads"], "grads.h5"),
-                           ("logits --out", ["logits", ck, tokens, "--force", "--out"], "logits.h5")):
-        path = link(os.path.join(d, at))
-        r, seconds = timed(momfmm, args + [path])
-        refused(report, f"{what} a symbolic link, --force: exit 2", r, seconds, 2, "symbolic link")
-        report.check(f"{what}: the link's target keeps its bytes", untouched() and os.path.islink(path))
-
-    def run_dir(name, *files):
-        out = os.path.join(d, name)
-        shutil.rmtree(out, ignore_errors=True)
-        os.makedirs(out)
-        return out, [link(os.path.join(out, f)) for f in files]
-
-    sets = ["--set", "train.steps=2", "--set", "train.eval_interval=1"]
-    out, _ = run_dir("link_lock", ".lock")
-    r, seconds = timed(momfmm, ["train", ini, "--set", f"train.out_dir={out}", *sets])
-    refused(report, "train with .lock a symbolic link: exit 2", r, seconds, 2, ".lock", "symbolic link")
-    out, _ = run_dir("fifo_lock")
-    os.mkfifo(os.path.join(out, ".lock"))
-    r, seconds = timed(momfmm, ["train", ini, "--set", f"train.out_dir={out}", *sets])
-    refused(report, "train with .lock a FIFO: exit 2 at once, no hang", r, seconds, 2, ".lock", "FIFO", within=10)
-    out, _ = run_dir("link_ckpt", "ckpt_00000002.h5")
-    r, seconds = timed(momfmm, ["train", ini, "--set", f"train.out_dir={out}", *sets, "--resume", "auto"])
-    report.check("train with ckpt_00000002.h5 a symbolic link: that checkpoint is refused, exit 3",
-                 r.returncode == 3 and "ckpt_00000002.h5" in r.stderr and "symbolic link" in r.stderr,
-                 r.stderr[-400:])
-    report.check("  the link's target keeps its bytes", untouched())
-    for name, extra, needle in (("metrics.h5", [], "metrics.h5"),
-                                ("best.h5", ["--set", "train.keep_best=true"], "best checkpoint not written")):
-        out, _ = run_dir("link_" + name.split(".")[0], name)
-        r, seconds = timed(momfmm, ["train", ini, "--set", f"train.out_dir={out}", *sets, *extra])
-        report.check(f"train with {name} a symbolic link: a warning naming it, exit 0",
-                     r.returncode == 0 and needle in r.stderr and "symbolic link" in r.stderr, r.stderr[-400:])
-        report.check(f"  the link's target keeps its bytes", untouched())
-    # STOPPED is written at a stop signal: a link put there during the run is not followed
-    out, _ = run_dir("link_stopped")
-    p = subprocess.Popen([momfmm, "train", ini, "--set", f"train.out_dir={out}", "--set", "train.steps=1000"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=env(MOMFMM_TEST_STEP_SLEEP_MS=200))
-    for line in p.stdout:
-        if line.startswith("step "):
-            break
-    link(os.path.join(out, "STOPPED"))
-    p.send_signal(signal.SIGTERM)
-    _, err = p.communicate(timeout=60)
-    report.check("a stop with STOPPED a symbolic link: the checkpoint is written, a warning, exit 0",
-                 p.returncode == 0 and "STOPPED" in err and "symbolic link" in err, err[-400:])
-    report.check("  the link's target keeps its bytes", untouched())
 
 
 # ---- self-consistency on every load (docs/files.md §4): config_ini and the tensors agree,
@@ -700,98 +566,3 @@ def test_tensors_of_another_model(momfmm, base):
             if r.returncode == 0:
                 accepted.append(f"{command} {what}")
     assert not accepted, "the binary reads tensors config_ini does not name: " + "; ".join(accepted)
-
-
-TEXT = """[model]
-vocab_size = 256
-d_model = 32
-n_heads = 4
-n_layers = 1
-d_ff = 64
-[data]
-task = text
-seq_len = 32
-path = {path}
-[train]
-steps = 2
-batch_size = 4
-log_interval = 1
-eval_interval = 2
-eval_batches = 1
-out_dir = {out}
-"""
-
-
-def eval_loss(stdout):
-    line = next((l for l in stdout.splitlines() if l.startswith("eval |")), "")
-    return line.split("|")[1].strip() if line else None
-
-
-def test_relative_data_path(momfmm, workdir, report):
-    """A relative data.path is recorded absolute (data.resolved_path): `eval RUN` from another
-    directory, or --resume auto there, reads the run's corpus, not another of the same name."""
-    d = os.path.join(workdir, "relpath")
-    a, b = os.path.join(d, "a"), os.path.join(d, "b")
-    for where, seed in ((a, 1), (b, 2)):
-        os.makedirs(where, exist_ok=True)
-        rng = np.random.default_rng(seed)
-        with open(os.path.join(where, "corpus ;x.txt"), "wb") as f:  # ' ;' in the name: escaped in config_ini
-            f.write(bytes(rng.integers(97, 123 if seed == 1 else 100, 4000).astype(np.uint8)))
-    out = os.path.join(d, "run")
-    ini = os.path.join(d, "text.ini")
-    with open(ini, "w") as f:
-        f.write(TEXT.format(path='"corpus ;x.txt"', out=out))
-    r = run([momfmm, "train", ini], timeout=TIMEOUT_S, cwd=a)
-    report.check("train in a/ on the relative corpus path", r.returncode == 0, r.stderr[-300:])
-    here = eval_loss(run([momfmm, "eval", out], timeout=TIMEOUT_S, cwd=a).stdout)
-    there = run([momfmm, "eval", out], timeout=TIMEOUT_S, cwd=b)
-    report.check("eval RUN from b/ (another corpus of the same name) scores a/'s corpus",
-                 there.returncode == 0 and here is not None and eval_loss(there.stdout) == here,
-                 f"{here} vs {eval_loss(there.stdout)} {there.stderr[-200:]}")
-    r = run([momfmm, "inspect", out], timeout=TIMEOUT_S, cwd=b)
-    want = 'resolved_path = "' + os.path.join(a, "corpus ;x.txt") + '"'
-    report.check("inspect shows data.path as given and data.resolved_path", r.returncode == 0 and
-                 'path = "corpus ;x.txt"' in r.stdout and want in r.stdout, r.stdout[-600:])
-    r = run([momfmm, "train", ini, "--set", "train.steps=3", "--resume", "auto"], timeout=TIMEOUT_S, cwd=b)
-    report.check("--resume auto from b/ refuses: the corpus is another one (exit 3 naming data.resolved_path)",
-                 r.returncode == 3 and "data.resolved_path" in r.stderr, r.stderr[-300:])
-    r = run([momfmm, "train", ini, "--set", "train.steps=3", "--set", f"data.path={os.path.join(a, 'corpus ;x.txt')}",
-             "--resume", "auto"], timeout=TIMEOUT_S, cwd=b)
-    report.check("--resume auto with the same corpus spelled absolute resumes (a warning for data.path)",
-                 r.returncode == 0 and "resumed from" in r.stdout and "data.path" in r.stdout,
-                 (r.stdout + r.stderr)[-300:])
-
-
-def test_many_documents(momfmm, workdir, report):
-    """More documents than vm.max_map_count allows mappings (65530 by default): small files are
-    read, not mapped (it failed "cannot map: Cannot allocate memory" naming a random file)."""
-    d = os.path.join(workdir, "manydocs")
-    docs = os.path.join(d, "docs")
-    os.makedirs(docs, exist_ok=True)
-    with open("/proc/sys/vm/max_map_count") as f:
-        n = int(f.read()) + 500
-    for i in range(n):
-        with open(os.path.join(docs, f"{i:06d}.txt"), "w") as f:
-            f.write(f"document {i}: some text\n")
-    ini = os.path.join(d, "text.ini")
-    with open(ini, "w") as f:
-        f.write(TEXT.format(path=docs, out=os.path.join(d, "run")))
-    r, seconds = timed(momfmm, ["train", ini], timeout=300)
-    report.check(f"train over {n} documents", r.returncode == 0, f"{seconds:.1f} s: {r.stderr[-300:]}")
-
-
-def test_listops_tsv_with_bom(momfmm, workdir, report):
-    d = os.path.join(workdir, "bom")
-    os.makedirs(d, exist_ok=True)
-    tsv = os.path.join(d, "listops.tsv")
-    rows = [f"[MAX {i % 10} {(i * 7) % 10} ]\t{max(i % 10, (i * 7) % 10)}" for i in range(40)]
-    with open(tsv, "w", encoding="utf-8-sig") as f:  # a byte-order mark first, as editors write
-        f.write("Source\tTarget\n" + "\n".join(rows) + "\n")
-    ini = os.path.join(d, "listops.ini")
-    with open(ini, "w") as f:
-        f.write("[model]\nvocab_size = 16\nd_model = 32\nn_heads = 4\nn_layers = 1\nd_ff = 64\nhead = cls\n"
-                f"[data]\ntask = listops\nseq_len = 16\npath = {tsv}\n"
-                f"[train]\nsteps = 1\nbatch_size = 4\neval_interval = 0\nout_dir = {os.path.join(d, 'run')}\n")
-    r = run([momfmm, "train", ini], timeout=TIMEOUT_S)
-    report.check("a ListOps TSV with a byte-order mark trains (its header recognised)", r.returncode == 0,
-                 r.stderr[-300:])
