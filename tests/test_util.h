@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 /* Checks recorded and failed so far in this test binary. A parallel test
  * replaces them with the counts of all ranks before test_summary. */
@@ -89,6 +90,13 @@ static inline float fd_uniform(uint64_t *state) {
 /* x[i] uniform in [-scale, scale). */
 static inline void fd_fill(float *x, size_t n, float scale, uint64_t *state) {
     for (size_t i = 0; i < n; i++) x[i] = scale * fd_uniform(state);
+}
+
+/* n floats uniform in [-scale, scale), malloc'd (the caller frees them). */
+static inline float *fd_random(size_t n, float scale, uint64_t *state) {
+    float *x = malloc(sizeof(float) * n);
+    if (x) fd_fill(x, n, scale, state);
+    return x;
 }
 
 /* Accumulated in double, so that the loss itself adds little rounding. */

@@ -1,0 +1,395 @@
+/* Tile products (tile_gemm.c: fp32 and bf16, every path against the
+ * others and a double-precision product) and tiled softmax attention
+ * (tiled_softmax.c): finite differences of its backward, full, causal and
+ * banded, and tiled = dense. The other layer kernels: test_kernels.c. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/cpu.h"
+#include "kernels/kernels.h"
+#include "kernels/tile_gemm.h"
+#include "kernels/tiled_softmax.h"
+#include "test_util.h"
+
+static uint64_t rng_state = 42;
+
+/* One head's tiled attention for the finite differences: q, k, v in x, w,
+ * b; lse in aux1, the scratch in aux2. */
+typedef struct {
+    float *x, *w, *b, *out, *probe, *aux1, *aux2;
+    int T, dh, half;
+    bool causal;
+} tiled_ctx;
+
+static float *randn(size_t n, float scale) { return fd_random(n, scale, &rng_state); }
+
+/* ---- tiled softmax attention (tiled_softmax.c) ---- */
+static double tiled_loss(void *p) {
+    tiled_ctx *c = p;
+    tiled_softmax_band_forward(c->out, c->aux1, c->x, c->w, c->b, c->T, c->T, c->dh, 0, c->causal, c->half, false,
+                               c->aux2);
+    return fd_dot(c->out, c->probe, (size_t)c->T * c->dh);
+}
+
+/* Finite differences of the tiled backward, at T = 7 (one tile) and T = 300
+ * (four query tiles, ragged edges); half > 0 restricts it to FMM's band
+ * (|i - j| < half), narrower than a tile (7) or wider (150). */
+static void test_tiled(bool causal, int T, int dh, int half) {
+    tiled_ctx c = {0};
+    c.T = T, c.dh = dh, c.causal = causal, c.half = half;
+    size_t n = (size_t)T * dh;
+    c.x = randn(n, 1), c.w = randn(n, 1), c.b = randn(n, 1), c.out = randn(n, 1), c.probe = randn(n, 1);
+    c.aux1 = calloc((size_t)T, 4), c.aux2 = calloc(tiled_softmax_scratch_floats(T, dh), 4);
+    float *dq = calloc(n, 4), *dk = calloc(n, 4), *dv = calloc(n, 4);
+    tiled_softmax_band_forward(c.out, c.aux1, c.x, c.w, c.b, T, T, dh, 0, causal, half, false, c.aux2);
+    tiled_softmax_band_backward(dq, dk, dv, c.probe, c.out, c.aux1, c.x, c.w, c.b, T, T, dh, 0, causal, half, false,
+                                false, c.aux2);
+    char name[80], tag[32];
+    snprintf(tag, sizeof tag, half ? "%s band %d" : "%s", causal ? "causal" : "full", half);
+    snprintf(name, sizeof name, "tiled attention %s T=%d dq", tag, T);
+    fd_check(name, c.x, dq, n, tiled_loss, &c, 1e-2, 1e-2);
+    snprintf(name, sizeof name, "tiled attention %s T=%d dk", tag, T);
+    fd_check(name, c.w, dk, n, tiled_loss, &c, 1e-2, 1e-2);
+    snprintf(name, sizeof name, "tiled attention %s T=%d dv", tag, T);
+    fd_check(name, c.b, dv, n, tiled_loss, &c, 1e-2, 1e-2);
+    free(c.x), free(c.w), free(c.b), free(c.out), free(c.probe), free(c.aux1), free(c.aux2), free(dq), free(dk),
+        free(dv);
+}
+
+static double max_rel(const float *a, const float *b, size_t n) {
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(a[i] - b[i]));
+    return worst / (scale > 0 ? scale : 1);
+}
+
+/* Tiled equals dense within 1e-5 relative at T = 1000: outputs, the three
+ * gradients, and a streamed segment (37 queries at position 500). */
+static void test_tiled_equals_dense(bool causal) {
+    enum { T = 1000, DH = 16 };
+    size_t n = (size_t)T * DH;
+    float *q = randn(n, 1), *k = randn(n, 1), *v = randn(n, 1), *dout = randn(n, 1);
+    float *probs = calloc((size_t)T * T, 4), *dense_scratch = calloc((size_t)T * T, 4);
+    float *lse = calloc(T, 4), *scratch = calloc(tiled_softmax_scratch_floats(T, DH), 4);
+    float *out[2], *dq[2], *dk[2], *dv[2];
+    for (int i = 0; i < 2; i++) out[i] = calloc(n, 4), dq[i] = calloc(n, 4), dk[i] = calloc(n, 4), dv[i] = calloc(n, 4);
+    softmax_attention_forward(out[0], probs, q, k, v, T, T, DH, 0, causal);
+    softmax_attention_backward(dq[0], dk[0], dv[0], dout, probs, q, k, v, dense_scratch, T, T, DH, causal);
+    tiled_softmax_forward(out[1], lse, q, k, v, T, T, DH, 0, causal, false, scratch);
+    tiled_softmax_backward(dq[1], dk[1], dv[1], dout, out[1], lse, q, k, v, T, DH, causal, false, scratch);
+    double worst = fmax(fmax(max_rel(out[1], out[0], n), max_rel(dq[1], dq[0], n)),
+                        fmax(max_rel(dk[1], dk[0], n), max_rel(dv[1], dv[0], n)));
+    char name[80];
+    snprintf(name, sizeof name, "tiled = dense, %s T=1000: out, dq, dk, dv", causal ? "causal" : "full");
+    test_check(worst <= 1e-5, name, "max rel %.3g", worst);
+    if (causal) { /* a streamed segment: queries 500..536 against keys 0..536 */
+        enum { N = 37, POS = 500 };
+        softmax_attention_forward(out[0], probs, q + (size_t)POS * DH, k, v, N, POS + N, DH, POS, true);
+        tiled_softmax_forward(out[1], lse, q + (size_t)POS * DH, k, v, N, POS + N, DH, POS, true, false, scratch);
+        double seg = max_rel(out[1], out[0], (size_t)N * DH);
+        test_check(seg <= 1e-5, "tiled = dense, a segment at position 500 (streaming)", "max rel %.3g", seg);
+    }
+    for (int i = 0; i < 2; i++) free(out[i]), free(dq[i]), free(dk[i]), free(dv[i]);
+    free(q), free(k), free(v), free(dout), free(probs), free(dense_scratch), free(lse), free(scratch);
+}
+
+/* ---- tile products (tile_gemm.c) ---- */
+/* Both paths (AVX2 where the CPU has it, and the portable C) against a
+ * double-precision product, for shapes that are and are not multiples of
+ * the 6 x 16 micro-tile, A read plainly and as a transposed view, with and
+ * without accumulation; the error bound is the fp32 dot product's,
+ * (k + 2) u sum |a b|, plus the accumulated C's rounding. */
+static double tile_gemm_error(int m, int n, int k, bool transposed_a, bool accumulate) {
+    int lda = transposed_a ? m + 3 : k + 2, ldb = n + 5, ldc = n + 1;
+    float *a = randn((size_t)(transposed_a ? k : m) * lda, 1), *b = randn((size_t)k * ldb, 1);
+    float *c = randn((size_t)m * ldc, 1), *c0 = malloc(sizeof(float) * (size_t)m * ldc);
+    memcpy(c0, c, sizeof(float) * (size_t)m * ldc);
+    ptrdiff_t a_row = transposed_a ? 1 : lda, a_col = transposed_a ? lda : 1;
+    tile_gemm(m, n, k, 0.5f, a, a_row, a_col, b, ldb, accumulate, c, ldc);
+    double worst = 0;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < ldc; j++) {
+            double exact = accumulate || j >= n ? c0[i * ldc + j] : 0, magnitude = fabs(exact);
+            for (int p = 0; j < n && p < k; p++) {
+                double term = 0.5 * a[i * a_row + p * a_col] * b[p * ldb + j];
+                exact += term, magnitude += fabs(term);
+            }
+            double bound = (k + 3) * 0x1p-24 * magnitude + 1e-30;
+            worst = fmax(worst, fabs(c[i * ldc + j] - exact) / bound);
+        }
+    free(a), free(b), free(c), free(c0);
+    return worst; /* <= 1 within the bound; columns past n must be untouched */
+}
+
+static void test_tile_gemm_path(const char *path) {
+    static const int shapes[][3] = {{1, 1, 1},     {6, 16, 32}, {7, 17, 5},  {13, 29, 96}, {8, 12, 9},
+                                    {96, 32, 192}, {5, 3, 0},   {7, 70, 33}, {11, 64, 3},  {6, 48, 1}};
+    double worst = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int mode = 0; mode < 4; mode++)
+            worst = fmax(worst, tile_gemm_error(shapes[s][0], shapes[s][1], shapes[s][2], mode & 1, mode & 2));
+    char name[96];
+    snprintf(name, sizeof name, "tile_gemm (%s): odd shapes, transposed A, accumulate, within fp32 bounds", path);
+    test_within(name, worst, 1.0);
+}
+
+/* Tiled attention forward and backward at T = 300 twice, its products
+ * chosen by choose(0), then choose(1) (which returns whether that way runs
+ * on bf16 operands): the largest relative difference of out, dq, dk and
+ * dv, and whether every bit agrees. half > 0: FMM's band. */
+typedef struct {
+    double max_rel;
+    bool same_bits;
+} two_ways;
+
+static two_ways tiled_two_ways(int DH, int half, bool (*choose)(int way)) {
+    enum { T = 300 };
+    size_t n = (size_t)T * DH;
+    float *q = randn(n, 1), *k = randn(n, 1), *v = randn(n, 1), *dout = randn(n, 1), *lse = calloc(T, 4);
+    float *scratch = calloc(tiled_softmax_scratch_floats(T, DH), 4), *got[2][4];
+    for (int way = 0; way < 2; way++) {
+        for (int i = 0; i < 4; i++) got[way][i] = calloc(n, 4);
+        bool bf16 = choose(way);
+        tiled_softmax_band_forward(got[way][0], lse, q, k, v, T, T, DH, 0, true, half, bf16, scratch);
+        tiled_softmax_band_backward(got[way][1], got[way][2], got[way][3], dout, got[way][0], lse, q, k, v, T, T, DH, 0,
+                                    true, half, false, bf16, scratch);
+    }
+    two_ways r = {0, true};
+    for (int i = 0; i < 4; i++) {
+        r.max_rel = fmax(r.max_rel, max_rel(got[0][i], got[1][i], n));
+        r.same_bits = r.same_bits && memcmp(got[0][i], got[1][i], n * sizeof(float)) == 0;
+    }
+    for (int way = 0; way < 2; way++)
+        for (int i = 0; i < 4; i++) free(got[way][i]);
+    free(q), free(k), free(v), free(dout), free(lse), free(scratch);
+    return r;
+}
+
+static bool avx2_then_portable(int way) {
+    tile_gemm_set_enabled(way == 0);
+    return false;
+}
+static bool avx2_then_wide(int way) {
+    tile_gemm_set_wide(way);
+    return false;
+}
+static bool fp32_then_bf16(int way) { return way == 1; }
+static bool bf16_fp32_sums_then_native(int way) {
+    tile_gemm_set_bf16_native(way);
+    return true;
+}
+
+/* The tiled attention on the portable products equals it on AVX2 ones. */
+static void test_tile_gemm_paths_agree(void) {
+    two_ways r = tiled_two_ways(24, 0, avx2_then_portable);
+    tile_gemm_set_enabled(true);
+    test_check(r.max_rel <= 1e-5, "tiled attention: AVX2 and portable products agree (T=300, dh=24)", "max rel %.3g",
+               r.max_rel);
+}
+
+/* The AVX-512 kernel (6 x 32, full column blocks) gives the same bits as
+ * the AVX2 one: tiled attention forward and backward, T = 300, dh 64 (two
+ * wide blocks of the head dimension) and 24 (none: the fallback). Where
+ * the CPU has no AVX-512 the same source runs built for AVX2. */
+static void test_tile_gemm_wide_same_bits(int DH) {
+    two_ways r = tiled_two_ways(DH, 0, avx2_then_wide);
+    tile_gemm_set_wide(-1);
+    char name[96];
+    snprintf(name, sizeof name, "tiled attention: the AVX-512 kernel gives the AVX2 one's bits (T=300, dh=%d)", DH);
+    test_check(r.same_bits, name, NULL);
+}
+
+static void test_tile_gemm(void) {
+    if (tile_gemm_available()) {
+        tile_gemm_set_wide(0);
+        test_tile_gemm_path("AVX2");
+        tile_gemm_set_wide(1);
+        test_tile_gemm_path(__builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX-512's source as AVX2");
+        tile_gemm_set_wide(-1);
+        test_tile_gemm_wide_same_bits(64);
+        test_tile_gemm_wide_same_bits(24);
+    } else test_skip("tile_gemm (AVX2, AVX-512)", "the CPU has no AVX2 and FMA");
+    tile_gemm_set_enabled(false);
+    test_tile_gemm_path("portable");
+    tile_gemm_set_enabled(true);
+    if (tile_gemm_available()) test_tile_gemm_paths_agree();
+    else test_skip("tiled attention: AVX2 and portable products agree", "the CPU has no AVX2 and FMA");
+}
+
+/* ---- bf16 tile products (tile_gemm.c) ---- */
+static float bf16_round(float x) {
+    uint16_t h;
+    cpu_f32_to_bf16(&h, &x, 1);
+    return cpu_bf16_to_f32(h);
+}
+
+/* One product C = 0.5 A B (+ C) on bf16 operands: A [m x k] packed with
+ * its pairs contiguous (a_row = ld, a_col = 1) or across rows (a_row = 1,
+ * a_col = ld), B [k x n] in pairs along k; returns C [m x (n + 1)] (its
+ * last column must stay as it was) and the inputs for the reference. */
+typedef struct {
+    int m, n, k;
+    float *a, *b, *c0, *c; /* a [m x k], b [k x n], c0 the C before */
+} bf16_product;
+
+static bf16_product run_bf16_product(int m, int n, int k, bool pairs_across, bool accumulate) {
+    bf16_product r = {m, n, k, randn((size_t)m * k + 1, 1), randn((size_t)k * n + 1, 1), NULL, NULL};
+    int pairs = (k + 1) / 2, ldc = n + 1;
+    r.c0 = randn((size_t)m * ldc, 1), r.c = malloc(sizeof(float) * (size_t)m * ldc);
+    memcpy(r.c, r.c0, sizeof(float) * (size_t)m * ldc);
+    uint16_t *a16 = calloc(2 * (size_t)(m + 1) * (pairs + 1), 2), *b16 = calloc(2 * (size_t)pairs * (n + 3), 2);
+    ptrdiff_t a_row = pairs_across ? 1 : pairs + 1, a_col = pairs_across ? m + 1 : 1;
+    /* A's element (i, p) is a[i * k + p]: p runs along k */
+    tile_bf16_pack(a16, a_col, a_row, r.a, 1, k, k, m);
+    tile_bf16_pack(b16, n + 3, 1, r.b, n, 1, k, n);
+    tile_gemm_bf16(m, n, k, 0.5f, a16, a_row, a_col, b16, n + 3, accumulate, r.c, ldc);
+    if (!accumulate)
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) r.c0[i * ldc + j] = 0.0f;
+    free(a16), free(b16);
+    return r;
+}
+
+static void free_product(bf16_product *r) { free(r->a), free(r->b), free(r->c0), free(r->c); }
+
+/* Against the double-precision product of the bf16-rounded operands,
+ * within the fp32 sum's bound (k + 3) u sum |a b|. */
+static double bf16_product_error(const bf16_product *r) {
+    double worst = 0;
+    int ldc = r->n + 1;
+    for (int i = 0; i < r->m; i++)
+        for (int j = 0; j < ldc; j++) {
+            double exact = r->c0[i * ldc + j], magnitude = fabs(exact);
+            for (int p = 0; j < r->n && p < r->k; p++) {
+                double term = 0.5 * bf16_round(r->a[i * r->k + p]) * bf16_round(r->b[p * r->n + j]);
+                exact += term, magnitude += fabs(term);
+            }
+            double bound = (r->k + 3) * 0x1p-24 * magnitude + 1e-30;
+            worst = fmax(worst, fabs(r->c[i * ldc + j] - exact) / bound);
+        }
+    return worst;
+}
+
+static const int bf16_shapes[][3] = {{1, 1, 1}, {6, 32, 32}, {7, 17, 5},  {13, 29, 96}, {8, 12, 9},   {96, 32, 192},
+                                     {5, 3, 0}, {7, 70, 33}, {11, 64, 3}, {6, 48, 1},   {33, 33, 17}, {4, 16, 2}};
+
+static void test_tile_bf16_path(const char *path) {
+    double worst = 0;
+    for (size_t s = 0; s < sizeof bf16_shapes / sizeof bf16_shapes[0]; s++)
+        for (int mode = 0; mode < 4; mode++) {
+            bf16_product r =
+                run_bf16_product(bf16_shapes[s][0], bf16_shapes[s][1], bf16_shapes[s][2], mode & 1, mode & 2);
+            worst = fmax(worst, bf16_product_error(&r));
+            free_product(&r);
+        }
+    char name[96];
+    snprintf(name, sizeof name, "tile_gemm_bf16 (%s): odd shapes, both A layouts, accumulate", path);
+    test_within(name, worst, 1.0);
+}
+
+/* vdpbf16ps and the fp32 path give the same bits on every shape. */
+static void test_tile_bf16_same_bits(void) {
+    bool same = true;
+    for (size_t s = 0; s < sizeof bf16_shapes / sizeof bf16_shapes[0]; s++)
+        for (int mode = 0; mode < 4; mode++) {
+            bf16_product r[2];
+            for (int way = 0; way < 2; way++) {
+                uint64_t seed = rng_state;
+                tile_gemm_set_bf16_native(way);
+                r[way] = run_bf16_product(bf16_shapes[s][0], bf16_shapes[s][1], bf16_shapes[s][2], mode & 1, mode & 2);
+                if (way == 0) rng_state = seed; /* the same operands twice */
+            }
+            size_t bytes = sizeof(float) * (size_t)bf16_shapes[s][0] * (bf16_shapes[s][1] + 1);
+            same = same && memcmp(r[0].c, r[1].c, bytes) == 0;
+            free_product(&r[0]), free_product(&r[1]);
+        }
+    tile_gemm_set_bf16_native(-1);
+    test_check(same, "tile_gemm_bf16: vdpbf16ps gives the fp32 path's bits", NULL);
+}
+
+/* Rows of contiguous values into pair rows (the packing of a query tile
+ * and a key tile): the transposing path on vdpbf16ps cores gives the bytes
+ * of the scalar one, writes nothing between the pair rows (d_k > n) and
+ * rounds an odd k's last pair up with a zero. */
+static void test_tile_bf16_pack_transposed(void) {
+    static const int ks[] = {1, 2, 3, 31, 32, 33, 64, 65, 97}, ns[] = {1, 15, 16, 17, 96, 101};
+    bool same = true;
+    for (size_t a = 0; a < sizeof ks / sizeof ks[0]; a++)
+        for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++) {
+            int k = ks[a], n = ns[b], pairs = (k + 1) / 2;
+            ptrdiff_t d_k = n + 5;
+            float *src = randn((size_t)k * n, 1);
+            uint16_t *got[2];
+            for (int way = 0; way < 2; way++) {
+                got[way] = malloc(2 * sizeof(uint16_t) * (size_t)pairs * d_k);
+                memset(got[way], 0xA5, 2 * sizeof(uint16_t) * (size_t)pairs * d_k);
+                tile_gemm_set_bf16_native(way == 0 ? 0 : -1);
+                tile_bf16_pack(got[way], d_k, 1, src, 1, k, k, n);
+            }
+            same = same && memcmp(got[0], got[1], 2 * sizeof(uint16_t) * (size_t)pairs * d_k) == 0;
+            free(src), free(got[0]), free(got[1]);
+        }
+    tile_gemm_set_bf16_native(-1);
+    test_check(same, "tile_bf16_pack: rows into pair rows, vdpbf16ps path = scalar path's bytes", NULL);
+}
+
+/* Tiled attention on bf16 operands against the fp32 kernel (T = 300:
+ * ragged tiles; causal, a band narrower than a tile and one wider): out,
+ * dq, dk, dv within BF16_TILED_BOUND of the largest value. An operand in
+ * bf16 carries a relative error of up to 2^-9; the products, P and dS
+ * each add one such rounding, so a few times 2^-9 on sums of random
+ * signs; measured: 3.5e-3 to 5.2e-3 (dh 24 and 64). A wrong stride or pair
+ * is off by the size of the values (~1). */
+#define BF16_TILED_BOUND 1e-2
+
+static void test_tiled_bf16(int DH, int half) {
+    two_ways r = tiled_two_ways(DH, half, fp32_then_bf16);
+    char name[96];
+    snprintf(name, sizeof name, "tiled attention bf16 = fp32 within 1e-2 (T=300, dh=%d, band %d)", DH, half);
+    test_within(name, r.max_rel, BF16_TILED_BOUND);
+}
+
+/* The bf16 attention on vdpbf16ps gives the bits of its fp32 path. */
+static void test_tiled_bf16_same_bits(int DH, int half) {
+    two_ways r = tiled_two_ways(DH, half, bf16_fp32_sums_then_native);
+    tile_gemm_set_bf16_native(-1);
+    char name[96];
+    snprintf(name, sizeof name, "tiled attention bf16: vdpbf16ps = fp32 sums, bits (dh=%d, band %d)", DH, half);
+    test_check(r.same_bits, name, NULL);
+}
+
+static void test_tile_bf16(void) {
+    tile_gemm_set_bf16_native(0);
+    test_tile_bf16_path("fp32 sums");
+    for (int way = 0; way < 2; way++) {
+        test_tiled_bf16(24, 0);
+        test_tiled_bf16(64, 7);
+        test_tiled_bf16(64, 150);
+        tile_gemm_set_bf16_native(-1);
+        if (!tile_gemm_bf16_native()) break;
+    }
+    if (tile_gemm_bf16_native()) {
+        test_tile_bf16_path("vdpbf16ps");
+        test_tile_bf16_same_bits();
+        test_tile_bf16_pack_transposed();
+        test_tiled_bf16_same_bits(24, 0);
+        test_tiled_bf16_same_bits(64, 150);
+    } else test_skip("tile_gemm_bf16 and tiled attention on vdpbf16ps", "the CPU has no AVX512_BF16");
+}
+
+int main(void) {
+    test_tiled(true, 7, 4, 0);
+    test_tiled(false, 7, 4, 0);
+    test_tiled(true, 300, 4, 0);
+    test_tiled(false, 300, 4, 0);
+    test_tiled(true, 300, 4, 7);
+    test_tiled(false, 300, 4, 7);
+    test_tiled(true, 300, 4, 150);
+    test_tiled(false, 300, 4, 150);
+    test_tiled_equals_dense(true);
+    test_tiled_equals_dense(false);
+    test_tile_gemm();
+    test_tile_bf16();
+    return test_summary("test_tiles");
+}
