@@ -15,7 +15,7 @@ static uint64_t rng_state = 42;
 typedef struct {
     float *x, *w, *b, *out, *probe, *aux1, *aux2;
     const int32_t *tokens;
-    int rows, in, out_dim, T, dh, half;
+    int rows, in, out_dim, T, dh;
     bool causal;
     float *cos_t, *sin_t;
 } ctx;

@@ -24,16 +24,6 @@ static float *floats(size_t n) {
     return p;
 }
 
-/* Largest |a - b| relative to max |b| (1 when b is all zero). */
-static double rel_err(const float *a, const float *b, size_t n) {
-    double diff = 0, scale = 0;
-    for (size_t i = 0; i < n; i++) {
-        diff = fmax(diff, fabs((double)a[i] - b[i]));
-        scale = fmax(scale, fabs((double)b[i]));
-    }
-    return diff / (scale > 0 ? scale : 1);
-}
-
 /* The shard boundaries of T positions in C pieces, as the data layer cuts
  * them: floor(T c / C). */
 static int cut(int T, int C, int c) { return (int)((long long)T * c / C); }
@@ -164,10 +154,10 @@ static void fmm_shard_test(const char *label, fmm_settings s, int T, int C) {
     fd_fill(whole.v, n, 1.0f, &seed), fd_fill(whole.w, n, 1.0f, &seed);
     fmm_whole(&s, &whole, 0.3f, -0.2f);
     fmm_sharded(&s, &whole, &got, C, 0.3f, -0.2f);
-    double err = rel_err(got.out, whole.out, n);
-    err = fmax(err, rel_err(got.dq, whole.dq, n));
-    err = fmax(err, rel_err(got.dk, whole.dk, n));
-    err = fmax(err, rel_err(got.dv, whole.dv, n));
+    double err = test_rel_error(got.out, whole.out, n);
+    err = fmax(err, test_rel_error(got.dq, whole.dq, n));
+    err = fmax(err, test_rel_error(got.dk, whole.dk, n));
+    err = fmax(err, test_rel_error(got.dv, whole.dv, n));
     err = fmax(err, fabs(got.d_near - whole.d_near) / fmax(fabs(whole.d_near), 1e-3));
     err = fmax(err, fabs(got.d_far - whole.d_far) / fmax(fabs(whole.d_far), 1e-3));
     char name[128];
@@ -257,8 +247,8 @@ static void momentum_shard_test(const char *label, momentum_coeffs mc, bool anch
     momentum_shear_forward(x, anchored ? NULL : prev, NULL, xhat, p, mc, T, dh);
     momentum_shear_backward(g, p, dx, &dg, mc, anchored, NULL, NULL, scratch, T, dh);
     momentum_sharded(x, prev, g, mc, anchored, T, dh, C, xhat_s, p_s, dx_s, &dg_s);
-    double err = fmax(rel_err(xhat_s, xhat, n), rel_err(p_s, p, n));
-    err = fmax(err, rel_err(dx_s, dx, n));
+    double err = fmax(test_rel_error(xhat_s, xhat, n), test_rel_error(p_s, p, n));
+    err = fmax(err, test_rel_error(dx_s, dx, n));
     err = fmax(err, fabs(dg_s - dg) / fmax(fabs(dg), 1e-3));
     char name[128];
     snprintf(name, sizeof name, "momentum %s, T %d in %d shards = whole", label, T, C);
@@ -318,9 +308,9 @@ static void ring_softmax_test(bool causal, int T, int chunks, bool bf16) {
                                         whole.q + (size_t)q0 * dh, whole.k + (size_t)k0 * dh, whole.v + (size_t)k0 * dh,
                                         tq, tk, dh, kind == 0 ? 0 : q0 - k0, kind == 0, 0, true, bf16, scratch);
         }
-    double err = fmax(rel_err(got.out, whole.out, n), rel_err(got.dq, whole.dq, n));
-    err = fmax(err, fmax(rel_err(got.dk, whole.dk, n), rel_err(got.dv, whole.dv, n)));
-    err = fmax(err, rel_err(glse, lse, (size_t)T));
+    double err = fmax(test_rel_error(got.out, whole.out, n), test_rel_error(got.dq, whole.dq, n));
+    err = fmax(err, fmax(test_rel_error(got.dk, whole.dk, n), test_rel_error(got.dv, whole.dv, n)));
+    err = fmax(err, test_rel_error(glse, lse, (size_t)T));
     char name[128];
     snprintf(name, sizeof name, "softmax %s%s, T %d in %d key blocks = whole", bf16 ? "bf16 " : "",
              causal ? "causal" : "non-causal", T, chunks);

@@ -57,13 +57,6 @@ static void test_tiled(bool causal, int T, int dh, int half) {
         free(dv);
 }
 
-static double max_rel(const float *a, const float *b, size_t n) {
-    double worst = 0, scale = 0;
-    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
-    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(a[i] - b[i]));
-    return worst / (scale > 0 ? scale : 1);
-}
-
 /* Tiled equals dense within 1e-5 relative at T = 1000: outputs, the three
  * gradients, and a streamed segment (37 queries at position 500). */
 static void test_tiled_equals_dense(bool causal) {
@@ -78,8 +71,8 @@ static void test_tiled_equals_dense(bool causal) {
     softmax_attention_backward(dq[0], dk[0], dv[0], dout, probs, q, k, v, dense_scratch, T, T, DH, causal);
     tiled_softmax_forward(out[1], lse, q, k, v, T, T, DH, 0, causal, false, scratch);
     tiled_softmax_backward(dq[1], dk[1], dv[1], dout, out[1], lse, q, k, v, T, DH, causal, false, scratch);
-    double worst = fmax(fmax(max_rel(out[1], out[0], n), max_rel(dq[1], dq[0], n)),
-                        fmax(max_rel(dk[1], dk[0], n), max_rel(dv[1], dv[0], n)));
+    double worst = fmax(fmax(test_rel_error(out[1], out[0], n), test_rel_error(dq[1], dq[0], n)),
+                        fmax(test_rel_error(dk[1], dk[0], n), test_rel_error(dv[1], dv[0], n)));
     char name[80];
     snprintf(name, sizeof name, "tiled = dense, %s T=1000: out, dq, dk, dv", causal ? "causal" : "full");
     test_check(worst <= 1e-5, name, "max rel %.3g", worst);
@@ -87,7 +80,7 @@ static void test_tiled_equals_dense(bool causal) {
         enum { N = 37, POS = 500 };
         softmax_attention_forward(out[0], probs, q + (size_t)POS * DH, k, v, N, POS + N, DH, POS, true);
         tiled_softmax_forward(out[1], lse, q + (size_t)POS * DH, k, v, N, POS + N, DH, POS, true, false, scratch);
-        double seg = max_rel(out[1], out[0], (size_t)N * DH);
+        double seg = test_rel_error(out[1], out[0], (size_t)N * DH);
         test_check(seg <= 1e-5, "tiled = dense, a segment at position 500 (streaming)", "max rel %.3g", seg);
     }
     for (int i = 0; i < 2; i++) free(out[i]), free(dq[i]), free(dk[i]), free(dv[i]);
@@ -157,7 +150,7 @@ static two_ways tiled_two_ways(int DH, int half, bool (*choose)(int way)) {
     }
     two_ways r = {0, true};
     for (int i = 0; i < 4; i++) {
-        r.max_rel = fmax(r.max_rel, max_rel(got[0][i], got[1][i], n));
+        r.max_rel = fmax(r.max_rel, test_rel_error(got[0][i], got[1][i], n));
         r.same_bits = r.same_bits && memcmp(got[0][i], got[1][i], n * sizeof(float)) == 0;
     }
     for (int way = 0; way < 2; way++)

@@ -99,6 +99,16 @@ static inline float *fd_random(size_t n, float scale, uint64_t *state) {
     return x;
 }
 
+/* Largest |a - b| relative to max |b| (1 when b is all zero). */
+static inline double test_rel_error(const float *a, const float *b, size_t n) {
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        diff = fmax(diff, fabs((double)a[i] - b[i]));
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    return diff / (scale > 0 ? scale : 1);
+}
+
 /* Accumulated in double, so that the loss itself adds little rounding. */
 static inline double fd_dot(const float *a, const float *b, size_t n) {
     double s = 0;

@@ -212,14 +212,16 @@ static void block_product(const float *packed_a, const float *packed_b, int m, i
 }
 
 /* C's rows [0, M): for each block of k, B's column blocks in turn and A's
- * row blocks under each. With `keep_a` (M <= MS) A's blocks are packed
- * while the first column block runs and kept for the others (docs/design.md
- * §8.10): packed again per column block, A was read from memory each time
- * (the LM head's forward, 8192 columns, packed it 11 times); without, one
- * column block, each is packed into one place. Each element of C sums its
- * k blocks in order either way, so the floats are those of any other cut. */
-static void row_block(gemm_avx512_space *s, bool keep_a, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+ * row blocks under each. Where B has more than one column block (then
+ * M <= MS) A's blocks are packed while the first runs and kept for the
+ * others (docs/design.md §8.10): packed again per column block, A was read
+ * from memory each time (the LM head's forward, 8192 columns, packed it 11
+ * times); with one, each is packed into one place. Each element of C sums
+ * its k blocks in order either way, so the floats are those of any other
+ * cut. */
+static void row_block(gemm_avx512_space *s, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                       const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    bool keep_a = N > NC;
     for (int p0 = 0; p0 < K; p0 += KC) {
         int k = K - p0 < KC ? K - p0 : KC;
         float block_beta = p0 == 0 ? beta : 1.0f;
@@ -243,13 +245,10 @@ static void row_block(gemm_avx512_space *s, bool keep_a, bool trans_a, bool tran
  * More: at most MS rows at a time, A kept (B packed once per MS rows). */
 void gemm_avx512_run(gemm_avx512_space *s, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
                      int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-    if (N <= NC) {
-        row_block(s, false, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    for (int i1 = 0; i1 < M; i1 += MS) {
-        int m = M - i1 < MS ? M - i1 : MS;
-        row_block(s, true, trans_a, trans_b, m, N, K, alpha, trans_a ? A + i1 : A + (size_t)i1 * lda, lda, B, ldb, beta,
+    int span = N > NC ? MS : M;
+    for (int i1 = 0; i1 < M; i1 += span) {
+        int m = M - i1 < span ? M - i1 : span;
+        row_block(s, trans_a, trans_b, m, N, K, alpha, trans_a ? A + i1 : A + (size_t)i1 * lda, lda, B, ldb, beta,
                   C + (size_t)i1 * ldc, ldc);
     }
 }
