@@ -14,6 +14,7 @@
 
 #include "base/cpu.h"
 #include "kernels/gemm.h"
+#include "kernels/kernels.h"
 #include "model/model.h"
 #include "test_util.h"
 #include "training/optimizer.h"
@@ -374,6 +375,36 @@ static void test_hold(void) {
     free_problem(&p);
 }
 
+/* An input made in bf16 alone (the GELU output, docs/design.md §8.10):
+ * matmul_forward_bf16 and matmul_backward_bf16 give the bits of the fp32
+ * input converted per call, with dinp written over the input's memory as
+ * the model writes it. */
+static void test_bf16_inputs(void) {
+    enum { ROWS = 70, IN = 96, OUT = 40 };
+    uint64_t rng = 9;
+    float *x = matrix(ROWS, IN, IN, 0, &rng), *w = matrix(OUT, IN, IN, 0, &rng), *b = matrix(1, OUT, OUT, 0, &rng);
+    float *dy = matrix(ROWS, OUT, OUT, 0, &rng), *partials = malloc(sizeof(float) * kernel_sum_partials_floats(OUT));
+    float *y[2], *dw[2], *db[2], *dx[2];
+    for (int i = 0; i < 2; i++) {
+        y[i] = malloc(sizeof(float) * ROWS * OUT), dw[i] = malloc(sizeof(float) * OUT * IN);
+        db[i] = malloc(sizeof(float) * OUT), dx[i] = malloc(sizeof(float) * ROWS * IN);
+    }
+    float *shared = malloc(sizeof(float) * ROWS * IN); /* the bf16 input, then dinp over it */
+    uint16_t *x16 = (uint16_t *)shared;
+    cpu_f32_to_bf16(x16, x, (size_t)ROWS * IN);
+    matmul_forward(y[0], x, w, b, ROWS, IN, OUT);
+    matmul_forward_bf16(y[1], x16, w, b, ROWS, IN, OUT);
+    matmul_backward(dx[0], dw[0], db[0], dy, x, w, ROWS, IN, OUT, false, partials);
+    matmul_backward_bf16(shared, dw[1], db[1], dy, x16, w, ROWS, IN, OUT, false, partials);
+    memcpy(dx[1], shared, sizeof(float) * ROWS * IN);
+    bool same = !memcmp(y[0], y[1], sizeof(float) * ROWS * OUT) && !memcmp(dw[0], dw[1], sizeof(float) * OUT * IN) &&
+                !memcmp(db[0], db[1], sizeof(float) * OUT) && !memcmp(dx[0], dx[1], sizeof(float) * ROWS * IN);
+    test_check(same, "bf16: an input in bf16 alone = the fp32 input converted per call (forward, backward, bits)",
+               NULL);
+    for (int i = 0; i < 2; i++) free(y[i]), free(dw[i]), free(db[i]), free(dx[i]);
+    free(x), free(w), free(b), free(dy), free(partials), free(shared);
+}
+
 static void test_default_engine(gemm_engine engine) {
     gemm_ctx *ctx = gemm_create(engine, 1);
     if (!ctx) return; /* reported by test_engine */
@@ -390,6 +421,7 @@ static void test_default_engine(gemm_engine engine) {
         test_check(stale && y[0] == 6.0f + 1.0f / 64, "bf16: weights read from their copy until refreshed", NULL);
         gemm_unregister_weights(ctx, W);
         test_hold();
+        test_bf16_inputs();
     }
     for (int attention = ATTENTION_SOFTMAX; attention <= ATTENTION_FMM; attention++) {
         size_t at_2 = 0, refreshes = 0;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/cpu.h"
 #include "base/float_env.h"
 #include "kernels/kernels.h"
 #include "test_util.h"
@@ -144,6 +145,30 @@ static void test_gelu(void) {
     gelu_bias_backward(in_place, again, c.aux2, c.aux1, in_place, ROWS, DIM, true, partials);
     bool same = !memcmp(again, expected, sizeof(float) * DIM) && !memcmp(in_place, dx, sizeof(float) * N);
     test_check(same, "gelu+bias dbias accumulates, in place (bits)", NULL);
+}
+
+/* The bf16 outputs (docs/design.md §8.10): the fp32 kernels' floats,
+ * rounded by cpu_f32_to_bf16, bit for bit. A row of 1,100 spans two
+ * whole pieces of the bf16 row and a tail; 3 rows of it, more than one
+ * element chunk of gelu_from_tanh. */
+static void test_gelu_bf16(void) {
+    enum { ROWS = 30, DIM = 1100, N = ROWS * DIM };
+    float *x = randn(N, 3), *bias = randn(DIM, 1), *pre = malloc(sizeof(float) * N), *out = malloc(sizeof(float) * N);
+    float *tanh_saved = malloc(sizeof(float) * N), *pre16 = malloc(sizeof(float) * N);
+    float *tanh16 = malloc(sizeof(float) * N);
+    uint16_t *want = malloc(sizeof(uint16_t) * N), *got = malloc(sizeof(uint16_t) * N);
+    memcpy(pre, x, sizeof(float) * N), memcpy(pre16, x, sizeof(float) * N);
+    gelu_bias_forward(out, tanh_saved, pre, bias, ROWS, DIM);
+    gelu_bias_forward_bf16(got, tanh16, pre16, bias, ROWS, DIM);
+    cpu_f32_to_bf16(want, out, N);
+    bool same = !memcmp(got, want, sizeof(uint16_t) * N) && !memcmp(pre16, pre, sizeof(float) * N) &&
+                !memcmp(tanh16, tanh_saved, sizeof(float) * N);
+    test_check(same, "gelu_bias_forward_bf16 = bf16 of gelu_bias_forward, pre and tanh terms too (bits)", NULL);
+    memset(got, 0, sizeof(uint16_t) * N);
+    gelu_from_tanh_bf16(got, pre, tanh_saved, N - 7); /* a tail past whole pieces */
+    test_check(!memcmp(got, want, sizeof(uint16_t) * (N - 7)) && got[N - 7] == 0,
+               "gelu_from_tanh_bf16 = bf16 of gelu_bias_forward (bits), nothing past n", NULL);
+    free(x), free(bias), free(pre), free(out), free(tanh_saved), free(pre16), free(tanh16), free(want), free(got);
 }
 
 /* ---- the sums over rows on threads ---- */
@@ -403,6 +428,7 @@ int main(void) {
     test_layernorm(37);
     test_layernorm_residual();
     test_gelu();
+    test_gelu_bf16();
     test_column_sums_threads();
     test_embedding();
     test_rope();

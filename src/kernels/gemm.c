@@ -302,20 +302,29 @@ static void split_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool 
     }
 }
 
-void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-                  int ldb, float beta, float *C, int ldc) {
+void gemm_product_mixed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, gemm_operand A, int lda,
+                        gemm_operand B, int ldb, float beta, float *C, int ldc) {
     gemm_ctx *ctx = default_ctx;
+    if ((!A.f32 || !B.f32) && !uses_weight_copy(ctx))
+        status_panic(1, "a product's operand is in bf16 only, and the engine reads fp32");
     if (!ctx) {
-        split_product(NULL, GEMM_OPENBLAS, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        split_product(NULL, GEMM_OPENBLAS, trans_a, trans_b, M, N, K, alpha, A.f32, lda, B.f32, ldb, beta, C, ldc);
         return;
     }
-    gemm_operand a = {A, NULL}, b = {B, NULL};
     if (uses_weight_copy(ctx)) {
-        a.bf16 = bf16_copy(ctx, A);
-        b.bf16 = bf16_copy(ctx, B);
+        if (!A.bf16) A.bf16 = bf16_copy(ctx, A.f32);
+        if (!B.bf16) B.bf16 = bf16_copy(ctx, B.f32);
     }
-    gemm_mixed(ctx, trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
+    gemm_mixed(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
+
+void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                  int ldb, float beta, float *C, int ldc) {
+    gemm_product_mixed(trans_a, trans_b, M, N, K, alpha, (gemm_operand){A, NULL}, lda, (gemm_operand){B, NULL}, ldb,
+                       beta, C, ldc);
+}
+
+bool gemm_reads_bf16(void) { return uses_weight_copy(default_ctx); }
 
 #define HELD_MIN ((size_t)1 << 20) /* bf16 elements: 2 MiB */
 

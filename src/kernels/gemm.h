@@ -81,8 +81,10 @@ const char *gemm_describe(gemm_ctx *ctx);
  * and leading dimension. The model keeps bf16 copies of its weights,
  * refreshed once per optimizer step (cpu_f32_to_bf16, cpu.h), and passes them here
  * so that weights are converted once per step while activations — new at
- * every call — are converted by the bf16 engine per call. f32 is always
- * required: the fp32 engines read only f32 and ignore bf16. */
+ * every call — are converted by the bf16 engine per call. The fp32 engines
+ * read only f32 and ignore bf16; f32 may be NULL only where the engine reads
+ * bf16 (gemm_reads_bf16): an activation the model makes in bf16 alone
+ * because only products read it (docs/design.md §8.10). */
 typedef struct {
     const float *f32;
     const uint16_t *bf16; /* NULL: converted from f32 per call (bf16 engine only) */
@@ -115,6 +117,14 @@ gemm_ctx *gemm_default(void); /* NULL when none is set */
  * inside the registered weights is read from their bf16 copy. */
 void gemm_product(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                   int ldb, float beta, float *C, int ldc);
+/* The same with operands that may carry bf16 copies (gemm_operand); an fp32
+ * operand without one is looked up as gemm_product's are. */
+void gemm_product_mixed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, gemm_operand A, int lda,
+                        gemm_operand B, int ldb, float beta, float *C, int ldc);
+/* Whether the default engine reads its operands in bf16 (train.precision =
+ * bf16): then an activation read only by products may be made in bf16 alone,
+ * rounded as the engine would round it (cpu_f32_to_bf16), the same bits. */
+bool gemm_reads_bf16(void);
 
 /* An activation that two products in a row read (matmul_backward's dY,
  * for the weight's gradient and for the input's): with the bf16 engine,

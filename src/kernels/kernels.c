@@ -12,6 +12,7 @@
 
 #include <omp.h>
 
+#include "base/cpu.h"
 #include "base/fast_math.h"
 #include "kernels/gemm.h"
 
@@ -98,22 +99,33 @@ VECTOR_CLONES static void block_column_sums(float *partial, const float *rows_da
     }
 }
 
-void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int rows, int in_dim,
-                    int out_dim) {
+static void linear_forward(float *out, gemm_operand inp, const float *weight, const float *bias, int rows, int in_dim,
+                           int out_dim) {
     float beta = 0.0f;
     if (bias) {
 #pragma omp parallel for schedule(static) if ((size_t)rows * out_dim >= parallel_min_floats)
         for (int r = 0; r < rows; r++) memcpy(out + (size_t)r * out_dim, bias, sizeof(float) * out_dim);
         beta = 1.0f;
     }
-    gemm_product(false, true, rows, out_dim, in_dim, 1.0f, inp, in_dim, weight, in_dim, beta, out, out_dim);
+    gemm_product_mixed(false, true, rows, out_dim, in_dim, 1.0f, inp, in_dim, (gemm_operand){weight, NULL}, in_dim,
+                       beta, out, out_dim);
 }
 
-void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                     const float *weight, int rows, int in_dim, int out_dim, bool accumulate, float *partials) {
+void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int rows, int in_dim,
+                    int out_dim) {
+    linear_forward(out, (gemm_operand){inp, NULL}, weight, bias, rows, in_dim, out_dim);
+}
+
+void matmul_forward_bf16(float *out, const uint16_t *inp, const float *weight, const float *bias, int rows, int in_dim,
+                         int out_dim) {
+    linear_forward(out, (gemm_operand){NULL, inp}, weight, bias, rows, in_dim, out_dim);
+}
+
+static void linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, gemm_operand inp,
+                            const float *weight, int rows, int in_dim, int out_dim, bool accumulate, float *partials) {
     gemm_hold(dout, (size_t)rows * out_dim); /* both products read dout: bf16 converts it once */
-    gemm_product(true, false, out_dim, in_dim, rows, 1.0f, dout, out_dim, inp, in_dim, accumulate ? 1.0f : 0.0f,
-                 dweight, in_dim);
+    gemm_product_mixed(true, false, out_dim, in_dim, rows, 1.0f, (gemm_operand){dout, NULL}, out_dim, inp, in_dim,
+                       accumulate ? 1.0f : 0.0f, dweight, in_dim);
     if (dbias) {
         if (!accumulate) memset(dbias, 0, sizeof(float) * out_dim);
         row_blocks blocks = row_blocks_of(rows);
@@ -130,6 +142,18 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
     if (dinp)
         gemm_product(false, false, rows, in_dim, out_dim, 1.0f, dout, out_dim, weight, in_dim, 0.0f, dinp, in_dim);
     gemm_release();
+}
+
+void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                     const float *weight, int rows, int in_dim, int out_dim, bool accumulate, float *partials) {
+    linear_backward(dinp, dweight, dbias, dout, (gemm_operand){inp, NULL}, weight, rows, in_dim, out_dim, accumulate,
+                    partials);
+}
+
+void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout, const uint16_t *inp,
+                          const float *weight, int rows, int in_dim, int out_dim, bool accumulate, float *partials) {
+    linear_backward(dinp, dweight, dbias, dout, (gemm_operand){NULL, inp}, weight, rows, in_dim, out_dim, accumulate,
+                    partials);
 }
 
 /* LayerNorm's sums run in NORM_LANES fixed lanes, then the lanes in order
@@ -357,6 +381,45 @@ void gelu_from_tanh(float *out, const float *inp, const float *tanh_saved, size_
     for (size_t c = 0; c < element_chunks(n); c++) {
         size_t at = c * ELEMENT_CHUNK;
         gelu_from_tanh_chunk(out + at, inp + at, tanh_saved + at, chunk_length(n, c));
+    }
+}
+
+/* The bf16 outputs are made in pieces of this many floats on the stack,
+ * each converted while it is in L1: the fp32 output never reaches memory. */
+#define BF16_PIECE 512
+
+/* gelu_bias_forward_row's output in bf16, piece by piece. */
+static void gelu_bias_forward_row_bf16(uint16_t *out, float *tanh_saved, float *pre, const float *bias, int dim) {
+    float piece[BF16_PIECE];
+    for (int i = 0; i < dim; i += BF16_PIECE) {
+        int n = dim - i < BF16_PIECE ? dim - i : BF16_PIECE;
+        gelu_bias_forward_row(piece, tanh_saved + i, pre + i, bias + i, n);
+        cpu_f32_to_bf16(out + i, piece, (size_t)n);
+    }
+}
+
+void gelu_bias_forward_bf16(uint16_t *out, float *tanh_saved, float *pre, const float *bias, int rows, int dim) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= parallel_min_floats)
+    for (int r = 0; r < rows; r++) {
+        size_t at = (size_t)r * dim;
+        gelu_bias_forward_row_bf16(out + at, tanh_saved + at, pre + at, bias, dim);
+    }
+}
+
+static void gelu_from_tanh_chunk_bf16(uint16_t *out, const float *inp, const float *tanh_saved, size_t n) {
+    float piece[BF16_PIECE];
+    for (size_t i = 0; i < n; i += BF16_PIECE) {
+        size_t len = n - i < BF16_PIECE ? n - i : BF16_PIECE;
+        gelu_from_tanh_chunk(piece, inp + i, tanh_saved + i, len);
+        cpu_f32_to_bf16(out + i, piece, len);
+    }
+}
+
+void gelu_from_tanh_bf16(uint16_t *out, const float *inp, const float *tanh_saved, size_t n) {
+#pragma omp parallel for schedule(static) if (element_chunks(n) > 1)
+    for (size_t c = 0; c < element_chunks(n); c++) {
+        size_t at = c * ELEMENT_CHUNK;
+        gelu_from_tanh_chunk_bf16(out + at, inp + at, tanh_saved + at, chunk_length(n, c));
     }
 }
 

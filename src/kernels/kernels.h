@@ -24,6 +24,14 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
  * over rows of up to dim columns. */
 size_t kernel_sum_partials_floats(int max_dim);
 
+/* matmul_forward and matmul_backward for an input made in bf16 alone (dense rows of in_dim), only where the
+ * product engine reads bf16 (gemm_reads_bf16, gemm.h): the GELU output, which only the next product reads
+ * (docs/design.md §8.10). As there, dinp is written last and may be inp's memory. */
+void matmul_forward_bf16(float *out, const uint16_t *inp, const float *weight, const float *bias, int rows, int in_dim,
+                         int out_dim);
+void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout, const uint16_t *inp,
+                          const float *weight, int rows, int in_dim, int out_dim, bool accumulate, float *partials);
+
 /* dinp = dout W (skipped if NULL); dweight += dout^T inp; dbias += column
  * sums (skipped if NULL; partials may be NULL then); without `accumulate`
  * dweight and dbias are written (=) instead, the GEMM with beta = 0. dinp
@@ -53,6 +61,10 @@ void gelu_bias_forward(float *out, float *tanh_saved, float *pre, const float *b
  * output, without a transcendental function (backward remakes the
  * activations this way instead of keeping them). */
 void gelu_from_tanh(float *out, const float *inp, const float *tanh_saved, size_t n);
+/* Both with the output in bf16 alone, rounded as cpu_f32_to_bf16 rounds (cpu.h): the bits the bf16 product engine
+ * would make of the fp32 output, without writing it and reading it back (docs/design.md §8.10). */
+void gelu_bias_forward_bf16(uint16_t *out, float *tanh_saved, float *pre, const float *bias, int rows, int dim);
+void gelu_from_tanh_bf16(uint16_t *out, const float *inp, const float *tanh_saved, size_t n);
 /* dpre = dout * gelu'(pre) (dpre may alias dout), and in the same pass the bias gradient, dbias += column sums of
  * dpre (= without `accumulate`): the floats matmul_backward's dbias would be. */
 void gelu_bias_backward(float *dpre, float *dbias, const float *pre, const float *tanh_saved, const float *dout,

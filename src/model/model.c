@@ -181,6 +181,19 @@ static void attention_state(model *m, int l, int B, int T, bool collect_buffers,
                                           w->proj_bias, x, w->ln2_weight, w->ln2_bias, rows, m->d));
 }
 
+/* The GELU output in bf16 alone where the products read bf16, in the work
+ * buffer's memory, else NULL (fp32 in fc_act): only the MLP's output
+ * product reads it, so its fp32 floats were written and read back only to
+ * be converted (docs/design.md §8.10). */
+static uint16_t *gelu_out_bf16(const model *m) { return gemm_reads_bf16() ? (uint16_t *)m->acts.fc_act : NULL; }
+
+/* The MLP's output product, forward, from the GELU output however it is kept. */
+static void mlp_proj_forward(model *m, float *out, const model_block_tensors *w, int rows) {
+    uint16_t *act16 = gelu_out_bf16(m);
+    if (act16) matmul_forward_bf16(out, act16, w->mlp_proj_weight, NULL, rows, m->d_ff, m->d);
+    else matmul_forward(out, m->acts.fc_act, w->mlp_proj_weight, NULL, rows, m->d_ff, m->d);
+}
+
 /* The second half, LN2's output -> the MLP's GELU (fc_act), the fc bias in
  * GELU's pass; recomputed alone with train.recompute = mlp, after LN2 of
  * the kept mid (`ln2_again`: the same floats as the fused pass made). */
@@ -196,7 +209,10 @@ static void mlp_state(model *m, int l, int B, int T, bool ln2_again, const model
                                      w->ln2_weight, w->ln2_bias, rows, m->d));
     PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(fc_pre, ln2, w->fc_weight, NULL, rows, m->d, m->d_ff));
     progress(hooks);
-    PROF_TIMED(PROF_FORWARD_ACTIVATION, gelu_bias_forward(a->fc_act, fc_tanh, fc_pre, w->fc_bias, rows, m->d_ff));
+    uint16_t *act16 = gelu_out_bf16(m);
+    if (act16)
+        PROF_TIMED(PROF_FORWARD_ACTIVATION, gelu_bias_forward_bf16(act16, fc_tanh, fc_pre, w->fc_bias, rows, m->d_ff));
+    else PROF_TIMED(PROF_FORWARD_ACTIVATION, gelu_bias_forward(a->fc_act, fc_tanh, fc_pre, w->fc_bias, rows, m->d_ff));
     a->state_of = l;
 }
 
@@ -212,7 +228,7 @@ static void block_forward(model *m, int l, int B, int T, bool collect_buffers, c
     int rows = (int)bt;
     const model_block_tensors *w = &m->w.blocks[l];
     float *out = a->residual + (l + 1) * bt * d, *mid = model_block_mid(m, l, B, T);
-    PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(out, a->fc_act, w->mlp_proj_weight, NULL, rows, m->d_ff, m->d));
+    PROF_TIMED(PROF_FORWARD_LINEAR, mlp_proj_forward(m, out, w, rows));
     if (next)
         PROF_TIMED(PROF_FORWARD_NORM,
                    layernorm_residual_forward(next->out, next->mean, next->rstd, out, w->mlp_proj_bias, mid,
@@ -465,10 +481,18 @@ static void block_backward(model *m, int l, int B, int T, const model_backward_h
      * unchanged and each LayerNorm backward adds its branch into it. */
     /* the GELU output is not kept per layer: it follows from the saved
      * pre-activation and tanh term, the same floats as forward made */
-    PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_from_tanh(a->fc_act, fc_pre, fc_tanh, bt * ff));
-    PROF_TIMED(PROF_BACKWARD_LINEAR,
-               matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, a->fc_act,
-                               w->mlp_proj_weight, rows, m->d_ff, m->d, accumulate, a->sum_partials));
+    uint16_t *act16 = gelu_out_bf16(m);
+    if (act16) {
+        PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_from_tanh_bf16(act16, fc_pre, fc_tanh, bt * ff));
+        PROF_TIMED(PROF_BACKWARD_LINEAR,
+                   matmul_backward_bf16(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, act16,
+                                        w->mlp_proj_weight, rows, m->d_ff, m->d, accumulate, a->sum_partials));
+    } else {
+        PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_from_tanh(a->fc_act, fc_pre, fc_tanh, bt * ff));
+        PROF_TIMED(PROF_BACKWARD_LINEAR,
+                   matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, a->fc_act,
+                                   w->mlp_proj_weight, rows, m->d_ff, m->d, accumulate, a->sum_partials));
+    }
     progress(hooks);
     /* the fc bias gradient in GELU's pass (docs/design.md §8.10) */
     PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_bias_backward(a->d_ff, g->fc_bias, fc_pre, fc_tanh, a->d_ff, rows,

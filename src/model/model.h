@@ -59,7 +59,8 @@ typedef struct {
     float *ln2, *ln2_mean, *ln2_rstd;
     float *fc_pre, *fc_tanh; /* [L][B*T*d_ff] */
     float *fc_act;           /* [B*T*d_ff]: one layer's GELU output, remade in backward; shares
-                              * its memory with qkv and d_ff (params.c's work_floats) */
+                              * its memory with qkv and d_ff (params.c's work_floats); in bf16
+                              * alone where the products read bf16 (model.c's gelu_out_bf16) */
     float *ln_f, *ln_f_mean, *ln_f_rstd;
     float *logits;        /* [B*T*V] (lm) or [B*n_classes] (cls) */
     float *probs;         /* the same shape: softmax of logits; == logits (overwritten)
