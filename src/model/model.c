@@ -467,18 +467,15 @@ static void head_backward(model *m, const int32_t *targets, const int32_t *label
                                   a->ln_f_rstd, rows, m->d, accumulate, a->sum_partials));
 }
 
-static void block_backward(model *m, int l, int B, int T, const model_backward_hooks *hooks, bool accumulate) {
+/* The MLP's backward, from dL/d(block output) in d_residual to its input's
+ * gradient in d_model_rows (LN2's backward follows). */
+static void mlp_backward(model *m, int l, int B, int T, const model_backward_hooks *hooks, bool accumulate) {
     model_activations *a = &m->acts;
     const model_block_tensors *w = &m->w.blocks[l];
     model_block_tensors *g = &m->g.blocks[l];
-    restore_state(m, l, B, T, hooks);
-    size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff;
-    size_t s = model_activation_slot(m, l, false), sm = model_activation_slot(m, l, true);
+    size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff, sm = model_activation_slot(m, l, true);
     int rows = (int)bt;
-    float *x = a->residual + l * bt * d, *mid = a->mid + s * bt * d;
     float *fc_pre = a->fc_pre + sm * bt * ff, *fc_tanh = a->fc_tanh + sm * bt * ff;
-    /* d_residual holds dL/d(block output); the residual paths pass it through
-     * unchanged and each LayerNorm backward adds its branch into it. */
     /* the GELU output is not kept per layer: it follows from the saved
      * pre-activation and tanh term, the same floats as forward made */
     uint16_t *act16 = gelu_out_bf16(m);
@@ -499,6 +496,20 @@ static void block_backward(model *m, int l, int B, int T, const model_backward_h
                                                             m->d_ff, accumulate, a->sum_partials));
     PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows, g->fc_weight, NULL, a->d_ff, a->ln2 + sm * bt * d,
                                                      w->fc_weight, rows, m->d, m->d_ff, accumulate, NULL));
+}
+
+static void block_backward(model *m, int l, int B, int T, const model_backward_hooks *hooks, bool accumulate) {
+    model_activations *a = &m->acts;
+    const model_block_tensors *w = &m->w.blocks[l];
+    model_block_tensors *g = &m->g.blocks[l];
+    restore_state(m, l, B, T, hooks);
+    size_t bt = (size_t)B * T, d = (size_t)m->d;
+    size_t s = model_activation_slot(m, l, false), sm = model_activation_slot(m, l, true);
+    int rows = (int)bt;
+    float *x = a->residual + l * bt * d, *mid = a->mid + s * bt * d;
+    /* d_residual holds dL/d(block output); the residual paths pass it through
+     * unchanged and each LayerNorm backward adds its branch into it. */
+    mlp_backward(m, l, B, T, hooks, accumulate);
     progress(hooks);
     PROF_TIMED(PROF_BACKWARD_NORM, layernorm_backward(a->d_residual, g->ln2_weight, g->ln2_bias, a->d_model_rows, mid,
                                                       w->ln2_weight, a->ln2_mean + sm * bt, a->ln2_rstd + sm * bt, rows,
