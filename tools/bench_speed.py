@@ -4,7 +4,7 @@
 noisy neighbour on a shared machine hits every set-up alike.
 
     tools/bench_speed.py CONFIG [--setups fp32,bf16,fp32@2] [--rounds 3] [--steps 5]
-                         [--binary build/momfmm] [--set section.key=value ...]
+                         [--binary build/momfmm] [--cores 0,1] [--set section.key=value ...]
 
 A set-up is a precision (fp32: train.gemm = auto, the default; fp32-openblas, fp32-onednn,
 fp32-avx512: that engine alone; bf16: train.precision = bf16) and a thread count after '@' (default 1),
@@ -16,6 +16,11 @@ pair by pair within a round, each set-up against the first one (tokens/s ratio a
 time ratio, median and range). Then the goals of docs/performance.md §9.9 that the set-ups
 allow, each with 'met' or 'MISSED'. The CPU (lscpu's model name and flags) and the commands
 are printed first.
+
+--cores pins the runs: a set-up of t threads runs on the first t cores listed (its commands
+are printed as `taskset -c ...`). On a shared machine the cores need not be equal (a neighbour
+on one core's hardware slowed it by 7-18% here, docs/performance.md §9.9); without --cores a
+one-thread set-up runs wherever the system puts it, so its rounds mix the cores.
 """
 import argparse
 import os
@@ -58,13 +63,32 @@ def cpu():
     return f"{name.group(1).strip() if name else 'unknown CPU'} ({' '.join(isa)})", "avx512f" in have
 
 
+def parse_cores(text, setups):
+    """--cores: distinct cores this process may run on, at least as many as the largest set-up's threads."""
+    allowed = os.sched_getaffinity(0)
+    cores = []
+    for item in text.split(","):
+        if not item.isdigit() or int(item) not in allowed:
+            refuse(f"--cores: '{item}': not a core this process may run on (allowed: "
+                   f"{','.join(str(c) for c in sorted(allowed))})")
+        if int(item) in cores:
+            refuse(f"--cores: '{item}' is listed twice")
+        cores.append(int(item))
+    most = max(threads for _, _, threads in setups)
+    if len(cores) < most:
+        refuse(f"--cores: {len(cores)} core(s) listed, and a set-up runs {most} threads")
+    return cores
+
+
 def run(a, precision, threads):
     """One bench run: its figures, or exits with bench's own message."""
     cmd = [a.binary, "bench", a.config, "--steps", str(a.steps), *PRECISIONS[precision]]
     for s in a.set:
         cmd += ["--set", s]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    pinned = a.cores[:threads] if a.cores else None
+    pin = (lambda: os.sched_setaffinity(0, pinned)) if pinned else None
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=pin)
     if r.returncode != 0:
         line = next((l for l in r.stderr.splitlines() if l.startswith("momfmm:")), r.stderr.strip()[-300:])
         print(f"bench_speed.py: {' '.join(cmd)}: exit {r.returncode}: {line}", file=sys.stderr)
@@ -84,7 +108,8 @@ def run(a, precision, threads):
         "products_ms": products,
         "other_share": other / step,
         "of_peak": figures["gflops"] / peak if peak else float("nan"),
-        "command": f"OMP_NUM_THREADS={threads} " + " ".join(cmd),
+        "command": f"OMP_NUM_THREADS={threads} "
+                   + (f"taskset -c {','.join(str(c) for c in pinned)} " if pinned else "") + " ".join(cmd),
     }
 
 
@@ -99,11 +124,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "momfmm"))
+    ap.add_argument("--cores", default="", metavar="0,1")
     ap.add_argument("--set", action="append", default=[], metavar="section.key=value")
     a = ap.parse_args()
     setups = [parse_setup(s) for s in a.setups.split(",") if s]
     if not setups or len({s[0] for s in setups}) != len(setups):
         refuse(f"--setups: '{a.setups}': name one or more distinct set-ups")
+    a.cores = parse_cores(a.cores, setups) if a.cores else []
     if not 1 <= a.rounds <= 100 or not 1 <= a.steps <= 1000:
         refuse("--rounds must be 1 ... 100 and --steps 1 ... 1000")
     if not (os.path.isfile(a.binary) and os.access(a.binary, os.X_OK)):

@@ -259,7 +259,9 @@ SPEED = os.path.join(ROOT, "tools", "bench_speed.py")
 def test_bench_speed(momfmm, workdir, report):
     """tools/bench_speed.py (docs/performance.md §9.9) on a tiny model, 2 rounds: one line per
     round and set-up, the table with every set-up (the first against itself 1.000), each goal
-    the set-ups measure with its verdict (the tiny model's attention may time as 0 ms: its ratio is then '—'); a bad set-up or binary is one line and exit 2."""
+    the set-ups measure with its verdict (the tiny model's attention may time as 0 ms: its ratio is then '—');
+    --cores pins a set-up (its command printed with taskset); a bad set-up, core list or binary is one line
+    and exit 2."""
     ini = write_config(os.path.join(workdir, "speed.ini"), tiny_config(os.path.join(workdir, "speed_run")))
     r = run([PYTHON, SPEED, ini, "--binary", momfmm, "--rounds", "2", "--steps", "1",
              "--setups", "fp32,bf16,fp32@2"], timeout=300)
@@ -273,8 +275,16 @@ def test_bench_speed(momfmm, workdir, report):
     goals = re.findall(r"^goal: (.+): (met|MISSED)$", out, re.M)
     report.check("a verdict for each goal the set-ups measure (bf16 speed, attention, peak; fp32 peak; 2 threads)",
                  len(goals) == 5, str(goals))
+    core = min(os.sched_getaffinity(0))
+    pinned = run([PYTHON, SPEED, ini, "--binary", momfmm, "--rounds", "1", "--steps", "1", "--setups", "fp32",
+                  "--cores", str(core)], timeout=300)
+    report.check("--cores runs a set-up on its first cores, its command printed with taskset",
+                 pinned.returncode == 0 and f"taskset -c {core} " in pinned.stdout, pinned.stdout[-400:] + pinned.stderr[-300:])
     for args, needle in ((["--setups", "fp64"], "the precision must be one of"),
                          (["--setups", "fp32@0"], "the thread count"),
+                         (["--cores", "100000"], "not a core this process may run on"),
+                         (["--cores", f"{core},{core}"], "listed twice"),
+                         (["--setups", "fp32@2", "--cores", str(core)], "a set-up runs 2 threads"),
                          (["--binary", os.path.join(workdir, "nope")], "not an executable momfmm binary")):
         bad = run([PYTHON, SPEED, ini, "--binary", momfmm, *args] if "--binary" not in args else [PYTHON, SPEED, ini, *args])
         report.check(f"bench_speed.py {' '.join(args)}: exit 2, one line", bad.returncode == 2 and needle in bad.stderr
