@@ -279,7 +279,8 @@ def test_bench_speed(momfmm, workdir, report):
     pinned = run([PYTHON, SPEED, ini, "--binary", momfmm, "--rounds", "1", "--steps", "1", "--setups", "fp32",
                   "--cores", str(core)], timeout=300)
     report.check("--cores runs a set-up on its first cores, its command printed with taskset",
-                 pinned.returncode == 0 and f"taskset -c {core} " in pinned.stdout, pinned.stdout[-400:] + pinned.stderr[-300:])
+                 pinned.returncode == 0 and f"taskset -c {core} " in pinned.stdout,
+                 pinned.stdout[-400:] + pinned.stderr[-300:])
     for args, needle in ((["--setups", "fp64"], "the precision must be one of"),
                          (["--setups", "fp32@0"], "the thread count"),
                          (["--cores", "100000"], "not a core this process may run on"),
