@@ -124,13 +124,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "momfmm"))
-    ap.add_argument("--cores", default="", metavar="0,1")
+    ap.add_argument("--cores", metavar="0,1")
     ap.add_argument("--set", action="append", default=[], metavar="section.key=value")
     a = ap.parse_args()
     setups = [parse_setup(s) for s in a.setups.split(",") if s]
     if not setups or len({s[0] for s in setups}) != len(setups):
         refuse(f"--setups: '{a.setups}': name one or more distinct set-ups")
-    a.cores = parse_cores(a.cores, setups) if a.cores else []
+    a.cores = parse_cores(a.cores, setups) if a.cores is not None else []
     if not 1 <= a.rounds <= 100 or not 1 <= a.steps <= 1000:
         refuse("--rounds must be 1 ... 100 and --steps 1 ... 1000")
     if not (os.path.isfile(a.binary) and os.access(a.binary, os.X_OK)):

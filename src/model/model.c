@@ -194,6 +194,20 @@ static void mlp_proj_forward(model *m, float *out, const model_block_tensors *w,
     else matmul_forward(out, m->acts.fc_act, w->mlp_proj_weight, NULL, rows, m->d_ff, m->d);
 }
 
+/* Its backward: the weight's and bias's gradients, and d_ff, the GELU
+ * output's (written over it). */
+static void mlp_proj_backward(model *m, const model_block_tensors *w, model_block_tensors *g, int rows,
+                              bool accumulate) {
+    model_activations *a = &m->acts;
+    uint16_t *act16 = gelu_out_bf16(m);
+    if (act16)
+        matmul_backward_bf16(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, act16, w->mlp_proj_weight,
+                             rows, m->d_ff, m->d, accumulate, a->sum_partials);
+    else
+        matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, a->fc_act, w->mlp_proj_weight,
+                        rows, m->d_ff, m->d, accumulate, a->sum_partials);
+}
+
 /* The second half, LN2's output -> the MLP's GELU (fc_act), the fc bias in
  * GELU's pass; recomputed alone with train.recompute = mlp, after LN2 of
  * the kept mid (`ln2_again`: the same floats as the fused pass made). */
@@ -479,17 +493,9 @@ static void mlp_backward(model *m, int l, int B, int T, const model_backward_hoo
     /* the GELU output is not kept per layer: it follows from the saved
      * pre-activation and tanh term, the same floats as forward made */
     uint16_t *act16 = gelu_out_bf16(m);
-    if (act16) {
-        PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_from_tanh_bf16(act16, fc_pre, fc_tanh, bt * ff));
-        PROF_TIMED(PROF_BACKWARD_LINEAR,
-                   matmul_backward_bf16(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, act16,
-                                        w->mlp_proj_weight, rows, m->d_ff, m->d, accumulate, a->sum_partials));
-    } else {
-        PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_from_tanh(a->fc_act, fc_pre, fc_tanh, bt * ff));
-        PROF_TIMED(PROF_BACKWARD_LINEAR,
-                   matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, a->fc_act,
-                                   w->mlp_proj_weight, rows, m->d_ff, m->d, accumulate, a->sum_partials));
-    }
+    if (act16) PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_from_tanh_bf16(act16, fc_pre, fc_tanh, bt * ff));
+    else PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_from_tanh(a->fc_act, fc_pre, fc_tanh, bt * ff));
+    PROF_TIMED(PROF_BACKWARD_LINEAR, mlp_proj_backward(m, w, g, rows, accumulate));
     progress(hooks);
     /* the fc bias gradient in GELU's pass (docs/design.md §8.10) */
     PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_bias_backward(a->d_ff, g->fc_bias, fc_pre, fc_tanh, a->d_ff, rows,

@@ -284,6 +284,8 @@ def test_bench_speed(momfmm, workdir, report):
     for args, needle in ((["--setups", "fp64"], "the precision must be one of"),
                          (["--setups", "fp32@0"], "the thread count"),
                          (["--cores", "100000"], "not a core this process may run on"),
+                         (["--cores", ""], "not a core this process may run on"),
+                         (["--cores", "-1"], "not a core this process may run on"),
                          (["--cores", f"{core},{core}"], "listed twice"),
                          (["--setups", "fp32@2", "--cores", str(core)], "a set-up runs 2 threads"),
                          (["--binary", os.path.join(workdir, "nope")], "not an executable momfmm binary")):
