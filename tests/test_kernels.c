@@ -9,6 +9,7 @@
 #include "base/cpu.h"
 #include "base/float_env.h"
 #include "kernels/kernels.h"
+#include "kernels/tile_gemm.h"
 #include "test_util.h"
 
 static uint64_t rng_state = 42;
@@ -145,6 +146,58 @@ static void test_gelu(void) {
     gelu_bias_backward(in_place, again, c.aux2, c.aux1, in_place, ROWS, DIM, true, partials);
     bool same = !memcmp(again, expected, sizeof(float) * DIM) && !memcmp(in_place, dx, sizeof(float) * N);
     test_check(same, "gelu+bias dbias accumulates, in place (bits)", NULL);
+}
+
+/* The vector forms' steps (docs/design.md §8.10) one lane at a time, with
+ * fmaf where they fuse: fast_exp8/16_nonpositive, then fast_tanh8/16's
+ * sign(u) (1 - t) / (1 + t), then GELU's cubic and output. */
+static float exp_steps(float x) {
+    x = fminf(88.0f, fmaxf(-87.0f, x));
+    float n = nearbyintf(x * 1.44269504f);
+    float r = fmaf(-n, 0.693145752f, x);
+    r = fmaf(-n, 1.42860677e-6f, r);
+    float p = fmaf(1.0f / 720, r, 1.0f / 120);
+    p = fmaf(p, r, 1.0f / 24), p = fmaf(p, r, 1.0f / 6), p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f), p = fmaf(p, r, 1.0f);
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+static float gelu_steps(float x, float *th) {
+    float u = 0.7978845608028654f * fmaf(0.044715f * x * x, x, x), t = exp_steps(-2.0f * fabsf(u));
+    *th = copysignf((1.0f - t) / (1.0f + t), u);
+    return 0.5f * x * (1.0f + *th);
+}
+
+/* Where the CPU has AVX2 and FMA: 16 lanes (AVX-512F) and 8 give the
+ * steps' bits, pre + bias and tanh terms too; a row of 70 leaves a tail of
+ * 6 to each, and in place (out over pre, as the generation stream runs
+ * it) the tail is the output too. */
+static void test_gelu_lanes(void) {
+    if (!tile_gemm_available()) return; /* the portable form: other bits, the fd checks above */
+    enum { ROWS = 5, DIM = 70, N = ROWS * DIM };
+    float *x = randn(N, 3), *bias = randn(DIM, 1), want[N], want_th[N], want_x[N];
+    for (int i = 0; i < N; i++) {
+        want_x[i] = x[i] + bias[i % DIM];
+        want[i] = gelu_steps(want_x[i], &want_th[i]);
+    }
+    for (int wide = 1; wide >= 0; wide--) {
+        tile_gemm_set_wide(wide);
+        float out[N], th[N], pre[N], in_place[N], th2[N];
+        memcpy(pre, x, sizeof pre), memcpy(in_place, x, sizeof in_place);
+        gelu_bias_forward(out, th, pre, bias, ROWS, DIM);
+        gelu_bias_forward(in_place, th2, in_place, bias, ROWS, DIM);
+        bool same = !memcmp(out, want, sizeof out) && !memcmp(th, want_th, sizeof th) &&
+                    !memcmp(pre, want_x, sizeof pre) && !memcmp(in_place, want, sizeof in_place);
+        test_check(same,
+                   wide ? "gelu+bias on 16 lanes = the fused steps (bits)"
+                        : "gelu+bias on 8 lanes = the fused steps (bits)",
+                   NULL);
+    }
+    tile_gemm_set_wide(-1);
+    free(x), free(bias);
 }
 
 /* The bf16 outputs (docs/design.md §8.10): the fp32 kernels' floats,
@@ -428,6 +481,7 @@ int main(void) {
     test_layernorm(37);
     test_layernorm_residual();
     test_gelu();
+    test_gelu_lanes();
     test_gelu_bf16();
     test_column_sums_threads();
     test_embedding();

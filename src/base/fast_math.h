@@ -95,6 +95,25 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512 fast_exp1
     __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
 }
+
+/* tanh on eight and sixteen lanes, fast_tanh's steps on fast_exp8 and
+ * fast_exp16 (so the two give the same bits lane by lane): sign(x) (1 - t)
+ * / (1 + t) with t = e^{-2|x|}, the sign copied from x's bit. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 fast_tanh8(__m256 x) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    __m256 t = fast_exp8_nonpositive(_mm256_mul_ps(_mm256_set1_ps(-2.0f), _mm256_andnot_ps(sign, x)));
+    __m256 magnitude = _mm256_div_ps(_mm256_sub_ps(one, t), _mm256_add_ps(one, t));
+    return _mm256_or_ps(magnitude, _mm256_and_ps(sign, x));
+}
+__attribute__((target("avx512f"), always_inline)) static inline __m512 fast_tanh16(__m512 x) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    __m512i bits = _mm512_castps_si512(x);
+    __m512 t = fast_exp16_nonpositive(
+        _mm512_mul_ps(_mm512_set1_ps(-2.0f), _mm512_castsi512_ps(_mm512_andnot_si512(sign, bits))));
+    __m512 magnitude = _mm512_div_ps(_mm512_sub_ps(one, t), _mm512_add_ps(one, t));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(magnitude), _mm512_and_si512(sign, bits)));
+}
 #else
 #define FAST_EXP8_AVAILABLE 0
 #endif

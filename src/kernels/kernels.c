@@ -15,6 +15,7 @@
 #include "base/cpu.h"
 #include "base/fast_math.h"
 #include "kernels/gemm.h"
+#include "kernels/tile_gemm.h"
 
 #include <float.h>
 #include <math.h>
@@ -354,14 +355,72 @@ static size_t chunk_length(size_t n, size_t chunk) {
 }
 
 /* pre += bias, then GELU of it, along one row: the bias add costs no pass
- * of its own (docs/design.md §8.10). */
-VECTOR_CLONES static void gelu_bias_forward_row(float *out, float *tanh_saved, float *pre, const float *bias, int dim) {
+ * of its own (docs/design.md §8.10). The portable form, for CPUs without
+ * AVX2 and FMA. */
+VECTOR_CLONES static void gelu_bias_forward_row_portable(float *out, float *tanh_saved, float *pre, const float *bias,
+                                                         int dim) {
     for (int i = 0; i < dim; i++) {
         float x = pre[i] + bias[i], th = gelu_tanh_term(x);
         pre[i] = x;
         tanh_saved[i] = th;
         out[i] = 0.5f * x * (1.0f + th);
     }
+}
+
+#if FAST_EXP8_AVAILABLE
+/* The same on eight or sixteen lanes with fused multiply-adds in the cubic
+ * and in tanh's exponential (fast_tanh8/16): the tanh term's work bounds
+ * the pass, and the compiler, bound by strict C11 to separate multiplies
+ * and adds, made it about 1.5 times as long (docs/performance.md §9.9). The
+ * two widths take the same steps, so the same bits; the output is
+ * 0.5 x (1 + th) in the portable form's order, unfused, so that
+ * gelu_from_tanh remakes it bit for bit. A row's tail runs as one more
+ * vector of lanes copied into zeros. */
+#define GELU_LANES(width, vec, load, store, add, mul, fma, set1, tanh_lanes)                                         \
+    static inline void gelu_lanes##width(float *out, float *tanh_saved, float *pre, const float *bias) {             \
+        vec x = add(load(pre), load(bias));                                                                          \
+        vec cubic = mul(mul(set1(0.044715f), x), x);                                                                 \
+        vec th = tanh_lanes(mul(set1(GELU_SCALE), fma(cubic, x, x)));                                                \
+        store(pre, x), store(tanh_saved, th);                                                                        \
+        store(out, mul(mul(set1(0.5f), x), add(set1(1.0f), th)));                                                    \
+    }                                                                                                                \
+    static void gelu_row##width(float *out, float *tanh_saved, float *pre, const float *bias, int dim) {             \
+        int i = 0;                                                                                                   \
+        for (; i + (width) <= dim; i += (width)) gelu_lanes##width(out + i, tanh_saved + i, pre + i, bias + i);      \
+        if (i == dim) return;                                                                                        \
+        size_t tail = sizeof(float) * (size_t)(dim - i);                                                             \
+        float o[width], t[width], p[width] = {0}, b[width] = {0};                                                    \
+        memcpy(p, pre + i, tail), memcpy(b, bias + i, tail);                                                         \
+        gelu_lanes##width(o, t, p, b);                                                                               \
+        memcpy(pre + i, p, tail), memcpy(tanh_saved + i, t, tail), memcpy(out + i, o, tail); /* out may alias pre */ \
+    }
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+GELU_LANES(8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_add_ps, _mm256_mul_ps, _mm256_fmadd_ps, _mm256_set1_ps,
+           fast_tanh8)
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+GELU_LANES(16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_add_ps, _mm512_mul_ps, _mm512_fmadd_ps, _mm512_set1_ps,
+           fast_tanh16)
+#pragma GCC pop_options
+#endif
+
+/* Which form runs: 16 lanes where the CPU has AVX-512F and the tests did
+ * not turn the wide kernels off (tile_gemm_wide), 8 where it has AVX2 and
+ * FMA, else the portable one (other bits: no fused steps). */
+static void gelu_bias_forward_row(float *out, float *tanh_saved, float *pre, const float *bias, int dim) {
+#if FAST_EXP8_AVAILABLE
+    if (tile_gemm_wide() && __builtin_cpu_supports("avx512f")) {
+        gelu_row16(out, tanh_saved, pre, bias, dim);
+        return;
+    }
+    if (tile_gemm_available()) {
+        gelu_row8(out, tanh_saved, pre, bias, dim);
+        return;
+    }
+#endif
+    gelu_bias_forward_row_portable(out, tanh_saved, pre, bias, dim);
 }
 
 void gelu_bias_forward(float *out, float *tanh_saved, float *pre, const float *bias, int rows, int dim) {
