@@ -183,13 +183,17 @@ static void test_tile_gemm_paths_agree(void) {
 
 /* The AVX-512 kernel (6 x 32, full column blocks) gives the same bits as
  * the AVX2 one: tiled attention forward and backward, T = 300, dh 64 (two
- * wide blocks of the head dimension) and 24 (none: the fallback). Where
- * the CPU has no AVX-512 the same source runs built for AVX2. */
-static void test_tile_gemm_wide_same_bits(int DH) {
-    two_ways r = tiled_two_ways(DH, 0, avx2_then_wide);
+ * wide blocks of the head dimension) and 24 (none: the fallback). The
+ * AVX-512 maxima and exponentials too, whose masks of the rows that see a
+ * key (tiled_rows_seen16) are walked causal and in bands narrower and
+ * wider than a tile. Where the CPU has no AVX-512 the same source runs
+ * built for AVX2. */
+static void test_tile_gemm_wide_same_bits(int DH, int half) {
+    two_ways r = tiled_two_ways(DH, half, avx2_then_wide);
     tile_gemm_set_wide(-1);
-    char name[96];
-    snprintf(name, sizeof name, "tiled attention: the AVX-512 kernel gives the AVX2 one's bits (T=300, dh=%d)", DH);
+    char name[112];
+    snprintf(name, sizeof name, "tiled attention: the AVX-512 kernel gives the AVX2 one's bits (T=300, dh=%d, band %d)",
+             DH, half);
     test_check(r.same_bits, name, NULL);
 }
 
@@ -200,8 +204,10 @@ static void test_tile_gemm(void) {
         tile_gemm_set_wide(1);
         test_tile_gemm_path(__builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX-512's source as AVX2");
         tile_gemm_set_wide(-1);
-        test_tile_gemm_wide_same_bits(64);
-        test_tile_gemm_wide_same_bits(24);
+        test_tile_gemm_wide_same_bits(64, 0);
+        test_tile_gemm_wide_same_bits(24, 0);
+        test_tile_gemm_wide_same_bits(64, 7);
+        test_tile_gemm_wide_same_bits(64, 150);
     } else test_skip("tile_gemm (AVX2, AVX-512)", "the CPU has no AVX2 and FMA");
     tile_gemm_set_enabled(false);
     test_tile_gemm_path("portable");

@@ -63,16 +63,32 @@ static tiled_pairs forward_pairs(const tiled_scratch *s, int dh) {
     return p;
 }
 
-/* The running maxima: mx = max(m, the visible scores of the tile). The
- * restrict pointers tell GCC the rows do not overlap, so the loops over a
- * tile's rows vectorise. */
-VECTOR_CLONES static void tile_maxima(float *restrict mx, const float *restrict m, const float *restrict st, int rows,
-                                      int keys, int i0, int j0, const tiled_mask *mask) {
-    for (int r = 0; r < rows; r++) mx[r] = m[r];
+/* The running maxima: mx = max(m, the visible scores of the tile), for
+ * the rows [from, rows). The restrict pointers tell GCC the rows do not
+ * overlap, so the loops over a tile's rows vectorise. */
+VECTOR_CLONES static void tile_maxima(float *restrict mx, const float *restrict m, const float *restrict st, int from,
+                                      int rows, int keys, int i0, int j0, const tiled_mask *mask) {
+    for (int r = from; r < rows; r++) mx[r] = m[r];
     for (int j = 0; j < keys; j++) {
         const float *restrict col = st + (size_t)j * TILE_Q;
         int end = tiled_row_end(mask, j0 + j, i0, rows);
-        for (int r = tiled_row_begin(mask, j0 + j, i0, rows); r < end; r++) mx[r] = col[r] > mx[r] ? col[r] : mx[r];
+        for (int r = tiled_max(tiled_row_begin(mask, j0 + j, i0, rows), from); r < end; r++)
+            mx[r] = col[r] > mx[r] ? col[r] : mx[r];
+    }
+}
+
+/* The rows' outputs so far times their factors exp(m_old - m_new). A factor
+ * of 1 leaves a row as it is, and one of 0 comes only with m_old = -inf, a
+ * row that has seen no key, whose output is still the zeros it started as
+ * (and NaN * 0 stays NaN): both rows are skipped with the same bits. At
+ * T = 256 that is every row but those of a second key tile, and the
+ * multiplies were 9% of a bf16 forward (docs/design.md §8.10). */
+VECTOR_CLONES static void rescale_outputs(float *restrict acc, const float *restrict rescale, int rows, int dh) {
+    for (int r = 0; r < rows; r++) {
+        float f = rescale[r];
+        if (f == 1.0f || f == 0.0f) continue;
+        float *restrict o = acc + (size_t)r * dh;
+        for (int c = 0; c < dh; c++) o[c] *= f;
     }
 }
 
@@ -124,12 +140,9 @@ __attribute__((target("avx2,fma"))) static void tile_exponentials_avx2(float *st
  * same bits as the eight-lane groups), then the rest as above, so that
  * each row's result does not depend on the vector width. */
 __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline __m512
-exponentials16(const float *col, __m512 mr, bool whole, int j, int r0, int rows, int i0, int j0,
-               const tiled_mask *mask) {
+exponentials16(const float *col, __m512 mr, bool whole, int j, int r0, int i0, int j0, const tiled_mask *mask) {
     __m512 e = fast_exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(col), mr));
-    if (whole) return e;
-    return _mm512_maskz_mov_ps(
-        tiled_lanes16(tiled_row_begin(mask, j0 + j, i0, rows) - r0, tiled_row_end(mask, j0 + j, i0, rows) - r0), e);
+    return whole ? e : _mm512_maskz_mov_ps(tiled_rows_seen16(mask, j0 + j, i0, r0), e);
 }
 
 __attribute__((target("avx512f,avx2,fma"))) static void tile_exponentials_avx512(float *st, float *sum, const float *m,
@@ -141,7 +154,7 @@ __attribute__((target("avx512f,avx2,fma"))) static void tile_exponentials_avx512
         __m512 mr = _mm512_loadu_ps(m + r0), total = _mm512_setzero_ps();
         for (int j = 0; j < keys; j++) {
             float *col = st + (size_t)j * TILE_Q + r0;
-            __m512 e = exponentials16(col, mr, whole, j, r0, rows, i0, j0, mask);
+            __m512 e = exponentials16(col, mr, whole, j, r0, i0, j0, mask);
             _mm512_storeu_ps(col, e);
             total = _mm512_add_ps(total, e);
         }
@@ -163,10 +176,10 @@ tile_exponentials_pairs(float *st, float *sum, const float *m, int rows, int key
         __m512 mr = _mm512_loadu_ps(m + r0), total = _mm512_setzero_ps();
         for (int j = 0; j < keys; j += 2) {
             const float *col = st + (size_t)j * TILE_Q + r0;
-            __m512 e0 = exponentials16(col, mr, whole, j, r0, rows, i0, j0, mask), e1 = _mm512_setzero_ps();
+            __m512 e0 = exponentials16(col, mr, whole, j, r0, i0, j0, mask), e1 = _mm512_setzero_ps();
             total = _mm512_add_ps(total, e0);
             if (j + 1 < keys) {
-                e1 = exponentials16(col + TILE_Q, mr, whole, j + 1, r0, rows, i0, j0, mask);
+                e1 = exponentials16(col + TILE_Q, mr, whole, j + 1, r0, i0, j0, mask);
                 total = _mm512_add_ps(total, e1);
             }
             _mm512_storeu_si512((void *)(pairs + 2 * ((size_t)(j / 2) * TILE_Q + r0)), tiled_interleave16(e0, e1));
@@ -176,6 +189,28 @@ tile_exponentials_pairs(float *st, float *sum, const float *m, int rows, int key
     if (full == rows) return;
     tile_exponentials_avx2(st, sum, m, full, rows, keys, i0, j0, mask);
     tile_bf16_pack(pairs + 2 * full, TILE_Q, 1, st + full, TILE_Q, 1, keys, rows - full);
+}
+
+/* tile_maxima sixteen rows at a time, each group's maxima in a register
+ * across the keys (the loop above carries them through memory: a store
+ * and a reload per key, 9% of a bf16 forward at T = 256), then the rows
+ * past the sixteens as above. max(col, m) keeps m where col is not
+ * greater, NaN included, as the loop above does: the same maxima. */
+__attribute__((target("avx512f,avx2,fma"))) static void tile_maxima_avx512(float *mx, const float *m, const float *st,
+                                                                           int rows, int keys, int i0, int j0,
+                                                                           const tiled_mask *mask) {
+    int full = rows / 16 * 16;
+    bool whole = tiled_whole(mask, rows, keys, i0, j0);
+    for (int r0 = 0; r0 < full; r0 += 16) {
+        __m512 top = _mm512_loadu_ps(m + r0);
+        for (int j = 0; j < keys; j++) {
+            __m512 col = _mm512_loadu_ps(st + (size_t)j * TILE_Q + r0);
+            __mmask16 seen = whole ? (__mmask16)0xFFFF : tiled_rows_seen16(mask, j0 + j, i0, r0);
+            top = _mm512_mask_max_ps(top, seen, col, top);
+        }
+        _mm512_storeu_ps(mx + r0, top);
+    }
+    if (full < rows) tile_maxima(mx, m, st, full, rows, keys, i0, j0, mask);
 }
 
 /* Where the exponentials run on AVX-512: with the wide products
@@ -204,7 +239,11 @@ static bool fused_pairs(const tiled_scratch *s) {
  * rescales its output row by exp(m_old - m_new). A row that has seen no
  * key yet keeps m = -inf, l = 0. */
 static void online_tile(const tiled_scratch *s, int rows, int keys, int i0, int j0, const tiled_mask *mask, int dh) {
-    tile_maxima(s->mx, s->m, s->st, rows, keys, i0, j0, mask);
+#if FAST_EXP8_AVAILABLE
+    if (tiled_exp16_here()) tile_maxima_avx512(s->mx, s->m, s->st, rows, keys, i0, j0, mask);
+    else
+#endif
+        tile_maxima(s->mx, s->m, s->st, 0, rows, keys, i0, j0, mask);
     for (int r = 0; r < rows; r++) {
         s->rescale[r] = s->m[r] == -INFINITY ? 0.0f : fast_exp_nonpositive(s->m[r] - s->mx[r]);
         s->m[r] = s->mx[r];
@@ -216,11 +255,8 @@ static void online_tile(const tiled_scratch *s, int rows, int keys, int i0, int 
     else
 #endif
         tile_exponentials(s->st, s->sum, s->m, 0, rows, keys, i0, j0, mask);
-    for (int r = 0; r < rows; r++) {
-        s->l[r] = s->l[r] * s->rescale[r] + s->sum[r];
-        float *o = s->acc + (size_t)r * dh;
-        for (int c = 0; c < dh; c++) o[c] *= s->rescale[r];
-    }
+    for (int r = 0; r < rows; r++) s->l[r] = s->l[r] * s->rescale[r] + s->sum[r];
+    rescale_outputs(s->acc, s->rescale, rows, dh);
 }
 
 /* The tile's scores S^T = scale K_j Q_i^T (keys x rows) into s->st, from

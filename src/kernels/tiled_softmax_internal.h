@@ -131,6 +131,19 @@ __attribute__((target("avx512f"), always_inline)) static inline __mmask16 tiled_
     return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
 }
 
+/* Which of the sixteen rows r0 .. r0 + 15 of a query tile (at row i0) see
+ * key j, as a mask register: tiled_row_begin and tiled_row_end's rows
+ * without their clamps to the tile (the sixteen lie inside it), by two
+ * compares. The clamped form, once per key, took most of the forward's
+ * maxima pass (docs/design.md §8.10). */
+__attribute__((target("avx512f"), always_inline)) static inline __mmask16 tiled_rows_seen16(const tiled_mask *m, int j,
+                                                                                            int i0, int r0) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int first = j - m->ahead - m->q_pos0 - i0 - r0, end = j + m->behind - m->q_pos0 - i0 + 1 - r0;
+    return _mm512_cmpge_epi32_mask(lane, _mm512_set1_epi32(first)) &
+           _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(end));
+}
+
 /* Sixteen bf16 pairs (a_i, b_i) from two rows of sixteen floats, with
  * cpu_f32_to_bf16's rounding (vcvtne2ps2bf16) and one permute. */
 __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"), always_inline)) static inline __m512i
