@@ -80,9 +80,10 @@ VECTOR_CLONES static void tile_maxima(float *restrict mx, const float *restrict 
 /* The rows' outputs so far times their factors exp(m_old - m_new). A factor
  * of 1 leaves a row as it is, and one of 0 comes only with m_old = -inf, a
  * row that has seen no key, whose output is still the zeros it started as
- * (and NaN * 0 stays NaN): both rows are skipped with the same bits. At
- * T = 256 that is every row but those of a second key tile, and the
- * multiplies were 9% of a bf16 forward (docs/design.md §8.10). */
+ * (and NaN * 0 stays NaN; a finite m_old gives at least e^-87, the
+ * clamp of fast_exp_nonpositive): both rows are skipped with the same
+ * bits. At T = 256 that is every row but those of a second key tile, and
+ * the multiplies took about 5% of a bf16 forward (docs/design.md §8.10). */
 VECTOR_CLONES static void rescale_outputs(float *restrict acc, const float *restrict rescale, int rows, int dh) {
     for (int r = 0; r < rows; r++) {
         float f = rescale[r];
