@@ -6,7 +6,7 @@ bed, with a link cut, a host frozen, a rank killed: test_multihost.py::TestFault
   one "rank" (OMPI_COMM_WORLD_RANK in its environment) that prints the ranks'
   dist.timeout line and exits 5, then waits for ever and ignores SIGTERM, as
   Open MPI 4.1.4's mpirun does once a host stopped answering. The line is on
-  the launcher's stderr within 1.5 s of its writing, while mpirun still runs;
+  the launcher's stderr as it is written, while mpirun still runs;
   the launcher ends mpirun (SIGKILL) MOMFMM_LAUNCHER_GRACE after the rank
   exited, with one line, exit 5, no process left; without the rank's line,
   exit 5 too. A stand-in that dies of SIGSEGV after the line: exit 5
@@ -115,7 +115,15 @@ def stand_in(workdir, name, line, end):
 
 
 class TestHungMpirun:
-    GRACE = 1
+    # The launcher looks for the ranks every SCAN_S = 1 s (its loop wakes
+    # every 0.25 s), so it ends mpirun within 1.5 + 1 + 0.25 + GRACE s of the
+    # start (3.6-4.0 s with a grace of 1, measured beside four other tests).
+    # Once, in a whole suite on two busy cores, it ended 2.4 s later than
+    # that; SLACK absorbs such a stall, and the grace is long enough that a
+    # launcher waiting twice the grace still fails the bound.
+    GRACE = 5
+    SLACK = 3.5
+    BOUND = 1.5 + 1 + 0.25 + GRACE + SLACK
 
     def run_stand_in(self, workdir, report, name, line, end):
         fake = stand_in(workdir, name, line, end)
@@ -131,21 +139,22 @@ class TestHungMpirun:
         job, rc, took = self.run_stand_in(workdir, report, "hung_line", LINE, "hang")
         t_line, _ = job.first("err", re.escape(LINE))
         t_guard, guard = job.first("err", r"^momfmm-mpirun: the ranks on .* have exited and mpirun has not")
-        report.check("hung mpirun: the rank's line on the launcher's stderr within 1.5 s of its writing, "
-                     "long before mpirun ends", t_line is not None and t_line - job.t0 < 3.0 and
-                     t_guard is not None and t_line < t_guard,
+        # written at 1.5 s; held until mpirun ends, it would come with the guard's line, a grace later
+        report.check("hung mpirun: the rank's line on the launcher's stderr as it is written, long before mpirun "
+                     "ends", t_line is not None and t_line - job.t0 < 1.5 + self.SLACK and
+                     t_guard is not None and t_guard - t_line > self.GRACE / 2,
                      f"line at {t_line and t_line - job.t0}, guard at {t_guard and t_guard - job.t0}: "
                      f"{job.text('err')}")
-        # the rank exits at 1.5 s; the launcher sees it gone within 1 s and waits the grace
-        report.check(f"hung mpirun: ended within 1.5 + {self.GRACE} + 1 + 1.5 s, exit 5, one line of the launcher",
-                     rc == 5 and took < 1.5 + self.GRACE + 1 + 1.5 and guard is not None and guard.endswith("exit 5")
+        # the rank exits at 1.5 s; the launcher sees it gone within 1.25 s and waits the grace
+        report.check(f"hung mpirun: ended within {self.BOUND:g} s, exit 5, one line of the launcher",
+                     rc == 5 and took < self.BOUND and guard is not None and guard.endswith("exit 5")
                      and len([ln for _, ln in job.lines["err"] if ln.startswith("momfmm-mpirun:")]) == 1,
                      f"rc {rc} after {took:.1f} s: {job.text('err')}")
         report.check("hung mpirun: no process of it left", not job.left(), f"{job.left()}")
 
     def test_hung_mpirun_without_a_line(self, workdir, report):
         job, rc, took = self.run_stand_in(workdir, report, "hung_quiet", None, "hang")
-        report.check("hung mpirun, the rank said nothing: exit 5 (a host did not answer)", rc == 5 and took < 6,
+        report.check("hung mpirun, the rank said nothing: exit 5 (a host did not answer)", rc == 5 and took < self.BOUND,
                      f"rc {rc} after {took:.1f} s: {job.text('err')}")
 
     def test_mpirun_segfault_after_the_line(self, workdir, report):
