@@ -1,4 +1,4 @@
-/* Finite-difference tests of every layer kernel in kernels.c: each checks
+/* Finite-difference tests of every layer kernel in kernels.c and gelu.c: each checks
  * the analytic backward against central differences of L = sum(out * w).
  * Tile products and tiled softmax: test_tiles.c. */
 #include <math.h>

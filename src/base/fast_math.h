@@ -1,6 +1,6 @@
 /* Branch-free, inline math for the elementwise hot loops, so that they
  * vectorise (libm's expf/tanhf are calls, and they took a fifth of the step
- * time in perf). Shared by kernels.c and fmm_far.c. */
+ * time in perf). Shared by kernels.c, gelu.c and fmm_far.c. */
 #ifndef MOMFMM_FASTMATH_H
 #define MOMFMM_FASTMATH_H
 #include <math.h>

@@ -12,10 +12,10 @@
 
 #include <omp.h>
 
-#include "base/cpu.h"
 #include "base/fast_math.h"
 #include "kernels/gemm.h"
-#include "kernels/tile_gemm.h"
+
+#include "kernels_internal.h"
 
 #include <float.h>
 #include <math.h>
@@ -24,9 +24,9 @@
 /* Work below this many floats stays on one thread: a parallel region costs
  * a few microseconds. */
 #define PARALLEL_MIN_DEFAULT 16384
-static size_t parallel_min_floats = PARALLEL_MIN_DEFAULT;
+size_t kernel_parallel_min_floats = PARALLEL_MIN_DEFAULT;
 
-void kernel_set_parallel_min(size_t floats) { parallel_min_floats = floats ? floats : PARALLEL_MIN_DEFAULT; }
+void kernel_set_parallel_min(size_t floats) { kernel_parallel_min_floats = floats ? floats : PARALLEL_MIN_DEFAULT; }
 
 /* The last pass of a column sum, and the embedding's scatter-add, give
  * each thread one contiguous range of columns, a multiple of COLUMN_ALIGN
@@ -55,19 +55,15 @@ static void thread_columns(int dim, int *lo, int *hi) {
 #define SUM_BLOCKS_MAX 64
 #define SUM_BLOCK_ROWS_MIN 32
 
-typedef struct {
-    int rows_per, count;
-} row_blocks;
-
-static row_blocks row_blocks_of(int rows) {
+kernel_row_blocks kernel_row_blocks_of(int rows) {
     int count = (rows + SUM_BLOCK_ROWS_MIN - 1) / SUM_BLOCK_ROWS_MIN;
     if (count > SUM_BLOCKS_MAX) count = SUM_BLOCKS_MAX;
     if (count < 1) count = 1;
     int per = (rows + count - 1) / count;
-    return (row_blocks){per, per ? (rows + per - 1) / per : 1};
+    return (kernel_row_blocks){per, per ? (rows + per - 1) / per : 1};
 }
 
-static int block_end(row_blocks blocks, int b, int rows) {
+int kernel_block_end(kernel_row_blocks blocks, int b, int rows) {
     int end = (b + 1) * blocks.rows_per;
     return end < rows ? end : rows;
 }
@@ -83,9 +79,7 @@ VECTOR_CLONES static void add_block_partials(float *out, const float *partials, 
     }
 }
 
-/* Inside a parallel region: out += the blocks' partials (stride floats
- * apart), this thread's range of the dim columns. */
-static void add_blocks_on_thread(float *out, const float *partials, int count, size_t stride, int dim) {
+void kernel_add_blocks_on_thread(float *out, const float *partials, int count, size_t stride, int dim) {
     int lo, hi;
     thread_columns(dim, &lo, &hi);
     add_block_partials(out, partials, count, stride, lo, hi);
@@ -104,7 +98,7 @@ static void linear_forward(float *out, gemm_operand inp, const float *weight, co
                            int out_dim) {
     float beta = 0.0f;
     if (bias) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * out_dim >= parallel_min_floats)
+#pragma omp parallel for schedule(static) if ((size_t)rows * out_dim >= kernel_parallel_min_floats)
         for (int r = 0; r < rows; r++) memcpy(out + (size_t)r * out_dim, bias, sizeof(float) * out_dim);
         beta = 1.0f;
     }
@@ -129,14 +123,14 @@ static void linear_backward(float *dinp, float *dweight, float *dbias, const flo
                        accumulate ? 1.0f : 0.0f, dweight, in_dim);
     if (dbias) {
         if (!accumulate) memset(dbias, 0, sizeof(float) * out_dim);
-        row_blocks blocks = row_blocks_of(rows);
-#pragma omp parallel if ((size_t)rows * out_dim >= parallel_min_floats)
+        kernel_row_blocks blocks = kernel_row_blocks_of(rows);
+#pragma omp parallel if ((size_t)rows * out_dim >= kernel_parallel_min_floats)
         {
 #pragma omp for schedule(static)
             for (int b = 0; b < blocks.count; b++)
-                block_column_sums(partials + (size_t)b * out_dim, dout, b * blocks.rows_per, block_end(blocks, b, rows),
-                                  out_dim);
-            add_blocks_on_thread(dbias, partials, blocks.count, (size_t)out_dim, out_dim);
+                block_column_sums(partials + (size_t)b * out_dim, dout, b * blocks.rows_per,
+                                  kernel_block_end(blocks, b, rows), out_dim);
+            kernel_add_blocks_on_thread(dbias, partials, blocks.count, (size_t)out_dim, out_dim);
         }
     }
     /* last: dinp may be inp's memory (the model's one work buffer) */
@@ -236,7 +230,7 @@ VECTOR_CLONES static void layernorm_forward_row(float *y, float *mean, float *rs
 
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight, const float *bias,
                        int rows, int dim) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= parallel_min_floats)
+#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= kernel_parallel_min_floats)
     for (int r = 0; r < rows; r++)
         layernorm_forward_row(out + (size_t)r * dim, &mean[r], &rstd[r], inp + (size_t)r * dim, weight, bias, dim);
 }
@@ -269,7 +263,7 @@ VECTOR_CLONES static void layernorm_residual_row(float *y, float *mean, float *r
 
 void layernorm_residual_forward(float *out, float *mean, float *rstd, float *x, const float *product_bias,
                                 const float *residual, const float *weight, const float *bias, int rows, int dim) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= parallel_min_floats)
+#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= kernel_parallel_min_floats)
     for (int r = 0; r < rows; r++) {
         size_t at = (size_t)r * dim;
         layernorm_residual_row(out + at, &mean[r], &rstd[r], x + at, product_bias, residual + at, weight, bias, dim);
@@ -326,192 +320,18 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
                         const float *weight, const float *mean, const float *rstd, int rows, int dim, bool accumulate,
                         float *partials) {
     if (!accumulate) memset(dweight, 0, sizeof(float) * dim), memset(dbias, 0, sizeof(float) * dim);
-    row_blocks blocks = row_blocks_of(rows);
+    kernel_row_blocks blocks = kernel_row_blocks_of(rows);
     size_t stride = 2 * (size_t)dim; /* a block's weight partials, then its bias partials */
-#pragma omp parallel if ((size_t)rows * dim >= parallel_min_floats)
+#pragma omp parallel if ((size_t)rows * dim >= kernel_parallel_min_floats)
     {
 #pragma omp for schedule(static)
         for (int b = 0; b < blocks.count; b++) {
             float *pw = partials + b * stride;
             layernorm_backward_block(dinp, pw, pw + dim, dout, inp, weight, mean, rstd, b * blocks.rows_per,
-                                     block_end(blocks, b, rows), dim);
+                                     kernel_block_end(blocks, b, rows), dim);
         }
-        add_blocks_on_thread(dweight, partials, blocks.count, stride, dim);
-        add_blocks_on_thread(dbias, partials + dim, blocks.count, stride, dim);
-    }
-}
-
-#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
-
-static inline float gelu_tanh_term(float x) { return fast_tanh(GELU_SCALE * (x + 0.044715f * x * x * x)); }
-
-/* Elementwise kernels run in chunks of this many floats, one per task. */
-#define ELEMENT_CHUNK 16384
-
-static size_t element_chunks(size_t n) { return (n + ELEMENT_CHUNK - 1) / ELEMENT_CHUNK; }
-static size_t chunk_length(size_t n, size_t chunk) {
-    size_t left = n - chunk * ELEMENT_CHUNK;
-    return left < ELEMENT_CHUNK ? left : ELEMENT_CHUNK;
-}
-
-/* pre += bias, then GELU of it, along one row: the bias add costs no pass
- * of its own (docs/design.md §8.10). The portable form, for CPUs without
- * AVX2 and FMA. */
-VECTOR_CLONES static void gelu_bias_forward_row_portable(float *out, float *tanh_saved, float *pre, const float *bias,
-                                                         int dim) {
-    for (int i = 0; i < dim; i++) {
-        float x = pre[i] + bias[i], th = gelu_tanh_term(x);
-        pre[i] = x;
-        tanh_saved[i] = th;
-        out[i] = 0.5f * x * (1.0f + th);
-    }
-}
-
-#if FAST_EXP8_AVAILABLE
-/* The same on eight or sixteen lanes with fused multiply-adds in the cubic
- * and in tanh's exponential (fast_tanh8/16): the tanh term's work bounds
- * the pass, and the compiler, bound by strict C11 to separate multiplies
- * and adds, made it about 1.5 times as long (docs/performance.md §9.9). The
- * two widths take the same steps, so the same bits; the output is
- * 0.5 x (1 + th) in the portable form's order, unfused, so that
- * gelu_from_tanh remakes it bit for bit. A row's tail runs as one more
- * vector of lanes copied into zeros. */
-#define GELU_LANES(width, vec, load, store, add, mul, fma, set1, tanh_lanes)                                         \
-    static inline void gelu_lanes##width(float *out, float *tanh_saved, float *pre, const float *bias) {             \
-        vec x = add(load(pre), load(bias));                                                                          \
-        vec cubic = mul(mul(set1(0.044715f), x), x);                                                                 \
-        vec th = tanh_lanes(mul(set1(GELU_SCALE), fma(cubic, x, x)));                                                \
-        store(pre, x), store(tanh_saved, th);                                                                        \
-        store(out, mul(mul(set1(0.5f), x), add(set1(1.0f), th)));                                                    \
-    }                                                                                                                \
-    static void gelu_row##width(float *out, float *tanh_saved, float *pre, const float *bias, int dim) {             \
-        int i = 0;                                                                                                   \
-        for (; i + (width) <= dim; i += (width)) gelu_lanes##width(out + i, tanh_saved + i, pre + i, bias + i);      \
-        if (i == dim) return;                                                                                        \
-        size_t tail = sizeof(float) * (size_t)(dim - i);                                                             \
-        float o[width], t[width], p[width] = {0}, b[width] = {0};                                                    \
-        memcpy(p, pre + i, tail), memcpy(b, bias + i, tail);                                                         \
-        gelu_lanes##width(o, t, p, b);                                                                               \
-        memcpy(pre + i, p, tail), memcpy(tanh_saved + i, t, tail), memcpy(out + i, o, tail); /* out may alias pre */ \
-    }
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-GELU_LANES(8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_add_ps, _mm256_mul_ps, _mm256_fmadd_ps, _mm256_set1_ps,
-           fast_tanh8)
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx512f")
-GELU_LANES(16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_add_ps, _mm512_mul_ps, _mm512_fmadd_ps, _mm512_set1_ps,
-           fast_tanh16)
-#pragma GCC pop_options
-#endif
-
-/* Which form runs: 16 lanes where the CPU has AVX-512F and the tests did
- * not turn the wide kernels off (tile_gemm_wide), 8 where it has AVX2 and
- * FMA, else the portable one (other bits: no fused steps). */
-static void gelu_bias_forward_row(float *out, float *tanh_saved, float *pre, const float *bias, int dim) {
-#if FAST_EXP8_AVAILABLE
-    if (tile_gemm_wide() && __builtin_cpu_supports("avx512f")) {
-        gelu_row16(out, tanh_saved, pre, bias, dim);
-        return;
-    }
-    if (tile_gemm_available()) {
-        gelu_row8(out, tanh_saved, pre, bias, dim);
-        return;
-    }
-#endif
-    gelu_bias_forward_row_portable(out, tanh_saved, pre, bias, dim);
-}
-
-void gelu_bias_forward(float *out, float *tanh_saved, float *pre, const float *bias, int rows, int dim) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= parallel_min_floats)
-    for (int r = 0; r < rows; r++) {
-        size_t at = (size_t)r * dim;
-        gelu_bias_forward_row(out + at, tanh_saved + at, pre + at, bias, dim);
-    }
-}
-
-VECTOR_CLONES static void gelu_from_tanh_chunk(float *out, const float *inp, const float *tanh_saved, size_t n) {
-    for (size_t i = 0; i < n; i++) out[i] = 0.5f * inp[i] * (1.0f + tanh_saved[i]);
-}
-
-void gelu_from_tanh(float *out, const float *inp, const float *tanh_saved, size_t n) {
-#pragma omp parallel for schedule(static) if (element_chunks(n) > 1)
-    for (size_t c = 0; c < element_chunks(n); c++) {
-        size_t at = c * ELEMENT_CHUNK;
-        gelu_from_tanh_chunk(out + at, inp + at, tanh_saved + at, chunk_length(n, c));
-    }
-}
-
-/* The bf16 outputs are made in pieces of this many floats on the stack,
- * each converted while it is in L1: the fp32 output never reaches memory. */
-#define BF16_PIECE 512
-
-/* gelu_bias_forward_row's output in bf16, piece by piece. */
-static void gelu_bias_forward_row_bf16(uint16_t *out, float *tanh_saved, float *pre, const float *bias, int dim) {
-    float piece[BF16_PIECE];
-    for (int i = 0; i < dim; i += BF16_PIECE) {
-        int n = dim - i < BF16_PIECE ? dim - i : BF16_PIECE;
-        gelu_bias_forward_row(piece, tanh_saved + i, pre + i, bias + i, n);
-        cpu_f32_to_bf16(out + i, piece, (size_t)n);
-    }
-}
-
-void gelu_bias_forward_bf16(uint16_t *out, float *tanh_saved, float *pre, const float *bias, int rows, int dim) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= parallel_min_floats)
-    for (int r = 0; r < rows; r++) {
-        size_t at = (size_t)r * dim;
-        gelu_bias_forward_row_bf16(out + at, tanh_saved + at, pre + at, bias, dim);
-    }
-}
-
-static void gelu_from_tanh_chunk_bf16(uint16_t *out, const float *inp, const float *tanh_saved, size_t n) {
-    float piece[BF16_PIECE];
-    for (size_t i = 0; i < n; i += BF16_PIECE) {
-        size_t len = n - i < BF16_PIECE ? n - i : BF16_PIECE;
-        gelu_from_tanh_chunk(piece, inp + i, tanh_saved + i, len);
-        cpu_f32_to_bf16(out + i, piece, len);
-    }
-}
-
-void gelu_from_tanh_bf16(uint16_t *out, const float *inp, const float *tanh_saved, size_t n) {
-#pragma omp parallel for schedule(static) if (element_chunks(n) > 1)
-    for (size_t c = 0; c < element_chunks(n); c++) {
-        size_t at = c * ELEMENT_CHUNK;
-        gelu_from_tanh_chunk_bf16(out + at, inp + at, tanh_saved + at, chunk_length(n, c));
-    }
-}
-
-/* Rows [r0, r1) of dpre = dout * gelu'(pre), each row added into the
- * block's bias partials as it is made: GELU's backward and the bias
- * gradient in one pass (docs/design.md §8.10). */
-VECTOR_CLONES static void gelu_bias_backward_block(float *dpre, float *partial, const float *pre,
-                                                   const float *tanh_saved, const float *dout, int r0, int r1,
-                                                   int dim) {
-    memset(partial, 0, sizeof(float) * dim);
-    for (int r = r0; r < r1; r++) {
-        size_t at = (size_t)r * dim;
-        for (int c = 0; c < dim; c++) {
-            float x = pre[at + c], th = tanh_saved[at + c];
-            float sech2 = 1.0f - th * th;
-            float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-            dpre[at + c] = dout[at + c] * grad;
-            partial[c] += dpre[at + c];
-        }
-    }
-}
-
-void gelu_bias_backward(float *dpre, float *dbias, const float *pre, const float *tanh_saved, const float *dout,
-                        int rows, int dim, bool accumulate, float *partials) {
-    if (!accumulate) memset(dbias, 0, sizeof(float) * dim);
-    row_blocks blocks = row_blocks_of(rows);
-#pragma omp parallel if ((size_t)rows * dim >= parallel_min_floats)
-    {
-#pragma omp for schedule(static)
-        for (int b = 0; b < blocks.count; b++)
-            gelu_bias_backward_block(dpre, partials + (size_t)b * dim, pre, tanh_saved, dout, b * blocks.rows_per,
-                                     block_end(blocks, b, rows), dim);
-        add_blocks_on_thread(dbias, partials, blocks.count, (size_t)dim, dim);
+        kernel_add_blocks_on_thread(dweight, partials, blocks.count, stride, dim);
+        kernel_add_blocks_on_thread(dbias, partials + dim, blocks.count, stride, dim);
     }
 }
 
@@ -521,12 +341,12 @@ VECTOR_CLONES static void residual_add_row(float *x, const float *product_bias, 
 }
 
 void residual_add(float *x, const float *product_bias, const float *residual, int rows, int dim) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= parallel_min_floats)
+#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= kernel_parallel_min_floats)
     for (int r = 0; r < rows; r++) residual_add_row(x + (size_t)r * dim, product_bias, residual + (size_t)r * dim, dim);
 }
 
 void embedding_forward(float *out, const int32_t *tokens, const float *table, int rows, int dim) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= parallel_min_floats)
+#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= kernel_parallel_min_floats)
     for (int r = 0; r < rows; r++) memcpy(out + (size_t)r * dim, table + (size_t)tokens[r] * dim, sizeof(float) * dim);
 }
 
@@ -542,7 +362,7 @@ VECTOR_CLONES static void embedding_backward_columns(float *dtable, const int32_
 }
 
 void embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int rows, int dim) {
-#pragma omp parallel if ((size_t)rows * dim >= parallel_min_floats)
+#pragma omp parallel if ((size_t)rows * dim >= kernel_parallel_min_floats)
     {
         int lo, hi;
         thread_columns(dim, &lo, &hi);
@@ -590,7 +410,7 @@ VECTOR_CLONES static void cross_entropy_row(float *p, float *loss, int32_t *pred
 
 static void cross_entropy_rows(float *p, float *losses, int32_t *predictions, const int32_t *targets, int rows,
                                int n_classes, bool grad, float scale) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * n_classes >= parallel_min_floats)
+#pragma omp parallel for schedule(static) if ((size_t)rows * n_classes >= kernel_parallel_min_floats)
     for (int r = 0; r < rows; r++)
         cross_entropy_row(p + (size_t)r * n_classes, &losses[r], &predictions[r], targets[r], n_classes, grad, scale);
 }
@@ -606,7 +426,7 @@ void cross_entropy_forward_backward(float *logits, float *losses, int32_t *predi
 }
 
 void cross_entropy_backward(float *probs, const int32_t *targets, int rows, int n_classes, float scale) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * n_classes >= parallel_min_floats)
+#pragma omp parallel for schedule(static) if ((size_t)rows * n_classes >= kernel_parallel_min_floats)
     for (int r = 0; r < rows; r++) {
         float *p = probs + (size_t)r * n_classes;
         int target = targets[r];

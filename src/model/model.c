@@ -1,7 +1,7 @@
 /* The transformer of docs/model.md §1: forward and backward of the whole
  * model. The parameter table, initialisation and the activation plan are
  * params.c's (docs/design.md §8.2); attention lives in attention.c, the
- * kernels in kernels.c. */
+ * kernels in kernels.c and gelu.c. */
 #include "model/model.h"
 
 #include <math.h>
