@@ -12,6 +12,7 @@
 
 #include "attention/attention_types.h"
 #include "attention/momentum.h"
+#include "kernels/kernels.h"
 
 enum { VECTOR_Q = 0, VECTOR_K = 1 };
 
@@ -34,13 +35,20 @@ size_t attention_head_buffer(const attention_layer *a, int which, int h);
 /* Offset of head (b, h) in a [B][H][T][dh] array. */
 size_t attention_head_offset(const attention_layer *a, int b, int h, int T);
 
-/* One head's dh columns of rows (stride row_stride floats) to and from [T, dh]. */
+/* One head's dh columns of rows (stride row_stride floats) to and from
+ * [T, dh], the rows ahead prefetched (kernel_prefetch_ahead). */
 static inline void attention_gather_head(float *dst, const float *rows, int row_stride, int col, int T, int dh) {
-    for (int t = 0; t < T; t++) memcpy(dst + (size_t)t * dh, rows + (size_t)t * row_stride + col, sizeof(float) * dh);
+    for (int t = 0; t < T; t++) {
+        kernel_prefetch_ahead(rows + col, (size_t)row_stride, t, T, dh);
+        memcpy(dst + (size_t)t * dh, rows + (size_t)t * row_stride + col, sizeof(float) * dh);
+    }
 }
 
 static inline void attention_scatter_head(float *rows, const float *src, int row_stride, int col, int T, int dh) {
-    for (int t = 0; t < T; t++) memcpy(rows + (size_t)t * row_stride + col, src + (size_t)t * dh, sizeof(float) * dh);
+    for (int t = 0; t < T; t++) {
+        kernel_prefetch_ahead_for_write(rows + col, (size_t)row_stride, t, T, dh);
+        memcpy(rows + (size_t)t * row_stride + col, src + (size_t)t * dh, sizeof(float) * dh);
+    }
 }
 
 /* The vector the shear reads: raw rotated in place for post_rope, as it is
