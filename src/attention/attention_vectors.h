@@ -46,7 +46,7 @@ static inline void attention_gather_head(float *dst, const float *rows, int row_
 
 static inline void attention_scatter_head(float *rows, const float *src, int row_stride, int col, int T, int dh) {
     for (int t = 0; t < T; t++) {
-        kernel_prefetch_ahead_for_write(rows + col, (size_t)row_stride, t, T, dh);
+        kernel_prefetch_ahead(rows + col, (size_t)row_stride, t, T, dh);
         memcpy(rows + (size_t)t * row_stride + col, src + (size_t)t * dh, sizeof(float) * dh);
     }
 }

@@ -46,7 +46,7 @@ static void rope_rotate(float *dst, int dst_ld, const float *src, int src_ld, co
     for (int t = 0; t < T; t++) {
         size_t at = (size_t)(pos0 + t) * half;
         if (src_ld > dh) kernel_prefetch_ahead(src, (size_t)src_ld, t, T, dh);
-        if (dst_ld > dh) kernel_prefetch_ahead_for_write(dst, (size_t)dst_ld, t, T, dh);
+        if (dst_ld > dh) kernel_prefetch_ahead(dst, (size_t)dst_ld, t, T, dh);
         rope_rotate_row(dst + (size_t)t * dst_ld, src + (size_t)t * src_ld, cos_table + at, sin_table + at, half,
                         direction);
     }

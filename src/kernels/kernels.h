@@ -107,20 +107,15 @@ void rope_backward_rows(float *dst, int dst_ld, const float *src, int src_ld, co
  * another page, and left to the hardware its cache misses came one row
  * after another (bench_d768, bf16: the forward's RoPE and gathers 17-19 ->
  * 12-14 ms a step; docs/design.md §8.10). A span's every cache line is
- * asked for, the last float's too, wherever the span starts. */
+ * asked for, the last float's too, wherever the span starts. Rows about
+ * to be written are asked for alike: a hint to write (prefetchw) needs a
+ * build for a newer ISA than ours, and GCC emits the same prefetcht0. */
 #define KERNEL_ROWS_AHEAD 8
 static inline void kernel_prefetch_ahead(const float *rows, size_t stride, int t, int T, int n) {
     if (t + KERNEL_ROWS_AHEAD >= T || n <= 0) return;
     const float *span = rows + (size_t)(t + KERNEL_ROWS_AHEAD) * stride;
-    for (int c = 0; c < n; c += 16) __builtin_prefetch(span + c, 0);
-    __builtin_prefetch(span + n - 1, 0);
-}
-/* The same for rows about to be written. */
-static inline void kernel_prefetch_ahead_for_write(float *rows, size_t stride, int t, int T, int n) {
-    if (t + KERNEL_ROWS_AHEAD >= T || n <= 0) return;
-    float *span = rows + (size_t)(t + KERNEL_ROWS_AHEAD) * stride;
-    for (int c = 0; c < n; c += 16) __builtin_prefetch(span + c, 1);
-    __builtin_prefetch(span + n - 1, 1);
+    for (int c = 0; c < n; c += 16) __builtin_prefetch(span + c);
+    __builtin_prefetch(span + n - 1);
 }
 
 /* Softmax attention of one head (docs/model.md §1.3 `softmax`): q [Tq, dh] at positions
