@@ -355,14 +355,14 @@ static bool train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size
 static void test_hold(void) {
     uint64_t rng = 5;
     problem p = make_problem(false, false, 40, 24, 36, 0, 1.0f, 0.0f, &rng);
-    size_t na = (size_t)p.M * p.lda, nc = (size_t)p.M * p.ldc;
+    size_t nc = (size_t)p.M * p.ldc;
     float *C[3];
     for (int i = 0; i < 3; i++) {
         C[i] = malloc(sizeof(float) * nc);
         memcpy(C[i], p.C0, sizeof(float) * nc);
     }
     gemm_product(false, false, p.M, p.N, p.K, 1.0f, p.A, p.lda, p.B, p.ldb, 0.0f, C[0], p.ldc);
-    gemm_hold(p.A, na);
+    gemm_hold(p.A, p.M, p.lda);
     float kept = p.A[0];
     gemm_product(false, false, p.M - 1, p.N, p.K, 1.0f, p.A + p.lda, p.lda, p.B, p.ldb, 0.0f, C[1] + p.ldc, p.ldc);
     p.A[0] = kept + 1.0f; /* not seen while held */
@@ -373,6 +373,46 @@ static void test_hold(void) {
                "bf16: a held activation is converted once and read from its copy until released", NULL);
     for (int i = 0; i < 3; i++) free(C[i]);
     free_problem(&p);
+}
+
+/* A held activation read whole and transposed (the weight gradient dY^T X,
+ * K rows of M columns held) comes from the transposed copy as an
+ * untransposed operand: a new oneDNN primitive beside the one that
+ * converting per call made, and within fp32 rounding of the exact product
+ * of the bf16-rounded operands (the order of the sums is oneDNN's, so not
+ * the per-call bits). Ragged shapes cover the copy's partial bands of 32
+ * rows and blocks of 16 columns; beta 1 accumulates as micro-batches do.
+ * A product over part of the held rows still reads the straight copy, with
+ * the per-call conversion's bits. */
+static void test_hold_transposed(gemm_ctx *ctx) {
+    static const int held_shapes[][3] = {{1, 1, 1}, {17, 5, 33}, {40, 24, 70}, {96, 64, 256}, {33, 48, 100}};
+    uint64_t rng = 7;
+    double worst = 0;
+    bool routed = true, part_same = true;
+    for (size_t s = 0; s < sizeof held_shapes / sizeof held_shapes[0]; s++)
+        for (int beta = 0; beta < 2; beta++) {
+            int M = held_shapes[s][0], N = held_shapes[s][1], K = held_shapes[s][2];
+            problem p = make_problem(true, false, M, N, K, 0, 1.0f, (float)beta, &rng);
+            float *per_call = run(ctx, &p), *part = run(ctx, &p);
+            size_t before = gemm_primitives_created(ctx);
+            gemm_hold(p.A, K, M);
+            float *C = malloc(sizeof(float) * (size_t)M * p.ldc);
+            memcpy(C, p.C0, sizeof(float) * (size_t)M * p.ldc);
+            gemm_product(true, false, M, N, K, 1.0f, p.A, p.lda, p.B, p.ldb, (float)beta, C, p.ldc);
+            routed = routed && gemm_primitives_created(ctx) == before + 1;
+            memcpy(part, p.C0, sizeof(float) * (size_t)M * p.ldc);
+            gemm_product(true, false, M, N, K - 1, 1.0f, p.A, p.lda, p.B, p.ldb, (float)beta, part, p.ldc);
+            gemm_release();
+            float *want = run(ctx, &(problem){p.trans_a, p.trans_b, M, N, K - 1, p.lda, p.ldb, p.ldc, 1.0f, (float)beta,
+                                              p.A, p.B, p.C0});
+            part_same = part_same && (K == 1 || !memcmp(part, want, sizeof(float) * (size_t)M * p.ldc));
+            double r = error_ratio(&p, C, per_call, true, true);
+            if (!(r <= worst)) worst = r;
+            free(C), free(per_call), free(part), free(want), free_problem(&p);
+        }
+    test_check(routed, "bf16: a held activation's whole transposed product runs on its transposed copy", NULL);
+    test_check(worst <= 1.0, "bf16: ... within fp32 rounding of the exact bf16 products", "%.3g", worst);
+    test_check(part_same, "bf16: a product over part of a held activation reads its straight copy (bits)", NULL);
 }
 
 /* An input made in bf16 alone (the GELU output, docs/design.md §8.10):
@@ -421,6 +461,7 @@ static void test_default_engine(gemm_engine engine) {
         test_check(stale && y[0] == 6.0f + 1.0f / 64, "bf16: weights read from their copy until refreshed", NULL);
         gemm_unregister_weights(ctx, W);
         test_hold();
+        test_hold_transposed(ctx);
         test_bf16_inputs();
     }
     for (int attention = ATTENTION_SOFTMAX; attention <= ATTENTION_FMM; attention++) {

@@ -333,6 +333,50 @@ static void test_tile_bf16_pack_transposed(void) {
     test_check(same, "tile_bf16_pack: rows into pair rows, vdpbf16ps path = scalar path's bytes", NULL);
 }
 
+/* The held dY's conversion (gemm.c): straight rows = cpu_f32_to_bf16's,
+ * the transposed copy element by element, nothing written past its rows
+ * (ld_t > rows) or past the straight rows, and the vdpbf16ps path's bytes
+ * = the portable one's. Ragged bands (rows not a multiple of 32) and
+ * column blocks (not of 16); without the straight copy too. */
+static void test_tile_bf16_transpose(void) {
+    static const int rows_of[] = {1, 15, 31, 32, 33, 70, 100}, cols_of[] = {1, 15, 16, 17, 40};
+    bool right = true, same = true;
+    for (size_t a = 0; a < sizeof rows_of / sizeof rows_of[0]; a++)
+        for (size_t b = 0; b < sizeof cols_of / sizeof cols_of[0]; b++) {
+            int rows = rows_of[a], cols = cols_of[b];
+            ptrdiff_t ld_t = rows + 7;
+            size_t n = (size_t)rows * cols, n_t = (size_t)cols * ld_t;
+            float *src = randn(n, 1);
+            uint16_t *want = malloc(sizeof(uint16_t) * n), *got[2][2];
+            cpu_f32_to_bf16(want, src, n);
+            for (int way = 0; way < 2; way++) {
+                got[way][0] = malloc(sizeof(uint16_t) * (n + 8)), got[way][1] = malloc(sizeof(uint16_t) * n_t);
+                memset(got[way][0], 0xA5, sizeof(uint16_t) * (n + 8));
+                memset(got[way][1], 0xA5, sizeof(uint16_t) * n_t);
+                tile_gemm_set_bf16_native(way == 0 ? 0 : -1);
+                tile_bf16_transpose(got[way][1], ld_t, (rows + cols) % 2 ? got[way][0] : NULL, src, rows, cols);
+            }
+            for (int way = 0; way < 2; way++) {
+                bool straight = (rows + cols) % 2 == 0 || !memcmp(got[way][0], want, sizeof(uint16_t) * n);
+                for (size_t i = (rows + cols) % 2 ? n : 0; i < n + 8; i++)
+                    straight = straight && got[way][0][i] == 0xA5A5;
+                for (int c = 0; c < cols; c++)
+                    for (ptrdiff_t r = 0; r < ld_t; r++) {
+                        uint16_t at = got[way][1][c * ld_t + r];
+                        straight = straight && (r < rows ? at == want[(size_t)r * cols + c] : at == 0xA5A5);
+                    }
+                right = right && straight;
+            }
+            same = same && !memcmp(got[0][1], got[1][1], sizeof(uint16_t) * n_t);
+            free(src), free(want);
+            for (int way = 0; way < 2; way++) free(got[way][0]), free(got[way][1]);
+        }
+    tile_gemm_set_bf16_native(-1);
+    test_check(right, "tile_bf16_transpose: straight and transposed copies, nothing past them", NULL);
+    if (tile_gemm_bf16_native()) test_check(same, "tile_bf16_transpose: vdpbf16ps path = portable path's bytes", NULL);
+    else test_skip("tile_bf16_transpose: vdpbf16ps path", "the CPU has no AVX512_BF16");
+}
+
 /* Tiled attention on bf16 operands against the fp32 kernel (T = 300:
  * ragged tiles; causal, a band narrower than a tile and one wider): out,
  * dq, dk, dv within BF16_TILED_BOUND of the largest value. An operand in
@@ -359,6 +403,7 @@ static void test_tiled_bf16_same_bits(int DH, int half) {
 }
 
 static void test_tile_bf16(void) {
+    test_tile_bf16_transpose();
     tile_gemm_set_bf16_native(0);
     test_tile_bf16_path("fp32 sums");
     for (int way = 0; way < 2; way++) {

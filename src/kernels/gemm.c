@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "gemm_avx512.h"
+#include "kernels/tile_gemm.h"
 #ifdef MOMFMM_HAVE_ONEDNN
 #include "gemm_onednn.h"
 #endif
@@ -45,11 +46,13 @@ struct gemm_ctx {
     const float *weights;
     uint16_t *weights_bf16;
     size_t n_weights, weights_capacity, refreshes;
-    /* The held activation (gemm_hold): its range and bf16 copy, kept in a
-     * buffer grown to the largest one held. */
+    /* The held activation (gemm_hold): its range, its bf16 copy and its
+     * transposed bf16 copy (held_ld_t apart), each kept in a buffer grown to
+     * the largest one held. */
     const float *held;
-    uint16_t *held_bf16;
-    size_t n_held, held_capacity;
+    uint16_t *held_bf16, *held_t;
+    size_t n_held, held_capacity, held_t_capacity;
+    int held_rows, held_cols, held_ld_t;
 };
 
 static const char *const engine_names[] = {"openblas", "onednn-f32", "onednn-bf16", "auto", "avx512-f32"};
@@ -112,6 +115,7 @@ void gemm_destroy(gemm_ctx *ctx) {
     for (int t = 0; t < GEMM_TEAM_MAX; t++) gemm_avx512_space_destroy(ctx->space[t]);
     free(ctx->weights_bf16);
     free(ctx->held_bf16);
+    free(ctx->held_t);
     free(ctx);
 }
 
@@ -302,6 +306,13 @@ static void split_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool 
     }
 }
 
+/* Whether op(A) is the whole held activation transposed (a weight gradient
+ * dY^T X): then it is read from the transposed copy, untransposed. */
+static bool is_held_transposed(const gemm_ctx *ctx, bool trans_a, gemm_operand A, int M, int K, int lda) {
+    return trans_a && !A.bf16 && ctx->held && A.f32 == ctx->held && M == ctx->held_cols && K == ctx->held_rows &&
+           lda == ctx->held_cols;
+}
+
 void gemm_product_mixed(bool trans_a, bool trans_b, int M, int N, int K, float alpha, gemm_operand A, int lda,
                         gemm_operand B, int ldb, float beta, float *C, int ldc) {
     gemm_ctx *ctx = default_ctx;
@@ -312,6 +323,11 @@ void gemm_product_mixed(bool trans_a, bool trans_b, int M, int N, int K, float a
         return;
     }
     if (uses_weight_copy(ctx)) {
+        if (is_held_transposed(ctx, trans_a, A, M, K, lda)) {
+            A = (gemm_operand){NULL, ctx->held_t};
+            trans_a = false;
+            lda = ctx->held_ld_t;
+        }
         if (!A.bf16) A.bf16 = bf16_copy(ctx, A.f32);
         if (!B.bf16) B.bf16 = bf16_copy(ctx, B.f32);
     }
@@ -328,20 +344,38 @@ bool gemm_reads_bf16(void) { return uses_weight_copy(default_ctx); }
 
 #define HELD_MIN ((size_t)1 << 20) /* bf16 elements: 2 MiB */
 
-void gemm_hold(const float *activation, size_t n) {
+/* A buffer of at least n bf16 elements, grown only while the first step
+ * meets its largest activation; on huge pages (at least one: 2 MiB-aligned),
+ * as the activations' own: on 4 KiB pages oneDNN's reads of the copy ran
+ * slower than the conversion saved. */
+static uint16_t *held_buffer(uint16_t *buffer, size_t *capacity, size_t n) {
+    if (n <= *capacity) return buffer;
+    free(buffer);
+    *capacity = n > HELD_MIN ? n : HELD_MIN;
+    return sys_calloc_huge(*capacity, sizeof *buffer);
+}
+
+/* The transposed copy's leading dimension: rows rounded up to whole
+ * 64-byte lines, and one line more. With exactly 1,024 rows (2 KiB apart)
+ * oneDNN ran the product at 336-355 GFLOP/s, with a line more at 375-404
+ * (bench_d768's weight gradients, one thread; docs/performance.md §9.9). */
+static int held_transposed_ld(int rows) { return (rows + 31) / 32 * 32 + 32; }
+
+/* The weight gradient reads dY transposed (dY^T X); oneDNN's bf16 product
+ * ran that layout 10-20% slower than untransposed operands at the model's
+ * shapes, so the one pass that converts dY also writes it transposed
+ * (docs/design.md §8.10). */
+void gemm_hold(const float *activation, int rows, int cols) {
     gemm_ctx *ctx = default_ctx;
     if (!uses_weight_copy(ctx)) return;
-    if (n > ctx->held_capacity) { /* only while the first step meets its largest activation */
-        free(ctx->held_bf16);
-        /* huge pages, as the activations' own (at least one: 2 MiB-aligned):
-         * on 4 KiB pages oneDNN's reads of the copy ran slower than the
-         * conversion saved */
-        ctx->held_capacity = n > HELD_MIN ? n : HELD_MIN;
-        ctx->held_bf16 = sys_calloc_huge(ctx->held_capacity, sizeof *ctx->held_bf16);
-    }
-    cpu_f32_to_bf16(ctx->held_bf16, activation, n);
+    size_t n = (size_t)rows * cols;
+    int ld_t = held_transposed_ld(rows);
+    ctx->held_bf16 = held_buffer(ctx->held_bf16, &ctx->held_capacity, n);
+    ctx->held_t = held_buffer(ctx->held_t, &ctx->held_t_capacity, (size_t)cols * ld_t);
+    tile_bf16_transpose(ctx->held_t, ld_t, ctx->held_bf16, activation, rows, cols);
     ctx->held = activation;
     ctx->n_held = n;
+    ctx->held_rows = rows, ctx->held_cols = cols, ctx->held_ld_t = ld_t;
 }
 
 void gemm_release(void) {

@@ -118,7 +118,7 @@ void matmul_forward_bf16(float *out, const uint16_t *inp, const float *weight, c
 
 static void linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, gemm_operand inp,
                             const float *weight, int rows, int in_dim, int out_dim, bool accumulate, float *partials) {
-    gemm_hold(dout, (size_t)rows * out_dim); /* both products read dout: bf16 converts it once */
+    gemm_hold(dout, rows, out_dim); /* both products read dout: bf16 converts it once */
     gemm_product_mixed(true, false, out_dim, in_dim, rows, 1.0f, (gemm_operand){dout, NULL}, out_dim, inp, in_dim,
                        accumulate ? 1.0f : 0.0f, dweight, in_dim);
     if (dbias) {

@@ -357,6 +357,73 @@ __attribute__((BF16_TARGET)) static void pack_pairs_transposed(uint16_t *dst, pt
 }
 #endif
 
+/* ---- Transposed conversion (tile_gemm.h) ---- */
+
+/* Rows per band: a transposed row's 32 values of a band fill one 64-byte
+ * line, so no line of dst_t is written in two parts. */
+#define TRANSPOSE_BAND 32
+#define TRANSPOSE_CHUNK 64 /* columns per step of the portable path */
+
+static void transpose_portable(uint16_t *dst_t, ptrdiff_t ld_t, uint16_t *dst, const float *src, int rows, int cols) {
+    uint16_t band[TRANSPOSE_BAND][TRANSPOSE_CHUNK];
+    for (int r0 = 0; r0 < rows; r0 += TRANSPOSE_BAND) {
+        int height = min_int(TRANSPOSE_BAND, rows - r0);
+        for (int c0 = 0; c0 < cols; c0 += TRANSPOSE_CHUNK) {
+            int width = min_int(TRANSPOSE_CHUNK, cols - c0);
+            for (int i = 0; i < height; i++) {
+                size_t at = (size_t)(r0 + i) * cols + c0;
+                cpu_f32_to_bf16(band[i], src + at, (size_t)width);
+                if (dst) memcpy(dst + at, band[i], sizeof(uint16_t) * width);
+            }
+            for (int j = 0; j < width; j++)
+                for (int i = 0; i < height; i++) dst_t[(size_t)(c0 + j) * ld_t + r0 + i] = band[i][j];
+        }
+    }
+}
+
+#if TILE_GEMM_AVX2
+/* Bands of 32 rows, 16 columns at a time: the band's two 16 x 16 halves
+ * transposed in registers (transpose16), each column's 32 values converted
+ * by one vcvtne2ps2bf16 and stored as one line; the rows as they lie
+ * converted from the same registers. Rows past the band and columns past
+ * cols are masked (read as 0, never stored). */
+__attribute__((BF16_TARGET)) static void transpose_native(uint16_t *dst_t, ptrdiff_t ld_t, uint16_t *dst,
+                                                          const float *src, int rows, int cols) {
+    for (int r0 = 0; r0 < rows; r0 += TRANSPOSE_BAND) {
+        int height = min_int(TRANSPOSE_BAND, rows - r0);
+        __mmask32 in_band = height == TRANSPOSE_BAND ? ~(__mmask32)0 : (__mmask32)((1u << height) - 1u);
+        for (int c0 = 0; c0 < cols; c0 += 16) {
+            int width = min_int(16, cols - c0);
+            __mmask16 in_cols = (__mmask16)(width == 16 ? 0xffffu : (1u << width) - 1u);
+            __m512 half[2][16];
+            for (int i = 0; i < TRANSPOSE_BAND; i++) {
+                const float *x = src + (size_t)(r0 + i) * cols + c0;
+                __m512 v = i < height ? _mm512_maskz_loadu_ps(in_cols, x) : _mm512_setzero_ps();
+                half[i / 16][i % 16] = v;
+                if (dst && i < height)
+                    _mm256_mask_storeu_epi16(dst + (size_t)(r0 + i) * cols + c0, in_cols,
+                                             (__m256i)_mm512_cvtneps_pbh(v));
+            }
+            transpose16(half[0]);
+            transpose16(half[1]);
+            for (int j = 0; j < width; j++)
+                _mm512_mask_storeu_epi16(dst_t + (size_t)(c0 + j) * ld_t + r0, in_band,
+                                         (__m512i)_mm512_cvtne2ps_pbh(half[1][j], half[0][j]));
+        }
+    }
+}
+#endif
+
+void tile_bf16_transpose(uint16_t *dst_t, ptrdiff_t ld_t, uint16_t *dst, const float *src, int rows, int cols) {
+#if TILE_GEMM_AVX2
+    if (tile_gemm_bf16_native()) {
+        transpose_native(dst_t, ld_t, dst, src, rows, cols);
+        return;
+    }
+#endif
+    transpose_portable(dst_t, ld_t, dst, src, rows, cols);
+}
+
 void tile_bf16_pack(uint16_t *dst, ptrdiff_t d_k, ptrdiff_t d_n, const float *src, ptrdiff_t s_k, ptrdiff_t s_n, int k,
                     int n) {
     int pairs = (k + 1) / 2;
