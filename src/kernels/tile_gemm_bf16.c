@@ -362,66 +362,93 @@ __attribute__((BF16_TARGET)) static void pack_pairs_transposed(uint16_t *dst, pt
 /* Rows per band: a transposed row's 32 values of a band fill one 64-byte
  * line, so no line of dst_t is written in two parts. */
 #define TRANSPOSE_BAND 32
-#define TRANSPOSE_CHUNK 64 /* columns per step of the portable path */
+/* Columns per step: a band's step of src (128 KiB) stays in L2 between its
+ * straight conversion and its transposition. */
+#define TRANSPOSE_CHUNK 1024
 
-static void transpose_portable(uint16_t *dst_t, ptrdiff_t ld_t, uint16_t *dst, const float *src, int rows, int cols) {
-    uint16_t band[TRANSPOSE_BAND][TRANSPOSE_CHUNK];
+/* The band's rows [r0, r0 + height) of columns [c0, c0 + width) converted
+ * as they lie, row by row: sequential reads, which also bring the step
+ * into cache for its transposition. */
+static void convert_band_rows(uint16_t *dst, const float *src, int r0, int height, int c0, int width, int cols) {
+    for (int i = 0; i < height; i++) {
+        size_t at = (size_t)(r0 + i) * cols + c0;
+        cpu_f32_to_bf16(dst + at, src + at, (size_t)width);
+    }
+}
+
+/* dst_t's columns [r0, r0 + height) of its rows [c0, c0 + width), from the
+ * straight copy. */
+static void transpose_band_portable(uint16_t *dst_t, ptrdiff_t ld_t, const uint16_t *dst, int r0, int height, int c0,
+                                    int width, int cols) {
+    for (int j = 0; j < width; j++)
+        for (int i = 0; i < height; i++)
+            dst_t[(size_t)(c0 + j) * ld_t + r0 + i] = dst[(size_t)(r0 + i) * cols + c0 + j];
+}
+
+#if TILE_GEMM_AVX2
+/* The same from src, 16 columns at a time: the band's two 16 x 16 halves
+ * transposed in registers (transpose16), each column's 32 values converted
+ * by one vcvtne2ps2bf16 (cpu_f32_to_bf16's rounding) and stored as one
+ * line. Rows past the band and columns past the step are masked (read as
+ * 0, never stored); full blocks take unmasked loads and stores, in loops
+ * of 16 that unroll, so the halves stay in registers. */
+__attribute__((BF16_TARGET)) static void transpose_band_native(uint16_t *dst_t, ptrdiff_t ld_t, const float *src,
+                                                               int r0, int height, int c0, int width, int cols) {
+    __mmask32 in_band = height == TRANSPOSE_BAND ? ~(__mmask32)0 : (__mmask32)((1u << height) - 1u);
+    __mmask16 low_rows = (__mmask16)(in_band & 0xffffu), high_rows = (__mmask16)(in_band >> 16);
+    const float *top = src + (size_t)r0 * cols, *bottom = top + (size_t)16 * cols;
+    for (int j0 = c0; j0 < c0 + width; j0 += 16) {
+        int n = min_int(16, c0 + width - j0);
+        __m512 lo[16], hi[16];
+        if (n == 16 && height == TRANSPOSE_BAND) {
+            for (int i = 0; i < 16; i++) {
+                lo[i] = _mm512_loadu_ps(top + (size_t)i * cols + j0);
+                hi[i] = _mm512_loadu_ps(bottom + (size_t)i * cols + j0);
+            }
+        } else {
+            __mmask16 in_cols = (__mmask16)((1u << n) - 1u);
+            for (int i = 0; i < 16; i++) {
+                lo[i] = low_rows >> i & 1 ? _mm512_maskz_loadu_ps(in_cols, top + (size_t)i * cols + j0)
+                                          : _mm512_setzero_ps();
+                hi[i] = high_rows >> i & 1 ? _mm512_maskz_loadu_ps(in_cols, bottom + (size_t)i * cols + j0)
+                                           : _mm512_setzero_ps();
+            }
+        }
+        transpose16(lo);
+        transpose16(hi);
+        uint16_t *out = dst_t + (size_t)j0 * ld_t + r0;
+        if (n == 16 && height == TRANSPOSE_BAND)
+            for (int j = 0; j < 16; j++)
+                _mm512_storeu_si512((void *)(out + (size_t)j * ld_t), (__m512i)_mm512_cvtne2ps_pbh(hi[j], lo[j]));
+        else
+            for (int j = 0; j < n; j++)
+                _mm512_mask_storeu_epi16(out + (size_t)j * ld_t, in_band, (__m512i)_mm512_cvtne2ps_pbh(hi[j], lo[j]));
+    }
+}
+#endif
+
+/* Band by band and step by step: the step's rows converted as they lie,
+ * then transposed while in L2. Reading the band's 32 rows 64 bytes at a
+ * time for the transposition alone ran 4.5x slower than the straight
+ * conversion (32 read streams at once; bench_d768's dY shapes). */
+void tile_bf16_transpose(uint16_t *dst_t, ptrdiff_t ld_t, uint16_t *dst, const float *src, int rows, int cols) {
+#if TILE_GEMM_AVX2
+    bool native = tile_gemm_bf16_native();
+#endif
     for (int r0 = 0; r0 < rows; r0 += TRANSPOSE_BAND) {
         int height = min_int(TRANSPOSE_BAND, rows - r0);
         for (int c0 = 0; c0 < cols; c0 += TRANSPOSE_CHUNK) {
             int width = min_int(TRANSPOSE_CHUNK, cols - c0);
-            for (int i = 0; i < height; i++) {
-                size_t at = (size_t)(r0 + i) * cols + c0;
-                cpu_f32_to_bf16(band[i], src + at, (size_t)width);
-                if (dst) memcpy(dst + at, band[i], sizeof(uint16_t) * width);
+            convert_band_rows(dst, src, r0, height, c0, width, cols);
+#if TILE_GEMM_AVX2
+            if (native) {
+                transpose_band_native(dst_t, ld_t, src, r0, height, c0, width, cols);
+                continue;
             }
-            for (int j = 0; j < width; j++)
-                for (int i = 0; i < height; i++) dst_t[(size_t)(c0 + j) * ld_t + r0 + i] = band[i][j];
+#endif
+            transpose_band_portable(dst_t, ld_t, dst, r0, height, c0, width, cols);
         }
     }
-}
-
-#if TILE_GEMM_AVX2
-/* Bands of 32 rows, 16 columns at a time: the band's two 16 x 16 halves
- * transposed in registers (transpose16), each column's 32 values converted
- * by one vcvtne2ps2bf16 and stored as one line; the rows as they lie
- * converted from the same registers. Rows past the band and columns past
- * cols are masked (read as 0, never stored). */
-__attribute__((BF16_TARGET)) static void transpose_native(uint16_t *dst_t, ptrdiff_t ld_t, uint16_t *dst,
-                                                          const float *src, int rows, int cols) {
-    for (int r0 = 0; r0 < rows; r0 += TRANSPOSE_BAND) {
-        int height = min_int(TRANSPOSE_BAND, rows - r0);
-        __mmask32 in_band = height == TRANSPOSE_BAND ? ~(__mmask32)0 : (__mmask32)((1u << height) - 1u);
-        for (int c0 = 0; c0 < cols; c0 += 16) {
-            int width = min_int(16, cols - c0);
-            __mmask16 in_cols = (__mmask16)(width == 16 ? 0xffffu : (1u << width) - 1u);
-            __m512 half[2][16];
-            for (int i = 0; i < TRANSPOSE_BAND; i++) {
-                const float *x = src + (size_t)(r0 + i) * cols + c0;
-                __m512 v = i < height ? _mm512_maskz_loadu_ps(in_cols, x) : _mm512_setzero_ps();
-                half[i / 16][i % 16] = v;
-                if (dst && i < height)
-                    _mm256_mask_storeu_epi16(dst + (size_t)(r0 + i) * cols + c0, in_cols,
-                                             (__m256i)_mm512_cvtneps_pbh(v));
-            }
-            transpose16(half[0]);
-            transpose16(half[1]);
-            for (int j = 0; j < width; j++)
-                _mm512_mask_storeu_epi16(dst_t + (size_t)(c0 + j) * ld_t + r0, in_band,
-                                         (__m512i)_mm512_cvtne2ps_pbh(half[1][j], half[0][j]));
-        }
-    }
-}
-#endif
-
-void tile_bf16_transpose(uint16_t *dst_t, ptrdiff_t ld_t, uint16_t *dst, const float *src, int rows, int cols) {
-#if TILE_GEMM_AVX2
-    if (tile_gemm_bf16_native()) {
-        transpose_native(dst_t, ld_t, dst, src, rows, cols);
-        return;
-    }
-#endif
-    transpose_portable(dst_t, ld_t, dst, src, rows, cols);
 }
 
 void tile_bf16_pack(uint16_t *dst, ptrdiff_t d_k, ptrdiff_t d_n, const float *src, ptrdiff_t s_k, ptrdiff_t s_n, int k,
