@@ -348,30 +348,34 @@ static bool train_steps(gemm_ctx *ctx, int attention, size_t *created_at_2, size
     return true;
 }
 
-/* gemm_hold (the default engine being bf16): a product reading a held
- * activation, inside its range, gives the bits of converting it per call;
- * the copy is read while held (a change to the floats is not seen) and
- * no longer after gemm_release. */
+/* gemm_hold (the default engine being bf16): products reading a held
+ * activation, inside its range, give the exact products of its
+ * bf16-rounded floats within fp32 rounding (read from the copy at the
+ * copy's own leading dimension: oneDNN's last bits may differ from a
+ * conversion per call); the copy is read while held (a change to the
+ * floats is not seen) and no longer after gemm_release. */
 static void test_hold(void) {
     uint64_t rng = 5;
     problem p = make_problem(false, false, 40, 24, 36, 0, 1.0f, 0.0f, &rng);
     size_t nc = (size_t)p.M * p.ldc;
-    float *C[3];
-    for (int i = 0; i < 3; i++) {
+    float *C[2];
+    for (int i = 0; i < 2; i++) {
         C[i] = malloc(sizeof(float) * nc);
         memcpy(C[i], p.C0, sizeof(float) * nc);
     }
-    gemm_product(false, false, p.M, p.N, p.K, 1.0f, p.A, p.lda, p.B, p.ldb, 0.0f, C[0], p.ldc);
     gemm_hold(p.A, p.M, p.lda);
     float kept = p.A[0];
-    gemm_product(false, false, p.M - 1, p.N, p.K, 1.0f, p.A + p.lda, p.lda, p.B, p.ldb, 0.0f, C[1] + p.ldc, p.ldc);
+    gemm_product(false, false, p.M - 1, p.N, p.K, 1.0f, p.A + p.lda, p.lda, p.B, p.ldb, 0.0f, C[0] + p.ldc, p.ldc);
     p.A[0] = kept + 1.0f; /* not seen while held */
-    gemm_product(false, false, 1, p.N, p.K, 1.0f, p.A, p.lda, p.B, p.ldb, 0.0f, C[1], p.ldc);
+    gemm_product(false, false, 1, p.N, p.K, 1.0f, p.A, p.lda, p.B, p.ldb, 0.0f, C[0], p.ldc);
     gemm_release();
-    gemm_product(false, false, 1, p.N, p.K, 1.0f, p.A, p.lda, p.B, p.ldb, 0.0f, C[2], p.ldc);
-    test_check(memcmp(C[0], C[1], sizeof(float) * nc) == 0 && C[2][0] != C[0][0],
-               "bf16: a held activation is converted once and read from its copy until released", NULL);
-    for (int i = 0; i < 3; i++) free(C[i]);
+    gemm_product(false, false, 1, p.N, p.K, 1.0f, p.A, p.lda, p.B, p.ldb, 0.0f, C[1], p.ldc);
+    double seen = fabs(C[1][0] - C[0][0]); /* about |B[0][0]|: the change, read after the release */
+    p.A[0] = kept;
+    double r = error_ratio(&p, C[0], NULL, true, true);
+    test_check(r <= 1.0 && seen > 1e-3,
+               "bf16: a held activation is converted once and read from its copy until released", "%.3g %.3g", r, seen);
+    for (int i = 0; i < 2; i++) free(C[i]);
     free_problem(&p);
 }
 
@@ -382,37 +386,41 @@ static void test_hold(void) {
  * of the bf16-rounded operands (the order of the sums is oneDNN's, so not
  * the per-call bits). Ragged shapes cover the copy's partial bands of 32
  * rows and blocks of 16 columns; beta 1 accumulates as micro-batches do.
- * A product over part of the held rows still reads the straight copy, with
- * the per-call conversion's bits. */
+ * A product over part of the held rows reads the straight copy: a change
+ * to the floats made after gemm_hold is not seen. */
 static void test_hold_transposed(gemm_ctx *ctx) {
-    static const int held_shapes[][3] = {{1, 1, 1}, {17, 5, 33}, {40, 24, 70}, {96, 64, 256}, {33, 48, 100}};
+    static const int held_shapes[][3] = {{1, 1, 2}, {17, 5, 33}, {40, 24, 70}, {96, 64, 256}, {33, 48, 100}};
     uint64_t rng = 7;
-    double worst = 0;
-    bool routed = true, part_same = true;
+    double worst = 0, worst_part = 0;
+    bool routed = true;
     for (size_t s = 0; s < sizeof held_shapes / sizeof held_shapes[0]; s++)
         for (int beta = 0; beta < 2; beta++) {
             int M = held_shapes[s][0], N = held_shapes[s][1], K = held_shapes[s][2];
             problem p = make_problem(true, false, M, N, K, 0, 1.0f, (float)beta, &rng);
-            float *per_call = run(ctx, &p), *part = run(ctx, &p);
-            size_t before = gemm_primitives_created(ctx);
+            float *C = run(ctx, &p), *part = run(ctx, &p); /* makes the per-call TN primitive */
+            size_t before = gemm_primitives_created(ctx), bytes = sizeof(float) * (size_t)M * p.ldc;
             gemm_hold(p.A, K, M);
-            float *C = malloc(sizeof(float) * (size_t)M * p.ldc);
-            memcpy(C, p.C0, sizeof(float) * (size_t)M * p.ldc);
+            memcpy(C, p.C0, bytes);
             gemm_product(true, false, M, N, K, 1.0f, p.A, p.lda, p.B, p.ldb, (float)beta, C, p.ldc);
             routed = routed && gemm_primitives_created(ctx) == before + 1;
-            memcpy(part, p.C0, sizeof(float) * (size_t)M * p.ldc);
+            float kept = p.A[0];
+            p.A[0] = kept + 1.0f; /* not seen: read from the copy */
+            memcpy(part, p.C0, bytes);
             gemm_product(true, false, M, N, K - 1, 1.0f, p.A, p.lda, p.B, p.ldb, (float)beta, part, p.ldc);
             gemm_release();
-            float *want = run(ctx, &(problem){p.trans_a, p.trans_b, M, N, K - 1, p.lda, p.ldb, p.ldc, 1.0f, (float)beta,
-                                              p.A, p.B, p.C0});
-            part_same = part_same && (K == 1 || !memcmp(part, want, sizeof(float) * (size_t)M * p.ldc));
-            double r = error_ratio(&p, C, per_call, true, true);
+            p.A[0] = kept;
+            double r = error_ratio(&p, C, NULL, true, true);
             if (!(r <= worst)) worst = r;
-            free(C), free(per_call), free(part), free(want), free_problem(&p);
+            problem first = p;
+            first.K = K - 1;
+            r = error_ratio(&first, part, NULL, true, true);
+            if (!(r <= worst_part)) worst_part = r;
+            free(C), free(part), free_problem(&p);
         }
     test_check(routed, "bf16: a held activation's whole transposed product runs on its transposed copy", NULL);
     test_check(worst <= 1.0, "bf16: ... within fp32 rounding of the exact bf16 products", "%.3g", worst);
-    test_check(part_same, "bf16: a product over part of a held activation reads its straight copy (bits)", NULL);
+    test_check(worst_part <= 1.0, "bf16: a product over part of a held activation reads its straight copy", "%.3g",
+               worst_part);
 }
 
 /* An input made in bf16 alone (the GELU output, docs/design.md §8.10):

@@ -333,32 +333,36 @@ static void test_tile_bf16_pack_transposed(void) {
     test_check(same, "tile_bf16_pack: rows into pair rows, vdpbf16ps path = scalar path's bytes", NULL);
 }
 
-/* The held dY's conversion (gemm.c): the straight rows = cpu_f32_to_bf16's,
- * the transposed copy element by element, nothing written past its rows
- * (ld_t > rows) or past the straight rows, and the vdpbf16ps path's bytes
- * = the portable one's. Ragged bands (rows not a multiple of 32), column
- * blocks (not of 16) and steps (more than 1,024 columns). */
+/* The held dY's conversion (gemm.c): the straight copy = cpu_f32_to_bf16's
+ * rows, the transposed copy element by element, nothing written between
+ * or past the rows of either (ld > cols, ld_t > rows), and the vdpbf16ps
+ * path's bytes = the portable one's. Ragged bands (rows not a multiple of
+ * 32), column blocks (not of 16) and steps (more than 1,024 columns). */
 static void test_tile_bf16_transpose(void) {
     static const int rows_of[] = {1, 15, 31, 32, 33, 70, 100}, cols_of[] = {1, 15, 16, 17, 40, 1030};
     bool right = true, same = true;
     for (size_t a = 0; a < sizeof rows_of / sizeof rows_of[0]; a++)
         for (size_t b = 0; b < sizeof cols_of / sizeof cols_of[0]; b++) {
             int rows = rows_of[a], cols = cols_of[b];
-            ptrdiff_t ld_t = rows + 7;
-            size_t n = (size_t)rows * cols, n_t = (size_t)cols * ld_t;
+            ptrdiff_t ld = cols + 3, ld_t = rows + 7;
+            size_t n = (size_t)rows * cols, n_s = (size_t)rows * ld, n_t = (size_t)cols * ld_t;
             float *src = randn(n, 1);
             uint16_t *want = malloc(sizeof(uint16_t) * n), *got[2][2];
             cpu_f32_to_bf16(want, src, n);
             for (int way = 0; way < 2; way++) {
-                got[way][0] = malloc(sizeof(uint16_t) * (n + 8)), got[way][1] = malloc(sizeof(uint16_t) * n_t);
-                memset(got[way][0], 0xA5, sizeof(uint16_t) * (n + 8));
+                got[way][0] = malloc(sizeof(uint16_t) * n_s), got[way][1] = malloc(sizeof(uint16_t) * n_t);
+                memset(got[way][0], 0xA5, sizeof(uint16_t) * n_s);
                 memset(got[way][1], 0xA5, sizeof(uint16_t) * n_t);
                 tile_gemm_set_bf16_native(way == 0 ? 0 : -1);
-                tile_bf16_transpose(got[way][1], ld_t, got[way][0], src, rows, cols);
+                tile_bf16_transpose(got[way][1], ld_t, got[way][0], ld, src, rows, cols);
             }
             for (int way = 0; way < 2; way++) {
-                bool ok = !memcmp(got[way][0], want, sizeof(uint16_t) * n);
-                for (size_t i = n; i < n + 8; i++) ok = ok && got[way][0][i] == 0xA5A5;
+                bool ok = true;
+                for (int r = 0; r < rows; r++)
+                    for (ptrdiff_t c = 0; c < ld; c++) {
+                        uint16_t at = got[way][0][r * ld + c];
+                        ok = ok && (c < cols ? at == want[(size_t)r * cols + c] : at == 0xA5A5);
+                    }
                 for (int c = 0; c < cols; c++)
                     for (ptrdiff_t r = 0; r < ld_t; r++) {
                         uint16_t at = got[way][1][c * ld_t + r];
@@ -366,12 +370,13 @@ static void test_tile_bf16_transpose(void) {
                     }
                 right = right && ok;
             }
-            same = same && !memcmp(got[0][1], got[1][1], sizeof(uint16_t) * n_t);
+            same = same && !memcmp(got[0][0], got[1][0], sizeof(uint16_t) * n_s) &&
+                   !memcmp(got[0][1], got[1][1], sizeof(uint16_t) * n_t);
             free(src), free(want);
             for (int way = 0; way < 2; way++) free(got[way][0]), free(got[way][1]);
         }
     tile_gemm_set_bf16_native(-1);
-    test_check(right, "tile_bf16_transpose: straight and transposed copies, nothing past them", NULL);
+    test_check(right, "tile_bf16_transpose: straight and transposed copies, nothing between or past their rows", NULL);
     if (tile_gemm_bf16_native()) test_check(same, "tile_bf16_transpose: vdpbf16ps path = portable path's bytes", NULL);
     else test_skip("tile_bf16_transpose: vdpbf16ps path", "the CPU has no AVX512_BF16");
 }

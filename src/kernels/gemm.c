@@ -46,13 +46,13 @@ struct gemm_ctx {
     const float *weights;
     uint16_t *weights_bf16;
     size_t n_weights, weights_capacity, refreshes;
-    /* The held activation (gemm_hold): its range, its bf16 copy and its
-     * transposed bf16 copy (held_ld_t apart), each kept in a buffer grown to
-     * the largest one held. */
+    /* The held activation (gemm_hold): its range, its bf16 copy (rows
+     * held_ld apart) and its transposed bf16 copy (held_ld_t apart), each
+     * kept in a buffer grown to the largest one held. */
     const float *held;
     uint16_t *held_bf16, *held_t;
     size_t n_held, held_capacity, held_t_capacity;
-    int held_rows, held_cols, held_ld_t;
+    int held_rows, held_cols, held_ld, held_ld_t;
 };
 
 static const char *const engine_names[] = {"openblas", "onednn-f32", "onednn-bf16", "auto", "avx512-f32"};
@@ -230,11 +230,26 @@ static const uint16_t *copy_within(const float *base, const uint16_t *copy, size
     return copy + (p - base);
 }
 
-/* An operand's bf16 copy: the registered weights', the held activation's
- * (gemm_hold), or none (converted per call). */
-static const uint16_t *bf16_copy(const gemm_ctx *ctx, const float *p) {
-    const uint16_t *copy = copy_within(ctx->weights, ctx->weights_bf16, ctx->n_weights, p);
-    return copy ? copy : copy_within(ctx->held, ctx->held_bf16, ctx->n_held, p);
+/* The held activation's copy of an operand inside it read with the
+ * activation's row length as its leading dimension (*ld), at the copy's
+ * own (held_ld, set in *ld); else NULL. */
+static const uint16_t *held_copy(const gemm_ctx *ctx, const float *p, int *ld) {
+    if (!copy_within(ctx->held, ctx->held_bf16, ctx->n_held, p) || *ld != ctx->held_cols) return NULL;
+    size_t at = (size_t)(p - ctx->held), row = at / (size_t)ctx->held_cols, col = at % (size_t)ctx->held_cols;
+    *ld = ctx->held_ld;
+    return ctx->held_bf16 + row * (size_t)ctx->held_ld + col;
+}
+
+/* An operand's bf16 copy, its leading dimension in *ld: the registered
+ * weights' (the same layout), the held activation's (gemm_hold), or none
+ * (converted per call). */
+static gemm_operand bf16_copy(const gemm_ctx *ctx, gemm_operand x, int *ld) {
+    if (x.bf16) return x;
+    const uint16_t *copy = copy_within(ctx->weights, ctx->weights_bf16, ctx->n_weights, x.f32);
+    if (copy) return (gemm_operand){x.f32, copy};
+    copy = held_copy(ctx, x.f32, ld);
+    /* the fp32 floats lie at another leading dimension than the copy's */
+    return copy ? (gemm_operand){NULL, copy} : x;
 }
 
 static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
@@ -328,8 +343,8 @@ void gemm_product_mixed(bool trans_a, bool trans_b, int M, int N, int K, float a
             trans_a = false;
             lda = ctx->held_ld_t;
         }
-        if (!A.bf16) A.bf16 = bf16_copy(ctx, A.f32);
-        if (!B.bf16) B.bf16 = bf16_copy(ctx, B.f32);
+        A = bf16_copy(ctx, A, &lda);
+        B = bf16_copy(ctx, B, &ldb);
     }
     gemm_mixed(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
@@ -355,11 +370,13 @@ static uint16_t *held_buffer(uint16_t *buffer, size_t *capacity, size_t n) {
     return sys_calloc_huge(*capacity, sizeof *buffer);
 }
 
-/* The transposed copy's leading dimension: rows rounded up to whole
- * 64-byte lines, and one line more. With exactly 1,024 rows (2 KiB apart)
- * oneDNN ran the product at 336-355 GFLOP/s, with a line more at 375-404
- * (bench_d768's weight gradients, one thread; docs/performance.md §9.9). */
-static int held_transposed_ld(int rows) { return (rows + 31) / 32 * 32 + 32; }
+/* The copies' leading dimension: the row length rounded up to whole
+ * 64-byte lines, and one line more. The transposed copy's rows exactly
+ * 1,024 long (2 KiB apart) ran the weight gradient at 336-355 GFLOP/s, a
+ * line more apart at 375-404; the straight copy a line more apart ran the
+ * products back to the input 3-14% faster (bench_d768's shapes, one
+ * thread; docs/performance.md §9.9). */
+static int held_ld_of(int length) { return (length + 31) / 32 * 32 + 32; }
 
 /* The weight gradient reads dY transposed (dY^T X); oneDNN's bf16 product
  * ran that layout 10-20% slower than untransposed operands at the model's
@@ -368,14 +385,13 @@ static int held_transposed_ld(int rows) { return (rows + 31) / 32 * 32 + 32; }
 void gemm_hold(const float *activation, int rows, int cols) {
     gemm_ctx *ctx = default_ctx;
     if (!uses_weight_copy(ctx)) return;
-    size_t n = (size_t)rows * cols;
-    int ld_t = held_transposed_ld(rows);
-    ctx->held_bf16 = held_buffer(ctx->held_bf16, &ctx->held_capacity, n);
+    int ld = held_ld_of(cols), ld_t = held_ld_of(rows);
+    ctx->held_bf16 = held_buffer(ctx->held_bf16, &ctx->held_capacity, (size_t)rows * ld);
     ctx->held_t = held_buffer(ctx->held_t, &ctx->held_t_capacity, (size_t)cols * ld_t);
-    tile_bf16_transpose(ctx->held_t, ld_t, ctx->held_bf16, activation, rows, cols);
+    tile_bf16_transpose(ctx->held_t, ld_t, ctx->held_bf16, ld, activation, rows, cols);
     ctx->held = activation;
-    ctx->n_held = n;
-    ctx->held_rows = rows, ctx->held_cols = cols, ctx->held_ld_t = ld_t;
+    ctx->n_held = (size_t)rows * cols;
+    ctx->held_rows = rows, ctx->held_cols = cols, ctx->held_ld = ld, ctx->held_ld_t = ld_t;
 }
 
 void gemm_release(void) {

@@ -129,13 +129,14 @@ bool gemm_reads_bf16(void);
 /* An activation that two products in a row read (matmul_backward's dY,
  * for the weight's gradient and for the input's): with the bf16 engine,
  * gemm_hold converts its rows x cols floats (contiguous rows) once, and
- * until gemm_release a gemm_product operand inside them is read from that
- * copy, as one inside the weights is, instead of being converted per call
- * (the same rounding). The same pass writes a transposed copy, from which
- * a product reading the whole activation transposed (the weight gradient
- * dY^T X) reads it untransposed, the layout oneDNN runs faster
- * (docs/design.md §8.10). The floats must not change while held. No-ops
- * for the fp32 engines. */
+ * until gemm_release a gemm_product operand inside them, read with the
+ * activation's row length as its leading dimension, is read from that
+ * copy instead of being converted per call (the same rounding; the copy's
+ * rows lie further apart, which oneDNN reads faster). The same pass writes
+ * a transposed copy, from which a product reading the whole activation
+ * transposed (the weight gradient dY^T X) reads it untransposed, the
+ * layout oneDNN runs faster (docs/design.md §8.10). The floats must not
+ * change while held. No-ops for the fp32 engines. */
 void gemm_hold(const float *activation, int rows, int cols);
 void gemm_release(void);
 

@@ -62,11 +62,13 @@ void tile_bf16_pack(uint16_t *dst, ptrdiff_t d_k, ptrdiff_t d_n, const float *sr
                     int n);
 
 /* rows x cols of src (contiguous rows) in bf16, cpu_f32_to_bf16's rounding,
- * in one pass over src: as they lie into dst (contiguous rows) and
- * transposed into dst_t, element (r, c) at dst_t[c * ld_t + r]. For the
- * bf16 engine's held dY (gemm.c): its weight gradient dY^T X then runs as
- * a product of untransposed operands (docs/design.md §8.10). */
-void tile_bf16_transpose(uint16_t *dst_t, ptrdiff_t ld_t, uint16_t *dst, const float *src, int rows, int cols);
+ * in one pass over src: as they lie into dst, element (r, c) at
+ * dst[r * ld + c], and transposed into dst_t, element (r, c) at
+ * dst_t[c * ld_t + r]. For the bf16 engine's held dY (gemm.c): its weight
+ * gradient dY^T X then runs as a product of untransposed operands
+ * (docs/design.md §8.10). */
+void tile_bf16_transpose(uint16_t *dst_t, ptrdiff_t ld_t, uint16_t *dst, ptrdiff_t ld, const float *src, int rows,
+                         int cols);
 
 /* C[m x n] = alpha A B, or C += alpha A B with accumulate (the fp32 C as
  * tile_gemm's): A's pair (i, pp) at a + 2 * (i * a_row + pp * a_col), B's

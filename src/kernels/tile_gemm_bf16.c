@@ -369,20 +369,18 @@ __attribute__((BF16_TARGET)) static void pack_pairs_transposed(uint16_t *dst, pt
 /* The band's rows [r0, r0 + height) of columns [c0, c0 + width) converted
  * as they lie, row by row: sequential reads, which also bring the step
  * into cache for its transposition. */
-static void convert_band_rows(uint16_t *dst, const float *src, int r0, int height, int c0, int width, int cols) {
-    for (int i = 0; i < height; i++) {
-        size_t at = (size_t)(r0 + i) * cols + c0;
-        cpu_f32_to_bf16(dst + at, src + at, (size_t)width);
-    }
+static void convert_band_rows(uint16_t *dst, ptrdiff_t ld, const float *src, int r0, int height, int c0, int width,
+                              int cols) {
+    for (int i = 0; i < height; i++)
+        cpu_f32_to_bf16(dst + (size_t)(r0 + i) * ld + c0, src + (size_t)(r0 + i) * cols + c0, (size_t)width);
 }
 
 /* dst_t's columns [r0, r0 + height) of its rows [c0, c0 + width), from the
  * straight copy. */
-static void transpose_band_portable(uint16_t *dst_t, ptrdiff_t ld_t, const uint16_t *dst, int r0, int height, int c0,
-                                    int width, int cols) {
+static void transpose_band_portable(uint16_t *dst_t, ptrdiff_t ld_t, const uint16_t *dst, ptrdiff_t ld, int r0,
+                                    int height, int c0, int width) {
     for (int j = 0; j < width; j++)
-        for (int i = 0; i < height; i++)
-            dst_t[(size_t)(c0 + j) * ld_t + r0 + i] = dst[(size_t)(r0 + i) * cols + c0 + j];
+        for (int i = 0; i < height; i++) dst_t[(size_t)(c0 + j) * ld_t + r0 + i] = dst[(size_t)(r0 + i) * ld + c0 + j];
 }
 
 #if TILE_GEMM_AVX2
@@ -431,7 +429,8 @@ __attribute__((BF16_TARGET)) static void transpose_band_native(uint16_t *dst_t, 
  * then transposed while in L2. Reading the band's 32 rows 64 bytes at a
  * time for the transposition alone ran 4.5x slower than the straight
  * conversion (32 read streams at once; bench_d768's dY shapes). */
-void tile_bf16_transpose(uint16_t *dst_t, ptrdiff_t ld_t, uint16_t *dst, const float *src, int rows, int cols) {
+void tile_bf16_transpose(uint16_t *dst_t, ptrdiff_t ld_t, uint16_t *dst, ptrdiff_t ld, const float *src, int rows,
+                         int cols) {
 #if TILE_GEMM_AVX2
     bool native = tile_gemm_bf16_native();
 #endif
@@ -439,14 +438,14 @@ void tile_bf16_transpose(uint16_t *dst_t, ptrdiff_t ld_t, uint16_t *dst, const f
         int height = min_int(TRANSPOSE_BAND, rows - r0);
         for (int c0 = 0; c0 < cols; c0 += TRANSPOSE_CHUNK) {
             int width = min_int(TRANSPOSE_CHUNK, cols - c0);
-            convert_band_rows(dst, src, r0, height, c0, width, cols);
+            convert_band_rows(dst, ld, src, r0, height, c0, width, cols);
 #if TILE_GEMM_AVX2
             if (native) {
                 transpose_band_native(dst_t, ld_t, src, r0, height, c0, width, cols);
                 continue;
             }
 #endif
-            transpose_band_portable(dst_t, ld_t, dst, r0, height, c0, width, cols);
+            transpose_band_portable(dst_t, ld_t, dst, ld, r0, height, c0, width);
         }
     }
 }
