@@ -423,6 +423,31 @@ static void test_hold_transposed(gemm_ctx *ctx) {
                worst_part);
 }
 
+/* A held activation of 300 x 256 floats (past the size from which its
+ * conversion is cut between the threads) converted on two threads gives
+ * the copies one thread gives: the same bits from both products that read
+ * them (the products themselves on the context's one thread). */
+static void test_hold_threads(void) {
+    enum { ROWS = 300, COLS = 256, N = 16 };
+    uint64_t rng = 13;
+    float *dy = matrix(ROWS, COLS, COLS, 0, &rng), *x = matrix(ROWS, N, N, 0, &rng), *w = matrix(COLS, N, N, 0, &rng);
+    float *dw[2], *dx[2];
+    int threads = omp_get_max_threads();
+    for (int t = 0; t < 2; t++) {
+        dw[t] = malloc(sizeof(float) * COLS * N), dx[t] = malloc(sizeof(float) * ROWS * N);
+        omp_set_num_threads(t + 1);
+        gemm_hold(dy, ROWS, COLS);
+        omp_set_num_threads(threads);
+        gemm_product(true, false, COLS, N, ROWS, 1.0f, dy, COLS, x, N, 0.0f, dw[t], N);
+        gemm_product(false, false, ROWS, N, COLS, 1.0f, dy, COLS, w, N, 0.0f, dx[t], N);
+        gemm_release();
+    }
+    test_check(!memcmp(dw[0], dw[1], sizeof(float) * COLS * N) && !memcmp(dx[0], dx[1], sizeof(float) * ROWS * N),
+               "bf16: a held activation converted on two threads = on one (both products, bits)", NULL);
+    for (int t = 0; t < 2; t++) free(dw[t]), free(dx[t]);
+    free(dy), free(x), free(w);
+}
+
 /* An input made in bf16 alone (the GELU output, docs/design.md §8.10):
  * matmul_forward_bf16 and matmul_backward_bf16 give the bits of the fp32
  * input converted per call, with dinp written over the input's memory as
@@ -470,6 +495,7 @@ static void test_default_engine(gemm_engine engine) {
         gemm_unregister_weights(ctx, W);
         test_hold();
         test_hold_transposed(ctx);
+        test_hold_threads();
         test_bf16_inputs();
     }
     for (int attention = ATTENTION_SOFTMAX; attention <= ATTENTION_FMM; attention++) {

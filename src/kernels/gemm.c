@@ -374,9 +374,29 @@ static uint16_t *held_buffer(uint16_t *buffer, size_t *capacity, size_t n) {
  * 64-byte lines, and one line more. The transposed copy's rows exactly
  * 1,024 long (2 KiB apart) ran the weight gradient at 336-355 GFLOP/s, a
  * line more apart at 375-404; the straight copy a line more apart ran the
- * products back to the input 3-14% faster (bench_d768's shapes, one
+ * products back to the input 5-14% faster (bench_d768's shapes, one
  * thread; docs/performance.md §9.9). */
 static int held_ld_of(int length) { return (length + 31) / 32 * 32 + 32; }
+
+/* Below this many floats the held activation is converted on one thread. */
+#define HELD_SPLIT_MIN (1 << 16)
+
+/* Both copies of rows x cols floats, the rows cut into one part per
+ * OpenMP thread (whole bands of 32, tile_bf16_transpose's), as the
+ * products before and after it are: on one thread the conversion would
+ * leave the other cores idle between them. Each element is converted
+ * alone, so the copies do not depend on the cut. */
+static void held_convert(gemm_ctx *ctx, const float *activation, int rows, int cols) {
+    int threads = omp_in_parallel() || (size_t)rows * cols < HELD_SPLIT_MIN ? 1 : omp_get_max_threads();
+    int step = ((rows + threads - 1) / threads + 31) / 32 * 32;
+#pragma omp parallel for schedule(static, 1) num_threads(threads) if (threads > 1)
+    for (int part = 0; part < threads; part++) {
+        int lo = part * step, n = rows - lo < step ? rows - lo : step;
+        if (n > 0)
+            tile_bf16_transpose(ctx->held_t + lo, ctx->held_ld_t, ctx->held_bf16 + (size_t)lo * ctx->held_ld,
+                                ctx->held_ld, activation + (size_t)lo * cols, n, cols);
+    }
+}
 
 /* The weight gradient reads dY transposed (dY^T X); oneDNN's bf16 product
  * ran that layout 10-20% slower than untransposed operands at the model's
@@ -388,10 +408,11 @@ void gemm_hold(const float *activation, int rows, int cols) {
     int ld = held_ld_of(cols), ld_t = held_ld_of(rows);
     ctx->held_bf16 = held_buffer(ctx->held_bf16, &ctx->held_capacity, (size_t)rows * ld);
     ctx->held_t = held_buffer(ctx->held_t, &ctx->held_t_capacity, (size_t)cols * ld_t);
-    tile_bf16_transpose(ctx->held_t, ld_t, ctx->held_bf16, ld, activation, rows, cols);
+    ctx->held_ld = ld, ctx->held_ld_t = ld_t;
+    held_convert(ctx, activation, rows, cols);
     ctx->held = activation;
     ctx->n_held = (size_t)rows * cols;
-    ctx->held_rows = rows, ctx->held_cols = cols, ctx->held_ld = ld, ctx->held_ld_t = ld_t;
+    ctx->held_rows = rows, ctx->held_cols = cols;
 }
 
 void gemm_release(void) {

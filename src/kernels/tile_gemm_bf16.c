@@ -426,9 +426,10 @@ __attribute__((BF16_TARGET)) static void transpose_band_native(uint16_t *dst_t, 
 #endif
 
 /* Band by band and step by step: the step's rows converted as they lie,
- * then transposed while in L2. Reading the band's 32 rows 64 bytes at a
- * time for the transposition alone ran 4.5x slower than the straight
- * conversion (32 read streams at once; bench_d768's dY shapes). */
+ * then transposed while in L2. A first version that read the band's 32
+ * rows from memory 64 bytes at a time, with masked loads on every block,
+ * took 4.5x the straight conversion's time; this one about twice
+ * (bench_d768's dY shapes, docs/performance.md §9.9). */
 void tile_bf16_transpose(uint16_t *dst_t, ptrdiff_t ld_t, uint16_t *dst, ptrdiff_t ld, const float *src, int rows,
                          int cols) {
 #if TILE_GEMM_AVX2
