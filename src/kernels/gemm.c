@@ -51,7 +51,7 @@ struct gemm_ctx {
      * kept in a buffer grown to the largest one held. */
     const float *held;
     uint16_t *held_bf16, *held_t;
-    size_t n_held, held_capacity, held_t_capacity;
+    size_t held_capacity, held_t_capacity;
     int held_rows, held_cols, held_ld, held_ld_t;
 };
 
@@ -234,7 +234,8 @@ static const uint16_t *copy_within(const float *base, const uint16_t *copy, size
  * activation's row length as its leading dimension (*ld), at the copy's
  * own (held_ld, set in *ld); else NULL. */
 static const uint16_t *held_copy(const gemm_ctx *ctx, const float *p, int *ld) {
-    if (!copy_within(ctx->held, ctx->held_bf16, ctx->n_held, p) || *ld != ctx->held_cols) return NULL;
+    if (!copy_within(ctx->held, ctx->held_bf16, (size_t)ctx->held_rows * ctx->held_cols, p) || *ld != ctx->held_cols)
+        return NULL;
     size_t at = (size_t)(p - ctx->held), row = at / (size_t)ctx->held_cols, col = at % (size_t)ctx->held_cols;
     *ld = ctx->held_ld;
     return ctx->held_bf16 + row * (size_t)ctx->held_ld + col;
@@ -411,12 +412,11 @@ void gemm_hold(const float *activation, int rows, int cols) {
     ctx->held_ld = ld, ctx->held_ld_t = ld_t;
     held_convert(ctx, activation, rows, cols);
     ctx->held = activation;
-    ctx->n_held = (size_t)rows * cols;
     ctx->held_rows = rows, ctx->held_cols = cols;
 }
 
 void gemm_release(void) {
-    if (default_ctx) default_ctx->held = NULL, default_ctx->n_held = 0;
+    if (default_ctx) default_ctx->held = NULL;
 }
 
 void gemm_register_weights(gemm_ctx *ctx, const float *params, size_t n) {
