@@ -3,12 +3,16 @@
 `momfmm bench CONFIG` once per set-up and round, the order rotating each round so that a
 noisy neighbour on a shared machine hits every set-up alike.
 
-    tools/bench_speed.py CONFIG [--setups fp32,bf16,fp32@2] [--rounds 3] [--steps 5]
-                         [--binary build/momfmm] [--cores 0,1] [--set section.key=value ...]
+    tools/bench_speed.py CONFIG [--setups fp32,bf16,fp32@2,fp32@np2] [--rounds 3] [--steps 5]
+                         [--binary build/momfmm] [--cores 0,1] [--mpirun mpirun]
+                         [--set section.key=value ...]
 
 A set-up is a precision (fp32: train.gemm = auto, the default; fp32-openblas, fp32-onednn,
-fp32-avx512: that engine alone; bf16: train.precision = bf16) and a thread count after '@' (default 1),
-set as OMP_NUM_THREADS and OPENBLAS_NUM_THREADS. For each set-up it prints, as medians over
+fp32-avx512: that engine alone; bf16: train.precision = bf16) and after '@' a thread count
+(default 1), set as OMP_NUM_THREADS and OPENBLAS_NUM_THREADS, or 'np' and a count of ranks
+of one thread each under mpirun (the batch split between them, as data parallelism runs it):
+`fp32@2` against `fp32@np2` tells what two threads of one process leave on the table that two
+processes on the same cores do not. For each set-up it prints, as medians over
 the rounds: tokens/s; the attention phases (forward + backward) and the products' phases in
 ms; the non-product phases' share; the achieved GFLOP/s as a fraction of the measured peak of
 its own precision (bench's fp32 FMA loop, or its vdpbf16ps loop for bf16) per thread; and,
@@ -18,7 +22,8 @@ allow, each with 'met' or 'MISSED'. The CPU (lscpu's model name and flags) and t
 are printed first.
 
 --cores pins the runs: a set-up of t threads runs on the first t cores listed (its commands
-are printed as `taskset -c ...`). On a shared machine the cores need not be equal (a neighbour
+are printed as `taskset -c ...`), one of r ranks binds them to the first r (mpirun's
+`--cpu-set ... --bind-to core`). On a shared machine the cores need not be equal (a neighbour
 on one core's hardware slowed it by 7-18% here, docs/performance.md §9.9); without --cores a
 one-thread set-up runs wherever the system puts it, so its rounds mix the cores.
 """
@@ -46,12 +51,16 @@ def refuse(message):
 
 
 def parse_setup(text):
-    precision, _, threads = text.partition("@")
+    """(label, precision, threads, ranks)."""
+    precision, _, after = text.partition("@")
     if precision not in PRECISIONS:
         refuse(f"--setups: '{text}': the precision must be one of {', '.join(PRECISIONS)}")
-    if threads and not (threads.isdigit() and 1 <= int(threads) <= 256):
-        refuse(f"--setups: '{text}': the thread count after @ must be 1 ... 256")
-    return text, precision, int(threads or 1)
+    count = after[2:] if after.startswith("np") else after
+    if after and not (count.isdigit() and 1 <= int(count) <= 256):
+        refuse(f"--setups: '{text}': after @ a thread count 1 ... 256, or np and a rank count 1 ... 256")
+    if after.startswith("np"):
+        return text, precision, 1, int(count)
+    return text, precision, int(after or 1), 1
 
 
 def cpu():
@@ -74,19 +83,26 @@ def parse_cores(text, setups):
         if int(item) in cores:
             refuse(f"--cores: '{item}' is listed twice")
         cores.append(int(item))
-    most = max(threads for _, _, threads in setups)
+    most = max(threads * ranks for _, _, threads, ranks in setups)
     if len(cores) < most:
-        refuse(f"--cores: {len(cores)} core(s) listed, and a set-up runs {most} threads")
+        refuse(f"--cores: {len(cores)} core(s) listed, and a set-up runs {most} threads or ranks")
     return cores
 
 
-def run(a, precision, threads):
+def run(a, precision, threads, ranks):
     """One bench run: its figures, or exits with bench's own message."""
     cmd = [a.binary, "bench", a.config, "--steps", str(a.steps), *PRECISIONS[precision]]
     for s in a.set:
         cmd += ["--set", s]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     pinned = a.cores[:threads] if a.cores else None
+    if ranks > 1:
+        # rank 0 prints the job's figures; mpirun binds the ranks itself
+        bind = ["--cpu-set", ",".join(str(c) for c in a.cores[:ranks]), "--bind-to", "core"] if a.cores else []
+        cmd = [a.mpirun, "--oversubscribe", "-np", str(ranks), *bind, *cmd]
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        pinned = None
     pin = (lambda: os.sched_setaffinity(0, pinned)) if pinned else None
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=pin)
     if r.returncode != 0:
@@ -125,6 +141,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "momfmm"))
     ap.add_argument("--cores", metavar="0,1")
+    ap.add_argument("--mpirun", default="mpirun", help="launcher of the set-ups with ranks (@npN)")
     ap.add_argument("--set", action="append", default=[], metavar="section.key=value")
     a = ap.parse_args()
     setups = [parse_setup(s) for s in a.setups.split(",") if s]
@@ -143,8 +160,8 @@ def main():
     results = {s[0]: [] for s in setups}
     for r in range(a.rounds):
         order = setups[r % len(setups):] + setups[:r % len(setups)]
-        for label, precision, threads in order:
-            got = run(a, precision, threads)
+        for label, precision, threads, ranks in order:
+            got = run(a, precision, threads, ranks)
             if r == 0:
                 print(f"  {label}: {got['command']}")
             results[label].append(got)
@@ -155,7 +172,7 @@ def main():
           f"| tokens/s vs {first} | attention vs {first} |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     ratios = {}
-    for label, _, _ in setups:
+    for label, _, _, _ in setups:
         runs = results[label]
         med = {k: statistics.median(x[k] for x in runs) for k in ("tokens_per_s", "attention_ms", "products_ms",
                                                                     "other_share", "of_peak")}
@@ -188,6 +205,12 @@ def goals(ratios, results, avx512):
             lines.append((f"{label} >= 1.9x {label[:-2]} (measured {speed:.2f}x)", speed >= 1.9))
     for text, ok in lines:
         print(f"goal: {text}: {'met' if ok else 'MISSED'}")
+    for label in ratios:
+        threads = label.replace("@np", "@")
+        if "@np" in label and threads in ratios:
+            speed = statistics.median(x["tokens_per_s"] / y["tokens_per_s"]
+                                      for x, y in zip(results[threads], results[label]))
+            print(f"compare: {threads} (threads of one process) against {label} (as many ranks): {speed:.3f}x")
 
 
 if __name__ == "__main__":

@@ -260,8 +260,9 @@ def test_bench_speed(momfmm, workdir, report):
     """tools/bench_speed.py (docs/performance.md §9.9) on a tiny model, 2 rounds: one line per
     round and set-up, the table with every set-up (the first against itself 1.000), each goal
     the set-ups measure with its verdict (the tiny model's attention may time as 0 ms: its ratio is then '—');
-    --cores pins a set-up (its command printed with taskset); a bad set-up, core list or binary is one line
-    and exit 2."""
+    --cores pins a set-up (its command printed with taskset); a set-up of ranks (@np2) runs under mpirun,
+    bound to the listed cores, and is compared with as many threads; a bad set-up, core list or binary is one
+    line and exit 2."""
     ini = write_config(os.path.join(workdir, "speed.ini"), tiny_config(os.path.join(workdir, "speed_run")))
     r = run([PYTHON, SPEED, ini, "--binary", momfmm, "--rounds", "2", "--steps", "1",
              "--setups", "fp32,bf16,fp32@2"], timeout=300)
@@ -281,8 +282,21 @@ def test_bench_speed(momfmm, workdir, report):
     report.check("--cores runs a set-up on its first cores, its command printed with taskset",
                  pinned.returncode == 0 and f"taskset -c {core} " in pinned.stdout,
                  pinned.stdout[-400:] + pinned.stderr[-300:])
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    if len(cores) == 2:
+        listed = ",".join(str(c) for c in cores)
+        ranks = run([PYTHON, SPEED, ini, "--binary", momfmm, "--rounds", "1", "--steps", "1", "--setups",
+                     "fp32@2,fp32@np2", "--cores", listed], timeout=300)
+        out = ranks.stdout
+        report.check("a set-up of 2 ranks runs under mpirun bound to the listed cores, and is compared with 2 threads",
+                     ranks.returncode == 0 and f"-np 2 --cpu-set {listed} --bind-to core " in out
+                     and re.search(r"^\| fp32@np2 \| [0-9,.]+ \|", out, re.M) is not None
+                     and re.search(r"^compare: fp32@2 .* against fp32@np2 .*: [0-9.]+x$", out, re.M) is not None,
+                     out[-600:] + ranks.stderr[-300:])
     for args, needle in ((["--setups", "fp64"], "the precision must be one of"),
-                         (["--setups", "fp32@0"], "the thread count"),
+                         (["--setups", "fp32@0"], "a thread count"),
+                         (["--setups", "fp32@np0"], "a rank count"),
+                         (["--setups", "fp32@npx"], "a rank count"),
                          (["--cores", "100000"], "not a core this process may run on"),
                          (["--cores", ""], "not a core this process may run on"),
                          (["--cores", "-1"], "not a core this process may run on"),
