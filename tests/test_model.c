@@ -446,7 +446,7 @@ static void check_recompute_variants(void) {
     base.gamma = 0.3, base.anchor = false; /* the buffers enter the loss */
     c = base, c.attention_impl = ATTENTION_DENSE;
     check_recompute("softmax dense", c, 9);
-    c = base; /* past TILED_KEEP_MAX (attention.c): the log-sum-exp kept, not the probabilities */
+    c = base; /* tiled: the log-sum-exp kept, not the probabilities; 300 keys: four key tiles */
     check_recompute("softmax tiled T 300", c, 300);
     c = base, c.learn_gamma = true, c.beta = 0.5, c.gamma2 = 0.1; /* p_q, p_k kept */
     check_recompute("momentum learned gamma", c, 9);

@@ -28,11 +28,11 @@ typedef struct {
     double block[LAYERS], attn[LAYERS];
 } ratios;
 
-static bool make_model(model *m, double gamma) {
+static bool make_model_with(model *m, double gamma, config_attention_impl impl) {
     config cfg;
     config_defaults(&cfg);
     cfg.vocab_size = 13, cfg.d_model = 16, cfg.n_heads = 2, cfg.n_layers = LAYERS, cfg.d_ff = 24;
-    cfg.seq_len = T, cfg.chain_len = 3, cfg.gamma = gamma;
+    cfg.seq_len = T, cfg.chain_len = 3, cfg.gamma = gamma, cfg.attention_impl = impl;
     status st;
     int rc = model_create(m, &cfg, &st);
     if (!test_check(rc == 0, "model_create", rc ? "%s" : NULL, st.message)) return false;
@@ -41,6 +41,8 @@ static bool make_model(model *m, double gamma) {
     for (size_t i = 0; i < m->n_params; i++) m->params[i] += 0.3f * fd_uniform(&state);
     return true;
 }
+
+static bool make_model(model *m, double gamma) { return make_model_with(m, gamma, ATTENTION_TILED); }
 
 static ratios measure(model *m) {
     int32_t inputs[B * T], targets[B * T], labels[B] = {0};
@@ -164,7 +166,7 @@ static void set_pattern(model *m, int l, int b, int h, int kind, const int (*key
  * and induction keys 1, 2, 3; rows 1 and 2 have none. */
 static void test_attention_constructed(void) {
     model m;
-    if (!make_model(&m, 0.0)) return;
+    if (!make_model_with(&m, 0.0, ATTENTION_DENSE)) return;
     int32_t x[B * T], y[B * T];
     for (int i = 0; i < B * T; i++) x[i] = (int32_t)(i % T % 3), y[i] = (int32_t)((i % T + 1) % 3);
     const int32_t row[T] = {0, 1, 2, 9, 0, 1, 2, 0, 1, 2, 0, 1};

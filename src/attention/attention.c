@@ -14,21 +14,14 @@
 #include "attention_shard.h"
 #include "attention_vectors.h"
 
+/* Tiled softmax keeps each row's log-sum-exp and recomputes the
+ * probabilities in backward, at every length (docs/model.md §1.3): up to
+ * T = 256 it used to keep them as dense does, but since the tile kernel's
+ * own products and exponentials (docs/design.md §8.10) the recompute costs
+ * less than writing and reading T x T floats (bench_d256 and bench_d768,
+ * fp32, docs/performance.md §9.9). */
 static bool tiled(const config *cfg) {
     return cfg->attention == ATTENTION_SOFTMAX && cfg->attention_impl == ATTENTION_TILED;
-}
-
-/* Up to this length attention.impl = tiled keeps the probabilities, as
- * dense does: at most 256 x T floats per head, still linear in T, and
- * cheaper than recomputing them in backward (bench_d256 at T = 256, one
- * thread: backward attention 25% slower with the recompute). Past it,
- * nothing T x T is kept (docs/model.md §1.3). In bf16 the tiles run at
- * every length: their products are the bf16 ones (docs/design.md §8.10),
- * where dense's would be oneDNN calls of a few microseconds each. */
-#define TILED_KEEP_MAX 256
-
-static bool attention_tiled_at(const config *cfg, const fmm_settings *fmm, int T) {
-    return tiled(cfg) && (T > TILED_KEEP_MAX || fmm->short_tiles);
 }
 
 /* A shard of a context group's sequences (docs/design.md §8.12). */
@@ -42,7 +35,7 @@ size_t attention_saved_per_head(const attention_layer_sizes *z) {
     int T = z->T;
     if (sharded(z)) return attention_shard_saved_per_head(z);
     if (z->cfg->attention == ATTENTION_FMM) return fmm_head_saved_floats(z->fmm, T, config_head_dim(z->cfg));
-    return attention_tiled_at(z->cfg, z->fmm, T) ? (size_t)T : (size_t)T * T;
+    return tiled(z->cfg) ? (size_t)T : (size_t)T * T;
 }
 
 /* Kernel scratch (a shard's: attention_shard.c's) plus five [T, dh] temporaries for
@@ -51,9 +44,9 @@ size_t attention_saved_per_head(const attention_layer_sizes *z) {
 size_t attention_scratch_per_head(const attention_layer_sizes *z) {
     int T = z->T, dh = config_head_dim(z->cfg);
     if (sharded(z)) return attention_shard_scratch_per_head(z);
-    size_t kernel = z->cfg->attention == ATTENTION_FMM      ? fmm_head_scratch_floats(z->fmm, T, dh)
-                    : attention_tiled_at(z->cfg, z->fmm, T) ? tiled_softmax_scratch_floats(T, dh)
-                                                            : (size_t)T * T;
+    size_t kernel = z->cfg->attention == ATTENTION_FMM ? fmm_head_scratch_floats(z->fmm, T, dh)
+                    : tiled(z->cfg)                    ? tiled_softmax_scratch_floats(T, dh)
+                                                       : (size_t)T * T;
     return kernel + 5 * (size_t)T * dh;
 }
 
@@ -105,7 +98,7 @@ static void forward_head(const attention_layer *a, const attention_saved *s, con
         float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
         if (a->cfg->attention == ATTENTION_FMM) {
             fmm_head_forward(a->fmm, NULL, q, k, v, a->blend[h], a->blend[a->H + h], head_out, saved, scratch, T, dh);
-        } else if (attention_tiled_at(a->cfg, a->fmm, T)) {
+        } else if (tiled(a->cfg)) {
             tiled_softmax_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal, a->fmm->bf16, scratch);
         } else {
             softmax_attention_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal);
@@ -143,7 +136,7 @@ static void backward_head(const attention_layer *a, const attention_saved *s, co
         if (a->cfg->attention == ATTENTION_FMM) {
             fmm_head_backward(a->fmm, NULL, q, k, v, a->blend[h], a->blend[a->H + h], saved, d_head_out, dq, dk, dv,
                               &a->d_blend[h], &a->d_blend[a->H + h], scratch, T, dh);
-        } else if (attention_tiled_at(a->cfg, a->fmm, T)) {
+        } else if (tiled(a->cfg)) {
             float *head_out = d_raw; /* free until attention_unprepare overwrites it */
             attention_gather_head(head_out, s->out + (size_t)b * T * d, d, h * dh, T, dh);
             tiled_softmax_backward(dq, dk, dv, d_head_out, head_out, saved, q, k, v, T, dh, a->cfg->causal,
@@ -171,9 +164,9 @@ void attention_backward(const attention_layer *a, const attention_saved *s, cons
 }
 
 /* Read from what the forward kept (docs/metrics.md §3, the attention read-out):
- * dense softmax, and tiled up to TILED_KEEP_MAX, keep the probabilities;
- * tiled past it keeps each row's log-sum-exp, so p_ij = exp(s_ij - lse_i)
- * from q-hat and k-hat; FMM's near and far fields are fmm_head_weight's. */
+ * dense softmax keeps the probabilities; tiled keeps each row's
+ * log-sum-exp, so p_ij = exp(s_ij - lse_i) from q-hat and k-hat; FMM's
+ * near and far fields are fmm_head_weight's. */
 float attention_weight(const attention_layer *a, const attention_saved *s, int b, int h, int T, int i, int j) {
     if (a->cfg->causal && j > i) return 0.0f;
     attention_layer_sizes z = sizes_of(a, T);
@@ -181,7 +174,7 @@ float attention_weight(const attention_layer *a, const attention_saved *s, int b
     const float *q = s->q_hat + off, *k = s->k_hat + off, *saved = s->saved + ((size_t)b * a->H + h) * per_head;
     if (a->cfg->attention == ATTENTION_FMM)
         return fmm_head_weight(a->fmm, q, k, a->blend[h], a->blend[a->H + h], saved, T, a->dh, i, j);
-    if (!attention_tiled_at(a->cfg, a->fmm, T)) return saved[(size_t)i * T + j];
+    if (!tiled(a->cfg)) return saved[(size_t)i * T + j];
     return tiled_softmax_weight(q, k, saved, a->dh, i, j);
 }
 

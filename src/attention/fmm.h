@@ -26,10 +26,6 @@ typedef struct {
      * attention's tiles, which read it from the same settings; an fp32
      * forward of a bf16 model (gain_R's, docs/metrics.md §3) clears it */
     bool bf16;
-    /* softmax on the tiles at every length, not only past 256 keys (set
-     * with bf16 when the model is built): what its saved state is sized
-     * for, so it stays while bf16 is cleared */
-    bool short_tiles;
 } fmm_settings;
 
 /* A head's T rows as one shard of a sequence cut across the ranks of a

@@ -154,7 +154,6 @@ static int model_build(model *m, const config *cfg, bool training, status *err) 
      * (cmd_use_precision), which a checkpoint's config may not say */
     gemm_ctx *engine = gemm_default();
     m->fmm.bf16 = engine && gemm_ctx_engine(engine) == GEMM_ONEDNN_BF16;
-    m->fmm.short_tiles = m->fmm.bf16;
     build_layout(m);
     m->moment_first = 0;
     m->moment_count = m->n_params;
