@@ -30,6 +30,7 @@ one-thread set-up runs wherever the system puts it, so its rounds mix the cores.
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -154,6 +155,8 @@ def main():
         refuse(f"{a.binary}: not an executable momfmm binary (--binary)")
     if not os.path.isfile(a.config):
         refuse(f"{a.config}: no such config file")
+    if any(ranks > 1 for _, _, _, ranks in setups) and not shutil.which(a.mpirun):
+        refuse(f"--mpirun {a.mpirun}: not an executable launcher (the set-ups with ranks run under it)")
     name, avx512 = cpu()
     print(f"CPU: {name}; {a.config}, {a.rounds} rounds, bench --steps {a.steps}; "
           f"load average {os.getloadavg()[0]:.2f}")

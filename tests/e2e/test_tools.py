@@ -297,6 +297,8 @@ def test_bench_speed(momfmm, workdir, report):
                          (["--setups", "fp32@0"], "a thread count"),
                          (["--setups", "fp32@np0"], "a rank count"),
                          (["--setups", "fp32@npx"], "a rank count"),
+                         (["--setups", "fp32@np2", "--mpirun", os.path.join(workdir, "nope")],
+                          "not an executable launcher"),
                          (["--cores", "100000"], "not a core this process may run on"),
                          (["--cores", ""], "not a core this process may run on"),
                          (["--cores", "-1"], "not a core this process may run on"),
