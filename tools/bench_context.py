@@ -39,6 +39,7 @@ import argparse
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -259,6 +260,8 @@ def main():
             ap.error(f"--{name} must be at least 1")
     if not os.access(a.binary, os.X_OK):
         ap.error(f"{a.binary}: not an executable momfmm binary (--binary)")
+    if not shutil.which(a.mpirun):
+        ap.error(f"--mpirun {a.mpirun}: not an executable launcher")
     if a.what == "longest" and not a.np:
         a.np = 8
     return {"memory": memory, "longest": longest, "efficiency": efficiency, "scans": scans, "run": single}[a.what](a) or 0

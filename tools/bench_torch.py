@@ -38,6 +38,7 @@ import configparser
 import math
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -68,6 +69,10 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.threads < 1 or args.procs < 1 or args.steps < 1 or args.rounds < 1 or args.warmup < 0:
         ap.error("--threads, --procs, --steps and --rounds must be >= 1, --warmup >= 0")
+    if args.momfmm and not (os.path.isfile(args.momfmm) and os.access(args.momfmm, os.X_OK)):
+        ap.error(f"--momfmm {args.momfmm}: not an executable momfmm binary")
+    if args.momfmm and args.procs > 1 and not shutil.which(args.mpirun):
+        ap.error(f"--mpirun {args.mpirun}: not an executable launcher (--procs {args.procs} runs momfmm under it)")
     return args
 
 

@@ -308,3 +308,23 @@ def test_bench_speed(momfmm, workdir, report):
         bad = run([PYTHON, SPEED, ini, "--binary", momfmm, *args] if "--binary" not in args else [PYTHON, SPEED, ini, *args])
         report.check(f"bench_speed.py {' '.join(args)}: exit 2, one line", bad.returncode == 2 and needle in bad.stderr
                      and len(bad.stderr.strip().splitlines()) == 1, bad.stderr[-300:])
+
+
+def test_bench_launchers(momfmm, workdir, report):
+    """The benchmark tools that start momfmm, or mpirun around it, refuse a path that is not an executable
+    before running anything: exit 2 and their usage error naming the option, never a traceback (bench_speed.py's
+    are walked in test_bench_speed)."""
+    nope = os.path.join(workdir, "nope")
+    config = os.path.join(ROOT, "configs", "bench_d256.ini")
+    torch = os.path.join(ROOT, "tools", "bench_torch.py")
+    context = os.path.join(ROOT, "tools", "bench_context.py")
+    cases = (("bench_torch.py --momfmm", [torch, config, "--momfmm", nope], "--momfmm"),
+             ("bench_torch.py --mpirun", [torch, config, "--momfmm", momfmm, "--procs", "2", "--mpirun", nope],
+              "--mpirun"),
+             ("bench_context.py --binary", [context, "run", "--binary", nope], "--binary"),
+             ("bench_context.py --mpirun", [context, "run", "--binary", momfmm, "--mpirun", nope], "--mpirun"))
+    for what, args, needle in cases:
+        bad = run([PYTHON, *args], timeout=120)
+        report.check(f"{what} not executable: exit 2, the option named, no traceback",
+                     bad.returncode == 2 and needle in bad.stderr and nope in bad.stderr
+                     and "Traceback" not in bad.stderr, bad.stderr[-400:])
