@@ -69,8 +69,10 @@ def bench(a, np_, context, T, extra=(), steps=None):
         line = next((l for l in r.stderr.splitlines() if l.startswith("momfmm:")), r.stderr.strip()[-300:])
         return {"error": f"exit {r.returncode}: {line}", "command": " ".join(cmd)}
     out = {"command": " ".join(cmd)}
-    for key, value in re.findall(r"\b([a-z_0-9]+)=([-0-9.]+)", r.stdout):
+    for key, value in re.findall(r"\b([a-z_0-9]+)=(-?[0-9]+(?:\.[0-9]*)?)", r.stdout):
         out.setdefault(key, float(value))
+    if "tokens_per_s" not in out:
+        return {"error": "exit 0 without a `bench tokens_per_s=` line", "command": " ".join(cmd)}
     return out
 
 

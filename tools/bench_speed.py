@@ -43,6 +43,7 @@ PRECISIONS = {
     "fp32-avx512": ["--set", "train.gemm=avx512"],
     "bf16": ["--set", "train.precision=bf16"],
 }
+FIGURE = re.compile(r"\b([a-z_0-9]+)=(-?[0-9]+(?:\.[0-9]*)?)")
 PHASE = re.compile(r"([a-z][a-z ]+?) ([0-9.]+) ms \(")
 
 
@@ -57,7 +58,7 @@ def parse_setup(text):
     if precision not in PRECISIONS:
         refuse(f"--setups: '{text}': the precision must be one of {', '.join(PRECISIONS)}")
     count = after[2:] if after.startswith("np") else after
-    if after and not (count.isdigit() and 1 <= int(count) <= 256):
+    if (after or "@" in text) and not (count.isdigit() and 1 <= int(count) <= 256):
         refuse(f"--setups: '{text}': after @ a thread count 1 ... 256, or np and a rank count 1 ... 256")
     if after.startswith("np"):
         return text, precision, 1, int(count)
@@ -111,7 +112,10 @@ def run(a, precision, threads, ranks):
         print(f"bench_speed.py: {' '.join(cmd)}: exit {r.returncode}: {line}", file=sys.stderr)
         sys.exit(1)
     out = r.stdout
-    figures = {k: float(v) for k, v in re.findall(r"\b([a-z_0-9]+)=([-0-9.]+)", out)}
+    figures = {k: float(v) for k, v in FIGURE.findall(out)}
+    if "tokens_per_s" not in figures:
+        print(f"bench_speed.py: {' '.join(cmd)}: exit 0 without a `bench tokens_per_s=` line", file=sys.stderr)
+        sys.exit(1)
     phases_line = next((l for l in out.splitlines() if l.startswith("bench phases")), "")
     phases = {name.strip(): float(ms) for name, ms in PHASE.findall(phases_line.split(":", 1)[-1])}
     step = sum(phases.values()) or float("nan")

@@ -69,7 +69,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.threads < 1 or args.procs < 1 or args.steps < 1 or args.rounds < 1 or args.warmup < 0:
         ap.error("--threads, --procs, --steps and --rounds must be >= 1, --warmup >= 0")
-    if args.momfmm and not (os.path.isfile(args.momfmm) and os.access(args.momfmm, os.X_OK)):
+    if args.momfmm is not None and not (os.path.isfile(args.momfmm) and os.access(args.momfmm, os.X_OK)):
         ap.error(f"--momfmm {args.momfmm}: not an executable momfmm binary")
     if args.momfmm and args.procs > 1 and not shutil.which(args.mpirun):
         ap.error(f"--mpirun {args.mpirun}: not an executable launcher (--procs {args.procs} runs momfmm under it)")
@@ -78,6 +78,10 @@ def parse_args(argv=None):
 
 def thread_environment(threads):
     return {name: str(threads) for name in THREAD_VARIABLES}
+
+
+class MomfmmFailed(Exception):
+    """momfmm exited non-zero, or printed no figures."""
 
 
 def run_momfmm(args):
@@ -92,10 +96,11 @@ def run_momfmm(args):
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr.strip()[-2000:]}")
+        line = next((l for l in p.stderr.splitlines() if l.startswith("momfmm:")), p.stderr.strip()[-300:])
+        raise MomfmmFailed(f"{' '.join(cmd)} exited {p.returncode}: {line}")
     found = [m for m in (BENCH_LINE.search(ln) for ln in p.stdout.splitlines()) if m]
     if not found:
-        raise RuntimeError(f"no `bench tokens_per_s=...` line in the output of {' '.join(cmd)}")
+        raise MomfmmFailed(f"no `bench tokens_per_s=...` line in the output of {' '.join(cmd)}")
     tps, ms, gf = (float(x) for x in found[-1].groups())
     core, ranks, peak = CORE_LINE.search(p.stdout), RANKS_LINE.search(p.stdout), PEAK_LINE.search(p.stdout)
     return {"tps": tps, "ms": ms, "gflops": gf, "core": core.group(1) if core else "",
@@ -356,4 +361,7 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except MomfmmFailed as e:  # one line, as the other refusals
+        sys.exit(f"bench_torch.py: {e}")

@@ -295,6 +295,7 @@ def test_bench_speed(momfmm, workdir, report):
                      out[-600:] + ranks.stderr[-300:])
     for args, needle in ((["--setups", "fp64"], "the precision must be one of"),
                          (["--setups", "fp32@0"], "a thread count"),
+                         (["--setups", "fp32@"], "a thread count"),
                          (["--setups", "fp32@np0"], "a rank count"),
                          (["--setups", "fp32@npx"], "a rank count"),
                          (["--setups", "fp32@np2", "--mpirun", os.path.join(workdir, "nope")],
@@ -313,7 +314,8 @@ def test_bench_speed(momfmm, workdir, report):
 def test_bench_launchers(momfmm, workdir, report):
     """The benchmark tools that start momfmm, or mpirun around it, refuse a path that is not an executable
     before running anything: exit 2 and their usage error naming the option, never a traceback (bench_speed.py's
-    are walked in test_bench_speed)."""
+    are walked in test_bench_speed). A launcher that runs but fails (false) or prints no figures (true): exit 1,
+    never a traceback, bench_speed.py and bench_torch.py in one line."""
     nope = os.path.join(workdir, "nope")
     config = os.path.join(ROOT, "configs", "bench_d256.ini")
     torch = os.path.join(ROOT, "tools", "bench_torch.py")
@@ -328,3 +330,15 @@ def test_bench_launchers(momfmm, workdir, report):
         report.check(f"{what} not executable: exit 2, the option named, no traceback",
                      bad.returncode == 2 and needle in bad.stderr and nope in bad.stderr
                      and "Traceback" not in bad.stderr, bad.stderr[-400:])
+    for launcher in (shutil.which("false"), shutil.which("true")):
+        runs = (("bench_speed.py", [SPEED, config, "--binary", momfmm, "--setups", "fp32@np2", "--rounds", "1",
+                                    "--steps", "1", "--mpirun", launcher], True),
+                ("bench_torch.py", [torch, config, "--momfmm", momfmm, "--procs", "2", "--steps", "1", "--rounds",
+                                    "1", "--mpirun", launcher], True),
+                ("bench_context.py", [context, "run", "--binary", momfmm, "--steps", "1", "--mpirun", launcher],
+                 False))
+        for what, args, one_line in runs:
+            bad = run([PYTHON, *args], timeout=120)
+            report.check(f"{what} --mpirun {launcher}: exit 1, no traceback" + (", one line" if one_line else ""),
+                         bad.returncode == 1 and "Traceback" not in bad.stderr
+                         and (not one_line or len(bad.stderr.strip().splitlines()) == 1), bad.stderr[-400:])
