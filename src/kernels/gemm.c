@@ -263,6 +263,20 @@ static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
  * register blocks divide it). */
 #define SPLIT_ALIGN 32
 
+/* The threads a piece of work is cut between: one inside a parallel
+ * region (the region has the cores) or below `least` units of work, else
+ * OpenMP's count. */
+static int cut_threads(double work, double least) {
+    return omp_in_parallel() || work < least ? 1 : omp_get_max_threads();
+}
+
+/* The length of each of `parts` parts of `extent`, rounded up to a
+ * multiple of `align` (the last part may be shorter, or empty). */
+static int cut_step(int extent, int parts, int align) {
+    int step = (extent + parts - 1) / parts;
+    return (step + align - 1) / align * align;
+}
+
 /* One part of a product on the calling thread: cblas_sgemm, or our own
  * kernel on the thread's packing space (made at its first product). Past
  * GEMM_TEAM_MAX threads, one shared space, one call at a time. */
@@ -300,15 +314,14 @@ static void part_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool t
 static void split_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool trans_b, int M, int N, int K,
                           float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
                           int ldc) {
-    int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-    if (threads <= 1 || (double)M * N * K < SPLIT_MIN_MACS) {
+    int threads = cut_threads((double)M * N * K, SPLIT_MIN_MACS);
+    if (threads <= 1) {
         part_product(ctx, engine, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     bool by_rows = M >= N;
     int extent = by_rows ? M : N, parts = threads;
-    int step = (extent + parts - 1) / parts;
-    step = (step + SPLIT_ALIGN - 1) / SPLIT_ALIGN * SPLIT_ALIGN;
+    int step = cut_step(extent, parts, SPLIT_ALIGN);
 #pragma omp parallel for schedule(static, 1) num_threads(threads)
     for (int p = 0; p < parts; p++) {
         int lo = p * step, n = extent - lo < step ? extent - lo : step;
@@ -388,8 +401,8 @@ static int held_ld_of(int length) { return (length + 31) / 32 * 32 + 32; }
  * leave the other cores idle between them. Each element is converted
  * alone, so the copies do not depend on the cut. */
 static void held_convert(gemm_ctx *ctx, const float *activation, int rows, int cols) {
-    int threads = omp_in_parallel() || (size_t)rows * cols < HELD_SPLIT_MIN ? 1 : omp_get_max_threads();
-    int step = ((rows + threads - 1) / threads + 31) / 32 * 32;
+    int threads = cut_threads((double)rows * cols, HELD_SPLIT_MIN);
+    int step = cut_step(rows, threads, 32);
 #pragma omp parallel for schedule(static, 1) num_threads(threads) if (threads > 1)
     for (int part = 0; part < threads; part++) {
         int lo = part * step, n = rows - lo < step ? rows - lo : step;
