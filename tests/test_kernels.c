@@ -225,6 +225,31 @@ static void test_gelu_bf16(void) {
     free(x), free(bias), free(pre), free(out), free(tanh_saved), free(pre16), free(tanh16), free(want), free(got);
 }
 
+/* LN1's and LN2's outputs in bf16 (the same reasons as above): the fp32
+ * kernels' floats, rounded by cpu_f32_to_bf16, with the same mean, rstd
+ * and residual sum, bit for bit; rows of 1,100 as above. */
+static void test_layernorm_bf16(void) {
+    enum { ROWS = 30, DIM = 1100, N = ROWS * DIM };
+    float *x = randn(N, 3), *w = randn(DIM, 1), *b = randn(DIM, 1), *residual = randn(N, 1), *pb = randn(DIM, 1);
+    float *out = malloc(sizeof(float) * N), *sum = malloc(sizeof(float) * N), *sum16 = malloc(sizeof(float) * N);
+    float stats[4][ROWS];
+    uint16_t *want = malloc(sizeof(uint16_t) * N), *got = malloc(sizeof(uint16_t) * N);
+    layernorm_forward(out, stats[0], stats[1], x, w, b, ROWS, DIM);
+    cpu_f32_to_bf16(want, out, N);
+    layernorm_forward_bf16(got, stats[2], stats[3], x, w, b, ROWS, DIM);
+    test_check(!memcmp(got, want, sizeof(uint16_t) * N) && !memcmp(stats[0], stats[2], sizeof stats[0]) &&
+                   !memcmp(stats[1], stats[3], sizeof stats[1]),
+               "layernorm_forward_bf16 = bf16 of layernorm_forward, mean and rstd too (bits)", NULL);
+    memcpy(sum, x, sizeof(float) * N), memcpy(sum16, x, sizeof(float) * N);
+    layernorm_residual_forward(out, stats[0], stats[1], sum, pb, residual, w, b, ROWS, DIM);
+    cpu_f32_to_bf16(want, out, N);
+    layernorm_residual_forward_bf16(got, stats[2], stats[3], sum16, pb, residual, w, b, ROWS, DIM);
+    test_check(!memcmp(got, want, sizeof(uint16_t) * N) && !memcmp(sum, sum16, sizeof(float) * N) &&
+                   !memcmp(stats[0], stats[2], sizeof stats[0]) && !memcmp(stats[1], stats[3], sizeof stats[1]),
+               "layernorm_residual_forward_bf16 = bf16 of layernorm_residual_forward, the sum too (bits)", NULL);
+    free(x), free(w), free(b), free(residual), free(pb), free(out), free(sum), free(sum16), free(want), free(got);
+}
+
 /* ---- the sums over rows on threads ---- */
 /* Bias and LayerNorm gradients add fixed blocks of rows, then the blocks
  * in order; the embedding's scatter-add runs by column ranges (kernels.c):
@@ -487,6 +512,7 @@ int main(void) {
     test_gelu();
     test_gelu_lanes();
     test_gelu_bf16();
+    test_layernorm_bf16();
     test_column_sums_threads();
     test_embedding();
     test_rope();

@@ -117,15 +117,11 @@ void gelu_from_tanh(float *out, const float *inp, const float *tanh_saved, size_
     }
 }
 
-/* The bf16 outputs are made in pieces of this many floats on the stack,
- * each converted while it is in L1: the fp32 output never reaches memory. */
-#define BF16_PIECE 512
-
 /* gelu_bias_forward_row's output in bf16, piece by piece. */
 static void gelu_bias_forward_row_bf16(uint16_t *out, float *tanh_saved, float *pre, const float *bias, int dim) {
-    float piece[BF16_PIECE];
-    for (int i = 0; i < dim; i += BF16_PIECE) {
-        int n = dim - i < BF16_PIECE ? dim - i : BF16_PIECE;
+    float piece[KERNEL_BF16_PIECE];
+    for (int i = 0; i < dim; i += KERNEL_BF16_PIECE) {
+        int n = dim - i < KERNEL_BF16_PIECE ? dim - i : KERNEL_BF16_PIECE;
         gelu_bias_forward_row(piece, tanh_saved + i, pre + i, bias + i, n);
         cpu_f32_to_bf16(out + i, piece, (size_t)n);
     }
@@ -140,9 +136,9 @@ void gelu_bias_forward_bf16(uint16_t *out, float *tanh_saved, float *pre, const 
 }
 
 static void gelu_from_tanh_chunk_bf16(uint16_t *out, const float *inp, const float *tanh_saved, size_t n) {
-    float piece[BF16_PIECE];
-    for (size_t i = 0; i < n; i += BF16_PIECE) {
-        size_t len = n - i < BF16_PIECE ? n - i : BF16_PIECE;
+    float piece[KERNEL_BF16_PIECE];
+    for (size_t i = 0; i < n; i += KERNEL_BF16_PIECE) {
+        size_t len = n - i < KERNEL_BF16_PIECE ? n - i : KERNEL_BF16_PIECE;
         gelu_from_tanh_chunk(piece, inp + i, tanh_saved + i, len);
         cpu_f32_to_bf16(out + i, piece, len);
     }

@@ -12,6 +12,7 @@
 
 #include <omp.h>
 
+#include "base/cpu.h"
 #include "base/fast_math.h"
 #include "kernels/gemm.h"
 
@@ -192,10 +193,8 @@ static inline float sum_float_lanes(const norm_floats *lanes) {
     return sum;
 }
 
-/* Mean and 1/std of one row from its sum, then y; mean and rstd are saved
- * for the backward. */
-static inline void layernorm_finish_row(float *y, float *mean, float *rstd, const float *x, const float *weight,
-                                        const float *bias, int dim, double sum) {
+/* Mean and 1/std of one row from its sum, saved for the backward. */
+static inline void layernorm_row_stats(float *mean, float *rstd, const float *x, int dim, double sum) {
     float mu = (float)(sum / dim);
     norm_doubles lanes = {{0}, {0}};
     double tail = 0;
@@ -208,14 +207,36 @@ static inline void layernorm_finish_row(float *y, float *mean, float *rstd, cons
         lanes.lo += a * a, lanes.hi += b * b;
     }
     for (; i < dim; i++) tail += (double)(x[i] - mu) * (x[i] - mu);
-    float rs = (float)(1.0 / sqrt((sum_double_lanes(&lanes) + tail) / dim + 1e-5));
-    for (i = 0; i < dim; i++) y[i] = (x[i] - mu) * rs * weight[i] + bias[i];
     *mean = mu;
-    *rstd = rs;
+    *rstd = (float)(1.0 / sqrt((sum_double_lanes(&lanes) + tail) / dim + 1e-5));
 }
 
-VECTOR_CLONES static void layernorm_forward_row(float *y, float *mean, float *rstd, const float *x, const float *weight,
-                                                const float *bias, int dim) {
+/* y = (x - mean) rstd weight + bias, in fp32 or, where only a product
+ * reads y and it reads bf16 (y16), in bf16 alone, piece by piece: the
+ * bits the product engine would make of the fp32 y (docs/design.md
+ * §8.10). */
+static inline void layernorm_row_output(float *y, uint16_t *y16, const float *x, const float *weight, const float *bias,
+                                        int dim, float mu, float rs) {
+    if (!y16) {
+        for (int i = 0; i < dim; i++) y[i] = (x[i] - mu) * rs * weight[i] + bias[i];
+        return;
+    }
+    float piece[KERNEL_BF16_PIECE];
+    for (int i0 = 0; i0 < dim; i0 += KERNEL_BF16_PIECE) {
+        int n = dim - i0 < KERNEL_BF16_PIECE ? dim - i0 : KERNEL_BF16_PIECE;
+        for (int i = 0; i < n; i++) piece[i] = (x[i0 + i] - mu) * rs * weight[i0 + i] + bias[i0 + i];
+        cpu_f32_to_bf16(y16 + i0, piece, (size_t)n);
+    }
+}
+
+static inline void layernorm_finish_row(float *y, uint16_t *y16, float *mean, float *rstd, const float *x,
+                                        const float *weight, const float *bias, int dim, double sum) {
+    layernorm_row_stats(mean, rstd, x, dim, sum);
+    layernorm_row_output(y, y16, x, weight, bias, dim, *mean, *rstd);
+}
+
+VECTOR_CLONES static void layernorm_forward_row(float *y, uint16_t *y16, float *mean, float *rstd, const float *x,
+                                                const float *weight, const float *bias, int dim) {
     norm_doubles lanes = {{0}, {0}};
     double tail = 0;
     int i = 0;
@@ -225,21 +246,35 @@ VECTOR_CLONES static void layernorm_forward_row(float *y, float *mean, float *rs
         ADD_AS_DOUBLES(lanes, first, second);
     }
     for (; i < dim; i++) tail += x[i];
-    layernorm_finish_row(y, mean, rstd, x, weight, bias, dim, sum_double_lanes(&lanes) + tail);
+    layernorm_finish_row(y, y16, mean, rstd, x, weight, bias, dim, sum_double_lanes(&lanes) + tail);
+}
+
+/* out or, where it is not NULL, out16 */
+static void layernorm_forward_any(float *out, uint16_t *out16, float *mean, float *rstd, const float *inp,
+                                  const float *weight, const float *bias, int rows, int dim) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= kernel_parallel_min_floats)
+    for (int r = 0; r < rows; r++) {
+        size_t at = (size_t)r * dim;
+        layernorm_forward_row(out16 ? NULL : out + at, out16 ? out16 + at : NULL, &mean[r], &rstd[r], inp + at, weight,
+                              bias, dim);
+    }
 }
 
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight, const float *bias,
                        int rows, int dim) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= kernel_parallel_min_floats)
-    for (int r = 0; r < rows; r++)
-        layernorm_forward_row(out + (size_t)r * dim, &mean[r], &rstd[r], inp + (size_t)r * dim, weight, bias, dim);
+    layernorm_forward_any(out, NULL, mean, rstd, inp, weight, bias, rows, dim);
+}
+
+void layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const float *inp, const float *weight,
+                            const float *bias, int rows, int dim) {
+    layernorm_forward_any(NULL, out, mean, rstd, inp, weight, bias, rows, dim);
 }
 
 /* x = x + product_bias + residual, summed as it is written, then the norm
  * of x while the row is in L1: the residual add and the bias of the
  * product before it cost no pass of their own (docs/design.md §8.10). The
  * same floats as the add followed by layernorm_forward_row. */
-VECTOR_CLONES static void layernorm_residual_row(float *y, float *mean, float *rstd, float *x,
+VECTOR_CLONES static void layernorm_residual_row(float *y, uint16_t *y16, float *mean, float *rstd, float *x,
                                                  const float *product_bias, const float *residual, const float *weight,
                                                  const float *bias, int dim) {
     norm_doubles lanes = {{0}, {0}};
@@ -258,16 +293,28 @@ VECTOR_CLONES static void layernorm_residual_row(float *y, float *mean, float *r
         x[i] = x[i] + product_bias[i] + residual[i];
         tail += x[i];
     }
-    layernorm_finish_row(y, mean, rstd, x, weight, bias, dim, sum_double_lanes(&lanes) + tail);
+    layernorm_finish_row(y, y16, mean, rstd, x, weight, bias, dim, sum_double_lanes(&lanes) + tail);
+}
+
+static void layernorm_residual_any(float *out, uint16_t *out16, float *mean, float *rstd, float *x,
+                                   const float *product_bias, const float *residual, const float *weight,
+                                   const float *bias, int rows, int dim) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= kernel_parallel_min_floats)
+    for (int r = 0; r < rows; r++) {
+        size_t at = (size_t)r * dim;
+        layernorm_residual_row(out16 ? NULL : out + at, out16 ? out16 + at : NULL, &mean[r], &rstd[r], x + at,
+                               product_bias, residual + at, weight, bias, dim);
+    }
 }
 
 void layernorm_residual_forward(float *out, float *mean, float *rstd, float *x, const float *product_bias,
                                 const float *residual, const float *weight, const float *bias, int rows, int dim) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * dim >= kernel_parallel_min_floats)
-    for (int r = 0; r < rows; r++) {
-        size_t at = (size_t)r * dim;
-        layernorm_residual_row(out + at, &mean[r], &rstd[r], x + at, product_bias, residual + at, weight, bias, dim);
-    }
+    layernorm_residual_any(out, NULL, mean, rstd, x, product_bias, residual, weight, bias, rows, dim);
+}
+
+void layernorm_residual_forward_bf16(uint16_t *out, float *mean, float *rstd, float *x, const float *product_bias,
+                                     const float *residual, const float *weight, const float *bias, int rows, int dim) {
+    layernorm_residual_any(NULL, out, mean, rstd, x, product_bias, residual, weight, bias, rows, dim);
 }
 
 /* dL/dxhat = dy * w; dx += rs * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),

@@ -25,8 +25,8 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
 size_t kernel_sum_partials_floats(int max_dim);
 
 /* matmul_forward and matmul_backward for an input made in bf16 alone (dense rows of in_dim), only where the
- * product engine reads bf16 (gemm_reads_bf16, gemm.h): the GELU output, which only the next product reads
- * (docs/design.md §8.10). As there, dinp is written last and may be inp's memory. */
+ * product engine reads bf16 (gemm_reads_bf16, gemm.h): the GELU output and LN1's and LN2's, which only the next
+ * product reads (docs/design.md §8.10). As there, dinp is written last and may be inp's memory. */
 void matmul_forward_bf16(float *out, const uint16_t *inp, const float *weight, const float *bias, int rows, int in_dim,
                          int out_dim);
 void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout, const uint16_t *inp,
@@ -47,6 +47,13 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, c
  * as layernorm_forward would give it. */
 void layernorm_residual_forward(float *out, float *mean, float *rstd, float *x, const float *product_bias,
                                 const float *residual, const float *weight, const float *bias, int rows, int dim);
+/* Both with the output in bf16 alone, rounded as cpu_f32_to_bf16 rounds (cpu.h), where only a product that reads
+ * bf16 reads it (LN1's and LN2's outputs): the bits the product engine would make of the fp32 output, without
+ * writing it and converting it at each of its two products (docs/design.md §8.10). */
+void layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const float *inp, const float *weight,
+                            const float *bias, int rows, int dim);
+void layernorm_residual_forward_bf16(uint16_t *out, float *mean, float *rstd, float *x, const float *product_bias,
+                                     const float *residual, const float *weight, const float *bias, int rows, int dim);
 /* dinp += ...; dweight, dbias += ... (= without `accumulate`) */
 void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, const float *mean, const float *rstd, int rows, int dim, bool accumulate,

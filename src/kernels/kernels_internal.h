@@ -23,4 +23,9 @@ int kernel_block_end(kernel_row_blocks blocks, int b, int rows);
  * apart), this thread's range of the dim columns. */
 void kernel_add_blocks_on_thread(float *out, const float *partials, int count, size_t stride, int dim);
 
+/* An output made in bf16 alone (the GELU's, the LayerNorms' before a
+ * product) is made in pieces of this many floats on the stack, each
+ * converted while it is in L1: the fp32 output never reaches memory. */
+#define KERNEL_BF16_PIECE 512
+
 #endif

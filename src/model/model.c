@@ -133,26 +133,72 @@ static void progress(const model_backward_hooks *hooks) {
 typedef struct {
     float *out, *mean, *rstd;
     const float *weight, *bias;
+    bool bf16; /* out made in bf16 alone (products_read_bf16) */
 } block_norm;
+
+/* LN1's and LN2's outputs and the GELU's are read by the next product
+ * alone: where the products read bf16 they are made in bf16 alone, in
+ * their fp32 buffers' memory, rounded as the engine would round them
+ * (docs/design.md §8.10). Their fp32 floats were written and read back
+ * only to be converted, and LN's twice: for the forward's product and
+ * for the weight gradient's. ln_f stays fp32: the pooling of a
+ * classifier reads it too. */
+static bool products_read_bf16(void) { return gemm_reads_bf16(); }
+
+static void norm_forward(const block_norm *n, const float *inp, int rows, int dim) {
+    if (n->bf16) layernorm_forward_bf16((uint16_t *)n->out, n->mean, n->rstd, inp, n->weight, n->bias, rows, dim);
+    else layernorm_forward(n->out, n->mean, n->rstd, inp, n->weight, n->bias, rows, dim);
+}
+
+/* x = x + product_bias + residual, then n of it (layernorm_residual_forward). */
+static void norm_residual_forward(const block_norm *n, float *x, const float *product_bias, const float *residual,
+                                  int rows, int dim) {
+    if (n->bf16)
+        layernorm_residual_forward_bf16((uint16_t *)n->out, n->mean, n->rstd, x, product_bias, residual, n->weight,
+                                        n->bias, rows, dim);
+    else layernorm_residual_forward(n->out, n->mean, n->rstd, x, product_bias, residual, n->weight, n->bias, rows, dim);
+}
+
+/* A product whose input is one of those activations, however it is kept. */
+static void product_forward(float *out, const float *inp, const float *weight, const float *bias, int rows, int in_dim,
+                            int out_dim) {
+    if (products_read_bf16()) matmul_forward_bf16(out, (const uint16_t *)inp, weight, bias, rows, in_dim, out_dim);
+    else matmul_forward(out, inp, weight, bias, rows, in_dim, out_dim);
+}
+
+static void product_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                             const float *weight, int rows, int in_dim, int out_dim, bool accumulate, float *partials) {
+    if (products_read_bf16())
+        matmul_backward_bf16(dinp, dweight, dbias, dout, (const uint16_t *)inp, weight, rows, in_dim, out_dim,
+                             accumulate, partials);
+    else matmul_backward(dinp, dweight, dbias, dout, inp, weight, rows, in_dim, out_dim, accumulate, partials);
+}
+
+/* Block l's LN1 (its slot) or LN2 (`second`). */
+static block_norm block_norm_of(model *m, int l, bool second, size_t bt) {
+    model_activations *a = &m->acts;
+    const model_block_tensors *w = &m->w.blocks[l];
+    size_t at = model_activation_slot(m, l, second) * bt;
+    if (second)
+        return (block_norm){a->ln2 + at * m->d, a->ln2_mean + at, a->ln2_rstd + at,
+                            w->ln2_weight,      w->ln2_bias,      products_read_bf16()};
+    return (block_norm){a->ln1 + at * m->d, a->ln1_mean + at, a->ln1_rstd + at,
+                        w->ln1_weight,      w->ln1_bias,      products_read_bf16()};
+}
 
 static block_norm norm_after_block(model *m, int l, size_t bt) {
     model_activations *a = &m->acts;
-    if (l + 1 == m->L) return (block_norm){a->ln_f, a->ln_f_mean, a->ln_f_rstd, m->w.ln_f_weight, m->w.ln_f_bias};
-    const model_block_tensors *w = &m->w.blocks[l + 1];
-    size_t at = model_activation_slot(m, l + 1, false) * bt;
-    return (block_norm){a->ln1 + at * m->d, a->ln1_mean + at, a->ln1_rstd + at, w->ln1_weight, w->ln1_bias};
+    if (l + 1 == m->L)
+        return (block_norm){a->ln_f, a->ln_f_mean, a->ln_f_rstd, m->w.ln_f_weight, m->w.ln_f_bias, false};
+    return block_norm_of(m, l + 1, false, bt);
 }
 
 /* LN1 of block l's input on its own: the first block's, a block run alone
  * and a recomputed one; otherwise it runs in the pass of the previous
  * block's last residual add. */
 static void block_ln1(model *m, int l, size_t bt) {
-    model_activations *a = &m->acts;
-    const model_block_tensors *w = &m->w.blocks[l];
-    size_t at = model_activation_slot(m, l, false) * bt;
-    PROF_TIMED(PROF_FORWARD_NORM,
-               layernorm_forward(a->ln1 + at * m->d, a->ln1_mean + at, a->ln1_rstd + at, a->residual + l * bt * m->d,
-                                 w->ln1_weight, w->ln1_bias, (int)bt, m->d));
+    block_norm ln1 = block_norm_of(m, l, false, bt);
+    PROF_TIMED(PROF_FORWARD_NORM, norm_forward(&ln1, m->acts.residual + l * bt * m->d, (int)bt, m->d));
 }
 
 /* Block l's forward from its LN1 on up to mid = x + attention(LN1(x)) and
@@ -164,49 +210,24 @@ static void block_ln1(model *m, int l, size_t bt) {
  * between kernels, NULL in a forward. */
 static void attention_state(model *m, int l, int B, int T, bool collect_buffers, const model_backward_hooks *hooks) {
     model_activations *a = &m->acts;
-    size_t bt = (size_t)B * T, d = (size_t)m->d, s = model_activation_slot(m, l, false),
-           sm = model_activation_slot(m, l, true);
+    size_t bt = (size_t)B * T, d = (size_t)m->d, s = model_activation_slot(m, l, false);
     int rows = (int)bt;
     const model_block_tensors *w = &m->w.blocks[l];
     float *x = a->residual + l * bt * d, *mid = a->mid + s * bt * d;
     float *ln1 = a->ln1 + s * bt * d, *att = a->att_out + s * bt * d;
-    PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(a->qkv, ln1, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d));
+    PROF_TIMED(PROF_FORWARD_LINEAR, product_forward(a->qkv, ln1, w->qkv_weight, w->qkv_bias, rows, m->d, 3 * m->d));
     attention_layer view = model_attention_layer(m, l, collect_buffers);
     attention_saved saved = model_attention_saved(m, l, B, T);
     PROF_TIMED(PROF_FORWARD_ATTENTION, attention_forward(&view, &saved, a->qkv, att, B, T));
     progress(hooks);
     PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(mid, att, w->proj_weight, NULL, rows, m->d, m->d));
-    PROF_TIMED(PROF_FORWARD_NORM,
-               layernorm_residual_forward(a->ln2 + sm * bt * d, a->ln2_mean + sm * bt, a->ln2_rstd + sm * bt, mid,
-                                          w->proj_bias, x, w->ln2_weight, w->ln2_bias, rows, m->d));
+    block_norm ln2 = block_norm_of(m, l, true, bt);
+    PROF_TIMED(PROF_FORWARD_NORM, norm_residual_forward(&ln2, mid, w->proj_bias, x, rows, m->d));
 }
 
 /* The GELU output in bf16 alone where the products read bf16, in the work
- * buffer's memory, else NULL (fp32 in fc_act): only the MLP's output
- * product reads it, so its fp32 floats were written and read back only to
- * be converted (docs/design.md §8.10). */
-static uint16_t *gelu_out_bf16(const model *m) { return gemm_reads_bf16() ? (uint16_t *)m->acts.fc_act : NULL; }
-
-/* The MLP's output product, forward, from the GELU output however it is kept. */
-static void mlp_proj_forward(model *m, float *out, const model_block_tensors *w, int rows) {
-    uint16_t *act16 = gelu_out_bf16(m);
-    if (act16) matmul_forward_bf16(out, act16, w->mlp_proj_weight, NULL, rows, m->d_ff, m->d);
-    else matmul_forward(out, m->acts.fc_act, w->mlp_proj_weight, NULL, rows, m->d_ff, m->d);
-}
-
-/* Its backward: the weight's and bias's gradients, and d_ff, the GELU
- * output's (written over it). */
-static void mlp_proj_backward(model *m, const model_block_tensors *w, model_block_tensors *g, int rows,
-                              bool accumulate) {
-    model_activations *a = &m->acts;
-    uint16_t *act16 = gelu_out_bf16(m);
-    if (act16)
-        matmul_backward_bf16(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, act16, w->mlp_proj_weight,
-                             rows, m->d_ff, m->d, accumulate, a->sum_partials);
-    else
-        matmul_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, a->fc_act, w->mlp_proj_weight,
-                        rows, m->d_ff, m->d, accumulate, a->sum_partials);
-}
+ * buffer's memory (products_read_bf16), else NULL (fp32 in fc_act). */
+static uint16_t *gelu_out_bf16(const model *m) { return products_read_bf16() ? (uint16_t *)m->acts.fc_act : NULL; }
 
 /* The second half, LN2's output -> the MLP's GELU (fc_act), the fc bias in
  * GELU's pass; recomputed alone with train.recompute = mlp, after LN2 of
@@ -217,11 +238,9 @@ static void mlp_state(model *m, int l, int B, int T, bool ln2_again, const model
     int rows = (int)bt;
     const model_block_tensors *w = &m->w.blocks[l];
     float *ln2 = a->ln2 + s * bt * d, *fc_pre = a->fc_pre + s * bt * ff, *fc_tanh = a->fc_tanh + s * bt * ff;
-    if (ln2_again)
-        PROF_TIMED(PROF_FORWARD_NORM,
-                   layernorm_forward(ln2, a->ln2_mean + s * bt, a->ln2_rstd + s * bt, model_block_mid(m, l, B, T),
-                                     w->ln2_weight, w->ln2_bias, rows, m->d));
-    PROF_TIMED(PROF_FORWARD_LINEAR, matmul_forward(fc_pre, ln2, w->fc_weight, NULL, rows, m->d, m->d_ff));
+    block_norm norm = block_norm_of(m, l, true, bt);
+    if (ln2_again) PROF_TIMED(PROF_FORWARD_NORM, norm_forward(&norm, model_block_mid(m, l, B, T), rows, m->d));
+    PROF_TIMED(PROF_FORWARD_LINEAR, product_forward(fc_pre, ln2, w->fc_weight, NULL, rows, m->d, m->d_ff));
     progress(hooks);
     uint16_t *act16 = gelu_out_bf16(m);
     if (act16)
@@ -242,11 +261,8 @@ static void block_forward(model *m, int l, int B, int T, bool collect_buffers, c
     int rows = (int)bt;
     const model_block_tensors *w = &m->w.blocks[l];
     float *out = a->residual + (l + 1) * bt * d, *mid = model_block_mid(m, l, B, T);
-    PROF_TIMED(PROF_FORWARD_LINEAR, mlp_proj_forward(m, out, w, rows));
-    if (next)
-        PROF_TIMED(PROF_FORWARD_NORM,
-                   layernorm_residual_forward(next->out, next->mean, next->rstd, out, w->mlp_proj_bias, mid,
-                                              next->weight, next->bias, rows, m->d));
+    PROF_TIMED(PROF_FORWARD_LINEAR, product_forward(out, a->fc_act, w->mlp_proj_weight, NULL, rows, m->d_ff, m->d));
+    if (next) PROF_TIMED(PROF_FORWARD_NORM, norm_residual_forward(next, out, w->mlp_proj_bias, mid, rows, m->d));
     else PROF_TIMED(PROF_FORWARD_ACTIVATION, residual_add(out, w->mlp_proj_bias, mid, rows, m->d));
 }
 
@@ -495,13 +511,17 @@ static void mlp_backward(model *m, int l, int B, int T, const model_backward_hoo
     uint16_t *act16 = gelu_out_bf16(m);
     if (act16) PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_from_tanh_bf16(act16, fc_pre, fc_tanh, bt * ff));
     else PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_from_tanh(a->fc_act, fc_pre, fc_tanh, bt * ff));
-    PROF_TIMED(PROF_BACKWARD_LINEAR, mlp_proj_backward(m, w, g, rows, accumulate));
+    /* the weight's and bias's gradients, and d_ff, the GELU output's (written over it) */
+    PROF_TIMED(PROF_BACKWARD_LINEAR,
+               product_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, a->fc_act,
+                                w->mlp_proj_weight, rows, m->d_ff, m->d, accumulate, a->sum_partials));
     progress(hooks);
     /* the fc bias gradient in GELU's pass (docs/design.md §8.10) */
     PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_bias_backward(a->d_ff, g->fc_bias, fc_pre, fc_tanh, a->d_ff, rows,
                                                             m->d_ff, accumulate, a->sum_partials));
-    PROF_TIMED(PROF_BACKWARD_LINEAR, matmul_backward(a->d_model_rows, g->fc_weight, NULL, a->d_ff, a->ln2 + sm * bt * d,
-                                                     w->fc_weight, rows, m->d, m->d_ff, accumulate, NULL));
+    PROF_TIMED(PROF_BACKWARD_LINEAR,
+               product_backward(a->d_model_rows, g->fc_weight, NULL, a->d_ff, a->ln2 + sm * bt * d, w->fc_weight, rows,
+                                m->d, m->d_ff, accumulate, NULL));
 }
 
 static void block_backward(model *m, int l, int B, int T, const model_backward_hooks *hooks, bool accumulate) {
@@ -529,8 +549,8 @@ static void block_backward(model *m, int l, int B, int T, const model_backward_h
     PROF_TIMED(PROF_BACKWARD_ATTENTION, attention_backward(&view, &saved, a->d_model_rows, a->qkv, B, T));
     progress(hooks);
     PROF_TIMED(PROF_BACKWARD_LINEAR,
-               matmul_backward(a->d_model_rows, g->qkv_weight, g->qkv_bias, a->qkv, a->ln1 + s * bt * d, w->qkv_weight,
-                               rows, m->d, 3 * m->d, accumulate, a->sum_partials));
+               product_backward(a->d_model_rows, g->qkv_weight, g->qkv_bias, a->qkv, a->ln1 + s * bt * d, w->qkv_weight,
+                                rows, m->d, 3 * m->d, accumulate, a->sum_partials));
     progress(hooks);
     PROF_TIMED(PROF_BACKWARD_NORM,
                layernorm_backward(a->d_residual, g->ln1_weight, g->ln1_bias, a->d_model_rows, x, w->ln1_weight,
