@@ -127,9 +127,8 @@ static void progress(const model_backward_hooks *hooks) {
     if (hooks && hooks->progress) hooks->progress(hooks->ctx);
 }
 
-/* The LayerNorm that follows block l: the next block's LN1 (in its slot,
- * which block l no longer reads once its qkv product is made), or ln_f
- * after the last block. */
+/* A LayerNorm of the model: where its output and statistics go, and its
+ * parameters. */
 typedef struct {
     float *out, *mean, *rstd;
     const float *weight, *bias;
@@ -179,13 +178,15 @@ static block_norm block_norm_of(model *m, int l, bool second, size_t bt) {
     model_activations *a = &m->acts;
     const model_block_tensors *w = &m->w.blocks[l];
     size_t at = model_activation_slot(m, l, second) * bt;
+    bool bf16 = products_read_bf16();
     if (second)
-        return (block_norm){a->ln2 + at * m->d, a->ln2_mean + at, a->ln2_rstd + at,
-                            w->ln2_weight,      w->ln2_bias,      products_read_bf16()};
-    return (block_norm){a->ln1 + at * m->d, a->ln1_mean + at, a->ln1_rstd + at,
-                        w->ln1_weight,      w->ln1_bias,      products_read_bf16()};
+        return (block_norm){a->ln2 + at * m->d, a->ln2_mean + at, a->ln2_rstd + at, w->ln2_weight, w->ln2_bias, bf16};
+    return (block_norm){a->ln1 + at * m->d, a->ln1_mean + at, a->ln1_rstd + at, w->ln1_weight, w->ln1_bias, bf16};
 }
 
+/* The LayerNorm that follows block l: the next block's LN1 (in its slot,
+ * which block l no longer reads once its qkv product is made), or ln_f
+ * after the last block. */
 static block_norm norm_after_block(model *m, int l, size_t bt) {
     model_activations *a = &m->acts;
     if (l + 1 == m->L)
