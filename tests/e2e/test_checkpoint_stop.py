@@ -249,9 +249,14 @@ def check_live_metrics(R, report):
             time.sleep(0.3)
             try:
                 with h5py.File(path, "r", libver="latest", swmr=True) as f:
-                    eval_before = f["metrics/eval/loss"].shape[0]
+                    evals = f["metrics/eval/loss"]
+                    eval_before = evals.shape[0]
                     cols = [f[f"metrics/train/{k}"][()] for k in names]
-                    eval_after = f["metrics/eval/loss"].shape[0]
+                    # a SWMR reader sees a dataset's extent as of its last
+                    # refresh: opened again by name it kept eval_before's
+                    # (69..69 eval rows against 705 train rows, once)
+                    evals.refresh()
+                    eval_after = evals.shape[0]
                     ini = f.attrs.get("config_ini", ini)
             except (OSError, KeyError) as e:
                 problems.append(f"read failed: {e}")
