@@ -8,7 +8,9 @@
   bf16's roundings amplify its last-bit differences as training goes on).
 - TestResume: a checkpoint written in fp32 resumes in bf16 with a warning naming
   train.precision, and back; eval, loss and generate take the checkpoint's precision
-  and --precision overrides it.
+  and --precision overrides it; in bf16, `eval --stream` gives the full forward's logits
+  (the model makes LN1's, LN2's and the GELU's outputs in bf16 itself, streaming lets the
+  engine round them: the same bits).
 - TestRefusal: a CPU without bf16 (MOMFMM_FAKE_NO_BF16=1 plays one) exits 2 naming
   AVX512_BF16, for train and for eval --precision bf16; a bad --precision value exits 2.
 
@@ -19,6 +21,7 @@ registers this module only then).
 import os
 import re
 
+import h5py
 import numpy as np
 import pytest
 from momfmm.h5 import load_checkpoint, newest_checkpoint
@@ -168,6 +171,33 @@ class TestResume:
             rc = run([momfmm] + cmd, env=bf16_env())
             report.check(" ".join(cmd[:1] + cmd[2:]) + " runs", rc.returncode == 0, rc.stderr[-300:])
 
+
+    def test_stream_is_the_full_forward_in_bf16(self, momfmm, workdir, report):
+        """In bf16 the model makes LN1's and LN2's outputs (and the GELU's) in bf16 itself, in
+        their pass (docs/design.md §8.10); streaming makes them in fp32 and the engine rounds
+        them: the same bits, so `eval --stream` gives the full forward's logits. The weights are
+        moved far from their initialisation so that a rounding of its own would show."""
+        ini, out_dir, _ = write_tiny_config(workdir, "stream_bf16", **{"train.precision": "bf16"})
+        ck = os.path.join(workdir, "stream_bf16.h5")
+        r = run([momfmm, "init", ini, "--out", ck], env=bf16_env())
+        report.check("init a bf16 config", r.returncode == 0, r.stderr[-300:])
+        rng = np.random.default_rng(7)
+        with h5py.File(ck, "r+") as f:
+            def move(name, obj):
+                if isinstance(obj, h5py.Dataset) and obj.ndim == 2:
+                    obj[...] = (obj[()] + rng.normal(0, 1.0 / np.sqrt(obj.shape[1]), obj.shape)).astype(np.float32)
+            f["model"].visititems(move)
+        losses = []
+        for segment, extra in ((1, []), (5, []), (5, ["--precision", "fp32"])):
+            rs = run([momfmm, "eval", ck, "--stream", "--segment", str(segment)] + extra, env=bf16_env())
+            m = re.search(r"stream max \|logit difference\| vs full forward: (\S+)", rs.stdout)
+            loss = re.search(r"^eval \| loss (\S+)", rs.stdout, re.M)
+            losses.append(loss.group(1) if loss else None)
+            diff = float(m.group(1)) if m else float("inf")
+            report.check(f"{' '.join(extra) or 'bf16'}: eval --stream in segments of {segment} = the full forward",
+                         rs.returncode == 0 and diff <= 1e-4, f"max |logit diff| {diff:.3e}; {rs.stderr[-300:]}")
+        report.check("the checkpoint's precision ran bf16 (its loss differs from --precision fp32's)",
+                     None not in losses and losses[0] == losses[1] != losses[2], str(losses))
 
     def test_gain_r_is_fp32_in_bf16(self, momfmm, workdir, report):
         """gain_R's perturbation (1e-3 of the input's norm) is below bf16's resolution: the
