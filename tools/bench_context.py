@@ -260,7 +260,7 @@ def main():
     for name in ("steps", "T", "T0", "context", "rounds"):
         if getattr(a, name) < 1:
             ap.error(f"--{name} must be at least 1")
-    if not os.access(a.binary, os.X_OK):
+    if not (os.path.isfile(a.binary) and os.access(a.binary, os.X_OK)):  # a directory is X_OK too
         ap.error(f"{a.binary}: not an executable momfmm binary (--binary)")
     if not shutil.which(a.mpirun):
         ap.error(f"--mpirun {a.mpirun}: not an executable launcher")

@@ -325,11 +325,13 @@ def test_bench_launchers(momfmm, workdir, report):
               "--mpirun"),
              ("bench_context.py --binary", [context, "run", "--binary", nope], "--binary"),
              ("bench_context.py --mpirun", [context, "run", "--binary", momfmm, "--mpirun", nope], "--mpirun"))
-    for what, args, needle in cases:
-        bad = run([PYTHON, *args], timeout=120)
-        report.check(f"{what} not executable: exit 2, the option named, no traceback",
-                     bad.returncode == 2 and needle in bad.stderr and nope in bad.stderr
-                     and "Traceback" not in bad.stderr, bad.stderr[-400:])
+    for path in (nope, workdir):  # missing, and a directory (which os.access calls executable)
+        for what, args, needle in cases:
+            args = [path if x == nope else x for x in args]
+            bad = run([PYTHON, *args], timeout=120)
+            report.check(f"{what} {path}: exit 2, the option named, no traceback",
+                         bad.returncode == 2 and needle in bad.stderr and path in bad.stderr
+                         and "Traceback" not in bad.stderr, bad.stderr[-400:])
     for launcher in (shutil.which("false"), shutil.which("true")):
         runs = (("bench_speed.py", [SPEED, config, "--binary", momfmm, "--setups", "fp32@np2", "--rounds", "1",
                                     "--steps", "1", "--mpirun", launcher], True),
