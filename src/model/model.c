@@ -132,17 +132,16 @@ static void progress(const model_backward_hooks *hooks) {
 typedef struct {
     float *out, *mean, *rstd;
     const float *weight, *bias;
-    bool bf16; /* out made in bf16 alone (products_read_bf16) */
+    bool bf16; /* out made in bf16 alone (gemm_reads_bf16) */
 } block_norm;
 
 /* LN1's and LN2's outputs and the GELU's are read by the next product
- * alone: where the products read bf16 they are made in bf16 alone, in
- * their fp32 buffers' memory, rounded as the engine would round them
- * (docs/design.md §8.10). Their fp32 floats were written and read back
- * only to be converted, and LN's twice: for the forward's product and
- * for the weight gradient's. ln_f stays fp32: the pooling of a
- * classifier reads it too. */
-static bool products_read_bf16(void) { return gemm_reads_bf16(); }
+ * alone: where the products read bf16 (gemm_reads_bf16) they are made in
+ * bf16 alone, in their fp32 buffers' memory, rounded as the engine would
+ * round them (docs/design.md §8.10). Their fp32 floats were written and
+ * read back only to be converted, and LN's twice: for the forward's
+ * product and for the weight gradient's. ln_f stays fp32: the pooling of
+ * a classifier reads it too. */
 
 static void norm_forward(const block_norm *n, const float *inp, int rows, int dim) {
     if (n->bf16) layernorm_forward_bf16((uint16_t *)n->out, n->mean, n->rstd, inp, n->weight, n->bias, rows, dim);
@@ -161,13 +160,13 @@ static void norm_residual_forward(const block_norm *n, float *x, const float *pr
 /* A product whose input is one of those activations, however it is kept. */
 static void product_forward(float *out, const float *inp, const float *weight, const float *bias, int rows, int in_dim,
                             int out_dim) {
-    if (products_read_bf16()) matmul_forward_bf16(out, (const uint16_t *)inp, weight, bias, rows, in_dim, out_dim);
+    if (gemm_reads_bf16()) matmul_forward_bf16(out, (const uint16_t *)inp, weight, bias, rows, in_dim, out_dim);
     else matmul_forward(out, inp, weight, bias, rows, in_dim, out_dim);
 }
 
 static void product_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                              const float *weight, int rows, int in_dim, int out_dim, bool accumulate, float *partials) {
-    if (products_read_bf16())
+    if (gemm_reads_bf16())
         matmul_backward_bf16(dinp, dweight, dbias, dout, (const uint16_t *)inp, weight, rows, in_dim, out_dim,
                              accumulate, partials);
     else matmul_backward(dinp, dweight, dbias, dout, inp, weight, rows, in_dim, out_dim, accumulate, partials);
@@ -178,7 +177,7 @@ static block_norm block_norm_of(model *m, int l, bool second, size_t bt) {
     model_activations *a = &m->acts;
     const model_block_tensors *w = &m->w.blocks[l];
     size_t at = model_activation_slot(m, l, second) * bt;
-    bool bf16 = products_read_bf16();
+    bool bf16 = gemm_reads_bf16();
     if (second)
         return (block_norm){a->ln2 + at * m->d, a->ln2_mean + at, a->ln2_rstd + at, w->ln2_weight, w->ln2_bias, bf16};
     return (block_norm){a->ln1 + at * m->d, a->ln1_mean + at, a->ln1_rstd + at, w->ln1_weight, w->ln1_bias, bf16};
@@ -227,8 +226,8 @@ static void attention_state(model *m, int l, int B, int T, bool collect_buffers,
 }
 
 /* The GELU output in bf16 alone where the products read bf16, in the work
- * buffer's memory (products_read_bf16), else NULL (fp32 in fc_act). */
-static uint16_t *gelu_out_bf16(const model *m) { return products_read_bf16() ? (uint16_t *)m->acts.fc_act : NULL; }
+ * buffer's memory (gemm_reads_bf16), else NULL (fp32 in fc_act). */
+static uint16_t *gelu_out_bf16(const model *m) { return gemm_reads_bf16() ? (uint16_t *)m->acts.fc_act : NULL; }
 
 /* The second half, LN2's output -> the MLP's GELU (fc_act), the fc bias in
  * GELU's pass; recomputed alone with train.recompute = mlp, after LN2 of
