@@ -143,3 +143,23 @@ class Report:
         assert self.passed + self.failed > 0, "no named check was made: nothing was tested (report.check never called)"
         assert not self.failures, (f"{self.failed} of {self.passed + self.failed} checks failed:\n  "
                                    + "\n  ".join(self.failures))
+
+
+def perturb(path, rng):
+    """Weights far from the 0.02 initialisation, so every path matters."""
+    with h5py.File(path, "r+") as f:
+        def visit(name, obj):
+            if not isinstance(obj, h5py.Dataset):
+                return
+            x = obj[()]
+            if name.startswith("model/"):
+                if name.endswith("momentum_gamma"):
+                    x = rng.uniform(0.05, 0.4, x.shape)
+                elif x.ndim == 2:
+                    x = x + rng.normal(0, 1.0 / np.sqrt(x.shape[1]), x.shape)
+                else:
+                    x = x + rng.normal(0, 0.2, x.shape)
+            elif name.startswith("buffers/"):
+                x = rng.normal(0, 1.0, x.shape)
+            obj[...] = x.astype(np.float32)
+        f.visititems(visit)

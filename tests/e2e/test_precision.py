@@ -21,12 +21,11 @@ registers this module only then).
 import os
 import re
 
-import h5py
 import numpy as np
 import pytest
 from momfmm.h5 import load_checkpoint, newest_checkpoint
 
-from common import env, run, train_command, write_tiny_config, write_tokens
+from common import env, perturb, run, train_command, write_tiny_config, write_tokens
 
 BF16 = "train.precision=bf16"
 FP32 = "train.precision=fp32"
@@ -181,12 +180,7 @@ class TestResume:
         ck = os.path.join(workdir, "stream_bf16.h5")
         r = run([momfmm, "init", ini, "--out", ck], env=bf16_env())
         report.check("init a bf16 config", r.returncode == 0, r.stderr[-300:])
-        rng = np.random.default_rng(7)
-        with h5py.File(ck, "r+") as f:
-            def move(name, obj):
-                if isinstance(obj, h5py.Dataset) and obj.ndim == 2:
-                    obj[...] = (obj[()] + rng.normal(0, 1.0 / np.sqrt(obj.shape[1]), obj.shape)).astype(np.float32)
-            f["model"].visititems(move)
+        perturb(ck, np.random.default_rng(7))
         losses = []
         for segment, extra in ((1, []), (5, []), (5, ["--precision", "fp32"])):
             rs = run([momfmm, "eval", ck, "--stream", "--segment", str(segment)] + extra, env=bf16_env())

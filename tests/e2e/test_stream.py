@@ -9,14 +9,13 @@ CTest beside <source>/python)."""
 import os
 import re
 
-import h5py
 import numpy as np
 import pytest
 import torch
 from momfmm.h5 import load_checkpoint
 
 import reference_model as ref
-from common import run, tiny_config, write_config
+from common import perturb, run, tiny_config, write_config
 
 VARIANTS = {
     "softmax": {},
@@ -41,26 +40,6 @@ VARIANTS = {
 }
 
 DIFF_LINE = re.compile(r"stream max \|logit difference\| vs full forward: (\S+)")
-
-
-def perturb(path, rng):
-    """Weights far from the 0.02 initialisation, so every path matters."""
-    with h5py.File(path, "r+") as f:
-        def visit(name, obj):
-            if not isinstance(obj, h5py.Dataset):
-                return
-            x = obj[()]
-            if name.startswith("model/"):
-                if name.endswith("momentum_gamma"):
-                    x = rng.uniform(0.05, 0.4, x.shape)
-                elif x.ndim == 2:
-                    x = x + rng.normal(0, 1.0 / np.sqrt(x.shape[1]), x.shape)
-                else:
-                    x = x + rng.normal(0, 0.2, x.shape)
-            elif name.startswith("buffers/"):
-                x = rng.normal(0, 1.0, x.shape)
-            obj[...] = x.astype(np.float32)
-        f.visititems(visit)
 
 
 def greedy_reference(ckpt, prompt, n_new):
