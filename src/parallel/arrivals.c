@@ -62,9 +62,9 @@ void dist_arrivals_create(MPI_Comm world, int rank, int size, const char *hosts)
     if (n > 0) MPI_Startall(n, arrivals.recv);
 }
 
-/* The receives still posted are cancelled (each peer's last message may
- * then wait unmatched, which MPI_Finalize allows); the sends (one number
- * each, to peers that are all here) complete. */
+/* After dist_arrivals_shutdown: the receives still posted are cancelled
+ * (each peer's final mark may then wait unmatched, which MPI_Finalize
+ * allows); the sends have completed. */
 void dist_arrivals_free(void) {
     if (arrivals.comm == MPI_COMM_NULL) return;
     for (int j = 0; j < arrivals.peers; j++) {
@@ -166,6 +166,24 @@ void dist_watch_waitall(const char *operation, MPI_Request *requests, int n) {
     dist_send_mark(false);
     for (int i = 0; i < n; i++) dist_wait_polling(&requests[i]);
     dist_send_mark(false);
+    watchdog_leave();
+}
+
+/* The last exchange before MPI_Finalize (docs/design.md §8.11): this rank
+ * sends every peer the final mark once, without heartbeats, and waits until
+ * it has every peer's and its own have gone out. From then on no peer sends
+ * it anything, so it may leave MPI whatever its peers do: MPI_Finalize's own
+ * synchronization is the launcher's fence, which srun --mpi=pmix was seen
+ * not to hold (a rank still sending to a peer that had left retried the
+ * connection for ever). Watched as an operation: a peer that never gets
+ * here (stopped, cut off) ends this rank within dist.timeout, naming it. */
+void dist_arrivals_shutdown(void) {
+    if (arrivals.peers == 0) return;
+    watchdog_enter("shutdown", 0, 0);
+    watchdog_announced(arrivals.seq = WATCHDOG_FINAL_MARK);
+    for (int j = 0; j < arrivals.peers; j++) post(j);
+    while (!all_arrived()) arrivals_poll();
+    for (int j = 0; j < arrivals.peers; j++) MPI_Wait(&arrivals.peer[j].send, MPI_STATUS_IGNORE);
     watchdog_leave();
 }
 

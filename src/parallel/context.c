@@ -7,8 +7,6 @@
 #include "parallel/context.h"
 
 #include <mpi.h>
-#include <signal.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -115,23 +113,6 @@ static MPI_Request *requests_for(int n) {
     return group.requests + group.n_requests;
 }
 
-/* Test hook (tests/e2e/test_multihost.py): MOMFMM_TEST_STOP="RANK:N:OPERATION"
- * stops world rank RANK (SIGSTOP to itself) as it enters OPERATION for the
- * Nth time, before it posts anything, so that a test loses a rank in the
- * middle of a chosen exchange rather than wherever a signal from outside
- * happens to land. */
-static void test_stop(const char *what) {
-    static int rank = -2, count;
-    static long after;
-    static char operation[64];
-    if (rank == -2) {
-        const char *v = getenv("MOMFMM_TEST_STOP");
-        rank = -1;
-        if (v && sscanf(v, "%d:%ld:%63[^\n]", &rank, &after, operation) != 3) rank = -1;
-    }
-    if (rank == dist_rank() && strcmp(what, operation) == 0 && ++count == after) raise(SIGSTOP);
-}
-
 static void wait_posted(const char *what) {
     double start = sys_seconds();
     dist_watch_waitall(what, group.requests, group.n_requests);
@@ -178,7 +159,7 @@ void context_allgather(const float *mine, float *all, size_t n, const char *what
         memcpy(all, mine, n * sizeof *all);
         return;
     }
-    test_stop(what);
+    dist_test_stop(what);
     float *parts = scratch_floats(&group.gathered, &group.gathered_floats, n * group.size);
     post_allgather_pieces(mine, parts, n);
     wait_posted(what);
@@ -187,7 +168,7 @@ void context_allgather(const float *mine, float *all, size_t n, const char *what
 
 void context_sum(float *x, size_t n, const char *what) {
     if (group.size == 1) return;
-    test_stop(what);
+    dist_test_stop(what);
     int k = pieces_of(n);
     MPI_Request *r = requests_for(k);
     size_t done = 0;
@@ -212,7 +193,7 @@ static void scan_allgather(const float *mine, float *out, size_t n, bool reverse
 }
 
 static void scan_exscan(const float *mine, float *out, size_t n, bool reverse, const char *what) {
-    test_stop(what);
+    dist_test_stop(what);
     MPI_Comm comm = reverse ? group.reversed : group.comm;
     int k = pieces_of(n);
     MPI_Request *r = requests_for(k);
@@ -246,7 +227,7 @@ static void post_point(bool send, float *buf, size_t n, int peer, int tag) {
 /* LASP: the prefix travels rank to rank, each adding its own: a receive,
  * then a send, on every rank (the ends with nothing to receive or send). */
 static void scan_ring(const float *mine, float *out, size_t n, bool reverse, const char *what) {
-    test_stop(what);
+    dist_test_stop(what);
     int step = reverse ? -1 : 1, from = group.rank - step, to = group.rank + step;
     bool first = from < 0 || from >= group.size, last = to < 0 || to >= group.size;
     if (first) memset(out, 0, n * sizeof *out);
@@ -270,7 +251,7 @@ void context_scan(const float *mine, float *out, size_t n, bool reverse, const c
 
 void context_shift(const float *send, size_t n_send, float *recv, size_t n_recv, bool reverse, const char *what) {
     if (group.size == 1) return;
-    test_stop(what);
+    dist_test_stop(what);
     int step = reverse ? -1 : 1, to = group.rank + step, from = group.rank - step;
     if (from >= 0 && from < group.size) post_point(false, recv, n_recv, from, TAG_SHIFT);
     if (to >= 0 && to < group.size) post_point(true, (float *)send, n_send, to, TAG_SHIFT);
@@ -284,7 +265,7 @@ void context_ring_start(const float *send, float *recv, size_t n, const char *wh
         memcpy(recv, send, n * sizeof *recv);
         return;
     }
-    test_stop(what);
+    dist_test_stop(what);
     int next = (group.rank + 1) % group.size, prev = (group.rank + group.size - 1) % group.size;
     post_point(false, recv, n, prev, TAG_RING);
     post_point(true, (float *)send, n, next, TAG_RING);

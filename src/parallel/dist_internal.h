@@ -19,6 +19,9 @@ size_t dist_max_count(size_t element_size);
  * ([size][MPI_MAX_PROCESSOR_NAME]) is gathered, freed in dist_finalize. */
 void dist_arrivals_create(MPI_Comm world, int rank, int size, const char *hosts);
 void dist_arrivals_free(void);
+/* arrivals.c: every peer's final mark received and this rank's sent: the
+ * last exchange before MPI_Finalize (watched as "shutdown"). */
+void dist_arrivals_shutdown(void);
 /* arrivals.c: this rank's next mark to every peer; with `repeat`, the same
  * mark again while a polled wait lasts (a heartbeat). */
 void dist_send_mark(bool repeat);
@@ -31,4 +34,8 @@ void dist_watch_wait(const char *operation, MPI_Request *request);
  * operation, so that ranks with more or fewer messages (the ends of a
  * context group, a message cut into pieces) still count the same marks. */
 void dist_watch_waitall(const char *operation, MPI_Request *requests, int n);
+/* dist.c, a test hook (tests/e2e/test_multihost.py, test_mpi.py):
+ * MOMFMM_TEST_STOP="RANK:N:OPERATION" stops world rank RANK (SIGSTOP to
+ * itself) as it enters OPERATION for the Nth time. */
+void dist_test_stop(const char *operation);
 #endif

@@ -85,7 +85,8 @@ static const char *host_of(int rank) { return watch.hosts + (size_t)rank * watch
  * it), or for half of dist.timeout at an even one (it computes, or it
  * stopped, possibly with data for this rank unsent; not inside a phase
  * watched as a whole, where it may be inside parallel HDF5's calls); a
- * peer that is heard is alive, even if behind (it waits for someone else).
+ * peer that is heard is alive, even if behind (it waits for someone else);
+ * one that has sent the final mark has shut down and says no more.
  * At an even mark this rank waits in calls that are not ours (a phase's
  * parallel HDF5), has heard nothing since its last operation and names no
  * one: marks of that operation still unread prove nothing (a broadcast's
@@ -93,6 +94,7 @@ static const char *host_of(int rank) { return watch.hosts + (size_t)rank * watch
 static bool missing(int rank, long long mark, double now) {
     if (rank == watch.rank || !(mark & 1)) return false;
     long long theirs = atomic_load(&watch.arrived[rank]);
+    if (mark == WATCHDOG_FINAL_MARK && theirs == mark) return false;
     double silent = now - atomic_load(&watch.heard[rank]), repeats = 4 * WATCHDOG_HEARTBEAT_S;
     if (theirs & 1) return silent > repeats;
     return !atomic_load(&watch.whole) && silent > (repeats > watch.seconds / 2 ? repeats : watch.seconds / 2);

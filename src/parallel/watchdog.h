@@ -7,6 +7,7 @@
  * makes no MPI call itself (MPI_THREAD_FUNNELED). */
 #ifndef MOMFMM_WATCHDOG_H
 #define MOMFMM_WATCHDOG_H
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -33,6 +34,10 @@ void watchdog_step(long long step);
  * wait during which a rank repeats it every WATCHDOG_HEARTBEAT_S, and 2s),
  * and the highest mark received from rank `rank`, now. */
 #define WATCHDOG_HEARTBEAT_S 0.5
+/* The last mark of every rank, sent once as it shuts down (arrivals.c,
+ * dist_arrivals_shutdown) and never repeated: a peer that has sent it is
+ * done, not silent. Odd: a polled wait. */
+#define WATCHDOG_FINAL_MARK LLONG_MAX
 void watchdog_announced(long long mark);
 void watchdog_arrived(int rank, long long mark);
 #endif

@@ -21,7 +21,8 @@ each its own CTest entry (e2e_mpi_<group>, tests/CMakeLists.txt):
   checkpoint and exit 0; a rank killed with SIGKILL ends the job non-zero within 30 s
   with no process left behind; a rank stopped with SIGSTOP (dist.timeout = 5)
   ends the job with exit 5, a surviving rank's dist.timeout line naming
-  that rank and its host; np > batch exits 2 naming both numbers;
+  that rank and its host, also when it stops as the run ends (in the shutdown
+  exchange before MPI_Finalize); np > batch exits 2 naming both numbers;
   ranks that diverge (MPMD launch resuming from checkpoints whose AdamW moments
   differ) are caught by the parameter checksum (dist.check_interval).
 - every run: the start-up line `momfmm: N ranks x T threads on <hosts>` shows N and T,
@@ -273,6 +274,49 @@ def check_sigstop(report, runner):
                  any(m and m.group(1) == f"rank 1 (host {host})" for m in named), "\n".join(lines) or job.log()[-800:])
     report.check("sigstop: no surviving rank names another rank",
                  all(m is None or m.group(1) == f"rank 1 (host {host})" for m in named), "\n".join(lines))
+
+
+def check_stop_at_shutdown(report, runner):
+    """Rank 1 of 3 stops (SIGSTOP to itself: the test hook MOMFMM_TEST_STOP)
+    as it enters the shutdown exchange after the last step, dist.timeout = 5
+    (docs/design.md §8.11): the ranks that finished wait for it there, watched,
+    not inside MPI_Finalize for ever; the job ends with exit 5 within 5 s + 8 s
+    of the last checkpoint, a surviving rank's line names the shutdown and
+    rank 1, and that checkpoint, the run's result, stands."""
+    path, out_dir = runner.config("stop_shutdown", **{"dist.timeout": 5, "train.eval_interval": 0})
+    for old in glob.glob(os.path.join(out_dir, "ckpt_*.h5")):
+        os.remove(old)
+    log_path = os.path.join(runner.workdir, "stop_shutdown.log")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(train_command(runner.momfmm, path, np_=3), stdout=log, stderr=subprocess.STDOUT,
+                                env=env(MOMFMM_TEST_STOP="1:1:shutdown"), start_new_session=True)
+    try:
+        try:
+            rc = proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            rc = None
+        ended = time.time()
+    finally:
+        kill_session(proc.pid)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    with open(log_path) as f:
+        text = f.read()
+    last = os.path.join(out_dir, f"ckpt_{STEPS:08d}.h5")
+    after = ended - os.path.getmtime(last) if os.path.exists(last) else None
+    report.check("stop at shutdown: mpirun ends with exit 5 within 5 s + 8 s of the last checkpoint",
+                 rc == 5 and after is not None and after < 5 + 8,
+                 f"rc {rc}, {after if after is None else round(after, 1)} s after {os.path.basename(last)}\n"
+                 f"{text[-800:]}")
+    host = socket.gethostname()
+    lines = [l for l in text.splitlines() if "dist.timeout: step" in l and " on rank 1 of 3 " not in l]
+    want = f"step {STEPS}: shutdown did not complete in "
+    report.check(f"stop at shutdown: a surviving rank's line names the shutdown and rank 1 (host {host})",
+                 any(want in l and l.endswith(f"no answer from rank 1 (host {host}); exiting 5") for l in lines),
+                 "\n".join(lines) or text[-800:])
+    ok = os.path.exists(last) and load_checkpoint(last, optim=False, metrics=False).step == STEPS
+    report.check(f"stop at shutdown: the last checkpoint (step {STEPS}) loads", ok, last)
 
 
 def check_stop_signal(report, runner):
@@ -547,6 +591,9 @@ class TestRobustness:
 
     def test_sigstop_one_rank(self, R, report):
         check_sigstop(report, R)
+
+    def test_stop_at_shutdown(self, R, report):
+        check_stop_at_shutdown(report, R)
 
     def test_divergence(self, R, report):
         check_divergence(report, R)
