@@ -142,6 +142,13 @@ EOF
     done
     echo "PartitionName=test Nodes=$P-h[1-$N] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO"
 } >"$CONF"
+# srun --mpi=pmix's fences across nodes by the ring algorithm (mpi.conf sits
+# beside slurm.conf). With the plugin's default, the tree for a fence without
+# data (the one at the end of MPI_Init, the one in MPI_Finalize), slurmstepd
+# 22.05.8 let the ranks of this bed pass before their peers had arrived
+# (docs/design.md §8.11, measured): a rank's first message then reached a
+# peer still inside MPI_Init, which died of SIGSEGV there (1 job in 20-40).
+echo "PMIxCollFence=ring" >"$(dirname "$CONF")/mpi.conf"
 # munged too runs in host 1 (its socket is a file, seen from every host), so
 # that `netbed.sh up`, which first removes an earlier bed of this prefix with
 # its processes, also ends the daemons of a run that was killed.
