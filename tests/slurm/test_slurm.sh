@@ -322,24 +322,44 @@ fi
 # ---- 2. preemption: USR1 -> checkpoint -> requeue -> resume -> same weights ----
 # One job per launcher (train.sbatch: mpirun; train_srun.sbatch: srun), 4 ranks
 # each, both compared with one uninterrupted run of the same config.
+# Every step at least SLOW_MS (the test hook MOMFMM_TEST_STEP_SLEEP_MS; the
+# same floats), and each job signalled as soon as it is ready, not after the
+# other: an srun job once ran all its steps while the test still waited for
+# the mpirun job's, and was never stopped.
+SLOW_MS=40
 declare -A P_ID=()
 for script in train train_srun; do
     j=$(sbatch --parsable --job-name="preempt-$script" --nodes=1 --ntasks=4 --overcommit --time=5 \
-        "$ROOT/jobs/$script.sbatch" long.ini 2>&1)
+        --export="ALL,MOMFMM_TEST_STEP_SLEEP_MS=$SLOW_MS" "$ROOT/jobs/$script.sbatch" long.ini 2>&1)
     [[ $j =~ ^[0-9]+$ ]] || { fail "sbatch" "submission failed: $j"; echo "$passed passed, $failed failed"; exit 1; }
     P_ID[$script]=$j
 done
 note "submitted the preemption jobs ${P_ID[train]} (mpirun) and ${P_ID[train_srun]} (srun)"
-for script in train train_srun; do
-    j=${P_ID[$script]}
-    if wait_for 90 grep -qsE '^step [0-9]+/300' "runs/slurm/preempt-$script-$j.out"; then
-        scancel --signal=USR1 --batch "$j"
-        note "sent USR1 to job $j after: $(grep -E '^step [0-9]+/300' "runs/slurm/preempt-$script-$j.out" | tail -n 1 | cut -d'|' -f1)"
-    else
+declare -A P_SENT=()
+preempt_ready() { # USR1 to each job once it has logged a step; true when both have it
+    local script j o left=
+    for script in train train_srun; do
+        [ -n "${P_SENT[$script]:-}" ] && continue
+        j=${P_ID[$script]}
+        o=runs/slurm/preempt-$script-$j.out
+        if grep -qsE '^step [0-9]+/300' "$o"; then
+            scancel --signal=USR1 --batch "$j"
+            P_SENT[$script]=1
+            note "sent USR1 to job $j after: $(grep -E '^step [0-9]+/300' "$o" | tail -n 1 | cut -d'|' -f1)"
+        else
+            left=1
+        fi
+    done
+    [ -z "$left" ]
+}
+if ! wait_for 90 preempt_ready; then
+    for script in train train_srun; do
+        [ -n "${P_SENT[$script]:-}" ] && continue
+        j=${P_ID[$script]}
         fail "preemption job $script.sbatch" "job $j did not log a step: $(job_field "$j" JobState)"
         show_log "runs/slurm/preempt-$script-$j.out"
-    fi
-done
+    done
+fi
 # A finished job that is requeued must not train again.
 scontrol requeue "$J_MPI" 2>&1 | sed 's/^/  .. requeue: /'
 mpi_ckpt=runs/momfmm-$J_MPI/ckpt_00000030.h5
@@ -410,23 +430,35 @@ FEWER_TOL=1e-5 # e2e_scale_resume's tolerance for np 4 -> np 3
 declare -A Z_ID=() Z_UPDATE=()
 for script in train train_srun; do
     j=$(sbatch --parsable --job-name="fewer-$script" --nodes=1 --ntasks=4 --overcommit --time=5 \
-        "$ROOT/jobs/$script.sbatch" fewer.ini --set dist.zero=1 2>&1)
+        --export="ALL,MOMFMM_TEST_STEP_SLEEP_MS=$SLOW_MS" "$ROOT/jobs/$script.sbatch" fewer.ini --set dist.zero=1 2>&1)
     [[ $j =~ ^[0-9]+$ ]] || { fail "sbatch" "submission failed: $j"; echo "$passed passed, $failed failed"; exit 1; }
     Z_ID[$script]=$j
 done
 note "submitted jobs ${Z_ID[train]} (train.sbatch) and ${Z_ID[train_srun]} (train_srun.sbatch): 4 tasks, dist.zero=1"
-for script in train train_srun; do
-    j=${Z_ID[$script]}
-    Z_OUT=runs/slurm/fewer-$script-$j.out
-    if wait_for 90 grep -qsE '^step 40/100' "$Z_OUT" && [ -f "runs/fewer-$script-$j/ckpt_00000020.h5" ]; then
-        scancel --signal=USR1 --batch "$j"
-        note "sent USR1 to job $j after: $(grep -E '^step [0-9]+/100' "$Z_OUT" | tail -n 1 | cut -d'|' -f1)"
-        Z_UPDATE[$script]="not run (job not back in the queue)"
-    else
+fewer_ready() { # USR1 to each job at step 40 with ckpt_00000020.h5 (as preempt_ready)
+    local script j o left=
+    for script in train train_srun; do
+        [ -n "${Z_UPDATE[$script]:-}" ] && continue
+        j=${Z_ID[$script]}
+        o=runs/slurm/fewer-$script-$j.out
+        if grep -qsE '^step 40/100' "$o" && [ -f "runs/fewer-$script-$j/ckpt_00000020.h5" ]; then
+            scancel --signal=USR1 --batch "$j"
+            note "sent USR1 to job $j after: $(grep -E '^step [0-9]+/100' "$o" | tail -n 1 | cut -d'|' -f1)"
+            Z_UPDATE[$script]="not run (job not back in the queue)"
+        else
+            left=1
+        fi
+    done
+    [ -z "$left" ]
+}
+if ! wait_for 90 fewer_ready; then
+    for script in train train_srun; do
+        [ -n "${Z_UPDATE[$script]:-}" ] && continue
+        j=${Z_ID[$script]}
         fail "$script.sbatch requeued onto fewer tasks: preemption" "job $j did not reach step 40 with ckpt_00000020.h5: $(job_field "$j" JobState)"
-        show_log "$Z_OUT"
-    fi
-done
+        show_log "runs/slurm/fewer-$script-$j.out"
+    done
+fi
 # Each requeued job is held as soon as it is pending, before cred_expire (10 s) lets it start.
 z_update() { # updates every preempted job that is back in the queue; true when none is left
     local script j u left=
