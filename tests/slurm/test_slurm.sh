@@ -335,31 +335,35 @@ for script in train train_srun; do
     P_ID[$script]=$j
 done
 note "submitted the preemption jobs ${P_ID[train]} (mpirun) and ${P_ID[train_srun]} (srun)"
-declare -A P_SENT=()
-preempt_ready() { # USR1 to each job once it has logged a step; true when both have it
+# USR1 to each job of a section (ids in the array named $1, job names
+# $2-train and $2-train_srun) as soon as `$3 OUT RUN_DIR` says it is ready,
+# not after the other; true when both have had it (USR1_SENT[$2-script]).
+declare -A USR1_SENT=()
+usr1_when_ready() {
+    local -n ids=$1
     local script j o left=
     for script in train train_srun; do
-        [ -n "${P_SENT[$script]:-}" ] && continue
-        j=${P_ID[$script]}
-        o=runs/slurm/preempt-$script-$j.out
-        if grep -qsE '^step [0-9]+/300' "$o"; then
+        [ -n "${USR1_SENT[$2-$script]:-}" ] && continue
+        j=${ids[$script]}
+        o=runs/slurm/$2-$script-$j.out
+        if "$3" "$o" "runs/$2-$script-$j"; then
             scancel --signal=USR1 --batch "$j"
-            P_SENT[$script]=1
-            note "sent USR1 to job $j after: $(grep -E '^step [0-9]+/300' "$o" | tail -n 1 | cut -d'|' -f1)"
+            USR1_SENT[$2-$script]=1
+            note "sent USR1 to job $j after: $(grep -E '^step [0-9]+/' "$o" | tail -n 1 | cut -d'|' -f1)"
         else
             left=1
         fi
     done
     [ -z "$left" ]
 }
-if ! wait_for 90 preempt_ready; then
-    for script in train train_srun; do
-        [ -n "${P_SENT[$script]:-}" ] && continue
-        j=${P_ID[$script]}
-        fail "preemption job $script.sbatch" "job $j did not log a step: $(job_field "$j" JobState)"
-        show_log "runs/slurm/preempt-$script-$j.out"
-    done
-fi
+logged_a_step() { grep -qsE '^step [0-9]+/300' "$1"; }
+wait_for 90 usr1_when_ready P_ID preempt logged_a_step
+for script in train train_srun; do
+    [ -n "${USR1_SENT[preempt-$script]:-}" ] && continue
+    j=${P_ID[$script]}
+    fail "preemption job $script.sbatch" "job $j did not log a step: $(job_field "$j" JobState)"
+    show_log "runs/slurm/preempt-$script-$j.out"
+done
 # A finished job that is requeued must not train again.
 scontrol requeue "$J_MPI" 2>&1 | sed 's/^/  .. requeue: /'
 mpi_ckpt=runs/momfmm-$J_MPI/ckpt_00000030.h5
@@ -435,30 +439,17 @@ for script in train train_srun; do
     Z_ID[$script]=$j
 done
 note "submitted jobs ${Z_ID[train]} (train.sbatch) and ${Z_ID[train_srun]} (train_srun.sbatch): 4 tasks, dist.zero=1"
-fewer_ready() { # USR1 to each job at step 40 with ckpt_00000020.h5 (as preempt_ready)
-    local script j o left=
-    for script in train train_srun; do
-        [ -n "${Z_UPDATE[$script]:-}" ] && continue
-        j=${Z_ID[$script]}
-        o=runs/slurm/fewer-$script-$j.out
-        if grep -qsE '^step 40/100' "$o" && [ -f "runs/fewer-$script-$j/ckpt_00000020.h5" ]; then
-            scancel --signal=USR1 --batch "$j"
-            note "sent USR1 to job $j after: $(grep -E '^step [0-9]+/100' "$o" | tail -n 1 | cut -d'|' -f1)"
-            Z_UPDATE[$script]="not run (job not back in the queue)"
-        else
-            left=1
-        fi
-    done
-    [ -z "$left" ]
-}
-if ! wait_for 90 fewer_ready; then
-    for script in train train_srun; do
-        [ -n "${Z_UPDATE[$script]:-}" ] && continue
-        j=${Z_ID[$script]}
+at_step_40() { grep -qsE '^step 40/100' "$1" && [ -f "$2/ckpt_00000020.h5" ]; }
+wait_for 90 usr1_when_ready Z_ID fewer at_step_40
+for script in train train_srun; do
+    j=${Z_ID[$script]}
+    if [ -n "${USR1_SENT[fewer-$script]:-}" ]; then
+        Z_UPDATE[$script]="not run (job not back in the queue)"
+    else
         fail "$script.sbatch requeued onto fewer tasks: preemption" "job $j did not reach step 40 with ckpt_00000020.h5: $(job_field "$j" JobState)"
         show_log "runs/slurm/fewer-$script-$j.out"
-    done
-fi
+    fi
+done
 # Each requeued job is held as soon as it is pending, before cred_expire (10 s) lets it start.
 z_update() { # updates every preempted job that is back in the queue; true when none is left
     local script j u left=
