@@ -197,7 +197,38 @@ static void test_tile_gemm_wide_same_bits(int DH, int half) {
     test_check(r.same_bits, name, NULL);
 }
 
+/* tile_gemm_transpose writes dst[p * ld_dst + j] = src[j * ld_src + p] for
+ * j < rows, p < cols and nothing else, on the path in force: shapes with
+ * and without full 16 x 16 blocks and ragged edges both ways, rows and
+ * columns apart by more than their lengths. */
+static bool transpose_exact(int rows, int cols) {
+    ptrdiff_t ld_src = cols + 3, ld_dst = rows + 5;
+    size_t n_src = (size_t)rows * ld_src, n_dst = (size_t)cols * ld_dst;
+    float *src = randn(n_src, 1), *dst = malloc(sizeof(float) * n_dst);
+    for (size_t i = 0; i < n_dst; i++) dst[i] = -7.0f;
+    tile_gemm_transpose(dst, ld_dst, src, ld_src, rows, cols);
+    bool exact = true;
+    for (int p = 0; p < cols; p++)
+        for (ptrdiff_t j = 0; j < ld_dst; j++) exact &= dst[p * ld_dst + j] == (j < rows ? src[j * ld_src + p] : -7.0f);
+    free(src), free(dst);
+    return exact;
+}
+
+static void test_tile_transpose(const char *path) {
+    static const int shapes[][2] = {{1, 1}, {15, 17}, {16, 16}, {33, 48}, {96, 64}, {70, 33}, {5, 32}};
+    bool exact = true;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) exact &= transpose_exact(shapes[i][0], shapes[i][1]);
+    char name[80];
+    snprintf(name, sizeof name, "tile_gemm_transpose (%s): the transpose, nothing outside it", path);
+    test_check(exact, name, NULL);
+}
+
 static void test_tile_gemm(void) {
+    tile_gemm_set_wide(0);
+    test_tile_transpose("element by element");
+    tile_gemm_set_wide(1);
+    test_tile_transpose(tile_gemm_available() && __builtin_cpu_supports("avx512f") ? "AVX-512" : "element by element");
+    tile_gemm_set_wide(-1);
     if (tile_gemm_available()) {
         tile_gemm_set_wide(0);
         test_tile_gemm_path("AVX2");

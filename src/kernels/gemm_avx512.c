@@ -93,13 +93,8 @@ __attribute__((target("avx512f"))) static void pack_transposed(float *dst, int w
     for (int i0 = 0; i0 < width; i0 += 16) {
         int n = rows - i0 < 16 ? rows - i0 : 16;
         int p = 0;
-        for (; n > 0 && p + 16 <= k; p += 16) {
-            __m512 r[16];
-            for (int i = 0; i < 16; i++)
-                r[i] = i < n ? _mm512_loadu_ps(src + (size_t)(i0 + i) * ld + p) : _mm512_setzero_ps();
-            transpose16(r);
-            for (int q = 0; q < 16; q++) _mm512_storeu_ps(dst + (size_t)(p + q) * width + i0, r[q]);
-        }
+        for (; n > 0 && p + 16 <= k; p += 16)
+            transpose16_columns(dst + (size_t)p * width + i0, width, src + (size_t)i0 * ld + p, ld, n);
         int top = i0 + 16 < width ? i0 + 16 : width;
         for (; p < k; p++)
             for (int i = i0; i < top; i++) dst[(size_t)p * width + i] = i < rows ? src[(size_t)i * ld + p] : 0.0f;

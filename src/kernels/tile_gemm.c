@@ -6,6 +6,7 @@
 #include "base/cpu.h"
 
 #include "tile_gemm_internal.h"
+#include "transpose16.h"
 
 /* The micro-tile: 6 rows x 16 columns are twelve ymm accumulators, which
  * cover the FMA latency (4 cycles) on both pipes, and with two B loads and
@@ -239,7 +240,37 @@ void tile_gemm(int m, int n, int k, float alpha, const float *a, ptrdiff_t a_row
     }
 }
 
+/* tile_gemm_transpose of rows [j0, rows) and columns [p0, cols). */
+static void transpose_scalar(float *dst, ptrdiff_t ld_dst, const float *src, ptrdiff_t ld_src, int j0, int rows, int p0,
+                             int cols) {
+    for (int j = j0; j < rows; j++)
+        for (int p = p0; p < cols; p++) dst[p * ld_dst + j] = src[j * ld_src + p];
+}
+
+#if TILE_GEMM_WIDE
+/* In blocks of 16 x 16 (transpose16_columns), the rows and columns past
+ * the last full sixteen element by element: the loop above took a tenth of
+ * an fp32 tiled softmax at T = 256 (it transposes the query tile forward,
+ * the key and value tiles backward; docs/design.md §8.10). A copy, so the
+ * same floats either way. */
+__attribute__((target("avx512f"))) static void transpose_avx512(float *dst, ptrdiff_t ld_dst, const float *src,
+                                                                ptrdiff_t ld_src, int rows, int cols) {
+    int full_rows = rows / 16 * 16, full_cols = cols / 16 * 16;
+    for (int j0 = 0; j0 < full_rows; j0 += 16)
+        for (int p0 = 0; p0 < full_cols; p0 += 16)
+            transpose16_columns(dst + p0 * ld_dst + j0, ld_dst, src + j0 * ld_src + p0, ld_src, 16);
+    transpose_scalar(dst, ld_dst, src, ld_src, 0, full_rows, full_cols, cols);
+    transpose_scalar(dst, ld_dst, src, ld_src, full_rows, rows, 0, cols);
+}
+#endif
+
 void tile_gemm_transpose(float *dst, ptrdiff_t ld_dst, const float *src, ptrdiff_t ld_src, int rows, int cols) {
-    for (int j = 0; j < rows; j++)
-        for (int p = 0; p < cols; p++) dst[p * ld_dst + j] = src[j * ld_src + p];
+#if TILE_GEMM_WIDE
+    /* the wide kernel's switch (the tests turn it off), on a CPU that has AVX-512F */
+    if (tile_gemm_wide() && __builtin_cpu_supports("avx512f")) {
+        transpose_avx512(dst, ld_dst, src, ld_src, rows, cols);
+        return;
+    }
+#endif
+    transpose_scalar(dst, ld_dst, src, ld_src, 0, rows, 0, cols);
 }
