@@ -92,8 +92,11 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512 fast_exp1
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+    /* p 2^n in one vscalefps where fast_exp8_nonpositive builds 2^n's bits
+     * and multiplies (four instructions): n is an integer in [-126, 127]
+     * (the clamps), 2^n a normal float, so both multiply p by the same
+     * power of two and round alike; a NaN stays NaN */
+    return _mm512_scalef_ps(p, n);
 }
 
 /* tanh on eight and sixteen lanes, fast_tanh's steps on fast_exp8 and
