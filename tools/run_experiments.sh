@@ -73,12 +73,14 @@ done
 [[ $np =~ ^[1-9][0-9]*$ ]] || die "--np $np: expected a positive integer"
 [[ $scale =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] && awk -v s="$scale" 'BEGIN{exit !(s > 0)}' ||
     die "--steps-scale $scale: expected a positive number"
+scaled=0
+awk -v s="$scale" 'BEGIN{exit !(s != 1)}' && scaled=1
 caller_dir=$(pwd)
 cd "$root" || die "cannot enter $root"
 if [ -z "$runs" ]; then
     runs=runs/experiments
     [ "$full" = 1 ] && runs=runs/experiments_full
-    awk -v s="$scale" 'BEGIN{exit !(s != 1)}' && runs=${runs}_x$scale
+    [ "$scaled" = 1 ] && runs=${runs}_x$scale
 fi
 [ -r "$suite" ] || die "suite list $suite: not readable from $root"
 case $bin in /*) ;; *) bin=$root/$bin ;; esac
@@ -123,39 +125,63 @@ while IFS= read -r line || [ -n "$line" ]; do
     inits+=("$src")
 done <"$suite"
 
-# line_config I, line_steps I and line_final I: line I's config file (its _full.ini
-# sibling with --full), its train.steps (the line's, --set's or --steps-scale's, else
-# the config's) and its final checkpoint, the file whose presence means it finished.
+# line_config I VAR, line_steps I VAR and line_final I VAR set VAR to line I's config file
+# (its _full.ini sibling with --full), its train.steps (the line's, --set's or
+# --steps-scale's, else the config's) and its final checkpoint, the file whose presence
+# means it finished. They run in this shell rather than in $(...), and read each config's
+# train.steps once (config_steps): as commands substituted per line they forked awk and
+# subshells about ten times a line, and --dry-run over the suite's 200 lines took 15 s.
+# Their locals carry the function's prefix (_lc_, _ls_, _lf_), so that no VAR a caller
+# names, nor one of them names for another, is shadowed by a local.
+declare -A config_steps=()
 line_config() {
-    local config=${configs[$1]}
-    [ "$full" = 1 ] && [ -r "${config%.ini}_full.ini" ] && config=${config%.ini}_full.ini
-    echo "$config"
+    local _lc_path=${configs[$1]}
+    [ "$full" = 1 ] && [ -r "${_lc_path%.ini}_full.ini" ] && _lc_path=${_lc_path%.ini}_full.ini
+    printf -v "$2" '%s' "$_lc_path"
 }
 line_steps() {
-    local s j steps
-    read -r -a s <<<"${sets[$1]}"
-    steps=$(ini_steps "$(line_config "$1")")
-    for ((j = 0; j < ${#s[@]}; j += 2)); do
-        [[ ${s[$((j + 1))]} == train.steps=* ]] && steps=${s[$((j + 1))]#train.steps=}
+    local _ls_sets _ls_j _ls_config _ls_steps
+    read -r -a _ls_sets <<<"${sets[$1]}"
+    line_config "$1" _ls_config
+    [ -n "${config_steps[$_ls_config]+set}" ] || config_steps[$_ls_config]=$(ini_steps "$_ls_config")
+    _ls_steps=${config_steps[$_ls_config]}
+    for ((_ls_j = 0; _ls_j < ${#_ls_sets[@]}; _ls_j += 2)); do
+        [[ ${_ls_sets[$((_ls_j + 1))]} == train.steps=* ]] && _ls_steps=${_ls_sets[$((_ls_j + 1))]#train.steps=}
     done
-    for ((j = 0; j < ${#extra[@]}; j += 2)); do
-        [[ ${extra[$((j + 1))]} == train.steps=* ]] && steps=${extra[$((j + 1))]#train.steps=}
+    for ((_ls_j = 0; _ls_j < ${#extra[@]}; _ls_j += 2)); do
+        [[ ${extra[$((_ls_j + 1))]} == train.steps=* ]] && _ls_steps=${extra[$((_ls_j + 1))]#train.steps=}
     done
-    steps=${steps:-1000}
-    awk -v s="$scale" 'BEGIN{exit !(s != 1)}' &&
-        steps=$(awk -v n="$steps" -v s="$scale" 'BEGIN{v=int(n*s+0.5); print (v<1?1:v)}')
-    echo "$steps"
+    _ls_steps=${_ls_steps:-1000}
+    [ "$scaled" = 1 ] && _ls_steps=$(awk -v n="$_ls_steps" -v s="$scale" 'BEGIN{v=int(n*s+0.5); print (v<1?1:v)}')
+    printf -v "$2" '%s' "$_ls_steps"
 }
-line_final() { echo "$runs/${names[$1]}/$(checkpoint_name "$(line_steps "$1")")"; }
+line_final() {
+    local _lf_steps
+    line_steps "$1" _lf_steps
+    printf -v "$2" '%s' "$runs/${names[$1]}/$(checkpoint_name "$_lf_steps")"
+}
 
+# --only: one grep over every name (its line numbers are the indices plus one); a
+# pattern grep -E cannot read is named, once
 selected=()
-for i in "${!names[@]}"; do
-    if [ -z "$only" ] || grep -Eq -- "$only" <<<"${names[$i]}"; then selected+=("$i"); fi
-done
+if [ -z "$only" ]; then
+    selected=("${!names[@]}")
+else
+    matches=$(printf '%s\n' "${names[@]}" | grep -nE -- "$only" 2>&1)
+    case $? in
+    0) ;;
+    1) matches= ;;
+    *) die "--only '$only': not an extended regular expression (grep -E: ${matches#grep: })" ;;
+    esac
+    while IFS=: read -r number _; do
+        [ -n "$number" ] && selected+=($((number - 1)))
+    done <<<"$matches"
+fi
 [ ${#selected[@]} -gt 0 ] || die "no suite line matches --only '$only'"
 # A line with --init SOURCE needs SOURCE's final checkpoint: an unfinished SOURCE joins the
 # selection, ahead of it (suite order: SOURCE is an earlier line).
 declare -A chosen=()
+config='' steps='' final='' source_final='' # set by line_config, line_steps, line_final
 for i in "${selected[@]}"; do chosen[$i]=1; done
 grew=1
 while [ "$grew" = 1 ]; do
@@ -164,7 +190,8 @@ while [ "$grew" = 1 ]; do
         src=${inits[$i]}
         [ -n "$src" ] || continue
         j=${index[$src]}
-        [ -n "${chosen[$j]:-}" ] || [ -e "$(line_final "$j")" ] || { chosen[$j]=1; grew=1; }
+        line_final "$j" source_final
+        [ -n "${chosen[$j]:-}" ] || [ -e "$source_final" ] || { chosen[$j]=1; grew=1; }
     done
 done
 mapfile -t selected < <(printf '%s\n' "${!chosen[@]}" | sort -n)
@@ -204,19 +231,21 @@ start_all=$(date +%s)
 for i in "${selected[@]}"; do
     [ -n "$caught" ] && break
     k=$((k + 1))
-    name=${names[$i]} config=$(line_config "$i")
+    name=${names[$i]}
+    line_config "$i" config
     read -r -a line_sets <<<"${sets[$i]}"
     [ -r "$config" ] || { echo "$me: [$k/${#selected[@]}] $name: config $config not readable" >&2; failed+=("$name"); continue; }
-    steps=$(line_steps "$i")
+    line_steps "$i" steps
     scale_set=()
-    awk -v s="$scale" 'BEGIN{exit !(s != 1)}' && scale_set=(--set "train.steps=$steps")
+    [ "$scaled" = 1 ] && scale_set=(--set "train.steps=$steps")
     out=$runs/$name
-    final=$(line_final "$i")
+    line_final "$i" final
     # a line with --init starts from its source's final checkpoint; once it has a
     # checkpoint of its own, it resumes from that (momfmm takes one or the other)
     start=(--resume auto)
     if [ -n "${inits[$i]}" ] && ! newest_checkpoint "$out" >/dev/null; then
-        start=(--init "$(line_final "${index[${inits[$i]}]}")")
+        line_final "${index[${inits[$i]}]}" source_final
+        start=(--init "$source_final")
         if [ "$dry" = 0 ] && [ ! -e "${start[1]}" ]; then
             echo "$me: [$k/${#selected[@]}] $name: starts from ${inits[$i]}'s final checkpoint ${start[1]}, which is missing (${inits[$i]} did not finish)" >&2
             failed+=("$name")

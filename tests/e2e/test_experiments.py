@@ -315,6 +315,10 @@ def test_tiny_runs(momfmm, report, suite, tiny_runs):
                  f"{len(cmds)} commands for {len(lines)} lines")
     r = run(["bash", RUNNER, "--only", "no-such-run"], timeout=60)
     report.check("run_experiments.sh --only matching nothing exits 2", r.returncode == 2, r.stderr.strip())
+    r = run(["bash", RUNNER, "--list", "--only", "chain_(L10"], timeout=60)
+    report.check("run_experiments.sh --only with a pattern grep -E cannot read: exit 2, one line naming it",
+                 r.returncode == 2 and r.stderr.count("\n") == 1 and "--only 'chain_(L10'" in r.stderr
+                 and not r.stdout, r.stderr.strip())
 
 
 def test_sbatch(momfmm, workdir, report, suite):
