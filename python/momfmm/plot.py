@@ -34,15 +34,10 @@ import math
 import os
 import sys
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from momfmm import files, tool  # noqa: E402
-from momfmm.rundir import load_runs  # noqa: E402
+from momfmm import files, tool
+from momfmm.rundir import load_runs
 
 PROG = "momfmm_plot.py"
 DPI = 150
@@ -53,6 +48,18 @@ LINE_STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, imported at the first figure drawn rather than with
+    this module: the results report imports it for its figures' names, and a run that draws none
+    (--no-figures, an error, --help) started 0.3 s later for pyplot alone."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
+
+
 def style(i):
     """Line style and marker of the i-th run: with the colour, three cues apart, so that
     runs whose curves coincide (two seeds that agree) still show as two."""
@@ -61,7 +68,7 @@ def style(i):
 
 
 def colors(n):
-    cmap = plt.get_cmap("tab10")
+    cmap = pyplot().get_cmap("tab10")
     return [cmap(i % 10) for i in range(n)]
 
 
@@ -75,7 +82,9 @@ def series(metrics, key):
 
 
 def new_axes(title, xlabel, ylabel):
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = pyplot().subplots(figsize=(7, 4.5))
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -97,7 +106,7 @@ def save(fig, out_dir, name, written):
         with files.output_path(path) as tmp:
             fig.savefig(tmp, dpi=OUTPUT["dpi"])
     finally:
-        plt.close(fig)
+        pyplot().close(fig)
     written.append(path)
 
 
@@ -199,7 +208,7 @@ def plot_attention(runs, out_dir, written):
     if not have:
         print("skip attention.png: no run has an attention read-out (chain runs whose two keys differ)")
         return
-    fig, axes = plt.subplots(len(have), 2, figsize=(11, 2.8 * len(have) + 0.6), squeeze=False)
+    fig, axes = pyplot().subplots(len(have), 2, figsize=(11, 2.8 * len(have) + 0.6), squeeze=False)
     for row, run in zip(axes, have):
         for ax, (prefix, where) in zip(row, (("", "eval split"), ("lengen_", "length eval"))):
             ax.set_title(f"{run.name}: {where}", fontsize=9)
@@ -299,7 +308,7 @@ def plot_gamma(runs, out_dir, written):
     have = runs_with_gamma(runs, "gamma.png")
     if not have:
         return
-    fig, axes = plt.subplots(len(have), 1, figsize=(7, 2.6 * len(have) + 0.6), squeeze=False)
+    fig, axes = pyplot().subplots(len(have), 1, figsize=(7, 2.6 * len(have) + 0.6), squeeze=False)
     head_colors = colors(max(r.gamma.shape[1] for r in have))
     for ax, run in zip(axes[:, 0], have):
         n_layers, n_heads = run.gamma.shape
@@ -332,7 +341,7 @@ def plot_bode(runs, out_dir, written):
     if not have:
         return
     omega = np.linspace(0.0, np.pi, 256)
-    fig, axes = plt.subplots(len(have), 1, figsize=(7, 3.0 * len(have) + 0.6), squeeze=False)
+    fig, axes = pyplot().subplots(len(have), 1, figsize=(7, 3.0 * len(have) + 0.6), squeeze=False)
     for ax, run in zip(axes[:, 0], have):
         n_layers, n_heads = run.gamma.shape
         layer_colors = colors(n_layers)
@@ -363,7 +372,7 @@ def plot_bode(runs, out_dir, written):
 
 def finish(fig, ax, drawn, out_dir, name, written, why_skipped):
     if not drawn:
-        plt.close(fig)
+        pyplot().close(fig)
         print(f"skip {name}: {why_skipped} in any run")
         return
     ax.legend(fontsize=8, loc="best")
@@ -395,7 +404,7 @@ def plot_points(path, title, xlabel, ylabel, curves, band=None):
         with files.output_path(path) as tmp:
             fig.savefig(tmp, dpi=OUTPUT["dpi"])
     finally:
-        plt.close(fig)
+        pyplot().close(fig)
     return path
 
 
