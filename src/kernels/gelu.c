@@ -85,7 +85,7 @@ GELU_LANES(16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_add_ps, _mm512_
  * FMA, else the portable one (other bits: no fused steps). */
 static void gelu_bias_forward_row(float *out, float *tanh_saved, float *pre, const float *bias, int dim) {
 #if FAST_EXP8_AVAILABLE
-    if (tile_gemm_wide() && __builtin_cpu_supports("avx512f")) {
+    if (tile_gemm_avx512()) {
         gelu_row16(out, tanh_saved, pre, bias, dim);
         return;
     }

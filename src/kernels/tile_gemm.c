@@ -32,6 +32,16 @@ bool tile_gemm_wide(void) {
 #endif
 }
 
+bool tile_gemm_avx512(void) {
+#if TILE_GEMM_WIDE
+    static int cpu = -1; /* asked once: the tiles ask per call */
+    if (cpu < 0) cpu = __builtin_cpu_supports("avx512f");
+    return cpu && tile_gemm_wide();
+#else
+    return false;
+#endif
+}
+
 bool tile_gemm_available(void) {
 #if TILE_GEMM_AVX2
     return enabled && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -207,7 +217,7 @@ void tile_gemm(int m, int n, int k, float alpha, const float *a, ptrdiff_t a_row
                ptrdiff_t ldb, bool accumulate, float *c, ptrdiff_t ldc) {
     bool avx2 = tile_gemm_available(), wide = tile_gemm_wide();
 #if TILE_GEMM_WIDE
-    bool avx512 = wide && __builtin_cpu_supports("avx512f");
+    bool avx512 = tile_gemm_avx512();
 #endif
     tile_block t = {
         .k = k, .alpha = alpha, .a_row = a_row, .a_col = a_col, .ldb = ldb, .accumulate = accumulate, .ldc = ldc};
@@ -266,8 +276,7 @@ __attribute__((target("avx512f"))) static void transpose_avx512(float *dst, ptrd
 
 void tile_gemm_transpose(float *dst, ptrdiff_t ld_dst, const float *src, ptrdiff_t ld_src, int rows, int cols) {
 #if TILE_GEMM_WIDE
-    /* the wide kernel's switch (the tests turn it off), on a CPU that has AVX-512F */
-    if (tile_gemm_wide() && __builtin_cpu_supports("avx512f")) {
+    if (tile_gemm_avx512()) {
         transpose_avx512(dst, ld_dst, src, ld_src, rows, cols);
         return;
     }

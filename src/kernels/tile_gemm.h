@@ -23,6 +23,11 @@ void tile_gemm_set_enabled(bool enabled);
  * -1 goes back to the CPU's). Both kernels give the same bits. */
 bool tile_gemm_wide(void);
 void tile_gemm_set_wide(int choice);
+/* True where the kernels' 16-lane AVX-512 forms run (the wide products,
+ * the tiles' transposes and exponentials, GELU): tile_gemm_wide on a CPU
+ * that has AVX-512F. The tests may force tile_gemm_wide on a CPU without
+ * it, which then runs the wide products' AVX2 build and the 8-lane forms. */
+bool tile_gemm_avx512(void);
 
 /* C[m x n] = alpha A B, or C += alpha A B with accumulate, where A's element
  * (i, p) is a[i * a_row + p * a_col], B's element (p, j) is b[p * ldb + j]

@@ -213,21 +213,13 @@ __attribute__((target("avx512f,avx2,fma"))) static void tile_maxima_avx512(float
     }
     if (full < rows) tile_maxima(mx, m, st, full, rows, keys, i0, j0, mask);
 }
-
-/* Where the exponentials run on AVX-512: with the wide products
- * (tile_gemm_wide, which the tests switch) on a CPU that has AVX-512F. */
-bool tiled_exp16_here(void) {
-    static int cpu = -1;
-    if (cpu < 0) cpu = __builtin_cpu_supports("avx512f");
-    return cpu && tile_gemm_wide();
-}
 #endif
 
 /* Where bf16's exponentials write the P operand themselves: vdpbf16ps
  * and AVX-512 exponentials both run. */
 static bool fused_pairs(const tiled_scratch *s) {
 #if FAST_EXP8_AVAILABLE
-    return s->bf16 && tiled_exp16_here() && tile_gemm_bf16_native();
+    return s->bf16 && tile_gemm_avx512() && tile_gemm_bf16_native();
 #else
     (void)s;
     return false;
@@ -241,7 +233,7 @@ static bool fused_pairs(const tiled_scratch *s) {
  * key yet keeps m = -inf, l = 0. */
 static void online_tile(const tiled_scratch *s, int rows, int keys, int i0, int j0, const tiled_mask *mask, int dh) {
 #if FAST_EXP8_AVAILABLE
-    if (tiled_exp16_here()) tile_maxima_avx512(s->mx, s->m, s->st, rows, keys, i0, j0, mask);
+    if (tile_gemm_avx512()) tile_maxima_avx512(s->mx, s->m, s->st, rows, keys, i0, j0, mask);
     else
 #endif
         tile_maxima(s->mx, s->m, s->st, 0, rows, keys, i0, j0, mask);
@@ -251,7 +243,7 @@ static void online_tile(const tiled_scratch *s, int rows, int keys, int i0, int 
     }
 #if FAST_EXP8_AVAILABLE
     if (fused_pairs(s)) tile_exponentials_pairs(s->st, s->sum, s->m, rows, keys, i0, j0, mask, s->pr.p);
-    else if (tiled_exp16_here()) tile_exponentials_avx512(s->st, s->sum, s->m, rows, keys, i0, j0, mask);
+    else if (tile_gemm_avx512()) tile_exponentials_avx512(s->st, s->sum, s->m, rows, keys, i0, j0, mask);
     else if (tile_gemm_available()) tile_exponentials_avx2(s->st, s->sum, s->m, 0, rows, keys, i0, j0, mask);
     else
 #endif

@@ -156,7 +156,7 @@ static void score_gradient_bf16(float *p, float *dp, const float *D, int rows, i
 /* The tile's probabilities exp(s - lse), in place of its scores. */
 static void tile_probabilities(float *p, const float *lse, int rows, int keys, int i0, int j0, const tiled_mask *mask) {
 #if FAST_EXP8_AVAILABLE
-    if (tiled_exp16_here()) recompute_probabilities_avx512(p, lse, rows, keys, i0, j0, mask);
+    if (tile_gemm_avx512()) recompute_probabilities_avx512(p, lse, rows, keys, i0, j0, mask);
     else if (tile_gemm_available()) recompute_probabilities_avx2(p, lse, rows, keys, i0, j0, mask);
     else
 #endif

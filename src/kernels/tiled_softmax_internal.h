@@ -152,9 +152,5 @@ tiled_interleave16(__m512 a, __m512 b) {
                                            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     return _mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh(b, a));
 }
-
-/* Where the exponentials run on AVX-512: with the wide products
- * (tile_gemm_wide, which the tests switch) on a CPU that has AVX-512F. */
-bool tiled_exp16_here(void);
 #endif
 #endif
