@@ -276,6 +276,8 @@ def test_bench_speed(momfmm, workdir, report):
     goals = re.findall(r"^goal: (.+): (met|MISSED)$", out, re.M)
     report.check("a verdict for each goal the set-ups measure (bf16 speed, attention, peak; fp32 peak; 2 threads)",
                  len(goals) == 5, str(goals))
+    report.check("each goal's printed figure sits on its verdict's side of the line", not goals_at_odds(out),
+                 str(goals_at_odds(out)))
     core = min(os.sched_getaffinity(0))
     pinned = run([PYTHON, SPEED, ini, "--binary", momfmm, "--rounds", "1", "--steps", "1", "--setups", "fp32",
                   "--cores", str(core)], timeout=300)
@@ -309,6 +311,49 @@ def test_bench_speed(momfmm, workdir, report):
         bad = run([PYTHON, SPEED, ini, "--binary", momfmm, *args] if "--binary" not in args else [PYTHON, SPEED, ini, *args])
         report.check(f"bench_speed.py {' '.join(args)}: exit 2, one line", bad.returncode == 2 and needle in bad.stderr
                      and len(bad.stderr.strip().splitlines()) == 1, bad.stderr[-300:])
+
+
+GOAL = re.compile(r"^goal: .*?(>=|<=) ([0-9.]+)(?:x|%) .*\(measured ([-0-9.a-z]+)(?:x|%)\): (met|MISSED)$", re.M)
+
+
+def goals_at_odds(out):
+    """The goal lines whose printed figure, read back, is not on the side of the line their verdict says."""
+    odd = []
+    for op, line, figure, verdict in GOAL.findall(out):
+        value, line = float(figure), float(line)
+        if (value >= line if op == ">=" else value <= line) != (verdict == "met"):
+            odd.append(f"{op} {line}: {figure} {verdict}")
+    return odd
+
+
+def test_bench_speed_at_the_lines(workdir, report):
+    """bench_speed.py's goal lines where a figure lies just short of its line (a stand-in for momfmm bench prints
+    fixed figures: two threads 1.8996x one, bf16 attention 0.6004x fp32's, 74.996% of the bf16 peak, and bf16
+    1.75x fp32 exactly): each printed with the decimals that keep it on its verdict's side (1.8996, never 1.90
+    beside MISSED), a figure on the line met."""
+    fake = os.path.join(workdir, "fake_bench")
+    with open(fake, "w") as f:
+        f.write("""#!/bin/sh
+case "$*" in *train.precision=bf16*) tok=1750 att=6.004 gflops=74.996 ;;
+*) att=10 gflops=79.996; if [ "$OMP_NUM_THREADS" = 2 ]; then tok=1899.6; else tok=1000; fi ;; esac
+echo "bench tokens_per_s=$tok ms_per_step=100 gflops=$gflops allreduce_wait_ms=0"
+echo "bench peak fp32_fma_gflops=100.0 (stand-in) fraction_of_peak=0"
+echo "bench peak bf16_gflops=100.0 (stand-in)"
+echo "bench phases of the median step (100.0 ms): forward linear 80.0 ms (80.0%) | forward attention $att ms (6.0%)\
+ | backward attention 0.0 ms (0.0%) | other 10.0 ms (10.0%)"
+""")
+    os.chmod(fake, 0o755)
+    ini = os.path.join(ROOT, "configs", "bench_d256.ini")
+    r = run([PYTHON, SPEED, ini, "--binary", fake, "--rounds", "1", "--steps", "1", "--setups", "fp32,bf16,fp32@2"],
+            timeout=120)
+    out = r.stdout
+    for needle in ("bf16 >= 1.75x fp32 tokens/s (measured 1.75x): met",
+                   "bf16 attention <= 0.6x fp32's (measured 0.6004x): MISSED",
+                   "bf16 >= 75% of the bf16 peak (measured 74.996%): MISSED",
+                   "fp32@2 >= 1.9x fp32 (measured 1.8996x): MISSED"):
+        report.check(f"goal line '{needle}'", r.returncode == 0 and needle in out, out[-700:] + r.stderr[-300:])
+    report.check("the fp32 peak's goal line on its verdict's side too, and five goal lines",
+                 len(GOAL.findall(out)) == 5 and not goals_at_odds(out), out[-700:])
 
 
 def test_bench_launchers(momfmm, workdir, report):
