@@ -30,6 +30,7 @@ skipped with a warning). Each figure is written whole, beside its name and renam
 through a symbolic link or onto a FIFO or device (momfmm.files.output_path). Exit 3 for a missing
 or corrupt file (naming it), 2 for a command-line error; one line on stderr.
 """
+import functools
 import math
 import os
 import sys
@@ -48,10 +49,12 @@ LINE_STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
+@functools.cache
 def pyplot():
     """matplotlib.pyplot on the Agg backend, imported at the first figure drawn rather than with
-    this module: the results report imports it for its figures' names, and a run that draws none
-    (--no-figures, an error, --help) started 0.3 s later for pyplot alone."""
+    this module (and once: the backend set once): the results report imports it for its figures'
+    names, and a run that draws none (--no-figures, an error, --help) started 0.3 s later for
+    pyplot alone."""
     import matplotlib
 
     matplotlib.use("Agg")
