@@ -19,20 +19,11 @@
 #include "data/tokenizer.h"
 #include "test_util.h"
 
-static char workdir[] = "/tmp/test_data_XXXXXX";
 /* A byte-level corpus of data.path, every file of a directory. */
 static const corpus_options BYTES = {"data.path", CORPUS_AUTO, 256, "", ""};
 
-static const char *path_in(const char *name) {
-    static char path[4][512];
-    static int next;
-    next = (next + 1) % 4;
-    snprintf(path[next], sizeof path[next], "%s/%s", workdir, name);
-    return path[next];
-}
-
 static void write_file(const char *name, char fill, int size) {
-    FILE *f = fopen(path_in(name), "wb");
+    FILE *f = fopen(test_path(name), "wb");
     for (int i = 0; i < size; i++) fputc(fill, f);
     fclose(f);
 }
@@ -52,8 +43,8 @@ static config config_with(const char *const *overrides) {
  * c/.hidden (skipped), c/empty (skipped). Sorted by full path: "a-1.txt" <
  * "a/z.txt" ('-' < '/') < "b.txt". */
 static void make_corpus(void) {
-    mkdir(path_in("c"), 0755);
-    mkdir(path_in("c/a"), 0755);
+    mkdir(test_path("c"), 0755);
+    mkdir(test_path("c/a"), 0755);
     write_file("c/b.txt", 'b', 300);
     write_file("c/a/z.txt", 'z', 200);
     write_file("c/a-1.txt", '1', 100);
@@ -64,7 +55,7 @@ static void make_corpus(void) {
 static void test_corpus(void) {
     corpus c;
     status st;
-    int rc = corpus_open(&c, path_in("c"), &BYTES, &st);
+    int rc = corpus_open(&c, test_path("c"), &BYTES, &st);
     if (!test_check(rc == 0, "corpus: directory opens", rc ? "%s" : NULL, st.message)) return;
     if (!test_check(c.n_docs == 3, "corpus: 3 documents (hidden and empty skipped)", "%d", c.n_docs)) return;
     test_check(strstr(c.docs[0].path, "a-1.txt") && strstr(c.docs[1].path, "a/z.txt") &&
@@ -83,16 +74,16 @@ static void test_corpus(void) {
     test_check(eval_start == c.docs[1].start, "corpus: at least one document in each split", NULL);
     corpus_close(&c);
 
-    test_check(corpus_open(&c, path_in("c/b.txt,"), &BYTES, &st) == EXIT_BAD_FILE && strstr(st.message, "empty path"),
+    test_check(corpus_open(&c, test_path("c/b.txt,"), &BYTES, &st) == EXIT_BAD_FILE && strstr(st.message, "empty path"),
                "corpus: an empty item of a comma list refused", NULL);
     char list[1100];
-    snprintf(list, sizeof list, "%s,%s", path_in("c/b.txt"), path_in("c/a"));
+    snprintf(list, sizeof list, "%s,%s", test_path("c/b.txt"), test_path("c/a"));
     test_check(corpus_open(&c, list, &BYTES, &st) == 0 && c.n_docs == 2 && strstr(c.docs[0].path, "b.txt") &&
                    c.size == 501,
                "corpus: comma list opens", NULL);
     corpus_close(&c);
 
-    test_check(mkfifo(path_in("fifo"), 0644) == 0, "corpus: a fifo to refuse is made", NULL);
+    test_check(mkfifo(test_path("fifo"), 0644) == 0, "corpus: a fifo to refuse is made", NULL);
     struct {
         const char *name, *why;
     } bad[] = {{"missing.txt", "No such file"},
@@ -102,13 +93,13 @@ static void test_corpus(void) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char name[128];
         snprintf(name, sizeof name, "corpus: %s refused, naming it", bad[i].name);
-        rc = corpus_open(&c, path_in(bad[i].name), &BYTES, &st);
+        rc = corpus_open(&c, test_path(bad[i].name), &BYTES, &st);
         test_check(rc == EXIT_BAD_FILE && strstr(st.message, bad[i].name) && strstr(st.message, bad[i].why), name,
                    NULL);
     }
-    mkdir(path_in("hollow"), 0755);
+    mkdir(test_path("hollow"), 0755);
     write_file("hollow/.only_hidden", 'x', 10);
-    test_check(corpus_open(&c, path_in("hollow"), &BYTES, &st) == EXIT_BAD_FILE && strstr(st.message, "hollow"),
+    test_check(corpus_open(&c, test_path("hollow"), &BYTES, &st) == EXIT_BAD_FILE && strstr(st.message, "hollow"),
                "corpus: directory without documents refused", NULL);
 }
 
@@ -116,7 +107,7 @@ static void test_corpus(void) {
  * samples are a pure function of their key. */
 static void test_text_split(void) {
     char path[600];
-    snprintf(path, sizeof path, "data.path=%s", path_in("c"));
+    snprintf(path, sizeof path, "data.path=%s", test_path("c"));
     const char *overrides[] = {
         "data.task=text", "model.vocab_size=256", "data.seq_len=64", "data.eval_fraction=0.4", path, NULL};
     config cfg = config_with(overrides);
@@ -357,11 +348,11 @@ static void test_listops_limits(void) {
                {"[MAX 1 2 ]\t\n", "Target ''"},
                {"[MAX 1 x ]\t2\n", "Source"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        FILE *f = fopen(path_in("bad.tsv"), "w");
+        FILE *f = fopen(test_path("bad.tsv"), "w");
         fprintf(f, "Source\tTarget\n[MIN 1 2 ]\t1\n%s", bad[i].row);
         fclose(f);
         char path[600], name[128];
-        snprintf(path, sizeof path, "data.path=%s", path_in("bad.tsv"));
+        snprintf(path, sizeof path, "data.path=%s", test_path("bad.tsv"));
         const char *tsv[] = {"data.task=listops", "model.head=cls", "data.seq_len=16", path, NULL};
         cfg = config_with(tsv);
         snprintf(name, sizeof name, "listops TSV: %s refused naming file:line", bad[i].why);
@@ -514,7 +505,7 @@ static void test_tokenizer_whole_or_refused(void) {
 }
 
 int main(void) {
-    if (!test_check(mkdtemp(workdir) != NULL, "scratch directory made", NULL)) return test_summary("test_data");
+    if (!test_scratch_make("test_data")) return test_summary("test_data");
     make_corpus();
     test_corpus();
     test_text_split();
@@ -526,8 +517,6 @@ int main(void) {
     test_exp();
     test_exp8();
     test_tokenizer_whole_or_refused();
-    char command[600];
-    snprintf(command, sizeof command, "rm -rf %s", workdir);
-    test_check(system(command) == 0, "scratch directory removed", NULL);
+    test_scratch_remove();
     return test_summary("test_data");
 }

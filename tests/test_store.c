@@ -13,18 +13,8 @@
 #include "store/store.h"
 #include "test_util.h"
 
-static char workdir[] = "/tmp/test_store_XXXXXX";
-
-static const char *path_in(const char *name) {
-    static char path[4][512];
-    static int next;
-    next = (next + 1) % 4;
-    snprintf(path[next], sizeof path[next], "%s/%s", workdir, name);
-    return path[next];
-}
-
 static void touch(const char *name) {
-    FILE *f = fopen(path_in(name), "w");
+    FILE *f = fopen(test_path(name), "w");
     if (f) fclose(f);
 }
 
@@ -122,7 +112,7 @@ static void test_name_property(void) {
 
 /* store_list orders by value whatever the widths (step 10^8 has nine digits). */
 static void test_listing_order(void) {
-    mkdir(path_in("order"), 0755);
+    mkdir(test_path("order"), 0755);
     long long steps[] = {7, 99999999, 100000000, 1000000000, 5, 123456789012LL, 0};
     for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
         char name[64];
@@ -133,7 +123,7 @@ static void test_listing_order(void) {
     touch("order/ckpt_1e3.h5");
     touch("order/ckpt_-1.h5");
     store_listing l;
-    store_list(path_in("order"), &l);
+    store_list(test_path("order"), &l);
     bool sorted = l.n == 7;
     long long previous = -1;
     for (int i = 0; i < l.n && sorted; i++) {
@@ -158,7 +148,7 @@ static void test_stale_temporaries(void) {
                           "notes.tmp.1",
                           "best.h5.tmp.-1",
                           "ckpt_99999999999999999999.h5.tmp.1"};
-    mkdir(path_in("run"), 0755);
+    mkdir(test_path("run"), 0755);
     char name[128];
     for (size_t i = 0; i < 3; i++) {
         snprintf(name, sizeof name, "run/%s", stale[i]);
@@ -169,29 +159,27 @@ static void test_stale_temporaries(void) {
         touch(name);
     }
     status st;
-    int rc = store_open_run(path_in("run"), true, false, &st);
+    int rc = store_open_run(test_path("run"), true, false, &st);
     test_check(rc == 0, "a run opens the directory", rc ? "%s" : NULL, st.message);
     int removed = 0, left = 0;
     for (size_t i = 0; i < 3; i++) {
         snprintf(name, sizeof name, "run/%s", stale[i]);
-        removed += access(path_in(name), F_OK) != 0;
+        removed += access(test_path(name), F_OK) != 0;
     }
     for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++) {
         snprintf(name, sizeof name, "run/%s", kept[i]);
-        left += access(path_in(name), F_OK) == 0;
+        left += access(test_path(name), F_OK) == 0;
     }
     test_check(removed == 3, "start: the 3 temporaries of interrupted writes are removed", "%d", removed);
     test_check(left == 7, "start: the 7 names that are not temporaries are kept", "%d", left);
 }
 
 int main(void) {
-    if (!mkdtemp(workdir)) return 1;
+    if (!test_scratch_make("test_store")) return test_summary("test_store");
     test_name_table();
     test_name_property();
     test_listing_order();
     test_stale_temporaries();
-    char cleanup[128];
-    snprintf(cleanup, sizeof cleanup, "rm -rf %s", workdir);
-    if (system(cleanup) != 0) test_skip("cleanup", workdir);
+    test_scratch_remove();
     return test_summary("test_store");
 }

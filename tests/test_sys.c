@@ -18,25 +18,15 @@
 #include "base/sys.h"
 #include "test_util.h"
 
-static char workdir[] = "/tmp/test_sys_XXXXXX";
-
-static const char *path_in(const char *name) {
-    static char path[4][256];
-    static int next;
-    next = (next + 1) % 4;
-    snprintf(path[next], sizeof path[next], "%s/%s", workdir, name);
-    return path[next];
-}
-
 static void write_file(const char *name, const char *text) {
-    FILE *f = fopen(path_in(name), "w");
+    FILE *f = fopen(test_path(name), "w");
     fputs(text, f);
     fclose(f);
 }
 
 static char *read_file(const char *name) {
     static char text[64];
-    FILE *f = fopen(path_in(name), "r");
+    FILE *f = fopen(test_path(name), "r");
     size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
     text[n] = '\0';
     if (f) fclose(f);
@@ -46,7 +36,7 @@ static char *read_file(const char *name) {
 /* A unix socket bound at `name` (the descriptor stays open for the test). */
 static void make_socket(const char *name) {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", path_in(name));
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", test_path(name));
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
     test_check(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0, "a socket to refuse is made", NULL);
 }
@@ -55,17 +45,17 @@ static void make_socket(const char *name) {
 static void make_kinds(void) {
     const char *names[] = {"regular", "link", "dangling", "fifo", "fifo_link", "dir", "dir_link", "sock", "target"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        unlink(path_in(names[i]));
-        rmdir(path_in(names[i]));
+        unlink(test_path(names[i]));
+        rmdir(test_path(names[i]));
     }
     write_file("regular", "regular bytes");
     write_file("target", "target bytes");
-    symlink(path_in("target"), path_in("link"));
-    symlink(path_in("nowhere"), path_in("dangling"));
-    mkfifo(path_in("fifo"), 0644);
-    symlink(path_in("fifo"), path_in("fifo_link"));
-    mkdir(path_in("dir"), 0755);
-    symlink(path_in("dir"), path_in("dir_link"));
+    symlink(test_path("target"), test_path("link"));
+    symlink(test_path("nowhere"), test_path("dangling"));
+    mkfifo(test_path("fifo"), 0644);
+    symlink(test_path("fifo"), test_path("fifo_link"));
+    mkdir(test_path("dir"), 0755);
+    symlink(test_path("dir"), test_path("dir_link"));
     make_socket("sock");
 }
 
@@ -84,11 +74,11 @@ static const struct {
     {"sock", NO, NO, NO, NO, NO, "socket"},         {"/dev/null", NO, NO, NO, NO, NO, "character device"},
 };
 
-static const char *case_path(const char *kind) { return kind[0] == '/' ? kind : path_in(kind); }
+static const char *case_path(const char *kind) { return kind[0] == '/' ? kind : test_path(kind); }
 
 static void check_open(const char *kind, sys_open_how how, const char *mode, int expected, const char *needle) {
     make_kinds();
-    unlink(path_in("absent"));
+    unlink(test_path("absent"));
     status st = {0};
     double start = sys_seconds();
     int fd = sys_open_file(case_path(kind), how, "test file", &st);
@@ -131,11 +121,11 @@ static void test_kinds(void) {
  * file created, and sys_same_file sees the swap. */
 static void test_descriptor_path(void) {
     make_kinds();
-    unlink(path_in("new"));
+    unlink(test_path("new"));
     status st;
-    int fd = sys_open_file(path_in("new"), SYS_CREATE, NULL, &st);
+    int fd = sys_open_file(test_path("new"), SYS_CREATE, NULL, &st);
     if (!test_check(fd >= 0, "create a new file", fd < 0 ? "%s" : NULL, st.message)) return;
-    test_check(sys_same_file(fd, path_in("new")), "the path is the file created", NULL);
+    test_check(sys_same_file(fd, test_path("new")), "the path is the file created", NULL);
     char buf[64];
     const char *name = sys_descriptor_path(fd, buf, sizeof buf);
     if (!name) {
@@ -143,9 +133,9 @@ static void test_descriptor_path(void) {
         close(fd);
         return;
     }
-    rename(path_in("new"), path_in("moved"));
-    symlink(path_in("target"), path_in("new"));
-    test_check(!sys_same_file(fd, path_in("new")), "a link swapped in is seen", NULL);
+    rename(test_path("new"), test_path("moved"));
+    symlink(test_path("target"), test_path("new"));
+    test_check(!sys_same_file(fd, test_path("new")), "a link swapped in is seen", NULL);
     FILE *f = fopen(name, "w");
     if (f) {
         fputs("through the descriptor", f);
@@ -154,16 +144,14 @@ static void test_descriptor_path(void) {
     test_check(!strcmp(read_file("moved"), "through the descriptor") && !strcmp(read_file("target"), "target bytes"),
                "the /proc name writes the file created, not the link", NULL);
     close(fd);
-    unlink(path_in("new"));
-    unlink(path_in("moved"));
+    unlink(test_path("new"));
+    unlink(test_path("moved"));
 }
 
 int main(void) {
-    if (!mkdtemp(workdir)) return 1;
+    if (!test_scratch_make("test_sys")) return test_summary("test_sys");
     test_kinds();
     test_descriptor_path();
-    char cleanup[128];
-    snprintf(cleanup, sizeof cleanup, "rm -rf %s", workdir);
-    if (system(cleanup) != 0) test_skip("cleanup", workdir);
+    test_scratch_remove();
     return test_summary("test_sys");
 }

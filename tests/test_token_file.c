@@ -15,20 +15,10 @@
 #include "data/token_file.h"
 #include "test_util.h"
 
-static char workdir[] = "/tmp/test_token_file_XXXXXX";
-
-static const char *path_in(const char *name) {
-    static char path[4][512];
-    static int next;
-    next = (next + 1) % 4;
-    snprintf(path[next], sizeof path[next], "%s/%s", workdir, name);
-    return path[next];
-}
-
 /* n uint16 tokens 7*i mod 1000, after llm.c's header when header_version > 0
  * (declaring `declared` tokens), little-endian as both writers make them. */
 static void write_tokens(const char *name, int n, int header_version, int declared) {
-    FILE *f = fopen(path_in(name), "wb");
+    FILE *f = fopen(test_path(name), "wb");
     if (header_version > 0) {
         int32_t header[256] = {TOKEN_FILE_LLMC_MAGIC, header_version, declared};
         fwrite(header, sizeof header, 1, f);
@@ -41,7 +31,7 @@ static void write_tokens(const char *name, int n, int header_version, int declar
 }
 
 static void write_text(const char *name, const char *text, size_t n) {
-    FILE *f = fopen(path_in(name), "wb");
+    FILE *f = fopen(test_path(name), "wb");
     fwrite(text, 1, n, f);
     fclose(f);
 }
@@ -49,13 +39,13 @@ static void write_text(const char *name, const char *text, size_t n) {
 static corpus_options tokens_of(int format, int vocab) { return (corpus_options){"data.path", format, vocab, "", ""}; }
 
 static void test_token_layouts(void) {
-    mkdir(path_in("tok"), 0755);
+    mkdir(test_path("tok"), 0755);
     write_tokens("tok/a_llmc.bin", 300, 1, 300);
     write_tokens("tok/b_nanogpt.bin", 200, 0, 0);
     corpus c;
     status st;
     corpus_options opt = tokens_of(CORPUS_AUTO, 1000);
-    int rc = corpus_open(&c, path_in("tok"), &opt, &st);
+    int rc = corpus_open(&c, test_path("tok"), &opt, &st);
     if (!test_check(rc == 0, "tokens: llm.c and nanoGPT files open", rc ? "%s" : NULL, st.message)) return;
     test_check(c.format == CORPUS_TOKENS && c.n_docs == 2 && c.size == 500 && c.separator == 0,
                "tokens: 500 tokens, no separator", "%lld", c.size);
@@ -69,7 +59,7 @@ static void test_token_layouts(void) {
     corpus_close(&c);
 
     opt = tokens_of(CORPUS_AUTO, 990); /* 7 * 142 = 994 is the first id out of range */
-    rc = corpus_open(&c, path_in("tok/b_nanogpt.bin"), &opt, &st);
+    rc = corpus_open(&c, test_path("tok/b_nanogpt.bin"), &opt, &st);
     test_check(rc == EXIT_BAD_FILE && strstr(st.message, "b_nanogpt.bin") &&
                    strstr(st.message, "token id 994 at token 142") && strstr(st.message, "byte offset 284"),
                "tokens: an id >= vocab_size refused at open, naming the file and offset", "%s", st.message);
@@ -94,20 +84,21 @@ static void test_bad_token_files(void) {
         corpus_options opt = tokens_of(bad[i].format, bad[i].vocab);
         char name[128];
         snprintf(name, sizeof name, "tokens: %s refused (%s)", bad[i].name, bad[i].why);
-        int rc = corpus_open(&c, path_in(bad[i].name), &opt, &st);
+        int rc = corpus_open(&c, test_path(bad[i].name), &opt, &st);
         test_check(rc == bad[i].code && strstr(st.message, bad[i].name) && strstr(st.message, bad[i].why), name, "%s",
                    st.message);
     }
     corpus c;
     status st;
     corpus_options opt = tokens_of(CORPUS_BYTES, 256); /* data.format = bytes reads a .bin as text */
-    test_check(corpus_open(&c, path_in("odd.bin"), &opt, &st) == 0 && c.size == 3, "tokens: bytes reads a .bin", NULL);
+    test_check(corpus_open(&c, test_path("odd.bin"), &opt, &st) == 0 && c.size == 3, "tokens: bytes reads a .bin",
+               NULL);
     corpus_close(&c);
 }
 
 static void test_walk(void) {
-    mkdir(path_in("w"), 0755);
-    mkdir(path_in("w/__pycache__"), 0755);
+    mkdir(test_path("w"), 0755);
+    mkdir(test_path("w/__pycache__"), 0755);
     write_text("w/a.txt", "first document", 14);
     write_text("w/b.py", "second = 2", 10);
     write_text("w/__pycache__/b.pyc", "compiled", 8);
@@ -115,37 +106,36 @@ static void test_walk(void) {
                "\x7f"
                "ELF\0\0",
                6);
-    test_check(symlink(path_in("w/gone.txt"), path_in("w/dangling.txt")) == 0, "walk: a dangling link is made", NULL);
+    test_check(symlink(test_path("w/gone.txt"), test_path("w/dangling.txt")) == 0, "walk: a dangling link is made",
+               NULL);
     corpus c;
     status st;
     corpus_options opt = {"data.path", CORPUS_AUTO, 256, "", "__pycache__/*"};
-    int rc = corpus_open(&c, path_in("w"), &opt, &st);
+    int rc = corpus_open(&c, test_path("w"), &opt, &st);
     if (!test_check(rc == 0, "walk: opens despite a dangling link and a binary", rc ? "%s" : NULL, st.message)) return;
     test_check(c.n_docs == 2 && c.n_skipped == 2 && c.size == 14 + 1 + 10,
                "walk: binary and dangling skipped and counted, .pyc excluded", "%d docs, %d skipped", c.n_docs,
                c.n_skipped);
     corpus_close(&c);
     opt = (corpus_options){"data.path", CORPUS_AUTO, 256, "*.py,*.txt", ""};
-    test_check(corpus_open(&c, path_in("w"), &opt, &st) == 0 && c.n_docs == 2, "walk: data.include", NULL);
+    test_check(corpus_open(&c, test_path("w"), &opt, &st) == 0 && c.n_docs == 2, "walk: data.include", NULL);
     corpus_close(&c);
     opt = (corpus_options){"data.eval_path", CORPUS_AUTO, 256, "*.md", ""};
-    rc = corpus_open(&c, path_in("w"), &opt, &st);
+    rc = corpus_open(&c, test_path("w"), &opt, &st);
     test_check(rc == EXIT_BAD_FILE && strstr(st.message, "data.eval_path") && strstr(st.message, "data.include"),
                "walk: nothing left is fatal, naming the key and the filters", "%s", st.message);
     write_tokens("w/t.bin", 10, 0, 0);
     opt = (corpus_options){"data.path", CORPUS_AUTO, 256, "", ""};
-    rc = corpus_open(&c, path_in("w"), &opt, &st);
+    rc = corpus_open(&c, test_path("w"), &opt, &st);
     test_check(rc == EXIT_BAD_FILE && strstr(st.message, "among"), "walk: token and text files mixed refused", "%s",
                st.message);
 }
 
 int main(void) {
-    if (!test_check(mkdtemp(workdir) != NULL, "scratch directory made", NULL)) return test_summary("test_token_file");
+    if (!test_scratch_make("test_token_file")) return test_summary("test_token_file");
     test_token_layouts();
     test_bad_token_files();
     test_walk();
-    char command[600];
-    snprintf(command, sizeof command, "rm -rf %s", workdir);
-    test_check(system(command) == 0, "scratch directory removed", NULL);
+    test_scratch_remove();
     return test_summary("test_token_file");
 }

@@ -8,6 +8,8 @@
  *   test_within(name, err, bound)          an error against its bound (NaN fails)
  *   test_skip(name, why)                   a check this build or CPU cannot run
  *   fd_check(...)                          central finite differences (below)
+ *   test_scratch_make(suite), test_path(name), test_scratch_remove()
+ *                                          a scratch directory for files (below)
  *   test_summary(suite)                    prints the counts, returns the status
  *
  * Everything is static inline: each test is one translation unit with its
@@ -73,6 +75,37 @@ static inline int test_summary(const char *suite) {
         printf("%s: %d checks, %d failed%s\n", suite, test_counts.checks, test_counts.failed,
                test_counts.checks == 0 ? " (no check ran)" : "");
     return test_counts.checks > 0 && test_counts.failed == 0 ? 0 : 1;
+}
+
+/* ---- A scratch directory for the tests that write files ----
+ * One a test binary: test_scratch_make("test_x") makes a fresh
+ * /tmp/test_x_XXXXXX, test_path("name") names a file in it, and
+ * test_scratch_remove() removes it with everything in it; making and
+ * removing it are checks. The last four paths test_path returned stay
+ * valid, so that one call may take several. */
+static inline char *test_scratch_dir(void) {
+    static char dir[128];
+    return dir;
+}
+
+static inline bool test_scratch_make(const char *suite) {
+    char *dir = test_scratch_dir();
+    snprintf(dir, 128, "/tmp/%s_XXXXXX", suite);
+    return test_check(mkdtemp(dir) != NULL, "scratch directory made", "%s", dir);
+}
+
+static inline const char *test_path(const char *name) {
+    static char path[4][512];
+    static int next;
+    next = (next + 1) % 4;
+    snprintf(path[next], sizeof path[next], "%s/%s", test_scratch_dir(), name);
+    return path[next];
+}
+
+static inline void test_scratch_remove(void) {
+    char command[160];
+    snprintf(command, sizeof command, "rm -rf '%s'", test_scratch_dir());
+    test_check(system(command) == 0, "scratch directory removed", "%s", test_scratch_dir());
 }
 
 /* ---- Central finite differences against an analytic gradient ----
