@@ -78,19 +78,21 @@ static inline int test_summary(const char *suite) {
 }
 
 /* ---- A scratch directory for the tests that write files ----
- * One a test binary: test_scratch_make("test_x") makes a fresh
+ * One per test binary: test_scratch_make("test_x") makes a fresh
  * /tmp/test_x_XXXXXX, test_path("name") names a file in it, and
  * test_scratch_remove() removes it with everything in it; making and
  * removing it are checks. The last four paths test_path returned stay
  * valid, so that one call may take several. */
+enum { TEST_SCRATCH_MAX = 128 };
+
 static inline char *test_scratch_dir(void) {
-    static char dir[128];
+    static char dir[TEST_SCRATCH_MAX];
     return dir;
 }
 
 static inline bool test_scratch_make(const char *suite) {
     char *dir = test_scratch_dir();
-    snprintf(dir, 128, "/tmp/%s_XXXXXX", suite);
+    snprintf(dir, TEST_SCRATCH_MAX, "/tmp/%s_XXXXXX", suite);
     return test_check(mkdtemp(dir) != NULL, "scratch directory made", "%s", dir);
 }
 
@@ -103,7 +105,7 @@ static inline const char *test_path(const char *name) {
 }
 
 static inline void test_scratch_remove(void) {
-    char command[160];
+    char command[TEST_SCRATCH_MAX + 16];
     snprintf(command, sizeof command, "rm -rf '%s'", test_scratch_dir());
     test_check(system(command) == 0, "scratch directory removed", "%s", test_scratch_dir());
 }
