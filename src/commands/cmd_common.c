@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,7 +127,11 @@ config cmd_load_config(const char *path, int n_overrides, char *const *overrides
     if (config_load_file(&c, path, &st) != 0) cmd_exit_on_status(&st, true);
     for (int i = 0; i < n_overrides; i++)
         if (config_apply_override(&c, overrides[i], &st) != 0) cmd_exit_on_status(&st, true);
-    if (config_check(&c, path, &st) != 0 || config_resolve_data_path(&c, false, &st) != 0)
+    /* the checks of keys against each other name where the values came
+     * from: a clash between the file and a --set is neither's alone */
+    char origin[PATH_MAX + 16]; /* the file opened: its name is within PATH_MAX */
+    snprintf(origin, sizeof origin, "%s%s", path, n_overrides > 0 ? " with --set" : "");
+    if (config_check(&c, origin, &st) != 0 || config_resolve_data_path(&c, false, &st) != 0)
         cmd_exit_on_status(&st, true);
     cmd_record_tokenizer(&c);
     if (dist_watch_start(c.timeout, collective_timed_out, &st) != 0) cmd_fail(st.code, "%s", st.message);

@@ -126,6 +126,30 @@ def test_set_suggestions_and_ranges(momfmm, tmp_path):
     assert not out.exists()
 
 
+
+@pytest.mark.parametrize("command", ["train", "init", "bench", "data"])
+def test_clash_names_the_set(momfmm, tmp_path, command):
+    """A check of keys against each other names the file alone when the file
+    holds both values, and the file "with --set" when a --set gave one: the
+    file's n_heads is 4, so a message naming only the file would send the
+    reader to a value it does not hold. Walks every command that reads a
+    config with --set, and the checks of each kind (model, lr, chain)."""
+    ini = write(tmp_path / "tiny.ini", TINY.format(out_dir=tmp_path / "run"))
+    extra = {"init": ["--out", str(tmp_path / "x.h5")]}.get(command, [])
+    clashes = [("model.n_heads=3", "model.d_model = 32 is not divisible by model.n_heads = 3"),
+               ("train.min_lr=1", "train.min_lr = 1 exceeds train.lr = 0.003"),
+               ("data.chain_len_max=4", "data.chain_len_max = 4 is below data.chain_len = 5")]
+    for assignment, message in clashes:
+        usage_error(run([momfmm, command, ini, *extra, "--set", assignment]), f"tiny.ini with --set: {message}")
+        key, value = assignment.split("=")
+        section, name = key.split(".")
+        text = TINY.format(out_dir=tmp_path / "run")
+        line = f"{name} = {value}\n"
+        text, changed = re.subn(rf"^{name} = .*\n", line, text, flags=re.M)
+        held = write(tmp_path / "held.ini", text if changed else text.replace(f"[{section}]\n", f"[{section}]\n{line}"))
+        usage_error(run([momfmm, command, held, *extra]), f"held.ini: {message}")
+    assert not (tmp_path / "x.h5").exists() and not (tmp_path / "run").exists()
+
 def test_duplicates(momfmm, tmp_path):
     ini = write(tmp_path / "dup.ini", TINY.format(out_dir=tmp_path / "run") + "lr = 0.1\n")
     line = TINY.count("\n") + 1
