@@ -345,12 +345,38 @@ static void commands_taking(const option_spec *o, char *out, size_t len) {
         if (accepts(&COMMANDS[i], o)) n += (size_t)snprintf(out + n, len - n, "%s%s", n ? ", " : "", COMMANDS[i].name);
 }
 
+/* Options that act only beside another: sampling's at temperature 0
+ * (greedy), --segment without --stream, --overwrite with --resume (which
+ * continues the run it would remove), --force with no output to replace.
+ * Given a value other than its default there, one would be ignored without
+ * a word, so it is refused, as a config key of another task is (docs/cli.md
+ * §5); its default passes. */
+static void refuse_idle_options(const command_spec *cmd, const arguments *a, const arguments *defaults) {
+    const char *greedy = "when sampling, with --temperature T > 0 (at 0 generation is greedy)";
+    const struct {
+        bool idle;
+        const char *flag, *needs;
+    } options[] = {
+        {!a->stream && a->segment != defaults->segment, "--segment", "with --stream"},
+        {a->temperature <= 0 && a->top_k != defaults->top_k, "--top-k", greedy},
+        {a->temperature <= 0 && a->top_p != defaults->top_p, "--top-p", greedy},
+        {a->temperature <= 0 && a->seed != defaults->seed, "--seed", greedy},
+        {a->overwrite && a->resume, "--overwrite",
+         "without --resume (it starts at step 0, --resume continues the run)"},
+        {a->force && !a->out && !a->grads, "--force", "with an output file to replace (--grads)"},
+    };
+    for (size_t i = 0; i < sizeof options / sizeof options[0]; i++)
+        if (options[i].idle)
+            cmd_fail_all(EXIT_USAGE, "%s: %s acts only %s", cmd->name, options[i].flag, options[i].needs);
+}
+
 static arguments parse_arguments(const command_spec *cmd, int argc, char **argv) {
     arguments a;
     memset(&a, 0, sizeof a);
     for (size_t o = 0; o < N_OPTIONS; o++)
         if (OPTIONS[o].fallback && accepts(cmd, &OPTIONS[o]))
             apply_option(&a, cmd, &OPTIONS[o], (char *)OPTIONS[o].fallback);
+    const arguments defaults = a;
     bool given[N_OPTIONS] = {false};
     for (int i = 0; i < argc; i++) {
         char *arg = argv[i];
@@ -382,6 +408,7 @@ static arguments parse_arguments(const command_spec *cmd, int argc, char **argv)
         if (strchr(cmd->required, OPTIONS[o].letter) && !given[o])
             cmd_fail_all(EXIT_USAGE, "%s: %s %s is required\n%s", cmd->name, OPTIONS[o].flag, OPTIONS[o].metavar,
                          usage_of(cmd));
+    refuse_idle_options(cmd, &a, &defaults);
     return a;
 }
 

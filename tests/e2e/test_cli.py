@@ -150,6 +150,35 @@ def test_clash_names_the_set(momfmm, tmp_path, command):
         usage_error(run([momfmm, command, held, *extra]), f"held.ini: {message}")
     assert not (tmp_path / "x.h5").exists() and not (tmp_path / "run").exists()
 
+
+def test_options_that_cannot_act(momfmm, tmp_path):
+    """An option that acts only beside another, given without it, exits 2
+    naming both before any file is read (the inputs here do not exist); its
+    default passes, and beside its partner it runs (docs/cli.md §5)."""
+    missing = str(tmp_path / "missing.h5")
+    sampling = "acts only when sampling"
+    for args, needle in [
+            (["eval", missing, "--segment", "4"], "eval: --segment acts only with --stream"),
+            (["generate", missing, "--prompt", "1", "--top-k", "5"], f"generate: --top-k {sampling}"),
+            (["generate", missing, "--prompt", "1", "--top-p", "0.5"], f"generate: --top-p {sampling}"),
+            (["generate", missing, "--prompt", "1", "--seed", "7", "--temperature", "0"],
+             f"generate: --seed {sampling}"),
+            (["train", missing, "--overwrite", "--resume", "auto"], "train: --overwrite acts only without --resume"),
+            (["loss", missing, missing, "--force"], "loss: --force acts only with an output file to replace")]:
+        usage_error(run([momfmm, *args]), needle)
+    ini = write(tmp_path / "tiny.ini", TINY.format(out_dir=tmp_path / "run"))
+    ckpt = tmp_path / "init.h5"
+    assert run([momfmm, "init", ini, "--out", ckpt]).returncode == 0
+    generate = ["generate", ckpt, "--prompt", "1", "--tokens", "2"]
+    for args in ([*generate, "--temperature", "0", "--seed", "0", "--top-k", "0", "--top-p", "1"],
+                 [*generate, "--temperature", "0.5", "--seed", "7", "--top-k", "5", "--top-p", "0.5"],
+                 ["eval", ckpt, "--segment", "1"],
+                 ["eval", ckpt, "--stream", "--segment", "4"]):
+        r = run([momfmm, *args])
+        assert r.returncode == 0, (args, r.stderr)
+    assert not (tmp_path / "run").exists()
+
+
 def test_duplicates(momfmm, tmp_path):
     ini = write(tmp_path / "dup.ini", TINY.format(out_dir=tmp_path / "run") + "lr = 0.1\n")
     line = TINY.count("\n") + 1
