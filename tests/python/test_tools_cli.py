@@ -196,6 +196,16 @@ def test_modes_do_not_mix(tmp_path):
     assert r.returncode == 2
 
 
+def test_results_refuses_a_value_beside_its_off_switch(tmp_path):
+    """--figures DIR with --no-figures, --digests DIR with --no-digests: exit 2 naming both, before
+    anything is read or written (the value would otherwise be ignored without a word)."""
+    for value, off in (("--figures", "--no-figures"), ("--digests", "--no-digests")):
+        where = tmp_path / value.strip("-")
+        r = run([PYTHON, REPORT, "--results", "--runs", str(tmp_path), "--allow-empty", value, str(where), off])
+        assert r.returncode == 2 and f"{value} {where} and {off} contradict each other" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) <= 2 and not where.exists()
+
+
 def test_figure_links_do_not_depend_on_writing_figures(tree, tmp_path):
     """RESULTS.md links the same figures whether it writes them or not (momfmm.plot's
     planned_figures is what write_figures writes)."""

@@ -84,6 +84,20 @@ def fill_defaults(args):
     return args
 
 
+# (an option's value, the switch that turns it off): given both, the value would be ignored
+CONTRARIES = (("figures", "no_figures"), ("digests", "no_digests"))
+
+
+def check_contraries(args):
+    """Raises UsageError for a value given beside the switch that turns it off (--figures DIR with
+    --no-figures, --digests DIR with --no-digests): one of the two would be ignored without a word.
+    Before fill_defaults, which fills the values the user did not give."""
+    for value, off in CONTRARIES:
+        if getattr(args, value) is not None and getattr(args, off):
+            raise UsageError(f"--{value} {getattr(args, value)} and --{off.replace('_', '-')} contradict each "
+                             "other: give one of them")
+
+
 def check_options(args):
     """Raises UsageError for options that do not fit together or name no usable file."""
     if not os.path.isfile(args.suite):
@@ -124,6 +138,7 @@ def write_results(args):
     """The results report of args.suite's runs under args.runs, to args.out (stdout if None),
     figures into args.figures (none if None). Refuses (ReportError) when no run exists: a report
     of nothing but "not run" rows is what a mistyped --runs produces, not something to keep."""
+    check_contraries(args)
     fill_defaults(args)
     check_options(args)
     if args.out is not None:  # before reading anything
