@@ -42,6 +42,41 @@ GEMM_CLASSES = ("forward", "backward_data", "backward_weight")
 GEMM_ENGINES = ("openblas", "onednn-f32", "avx512-f32")
 
 
+# ---------------------------------------------------------------- kinds (src/hdf5/h5kind.c)
+# Which of momfmm's files a file is, by the mark each writer always puts in it (docs/files.md §4,
+# another of momfmm's files), in the order tried: a checkpoint also holds config_ini and /metrics.
+KIND_NAMES = {
+    "checkpoint": "a checkpoint",
+    "metrics": "a run's live metrics (metrics.h5)",
+    "grads": "a gradient file (momfmm loss --grads)",
+    "logits": "a logits file (momfmm logits --out)",
+    "loss_tokens": "a token file of /inputs and /targets (momfmm loss)",
+    "tokens": "a token file of /tokens (momfmm logits, data.path)",
+}
+
+
+def _is_kind(r, kind):
+    if kind == "checkpoint":
+        return r.has_attr("format") or r.exists("/model")
+    if kind == "metrics":
+        return not _is_kind(r, "checkpoint") and (r.has_attr("config_ini") or r.exists("/metrics"))
+    return r.exists({"grads": "/grads", "logits": "/logits", "loss_tokens": "/inputs", "tokens": "/tokens"}[kind])
+
+
+def kind_of(r):
+    """The kind of the file open in Reader r (a key of KIND_NAMES), or None: none of ours."""
+    return next((k for k in KIND_NAMES if _is_kind(r, k)), None)
+
+
+def require_kind(r, wanted):
+    """Fails "<path>: <its kind>, not <wanted>" when the file lacks the mark of `wanted` and holds
+    another kind's; returns otherwise (the reader then names what is missing)."""
+    if not _is_kind(r, wanted):
+        kind = kind_of(r)
+        if kind is not None:
+            r.fail(f"{KIND_NAMES[kind]}, not {KIND_NAMES[wanted]}")
+
+
 # ---------------------------------------------------------------- checkpoints (src/store/checkpoint.c)
 class Checkpoint:
     """Everything a checkpoint file holds (docs/files.md §4), checked as the binary checks it.
@@ -216,6 +251,7 @@ def _read_checkpoint(path, model=True, optim=False, metrics=False):
     asked, /optim (train --resume) and /metrics (inspect). Raises RunError."""
     ck = Checkpoint(path)
     with Reader(path, "checkpoint") as r:
+        require_kind(r, "checkpoint")
         ck.attrs = _read_attributes(r)
         c, text = read_config(r)
         _check_model_fits(r, c)
@@ -251,6 +287,7 @@ def load_tokens(path, config=None):
     positions, ids in [0, V), targets in [-1, V) counting at least one position (lm) or labels in
     [0, n_classes) (cls). Raises RunError naming the file."""
     with Reader(path, "token file") as r:
+        require_kind(r, "loss_tokens")
         dset = r.open_dataset("/inputs")
         dims = tuple(int(d) for d in dset.shape)
         if len(dims) != 2 or dims[0] == 0 or dims[1] == 0:
@@ -355,13 +392,10 @@ def read_metrics_file(path):
     /metrics group, the columns of the config's tables (the rows every column holds: the writer
     extends one column after another). Raises RunError."""
     with Reader(path, "metrics file", swmr=True) as r:
-        if r.has_attr("format"):
-            r.fail("has a root attribute 'format': not a metrics file")
-        if r.exists("/model"):
-            r.fail("has a /model group: not a metrics file")
+        require_kind(r, "metrics")  # a checkpoint, also one that lost its format attribute, is not one
         c, _ = read_config(r)
         if not r.exists("/metrics"):
-            r.fail("no /metrics group: not a metrics file")
+            r.fail("no /metrics group: the metric tables are missing")
         train = read_metric_table(r, "/metrics/train", schema.metric_columns(c, "train"), live=True)
         evals = read_metric_table(r, "/metrics/eval", schema.metric_columns(c, "eval"), live=True)
     return c, train, evals

@@ -49,6 +49,18 @@ def memory_available():
 
 
 # ---------------------------------------------------------------- the hostile-file reader
+def _not_hdf5_reason(path):
+    """Why a file HDF5 does not recognise is not one, from its first bytes (src/hdf5/h5reader.c):
+    a config given in a checkpoint's place reads "a text file", not "corrupt"."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if not head:
+        return "an empty file, not an HDF5 file"
+    if b"\0" not in head:
+        return "a text file, not an HDF5 file"
+    return "not an HDF5 file (truncated or corrupt, or another format)"
+
+
 class Reader:
     """An HDF5 file open for reading with the checks of src/hdf5/h5reader.c; every failure raises
     RunError "<path>: <what is wrong>". Use as a context manager."""
@@ -57,7 +69,7 @@ class Reader:
         self.path = path
         check_input(path, what)
         if not h5py.is_hdf5(path):
-            self.fail("not an HDF5 file (empty, truncated or corrupt)")
+            self.fail(_not_hdf5_reason(path))
         self.f = None
         for kwargs in ([{"libver": "latest", "swmr": True}] if swmr else []) + [{}]:
             try:

@@ -181,6 +181,11 @@ const char *sys_descriptor_path(int fd, char *buf, size_t len) {
     return same ? buf : NULL;
 }
 
+bool sys_has_hdf5_signature(const void *head, size_t len) {
+    static const unsigned char signature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    return len >= sizeof signature && memcmp(head, signature, sizeof signature) == 0;
+}
+
 double sys_free_bytes(const char *path) {
     struct statvfs fs;
     return statvfs(path, &fs) == 0 ? (double)fs.f_bavail * (double)fs.f_frsize : -1;

@@ -65,6 +65,10 @@ bool sys_same_file(int fd, const char *path);
  * where /proc is not mounted (the caller then uses the path and checks it
  * with sys_same_file afterwards). */
 const char *sys_descriptor_path(int fd, char *buf, size_t len);
+/* Whether a file's first `len` bytes start with the 8 every HDF5 file made
+ * by HDF5 or h5py starts with: where a text or binary file of another kind
+ * is expected, an HDF5 file is named as one. */
+bool sys_has_hdf5_signature(const void *head, size_t len);
 /* Bytes free for an unprivileged writer in the file system holding `path`
  * (statvfs f_bavail), or -1 when unknown: named when a write fails. */
 double sys_free_bytes(const char *path);

@@ -21,6 +21,7 @@
 #include "data/chain.h"
 #include "eval/eval.h"
 #include "eval/readouts.h"
+#include "hdf5/h5kind.h"
 #include "parallel/dist.h"
 #include "store/checkpoint.h"
 #include "store/store.h"
@@ -278,27 +279,14 @@ static void print_chain_readouts(const config *cfg, const metric_table *eval) {
 }
 
 /* inspect of a metrics.h5 (live_metrics.h): a run may be writing it. */
-static void inspect_metrics_file(const char *path, const status *checkpoint_err) {
+static void inspect_metrics_file(const char *path) {
     config cfg;
     metric_table train, eval;
     status err;
     if (checkpoint_read_metrics_file(path, &cfg, &train, &eval, &err) != 0) {
         metric_table_free(&train);
         metric_table_free(&eval);
-        /* neither: a file without a 'format' attribute reads as a damaged metrics.h5, naming its problem; else
-         * the checkpoint's reason */
-        size_t prefix = strlen(path) + 2;
-        const char *why = strlen(err.message) > prefix ? err.message + prefix : err.message;
-        bool no_format = strstr(checkpoint_err->message, "missing root attribute 'format'") != NULL;
-        if (no_format && !strstr(why, "not a metrics file"))
-            cmd_fail(err.code, "%s: not a checkpoint (no root attribute 'format'), and as a metrics file: %s", path,
-                     why);
-        if (no_format && strstr(why, "no /metrics group"))
-            cmd_fail(err.code,
-                     "%s: neither a checkpoint (no root attribute 'format') nor a metrics file (no /metrics "
-                     "group)",
-                     path);
-        cmd_fail(checkpoint_err->code, "%s", checkpoint_err->message);
+        cmd_fail(err.code, "%s", err.message);
     }
     if (dist_rank() == 0) {
         char *ini = config_to_ini(&cfg);
@@ -318,12 +306,23 @@ int command_inspect(const char *ckpt) {
     loaded_checkpoint c = {.history = true};
     status err;
     if (!store_is_directory(ckpt)) {
-        int rc = try_load(ckpt, &c, &err);
-        if (rc == STORE_SKIP) {
-            inspect_metrics_file(ckpt, &err);
+        /* a file is told by its kind (docs/files.md §4, another of momfmm's files); the
+         * metrics file is opened as a live one, which a run may be appending to */
+        h5kind kind;
+        if (h5kind_of_path(ckpt, "checkpoint or metrics file", H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, &kind, &err) != 0)
+            cmd_fail(err.code, "%s", err.message);
+        if (kind == H5KIND_METRICS) {
+            inspect_metrics_file(ckpt);
             return 0;
         }
-        if (rc != 0) cmd_fail_all(rc, "%s", err.message);
+        if (kind == H5KIND_OTHER)
+            cmd_fail(EXIT_BAD_FILE,
+                     "%s: neither a checkpoint (no root attribute 'format') nor a metrics file (no root attribute "
+                     "'config_ini' and no /metrics group)",
+                     ckpt);
+        if (kind != H5KIND_CHECKPOINT)
+            cmd_fail(EXIT_BAD_FILE, "%s: %s, neither a checkpoint nor a metrics file", ckpt, h5kind_name(kind));
+        load_file(ckpt, &c);
     } else {
         load_run_directory(ckpt, &c);
     }

@@ -231,6 +231,11 @@ char *ini_read_file(const char *path, status *st) {
     }
     fclose(f);
     text[len] = '\0';
+    if (sys_has_hdf5_signature(text, len)) {
+        free(text);
+        status_fail(st, EXIT_USAGE, "%s: an HDF5 file, not a config (INI text)", path);
+        return NULL;
+    }
     if (strlen(text) != len) {
         size_t at = strlen(text);
         free(text);

@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/sys.h"
+#include "hdf5/h5kind.h"
 #include "hdf5/h5reader.h"
-
-static const unsigned char HDF5_SIGNATURE[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
 
 static long long le32(const unsigned char *p) {
     return (long long)(int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
@@ -21,7 +21,7 @@ static int ends_with(const char *s, const char *tail) {
 token_file_kind token_file_detect(int format, const char *path, const unsigned char *head, size_t head_len) {
     if (format == 1) return TOKEN_FILE_TEXT;
     if (head_len >= 4 && le32(head) == TOKEN_FILE_LLMC_MAGIC) return TOKEN_FILE_LLMC;
-    if (head_len >= 8 && memcmp(head, HDF5_SIGNATURE, 8) == 0) return TOKEN_FILE_HDF5;
+    if (sys_has_hdf5_signature(head, head_len)) return TOKEN_FILE_HDF5;
     if (format == 2 || ends_with(path, ".bin")) return TOKEN_FILE_NANOGPT;
     return TOKEN_FILE_TEXT;
 }
@@ -51,6 +51,7 @@ static void hdf5_body(h5reader *r, void *ctx) {
     token_file_layout *out = ctx;
     int ndim;
     hsize_t dims[H5S_MAX_RANK];
+    h5kind_require(r, H5KIND_TOKENS);
     hid_t dset = h5reader_open_dataset(r, "/tokens", &ndim, dims);
     if (ndim != 1) h5reader_fail(r, "/tokens must be 1-D, it has %d dimensions", ndim);
     h5reader_require_integer(r, "/tokens", dset);

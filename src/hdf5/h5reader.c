@@ -45,6 +45,17 @@ bool h5reader_is_locked(const char *path) {
     return locked;
 }
 
+/* Why a file HDF5 does not recognise is not one, from its first bytes: a
+ * config or a text corpus given in a checkpoint's place reads "a text
+ * file", not "corrupt". */
+static const char *not_hdf5_reason(int fd) {
+    char head[4096];
+    ssize_t got = pread(fd, head, sizeof head, 0);
+    if (got == 0) return "an empty file, not an HDF5 file";
+    if (got > 0 && !memchr(head, '\0', (size_t)got)) return "a text file, not an HDF5 file";
+    return "not an HDF5 file (truncated or corrupt, or another format)";
+}
+
 static void reader_open(h5reader *r, const char *what) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* failures come back as messages, not HDF5 error stacks */
     /* a FIFO or a device would block the open or read forever (docs/files.md §4):
@@ -64,8 +75,9 @@ static void reader_open(h5reader *r, const char *what) {
     /* a file in the old format (no SWMR) opens without the flag */
     if (hdf5 && r->file < 0 && (r->open_flags & H5F_ACC_SWMR_READ)) r->file = H5Fopen(name, H5F_ACC_RDONLY, fapl);
     H5Pclose(fapl);
+    const char *not_hdf5 = hdf5 ? NULL : not_hdf5_reason(fd);
     close(fd); /* HDF5 holds its own descriptor of the file */
-    if (!hdf5) h5reader_fail(r, "not an HDF5 file (empty, truncated or corrupt)");
+    if (not_hdf5) h5reader_fail(r, "%s", not_hdf5);
     if (r->file < 0 && h5reader_is_locked(r->path))
         h5reader_fail(r,
                       "cannot open %s: locked by another process that has it open for writing (HDF5 file locking); "

@@ -22,6 +22,7 @@
 #include "base/build_info.h"
 #include "base/status.h"
 #include "base/sys.h"
+#include "hdf5/h5kind.h"
 #include "hdf5/h5reader.h"
 #include "hdf5/h5util.h"
 #include "hdf5/h5writer.h"
@@ -60,6 +61,7 @@ static void check_model_fits(h5reader *r, const config *c, int copies) {
 }
 
 static void read_config_body(h5reader *r, config *c, checkpoint_info *info) {
+    h5kind_require(r, H5KIND_CHECKPOINT);
     char *format = h5reader_attr_string(r, "format");
     bool ours = strcmp(format, CHECKPOINT_FORMAT) == 0;
     if (!ours) {
@@ -441,6 +443,7 @@ int checkpoint_read_state(const char *path, model *m, bool optimizer, metric_tab
 
 static void tokenizer_body(h5reader *r, void *ctx) {
     read_request *q = ctx;
+    h5kind_require(r, H5KIND_CHECKPOINT);
     read_config_ini(r, q->c);
     read_tokenizer(r, q->c, q);
 }
@@ -456,6 +459,7 @@ int checkpoint_read_tokenizer(const char *path, tokenizer *t, status *err) {
 
 static void metrics_body(h5reader *r, void *ctx) {
     read_request *q = ctx;
+    h5kind_require(r, H5KIND_CHECKPOINT);
     read_metric_table(r, "/metrics/train", q->train, false);
     read_metric_table(r, "/metrics/eval", q->eval, false);
 }
@@ -485,11 +489,10 @@ int checkpoint_load_model(const char *path, model *m, bool training, status *err
 /* metrics.h5 (live_metrics.h): config_ini and /metrics/{train,eval}. */
 static void metrics_file_body(h5reader *r, void *ctx) {
     read_request *q = ctx;
-    if (H5Aexists(r->file, "format") > 0) h5reader_fail(r, "has a root attribute 'format': not a metrics file");
-    /* a checkpoint that lost its format attribute is a broken checkpoint, not a metrics file */
-    if (h5reader_exists(r, "/model")) h5reader_fail(r, "has a /model group: not a metrics file");
+    /* a checkpoint, also one that lost its format attribute, is not a metrics file */
+    h5kind_require(r, H5KIND_METRICS);
     read_config_ini(r, q->c);
-    if (!h5reader_exists(r, "/metrics")) h5reader_fail(r, "no /metrics group: not a metrics file");
+    if (!h5reader_exists(r, "/metrics")) h5reader_fail(r, "no /metrics group: the metric tables are missing");
     metric_tables_standard(q->train, q->eval, q->c->n_layers, q->c->n_heads);
     metric_tables_add_task_columns(q->train, q->eval, q->c);
     read_metric_table(r, "/metrics/train", q->train, true);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "base/sys.h"
+#include "hdf5/h5kind.h"
 #include "hdf5/h5reader.h"
 
 /* Every id of x [n] (rows of T) in [lo, hi), else the first one that is not,
@@ -51,6 +52,7 @@ static void batch_body(h5reader *r, void *ctx) {
     const model *m = q->m;
     hsize_t dims[H5S_MAX_RANK] = {0};
     int ndim;
+    h5kind_require(r, H5KIND_LOSS_TOKENS);
     hid_t inputs = h5reader_open_dataset(r, "/inputs", &ndim, dims);
     if (ndim != 2 || dims[0] == 0 || dims[1] == 0) h5reader_fail(r, "/inputs must be a non-empty [B, T] int32 array");
     check_length(r, "/inputs", dims[1], m->rope_positions);
@@ -131,6 +133,7 @@ static void ids_body(h5reader *r, void *ctx) {
     ids_request *q = ctx;
     hsize_t dims[H5S_MAX_RANK] = {0};
     int ndim, B, T;
+    h5kind_require(r, H5KIND_TOKENS);
     hid_t dset = h5reader_open_dataset(r, "/tokens", &ndim, dims);
     require_token_type(r, dset);
     H5Dclose(dset);

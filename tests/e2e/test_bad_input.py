@@ -226,17 +226,23 @@ def test_run_directory_and_metrics_file(momfmm, workdir, report):
                  r.returncode == 0 and "skipping checkpoint" in r.stdout
                  and f"checkpoint: {os.path.join(run_dir, 'ckpt_00000002.h5')}\n" in r.stdout, r.stdout + r.stderr)
 
-    # a damaged metrics.h5 names its problem (it said "missing root attribute 'format'")
+    # a damaged metrics.h5 names its problem (it said "missing root attribute 'format'"), and a file
+    # of neither kind both marks missing
     damaged = os.path.join(workdir, "damaged_metrics.h5")
     shutil.copy(metrics, damaged)
     with h5py.File(damaged, "a") as f:
         del f["metrics/train/loss"]
-    expect(report, "inspect of a damaged metrics.h5", run([momfmm, "inspect", damaged]), 3, "damaged_metrics.h5",
-           "not a checkpoint", "as a metrics file", "/metrics/train/loss")
+    expect(report, "inspect of a damaged metrics.h5", run([momfmm, "inspect", damaged]), 3,
+           "damaged_metrics.h5: ", "/metrics/train/loss")
     with h5py.File(damaged, "a") as f:
         del f["metrics"]
     expect(report, "inspect of a metrics.h5 without /metrics", run([momfmm, "inspect", damaged]), 3,
-           "damaged_metrics.h5", "neither a checkpoint (no root attribute 'format') nor a metrics file (no /metrics")
+           "damaged_metrics.h5: no /metrics group")
+    with h5py.File(damaged, "a") as f:
+        del f.attrs["config_ini"]
+    expect(report, "inspect of a file of neither kind", run([momfmm, "inspect", damaged]), 3,
+           "damaged_metrics.h5: neither a checkpoint (no root attribute 'format') nor a metrics file (no root "
+           "attribute 'config_ini' and no /metrics group)")
 
     empty = os.path.join(workdir, "empty_run")
     os.makedirs(empty, exist_ok=True)
@@ -250,3 +256,98 @@ def test_run_directory_and_metrics_file(momfmm, workdir, report):
     r = run([momfmm, "train", ini, "--set", "train.lr=0.1", "--set", "train.steps=6", "--resume", "auto"])
     report.check("resume warning in shortest form", r.returncode == 0 and "train.lr: 0.003 vs 0.1" in r.stdout
                  and f"resumed from {os.path.join(run_dir, 'ckpt_00000002.h5')}" in r.stdout, r.stdout + r.stderr)
+
+
+# What each of momfmm's HDF5 files is called where another kind is expected (docs/files.md §4,
+# another of momfmm's files): written out here, not imported, so the binary's and the Python
+# reader's texts are both checked against the docs'.
+KIND_NAMES = {
+    "checkpoint": "a checkpoint",
+    "metrics": "a run's live metrics (metrics.h5)",
+    "grads": "a gradient file (momfmm loss --grads)",
+    "logits": "a logits file (momfmm logits --out)",
+    "loss_tokens": "a token file of /inputs and /targets (momfmm loss)",
+    "tokens": "a token file of /tokens (momfmm logits, data.path)",
+}
+
+
+@pytest.fixture(scope="module")
+def kinds(momfmm, workdir):
+    """{kind: path} of one file of each kind of KIND_NAMES, and the config of their run."""
+    d = os.path.join(workdir, "kinds")
+    ini = write_config(os.path.join(d, "kinds.ini"), tiny_config(os.path.join(d, "run"), **{"train.steps": 2}))
+    r = run([momfmm, "train", ini])
+    assert r.returncode == 0, r.stderr
+    files = {"checkpoint": os.path.join(d, "run", "ckpt_00000002.h5"), "metrics": os.path.join(d, "run", "metrics.h5"),
+             "loss_tokens": write_tokens(os.path.join(d, "loss.h5"), np.ones((2, 8)), np.ones((2, 8))),
+             "grads": os.path.join(d, "grads.h5"), "logits": os.path.join(d, "logits.h5"),
+             "tokens": os.path.join(d, "ids.h5")}
+    with h5py.File(files["tokens"], "w") as f:
+        f["tokens"] = np.arange(8, dtype=np.int32)
+    for args in (["loss", files["checkpoint"], files["loss_tokens"], "--grads", files["grads"]],
+                 ["logits", files["checkpoint"], files["tokens"], "--out", files["logits"]]):
+        r = run([momfmm] + args)
+        assert r.returncode == 0, r.stderr
+    return ini, files
+
+
+def test_another_kind_of_file(momfmm, workdir, kinds, report):
+    """Every reader of an HDF5 file, given each other kind of momfmm's files, names the file for what
+    it is (it named the first thing the reader missed: "missing root attribute 'format'", "missing
+    dataset /inputs"); inspect, which reads two kinds, says neither; a config or a tokenizer given
+    an HDF5 file, and a checkpoint reader given a text or empty file, say so."""
+    ini, files = kinds
+    ck, out = files["checkpoint"], os.path.join(workdir, "kinds", "out")
+    text_ini = write_config(os.path.join(workdir, "kinds", "text.ini"),
+                            tiny_config(out, **{"data.task": "text", "model.vocab_size": 256}))
+    readers = [  # (reader, the kind it reads, its command line around the file X)
+        ("loss CKPT", "checkpoint", lambda x: ["loss", x, files["loss_tokens"]]),
+        ("loss TOKENS", "loss_tokens", lambda x: ["loss", ck, x]),
+        ("eval", "checkpoint", lambda x: ["eval", x]),
+        ("generate", "checkpoint", lambda x: ["generate", x, "--prompt", "1"]),
+        ("logits CKPT", "checkpoint", lambda x: ["logits", x, files["tokens"], "--out", out + ".h5"]),
+        ("logits TOKENS", "tokens", lambda x: ["logits", ck, x, "--out", out + ".h5"]),
+        ("train --init", "checkpoint", lambda x: ["train", ini, "--init", x, "--set", f"train.out_dir={out}"]),
+        ("train --resume", "checkpoint", lambda x: ["train", ini, "--resume", x, "--set", f"train.out_dir={out}"]),
+        ("data.path", "tokens", lambda x: ["train", text_ini, "--set", f"data.path={x}"]),
+    ]
+    for reader, wanted, args in readers:
+        for kind, path in files.items():
+            if kind != wanted:
+                expect(report, f"{reader} given {kind}", run([momfmm] + args(path)), 3,
+                       f"{path}: {KIND_NAMES[kind]}, not {KIND_NAMES[wanted]}")
+    for kind in ("grads", "logits", "loss_tokens", "tokens"):
+        expect(report, f"inspect given {kind}", run([momfmm, "inspect", files[kind]]), 3,
+               f"{files[kind]}: {KIND_NAMES[kind]}, neither a checkpoint nor a metrics file")
+    for kind, path in files.items():
+        expect(report, f"train given {kind} as its config", run([momfmm, "train", path]), 2,
+               f"{path}: an HDF5 file, not a config (INI text)")
+    for command in (["init", "--out", out + ".h5"], ["bench"], ["data"]):
+        expect(report, f"{command[0]} given a checkpoint as its config", run([momfmm, command[0], ck] + command[1:]),
+               2, f"{ck}: an HDF5 file, not a config (INI text)")
+    expect(report, "data.tokenizer given a checkpoint",
+           run([momfmm, "train", text_ini, "--set", f"data.path={text_ini}", "--set", f"data.tokenizer={ck}"]), 3,
+           "data.tokenizer = ", ": not a sentencepiece model (momfmm-tokenize train): an HDF5 file")
+    empty = os.path.join(workdir, "kinds", "empty.h5")
+    open(empty, "w").close()
+    for path, what in ((ini, "a text file"), (empty, "an empty file")):
+        expect(report, f"eval given {what}", run([momfmm, "eval", path]), 3, f"{path}: {what}, not an HDF5 file")
+
+
+def test_another_kind_of_file_in_python(kinds, report):
+    """The Python reader (momfmm.h5) names the kinds as the binary does."""
+    from momfmm import h5
+    from momfmm.files import RunError
+    _, files = kinds
+    readers = [("load_checkpoint", "checkpoint", h5.load_checkpoint), ("load_tokens", "loss_tokens", h5.load_tokens),
+               ("read_metrics_file", "metrics", h5.read_metrics_file)]
+    for reader, wanted, read in readers:
+        for kind, path in files.items():
+            if kind == wanted:
+                continue
+            try:
+                read(path)
+                report.check(f"{reader} given {kind}", False, "read without an error")
+            except RunError as exc:
+                want = f"{path}: {KIND_NAMES[kind]}, not {KIND_NAMES[wanted]}"
+                report.check(f"{reader} given {kind}", str(exc) == want, f"{exc} (want {want})")
