@@ -96,6 +96,16 @@ def _walk(root, directory, inc, exc, found, skipped):
         found.append(path)
 
 
+def _refuse_token_file(path, head):
+    """RunError for a file named as a document that momfmm would read as a token file or that is an
+    HDF5 file of another kind (a checkpoint): its bytes are not text to train or encode (a walk
+    skips such files as binary, docs/tasks.md §2)."""
+    if len(head) >= 4 and _le32(head) == LLMC_MAGIC:
+        raise RunError(f"{path}: an llm.c token file, not a text document (momfmm reads it as data.path)")
+    if head[:8] == HDF5_SIGNATURE:
+        raise RunError(f"{path}: an HDF5 file, not a text document")
+
+
 def documents(spec, include="", exclude=""):
     """(paths, skipped) of a data.path spec in the C reader's order: each item of the
     comma-separated list a file (which must be a regular, non-empty file: RunError) or a
@@ -112,6 +122,7 @@ def documents(spec, include="", exclude=""):
             with files.open_input(item) as f:
                 if os.fstat(f.fileno()).st_size == 0:
                     raise RunError(f"{item}: the file is empty")
+                _refuse_token_file(item, f.read(SNIFF))
             paths.append(item)
             continue
         found, before = [], len(skipped)
@@ -150,6 +161,8 @@ def load_model(path):
     data = files.read_input(path, "sentencepiece model", limit=MAX_MODEL_BYTES)
     if not data:
         raise RunError(f"{path}: the file is empty: not a sentencepiece model (momfmm-tokenize train)")
+    if data[:8] == HDF5_SIGNATURE:  # as the binary says it (src/data/tokenizer.c)
+        raise RunError(f"{path}: not a sentencepiece model (momfmm-tokenize train): an HDF5 file")
     try:
         return spm.SentencePieceProcessor(model_proto=data)
     except RuntimeError:
@@ -283,8 +296,10 @@ def read_tokens(path):
 def _hdf5_layout(path, size):
     """(offset, count, width) of an HDF5 token file's /tokens (src/data/token_file.c hdf5_body)."""
     import h5py
+    from momfmm.h5 import require_kind
     from momfmm.h5reader import Reader
     with Reader(path, "token file") as r:
+        require_kind(r, "tokens")
         dset = r.open_dataset("/tokens")
         if len(dset.shape) != 1:
             r.fail(f"/tokens must be 1-D, it has {len(dset.shape)} dimensions")
@@ -330,9 +345,9 @@ def cmd_train(args):
     if args.format != "hdf5" and args.vocab_size > UINT16_PIECES:
         raise ArgumentError(f"--vocab-size {args.vocab_size} with --format {args.format}: uint16 ids hold at most "
                             f"{UINT16_PIECES} pieces; use --format hdf5")
-    files.make_directory(args.out, flag="--out")
     paths = corpus_of(args.corpus, args)
     evals = corpus_of(args.eval_path, args) if args.eval_path is not None else None
+    files.make_directory(args.out, flag="--out")
     import sentencepiece as spm
     model_path = os.path.join(args.out, "tokenizer.model")
     ext = ".h5" if args.format == "hdf5" else ".bin"

@@ -98,6 +98,8 @@ def tok(tmp_path_factory):
         f["tokens"] = np.arange(10, dtype=">u2")
     with h5py.File(d / "two_d.h5", "w") as f:
         f["tokens"] = np.ones((2, 5), np.uint16)
+    with h5py.File(d / "loss_tokens.h5", "w") as f:  # momfmm loss's kind (docs/files.md §4)
+        f["inputs"] = f["targets"] = np.ones((2, 5), np.int32)
     with h5py.File(d / "linked.h5", "w") as f:
         f["tokens"] = h5py.ExternalLink(str(d / "fifo"), "/tokens")
     (d / "text_file").write_text("some text")
@@ -150,6 +152,14 @@ TOKENIZE_CASES = [
     ("HDF5 2-D", "decode --model {d}/model/tokenizer.model {d}/two_d.h5", 3, ("1-D",)),
     ("HDF5 /tokens an external link to a FIFO", "decode --model {d}/model/tokenizer.model {d}/linked.h5", 3,
      ("external link",)),
+    ("HDF5 of another kind", "decode --model {d}/model/tokenizer.model {d}/loss_tokens.h5", 3,
+     ("loss_tokens.h5: a token file of /inputs and /targets (momfmm loss), not a token file of /tokens",)),
+    ("an HDF5 file as the corpus", "train {d}/chunked.h5 --vocab-size 300 --out {d}/o4", 3,
+     ("chunked.h5: an HDF5 file, not a text document",)),
+    ("an llm.c token file as the corpus", "encode --model {d}/model/tokenizer.model {d}/v7.bin --out {d}/e.bin", 3,
+     ("v7.bin: an llm.c token file, not a text document",)),
+    ("an HDF5 file as the model", "ids --model {d}/chunked.h5 abc", 3,
+     ("chunked.h5: not a sentencepiece model", "an HDF5 file")),
     ("an empty token file", "decode --model {d}/model/tokenizer.model {d}/empty.txt", 3, ("empty",)),
     ("a FIFO as the token file", "decode --model {d}/model/tokenizer.model {d}/fifo", 3, ("FIFO",)),
     ("a directory as the token file", "decode --model {d}/model/tokenizer.model {d}/hidden", 3, ("directory",)),
