@@ -65,11 +65,13 @@ static int try_load(const char *path, void *ctx, status *err) {
     return STORE_SKIP;
 }
 
-static void load_file(const char *path, loaded_checkpoint *c) {
+/* Every rank loads the file, but a run directory's rank 0, which loaded it
+ * choosing it (`mine` false); a file that does not load on any rank ends
+ * every rank in one line. */
+static void load_file(const char *path, loaded_checkpoint *c, bool mine) {
     status err;
-    int rc = try_load(path, c, &err);
-    if (rc == STORE_SKIP) cmd_fail(EXIT_BAD_FILE, "%s", err.message);
-    if (rc != 0) cmd_fail_all(rc, "%s", err.message);
+    int rc = mine ? try_load(path, c, &err) : 0;
+    cmd_fail_if_any(rc == STORE_SKIP ? EXIT_BAD_FILE : rc, &err);
 }
 
 /* "; ..." naming dir/metrics.h5 when there is one, else "". */
@@ -106,13 +108,13 @@ static void load_run_directory(const char *dir, loaded_checkpoint *c) {
     }
     dist_broadcast_bytes(&choice, sizeof choice);
     if (choice.code != 0) cmd_fail_all(choice.err.code, "%s", choice.err.message);
-    if (dist_rank() != 0) load_file(choice.path, c);
+    load_file(choice.path, c, dist_rank() != 0);
 }
 
 /* A checkpoint file, or a run directory's newest checkpoint that loads. */
 static void load_checkpoint(const char *path_or_dir, loaded_checkpoint *c) {
     if (store_is_directory(path_or_dir)) load_run_directory(path_or_dir, c);
-    else load_file(path_or_dir, c);
+    else load_file(path_or_dir, c, true);
 }
 
 void command_load_run_checkpoint(const char *path_or_dir, model *m, char *path, size_t len, checkpoint_info *info) {
@@ -283,11 +285,12 @@ static void inspect_metrics_file(const char *path) {
     config cfg;
     metric_table train, eval;
     status err;
-    if (checkpoint_read_metrics_file(path, &cfg, &train, &eval, &err) != 0) {
+    int rc = checkpoint_read_metrics_file(path, &cfg, &train, &eval, &err);
+    if (rc != 0) {
         metric_table_free(&train);
         metric_table_free(&eval);
-        cmd_fail(err.code, "%s", err.message);
     }
+    cmd_fail_if_any(rc, &err);
     if (dist_rank() == 0) {
         char *ini = config_to_ini(&cfg);
         printf("metrics file: %s (the live metrics of run directory %s; a run may still be appending)\n", path,
@@ -302,27 +305,42 @@ static void inspect_metrics_file(const char *path) {
     metric_table_free(&eval);
 }
 
+/* The kind of the file given to inspect (docs/files.md §4, another of
+ * momfmm's files), as rank 0 finds it, so that every rank takes the same
+ * way; the file is opened as a live metrics file, which a run may be
+ * appending to. Ends every rank when it is neither a checkpoint nor a
+ * metrics file. */
+static h5kind inspected_kind(const char *path) {
+    struct {
+        h5kind kind;
+        int rc;
+        status err;
+    } found = {.kind = H5KIND_OTHER};
+    unsigned live = H5F_ACC_RDONLY | H5F_ACC_SWMR_READ;
+    if (dist_rank() == 0) found.rc = h5kind_of_path(path, "checkpoint or metrics file", live, &found.kind, &found.err);
+    if (dist_rank() == 0 && found.rc == 0) {
+        if (found.kind == H5KIND_OTHER)
+            found.rc = status_fail(&found.err, EXIT_BAD_FILE,
+                                   "%s: neither a checkpoint (no root attribute 'format') nor a metrics file (no root "
+                                   "attribute 'config_ini' and no /metrics group)",
+                                   path);
+        else if (found.kind != H5KIND_CHECKPOINT && found.kind != H5KIND_METRICS)
+            found.rc = status_fail(&found.err, EXIT_BAD_FILE, "%s: %s, neither a checkpoint nor a metrics file", path,
+                                   h5kind_name(found.kind));
+    }
+    dist_broadcast_bytes(&found, sizeof found);
+    cmd_fail_if_any(found.rc, &found.err);
+    return found.kind;
+}
+
 int command_inspect(const char *ckpt) {
     loaded_checkpoint c = {.history = true};
-    status err;
     if (!store_is_directory(ckpt)) {
-        /* a file is told by its kind (docs/files.md §4, another of momfmm's files); the
-         * metrics file is opened as a live one, which a run may be appending to */
-        h5kind kind;
-        if (h5kind_of_path(ckpt, "checkpoint or metrics file", H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, &kind, &err) != 0)
-            cmd_fail(err.code, "%s", err.message);
-        if (kind == H5KIND_METRICS) {
+        if (inspected_kind(ckpt) == H5KIND_METRICS) {
             inspect_metrics_file(ckpt);
             return 0;
         }
-        if (kind == H5KIND_OTHER)
-            cmd_fail(EXIT_BAD_FILE,
-                     "%s: neither a checkpoint (no root attribute 'format') nor a metrics file (no root attribute "
-                     "'config_ini' and no /metrics group)",
-                     ckpt);
-        if (kind != H5KIND_CHECKPOINT)
-            cmd_fail(EXIT_BAD_FILE, "%s: %s, neither a checkpoint nor a metrics file", ckpt, h5kind_name(kind));
-        load_file(ckpt, &c);
+        load_file(ckpt, &c, true);
     } else {
         load_run_directory(ckpt, &c);
     }
@@ -450,8 +468,8 @@ int command_init(const char *config_path, int n_overrides, char *const *override
     if (model_create(&m, &c, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
     model_init_parameters(&m);
     checkpoint_info info = {.world_size = dist_size()};
-    if (dist_rank() == 0 && store_write_checkpoint(out, &m, &info, NULL, NULL, H5WRITER_ALONE, &err) != 0)
-        cmd_fail(err.code, "%s", err.message);
+    int rc = dist_rank() == 0 ? store_write_checkpoint(out, &m, &info, NULL, NULL, H5WRITER_ALONE, &err) : 0;
+    cmd_fail_if_any(rc, &err);
     log_rank0("wrote %s: %zu parameters\n", out, m.n_params);
     model_free(&m);
     return 0;
@@ -463,8 +481,9 @@ int command_loss(const char *ckpt, const char *tokens, const char *grads, bool f
     model m;
     data_batch b;
     status err;
-    if (checkpoint_load_model(ckpt, &m, true, &err) != 0 || token_input_read_batch(tokens, &m, &b, &err) != 0)
-        cmd_fail(err.code, "%s", err.message);
+    int rc = checkpoint_load_model(ckpt, &m, true, &err);
+    if (rc == 0) rc = token_input_read_batch(tokens, &m, &b, &err);
+    cmd_fail_if_any(rc, &err);
     model_forward(&m, b.inputs, b.targets, b.labels, b.B, b.T, false);
     long long count;
     double sum = model_loss_sum(&m, b.targets, b.B, b.T, &count);
@@ -473,7 +492,8 @@ int command_loss(const char *ckpt, const char *tokens, const char *grads, bool f
     if (grads) {
         model_backward(&m, b.inputs, b.targets, b.labels, b.B, b.T, count > 0 ? (float)(1.0 / count) : 0.0f, NULL,
                        false);
-        if (dist_rank() == 0 && store_write_grads(grads, &m, loss, &err) != 0) cmd_fail(err.code, "%s", err.message);
+        rc = dist_rank() == 0 ? store_write_grads(grads, &m, loss, &err) : 0;
+        cmd_fail_if_any(rc, &err);
     }
     data_batch_free(&b);
     model_free(&m);

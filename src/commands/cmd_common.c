@@ -58,6 +58,22 @@ _Noreturn void cmd_fail_all(int exit_code, const char *fmt, ...) {
     exit(exit_code);
 }
 
+void cmd_fail_if_any(int rc, const status *st) {
+    int ranks = dist_size();
+    /* the lowest failing rank, or `ranks` when none failed: a max of negated ranks */
+    int first = (int)-dist_max_double(rc != 0 ? -(double)dist_rank() : -(double)ranks);
+    if (first == ranks) return;
+    int code = rc;
+    dist_broadcast_bytes_from(first, &code, sizeof code);
+    if (dist_rank() == first) {
+        fprintf(stderr, "momfmm: %s\n", st->message);
+        fflush(stderr);
+    }
+    context_free();
+    dist_finalize();
+    exit(code);
+}
+
 /* Ends with st->code and its message: through cmd_fail_all when every rank
  * reached the same status, else through cmd_fail (this rank alone failed). */
 static _Noreturn void cmd_exit_on_status(const status *st, bool every_rank_alike) {
@@ -270,10 +286,32 @@ void cmd_print_banner(void) {
               build_version_number(), build_revision());
 }
 
+/* The directory a new output goes in (its temporary is made beside it,
+ * then renamed) must exist and take files: refused before any work, naming
+ * it, rather than after the work naming the temporary. It is not created:
+ * an output path is taken as cp takes one. */
+static void check_output_directory(const char *flag, const char *out) {
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", out);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else slash[slash == dir] = '\0'; /* "/x.h5" lies in "/" */
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        cmd_fail_all(EXIT_USAGE, "%s %s: its directory %s: %s", flag, out, dir,
+                     errno == ENOENT ? "does not exist (create it first)" : strerror(errno));
+    if (!S_ISDIR(st.st_mode)) cmd_fail_all(EXIT_USAGE, "%s %s: %s is not a directory", flag, out, dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        cmd_fail_all(EXIT_USAGE, "%s %s: cannot write in its directory %s: %s", flag, out, dir, strerror(errno));
+}
+
 void cmd_check_output(const char *flag, const char *out, const char *const *inputs, int n_inputs, bool force) {
     struct stat st, input;
     if (!out[0]) cmd_fail_all(EXIT_USAGE, "%s: an empty path names no file", flag);
-    if (lstat(out, &st) != 0) return;
+    if (lstat(out, &st) != 0) {
+        check_output_directory(flag, out);
+        return;
+    }
     bool named = stat(out, &st) == 0; /* through a link: the file it names */
     for (int i = 0; i < n_inputs && named; i++)
         if (stat(inputs[i], &input) == 0 && input.st_dev == st.st_dev && input.st_ino == st.st_ino)

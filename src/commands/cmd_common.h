@@ -16,6 +16,14 @@ _Noreturn void cmd_fail(int exit_code, const char *fmt, ...) __attribute__((form
 /* The same, for an error that every rank detects identically (config,
  * command line): rank 0 prints, every rank finalises MPI and exits. */
 _Noreturn void cmd_fail_all(int exit_code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Every rank calls this with its own outcome of a step that every rank ran
+ * (reading an input file, rank 0 writing an output): rc 0, or the exit code
+ * whose message is in st. When any rank's step failed, the lowest failing
+ * rank prints its message once and every rank exits with that rank's code
+ * through MPI_Finalize, so a file refused under mpirun reads as one line,
+ * not as MPI_Abort's banner (docs/cli.md §5, under mpirun). Returns when no
+ * rank failed. */
+void cmd_fail_if_any(int rc, const status *st);
 
 /* main's first act: descriptors 0, 1 and 2 open. One that is closed (a
  * shell's >&-) becomes /dev/null, so that no file the program opens (a

@@ -50,13 +50,12 @@ int command_logits(const char *ckpt, const char *tokens, const char *out, bool f
     bool lm = m.cfg.head == HEAD_LM;
     token_input_ids t;
     status err;
-    if (token_input_read_ids(tokens, m.V, m.rope_positions, m.n_out, lm, &t, &err) != 0)
-        cmd_fail(err.code, "%s", err.message);
+    cmd_fail_if_any(token_input_read_ids(tokens, m.V, m.rope_positions, m.n_out, lm, &t, &err), &err);
     float *logits = sys_calloc((size_t)t.B * (lm ? (size_t)t.T : 1) * m.n_out, sizeof(float));
     forward_rows(&m, &t, logits);
     logits_file_source source = {.checkpoint = path, .step = info.step, .tokens_seen = info.tokens_seen};
-    if (dist_rank() == 0 && store_write_logits(out, logits, lm ? 3 : 2, t.B, t.T, m.n_out, &source, &err) != 0)
-        cmd_fail(err.code, "%s", err.message);
+    int rc = dist_rank() == 0 ? store_write_logits(out, logits, lm ? 3 : 2, t.B, t.T, m.n_out, &source, &err) : 0;
+    cmd_fail_if_any(rc, &err);
     if (lm) log_rank0("wrote %s: /logits [%d, %d, %d] of %s (step %lld)\n", out, t.B, t.T, m.n_out, path, info.step);
     else log_rank0("wrote %s: /logits [%d, %d] of %s (step %lld)\n", out, t.B, m.n_out, path, info.step);
     free(logits);

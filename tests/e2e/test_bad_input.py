@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
+from ckpt_util import LAUNCHER
 from common import run, tiny_config, write_config, write_tokens
 
 
@@ -351,3 +352,46 @@ def test_another_kind_of_file_in_python(kinds, report):
             except RunError as exc:
                 want = f"{path}: {KIND_NAMES[kind]}, not {KIND_NAMES[wanted]}"
                 report.check(f"{reader} given {kind}", str(exc) == want, f"{exc} (want {want})")
+
+
+def test_file_refusals_under_mpirun(momfmm, workdir, kinds, report):
+    """Under the launcher with two ranks, a refused input or output file of eval, generate, inspect,
+    loss and logits ends the job in one line and its exit code (it ended in MPI_Abort's banner,
+    each rank printing the line), also when the file fails on one rank alone (cmd_fail_if_any,
+    docs/cli.md §5 under mpirun): here rank 1 is given another file than rank 0, as a node-local
+    path may differ."""
+    _, files = kinds
+    ck, out = files["checkpoint"], os.path.join(workdir, "kinds", "mpi_out.h5")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def on_rank_1(args, path_1, path_0):
+        """`momfmm ARGS FILE` with FILE path_1 on rank 1 and path_0 on the others."""
+        pick = f'"$([ "$OMPI_COMM_WORLD_RANK" = 1 ] && echo {path_1} || echo {path_0})"'
+        return ["sh", "-c", f"exec {momfmm} {' '.join(args)} {pick}"]
+
+    cases = [  # (case, command, exit code, the one line after "momfmm: ")
+        ("eval of a metrics file", [momfmm, "eval", files["metrics"]], 3,
+         f"{files['metrics']}: {KIND_NAMES['metrics']}, not {KIND_NAMES['checkpoint']}"),
+        ("generate of a metrics file", [momfmm, "generate", files["metrics"], "--prompt", "1"], 3,
+         f"{files['metrics']}: {KIND_NAMES['metrics']}, not {KIND_NAMES['checkpoint']}"),
+        ("inspect of a token file", [momfmm, "inspect", files["tokens"]], 3,
+         f"{files['tokens']}: {KIND_NAMES['tokens']}, neither a checkpoint nor a metrics file"),
+        ("loss of a token file of ids", [momfmm, "loss", ck, files["tokens"]], 3,
+         f"{files['tokens']}: {KIND_NAMES['tokens']}, not {KIND_NAMES['loss_tokens']}"),
+        ("logits of a gradient file", [momfmm, "logits", files["grads"], files["tokens"], "--out", out], 3,
+         f"{files['grads']}: {KIND_NAMES['grads']}, not {KIND_NAMES['checkpoint']}"),
+        ("loss --grads in a missing directory",
+         [momfmm, "loss", ck, files["loss_tokens"], "--grads", os.path.join(workdir, "nodir", "g.h5")], 2,
+         f"--grads {os.path.join(workdir, 'nodir', 'g.h5')}: its directory {os.path.join(workdir, 'nodir')}: "
+         "does not exist (create it first)"),
+        ("eval, a gradient file on rank 1 alone", on_rank_1(["eval"], files["grads"], ck), 3,
+         f"{files['grads']}: {KIND_NAMES['grads']}, not {KIND_NAMES['checkpoint']}"),
+        ("logits, a loss token file on rank 1 alone",
+         on_rank_1(["logits", ck, "--out", out], files["loss_tokens"], files["tokens"]), 3,
+         f"{files['loss_tokens']}: {KIND_NAMES['loss_tokens']}, not {KIND_NAMES['tokens']}"),
+    ]
+    for case, command, code, line in cases:
+        r = run([LAUNCHER, "--oversubscribe", "-np", 2] + command, timeout=120, env=env)
+        report.check(f"{case}: exit {code}, one line", r.returncode == code and r.stderr.strip() == f"momfmm: {line}",
+                     f"rc {r.returncode}; stderr {r.stderr.strip()[:400]!r}")
+    report.check("no output written", not os.path.exists(out))
