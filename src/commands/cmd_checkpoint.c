@@ -423,7 +423,7 @@ int command_eval(const char *ckpt, bool stream, int segment, int n_overrides, ch
     data_shard shard;
     eval_result r;
     status err;
-    if (data_shard_open(&shard, &m.cfg, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
+    cmd_fail_if_any(data_shard_open(&shard, &m.cfg, &err), &err); /* a node-local data file may fail on one rank */
     choose_eval_batches(&m, &shard, batches);
     eval_result_init(&r, &m);
     if (evaluate(&m, &shard, stream ? segment : 0, &r, &err) != 0) {

@@ -58,20 +58,8 @@ _Noreturn void cmd_fail_all(int exit_code, const char *fmt, ...) {
     exit(exit_code);
 }
 
-void cmd_fail_if_any(int rc, const status *st) {
-    int ranks = dist_size();
-    /* the lowest failing rank, or `ranks` when none failed: a max of negated ranks */
-    int first = (int)-dist_max_double(rc != 0 ? -(double)dist_rank() : -(double)ranks);
-    if (first == ranks) return;
-    int code = rc;
-    dist_broadcast_bytes_from(first, &code, sizeof code);
-    if (dist_rank() == first) {
-        fprintf(stderr, "momfmm: %s\n", st->message);
-        fflush(stderr);
-    }
-    context_free();
-    dist_finalize();
-    exit(code);
+void cmd_fail_if_any(int rc, status *st) {
+    if (dist_agree_status(rc, st) != 0) cmd_fail_all(st->code, "%s", st->message);
 }
 
 /* Ends with st->code and its message: through cmd_fail_all when every rank
@@ -114,13 +102,12 @@ int cmd_finish_output(int rc) {
 /* data.tokenizer_checksum: what the named model is now (a value given is
  * replaced), so that every later reader checks it reads the same model. */
 static void cmd_record_tokenizer(config *c) {
-    if (!c->tokenizer[0]) {
-        c->tokenizer_checksum[0] = '\0';
-        return;
-    }
-    tokenizer t;
+    tokenizer t = {0};
     status st;
-    if (tokenizer_open(&t, c->tokenizer, &st) != 0) cmd_exit_on_status(&st, true);
+    /* every rank agrees, with a model or without: a node-local one may fail on one rank alone */
+    cmd_fail_if_any(c->tokenizer[0] ? tokenizer_open(&t, c->tokenizer, &st) : 0, &st);
+    c->tokenizer_checksum[0] = '\0';
+    if (!c->tokenizer[0]) return;
     tokenizer_checksum_text(t.checksum, c->tokenizer_checksum);
     tokenizer_free(&t);
 }
@@ -134,21 +121,23 @@ static void collective_timed_out(const char *message) {
     _exit(EXIT_DIST_TIMEOUT);
 }
 
-/* Every rank reads the same file and arguments, so every rank fails alike;
+/* Every rank reads its config (one file, or each its own under an MPMD
+ * launch, which train then compares) and agrees on the outcome, so that a
+ * file that fails on one rank alone still ends every rank in one line;
  * from here on, its collectives are watched (dist.timeout). */
 config cmd_load_config(const char *path, int n_overrides, char *const *overrides) {
     config c;
     status st;
     config_defaults(&c);
-    if (config_load_file(&c, path, &st) != 0) cmd_exit_on_status(&st, true);
-    for (int i = 0; i < n_overrides; i++)
-        if (config_apply_override(&c, overrides[i], &st) != 0) cmd_exit_on_status(&st, true);
+    int rc = config_load_file(&c, path, &st);
+    for (int i = 0; rc == 0 && i < n_overrides; i++) rc = config_apply_override(&c, overrides[i], &st);
     /* the checks of keys against each other name where the values came
      * from: a clash between the file and a --set is neither's alone */
     char origin[PATH_MAX + 16]; /* the file opened: its name is within PATH_MAX */
     snprintf(origin, sizeof origin, "%s%s", path, n_overrides > 0 ? " with --set" : "");
-    if (config_check(&c, origin, &st) != 0 || config_resolve_data_path(&c, false, &st) != 0)
-        cmd_exit_on_status(&st, true);
+    if (rc == 0) rc = config_check(&c, origin, &st);
+    if (rc == 0) rc = config_resolve_data_path(&c, false, &st);
+    cmd_fail_if_any(rc, &st);
     cmd_record_tokenizer(&c);
     if (dist_watch_start(c.timeout, collective_timed_out, &st) != 0) cmd_fail(st.code, "%s", st.message);
     /* the D x C grid (docs/design.md §8.12): every rank refuses the same np alike */

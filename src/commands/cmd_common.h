@@ -18,12 +18,12 @@ _Noreturn void cmd_fail(int exit_code, const char *fmt, ...) __attribute__((form
 _Noreturn void cmd_fail_all(int exit_code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Every rank calls this with its own outcome of a step that every rank ran
  * (reading an input file, rank 0 writing an output): rc 0, or the exit code
- * whose message is in st. When any rank's step failed, the lowest failing
- * rank prints its message once and every rank exits with that rank's code
- * through MPI_Finalize, so a file refused under mpirun reads as one line,
- * not as MPI_Abort's banner (docs/cli.md §5, under mpirun). Returns when no
- * rank failed. */
-void cmd_fail_if_any(int rc, const status *st);
+ * whose message is in st. When any rank's step failed, rank 0 prints the
+ * lowest failing rank's message once and every rank exits with its code
+ * through MPI_Finalize (dist_agree_status), so a file refused under mpirun
+ * reads as one line, not as MPI_Abort's banner, also when it failed on one
+ * rank alone (docs/cli.md §5, under mpirun). Returns when no rank failed. */
+void cmd_fail_if_any(int rc, status *st);
 
 /* main's first act: descriptors 0, 1 and 2 open. One that is closed (a
  * shell's >&-) becomes /dev/null, so that no file the program opens (a

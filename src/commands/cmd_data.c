@@ -55,7 +55,7 @@ int command_data(const char *config_path, int n_overrides, char *const *override
     int split = split_of(split_name, &c);
     status err;
     data_source *d = data_open(&c, &err);
-    if (!d) cmd_fail_all(err.code, "%s", err.message);
+    cmd_fail_if_any(d ? 0 : err.code, &err); /* each rank opens the files itself: one may lack them */
     data_batch b;
     data_batch_alloc(&b, 1, c.seq_len);
     if (dist_rank() == 0)
@@ -65,7 +65,7 @@ int command_data(const char *config_path, int n_overrides, char *const *override
     for (int n = 0; n < show; n++) {
         long long step = (split == SPLIT_TRAIN ? 1 : 0) + n / c.batch_size;
         int row = n % c.batch_size;
-        if (data_fill(d, &b, split, step, row, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
+        cmd_fail_if_any(data_fill(d, &b, split, step, row, &err), &err);
         if (dist_rank() == 0) print_sample(d, &c, &b, split, n, step, row);
     }
     data_batch_free(&b);

@@ -453,11 +453,16 @@ static void check_init_source(const config *cfg, const char *init, bool overwrit
     config saved;
     checkpoint_info info;
     status err;
-    if (checkpoint_read_config(init, &saved, &info, &err) != 0) cmd_fail_all(err.code, "--init %s", err.message);
     char diff[4096];
-    if (config_compare_architecture(&saved, cfg, diff, sizeof diff) > 0)
-        cmd_fail_all(EXIT_BAD_FILE, "--init %s: the model differs from the config's (checkpoint vs now): %s", init,
-                     diff);
+    int rc = checkpoint_read_config(init, &saved, &info, &err);
+    if (rc != 0) {
+        char why[sizeof err.message];
+        snprintf(why, sizeof why, "%s", err.message);
+        status_fail(&err, rc, "--init %s", why);
+    } else if (config_compare_architecture(&saved, cfg, diff, sizeof diff) > 0)
+        rc = status_fail(&err, EXIT_BAD_FILE, "--init %s: the model differs from the config's (checkpoint vs now): %s",
+                         init, diff);
+    cmd_fail_if_any(rc, &err); /* each rank read the file itself */
 }
 
 int command_train(const char *config_path, int n_overrides, char *const *overrides, const char *resume,

@@ -73,6 +73,14 @@ uint64_t dist_checksum(const void *bytes, size_t n);
 int dist_first_differing_rank(uint64_t mine);
 /* dist_broadcast_bytes from rank `root`. */
 void dist_broadcast_bytes_from(int root, void *x, size_t n);
+/* Collective, after a step every rank ran on its own (reading a file that
+ * may fail on one rank alone: a node-local path): `rc` is this rank's
+ * outcome, 0 or an exit code with its message in st. When any rank failed,
+ * every rank returns the lowest failing rank's code with its status in st,
+ * so that all go on alike (out with one line from rank 0, or past the next
+ * collective, which a rank that failed alone would never reach); 0 when
+ * none failed (st untouched). */
+int dist_agree_status(int rc, status *st);
 
 /* Rank `rank`'s part of n elements split over `ranks` (ZeRO-1, docs/scale.md
  * §7): [n*rank/ranks, n*(rank+1)/ranks), contiguous and in rank order,

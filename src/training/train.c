@@ -169,7 +169,10 @@ int trainer_create(trainer *t, const config *cfg, status *err) {
      * identical start explicit rather than assumed. */
     dist_broadcast_floats(t->model.params, t->model.n_params);
     model_params_changed(&t->model);
-    if (data_shard_open(&t->shard, cfg, err) != 0 || check_memory(t, err) != 0) return err->code;
+    /* a data file may fail on one rank alone (a node-local path): all agree
+     * before check_memory's collective */
+    if (dist_agree_status(data_shard_open(&t->shard, cfg, err), err) != 0 || check_memory(t, err) != 0)
+        return err->code;
     choose_gemm_engines(t);
     t->reducer = create_reducer(&t->model, cfg);
     metric_tables_standard(&t->train_log, &t->eval_log, cfg->n_layers, cfg->n_heads);
@@ -420,28 +423,33 @@ static int check_consistency(const trainer *t, status *err) {
 }
 
 int trainer_resume(trainer *t, const char *how, status *err) {
+    int rc;
+    bool resumed = true;
     if (strcmp(how, "auto") != 0) {
-        int rc = try_resume(how, t, err);
-        if (rc != 0) return rc == STORE_SKIP ? EXIT_BAD_FILE : rc;
+        rc = try_resume(how, t, err);
+        if (rc == STORE_SKIP) rc = EXIT_BAD_FILE;
     } else {
-        bool resumed;
-        int rc = store_resume_newest(t->cfg.out_dir, try_resume, t, &resumed, err);
-        if (rc != 0) return rc;
-        if (!resumed) log_rank0("no checkpoint to resume in %s: starting at step 0\n", t->cfg.out_dir);
+        rc = store_resume_newest(t->cfg.out_dir, try_resume, t, &resumed, err);
     }
-    /* every rank read the file itself: make sure they agree */
+    /* every rank read the file itself: a read that failed on one rank
+     * alone (a node-local path) fails every rank before the collective
+     * comparison, which that rank would never reach */
+    if (dist_agree_status(rc, err) != 0) return err->code;
+    if (!resumed) log_rank0("no checkpoint to resume in %s: starting at step 0\n", t->cfg.out_dir);
     return check_consistency(t, err);
 }
 
 int trainer_init_from(trainer *t, const char *path, status *err) {
     config saved;
     checkpoint_info info;
-    if (checkpoint_read_config(path, &saved, &info, err) != 0) return err->code;
     char diff[4096];
-    if (config_compare_architecture(&saved, &t->cfg, diff, sizeof diff) > 0)
-        return status_fail(err, EXIT_BAD_FILE, "--init %s: the model differs from the config's (checkpoint vs now): %s",
-                           path, diff);
-    if (checkpoint_read_state(path, &t->model, false, NULL, NULL, err) != 0) return err->code;
+    int rc = checkpoint_read_config(path, &saved, &info, err);
+    if (rc == 0 && config_compare_architecture(&saved, &t->cfg, diff, sizeof diff) > 0)
+        rc = status_fail(err, EXIT_BAD_FILE, "--init %s: the model differs from the config's (checkpoint vs now): %s",
+                         path, diff);
+    if (rc == 0) rc = checkpoint_read_state(path, &t->model, false, NULL, NULL, err);
+    /* as in trainer_resume: every rank read the file itself */
+    if (dist_agree_status(rc, err) != 0) return err->code;
     /* an absolute name, so that the record stays meaningful from anywhere */
     char *absolute = realpath(path, NULL);
     snprintf(t->init_from, sizeof t->init_from, "%s", absolute ? absolute : path);

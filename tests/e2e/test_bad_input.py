@@ -357,10 +357,11 @@ def test_another_kind_of_file_in_python(kinds, report):
 def test_file_refusals_under_mpirun(momfmm, workdir, kinds, report):
     """Under the launcher with two ranks, a refused input or output file of eval, generate, inspect,
     loss and logits ends the job in one line and its exit code (it ended in MPI_Abort's banner,
-    each rank printing the line), also when the file fails on one rank alone (cmd_fail_if_any,
+    each rank printing the line), also when the file fails on one rank alone (dist_agree_status,
     docs/cli.md §5 under mpirun): here rank 1 is given another file than rank 0, as a node-local
-    path may differ."""
-    _, files = kinds
+    path may differ. Train's own files too (config, --resume, --init, data.path), which failed on
+    one rank alone without a word and left the others to dist.timeout (exit 5)."""
+    ini, files = kinds
     ck, out = files["checkpoint"], os.path.join(workdir, "kinds", "mpi_out.h5")
     env = dict(os.environ, OMP_NUM_THREADS="1")
 
@@ -389,7 +390,33 @@ def test_file_refusals_under_mpirun(momfmm, workdir, kinds, report):
         ("logits, a loss token file on rank 1 alone",
          on_rank_1(["logits", ck, "--out", out], files["loss_tokens"], files["tokens"]), 3,
          f"{files['loss_tokens']}: {KIND_NAMES['loss_tokens']}, not {KIND_NAMES['tokens']}"),
+        ("train --resume, a metrics file on rank 1 alone",
+         on_rank_1(["train", ini, "--set", f"train.out_dir={out}.run", "--set", "dist.timeout=60", "--resume"],
+                   files["metrics"], ck), 3,
+         f"{files['metrics']}: {KIND_NAMES['metrics']}, not {KIND_NAMES['checkpoint']}"),
+        ("train --init, a token file on rank 1 alone",
+         on_rank_1(["train", ini, "--set", f"train.out_dir={out}.run", "--set", "dist.timeout=60", "--init"],
+                   files["tokens"], ck), 3,
+         f"--init {files['tokens']}: {KIND_NAMES['tokens']}, not {KIND_NAMES['checkpoint']}"),
+        ("train, a config missing on rank 1 alone",
+         on_rank_1(["train"], ini + ".missing", ini), 2, f"{ini}.missing: cannot open config: No such file or "
+                                                          "directory"),
     ]
+    if os.geteuid() == 0 and shutil.which("unshare"):
+        # a data file missing on one node: rank 1 in a mount namespace with a tmpfs over its directory
+        data_dir = os.path.join(workdir, "kinds", "data")
+        os.makedirs(data_dir, exist_ok=True)
+        corpus = os.path.join(data_dir, "corpus.txt")
+        with open(corpus, "w") as f:
+            f.write("momentum attention, near field and far field. " * 200)
+        text_ini = write_config(os.path.join(workdir, "kinds", "node_local.ini"),
+                                tiny_config(out + ".run", **{"data.task": "text", "model.vocab_size": 256,
+                                                             "data.path": corpus, "dist.timeout": 60}))
+        train = f"{momfmm} train {text_ini}"
+        hide = f"unshare -m sh -c 'mount -t tmpfs none {data_dir} && exec {train}'"
+        cases.append(("train, data.path missing on rank 1 alone",
+                      ["sh", "-c", f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec {hide}; else exec {train}; fi'],
+                      3, f"data.path = {corpus}: cannot open: No such file or directory"))
     for case, command, code, line in cases:
         r = run([LAUNCHER, "--oversubscribe", "-np", 2] + command, timeout=120, env=env)
         report.check(f"{case}: exit {code}, one line", r.returncode == code and r.stderr.strip() == f"momfmm: {line}",
