@@ -62,6 +62,7 @@ bool store_checkpoint_step(const char *name, long long *step) {
 }
 
 static int make_directory(const char *path, status *err) {
+    if (!path[0]) return status_fail(err, EXIT_USAGE, "train.out_dir = '': an empty path names no directory");
     char buf[CONFIG_PATH_MAX];
     snprintf(buf, sizeof buf, "%s", path);
     for (char *p = buf + 1; *p; p++)
@@ -72,6 +73,9 @@ static int make_directory(const char *path, status *err) {
         }
     if (mkdir(buf, 0775) != 0 && errno != EEXIST)
         return status_fail(err, EXIT_USAGE, "train.out_dir = %s: cannot create: %s", path, strerror(errno));
+    struct stat st;
+    if (stat(buf, &st) == 0 && !S_ISDIR(st.st_mode)) /* EEXIST: something, not always a directory */
+        return status_fail(err, EXIT_USAGE, "train.out_dir = %s: exists and is not a directory", path);
     return 0;
 }
 

@@ -98,6 +98,10 @@ CONFIG_CASES = [
      ("hash.ini", "model.d_model = 30 is not divisible")),
     ("control bytes shown escaped", "ctrl.ini", "[model]\nd_model = 3\x1b[2J\n", ["train", INI], 2,
      ("ctrl.ini:2", "3\\x1b[2J")),
+    ("out_dir an existing file", "outfile.ini", "[train]\nout_dir = /dev/null\n", ["train", INI], 2,
+     ("train.out_dir = /dev/null: exists and is not a directory",)),
+    ("out_dir empty", "outempty.ini", "[train]\nout_dir =\n", ["train", INI], 2,
+     ("train.out_dir = '': an empty path names no directory",)),
 ]
 # generate --stop (docs/cli.md §5): the escapes of a quoted config value, decoded strictly,
 # before the checkpoint is read (NOPE: a malformed --stop is reported, not the missing file)
