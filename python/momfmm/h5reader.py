@@ -52,8 +52,11 @@ def memory_available():
 def _not_hdf5_reason(path):
     """Why a file HDF5 does not recognise is not one, from its first bytes (src/hdf5/h5reader.c):
     a config given in a checkpoint's place reads "a text file", not "corrupt"."""
-    with open(path, "rb") as f:
-        head = f.read(4096)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        head = b"\0"  # unreadable now: the generic reason, as the binary gives it
     if not head:
         return "an empty file, not an HDF5 file"
     if b"\0" not in head:
