@@ -149,12 +149,9 @@ int tokenizer_from_bytes(tokenizer *t, unsigned char *bytes, size_t n, const cha
     t->model_size = n;
     t->checksum = dist_checksum(bytes, n);
     char why[128];
-    snprintf(why, sizeof why, "%s",
-             n == 0                             ? "empty"
-             : sys_has_hdf5_signature(bytes, n) ? "an HDF5 file"
-                                                : "above 64 MiB");
-    if (n > 0 && !sys_has_hdf5_signature(bytes, n) && n < MAX_MODEL_BYTES && parse(t, bytes, n, why, sizeof why) == 0)
-        return 0;
+    bool hdf5 = sys_has_hdf5_signature(bytes, n); /* a checkpoint given as data.tokenizer, say */
+    snprintf(why, sizeof why, "%s", n == 0 ? "empty" : hdf5 ? "an HDF5 file" : "above 64 MiB");
+    if (n > 0 && !hdf5 && n < MAX_MODEL_BYTES && parse(t, bytes, n, why, sizeof why) == 0) return 0;
     tokenizer_free(t);
     return status_fail(st, EXIT_BAD_FILE, "%s: not a sentencepiece model (momfmm-tokenize train): %s", origin, why);
 }

@@ -236,12 +236,12 @@ void dist_sum_doubles(double *x, size_t n) {
 }
 
 int dist_agree_status(int rc, status *st) {
+    if (rc != 0) st->code = rc;
     int ranks = dist_size();
     if (ranks == 1) return rc;
     /* the lowest failing rank, or `ranks` when none failed: a max of negated ranks */
     int first = (int)-dist_max_double(rc != 0 ? -(double)dist_rank() : -(double)ranks);
     if (first == ranks) return 0;
-    if (dist_rank() == first) st->code = rc;
     dist_broadcast_bytes_from(first, st, sizeof *st);
     return st->code;
 }
