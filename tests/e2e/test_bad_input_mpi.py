@@ -18,9 +18,9 @@ def kinds(momfmm, workdir):
 
 
 def test_file_refusals_under_mpirun(momfmm, workdir, kinds, report):
-    """Under the launcher with two ranks, a refused input or output file of eval, generate, inspect,
-    loss and logits ends the job in one line and its exit code (it ended in MPI_Abort's banner,
-    each rank printing the line), also when the file fails on one rank alone (dist_agree_status,
+    """Under the launcher with two ranks, a refused input or output file of eval, inspect, loss and
+    logits (generate and logits read their checkpoint as eval does) ends the job in one line and
+    its exit code (it ended in MPI_Abort's banner, each rank printing the line), also when the file fails on one rank alone (dist_agree_status,
     docs/cli.md §5 under mpirun): here rank 1 is given another file than rank 0, as a node-local
     path may differ. Train's own files too (config, --resume, --init, data.path), which failed on
     one rank alone without a word and left the others to dist.timeout (exit 5)."""
@@ -36,14 +36,10 @@ def test_file_refusals_under_mpirun(momfmm, workdir, kinds, report):
     cases = [  # (case, command, exit code, the one line after "momfmm: ")
         ("eval of a metrics file", [momfmm, "eval", files["metrics"]], 3,
          f"{files['metrics']}: {KIND_NAMES['metrics']}, not {KIND_NAMES['checkpoint']}"),
-        ("generate of a metrics file", [momfmm, "generate", files["metrics"], "--prompt", "1"], 3,
-         f"{files['metrics']}: {KIND_NAMES['metrics']}, not {KIND_NAMES['checkpoint']}"),
         ("inspect of a token file", [momfmm, "inspect", files["tokens"]], 3,
          f"{files['tokens']}: {KIND_NAMES['tokens']}, neither a checkpoint nor a metrics file"),
         ("loss of a token file of ids", [momfmm, "loss", ck, files["tokens"]], 3,
          f"{files['tokens']}: {KIND_NAMES['tokens']}, not {KIND_NAMES['loss_tokens']}"),
-        ("logits of a gradient file", [momfmm, "logits", files["grads"], files["tokens"], "--out", out], 3,
-         f"{files['grads']}: {KIND_NAMES['grads']}, not {KIND_NAMES['checkpoint']}"),
         ("loss --grads in a missing directory",
          [momfmm, "loss", ck, files["loss_tokens"], "--grads", os.path.join(workdir, "nodir", "g.h5")], 2,
          f"--grads {os.path.join(workdir, 'nodir', 'g.h5')}: its directory {os.path.join(workdir, 'nodir')}: "
