@@ -313,23 +313,21 @@ static void inspect_metrics_file(const char *path) {
 static h5kind inspected_kind(const char *path) {
     struct {
         h5kind kind;
-        int rc;
-        status err;
+        status err; /* code 0: the kind is one inspect reads */
     } found = {.kind = H5KIND_OTHER};
     unsigned live = H5F_ACC_RDONLY | H5F_ACC_SWMR_READ;
-    if (dist_rank() == 0) found.rc = h5kind_of_path(path, "checkpoint or metrics file", live, &found.kind, &found.err);
-    if (dist_rank() == 0 && found.rc == 0) {
+    if (dist_rank() == 0 && h5kind_of_path(path, "checkpoint or metrics file", live, &found.kind, &found.err) == 0) {
         if (found.kind == H5KIND_OTHER)
-            found.rc = status_fail(&found.err, EXIT_BAD_FILE,
-                                   "%s: neither a checkpoint (no root attribute 'format') nor a metrics file (no root "
-                                   "attribute 'config_ini' and no /metrics group)",
-                                   path);
+            status_fail(&found.err, EXIT_BAD_FILE,
+                        "%s: neither a checkpoint (no root attribute 'format') nor a metrics file (no root "
+                        "attribute 'config_ini' and no /metrics group)",
+                        path);
         else if (found.kind != H5KIND_CHECKPOINT && found.kind != H5KIND_METRICS)
-            found.rc = status_fail(&found.err, EXIT_BAD_FILE, "%s: %s, neither a checkpoint nor a metrics file", path,
-                                   h5kind_name(found.kind));
+            status_fail(&found.err, EXIT_BAD_FILE, "%s: %s, neither a checkpoint nor a metrics file", path,
+                        h5kind_name(found.kind));
     }
     dist_broadcast_bytes(&found, sizeof found);
-    cmd_fail_if_any(found.rc, &found.err);
+    cmd_fail_if_any(found.err.code, &found.err);
     return found.kind;
 }
 

@@ -450,19 +450,9 @@ static void check_init_source(const config *cfg, const char *init, bool overwrit
                      "train --init %s --overwrite: the checkpoint lies in train.out_dir = %s, which --overwrite "
                      "would empty first; copy it elsewhere, or choose another train.out_dir",
                      init, cfg->out_dir);
-    config saved;
     checkpoint_info info;
     status err;
-    char diff[4096];
-    int rc = checkpoint_read_config(init, &saved, &info, &err);
-    if (rc != 0) {
-        char why[sizeof err.message];
-        snprintf(why, sizeof why, "%s", err.message);
-        status_fail(&err, rc, "--init %s", why);
-    } else if (config_compare_architecture(&saved, cfg, diff, sizeof diff) > 0)
-        rc = status_fail(&err, EXIT_BAD_FILE, "--init %s: the model differs from the config's (checkpoint vs now): %s",
-                         init, diff);
-    cmd_fail_if_any(rc, &err); /* each rank read the file itself */
+    cmd_fail_if_any(trainer_check_init_source(cfg, init, &info, &err), &err); /* each rank read the file itself */
 }
 
 int command_train(const char *config_path, int n_overrides, char *const *overrides, const char *resume,

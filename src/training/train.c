@@ -439,14 +439,24 @@ int trainer_resume(trainer *t, const char *how, status *err) {
     return check_consistency(t, err);
 }
 
-int trainer_init_from(trainer *t, const char *path, status *err) {
+int trainer_check_init_source(const config *cfg, const char *path, checkpoint_info *info, status *err) {
     config saved;
-    checkpoint_info info;
+    int rc = checkpoint_read_config(path, &saved, info, err);
+    if (rc != 0) {
+        char why[sizeof err->message];
+        snprintf(why, sizeof why, "%s", err->message);
+        return status_fail(err, rc, "--init %s", why);
+    }
     char diff[4096];
-    int rc = checkpoint_read_config(path, &saved, &info, err);
-    if (rc == 0 && config_compare_architecture(&saved, &t->cfg, diff, sizeof diff) > 0)
-        rc = status_fail(err, EXIT_BAD_FILE, "--init %s: the model differs from the config's (checkpoint vs now): %s",
-                         path, diff);
+    if (config_compare_architecture(&saved, cfg, diff, sizeof diff) > 0)
+        return status_fail(err, EXIT_BAD_FILE, "--init %s: the model differs from the config's (checkpoint vs now): %s",
+                           path, diff);
+    return 0;
+}
+
+int trainer_init_from(trainer *t, const char *path, status *err) {
+    checkpoint_info info;
+    int rc = trainer_check_init_source(&t->cfg, path, &info, err);
     if (rc == 0) rc = checkpoint_read_state(path, &t->model, false, NULL, NULL, err);
     /* as in trainer_resume: every rank read the file itself */
     if (dist_agree_status(rc, err) != 0) return err->code;

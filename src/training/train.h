@@ -87,6 +87,11 @@ int trainer_resume(trainer *t, const char *how, status *err);
  * trainer_create. Returns 0, or EXIT_BAD_FILE in err: a file that does not
  * load, or one whose architecture keys differ (listing every one). */
 int trainer_init_from(trainer *t, const char *path, status *err);
+/* The checks of --init's source before anything is made (the command checks
+ * it before the run directory is touched; trainer_init_from again, on the
+ * file it then reads): its config reads, and its architecture keys are the
+ * config's. 0, or EXIT_BAD_FILE in err naming "--init PATH"; info filled. */
+int trainer_check_init_source(const config *cfg, const char *path, checkpoint_info *info, status *err);
 /* Who writes the checkpoints (docs/scale.md §7): with ZeRO-1 on several
  * ranks no rank holds all the moments, so all write together; otherwise
  * rank 0 alone. */
