@@ -74,7 +74,11 @@ class Reader:
         if not h5py.is_hdf5(path):
             self.fail(_not_hdf5_reason(path))
         self.f = None
-        for kwargs in ([{"libver": "latest", "swmr": True}] if swmr else []) + [{}]:
+        # the other mode second, as h5reader.c: an old file opens only without SWMR, a live one
+        # (a run writing metrics.h5) only with it, and a live file in another kind's place is
+        # then named by its kind, not "corrupt?"
+        live = {"libver": "latest", "swmr": True}
+        for kwargs in ([live, {}] if swmr else [{}, live]):
             try:
                 self.f = h5py.File(path, "r", **kwargs)
                 break

@@ -72,8 +72,11 @@ static void reader_open(h5reader *r, const char *what) {
     H5Pset_elink_cb(fapl, refuse_external_link, NULL);
     bool hdf5 = H5Fis_hdf5(name) > 0;
     if (hdf5) r->file = H5Fopen(name, r->open_flags, fapl);
-    /* a file in the old format (no SWMR) opens without the flag */
-    if (hdf5 && r->file < 0 && (r->open_flags & H5F_ACC_SWMR_READ)) r->file = H5Fopen(name, H5F_ACC_RDONLY, fapl);
+    /* the other mode second (docs/files.md §4, another of momfmm's files): a
+     * file in the old format (no SWMR) opens only without the flag, and a
+     * live one (a run writing its metrics.h5) only with it, so a live file
+     * given in another kind's place is named by its kind, not "corrupt?" */
+    if (hdf5 && r->file < 0) r->file = H5Fopen(name, r->open_flags ^ H5F_ACC_SWMR_READ, fapl);
     H5Pclose(fapl);
     const char *not_hdf5 = hdf5 ? NULL : not_hdf5_reason(fd);
     close(fd); /* HDF5 holds its own descriptor of the file */

@@ -16,8 +16,10 @@ each its own CTest entry (e2e_checkpoint_<group>, tests/CMakeLists.txt).
   job scripts' odls_base_sigkill_timeout = 5; a second
   SIGINT ends the whole job within seconds (130), leaving no process.
 - TestLiveMetrics: metrics.h5 read with h5py (SWMR) while a run writes it:
-  rows grow, values finite, config_ini present; after SIGTERM it holds the
-  same history as the final checkpoint.
+  rows grow, values finite, config_ini present; given where a checkpoint
+  or a token file belongs (eval, generate, loss, train --init, the Python
+  readers) it is named as live metrics; after SIGTERM it holds the same
+  history as the final checkpoint.
 """
 import configparser
 import os
@@ -32,10 +34,11 @@ import numpy as np
 import pytest
 
 from processes import session_members
-from common import env
+from common import env, run
 from ckpt_util import (LongRun, Runner, SlowRun, check_stopped, checkpoints, ckpt, load_state, same_bits,
                        tail)
-from momfmm.files import checkpoint_step
+from momfmm.files import RunError, checkpoint_step
+from momfmm.h5 import load_checkpoint, load_tokens
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +234,28 @@ def check_slow_stop(R, report, label, name, send, wrapped, grace_s=None):
         job.close()
 
 
+def check_live_file_named(R, report, path, ini):
+    """The live metrics.h5 where another kind belongs is named by its kind (docs/files.md §4,
+    another of momfmm's files), by every reader: it used to be "cannot open checkpoint as HDF5
+    (corrupt?)", HDF5 opening a file an SWMR writer holds only as an SWMR reader."""
+    said = "a run's live metrics (metrics.h5), not a"
+    for args in (["eval", path], ["generate", path], ["loss", path, path],
+                 ["train", ini, "--init", path,
+                  "--set", f"train.out_dir={os.path.join(R.work, 'live_init')}"]):
+        r = run([R.momfmm] + args, timeout=60)
+        lines = r.stderr.strip().splitlines()
+        report.check(f"live metrics: momfmm {args[0]} given metrics.h5 while the run writes it names its kind",
+                     r.returncode == 3 and len(lines) == 1 and said in lines[0], tail(r))
+    for reader in (load_checkpoint, load_tokens):
+        try:
+            reader(path)
+            error = "read"
+        except RunError as e:
+            error = str(e)
+        report.check(f"live metrics: momfmm.h5.{reader.__name__} of metrics.h5 while the run writes it names "
+                     "its kind", said in error, error)
+
+
 # ---- 7. live metrics ----------------------------------------------------------------------
 
 class TestLiveMetrics:
@@ -305,6 +330,7 @@ def check_live_metrics(R, report):
         report.check("live metrics: momfmm inspect metrics.h5 while the run writes it shows its latest rows",
                      r.returncode == 0 and "train metrics (" in r.stdout and "last 5:" in r.stdout,
                      (r.stdout + r.stderr)[-300:])
+        check_live_file_named(R, report, path, job.ini)
         parser = configparser.ConfigParser()
         try:
             parser.read_string(ini if isinstance(ini, str) else "")
