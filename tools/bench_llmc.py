@@ -207,8 +207,10 @@ def parse_args(argv):
             raise BadArgument(f"{a.llmc}: no train_gpt2 in this directory (build it there: make train_gpt2)")
     a.llmc = executable("train_gpt2", candidate)
     a.momfmm = executable("--momfmm", a.momfmm)
-    if not os.path.isfile(a.config):
+    if not os.path.exists(a.config):
         raise BadArgument(f"--config {a.config}: no such file")
+    if not os.path.isfile(a.config):
+        raise BadArgument(f"--config {a.config}: not a regular file (a config is INI text)")
     return a
 
 

@@ -158,8 +158,10 @@ def main():
         refuse("--rounds must be 1 ... 100 and --steps 1 ... 1000")
     if not (os.path.isfile(a.binary) and os.access(a.binary, os.X_OK)):
         refuse(f"{a.binary}: not an executable momfmm binary (--binary)")
-    if not os.path.isfile(a.config):
+    if not os.path.exists(a.config):
         refuse(f"{a.config}: no such config file")
+    if not os.path.isfile(a.config):
+        refuse(f"{a.config}: not a regular file (a config is INI text)")
     if any(ranks > 1 for _, _, _, ranks in setups) and not shutil.which(a.mpirun):
         refuse(f"--mpirun {a.mpirun}: not an executable launcher (the set-ups with ranks run under it)")
     name, avx512 = cpu()

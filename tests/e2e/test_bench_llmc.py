@@ -177,7 +177,8 @@ def test_table(workdir, momfmm, fake, report):
 
 
 @pytest.mark.parametrize("case", ("missing", "not executable", "dir without train_gpt2", "threads 0",
-                                  "threads two", "rounds 0", "rounds x", "momfmm missing"))
+                                  "threads two", "rounds 0", "rounds x", "momfmm missing",
+                                  "config missing", "config dir"))
 def test_bad_arguments(workdir, momfmm, fake, case, report):
     """Exit 2, one line naming the value, no traceback; nothing runs."""
     tmp = os.path.join(workdir, "bad_" + case.replace(" ", "_"))
@@ -192,6 +193,10 @@ def test_bad_arguments(workdir, momfmm, fake, case, report):
         llmc = named = workdir
     elif case == "momfmm missing":
         extra, named = ["--momfmm", os.path.join(workdir, "no_momfmm")], os.path.join(workdir, "no_momfmm")
+    elif case.startswith("config"):
+        config = os.path.join(workdir, "no_such.ini") if case == "config missing" else workdir
+        extra = ["--config", config]
+        named = f"--config {config}: " + ("no such file" if case == "config missing" else "not a regular file")
     else:
         option, value = case.split()
         extra, named = [f"--{option}", value], f"--{option} '{value}'"

@@ -311,6 +311,12 @@ def test_bench_speed(momfmm, workdir, report):
         bad = run([PYTHON, SPEED, ini, "--binary", momfmm, *args] if "--binary" not in args else [PYTHON, SPEED, ini, *args])
         report.check(f"bench_speed.py {' '.join(args)}: exit 2, one line", bad.returncode == 2 and needle in bad.stderr
                      and len(bad.stderr.strip().splitlines()) == 1, bad.stderr[-300:])
+    for config, needle in ((os.path.join(workdir, "nope.ini"), "no such config file"),
+                           (workdir, "not a regular file"), ("/dev/null", "not a regular file")):
+        bad = run([PYTHON, SPEED, config, "--binary", momfmm])
+        report.check(f"bench_speed.py with the config {config}: exit 2, one line naming it", bad.returncode == 2
+                     and f"{config}: {needle}" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1,
+                     bad.stderr[-300:])
 
 
 GOAL = re.compile(r"^goal: .*?(>=|<=) ([0-9.]+)(?:x|%) .*\(measured ([-0-9.a-z]+)(?:x|%)\): (met|MISSED)$", re.M)
