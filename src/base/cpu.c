@@ -5,6 +5,7 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/sys.h"
@@ -17,14 +18,38 @@ static bool cpu_has_amx_bf16(void) {
     return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && ((edx >> 22) & 1u);
 }
 
-/* __builtin_cpu_supports also checks that the OS saves the AVX-512 state. */
-bool cpu_has_avx512_bf16(void) {
+/* The switch that plays a CPU without AVX-512F (docs/design.md §8.10, an
+ * AVX2 core played): asked once, as the CPU itself is. */
+static bool avx512f_played_away(void) {
+    static int played = -1;
+    if (played < 0) {
+        const char *fake = getenv("MOMFMM_FAKE_NO_AVX512");
+        played = fake && strcmp(fake, "1") == 0;
+    }
+    return played;
+}
+
+const char *cpu_no_avx512f_reason(void) {
+    if (avx512f_played_away()) return "the CPU has no AVX-512F (MOMFMM_FAKE_NO_AVX512=1)";
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+    /* __builtin_cpu_supports also checks that the OS saves the AVX-512 state */
+    return __builtin_cpu_supports("avx512f") ? NULL : "the CPU has no AVX-512F";
+}
+
+bool cpu_has_avx512f(void) { return cpu_no_avx512f_reason() == NULL; }
+
+bool cpu_avx512f_played_away(void) {
+    __builtin_cpu_init();
+    return avx512f_played_away() && __builtin_cpu_supports("avx512f");
+}
+
+bool cpu_has_avx512_bf16(void) {
+    return cpu_has_avx512f() && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");
 }
 
-bool cpu_has_bf16(void) { return cpu_has_avx512_bf16() || cpu_has_amx_bf16(); }
+/* AMX needs AVX-512 beside it: a CPU played without AVX-512F has none */
+bool cpu_has_bf16(void) { return cpu_has_avx512_bf16() || (cpu_has_avx512f() && cpu_has_amx_bf16()); }
 
 /* Round-to-nearest-even on the upper 16 bits, with the instruction's
  * treatment of NaN (quietened) and of subnormal inputs (signed zero). */
@@ -66,9 +91,8 @@ void cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
 }
 
 bool cpu_has_avx512_core(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    return cpu_has_avx512f() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq");
 }
 
 /* ---- Peak throughput probes (docs/design.md §8.10) ---------------------
@@ -141,14 +165,14 @@ static double probe(probe_loop loop, double flops_per_iteration, double seconds)
 
 const char *cpu_fma_isa(void) {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return "avx512";
+    if (cpu_has_avx512f()) return "avx512";
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "avx2+fma";
     return "none";
 }
 
 double cpu_fma_peak_gflops(double seconds) {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return probe(fma_loop_avx512, 2.0 * 16 * PROBE_ACCUMULATORS, seconds);
+    if (cpu_has_avx512f()) return probe(fma_loop_avx512, 2.0 * 16 * PROBE_ACCUMULATORS, seconds);
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return probe(fma_loop_avx2, 2.0 * 8 * PROBE_ACCUMULATORS, seconds);
     return 0;

@@ -7,6 +7,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* AVX-512F as momfmm takes it: the CPU's, unless MOMFMM_FAKE_NO_AVX512=1
+ * plays a CPU without it (docs/design.md §8.10, an AVX2 core played): the
+ * fp32 engines, the tile kernels, the bf16 paths and the peak probe then
+ * take their AVX2 paths. cpu_no_avx512f_reason: NULL when it has it, else
+ * why not; cpu_avx512f_played_away: the CPU has it and the switch hides it. */
+const char *cpu_no_avx512f_reason(void);
+bool cpu_has_avx512f(void);
+bool cpu_avx512f_played_away(void);
+
 bool cpu_has_bf16(void);
 /* AVX512_BF16 (vdpbf16ps) with AVX-512BW and VL, and the OS saving the
  * AVX-512 state: what the bf16 tile kernel (kernels/tile_gemm.h) runs on. */

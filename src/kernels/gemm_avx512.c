@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/cpu.h"
 #include "base/sys.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -57,11 +58,7 @@ struct gemm_avx512_space {
 
 const char *gemm_avx512_unavailable_reason(void) {
 #if GEMM_AVX512_BUILT
-    /* MOMFMM_FAKE_NO_AVX512=1 plays a CPU without AVX-512F, so that tests
-     * reach the refusal and the fallbacks on any machine */
-    const char *fake = getenv("MOMFMM_FAKE_NO_AVX512");
-    if (fake && strcmp(fake, "1") == 0) return "the CPU has no AVX-512F (MOMFMM_FAKE_NO_AVX512=1)";
-    return __builtin_cpu_supports("avx512f") ? NULL : "the CPU has no AVX-512F";
+    return cpu_no_avx512f_reason(); /* played away too: tests reach the refusal and the fallbacks */
 #else
     return "momfmm was built without GCC for x86-64";
 #endif

@@ -192,6 +192,9 @@ gemm_onednn *gemm_onednn_create(bool bf16, int threads) {
     gemm_onednn *dnn = sys_calloc(1, sizeof *dnn);
     dnn->bf16 = bf16;
     dnn->threads = threads;
+    /* an AVX2 core played (cpu.h): oneDNN's JIT kept to AVX2 as well; only
+     * its first call counts, before any primitive */
+    if (cpu_avx512f_played_away()) dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2);
     DNNL_CHECK(dnnl_engine_create(&dnn->engine, dnnl_cpu, 0));
     DNNL_CHECK(dnnl_stream_create(&dnn->stream, dnn->engine, dnnl_stream_default_flags));
     /* Name the implementation of a typical product for the start-up line

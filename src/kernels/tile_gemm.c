@@ -26,7 +26,7 @@ void tile_gemm_set_wide(int choice) { wide_choice = choice; }
 bool tile_gemm_wide(void) {
 #if TILE_GEMM_WIDE
     if (!tile_gemm_available()) return false;
-    return wide_choice >= 0 ? wide_choice == 1 : __builtin_cpu_supports("avx512f");
+    return wide_choice >= 0 ? wide_choice == 1 : cpu_has_avx512f();
 #else
     return false;
 #endif
@@ -35,7 +35,7 @@ bool tile_gemm_wide(void) {
 bool tile_gemm_avx512(void) {
 #if TILE_GEMM_WIDE
     static int cpu = -1; /* asked once: the tiles ask per call */
-    if (cpu < 0) cpu = __builtin_cpu_supports("avx512f");
+    if (cpu < 0) cpu = cpu_has_avx512f();
     return cpu && tile_gemm_wide();
 #else
     return false;

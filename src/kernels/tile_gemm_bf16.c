@@ -145,10 +145,7 @@ __attribute__((WIDE_CONTRACT)) static void pairs_emulated_default(const pair_blo
 static void pairs_emulated_any(const pair_block *t) {
 #if TILE_GEMM_AVX2
     static int isa = -1; /* 2: AVX-512F, 1: AVX2 + FMA, 0: neither */
-    if (isa < 0)
-        isa = __builtin_cpu_supports("avx512f")                                 ? 2
-              : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1
-                                                                                : 0;
+    if (isa < 0) isa = cpu_has_avx512f() ? 2 : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
     if (isa == 2) pairs_emulated_avx512(t);
     else if (isa == 1) pairs_emulated_avx2(t);
     else

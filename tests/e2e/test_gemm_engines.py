@@ -82,3 +82,15 @@ class TestGemmAuto:
                      f"rc {resumed.returncode}: " + " / ".join(l for l in resumed.stdout.splitlines() if "gemm" in l))
         ev = run([R.momfmm, "eval", ckpt], timeout=120, env=env(**no_avx512))
         report.check("eval of that checkpoint runs there too", ev.returncode == 0, ev.stderr[-300:])
+        # the whole AVX2 core played (src/base/cpu.h): bench's peak is the AVX2 one, auto
+        # times the AVX2 engines only, and bf16 is refused as on such a core
+        path, _ = R.config("gemm_played", **self.SIZE)
+        b = run([R.momfmm, "bench", path, "--steps", "1"], timeout=300, env=env(**no_avx512))
+        report.check("bench on an AVX2 core played: the AVX2 FMA peak, no AVX-512 engine in auto's choice",
+                     b.returncode == 0 and "(avx2+fma, " in b.stdout and "avx512-f32" not in b.stdout,
+                     " / ".join(l for l in b.stdout.splitlines() if "peak" in l or "gemm" in l) + b.stderr[-200:])
+        b = run([R.momfmm, "bench", path, "--steps", "1", "--set", "train.precision=bf16"], timeout=300,
+                env=env(**no_avx512))
+        report.check("bf16 on an AVX2 core played: exit 2 naming AVX512_BF16, one line",
+                     b.returncode == 2 and "AVX512_BF16" in b.stderr and len(b.stderr.strip().splitlines()) == 1,
+                     b.stderr[-300:])

@@ -295,6 +295,13 @@ def test_bench_speed(momfmm, workdir, report):
                      and re.search(r"^\| fp32@np2 \| [0-9,.]+ \|", out, re.M) is not None
                      and re.search(r"^compare: fp32@2 .* against fp32@np2 .*: [0-9.]+x$", out, re.M) is not None,
                      out[-600:] + ranks.stderr[-300:])
+    played = run([PYTHON, SPEED, ini, "--binary", momfmm, "--rounds", "1", "--steps", "1", "--setups",
+                  "fp32,fp32-avx2"], timeout=300)
+    out = played.stdout
+    report.check("fp32-avx2 runs bench with AVX-512F hidden and is judged against the AVX2 peak (85%)",
+                 played.returncode == 0 and re.search(r"^  fp32-avx2: MOMFMM_FAKE_NO_AVX512=1 OMP_NUM_THREADS=1 ", out, re.M)
+                 is not None and re.search(r"^goal: fp32-avx2 >= 85% of the AVX2 FMA peak.*: (met|MISSED)$", out, re.M)
+                 is not None and not goals_at_odds(out), out[-600:] + played.stderr[-300:])
     for args, needle in ((["--setups", "fp64"], "the precision must be one of"),
                          (["--setups", "fp32@0"], "a thread count"),
                          (["--setups", "fp32@"], "a thread count"),
