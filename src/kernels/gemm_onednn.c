@@ -193,7 +193,9 @@ gemm_onednn *gemm_onednn_create(bool bf16, int threads) {
     dnn->bf16 = bf16;
     dnn->threads = threads;
     /* an AVX2 core played (cpu.h): oneDNN's JIT kept to AVX2 as well; only
-     * its first call counts, before any primitive */
+     * its first call counts, before any primitive. Should it not take, the
+     * start-up line's implementation (`brg:avx512_core` rather than
+     * `gemm:jit`) shows it, so its status is not checked. */
     if (cpu_avx512f_played_away()) dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2);
     DNNL_CHECK(dnnl_engine_create(&dnn->engine, dnnl_cpu, 0));
     DNNL_CHECK(dnnl_stream_create(&dnn->stream, dnn->engine, dnnl_stream_default_flags));
