@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "base/cpu.h"
 #include "base/status.h"
 #include "base/sys.h"
 
@@ -29,9 +30,9 @@ static const char *better_core(void) {
     if (getenv("OPENBLAS_CORETYPE") || getenv("MOMFMM_KEEP_BLAS_CORE")) return NULL;
     if (!is_fallback_core(openblas_get_corename())) return NULL;
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? "SkylakeX"
-           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")       ? "Haswell"
-                                                                                   : NULL;
+    return cpu_has_avx512f() && __builtin_cpu_supports("avx512bw")           ? "SkylakeX" /* as played too (cpu.h) */
+           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
+                                                                             : NULL;
 }
 
 /* OpenBLAS's pthreads build starts a pool of threads in its library
