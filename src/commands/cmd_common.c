@@ -242,6 +242,14 @@ void cmd_use_checkpoint_precision(const char *ckpt, const char *precision) {
         status st; /* the key's own check: fp32|bf16, did you mean */
         if (config_apply_override(&c, assignment, &st) != 0) cmd_exit_on_status(&st, true);
     }
+    /* a checkpoint trained in bf16, read where bf16 cannot run: the way out
+     * is the option, not the config (docs/scale.md §7) */
+    const char *why = c.precision == PRECISION_BF16 && !precision ? gemm_unavailable_reason(GEMM_ONEDNN_BF16) : NULL;
+    if (why)
+        cmd_fail_all(EXIT_USAGE,
+                     "%s: trained with train.precision = bf16, which cannot run here: %s; --precision fp32 "
+                     "runs it in fp32",
+                     ckpt, why);
     cmd_use_precision(&c);
     /* train.gemm = auto: the engines the run trained with, when recorded */
     gemm_engine engines[GEMM_CLASSES];

@@ -80,13 +80,13 @@ const char *gemm_unavailable_reason(gemm_engine engine) {
     /* MOMFMM_FAKE_NO_BF16=1 plays a CPU without bf16, so that tests reach
      * the refusal (docs/scale.md §7) on any machine */
     bool has_bf16 = cpu_has_bf16() && !(fake && strcmp(fake, "1") == 0);
+    /* oneDNN 2.6 emulates bf16 matmul with AVX-512 (avx512_core) only: on
+     * an AVX2 CPU even the forced engine has no implementation, so the
+     * override is named only where it would run */
+    if (engine == GEMM_ONEDNN_BF16 && !has_bf16 && !cpu_has_avx512_core())
+        return "the CPU has neither AVX512_BF16 nor AMX-BF16, and without AVX-512 oneDNN cannot emulate bf16";
     if (engine == GEMM_ONEDNN_BF16 && !has_bf16 && !forced)
         return "the CPU has neither AVX512_BF16 nor AMX-BF16 (MOMFMM_FORCE_BF16=1 overrides)";
-    /* oneDNN 2.6 emulates bf16 matmul with AVX-512 (avx512_core) only: on
-     * an AVX2 CPU even the forced engine has no implementation */
-    if (engine == GEMM_ONEDNN_BF16 && !has_bf16 && !cpu_has_avx512_core())
-        return "the CPU has neither AVX512_BF16 nor AMX-BF16, and without AVX-512 oneDNN cannot emulate bf16 "
-               "(not even with MOMFMM_FORCE_BF16=1)";
     return NULL;
 #endif
 }

@@ -20,7 +20,9 @@ registers this module only then).
 """
 import os
 import re
+import shutil
 
+import h5py
 import numpy as np
 import pytest
 from momfmm.h5 import load_checkpoint, newest_checkpoint
@@ -222,6 +224,30 @@ class TestRefusal:
         ck = os.path.join(out_dir, "ckpt_00000002.h5")
         r = run([momfmm, "eval", ck, "--precision", "bf16"], env=fake)
         report.check("eval --precision bf16 without AVX512_BF16: exit 2", r.returncode == 2 and "AVX512_BF16" in r.stderr,
+                     f"rc {r.returncode}: {r.stderr.strip()}")
+        # a checkpoint trained in bf16, read there: the checkpoint and the way out named
+        # (its config says bf16; rewritten here so that any CPU can make it)
+        bf16_ck = os.path.join(workdir, "trained_in_bf16.h5")
+        shutil.copyfile(ck, bf16_ck)
+        with h5py.File(bf16_ck, "r+") as f:
+            text = f.attrs["config_ini"]
+            assert "precision = fp32" in text, text
+            f.attrs["config_ini"] = text.replace("precision = fp32", "precision = bf16")
+        tokens = os.path.join(workdir, "refuse_tokens.h5")
+        with h5py.File(tokens, "w") as f:
+            f["tokens"] = np.zeros((1, 8), dtype=np.int32)
+        for args in (["eval", bf16_ck], ["generate", bf16_ck], ["logits", bf16_ck, tokens, "--out",
+                                                                 os.path.join(workdir, "refuse_logits.h5")]):
+            r = run([momfmm, *args], env=fake)
+            lines = r.stderr.strip().splitlines()
+            report.check(f"{args[0]} of a bf16 checkpoint without AVX512_BF16: exit 2, one line naming it and "
+                         "--precision fp32", r.returncode == 2 and len(lines) == 1 and bf16_ck in lines[0]
+                         and "--precision fp32" in lines[0], f"rc {r.returncode}: {r.stderr.strip()}")
+        r = run([momfmm, "eval", bf16_ck, "--precision", "fp32"], env=fake)
+        report.check("eval --precision fp32 of that checkpoint runs there", r.returncode == 0, r.stderr[-300:])
+        r = run([momfmm, "eval", ck, "--precision", "bf16"], env=env(MOMFMM_FAKE_NO_AVX512=1))
+        report.check("without AVX-512 at all the override is not offered (oneDNN cannot emulate bf16 there)",
+                     r.returncode == 2 and "cannot emulate" in r.stderr and "MOMFMM_FORCE_BF16" not in r.stderr,
                      f"rc {r.returncode}: {r.stderr.strip()}")
         r = run([momfmm, "eval", ck, "--precision", "fp16"])
         report.check("--precision fp16: exit 2 naming the choices", r.returncode == 2 and "bf16" in r.stderr,
