@@ -18,30 +18,30 @@ static bool cpu_has_amx_bf16(void) {
     return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && ((edx >> 22) & 1u);
 }
 
-/* The switch that plays a CPU without AVX-512F (docs/design.md §8.10, an
- * AVX2 core played): asked once, as the CPU itself is. */
-static bool avx512f_played_away(void) {
-    static int played = -1;
-    if (played < 0) {
+/* AVX-512F as momfmm takes it, decided once (the CPU and the switch do not
+ * change), so that the kernels that ask per call (tile_gemm_wide) pay a
+ * load: 0 it has it; 1 the CPU lacks it; 2 MOMFMM_FAKE_NO_AVX512=1 hides
+ * it, playing an AVX2 core (docs/design.md §8.10). */
+static int avx512f_state(void) {
+    static int state = -1;
+    if (state < 0) {
         const char *fake = getenv("MOMFMM_FAKE_NO_AVX512");
-        played = fake && strcmp(fake, "1") == 0;
+        __builtin_cpu_init();
+        /* __builtin_cpu_supports also checks that the OS saves the AVX-512 state */
+        state = fake && strcmp(fake, "1") == 0 ? 2 : __builtin_cpu_supports("avx512f") ? 0 : 1;
     }
-    return played;
+    return state;
 }
 
 const char *cpu_no_avx512f_reason(void) {
-    if (avx512f_played_away()) return "the CPU has no AVX-512F (MOMFMM_FAKE_NO_AVX512=1)";
-    __builtin_cpu_init();
-    /* __builtin_cpu_supports also checks that the OS saves the AVX-512 state */
-    return __builtin_cpu_supports("avx512f") ? NULL : "the CPU has no AVX-512F";
+    static const char *const reasons[] = {NULL, "the CPU has no AVX-512F",
+                                          "the CPU has no AVX-512F (MOMFMM_FAKE_NO_AVX512=1)"};
+    return reasons[avx512f_state()];
 }
 
-bool cpu_has_avx512f(void) { return cpu_no_avx512f_reason() == NULL; }
+bool cpu_has_avx512f(void) { return avx512f_state() == 0; }
 
-bool cpu_avx512f_played_away(void) {
-    __builtin_cpu_init();
-    return avx512f_played_away() && __builtin_cpu_supports("avx512f");
-}
+bool cpu_avx512f_played_away(void) { return avx512f_state() == 2 && __builtin_cpu_supports("avx512f"); }
 
 bool cpu_has_avx512_bf16(void) {
     return cpu_has_avx512f() && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&

@@ -34,9 +34,7 @@ bool tile_gemm_wide(void) {
 
 bool tile_gemm_avx512(void) {
 #if TILE_GEMM_WIDE
-    static int cpu = -1; /* asked once: the tiles ask per call */
-    if (cpu < 0) cpu = cpu_has_avx512f();
-    return cpu && tile_gemm_wide();
+    return cpu_has_avx512f() && tile_gemm_wide(); /* decided once in cpu.c: the tiles ask per call */
 #else
     return false;
 #endif
