@@ -34,7 +34,6 @@ The torch model covers softmax attention without momentum only; other settings
 are reported and ignored on the torch side.
 """
 import argparse
-import configparser
 import math
 import os
 import re
@@ -43,6 +42,8 @@ import socket
 import subprocess
 import sys
 import time
+
+from momfmm_launcher import use_source_package
 
 BENCH_LINE = re.compile(r"bench\s+tokens_per_s=(\S+)\s+ms_per_step=(\S+)\s+gflops=(\S+)")
 CORE_LINE = re.compile(r"OpenBLAS core (\S+)")
@@ -127,45 +128,35 @@ def training_flops_per_step(V, d, n_layers, d_ff, T, B):
 
 
 class Settings:
-    """The config values the benchmark needs (docs/config.md §6 names and defaults)."""
+    """The config values the benchmark needs (docs/config.md §6 names; momfmm's defaults)."""
 
-    def __init__(self, cp: configparser.ConfigParser):
-        g = lambda s, k, d=None: cp.get(s, k, fallback=d)  # noqa: E731
-        self.V = int(g("model", "vocab_size"))
-        self.d = int(g("model", "d_model"))
-        self.H = int(g("model", "n_heads"))
-        self.n_layers = int(g("model", "n_layers"))
-        self.d_ff = int(g("model", "d_ff"))
-        self.rope_base = float(g("model", "rope_base", "10000"))
-        self.causal = g("model", "causal", "true").strip().lower() in ("true", "1", "yes", "on")
-        self.T = int(g("data", "seq_len"))
-        self.B = int(g("train", "batch_size"))
-        self.lr = float(g("train", "lr", "3e-4"))
-        self.weight_decay = float(g("train", "weight_decay", "0.1"))
-        self.betas = (float(g("train", "beta1", "0.9")), float(g("train", "beta2", "0.95")))
-        self.adam_eps = float(g("train", "adam_eps", "1e-8"))
+    def __init__(self, c):
+        g = c.get
+        self.V, self.d, self.H = g("model.vocab_size"), g("model.d_model"), g("model.n_heads")
+        self.n_layers, self.d_ff = g("model.n_layers"), g("model.d_ff")
+        self.rope_base, self.causal = g("model.rope_base"), g("model.causal")
+        self.T, self.B = g("data.seq_len"), g("train.batch_size")
+        self.lr, self.weight_decay = g("train.lr"), g("train.weight_decay")
+        self.betas, self.adam_eps = (g("train.beta1"), g("train.beta2")), g("train.adam_eps")
         self.notes = []
-        if g("attention", "kind", "softmax").strip() != "softmax":
+        if g("attention.kind") != "softmax":
             self.notes.append("attention.kind is not softmax: torch side times softmax")
-        if (float(g("momentum", "gamma", "0")) != 0.0
-                or g("momentum", "learn_gamma", "false").strip().lower() == "true"):
+        if c.momentum_on:
             self.notes.append("momentum is on: torch side times plain attention")
-        if g("model", "head", "lm").strip() != "lm":
+        if g("model.head") != "lm":
             self.notes.append("model.head is not lm: torch side times the lm head")
 
 
 def read_settings(args):
-    cp = configparser.ConfigParser(interpolation=None)
-    if not cp.read(args.config):
-        sys.exit(f"{args.config}: cannot read config")
-    for kv in args.set:
-        m = re.match(r"^([^.=]+)\.([^=]+)=(.*)$", kv)
-        if not m:
-            sys.exit(f"--set {kv}: expected section.key=value")
-        if not cp.has_section(m.group(1)):
-            cp.add_section(m.group(1))
-        cp.set(m.group(1), m.group(2), m.group(3))
-    return Settings(cp)
+    """The config as momfmm reads it (momfmm.config: its syntax, each key's range and the keys
+    against each other; --set applied as the binary applies it), so that the torch side never
+    times a config momfmm would refuse. Raises ConfigError or RunError naming the file or key."""
+    from momfmm import config, files
+    text = files.read_input(args.config, "config").decode("utf-8", "surrogateescape")
+    c = config.parse(text, args.config)
+    for assignment in args.set:
+        c.override(assignment)
+    return Settings(c.check(f"{args.config} with --set" if args.set else args.config))
 
 
 def build_model(s: Settings):
@@ -305,17 +296,28 @@ def torch_threads():
     return f"torch {torch.get_num_threads()}, BLAS {blas}"
 
 
+def refuse(message):
+    """A config momfmm would refuse: one line, exit 2 (docs/cli.md §5), as bench_speed.py."""
+    print(f"bench_torch.py: error: {message}", file=sys.stderr)
+    return 2
+
+
 def median(xs):
     return sorted(xs)[len(xs) // 2]
 
 
 def main():
     args = parse_args()
-    s = read_settings(args)
+    from momfmm.config import ConfigError
+    from momfmm.files import RunError
+    try:
+        s = read_settings(args)
+    except (ConfigError, RunError) as exc:
+        return refuse(str(exc))
     for note in s.notes:
         print(f"note: {note}")
     if s.B % args.procs:
-        sys.exit(f"train.batch_size = {s.B} does not split over --procs {args.procs}")
+        return refuse(f"train.batch_size = {s.B} does not split over --procs {args.procs}")
     os.environ.update(thread_environment(args.threads))
     momfmm_runs = []
     if args.momfmm:
@@ -361,6 +363,7 @@ def main():
 
 
 if __name__ == "__main__":
+    use_source_package()  # momfmm.config of this tree reads the config as the binary does
     try:
         sys.exit(main())
     except MomfmmFailed as e:  # one line, as the other refusals

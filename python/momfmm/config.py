@@ -365,6 +365,29 @@ class Config:
     def __getitem__(self, key):
         return self.get(key)
 
+    # ------------------------------------------------------------ src/config/config.c
+    def override(self, assignment):
+        """One `--set section.key=value` as config_apply_override applies it: blanks around the
+        names and the value are not theirs, a quoted value is decoded, and the value replaces the
+        file's. Raises ConfigError worded as the binary words it ("--set ...")."""
+        eq, dot = assignment.find("="), assignment.find(".")
+        if eq < 0 or dot < 0 or dot > eq:
+            raise ConfigError(f"--set {shown(assignment)}: expected section.key=value")
+        section, name = assignment[:dot].strip(" \t"), assignment[dot + 1:eq].strip(" \t")
+        value = assignment[eq + 1:].strip(" \t")
+        key = KEY_OF.get((section, name))
+        if key is None:
+            if section not in SECTIONS:
+                raise ConfigError(f"--set unknown section [{shown(section)}] (key {shown(name)})")
+            raise ConfigError(f"--set unknown key {section}.{shown(name)}")
+        try:
+            self.values[(section, name)] = set_value(key, unquote(value))
+        except ValueError as exc:  # ConfigError is one; unquote raises the plain kind
+            raise ConfigError(f"--set {key.full} = {shown(value)}: bad quoted value: {exc}" if type(exc) is ValueError
+                              else f"--set {exc}") from None
+        self.raw.setdefault(section, {})[name] = value
+        return self
+
     # ------------------------------------------------------------ src/config/config_check.c
     def check(self, origin="config_ini"):
         """config_check: the keys against each other; raises ConfigError naming origin."""

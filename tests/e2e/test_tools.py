@@ -369,6 +369,41 @@ echo "bench phases of the median step (100.0 ms): forward linear 80.0 ms (80.0%)
                  len(GOAL.findall(out)) == 5 and not goals_at_odds(out), out[-700:])
 
 
+def test_bench_torch_config(momfmm, workdir, report):
+    """bench_torch.py reads its config as the binary does (momfmm.config, --set as config_apply_override): a
+    config or --set the binary refuses is refused before torch is imported, exit 2 and one line, in the
+    binary's own words (a /dev/null config used to end in a traceback, a FIFO to hang, a value the binary
+    refuses to run on the torch side)."""
+    torch = os.path.join(ROOT, "tools", "bench_torch.py")
+    good = os.path.join(ROOT, "configs", "bench_d256.ini")
+    fifo = os.path.join(workdir, "config.fifo")
+    os.mkfifo(fifo)
+    files = {"value": "[model]\nd_model = abc\n", "key": "[model]\nnokey = 1\n", "section": "[nosec]\nx = 1\n",
+             "line": "[model\n", "quote": '[train]\nlr = "0.1\n', "cross": "[model]\nn_heads = 7\n"}
+    cases = []
+    for what, text in files.items():
+        path = os.path.join(workdir, f"bench_torch_{what}.ini")
+        with open(path, "w") as f:
+            f.write(text)
+        cases.append((f"a config with a bad {what}", [path]))
+    for assignment in ("model.d_model=abc", "model.nokey=1", "nosec.x=1", "foo", "train.lr=\"0.1", "model.n_heads=7",
+                       " model . n_layers = 0 "):
+        cases.append((f"--set {assignment}", [good, "--set", assignment]))
+    for what, args in cases:
+        bad = run([PYTHON, torch, *args], timeout=60)
+        binary = run([momfmm, "bench", *args], timeout=60)
+        said = bad.stderr.strip().removeprefix("bench_torch.py: error: ")
+        report.check(f"bench_torch.py, {what}: exit 2, one line, the binary's words",
+                     bad.returncode == 2 and binary.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+                     and "Traceback" not in bad.stderr and said == binary.stderr.strip().removeprefix("momfmm: "),
+                     f"{bad.stderr[-300:]} | momfmm: {binary.stderr[-200:]}")
+    for config in (os.path.join(workdir, "nope.ini"), workdir, "/dev/null", fifo):
+        bad = run([PYTHON, torch, config], timeout=60)
+        report.check(f"bench_torch.py with the config {config}: exit 2, one line naming it", bad.returncode == 2
+                     and f"{config}: cannot open config" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1,
+                     bad.stderr[-300:])
+
+
 def test_bench_launchers(momfmm, workdir, report):
     """The benchmark tools that start momfmm, or mpirun around it, refuse a path that is not an executable
     before running anything: exit 2 and their usage error naming the option, never a traceback (bench_speed.py's
