@@ -43,6 +43,12 @@ import shutil
 import subprocess
 import sys
 
+from momfmm_launcher import use_source_package
+
+use_source_package()  # this tree's momfmm package: its one-line argument errors and file checks
+from momfmm import files  # noqa: E402
+from momfmm.tool import Parser  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -86,8 +92,8 @@ def fmt(x, digits=1):
 
 
 def memory(a):
-    contexts = [int(c) for c in a.contexts.split(",")]
-    settings = a.recompute.split(",") if a.recompute else [None]
+    contexts = a.contexts
+    settings = a.recompute or [None]
     curves = []
     for setting in settings:
         extra = [f"train.recompute={setting}"] if setting else []
@@ -140,7 +146,8 @@ def memory(a):
         ax.set_title(f"T = {a.T:,}, {os.path.basename(a.config)}")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(a.plot, dpi=100)
+        with files.output_path(a.plot, flag="--plot") as tmp:
+            fig.savefig(tmp, dpi=100)
         print(f"plot: {a.plot}")
 
 
@@ -162,7 +169,7 @@ def longest(a):
     commands = []
     for name, context, batch, extra, Ts in setups:
         points = []
-        for T in [int(t) for t in Ts.split(",")]:
+        for T in Ts:
             r = bench(a, a.np, context, T, extra + [f"train.batch_size={batch}"])
             commands.append(r["command"])
             if "error" in r:
@@ -190,7 +197,7 @@ def efficiency(a):
     print("| attention | round | np 1, T0 (tokens/s) | np 2 C 2, 2 T0 (tokens/s per rank) | ratio "
           "| GFLOP/s per rank ratio | context wait (ms) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for kind in a.kinds.split(","):
+    for kind in a.kinds:
         extra = [f"attention.kind={kind}"]
         for i in range(a.rounds):
             order = [(1, 1, a.T0), (2, 2, 2 * a.T0)]
@@ -235,8 +242,40 @@ def single(a):
     return 0 if "error" not in r else 1
 
 
+def counts(text):
+    """A comma-separated list of positive integers (--contexts, --Ts, --Ts-context)."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': expected positive integers separated by commas")
+    return values
+
+
+def names(*allowed):
+    """A type: a comma-separated list of some of `allowed` (--kinds, --recompute)."""
+    def parse(text):
+        values = text.split(",") if text else []
+        if any(v not in allowed for v in values):
+            raise argparse.ArgumentTypeError(f"'{text}': expected some of {', '.join(allowed)}, separated by commas")
+        return values
+    return parse
+
+
+def gibibytes(text):
+    """--budget-gib: a finite number of GiB above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"'{text}': expected a number of GiB above 0")
+    return value
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("what", choices=("memory", "longest", "efficiency", "scans", "run"))
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "momfmm"))
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "bench_fmm.ini"))
@@ -245,17 +284,18 @@ def main():
     ap.add_argument("--set", action="append", default=[], help="more section.key=value for every run")
     ap.add_argument("--T", type=int, default=65536)
     ap.add_argument("--T0", type=int, default=8192)
-    ap.add_argument("--contexts", default="1,2,4,8")
+    ap.add_argument("--contexts", type=counts, default=[1, 2, 4, 8])
     ap.add_argument("--context", type=int, default=4)
     ap.add_argument("--np", type=int, default=0, help="run: ranks (default: the context); longest: ranks (8)")
-    ap.add_argument("--kinds", default="fmm,softmax")
+    ap.add_argument("--kinds", type=names("fmm", "softmax"), default=["fmm", "softmax"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--plot")
-    ap.add_argument("--recompute", default="", help="memory: train.recompute settings, a table each (none,block)")
-    ap.add_argument("--Ts", default="2048,4096,8192", help="longest: T of the data-parallel runs")
-    ap.add_argument("--Ts-context", dest="Ts_context", default="16384,32768,65536",
+    ap.add_argument("--recompute", type=names("none", "mlp", "block"), default=[], help="memory: train.recompute settings, a table each (none,block)")
+    ap.add_argument("--Ts", type=counts, default=[2048, 4096, 8192], help="longest: T of the data-parallel runs")
+    ap.add_argument("--Ts-context", dest="Ts_context", type=counts, default=[16384, 32768, 65536],
                     help="longest: T of the context runs")
-    ap.add_argument("--budget-gib", dest="budget_gib", type=float, default=22.0, help="longest: GiB for all ranks")
+    ap.add_argument("--budget-gib", dest="budget_gib", type=gibibytes, default=22.0,
+                    help="longest: GiB for all ranks")
     a = ap.parse_args()
     for name in ("steps", "T", "T0", "context", "rounds"):
         if getattr(a, name) < 1:
@@ -264,6 +304,14 @@ def main():
         ap.error(f"{a.binary}: not an executable momfmm binary (--binary)")
     if not shutil.which(a.mpirun):
         ap.error(f"--mpirun {a.mpirun}: not an executable launcher")
+    if a.np < 0:
+        ap.error(f"--np {a.np}: a rank count is at least 1 (0: the default)")
+    try:  # what momfmm would refuse after mpirun started, refused here in one line
+        files.check_input(a.config, "config")
+        if a.plot is not None:
+            files.check_output(a.plot, flag="--plot")
+    except (files.ArgumentError, files.RunError) as exc:
+        ap.error(str(exc))
     if a.what == "longest" and not a.np:
         a.np = 8
     return {"memory": memory, "longest": longest, "efficiency": efficiency, "scans": scans, "run": single}[a.what](a) or 0

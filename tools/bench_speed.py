@@ -30,13 +30,17 @@ are printed as `taskset -c ...`), one of r ranks binds them to the first r (mpir
 on one core's hardware slowed it by 7-18% here, docs/performance.md §9.9); without --cores a
 one-thread set-up runs wherever the system puts it, so its rounds mix the cores.
 """
-import argparse
 import os
 import re
 import shutil
 import statistics
 import subprocess
 import sys
+
+from momfmm_launcher import use_source_package
+
+use_source_package()  # this tree's momfmm package: its one-line argument errors
+from momfmm.tool import Parser  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRECISIONS = {
@@ -146,7 +150,7 @@ def spread(values):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("config")
     ap.add_argument("--setups", default="fp32,bf16")
     ap.add_argument("--rounds", type=int, default=3)

@@ -33,7 +33,6 @@ Usage:
 The torch model covers softmax attention without momentum only; other settings
 are reported and ignored on the torch side.
 """
-import argparse
 import math
 import os
 import re
@@ -45,6 +44,12 @@ import time
 
 from momfmm_launcher import use_source_package
 
+use_source_package()  # this tree's momfmm package: the config as the binary reads it, one-line errors
+from momfmm import config, files  # noqa: E402
+from momfmm.config import ConfigError  # noqa: E402
+from momfmm.files import RunError  # noqa: E402
+from momfmm.tool import Parser  # noqa: E402
+
 BENCH_LINE = re.compile(r"bench\s+tokens_per_s=(\S+)\s+ms_per_step=(\S+)\s+gflops=(\S+)")
 CORE_LINE = re.compile(r"OpenBLAS core (\S+)")
 RANKS_LINE = re.compile(r"momfmm: (\d+) ranks? x (\d+) threads?")
@@ -53,7 +58,7 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description="PyTorch vs momfmm training throughput")
+    ap = Parser(description="PyTorch vs momfmm training throughput")
     ap.add_argument("config", help="momfmm INI config")
     ap.add_argument("--momfmm", help="momfmm binary; omit to time torch only")
     ap.add_argument("--threads", type=int, default=1, help="threads per process, both sides (default 1)")
@@ -151,7 +156,6 @@ def read_settings(args):
     """The config as momfmm reads it (momfmm.config: its syntax, each key's range and the keys
     against each other; --set applied as the binary applies it), so that the torch side never
     times a config momfmm would refuse. Raises ConfigError or RunError naming the file or key."""
-    from momfmm import config, files
     text = files.read_input(args.config, "config").decode("utf-8", "surrogateescape")
     c = config.parse(text, args.config)
     for assignment in args.set:
@@ -308,8 +312,6 @@ def median(xs):
 
 def main():
     args = parse_args()
-    from momfmm.config import ConfigError
-    from momfmm.files import RunError
     try:
         s = read_settings(args)
     except (ConfigError, RunError) as exc:
@@ -363,7 +365,6 @@ def main():
 
 
 if __name__ == "__main__":
-    use_source_package()  # momfmm.config of this tree reads the config as the binary does
     try:
         sys.exit(main())
     except MomfmmFailed as e:  # one line, as the other refusals

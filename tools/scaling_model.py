@@ -86,10 +86,13 @@ A 1B-parameter model with ZeRO-1 at 8-512 ranks:
 """
 import argparse
 import math
-import os
 import re
-import stat
-import sys
+
+from momfmm_launcher import use_source_package
+
+use_source_package()  # this tree's momfmm package: its one-line argument errors and file checks
+from momfmm import files  # noqa: E402
+from momfmm.tool import Parser  # noqa: E402
 
 
 def n_buckets(n_params, bucket_mb, bytes_per=4):
@@ -164,49 +167,75 @@ def bytes_per_param(p, zero):
     return 4 + 4 + (8 / p if zero else 8)
 
 
-def refuse(message):
-    """A user's error: one line on stderr, exit 2."""
-    print(f"scaling_model.py: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def probe_fit(path):
-    """(alpha µs, beta Gb/s) from net_probe's `fit` line in the file at path."""
-    try:  # a regular file only, opened without blocking (a FIFO there must not hang the tool)
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            refuse(f"{path}: --probe is not a regular file")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as exc:
-        refuse(f"{path}: cannot read --probe: {exc.strerror}")
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        refuse(f"{path}: --probe is not a regular file")
-    with os.fdopen(fd, errors="replace") as f:
-        for line in f:
-            m = re.match(r"fit alpha_us=([0-9.eE+-]+) beta_gbps=([0-9.eE+-]+)", line)
-            if m:
-                return float(m.group(1)), float(m.group(2))
-    refuse(f"{path}: no 'fit alpha_us=... beta_gbps=...' line (the output of build/net_probe)")
+    """(alpha µs, beta Gb/s) from net_probe's `fit` line in the file at path (a regular file,
+    opened without blocking: momfmm.files); ArgumentError or RunError naming it otherwise."""
+    text = files.read_input(path, "--probe", limit=1 << 24).decode("utf-8", "replace")
+    for m in re.finditer(r"^fit alpha_us=(\S+) beta_gbps=(\S+)", text, re.M):
+        try:
+            alpha, beta = float(m.group(1)), float(m.group(2))
+        except ValueError:
+            continue
+        if 0 <= alpha < math.inf and 0 < beta < math.inf:
+            return alpha, beta
+        raise files.ArgumentError(f"{path}: its fit, alpha_us={alpha:g} beta_gbps={beta:g}, is not a network "
+                                  "(alpha >= 0 and beta > 0, finite)")
+    raise files.ArgumentError(f"{path}: no 'fit alpha_us=... beta_gbps=...' line (the output of build/net_probe)")
+
+
+def number(low, strict=False, high=math.inf):
+    """An argparse type: a finite float at least `low` (above it if strict) and at most `high`."""
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (low < value if strict else low <= value) or not value <= high or value == math.inf:
+            bounds = f"{'above' if strict else 'at least'} {low:g}" + (f" and at most {high:g}" if high < math.inf else "")
+            raise argparse.ArgumentTypeError(f"'{text}': expected a finite number {bounds}")
+        return value
+    return parse
+
+
+def integer(low):
+    """An argparse type: an integer of at least `low`."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"'{text}': expected an integer of at least {low}")
+        return value
+    return parse
+
+
+def counts(text):
+    """An argparse type: positive integers separated by commas (--ranks)."""
+    try:
+        return [integer(1)(x) for x in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"'{text}': expected positive integers separated by commas") from None
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--compute-ms", type=float, required=True, help="measured compute time of one step per rank (ms)")
-    ap.add_argument("--params", type=float, required=True, help="parameter count n (float32 gradients)")
-    ap.add_argument("--overlap-fraction", type=float, default=0.0,
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--compute-ms", type=number(0, strict=True), required=True, help="measured compute time of one step per rank (ms)")
+    ap.add_argument("--params", type=number(1), required=True, help="parameter count n (float32 gradients)")
+    ap.add_argument("--overlap-fraction", type=number(0, high=1), default=0.0,
                     help="fraction of the all-reduce hidden behind backward (0..1)")
-    ap.add_argument("--hideable-fraction", type=float, default=2 / 3,
+    ap.add_argument("--hideable-fraction", type=number(0, high=1), default=2 / 3,
                     help="fraction of the compute time the all-reduce can hide behind (backward); default 2/3")
-    ap.add_argument("--alpha-us", type=float, default=2.0, help="latency per message, microseconds (default 2)")
-    ap.add_argument("--beta-gbps", type=float, default=100.0, help="link bandwidth, Gbit/s (default 100)")
-    ap.add_argument("--bucket-mb", type=float, default=4.0,
+    ap.add_argument("--alpha-us", type=number(0), default=2.0, help="latency per message, microseconds (default 2)")
+    ap.add_argument("--beta-gbps", type=number(0, strict=True), default=100.0, help="link bandwidth, Gbit/s (default 100)")
+    ap.add_argument("--bucket-mb", type=number(0), default=4.0,
                     help="gradient bucket size (dist.bucket_mb, default 4); 0 = one all-reduce")
-    ap.add_argument("--tokens-per-rank", type=float, default=0.0,
+    ap.add_argument("--tokens-per-rank", type=number(0), default=0.0,
                     help="tokens per rank per step (prints projected global tokens/s)")
-    ap.add_argument("--ranks", default="8,16,32,64,128,256,512", help="comma-separated p values")
+    ap.add_argument("--ranks", type=counts, default=[8, 16, 32, 64, 128, 256, 512], help="comma-separated p values")
     ap.add_argument("--zero", action="store_true",
                     help="ZeRO-1 (dist.zero = 1): all-reduce + parameter all-gather, moments sharded")
-    ap.add_argument("--measured-step-ms", type=float, default=0.0,
+    ap.add_argument("--measured-step-ms", type=number(0), default=0.0,
                     help="measured 2-rank step (ms), to compare with the model's p = 2 row")
     ap.add_argument("--algorithm", choices=("rabenseifner", "ring", "binomial"), default="rabenseifner",
                     help="all-reduce: rabenseifner (default, what momfmm selects), ring, or binomial, a reduce "
@@ -215,29 +244,28 @@ def main():
     ap.add_argument("--probe", metavar="FILE",
                     help="net_probe output whose fit line gives α and β (overrides --alpha-us, --beta-gbps)")
     cp = ap.add_argument_group("context parallelism (dist.context; the model's shape)")
-    cp.add_argument("--context", type=int, default=1, help="C: ranks per sequence (p must be a multiple)")
+    cp.add_argument("--context", type=integer(1), default=1, help="C: ranks per sequence (p must be a multiple)")
     cp.add_argument("--kind", choices=("fmm", "softmax"), default="fmm", help="attention.kind")
-    cp.add_argument("--layers", type=int, default=4, help="model.n_layers")
-    cp.add_argument("--d-model", type=int, default=256, help="model.d_model")
-    cp.add_argument("--heads", type=int, default=8, help="model.n_heads")
-    cp.add_argument("--kernels", type=int, default=2, help="FMM far-field kernels r")
-    cp.add_argument("--band", type=int, default=5, help="fmm.bandwidth k")
-    cp.add_argument("--rows-per-rank", type=int, default=1, help="sequences each context group holds, B")
-    cp.add_argument("--attention-ms", type=float, default=0.0,
+    cp.add_argument("--layers", type=integer(1), default=4, help="model.n_layers")
+    cp.add_argument("--d-model", type=integer(1), default=256, help="model.d_model")
+    cp.add_argument("--heads", type=integer(1), default=8, help="model.n_heads")
+    cp.add_argument("--kernels", type=integer(1), default=2, help="FMM far-field kernels r")
+    cp.add_argument("--band", type=integer(0), default=5, help="fmm.bandwidth k")
+    cp.add_argument("--rows-per-rank", type=integer(1), default=1, help="sequences each context group holds, B")
+    cp.add_argument("--attention-ms", type=number(0), default=0.0,
                     help="softmax: attention compute per step per rank (hides the ring's sends)")
     a = ap.parse_args()
-    if a.context < 1:
-        ap.error("--context must be at least 1")
     if a.context > 1 and a.tokens_per_rank <= 0:
         ap.error("--context needs --tokens-per-rank (this rank's shard: B x T / C)")
     if a.probe:
-        a.alpha_us, a.beta_gbps = probe_fit(a.probe)
-    if not 0.0 <= a.overlap_fraction <= 1.0:
-        ap.error("--overlap-fraction must be in [0, 1]")
+        try:
+            a.alpha_us, a.beta_gbps = probe_fit(a.probe)
+        except (files.ArgumentError, files.RunError) as exc:
+            ap.error(str(exc))
     compute = a.compute_ms / 1e3
     alpha = a.alpha_us * 1e-6
     beta = a.beta_gbps * 1e9 / 8  # bytes per second
-    ranks = [int(x) for x in a.ranks.split(",")]
+    ranks = a.ranks
     bad = [p for p in ranks if p % a.context]
     if bad:
         ap.error(f"--ranks {bad} are not multiples of --context {a.context}")

@@ -404,6 +404,45 @@ def test_bench_torch_config(momfmm, workdir, report):
                      bad.stderr[-300:])
 
 
+def test_tool_arguments(momfmm, workdir, report):
+    """The benchmark and model tools refuse a bad argument before they run anything: exit 2 and one line naming
+    the option and the value (momfmm.tool's parser), never a traceback, a usage block, a hang, or a table of
+    nan. Before: bench_context.py's lists and scaling_model.py's numbers were read unchecked (`--contexts abc`
+    and `--beta-gbps 0` ended in tracebacks, `--compute-ms nan`, `--ranks 0` and `--np 0` ran), and argparse's
+    own errors came with the usage."""
+    context = os.path.join(ROOT, "tools", "bench_context.py")
+    model = os.path.join(ROOT, "tools", "scaling_model.py")
+    torch = os.path.join(ROOT, "tools", "bench_torch.py")
+    config = os.path.join(ROOT, "configs", "bench_d256.ini")
+    fifo = os.path.join(workdir, "arguments.fifo")
+    os.mkfifo(fifo)
+    probe = os.path.join(workdir, "probe_zero.txt")
+    with open(probe, "w") as f:
+        f.write("fit alpha_us=2 beta_gbps=0\n")
+    sized = ["--compute-ms", "100", "--params", "1e6"]
+    cases = [(context, ["memory", "--contexts", value], "--contexts") for value in ("abc", "0", ",", "1,-2")]
+    cases += [(context, ["longest", "--Ts", "2048,x"], "--Ts"), (context, ["longest", "--Ts-context", "0"], "--Ts-context"),
+              (context, ["scans", "--kinds", "fmm,x"], "--kinds"), (context, ["memory", "--recompute", "all"], "--recompute"),
+              (context, ["longest", "--budget-gib", "nan"], "--budget-gib"), (context, ["run", "--np", "-1"], "--np"),
+              (context, ["run", "--rounds", "abc"], "--rounds"), (context, ["run", "--config", "/dev/null"], "/dev/null"),
+              (context, ["run", "--config", fifo], fifo), (context, ["memory", "--plot", workdir], "--plot"),
+              (context, ["nothing"], "nothing")]
+    cases += [(model, ["--compute-ms", value, "--params", "1e6"], "--compute-ms") for value in ("nan", "-1", "inf", "0")]
+    cases += [(model, [*sized, option, value], option) for option, value in
+              (("--params", "0"), ("--ranks", "0"), ("--ranks", "8,x"), ("--beta-gbps", "0"), ("--alpha-us", "-1"),
+               ("--overlap-fraction", "2"), ("--hideable-fraction", "nan"), ("--bucket-mb", "-4"), ("--heads", "x"),
+               ("--context", "0"), ("--band", "-1"), ("--measured-step-ms", "inf"))]
+    cases += [(model, [*sized, "--probe", probe], "beta_gbps=0"), (model, [*sized, "--probe", fifo], fifo),
+              (SPEED, [config, "--rounds", "abc"], "--rounds"), (SPEED, [], "config"),
+              (torch, [config, "--threads", "abc"], "--threads"), (torch, [config, "--warmup", "-1"], "--warmup")]
+    for tool, args, needle in cases:
+        binary = ["--binary", momfmm] if tool == context else []
+        bad = run([PYTHON, tool, *args, *binary], timeout=30)
+        report.check(f"{os.path.basename(tool)} {' '.join(args)}: exit 2, one line naming {needle}",
+                     bad.returncode == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+                     and "Traceback" not in bad.stderr and not bad.stdout.strip(), bad.stderr[-300:] + bad.stdout[-200:])
+
+
 def test_bench_launchers(momfmm, workdir, report):
     """The benchmark tools that start momfmm, or mpirun around it, refuse a path that is not an executable
     before running anything: exit 2 and their usage error naming the option, never a traceback (bench_speed.py's
