@@ -31,7 +31,12 @@ if [ "${1:-}" = --ranks ]; then
 fi
 out=${1:-$root/runs/bench_checkpoint}
 rounds=${ROUNDS:-3}
-[ -x "$bin" ] || { echo "bench_checkpoint: $bin is not an executable (build first, or set MOMFMM)" >&2; exit 2; }
+refuse() { echo "bench_checkpoint: $*" >&2; exit 2; }
+[ $# -le 1 ] || refuse "one OUT_DIR at most (got $#: $*)"
+case $out in -*) refuse "$out: not an option; usage: tools/bench_checkpoint.sh [--ranks N] [OUT_DIR]" ;; esac
+[ ! -e "$out" ] || [ -d "$out" ] || refuse "$out: exists and is not a directory (OUT_DIR)"
+[[ $rounds =~ ^[1-9][0-9]{0,3}$ ]] || refuse "ROUNDS='$rounds': expected a positive integer"
+[ -f "$bin" ] && [ -x "$bin" ] || refuse "$bin is not an executable (build first, or set MOMFMM)"
 created=
 [ -d "$out" ] || created=1
 mkdir -p "$out"

@@ -13,13 +13,17 @@
 # Usage: tools/bench_fmm_scaling.sh [BINARY] [T ...]
 # Environment: KINDS (default "fmm softmax-tiled softmax-dense"), ROUNDS (1).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-bin=${1:-build/momfmm}
+refuse() { echo "bench_fmm_scaling: $*" >&2; exit 2; }
+root=$(cd "$(dirname "$0")/.." && pwd)
+case ${1:-} in -*) refuse "$1: not an option; usage: tools/bench_fmm_scaling.sh [BINARY] [T ...]" ;; esac
+bin=${1:-$root/build/momfmm}
+[[ $bin == /* ]] || bin=$PWD/$bin # BINARY as the caller named it, before the cd below
 shift || true
 lengths=("$@")
 [ ${#lengths[@]} -gt 0 ] || lengths=(1024 4096 16384 65536)
 read -r -a kinds <<<"${KINDS:-fmm softmax-tiled softmax-dense}"
 rounds=${ROUNDS:-1}
+cd "$root" || exit 3
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
 median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
@@ -29,9 +33,16 @@ settings() { # kind -> its --set options
     fmm) echo "--set attention.kind=fmm" ;;
     softmax-tiled) echo "--set attention.kind=softmax --set attention.impl=tiled" ;;
     softmax-dense) echo "--set attention.kind=softmax --set attention.impl=dense" ;;
-    *) echo "bench_fmm_scaling: unknown kind $1" >&2; exit 2 ;;
+    *) refuse "KINDS: unknown kind '$1' (fmm softmax-tiled softmax-dense)" ;;
   esac
 }
+
+# Every argument checked before the first run (docs/cli.md §5: one line, exit 2)
+[ -f "$bin" ] && [ -x "$bin" ] || refuse "$bin: not an executable momfmm binary (BINARY, the first argument)"
+for T in "${lengths[@]}"; do [[ $T =~ ^[1-9][0-9]{0,8}$ ]] || refuse "T '$T': expected a positive integer"; done
+[[ $rounds =~ ^[1-9][0-9]{0,3}$ ]] || refuse "ROUNDS='$rounds': expected a positive integer"
+[ ${#kinds[@]} -gt 0 ] || refuse "KINDS names no kind (fmm softmax-tiled softmax-dense)"
+for kind in "${kinds[@]}"; do settings "$kind" >/dev/null; done # an unknown kind exits 2 here
 
 declare -A stopped base
 echo "| attention | T | tokens/s | ms/step | time per token vs its first T | peak RSS (MB) | CPU ms/step | tokens per CPU s | note |"

@@ -49,12 +49,41 @@ PY=/usr/bin/python3
 NETBED=$ROOT/tests/multihost/netbed.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
-if [ "${1:-}" != --inside ]; then
-    OUT=$(realpath -m "${1:-$ROOT/results/bench_multihost}")
-    mkdir -p "$OUT" || exit 1
-    for tool in "$BUILD/momfmm" "$BUILD/net_probe"; do
-        [ -x "$tool" ] || { echo "bench_multihost: $tool not built (BUILD=$BUILD)" >&2; exit 1; }
+refuse() { echo "bench_multihost: $*" >&2; exit 2; }
+
+# Every argument and variable checked before the bed is made (docs/cli.md §5: one line, exit 2).
+check_settings() {
+    local name value
+    [ $# -le 1 ] || refuse "one argument at most, OUT_DIR (got $#)"
+    case ${1:-} in -*) refuse "$1: not an option; the one argument is OUT_DIR (usage: the header of $0)" ;; esac
+    for name in REPEATS STEPS PARAMS CONTEXT_T; do
+        [[ ${!name} =~ ^[1-9][0-9]{0,9}$ ]] || refuse "$name='${!name}': expected a positive integer"
     done
+    for value in $BUCKETS; do
+        [[ $value =~ ^[0-9]+(\.[0-9]+)?$ ]] && [[ ! $value =~ ^0+(\.0*)?$ ]] ||
+            refuse "BUCKETS: '$value': expected MB above 0"
+    done
+    for value in $SHAPES; do
+        [[ $value =~ ^([1-9][0-9]*(\.[0-9]+)?[kmg]?bit|none)$ ]] || refuse "SHAPES: '$value': expected a tc rate (10gbit) or none"
+    done
+    for value in $PARTS; do
+        [[ $value =~ ^(allreduce|buckets|context)$ ]] || refuse "PARTS: '$value': expected allreduce, buckets or context"
+    done
+    for value in $CONTEXT_KINDS; do
+        [[ $value =~ ^(fmm|softmax)$ ]] || refuse "CONTEXT_KINDS: '$value': expected fmm or softmax"
+    done
+    [ -n "${SHAPES// /}" ] && [ -n "${PARTS// /}" ] || refuse "SHAPES and PARTS name at least one each"
+    [ -f "$CONFIG" ] || refuse "CONFIG=$CONFIG: not a regular file (a config is INI text)"
+    for value in "$BUILD/momfmm" "$BUILD/net_probe"; do
+        [ -f "$value" ] && [ -x "$value" ] || refuse "$value not built (BUILD=$BUILD)"
+    done
+}
+
+if [ "${1:-}" != --inside ]; then
+    check_settings "$@"
+    OUT=$(realpath -m -- "${1:-$ROOT/results/bench_multihost}")
+    [ ! -e "$OUT" ] || [ -d "$OUT" ] || refuse "$OUT: exists and is not a directory (OUT_DIR)"
+    mkdir -p -- "$OUT" || exit 3
     exec "$NETBED" with "$PREFIX" 4 "$OUT/bed" -- "${BASH_SOURCE[0]}" --inside "$OUT"
 fi
 OUT=$2

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from momfmm.h5 import load_checkpoint, newest_checkpoint
 
-from common import Report, load_newest, run, tiny_config, write_config
+from common import Report, env, load_newest, run, tiny_config, write_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = sys.executable
@@ -435,10 +435,32 @@ def test_tool_arguments(momfmm, workdir, report):
     cases += [(model, [*sized, "--probe", probe], "beta_gbps=0"), (model, [*sized, "--probe", fifo], fifo),
               (SPEED, [config, "--rounds", "abc"], "--rounds"), (SPEED, [], "config"),
               (torch, [config, "--threads", "abc"], "--threads"), (torch, [config, "--warmup", "-1"], "--warmup")]
-    for tool, args, needle in cases:
-        binary = ["--binary", momfmm] if tool == context else []
-        bad = run([PYTHON, tool, *args, *binary], timeout=30)
-        report.check(f"{os.path.basename(tool)} {' '.join(args)}: exit 2, one line naming {needle}",
+    cases = [([PYTHON, tool], args, needle, {}) for tool, args, needle in cases]
+    # the shell tools: their arguments and variables, each checked before a run (and the build pointed nowhere
+    # where the check comes before it, so that a check that regressed cannot start the network bed)
+    tool = lambda name: os.path.join(ROOT, "tools", name)  # noqa: E731
+    nowhere = {"BUILD": os.path.join(workdir, "no_build")}
+    a_file = os.path.join(workdir, "arguments_file")
+    open(a_file, "w").close()
+    cases += [([tool("bench_multihost.sh")], args, needle, dict(nowhere, **extra)) for args, needle, extra in
+              ((["--bogus"], "--bogus", {}), (["a", "b"], "one argument", {}), ([], "REPEATS", {"REPEATS": "0"}),
+               ([], "STEPS", {"STEPS": "x"}), ([], "BUCKETS", {"BUCKETS": "1 0"}), ([], "SHAPES", {"SHAPES": "fast"}),
+               ([], "PARTS", {"PARTS": "all"}), ([], "CONTEXT_KINDS", {"CONTEXT_KINDS": "lin"}),
+               ([], "CONFIG", {"CONFIG": "/dev/null"}), ([], "no_build", {}))]
+    cases += [([tool("bench_fmm_scaling.sh")], args, needle, extra) for args, needle, extra in
+              ((["--bogus"], "--bogus", {}), ([workdir], "not an executable", {}), ([momfmm, "0"], "T '0'", {}),
+               ([momfmm], "ROUNDS", {"ROUNDS": "0"}), ([momfmm], "KINDS", {"KINDS": "lin"}))]
+    cases += [([tool("bench_checkpoint.sh")], args, needle, {"MOMFMM": momfmm, **extra}) for args, needle, extra in
+              ((["--bogus"], "--bogus", {}), (["a", "b"], "one OUT_DIR", {}), ([a_file], "not a directory", {}),
+               ([], "ROUNDS", {"ROUNDS": "x"}), (["--ranks", "0"], "--ranks", {}))]
+    cases += [([tool("bench_zero.sh")], args, needle, {"MOMFMM": momfmm, **extra}) for args, needle, extra in
+              ((["/dev/null"], "/dev/null", {}), ([workdir], "not a regular file", {}),
+               ([config], "THREADS", {"THREADS": "0"}), ([config, "0"], "ROUNDS", {}))]
+    for command, args, needle, extra in cases:
+        binary = ["--binary", momfmm] if context in command else []
+        bad = run([*command, *args, *binary], timeout=30, env=dict(env(), **extra), cwd=workdir)
+        shown = " ".join(f"{k}={v}" for k, v in extra.items() if k not in nowhere) + " " + " ".join(args)
+        report.check(f"{os.path.basename(command[-1])} {shown.strip()}: exit 2, one line naming {needle}",
                      bad.returncode == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
                      and "Traceback" not in bad.stderr and not bad.stdout.strip(), bad.stderr[-300:] + bad.stdout[-200:])
 
