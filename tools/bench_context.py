@@ -35,7 +35,6 @@ dist.context=C --set data.seq_len=T --set model.max_seq_len=T [--set ...]`
 with 1 thread per rank; --set passes more settings (train.recompute=block).
 Prints Markdown tables with the CPU (lscpu's model name) and the command.
 """
-import argparse
 import math
 import os
 import re
@@ -47,7 +46,7 @@ from momfmm_launcher import use_source_package
 
 use_source_package()  # this tree's momfmm package: its one-line argument errors and file checks
 from momfmm import files  # noqa: E402
-from momfmm.tool import Parser  # noqa: E402
+from momfmm.tool import Parser, counts, names, number  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -242,38 +241,6 @@ def single(a):
     return 0 if "error" not in r else 1
 
 
-def counts(text):
-    """A comma-separated list of positive integers (--contexts, --Ts, --Ts-context)."""
-    try:
-        values = [int(x) for x in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"'{text}': expected positive integers separated by commas")
-    return values
-
-
-def names(*allowed):
-    """A type: a comma-separated list of some of `allowed` (--kinds, --recompute)."""
-    def parse(text):
-        values = text.split(",") if text else []
-        if any(v not in allowed for v in values):
-            raise argparse.ArgumentTypeError(f"'{text}': expected some of {', '.join(allowed)}, separated by commas")
-        return values
-    return parse
-
-
-def gibibytes(text):
-    """--budget-gib: a finite number of GiB above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"'{text}': expected a number of GiB above 0")
-    return value
-
-
 def main():
     ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("what", choices=("memory", "longest", "efficiency", "scans", "run"))
@@ -294,7 +261,7 @@ def main():
     ap.add_argument("--Ts", type=counts, default=[2048, 4096, 8192], help="longest: T of the data-parallel runs")
     ap.add_argument("--Ts-context", dest="Ts_context", type=counts, default=[16384, 32768, 65536],
                     help="longest: T of the context runs")
-    ap.add_argument("--budget-gib", dest="budget_gib", type=gibibytes, default=22.0,
+    ap.add_argument("--budget-gib", dest="budget_gib", type=number(0, strict=True), default=22.0,
                     help="longest: GiB for all ranks")
     a = ap.parse_args()
     for name in ("steps", "T", "T0", "context", "rounds"):

@@ -92,7 +92,7 @@ from momfmm_launcher import use_source_package
 
 use_source_package()  # this tree's momfmm package: its one-line argument errors and file checks
 from momfmm import files  # noqa: E402
-from momfmm.tool import Parser  # noqa: E402
+from momfmm.tool import Parser, counts, integer, number  # noqa: E402
 
 
 def n_buckets(n_params, bucket_mb, bytes_per=4):
@@ -183,51 +183,18 @@ def probe_fit(path):
     raise files.ArgumentError(f"{path}: no 'fit alpha_us=... beta_gbps=...' line (the output of build/net_probe)")
 
 
-def number(low, strict=False, high=math.inf):
-    """An argparse type: a finite float at least `low` (above it if strict) and at most `high`."""
-    def parse(text):
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (low < value if strict else low <= value) or not value <= high or value == math.inf:
-            bounds = f"{'above' if strict else 'at least'} {low:g}" + (f" and at most {high:g}" if high < math.inf else "")
-            raise argparse.ArgumentTypeError(f"'{text}': expected a finite number {bounds}")
-        return value
-    return parse
-
-
-def integer(low):
-    """An argparse type: an integer of at least `low`."""
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if value < low:
-            raise argparse.ArgumentTypeError(f"'{text}': expected an integer of at least {low}")
-        return value
-    return parse
-
-
-def counts(text):
-    """An argparse type: positive integers separated by commas (--ranks)."""
-    try:
-        return [integer(1)(x) for x in text.split(",")]
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"'{text}': expected positive integers separated by commas") from None
-
-
 def main():
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--compute-ms", type=number(0, strict=True), required=True, help="measured compute time of one step per rank (ms)")
+    ap.add_argument("--compute-ms", type=number(0, strict=True), required=True,
+                    help="measured compute time of one step per rank (ms)")
     ap.add_argument("--params", type=number(1), required=True, help="parameter count n (float32 gradients)")
     ap.add_argument("--overlap-fraction", type=number(0, high=1), default=0.0,
                     help="fraction of the all-reduce hidden behind backward (0..1)")
     ap.add_argument("--hideable-fraction", type=number(0, high=1), default=2 / 3,
                     help="fraction of the compute time the all-reduce can hide behind (backward); default 2/3")
     ap.add_argument("--alpha-us", type=number(0), default=2.0, help="latency per message, microseconds (default 2)")
-    ap.add_argument("--beta-gbps", type=number(0, strict=True), default=100.0, help="link bandwidth, Gbit/s (default 100)")
+    ap.add_argument("--beta-gbps", type=number(0, strict=True), default=100.0,
+                    help="link bandwidth, Gbit/s (default 100)")
     ap.add_argument("--bucket-mb", type=number(0), default=4.0,
                     help="gradient bucket size (dist.bucket_mb, default 4); 0 = one all-reduce")
     ap.add_argument("--tokens-per-rank", type=number(0), default=0.0,

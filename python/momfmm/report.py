@@ -197,7 +197,8 @@ def build_parser():
     table.add_argument("--average-over", metavar="KEY",
                        help="merge runs whose configs differ only in KEY (e.g. train.seed) into "
                             "one row: mean ± std over KEY")
-    table.add_argument("--digits", type=int, default=None, help="decimals of the numbers (default 4)")
+    table.add_argument("--digits", type=tool.integer(0, 17), default=None,
+                       help="decimals of the numbers, 0 to 17 (default 4)")
     suite = ap.add_argument_group("--results: the experiment suite's results report (momfmm.results)")
     suite.add_argument("--results", action="store_true",
                        help="report every run of the suite: tables beside the seeds' numbers, "

@@ -1,10 +1,12 @@
 """What the command-line tools' main() share (momfmm.report, momfmm.plot, momfmm.tokenizer,
-momfmm.results.cli; docs/design.md §8.8): an argument parser whose errors are one line, and the
+momfmm.results.cli, and the benchmark scripts in tools/; docs/design.md §8.8): an argument parser
+whose errors are one line, argument types that refuse a value out of range through it, and the
 boundary that turns the package's errors into one line on stderr and the exit code of docs/cli.md
 §5: 2 for a value or argument (files.ArgumentError, a bad option), 3 for a file (files.RunError,
 an OSError of a file). Any other exception is a bug and keeps its traceback.
 """
 import argparse
+import math
 import sys
 
 from momfmm.files import EXIT_BAD_FILE, EXIT_USAGE, ArgumentError, RunError, escape_controls
@@ -15,6 +17,53 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(EXIT_USAGE, escape_controls(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
+
+
+# ---------------------------------------------------------------- argument types (refused by Parser)
+def number(low, strict=False, high=math.inf):
+    """An argparse type: a finite float at least `low` (above it if strict) and at most `high`."""
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (low < value if strict else low <= value) or not value <= high or value == math.inf:
+            bounds = f"{'above' if strict else 'at least'} {low:g}" + (f" and at most {high:g}" if high < math.inf else "")
+            raise argparse.ArgumentTypeError(f"'{text}': expected a finite number {bounds}")
+        return value
+    return parse
+
+
+def integer(low, high=None):
+    """An argparse type: an integer of at least `low` (and at most `high`)."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low or (high is not None and value > high):
+            bounds = f"of at least {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"'{text}': expected an integer {bounds}")
+        return value
+    return parse
+
+
+def counts(text):
+    """An argparse type: positive integers separated by commas (rank counts, lengths)."""
+    try:
+        return [integer(1)(x) for x in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"'{text}': expected positive integers separated by commas") from None
+
+
+def names(*allowed):
+    """An argparse type: some of `allowed`, separated by commas."""
+    def parse(text):
+        values = text.split(",") if text else []
+        if any(v not in allowed for v in values):
+            raise argparse.ArgumentTypeError(f"'{text}': expected some of {', '.join(allowed)}, separated by commas")
+        return values
+    return parse
 
 
 def fail(prog, message, code):

@@ -172,6 +172,12 @@ def test_report(report, runs):
     if "mom" in by_label and "base" in by_label:
         report.check("report marks learned γ", by_label["mom"]["learned γ (mean)"] != "—"
                      and by_label["base"]["γ"] == "off", str(by_label))
+    for digits in ("-1", "18", "x"):  # -1 ended in a traceback (a format without precision)
+        bad = tool(REPORT, base, mom, "--digits", digits)
+        report.check(f"report --digits {digits}: exit 2, one line naming it", bad.returncode == 2
+                     and "--digits" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr[-300:])
+    r = tool(REPORT, base, mom, "--digits", "0")
+    report.check("report --digits 0: whole numbers", r.returncode == 0 and "|" in r.stdout, r.stderr[-300:])
 
 
 def test_report_checkpoint_label(report, runs):
