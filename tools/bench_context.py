@@ -46,7 +46,7 @@ from momfmm_launcher import use_source_package
 
 use_source_package()  # this tree's momfmm package: its one-line argument errors and file checks
 from momfmm import files  # noqa: E402
-from momfmm.tool import Parser, counts, names, number  # noqa: E402
+from momfmm.tool import Parser, counts, integer, names, number  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -247,32 +247,28 @@ def main():
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "momfmm"))
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "bench_fmm.ini"))
     ap.add_argument("--mpirun", default=os.environ.get("MPIEXEC", "mpirun"))
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--steps", type=integer(1), default=2)
     ap.add_argument("--set", action="append", default=[], help="more section.key=value for every run")
-    ap.add_argument("--T", type=int, default=65536)
-    ap.add_argument("--T0", type=int, default=8192)
+    ap.add_argument("--T", type=integer(1), default=65536)
+    ap.add_argument("--T0", type=integer(1), default=8192)
     ap.add_argument("--contexts", type=counts, default=[1, 2, 4, 8])
-    ap.add_argument("--context", type=int, default=4)
-    ap.add_argument("--np", type=int, default=0, help="run: ranks (default: the context); longest: ranks (8)")
+    ap.add_argument("--context", type=integer(1), default=4)
+    ap.add_argument("--np", type=integer(0), default=0, help="run: ranks (default: the context); longest: ranks (8)")
     ap.add_argument("--kinds", type=names("fmm", "softmax"), default=["fmm", "softmax"])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=integer(1), default=3)
     ap.add_argument("--plot")
-    ap.add_argument("--recompute", type=names("none", "mlp", "block"), default=[], help="memory: train.recompute settings, a table each (none,block)")
+    ap.add_argument("--recompute", type=names("none", "mlp", "block"), default=[],
+                    help="memory: train.recompute settings, a table each (none,block)")
     ap.add_argument("--Ts", type=counts, default=[2048, 4096, 8192], help="longest: T of the data-parallel runs")
     ap.add_argument("--Ts-context", dest="Ts_context", type=counts, default=[16384, 32768, 65536],
                     help="longest: T of the context runs")
     ap.add_argument("--budget-gib", dest="budget_gib", type=number(0, strict=True), default=22.0,
                     help="longest: GiB for all ranks")
     a = ap.parse_args()
-    for name in ("steps", "T", "T0", "context", "rounds"):
-        if getattr(a, name) < 1:
-            ap.error(f"--{name} must be at least 1")
     if not (os.path.isfile(a.binary) and os.access(a.binary, os.X_OK)):  # a directory is X_OK too
         ap.error(f"{a.binary}: not an executable momfmm binary (--binary)")
     if not shutil.which(a.mpirun):
         ap.error(f"--mpirun {a.mpirun}: not an executable launcher")
-    if a.np < 0:
-        ap.error(f"--np {a.np}: a rank count is at least 1 (0: the default)")
     try:  # what momfmm would refuse after mpirun started, refused here in one line
         files.check_input(a.config, "config")
         if a.plot is not None:
