@@ -73,6 +73,7 @@ check_settings() {
         [[ $value =~ ^(fmm|softmax)$ ]] || refuse "CONTEXT_KINDS: '$value': expected fmm or softmax"
     done
     [ -n "${SHAPES// /}" ] && [ -n "${PARTS// /}" ] || refuse "SHAPES and PARTS name at least one each"
+    [ -e "$CONFIG" ] || refuse "CONFIG=$CONFIG: no such config file"
     [ -f "$CONFIG" ] || refuse "CONFIG=$CONFIG: not a regular file (a config is INI text)"
     for value in "$BUILD/momfmm" "$BUILD/net_probe"; do
         [ -f "$value" ] && [ -x "$value" ] || refuse "$value not built (BUILD=$BUILD)"

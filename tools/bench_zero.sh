@@ -21,6 +21,7 @@ momfmm=${MOMFMM:-build/momfmm}
 threads=${THREADS:-1}
 [[ $rounds =~ ^[1-9][0-9]*$ && $np =~ ^[1-9][0-9]*$ ]] || { echo "bench_zero: ROUNDS and NP must be positive integers" >&2; exit 2; }
 [ -f "$momfmm" ] && [ -x "$momfmm" ] || { echo "bench_zero: $momfmm is not an executable (build first, or set MOMFMM)" >&2; exit 2; }
+[ -e "$config" ] || { echo "bench_zero: $config: no such config file" >&2; exit 2; }
 [ -f "$config" ] || { echo "bench_zero: $config: not a regular file (a config is INI text)" >&2; exit 2; }
 [[ $threads =~ ^[1-9][0-9]{0,3}$ ]] || { echo "bench_zero: THREADS='$threads': expected a positive integer" >&2; exit 2; }
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
