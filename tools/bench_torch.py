@@ -46,9 +46,8 @@ from momfmm_launcher import use_source_package
 
 use_source_package()  # this tree's momfmm package: the config as the binary reads it, one-line errors
 from momfmm import config, files  # noqa: E402
-from momfmm.config import ConfigError  # noqa: E402
-from momfmm.files import RunError  # noqa: E402
-from momfmm.tool import Parser  # noqa: E402
+from momfmm.files import EXIT_USAGE  # noqa: E402
+from momfmm.tool import Parser, fail  # noqa: E402
 
 BENCH_LINE = re.compile(r"bench\s+tokens_per_s=(\S+)\s+ms_per_step=(\S+)\s+gflops=(\S+)")
 CORE_LINE = re.compile(r"OpenBLAS core (\S+)")
@@ -300,12 +299,6 @@ def torch_threads():
     return f"torch {torch.get_num_threads()}, BLAS {blas}"
 
 
-def refuse(message):
-    """A config momfmm would refuse: one line, exit 2 (docs/cli.md §5), as bench_speed.py."""
-    print(f"bench_torch.py: error: {message}", file=sys.stderr)
-    return 2
-
-
 def median(xs):
     return sorted(xs)[len(xs) // 2]
 
@@ -314,12 +307,12 @@ def main():
     args = parse_args()
     try:
         s = read_settings(args)
-    except (ConfigError, RunError) as exc:
-        return refuse(str(exc))
+    except (config.ConfigError, files.RunError) as exc:  # what momfmm would refuse: exit 2 (docs/cli.md §5)
+        return fail("bench_torch.py", exc, EXIT_USAGE)
     for note in s.notes:
         print(f"note: {note}")
     if s.B % args.procs:
-        return refuse(f"train.batch_size = {s.B} does not split over --procs {args.procs}")
+        return fail("bench_torch.py", f"train.batch_size = {s.B} does not split over --procs {args.procs}", EXIT_USAGE)
     os.environ.update(thread_environment(args.threads))
     momfmm_runs = []
     if args.momfmm:

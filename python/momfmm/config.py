@@ -375,16 +375,7 @@ class Config:
             raise ConfigError(f"--set {shown(assignment)}: expected section.key=value")
         section, name = assignment[:dot].strip(" \t"), assignment[dot + 1:eq].strip(" \t")
         value = assignment[eq + 1:].strip(" \t")
-        key = KEY_OF.get((section, name))
-        if key is None:
-            if section not in SECTIONS:
-                raise ConfigError(f"--set unknown section [{shown(section)}] (key {shown(name)})")
-            raise ConfigError(f"--set unknown key {section}.{shown(name)}")
-        try:
-            self.values[(section, name)] = set_value(key, unquote(value))
-        except ValueError as exc:  # ConfigError is one; unquote raises the plain kind
-            raise ConfigError(f"--set {key.full} = {shown(value)}: bad quoted value: {exc}" if type(exc) is ValueError
-                              else f"--set {exc}") from None
+        self.values[(section, name)] = written_value(key_named(section, name, "--set "), value, "--set ")
         self.raw.setdefault(section, {})[name] = value
         return self
 
@@ -513,6 +504,30 @@ class Config:
         return max(self.get("model.max_seq_len"), self.get("data.seq_len"))
 
 
+def key_named(section, name, prefix):
+    """The Key of section.name, or ConfigError "PREFIXunknown ..." (prefix: where it was written,
+    "FILE:LINE: " or "--set ")."""
+    key = KEY_OF.get((section, name))
+    if key is None:
+        if section not in SECTIONS:
+            raise ConfigError(f"{prefix}unknown section [{section}] (key {shown(name)})")
+        raise ConfigError(f"{prefix}unknown key {section}.{shown(name)}")
+    return key
+
+
+def written_value(key, value, prefix):
+    """The typed value of `value` as written in a file or --set (a quoted one decoded), or
+    ConfigError prefixed by where it was written."""
+    try:
+        text = unquote(value)
+    except ValueError as exc:
+        raise ConfigError(f"{prefix}{key.full} = {shown(value)}: bad quoted value: {exc}") from None
+    try:
+        return set_value(key, text)
+    except ConfigError as exc:
+        raise ConfigError(f"{prefix}{exc}") from None
+
+
 def parse(text, origin="config_ini"):
     """A Config from INI text with momfmm's syntax and checks of each key (not the cross-key
     checks: Config.check). Raises ConfigError "origin:line: message"."""
@@ -534,21 +549,10 @@ def parse(text, origin="config_ini"):
         name, value = event[2], event[3]
         if section is None:
             raise ConfigError(f"{where}: key {shown(name)} is outside any [section]")
-        key = KEY_OF.get((section, name))
-        if key is None:
-            if section not in SECTIONS:
-                raise ConfigError(f"{where}: unknown section [{section}] (key {shown(name)})")
-            raise ConfigError(f"{where}: unknown key {section}.{shown(name)}")
+        key = key_named(section, name, f"{where}: ")
         if (section, name) in key_line:
             raise ConfigError(f"{where}: duplicate key {key.full} (first set at line {key_line[(section, name)]})")
         key_line[(section, name)] = number
-        try:
-            text_value = unquote(value)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: {key.full} = {shown(value)}: bad quoted value: {exc}") from None
-        try:
-            c.values[(section, name)] = set_value(key, text_value)
-        except ConfigError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
+        c.values[(section, name)] = written_value(key, value, f"{where}: ")
         c.raw.setdefault(section, {})[name] = value
     return c
