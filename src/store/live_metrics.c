@@ -20,6 +20,11 @@
 typedef struct {
     hid_t datasets[MAX_COLUMNS];
     long long rows_written;
+    /* one column's new rows on their way to the file: kept between appends
+     * and grown only for more rows than before, so that logging a step
+     * allocates nothing of ours (docs/design.md §8.10) */
+    double *block;
+    size_t block_capacity;
 } live_table;
 
 struct live_metrics {
@@ -61,7 +66,13 @@ static int create_table(hid_t file, const char *group, const metric_table *t, li
 static int append_rows(live_table *lt, const metric_table *t) {
     long long first = lt->rows_written, count = t->n_rows - first;
     if (count <= 0) return 0;
-    double *block = sys_calloc((size_t)(count * t->row_width), sizeof(double));
+    size_t needed = (size_t)(count * t->row_width);
+    if (needed > lt->block_capacity) {
+        free(lt->block);
+        lt->block_capacity = 2 * needed;
+        lt->block = sys_calloc(lt->block_capacity, sizeof(double));
+    }
+    double *block = lt->block;
     int offset = 0, status = 0;
     for (int c = 0; c < t->n_columns && status >= 0; c++) {
         const metric_column *col = &t->columns[c];
@@ -88,7 +99,6 @@ static int append_rows(live_table *lt, const metric_table *t) {
         H5Sclose(file_space);
         offset += col->width;
     }
-    free(block);
     if (status < 0) return -1;
     lt->rows_written = t->n_rows;
     return 0;
@@ -129,7 +139,15 @@ int live_metrics_append(live_metrics *lm, const metric_table *train, const metri
     return 0;
 }
 
-void live_metrics_abandon(live_metrics *lm) { free(lm); }
+static void free_blocks(live_metrics *lm) {
+    free(lm->train.block);
+    free(lm->eval.block);
+}
+
+void live_metrics_abandon(live_metrics *lm) {
+    free_blocks(lm);
+    free(lm);
+}
 
 static void close_table(live_table *lt, int n) {
     for (int c = 0; c < n; c++)
@@ -141,5 +159,6 @@ void live_metrics_close(live_metrics *lm) {
     close_table(&lm->train, MAX_COLUMNS);
     close_table(&lm->eval, MAX_COLUMNS);
     if (lm->file >= 0) H5Fclose(lm->file);
+    free_blocks(lm);
     free(lm);
 }

@@ -1,0 +1,174 @@
+"""No per-step allocation (docs/design.md §8.10): momfmm's own code makes
+no heap allocation in a training step or in logging it, on every path a
+step can take (each attention kind and implementation, momentum,
+micro-batches, recomputation, the classification head, text data, bf16,
+the fp32 engines, two threads, and under MPI data parallelism, ZeRO-1 and
+context parallelism). Evaluations and checkpoints, every eval_interval and
+ckpt_interval steps, allocate their buffers per event; here they run once,
+at the last step, in every run.
+
+tests/alloc_counter.c, preloaded, counts the allocations whose nearest
+caller outside the C library is the momfmm executable, per calling site.
+Each case trains the same run for N and 2N steps: every site's count must
+be the same in both (the libraries' own allocations, e.g. Open MPI's
+non-blocking collectives or oneDNN's gemm:jit packing, are theirs and not
+counted: docs/design.md §8.10 says which). A site that grows is named
+through addr2line."""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from common import MPIRUN, env, run, tiny_config, write_config
+
+STEPS = 3  # and 2 * STEPS
+
+
+def counter_library(momfmm):
+    return os.path.join(os.path.dirname(momfmm), "alloc_counter.so")
+
+
+@pytest.fixture(scope="module")
+def counter(momfmm):
+    path = counter_library(momfmm)
+    if not os.path.exists(path):
+        pytest.fail(f"{path} is not built (tests/CMakeLists.txt builds it beside momfmm outside the sanitizer build)")
+    return path
+
+
+def read_counts(directory):
+    """[{(site, via): count}] from the counter's files, one per process in rank order."""
+    runs = []
+    for name in sorted(os.listdir(directory), key=lambda n: int(n.split(".")[1])):  # allocs.<rank>
+        sites = {}
+        with open(os.path.join(directory, name)) as f:
+            for line in f:
+                fields = line.split()
+                assert fields[0] != "unplaced", f"{name}: the counter's table overflowed"
+                sites[(fields[0], fields[1])] = int(fields[2])
+        runs.append(sites)
+    return runs
+
+
+def symbol(momfmm, offsets):
+    """addr2line's function names for the offsets, 'a < b'."""
+    names = []
+    for offset in offsets:
+        if offset == "0x0":
+            continue
+        try:
+            out = subprocess.run(["addr2line", "-f", "-e", momfmm, offset], capture_output=True, text=True,
+                                 timeout=30).stdout.split("\n")[0]
+        except (OSError, subprocess.TimeoutExpired):
+            out = "?"
+        names.append(f"{out} ({offset})")
+    return " < ".join(names)
+
+
+def counted_run(momfmm, counter, workdir, name, steps, overrides, np_, extra_env):
+    """Trains one case for `steps` steps under the counter; returns its counts per process."""
+    case_dir = os.path.join(workdir, f"{name}-{steps}")
+    shutil.rmtree(case_dir, ignore_errors=True)
+    counts = os.path.join(case_dir, "counts")
+    os.makedirs(counts)
+    sections = tiny_config(os.path.join(case_dir, "run"), **{"train.steps": steps, **EVERY_STEP_LOGGED, **overrides})
+    ini = write_config(os.path.join(case_dir, "run.ini"), sections)
+    preload = {"LD_PRELOAD": counter, "MOMFMM_ALLOC_COUNTS": counts}
+    if np_:
+        cmd = MPIRUN + ["-np", str(np_)] + [a for k, v in preload.items() for a in ("-x", f"{k}={v}")]
+        cmd += [momfmm, "train", ini]
+        r = run(cmd, timeout=300, env=env(**extra_env))
+    else:
+        r = run([momfmm, "train", ini], timeout=300, env=env(**preload, **extra_env))
+    assert r.returncode == 0, f"{name}, {steps} steps: exit {r.returncode}\n{r.stderr[-2000:]}"
+    runs = read_counts(counts)
+    assert len(runs) == (np_ or 1), f"{name}: {len(runs)} count files for {np_ or 1} processes"
+    return runs
+
+
+# Every step logged (to stdout, the history and metrics.h5); the one
+# evaluation and checkpoint at the last step.
+EVERY_STEP_LOGGED = {"train.log_interval": 1, "train.eval_interval": 1000, "train.ckpt_interval": 1000}
+
+CASES = [
+    ("tiled softmax", {}, None, {}),
+    ("dense softmax", {"attention.impl": "dense"}, None, {}),
+    ("momentum, learned gamma", {"momentum.gamma": 0.3, "momentum.learn_gamma": True, "momentum.beta": 0.2}, None, {}),
+    ("fmm", {"attention.kind": "fmm", "fmm.bandwidth": 3, "fmm.chunk": 4}, None, {}),
+    ("fmm with momentum", {"attention.kind": "fmm", "momentum.gamma": 0.3}, None, {}),
+    ("micro-batches", {"train.micro_batch": 1}, None, {}),
+    ("recompute block", {"train.recompute": "block"}, None, {}),
+    ("recompute mlp", {"train.recompute": "mlp"}, None, {}),
+    ("classification head", {"model.head": "cls", "model.n_classes": 10, "model.causal": False,
+                             "data.task": "listops"}, None, {}),
+    ("onednn fp32 engine", {"train.gemm": "onednn"}, None, {}),
+    ("two threads", {}, None, {"OMP_NUM_THREADS": 2}),
+    ("bf16", {"train.precision": "bf16"}, None, {"MOMFMM_FORCE_BF16": 1}),
+    ("bf16 fmm", {"train.precision": "bf16", "attention.kind": "fmm"}, None, {"MOMFMM_FORCE_BF16": 1}),
+    ("2 ranks", {}, 2, {}),
+    ("2 ranks, ZeRO-1", {"dist.zero": 1}, 2, {}),
+    ("2 ranks, no overlap", {"dist.overlap": False}, 2, {}),
+    ("context parallel softmax", {"dist.context": 2}, 2, {}),
+    ("context parallel fmm", {"dist.context": 2, "attention.kind": "fmm"}, 2, {}),
+]
+
+
+def has_avx512f():
+    with open("/proc/cpuinfo") as f:
+        return " avx512f" in f.read()
+
+
+def check_case(momfmm, counter, workdir, report, name, overrides, np_, extra_env):
+    short = counted_run(momfmm, counter, workdir, name, STEPS, overrides, np_, extra_env)
+    long = counted_run(momfmm, counter, workdir, name, 2 * STEPS, overrides, np_, extra_env)
+    for rank, (a, b) in enumerate(zip(short, long)):
+        grew = sorted(site for site in set(a) | set(b) if a.get(site, 0) != b.get(site, 0))
+        detail = "; ".join(f"{symbol(momfmm, site)}: {a.get(site, 0)} -> {b.get(site, 0)}" for site in grew[:8])
+        report.check(f"{name}, process {rank}: no allocation grows with the steps ({STEPS} and {2 * STEPS} steps, "
+                     f"{len(b)} sites, {sum(b.values())} calls)", not grew, detail)
+
+
+@pytest.mark.parametrize("name,overrides,np_,extra_env", CASES, ids=[c[0].replace(" ", "_") for c in CASES])
+def test_no_allocation_per_step(momfmm, counter, workdir, report, name, overrides, np_, extra_env):
+    check_case(momfmm, counter, workdir, report, name, overrides, np_, extra_env)
+
+
+def test_text_data(momfmm, counter, workdir, report):
+    data = os.path.join(workdir, "corpus.txt")
+    with open(data, "w") as f:
+        f.write("".join(f"line {i}: the keys carry a little of their past.\n" for i in range(400)))
+    overrides = {"model.vocab_size": 256, "data.task": "text", "data.path": data, "data.seq_len": 16}
+    check_case(momfmm, counter, workdir, report, "text data", overrides, None, {})
+
+
+def test_own_engine(momfmm, counter, workdir, report):
+    """momfmm's own fp32 product (train.gemm = avx512), where the CPU has AVX-512F."""
+    if not has_avx512f():
+        pytest.skip("no AVX-512F on this CPU: train.gemm = avx512 cannot run")
+    check_case(momfmm, counter, workdir, report, "own avx512 engine", {"train.gemm": "avx512"}, None, {})
+
+
+def probe_counts(momfmm, counter, workdir, turns):
+    counts = os.path.join(workdir, f"probe-{turns}")
+    shutil.rmtree(counts, ignore_errors=True)
+    os.makedirs(counts)
+    probe = os.path.join(os.path.dirname(momfmm), "alloc_counter_probe")
+    r = run([probe, turns], timeout=60, env=env(LD_PRELOAD=counter, MOMFMM_ALLOC_COUNTS=counts))
+    assert r.returncode == 0, r.stderr
+    return read_counts(counts)[0]
+
+
+def test_counter_sees_a_growing_site(momfmm, counter, workdir, report):
+    """The counter itself: a loop that allocates once a turn (the probe
+    beside momfmm) is seen at one site whose count follows the turns, and a
+    training run's counts are charged to momfmm's sites, the same in two
+    runs of the same length."""
+    three, six = probe_counts(momfmm, counter, workdir, 3), probe_counts(momfmm, counter, workdir, 6)
+    grew = {site: (three.get(site, 0), n) for site, n in six.items() if three.get(site, 0) != n}
+    report.check("the probe's loop: one site, 3 then 6 calls", list(grew.values()) == [(3, 6)], str(grew))
+    a = counted_run(momfmm, counter, workdir, "same", STEPS, {}, None, {})[0]
+    b = counted_run(momfmm, counter, workdir, "same-again", STEPS, {}, None, {})[0]
+    report.check("a training run's calls are charged to momfmm's sites", sum(a.values()) > 10,
+                 f"{sum(a.values())} calls at {len(a)} sites")
+    report.check("two runs of the same length count the same", a == b)
