@@ -1,15 +1,17 @@
 /* An LD_PRELOAD library for tests/e2e/test_allocations.py: counts the
- * allocations momfmm's own code makes, to hold it to "no per-step
- * allocation" (docs/design.md §8.10). Each call of malloc, calloc,
+ * allocations momfmm's own code makes and their bytes, to hold it to "no
+ * per-step allocation" and to memory linear in the sequence length
+ * (docs/design.md §8.10). Each call of malloc, calloc,
  * realloc, posix_memalign, aligned_alloc, memalign, valloc or mmap is
  * charged to its nearest caller outside the C library and this file:
  * when that caller lies in the momfmm executable (all of momfmm's code is
  * linked into it), the call is counted under the caller's address. What
  * the libraries allocate for themselves (Open MPI, HDF5, oneDNN, OpenBLAS,
- * libgomp) is theirs and is not counted here.
+ * libgomp) is theirs and is not counted here. The bytes are those asked
+ * for (calloc's product, realloc's new size, mmap's length).
  *
  * At exit each process writes one line per site (below), "offset
- * via-offset count" (offsets from the executable's load address, as
+ * via-offset count bytes largest" (offsets from the executable's load address, as
  * addr2line reads them; via 0 when the next caller is not in the
  * executable), to $MOMFMM_ALLOC_COUNTS/allocs.<rank> (Open MPI's rank of
  * the process, 0 outside mpirun). A test runs the same
@@ -58,6 +60,7 @@ typedef struct {
 } site;
 static site slot_site[SLOTS];
 static long slot_count[SLOTS];
+static unsigned long long slot_bytes[SLOTS], slot_largest[SLOTS];
 static long unplaced; /* calls that found the table full */
 static char table_lock;
 
@@ -95,18 +98,21 @@ static int find_objects(struct dl_phdr_info *info, size_t size, void *data) {
 
 static bool same_site(site a, site b) { return a.at == b.at && a.via == b.via; }
 
-static void count_at(site s) {
+static void count_at(site s, size_t bytes) {
     while (__atomic_test_and_set(&table_lock, __ATOMIC_ACQUIRE)) {}
     size_t i = ((s.at ^ (s.via << 7)) >> 4) % SLOTS, probes = 0;
     while (slot_site[i].at && !same_site(slot_site[i], s) && probes < SLOTS) i = (i + 1) % SLOTS, probes++;
     if (probes == SLOTS) unplaced++;
-    else slot_site[i] = s, slot_count[i]++;
+    else {
+        slot_site[i] = s, slot_count[i]++, slot_bytes[i] += bytes;
+        if (bytes > slot_largest[i]) slot_largest[i] = bytes;
+    }
     __atomic_clear(&table_lock, __ATOMIC_RELEASE);
 }
 
 /* Charge one call to its nearest caller outside the C library and this
  * file, if that caller is the executable. */
-static void charge(void) {
+static void charge(size_t bytes) {
     if (!ready || inside) return;
     inside = 1;
     void *frames[48];
@@ -117,7 +123,7 @@ static void charge(void) {
         if (in_ranges(&executable, a)) {
             uintptr_t via =
                 i + 1 < n && in_ranges(&executable, (uintptr_t)frames[i + 1]) ? (uintptr_t)frames[i + 1] : 0;
-            count_at((site){a, via});
+            count_at((site){a, via}, bytes);
         }
         break;
     }
@@ -125,38 +131,38 @@ static void charge(void) {
 }
 
 void *malloc(size_t size) {
-    charge();
+    charge(size);
     return __libc_malloc(size);
 }
 
 void *calloc(size_t count, size_t size) {
-    charge();
+    charge(size && count > SIZE_MAX / size ? SIZE_MAX : count * size);
     return __libc_calloc(count, size);
 }
 
 void *realloc(void *p, size_t size) {
-    charge();
+    charge(size);
     return __libc_realloc(p, size);
 }
 
 void *memalign(size_t alignment, size_t size) {
-    charge();
+    charge(size);
     return __libc_memalign(alignment, size);
 }
 
 void *aligned_alloc(size_t alignment, size_t size) {
-    charge();
+    charge(size);
     return __libc_memalign(alignment, size);
 }
 
 void *valloc(size_t size) {
-    charge();
+    charge(size);
     return __libc_valloc(size);
 }
 
 int posix_memalign(void **out, size_t alignment, size_t size) {
     if (alignment == 0 || alignment % sizeof(void *) || (alignment & (alignment - 1))) return EINVAL;
-    charge();
+    charge(size);
     int saved = errno;
     void *p = __libc_memalign(alignment, size);
     if (!p) return ENOMEM;
@@ -167,7 +173,7 @@ int posix_memalign(void **out, size_t alignment, size_t size) {
 
 /* mmap by its system call, so that this wrapper needs no other symbol. */
 void *mmap(void *addr, size_t length, int prot, int flags, int fd, off_t offset) {
-    charge();
+    charge(length);
     long r = syscall(SYS_mmap, addr, length, prot, flags, fd, offset);
     return (void *)r;
 }
@@ -185,7 +191,7 @@ __attribute__((destructor)) static void finish(void) {
     const char *dir = getenv("MOMFMM_ALLOC_COUNTS");
     if (!ready || !dir) return;
     inside = 1;
-    char path[4096], line[96];
+    char path[4096], line[160];
     const char *rank = getenv("OMPI_COMM_WORLD_RANK");
     snprintf(path, sizeof path, "%s/allocs.%s", dir, rank ? rank : "0");
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -194,8 +200,9 @@ __attribute__((destructor)) static void finish(void) {
     for (size_t i = 0; i < SLOTS && written; i++) {
         if (!slot_site[i].at) continue;
         uintptr_t via = slot_site[i].via ? slot_site[i].via - executable_base : 0;
-        int k = snprintf(line, sizeof line, "0x%lx 0x%lx %ld\n", (unsigned long)(slot_site[i].at - executable_base),
-                         (unsigned long)via, slot_count[i]);
+        int k = snprintf(line, sizeof line, "0x%lx 0x%lx %ld %llu %llu\n",
+                         (unsigned long)(slot_site[i].at - executable_base), (unsigned long)via, slot_count[i],
+                         slot_bytes[i], slot_largest[i]);
         written = write(fd, line, (size_t)k) == k;
     }
     if (unplaced && written) { /* the test refuses a file with this line */

@@ -3,6 +3,7 @@ run momfmm, write configs and token files, and collect named checks. The one
 place for them: the test modules import these rather than keep copies (the
 binary itself comes from conftest.py's `momfmm` fixture)."""
 import os
+import re
 import subprocess
 
 import h5py
@@ -33,6 +34,14 @@ def run(args, timeout=600, **kw):
     CompletedProcess with text output."""
     return subprocess.run([str(a) for a in args], capture_output=True, text=True,
                           timeout=timeout, env=kw.pop("env", env()), **kw)
+
+
+def bf16_unavailable(momfmm, forced=False):
+    """Why bf16 cannot run here (`momfmm --version`, 'bf16:'), or None; forced: with
+    MOMFMM_FORCE_BF16=1, under which oneDNN emulates bf16 on an AVX-512 CPU without it."""
+    out = run([momfmm, "--version"], env=env(**({"MOMFMM_FORCE_BF16": 1} if forced else {}))).stdout
+    m = re.search(r"^bf16:\s+unavailable: (.*)$", out, re.M)
+    return m.group(1) if m else None
 
 
 def write_config(path, sections):

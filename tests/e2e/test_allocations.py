@@ -1,6 +1,7 @@
-"""No per-step allocation (docs/design.md §8.10): momfmm's own code makes
-no heap allocation in a training step or in logging it, on every path a
-step can take (each attention kind and implementation, momentum,
+"""No per-step allocation and no hidden quadratic (docs/design.md §8.10).
+
+momfmm's own code makes no heap allocation in a training step or in
+logging it, on every path a step can take (each attention kind and implementation, momentum,
 micro-batches, recomputation, the classification head, text data, bf16,
 the fp32 engines, two threads, and under MPI data parallelism, ZeRO-1 and
 context parallelism). Evaluations and checkpoints, every eval_interval and
@@ -13,14 +14,22 @@ Each case trains the same run for N and 2N steps: every site's count must
 be the same in both (the libraries' own allocations, e.g. Open MPI's
 non-blocking collectives or oneDNN's gemm:jit packing, are theirs and not
 counted: docs/design.md §8.10 says which). A site that grows is named
-through addr2line."""
+through addr2line.
+
+Memory linear in the sequence length: the same run at T and 2T (one step
+and the evaluation after it) must ask for at most 2.2x the bytes in all and
+at each site (FMM, tiled softmax with and without momentum, bf16,
+recomputation, micro-batches, context parallelism), where dense softmax,
+which keeps the T x T probabilities, asks for more than 3x (the counter
+sees a quadratic)."""
 import os
+import re
 import shutil
 import subprocess
 
 import pytest
 
-from common import MPIRUN, env, run, tiny_config, write_config
+from common import MPIRUN, bf16_unavailable, env, run, tiny_config, write_config
 
 STEPS = 3  # and 2 * STEPS
 
@@ -33,12 +42,12 @@ def counter_library(momfmm):
 def counter(momfmm):
     path = counter_library(momfmm)
     if not os.path.exists(path):
-        pytest.fail(f"{path} is not built (tests/CMakeLists.txt builds it beside momfmm outside the sanitizer build)")
+        pytest.fail(f"{path} is not built (tests/CMakeLists.txt builds it beside momfmm)")
     return path
 
 
 def read_counts(directory):
-    """[{(site, via): count}] from the counter's files, one per process in rank order."""
+    """[{(site, via): (calls, bytes, largest)}] from the counter's files, one per process in rank order."""
     runs = []
     for name in sorted(os.listdir(directory), key=lambda n: int(n.split(".")[1])):  # allocs.<rank>
         sites = {}
@@ -46,9 +55,17 @@ def read_counts(directory):
             for line in f:
                 fields = line.split()
                 assert fields[0] != "unplaced", f"{name}: the counter's table overflowed"
-                sites[(fields[0], fields[1])] = int(fields[2])
+                sites[(fields[0], fields[1])] = tuple(int(x) for x in fields[2:5])
         runs.append(sites)
     return runs
+
+
+def calls(sites):
+    return {site: v[0] for site, v in sites.items()}
+
+
+def total_bytes(sites):
+    return sum(v[1] for v in sites.values())
 
 
 def symbol(momfmm, offsets):
@@ -67,7 +84,12 @@ def symbol(momfmm, offsets):
 
 
 def counted_run(momfmm, counter, workdir, name, steps, overrides, np_, extra_env):
-    """Trains one case for `steps` steps under the counter; returns its counts per process."""
+    """Trains one case for `steps` steps under the counter, every step logged; returns
+    read_counts() of its processes. bf16 where even MOMFMM_FORCE_BF16 cannot run it: skipped."""
+    if overrides.get("train.precision") == "bf16":
+        why = bf16_unavailable(momfmm, forced=True)
+        if why:
+            pytest.skip(f"bf16 cannot run on this CPU: {why}")
     case_dir = os.path.join(workdir, f"{name}-{steps}")
     shutil.rmtree(case_dir, ignore_errors=True)
     counts = os.path.join(case_dir, "counts")
@@ -114,15 +136,10 @@ CASES = [
 ]
 
 
-def has_avx512f():
-    with open("/proc/cpuinfo") as f:
-        return " avx512f" in f.read()
-
-
 def check_case(momfmm, counter, workdir, report, name, overrides, np_, extra_env):
     short = counted_run(momfmm, counter, workdir, name, STEPS, overrides, np_, extra_env)
     long = counted_run(momfmm, counter, workdir, name, 2 * STEPS, overrides, np_, extra_env)
-    for rank, (a, b) in enumerate(zip(short, long)):
+    for rank, (a, b) in enumerate(zip(map(calls, short), map(calls, long))):
         grew = sorted(site for site in set(a) | set(b) if a.get(site, 0) != b.get(site, 0))
         detail = "; ".join(f"{symbol(momfmm, site)}: {a.get(site, 0)} -> {b.get(site, 0)}" for site in grew[:8])
         report.check(f"{name}, process {rank}: no allocation grows with the steps ({STEPS} and {2 * STEPS} steps, "
@@ -143,9 +160,10 @@ def test_text_data(momfmm, counter, workdir, report):
 
 
 def test_own_engine(momfmm, counter, workdir, report):
-    """momfmm's own fp32 product (train.gemm = avx512), where the CPU has AVX-512F."""
-    if not has_avx512f():
-        pytest.skip("no AVX-512F on this CPU: train.gemm = avx512 cannot run")
+    """momfmm's own fp32 product (train.gemm = avx512), where it runs (`momfmm --version`, 'avx512:')."""
+    why = re.search(r"^avx512:\s+unavailable: (.*)$", run([momfmm, "--version"]).stdout, re.M)
+    if why:
+        pytest.skip(f"train.gemm = avx512 cannot run here: {why.group(1)}")
     check_case(momfmm, counter, workdir, report, "own avx512 engine", {"train.gemm": "avx512"}, None, {})
 
 
@@ -164,11 +182,63 @@ def test_counter_sees_a_growing_site(momfmm, counter, workdir, report):
     beside momfmm) is seen at one site whose count follows the turns, and a
     training run's counts are charged to momfmm's sites, the same in two
     runs of the same length."""
-    three, six = probe_counts(momfmm, counter, workdir, 3), probe_counts(momfmm, counter, workdir, 6)
+    three, six = calls(probe_counts(momfmm, counter, workdir, 3)), calls(probe_counts(momfmm, counter, workdir, 6))
     grew = {site: (three.get(site, 0), n) for site, n in six.items() if three.get(site, 0) != n}
     report.check("the probe's loop: one site, 3 then 6 calls", list(grew.values()) == [(3, 6)], str(grew))
-    a = counted_run(momfmm, counter, workdir, "same", STEPS, {}, None, {})[0]
-    b = counted_run(momfmm, counter, workdir, "same-again", STEPS, {}, None, {})[0]
+    a = calls(counted_run(momfmm, counter, workdir, "same", STEPS, {}, None, {})[0])
+    b = calls(counted_run(momfmm, counter, workdir, "same-again", STEPS, {}, None, {})[0])
     report.check("a training run's calls are charged to momfmm's sites", sum(a.values()) > 10,
                  f"{sum(a.values())} calls at {len(a)} sites")
     report.check("two runs of the same length count the same", a == b)
+
+
+# ---- Memory linear in T --------------------------------------------------
+T = 2048  # and 2 * T: long enough that the huge pages' 2 MiB rounding is small beside the growth,
+# and that a T x T buffer of bf16 at one site (8 MB, then 32) outgrows it
+LINEAR_RATIO = 2.2
+ROUNDING = 4 << 20  # a site's bytes may also grow by two huge pages
+
+LINEAR_CASES = [
+    ("tiled softmax", {}, None, {}),
+    ("tiled softmax with momentum", {"momentum.gamma": 0.3, "momentum.learn_gamma": True}, None, {}),
+    ("fmm", {"attention.kind": "fmm"}, None, {}),
+    ("fmm, dense band", {"attention.kind": "fmm", "attention.impl": "dense"}, None, {}),
+    ("fmm with momentum", {"attention.kind": "fmm", "momentum.gamma": 0.3}, None, {}),
+    ("bf16 tiled softmax", {"train.precision": "bf16"}, None, {"MOMFMM_FORCE_BF16": 1}),
+    ("bf16 fmm", {"train.precision": "bf16", "attention.kind": "fmm"}, None, {"MOMFMM_FORCE_BF16": 1}),
+    ("recompute block", {"train.recompute": "block"}, None, {}),
+    ("micro-batches", {"train.micro_batch": 1}, None, {}),
+    ("context parallel softmax", {"dist.context": 2}, 2, {}),
+    ("context parallel fmm", {"dist.context": 2, "attention.kind": "fmm"}, 2, {}),
+]
+
+
+def at_length(length, overrides):
+    return {"data.seq_len": length, "model.max_seq_len": length, "train.batch_size": 2, "train.eval_batches": 1,
+            **overrides}
+
+
+def length_runs(momfmm, counter, workdir, name, overrides, np_, extra_env):
+    return [counted_run(momfmm, counter, workdir, f"{name} T{length}", 1, at_length(length, overrides), np_,
+                        extra_env) for length in (T, 2 * T)]
+
+
+@pytest.mark.parametrize("name,overrides,np_,extra_env", LINEAR_CASES, ids=[c[0].replace(" ", "_") for c in LINEAR_CASES])
+def test_memory_linear_in_length(momfmm, counter, workdir, report, name, overrides, np_, extra_env):
+    short, long = length_runs(momfmm, counter, workdir, name, overrides, np_, extra_env)
+    for rank, (a, b) in enumerate(zip(short, long)):
+        ratio = total_bytes(b) / total_bytes(a)
+        report.check(f"{name}, process {rank}: bytes asked for at T {2 * T} / at T {T} <= {LINEAR_RATIO}",
+                     ratio <= LINEAR_RATIO, f"{total_bytes(a) / 1e6:.1f} -> {total_bytes(b) / 1e6:.1f} MB, {ratio:.2f}x")
+        steep = sorted((site for site in b if b[site][1] > LINEAR_RATIO * a.get(site, (0, 0, 0))[1] + ROUNDING),
+                       key=lambda site: -b[site][1])
+        detail = "; ".join(f"{symbol(momfmm, site)}: {a.get(site, (0, 0, 0))[1] / 1e6:.1f} -> {b[site][1] / 1e6:.1f} MB"
+                           for site in steep[:5])
+        report.check(f"{name}, process {rank}: no site's bytes grow faster than the length", not steep, detail)
+
+
+def test_dense_softmax_is_seen_quadratic(momfmm, counter, workdir, report):
+    """The check above can fail: dense softmax keeps the T x T probabilities."""
+    short, long = length_runs(momfmm, counter, workdir, "dense softmax", {"attention.impl": "dense"}, None, {})
+    ratio = total_bytes(long[0]) / total_bytes(short[0])
+    report.check(f"dense softmax: bytes at T {2 * T} / at T {T} > 3", ratio > 3, f"{ratio:.2f}x")

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from momfmm.h5 import load_checkpoint, newest_checkpoint
 
-from common import MPIRUN, env, run, write_tiny_config, write_tokens
+from common import MPIRUN, bf16_unavailable, env, run, write_tiny_config, write_tokens
 
 STEPS = 6
 LOSS_RTOL = 1e-6
@@ -133,12 +133,6 @@ def text_corpus(workdir):
         for _ in range(4000):
             f.write(" ".join(rng.choice(words, size=12)) + ".\n")
     return path
-
-
-def bf16_unavailable(momfmm):
-    """Why bf16 cannot run here (`momfmm --version`, 'bf16:'), or None."""
-    m = re.search(r"^bf16:\s+unavailable: (.*)$", run([momfmm, "--version"]).stdout, re.M)
-    return m.group(1) if m else None
 
 
 class TestTasks:

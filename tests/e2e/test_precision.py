@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from momfmm.h5 import load_checkpoint, newest_checkpoint
 
-from common import env, perturb, run, train_command, write_tiny_config, write_tokens
+from common import bf16_unavailable, env, perturb, run, train_command, write_tiny_config, write_tokens
 
 BF16 = "train.precision=bf16"
 FP32 = "train.precision=fp32"
@@ -41,10 +41,9 @@ def bf16_env(**extra):
 def bf16_runs(momfmm):
     """Skips (CTest counts it: SKIP_REGULAR_EXPRESSION) where even MOMFMM_FORCE_BF16
     cannot run bf16: oneDNN emulates it only on AVX-512 (`momfmm --version`, 'bf16:')."""
-    out = run([momfmm, "--version"], env=bf16_env()).stdout
-    m = re.search(r"^bf16:\s+unavailable: (.*)$", out, re.M)
-    if m:
-        pytest.skip(f"bf16 cannot run on this CPU: {m.group(1)}")
+    why = bf16_unavailable(momfmm, forced=True)
+    if why:
+        pytest.skip(f"bf16 cannot run on this CPU: {why}")
 
 
 def train(momfmm, workdir, name, sets=(), np_=None, resume=None, extra_env=None, **overrides):
