@@ -1,21 +1,21 @@
 /* An LD_PRELOAD library for tests/e2e/test_allocations.py: counts the
  * allocations momfmm's own code makes and their bytes, to hold it to "no
  * per-step allocation" and to memory linear in the sequence length
- * (docs/design.md §8.10). Each call of malloc, calloc,
- * realloc, posix_memalign, aligned_alloc, memalign, valloc or mmap is
- * charged to its nearest caller outside the C library and this file:
- * when that caller lies in the momfmm executable (all of momfmm's code is
- * linked into it), the call is counted under the caller's address. What
- * the libraries allocate for themselves (Open MPI, HDF5, oneDNN, OpenBLAS,
- * libgomp) is theirs and is not counted here. The bytes are those asked
- * for (calloc's product, realloc's new size, mmap's length).
+ * (docs/design.md §8.10). Each call of malloc, calloc, realloc,
+ * posix_memalign, aligned_alloc, memalign, valloc or mmap is charged to
+ * its nearest caller outside the C library and this file: when that
+ * caller lies in the momfmm executable (all of momfmm's code is linked
+ * into it), the call is counted at that site (below). What the libraries
+ * allocate for themselves (Open MPI, HDF5, oneDNN, OpenBLAS, libgomp) is
+ * theirs and is not counted here. The bytes are those asked for (calloc's
+ * product, realloc's new size, mmap's length).
  *
- * At exit each process writes one line per site (below), "offset
- * via-offset count bytes largest" (offsets from the executable's load address, as
+ * At exit each process writes one line per site, "offset via-offset calls
+ * bytes largest" (offsets from the executable's load address, as
  * addr2line reads them; via 0 when the next caller is not in the
  * executable), to $MOMFMM_ALLOC_COUNTS/allocs.<rank> (Open MPI's rank of
- * the process, 0 outside mpirun). A test runs the same
- * training for N and 2N steps: every count must come out the same.
+ * the process, 0 outside mpirun). The test compares runs of N and 2N
+ * steps, and of sequence lengths T and 2T.
  *
  * The allocators are glibc's own entry points (__libc_malloc and the
  * rest), so nothing here needs dlsym, which itself allocates. */
