@@ -30,6 +30,7 @@ typedef struct {
 struct live_metrics {
     hid_t file;
     live_table train, eval;
+    char path[CONFIG_PATH_MAX + 32]; /* named when an append fails */
 };
 
 static hid_t create_column(hid_t file, const char *group, const metric_column *col) {
@@ -107,9 +108,9 @@ static int append_rows(live_table *lt, const metric_table *t) {
 live_metrics *live_metrics_open(const char *dir, const char *config_ini, const metric_table *train,
                                 const metric_table *eval, status *err) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    char path[CONFIG_PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/metrics.h5", dir);
     live_metrics *lm = sys_calloc(1, sizeof *lm);
+    char *path = lm->path;
+    snprintf(path, sizeof lm->path, "%s/metrics.h5", dir);
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST); /* SWMR needs the latest format */
     /* replaced in place, but never through a symbolic link or onto a FIFO (docs/files.md §4) */
@@ -135,7 +136,7 @@ live_metrics *live_metrics_open(const char *dir, const char *config_ini, const m
 
 int live_metrics_append(live_metrics *lm, const metric_table *train, const metric_table *eval, status *err) {
     if (append_rows(&lm->train, train) != 0 || append_rows(&lm->eval, eval) != 0)
-        return status_fail(err, EXIT_BAD_FILE, "metrics.h5: append failed (disk full?)");
+        return status_fail(err, EXIT_BAD_FILE, "%s: append failed (disk full, or beyond ulimit -f?)", lm->path);
     return 0;
 }
 

@@ -25,6 +25,7 @@
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import time
@@ -161,6 +162,40 @@ class TestFileLimits:
         report.check("init, ulimit -f half its output: exit 3, one line naming the file and ulimit -f, nothing left",
                      r.returncode == 3 and one_line(r.stderr) and out in r.stderr and "ulimit -f" in r.stderr and
                      not left, f"rc {r.returncode}: {r.stderr[-300:]!r}; left {left}")
+
+    def test_metrics_beyond_ulimit_f(self, momfmm, workdir, report):
+        """metrics.h5, the live mirror of the metric tables, meets a file size limit (as a full disk): when
+        it cannot be made, or later when an append does not fit, one warning naming it, and training goes on
+        to its last step (docs/cli.md §5); the final checkpoint, larger, fails as above (exit 3). The file
+        grows by a chunk of 256 rows a column: its size after 6 and after 300 logged steps, unlimited, put
+        the second limit where the first chunk fits and the second does not."""
+        overrides = {"train.log_interval": 1, "train.eval_interval": 0, "train.ckpt_interval": 1000,
+                     "train.on_save_failure": "continue"}
+        ini, out_dir, _ = write_tiny_config(workdir, "metrics_fsize", **overrides)
+        path = os.path.join(out_dir, "metrics.h5")
+        sizes = []
+        for steps in (6, 300):
+            shutil.rmtree(out_dir, ignore_errors=True)
+            r = run([momfmm, "train", ini, "--set", f"train.steps={steps}"], timeout=TIMEOUT_S)
+            assert r.returncode == 0, r.stderr
+            sizes.append(os.path.getsize(path))
+        assert sizes[1] > sizes[0], f"metrics.h5 did not grow from 6 to 300 rows: {sizes}"
+        cases = [("cannot be made", 4096, 6, f"momfmm: warning: {path}: cannot create the live metrics file; "
+                                             "training goes on without it"),
+                 ("an append does not fit", sum(sizes) // 2, 300,
+                  f"momfmm: warning: {path}: append failed (disk full, or beyond ulimit -f?); live metrics stop "
+                  "here (checkpoints keep the history)")]
+        for case, size, steps, warning in cases:
+            shutil.rmtree(out_dir)
+            r = run([momfmm, "train", ini, "--set", f"train.steps={steps}"], timeout=TIMEOUT_S,
+                    preexec_fn=limited(FSIZE=size))
+            lines = [l for l in r.stderr.splitlines() if l.strip()]
+            report.check(f"metrics.h5 beyond ulimit -f ({case}, {size} bytes): the warning once, first",
+                         lines[:1] == [warning] and r.stderr.count("metrics.h5") == 1, r.stderr[-600:])
+            report.check(f"metrics.h5 beyond ulimit -f ({case}): all {steps} steps trained, then exit 3 for the "
+                         "final checkpoint, every line momfmm's",
+                         r.returncode == 3 and f"step {steps}/{steps}" in r.stdout
+                         and all(l.startswith("momfmm: ") for l in lines), f"rc {r.returncode}: {r.stderr[-400:]!r}")
 
     @pytest.mark.parametrize("wrapped", [False, True], ids=["alone", "momfmm-mpirun"])
     def test_train_into_head(self, momfmm, workdir, report, wrapped):
