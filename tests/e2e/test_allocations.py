@@ -218,9 +218,9 @@ def at_length(length, overrides):
             **overrides}
 
 
-def length_runs(momfmm, counter, workdir, name, overrides, np_, extra_env):
-    return [counted_run(momfmm, counter, workdir, f"{name} T{length}", 1, at_length(length, overrides), np_,
-                        extra_env) for length in (T, 2 * T)]
+def length_runs(momfmm, counter, workdir, name, overrides, np_, extra_env, length=T):
+    return [counted_run(momfmm, counter, workdir, f"{name} T{t}", 1, at_length(t, overrides), np_, extra_env)
+            for t in (length, 2 * length)]
 
 
 @pytest.mark.parametrize("name,overrides,np_,extra_env", LINEAR_CASES, ids=[c[0].replace(" ", "_") for c in LINEAR_CASES])
@@ -238,7 +238,9 @@ def test_memory_linear_in_length(momfmm, counter, workdir, report, name, overrid
 
 
 def test_dense_softmax_is_seen_quadratic(momfmm, counter, workdir, report):
-    """The check above can fail: dense softmax keeps the T x T probabilities."""
-    short, long = length_runs(momfmm, counter, workdir, "dense softmax", {"attention.impl": "dense"}, None, {})
+    """The check above can fail: dense softmax keeps the T x T probabilities (at half the length, whose
+    3.5x is already past the line, in a third of the time)."""
+    short, long = length_runs(momfmm, counter, workdir, "dense softmax", {"attention.impl": "dense"}, None, {},
+                              length=T // 2)
     ratio = total_bytes(long[0]) / total_bytes(short[0])
-    report.check(f"dense softmax: bytes at T {2 * T} / at T {T} > 3", ratio > 3, f"{ratio:.2f}x")
+    report.check(f"dense softmax: bytes at T {T} / at T {T // 2} > 3", ratio > 3, f"{ratio:.2f}x")

@@ -167,22 +167,22 @@ class TestFileLimits:
         """metrics.h5, the live mirror of the metric tables, meets a file size limit (as a full disk): when
         it cannot be made, or later when an append does not fit, one warning naming it, and training goes on
         to its last step (docs/cli.md §5); the final checkpoint, larger, fails as above (exit 3). The file
-        grows by a chunk of 256 rows a column: its size after 6 and after 300 logged steps, unlimited, put
+        grows by a chunk of 256 rows a column: its size after 6 and after 260 logged steps, unlimited, put
         the second limit where the first chunk fits and the second does not."""
         overrides = {"train.log_interval": 1, "train.eval_interval": 0, "train.ckpt_interval": 1000,
                      "train.on_save_failure": "continue"}
         ini, out_dir, _ = write_tiny_config(workdir, "metrics_fsize", **overrides)
         path = os.path.join(out_dir, "metrics.h5")
         sizes = []
-        for steps in (6, 300):
+        for steps in (6, 260):
             shutil.rmtree(out_dir, ignore_errors=True)
             r = run([momfmm, "train", ini, "--set", f"train.steps={steps}"], timeout=TIMEOUT_S)
             assert r.returncode == 0, r.stderr
             sizes.append(os.path.getsize(path))
-        assert sizes[1] > sizes[0], f"metrics.h5 did not grow from 6 to 300 rows: {sizes}"
+        assert sizes[1] > sizes[0], f"metrics.h5 did not grow from 6 to 260 rows: {sizes}"
         cases = [("cannot be made", 4096, 6, f"momfmm: warning: {path}: cannot create the live metrics file; "
                                              "training goes on without it"),
-                 ("an append does not fit", sum(sizes) // 2, 300,
+                 ("an append does not fit", sum(sizes) // 2, 260,
                   f"momfmm: warning: {path}: append failed (disk full, or beyond ulimit -f?); live metrics stop "
                   "here (checkpoints keep the history)")]
         for case, size, steps, warning in cases:
