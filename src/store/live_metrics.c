@@ -127,7 +127,8 @@ live_metrics *live_metrics_open(const char *dir, const char *config_ini, const m
               create_table(lm->file, "eval", eval, &lm->eval) == 0 && append_rows(&lm->train, train) == 0 &&
               append_rows(&lm->eval, eval) == 0 && H5Fstart_swmr_write(lm->file) >= 0;
     if (!ok) {
-        status_fail(err, EXIT_BAD_FILE, "%s: cannot create the live metrics file", path);
+        status_fail(err, EXIT_BAD_FILE, "%s: cannot create the live metrics file (disk full, or beyond ulimit -f?)",
+                    path);
         live_metrics_close(lm);
         return NULL;
     }

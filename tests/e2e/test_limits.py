@@ -180,8 +180,8 @@ class TestFileLimits:
             assert r.returncode == 0, r.stderr
             sizes.append(os.path.getsize(path))
         assert sizes[1] > sizes[0], f"metrics.h5 did not grow from 6 to 260 rows: {sizes}"
-        cases = [("cannot be made", 4096, 6, f"momfmm: warning: {path}: cannot create the live metrics file; "
-                                             "training goes on without it"),
+        cases = [("cannot be made", 4096, 6, f"momfmm: warning: {path}: cannot create the live metrics file (disk "
+                                             "full, or beyond ulimit -f?); training goes on without it"),
                  ("an append does not fit", sum(sizes) // 2, 260,
                   f"momfmm: warning: {path}: append failed (disk full, or beyond ulimit -f?); live metrics stop "
                   "here (checkpoints keep the history)")]
