@@ -36,11 +36,11 @@ def run(args, timeout=600, **kw):
                           timeout=timeout, env=kw.pop("env", env()), **kw)
 
 
-def bf16_unavailable(momfmm, forced=False):
-    """Why bf16 cannot run here (`momfmm --version`, 'bf16:'), or None; forced: with
-    MOMFMM_FORCE_BF16=1, under which oneDNN emulates bf16 on an AVX-512 CPU without it."""
-    out = run([momfmm, "--version"], env=env(**({"MOMFMM_FORCE_BF16": 1} if forced else {}))).stdout
-    m = re.search(r"^bf16:\s+unavailable: (.*)$", out, re.M)
+def unavailable(momfmm, feature, **extra_env):
+    """Why `feature` ('bf16', 'avx512') cannot run here, as `momfmm --version` says on its line
+    under env(**extra_env), or None. MOMFMM_FORCE_BF16=1 asks whether oneDNN would emulate bf16."""
+    out = run([momfmm, "--version"], env=env(**extra_env)).stdout
+    m = re.search(rf"^{feature}:\s+unavailable: (.*)$", out, re.M)
     return m.group(1) if m else None
 
 

@@ -23,13 +23,12 @@ recomputation, micro-batches, context parallelism), where dense softmax,
 which keeps the T x T probabilities, asks for more than 3x (the counter
 sees a quadratic)."""
 import os
-import re
 import shutil
 import subprocess
 
 import pytest
 
-from common import MPIRUN, bf16_unavailable, env, run, tiny_config, write_config
+from common import MPIRUN, env, run, tiny_config, unavailable, write_config
 
 STEPS = 3  # and 2 * STEPS
 
@@ -87,7 +86,7 @@ def counted_run(momfmm, counter, workdir, name, steps, overrides, np_, extra_env
     """Trains one case for `steps` steps under the counter, every step logged; returns
     read_counts() of its processes. bf16 where even MOMFMM_FORCE_BF16 cannot run it: skipped."""
     if overrides.get("train.precision") == "bf16":
-        why = bf16_unavailable(momfmm, forced=True)
+        why = unavailable(momfmm, "bf16", MOMFMM_FORCE_BF16=1)
         if why:
             pytest.skip(f"bf16 cannot run on this CPU: {why}")
     case_dir = os.path.join(workdir, f"{name}-{steps}")
@@ -161,9 +160,9 @@ def test_text_data(momfmm, counter, workdir, report):
 
 def test_own_engine(momfmm, counter, workdir, report):
     """momfmm's own fp32 product (train.gemm = avx512), where it runs (`momfmm --version`, 'avx512:')."""
-    why = re.search(r"^avx512:\s+unavailable: (.*)$", run([momfmm, "--version"]).stdout, re.M)
+    why = unavailable(momfmm, "avx512")
     if why:
-        pytest.skip(f"train.gemm = avx512 cannot run here: {why.group(1)}")
+        pytest.skip(f"train.gemm = avx512 cannot run here: {why}")
     check_case(momfmm, counter, workdir, report, "own avx512 engine", {"train.gemm": "avx512"}, None, {})
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from momfmm.h5 import load_checkpoint, newest_checkpoint
 
-from common import MPIRUN, bf16_unavailable, env, run, write_tiny_config, write_tokens
+from common import MPIRUN, env, run, unavailable, write_tiny_config, write_tokens
 
 STEPS = 6
 LOSS_RTOL = 1e-6
@@ -149,7 +149,7 @@ class TestTasks:
             "data.format": "bytes", "model.vocab_size": 256})
 
     def test_bf16(self, runs, report, momfmm):
-        why = bf16_unavailable(momfmm)
+        why = unavailable(momfmm, "bf16")
         if why:
             pytest.skip(f"bf16 cannot run on this CPU: {why}")
         bf16 = {"attention.kind": "fmm", "fmm.bandwidth": 5, "train.precision": "bf16", "data.seq_len": 512}

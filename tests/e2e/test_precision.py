@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from momfmm.h5 import load_checkpoint, newest_checkpoint
 
-from common import bf16_unavailable, env, perturb, run, train_command, write_tiny_config, write_tokens
+from common import env, perturb, run, train_command, unavailable, write_tiny_config, write_tokens
 
 BF16 = "train.precision=bf16"
 FP32 = "train.precision=fp32"
@@ -41,7 +41,7 @@ def bf16_env(**extra):
 def bf16_runs(momfmm):
     """Skips (CTest counts it: SKIP_REGULAR_EXPRESSION) where even MOMFMM_FORCE_BF16
     cannot run bf16: oneDNN emulates it only on AVX-512 (`momfmm --version`, 'bf16:')."""
-    why = bf16_unavailable(momfmm, forced=True)
+    why = unavailable(momfmm, "bf16", MOMFMM_FORCE_BF16=1)
     if why:
         pytest.skip(f"bf16 cannot run on this CPU: {why}")
 
