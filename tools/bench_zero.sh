@@ -19,11 +19,12 @@ shift $(($# < 3 ? $# : 3))
 extra=("$@")
 momfmm=${MOMFMM:-build/momfmm}
 threads=${THREADS:-1}
-[[ $rounds =~ ^[1-9][0-9]*$ && $np =~ ^[1-9][0-9]*$ ]] || { echo "bench_zero: ROUNDS and NP must be positive integers" >&2; exit 2; }
-[ -f "$momfmm" ] && [ -x "$momfmm" ] || { echo "bench_zero: $momfmm is not an executable (build first, or set MOMFMM)" >&2; exit 2; }
-[ -e "$config" ] || { echo "bench_zero: $config: no such config file" >&2; exit 2; }
-[ -f "$config" ] || { echo "bench_zero: $config: not a regular file (a config is INI text)" >&2; exit 2; }
-[[ $threads =~ ^[1-9][0-9]{0,3}$ ]] || { echo "bench_zero: THREADS='$threads': expected a positive integer" >&2; exit 2; }
+refuse() { echo "bench_zero: $*" >&2; exit 2; }
+[[ $rounds =~ ^[1-9][0-9]*$ && $np =~ ^[1-9][0-9]*$ ]] || refuse "ROUNDS and NP must be positive integers"
+[ -f "$momfmm" ] && [ -x "$momfmm" ] || refuse "$momfmm is not an executable (build first, or set MOMFMM)"
+[ -e "$config" ] || refuse "$config: no such config file"
+[ -f "$config" ] || refuse "$config: not a regular file (a config is INI text)"
+[[ $threads =~ ^[1-9][0-9]{0,3}$ ]] || refuse "THREADS='$threads': expected a positive integer"
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
