@@ -44,13 +44,23 @@ static bool make_model_with(model *m, double gamma, config_attention_impl impl) 
 
 static bool make_model(model *m, double gamma) { return make_model_with(m, gamma, ATTENTION_TILED); }
 
+/* The read-outs' working memory for B rows of T, as the evaluator makes it. */
+static readouts_scratch scratch_make(const model *m) {
+    return (readouts_scratch){calloc(readouts_scratch_floats(m, B, T, true), sizeof(float)), calloc(B, sizeof(double)),
+                              calloc((size_t)m->V + T, sizeof(int))};
+}
+
+static void scratch_free(readouts_scratch *s) { free(s->copies), free(s->delta_norms), free(s->tokens); }
+
 static ratios measure(model *m) {
     int32_t inputs[B * T], targets[B * T], labels[B] = {0};
     for (int i = 0; i < B * T; i++) inputs[i] = (int32_t)((i * 7 + 2) % m->V), targets[i] = (int32_t)((i * 3) % m->V);
     model_forward(m, inputs, targets, labels, B, T, false);
     ratios r;
     memset(&r, 0, sizeof r);
-    readouts_block_gains(m, B, T, 5, 0, r.block, r.attn);
+    readouts_scratch scratch = scratch_make(m);
+    readouts_block_gains(m, B, T, 5, 0, r.block, r.attn, &scratch);
+    scratch_free(&scratch);
     for (int l = 0; l < LAYERS; l++) r.block[l] /= B, r.attn[l] /= B;
     return r;
 }
@@ -122,7 +132,8 @@ static void test_attention_scores(void) {
     for (int i = 0; i < B * T; i++) x[i] = (int32_t)(i % T % 3), y[i] = (int32_t)((i % T + 1) % 3);
     model_forward(&m, x, y, NULL, B, T, false);
     double sums[2 * 2 * LAYERS + 1] = {0};
-    readouts_attention_scores(&m, x, y, B, T, 3, sums);
+    readouts_scratch scratch = scratch_make(&m);
+    readouts_attention_scores(&m, x, y, B, T, 3, sums, &scratch);
     test_check(sums[2 * 2 * LAYERS] == 0, "attention scores: no query where the two keys coincide", "%g",
                sums[2 * 2 * LAYERS]);
     /* row 0: 0 1 2 9 0 1 2 0 1 2 0 1: from t = 4 the induction key is one past the positional one */
@@ -130,13 +141,14 @@ static void test_attention_scores(void) {
     memcpy(x, row, sizeof row);
     model_forward(&m, x, y, NULL, B, T, false);
     memset(sums, 0, sizeof sums);
-    readouts_attention_scores(&m, x, y, B, T, 3, sums);
+    readouts_attention_scores(&m, x, y, B, T, 3, sums, &scratch);
     /* queries t = 4, 5, 6 (previous occurrence before the 9) differ; t >= 7 coincide again */
     test_check(sums[2 * 2 * LAYERS] == 3, "attention scores: the queries whose keys differ count", "%g",
                sums[2 * 2 * LAYERS]);
     bool in_range = true;
     for (int i = 0; i < 2 * 2 * LAYERS; i++) in_range &= sums[i] >= 0 && sums[i] <= 3;
     test_check(in_range, "attention scores: summed weights within [0, queries]", NULL);
+    scratch_free(&scratch);
     model_free(&m);
 }
 
@@ -178,7 +190,9 @@ static void test_attention_constructed(void) {
     for (int b = 0; b < B; b++)
         for (int k = 0; k < 4; k++) set_pattern(&m, k / 2, b, k % 2, k, (const int(*)[2])keys);
     double sums[2 * 2 * LAYERS + 1] = {0};
-    readouts_attention_scores(&m, x, y, B, T, 3, sums);
+    readouts_scratch scratch = scratch_make(&m);
+    readouts_attention_scores(&m, x, y, B, T, 3, sums, &scratch);
+    scratch_free(&scratch);
     int LH = 2 * LAYERS;
     double uniform = 1.0 / 5 + 1.0 / 6 + 1.0 / 7;
     /* [layer][head]: positional, induction sums over the 3 counted queries */

@@ -419,39 +419,37 @@ int command_eval(const char *ckpt, bool stream, int segment, int n_overrides, ch
     if (stream && segment > m.cfg.seq_len)
         cmd_fail_all(EXIT_USAGE, "--segment %d exceeds the checkpoint's data.seq_len = %d", segment, m.cfg.seq_len);
     data_shard shard;
-    eval_result r;
     status err;
     cmd_fail_if_any(data_shard_open(&shard, &m.cfg, &err), &err); /* a node-local data file may fail on one rank */
     choose_eval_batches(&m, &shard, batches);
-    eval_result_init(&r, &m);
-    if (evaluate(&m, &shard, stream ? segment : 0, &r, &err) != 0) {
-        /* a model that cannot stream is refused alike on every rank, before any work */
-        if (err.code == EXIT_USAGE) cmd_fail_all(err.code, "%s", err.message);
-        cmd_fail(err.code, "%s", err.message);
-    }
-    print_eval("eval", &r.metrics, m.cfg.task);
-    if (r.length_eval) {
+    evaluator *ev = evaluator_create(&m, &shard, stream ? segment : 0, &err);
+    /* a model that cannot stream is refused alike on every rank, before any work */
+    if (!ev) cmd_fail_all(err.code, "%s", err.message);
+    if (evaluate(ev, &m, &shard, &err) != 0) cmd_fail(err.code, "%s", err.message);
+    const eval_result *r = evaluator_result(ev);
+    print_eval("eval", &r->metrics, m.cfg.task);
+    if (r->length_eval) {
         char how[96];
         chain_periods p = chain_periods_of(&m.cfg, true);
         snprintf(how, sizeof how, "eval, length generalisation (periods %d..%d)", p.lo, p.hi);
-        print_eval(how, &r.length_metrics, m.cfg.task);
+        print_eval(how, &r->length_metrics, m.cfg.task);
     }
-    if (r.gains_measured) {
+    if (r->gains_measured) {
         log_rank0("gain_R");
-        for (int l = 0; l < m.L; l++) log_rank0(" %.4f", r.gain_R[l]);
+        for (int l = 0; l < m.L; l++) log_rank0(" %.4f", r->gain_R[l]);
         log_rank0("\n");
     }
     if (dist_rank() == 0 && m.cfg.task == TASK_CHAIN) {
-        print_attention_scores("attention read-out", r.attn, m.L, m.H);
-        if (r.length_eval) print_attention_scores("attention read-out (length eval)", r.length_attn, m.L, m.H);
+        print_attention_scores("attention read-out", r->attn, m.L, m.H);
+        if (r->length_eval) print_attention_scores("attention read-out (length eval)", r->length_attn, m.L, m.H);
     }
-    if (r.streamed) {
+    if (r->streamed) {
         char how[64];
         snprintf(how, sizeof how, "eval --stream (segments of %d)", segment);
-        print_eval(how, &r.stream_metrics, m.cfg.task);
-        log_rank0("stream max |logit difference| vs full forward: %.3e\n", r.stream_max_diff);
+        print_eval(how, &r->stream_metrics, m.cfg.task);
+        log_rank0("stream max |logit difference| vs full forward: %.3e\n", r->stream_max_diff);
     }
-    eval_result_free(&r);
+    evaluator_free(ev);
     data_shard_close(&shard);
     model_free(&m);
     return 0;

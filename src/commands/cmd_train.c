@@ -291,26 +291,24 @@ static void save_if_best(const trainer *t, train_loop *loop) {
 }
 
 static void log_eval(trainer *t, train_loop *loop) {
-    eval_result r;
+    const eval_result *r;
     status err;
-    eval_result_init(&r, &t->model);
     dist_watch_phase("eval", false);
     if (trainer_log_eval(t, &r, &err) != 0) cmd_fail(err.code, "%s", err.message);
     dist_watch_phase(NULL, false);
     char shown[256];
-    metric_values_format(&r.metrics, t->cfg.task, 4, shown, sizeof shown);
+    metric_values_format(&r->metrics, t->cfg.task, 4, shown, sizeof shown);
     log_rank0("eval step %lld | %s", t->step, shown);
-    if (r.length_eval) { /* docs/tasks.md §2: a positional solution fails here */
+    if (r->length_eval) { /* docs/tasks.md §2: a positional solution fails here */
         char loss[32], rep[32];
-        log_rank0(" | lengen loss %s L_rep %s", metric_text(r.length_metrics.loss, 4, loss, sizeof loss),
-                  metric_text(r.length_metrics.L_rep, 4, rep, sizeof rep));
+        log_rank0(" | lengen loss %s L_rep %s", metric_text(r->length_metrics.loss, 4, loss, sizeof loss),
+                  metric_text(r->length_metrics.L_rep, 4, rep, sizeof rep));
     }
-    if (r.gains_measured) log_rank0(" | gain_R");
-    for (int l = 0; l < t->model.L && r.gains_measured; l++) log_rank0(" %.3f", r.gain_R[l]);
+    if (r->gains_measured) log_rank0(" | gain_R");
+    for (int l = 0; l < t->model.L && r->gains_measured; l++) log_rank0(" %.3f", r->gain_R[l]);
     log_rank0("\n");
-    loop->last_eval = (eval_record){true, t->step, r.metrics};
+    loop->last_eval = (eval_record){true, t->step, r->metrics};
     save_if_best(t, loop);
-    eval_result_free(&r);
 }
 
 /* A non-finite loss or gradient norm (the same on every rank): with

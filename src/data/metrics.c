@@ -33,13 +33,13 @@ static void accumulate_classification(metric_sums *s, const data_batch *b, const
 }
 
 void metrics_accumulate(metric_sums *s, const data_batch *b, const float *losses, const int32_t *predictions,
-                        bool classification, int vocab_size) {
+                        bool classification, int vocab_size, int *counts_scratch) {
     if (classification) {
         accumulate_classification(s, b, losses, predictions);
         return;
     }
     int T = b->T;
-    int *counts = sys_calloc((size_t)vocab_size + T, sizeof(int)), *k = counts + vocab_size;
+    int *counts = counts_scratch, *k = counts + vocab_size;
     for (int r = 0; r < b->B; r++) {
         const int32_t *inputs = b->inputs + (size_t)r * T, *targets = b->targets + (size_t)r * T;
         metric_occurrence_counts(inputs, targets, T, counts, vocab_size, k);
@@ -69,7 +69,6 @@ void metrics_accumulate(metric_sums *s, const data_batch *b, const float *losses
             s->exact_sequences += exact;
         }
     }
-    free(counts);
 }
 
 void metrics_row_repeats(const int32_t *inputs, const int32_t *targets, const float *losses, int T, int *counts_scratch,

@@ -42,9 +42,10 @@ void metric_values_format(const metric_values *e, int task, int digits, char *ou
 void metrics_row_repeats(const int32_t *inputs, const int32_t *targets, const float *losses, int T, int *counts_scratch,
                          int vocab_size, double *sum, double *count);
 
-/* Adds a batch: lm uses per-target losses and predictions; cls per row. */
+/* Adds a batch: lm uses per-target losses and predictions; cls per row.
+ * counts_scratch holds vocab_size + b->T ints (lm). */
 void metrics_accumulate(metric_sums *s, const data_batch *b, const float *losses, const int32_t *predictions,
-                        bool classification, int vocab_size);
+                        bool classification, int vocab_size, int *counts_scratch);
 void metrics_finish(const metric_sums *s, metric_values *out);
 
 /* A growing table of columns, one row per logged step or eval. */

@@ -88,9 +88,75 @@ typedef struct {
     float *losses; /* [B*T] streamed losses, or a context group's gathered ones */
     int32_t *predictions;
     float *gathered; /* a context group's: this rank's losses and predictions, then every rank's */
+    int *counts;     /* [V + T]: the occurrence counts of metrics_accumulate and L_rep by period */
+    readouts_scratch readouts;
     double max_diff;
     double target_bytes; /* of the counted targets (data_target_bytes), for bpb */
 } eval_sums;
+
+struct evaluator {
+    eval_result result;
+    int stream_segment;
+    eval_sums sums; /* its buffers, carved from memory (the sums: eval_sums_start) */
+    size_t n_sums;  /* the doubles summed over ranks, zeroed by each evaluate: scores, by_period, gains */
+    void *memory;
+};
+
+/* The evaluator's buffers, in elements (evaluator_bytes). Whole rows (B x
+ * seq_len): a context group gathers its shards' losses into them; the
+ * block gains' copies only where whole sequences are on a rank. */
+typedef struct {
+    size_t rows, sums, norms, gathered, copies, counts;
+} eval_sizes;
+
+static eval_sizes eval_sizes_of(const model *m, const data_shard *shard) {
+    int LH = m->L * m->H, micro = config_micro_rows(&m->cfg, shard->batch.B);
+    chain_periods p = chain_periods_of(&m->cfg, false);
+    bool cut = shard->cut.chunks > 1, gains = config_eval_readouts(&m->cfg) && !cut;
+    eval_sizes s = {.rows = (size_t)shard->batch.B * shard->cut.T_seq, .norms = (size_t)micro};
+    s.sums = 2 * (2 * (size_t)LH + 1) + 2 * (size_t)(p.hi - p.lo + 1) + 2 * (size_t)m->L + 1;
+    s.gathered = cut ? (1 + (size_t)context_size()) * 2 * s.rows : 0;
+    s.copies = readouts_scratch_floats(m, micro, shard->batch.T, gains);
+    s.counts = (size_t)m->V + shard->cut.T_seq;
+    return s;
+}
+
+size_t evaluator_bytes(const model *m, const data_shard *shard) {
+    eval_sizes s = eval_sizes_of(m, shard);
+    return sizeof(double) * (s.sums + s.norms) + sizeof(float) * (s.rows + s.gathered + s.copies) +
+           sizeof(int32_t) * s.rows + sizeof(int) * s.counts;
+}
+
+evaluator *evaluator_create(model *m, const data_shard *shard, int stream_segment, status *err) {
+    if (stream_segment > 0 && stream_check(m, shard->batch.T, err) != 0) return NULL;
+    evaluator *ev = sys_calloc(1, sizeof *ev);
+    eval_result_init(&ev->result, m);
+    ev->stream_segment = stream_segment;
+    eval_sizes s = eval_sizes_of(m, shard);
+    ev->memory = sys_calloc(evaluator_bytes(m, shard), 1);
+    eval_sums *e = &ev->sums; /* doubles, then floats, then 32-bit integers: each aligned */
+    int LH = m->L * m->H;
+    e->scores = ev->memory;
+    e->by_period = e->scores + 2 * (2 * LH + 1);
+    e->gains = e->by_period + 2 * ev->result.n_periods;
+    ev->n_sums = s.sums;
+    e->readouts.delta_norms = e->scores + s.sums;
+    e->losses = (float *)(e->readouts.delta_norms + s.norms);
+    e->gathered = s.gathered ? e->losses + s.rows : NULL;
+    e->readouts.copies = e->losses + s.rows + s.gathered;
+    e->predictions = (int32_t *)(e->readouts.copies + s.copies);
+    e->counts = e->readouts.tokens = (int *)(e->predictions + s.rows);
+    return ev;
+}
+
+void evaluator_free(evaluator *ev) {
+    if (!ev) return;
+    eval_result_free(&ev->result);
+    free(ev->memory);
+    free(ev);
+}
+
+const eval_result *evaluator_result(const evaluator *ev) { return &ev->result; }
 
 /* Rows [first, first + rows) of b as a batch of their own (no copy). */
 static data_batch rows_of(const data_batch *b, int first, int rows) {
@@ -104,14 +170,12 @@ static void add_rep_by_period(const model *m, const data_batch *v, const float *
                               eval_sums *e) {
     chain_periods p = chain_periods_of(&m->cfg, false);
     int n = p.hi - p.lo + 1, T = v->T;
-    int *scratch = sys_calloc((size_t)m->V + T, sizeof(int));
     for (int r = 0; r < v->B; r++) {
         int bin = data_sample_period(e->data, SPLIT_EVAL, e->batch, first_row + r) - p.lo;
         size_t at = (size_t)r * T;
-        metrics_row_repeats(v->inputs + at, v->targets + at, losses + at, T, scratch, m->V, &e->by_period[bin],
+        metrics_row_repeats(v->inputs + at, v->targets + at, losses + at, T, e->counts, m->V, &e->by_period[bin],
                             &e->by_period[n + bin]);
     }
-    free(scratch);
 }
 
 /* A context group's rows (docs/design.md §8.12): every rank's losses and
@@ -163,22 +227,22 @@ static int evaluate_rows(model *m, const data_source *data, const data_batch *v,
         losses = e->losses, predictions = e->predictions;
     }
     if (!counts) return 0; /* the group's first rank counts its sequences */
-    metrics_accumulate(&e->full, rows, losses, predictions, cls, m->V);
+    metrics_accumulate(&e->full, rows, losses, predictions, cls, m->V, e->counts);
     e->target_bytes += data_target_bytes(data, rows->targets, (size_t)rows->B * rows->T);
     /* before the block gains: their perturbed forwards replace the losses and the saved attention state */
     if (m->cfg.task == TASK_CHAIN) add_rep_by_period(m, rows, losses, first_row, e);
     if (whole) return 0; /* the read-outs and the streamed eval need whole sequences on a rank */
     if (m->cfg.task == TASK_CHAIN)
-        readouts_attention_scores(m, v->inputs, v->targets, v->B, v->T, m->cfg.chain_len, e->scores);
+        readouts_attention_scores(m, v->inputs, v->targets, v->B, v->T, m->cfg.chain_len, e->scores, &e->readouts);
     if (config_eval_readouts(&m->cfg))
-        readouts_block_gains(m, v->B, v->T, seed, first_row, e->gains, e->gains + m->L + 1);
+        readouts_block_gains(m, v->B, v->T, seed, first_row, e->gains, e->gains + m->L + 1, &e->readouts);
     e->gains[m->L] += v->B;
     if (segment <= 0) return 0;
     /* readouts_block_gains leaves the forward's logits as they were */
     double diff = stream_batch(m, v, segment, m->acts.logits, e->losses, e->predictions, err);
     if (diff < 0) return err->code;
     e->max_diff = fmax(e->max_diff, diff);
-    metrics_accumulate(&e->streamed, v, e->losses, e->predictions, false, m->V);
+    metrics_accumulate(&e->streamed, v, e->losses, e->predictions, false, m->V, e->counts);
     return 0;
 }
 
@@ -214,13 +278,15 @@ static int evaluate_length_batch(model *m, data_shard *shard, int i, eval_sums *
         data_batch v = rows_of(b, first, n);
         model_forward(m, v.inputs, v.targets, v.labels, v.B, v.T, false);
         if (!cut) {
-            metrics_accumulate(&e->length, &v, m->acts.losses, m->acts.predictions, false, m->V);
-            readouts_attention_scores(m, v.inputs, v.targets, v.B, v.T, m->cfg.chain_len, e->scores + 2 * LH + 1);
+            metrics_accumulate(&e->length, &v, m->acts.losses, m->acts.predictions, false, m->V, e->counts);
+            readouts_attention_scores(m, v.inputs, v.targets, v.B, v.T, m->cfg.chain_len, e->scores + 2 * LH + 1,
+                                      &e->readouts);
             continue;
         }
         data_batch whole = rows_of(&shard->full, first, n); /* a context group's: see evaluate_rows */
         gather_rows(m, &v, e);
-        if (context_rank() == 0) metrics_accumulate(&e->length, &whole, e->losses, e->predictions, false, m->V);
+        if (context_rank() == 0)
+            metrics_accumulate(&e->length, &whole, e->losses, e->predictions, false, m->V, e->counts);
     }
     return 0;
 }
@@ -233,19 +299,25 @@ static void finish_scores(const double *sums, int LH, double *out) {
 
 static bool length_eval_on(const model *m) { return m->cfg.task == TASK_CHAIN && m->cfg.eval_chain_len > 0; }
 
-int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, status *err) {
-    if (stream_segment > 0 && stream_check(m, shard->batch.T, err) != 0) return err->code;
-    eval_sums e;
-    memset(&e, 0, sizeof e);
-    /* whole rows: a context group gathers its shards' losses into them */
-    size_t rows = (size_t)shard->batch.B * shard->cut.T_seq;
-    e.gains = sys_calloc(2 * (size_t)m->L + 1, sizeof(double));
-    e.losses = sys_calloc(rows, sizeof(float));
-    e.predictions = sys_calloc(rows, sizeof(int32_t));
-    if (shard->cut.chunks > 1) e.gathered = sys_calloc((1 + (size_t)context_size()) * 2 * rows, sizeof(float));
+/* Zero sums on the evaluator's buffers (the rows are written before they are read). */
+static eval_sums eval_sums_start(const evaluator *ev) {
+    const eval_sums *kept = &ev->sums;
+    memset(kept->scores, 0, sizeof(double) * ev->n_sums);
+    return (eval_sums){.scores = kept->scores,
+                       .by_period = kept->by_period,
+                       .gains = kept->gains,
+                       .losses = kept->losses,
+                       .predictions = kept->predictions,
+                       .gathered = kept->gathered,
+                       .counts = kept->counts,
+                       .readouts = kept->readouts};
+}
+
+int evaluate(evaluator *ev, model *m, data_shard *shard, status *err) {
+    int stream_segment = ev->stream_segment;
+    eval_result *r = &ev->result;
+    eval_sums e = eval_sums_start(ev);
     int LH = m->L * m->H;
-    e.scores = sys_calloc(2 * (2 * (size_t)LH + 1), sizeof(double));
-    e.by_period = sys_calloc(2 * (size_t)r->n_periods, sizeof(double));
     m->keep_logits = stream_segment > 0;
     int rc = 0;
     for (int i = 0; i < m->cfg.eval_batches && rc == 0; i++) {
@@ -288,7 +360,6 @@ int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, st
         r->stream_metrics.bpb = e.streamed.loss_sum / (M_LN2 * e.target_bytes);
         r->stream_max_diff = dist_max_double(e.max_diff);
     }
-    free(e.gains), free(e.losses), free(e.predictions), free(e.scores), free(e.by_period), free(e.gathered);
     return rc;
 }
 

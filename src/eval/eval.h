@@ -39,14 +39,29 @@ void eval_result_free(eval_result *r);
 /* The read-outs that need no data: gamma per head. */
 void eval_readouts(const model *m, eval_result *r);
 
+/* An evaluation's working memory and its result, made once for a model and
+ * its data shard, so that the evaluations of a training run allocate nothing
+ * (docs/design.md §8.10). */
+typedef struct evaluator evaluator;
+
+/* stream_segment > 0 also feeds each batch through the streaming path in
+ * segments of that many tokens (`eval --stream`; each batch then makes its
+ * stream). Returns NULL with EXIT_USAGE in err when the model cannot stream. */
+evaluator *evaluator_create(model *m, const data_shard *shard, int stream_segment, status *err);
+void evaluator_free(evaluator *ev);
+/* The bytes evaluator_create allocates for m and shard (a memory estimate
+ * made before it). */
+size_t evaluator_bytes(const model *m, const data_shard *shard);
+/* The last evaluate's result. */
+const eval_result *evaluator_result(const evaluator *ev);
+
 /* Evaluates on the eval split (batches 0 .. train.eval_batches - 1, this
  * rank's shard, summed over ranks), and for a chain run with
  * data.eval_chain_len on as many batches of the length-generalisation eval
- * (docs/tasks.md §2). stream_segment > 0 also feeds each
- * batch through the streaming path in segments of that many tokens.
- * Collective: every rank calls it. Returns 0, or EXIT_USAGE in err when the
- * model cannot stream. */
-int evaluate(model *m, data_shard *shard, int stream_segment, eval_result *r, status *err);
+ * (docs/tasks.md §2), into evaluator_result(ev). m and shard are those ev
+ * was made for. Collective: every rank calls it. Returns 0, or the
+ * streaming path's failure in err. */
+int evaluate(evaluator *ev, model *m, data_shard *shard, status *err);
 
 /* One row of the eval table of metric_tables_standard (docs/metrics.md §3, docs/files.md §4). */
 void eval_result_row(const eval_result *r, long long step, const metric_table *eval_log, double *row);

@@ -3,12 +3,10 @@
 
 #include <complex.h>
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "base/rng.h"
 #include "base/status.h"
-#include "base/sys.h"
 #include "kernels/gemm.h"
 
 static double row_norm(const float *x, size_t n) {
@@ -43,17 +41,24 @@ static bool needs_fp32_forward(void) {
     return engine && gemm_ctx_engine(engine) == GEMM_ONEDNN_BF16;
 }
 
+/* Whether the bf16 engine may run the model's products: train.precision = bf16,
+ * or an engine already chosen (sizing the copies before the engine runs). */
+static bool may_need_fp32_forward(const model *m) { return m->cfg.precision == PRECISION_BF16 || needs_fp32_forward(); }
+
+size_t readouts_scratch_floats(const model *m, int B, int T, bool gains) {
+    return gains ? (may_need_fp32_forward(m) ? 5 : 3) * (size_t)B * T * m->d : 0;
+}
+
 void readouts_block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums,
-                          double *attn_ratio_sums) {
+                          double *attn_ratio_sums, const readouts_scratch *scratch) {
     model_activations *a = &m->acts;
     size_t row = (size_t)T * m->d, bt_d = (size_t)B * row;
     gemm_ctx *engine = gemm_default();
     bool fp32 = needs_fp32_forward();
-    float *saved_in = sys_calloc((fp32 ? 5 : 3) * bt_d, sizeof(float)), *saved_out = saved_in + bt_d,
-          *saved_mid = saved_out + bt_d;
+    float *saved_in = scratch->copies, *saved_out = saved_in + bt_d, *saved_mid = saved_out + bt_d;
     /* the unperturbed outputs the ratios compare with: the forward's own, or fp32 ones */
     float *base_out = fp32 ? saved_mid + bt_d : saved_out, *base_mid = fp32 ? base_out + bt_d : saved_mid;
-    double *delta_norms = sys_calloc((size_t)B, sizeof(double));
+    double *delta_norms = scratch->delta_norms;
     bool attention_bf16 = m->fmm.bf16;
     if (fp32) gemm_set_default(NULL), m->fmm.bf16 = false; /* cblas_sgemm, fp32 (gemm.h) */
     for (int l = 0; l < m->L; l++) {
@@ -94,8 +99,6 @@ void readouts_block_gains(model *m, int B, int T, uint64_t seed, long long first
         memcpy(mid, saved_mid, sizeof(float) * bt_d);
     }
     if (fp32) gemm_set_default(engine), m->fmm.bf16 = attention_bf16;
-    free(saved_in);
-    free(delta_norms);
 }
 
 /* prev[t]: the latest s < t with inputs[s] == inputs[t], or -1; last[V] is scratch. */
@@ -112,9 +115,9 @@ static void previous_occurrences(const int32_t *inputs, int T, int V, int *last,
  * (docs/scale.md §7); each (block, head) sum adds its queries in the same
  * order either way. */
 void readouts_attention_scores(model *m, const int32_t *inputs, const int32_t *targets, int B, int T, int period,
-                               double *sums) {
+                               double *sums, const readouts_scratch *scratch) {
     int LH = m->L * m->H;
-    int *last = sys_calloc((size_t)m->V + T, sizeof(int)), *prev = last + m->V;
+    int *last = scratch->tokens, *prev = last + m->V;
     for (int l = 0; l < m->L; l++) {
         model_block_restore(m, l, B, T);
         attention_layer view = model_attention_layer(m, l, false);
@@ -136,7 +139,6 @@ void readouts_attention_scores(model *m, const int32_t *inputs, const int32_t *t
             }
         }
     }
-    free(last);
 }
 
 void readouts_gammas(const model *m, double *out) {

@@ -2,9 +2,23 @@
  * the per-block gain R, the per-head gamma, and the shear's filter gains. */
 #ifndef MOMFMM_READOUTS_H
 #define MOMFMM_READOUTS_H
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "model/model.h"
+
+/* The read-outs' working memory, made once by their caller (the evaluator:
+ * docs/design.md §8.10, an evaluation allocates nothing): sized by
+ * readouts_scratch_floats and readouts_scratch_ints for B rows of T. */
+typedef struct {
+    float *copies;       /* readouts_block_gains: a block's input, output and mid (and fp32 ones) */
+    double *delta_norms; /* [B] */
+    int *tokens;         /* [V + T]: readouts_attention_scores' occurrences */
+} readouts_scratch;
+
+/* The floats of copies, 0 without the gains (gains: train.eval_readouts). */
+size_t readouts_scratch_floats(const model *m, int B, int T, bool gains);
 
 /* gain_R of docs/metrics.md §3 for every block on the activations of the last forward
  * (B rows of T, global sample indices first_row ... first_row + B - 1):
@@ -17,7 +31,7 @@
  * sublayer's output before its residual add, summed per layer the same way.
  * Leaves the forward's outputs as they were. */
 void readouts_block_gains(model *m, int B, int T, uint64_t seed, long long first_row, double *ratio_sums,
-                          double *attn_ratio_sums);
+                          double *attn_ratio_sums, const readouts_scratch *scratch);
 
 /* The attention read-out of docs/metrics.md §3 on the last forward (B rows
  * of T, the inputs and targets it ran on): for every counted query i whose
@@ -28,7 +42,7 @@ void readouts_block_gains(model *m, int B, int T, uint64_t seed, long long first
  * Run it before readouts_block_gains, whose perturbed forwards replace the
  * saved attention state. */
 void readouts_attention_scores(model *m, const int32_t *inputs, const int32_t *targets, int B, int T, int period,
-                               double *sums);
+                               double *sums, const readouts_scratch *scratch);
 
 /* gamma_h of every layer and head, learned or fixed: out[layer * H + h]. */
 void readouts_gammas(const model *m, double *out);

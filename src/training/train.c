@@ -27,7 +27,7 @@ static train_memory_use memory_per_param(const config *cfg, double n, double sli
     double slice = slice_count / (n > 0 ? n : 1);
     /* train.precision = bf16: the GEMM engine's bf16 copy of the weights */
     double copy = cfg->precision == PRECISION_BF16 ? 2.0 : 0.0;
-    return (train_memory_use){sizeof(float) + copy, sizeof(float), 2 * sizeof(float) * slice, 0};
+    return (train_memory_use){sizeof(float) + copy, sizeof(float), 2 * sizeof(float) * slice, 0, 0};
 }
 
 train_memory_use trainer_memory(const trainer *t) {
@@ -35,6 +35,7 @@ train_memory_use trainer_memory(const trainer *t) {
     const data_batch *b = &t->shard.batch;
     train_memory_use u = memory_per_param(&t->cfg, (double)m->n_params, (double)m->moment_count);
     u.activation_bytes = (double)model_activation_bytes(m, config_micro_rows(&t->cfg, b->B), b->T);
+    u.eval_bytes = (double)evaluator_bytes(m, &t->shard);
     return u;
 }
 
@@ -86,20 +87,23 @@ static int check_memory(const trainer *t, status *err) {
     const data_batch *b = &t->shard.batch;
     int rows = config_micro_rows(&t->cfg, b->B);
     train_memory_use u = trainer_memory(t);
-    double need = u.activation_bytes + (u.param_bytes + u.grad_bytes + u.moment_bytes) * m->n_params;
-    log_rank0("memory: %.2f GB per rank | activations %.1f MB for %d x %d | bytes per parameter: parameters %.2f, "
-              "gradients %.2f, moments %.2f\n",
-              need / 1e9, u.activation_bytes / 1e6, rows, b->T, u.param_bytes, u.grad_bytes, u.moment_bytes);
+    double work = u.activation_bytes + u.eval_bytes; /* allocated after this check */
+    double need = work + (u.param_bytes + u.grad_bytes + u.moment_bytes) * m->n_params;
+    log_rank0("memory: %.2f GB per rank | activations %.1f MB for %d x %d | eval %.1f MB | bytes per parameter: "
+              "parameters %.2f, gradients %.2f, moments %.2f\n",
+              need / 1e9, u.activation_bytes / 1e6, rows, b->T, u.eval_bytes / 1e6, u.param_bytes, u.grad_bytes,
+              u.moment_bytes);
     double fill, available; /* what is left once the buffers are allocated */
-    if (fits(u.activation_bytes, &fill, &available)) return 0;
-    char total[32], acts[32], left[32];
+    if (fits(work, &fill, &available)) return 0;
+    char total[32], acts[32], evals[32], left[32];
     return status_fail(err, EXIT_USAGE,
-                       "memory: this run needs %s per rank (%s of activations for %d x %d on top of the model's "
-                       "buffers), and the activations alone are %.0f%% of the memory left on the fullest node (%d "
-                       "rank%s on it, %s left): reduce train.batch_size (or set train.micro_batch), data.seq_len or "
-                       "the model (attention.impl = dense stores T x T per head)",
-                       size_text(need, total), size_text(u.activation_bytes, acts), rows, b->T, 100 * fill,
-                       dist_node_ranks(), dist_node_ranks() == 1 ? "" : "s", size_text(available, left));
+                       "memory: this run needs %s per rank (%s of activations for %d x %d and %s for evaluations on "
+                       "top of the model's buffers), and those alone are %.0f%% of the memory left on the fullest "
+                       "node (%d rank%s on it, %s left): reduce train.batch_size (or set train.micro_batch), "
+                       "data.seq_len or the model (attention.impl = dense stores T x T per head)",
+                       size_text(need, total), size_text(u.activation_bytes, acts), rows, b->T,
+                       size_text(u.eval_bytes, evals), 100 * fill, dist_node_ranks(), dist_node_ranks() == 1 ? "" : "s",
+                       size_text(available, left));
 }
 
 /* The block after whose backward a tensor's gradient is final: its own block;
@@ -178,6 +182,8 @@ int trainer_create(trainer *t, const config *cfg, status *err) {
     metric_tables_standard(&t->train_log, &t->eval_log, cfg->n_layers, cfg->n_heads);
     metric_tables_add_task_columns(&t->train_log, &t->eval_log, cfg);
     t->reduce_scratch = sys_calloc(2 + t->model.n_buffer, sizeof(double));
+    t->evaluator = evaluator_create(&t->model, &t->shard, 0, err); /* no streaming: cannot fail */
+    t->eval_row = sys_calloc((size_t)t->eval_log.row_width, sizeof(double));
     return 0;
 }
 
@@ -187,6 +193,8 @@ void trainer_free(trainer *t) {
     metric_table_free(&t->train_log);
     metric_table_free(&t->eval_log);
     free(t->reduce_scratch);
+    evaluator_free(t->evaluator);
+    free(t->eval_row);
     model_free(&t->model);
 }
 
@@ -357,12 +365,11 @@ int trainer_step(trainer *t, train_step_result *result, status *err) {
     return 0;
 }
 
-int trainer_log_eval(trainer *t, eval_result *r, status *err) {
-    if (evaluate(&t->model, &t->shard, 0, r, err) != 0) return err->code;
-    double *row = sys_calloc((size_t)t->eval_log.row_width, sizeof(double));
-    eval_result_row(r, t->step, &t->eval_log, row);
-    metric_table_append(&t->eval_log, row);
-    free(row);
+int trainer_log_eval(trainer *t, const eval_result **r, status *err) {
+    if (evaluate(t->evaluator, &t->model, &t->shard, err) != 0) return err->code;
+    *r = evaluator_result(t->evaluator);
+    eval_result_row(*r, t->step, &t->eval_log, t->eval_row);
+    metric_table_append(&t->eval_log, t->eval_row);
     return 0;
 }
 

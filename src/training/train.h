@@ -40,6 +40,8 @@ typedef struct {
     long long step, tokens_seen;
     long long skipped_steps;         /* non-finite steps skipped (train.on_nonfinite = skip) */
     double *reduce_scratch;          /* [1 + n_buffer]: loss sum, buffer sums over the micro-batches */
+    evaluator *evaluator;            /* the periodic evaluation's buffers and result (trainer_log_eval) */
+    double *eval_row;                /* [eval_log.row_width]: the row it appends */
     char init_from[CONFIG_PATH_MAX]; /* --init checkpoint of this run's timeline, or "" */
     char gemm_engines[128];          /* train.gemm = auto: the engine per product class, or "" */
     trainer_step_hooks hooks;        /* zero: none */
@@ -72,11 +74,12 @@ int trainer_step(trainer *t, train_step_result *result, status *err);
  * dist.zero = 1), and the activation bytes of one micro-batch (docs/scale.md §7). */
 typedef struct {
     double param_bytes, grad_bytes, moment_bytes, activation_bytes;
+    double eval_bytes; /* the evaluation's buffers (evaluator_bytes) */
 } train_memory_use;
 train_memory_use trainer_memory(const trainer *t);
-/* Evaluates (eval.h) and appends the row of t->step to t->eval_log; r must
- * be eval_result_init'ed for t->model. */
-int trainer_log_eval(trainer *t, eval_result *r, status *err);
+/* Evaluates (eval.h) and appends the row of t->step to t->eval_log; *r:
+ * the result, valid until the next evaluation. */
+int trainer_log_eval(trainer *t, const eval_result **r, status *err);
 /* --resume: `how` is a checkpoint path, which must load, or "auto", the
  * newest checkpoint in train.out_dir that loads (none: step 0). Returns 0,
  * or EXIT_BAD_FILE in err (a file that does not load, or a config that

@@ -1,12 +1,13 @@
 """No per-step allocation and no hidden quadratic (docs/design.md §8.10).
 
-momfmm's own code makes no heap allocation in a training step or in
-logging it, on every path a step can take (each attention kind and implementation, momentum,
+momfmm's own code makes no heap allocation in a training step, in
+logging it or in evaluating, on every path a step can take (each attention kind and implementation, momentum,
 micro-batches, recomputation, the classification head, text data, bf16,
 the fp32 engines, two threads, and under MPI data parallelism, ZeRO-1 and
-context parallelism). Evaluations and checkpoints, every eval_interval and
-ckpt_interval steps, allocate their buffers per event; here they run once,
-at the last step, in every run.
+context parallelism) and every read-out an evaluation makes (the block
+gains, the chain task's attention read-out, its length-generalisation eval).
+Checkpoints, every ckpt_interval steps, allocate per file; here one is
+written, at the last step, in every run.
 
 tests/alloc_counter.c, preloaded, counts the allocations whose nearest
 caller outside the C library is the momfmm executable, per calling site.
@@ -108,14 +109,15 @@ def counted_run(momfmm, counter, workdir, name, steps, overrides, np_, extra_env
     return runs
 
 
-# Every step logged (to stdout, the history and metrics.h5); the one
-# evaluation and checkpoint at the last step.
-EVERY_STEP_LOGGED = {"train.log_interval": 1, "train.eval_interval": 1000, "train.ckpt_interval": 1000}
+# Every step logged (to stdout, the history and metrics.h5) and evaluated;
+# the one checkpoint at the last step.
+EVERY_STEP_LOGGED = {"train.log_interval": 1, "train.eval_interval": 1, "train.ckpt_interval": 1000}
 
 CASES = [
     ("tiled softmax", {}, None, {}),
     ("dense softmax", {"attention.impl": "dense"}, None, {}),
     ("momentum, learned gamma", {"momentum.gamma": 0.3, "momentum.learn_gamma": True, "momentum.beta": 0.2}, None, {}),
+    ("length-generalisation eval", {"data.eval_chain_len": 3, "data.eval_chain_len_max": 5}, None, {}),
     ("fmm", {"attention.kind": "fmm", "fmm.bandwidth": 3, "fmm.chunk": 4}, None, {}),
     ("fmm with momentum", {"attention.kind": "fmm", "momentum.gamma": 0.3}, None, {}),
     ("micro-batches", {"train.micro_batch": 1}, None, {}),
