@@ -313,53 +313,53 @@ static eval_sums eval_sums_start(const evaluator *ev) {
                        .readouts = kept->readouts};
 }
 
-int evaluate(evaluator *ev, model *m, data_shard *shard, status *err) {
-    int stream_segment = ev->stream_segment;
-    eval_result *r = &ev->result;
-    eval_sums e = eval_sums_start(ev);
+/* Every rank's sums into the result (collective). */
+static void finish_result(const model *m, const data_shard *shard, bool streamed, eval_sums *e, eval_result *r) {
     int LH = m->L * m->H;
+    dist_sum_doubles((double *)&e->full, (int)METRIC_SUMS_DOUBLES);
+    metrics_finish(&e->full, &r->metrics);
+    dist_sum_doubles(e->scores, 2 * (2 * LH + 1));
+    if (m->cfg.task == TASK_CHAIN) {
+        finish_scores(e->scores, LH, r->attn);
+        dist_sum_doubles(e->by_period, 2 * r->n_periods);
+        for (int p = 0; p < r->n_periods; p++)
+            r->L_rep_by_period[p] =
+                e->by_period[r->n_periods + p] > 0 ? e->by_period[p] / e->by_period[r->n_periods + p] : NAN;
+    }
+    r->length_eval = length_eval_on(m);
+    if (r->length_eval) {
+        dist_sum_doubles((double *)&e->length, (int)METRIC_SUMS_DOUBLES);
+        metrics_finish(&e->length, &r->length_metrics);
+        finish_scores(e->scores + 2 * LH + 1, LH, r->length_attn);
+    }
+    /* bits per byte from the bytes the evaluated targets stand for (docs/metrics.md §3) */
+    dist_sum_doubles(&e->target_bytes, 1);
+    r->metrics.bpb = e->full.loss_sum / (M_LN2 * e->target_bytes);
+    dist_sum_doubles(e->gains, 2 * m->L + 1);
+    /* without the read-outs (train.eval_readouts) gain_R is NaN: not measured */
+    r->gains_measured = config_eval_readouts(&m->cfg) && shard->cut.chunks == 1; /* whole sequences only */
+    double rows = r->gains_measured ? e->gains[m->L] : NAN;
+    for (int l = 0; l < m->L; l++) r->gain_R[l] = e->gains[l] / rows;
+    for (int l = 0; l < m->L; l++) r->gain_R_attn[l] = e->gains[m->L + 1 + l] / rows;
+    eval_readouts(m, r);
+    r->streamed = streamed;
+    if (!streamed) return;
+    dist_sum_doubles((double *)&e->streamed, (int)METRIC_SUMS_DOUBLES);
+    metrics_finish(&e->streamed, &r->stream_metrics);
+    r->stream_metrics.bpb = e->streamed.loss_sum / (M_LN2 * e->target_bytes);
+    r->stream_max_diff = dist_max_double(e->max_diff);
+}
+
+int evaluate(evaluator *ev, model *m, data_shard *shard, status *err) {
+    int stream_segment = ev->stream_segment, rc = 0;
+    eval_sums e = eval_sums_start(ev);
     m->keep_logits = stream_segment > 0;
-    int rc = 0;
     for (int i = 0; i < m->cfg.eval_batches && rc == 0; i++) {
         rc = evaluate_batch(m, shard, i, stream_segment, &e, err);
         if (rc == 0 && length_eval_on(m)) rc = evaluate_length_batch(m, shard, i, &e, err);
     }
     m->keep_logits = false;
-    if (rc == 0) {
-        dist_sum_doubles((double *)&e.full, (int)METRIC_SUMS_DOUBLES);
-        metrics_finish(&e.full, &r->metrics);
-        dist_sum_doubles(e.scores, 2 * (2 * LH + 1));
-        if (m->cfg.task == TASK_CHAIN) {
-            finish_scores(e.scores, LH, r->attn);
-            dist_sum_doubles(e.by_period, 2 * r->n_periods);
-            for (int p = 0; p < r->n_periods; p++)
-                r->L_rep_by_period[p] =
-                    e.by_period[r->n_periods + p] > 0 ? e.by_period[p] / e.by_period[r->n_periods + p] : NAN;
-        }
-        r->length_eval = length_eval_on(m);
-        if (r->length_eval) {
-            dist_sum_doubles((double *)&e.length, (int)METRIC_SUMS_DOUBLES);
-            metrics_finish(&e.length, &r->length_metrics);
-            finish_scores(e.scores + 2 * LH + 1, LH, r->length_attn);
-        }
-        /* bits per byte from the bytes the evaluated targets stand for (docs/metrics.md §3) */
-        dist_sum_doubles(&e.target_bytes, 1);
-        r->metrics.bpb = e.full.loss_sum / (M_LN2 * e.target_bytes);
-        dist_sum_doubles(e.gains, 2 * m->L + 1);
-        /* without the read-outs (train.eval_readouts) gain_R is NaN: not measured */
-        r->gains_measured = config_eval_readouts(&m->cfg) && shard->cut.chunks == 1; /* whole sequences only */
-        double rows = r->gains_measured ? e.gains[m->L] : NAN;
-        for (int l = 0; l < m->L; l++) r->gain_R[l] = e.gains[l] / rows;
-        for (int l = 0; l < m->L; l++) r->gain_R_attn[l] = e.gains[m->L + 1 + l] / rows;
-        eval_readouts(m, r);
-        r->streamed = stream_segment > 0;
-    }
-    if (rc == 0 && r->streamed) {
-        dist_sum_doubles((double *)&e.streamed, (int)METRIC_SUMS_DOUBLES);
-        metrics_finish(&e.streamed, &r->stream_metrics);
-        r->stream_metrics.bpb = e.streamed.loss_sum / (M_LN2 * e.target_bytes);
-        r->stream_max_diff = dist_max_double(e.max_diff);
-    }
+    if (rc == 0) finish_result(m, shard, stream_segment > 0, &e, &ev->result);
     return rc;
 }
 
