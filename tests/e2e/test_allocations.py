@@ -2,7 +2,8 @@
 
 momfmm's own code makes no heap allocation in a training step, in
 logging it or in evaluating, on every path a step can take (each attention kind and implementation, momentum,
-micro-batches, recomputation, the classification head, text data, bf16,
+micro-batches, recomputation, the classification head, text data and
+token files, bf16,
 the fp32 engines, two threads, and under MPI data parallelism, ZeRO-1 and
 context parallelism) and every read-out an evaluation makes (the block
 gains, the chain task's attention read-out, its length-generalisation eval).
@@ -27,6 +28,8 @@ import os
 import shutil
 import subprocess
 
+import h5py
+import numpy as np
 import pytest
 
 from common import MPIRUN, env, run, tiny_config, unavailable, write_config
@@ -158,6 +161,25 @@ def test_text_data(momfmm, counter, workdir, report):
         f.write("".join(f"line {i}: the keys carry a little of their past.\n" for i in range(400)))
     overrides = {"model.vocab_size": 256, "data.task": "text", "data.path": data, "data.seq_len": 16}
     check_case(momfmm, counter, workdir, report, "text data", overrides, None, {})
+
+
+def test_token_files(momfmm, counter, workdir, report):
+    """The token files a text run reads (docs/tasks.md: nanoGPT's and llm.c's .bin, HDF5 tokens), and a
+    separate eval file."""
+    tokens = (np.arange(6000) * 37 % 500).astype(np.uint16)
+    paths = {name: os.path.join(workdir, name) for name in ("nanogpt.bin", "llmc.bin", "tokens.h5")}
+    tokens.tofile(paths["nanogpt.bin"])
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = 20240520, 1, len(tokens)  # llm.c's magic, version, token count
+    with open(paths["llmc.bin"], "wb") as f:
+        f.write(header.tobytes() + tokens.tobytes())
+    with h5py.File(paths["tokens.h5"], "w") as f:
+        f["tokens"] = tokens.astype(np.int32)
+    text = {"model.vocab_size": 512, "data.task": "text", "data.seq_len": 16}
+    for name, path in paths.items():
+        check_case(momfmm, counter, workdir, report, name, {**text, "data.path": path}, None, {})
+    check_case(momfmm, counter, workdir, report, "separate eval file",
+               {**text, "data.path": paths["nanogpt.bin"], "data.eval_path": paths["llmc.bin"]}, None, {})
 
 
 def test_own_engine(momfmm, counter, workdir, report):
