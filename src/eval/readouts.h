@@ -8,9 +8,9 @@
 
 #include "model/model.h"
 
-/* The read-outs' working memory, made once by their caller (the evaluator:
- * docs/design.md §8.10, an evaluation allocates nothing): sized by
- * readouts_scratch_floats and readouts_scratch_ints for B rows of T. */
+/* The read-outs' working memory for B rows of T, made once by their caller
+ * (the evaluator: docs/design.md §8.5, an evaluation allocates nothing):
+ * copies of readouts_scratch_floats, B delta_norms and V + T tokens. */
 typedef struct {
     float *copies;       /* readouts_block_gains: a block's input, output and mid (and fp32 ones) */
     double *delta_norms; /* [B] */
