@@ -97,7 +97,7 @@ typedef struct {
 struct evaluator {
     eval_result result;
     int stream_segment;
-    eval_sums sums; /* its buffers, carved from memory (the sums: eval_sums_start) */
+    eval_sums sums; /* its buffers, carved from memory; its sums zero (eval_sums_start) */
     size_t n_sums;  /* the doubles summed over ranks, zeroed by each evaluate: scores, by_period, gains */
     void *memory;
 };
@@ -106,7 +106,8 @@ struct evaluator {
  * seq_len): a context group gathers its shards' losses into them; the
  * block gains' copies only where whole sequences are on a rank. */
 typedef struct {
-    size_t rows, sums, norms, gathered, copies, counts;
+    size_t scores, by_period, gains; /* the doubles reduced over ranks (eval_sums) */
+    size_t norms, rows, gathered, copies, counts;
 } eval_sizes;
 
 static eval_sizes eval_sizes_of(const model *m, const data_shard *shard) {
@@ -114,7 +115,7 @@ static eval_sizes eval_sizes_of(const model *m, const data_shard *shard) {
     chain_periods p = chain_periods_of(&m->cfg, false);
     bool cut = shard->cut.chunks > 1, gains = config_eval_readouts(&m->cfg) && !cut;
     eval_sizes s = {.rows = (size_t)shard->batch.B * shard->cut.T_seq, .norms = (size_t)micro};
-    s.sums = 2 * (2 * (size_t)LH + 1) + 2 * (size_t)(p.hi - p.lo + 1) + 2 * (size_t)m->L + 1;
+    s.scores = 2 * (2 * (size_t)LH + 1), s.by_period = 2 * (size_t)(p.hi - p.lo + 1), s.gains = 2 * (size_t)m->L + 1;
     s.gathered = cut ? (1 + (size_t)context_size()) * 2 * s.rows : 0;
     s.copies = readouts_scratch_floats(m, micro, shard->batch.T, gains);
     s.counts = (size_t)m->V + shard->cut.T_seq;
@@ -123,8 +124,8 @@ static eval_sizes eval_sizes_of(const model *m, const data_shard *shard) {
 
 size_t evaluator_bytes(const model *m, const data_shard *shard) {
     eval_sizes s = eval_sizes_of(m, shard);
-    return sizeof(double) * (s.sums + s.norms) + sizeof(float) * (s.rows + s.gathered + s.copies) +
-           sizeof(int32_t) * s.rows + sizeof(int) * s.counts;
+    return sizeof(double) * (s.scores + s.by_period + s.gains + s.norms) +
+           sizeof(float) * (s.rows + s.gathered + s.copies) + sizeof(int32_t) * s.rows + sizeof(int) * s.counts;
 }
 
 evaluator *evaluator_create(model *m, const data_shard *shard, int stream_segment, status *err) {
@@ -135,12 +136,11 @@ evaluator *evaluator_create(model *m, const data_shard *shard, int stream_segmen
     eval_sizes s = eval_sizes_of(m, shard);
     ev->memory = sys_calloc(evaluator_bytes(m, shard), 1);
     eval_sums *e = &ev->sums; /* doubles, then floats, then 32-bit integers: each aligned */
-    int LH = m->L * m->H;
     e->scores = ev->memory;
-    e->by_period = e->scores + 2 * (2 * LH + 1);
-    e->gains = e->by_period + 2 * ev->result.n_periods;
-    ev->n_sums = s.sums;
-    e->readouts.delta_norms = e->scores + s.sums;
+    e->by_period = e->scores + s.scores;
+    e->gains = e->by_period + s.by_period;
+    ev->n_sums = s.scores + s.by_period + s.gains;
+    e->readouts.delta_norms = e->scores + ev->n_sums;
     e->losses = (float *)(e->readouts.delta_norms + s.norms);
     e->gathered = s.gathered ? e->losses + s.rows : NULL;
     e->readouts.copies = e->losses + s.rows + s.gathered;
@@ -299,18 +299,12 @@ static void finish_scores(const double *sums, int LH, double *out) {
 
 static bool length_eval_on(const model *m) { return m->cfg.task == TASK_CHAIN && m->cfg.eval_chain_len > 0; }
 
-/* Zero sums on the evaluator's buffers (the rows are written before they are read). */
+/* Zero sums on the evaluator's buffers: evaluate sums into a copy of ev->sums,
+ * whose own scalars stay the zeros of evaluator_create; the doubles reduced
+ * over ranks are zeroed here (the rows are written before they are read). */
 static eval_sums eval_sums_start(const evaluator *ev) {
-    const eval_sums *kept = &ev->sums;
-    memset(kept->scores, 0, sizeof(double) * ev->n_sums);
-    return (eval_sums){.scores = kept->scores,
-                       .by_period = kept->by_period,
-                       .gains = kept->gains,
-                       .losses = kept->losses,
-                       .predictions = kept->predictions,
-                       .gathered = kept->gathered,
-                       .counts = kept->counts,
-                       .readouts = kept->readouts};
+    memset(ev->sums.scores, 0, sizeof(double) * ev->n_sums);
+    return ev->sums;
 }
 
 /* Every rank's sums into the result (collective). */
