@@ -1,7 +1,7 @@
 /* The collectives of dist.c split size_t counts into pieces of one MPI call
  * each (docs/design.md §8.3). A real > 2^31-element message is too big for a
  * test, so the test lowers the per-call limit (dist_set_max_message_bytes) to
- * a few elements and checks that sums, broadcasts and the gradient buckets
+ * a few elements and checks that sums, shared parts and the gradient buckets
  * still cover every element exactly once. Started on its own, the test runs
  * itself again under `mpirun -np 3`, since on one rank the collectives are
  * no-ops. */
@@ -39,15 +39,19 @@ static void test_sum_doubles(size_t n) {
     free(x);
 }
 
-static void test_broadcast_floats(size_t n) {
+/* Each rank's part holds 0.25 i, the rest -1 (as a rank's own draws of
+ * the initial weights leave it): afterwards 0.25 i everywhere. */
+static void test_share_partitions(size_t n) {
     float *x = malloc(sizeof(float) * (n + GUARD));
-    for (size_t i = 0; i < n; i++) x[i] = dist_rank() == 0 ? 0.25f * (float)i : -1.0f;
+    size_t first, count;
+    dist_partition(n, dist_rank(), dist_size(), &first, &count);
+    for (size_t i = 0; i < n; i++) x[i] = i >= first && i < first + count ? 0.25f * (float)i : -1.0f;
     for (size_t i = n; i < n + GUARD; i++) x[i] = (float)SENTINEL;
-    dist_broadcast_floats(x, n);
+    dist_share_partitions(x, n);
     bool ok = true;
     for (size_t i = 0; i < n; i++) ok &= x[i] == 0.25f * (float)i;
     for (size_t i = n; i < n + GUARD; i++) ok &= x[i] == (float)SENTINEL;
-    test_check(ok, "dist_broadcast_floats: rank 0's values everywhere, nothing past n written",
+    test_check(ok, "dist_share_partitions: every rank's part everywhere, nothing past n written",
                "rank %d of %d, n %zu, %s", dist_rank(), dist_size(), n, limit);
     free(x);
 }
@@ -106,7 +110,7 @@ static void run_all(const char *limit_name) {
     size_t sizes[] = {0, 1, 5, 6, 7, 100, 1001};
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         test_sum_doubles(sizes[k]);
-        test_broadcast_floats(sizes[k]);
+        test_share_partitions(sizes[k]);
     }
     test_reducer(false);
     test_reducer(true);

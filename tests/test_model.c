@@ -211,6 +211,40 @@ static void run_case(const char *tag, void (*adjust)(config *)) {
     model_free(&m);
 }
 
+/* A rank's share of the initial weights (model_init_parameter_range): any
+ * cut of the flat parameters into ranges, each drawn on 1 or 3 threads,
+ * puts together model_init_parameters' bits, and a range writes nothing
+ * outside itself (the trainer's shares, docs/design.md §8.3). The cuts fall
+ * inside tensors, and one range is empty. */
+static void check_init_ranges(void) {
+    config cfg;
+    config_defaults(&cfg);
+    cfg.vocab_size = 512, cfg.d_model = 128, cfg.n_heads = 2, cfg.n_layers = 2, cfg.d_ff = 256;
+    cfg.gamma = 0.25, cfg.learn_gamma = true; /* a momentum_gamma tensor too */
+    model m;
+    if (!test_check(model_create(&m, &cfg, NULL) == 0, "init ranges: model_create", NULL)) return;
+    size_t n = m.n_params, bytes = sizeof(float) * n;
+    float *whole = malloc(bytes), *joined = malloc(bytes);
+    model_init_parameters(&m);
+    memcpy(whole, m.params, bytes);
+    const size_t cuts[] = {0, 1, n / 3 + 7, n / 3 + 7, n - 5, n};
+    bool inside = true;
+    for (int k = 0; k + 1 < (int)(sizeof cuts / sizeof cuts[0]); k++) {
+        omp_set_num_threads(k % 2 ? 3 : 1);
+        model_init_parameter_range(&m, cuts[k], cuts[k + 1] - cuts[k]);
+        for (size_t i = 0; i < n; i++) {
+            if (i >= cuts[k] && i < cuts[k + 1]) joined[i] = m.params[i];
+            else inside &= m.params[i] == 0.0f;
+        }
+    }
+    omp_set_num_threads(1);
+    test_check(memcmp(whole, joined, bytes) == 0, "init ranges: the ranges put together are the whole draw, bitwise",
+               "%zu parameters", n);
+    test_check(inside, "init ranges: a range leaves every parameter outside it zero", NULL);
+    free(whole), free(joined);
+    model_free(&m);
+}
+
 /* AdamW and the gradient norm run in chunks on OpenMP's threads: the same
  * floats on 1 and 3 threads (a model large enough for several chunks). */
 static void check_optimizer_threads(void) {
@@ -502,6 +536,7 @@ int main(int argc, char **argv) {
     run_case("model fmm tanh non-causal learned gamma", fmm_momentum_full);
     run_case("model cls head", cls_head);
     check_optimizer_threads();
+    check_init_ranges();
     check_tiled_equals_dense();
     check_recompute_variants();
     int rc = test_summary("test_model");

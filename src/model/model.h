@@ -150,6 +150,12 @@ size_t model_param_count(const config *cfg);
 void model_shard_moments(model *m, size_t first, size_t count);
 /* Deterministic initialisation from train.seed (identical on every rank). */
 void model_init_parameters(model *m);
+/* The same for elements [first, first + count) of the flat parameters
+ * alone, the others zero, and without model_params_changed: a rank's share
+ * of the draws, which the trainer then sends to every rank (docs/design.md
+ * §8.3). Any cut of [0, n_params) into ranges gives the bits of
+ * model_init_parameters. */
+void model_init_parameter_range(model *m, size_t first, size_t count);
 /* To be called whenever m->params change (initialisation, loading, a
  * ZeRO-1 step, a broadcast; optimizer_step_model writes the copy itself):
  * refreshes the bf16 copy of the weights when the GEMM engine is bf16

@@ -206,30 +206,51 @@ void model_free(model *m) {
     memset(m, 0, sizeof *m);
 }
 
+#define NORMAL_CHUNK 16384
+
+/* p[j] = scale * N(0, 1) drawn at counter `first` + j, for j < n, on
+ * OpenMP's threads: each draw is a pure function of its counter (rng.h), so
+ * the bits do not depend on the threads (docs/design.md §8.3). */
+static void draw_normals(float *p, size_t n, uint64_t key, size_t first, float scale) {
+    size_t chunks = (n + NORMAL_CHUNK - 1) / NORMAL_CHUNK;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (size_t c = 0; c < chunks; c++) {
+        size_t end = (c + 1) * NORMAL_CHUNK < n ? (c + 1) * NORMAL_CHUNK : n;
+        for (size_t j = c * NORMAL_CHUNK; j < end; j++) p[j] = scale * (float)rng_normal(key, first + j);
+    }
+}
+
 /* GPT-2 style: N(0, 0.02) weights, residual projections scaled by
  * 1/sqrt(2 L), zero biases, unit LayerNorm gains; gamma from the config,
  * blend logits 0 (docs/model.md §1.3). Each tensor draws from its own counter stream. */
-void model_init_parameters(model *m) {
+void model_init_parameter_range(model *m, size_t first, size_t count) {
     uint64_t seed = (uint64_t)m->cfg.seed;
     float residual_scale = 1.0f / sqrtf(2.0f * (float)m->L);
     memset(m->params, 0, sizeof(float) * m->n_params);
     for (int i = 0; i < m->n_entries; i++) {
         const model_param *e = &m->entries[i];
+        if (first + count <= e->offset || first >= e->offset + e->numel) continue;
+        /* the tensor's elements [lo, hi) that lie in the range */
+        size_t lo = first > e->offset ? first - e->offset : 0, end = first + count - e->offset;
+        size_t hi = end < e->numel ? end : e->numel;
         float *p = m->params + e->offset;
         const char *leaf = strrchr(e->name, '/');
         leaf = leaf ? leaf + 1 : e->name;
         if (e->ndim == 1 && strcmp(leaf, "weight") == 0) { /* LayerNorm gains */
-            for (size_t j = 0; j < e->numel; j++) p[j] = 1.0f;
+            for (size_t j = lo; j < hi; j++) p[j] = 1.0f;
         } else if (strcmp(leaf, "momentum_gamma") == 0) {
-            for (size_t j = 0; j < e->numel; j++) p[j] = (float)m->cfg.gamma;
+            for (size_t j = lo; j < hi; j++) p[j] = (float)m->cfg.gamma;
         } else if (e->decay) {
             float scale = 0.02f;
             if (strstr(e->name, "/proj/weight")) scale *= residual_scale;
-            uint64_t key = rng_key(seed, 0x1417, (uint64_t)i, 0);
-            for (size_t j = 0; j < e->numel; j++) p[j] = scale * (float)rng_normal(key, j);
+            draw_normals(p + lo, hi - lo, rng_key(seed, 0x1417, (uint64_t)i, 0), lo, scale);
         }
     }
     memset(m->buffers, 0, sizeof(float) * m->n_buffer);
+}
+
+void model_init_parameters(model *m) {
+    model_init_parameter_range(m, 0, m->n_params);
     model_params_changed(m);
 }
 

@@ -275,7 +275,13 @@ int dist_node_ranks(void) { return node_size; }
 
 void dist_broadcast_bytes(void *x, size_t n) { dist_broadcast_bytes_from(0, x, n); }
 
-void dist_broadcast_floats(float *x, size_t n) { dist_broadcast_bytes(x, n * sizeof(float)); }
+void dist_share_partitions(float *x, size_t n) {
+    for (int r = 0; r < dist_size(); r++) {
+        size_t first, count;
+        dist_partition(n, r, dist_size(), &first, &count);
+        dist_broadcast_bytes_from(r, x + first, count * sizeof(float));
+    }
+}
 
 static uint64_t checksum(const void *bytes, size_t n) {
     /* FNV-1a over the bit patterns: any difference in any byte shows. */

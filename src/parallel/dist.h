@@ -57,7 +57,10 @@ bool dist_any(bool mine);
 void dist_barrier(void);
 /* Ranks sharing this rank's node (MPI_COMM_TYPE_SHARED). */
 int dist_node_ranks(void);
-void dist_broadcast_floats(float *x, size_t n);
+/* x holds this rank's dist_partition part of n floats (the rest of x is
+ * not read); afterwards every rank holds every rank's part: each part is
+ * broadcast from its rank, the bytes of one broadcast of x. */
+void dist_share_partitions(float *x, size_t n);
 void dist_broadcast_bytes(void *x, size_t n);
 
 /* A 64-bit checksum of n bytes compared across ranks (docs/design.md §8.3,

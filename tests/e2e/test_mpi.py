@@ -5,7 +5,9 @@ each its own CTest entry (e2e_mpi_<group>, tests/CMakeLists.txt):
 - TestEquality: np = 1, 2, 3, 4, 8 on one config (global batch 25: uneven shards at 2, 3, 4
   and 8 ranks): every step's loss within 1e-5 relative of np = 1, every
   /model tensor within 1e-4 (max |diff| / max |value|), eval loss likewise;
-  mpirun -np 1 equals the plain process bitwise; 2 ranks x 2 threads matches.
+  mpirun -np 1 equals the plain process bitwise; 2 ranks x 2 threads matches;
+  3 ranks x 2 threads start from `momfmm init`'s weights bit for bit (each rank
+  draws its share).
 - TestReproducibility: np = 4 twice; overlap on vs off (same buckets);
   many tiny buckets (dist.bucket_mb = 0.001) within tolerance of np = 1 and
   bitwise equal to the default buckets (Open MPI sums in-place all-reduces in
@@ -161,7 +163,7 @@ def compare(report, label, ref, got, buffers=False):
                      f"{len(tensors(got, 'buffers'))} tensors, worst {b:.2e} ({where})")
 
 
-def trained(report, label, result, np_, threads=1, algorithm="rabenseifner"):
+def trained(report, label, result, np_, threads=1, algorithm="rabenseifner", steps=STEPS):
     r, ckpt = result
     ok = report.check(f"{label}: exits 0 with a checkpoint", r.returncode == 0 and ckpt is not None,
                       f"rc {r.returncode}")
@@ -175,8 +177,8 @@ def trained(report, label, result, np_, threads=1, algorithm="rabenseifner"):
     if np_ > 1:  # docs/design.md §8.3: dist_init selects it unless mpirun chose
         got = allreduce_algorithm(r.stdout)
         report.check(f"{label}: start-up line says all-reduce {algorithm}", got == algorithm, f"{got}")
-    report.check(f"{label}: checkpoint world_size = {np_}, step {STEPS}, {STEPS} loss rows",
-                 state["world_size"] == np_ and state["step"] == STEPS and len(state["loss"]) == STEPS,
+    report.check(f"{label}: checkpoint world_size = {np_}, step {steps}, {steps} loss rows",
+                 state["world_size"] == np_ and state["step"] == steps and len(state["loss"]) == steps,
                  f"world_size {state['world_size']} step {state['step']} rows {len(state['loss'])}")
     return state
 
@@ -458,6 +460,25 @@ class TestEquality:
         got = trained(report, f"np={n}", R.train(f"base_np{n}", n), n)
         if got:
             compare(report, f"np={n} (shards {shard_counts(BATCH, n)})", ref, got)
+
+    def test_initial_weights_bitwise(self, R, report):
+        """Each rank draws its share of the initial weights on its threads and
+        the shares go to every rank (docs/design.md §8.3): at np = 3 x 2 threads
+        (uneven shares; tensors of 65,536 draws, cut between the threads) the
+        weights after a step at lr 0 are `momfmm init`'s, drawn by one process
+        alone, bit for bit, and the ranks agree at step 1 (dist.check_interval)."""
+        sets = {"model.vocab_size": 1024, "model.d_model": 64, "train.lr": 0.0, "train.min_lr": 0.0,
+                "train.steps": 1, "train.eval_interval": 0}
+        path, _ = R.config("init_shares", **sets)
+        alone = os.path.join(R.workdir, "init_alone.h5")
+        r = run([R.momfmm, "init", path, "--out", alone, "--force"], timeout=60)
+        report.check("momfmm init writes the weights", r.returncode == 0, r.stderr[-300:])
+        got = trained(report, "np=3 x 2 threads at lr 0", R.train("init_shares", 3, threads=2, **sets), 3,
+                      threads=2, steps=1)
+        if got and r.returncode == 0:
+            differ, worst = bitwise_diff(load_checkpoint(alone).datasets(), got, "model")
+            report.check("np=3 x 2 threads starts from init's weights bit for bit", not differ,
+                         f"{len(differ)} tensors differ ({differ[:3]}), worst {worst:g}")
 
     def test_np2_threads2(self, R, report, ref):
         got = trained(report, "np=2 x 2 threads", R.train("base_np2_t2", 2, threads=2), 2, threads=2)
