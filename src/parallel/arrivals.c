@@ -128,10 +128,23 @@ void dist_send_mark(bool repeat) {
     arrivals.sent = sys_seconds();
 }
 
+/* A wait that has lasted WAIT_SPIN_S naps between its polls (docs/design.md
+ * §8.11): it waits for another rank's work (rank 0 timing the GEMM engines
+ * at start-up, or writing alone, a straggler), and where ranks outnumber the
+ * cores (`mpirun --oversubscribe`, the quickstart's 8 ranks on 2 cores) a
+ * rank that polls on takes the core from the rank it waits for. A step's
+ * all-reduce waits less and polls as before: naps from the first poll slowed
+ * the quickstart by a quarter. */
+#define WAIT_SPIN_S 0.02
+static void nap_if_long(double since) {
+    static const struct timespec nap = {0, 50 * 1000};
+    if (sys_seconds() - since >= WAIT_SPIN_S) nanosleep(&nap, NULL);
+}
+
 /* Polls until every peer has reached this rank's mark (while the watchdog
  * runs; without it nobody asks who is missing). */
 static void await_peers(void) {
-    while (watchdog_running() && !all_arrived()) {
+    for (double since = sys_seconds(); watchdog_running() && !all_arrived(); nap_if_long(since)) {
         arrivals_poll();
         dist_send_mark(true);
     }
@@ -147,7 +160,8 @@ static void arrive_and_pass(void) {
 
 /* Waits for one non-blocking request while taking in arrivals. */
 void dist_wait_polling(MPI_Request *request) {
-    for (int flag = 0;;) {
+    for (double since = sys_seconds();; nap_if_long(since)) {
+        int flag = 0;
         MPI_Test(request, &flag, MPI_STATUS_IGNORE);
         if (flag) return;
         arrivals_poll();
