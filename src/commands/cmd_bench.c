@@ -113,6 +113,7 @@ int command_bench(const char *config_path, int n_overrides, char *const *overrid
     config cfg = cmd_load_config(config_path, n_overrides, overrides);
     cmd_use_precision(&cfg);
     cfg.steps = steps + 2;
+    cfg.eval_interval = 0, cfg.eval_at_start = false; /* bench never evaluates: no evaluator made or counted */
     cmd_print_banner();
     cmd_note_bf16_speed(&cfg);
     cpu_peak peak = measure_peak();

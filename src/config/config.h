@@ -165,6 +165,10 @@ const char *config_eval_source(const config *c);
  * auto means on for momentum runs and for the synthetic tasks (whose R is
  * compared against gamma = 0), off for text without momentum. */
 bool config_eval_readouts(const config *c);
+/* Whether a run evaluates at all: train.eval_interval > 0 or
+ * train.eval_at_start (docs/config.md); the trainer makes its evaluator's
+ * buffers, and counts them, only then. */
+bool config_evaluates(const config *c);
 /* True when momentum attention is on (docs/model.md §1.2). */
 bool config_momentum_enabled(const config *c);
 /* Whether a context group cuts each sequence in zigzag chunks (causal

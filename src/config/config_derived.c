@@ -72,6 +72,8 @@ bool config_eval_readouts(const config *c) {
     return config_momentum_enabled(c) || c->task != TASK_TEXT;
 }
 
+bool config_evaluates(const config *c) { return c->eval_interval > 0 || c->eval_at_start; }
+
 int config_micro_rows(const config *c, int shard_rows) {
     return c->micro_batch > 0 && c->micro_batch < shard_rows ? c->micro_batch : shard_rows;
 }

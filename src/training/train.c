@@ -35,7 +35,7 @@ train_memory_use trainer_memory(const trainer *t) {
     const data_batch *b = &t->shard.batch;
     train_memory_use u = memory_per_param(&t->cfg, (double)m->n_params, (double)m->moment_count);
     u.activation_bytes = (double)model_activation_bytes(m, config_micro_rows(&t->cfg, b->B), b->T);
-    u.eval_bytes = (double)evaluator_bytes(m, &t->shard);
+    u.eval_bytes = config_evaluates(&t->cfg) ? (double)evaluator_bytes(m, &t->shard) : 0;
     return u;
 }
 
@@ -192,8 +192,10 @@ int trainer_create(trainer *t, const config *cfg, status *err) {
     metric_tables_standard(&t->train_log, &t->eval_log, cfg->n_layers, cfg->n_heads);
     metric_tables_add_task_columns(&t->train_log, &t->eval_log, cfg);
     t->reduce_scratch = sys_calloc(2 + t->model.n_buffer, sizeof(double));
-    t->evaluator = evaluator_create(&t->model, &t->shard, 0, err); /* no streaming: cannot fail */
-    t->eval_row = sys_calloc((size_t)t->eval_log.row_width, sizeof(double));
+    if (config_evaluates(cfg)) {
+        t->evaluator = evaluator_create(&t->model, &t->shard, 0, err); /* no streaming: cannot fail */
+        t->eval_row = sys_calloc((size_t)t->eval_log.row_width, sizeof(double));
+    }
     return 0;
 }
 
@@ -376,6 +378,8 @@ int trainer_step(trainer *t, train_step_result *result, status *err) {
 }
 
 int trainer_log_eval(trainer *t, const eval_result **r, status *err) {
+    if (!t->evaluator)
+        return status_fail(err, EXIT_USAGE, "train.eval_interval = 0 and train.eval_at_start = false: no evaluation");
     if (evaluate(t->evaluator, &t->model, &t->shard, err) != 0) return err->code;
     *r = evaluator_result(t->evaluator);
     eval_result_row(*r, t->step, &t->eval_log, t->eval_row);

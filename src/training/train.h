@@ -40,8 +40,9 @@ typedef struct {
     long long step, tokens_seen;
     long long skipped_steps;         /* non-finite steps skipped (train.on_nonfinite = skip) */
     double *reduce_scratch;          /* [1 + n_buffer]: loss sum, buffer sums over the micro-batches */
-    evaluator *evaluator;            /* the periodic evaluation's buffers and result (trainer_log_eval) */
-    double *eval_row;                /* [eval_log.row_width]: the row it appends */
+    evaluator *evaluator;            /* the periodic evaluation's buffers and result (trainer_log_eval); NULL
+                                        in a run that never evaluates (config_evaluates) */
+    double *eval_row;                /* [eval_log.row_width]: the row it appends (NULL likewise) */
     char init_from[CONFIG_PATH_MAX]; /* --init checkpoint of this run's timeline, or "" */
     char gemm_engines[128];          /* train.gemm = auto: the engine per product class, or "" */
     trainer_step_hooks hooks;        /* zero: none */
@@ -74,7 +75,7 @@ int trainer_step(trainer *t, train_step_result *result, status *err);
  * dist.zero = 1), and the activation bytes of one micro-batch (docs/scale.md §7). */
 typedef struct {
     double param_bytes, grad_bytes, moment_bytes, activation_bytes;
-    double eval_bytes; /* the evaluation's buffers (evaluator_bytes) */
+    double eval_bytes; /* the evaluation's buffers (evaluator_bytes), 0 in a run that never evaluates */
 } train_memory_use;
 train_memory_use trainer_memory(const trainer *t);
 /* Evaluates (eval.h) and appends the row of t->step to t->eval_log; *r:

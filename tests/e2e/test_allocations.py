@@ -6,7 +6,8 @@ micro-batches, recomputation, the classification head, text data and
 token files, bf16,
 the fp32 engines, two threads, and under MPI data parallelism, ZeRO-1 and
 context parallelism) and every read-out an evaluation makes (the block
-gains, the chain task's attention read-out, its length-generalisation eval).
+gains, the chain task's attention read-out, its length-generalisation eval), and a run that
+never evaluates (no evaluator made).
 Checkpoints, every ckpt_interval steps, allocate per file; here one is
 written, at the last step, in every run.
 
@@ -124,6 +125,7 @@ CASES = [
     ("fmm", {"attention.kind": "fmm", "fmm.bandwidth": 3, "fmm.chunk": 4}, None, {}),
     ("fmm with momentum", {"attention.kind": "fmm", "momentum.gamma": 0.3}, None, {}),
     ("micro-batches", {"train.micro_batch": 1}, None, {}),
+    ("no evaluations", {"train.eval_interval": 0}, None, {}),
     ("recompute block", {"train.recompute": "block"}, None, {}),
     ("recompute mlp", {"train.recompute": "mlp"}, None, {}),
     ("classification head", {"model.head": "cls", "model.n_classes": 10, "model.causal": False,

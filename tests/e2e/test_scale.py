@@ -330,6 +330,21 @@ class TestRecompute:
                      " ".join(f"{mode} {ms} ms" for mode, ms in phases.items()))
         report.check("bench: activation_mb none > mlp > block", acts["none"] > acts["mlp"] > acts["block"],
                      " ".join(f"{mode} {mb} MB" for mode, mb in acts.items()))
+        # the evaluator's buffers are made and counted only where the run evaluates (config_evaluates)
+        evals = {"bench": self.eval_mb(r.stdout)}
+        for label, sets in (("train", []), ("train, eval_interval 0", ["train.eval_interval=0"]),
+                            ("train, eval_at_start alone", ["train.eval_interval=0", "train.eval_at_start=true"])):
+            t = run(train_command(momfmm, ini, sets=["train.steps=1", *sets]) + ["--overwrite"], timeout=60)
+            evals[label] = self.eval_mb(t.stdout) if t.returncode == 0 else float("nan")
+        report.check("memory line: eval 0.0 MB in bench and without evaluations, more where the run evaluates",
+                     evals["bench"] == 0 and evals["train, eval_interval 0"] == 0 and evals["train"] > 0 and
+                     evals["train, eval_at_start alone"] == evals["train"],
+                     " ".join(f"{label} {mb} MB" for label, mb in evals.items()))
+
+    @staticmethod
+    def eval_mb(stdout):
+        found = re.search(r"^memory: .*\| eval ([\d.]+) MB", stdout, re.M)
+        return float(found.group(1)) if found else float("nan")
 
 
 class TestBadValues:
