@@ -26,7 +26,8 @@ each its own CTest entry (e2e_mpi_<group>, tests/CMakeLists.txt):
   that rank and its host, also when it stops as the run ends (in the shutdown
   exchange before MPI_Finalize); np > batch exits 2 naming both numbers;
   ranks that diverge (MPMD launch resuming from checkpoints whose AdamW moments
-  differ) are caught by the parameter checksum (dist.check_interval).
+  differ) are caught by the parameter checksum (dist.check_interval); a rank
+  waiting 200 ms a step for another naps (its CPU time under half the step).
 - every run: the start-up line `momfmm: N ranks x T threads on <hosts>` shows N and T,
   and on several ranks `all-reduce rabenseifner` (docs/design.md §8.3); an algorithm
   given to mpirun (binomial) is kept and shown, within tolerance of np = 1.
@@ -405,6 +406,24 @@ def check_divergence(report, runner):
     report.check("diverged ranks: no checkpoint written", not glob.glob(os.path.join(out_dir, "ckpt_*.h5")))
 
 
+def check_waiting_naps(report, runner):
+    """A wait that lasts naps between its polls (docs/design.md §8.11): rank 1's
+    steps 200 ms longer (the test hook, MPMD launch), rank 0 waits for it in
+    every all-reduce, and bench's cpu_ms_per_step (rank 0's CPU time) stays
+    under half of its ms_per_step; polling on, it was the whole step
+    (200.7 of 200.8 ms)."""
+    path, _ = runner.config("naps", **{"train.eval_interval": 0})
+    bench = [runner.momfmm, "bench", path, "--steps", "3"]
+    r = run(MPIRUN + ["-np", "1", *bench, ":", "-np", "1", "-x", "MOMFMM_TEST_STEP_SLEEP_MS=200", *bench],
+            timeout=120)
+    found = re.search(r"ms_per_step=([\d.]+) .*cpu_ms_per_step=([\d.]+)", r.stdout)
+    wall, cpu = (float(found.group(1)), float(found.group(2))) if found else (float("nan"),) * 2
+    report.check("waiting rank: bench at np 2 exits 0, a step 200 ms or longer", r.returncode == 0 and wall >= 200,
+                 f"rc {r.returncode}, {wall} ms: {r.stderr.strip()[-200:]}")
+    report.check("waiting rank: rank 0's CPU time under half its step while it waits for rank 1", cpu < 0.5 * wall,
+                 f"cpu {cpu} ms of {wall} ms")
+
+
 # ---- the groups ----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -618,3 +637,6 @@ class TestRobustness:
 
     def test_divergence(self, R, report):
         check_divergence(report, R)
+
+    def test_waiting_rank_naps(self, R, report):
+        check_waiting_naps(report, R)
