@@ -128,17 +128,26 @@ void dist_send_mark(bool repeat) {
     arrivals.sent = sys_seconds();
 }
 
-/* A wait that has lasted WAIT_SPIN_S naps between its polls (docs/design.md
- * §8.11): it waits for another rank's work (rank 0 timing the GEMM engines
- * at start-up, or writing alone, a straggler), and where ranks outnumber the
- * cores (`mpirun --oversubscribe`, the quickstart's 8 ranks on 2 cores) a
- * rank that polls on takes the core from the rank it waits for. A step's
- * all-reduce waits less and polls as before: naps from the first poll slowed
- * the quickstart by a quarter. */
+/* A wait that has lasted WAIT_SPIN_S while a peer has not yet reached it
+ * naps between its polls (docs/design.md §8.11): it waits for that peer's
+ * work (rank 0 timing the GEMM engines at start-up, or writing alone, a
+ * straggler), and where ranks outnumber the cores (`mpirun --oversubscribe`,
+ * the quickstart's 8 ranks on 2 cores) a rank that polls on takes the core
+ * from the rank it waits for. Once every peer is in, the transfer is under
+ * way and MPI moves it only inside our polls (Open MPI's non-blocking
+ * collectives advance in MPI_Test), so it polls on; shorter waits, a step's
+ * all-reduce, poll as before: naps from the first poll slowed the quickstart
+ * by a quarter. */
 #define WAIT_SPIN_S 0.02
+static bool peer_behind(void) {
+    for (int j = 0; j < arrivals.peers; j++)
+        if (arrivals.peer[j].seen < arrivals.seq) return true;
+    return false;
+}
+
 static void nap_if_long(double since) {
     static const struct timespec nap = {0, 50 * 1000};
-    if (sys_seconds() - since >= WAIT_SPIN_S) nanosleep(&nap, NULL);
+    if (sys_seconds() - since >= WAIT_SPIN_S && peer_behind()) nanosleep(&nap, NULL);
 }
 
 /* Polls until every peer has reached this rank's mark (while the watchdog
