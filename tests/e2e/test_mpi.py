@@ -407,11 +407,11 @@ def check_divergence(report, runner):
 
 
 def check_waiting_naps(report, runner):
-    """A wait that lasts naps between its polls (docs/design.md §8.11): rank 1's
-    steps 200 ms longer (the test hook, MPMD launch), rank 0 waits for it in
-    every all-reduce, and bench's cpu_ms_per_step (rank 0's CPU time) stays
-    under half of its ms_per_step; polling on, it was the whole step
-    (200.7 of 200.8 ms)."""
+    """A long wait for a peer that has not reached it naps between its polls
+    (docs/design.md §8.11): rank 1's steps 200 ms longer (the test hook, MPMD
+    launch), rank 0 waits for it in every all-reduce, and bench's
+    cpu_ms_per_step (rank 0's CPU time) stays under half of its ms_per_step;
+    polling on, it was the whole step (200.7 of 200.8 ms)."""
     path, _ = runner.config("naps", **{"train.eval_interval": 0})
     bench = [runner.momfmm, "bench", path, "--steps", "3"]
     r = run(MPIRUN + ["-np", "1", *bench, ":", "-np", "1", "-x", "MOMFMM_TEST_STEP_SLEEP_MS=200", *bench],
