@@ -56,7 +56,7 @@ static bool trains(const config *c, char *why, size_t len, bool *refused) {
         return *refused;
     }
     trainer t;
-    if (trainer_create(&t, c, &st) != 0) { /* left as it is: the program exits after a refusal */
+    if (trainer_create(&t, c, TRAINER_FRESH, &st) != 0) { /* left as it is: the program exits after a refusal */
         *refused = (st.code == EXIT_USAGE || st.code == EXIT_BAD_FILE) && st.message[0];
         snprintf(why, len, "refused by the trainer: %s", st.message);
         return *refused;

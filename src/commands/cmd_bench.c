@@ -119,7 +119,7 @@ int command_bench(const char *config_path, int n_overrides, char *const *overrid
     cpu_peak peak = measure_peak();
     trainer t;
     status err;
-    if (trainer_create(&t, &cfg, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
+    if (trainer_create(&t, &cfg, TRAINER_FRESH, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
     bench_samples b = {steps,
                        sys_calloc((size_t)steps, sizeof(double)),
                        sys_calloc((size_t)steps, sizeof(double)),

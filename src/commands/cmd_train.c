@@ -40,9 +40,9 @@ static int agreed_stop_cause(void) { return (int)dist_max_double(own_stop_cause(
 
 /* Every rank meets the same failures in trainer_create (same config, the
  * fullest node's memory decided everywhere alike). */
-static void create_trainer(trainer *t, const config *cfg) {
+static void create_trainer(trainer *t, const config *cfg, trainer_start start) {
     status err;
-    if (trainer_create(t, cfg, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
+    if (trainer_create(t, cfg, start, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
 }
 
 /* An eval of the run: its step and metrics (docs/metrics.md §3). */
@@ -475,7 +475,7 @@ int command_train(const char *config_path, int n_overrides, char *const *overrid
     cmd_print_banner(); /* the start-up line first, then what the trainer reports (memory) */
     cmd_note_bf16_speed(&cfg);
     trainer t;
-    create_trainer(&t, &cfg);
+    create_trainer(&t, &cfg, resume || init ? TRAINER_FROM_CHECKPOINT : TRAINER_FRESH);
     if (resume && trainer_resume(&t, resume, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
     if (init && trainer_init_from(&t, init, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
     train_loop loop = {.first_step = t.step, .live = open_live_metrics(&t), .final_saved = true};

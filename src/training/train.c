@@ -145,7 +145,11 @@ static void choose_gemm_engines(trainer *t) {
     int engines[GEMM_CLASSES];
     gemm_engine chosen[GEMM_CLASSES];
     gemm_class_engines(ctx, chosen);
+    double start = sys_seconds();
     if (dist_rank() == 0) gemm_tune(ctx, shapes, n, chosen);
+    /* seconds of the start-up (4-5 at bench_d768): said, since a run that
+     * loads a checkpoint's choice skips them (trainer_start) */
+    log_rank0("gemm auto: the engines timed on this model's products in %.1f s\n", sys_seconds() - start);
     for (int c = 0; c < GEMM_CLASSES; c++) engines[c] = (int)chosen[c];
     dist_broadcast_bytes(engines, sizeof engines);
     for (int c = 0; c < GEMM_CLASSES; c++) chosen[c] = (gemm_engine)engines[c];
@@ -167,7 +171,7 @@ static void init_weights(model *m) {
     model_params_changed(m);
 }
 
-int trainer_create(trainer *t, const config *cfg, status *err) {
+int trainer_create(trainer *t, const config *cfg, trainer_start start, status *err) {
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
     if (context_data_size() > cfg->batch_size)
@@ -182,12 +186,12 @@ int trainer_create(trainer *t, const config *cfg, status *err) {
         dist_partition(t->model.n_params, dist_rank(), dist_size(), &first, &count);
         model_shard_moments(&t->model, first, count);
     }
-    init_weights(&t->model);
+    if (start == TRAINER_FRESH) init_weights(&t->model);
     /* a data file may fail on one rank alone (a node-local path): all agree
      * before check_memory's collective */
     if (dist_agree_status(data_shard_open(&t->shard, cfg, err), err) != 0 || check_memory(t, err) != 0)
         return err->code;
-    choose_gemm_engines(t);
+    if (start == TRAINER_FRESH) choose_gemm_engines(t);
     t->reducer = create_reducer(&t->model, cfg);
     metric_tables_standard(&t->train_log, &t->eval_log, cfg->n_layers, cfg->n_heads);
     metric_tables_add_task_columns(&t->train_log, &t->eval_log, cfg);
@@ -456,7 +460,19 @@ int trainer_resume(trainer *t, const char *how, status *err) {
      * alone (a node-local path) fails every rank before the collective
      * comparison, which that rank would never reach */
     if (dist_agree_status(rc, err) != 0) return err->code;
-    if (!resumed) log_rank0("no checkpoint to resume in %s: starting at step 0\n", t->cfg.out_dir);
+    /* collective from here: every rank takes the same branch */
+    bool some_fresh = dist_any(!resumed);
+    if (some_fresh && dist_any(resumed))
+        return status_fail(err, EXIT_BAD_FILE,
+                           "--resume auto: some ranks found no checkpoint in %s while others resumed from one (is "
+                           "train.out_dir on a disk every node sees?)",
+                           t->cfg.out_dir);
+    if (some_fresh) {
+        log_rank0("no checkpoint to resume in %s: starting at step 0\n", t->cfg.out_dir);
+        init_weights(&t->model);
+    }
+    /* engines the checkpoint did not record (or no checkpoint): timed now */
+    if (dist_any(t->gemm_engines[0] == '\0')) choose_gemm_engines(t);
     return check_consistency(t, err);
 }
 
@@ -481,6 +497,7 @@ int trainer_init_from(trainer *t, const char *path, status *err) {
     if (rc == 0) rc = checkpoint_read_state(path, &t->model, false, NULL, NULL, err);
     /* as in trainer_resume: every rank read the file itself */
     if (dist_agree_status(rc, err) != 0) return err->code;
+    choose_gemm_engines(t); /* a new run: its engines are timed, not the source's */
     /* an absolute name, so that the record stays meaningful from anywhere */
     char *absolute = realpath(path, NULL);
     snprintf(t->init_from, sizeof t->init_from, "%s", absolute ? absolute : path);

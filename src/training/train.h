@@ -56,11 +56,17 @@ typedef struct {
     bool abandoned; /* a rank voted to drop the step (hooks.abandon): no update, t->step unchanged */
 } train_step_result;
 
-/* A model at step 0 (initialised from train.seed, identical on every rank),
- * its data shard and gradient reducer. Returns 0, or EXIT_USAGE in err (the
- * same on every rank): more ranks than rows, or buffers that do not fit in
- * the fullest node's memory. */
-int trainer_create(trainer *t, const config *cfg, status *err);
+/* Where a trainer's weights and (train.gemm = auto) its engines' choice
+ * come from: drawn from train.seed and timed at start-up, or a checkpoint's,
+ * which trainer_resume or trainer_init_from then loads; a run that loads
+ * one neither draws weights nor times the engines only to replace them
+ * (docs/design.md §8.3). */
+typedef enum { TRAINER_FRESH, TRAINER_FROM_CHECKPOINT } trainer_start;
+/* A model at step 0 (TRAINER_FRESH: initialised from train.seed, identical
+ * on every rank), its data shard and gradient reducer. Returns 0, or
+ * EXIT_USAGE in err (the same on every rank): more ranks than rows, or
+ * buffers that do not fit in the fullest node's memory. */
+int trainer_create(trainer *t, const config *cfg, trainer_start start, status *err);
 void trainer_free(trainer *t);
 /* One optimisation step at t->step + 1 (forward, backward, all-reduce,
  * clipping, AdamW) into *result; advances t->step. Returns 0, or the

@@ -19,6 +19,9 @@ from common import env, run, train_command, unavailable
 from test_mpi import R  # noqa: F401  (the module's Runner fixture)
 
 
+TIMED = "gemm auto: the engines timed on this model's products"
+
+
 class TestGemmAuto:
     """train.gemm = auto (the default; docs/design.md §8.10): rank 0 times the engines
     and every rank takes its choice. Products large enough to be tuned (512 rows of
@@ -34,7 +37,8 @@ class TestGemmAuto:
         choice = re.search(r"gemm auto: (forward=\S+,backward_data=\S+,backward_weight=[a-z0-9-]+)", r.stdout)
         report.check("np=2 auto: trains to the end with every step's checksum equal on both ranks",
                      r.returncode == 0 and ckpt is not None, f"rc {r.returncode}: {r.stderr[-400:]}")
-        report.check("np=2 auto: the start-up line names each class's engine", choice is not None,
+        report.check("np=2 auto: the start-up line names each class's engine, timed", choice is not None and
+                     TIMED in r.stdout,
                      " / ".join(l for l in r.stdout.splitlines() if "gemm" in l)[:300])
         if not ckpt:
             return
@@ -45,8 +49,17 @@ class TestGemmAuto:
                      choice is not None and recorded == choice.group(1), f"{recorded!r} vs start-up line")
         path, _ = R.config("gemm_auto", **dict(self.SIZE, **{"train.steps": 8}))
         resumed = run(train_command(R.momfmm, path, (), np_=2, resume=ckpt), timeout=300, env=env())
-        report.check("a resumed run takes the recorded choice", resumed.returncode == 0 and
-                     f"gemm auto: {recorded}, as {ckpt} recorded" in resumed.stdout,
+        report.check("a resumed run takes the recorded choice, without timing the engines", resumed.returncode == 0 and
+                     f"gemm auto: {recorded}, as {ckpt} recorded" in resumed.stdout and TIMED not in resumed.stdout,
+                     f"rc {resumed.returncode}: " + " / ".join(l for l in resumed.stdout.splitlines() if "gemm" in l))
+        # a checkpoint that recorded none (an older file): the resumed run times the engines itself
+        with h5py.File(ckpt, "r+") as f:
+            del f.attrs["gemm_engines"]
+        resumed = run(train_command(R.momfmm, path, ("train.steps=10",), np_=2, resume=ckpt), timeout=300, env=env())
+        timed = re.search(r"gemm auto: (forward=\S+,backward_data=\S+,backward_weight=[a-z0-9-]+)", resumed.stdout)
+        report.check("a checkpoint without a recorded choice resumes, the engines timed at start-up",
+                     resumed.returncode == 0 and timed is not None and "recorded" not in resumed.stdout and
+                     TIMED in resumed.stdout,
                      f"rc {resumed.returncode}: " + " / ".join(l for l in resumed.stdout.splitlines() if "gemm" in l))
 
     def test_own_kernel_and_machines_without_it(self, R, report):

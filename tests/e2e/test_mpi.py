@@ -498,6 +498,18 @@ class TestEquality:
             differ, worst = bitwise_diff(load_checkpoint(alone).datasets(), got, "model")
             report.check("np=3 x 2 threads starts from init's weights bit for bit", not differ,
                          f"{len(differ)} tensors differ ({differ[:3]}), worst {worst:g}")
+        # --resume auto with nothing to resume draws them too (docs/design.md §8.3: a run
+        # that may load a checkpoint draws only when it finds none)
+        path, out_dir = R.config("init_shares_auto", **sets)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        a = run(train_command(R.momfmm, path, np_=3, resume="auto"), timeout=120, env=env(OMP_NUM_THREADS=2))
+        ckpt = newest_checkpoint(out_dir) if a.returncode == 0 else None
+        report.check("--resume auto with no checkpoint: starts at step 0", ckpt is not None and
+                     "no checkpoint to resume" in a.stdout, f"rc {a.returncode}: {a.stderr.strip()[-300:]}")
+        if ckpt and r.returncode == 0:
+            differ, worst = bitwise_diff(load_checkpoint(alone).datasets(), load(ckpt), "model")
+            report.check("--resume auto with no checkpoint starts from init's weights bit for bit", not differ,
+                         f"{len(differ)} tensors differ ({differ[:3]}), worst {worst:g}")
 
     def test_np2_threads2(self, R, report, ref):
         got = trained(report, "np=2 x 2 threads", R.train("base_np2_t2", 2, threads=2), 2, threads=2)
