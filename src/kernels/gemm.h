@@ -184,8 +184,9 @@ typedef struct {
  * times weighted by their counts; shapes below GEMM_AUTO_MIN_MACS are not
  * timed (they run on OpenBLAS), shapes above 2^32 multiply-adds (about
  * 80 ms) are timed on fewer rows. Every class is OpenBLAS when neither
- * other engine runs here or ctx is not GEMM_AUTO. */
-void gemm_tune(gemm_ctx *ctx, const gemm_shape *shapes, int n, gemm_engine engines[GEMM_CLASSES]);
+ * other engine runs here or ctx is not GEMM_AUTO. Returns the number of
+ * shapes it timed (0: none large enough, or nothing to choose between). */
+int gemm_tune(gemm_ctx *ctx, const gemm_shape *shapes, int n, gemm_engine engines[GEMM_CLASSES]);
 
 /* How many times the bf16 copy was (re)converted: once per optimizer step. */
 size_t gemm_weight_refreshes(const gemm_ctx *ctx);

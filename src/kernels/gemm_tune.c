@@ -67,11 +67,18 @@ static void pick(const double best[][GEMM_CLASSES], const gemm_engine *engine, i
     }
 }
 
-void gemm_tune(gemm_ctx *ctx, const gemm_shape *shapes, int n, gemm_engine engines[GEMM_CLASSES]) {
+/* The shapes large enough to be timed. */
+static int timed_shapes(const gemm_shape *shapes, int n) {
+    int timed = 0;
+    for (int i = 0; i < n; i++) timed += (double)shapes[i].M * shapes[i].N * shapes[i].K >= GEMM_AUTO_MIN_MACS;
+    return timed;
+}
+
+int gemm_tune(gemm_ctx *ctx, const gemm_shape *shapes, int n, gemm_engine engines[GEMM_CLASSES]) {
     for (int c = 0; c < GEMM_CLASSES; c++) engines[c] = GEMM_OPENBLAS;
     gemm_engine engine[3];
     int count = candidates(engine);
-    if (!ctx || gemm_ctx_engine(ctx) != GEMM_AUTO || count == 1 || n <= 0) return;
+    if (!ctx || gemm_ctx_engine(ctx) != GEMM_AUTO || count == 1 || timed_shapes(shapes, n) == 0) return 0;
     int threads = blas_core_threads();
     gemm_ctx *timed[3];
     for (int e = 0; e < count; e++) timed[e] = gemm_create(engine[e], threads);
@@ -107,4 +114,5 @@ void gemm_tune(gemm_ctx *ctx, const gemm_shape *shapes, int n, gemm_engine engin
     pick(best, engine, count, engines);
     free(A), free(B), free(C);
     for (int e = 0; e < count; e++) gemm_destroy(timed[e]);
+    return timed_shapes(shapes, n);
 }

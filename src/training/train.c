@@ -146,10 +146,12 @@ static void choose_gemm_engines(trainer *t) {
     gemm_engine chosen[GEMM_CLASSES];
     gemm_class_engines(ctx, chosen);
     double start = sys_seconds();
-    if (dist_rank() == 0) gemm_tune(ctx, shapes, n, chosen);
     /* seconds of the start-up (4-5 at bench_d768): said, since a run that
      * loads a checkpoint's choice skips them (trainer_start) */
-    log_rank0("gemm auto: the engines timed on this model's products in %.1f s\n", sys_seconds() - start);
+    int timed = dist_rank() == 0 ? gemm_tune(ctx, shapes, n, chosen) : 0;
+    if (timed > 0)
+        log_rank0("gemm auto: the engines timed on %d of this model's %d product shapes in %.1f s\n", timed, n,
+                  sys_seconds() - start);
     for (int c = 0; c < GEMM_CLASSES; c++) engines[c] = (int)chosen[c];
     dist_broadcast_bytes(engines, sizeof engines);
     for (int c = 0; c < GEMM_CLASSES; c++) chosen[c] = (gemm_engine)engines[c];
