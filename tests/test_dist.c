@@ -2,9 +2,12 @@
  * each (docs/design.md §8.3). A real > 2^31-element message is too big for a
  * test, so the test lowers the per-call limit (dist_set_max_message_bytes) to
  * a few elements and checks that sums, shared parts and the gradient buckets
- * still cover every element exactly once. Started on its own, the test runs
+ * still cover every element exactly once; and dist_node_cpus ORs the
+ * node's affinity masks. Started on its own, the test runs
  * itself again under `mpirun -np 3`, since on one rank the collectives are
  * no-ops. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT: before any header */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +130,29 @@ static void relaunch_under_mpirun(char **argv) {
     perror("test_dist: mpirun not started, testing one rank");
 }
 
+/* dist_node_cpus ORs the node's masks: each rank pinned to the (rank mod
+ * n)-th of the n CPUs it may use, the node's ranks together use min(ranks,
+ * n) of them; then the masks as they were. */
+static void test_node_cpus(void) {
+    cpu_set_t mine, one;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0) {
+        test_skip("dist_node_cpus", "sched_getaffinity failed");
+        return;
+    }
+    int n = CPU_COUNT(&mine), want = dist_rank() % n, seen = 0, cpu = 0;
+    for (; cpu < CPU_SETSIZE; cpu++)
+        if (CPU_ISSET(cpu, &mine) && seen++ == want) break;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    bool pinned = sched_setaffinity(0, sizeof one, &one) == 0;
+    int together = dist_node_cpus(), expected = dist_size() < n ? dist_size() : n;
+    test_check(pinned && together == expected, "dist_node_cpus: the node's ranks' CPUs together",
+               "rank %d pinned to CPU %d: %d CPUs, expected %d", dist_rank(), cpu, together, expected);
+    sched_setaffinity(0, sizeof mine, &mine);
+    together = dist_node_cpus();
+    test_check(together >= n, "dist_node_cpus: at least this rank's own CPUs", "%d of %d", together, n);
+}
+
 int main(int argc, char **argv) {
     relaunch_under_mpirun(argv);
     cmd_dist_init(&argc, &argv);
@@ -139,6 +165,7 @@ int main(int argc, char **argv) {
     test_check(dist_node_ranks() == size, "dist_node_ranks: all ranks of this test share the node", "rank %d of %d",
                rank, size);
     test_check(dist_max_double((double)rank) == (double)(size - 1), "dist_max_double", "rank %d of %d", rank, size);
+    test_node_cpus();
     test_check(dist_any(rank == size - 1), "dist_any", "rank %d of %d", rank, size);
     /* Every rank exits with the verdict of all, so that a failure on one
      * rank cannot hide behind another's pass: the most failures of any rank,

@@ -594,6 +594,58 @@ static void test_auto(void) {
     gemm_destroy(ctx);
 }
 
+/* gemm_tune_part's split between ranks (docs/design.md §8.10): over any
+ * number of parts every timed shape is timed once, by the part the
+ * multiply-adds balance; a part past the shapes times nothing but says
+ * which engines run here; and the pick over timings added up keeps the
+ * 3% margin, the tie, and an engine that one rank cannot run out. */
+static void test_tune_parts(void) {
+    gemm_ctx *ctx = gemm_create(GEMM_AUTO, 1);
+    /* one shape of 2^27 multiply-adds, eight of 2^24, one below the floor */
+    gemm_shape shapes[10];
+    for (int i = 0; i < 10; i++) shapes[i] = (gemm_shape){(gemm_class)(i % GEMM_CLASSES), 256, 256, 256, 0.0f, 1};
+    shapes[3] = (gemm_shape){GEMM_CLASS_FORWARD, 512, 512, 512, 0.0f, 2};
+    shapes[7].M = 64;
+    bool can_choose = !gemm_unavailable_reason(GEMM_ONEDNN_F32) || !gemm_unavailable_reason(GEMM_AVX512_F32);
+    const int partings[] = {1, 2, 3, 20};
+    for (size_t k = 0; k < sizeof partings / sizeof partings[0]; k++) {
+        int parts = partings[k], total = 0, counts[21] = {0};
+        for (int part = 0; part <= parts; part++) { /* and one part past them */
+            gemm_timings t;
+            counts[part] = gemm_tune_part(ctx, shapes, 10, part, parts, &t);
+            if (part < parts) total += counts[part];
+            bool marks = t.seconds[GEMM_ONEDNN_BF16][0] == HUGE_VAL && t.seconds[GEMM_AUTO][1] == HUGE_VAL &&
+                         t.seconds[GEMM_OPENBLAS][2] < HUGE_VAL && t.shapes == counts[part];
+            if (part == parts)
+                test_check(counts[part] == 0 && marks && t.seconds[GEMM_OPENBLAS][0] == 0.0,
+                           "tune: a part past the shapes times nothing, marking the engines", "parts %d: %d", parts,
+                           counts[part]);
+            else if (!marks)
+                test_check(false, "tune: the engines auto does not choose are marked", "parts %d part %d", parts, part);
+        }
+        test_check(total == (can_choose ? 9 : 0), "tune: every timed shape timed by one part", "parts %d: %d of 9",
+                   parts, total);
+        if (parts == 2 && can_choose)
+            test_check(counts[0] == 1 && counts[1] == 8, "tune: the parts balanced by multiply-adds",
+                       "the large shape's part %d, the other %d", counts[0], counts[1]);
+    }
+    gemm_destroy(ctx);
+    gemm_timings t = {0};
+    for (int e = 0; e < GEMM_TUNE_ENGINES; e++)
+        for (int c = 0; c < GEMM_CLASSES; c++) t.seconds[e][c] = HUGE_VAL;
+    double ref = 1.0;
+    t.seconds[GEMM_OPENBLAS][0] = ref, t.seconds[GEMM_ONEDNN_F32][0] = ref / 1.02; /* within the margin */
+    t.seconds[GEMM_OPENBLAS][1] = ref, t.seconds[GEMM_ONEDNN_F32][1] = 0.8, t.seconds[GEMM_AVX512_F32][1] = 0.7;
+    t.seconds[GEMM_OPENBLAS][2] = 0.0, t.seconds[GEMM_AVX512_F32][2] = 0.0; /* nothing timed */
+    gemm_engine picked[GEMM_CLASSES];
+    gemm_tune_pick(&t, picked);
+    test_check(picked[0] == GEMM_OPENBLAS && picked[1] == GEMM_AVX512_F32 && picked[2] == GEMM_OPENBLAS,
+               "tune: the pick keeps the margin and the tie", "%d %d %d", picked[0], picked[1], picked[2]);
+    t.seconds[GEMM_AVX512_F32][1] += HUGE_VAL; /* a rank that cannot run it added its mark */
+    gemm_tune_pick(&t, picked);
+    test_check(picked[1] == GEMM_ONEDNN_F32, "tune: an engine one rank lacks is not picked", "%d", picked[1]);
+}
+
 int main(void) {
     test_conversion();
     gemm_engine parsed;
@@ -604,5 +656,6 @@ int main(void) {
     test_engine(GEMM_AVX512_F32);
     for (int e = GEMM_ONEDNN_F32; e <= GEMM_ONEDNN_BF16; e++) test_default_engine((gemm_engine)e);
     test_auto();
+    test_tune_parts();
     return test_summary("test_gemm");
 }

@@ -80,6 +80,15 @@ static int available_cpus(void) {
     return sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0 ? CPU_COUNT(&set) : 1;
 }
 
+void blas_core_cpu_mask(unsigned char *bits, size_t bytes) {
+    memset(bits, 0, bytes);
+    cpu_set_t set;
+    bool read = sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0;
+    int cpus = read ? CPU_SETSIZE : available_cpus();
+    for (int i = 0; i < cpus && (size_t)i / 8 < bytes; i++)
+        if (!read || CPU_ISSET(i, &set)) bits[i / 8] |= (unsigned char)(1u << (i % 8));
+}
+
 static int bounded_threads; /* 0 until blas_core_bound_threads or blas_core_threads ran */
 
 /* OMP_NUM_THREADS as a count: its first item ("4" or "4,2"), -1 when that

@@ -37,4 +37,9 @@ int blas_core_bound_threads(char *note, size_t len, status *st);
  * space limit (ulimit -v, -d) too tight for them, EXIT_USAGE in st instead:
  * OpenBLAS would retry its mmap forever and ignore SIGTERM. */
 int blas_core_reserve_buffers(int threads, status *st);
+/* This process's affinity mask as bits (CPU i: bit i % 8 of byte i / 8) in
+ * `bytes` bytes, the machine's online CPUs where the mask cannot be read:
+ * what the parallel runtime ORs over a node's ranks to tell whether each
+ * rank has CPUs of its own (dist_node_cpus). */
+void blas_core_cpu_mask(unsigned char *bits, size_t bytes);
 #endif

@@ -176,17 +176,33 @@ typedef struct {
     float beta;
     int count;
 } gemm_shape;
-/* Times every shape on OpenBLAS, on oneDNN fp32 and on our own AVX-512
- * kernel, those that run here (alternating rounds, the best round of each),
- * and gives each class the engine that runs its shapes fastest; another
- * engine than OpenBLAS only when it is at least 3% faster, so that a near
- * tie stays with the reference engine. A class's time is its shapes'
- * times weighted by their counts; shapes below GEMM_AUTO_MIN_MACS are not
- * timed (they run on OpenBLAS), shapes above 2^32 multiply-adds (about
- * 80 ms) are timed on fewer rows. Every class is OpenBLAS when neither
- * other engine runs here or ctx is not GEMM_AUTO. Returns the number of
- * shapes it timed (0: none large enough, or nothing to choose between). */
-int gemm_tune(gemm_ctx *ctx, const gemm_shape *shapes, int n, gemm_engine engines[GEMM_CLASSES]);
+/* What gemm_tune_part measures: each engine's seconds on each class's shapes
+ * (indexed by gemm_engine; a shape's time weighted by its count) and the
+ * shapes timed. HUGE_VAL marks an engine that does not run here or that
+ * auto does not choose (onednn-bf16, auto itself). Timings of disjoint
+ * parts of the shapes, made on different ranks, add up element by element
+ * (docs/design.md §8.10): a sum of doubles, so that the runtime can add
+ * them in one all-reduce, and an engine missing on one rank stays HUGE_VAL. */
+#define GEMM_TUNE_ENGINES (GEMM_AVX512_F32 + 1)
+typedef struct {
+    double seconds[GEMM_TUNE_ENGINES][GEMM_CLASSES];
+    double shapes;
+} gemm_timings;
+_Static_assert(sizeof(gemm_timings) % sizeof(double) == 0, "gemm_timings adds up as doubles");
+/* Times part `part` of `parts` of the shapes (a split that every caller
+ * makes alike, balanced by multiply-adds) on OpenBLAS, on oneDNN fp32 and
+ * on our own AVX-512 kernel, those that run here: alternating rounds, the
+ * best round of each. Shapes below GEMM_AUTO_MIN_MACS are not timed (they
+ * run on OpenBLAS), shapes above 2^32 multiply-adds (about 80 ms) are timed
+ * on fewer rows. A part past the shapes (part >= parts, or more parts than
+ * shapes) times nothing and reports only which engines run here, as does a
+ * ctx that is not GEMM_AUTO or a machine where OpenBLAS alone runs. Returns
+ * the number of shapes this part timed. */
+int gemm_tune_part(gemm_ctx *ctx, const gemm_shape *shapes, int n, int part, int parts, gemm_timings *out);
+/* The engine of each class that ran its shapes fastest in t; another than
+ * OpenBLAS only when it is at least 3% faster, so that a near tie (and a
+ * class with nothing timed) stays with the reference engine. */
+void gemm_tune_pick(const gemm_timings *t, gemm_engine engines[GEMM_CLASSES]);
 
 /* How many times the bf16 copy was (re)converted: once per optimizer step. */
 size_t gemm_weight_refreshes(const gemm_ctx *ctx);

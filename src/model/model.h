@@ -219,7 +219,7 @@ attention_saved model_attention_saved(const model *m, int layer, int B, int T);
 size_t model_activation_bytes(const model *m, int B, int T);
 /* The products of the linear layers on `rows` rows (qkv, proj, the MLP and
  * the lm head, forward and both backward), for timing the GEMM engines
- * (gemm_tune). Fills at most MODEL_GEMM_SHAPES; returns how many. */
+ * (gemm_tune_part). Fills at most MODEL_GEMM_SHAPES; returns how many. */
 #define MODEL_GEMM_SHAPES 15
 int model_gemm_shapes(const model *m, int rows, gemm_shape *out);
 /* Matmul FLOPs of one forward+backward per token (for throughput figures). */

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/blas_core.h"
 #include "base/log.h"
 #include "base/sys.h"
 #include "parallel/dist_hdf5.h"
@@ -272,6 +273,19 @@ void dist_barrier(void) {
 }
 
 int dist_node_ranks(void) { return node_size; }
+
+int dist_node_cpus(void) {
+    unsigned char bits[128]; /* 1,024 CPUs, glibc's cpu_set_t */
+    blas_core_cpu_mask(bits, sizeof bits);
+    if (node_size > 1) {
+        MPI_Request request;
+        MPI_Iallreduce(MPI_IN_PLACE, bits, (int)sizeof bits, MPI_UNSIGNED_CHAR, MPI_BOR, node, &request);
+        dist_watch_wait("node CPU mask all-reduce", &request);
+    }
+    int cpus = 0;
+    for (size_t i = 0; i < sizeof bits; i++) cpus += __builtin_popcount(bits[i]);
+    return cpus;
+}
 
 void dist_broadcast_bytes(void *x, size_t n) { dist_broadcast_bytes_from(0, x, n); }
 

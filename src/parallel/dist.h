@@ -57,6 +57,9 @@ bool dist_any(bool mine);
 void dist_barrier(void);
 /* Ranks sharing this rank's node (MPI_COMM_TYPE_SHARED). */
 int dist_node_ranks(void);
+/* The CPUs that this node's ranks may run on, together: their affinity
+ * masks ORed (a collective on the node's ranks; every rank calls it). */
+int dist_node_cpus(void);
 /* x holds this rank's dist_partition part of n floats (the rest of x is
  * not read); afterwards every rank holds every rank's part: each part is
  * broadcast from its rank, the bytes of one broadcast of x. */

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/blas_core.h"
 #include "base/log.h"
 #include "base/prof.h"
 #include "base/status.h"
@@ -145,13 +146,20 @@ static void choose_gemm_engines(trainer *t) {
     int engines[GEMM_CLASSES];
     gemm_engine chosen[GEMM_CLASSES];
     gemm_class_engines(ctx, chosen);
+    /* the shapes shared between the ranks where each has CPUs of its own
+     * (docs/design.md §8.10); where ranks outnumber them (8 on 2 cores),
+     * timings made side by side would measure the sharing, so rank 0 alone */
+    int parts = dist_any(dist_node_ranks() * blas_core_threads() > dist_node_cpus()) ? 1 : dist_size();
     double start = sys_seconds();
-    /* seconds of the start-up (4-5 at bench_d768): said, since a run that
-     * loads a checkpoint's choice skips them (trainer_start) */
-    int timed = dist_rank() == 0 ? gemm_tune(ctx, shapes, n, chosen) : 0;
-    if (timed > 0)
-        log_rank0("gemm auto: the engines timed on %d of this model's %d product shapes in %.1f s\n", timed, n,
-                  sys_seconds() - start);
+    gemm_timings timings;
+    gemm_tune_part(ctx, shapes, n, dist_rank(), parts, &timings);
+    dist_sum_doubles(&timings.seconds[0][0], sizeof timings / sizeof(double));
+    gemm_tune_pick(&timings, chosen);
+    /* seconds of the start-up (4-5 at bench_d768 on one rank): said, since
+     * a run that loads a checkpoint's choice skips them (trainer_start) */
+    if (timings.shapes > 0)
+        log_rank0("gemm auto: the engines timed on %d of this model's %d product shapes in %.1f s%s\n",
+                  (int)timings.shapes, n, sys_seconds() - start, parts > 1 ? ", shared by the ranks" : "");
     for (int c = 0; c < GEMM_CLASSES; c++) engines[c] = (int)chosen[c];
     dist_broadcast_bytes(engines, sizeof engines);
     for (int c = 0; c < GEMM_CLASSES; c++) chosen[c] = (gemm_engine)engines[c];

@@ -10,6 +10,7 @@
 
 The runs use test_mpi.py's Runner (its R fixture): the same tiny configs and launcher.
 """
+import os
 import re
 
 import h5py
@@ -20,11 +21,21 @@ from test_mpi import R  # noqa: F401  (the module's Runner fixture)
 
 
 TIMED = "gemm auto: the engines timed on "
+SHARED = ", shared by the ranks"
+
+
+def shared_expected(np_, environ):
+    """Whether np_ ranks share the timing out (docs/design.md §8.10): only where each has
+    CPUs of its own, np_ x OMP_NUM_THREADS at most the CPUs this process may use (what
+    mpirun's ranks may use together)."""
+    threads = int((environ.get("OMP_NUM_THREADS") or "1").split(",")[0])
+    return np_ * threads <= len(os.sched_getaffinity(0))
 
 
 class TestGemmAuto:
-    """train.gemm = auto (the default; docs/design.md §8.10): rank 0 times the engines
-    and every rank takes its choice. Products large enough to be tuned (512 rows of
+    """train.gemm = auto (the default; docs/design.md §8.10): the ranks time the engines,
+    sharing the shapes out where each has CPUs of its own and rank 0 alone where they
+    outnumber them, and every rank takes rank 0's choice. Products large enough to be tuned (512 rows of
     d 128, d_ff 512); the parameter checksum every step (dist.check_interval = 1)
     would stop the run if two ranks computed with different engines. The choice goes
     into the checkpoint and a resumed run takes it from there."""
@@ -40,6 +51,10 @@ class TestGemmAuto:
         report.check("np=2 auto: the start-up line names each class's engine, timed", choice is not None and
                      TIMED in r.stdout,
                      " / ".join(l for l in r.stdout.splitlines() if "gemm" in l)[:300])
+        report.check("np=2 auto: the timing shared by the ranks where each has a CPU of its own, not elsewhere",
+                     (SHARED in r.stdout) == shared_expected(2, env()),
+                     f"{len(os.sched_getaffinity(0))} CPUs: " +
+                     " / ".join(l for l in r.stdout.splitlines() if TIMED in l))
         if not ckpt:
             return
         with h5py.File(ckpt, "r") as f:
@@ -52,14 +67,16 @@ class TestGemmAuto:
         report.check("a resumed run takes the recorded choice, without timing the engines", resumed.returncode == 0 and
                      f"gemm auto: {recorded}, as {ckpt} recorded" in resumed.stdout and TIMED not in resumed.stdout,
                      f"rc {resumed.returncode}: " + " / ".join(l for l in resumed.stdout.splitlines() if "gemm" in l))
-        # a checkpoint that recorded none (an older file): the resumed run times the engines itself
+        # a checkpoint that recorded none (an older file): the resumed run times the engines
+        # itself, at 4 ranks (on 2 CPUs, more ranks than CPUs: rank 0 times alone)
         with h5py.File(ckpt, "r+") as f:
             del f.attrs["gemm_engines"]
-        resumed = run(train_command(R.momfmm, path, ("train.steps=10",), np_=2, resume=ckpt), timeout=300, env=env())
+        resumed = run(train_command(R.momfmm, path, ("train.steps=10",), np_=4, resume=ckpt), timeout=300, env=env())
         timed = re.search(r"gemm auto: (forward=\S+,backward_data=\S+,backward_weight=[a-z0-9-]+)", resumed.stdout)
-        report.check("a checkpoint without a recorded choice resumes, the engines timed at start-up",
+        report.check("a checkpoint without a recorded choice resumes at np=4, the engines timed at start-up, "
+                     "shared only where each rank has a CPU of its own",
                      resumed.returncode == 0 and timed is not None and "recorded" not in resumed.stdout and
-                     TIMED in resumed.stdout,
+                     TIMED in resumed.stdout and (SHARED in resumed.stdout) == shared_expected(4, env()),
                      f"rc {resumed.returncode}: " + " / ".join(l for l in resumed.stdout.splitlines() if "gemm" in l))
 
     def test_own_kernel_and_machines_without_it(self, R, report):
