@@ -26,6 +26,7 @@
 #include "store/checkpoint.h"
 #include "store/store.h"
 #include "store/token_input.h"
+#include "training/train.h"
 
 /* What inspect and eval read: a model for inference holding a checkpoint's
  * weights and buffers, and with `history` its metric tables. */
@@ -462,7 +463,7 @@ int command_init(const char *config_path, int n_overrides, char *const *override
     model m;
     status err;
     if (model_create(&m, &c, &err) != 0) cmd_fail_all(err.code, "%s", err.message);
-    model_init_parameters(&m);
+    trainer_draw_weights(&m); /* under mpirun, a share each */
     checkpoint_info info = {.world_size = dist_size()};
     int rc = dist_rank() == 0 ? store_write_checkpoint(out, &m, &info, NULL, NULL, H5WRITER_ALONE, &err) : 0;
     cmd_fail_if_any(rc, &err);

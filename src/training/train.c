@@ -167,13 +167,11 @@ static void choose_gemm_engines(trainer *t) {
     gemm_class_engines_format(chosen, t->gemm_engines, sizeof t->gemm_engines);
 }
 
-/* Each rank draws its dist_partition share of the initial weights, on its
- * threads, and the shares are sent to every rank (docs/design.md §8.3):
- * the draws are pure functions of their counters, so every rank starts
+/* The draws are pure functions of their counters, so every rank starts
  * from the bits one process drawing them all makes, in a ranks x threads-th
  * of the time (GPT-2 small's 124 M draws took 4.5 s of one core, and every
  * rank drew them all). */
-static void init_weights(model *m) {
+void trainer_draw_weights(model *m) {
     size_t first, count;
     dist_partition(m->n_params, dist_rank(), dist_size(), &first, &count);
     model_init_parameter_range(m, first, count);
@@ -196,7 +194,7 @@ int trainer_create(trainer *t, const config *cfg, trainer_start start, status *e
         dist_partition(t->model.n_params, dist_rank(), dist_size(), &first, &count);
         model_shard_moments(&t->model, first, count);
     }
-    if (start == TRAINER_FRESH) init_weights(&t->model);
+    if (start == TRAINER_FRESH) trainer_draw_weights(&t->model);
     /* a data file may fail on one rank alone (a node-local path): all agree
      * before check_memory's collective */
     if (dist_agree_status(data_shard_open(&t->shard, cfg, err), err) != 0 || check_memory(t, err) != 0)
@@ -401,10 +399,12 @@ int trainer_log_eval(trainer *t, const eval_result **r, status *err) {
     return 0;
 }
 
-/* Fresh parameters, moments, buffers and history: the state of step 0. */
+/* After a checkpoint that did not load: no state of it left. The
+ * parameters are zeros, not drawn: another checkpoint replaces them, or
+ * trainer_resume, finding none, draws them in shares (trainer_draw_weights). */
 static void trainer_reset(trainer *t) {
     model *m = &t->model;
-    model_init_parameters(m);
+    memset(m->params, 0, sizeof(float) * m->n_params);
     memset(m->adam_m, 0, sizeof(float) * 2 * m->moment_count);
     t->train_log.n_rows = t->eval_log.n_rows = 0;
     t->step = t->tokens_seen = t->skipped_steps = 0;
@@ -479,7 +479,7 @@ int trainer_resume(trainer *t, const char *how, status *err) {
                            t->cfg.out_dir);
     if (some_fresh) {
         log_rank0("no checkpoint to resume in %s: starting at step 0\n", t->cfg.out_dir);
-        init_weights(&t->model);
+        trainer_draw_weights(&t->model);
     }
     /* engines the checkpoint did not record (or no checkpoint): timed now */
     if (dist_any(t->gemm_engines[0] == '\0')) choose_gemm_engines(t);

@@ -67,6 +67,11 @@ typedef enum { TRAINER_FRESH, TRAINER_FROM_CHECKPOINT } trainer_start;
  * EXIT_USAGE in err (the same on every rank): more ranks than rows, or
  * buffers that do not fit in the fullest node's memory. */
 int trainer_create(trainer *t, const config *cfg, trainer_start start, status *err);
+/* The initial weights (a collective): each rank draws its dist_partition
+ * share, on its threads, and the shares are sent to every rank
+ * (docs/design.md §8.3). trainer_create's fresh start, trainer_resume
+ * without a checkpoint and `momfmm init` draw through it. */
+void trainer_draw_weights(model *m);
 void trainer_free(trainer *t);
 /* One optimisation step at t->step + 1 (forward, backward, all-reduce,
  * clipping, AdamW) into *result; advances t->step. Returns 0, or the

@@ -43,7 +43,7 @@ from momfmm.h5 import load_checkpoint, newest_checkpoint
 
 from mpi_robustness import (check_divergence, check_kill, check_sigstop, check_stop_at_shutdown, check_stop_signal,
                             check_too_many_ranks, check_waiting_naps)
-from common import Report, env, run, train_command, write_tiny_config
+from common import MPIRUN, Report, env, run, train_command, write_tiny_config
 
 LOSS_RTOL = 1e-5
 WEIGHT_RTOL = 1e-4
@@ -266,13 +266,23 @@ class TestEquality:
         the shares go to every rank (docs/design.md §8.3): at np = 3 x 2 threads
         (uneven shares; tensors of 65,536 draws, cut between the threads) the
         weights after a step at lr 0 are `momfmm init`'s, drawn by one process
-        alone, bit for bit, and the ranks agree at step 1 (dist.check_interval)."""
+        alone, bit for bit, and the ranks agree at step 1 (dist.check_interval);
+        `momfmm init` under mpirun, its ranks drawing shares, writes the same bits."""
         sets = {"model.vocab_size": 1024, "model.d_model": 64, "train.lr": 0.0, "train.min_lr": 0.0,
                 "train.steps": 1, "train.eval_interval": 0}
         path, _ = R.config("init_shares", **sets)
         alone = os.path.join(R.workdir, "init_alone.h5")
         r = run([R.momfmm, "init", path, "--out", alone, "--force"], timeout=60)
         report.check("momfmm init writes the weights", r.returncode == 0, r.stderr[-300:])
+        shared = os.path.join(R.workdir, "init_np3.h5")
+        s = run(MPIRUN + ["-np", "3", R.momfmm, "init", path, "--out", shared, "--force"], timeout=60,
+                env=env(OMP_NUM_THREADS=2))
+        if report.check("momfmm init at np=3 x 2 threads writes the weights", s.returncode == 0 and
+                        r.returncode == 0, s.stderr[-300:]):
+            differ, worst = bitwise_diff(load_checkpoint(alone).datasets(), load_checkpoint(shared).datasets(),
+                                         "model")
+            report.check("momfmm init at np=3 x 2 threads: one process's weights bit for bit", not differ,
+                         f"{len(differ)} tensors differ ({differ[:3]}), worst {worst:g}")
         got = trained(report, "np=3 x 2 threads at lr 0", R.train("init_shares", 3, threads=2, **sets), 3,
                       threads=2, steps=1)
         if got and r.returncode == 0:
