@@ -131,25 +131,37 @@ static dist_reducer *create_reducer(const model *m, const config *cfg) {
 static void hook_block_done(void *reducer, int layer) { dist_reducer_block_done(reducer, layer); }
 static void hook_progress(void *reducer) { dist_reducer_progress(reducer); }
 
-/* train.gemm = auto (docs/design.md §8.10): rank 0 times the engines on
- * this model's linear products and every rank takes its choice, so that all
- * ranks compute alike. A resumed run takes the choice its checkpoint
- * recorded instead (trainer_resume), which keeps resume bit-exact. */
+/* The products to time: rank 0's rows (its shard of each sequence under
+ * dist.context, docs/design.md §8.12, not the whole length), sent to every
+ * rank, since a shard of an uneven batch is a row shorter on some ranks and
+ * the ranks must share out one list. */
+static int shapes_to_time(const trainer *t, gemm_shape shapes[MODEL_GEMM_SHAPES]) {
+    int n = model_gemm_shapes(&t->model, config_micro_rows(&t->cfg, t->shard.batch.B) * t->model.cut.total, shapes);
+    dist_broadcast_bytes(&n, sizeof n);
+    dist_broadcast_bytes(shapes, sizeof(gemm_shape) * MODEL_GEMM_SHAPES);
+    return n;
+}
+
+/* How many ranks share the timing out (docs/design.md §8.10): all where
+ * each has CPUs of its own on every node; where ranks outnumber them (8 on
+ * 2 cores), timings made side by side would measure the sharing, so rank
+ * 0 alone. */
+static int timing_parts(void) {
+    return dist_any(dist_node_ranks() * blas_core_threads() > dist_node_cpus()) ? 1 : dist_size();
+}
+
+/* train.gemm = auto (docs/design.md §8.10): the ranks time the engines on
+ * this model's linear products, each its part, and every rank takes rank
+ * 0's choice, so that all ranks compute alike. A resumed run takes the
+ * choice its checkpoint recorded instead (trainer_resume), which keeps
+ * resume bit-exact. */
 static void choose_gemm_engines(trainer *t) {
     gemm_ctx *ctx = gemm_default();
     t->gemm_engines[0] = '\0';
     if (!ctx || gemm_ctx_engine(ctx) != GEMM_AUTO) return;
-    gemm_shape shapes[MODEL_GEMM_SHAPES];
-    /* the products of this rank's rows: its shard of each sequence under
-     * dist.context (docs/design.md §8.12), not the whole length */
-    int n = model_gemm_shapes(&t->model, config_micro_rows(&t->cfg, t->shard.batch.B) * t->model.cut.total, shapes);
-    int engines[GEMM_CLASSES];
+    gemm_shape shapes[MODEL_GEMM_SHAPES] = {0};
+    int n = shapes_to_time(t, shapes), parts = timing_parts(), engines[GEMM_CLASSES];
     gemm_engine chosen[GEMM_CLASSES];
-    gemm_class_engines(ctx, chosen);
-    /* the shapes shared between the ranks where each has CPUs of its own
-     * (docs/design.md §8.10); where ranks outnumber them (8 on 2 cores),
-     * timings made side by side would measure the sharing, so rank 0 alone */
-    int parts = dist_any(dist_node_ranks() * blas_core_threads() > dist_node_cpus()) ? 1 : dist_size();
     double start = sys_seconds();
     gemm_timings timings;
     gemm_tune_part(ctx, shapes, n, dist_rank(), parts, &timings);

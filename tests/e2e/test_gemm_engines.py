@@ -79,6 +79,26 @@ class TestGemmAuto:
                      TIMED in resumed.stdout and (SHARED in resumed.stdout) == shared_expected(4, env()),
                      f"rc {resumed.returncode}: " + " / ".join(l for l in resumed.stdout.splitlines() if "gemm" in l))
 
+    def test_uneven_shards_time_one_list(self, R, report):
+        """A batch of 5 on 2 ranks: the shards differ by a sequence, so the ranks' products
+        do too, and some lie on either side of GEMM_AUTO_MIN_MACS (d 128, d_ff 384, T 128).
+        The ranks time parts of rank 0's list (docs/design.md §8.10): as many shapes as one
+        process of rank 0's rows times."""
+        size = {"model.d_model": 128, "model.n_heads": 4, "model.d_ff": 384, "model.vocab_size": 512,
+                "data.seq_len": 128, "train.steps": 2, "train.eval_interval": 0}
+        r, _ = R.train("gemm_uneven", 2, **dict(size, **{"train.batch_size": 5}))
+        rows = re.search(r"activations [\d.]+ MB for (\d+) x", r.stdout)
+        timed = re.search(TIMED + r"(\d+) of", r.stdout)
+        if not report.check("np=2, batch 5: trains, rank 0's shard and the timing said", r.returncode == 0 and
+                            rows is not None and timed is not None, f"rc {r.returncode}: {r.stdout[-300:]}"):
+            return
+        alone, _ = R.train("gemm_uneven_alone", 1, direct=True, **dict(size, **{"train.batch_size": rows.group(1)}))
+        single = re.search(TIMED + r"(\d+) of", alone.stdout)
+        report.check("the two ranks time as many shapes as one process of rank 0's rows",
+                     single is not None and single.group(1) == timed.group(1),
+                     f"np=2: {timed.group(0)}; one process of {rows.group(1)} sequences: "
+                     f"{single.group(0) if single else alone.stdout[-200:]}")
+
     def test_own_kernel_and_machines_without_it(self, R, report):
         """momfmm's own AVX-512 kernel (train.gemm = avx512; docs/design.md §8.10): it trains
         where the CPU has AVX-512F; a CPU without it (MOMFMM_FAKE_NO_AVX512=1 plays one)
