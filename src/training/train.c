@@ -417,6 +417,7 @@ int trainer_log_eval(trainer *t, const eval_result **r, status *err) {
 static void trainer_reset(trainer *t) {
     model *m = &t->model;
     memset(m->params, 0, sizeof(float) * m->n_params);
+    memset(m->buffers, 0, sizeof(float) * m->n_buffer);
     memset(m->adam_m, 0, sizeof(float) * 2 * m->moment_count);
     t->train_log.n_rows = t->eval_log.n_rows = 0;
     t->step = t->tokens_seen = t->skipped_steps = 0;
