@@ -160,7 +160,7 @@ static void choose_gemm_engines(trainer *t) {
     t->gemm_engines[0] = '\0';
     if (!ctx || gemm_ctx_engine(ctx) != GEMM_AUTO) return;
     gemm_shape shapes[MODEL_GEMM_SHAPES] = {0};
-    int n = shapes_to_time(t, shapes), parts = timing_parts(), engines[GEMM_CLASSES];
+    int n = shapes_to_time(t, shapes), parts = timing_parts();
     gemm_engine chosen[GEMM_CLASSES];
     double start = sys_seconds();
     gemm_timings timings;
@@ -172,9 +172,7 @@ static void choose_gemm_engines(trainer *t) {
     if (timings.shapes > 0)
         log_rank0("gemm auto: the engines timed on %d of this model's %d product shapes in %.1f s%s\n",
                   (int)timings.shapes, n, sys_seconds() - start, parts > 1 ? ", shared by the ranks" : "");
-    for (int c = 0; c < GEMM_CLASSES; c++) engines[c] = (int)chosen[c];
-    dist_broadcast_bytes(engines, sizeof engines);
-    for (int c = 0; c < GEMM_CLASSES; c++) chosen[c] = (gemm_engine)engines[c];
+    dist_broadcast_bytes(chosen, sizeof chosen); /* rank 0's pick: the sums' last bits may differ */
     gemm_set_class_engines(ctx, chosen);
     gemm_class_engines_format(chosen, t->gemm_engines, sizeof t->gemm_engines);
 }

@@ -22,6 +22,7 @@ from test_mpi import R  # noqa: F401  (the module's Runner fixture)
 
 TIMED = "gemm auto: the engines timed on "
 SHARED = ", shared by the ranks"
+CHOICE = re.compile(r"gemm auto: (forward=\S+,backward_data=\S+,backward_weight=[a-z0-9-]+)")
 
 
 def shared_expected(np_, environ):
@@ -45,7 +46,7 @@ class TestGemmAuto:
 
     def test_same_choice_on_every_rank(self, R, report):
         r, ckpt = R.train("gemm_auto", 2, **self.SIZE)
-        choice = re.search(r"gemm auto: (forward=\S+,backward_data=\S+,backward_weight=[a-z0-9-]+)", r.stdout)
+        choice = CHOICE.search(r.stdout)
         report.check("np=2 auto: trains to the end with every step's checksum equal on both ranks",
                      r.returncode == 0 and ckpt is not None, f"rc {r.returncode}: {r.stderr[-400:]}")
         report.check("np=2 auto: the start-up line names each class's engine, timed", choice is not None and
@@ -72,7 +73,7 @@ class TestGemmAuto:
         with h5py.File(ckpt, "r+") as f:
             del f.attrs["gemm_engines"]
         resumed = run(train_command(R.momfmm, path, ("train.steps=10",), np_=4, resume=ckpt), timeout=300, env=env())
-        timed = re.search(r"gemm auto: (forward=\S+,backward_data=\S+,backward_weight=[a-z0-9-]+)", resumed.stdout)
+        timed = CHOICE.search(resumed.stdout)
         report.check("a checkpoint without a recorded choice resumes at np=4, the engines timed at start-up, "
                      "shared only where each rank has a CPU of its own",
                      resumed.returncode == 0 and timed is not None and "recorded" not in resumed.stdout and
