@@ -91,9 +91,9 @@ __attribute__((target("avx512f"))) static void pack_transposed(float *dst, int w
         int n = rows - i0 < 16 ? rows - i0 : 16;
         int p = 0;
         for (; n > 0 && p + 16 <= k; p += 16) {
-            /* each of the n rows is a stream of its own, more than the
-             * hardware's prefetcher follows: ask for the line two blocks
-             * ahead (1-2% on the products, docs/performance.md §9.9) */
+            /* n rows read at once, each a stream of its own: each row's
+             * line two blocks ahead asked for now (with pack_rows' own,
+             * about 1% on the products; docs/performance.md §9.9) */
             if (p + 32 < k)
                 for (int i = 0; i < n; i++)
                     _mm_prefetch((const char *)(src + (size_t)(i0 + i) * ld + p + 32), _MM_HINT_T0);
@@ -113,8 +113,8 @@ __attribute__((target("avx512f"))) static void pack_rows(float *dst, int width, 
                                                          int k) {
     size_t panel = (size_t)width * k;
     for (int p = 0; p < k; p++, src += ld) {
-        /* the row eight ahead asked for now: the packing waited on its
-         * source's misses (docs/performance.md §9.9) */
+        /* the row eight ahead asked for now, so that its misses overlap
+         * this row's copy (docs/performance.md §9.9) */
         if (p + 8 < k)
             for (int j = 0; j < n; j += 16) _mm_prefetch((const char *)(src + (size_t)8 * ld + j), _MM_HINT_T0);
         for (int j0 = 0, q = 0; j0 < n; j0 += width, q++)
