@@ -26,6 +26,7 @@
 
 #include "base/cpu.h"
 #include "base/sys.h"
+#include "kernels/prefetch.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define GEMM_AVX512_BUILT 1
@@ -112,11 +113,11 @@ __attribute__((target("avx512f"))) static void pack_transposed(float *dst, int w
 __attribute__((target("avx512f"))) static void pack_rows(float *dst, int width, const float *src, int ld, int n,
                                                          int k) {
     size_t panel = (size_t)width * k;
+    const float *first = src;
     for (int p = 0; p < k; p++, src += ld) {
-        /* the row eight ahead asked for now, so that its misses overlap
-         * this row's copy (docs/performance.md §9.9) */
-        if (p + 8 < k)
-            for (int j = 0; j < n; j += 16) _mm_prefetch((const char *)(src + (size_t)8 * ld + j), _MM_HINT_T0);
+        /* rows far apart, as attention's gathers read them: the row
+         * KERNEL_ROWS_AHEAD down asked for now (docs/performance.md §9.9) */
+        kernel_prefetch_ahead(first, (size_t)ld, p, k, n);
         for (int j0 = 0, q = 0; j0 < n; j0 += width, q++)
             for (int i0 = 0; i0 < width; i0 += 16) {
                 int cols = n - j0 - i0 < 16 ? n - j0 - i0 : 16;

@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/prefetch.h"
+
 /* Test hook: kernels of at least this many floats run on OpenMP's threads
  * (0: the default, 16384), so that small test models take the parallel paths. */
 void kernel_set_parallel_min(size_t floats);
@@ -107,23 +109,6 @@ void rope_forward_rows(float *dst, int dst_ld, const float *src, int src_ld, con
                        const float *sin_table, int T, int dh, int pos0);
 void rope_backward_rows(float *dst, int dst_ld, const float *src, int src_ld, const float *cos_table,
                         const float *sin_table, int T, int dh, int pos0);
-
-/* Loops that walk one head's n columns of rows far apart (RoPE out of the
- * qkv rows and back, the heads' gathers and scatters) ask for the row
- * KERNEL_ROWS_AHEAD ahead before they touch row t: each row's span lies on
- * another page, and left to the hardware its cache misses came one row
- * after another (bench_d768, bf16: the forward's RoPE and gathers 17-19 ->
- * 12-14 ms a step; docs/design.md §8.10). A span's every cache line is
- * asked for, the last float's too, wherever the span starts. Rows about
- * to be written are asked for alike: a hint to write (prefetchw) needs a
- * build for a newer ISA than ours, and GCC emits the same prefetcht0. */
-#define KERNEL_ROWS_AHEAD 8
-static inline void kernel_prefetch_ahead(const float *rows, size_t stride, int t, int T, int n) {
-    if (t + KERNEL_ROWS_AHEAD >= T || n <= 0) return;
-    const float *span = rows + (size_t)(t + KERNEL_ROWS_AHEAD) * stride;
-    for (int c = 0; c < n; c += 16) __builtin_prefetch(span + c);
-    __builtin_prefetch(span + n - 1);
-}
 
 /* Softmax attention of one head (docs/model.md §1.3 `softmax`): q [Tq, dh] at positions
  * q_pos0.., k, v [Tk, dh] at positions 0..Tk-1; probs [Tq, Tk] saved. Causal
