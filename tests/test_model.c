@@ -105,6 +105,63 @@ static void check_threads(case_ctx *c, long long count, const char *tag) {
     free(one);
 }
 
+/* Block 0's attention state as a run on batch row b alone sees it. */
+static attention_saved row_of(const model *m, attention_saved s, int b) {
+    attention_layer_sizes z = {&m->cfg, &m->fmm, NULL, T};
+    size_t heads = (size_t)b * m->H * T * m->dh;
+    s.q_hat += heads, s.k_hat += heads, s.v_heads += heads;
+    if (s.p_q) s.p_q += heads, s.p_k += heads;
+    s.saved += (size_t)b * m->H * attention_saved_per_head(&z);
+    s.out += (size_t)b * T * m->d;
+    return s;
+}
+
+/* Attention runs its (batch row, head) pairs on the threads and adds each
+ * row's share of what a head sums over the batch (the momentum buffers'
+ * last positions; gamma's and blend's gradients) after them, row by row
+ * (docs/design.md §8.10): the same floats, on 1 and 3 threads, as running
+ * the rows one at a time, each adding its share as it goes. */
+static void check_attention_rows(case_ctx *c, const char *tag) {
+    model *m = c->m;
+    size_t d = (size_t)m->d, n_sums = (size_t)2 * m->H * m->dh;
+    float *qkv = malloc(sizeof(float) * B * T * 3 * d), *d_out = malloc(sizeof(float) * B * T * d);
+    float *out = malloc(sizeof(float) * B * T * d), *d_qkv = malloc(sizeof(float) * B * T * 3 * d);
+    float first[3][64 * 16] = {{0}}, row_by_row[3][64 * 16] = {{0}}; /* buffer sums, d_gamma, d_blend */
+    uint64_t state = 11;
+    for (size_t i = 0; i < (size_t)B * T * 3 * d; i++) qkv[i] = fd_uniform(&state);
+    for (size_t i = 0; i < (size_t)B * T * d; i++) d_out[i] = fd_uniform(&state);
+    loss_of(c); /* the activations carved for B rows of T */
+    attention_layer a = model_attention_layer(m, 0, true);
+    attention_saved s = model_attention_saved(m, 0, B, T);
+    bool same = n_sums <= 64 * 16 && m->H <= 32;
+    for (int run = 0; same && run < 3; run++) {
+        omp_set_num_threads(run == 1 ? 3 : 1);
+        float(*sums)[64 * 16] = run == 0 ? first : row_by_row;
+        /* sums that hold something already (micro-batches add into them), and large beside what is added, so
+         * that each add rounds and the order of the adds shows in the last bits */
+        uint64_t start = 5;
+        for (size_t i = 0; i < n_sums; i++) a.buffer_sums[i] = 64 * fd_uniform(&start);
+        for (int h = 0; a.d_gamma && h < m->H; h++) a.d_gamma[h] = 64 * fd_uniform(&start);
+        for (int h = 0; a.d_blend && h < 2 * m->H; h++) a.d_blend[h] = 64 * fd_uniform(&start);
+        for (int b = 0; b < (run < 2 ? 1 : B); b++) {
+            int rows = run < 2 ? B : 1;
+            attention_saved view = run < 2 ? s : row_of(m, s, b);
+            attention_forward(&a, &view, qkv + (size_t)b * T * 3 * d, out + (size_t)b * T * d, rows, T);
+            attention_backward(&a, &view, d_out + (size_t)b * T * d, d_qkv + (size_t)b * T * 3 * d, rows, T);
+        }
+        memcpy(sums[0], a.buffer_sums, sizeof(float) * n_sums);
+        if (a.d_gamma) memcpy(sums[1], a.d_gamma, sizeof(float) * m->H);
+        if (a.d_blend) memcpy(sums[2], a.d_blend, sizeof(float) * 2 * m->H);
+        if (run == 1) same = memcmp(first, row_by_row, sizeof first) == 0; /* 3 threads against 1 */
+    }
+    omp_set_num_threads(1);
+    same = same && memcmp(first, row_by_row, sizeof first) == 0; /* row by row against the batch */
+    char name[160];
+    snprintf(name, sizeof name, "%s: attention's sums over the batch = its rows' one by one, on 1 and 3 threads", tag);
+    test_check(same, name, NULL);
+    free(qkv), free(d_out), free(out), free(d_qkv);
+}
+
 /* Training's forward leaves the loss's gradient in the softmax's pass
  * (model_forward_train): the same losses and gradients, bit for bit, as
  * the forward and the backward's own cross-entropy pass. */
@@ -206,6 +263,7 @@ static void run_case(const char *tag, void (*adjust)(config *)) {
     for (int i = 0; i < m.n_entries; i++) fd_tensor(&c, &m.entries[i], tag);
     check_overwrite(&c, count, tag);
     check_threads(&c, count, tag);
+    check_attention_rows(&c, tag);
     check_forward_train(&c, count, tag);
     check_head_passes(&c, count, tag);
     model_free(&m);

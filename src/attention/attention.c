@@ -75,36 +75,141 @@ static attention_layer_sizes sizes_of(const attention_layer *a, int T) {
     return (attention_layer_sizes){a->cfg, a->fmm, a->cut, T};
 }
 
-/* Heads run in parallel (docs/design.md §8.10), each thread with its own
- * scratch and each head's batch rows in order, so what a head accumulates
- * over the batch (momentum buffer sums, the gradients of gamma and blend)
- * adds up in the same order whatever the thread count: results do not
- * depend on it. The products inside run on one thread each. */
-static void forward_head(const attention_layer *a, const attention_saved *s, const float *qkv, float *out, int B, int T,
-                         int h, float *scratch) {
+/* Batch row b's share of what a head sums over the batch: gamma's
+ * gradient [2][H] (q's part, then k's: the backward adds them in turn),
+ * blend's [2][H], the momentum buffers' last positions [2][H][dh]
+ * (attention_layer's d_gamma, d_blend and buffer_sums). */
+static size_t row_share_floats(int H, int dh) { return 4 * (size_t)H + 2 * (size_t)H * dh; }
+
+size_t attention_row_sums_floats(const attention_layer_sizes *z, int B) {
+    if (sharded(z)) return 0; /* attention_shard.c runs its own loop */
+    return (size_t)B * row_share_floats(z->cfg->n_heads, config_head_dim(z->cfg));
+}
+
+/* Whether the forward adds to the momentum buffers' sums: only a sheared
+ * vector does (attention_prepare), so only with momentum. */
+static bool sums_buffers(const attention_layer *a) { return a->buffer_sums && a->momentum; }
+
+/* The layer as the heads of batch row b see it: what they add to the sums
+ * over the batch goes to the row's own share of s->row_sums. */
+static attention_layer row_view(const attention_layer *a, const attention_saved *s, int b) {
+    attention_layer view = *a;
+    float *share = s->row_sums + (size_t)b * row_share_floats(a->H, a->dh);
+    if (a->d_gamma) view.d_gamma = share;
+    if (a->d_blend) view.d_blend = share + 2 * a->H;
+    if (sums_buffers(a)) view.buffer_sums = share + 4 * (size_t)a->H;
+    return view;
+}
+
+/* Each share starts as -0, which leaves the first value added to it as it
+ * is (x + -0 = x, for x = +0 too). */
+static void clear_row_shares(const attention_layer *a, const attention_saved *s, int B) {
+    size_t n = (size_t)B * row_share_floats(a->H, a->dh);
+    for (size_t i = 0; i < n; i++) s->row_sums[i] = -0.0f;
+}
+
+/* The rows' shares added into the layer's sums, row by row in order (and
+ * gamma's q part before its k part): the floats of adding each share as
+ * the backward made it. */
+static void add_row_shares(const attention_layer *a, const attention_saved *s, int B) {
+    size_t buffers = 2 * (size_t)a->H * a->dh;
+    for (int b = 0; b < B; b++) {
+        const float *share = s->row_sums + (size_t)b * row_share_floats(a->H, a->dh);
+        if (a->d_gamma)
+            for (int h = 0; h < a->H; h++) a->d_gamma[h] = a->d_gamma[h] + share[h] + share[a->H + h];
+        if (a->d_blend)
+            for (int i = 0; i < 2 * a->H; i++) a->d_blend[i] += share[2 * a->H + i];
+        if (sums_buffers(a))
+            for (size_t i = 0; i < buffers; i++) a->buffer_sums[i] += share[4 * (size_t)a->H + i];
+    }
+}
+
+/* One (batch row, head) pair of the forward, on the calling thread's
+ * scratch. */
+static void forward_pair(const attention_layer *a, const attention_saved *s, const float *qkv, float *out, int b, int h,
+                         int T, float *scratch) {
     int d = a->d, dh = a->dh;
     attention_layer_sizes z = sizes_of(a, T);
-    size_t saved_per_head = attention_saved_per_head(&z);
     float *raw = scratch + attention_scratch_per_head(&z) - 5 * (size_t)T * dh;
     float *head_out = raw + (size_t)T * dh;
     bool keep_p = s->p_q != NULL;
-    for (int b = 0; b < B; b++) {
-        const float *rows = qkv + (size_t)b * T * 3 * d;
-        size_t off = attention_head_offset(a, b, h, T);
-        float *q = s->q_hat + off, *k = s->k_hat + off, *v = s->v_heads + off;
-        attention_prepare_rows(a, h, VECTOR_Q, rows, 3 * d, raw, q, keep_p ? s->p_q + off : NULL, T, &WHOLE);
-        attention_prepare_rows(a, h, VECTOR_K, rows, 3 * d, raw, k, keep_p ? s->p_k + off : NULL, T, &WHOLE);
-        attention_gather_head(v, rows, 3 * d, 2 * d + h * dh, T, dh);
-        float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
-        if (a->cfg->attention == ATTENTION_FMM) {
-            fmm_head_forward(a->fmm, NULL, q, k, v, a->blend[h], a->blend[a->H + h], head_out, saved, scratch, T, dh);
-        } else if (tiled(a->cfg)) {
-            tiled_softmax_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal, a->fmm->bf16, scratch);
-        } else {
-            softmax_attention_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal);
-        }
-        attention_scatter_head(out + (size_t)b * T * d, head_out, d, h * dh, T, dh);
+    attention_layer view = row_view(a, s, b);
+    const float *rows = qkv + (size_t)b * T * 3 * d;
+    size_t off = attention_head_offset(a, b, h, T);
+    float *q = s->q_hat + off, *k = s->k_hat + off, *v = s->v_heads + off;
+    attention_prepare_rows(&view, h, VECTOR_Q, rows, 3 * d, raw, q, keep_p ? s->p_q + off : NULL, T, &WHOLE);
+    attention_prepare_rows(&view, h, VECTOR_K, rows, 3 * d, raw, k, keep_p ? s->p_k + off : NULL, T, &WHOLE);
+    attention_gather_head(v, rows, 3 * d, 2 * d + h * dh, T, dh);
+    float *saved = s->saved + ((size_t)b * a->H + h) * attention_saved_per_head(&z);
+    if (a->cfg->attention == ATTENTION_FMM) {
+        fmm_head_forward(a->fmm, NULL, q, k, v, a->blend[h], a->blend[a->H + h], head_out, saved, scratch, T, dh);
+    } else if (tiled(a->cfg)) {
+        tiled_softmax_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal, a->fmm->bf16, scratch);
+    } else {
+        softmax_attention_forward(head_out, saved, q, k, v, T, T, dh, 0, a->cfg->causal);
     }
+    attention_scatter_head(out + (size_t)b * T * d, head_out, d, h * dh, T, dh);
+}
+
+static void backward_pair(const attention_layer *a, const attention_saved *s, const float *d_out, float *d_qkv, int b,
+                          int h, int T, float *scratch) {
+    int d = a->d, dh = a->dh;
+    attention_layer_sizes z = sizes_of(a, T);
+    size_t tdh = (size_t)T * dh;
+    float *d_head_out = scratch + attention_scratch_per_head(&z) - 5 * tdh;
+    float *dq = d_head_out + tdh, *dk = dq + tdh, *dv = dk + tdh, *d_raw = dv + tdh;
+    bool keep_p = s->p_q != NULL;
+    attention_layer view = row_view(a, s, b);
+    float *d_rows = d_qkv + (size_t)b * T * 3 * d;
+    size_t off = attention_head_offset(a, b, h, T);
+    const float *q = s->q_hat + off, *k = s->k_hat + off, *v = s->v_heads + off;
+    const float *saved = s->saved + ((size_t)b * a->H + h) * attention_saved_per_head(&z);
+    attention_gather_head(d_head_out, d_out + (size_t)b * T * d, d, h * dh, T, dh);
+    if (a->cfg->attention == ATTENTION_FMM) {
+        fmm_head_backward(a->fmm, NULL, q, k, v, a->blend[h], a->blend[a->H + h], saved, d_head_out, dq, dk, dv,
+                          view.d_blend + h, view.d_blend + a->H + h, scratch, T, dh);
+    } else if (tiled(a->cfg)) {
+        float *head_out = d_raw; /* free until attention_unprepare overwrites it */
+        attention_gather_head(head_out, s->out + (size_t)b * T * d, d, h * dh, T, dh);
+        tiled_softmax_backward(dq, dk, dv, d_head_out, head_out, saved, q, k, v, T, dh, a->cfg->causal, a->fmm->bf16,
+                               scratch);
+    } else {
+        softmax_attention_backward(dq, dk, dv, d_head_out, saved, q, k, v, scratch, T, T, dh, a->cfg->causal);
+    }
+    attention_unprepare_rows(&view, h, VECTOR_Q, dq, d_rows, 3 * d, d_raw, keep_p ? s->p_q + off : NULL, T, &WHOLE);
+    if (view.d_gamma) view.d_gamma += a->H; /* k's part of gamma's gradient */
+    attention_unprepare_rows(&view, h, VECTOR_K, dk, d_rows, 3 * d, d_raw, keep_p ? s->p_k + off : NULL, T, &WHOLE);
+    attention_scatter_head(d_rows, dv, 3 * d, 2 * d + h * dh, T, dh);
+}
+
+/* The B x H (batch row, head) pairs run in parallel (docs/design.md
+ * §8.10), in row-major order cut into one run of pairs per thread: two
+ * threads take half the rows each, all their heads, as two ranks would.
+ * Cut by heads (each thread every row's columns of its heads) the
+ * attention phases ran 1.7x on two threads against 2.1x on two ranks; cut
+ * by rows they ran 9% faster at bench_d256 and 15% at bench_d768
+ * (docs/performance.md §9.9), as LayerNorm and GELU did before
+ * (docs/design.md §8.10). Each thread has its own scratch; what a head
+ * sums over the batch is summed row by row in order after the pairs ran
+ * (row_view), so results do not depend on the thread count. The products
+ * inside run on one thread each. */
+typedef void (*pair_fn)(const attention_layer *a, const attention_saved *s, const float *in, float *out, int b, int h,
+                        int T, float *scratch);
+
+static void run_pairs(const attention_layer *a, const attention_saved *s, pair_fn pair, const float *in, float *out,
+                      int B, int T) {
+    attention_layer_sizes z = sizes_of(a, T);
+    size_t per_thread = attention_scratch_per_head(&z);
+    long long pairs = (long long)B * a->H;
+    clear_row_shares(a, s, B);
+#pragma omp parallel num_threads(s->threads)
+    {
+        int t = omp_get_thread_num(), n = omp_get_num_threads();
+        float *scratch = s->scratch + (size_t)t * per_thread;
+        for (long long i = pairs * t / n; i < pairs * (t + 1) / n; i++)
+            pair(a, s, in, out, (int)(i / a->H), (int)(i % a->H), T, scratch);
+    }
+    add_row_shares(a, s, B);
 }
 
 void attention_forward(const attention_layer *a, const attention_saved *s, const float *qkv, float *out, int B, int T) {
@@ -113,41 +218,7 @@ void attention_forward(const attention_layer *a, const attention_saved *s, const
         attention_shard_forward(a, s, qkv, out, B, T);
         return;
     }
-    size_t per_thread = attention_scratch_per_head(&z);
-#pragma omp parallel for schedule(static, 1) num_threads(s->threads)
-    for (int h = 0; h < a->H; h++)
-        forward_head(a, s, qkv, out, B, T, h, s->scratch + (size_t)omp_get_thread_num() * per_thread);
-}
-
-static void backward_head(const attention_layer *a, const attention_saved *s, const float *d_out, float *d_qkv, int B,
-                          int T, int h, float *scratch) {
-    int d = a->d, dh = a->dh;
-    attention_layer_sizes z = sizes_of(a, T);
-    size_t saved_per_head = attention_saved_per_head(&z), tdh = (size_t)T * dh;
-    float *d_head_out = scratch + attention_scratch_per_head(&z) - 5 * tdh;
-    float *dq = d_head_out + tdh, *dk = dq + tdh, *dv = dk + tdh, *d_raw = dv + tdh;
-    bool keep_p = s->p_q != NULL;
-    for (int b = 0; b < B; b++) {
-        float *d_rows = d_qkv + (size_t)b * T * 3 * d;
-        size_t off = attention_head_offset(a, b, h, T);
-        const float *q = s->q_hat + off, *k = s->k_hat + off, *v = s->v_heads + off;
-        const float *saved = s->saved + ((size_t)b * a->H + h) * saved_per_head;
-        attention_gather_head(d_head_out, d_out + (size_t)b * T * d, d, h * dh, T, dh);
-        if (a->cfg->attention == ATTENTION_FMM) {
-            fmm_head_backward(a->fmm, NULL, q, k, v, a->blend[h], a->blend[a->H + h], saved, d_head_out, dq, dk, dv,
-                              &a->d_blend[h], &a->d_blend[a->H + h], scratch, T, dh);
-        } else if (tiled(a->cfg)) {
-            float *head_out = d_raw; /* free until attention_unprepare overwrites it */
-            attention_gather_head(head_out, s->out + (size_t)b * T * d, d, h * dh, T, dh);
-            tiled_softmax_backward(dq, dk, dv, d_head_out, head_out, saved, q, k, v, T, dh, a->cfg->causal,
-                                   a->fmm->bf16, scratch);
-        } else {
-            softmax_attention_backward(dq, dk, dv, d_head_out, saved, q, k, v, scratch, T, T, dh, a->cfg->causal);
-        }
-        attention_unprepare_rows(a, h, VECTOR_Q, dq, d_rows, 3 * d, d_raw, keep_p ? s->p_q + off : NULL, T, &WHOLE);
-        attention_unprepare_rows(a, h, VECTOR_K, dk, d_rows, 3 * d, d_raw, keep_p ? s->p_k + off : NULL, T, &WHOLE);
-        attention_scatter_head(d_rows, dv, 3 * d, 2 * d + h * dh, T, dh);
-    }
+    run_pairs(a, s, forward_pair, qkv, out, B, T);
 }
 
 void attention_backward(const attention_layer *a, const attention_saved *s, const float *d_out, float *d_qkv, int B,
@@ -157,10 +228,7 @@ void attention_backward(const attention_layer *a, const attention_saved *s, cons
         attention_shard_backward(a, s, d_out, d_qkv, B, T);
         return;
     }
-    size_t per_thread = attention_scratch_per_head(&z);
-#pragma omp parallel for schedule(static, 1) num_threads(s->threads)
-    for (int h = 0; h < a->H; h++)
-        backward_head(a, s, d_out, d_qkv, B, T, h, s->scratch + (size_t)omp_get_thread_num() * per_thread);
+    run_pairs(a, s, backward_pair, d_out, d_qkv, B, T);
 }
 
 /* Read from what the forward kept (docs/metrics.md §3, the attention read-out):

@@ -16,9 +16,12 @@ size_t attention_saved_per_head(const attention_layer_sizes *z);
 size_t attention_scratch_per_head(const attention_layer_sizes *z);
 /* Floats of the exchange buffer for B rows (0 for whole sequences). */
 size_t attention_exchange_floats(const attention_layer_sizes *z, int B);
-/* Heads run on this many threads at once (OpenMP's), each with its own
- * scratch of attention_scratch_per_head floats. */
+/* The (batch row, head) pairs run on this many threads at once (OpenMP's),
+ * each with its own scratch of attention_scratch_per_head floats. */
 int attention_threads(void);
+/* Floats of the rows' shares of the sums over the batch for B rows
+ * (attention_saved's row_sums). */
+size_t attention_row_sums_floats(const attention_layer_sizes *z, int B);
 /* Scratch of attention_stream_forward for segments of up to n_max. */
 size_t attention_stream_scratch_floats(const config *cfg, const fmm_settings *fmm, int n_max, int dh);
 /* The attention weights of a segment, [n_max][capacity]: only dense softmax

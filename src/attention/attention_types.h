@@ -37,7 +37,8 @@ typedef struct {
     float *saved;                   /* [B][H][attention_saved_per_head] */
     const float *out;               /* [B][T][d]: the merged heads' output (backward of tiled softmax) */
     float *scratch;                 /* threads x attention_scratch_per_head floats */
-    int threads;                    /* heads that may run at once, one scratch area each */
+    int threads;                    /* (row, head) pairs that may run at once, one scratch area each */
+    float *row_sums;                /* attention_row_sums_floats: each batch row's share of the sums over the batch */
     float *exchange;                /* attention_exchange_floats: the context group's messages */
 } attention_saved;
 

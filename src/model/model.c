@@ -119,6 +119,7 @@ attention_saved model_attention_saved(const model *m, int l, int B, int T) {
         .scratch = a->head_scratch,
         .threads = a->threads,
         .exchange = a->exchange,
+        .row_sums = a->att_row_sums,
     };
     return s;
 }

@@ -78,6 +78,7 @@ typedef struct {
     float *pool_counts;               /* [B] (cls): valid positions of each row, over the context group */
     float *cls_grads;                 /* [n_out*(d+1)] (cls, context rank > 0): the head's gradients, dropped */
     float *exchange;                  /* the context group's messages (attention_exchange_floats) */
+    float *att_row_sums;              /* each batch row's share of attention's sums over the batch */
     float *head_scratch;              /* per-head scratch: T*T or fmm scratch, + 2*T*dh */
     float *sum_partials;              /* the blocks' partial sums of a bias or LayerNorm gradient (kernels.h) */
     float *mem;

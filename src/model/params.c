@@ -339,6 +339,7 @@ static size_t activation_plan(const model *m, model_activations *a, int B, int T
         {&a->pool_counts, lm ? 0 : (size_t)B},
         {&a->cls_grads, lm || !sharded ? 0 : (size_t)m->n_out * (d + 1)},
         {&a->exchange, attention_exchange_floats(&z, B)},
+        {&a->att_row_sums, attention_row_sums_floats(&z, B)},
         {&a->head_scratch, attention_scratch_per_head(&z) * (size_t)attention_threads()},
         {&a->sum_partials, kernel_sum_partials_floats(widest_sum(m))},
         {&a->probs, !m->keep_logits ? 0
