@@ -120,12 +120,15 @@ static attention_saved row_of(const model *m, attention_saved s, int b) {
  * row's share of what a head sums over the batch (the momentum buffers'
  * last positions; gamma's and blend's gradients) after them, row by row
  * (docs/design.md §8.10): the same floats, on 1 and 3 threads, as running
- * the rows one at a time, each adding its share as it goes. */
+ * the rows one at a time, each adding its share as it goes, and the same
+ * outputs and input gradients. */
 static void check_attention_rows(case_ctx *c, const char *tag) {
     model *m = c->m;
     size_t d = (size_t)m->d, n_sums = (size_t)2 * m->H * m->dh;
     float *qkv = malloc(sizeof(float) * B * T * 3 * d), *d_out = malloc(sizeof(float) * B * T * d);
     float *out = malloc(sizeof(float) * B * T * d), *d_qkv = malloc(sizeof(float) * B * T * 3 * d);
+    float *out_first = malloc(sizeof(float) * B * T * d), *d_qkv_first = malloc(sizeof(float) * B * T * 3 * d);
+    int before = omp_get_max_threads();
     float first[3][64 * 16] = {{0}}, row_by_row[3][64 * 16] = {{0}}; /* buffer sums, d_gamma, d_blend */
     uint64_t state = 11;
     for (size_t i = 0; i < (size_t)B * T * 3 * d; i++) qkv[i] = fd_uniform(&state);
@@ -152,14 +155,19 @@ static void check_attention_rows(case_ctx *c, const char *tag) {
         memcpy(sums[0], a.buffer_sums, sizeof(float) * n_sums);
         if (a.d_gamma) memcpy(sums[1], a.d_gamma, sizeof(float) * m->H);
         if (a.d_blend) memcpy(sums[2], a.d_blend, sizeof(float) * 2 * m->H);
-        if (run == 1) same = memcmp(first, row_by_row, sizeof first) == 0; /* 3 threads against 1 */
+        if (run == 0) memcpy(out_first, out, sizeof(float) * B * T * d);
+        if (run == 0) memcpy(d_qkv_first, d_qkv, sizeof(float) * B * T * 3 * d);
+        /* run 1: 3 threads against 1; run 2: row by row against the batch */
+        same = run == 0 || (memcmp(first, row_by_row, sizeof first) == 0 &&
+                            memcmp(out_first, out, sizeof(float) * B * T * d) == 0 &&
+                            memcmp(d_qkv_first, d_qkv, sizeof(float) * B * T * 3 * d) == 0);
     }
-    omp_set_num_threads(1);
-    same = same && memcmp(first, row_by_row, sizeof first) == 0; /* row by row against the batch */
+    omp_set_num_threads(before);
     char name[160];
-    snprintf(name, sizeof name, "%s: attention's sums over the batch = its rows' one by one, on 1 and 3 threads", tag);
+    snprintf(name, sizeof name,
+             "%s: attention's outputs and sums over the batch = its rows' one by one, on 1 and 3 threads", tag);
     test_check(same, name, NULL);
-    free(qkv), free(d_out), free(out), free(d_qkv);
+    free(qkv), free(d_out), free(out), free(d_qkv), free(out_first), free(d_qkv_first);
 }
 
 /* Training's forward leaves the loss's gradient in the softmax's pass
