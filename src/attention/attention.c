@@ -90,20 +90,39 @@ size_t attention_row_sums_floats(const attention_layer_sizes *z, int B) {
  * vector does (attention_prepare), so only with momentum. */
 static bool sums_buffers(const attention_layer *a) { return a->buffer_sums && a->momentum; }
 
+/* Whether the layer makes any sum over the batch: without one (softmax
+ * without learned gamma or momentum) the shares are neither cleared nor
+ * added. */
+static bool sums_over_batch(const attention_layer *a) { return a->d_gamma || a->d_blend || sums_buffers(a); }
+
+/* Where batch row b's share of each sum lies in s->row_sums; NULL for a
+ * sum the layer does not make. */
+typedef struct {
+    float *gamma_q, *gamma_k, *blend, *buffers;
+} row_share;
+
+static row_share row_share_of(const attention_layer *a, const attention_saved *s, int b) {
+    float *at = s->row_sums + (size_t)b * row_share_floats(a->H, a->dh);
+    return (row_share){a->d_gamma ? at : NULL, a->d_gamma ? at + a->H : NULL, a->d_blend ? at + 2 * a->H : NULL,
+                       sums_buffers(a) ? at + 4 * (size_t)a->H : NULL};
+}
+
 /* The layer as the heads of batch row b see it: what they add to the sums
- * over the batch goes to the row's own share of s->row_sums. */
+ * over the batch goes to the row's share (gamma's q part; backward_pair
+ * points it at the k part for k). */
 static attention_layer row_view(const attention_layer *a, const attention_saved *s, int b) {
     attention_layer view = *a;
-    float *share = s->row_sums + (size_t)b * row_share_floats(a->H, a->dh);
-    if (a->d_gamma) view.d_gamma = share;
-    if (a->d_blend) view.d_blend = share + 2 * a->H;
-    if (sums_buffers(a)) view.buffer_sums = share + 4 * (size_t)a->H;
+    row_share share = row_share_of(a, s, b);
+    if (a->d_gamma) view.d_gamma = share.gamma_q;
+    if (a->d_blend) view.d_blend = share.blend;
+    if (share.buffers) view.buffer_sums = share.buffers;
     return view;
 }
 
 /* Each share starts as -0, which leaves the first value added to it as it
  * is (x + -0 = x, for x = +0 too). */
 static void clear_row_shares(const attention_layer *a, const attention_saved *s, int B) {
+    if (!sums_over_batch(a)) return;
     size_t n = (size_t)B * row_share_floats(a->H, a->dh);
     for (size_t i = 0; i < n; i++) s->row_sums[i] = -0.0f;
 }
@@ -112,15 +131,14 @@ static void clear_row_shares(const attention_layer *a, const attention_saved *s,
  * gamma's q part before its k part): the floats of adding each share as
  * the backward made it. */
 static void add_row_shares(const attention_layer *a, const attention_saved *s, int B) {
+    if (!sums_over_batch(a)) return;
     size_t buffers = 2 * (size_t)a->H * a->dh;
     for (int b = 0; b < B; b++) {
-        const float *share = s->row_sums + (size_t)b * row_share_floats(a->H, a->dh);
-        if (a->d_gamma)
-            for (int h = 0; h < a->H; h++) a->d_gamma[h] = a->d_gamma[h] + share[h] + share[a->H + h];
-        if (a->d_blend)
-            for (int i = 0; i < 2 * a->H; i++) a->d_blend[i] += share[2 * a->H + i];
-        if (sums_buffers(a))
-            for (size_t i = 0; i < buffers; i++) a->buffer_sums[i] += share[4 * (size_t)a->H + i];
+        row_share share = row_share_of(a, s, b);
+        for (int h = 0; share.gamma_q && h < a->H; h++)
+            a->d_gamma[h] = a->d_gamma[h] + share.gamma_q[h] + share.gamma_k[h];
+        for (int i = 0; share.blend && i < 2 * a->H; i++) a->d_blend[i] += share.blend[i];
+        for (size_t i = 0; share.buffers && i < buffers; i++) a->buffer_sums[i] += share.buffers[i];
     }
 }
 
@@ -177,7 +195,7 @@ static void backward_pair(const attention_layer *a, const attention_saved *s, co
         softmax_attention_backward(dq, dk, dv, d_head_out, saved, q, k, v, scratch, T, T, dh, a->cfg->causal);
     }
     attention_unprepare_rows(&view, h, VECTOR_Q, dq, d_rows, 3 * d, d_raw, keep_p ? s->p_q + off : NULL, T, &WHOLE);
-    if (view.d_gamma) view.d_gamma += a->H; /* k's part of gamma's gradient */
+    if (view.d_gamma) view.d_gamma = row_share_of(a, s, b).gamma_k;
     attention_unprepare_rows(&view, h, VECTOR_K, dk, d_rows, 3 * d, d_raw, keep_p ? s->p_k + off : NULL, T, &WHOLE);
     attention_scatter_head(d_rows, dv, 3 * d, 2 * d + h * dh, T, dh);
 }
