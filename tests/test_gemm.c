@@ -277,6 +277,74 @@ static void test_blocks(gemm_ctx *ctx) {
     test_check(same, "avx512-f32: the same bits on 1, 2 and 3 threads", NULL);
 }
 
+/* C = beta C + alpha op(A) op(B) made as gemm.c makes a product whose K
+ * is long beside C (docs/design.md §8.10): the first half of K into C, the
+ * second into a zeroed S, then C += S; each half a product of its own. */
+static float *run_in_halves(gemm_ctx *ctx, const problem *p, int k1) {
+    float *C = run(ctx, &(problem){p->trans_a, p->trans_b, p->M, p->N, k1, p->lda, p->ldb, p->ldc, p->alpha, p->beta,
+                                   p->A, p->B, p->C0});
+    problem second = {p->trans_a,
+                      p->trans_b,
+                      p->M,
+                      p->N,
+                      p->K - k1,
+                      p->lda,
+                      p->ldb,
+                      p->ldc,
+                      p->alpha,
+                      0.0f,
+                      p->trans_a ? p->A + (size_t)k1 * p->lda : p->A + k1,
+                      p->trans_b ? p->B + k1 : p->B + (size_t)k1 * p->ldb,
+                      p->C0};
+    float *S = run(ctx, &second);
+    for (int i = 0; i < p->M; i++)
+        for (int j = 0; j < p->N; j++) C[(size_t)i * p->ldc + j] += S[(size_t)i * p->ldc + j];
+    free(S);
+    return C;
+}
+
+/* Our own kernel's products whose K is at least 2,048 and twice C's longer
+ * side (a weight gradient dY^T X of a long batch) are summed in two halves
+ * of K, the second added last, so that two threads each take a half: the
+ * bits are those of the two halves made one after the other (K's first
+ * half rounded up to 32), on 1, 2, 3 and 4 threads, and from four threads
+ * of a parallel region at once (each its own scratch). The scratch is
+ * reused from product to product: a half read from it would carry the last
+ * product's sums. */
+static void test_k_halves(gemm_ctx *ctx) {
+    uint64_t rng = 17;
+    double worst = 0;
+    bool as_halves = true, same = true, together = true;
+    int before = omp_get_max_threads();
+    for (int t = 0; t < 4; t++) {
+        int M = t & 1 ? 97 : 45, N = t & 1 ? 45 : 1024, K = t & 1 ? 2051 : 2048;
+        problem p = make_problem(t & 1, t >> 1, M, N, K, t, t & 1 ? 0.5f : 1.0f, t >= 2 ? 1.0f : 0.0f, &rng);
+        omp_set_num_threads(1);
+        float *C = run(ctx, &p), *R = run_cblas(&p), *H = run_in_halves(ctx, &p, (K / 2 + 31) / 32 * 32);
+        double r = error_ratio(&p, C, R, false, false);
+        if (!(r <= worst)) worst = r;
+        size_t bytes = sizeof(float) * (size_t)p.M * p.ldc;
+        as_halves = as_halves && !memcmp(C, H, bytes);
+        for (int threads = 2; threads <= 4; threads++) {
+            omp_set_num_threads(threads);
+            float *Ct = run(ctx, &p);
+            same = same && !memcmp(C, Ct, bytes);
+            free(Ct);
+        }
+        float *team[4];
+        omp_set_num_threads(4);
+#pragma omp parallel for schedule(static, 1) num_threads(4)
+        for (int i = 0; i < 4; i++) team[i] = run(ctx, &p);
+        for (int i = 0; i < 4; i++) together = together && !memcmp(C, team[i], bytes), free(team[i]);
+        free(C), free(R), free(H), free_problem(&p);
+    }
+    omp_set_num_threads(before);
+    test_check(worst <= 1.0, "avx512-f32: products summed in K halves, all transposes, beta 0 and 1", "%.3g", worst);
+    test_check(as_halves, "avx512-f32: a long K summed as its two halves one after the other (bits)", NULL);
+    test_check(same, "avx512-f32: K halves, the same bits on 1, 2, 3 and 4 threads", NULL);
+    test_check(together, "avx512-f32: K halves from 4 threads of a region at once (bits)", NULL);
+}
+
 static void test_engine(gemm_engine engine) {
     const char *why = gemm_unavailable_reason(engine);
     gemm_ctx *ctx = gemm_create(engine, 1);
@@ -302,7 +370,7 @@ static void test_engine(gemm_engine engine) {
     bool onednn = engine == GEMM_ONEDNN_F32 || engine == GEMM_ONEDNN_BF16;
     test_check(!onednn ? created == 0 : created > 0 && gemm_primitives_created(ctx) == created, name, NULL);
     test_edges(ctx);
-    if (engine == GEMM_AVX512_F32) test_blocks(ctx);
+    if (engine == GEMM_AVX512_F32) test_blocks(ctx), test_k_halves(ctx);
     if (bf16) test_bf16_copies(ctx);
     test_threads(ctx);
     gemm_destroy(ctx);

@@ -41,6 +41,11 @@ struct gemm_ctx {
     /* Our own kernel's packing space per OpenMP thread, made at the
      * thread's first product (a fixed size, then reused). */
     gemm_avx512_space *space[GEMM_TEAM_MAX];
+    /* The second K half's sums of a product summed in halves (split_product),
+     * per calling thread as the packing space: grown to the largest C met
+     * (during the first step), then reused. */
+    float *half_sums[GEMM_TEAM_MAX];
+    size_t half_capacity[GEMM_TEAM_MAX];
     char description[384];
     /* The registered weights (gemm_register_weights): fp32 and bf16 copy. */
     const float *weights;
@@ -112,7 +117,10 @@ void gemm_destroy(gemm_ctx *ctx) {
     gemm_onednn_destroy(ctx->dnn);
     for (int t = 0; t < GEMM_TEAM_MAX; t++) gemm_onednn_destroy(ctx->team[t]);
 #endif
-    for (int t = 0; t < GEMM_TEAM_MAX; t++) gemm_avx512_space_destroy(ctx->space[t]);
+    for (int t = 0; t < GEMM_TEAM_MAX; t++) {
+        gemm_avx512_space_destroy(ctx->space[t]);
+        free(ctx->half_sums[t]);
+    }
     free(ctx->weights_bf16);
     free(ctx->held_bf16);
     free(ctx->held_t);
@@ -300,6 +308,112 @@ static void part_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool t
     }
 }
 
+/* Our own kernel sums a product in two halves of K where K is at least
+ * this long and twice C's longer side: the weight gradients (dY^T X, K the
+ * batch's rows) of models whose batch is long beside their width. */
+#define K_HALVES_MIN 2048
+
+/* Whether our own kernel sums a product in two halves of K, the second half
+ * into a scratch added last (docs/design.md §8.10). Cut by rows of C, each
+ * of two threads packed all of B (K x N) for half the multiply-adds, and
+ * those products ran 1.74-1.81x on two threads; cut along K each thread
+ * packs half of everything. The rule reads the shape alone, never the
+ * thread count: the sums are the same on any number of threads. */
+static bool sums_in_k_halves(gemm_engine engine, int M, int N, int K) {
+    int longer = M > N ? M : N;
+    return engine == GEMM_AVX512_F32 && K >= K_HALVES_MIN && K >= 2 * longer;
+}
+
+/* The calling thread's scratch for the second half's sums, M x N. */
+static float *half_sums(gemm_ctx *ctx, int slot, size_t n) {
+    if (n > ctx->half_capacity[slot]) {
+        free(ctx->half_sums[slot]);
+        ctx->half_sums[slot] = sys_calloc_huge(n, sizeof(float));
+        ctx->half_capacity[slot] = n;
+    }
+    return ctx->half_sums[slot];
+}
+
+/* op(A) and op(B) from inner index k on. */
+static const float *a_from_k(bool trans_a, const float *A, int lda, int k) {
+    return trans_a ? A + (size_t)k * lda : A + k;
+}
+static const float *b_from_k(bool trans_b, const float *B, int ldb, int k) {
+    return trans_b ? B + k : B + (size_t)k * ldb;
+}
+
+/* Rows [lo, hi) of C += S (S's rows N apart). */
+static void add_half_rows(float *C, int ldc, const float *S, int N, int lo, int hi) {
+    for (int i = lo; i < hi; i++) {
+        float *c = C + (size_t)i * ldc;
+        const float *s = S + (size_t)i * N;
+        for (int j = 0; j < N; j++) c[j] += s[j];
+    }
+}
+
+/* Rows or columns [lo, lo + n) of one half: the first (K [0, k1)) into C
+ * with beta, the second (K [k1, K)) into S from zero. */
+static void half_part(gemm_ctx *ctx, gemm_engine engine, int half, bool by_rows, int lo, int n, bool trans_a,
+                      bool trans_b, int M, int N, int K, int k1, float alpha, const float *A, int lda, const float *B,
+                      int ldb, float beta, float *C, int ldc, float *S) {
+    int k0 = half ? k1 : 0, k = half ? K - k1 : k1;
+    const float *a = a_from_k(trans_a, A, lda, k0), *b = b_from_k(trans_b, B, ldb, k0);
+    float *c = half ? S : C;
+    int ld = half ? N : ldc;
+    float b0 = half ? 0.0f : beta;
+    if (by_rows)
+        part_product(ctx, engine, trans_a, trans_b, n, N, k, alpha, trans_a ? a + lo : a + (size_t)lo * lda, lda, b,
+                     ldb, b0, c + (size_t)lo * ld, ld);
+    else
+        part_product(ctx, engine, trans_a, trans_b, M, n, k, alpha, a, lda, trans_b ? b + (size_t)lo * ldb : b + lo,
+                     ldb, b0, c + lo, ld);
+}
+
+/* Both halves on the calling thread, then C += S. */
+static void halves_on_one_thread(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool trans_b, int M, int N, int K,
+                                 int k1, float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                                 float *C, int ldc, float *S) {
+    for (int half = 0; half < 2; half++)
+        half_part(ctx, engine, half, true, 0, M, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B, ldb, beta, C, ldc, S);
+    add_half_rows(C, ldc, S, N, 0, M);
+}
+
+/* A product summed in two halves of K (sums_in_k_halves). On two threads
+ * one half each; on more, each half's C cut again between threads/2 of
+ * them (our kernel's sums do not depend on that cut); then C += S, cut by
+ * rows. Inside a parallel region, on the calling thread with its own S. */
+static void k_halves_product(gemm_ctx *ctx, gemm_engine engine, int threads, bool trans_a, bool trans_b, int M, int N,
+                             int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                             int ldc) {
+    int k1 = cut_step(K, 2, SPLIT_ALIGN), slot = omp_get_thread_num();
+    if (threads <= 1 && slot >= GEMM_TEAM_MAX - 1) {
+#pragma omp critical(gemm_halves_shared)
+        halves_on_one_thread(ctx, engine, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B, ldb, beta, C, ldc,
+                             half_sums(ctx, GEMM_TEAM_MAX - 1, (size_t)M * N));
+        return;
+    }
+    float *S = half_sums(ctx, slot, (size_t)M * N);
+    if (threads <= 1) {
+        halves_on_one_thread(ctx, engine, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B, ldb, beta, C, ldc, S);
+        return;
+    }
+    int parts = threads / 2;
+    bool by_rows = M >= N;
+    int extent = by_rows ? M : N, step = cut_step(extent, parts, SPLIT_ALIGN);
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static, 1)
+        for (int item = 0; item < 2 * parts; item++) {
+            int lo = item % parts * step, n = extent - lo < step ? extent - lo : step;
+            if (n > 0)
+                half_part(ctx, engine, item / parts, by_rows, lo, n, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B,
+                          ldb, beta, C, ldc, S);
+        }
+#pragma omp for schedule(static)
+        for (int i = 0; i < M; i++) add_half_rows(C, ldc, S, N, i, i + 1);
+    }
+}
+
 /* OpenBLAS, and our own kernel, on OpenMP's threads (docs/design.md
  * §8.10): OpenBLAS itself runs single-threaded, and a large product is cut
  * into one block of rows (or of columns, when there are fewer rows) of C
@@ -315,6 +429,10 @@ static void split_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool 
                           float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
                           int ldc) {
     int threads = cut_threads((double)M * N * K, SPLIT_MIN_MACS);
+    if (ctx && sums_in_k_halves(engine, M, N, K)) {
+        k_halves_product(ctx, engine, threads, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
     if (threads <= 1) {
         part_product(ctx, engine, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
