@@ -281,22 +281,12 @@ static void test_blocks(gemm_ctx *ctx) {
  * is long beside C (docs/design.md §8.10): the first half of K into C, the
  * second into a zeroed S, then C += S; each half a product of its own. */
 static float *run_in_halves(gemm_ctx *ctx, const problem *p, int k1) {
-    float *C = run(ctx, &(problem){p->trans_a, p->trans_b, p->M, p->N, k1, p->lda, p->ldb, p->ldc, p->alpha, p->beta,
-                                   p->A, p->B, p->C0});
-    problem second = {p->trans_a,
-                      p->trans_b,
-                      p->M,
-                      p->N,
-                      p->K - k1,
-                      p->lda,
-                      p->ldb,
-                      p->ldc,
-                      p->alpha,
-                      0.0f,
-                      p->trans_a ? p->A + (size_t)k1 * p->lda : p->A + k1,
-                      p->trans_b ? p->B + k1 : p->B + (size_t)k1 * p->ldb,
-                      p->C0};
-    float *S = run(ctx, &second);
+    problem first = *p, second = *p;
+    first.K = k1;
+    second.K = p->K - k1, second.beta = 0.0f;
+    second.A = p->trans_a ? p->A + (size_t)k1 * p->lda : p->A + k1;
+    second.B = p->trans_b ? p->B + k1 : p->B + (size_t)k1 * p->ldb;
+    float *C = run(ctx, &first), *S = run(ctx, &second);
     for (int i = 0; i < p->M; i++)
         for (int j = 0; j < p->N; j++) C[(size_t)i * p->ldc + j] += S[(size_t)i * p->ldc + j];
     free(S);
