@@ -308,6 +308,19 @@ static void part_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool t
     }
 }
 
+/* Rows (by_rows) or columns [lo, lo + n) of C = beta C + alpha op(A) op(B)
+ * on the calling thread: one thread's part of a product cut between them. */
+static void cut_part(gemm_ctx *ctx, gemm_engine engine, bool by_rows, int lo, int n, bool trans_a, bool trans_b, int M,
+                     int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                     int ldc) {
+    if (by_rows)
+        part_product(ctx, engine, trans_a, trans_b, n, N, K, alpha, trans_a ? A + lo : A + (size_t)lo * lda, lda, B,
+                     ldb, beta, C + (size_t)lo * ldc, ldc);
+    else
+        part_product(ctx, engine, trans_a, trans_b, M, n, K, alpha, A, lda, trans_b ? B + (size_t)lo * ldb : B + lo,
+                     ldb, beta, C + lo, ldc);
+}
+
 /* Our own kernel sums a product in two halves of K where K is at least
  * this long and twice C's longer side: the weight gradients (dY^T X, K the
  * batch's rows) of models whose batch is long beside their width. */
@@ -360,13 +373,7 @@ static void half_part(gemm_ctx *ctx, gemm_engine engine, int half, bool by_rows,
     const float *a = a_from_k(trans_a, A, lda, k0), *b = b_from_k(trans_b, B, ldb, k0);
     float *c = half ? S : C;
     int ld = half ? N : ldc;
-    float b0 = half ? 0.0f : beta;
-    if (by_rows)
-        part_product(ctx, engine, trans_a, trans_b, n, N, k, alpha, trans_a ? a + lo : a + (size_t)lo * lda, lda, b,
-                     ldb, b0, c + (size_t)lo * ld, ld);
-    else
-        part_product(ctx, engine, trans_a, trans_b, M, n, k, alpha, a, lda, trans_b ? b + (size_t)lo * ldb : b + lo,
-                     ldb, b0, c + lo, ld);
+    cut_part(ctx, engine, by_rows, lo, n, trans_a, trans_b, M, N, k, alpha, a, lda, b, ldb, half ? 0.0f : beta, c, ld);
 }
 
 /* Both halves on the calling thread, then C += S. */
@@ -443,13 +450,8 @@ static void split_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool 
 #pragma omp parallel for schedule(static, 1) num_threads(threads)
     for (int p = 0; p < parts; p++) {
         int lo = p * step, n = extent - lo < step ? extent - lo : step;
-        if (n <= 0) continue;
-        if (by_rows)
-            part_product(ctx, engine, trans_a, trans_b, n, N, K, alpha, trans_a ? A + lo : A + (size_t)lo * lda, lda, B,
-                         ldb, beta, C + (size_t)lo * ldc, ldc);
-        else
-            part_product(ctx, engine, trans_a, trans_b, M, n, K, alpha, A, lda, trans_b ? B + (size_t)lo * ldb : B + lo,
-                         ldb, beta, C + lo, ldc);
+        if (n > 0)
+            cut_part(ctx, engine, by_rows, lo, n, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     }
 }
 
