@@ -294,7 +294,8 @@ static float *run_in_halves(gemm_ctx *ctx, const problem *p, int k1) {
 }
 
 /* Our own kernel's products whose K is at least 2,048 and twice C's longer
- * side (a weight gradient dY^T X of a long batch) are summed in two halves
+ * side, C at most 2^18 floats (a weight gradient dY^T X of a long batch),
+ * are summed in two halves
  * of K, the second added last, so that two threads each take a half: the
  * bits are those of the two halves made one after the other (K's first
  * half rounded up to 32), on 1, 2, 3 and 4 threads, and from four threads
@@ -328,7 +329,13 @@ static void test_k_halves(gemm_ctx *ctx) {
         for (int i = 0; i < 4; i++) together = together && !memcmp(C, team[i], bytes), free(team[i]);
         free(C), free(R), free(H), free_problem(&p);
     }
+    /* past 2^18 floats of C the product is made whole: other bits */
+    problem big = make_problem(true, false, 600, 512, 2048, 0, 1.0f, 1.0f, &rng);
+    float *whole = run(ctx, &big), *halves = run_in_halves(ctx, &big, 1024);
+    bool made_whole = memcmp(whole, halves, sizeof(float) * (size_t)big.M * big.ldc) != 0;
+    free(whole), free(halves), free_problem(&big);
     omp_set_num_threads(before);
+    test_check(made_whole, "avx512-f32: a C past 2^18 floats is not summed in K halves", NULL);
     test_check(worst <= 1.0, "avx512-f32: products summed in K halves, all transposes, beta 0 and 1", "%.3g", worst);
     test_check(as_halves, "avx512-f32: a long K summed as its two halves one after the other (bits)", NULL);
     test_check(same, "avx512-f32: K halves, the same bits on 1, 2, 3 and 4 threads", NULL);

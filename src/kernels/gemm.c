@@ -322,19 +322,24 @@ static void cut_part(gemm_ctx *ctx, gemm_engine engine, bool by_rows, int lo, in
 }
 
 /* Our own kernel sums a product in two halves of K where K is at least
- * this long and twice C's longer side: the weight gradients (dY^T X, K the
- * batch's rows) of models whose batch is long beside their width. */
+ * this long and twice C's longer side (the weight gradients dY^T X of a
+ * batch long beside the model's width), and C at most K_HALVES_MAX_C
+ * floats. */
 #define K_HALVES_MIN 2048
+#define K_HALVES_MAX_C (1 << 18)
 
 /* Whether our own kernel sums a product in two halves of K, the second half
  * into a scratch added last (docs/design.md §8.10). Cut by rows of C, each
  * of two threads packed all of B (K x N) for half the multiply-adds, and
- * those products ran 1.74-1.81x on two threads; cut along K each thread
- * packs half of everything. The rule reads the shape alone, never the
- * thread count: the sums are the same on any number of threads. */
+ * bench_d256's weight gradients ran 1.74-1.81x on two threads; cut along K
+ * each thread packs half of everything. C is bounded to 1 MB (a core's L2
+ * on the Zen 5 measured): bench_d768's products that meet the K rule with
+ * a C of 2.4-3 MB gained nothing on two threads and cost one thread about
+ * 1% of them in the scratch's pass. The rule reads the shape alone, never
+ * the thread count: the sums are the same on any number of threads. */
 static bool sums_in_k_halves(gemm_engine engine, int M, int N, int K) {
     int longer = M > N ? M : N;
-    return engine == GEMM_AVX512_F32 && K >= K_HALVES_MIN && K >= 2 * longer;
+    return engine == GEMM_AVX512_F32 && K >= K_HALVES_MIN && K >= 2 * longer && (size_t)M * N <= K_HALVES_MAX_C;
 }
 
 /* The calling thread's scratch for the second half's sums, M x N. */
