@@ -246,19 +246,16 @@ class TestFaults:
         try:
             started = wait_for(lambda: len(checkpoints(out_dir)) >= 2 and len(rank_pids(bed, 2)) == 2, 90)
             assert started, f"no second checkpoint within 90 s:\n{open(log_path).read()[-2000:]}"
-            if fault == "sigstop_in_save":
-                # the ranks write each checkpoint together (MPI-IO): catch one at it
-                writing = wait_for(lambda: glob.glob(os.path.join(out_dir, "ckpt_*.h5.tmp.*")), 60, step=0.01)
-                report.check("a rank stopped while the ranks were writing a checkpoint (a *.tmp.* file existed)",
-                             writing)
             t0 = time.time()
-            if fault == "link_down":
+            if fault == "sigstop_in_save":
+                t0 = self.stop_in_write(bed, out_dir, report)
+            elif fault == "link_down":
                 bed.link(2, False)
             elif fault == "context_sigstop":
                 stopped = wait_for(lambda: process_state(rank_pids(bed, 2).get(3)) == "T", 60, step=0.01)
                 t0 = time.time()
                 report.check(f"{fault}: rank 3 stopped itself in the far-field state scan", stopped)
-            elif fault in ("sigstop", "sigstop_in_save", "sigkill_rank"):
+            elif fault in ("sigstop", "sigkill_rank"):
                 os.kill(rank_pids(bed, 2)[3], signal.SIGKILL if fault == "sigkill_rank" else signal.SIGSTOP)
             else:
                 for pid in bed.pids(2):
@@ -303,6 +300,29 @@ class TestFaults:
             report.check(f"{fault}: the line names the context group's exchange it stalled in",
                          any(op in l for l in lines for op in CONTEXT_OPERATIONS), "\n".join(lines))
         self.check_checkpoints(momfmm, bed, out_dir, ini, fault, report, ["--set", "dist.context=2"] if context else [])
+
+    def stop_in_write(self, bed, out_dir, report):
+        """Stops rank 3 while the ranks write a checkpoint together (MPI-IO)
+        and returns when. A write takes about 0.2 s here, so rank 3's pid is
+        found first and the signal follows the temporary file within the
+        poll; a stop that still lands after the write ended (the temporary
+        gone: the ranks would time out in the next step, not in the write)
+        lets rank 3 go on and tries the next checkpoint."""
+        pid = rank_pids(bed, 2)[3]
+        pattern = os.path.join(out_dir, "ckpt_*.h5.tmp.*")
+        caught, t0 = False, time.time()
+        for _ in range(5):
+            if not wait_for(lambda: glob.glob(pattern), 60, step=0.005):
+                break
+            os.kill(pid, signal.SIGSTOP)
+            t0 = time.time()
+            time.sleep(0.5)
+            caught = bool(glob.glob(pattern))
+            if caught:
+                break
+            os.kill(pid, signal.SIGCONT)
+        report.check("a rank stopped while the ranks were writing a checkpoint (its *.tmp.* file left)", caught)
+        return t0
 
     def check_named(self, bed, fault, lines, report):
         """The ranks on host 1 name who did not answer: rank 3 (host 2) when it
