@@ -249,7 +249,7 @@ static void test_threads(gemm_ctx *ctx) {
  * MS (1344) with columns past NC (A's packed blocks kept across B's column
  * blocks, then packed again for the next rows, also past MS rows a thread
  * on two threads); and the same bits whichever number of threads cuts a
- * product (gemm.c cuts it by rows or columns, and the kernel sums each
+ * product (gemm_split.c cuts it by rows or columns, and the kernel sums each
  * element in one order). */
 static void test_blocks(gemm_ctx *ctx) {
     uint64_t rng = 5;
@@ -277,7 +277,7 @@ static void test_blocks(gemm_ctx *ctx) {
     test_check(same, "avx512-f32: the same bits on 1, 2 and 3 threads", NULL);
 }
 
-/* C = beta C + alpha op(A) op(B) made as gemm.c makes a product whose K
+/* C = beta C + alpha op(A) op(B) made as gemm_split.c makes a product whose K
  * is long beside C (docs/design.md §8.10): the first half of K into C, the
  * second into a zeroed S, then C += S; each half a product of its own. */
 static float *run_in_halves(gemm_ctx *ctx, const problem *p, int k1) {

@@ -1,7 +1,7 @@
-/* The GEMM engine: engine choice, CPU check, bf16 conversion, and the
- * OpenBLAS engine and our own cut between threads; the oneDNN engines are
- * in gemm_onednn.c, our own kernel in gemm_avx512.c. See gemm.h and
- * docs/scale.md §7 for why. */
+/* The GEMM engine: engine choice, CPU check and bf16 conversion; the
+ * products cut between threads (OpenBLAS's and our own) are in
+ * gemm_split.c, the oneDNN engines in gemm_onednn.c, our own kernel in
+ * gemm_avx512.c. See gemm.h and docs/scale.md §7 for why. */
 #include "kernels/gemm.h"
 
 #include "base/blas_core.h"
@@ -9,21 +9,17 @@
 #include "base/status.h"
 #include "base/sys.h"
 
-#include <cblas.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gemm_avx512.h"
+#include "gemm_split.h"
 #include "kernels/tile_gemm.h"
 #ifdef MOMFMM_HAVE_ONEDNN
 #include "gemm_onednn.h"
 #endif
-
-/* Threads of one parallel region with a oneDNN state, or a packing space of
- * our own kernel, of their own. */
-#define GEMM_TEAM_MAX 256
 
 struct gemm_ctx {
     gemm_engine engine;
@@ -38,14 +34,7 @@ struct gemm_ctx {
      * other and oneDNN refused a handle at OMP_NUM_THREADS = 2). */
     gemm_onednn *team[GEMM_TEAM_MAX];
 #endif
-    /* Our own kernel's packing space per OpenMP thread, made at the
-     * thread's first product (a fixed size, then reused). */
-    gemm_avx512_space *space[GEMM_TEAM_MAX];
-    /* The second K half's sums of a product summed in halves (split_product),
-     * per calling thread as the packing space: grown to the largest C met
-     * (during the first step), then reused. */
-    float *half_sums[GEMM_TEAM_MAX];
-    size_t half_capacity[GEMM_TEAM_MAX];
+    gemm_spaces *spaces; /* our own kernel's, per thread (gemm_split.c) */
     char description[384];
     /* The registered weights (gemm_register_weights): fp32 and bf16 copy. */
     const float *weights;
@@ -102,6 +91,7 @@ gemm_ctx *gemm_create(gemm_engine engine, int threads) {
     ctx->engine = engine;
     for (int c = 0; c < GEMM_CLASSES; c++) ctx->class_engine[c] = GEMM_OPENBLAS;
     ctx->small_engine = gemm_unavailable_reason(GEMM_AVX512_F32) ? GEMM_OPENBLAS : GEMM_AVX512_F32;
+    ctx->spaces = gemm_spaces_create();
 #ifdef MOMFMM_HAVE_ONEDNN
     if (engine != GEMM_OPENBLAS && engine != GEMM_AVX512_F32)
         ctx->dnn = gemm_onednn_create(engine == GEMM_ONEDNN_BF16, threads > 0 ? threads : 1);
@@ -117,10 +107,7 @@ void gemm_destroy(gemm_ctx *ctx) {
     gemm_onednn_destroy(ctx->dnn);
     for (int t = 0; t < GEMM_TEAM_MAX; t++) gemm_onednn_destroy(ctx->team[t]);
 #endif
-    for (int t = 0; t < GEMM_TEAM_MAX; t++) {
-        gemm_avx512_space_destroy(ctx->space[t]);
-        free(ctx->half_sums[t]);
-    }
+    gemm_spaces_destroy(ctx->spaces);
     free(ctx->weights_bf16);
     free(ctx->held_bf16);
     free(ctx->held_t);
@@ -166,9 +153,6 @@ static void scale_c(int M, int N, float beta, float *C, int ldc) {
         for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
 }
 
-/* Products below this many multiply-adds stay on one thread. */
-#define SPLIT_MIN_MACS (1 << 21)
-
 /* The engine a product runs on (gemm.h, GEMM_AUTO's classes). */
 static gemm_engine route(const gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K) {
     if (ctx->engine != GEMM_AUTO) return ctx->engine;
@@ -176,9 +160,6 @@ static gemm_engine route(const gemm_ctx *ctx, bool trans_a, bool trans_b, int M,
     gemm_class c = trans_a ? GEMM_CLASS_BACKWARD_WEIGHT : trans_b ? GEMM_CLASS_FORWARD : GEMM_CLASS_BACKWARD_DATA;
     return ctx->class_engine[c];
 }
-
-static void split_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool trans_b, int M, int N, int K,
-                          float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
 #ifdef MOMFMM_HAVE_ONEDNN
 /* On the calling thread's oneDNN state: the context's own outside a
@@ -213,7 +194,8 @@ void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, 
         return;
     }
 #endif
-    split_product(ctx, engine, trans_a, trans_b, M, N, K, alpha, A.f32, lda, B.f32, ldb, beta, C, ldc);
+    gemm_split_product(ctx->spaces, engine == GEMM_AVX512_F32, trans_a, trans_b, M, N, K, alpha, A.f32, lda, B.f32, ldb,
+                       beta, C, ldc);
 }
 
 void gemm(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
@@ -261,205 +243,6 @@ static gemm_operand bf16_copy(const gemm_ctx *ctx, gemm_operand x, int *ld) {
     return copy ? (gemm_operand){NULL, copy} : x;
 }
 
-static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-                  int ldb, float beta, float *C, int ldc) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
-                A, lda, B, ldb, beta, C, ldc);
-}
-
-/* Parts start on multiples of this many rows or columns (the kernels'
- * register blocks divide it). */
-#define SPLIT_ALIGN 32
-
-/* The threads a piece of work is cut between: one inside a parallel
- * region (the region has the cores) or below `least` units of work, else
- * OpenMP's count. */
-static int cut_threads(double work, double least) {
-    return omp_in_parallel() || work < least ? 1 : omp_get_max_threads();
-}
-
-/* The length of each of `parts` parts of `extent`, rounded up to a
- * multiple of `align` (the last part may be shorter, or empty). */
-static int cut_step(int extent, int parts, int align) {
-    int step = (extent + parts - 1) / parts;
-    return (step + align - 1) / align * align;
-}
-
-/* One part of a product on the calling thread: cblas_sgemm, or our own
- * kernel on the thread's packing space (made at its first product). Past
- * GEMM_TEAM_MAX threads, one shared space, one call at a time. */
-static void part_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool trans_b, int M, int N, int K,
-                         float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-    if (engine != GEMM_AVX512_F32) {
-        sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    int t = omp_get_thread_num();
-    if (t < GEMM_TEAM_MAX - 1) {
-        if (!ctx->space[t]) ctx->space[t] = gemm_avx512_space_create();
-        gemm_avx512_run(ctx->space[t], trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-#pragma omp critical(gemm_avx512_shared)
-    {
-        gemm_avx512_space **shared = &ctx->space[GEMM_TEAM_MAX - 1];
-        if (!*shared) *shared = gemm_avx512_space_create();
-        gemm_avx512_run(*shared, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    }
-}
-
-/* Rows (by_rows) or columns [lo, lo + n) of C = beta C + alpha op(A) op(B)
- * on the calling thread: one thread's part of a product cut between them. */
-static void cut_part(gemm_ctx *ctx, gemm_engine engine, bool by_rows, int lo, int n, bool trans_a, bool trans_b, int M,
-                     int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
-                     int ldc) {
-    if (by_rows)
-        part_product(ctx, engine, trans_a, trans_b, n, N, K, alpha, trans_a ? A + lo : A + (size_t)lo * lda, lda, B,
-                     ldb, beta, C + (size_t)lo * ldc, ldc);
-    else
-        part_product(ctx, engine, trans_a, trans_b, M, n, K, alpha, A, lda, trans_b ? B + (size_t)lo * ldb : B + lo,
-                     ldb, beta, C + lo, ldc);
-}
-
-/* Our own kernel sums a product in two halves of K where K is at least
- * this long and twice C's longer side (the weight gradients dY^T X of a
- * batch long beside the model's width), and C at most K_HALVES_MAX_C
- * floats. */
-#define K_HALVES_MIN 2048
-#define K_HALVES_MAX_C (1 << 18)
-
-/* Whether our own kernel sums a product in two halves of K, the second half
- * into a scratch added last (docs/design.md §8.10). Cut by rows of C, each
- * of two threads packed all of B (K x N) for half the multiply-adds, and
- * bench_d256's weight gradients ran 1.74-1.81x on two threads; cut along K
- * each thread packs half of everything. C is bounded to 1 MB (a core's L2
- * on the Zen 5 measured): bench_d768's products that meet the K rule with
- * a C of 2.4-3 MB gained nothing on two threads and cost one thread about
- * 1% of them in the scratch's pass. The rule reads the shape alone, never
- * the thread count: the sums are the same on any number of threads. */
-static bool sums_in_k_halves(gemm_engine engine, int M, int N, int K) {
-    int longer = M > N ? M : N;
-    return engine == GEMM_AVX512_F32 && K >= K_HALVES_MIN && K >= 2 * longer && (size_t)M * N <= K_HALVES_MAX_C;
-}
-
-/* The calling thread's scratch for the second half's sums, M x N. */
-static float *half_sums(gemm_ctx *ctx, int slot, size_t n) {
-    if (n > ctx->half_capacity[slot]) {
-        free(ctx->half_sums[slot]);
-        ctx->half_sums[slot] = sys_calloc_huge(n, sizeof(float));
-        ctx->half_capacity[slot] = n;
-    }
-    return ctx->half_sums[slot];
-}
-
-/* op(A) and op(B) from inner index k on. */
-static const float *a_from_k(bool trans_a, const float *A, int lda, int k) {
-    return trans_a ? A + (size_t)k * lda : A + k;
-}
-static const float *b_from_k(bool trans_b, const float *B, int ldb, int k) {
-    return trans_b ? B + k : B + (size_t)k * ldb;
-}
-
-/* Rows [lo, hi) of C += S (S's rows N apart). */
-static void add_half_rows(float *C, int ldc, const float *S, int N, int lo, int hi) {
-    for (int i = lo; i < hi; i++) {
-        float *c = C + (size_t)i * ldc;
-        const float *s = S + (size_t)i * N;
-        for (int j = 0; j < N; j++) c[j] += s[j];
-    }
-}
-
-/* Rows or columns [lo, lo + n) of one half: the first (K [0, k1)) into C
- * with beta, the second (K [k1, K)) into S from zero. */
-static void half_part(gemm_ctx *ctx, gemm_engine engine, int half, bool by_rows, int lo, int n, bool trans_a,
-                      bool trans_b, int M, int N, int K, int k1, float alpha, const float *A, int lda, const float *B,
-                      int ldb, float beta, float *C, int ldc, float *S) {
-    int k0 = half ? k1 : 0, k = half ? K - k1 : k1;
-    const float *a = a_from_k(trans_a, A, lda, k0), *b = b_from_k(trans_b, B, ldb, k0);
-    float *c = half ? S : C;
-    int ld = half ? N : ldc;
-    cut_part(ctx, engine, by_rows, lo, n, trans_a, trans_b, M, N, k, alpha, a, lda, b, ldb, half ? 0.0f : beta, c, ld);
-}
-
-/* Both halves on the calling thread, then C += S. */
-static void halves_on_one_thread(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool trans_b, int M, int N, int K,
-                                 int k1, float alpha, const float *A, int lda, const float *B, int ldb, float beta,
-                                 float *C, int ldc, float *S) {
-    for (int half = 0; half < 2; half++)
-        half_part(ctx, engine, half, true, 0, M, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B, ldb, beta, C, ldc, S);
-    add_half_rows(C, ldc, S, N, 0, M);
-}
-
-/* A product summed in two halves of K (sums_in_k_halves). On two threads
- * one half each; on more, each half's C cut again between threads/2 of
- * them (our kernel's sums do not depend on that cut); then C += S, cut by
- * rows. Inside a parallel region, on the calling thread with its own S. */
-static void k_halves_product(gemm_ctx *ctx, gemm_engine engine, int threads, bool trans_a, bool trans_b, int M, int N,
-                             int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
-                             int ldc) {
-    int k1 = cut_step(K, 2, SPLIT_ALIGN), slot = omp_get_thread_num();
-    if (threads <= 1 && slot >= GEMM_TEAM_MAX - 1) {
-#pragma omp critical(gemm_halves_shared)
-        halves_on_one_thread(ctx, engine, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B, ldb, beta, C, ldc,
-                             half_sums(ctx, GEMM_TEAM_MAX - 1, (size_t)M * N));
-        return;
-    }
-    float *S = half_sums(ctx, slot, (size_t)M * N);
-    if (threads <= 1) {
-        halves_on_one_thread(ctx, engine, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B, ldb, beta, C, ldc, S);
-        return;
-    }
-    int parts = threads / 2;
-    bool by_rows = M >= N;
-    int extent = by_rows ? M : N, step = cut_step(extent, parts, SPLIT_ALIGN);
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static, 1)
-        for (int item = 0; item < 2 * parts; item++) {
-            int lo = item % parts * step, n = extent - lo < step ? extent - lo : step;
-            if (n > 0)
-                half_part(ctx, engine, item / parts, by_rows, lo, n, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B,
-                          ldb, beta, C, ldc, S);
-        }
-#pragma omp for schedule(static)
-        for (int i = 0; i < M; i++) add_half_rows(C, ldc, S, N, i, i + 1);
-    }
-}
-
-/* OpenBLAS, and our own kernel, on OpenMP's threads (docs/design.md
- * §8.10): OpenBLAS itself runs single-threaded, and a large product is cut
- * into one block of rows (or of columns, when there are fewer rows) of C
- * per thread, each a product of its own. So one pool of threads (OpenMP's)
- * runs every kernel: OpenBLAS's own pool beside it, both spinning for two
- * cores, slowed a 2-thread run threefold. As with OpenBLAS's own threading,
- * the last bits of an OpenBLAS product depend on how it is cut (its kernels
- * round edge blocks differently), hence on the thread count; our own
- * kernel sums every element in the same order however it is cut. Inside a
- * parallel region (attention's heads) the product runs on the calling
- * thread. ctx may be NULL for OpenBLAS. */
-static void split_product(gemm_ctx *ctx, gemm_engine engine, bool trans_a, bool trans_b, int M, int N, int K,
-                          float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
-                          int ldc) {
-    int threads = cut_threads((double)M * N * K, SPLIT_MIN_MACS);
-    if (ctx && sums_in_k_halves(engine, M, N, K)) {
-        k_halves_product(ctx, engine, threads, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    if (threads <= 1) {
-        part_product(ctx, engine, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    bool by_rows = M >= N;
-    int extent = by_rows ? M : N, parts = threads;
-    int step = cut_step(extent, parts, SPLIT_ALIGN);
-#pragma omp parallel for schedule(static, 1) num_threads(threads)
-    for (int p = 0; p < parts; p++) {
-        int lo = p * step, n = extent - lo < step ? extent - lo : step;
-        if (n > 0)
-            cut_part(ctx, engine, by_rows, lo, n, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    }
-}
-
 /* Whether op(A) is the whole held activation transposed (a weight gradient
  * dY^T X): then it is read from the transposed copy, untransposed. */
 static bool is_held_transposed(const gemm_ctx *ctx, bool trans_a, gemm_operand A, int M, int K, int lda) {
@@ -473,7 +256,7 @@ void gemm_product_mixed(bool trans_a, bool trans_b, int M, int N, int K, float a
     if ((!A.f32 || !B.f32) && !uses_weight_copy(ctx))
         status_panic(1, "a product's operand is in bf16 only, and the engine reads fp32");
     if (!ctx) {
-        split_product(NULL, GEMM_OPENBLAS, trans_a, trans_b, M, N, K, alpha, A.f32, lda, B.f32, ldb, beta, C, ldc);
+        gemm_split_product(NULL, false, trans_a, trans_b, M, N, K, alpha, A.f32, lda, B.f32, ldb, beta, C, ldc);
         return;
     }
     if (uses_weight_copy(ctx)) {
@@ -526,8 +309,8 @@ static int held_ld_of(int length) { return (length + 31) / 32 * 32 + 32; }
  * leave the other cores idle between them. Each element is converted
  * alone, so the copies do not depend on the cut. */
 static void held_convert(gemm_ctx *ctx, const float *activation, int rows, int cols) {
-    int threads = cut_threads((double)rows * cols, HELD_SPLIT_MIN);
-    int step = cut_step(rows, threads, 32);
+    int threads = gemm_cut_threads((double)rows * cols, HELD_SPLIT_MIN);
+    int step = gemm_cut_step(rows, threads, 32);
 #pragma omp parallel for schedule(static, 1) num_threads(threads) if (threads > 1)
     for (int part = 0; part < threads; part++) {
         int lo = part * step, n = rows - lo < step ? rows - lo : step;
