@@ -113,8 +113,7 @@ static row_share row_share_of(const attention_layer *a, const attention_saved *s
 static attention_layer row_view(const attention_layer *a, const attention_saved *s, int b) {
     attention_layer view = *a;
     row_share share = row_share_of(a, s, b);
-    if (a->d_gamma) view.d_gamma = share.gamma_q;
-    if (a->d_blend) view.d_blend = share.blend;
+    view.d_gamma = share.gamma_q, view.d_blend = share.blend; /* NULL where a's are */
     if (share.buffers) view.buffer_sums = share.buffers;
     return view;
 }

@@ -45,15 +45,10 @@ static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
  * register blocks divide it). */
 #define SPLIT_ALIGN 32
 
-/* The threads a piece of work is cut between: one inside a parallel
- * region (the region has the cores) or below `least` units of work, else
- * OpenMP's count. */
 int gemm_cut_threads(double work, double least) {
     return omp_in_parallel() || work < least ? 1 : omp_get_max_threads();
 }
 
-/* The length of each of `parts` parts of `extent`, rounded up to a
- * multiple of `align` (the last part may be shorter, or empty). */
 int gemm_cut_step(int extent, int parts, int align) {
     int step = (extent + parts - 1) / parts;
     return (step + align - 1) / align * align;
@@ -145,22 +140,22 @@ static void add_half_rows(float *C, int ldc, const float *S, int N, int lo, int 
 
 /* Rows or columns [lo, lo + n) of one half: the first (K [0, k1)) into C
  * with beta, the second (K [k1, K)) into S from zero. */
-static void half_part(gemm_spaces *spaces, bool own, int half, bool by_rows, int lo, int n, bool trans_a, bool trans_b,
-                      int M, int N, int K, int k1, float alpha, const float *A, int lda, const float *B, int ldb,
-                      float beta, float *C, int ldc, float *S) {
+static void half_part(gemm_spaces *spaces, int half, bool by_rows, int lo, int n, bool trans_a, bool trans_b, int M,
+                      int N, int K, int k1, float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                      float *C, int ldc, float *S) {
     int k0 = half ? k1 : 0, k = half ? K - k1 : k1;
     const float *a = a_from_k(trans_a, A, lda, k0), *b = b_from_k(trans_b, B, ldb, k0);
     float *c = half ? S : C;
     int ld = half ? N : ldc;
-    cut_part(spaces, own, by_rows, lo, n, trans_a, trans_b, M, N, k, alpha, a, lda, b, ldb, half ? 0.0f : beta, c, ld);
+    cut_part(spaces, true, by_rows, lo, n, trans_a, trans_b, M, N, k, alpha, a, lda, b, ldb, half ? 0.0f : beta, c, ld);
 }
 
 /* Both halves on the calling thread, then C += S. */
-static void halves_on_one_thread(gemm_spaces *spaces, bool own, bool trans_a, bool trans_b, int M, int N, int K, int k1,
+static void halves_on_one_thread(gemm_spaces *spaces, bool trans_a, bool trans_b, int M, int N, int K, int k1,
                                  float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
                                  int ldc, float *S) {
     for (int half = 0; half < 2; half++)
-        half_part(spaces, own, half, true, 0, M, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B, ldb, beta, C, ldc, S);
+        half_part(spaces, half, true, 0, M, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B, ldb, beta, C, ldc, S);
     add_half_rows(C, ldc, S, N, 0, M);
 }
 
@@ -168,19 +163,19 @@ static void halves_on_one_thread(gemm_spaces *spaces, bool own, bool trans_a, bo
  * one half each; on more, each half's C cut again between threads/2 of
  * them (our kernel's sums do not depend on that cut); then C += S, cut by
  * rows. Inside a parallel region, on the calling thread with its own S. */
-static void k_halves_product(gemm_spaces *spaces, bool own, int threads, bool trans_a, bool trans_b, int M, int N,
-                             int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
+static void k_halves_product(gemm_spaces *spaces, int threads, bool trans_a, bool trans_b, int M, int N, int K,
+                             float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
                              int ldc) {
     int k1 = gemm_cut_step(K, 2, SPLIT_ALIGN), slot = omp_get_thread_num();
     if (threads <= 1 && slot >= GEMM_TEAM_MAX - 1) {
 #pragma omp critical(gemm_halves_shared)
-        halves_on_one_thread(spaces, own, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B, ldb, beta, C, ldc,
+        halves_on_one_thread(spaces, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B, ldb, beta, C, ldc,
                              half_sums(spaces, GEMM_TEAM_MAX - 1, (size_t)M * N));
         return;
     }
     float *S = half_sums(spaces, slot, (size_t)M * N);
     if (threads <= 1) {
-        halves_on_one_thread(spaces, own, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B, ldb, beta, C, ldc, S);
+        halves_on_one_thread(spaces, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B, ldb, beta, C, ldc, S);
         return;
     }
     int parts = threads / 2;
@@ -192,8 +187,8 @@ static void k_halves_product(gemm_spaces *spaces, bool own, int threads, bool tr
         for (int item = 0; item < 2 * parts; item++) {
             int lo = item % parts * step, n = extent - lo < step ? extent - lo : step;
             if (n > 0)
-                half_part(spaces, own, item / parts, by_rows, lo, n, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B,
-                          ldb, beta, C, ldc, S);
+                half_part(spaces, item / parts, by_rows, lo, n, trans_a, trans_b, M, N, K, k1, alpha, A, lda, B, ldb,
+                          beta, C, ldc, S);
         }
 #pragma omp for schedule(static)
         for (int i = 0; i < M; i++) add_half_rows(C, ldc, S, N, i, i + 1);
@@ -215,7 +210,7 @@ void gemm_split_product(gemm_spaces *spaces, bool own, bool trans_a, bool trans_
                         const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
     int threads = gemm_cut_threads((double)M * N * K, SPLIT_MIN_MACS);
     if (spaces && sums_in_k_halves(own, M, N, K)) {
-        k_halves_product(spaces, own, threads, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        k_halves_product(spaces, threads, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     if (threads <= 1) {
