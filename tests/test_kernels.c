@@ -111,12 +111,11 @@ static void test_layernorm_residual(void) {
 }
 
 /* ---- gelu with the product's bias ---- */
+/* x is the pre-activation, made bias-free by the product; aux1 the slope */
 static double gelu_loss(void *p) {
     ctx *c = p;
-    size_t n = (size_t)c->rows * c->in;
-    memcpy(c->aux2, c->x, sizeof(float) * n); /* the pre-activation, made bias-free by the product */
-    gelu_bias_forward(c->out, c->aux1, c->aux2, c->b, c->rows, c->in);
-    return fd_dot(c->out, c->probe, n);
+    gelu_bias_forward(c->out, c->aux1, c->x, c->b, c->rows, c->in);
+    return fd_dot(c->out, c->probe, (size_t)c->rows * c->in);
 }
 
 /* dim 70: the tail after whole vectors of the column ranges (COLUMN_ALIGN 16). */
@@ -125,16 +124,16 @@ static void test_gelu(void) {
     ctx c = {0};
     c.rows = ROWS, c.in = DIM;
     c.x = randn(N, 4), c.b = randn(DIM, 1), c.out = calloc(N, 4), c.probe = randn(N, 1);
-    c.aux1 = calloc(N, 4), c.aux2 = calloc(N, 4);
-    float *dx = calloc(N, 4), *db = calloc(DIM, 4), *again = calloc(DIM, 4), *remade = calloc(N, 4);
+    c.aux1 = calloc(N, 4);
+    float *dx = calloc(N, 4), *db = calloc(DIM, 4), *again = calloc(DIM, 4), *alone = calloc(N, 4);
     gelu_loss(&c);
     float *partials = malloc(sizeof(float) * kernel_sum_partials_floats(DIM));
-    gelu_bias_backward(dx, db, c.aux2, c.aux1, c.probe, ROWS, DIM, false, partials);
+    gelu_bias_backward(dx, db, c.aux1, c.probe, ROWS, DIM, false, partials);
     fd_check("gelu+bias dinp", c.x, dx, N, gelu_loss, &c, 1e-3, 1e-2);
     fd_check("gelu+bias dbias", c.b, db, DIM, gelu_loss, &c, 1e-3, 1e-2);
     gelu_loss(&c);
-    gelu_from_tanh(remade, c.aux2, c.aux1, N);
-    test_check(!memcmp(remade, c.out, sizeof(float) * N), "gelu_from_tanh = gelu_bias_forward (bits)", NULL);
+    gelu_bias_forward(alone, NULL, c.x, c.b, ROWS, DIM); /* no slope asked, as the generation stream runs it */
+    test_check(!memcmp(alone, c.out, sizeof(float) * N), "gelu+bias without its slope: the same output (bits)", NULL);
     /* accumulate adds the rows' sum (one block of rows here, its rows in
      * order) to what dbias holds; dpre may alias dout */
     float *expected = malloc(sizeof(float) * DIM), *in_place = malloc(sizeof(float) * N), rows_sum[DIM];
@@ -143,7 +142,7 @@ static void test_gelu(void) {
     for (int i = 0; i < N; i++) rows_sum[i % DIM] += dx[i];
     for (int i = 0; i < DIM; i++) expected[i] += rows_sum[i];
     memcpy(in_place, c.probe, sizeof(float) * N);
-    gelu_bias_backward(in_place, again, c.aux2, c.aux1, in_place, ROWS, DIM, true, partials);
+    gelu_bias_backward(in_place, again, c.aux1, in_place, ROWS, DIM, true, partials);
     bool same = !memcmp(again, expected, sizeof(float) * DIM) && !memcmp(in_place, dx, sizeof(float) * N);
     test_check(same, "gelu+bias dbias accumulates, in place (bits)", NULL);
 }
@@ -165,32 +164,32 @@ static float exp_steps(float x) {
     return p * scale;
 }
 
-static float gelu_steps(float x, float *th) {
+/* GELU's output, and its slope unfused in C's order (test_kernels.c is
+ * strict C11 too: no contraction). */
+static float gelu_steps(float x, float *slope) {
     float u = 0.7978845608028654f * fmaf(0.044715f * x * x, x, x), t = exp_steps(-2.0f * fabsf(u));
-    *th = copysignf((1.0f - t) / (1.0f + t), u);
-    return 0.5f * x * (1.0f + *th);
+    float th = copysignf((1.0f - t) / (1.0f + t), u), sech2 = 1.0f - th * th;
+    *slope = 0.5f * (1.0f + th) + 0.5f * x * sech2 * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+    return 0.5f * x * (1.0f + th);
 }
 
 /* Where the CPU has AVX2 and FMA: 16 lanes (AVX-512F) and 8 give the
- * steps' bits, pre + bias and tanh terms too; a row of 70 leaves a tail of
- * 6 to each, and in place (out over pre, as the generation stream runs
- * it) the tail is the output too. */
+ * steps' bits, the slopes too; a row of 70 leaves a tail of 6 to each, and
+ * in place (out over pre, as the generation stream runs it) the tail is the
+ * output too. */
 static void test_gelu_lanes(void) {
     if (!tile_gemm_available()) return; /* the portable form: other bits, the fd checks above */
     enum { ROWS = 5, DIM = 70, N = ROWS * DIM };
-    float *x = randn(N, 3), *bias = randn(DIM, 1), want[N], want_th[N], want_x[N];
-    for (int i = 0; i < N; i++) {
-        want_x[i] = x[i] + bias[i % DIM];
-        want[i] = gelu_steps(want_x[i], &want_th[i]);
-    }
+    float *x = randn(N, 3), *bias = randn(DIM, 1), want[N], want_slope[N];
+    for (int i = 0; i < N; i++) want[i] = gelu_steps(x[i] + bias[i % DIM], &want_slope[i]);
     for (int wide = 1; wide >= 0; wide--) {
         tile_gemm_set_wide(wide);
-        float out[N], th[N], pre[N], in_place[N], th2[N];
-        memcpy(pre, x, sizeof pre), memcpy(in_place, x, sizeof in_place);
-        gelu_bias_forward(out, th, pre, bias, ROWS, DIM);
-        gelu_bias_forward(in_place, th2, in_place, bias, ROWS, DIM);
-        bool same = !memcmp(out, want, sizeof out) && !memcmp(th, want_th, sizeof th) &&
-                    !memcmp(pre, want_x, sizeof pre) && !memcmp(in_place, want, sizeof in_place);
+        float out[N], slope[N], in_place[N], slope2[N];
+        memcpy(in_place, x, sizeof in_place);
+        gelu_bias_forward(out, slope, x, bias, ROWS, DIM);
+        gelu_bias_forward(in_place, slope2, in_place, bias, ROWS, DIM);
+        bool same = !memcmp(out, want, sizeof out) && !memcmp(slope, want_slope, sizeof slope) &&
+                    !memcmp(in_place, want, sizeof in_place) && !memcmp(slope2, want_slope, sizeof slope2);
         bool sixteen = wide && __builtin_cpu_supports("avx512f"); /* else 8 lanes run either way */
         test_check(same,
                    sixteen ? "gelu+bias on 16 lanes = the fused steps (bits)"
@@ -203,26 +202,18 @@ static void test_gelu_lanes(void) {
 
 /* The bf16 outputs (docs/design.md §8.10): the fp32 kernels' floats,
  * rounded by cpu_f32_to_bf16, bit for bit. A row of 1,100 spans two
- * whole pieces of the bf16 row and a tail; 3 rows of it, more than one
- * element chunk of gelu_from_tanh. */
+ * whole pieces of the bf16 row and a tail. */
 static void test_gelu_bf16(void) {
     enum { ROWS = 30, DIM = 1100, N = ROWS * DIM };
-    float *x = randn(N, 3), *bias = randn(DIM, 1), *pre = malloc(sizeof(float) * N), *out = malloc(sizeof(float) * N);
-    float *tanh_saved = malloc(sizeof(float) * N), *pre16 = malloc(sizeof(float) * N);
-    float *tanh16 = malloc(sizeof(float) * N);
+    float *x = randn(N, 3), *bias = randn(DIM, 1), *out = malloc(sizeof(float) * N);
+    float *slope = malloc(sizeof(float) * N), *slope16 = malloc(sizeof(float) * N);
     uint16_t *want = malloc(sizeof(uint16_t) * N), *got = malloc(sizeof(uint16_t) * N);
-    memcpy(pre, x, sizeof(float) * N), memcpy(pre16, x, sizeof(float) * N);
-    gelu_bias_forward(out, tanh_saved, pre, bias, ROWS, DIM);
-    gelu_bias_forward_bf16(got, tanh16, pre16, bias, ROWS, DIM);
+    gelu_bias_forward(out, slope, x, bias, ROWS, DIM);
+    gelu_bias_forward_bf16(got, slope16, x, bias, ROWS, DIM);
     cpu_f32_to_bf16(want, out, N);
-    bool same = !memcmp(got, want, sizeof(uint16_t) * N) && !memcmp(pre16, pre, sizeof(float) * N) &&
-                !memcmp(tanh16, tanh_saved, sizeof(float) * N);
-    test_check(same, "gelu_bias_forward_bf16 = bf16 of gelu_bias_forward, pre and tanh terms too (bits)", NULL);
-    memset(got, 0, sizeof(uint16_t) * N);
-    gelu_from_tanh_bf16(got, pre, tanh_saved, N - 7); /* a tail past whole pieces */
-    test_check(!memcmp(got, want, sizeof(uint16_t) * (N - 7)) && got[N - 7] == 0,
-               "gelu_from_tanh_bf16 = bf16 of gelu_bias_forward (bits), nothing past n", NULL);
-    free(x), free(bias), free(pre), free(out), free(tanh_saved), free(pre16), free(tanh16), free(want), free(got);
+    bool same = !memcmp(got, want, sizeof(uint16_t) * N) && !memcmp(slope16, slope, sizeof(float) * N);
+    test_check(same, "gelu_bias_forward_bf16 = bf16 of gelu_bias_forward, the slopes too (bits)", NULL);
+    free(x), free(bias), free(out), free(slope), free(slope16), free(want), free(got);
 }
 
 /* LN1's and LN2's outputs in bf16 (the same reasons as above): the fp32
@@ -268,7 +259,7 @@ static void column_sums(int threads, float *out, const float *dy, const float *x
     float *dmatmul_bias = dgelu_bias + D, *dmatmul_weight = dmatmul_bias + D, *dtable = dmatmul_weight + D;
     memset(out, 0, sizeof(float) * SUM_OUT);
     layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, R, D, false, partials);
-    gelu_bias_backward(dgelu, dgelu_bias, x, w, dy, R, D, false, partials); /* w stands in for the tanh terms */
+    gelu_bias_backward(dgelu, dgelu_bias, w, dy, R, D, false, partials); /* w stands in for the slopes */
     matmul_backward(NULL, dmatmul_weight, dmatmul_bias, dy, x, x, R, 1, D, false, partials);
     embedding_backward(dtable, tokens, dy, R, D);
 }

@@ -409,8 +409,8 @@ static void log_block_done(void *ctx, int layer) {
 
 static void log_progress(void *ctx) { ((hook_log *)ctx)->progress++; }
 
-/* Floats of one block's MLP state (ln2, its mean and rstd, fc_pre, fc_tanh)
- * and of all its forward state (mid ... fc_tanh) for B rows of T, counted
+/* Floats of one block's MLP state (ln2, its mean and rstd, fc_act, fc_slope)
+ * and of all its forward state (mid ... fc_slope) for B rows of T, counted
  * here from model.h's array list, apart from params.c's plan. */
 static size_t mlp_state_floats(const model *m, int rows, int length) {
     return (size_t)rows * length * (m->d + 2 + 2 * (size_t)m->d_ff);

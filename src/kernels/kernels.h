@@ -62,23 +62,19 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
                         float *partials);
 
 /* GELU, tanh approximation (docs/model.md §1), with the bias of the product before it fused into its pass
- * (docs/design.md §8.10): pre (rows of dim, the product's output made without its bias) becomes pre + bias, the
- * pre-activation the backward reads; out = gelu(pre), which may alias pre. tanh_saved keeps the tanh term for the
- * backward, which then needs no transcendental function. Where the CPU has AVX2 and FMA it runs on 8 or 16 lanes with
- * fused steps (the same bits at either width; the portable loop, elsewhere, differs in the last place). */
-void gelu_bias_forward(float *out, float *tanh_saved, float *pre, const float *bias, int rows, int dim);
-/* out = gelu(inp) from the tanh term gelu_bias_forward saved: bit for bit its
- * output, without a transcendental function (backward remakes the
- * activations this way instead of keeping them). */
-void gelu_from_tanh(float *out, const float *inp, const float *tanh_saved, size_t n);
-/* Both with the output in bf16 alone, rounded as cpu_f32_to_bf16 rounds (cpu.h): the bits the bf16 product engine
+ * (docs/design.md §8.10): out = gelu(x) for x = pre + bias (pre: rows of dim, the product's output made without its
+ * bias); out may alias pre. slope, unless NULL, keeps gelu'(x) for the backward, which then reads it and dout alone,
+ * with no transcendental function and no remade output (docs/design.md §8.10). Where the CPU has AVX2 and FMA it runs
+ * on 8 or 16 lanes with fused steps (the same bits at either width; the portable loop, elsewhere, differs in the last
+ * place); the slope is the same bits at any width. */
+void gelu_bias_forward(float *out, float *slope, const float *pre, const float *bias, int rows, int dim);
+/* The same with the output in bf16 alone, rounded as cpu_f32_to_bf16 rounds (cpu.h): the bits the bf16 product engine
  * would make of the fp32 output, without writing it and reading it back (docs/design.md §8.10). */
-void gelu_bias_forward_bf16(uint16_t *out, float *tanh_saved, float *pre, const float *bias, int rows, int dim);
-void gelu_from_tanh_bf16(uint16_t *out, const float *inp, const float *tanh_saved, size_t n);
-/* dpre = dout * gelu'(pre) (dpre may alias dout), and in the same pass the bias gradient, dbias += column sums of
- * dpre (= without `accumulate`): the floats matmul_backward's dbias would be. */
-void gelu_bias_backward(float *dpre, float *dbias, const float *pre, const float *tanh_saved, const float *dout,
-                        int rows, int dim, bool accumulate, float *partials);
+void gelu_bias_forward_bf16(uint16_t *out, float *slope, const float *pre, const float *bias, int rows, int dim);
+/* dpre = dout * slope (dpre may alias dout), and in the same pass the bias gradient, dbias += column sums of dpre (=
+ * without `accumulate`): the floats matmul_backward's dbias would be. */
+void gelu_bias_backward(float *dpre, float *dbias, const float *slope, const float *dout, int rows, int dim,
+                        bool accumulate, float *partials);
 
 /* x = x + product_bias + residual: a residual add with the bias of the product that made x (made without it),
  * where no LayerNorm follows to fuse it into (layernorm_residual_forward). */

@@ -226,27 +226,32 @@ static void attention_state(model *m, int l, int B, int T, bool collect_buffers,
     PROF_TIMED(PROF_FORWARD_NORM, norm_residual_forward(&ln2, mid, w->proj_bias, x, rows, m->d));
 }
 
-/* The GELU output in bf16 alone where the products read bf16, in the work
- * buffer's memory (gemm_reads_bf16), else NULL (fp32 in fc_act). */
-static uint16_t *gelu_out_bf16(const model *m) { return gemm_reads_bf16() ? (uint16_t *)m->acts.fc_act : NULL; }
+/* Block l's slot of a per-block MLP array of d_ff columns (fc_act,
+ * fc_slope). fc_act holds the GELU output in bf16 alone where the products
+ * read bf16 (gemm_reads_bf16: product_forward and product_backward read it
+ * so), else in fp32. */
+static float *mlp_rows(const model *m, float *array, int l, size_t bt) {
+    return array + model_activation_slot(m, l, true) * bt * m->d_ff;
+}
 
-/* The second half, LN2's output -> the MLP's GELU (fc_act), the fc bias in
- * GELU's pass; recomputed alone with train.recompute = mlp, after LN2 of
- * the kept mid (`ln2_again`: the same floats as the fused pass made). */
+/* The second half, LN2's output -> the MLP's GELU (fc_act) and its slope,
+ * the fc bias in GELU's pass; recomputed alone with train.recompute = mlp,
+ * after LN2 of the kept mid (`ln2_again`: the same floats as the fused pass
+ * made). */
 static void mlp_state(model *m, int l, int B, int T, bool ln2_again, const model_backward_hooks *hooks) {
     model_activations *a = &m->acts;
-    size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff, s = model_activation_slot(m, l, true);
+    size_t bt = (size_t)B * T, d = (size_t)m->d, s = model_activation_slot(m, l, true);
     int rows = (int)bt;
     const model_block_tensors *w = &m->w.blocks[l];
-    float *ln2 = a->ln2 + s * bt * d, *fc_pre = a->fc_pre + s * bt * ff, *fc_tanh = a->fc_tanh + s * bt * ff;
+    float *ln2 = a->ln2 + s * bt * d, *act = mlp_rows(m, a->fc_act, l, bt), *slope = mlp_rows(m, a->fc_slope, l, bt);
     block_norm norm = block_norm_of(m, l, true, bt);
     if (ln2_again) PROF_TIMED(PROF_FORWARD_NORM, norm_forward(&norm, model_block_mid(m, l, B, T), rows, m->d));
-    PROF_TIMED(PROF_FORWARD_LINEAR, product_forward(fc_pre, ln2, w->fc_weight, NULL, rows, m->d, m->d_ff));
+    PROF_TIMED(PROF_FORWARD_LINEAR, product_forward(a->fc_pre, ln2, w->fc_weight, NULL, rows, m->d, m->d_ff));
     progress(hooks);
-    uint16_t *act16 = gelu_out_bf16(m);
-    if (act16)
-        PROF_TIMED(PROF_FORWARD_ACTIVATION, gelu_bias_forward_bf16(act16, fc_tanh, fc_pre, w->fc_bias, rows, m->d_ff));
-    else PROF_TIMED(PROF_FORWARD_ACTIVATION, gelu_bias_forward(a->fc_act, fc_tanh, fc_pre, w->fc_bias, rows, m->d_ff));
+    if (gemm_reads_bf16())
+        PROF_TIMED(PROF_FORWARD_ACTIVATION,
+                   gelu_bias_forward_bf16((uint16_t *)act, slope, a->fc_pre, w->fc_bias, rows, m->d_ff));
+    else PROF_TIMED(PROF_FORWARD_ACTIVATION, gelu_bias_forward(act, slope, a->fc_pre, w->fc_bias, rows, m->d_ff));
     a->state_of = l;
 }
 
@@ -262,7 +267,8 @@ static void block_forward(model *m, int l, int B, int T, bool collect_buffers, c
     int rows = (int)bt;
     const model_block_tensors *w = &m->w.blocks[l];
     float *out = a->residual + (l + 1) * bt * d, *mid = model_block_mid(m, l, B, T);
-    PROF_TIMED(PROF_FORWARD_LINEAR, product_forward(out, a->fc_act, w->mlp_proj_weight, NULL, rows, m->d_ff, m->d));
+    PROF_TIMED(PROF_FORWARD_LINEAR,
+               product_forward(out, mlp_rows(m, a->fc_act, l, bt), w->mlp_proj_weight, NULL, rows, m->d_ff, m->d));
     if (next) PROF_TIMED(PROF_FORWARD_NORM, norm_residual_forward(next, out, w->mlp_proj_bias, mid, rows, m->d));
     else PROF_TIMED(PROF_FORWARD_ACTIVATION, residual_add(out, w->mlp_proj_bias, mid, rows, m->d));
 }
@@ -504,25 +510,22 @@ static void mlp_backward(model *m, int l, int B, int T, const model_backward_hoo
     model_activations *a = &m->acts;
     const model_block_tensors *w = &m->w.blocks[l];
     model_block_tensors *g = &m->g.blocks[l];
-    size_t bt = (size_t)B * T, d = (size_t)m->d, ff = (size_t)m->d_ff, sm = model_activation_slot(m, l, true);
+    size_t bt = (size_t)B * T, d = (size_t)m->d, sm = model_activation_slot(m, l, true);
     int rows = (int)bt;
-    float *fc_pre = a->fc_pre + sm * bt * ff, *fc_tanh = a->fc_tanh + sm * bt * ff;
-    /* the GELU output is not kept per layer: it follows from the saved
-     * pre-activation and tanh term, the same floats as forward made */
-    uint16_t *act16 = gelu_out_bf16(m);
-    if (act16) PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_from_tanh_bf16(act16, fc_pre, fc_tanh, bt * ff));
-    else PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_from_tanh(a->fc_act, fc_pre, fc_tanh, bt * ff));
-    /* the weight's and bias's gradients, and d_ff, the GELU output's (written over it) */
+    /* the weight's and bias's gradients, and d_ff, the GELU output's, written
+     * over the output (matmul_backward writes dinp after the weight's
+     * gradient has read inp): the lines the product has just read, and the
+     * block's slot is not read again */
+    float *act = mlp_rows(m, a->fc_act, l, bt), *d_ff = act;
     PROF_TIMED(PROF_BACKWARD_LINEAR,
-               product_backward(a->d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, a->fc_act,
-                                w->mlp_proj_weight, rows, m->d_ff, m->d, accumulate, a->sum_partials));
+               product_backward(d_ff, g->mlp_proj_weight, g->mlp_proj_bias, a->d_residual, act, w->mlp_proj_weight,
+                                rows, m->d_ff, m->d, accumulate, a->sum_partials));
     progress(hooks);
     /* the fc bias gradient in GELU's pass (docs/design.md §8.10) */
-    PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_bias_backward(a->d_ff, g->fc_bias, fc_pre, fc_tanh, a->d_ff, rows,
-                                                            m->d_ff, accumulate, a->sum_partials));
-    PROF_TIMED(PROF_BACKWARD_LINEAR,
-               product_backward(a->d_model_rows, g->fc_weight, NULL, a->d_ff, a->ln2 + sm * bt * d, w->fc_weight, rows,
-                                m->d, m->d_ff, accumulate, NULL));
+    PROF_TIMED(PROF_BACKWARD_ACTIVATION, gelu_bias_backward(d_ff, g->fc_bias, mlp_rows(m, a->fc_slope, l, bt), d_ff,
+                                                            rows, m->d_ff, accumulate, a->sum_partials));
+    PROF_TIMED(PROF_BACKWARD_LINEAR, product_backward(a->d_model_rows, g->fc_weight, NULL, d_ff, a->ln2 + sm * bt * d,
+                                                      w->fc_weight, rows, m->d, m->d_ff, accumulate, NULL));
 }
 
 static void block_backward(model *m, int l, int B, int T, const model_backward_hooks *hooks, bool accumulate) {

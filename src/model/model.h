@@ -57,10 +57,12 @@ typedef struct {
     float *att_saved;                 /* [L][B*H*saved_per_head] */
     float *att_out;                   /* [L][B*T*d] heads merged */
     float *ln2, *ln2_mean, *ln2_rstd;
-    float *fc_pre, *fc_tanh; /* [L][B*T*d_ff] */
-    float *fc_act;           /* [B*T*d_ff]: one layer's GELU output, remade in backward; shares
-                              * its memory with qkv and d_ff (params.c's work_floats); in bf16
-                              * alone where the products read bf16 (model.c's gelu_out_bf16) */
+    float *fc_act, *fc_slope; /* [L][B*T*d_ff]: the GELU output (read by the MLP's output product,
+                               * in bf16 alone where the products read bf16: the first half of
+                               * each layer's floats; backward writes its gradient d_ff over
+                               * it) and its slope (read by GELU's backward) */
+    float *fc_pre;            /* [B*T*d_ff]: one layer's fc product, read by GELU's forward alone;
+                               * shares its memory with qkv and d_ff (params.c's work_floats) */
     float *ln_f, *ln_f_mean, *ln_f_rstd;
     float *logits;        /* [B*T*V] (lm) or [B*n_classes] (cls) */
     float *probs;         /* the same shape: softmax of logits; == logits (overwritten)
@@ -73,7 +75,6 @@ typedef struct {
     /* scratch */
     float *qkv;                       /* [B*T*3d]: the qkv product, then its gradient */
     float *d_residual, *d_model_rows; /* [B*T*d] */
-    float *d_ff;                      /* [B*T*d_ff]: == fc_act == qkv, one buffer */
     float *d_pooled;                  /* [B*d] (cls) */
     float *pool_counts;               /* [B] (cls): valid positions of each row, over the context group */
     float *cls_grads;                 /* [n_out*(d+1)] (cls, context rank > 0): the head's gradients, dropped */

@@ -10,7 +10,7 @@
  * allocated per step). */
 void model_reserve_activations(model *m, int B, int T);
 /* Which copy of the per-block arrays of m->acts holds block `layer`'s
- * forward state, of the MLP's arrays (ln2 ... fc_tanh) or the others (mid
+ * forward state, of the MLP's arrays (ln2 ... fc_slope) or the others (mid
  * ... att_out): its own, or the one copy all blocks share when
  * train.recompute remakes that part (docs/scale.md §7). */
 size_t model_activation_slot(const model *m, int layer, bool mlp);

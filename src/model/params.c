@@ -264,7 +264,7 @@ typedef struct {
 #define ACTIVATION_SLOTS 40
 
 /* Copies of a part of the per-block forward state (the MLP's: ln2 ...
- * fc_tanh; or the attention sublayer's: mid ... att_out): one per block,
+ * fc_slope; or the attention sublayer's: mid ... att_out): one per block,
  * or one that every block's forward overwrites and backward remakes from
  * what the block keeps (docs/scale.md §7): train.recompute = mlp remakes
  * the MLP's from mid, block both from the block's input, which the
@@ -284,11 +284,9 @@ size_t model_activation_slot(const model *m, int layer, bool mlp) {
 
 /* One buffer holds, each in its turn, a block's qkv product (read by
  * attention's forward, which saves what backward needs in q_hat ...), the
- * GELU output fc_act (read by the MLP's output product, remade by backward
- * before its weight gradient), d_ff (written after that weight gradient:
- * matmul_backward reads inp before it writes dinp) and the qkv gradient
- * (after d_ff's last reader). None of the four is read after the next is
- * written, so one buffer of the largest holds them: 7 KB a token at d 256
+ * fc product fc_pre (read by GELU's forward, which saves the output and
+ * its slope per block) and the qkv gradient. None of the three is read
+ * after the next is written, so one buffer of the largest holds them: 7 KB a token at d 256
  * (docs/scale.md §7). */
 static size_t work_floats(const model *m, size_t bt) {
     size_t ff = (size_t)m->d_ff, qkv = 3 * (size_t)m->d;
@@ -324,9 +322,9 @@ static size_t activation_plan(const model *m, model_activations *a, int B, int T
         {&a->ln2, KM * bt * d},
         {&a->ln2_mean, KM * bt},
         {&a->ln2_rstd, KM * bt},
-        {&a->fc_pre, KM * bt * ff},
-        {&a->fc_act, work_floats(m, bt)},
-        {&a->fc_tanh, KM * bt * ff},
+        {&a->fc_act, KM * bt * ff},
+        {&a->fc_slope, KM * bt * ff},
+        {&a->fc_pre, work_floats(m, bt)},
         {&a->ln_f, bt * d},
         {&a->ln_f_mean, bt},
         {&a->ln_f_rstd, bt},
@@ -383,7 +381,7 @@ void model_reserve_activations(model *m, int B, int T) {
         cursor += plan[i].count;
     }
     if (!a->probs) a->probs = a->logits; /* the softmax works in place */
-    a->qkv = a->d_ff = a->fc_act;        /* work_floats */
+    a->qkv = a->fc_pre;                  /* work_floats */
     a->predictions = sys_calloc((size_t)B * T, sizeof(int32_t));
 }
 

@@ -42,7 +42,6 @@ int stream_create(stream_state *st, const model *m, int S, int capacity, int n_m
         {&st->qkv, rows * 3 * d},
         {&st->att, rows * d},
         {&st->fc, rows * ff},
-        {&st->fc_tanh, rows * ff},
         {&st->stats, 2 * rows},
         {&st->head_scratch, attention_stream_scratch_floats(&m->cfg, &m->fmm, n_max, m->dh)},
         {&st->probs, attention_stream_probs_floats(&m->cfg, n_max, capacity)},
@@ -99,7 +98,7 @@ static void stream_block(model *m, stream_state *st, int l, int rows, int n) {
     layernorm_residual_forward(st->ln, mean, rstd, st->mid, w->proj_bias, st->x, w->ln2_weight, w->ln2_bias, rows,
                                m->d);
     matmul_forward(st->fc, st->ln, w->fc_weight, NULL, rows, m->d, m->d_ff);
-    gelu_bias_forward(st->fc, st->fc_tanh, st->fc, w->fc_bias, rows, m->d_ff);
+    gelu_bias_forward(st->fc, NULL, st->fc, w->fc_bias, rows, m->d_ff);
     matmul_forward(st->x, st->fc, w->mlp_proj_weight, NULL, rows, m->d_ff, m->d);
     residual_add(st->x, w->mlp_proj_bias, st->mid, rows, m->d);
 }

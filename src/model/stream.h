@@ -25,7 +25,7 @@ typedef struct {
     float *carry_x, *carry_p;        /* [L][2][S][H][dh] */
     float *far_state;                /* [L][S][H][fmm_stream_state_floats] */
     float *x, *mid, *ln, *qkv, *att; /* segment activations [S*n_max][...] */
-    float *fc, *fc_tanh, *stats;     /* MLP and LayerNorm scratch */
+    float *fc, *stats;               /* MLP and LayerNorm scratch */
     float *head_scratch, *probs;     /* per-head temporaries, attention weights */
     float *rope_cos, *rope_sin;      /* RoPE of the segment's absolute positions [n_max][dh/2] */
     long long dropped;               /* positions slid out of the caches (stream_slide) */
