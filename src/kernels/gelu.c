@@ -27,6 +27,9 @@ static inline float gelu_slope(float x, float th) {
     return 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
+/* Rows from element `at` on of an array the caller may leave NULL. */
+static float *row_of(float *rows, size_t at) { return rows ? rows + at : NULL; }
+
 /* GELU of pre + bias along one row, and its slope unless slope is NULL:
  * the bias add costs no pass of its own (docs/design.md §8.10). The
  * portable form, for CPUs without AVX2 and FMA. */
@@ -64,7 +67,7 @@ VECTOR_CLONES static void gelu_bias_forward_row_portable(float *out, float *slop
     static void gelu_row##width(float *out, float *slope, const float *pre, const float *bias, int dim) { \
         int i = 0;                                                                                        \
         for (; i + (width) <= dim; i += (width))                                                          \
-            gelu_lanes##width(out + i, slope ? slope + i : NULL, pre + i, bias + i);                      \
+            gelu_lanes##width(out + i, row_of(slope, (size_t)i), pre + i, bias + i);                      \
         if (i == dim) return;                                                                             \
         size_t tail = sizeof(float) * (size_t)(dim - i);                                                  \
         float o[width], s[width], p[width] = {0}, b[width] = {0};                                         \
@@ -101,8 +104,6 @@ static void gelu_bias_forward_row(float *out, float *slope, const float *pre, co
 #endif
     gelu_bias_forward_row_portable(out, slope, pre, bias, dim);
 }
-
-static float *row_of(float *rows, size_t at) { return rows ? rows + at : NULL; }
 
 void gelu_bias_forward(float *out, float *slope, const float *pre, const float *bias, int rows, int dim) {
 #pragma omp parallel for schedule(static) if ((size_t)rows * dim >= kernel_parallel_min_floats)
