@@ -62,7 +62,7 @@ typedef struct {
                                * each layer's floats; backward writes its gradient d_ff over
                                * it) and its slope (read by GELU's backward) */
     float *fc_pre;            /* [B*T*d_ff]: one layer's fc product, read by GELU's forward alone;
-                               * shares its memory with qkv and d_ff (params.c's work_floats) */
+                               * shares its memory with qkv (params.c's work_floats) */
     float *ln_f, *ln_f_mean, *ln_f_rstd;
     float *logits;        /* [B*T*V] (lm) or [B*n_classes] (cls) */
     float *probs;         /* the same shape: softmax of logits; == logits (overwritten)

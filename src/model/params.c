@@ -286,7 +286,8 @@ size_t model_activation_slot(const model *m, int layer, bool mlp) {
  * attention's forward, which saves what backward needs in q_hat ...), the
  * fc product fc_pre (read by GELU's forward, which saves the output and
  * its slope per block) and the qkv gradient. None of the three is read
- * after the next is written, so one buffer of the largest holds them: 7 KB a token at d 256
+ * after the next is written, so one buffer of the largest holds them: 4 KB
+ * a token at d 256 and d_ff 1,024, where three would take 10 KB
  * (docs/scale.md §7). */
 static size_t work_floats(const model *m, size_t bt) {
     size_t ff = (size_t)m->d_ff, qkv = 3 * (size_t)m->d;
