@@ -295,11 +295,11 @@ static float *run_in_halves(gemm_ctx *ctx, const problem *p, int k1) {
 
 /* Our own kernel's products whose K is at least 2,048 and twice C's longer
  * side, C at most 2^18 floats (a weight gradient dY^T X of a long batch),
- * are summed in two halves
- * of K, the second added last, so that two threads each take a half: the
- * bits are those of the two halves made one after the other (K's first
- * half rounded up to 32), on 1, 2, 3 and 4 threads, and from four threads
- * of a parallel region at once (each its own scratch). The scratch is
+ * are summed in two halves of K, the second added last, so that two
+ * threads each take a half: the bits are those of the two halves made one
+ * after the other (K's first half rounded up to 32), on 1, 2, 3 and 4
+ * threads, and from four threads of a parallel region at once (each its
+ * own scratch). The scratch is
  * reused from product to product: a half read from it would carry the last
  * product's sums. */
 static void test_k_halves(gemm_ctx *ctx) {
