@@ -185,7 +185,7 @@ static void test_tile_gemm_paths_agree(void) {
  * the AVX2 one: tiled attention forward and backward, T = 300, dh 64 (two
  * wide blocks of the head dimension) and 24 (none: the fallback). The
  * AVX-512 maxima and exponentials too, whose masks of the rows that see a
- * key (tiled_rows_seen16) are walked causal and in bands narrower and
+ * key (tiled_rows16_see) are walked causal and in bands narrower and
  * wider than a tile. Where the CPU has no AVX-512 the same source runs
  * built for AVX2. */
 static void test_tile_gemm_wide_same_bits(int DH, int half) {

@@ -141,9 +141,28 @@ __attribute__((target("avx2,fma"))) static void tile_exponentials_avx2(float *st
  * same bits as the eight-lane groups), then the rest as above, so that
  * each row's result does not depend on the vector width. */
 __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline __m512
-exponentials16(const float *col, __m512 mr, bool whole, int j, int r0, int i0, int j0, const tiled_mask *mask) {
+exponentials16(const float *col, __m512 mr, bool whole, const tiled_rows16 *seen, __m512i key) {
     __m512 e = fast_exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(col), mr));
-    return whole ? e : _mm512_maskz_mov_ps(tiled_rows_seen16(mask, j0 + j, i0, r0), e);
+    return whole ? e : _mm512_maskz_mov_ps(tiled_rows16_see(seen, key), e);
+}
+
+/* The rows r0 .. r0 + 15 over the tile's keys, their sums in a register.
+ * The group loops here are inlined with `whole` a constant, so that a whole
+ * tile's loop carries no test of the mask and a cut one no branch around
+ * it; the keys advance as a vector and the columns as a pointer. */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
+exponentials_group16(float *st, float *sum, const float *m, int r0, int keys, int i0, int j0, const tiled_mask *mask,
+                     bool whole) {
+    __m512 mr = _mm512_loadu_ps(m + r0), total = _mm512_setzero_ps();
+    tiled_rows16 seen = tiled_rows16_of(mask, i0, r0);
+    __m512i key = _mm512_set1_epi32(j0);
+    float *col = st + r0;
+    for (int j = 0; j < keys; j++, col += TILE_Q, key = _mm512_add_epi32(key, _mm512_set1_epi32(1))) {
+        __m512 e = exponentials16(col, mr, whole, &seen, key);
+        _mm512_storeu_ps(col, e);
+        total = _mm512_add_ps(total, e);
+    }
+    _mm512_storeu_ps(sum + r0, total);
 }
 
 __attribute__((target("avx512f,avx2,fma"))) static void tile_exponentials_avx512(float *st, float *sum, const float *m,
@@ -152,16 +171,38 @@ __attribute__((target("avx512f,avx2,fma"))) static void tile_exponentials_avx512
     int full = rows / 16 * 16;
     bool whole = tiled_whole(mask, rows, keys, i0, j0);
     for (int r0 = 0; r0 < full; r0 += 16) {
-        __m512 mr = _mm512_loadu_ps(m + r0), total = _mm512_setzero_ps();
-        for (int j = 0; j < keys; j++) {
-            float *col = st + (size_t)j * TILE_Q + r0;
-            __m512 e = exponentials16(col, mr, whole, j, r0, i0, j0, mask);
-            _mm512_storeu_ps(col, e);
-            total = _mm512_add_ps(total, e);
-        }
-        _mm512_storeu_ps(sum + r0, total);
+        if (whole) exponentials_group16(st, sum, m, r0, keys, i0, j0, mask, true);
+        else exponentials_group16(st, sum, m, r0, keys, i0, j0, mask, false);
     }
     tile_exponentials_avx2(st, sum, m, full, rows, keys, i0, j0, mask);
+}
+
+/* The bf16 form of exponentials_group16: two keys a step, written as a row
+ * of pairs of the P operand (tile_exponentials_pairs). */
+__attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl,avx2,fma"), always_inline)) static inline void
+exponentials_pairs_group16(const float *st, float *sum, const float *m, int r0, int keys, int i0, int j0,
+                           const tiled_mask *mask, uint16_t *pairs, bool whole) {
+    __m512 mr = _mm512_loadu_ps(m + r0), total = _mm512_setzero_ps();
+    tiled_rows16 seen = tiled_rows16_of(mask, i0, r0);
+    const __m512i one = _mm512_set1_epi32(1);
+    __m512i key = _mm512_set1_epi32(j0);
+    const float *col = st + r0;
+    uint16_t *dst = pairs + 2 * (size_t)r0;
+    int j = 0;
+    for (; j + 1 < keys;
+         j += 2, col += 2 * TILE_Q, dst += 2 * TILE_Q, key = _mm512_add_epi32(key, _mm512_set1_epi32(2))) {
+        __m512 e0 = exponentials16(col, mr, whole, &seen, key);
+        total = _mm512_add_ps(total, e0);
+        __m512 e1 = exponentials16(col + TILE_Q, mr, whole, &seen, _mm512_add_epi32(key, one));
+        total = _mm512_add_ps(total, e1);
+        _mm512_storeu_si512((void *)dst, tiled_interleave16(e0, e1));
+    }
+    if (j < keys) { /* an odd count: the last key's pair with zeros */
+        __m512 e0 = exponentials16(col, mr, whole, &seen, key);
+        total = _mm512_add_ps(total, e0);
+        _mm512_storeu_si512((void *)dst, tiled_interleave16(e0, _mm512_setzero_ps()));
+    }
+    _mm512_storeu_ps(sum + r0, total);
 }
 
 /* The same exponentials for bf16 on vdpbf16ps, written as forward's P
@@ -174,42 +215,44 @@ tile_exponentials_pairs(float *st, float *sum, const float *m, int rows, int key
     int full = rows / 16 * 16;
     bool whole = tiled_whole(mask, rows, keys, i0, j0);
     for (int r0 = 0; r0 < full; r0 += 16) {
-        __m512 mr = _mm512_loadu_ps(m + r0), total = _mm512_setzero_ps();
-        for (int j = 0; j < keys; j += 2) {
-            const float *col = st + (size_t)j * TILE_Q + r0;
-            __m512 e0 = exponentials16(col, mr, whole, j, r0, i0, j0, mask), e1 = _mm512_setzero_ps();
-            total = _mm512_add_ps(total, e0);
-            if (j + 1 < keys) {
-                e1 = exponentials16(col + TILE_Q, mr, whole, j + 1, r0, i0, j0, mask);
-                total = _mm512_add_ps(total, e1);
-            }
-            _mm512_storeu_si512((void *)(pairs + 2 * ((size_t)(j / 2) * TILE_Q + r0)), tiled_interleave16(e0, e1));
-        }
-        _mm512_storeu_ps(sum + r0, total);
+        if (whole) exponentials_pairs_group16(st, sum, m, r0, keys, i0, j0, mask, pairs, true);
+        else exponentials_pairs_group16(st, sum, m, r0, keys, i0, j0, mask, pairs, false);
     }
     if (full == rows) return;
     tile_exponentials_avx2(st, sum, m, full, rows, keys, i0, j0, mask);
     tile_bf16_pack(pairs + 2 * full, TILE_Q, 1, st + full, TILE_Q, 1, keys, rows - full);
 }
 
+/* The running maxima of the rows r0 .. r0 + 15 over the tile's keys, in a
+ * register (inlined with `whole` a constant, as exponentials_group16).
+ * max(col, m) keeps m where col is not greater, NaN included, as
+ * tile_maxima does: the same maxima. */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
+maxima_group16(float *mx, const float *m, const float *st, int r0, int keys, int i0, int j0, const tiled_mask *mask,
+               bool whole) {
+    __m512 top = _mm512_loadu_ps(m + r0);
+    tiled_rows16 seen = tiled_rows16_of(mask, i0, r0);
+    __m512i key = _mm512_set1_epi32(j0);
+    const float *col = st + r0;
+    for (int j = 0; j < keys; j++, col += TILE_Q, key = _mm512_add_epi32(key, _mm512_set1_epi32(1))) {
+        __m512 c = _mm512_loadu_ps(col);
+        top = whole ? _mm512_max_ps(c, top) : _mm512_mask_max_ps(top, tiled_rows16_see(&seen, key), c, top);
+    }
+    _mm512_storeu_ps(mx + r0, top);
+}
+
 /* tile_maxima sixteen rows at a time, each group's maxima in a register
  * across the keys (the loop above carries them through memory: a store
  * and a reload per key, 9% of a bf16 forward at T = 256), then the rows
- * past the sixteens as above. max(col, m) keeps m where col is not
- * greater, NaN included, as the loop above does: the same maxima. */
+ * past the sixteens as above. */
 __attribute__((target("avx512f,avx2,fma"))) static void tile_maxima_avx512(float *mx, const float *m, const float *st,
                                                                            int rows, int keys, int i0, int j0,
                                                                            const tiled_mask *mask) {
     int full = rows / 16 * 16;
     bool whole = tiled_whole(mask, rows, keys, i0, j0);
     for (int r0 = 0; r0 < full; r0 += 16) {
-        __m512 top = _mm512_loadu_ps(m + r0);
-        for (int j = 0; j < keys; j++) {
-            __m512 col = _mm512_loadu_ps(st + (size_t)j * TILE_Q + r0);
-            __mmask16 seen = whole ? (__mmask16)0xFFFF : tiled_rows_seen16(mask, j0 + j, i0, r0);
-            top = _mm512_mask_max_ps(top, seen, col, top);
-        }
-        _mm512_storeu_ps(mx + r0, top);
+        if (whole) maxima_group16(mx, m, st, r0, keys, i0, j0, mask, true);
+        else maxima_group16(mx, m, st, r0, keys, i0, j0, mask, false);
     }
     if (full < rows) tile_maxima(mx, m, st, full, rows, keys, i0, j0, mask);
 }

@@ -132,16 +132,31 @@ __attribute__((target("avx512f"), always_inline)) static inline __mmask16 tiled_
 }
 
 /* Which of the sixteen rows r0 .. r0 + 15 of a query tile (at row i0) see
- * key j, as a mask register: tiled_row_begin and tiled_row_end's rows
- * without their clamps to the tile (the sixteen lie inside it), by two
- * compares. The clamped form, once per key, took most of the forward's
- * maxima pass (docs/design.md §8.10). */
-__attribute__((target("avx512f"), always_inline)) static inline __mmask16 tiled_rows_seen16(const tiled_mask *m, int j,
-                                                                                            int i0, int r0) {
+ * a key, as bounds set once per group of sixteen: the row at position pos
+ * sees key j when pos - behind - 1 < j <= pos + ahead (tiled_key_begin and
+ * tiled_key_end, unclamped: the sixteen lie inside the tile). The loops over
+ * a tile's keys then test a key by two compares against a vector of it;
+ * the bounds worked out afresh per key took most of the forward's maxima
+ * pass, and half the instructions of its exponentials' (docs/design.md
+ * §8.10). Positions stay below 2^24 and ahead, behind at most UNBOUNDED, so
+ * the bounds fit an int. */
+typedef struct {
+    __m512i last, before; /* the last key each row sees; the key just behind its first */
+} tiled_rows16;
+
+__attribute__((target("avx512f"), always_inline)) static inline tiled_rows16 tiled_rows16_of(const tiled_mask *m,
+                                                                                             int i0, int r0) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    int first = j - m->ahead - m->q_pos0 - i0 - r0, end = j + m->behind - m->q_pos0 - i0 + 1 - r0;
-    return _mm512_cmpge_epi32_mask(lane, _mm512_set1_epi32(first)) &
-           _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(end));
+    __m512i pos = _mm512_add_epi32(lane, _mm512_set1_epi32(m->q_pos0 + i0 + r0));
+    tiled_rows16 r = {_mm512_add_epi32(pos, _mm512_set1_epi32(m->ahead)),
+                      _mm512_sub_epi32(pos, _mm512_set1_epi32(m->behind + 1))};
+    return r;
+}
+
+/* The rows of the group that see the key in every lane of `key`. */
+__attribute__((target("avx512f"), always_inline)) static inline __mmask16 tiled_rows16_see(const tiled_rows16 *r,
+                                                                                           __m512i key) {
+    return _mm512_mask_cmpgt_epi32_mask(_mm512_cmple_epi32_mask(key, r->last), key, r->before);
 }
 
 /* Sixteen bf16 pairs (a_i, b_i) from two rows of sixteen floats, with
