@@ -137,9 +137,9 @@ __attribute__((target("avx512f"), always_inline)) static inline __mmask16 tiled_
  * tiled_key_end, unclamped: the sixteen lie inside the tile). The loops over
  * a tile's keys then test a key by two compares against a vector of it;
  * the bounds worked out afresh per key took most of the forward's maxima
- * pass, and half the instructions of its exponentials' (docs/design.md
- * §8.10). Positions stay below 2^24 and ahead, behind at most UNBOUNDED, so
- * the bounds fit an int. */
+ * pass, and about 30 of the 75 instructions of its exponentials' loop of
+ * two keys on a cut tile (docs/design.md §8.10). Positions stay below 2^24
+ * and ahead, behind at most UNBOUNDED, so the bounds fit an int. */
 typedef struct {
     __m512i last, before; /* the last key each row sees; the key just behind its first */
 } tiled_rows16;
