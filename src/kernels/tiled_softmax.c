@@ -112,9 +112,27 @@ VECTOR_CLONES static void tile_exponentials(float *restrict st, float *restrict 
 }
 
 #if FAST_EXP8_AVAILABLE
-/* tile_exponentials eight rows at a time with fast_exp8_nonpositive, each
- * group's sums in a register across the keys, from row `from` (a multiple
- * of eight); the rows past the last full group of eight go to the scalar
+/* The rows r0 .. r0 + 7 over the tile's keys with fast_exp8_nonpositive,
+ * their sums in a register; inlined with `whole` a constant, as the
+ * AVX-512 groups below. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+exponentials_group8(float *st, float *sum, const float *m, int r0, int keys, int i0, int j0, const tiled_mask *mask,
+                    bool whole) {
+    __m256 mr = _mm256_loadu_ps(m + r0), total = _mm256_setzero_ps();
+    tiled_rows8 seen = tiled_rows8_of(mask, i0, r0);
+    __m256i key = _mm256_set1_epi32(j0);
+    float *col = st + r0;
+    for (int j = 0; j < keys; j++, col += TILE_Q, key = _mm256_add_epi32(key, _mm256_set1_epi32(1))) {
+        __m256 e = fast_exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(col), mr));
+        if (!whole) e = _mm256_and_ps(e, tiled_rows8_see(&seen, key));
+        _mm256_storeu_ps(col, e);
+        total = _mm256_add_ps(total, e);
+    }
+    _mm256_storeu_ps(sum + r0, total);
+}
+
+/* tile_exponentials eight rows at a time, from row `from` (a multiple of
+ * eight); the rows past the last full group of eight go to the scalar
  * loop (masked loads and stores are slow on AMD's cores). */
 __attribute__((target("avx2,fma"))) static void tile_exponentials_avx2(float *st, float *sum, const float *m, int from,
                                                                        int rows, int keys, int i0, int j0,
@@ -122,17 +140,8 @@ __attribute__((target("avx2,fma"))) static void tile_exponentials_avx2(float *st
     int full = rows / 8 * 8;
     bool whole = tiled_whole(mask, rows, keys, i0, j0);
     for (int r0 = from; r0 < full; r0 += 8) {
-        __m256 mr = _mm256_loadu_ps(m + r0), total = _mm256_setzero_ps();
-        for (int j = 0; j < keys; j++) {
-            float *col = st + (size_t)j * TILE_Q + r0;
-            __m256 e = fast_exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(col), mr));
-            if (!whole)
-                e = _mm256_and_ps(e, tiled_lanes_between(tiled_row_begin(mask, j0 + j, i0, rows) - r0,
-                                                         tiled_row_end(mask, j0 + j, i0, rows) - r0));
-            _mm256_storeu_ps(col, e);
-            total = _mm256_add_ps(total, e);
-        }
-        _mm256_storeu_ps(sum + r0, total);
+        if (whole) exponentials_group8(st, sum, m, r0, keys, i0, j0, mask, true);
+        else exponentials_group8(st, sum, m, r0, keys, i0, j0, mask, false);
     }
     if (full < rows) tile_exponentials(st, sum, m, full, rows, keys, i0, j0, mask);
 }

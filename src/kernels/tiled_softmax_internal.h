@@ -159,6 +159,26 @@ __attribute__((target("avx512f"), always_inline)) static inline __mmask16 tiled_
     return _mm512_mask_cmpgt_epi32_mask(_mm512_cmple_epi32_mask(key, r->last), key, r->before);
 }
 
+/* tiled_rows16's bounds for the eight rows r0 .. r0 + 7 (AVX2): a key is
+ * seen where it is above `before` and not above `last`, as all ones in the
+ * lane. */
+typedef struct {
+    __m256i last, before;
+} tiled_rows8;
+
+__attribute__((target("avx2"), always_inline)) static inline tiled_rows8 tiled_rows8_of(const tiled_mask *m, int i0,
+                                                                                        int r0) {
+    __m256i pos = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(m->q_pos0 + i0 + r0));
+    tiled_rows8 r = {_mm256_add_epi32(pos, _mm256_set1_epi32(m->ahead)),
+                     _mm256_sub_epi32(pos, _mm256_set1_epi32(m->behind + 1))};
+    return r;
+}
+
+__attribute__((target("avx2"), always_inline)) static inline __m256 tiled_rows8_see(const tiled_rows8 *r, __m256i key) {
+    return _mm256_castsi256_ps(
+        _mm256_andnot_si256(_mm256_cmpgt_epi32(key, r->last), _mm256_cmpgt_epi32(key, r->before)));
+}
+
 /* Sixteen bf16 pairs (a_i, b_i) from two rows of sixteen floats, with
  * cpu_f32_to_bf16's rounding (vcvtne2ps2bf16) and one permute. */
 __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"), always_inline)) static inline __m512i
