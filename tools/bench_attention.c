@@ -25,6 +25,7 @@
 #include "base/cpu.h"
 #include "kernels/tile_gemm.h"
 #include "kernels/tiled_softmax.h"
+#include "tool_args.h"
 
 #define ROUNDS 5
 
@@ -74,13 +75,12 @@ static double product_gflops(const product *p, bool bf16) {
     return 2.0 * p->m * p->n * p->k * reps / best / 1e9;
 }
 
-/* argv[i] as a whole decimal integer in [lo, hi], or `fallback` when absent;
- * -1 when it is anything else ("1e9", "12x", "nan"). */
+/* argv[i] (tool_long), or `fallback` when absent; -1 when it is anything
+ * else. */
 static long argument(int argc, char **argv, int i, long fallback, long lo, long hi) {
+    long v;
     if (i >= argc) return fallback;
-    char *end;
-    long value = strtol(argv[i], &end, 10);
-    return *argv[i] && !*end && value >= lo && value <= hi ? value : -1;
+    return tool_long(argv[i], lo, hi, &v) ? v : -1;
 }
 
 /* Chooses the kernels of `path`; false when it is none of the four. */

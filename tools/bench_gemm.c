@@ -26,6 +26,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "tool_args.h"
+
 #include "base/blas_core.h"
 #include "base/cpu.h"
 #include "base/status.h"
@@ -106,8 +108,16 @@ static double median(double *v, int n) {
 int main(int argc, char **argv) {
     blas_core_select(argv);
     const char *path = argc > 1 ? argv[1] : "configs/bench_d256.ini";
-    int rounds = argc > 2 ? atoi(argv[2]) : 7;
-    if (rounds < 2 || rounds > MAX_ROUNDS) rounds = 7;
+    long asked = 7;
+    if (argc > 3) {
+        fprintf(stderr, "bench_gemm: unexpected argument '%s'; usage: bench_gemm [CONFIG] [rounds]\n", argv[3]);
+        return 2;
+    }
+    if (argc > 2 && !tool_long(argv[2], 2, MAX_ROUNDS, &asked)) {
+        fprintf(stderr, "bench_gemm: rounds '%s': an integer in [2, %d]\n", argv[2], MAX_ROUNDS);
+        return 2;
+    }
+    int rounds = (int)asked;
     config c;
     status err;
     config_defaults(&c);

@@ -13,27 +13,29 @@
 #include <string.h>
 
 #include "base/cpu.h"
+#include "tool_args.h"
 
 int main(int argc, char **argv) {
-    int threads = 1;
+    long threads = 1;
     double seconds = 0.5;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
-        else {
+        bool known = i + 1 < argc && (!strcmp(argv[i], "--threads") || !strcmp(argv[i], "--seconds"));
+        if (!known) {
             fprintf(stderr, "usage: fma_peak [--threads N] [--seconds S]\n");
             return 2;
         }
+        const char *flag = argv[i], *value = argv[++i];
+        bool threads_flag = !strcmp(flag, "--threads");
+        if (threads_flag ? !tool_long(value, 1, 1024, &threads) : !tool_double(value, 1e-3, 600, &seconds)) {
+            fprintf(stderr, "fma_peak: %s '%s': %s\n", flag, value,
+                    threads_flag ? "an integer in [1, 1024]" : "seconds in [0.001, 600]");
+            return 2;
+        }
     }
-    if (threads < 1 || threads > 1024 || !(seconds > 0 && seconds < 600)) {
-        fprintf(stderr, "fma_peak: --threads in [1, 1024], --seconds in (0, 600)\n");
-        return 2;
-    }
-    cpu_peak peak = cpu_measure_peak(threads, seconds);
+    cpu_peak peak = cpu_measure_peak((int)threads, seconds);
     double fp32 = peak.fp32_gflops, bf16 = peak.bf16_gflops;
-    threads = peak.threads;
-    printf("fp32 FMA peak (%s): %.1f GFLOP/s on %d thread%s (%.1f per thread)\n", peak.isa, fp32, threads,
-           threads == 1 ? "" : "s", fp32 / threads);
+    printf("fp32 FMA peak (%s): %.1f GFLOP/s on %d thread%s (%.1f per thread)\n", peak.isa, fp32, peak.threads,
+           peak.threads == 1 ? "" : "s", fp32 / peak.threads);
     if (bf16 > 0)
         printf("bf16 dot-product peak (vdpbf16ps): %.1f GFLOP/s, %.2f x fp32\n", bf16, fp32 > 0 ? bf16 / fp32 : 0);
     else printf("bf16 dot-product peak: none (no AVX512_BF16)\n");

@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tool_args.h"
+
 enum { MAX_SIZES = 40, MAX_REPS = 200 };
 
 static int compare(const void *a, const void *b) {
@@ -104,11 +106,12 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     double max_bytes = 16 << 20, seconds = 0.5;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--max-bytes") && i + 1 < argc) max_bytes = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
-        else max_bytes = -1;
+        bool ok = false;
+        if (!strcmp(argv[i], "--max-bytes") && i + 1 < argc) ok = tool_double(argv[++i], 8, 1 << 30, &max_bytes);
+        else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) ok = tool_double(argv[++i], 0.05, 60, &seconds);
+        if (!ok) max_bytes = -1;
     }
-    if (!(max_bytes >= 8 && max_bytes <= (1 << 30)) || !(seconds >= 0.05 && seconds <= 60)) {
+    if (max_bytes < 0) {
         if (rank == 0) usage();
         MPI_Finalize();
         return 2;
