@@ -19,6 +19,17 @@ def tool(momfmm, name):
 NUMBER = r"[0-9]+(?:\.[0-9]+)?"
 
 
+def test_bench_attention(momfmm, report):
+    for path in ("fp32", "bf16"):
+        r = run([tool(momfmm, "bench_attention"), "200", "24", path], timeout=120)
+        causal = re.search(rf"^T=200 dh=24 causal: forward ({NUMBER}) us {NUMBER} GFLOP/s \(\d+%\) \| "
+                           rf"backward ({NUMBER}) us {NUMBER} GFLOP/s \(\d+%\)$", r.stdout, re.M)
+        products = re.findall(rf"^  (forward|backward) .+ {NUMBER} GFLOP/s \(\d+%\)$", r.stdout, re.M)
+        report.check(f"bench_attention 200 24 {path}: the head's times in microseconds and the seven products",
+                     r.returncode == 0 and causal and float(causal.group(1)) > 0 and float(causal.group(2)) > 0
+                     and len(products) == 7, f"rc {r.returncode} {r.stdout[-600:]} {r.stderr[-300:]}")
+
+
 def test_bench_gemm(momfmm, report):
     config = os.path.join(ROOT, "configs", "quickstart.ini")
     r = run([tool(momfmm, "bench_gemm"), config, "2"], timeout=120)
