@@ -437,11 +437,49 @@ static void test_tiled_bf16_same_bits(int DH, int half) {
     test_check(r.same_bits, name, NULL);
 }
 
+/* bf16 forward packs a head's K and V once for all its query tiles where
+ * they fit the scratch's rows part (tiled_softmax.c, whole_keys), else
+ * each key tile once per query tile: the rows of each query tile run
+ * alone (one tile: the per-tile packing) give the bits of the whole call.
+ * Tq queries at positions Tk - Tq.. against Tk keys, the scratch exactly
+ * tiled_softmax_scratch_floats(Tq, dh) (the sanitizer build sees a pack
+ * past it): Tk = Tq and Tk a little more (packed once), Tk far more
+ * (per tile), and a band (per tile). */
+static void test_tiled_bf16_tiles_alone(bool causal, int Tq, int Tk, int dh, int half) {
+    size_t n = (size_t)Tq * dh;
+    float *q = randn(n, 1), *k = randn((size_t)Tk * dh, 1), *v = randn((size_t)Tk * dh, 1);
+    float *out = calloc(n, 4), *lse = calloc((size_t)Tq, 4), *part = calloc(n, 4), *part_lse = calloc((size_t)Tq, 4);
+    float *scratch = malloc(tiled_softmax_scratch_floats(Tq, dh) * sizeof(float));
+    tiled_softmax_band_forward(out, lse, q, k, v, Tq, Tk, dh, Tk - Tq, causal, half, true, scratch);
+    for (int i0 = 0; i0 < Tq; i0 += 96) {
+        int rows = Tq - i0 < 96 ? Tq - i0 : 96;
+        size_t at = (size_t)i0 * dh;
+        tiled_softmax_band_forward(part + at, part_lse + i0, q + at, k, v, rows, Tk, dh, Tk - Tq + i0, causal, half,
+                                   true, scratch);
+    }
+    char name[128];
+    snprintf(name, sizeof name,
+             "tiled attention bf16: query tiles alone give the whole call's bits (%s, Tq=%d, Tk=%d, dh=%d, band %d)",
+             causal ? "causal" : "full", Tq, Tk, dh, half);
+    test_check(memcmp(out, part, n * sizeof(float)) == 0 && memcmp(lse, part_lse, (size_t)Tq * sizeof(float)) == 0,
+               name, NULL);
+    free(q), free(k), free(v), free(out), free(lse), free(part), free(part_lse), free(scratch);
+}
+
+static void test_tiled_bf16_packing(void) {
+    test_tiled_bf16_tiles_alone(true, 300, 300, 24, 0);
+    test_tiled_bf16_tiles_alone(false, 300, 300, 63, 0);
+    test_tiled_bf16_tiles_alone(true, 200, 237, 64, 0);
+    test_tiled_bf16_tiles_alone(true, 150, 1000, 32, 0);
+    test_tiled_bf16_tiles_alone(true, 300, 300, 32, 150);
+}
+
 static void test_tile_bf16(void) {
     test_tile_bf16_transpose();
     tile_gemm_set_bf16_native(0);
     test_tile_bf16_path("fp32 sums");
     for (int way = 0; way < 2; way++) {
+        test_tiled_bf16_packing();
         test_tiled_bf16(24, 0);
         test_tiled_bf16(64, 7);
         test_tiled_bf16(64, 150);

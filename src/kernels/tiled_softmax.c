@@ -35,17 +35,23 @@ static size_t pairs_needed(int dh) {
     return forward > backward ? forward : backward;
 }
 
-/* D [T], and in bf16 backward's Q and dO packed once per call, as the
- * scores' operands (2 [T][(dh + 1) / 2] pairs) and as dK's and dV's (2
- * [(T + 1) / 2][dh]). A pair takes a float's 4 bytes. */
+/* The scratch's rows part, for up to T rows: D [T], and in bf16
+ * backward's Q and dO packed once per call, as the scores' operands (2
+ * [T][(dh + 1) / 2] pairs) and as dK's and dV's (2 [(T + 1) / 2][dh]). A
+ * pair takes a float's 4 bytes. Forward may hold a head's K and V pairs
+ * there instead (whole_keys). */
+static size_t rows_floats(int T, int dh) {
+    return (size_t)T * (1 + 2 * (size_t)((dh + 1) / 2)) + 2 * (size_t)((T + 1) / 2) * dh;
+}
+
 size_t tiled_softmax_scratch_floats(int T, int dh) {
     return 2 * (size_t)TILE_Q * TILE_K + 2 * (size_t)dh * TILE_K + 2 * (size_t)dh * TILE_Q + 5 * (size_t)TILE_Q +
-           pairs_needed(dh) + (size_t)T * (1 + 2 * (size_t)((dh + 1) / 2)) + 2 * (size_t)((T + 1) / 2) * dh;
+           pairs_needed(dh) + rows_floats(T, dh);
 }
 
 tiled_scratch tiled_carve(float *scratch, int dh, bool bf16) {
     tiled_scratch s;
-    s.bf16 = bf16;
+    s.bf16 = bf16, s.keys_packed = false;
     s.st = scratch, s.dp = s.st + (size_t)TILE_Q * TILE_K, s.kt = s.dp + (size_t)TILE_Q * TILE_K;
     s.vt = s.kt + (size_t)dh * TILE_K, s.qt = s.vt + (size_t)dh * TILE_K, s.acc = s.qt + (size_t)dh * TILE_Q;
     s.m = s.acc + (size_t)dh * TILE_Q, s.l = s.m + TILE_Q, s.mx = s.l + TILE_Q, s.rescale = s.mx + TILE_Q;
@@ -349,9 +355,27 @@ static tiled_scratch rows_from(const tiled_scratch *s, int r0, int dh) {
     return part;
 }
 
+/* bf16: whether forward packs the head's K and V once for all its query
+ * tiles, into the scratch's rows part (which backward alone uses), rather
+ * than each key tile once per query tile: with T / TILE_Q query tiles each
+ * packing the keys up to its last, that packing took 8-12% of a bf16
+ * forward at T = 4k (perf), and packed once the forward runs 5-9% faster
+ * at T = 256 to 4k (docs/performance.md §9.9, "K and V packed once").
+ * Only where every query tile's keys begin at key 0 (no band): its key
+ * tiles then start at even keys, so V's pairs are a key tile's pairs and
+ * the products give the same bits (test_tiles runs the query tiles alone
+ * against the whole call). A band's query tiles see few keys each, and
+ * theirs start anywhere. The scratch holds rows_floats(T) for some
+ * T >= Tq, so the head's pairs must fit in rows_floats(Tq); where they do
+ * not (many more keys than queries: generation) the tiles pack as before. */
+static bool whole_keys(const tiled_scratch *s, const tiled_mask *mask, int Tq, int dh) {
+    size_t pairs = (size_t)mask->Tk * ((dh + 1) / 2) + (size_t)(mask->Tk + 1) / 2 * dh;
+    return s->bf16 && Tq > TILE_Q && mask->behind == UNBOUNDED && pairs <= rows_floats(Tq, dh);
+}
+
 /* Key tile [j0, j0 + keys) into the running softmax of rows r0 .. r0 +
- * rows - 1 of the query tile at row i0; the key tile packed (bf16) starts
- * at key kj0. */
+ * rows - 1 of the query tile at row i0; the keys packed (bf16) start at
+ * key kj0: the key tile's first, or 0 where forward packed them all. */
 static void forward_keys(const float *k, const float *v, int dh, int i0, int r0, int rows, int j0, int keys, int kj0,
                          const tiled_mask *mask, const tiled_scratch *s) {
     int row = i0 + r0, first = tiled_max(j0, tiled_key_begin(mask, row)),
@@ -383,8 +407,8 @@ static void forward_tile(float *out, float *lse, const float *q, const float *k,
     memset(s->acc, 0, sizeof(float) * (size_t)rows * dh);
     for (int j0 = first_key; j0 < last_key; j0 += TILE_K) {
         int keys = tiled_min(TILE_K, last_key - j0);
-        if (s->bf16) pack_key_values(k + (size_t)j0 * dh, v + (size_t)j0 * dh, keys, dh, pr);
-        forward_keys(k, v, dh, i0, 0, rows, j0, keys, j0, mask, s);
+        if (s->bf16 && !s->keys_packed) pack_key_values(k + (size_t)j0 * dh, v + (size_t)j0 * dh, keys, dh, pr);
+        forward_keys(k, v, dh, i0, 0, rows, j0, keys, s->keys_packed ? 0 : j0, mask, s);
     }
     for (int r = 0; r < rows; r++) {
         float inv = 1.0f / s->l[r];
@@ -400,6 +424,11 @@ void tiled_softmax_band_forward(float *out, float *lse, const float *q, const fl
     tiled_scratch s = tiled_carve(scratch, dh, bf16);
     s.pr = forward_pairs(&s, dh);
     tiled_mask mask = tiled_mask_of(q_pos0, Tk, causal, half);
+    if (whole_keys(&s, &mask, Tq, dh)) {
+        s.keys_packed = true;
+        s.pr.k = (uint16_t *)s.D, s.pr.v = s.pr.k + 2 * (size_t)Tk * ((dh + 1) / 2);
+        pack_key_values(k, v, Tk, dh, &s.pr);
+    }
     for (int i0 = 0; i0 < Tq; i0 += TILE_Q)
         forward_tile(out, lse, q, k, v, dh, i0, tiled_min(TILE_Q, Tq - i0), &mask, &s);
 }

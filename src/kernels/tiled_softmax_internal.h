@@ -29,7 +29,8 @@ static inline int tiled_max(int a, int b) { return a > b ? a : b; }
 
 /* bf16 operands (docs/design.md §8.10), packed once per tile into pairs
  * (tile_gemm.h), each in the form its product reads: forward the query
- * tile (q, once for all its key tiles), the key and value tiles (k, v) and
+ * tile (q, once for all its key tiles), the key and value tiles (k, v:
+ * or the head's keys and values once per call, in the rows part) and
  * the probabilities (p); backward the key tile (kt, vt: once for all its
  * query tiles), and per (key tile, query tile) the keys as dQ's operand
  * (k), the query and output-gradient rows (q, qr, d, dr) and the tile's
@@ -44,12 +45,15 @@ typedef struct {
 } tiled_pairs;
 
 /* The scratch, carved: forward uses st, qt, acc and the row arrays;
- * backward p, dp, kt, vt and D; the bf16 paths the pairs. */
+ * backward p, dp, kt, vt and D, and after D the rows part (its bf16 Q and
+ * dO pairs; bf16 forward may hold the head's K and V pairs there); the
+ * bf16 paths the pairs. */
 typedef struct {
     float *st, *dp, *qt, *kt, *vt, *acc, *m, *l, *mx, *rescale, *sum, *D;
-    uint16_t *pairs; /* pairs_needed(dh) */
-    bool bf16;       /* the products on bf16 operands */
-    tiled_pairs pr;  /* the pairs, carved for the direction that runs */
+    uint16_t *pairs;  /* pairs_needed(dh) */
+    bool bf16;        /* the products on bf16 operands */
+    bool keys_packed; /* forward: the head's K and V pairs packed once, in the rows part (whole_keys) */
+    tiled_pairs pr;   /* the pairs, carved for the direction that runs */
 } tiled_scratch;
 
 /* The scratch of tiled_softmax_scratch_floats, carved (bf16: the products
