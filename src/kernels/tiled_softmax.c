@@ -396,6 +396,24 @@ static void forward_keys(const float *k, const float *v, int dh, int i0, int r0,
     tile_values(v + (size_t)first * dh, first - kj0, last - first, rows, dh, &rs, &rs.pr);
 }
 
+/* A query tile's last step: each row's output acc / l and log-sum-exp
+ * m + log l. Inside forward_tile the normalising loop ran on four-lane
+ * SSE (the file's baseline) with logf's call in it; cloned
+ * (VECTOR_CLONES) it runs on the CPU's widest lanes, the same multiplies,
+ * so the same bits: a bf16 forward 2% faster at T = 256 (docs/performance.md
+ * §9.9, "K and V packed once"). The reciprocals made first, sixteen to a
+ * division, were not faster. */
+VECTOR_CLONES static void finish_rows(float *restrict out, float *restrict lse, const float *restrict acc,
+                                      const float *restrict m, const float *restrict l, int rows, int dh) {
+    for (int r = 0; r < rows; r++) {
+        float inv = 1.0f / l[r];
+        const float *restrict o = acc + (size_t)r * dh;
+        float *restrict dst = out + (size_t)r * dh;
+        for (int c = 0; c < dh; c++) dst[c] = o[c] * inv;
+    }
+    for (int r = 0; r < rows; r++) lse[r] = m[r] + logf(l[r]);
+}
+
 static void forward_tile(float *out, float *lse, const float *q, const float *k, const float *v, int dh, int i0,
                          int rows, const tiled_mask *mask, const tiled_scratch *s) {
     /* the keys any row of the tile sees: from the first row's first to the last row's last */
@@ -410,13 +428,7 @@ static void forward_tile(float *out, float *lse, const float *q, const float *k,
         if (s->bf16 && !s->keys_packed) pack_key_values(k + (size_t)j0 * dh, v + (size_t)j0 * dh, keys, dh, pr);
         forward_keys(k, v, dh, i0, 0, rows, j0, keys, s->keys_packed ? 0 : j0, mask, s);
     }
-    for (int r = 0; r < rows; r++) {
-        float inv = 1.0f / s->l[r];
-        const float *o = s->acc + (size_t)r * dh;
-        float *dst = out + (size_t)(i0 + r) * dh;
-        for (int c = 0; c < dh; c++) dst[c] = o[c] * inv;
-        lse[i0 + r] = s->m[r] + logf(s->l[r]);
-    }
+    finish_rows(out + (size_t)i0 * dh, lse + i0, s->acc, s->m, s->l, rows, dh);
 }
 
 void tiled_softmax_band_forward(float *out, float *lse, const float *q, const float *k, const float *v, int Tq, int Tk,
