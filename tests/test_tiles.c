@@ -440,7 +440,8 @@ static void test_tiled_bf16_same_bits(int DH, int half) {
 /* bf16 forward packs a head's K and V once for all its query tiles where
  * they fit the scratch's rows part (tiled_softmax.c, whole_keys), else
  * each key tile once per query tile: the rows of each query tile run
- * alone (one tile: the per-tile packing) give the bits of the whole call.
+ * alone (96 rows, TILE_Q of tiled_softmax_internal.h: one tile, packed
+ * per tile) give the bits of the whole call.
  * Tq queries at positions Tk - Tq.. against Tk keys, the scratch exactly
  * tiled_softmax_scratch_floats(Tq, dh) (the sanitizer build sees a pack
  * past it): Tk = Tq and Tk a little more (packed once), Tk far more
