@@ -105,13 +105,13 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     double max_bytes = 16 << 20, seconds = 0.5;
-    for (int i = 1; i < argc; i++) {
-        bool ok = false;
+    bool ok = true; /* the first argument it cannot read ends the loop: a later good one does not undo it */
+    for (int i = 1; ok && i < argc; i++) {
         if (!strcmp(argv[i], "--max-bytes") && i + 1 < argc) ok = tool_double(argv[++i], 8, 1 << 30, &max_bytes);
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) ok = tool_double(argv[++i], 0.05, 60, &seconds);
-        if (!ok) max_bytes = -1;
+        else ok = false;
     }
-    if (max_bytes < 0) {
+    if (!ok) {
         if (rank == 0) usage();
         MPI_Finalize();
         return 2;

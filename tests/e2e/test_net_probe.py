@@ -44,9 +44,11 @@ def test_bad_input(momfmm, workdir, report):
     r = run(MPIRUN + ["-np", "1", probe_binary(momfmm)], timeout=60)
     report.check("net_probe on one rank exits 2 saying it needs 2", r.returncode == 2 and
                  "needs at least 2 ranks" in r.stderr, f"rc {r.returncode} {r.stderr[-300:]}")
-    for flag, value in (("--seconds", "0"), ("--seconds", "0.1s"), ("--max-bytes", "1024x"), ("--max-bytes", "nan")):
-        r = run(MPIRUN + ["-np", "2", probe_binary(momfmm), flag, value], timeout=60)
-        report.check(f"net_probe {flag} {value} exits 2 with the usage (tools/tool_args.h: read whole)",
+    for args in (("--seconds", "0"), ("--seconds", "0.1s"), ("--max-bytes", "1024x"), ("--max-bytes", "nan"),
+                 ("--max-bytes", "nan", "--max-bytes", "1024"), ("--seconds", "-1", "--seconds", "0.1")):
+        r = run(MPIRUN + ["-np", "2", probe_binary(momfmm), *args], timeout=60)
+        report.check(f"net_probe {' '.join(args)} exits 2 with the usage (tools/tool_args.h: read whole; "
+                     "a later good value does not undo a bad one)",
                      r.returncode == 2 and "usage: net_probe" in r.stderr, f"rc {r.returncode} {r.stderr[-300:]}")
     empty = os.path.join(workdir, "empty.txt")
     open(empty, "w").close()
