@@ -2,7 +2,8 @@
  * placement, split by whole documents, determinism, refused inputs), long
  * samples without stack arrays, listops limits and TSV labels refused at
  * open, fast_exp_nonpositive and its eight-lane form on NaN and infinite
- * inputs (run it in the sanitizer build too), and sentencepiece models read
+ * inputs, fast_exp_coarse (bf16's) on every width (run it in the
+ * sanitizer build too), and sentencepiece models read
  * whole or refused (every truncation, single-byte damage). */
 #include <math.h>
 #include <stdio.h>
@@ -385,10 +386,59 @@ static void test_exp(void) {
     test_check(nan_out == 1 && isnan(row[5]), "fast_exp_nonpositive over a row: only the NaN stays NaN", NULL);
 }
 
+/* fast_exp_coarse, bf16's exponential: its bound, e^0 = 1 exactly, and
+ * fast_exp_nonpositive's clamps and NaN. */
+static void test_exp_coarse(void) {
+    float worst = 0;
+    for (float x = -87.0f; x <= 0.0f; x += 0.01f) worst = fmaxf(worst, fabsf(fast_exp_coarse(x) - expf(x)) / expf(x));
+    test_check(worst <= 3.2e-6f && worst > 1e-6f, "fast_exp_coarse: relative error in (1e-6, 3.2e-6] over [-87, 0]",
+               "%.3g", worst);
+    test_check(fast_exp_coarse(0.0f) == 1.0f, "fast_exp_coarse(0) = 1 exactly", NULL);
+    test_check(isnan(fast_exp_coarse(NAN)) && fast_exp_coarse(-INFINITY) == fast_exp_coarse(-87.0f) &&
+                   isfinite(fast_exp_coarse(INFINITY)),
+               "fast_exp_coarse(NaN), (-inf), (+inf): NaN, e^-87, finite", NULL);
+}
+
 #if FAST_EXP8_AVAILABLE
 /* out[0..8) = fast_exp8_nonpositive(x[0..8)). */
 __attribute__((target("avx2,fma"))) static void exp8(float *out, const float *x) {
     _mm256_storeu_ps(out, fast_exp8_nonpositive(_mm256_loadu_ps(x)));
+}
+
+/* out[0..16) = fast_exp16_coarse(x[0..16)), out[16..32) = fast_exp8_coarse
+ * of the same sixteen. */
+__attribute__((target("avx512f,avx2,fma"))) static void exp_coarse_16_8(float *out, const float *x) {
+    _mm512_storeu_ps(out, fast_exp16_coarse(_mm512_loadu_ps(x)));
+    _mm256_storeu_ps(out + 16, fast_exp8_coarse(_mm256_loadu_ps(x)));
+    _mm256_storeu_ps(out + 24, fast_exp8_coarse(_mm256_loadu_ps(x + 8)));
+}
+
+/* fast_exp_coarse's vector forms, whose reduction is one fused step: the
+ * same bound, the same bits on eight and sixteen lanes (the tiles'
+ * exponentials mix the widths within a tile), special inputs lane by lane. */
+static void test_exp_coarse_lanes(void) {
+    if (!__builtin_cpu_supports("avx512f")) {
+        test_skip("fast_exp16_coarse and fast_exp8_coarse", "the CPU has no AVX-512F");
+        return;
+    }
+    float worst = 0, x[16], e[32];
+    bool same = true;
+    for (float x0 = -87.0f; x0 <= 0.0f; x0 += 0.16f) {
+        for (int l = 0; l < 16; l++) x[l] = fminf(x0 + 0.01f * l, 0.0f);
+        exp_coarse_16_8(e, x);
+        for (int l = 0; l < 16; l++) worst = fmaxf(worst, fabsf(e[l] - expf(x[l])) / expf(x[l]));
+        same = same && !memcmp(e, e + 16, 16 * sizeof(float));
+    }
+    test_check(worst <= 3.2e-6f, "fast_exp16_coarse: relative error <= 3.2e-6 over [-87, 0]", "%.3g", worst);
+    test_check(same, "fast_exp16_coarse = fast_exp8_coarse, bits", NULL);
+    const float special[16] = {NAN,    -NAN,  -INFINITY, -1e30f,  INFINITY,     1e30f,       0.0f,   -1.0f,
+                               -87.0f, 88.0f, -0.0f,     -1e-30f, -0.34657359f, 0.34657359f, -86.9f, -126.0f};
+    exp_coarse_16_8(e, special);
+    test_check(isnan(e[0]) && isnan(e[1]) && e[2] == e[8] && e[3] == e[8] && e[4] == e[9] && e[5] == e[9] &&
+                   isfinite(e[9]) && e[6] == 1.0f && e[10] == 1.0f && e[11] == 1.0f && e[15] == e[8],
+               "fast_exp16_coarse: NaN, +-inf, +-1e30, 0, -0 lane by lane", NULL);
+    test_check(!memcmp(e + 2, e + 18, 14 * sizeof(float)), "fast_exp16_coarse = fast_exp8_coarse on special inputs",
+               NULL);
 }
 
 /* The eight-lane exp of tiled attention holds fast_exp_nonpositive's
@@ -414,6 +464,7 @@ static void test_exp8(void) {
 }
 #else
 static void test_exp8(void) {}
+static void test_exp_coarse_lanes(void) {}
 #endif
 
 /* ---- sentencepiece models (docs/tasks.md §2, tokenizer): whole, or refused ---- */
@@ -516,6 +567,8 @@ int main(void) {
     test_listops_limits();
     test_exp();
     test_exp8();
+    test_exp_coarse();
+    test_exp_coarse_lanes();
     test_tokenizer_whole_or_refused();
     test_scratch_remove();
     return test_summary("test_data");

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/cpu.h"
+#include "base/fast_math.h"
 #include "kernels/kernels.h"
 #include "kernels/tile_gemm.h"
 #include "kernels/tiled_softmax.h"
@@ -415,8 +416,8 @@ static void test_tile_bf16_transpose(void) {
 /* Tiled attention on bf16 operands against the fp32 kernel (T = 300:
  * ragged tiles; causal, a band narrower than a tile and one wider): out,
  * dq, dk, dv within BF16_TILED_BOUND of the largest value. An operand in
- * bf16 carries a relative error of up to 2^-9; the products, P and dS
- * each add one such rounding, so a few times 2^-9 on sums of random
+ * bf16 carries a relative error of up to 2^-8; the products, P and dS
+ * each add one such rounding, so a few times 2^-8 on sums of random
  * signs; measured: 3.5e-3 to 5.2e-3 (dh 24 and 64). A wrong stride or pair
  * is off by the size of the values (~1). */
 #define BF16_TILED_BOUND 1e-2
@@ -467,6 +468,87 @@ static void test_tiled_bf16_tiles_alone(bool causal, int Tq, int Tk, int dh, int
     free(q), free(k), free(v), free(out), free(lse), free(part), free(part_lse), free(scratch);
 }
 
+/* In bf16 the tiles' exponentials are fast_exp_coarse's (fast_math.h: P
+ * is rounded to bf16 next), in fp32 fast_exp_nonpositive's, on every
+ * path. Scores exact on every path (bf16-exact operands, one nonzero term,
+ * the scale 1/2 of dh 4): each of 27 query rows (a group of 16, one of 8
+ * and a tail of 3, the exponentials' three widths) sees key 0 at score 0
+ * and 7 keys at -11/32, where the two polynomials differ by 2.2e-6 of the
+ * value: the log-sum-exp, log(1 + 7 e^-11/32) summed in key order as the
+ * kernel sums, tells them apart by 15 ulp. */
+#define COARSE_KEYS 8
+static double coarse_exp_lse(bool bf16) {
+    float l = 1.0f;
+    for (int j = 1; j < COARSE_KEYS; j++) l += bf16 ? fast_exp_coarse(-0.34375f) : fast_exp_nonpositive(-0.34375f);
+    return log((double)l);
+}
+
+static void test_tiled_coarse_exp(const char *path) {
+    enum { TQ = 27, TK = COARSE_KEYS, DH = 4 };
+    float q[TQ * DH] = {0}, k[TK * DH] = {0}, v[TK * DH] = {0}, out[TQ * DH], lse[TQ];
+    for (int i = 0; i < TQ; i++) q[i * DH] = 1.0f;
+    for (int j = 1; j < TK; j++) k[j * DH] = -0.6875f, v[j * DH] = 1.0f;
+    float *scratch = malloc(tiled_softmax_scratch_floats(TQ, DH) * sizeof(float));
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        double want = coarse_exp_lse(bf16);
+        tiled_softmax_forward(out, lse, q, k, v, TQ, TK, DH, 0, false, bf16, scratch);
+        double worst = 0;
+        for (int i = 0; i < TQ; i++) worst = fmax(worst, fabs(lse[i] - want));
+        char name[112];
+        snprintf(name, sizeof name, "tiled attention %s (%s): the exponentials of %s", bf16 ? "bf16" : "fp32", path,
+                 bf16 ? "fast_exp_coarse" : "fast_exp_nonpositive");
+        test_within(name, worst, 2.5e-7);
+    }
+    free(scratch);
+}
+
+/* x's bf16, rounded to nearest even as the products' operands are, and
+ * *margin: x's distance in fp32 ulps from the nearest rounding midpoint. */
+static uint16_t bf16_of(float x, int *margin) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    *margin = abs((int)(u & 0xFFFF) - 0x8000);
+    uint16_t b;
+    cpu_f32_to_bf16_portable(&b, &x, 1);
+    return b;
+}
+
+/* The backward's probabilities in bf16 are the coarse ones too: dV = P^T
+ * dO with dO's row i the unit vector e_i shows bf16(P_ij) itself in
+ * dv[j][i] (one nonzero term), and the scores are exact (a_i b_j / 8 with
+ * a, b bf16-exact, dh 64), so each P_ij is fast_exp_coarse(s_ij - lse_i)
+ * up to an ulp or two of the vector forms. Checked wherever P lies 8 ulp
+ * or more from bf16's rounding midpoint; where fast_exp_nonpositive would
+ * round to another bf16 (about one pair in 4,000 here), only the coarse
+ * exponentials pass. 2,059 keys: 16-key groups, one of 8 and a tail of 3. */
+static void test_tiled_coarse_exp_backward(const char *path) {
+    enum { TQ = 64, TK = 2059, DH = 64 };
+    float *q = calloc((size_t)TQ * DH, 4), *k = calloc((size_t)TK * DH, 4), *v = calloc((size_t)TK * DH, 4);
+    float *dout = calloc((size_t)TQ * DH, 4), *out = calloc((size_t)TQ * DH, 4), *lse = calloc(TQ, 4);
+    float *dq = calloc((size_t)TQ * DH, 4), *dk = calloc((size_t)TK * DH, 4), *dv = calloc((size_t)TK * DH, 4);
+    float *scratch = malloc(tiled_softmax_scratch_floats(TK, DH) * sizeof(float));
+    for (int i = 0; i < TQ; i++) q[i * DH] = 1.0f + i / 64.0f, dout[i * DH + i] = 1.0f;
+    for (int j = 0; j < TK; j++) k[j * DH] = -(float)(j % 251) / 32.0f;
+    tiled_softmax_band_forward(out, lse, q, k, v, TQ, TK, DH, 0, false, 0, true, scratch);
+    tiled_softmax_band_backward(dq, dk, dv, dout, out, lse, q, k, v, TQ, TK, DH, 0, false, 0, false, true, scratch);
+    int checked = 0, telling = 0, wrong = 0;
+    for (int i = 0; i < TQ; i++)
+        for (int j = 0; j < TK; j++) {
+            float x = q[i * DH] * k[j * DH] / 8.0f - lse[i];
+            int margin, full_margin;
+            uint16_t want = bf16_of(fast_exp_coarse(x), &margin), full = bf16_of(fast_exp_nonpositive(x), &full_margin);
+            if (margin < 8) continue;
+            uint32_t bits = (uint32_t)want << 16, got;
+            memcpy(&got, &dv[(size_t)j * DH + i], sizeof got);
+            checked++, wrong += got != bits, telling += full != want && full_margin >= 8;
+        }
+    char name[128];
+    snprintf(name, sizeof name, "tiled attention bf16 (%s): backward's P = bf16(fast_exp_coarse), %d of %d tell", path,
+             telling, checked);
+    test_check(wrong == 0 && telling >= 5, name, "%d wrong", wrong);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(scratch);
+}
+
 static void test_tiled_bf16_packing(void) {
     test_tiled_bf16_tiles_alone(true, 300, 300, 24, 0);
     test_tiled_bf16_tiles_alone(false, 300, 300, 63, 0);
@@ -476,6 +558,22 @@ static void test_tiled_bf16_packing(void) {
 }
 
 static void test_tile_bf16(void) {
+    double apart = fabs(coarse_exp_lse(true) - coarse_exp_lse(false));
+    test_check(apart > 1e-6, "tiled attention: the two exponentials' log-sum-exps differ by > 1e-6", "%.3g", apart);
+    test_tiled_coarse_exp("the CPU's kernels");
+    test_tiled_coarse_exp_backward("the CPU's kernels");
+    tile_gemm_set_wide(0);
+    test_tiled_coarse_exp("AVX2 kernels");
+    test_tiled_coarse_exp_backward("AVX2 kernels");
+    tile_gemm_set_wide(-1);
+    tile_gemm_set_bf16_native(0);
+    test_tiled_coarse_exp("bf16 as fp32 sums");
+    test_tiled_coarse_exp_backward("bf16 as fp32 sums");
+    tile_gemm_set_bf16_native(-1);
+    tile_gemm_set_enabled(false);
+    test_tiled_coarse_exp("portable products");
+    test_tiled_coarse_exp_backward("portable products");
+    tile_gemm_set_enabled(true);
     test_tile_bf16_transpose();
     tile_gemm_set_bf16_native(0);
     test_tile_bf16_path("fp32 sums");

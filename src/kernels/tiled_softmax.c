@@ -100,19 +100,21 @@ VECTOR_CLONES static void rescale_outputs(float *restrict acc, const float *rest
 }
 
 /* exp(s - m) over the visible scores of the tile's rows [from, rows), 0
- * where masked; sum receives each row's total. */
+ * where masked; sum receives each row's total. `coarse` (bf16, whose P
+ * is rounded to bf16 next) takes fast_exp_coarse, here and in every form
+ * below: the same exponentials forward and backward. */
 VECTOR_CLONES static void tile_exponentials(float *restrict st, float *restrict sum, const float *restrict m, int from,
-                                            int rows, int keys, int i0, int j0, const tiled_mask *mask) {
+                                            int rows, int keys, int i0, int j0, const tiled_mask *mask, bool coarse) {
     for (int r = from; r < rows; r++) sum[r] = 0.0f;
     for (int j = 0; j < keys; j++) {
         float *restrict col = st + (size_t)j * TILE_Q;
         int first = tiled_max(tiled_row_begin(mask, j0 + j, i0, rows), from),
             end = tiled_max(tiled_row_end(mask, j0 + j, i0, rows), first);
         for (int r = from; r < first; r++) col[r] = 0.0f;
-        for (int r = first; r < end; r++) {
-            col[r] = fast_exp_nonpositive(col[r] - m[r]);
-            sum[r] += col[r];
-        }
+        if (coarse) /* two loops: a choice inside one stops GCC vectorising it */
+            for (int r = first; r < end; r++) col[r] = fast_exp_coarse(col[r] - m[r]), sum[r] += col[r];
+        else
+            for (int r = first; r < end; r++) col[r] = fast_exp_nonpositive(col[r] - m[r]), sum[r] += col[r];
         for (int r = end; r < rows; r++) col[r] = 0.0f;
     }
 }
@@ -120,16 +122,18 @@ VECTOR_CLONES static void tile_exponentials(float *restrict st, float *restrict 
 #if FAST_EXP8_AVAILABLE
 /* The rows r0 .. r0 + 7 over the tile's keys with fast_exp8_nonpositive,
  * their sums in a register; inlined with `whole` a constant, as the
- * AVX-512 groups below. */
+ * AVX-512 groups below (`coarse` is a branch the predictor takes alike
+ * every key). */
 __attribute__((target("avx2,fma"), always_inline)) static inline void
 exponentials_group8(float *st, float *sum, const float *m, int r0, int keys, int i0, int j0, const tiled_mask *mask,
-                    bool whole) {
+                    bool whole, bool coarse) {
     __m256 mr = _mm256_loadu_ps(m + r0), total = _mm256_setzero_ps();
     tiled_rows8 seen = tiled_rows8_of(mask, i0, r0);
     __m256i key = _mm256_set1_epi32(j0);
     float *col = st + r0;
     for (int j = 0; j < keys; j++, col += TILE_Q, key = _mm256_add_epi32(key, _mm256_set1_epi32(1))) {
-        __m256 e = fast_exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(col), mr));
+        __m256 x = _mm256_sub_ps(_mm256_loadu_ps(col), mr);
+        __m256 e = coarse ? fast_exp8_coarse(x) : fast_exp8_nonpositive(x);
         if (!whole) e = _mm256_and_ps(e, tiled_rows8_see(&seen, key));
         _mm256_storeu_ps(col, e);
         total = _mm256_add_ps(total, e);
@@ -142,22 +146,23 @@ exponentials_group8(float *st, float *sum, const float *m, int r0, int keys, int
  * loop (masked loads and stores are slow on AMD's cores). */
 __attribute__((target("avx2,fma"))) static void tile_exponentials_avx2(float *st, float *sum, const float *m, int from,
                                                                        int rows, int keys, int i0, int j0,
-                                                                       const tiled_mask *mask) {
+                                                                       const tiled_mask *mask, bool coarse) {
     int full = rows / 8 * 8;
     bool whole = tiled_whole(mask, rows, keys, i0, j0);
     for (int r0 = from; r0 < full; r0 += 8) {
-        if (whole) exponentials_group8(st, sum, m, r0, keys, i0, j0, mask, true);
-        else exponentials_group8(st, sum, m, r0, keys, i0, j0, mask, false);
+        if (whole) exponentials_group8(st, sum, m, r0, keys, i0, j0, mask, true, coarse);
+        else exponentials_group8(st, sum, m, r0, keys, i0, j0, mask, false, coarse);
     }
-    if (full < rows) tile_exponentials(st, sum, m, full, rows, keys, i0, j0, mask);
+    if (full < rows) tile_exponentials(st, sum, m, full, rows, keys, i0, j0, mask, coarse);
 }
 
 /* The same sixteen rows at a time on AVX-512 (fast_exp16_nonpositive: the
  * same bits as the eight-lane groups), then the rest as above, so that
  * each row's result does not depend on the vector width. */
 __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline __m512
-exponentials16(const float *col, __m512 mr, bool whole, const tiled_rows16 *seen, __m512i key) {
-    __m512 e = fast_exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(col), mr));
+exponentials16(const float *col, __m512 mr, bool whole, const tiled_rows16 *seen, __m512i key, bool coarse) {
+    __m512 x = _mm512_sub_ps(_mm512_loadu_ps(col), mr);
+    __m512 e = coarse ? fast_exp16_coarse(x) : fast_exp16_nonpositive(x);
     return whole ? e : _mm512_maskz_mov_ps(tiled_rows16_see(seen, key), e);
 }
 
@@ -167,13 +172,13 @@ exponentials16(const float *col, __m512 mr, bool whole, const tiled_rows16 *seen
  * it; the keys advance as a vector and the columns as a pointer. */
 __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
 exponentials_group16(float *st, float *sum, const float *m, int r0, int keys, int i0, int j0, const tiled_mask *mask,
-                     bool whole) {
+                     bool whole, bool coarse) {
     __m512 mr = _mm512_loadu_ps(m + r0), total = _mm512_setzero_ps();
     tiled_rows16 seen = tiled_rows16_of(mask, i0, r0);
     __m512i key = _mm512_set1_epi32(j0);
     float *col = st + r0;
     for (int j = 0; j < keys; j++, col += TILE_Q, key = _mm512_add_epi32(key, _mm512_set1_epi32(1))) {
-        __m512 e = exponentials16(col, mr, whole, &seen, key);
+        __m512 e = exponentials16(col, mr, whole, &seen, key, coarse);
         _mm512_storeu_ps(col, e);
         total = _mm512_add_ps(total, e);
     }
@@ -182,18 +187,19 @@ exponentials_group16(float *st, float *sum, const float *m, int r0, int keys, in
 
 __attribute__((target("avx512f,avx2,fma"))) static void tile_exponentials_avx512(float *st, float *sum, const float *m,
                                                                                  int rows, int keys, int i0, int j0,
-                                                                                 const tiled_mask *mask) {
+                                                                                 const tiled_mask *mask, bool coarse) {
     int full = rows / 16 * 16;
     bool whole = tiled_whole(mask, rows, keys, i0, j0);
     for (int r0 = 0; r0 < full; r0 += 16) {
-        if (whole) exponentials_group16(st, sum, m, r0, keys, i0, j0, mask, true);
-        else exponentials_group16(st, sum, m, r0, keys, i0, j0, mask, false);
+        if (whole) exponentials_group16(st, sum, m, r0, keys, i0, j0, mask, true, coarse);
+        else exponentials_group16(st, sum, m, r0, keys, i0, j0, mask, false, coarse);
     }
-    tile_exponentials_avx2(st, sum, m, full, rows, keys, i0, j0, mask);
+    tile_exponentials_avx2(st, sum, m, full, rows, keys, i0, j0, mask, coarse);
 }
 
-/* The bf16 form of exponentials_group16: two keys a step, written as a row
- * of pairs of the P operand (tile_exponentials_pairs). */
+/* The bf16 form of exponentials_group16 (so with fast_exp_coarse): two
+ * keys a step, written as a row of pairs of the P operand
+ * (tile_exponentials_pairs). */
 __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl,avx2,fma"), always_inline)) static inline void
 exponentials_pairs_group16(const float *st, float *sum, const float *m, int r0, int keys, int i0, int j0,
                            const tiled_mask *mask, uint16_t *pairs, bool whole) {
@@ -206,14 +212,14 @@ exponentials_pairs_group16(const float *st, float *sum, const float *m, int r0, 
     int j = 0;
     for (; j + 1 < keys;
          j += 2, col += 2 * TILE_Q, dst += 2 * TILE_Q, key = _mm512_add_epi32(key, _mm512_set1_epi32(2))) {
-        __m512 e0 = exponentials16(col, mr, whole, &seen, key);
+        __m512 e0 = exponentials16(col, mr, whole, &seen, key, true);
         total = _mm512_add_ps(total, e0);
-        __m512 e1 = exponentials16(col + TILE_Q, mr, whole, &seen, _mm512_add_epi32(key, one));
+        __m512 e1 = exponentials16(col + TILE_Q, mr, whole, &seen, _mm512_add_epi32(key, one), true);
         total = _mm512_add_ps(total, e1);
         _mm512_storeu_si512((void *)dst, tiled_interleave16(e0, e1));
     }
     if (j < keys) { /* an odd count: the last key's pair with zeros */
-        __m512 e0 = exponentials16(col, mr, whole, &seen, key);
+        __m512 e0 = exponentials16(col, mr, whole, &seen, key, true);
         total = _mm512_add_ps(total, e0);
         _mm512_storeu_si512((void *)dst, tiled_interleave16(e0, _mm512_setzero_ps()));
     }
@@ -234,7 +240,7 @@ tile_exponentials_pairs(float *st, float *sum, const float *m, int rows, int key
         else exponentials_pairs_group16(st, sum, m, r0, keys, i0, j0, mask, pairs, false);
     }
     if (full == rows) return;
-    tile_exponentials_avx2(st, sum, m, full, rows, keys, i0, j0, mask);
+    tile_exponentials_avx2(st, sum, m, full, rows, keys, i0, j0, mask, true);
     tile_bf16_pack(pairs + 2 * full, TILE_Q, 1, st + full, TILE_Q, 1, keys, rows - full);
 }
 
@@ -301,11 +307,11 @@ static void online_tile(const tiled_scratch *s, int rows, int keys, int i0, int 
     }
 #if FAST_EXP8_AVAILABLE
     if (fused_pairs(s)) tile_exponentials_pairs(s->st, s->sum, s->m, rows, keys, i0, j0, mask, s->pr.p);
-    else if (tile_gemm_avx512()) tile_exponentials_avx512(s->st, s->sum, s->m, rows, keys, i0, j0, mask);
-    else if (tile_gemm_available()) tile_exponentials_avx2(s->st, s->sum, s->m, 0, rows, keys, i0, j0, mask);
+    else if (tile_gemm_avx512()) tile_exponentials_avx512(s->st, s->sum, s->m, rows, keys, i0, j0, mask, s->bf16);
+    else if (tile_gemm_available()) tile_exponentials_avx2(s->st, s->sum, s->m, 0, rows, keys, i0, j0, mask, s->bf16);
     else
 #endif
-        tile_exponentials(s->st, s->sum, s->m, 0, rows, keys, i0, j0, mask);
+        tile_exponentials(s->st, s->sum, s->m, 0, rows, keys, i0, j0, mask, s->bf16);
     for (int r = 0; r < rows; r++) s->l[r] = s->l[r] * s->rescale[r] + s->sum[r];
     rescale_outputs(s->acc, s->rescale, rows, dh);
 }

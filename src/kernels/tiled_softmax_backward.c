@@ -27,15 +27,19 @@ static tiled_pairs backward_pairs(const tiled_scratch *s, int dh, int Tq) {
 }
 
 /* Scores of one tile (rows x keys, stride TILE_KB), the keys [from, keys)
- * of each row, back into probabilities exp(s - lse), 0 where masked. */
+ * of each row, back into probabilities exp(s - lse), 0 where masked; with
+ * `coarse` (bf16) by fast_exp_coarse, as forward made them. */
 VECTOR_CLONES static void recompute_probabilities(float *restrict p, const float *restrict lse, int rows, int from,
-                                                  int keys, int i0, int j0, const tiled_mask *mask) {
+                                                  int keys, int i0, int j0, const tiled_mask *mask, bool coarse) {
     for (int r = 0; r < rows; r++) {
         float *row = p + (size_t)r * TILE_KB;
         int begin = tiled_max(tiled_key_begin(mask, i0 + r) - j0, from);
         int end = tiled_max(tiled_min(tiled_key_end(mask, i0 + r) - j0, keys), begin);
         for (int j = from; j < begin; j++) row[j] = 0.0f;
-        for (int j = begin; j < end; j++) row[j] = fast_exp_nonpositive(row[j] - lse[i0 + r]);
+        if (coarse)
+            for (int j = begin; j < end; j++) row[j] = fast_exp_coarse(row[j] - lse[i0 + r]);
+        else
+            for (int j = begin; j < end; j++) row[j] = fast_exp_nonpositive(row[j] - lse[i0 + r]);
         for (int j = end; j < keys; j++) row[j] = 0.0f;
     }
 }
@@ -43,43 +47,49 @@ VECTOR_CLONES static void recompute_probabilities(float *restrict p, const float
 #if FAST_EXP8_AVAILABLE
 /* recompute_probabilities eight keys at a time (fast_exp8_nonpositive);
  * the keys past the last full group go to the scalar loop. */
-__attribute__((target("avx2,fma"))) static void
-recompute_probabilities_avx2(float *p, const float *lse, int rows, int keys, int i0, int j0, const tiled_mask *mask) {
+__attribute__((target("avx2,fma"))) static void recompute_probabilities_avx2(float *p, const float *lse, int rows,
+                                                                             int keys, int i0, int j0,
+                                                                             const tiled_mask *mask, bool coarse) {
     int full = keys / 8 * 8;
     for (int r = 0; r < rows; r++) {
         float *row = p + (size_t)r * TILE_KB;
         int begin = tiled_key_begin(mask, i0 + r) - j0, end = tiled_min(tiled_key_end(mask, i0 + r) - j0, keys);
         __m256 lse_r = _mm256_set1_ps(lse[i0 + r]);
         for (int j = 0; j < full; j += 8) {
-            __m256 e = fast_exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + j), lse_r));
+            __m256 x = _mm256_sub_ps(_mm256_loadu_ps(row + j), lse_r);
+            __m256 e = coarse ? fast_exp8_coarse(x) : fast_exp8_nonpositive(x);
             if (begin > j || end < j + 8) e = _mm256_and_ps(e, tiled_lanes_between(begin - j, end - j));
             _mm256_storeu_ps(row + j, e);
         }
     }
-    if (full < keys) recompute_probabilities(p, lse, rows, full, keys, i0, j0, mask);
+    if (full < keys) recompute_probabilities(p, lse, rows, full, keys, i0, j0, mask, coarse);
 }
 
 /* The same sixteen keys at a time on AVX-512, then one group of eight
  * where it fits, then the scalar loop: the same bits as above. */
-__attribute__((target("avx512f,avx2,fma"))) static void
-recompute_probabilities_avx512(float *p, const float *lse, int rows, int keys, int i0, int j0, const tiled_mask *mask) {
+__attribute__((target("avx512f,avx2,fma"))) static void recompute_probabilities_avx512(float *p, const float *lse,
+                                                                                       int rows, int keys, int i0,
+                                                                                       int j0, const tiled_mask *mask,
+                                                                                       bool coarse) {
     int full16 = keys / 16 * 16, full = keys / 8 * 8;
     for (int r = 0; r < rows; r++) {
         float *row = p + (size_t)r * TILE_KB;
         int begin = tiled_key_begin(mask, i0 + r) - j0, end = tiled_min(tiled_key_end(mask, i0 + r) - j0, keys);
         __m512 lse_r = _mm512_set1_ps(lse[i0 + r]);
         for (int j = 0; j < full16; j += 16) {
-            __m512 e = fast_exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), lse_r));
+            __m512 x = _mm512_sub_ps(_mm512_loadu_ps(row + j), lse_r);
+            __m512 e = coarse ? fast_exp16_coarse(x) : fast_exp16_nonpositive(x);
             if (begin > j || end < j + 16) e = _mm512_maskz_mov_ps(tiled_lanes16(begin - j, end - j), e);
             _mm512_storeu_ps(row + j, e);
         }
         if (full16 < full) {
-            __m256 e = fast_exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + full16), _mm256_set1_ps(lse[i0 + r])));
+            __m256 x = _mm256_sub_ps(_mm256_loadu_ps(row + full16), _mm256_set1_ps(lse[i0 + r]));
+            __m256 e = coarse ? fast_exp8_coarse(x) : fast_exp8_nonpositive(x);
             if (begin > full16 || end < full) e = _mm256_and_ps(e, tiled_lanes_between(begin - full16, end - full16));
             _mm256_storeu_ps(row + full16, e);
         }
     }
-    if (full < keys) recompute_probabilities(p, lse, rows, full, keys, i0, j0, mask);
+    if (full < keys) recompute_probabilities(p, lse, rows, full, keys, i0, j0, mask, coarse);
 }
 #endif
 
@@ -153,14 +163,16 @@ static void score_gradient_bf16(float *p, float *dp, const float *D, int rows, i
     tile_bf16_pack(pr->s, TILE_KB, 1, dp, TILE_KB, 1, rows, keys);
 }
 
-/* The tile's probabilities exp(s - lse), in place of its scores. */
-static void tile_probabilities(float *p, const float *lse, int rows, int keys, int i0, int j0, const tiled_mask *mask) {
+/* The tile's probabilities exp(s - lse), in place of its scores (coarse
+ * in bf16: recompute_probabilities). */
+static void tile_probabilities(float *p, const float *lse, int rows, int keys, int i0, int j0, const tiled_mask *mask,
+                               bool coarse) {
 #if FAST_EXP8_AVAILABLE
-    if (tile_gemm_avx512()) recompute_probabilities_avx512(p, lse, rows, keys, i0, j0, mask);
-    else if (tile_gemm_available()) recompute_probabilities_avx2(p, lse, rows, keys, i0, j0, mask);
+    if (tile_gemm_avx512()) recompute_probabilities_avx512(p, lse, rows, keys, i0, j0, mask, coarse);
+    else if (tile_gemm_available()) recompute_probabilities_avx2(p, lse, rows, keys, i0, j0, mask, coarse);
     else
 #endif
-        recompute_probabilities(p, lse, rows, 0, keys, i0, j0, mask);
+        recompute_probabilities(p, lse, rows, 0, keys, i0, j0, mask, coarse);
 }
 
 /* One (key tile, query tile) pair of backward: rows query rows from i0
@@ -176,7 +188,7 @@ static void backward_products(const tile_pair_args *t, int dh, const tiled_mask 
     float scale = 1.0f / sqrtf((float)dh), *p = s->st;
     int rows = t->rows, keys = t->keys;
     tile_gemm(rows, keys, dh, scale, t->q, dh, 1, s->kt + t->from, TILE_KB, false, p, TILE_KB);
-    tile_probabilities(p, t->lse, rows, keys, t->i0, t->j0, mask);
+    tile_probabilities(p, t->lse, rows, keys, t->i0, t->j0, mask, s->bf16);
     tile_gemm(keys, dh, rows, 1.0f, p, 1, TILE_KB, t->dout, dh, true, t->dv, dh);
     tile_gemm(rows, keys, dh, 1.0f, t->dout, dh, 1, s->vt + t->from, TILE_KB, false, s->dp, TILE_KB);
     score_gradient(s->dp, p, s->D, rows, keys, t->i0);
@@ -203,7 +215,7 @@ static void backward_products_bf16(const tile_pair_args *t, int dh, const tiled_
         kc = pr.k;
     }
     tile_gemm_bf16(rows, keys, dh, scale, qr, hp, 1, pr.kt + 2 * t->from, TILE_KB, false, p, TILE_KB);
-    tile_probabilities(p, t->lse, rows, keys, t->i0, t->j0, mask);
+    tile_probabilities(p, t->lse, rows, keys, t->i0, t->j0, mask, s->bf16);
     tile_gemm_bf16(rows, keys, dh, 1.0f, dr, hp, 1, pr.vt + 2 * t->from, TILE_KB, false, s->dp, TILE_KB);
     score_gradient_bf16(p, s->dp, s->D, rows, keys, t->i0, s);
     tile_gemm_bf16(keys, dh, rows, 1.0f, pr.p, 1, TILE_KB, dc, dh, true, t->dv, dh);

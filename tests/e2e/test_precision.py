@@ -121,9 +121,10 @@ class TestRanks:
         # The first step's loss is the same bits (each rank's rows as on one
         # rank); from the second the reduction's order differs in the last
         # bits (5e-9 relative), and every bf16 rounding that difference tips
-        # over adds 2^-9 of one operand, so the curves drift apart by training
-        # itself: measured up to 8.2e-6 with attention in fp32 and 1.3e-5
-        # with it in bf16 (docs/design.md §8.10), within 3e-5 over 15 steps.
+        # over moves one operand by a bf16 ulp (2^-8 to 2^-7 of it), so the
+        # curves drift apart by training itself: measured up to 8.2e-6 with
+        # attention in fp32 and 1.3e-5 with it in bf16 (docs/design.md
+        # §8.10), within 3e-5 over 15 steps.
         report.check("np=4 first step's loss equals np=1's", rel[0] == 0.0, f"rel {rel[0]:.2e}")
         report.check("np=4 per-step loss (checkpoint history) within 3e-5 relative of np=1",
                      float(rel.max()) <= 3e-5, f"{hist[1].size} steps, worst {float(rel.max()):.2e}")
