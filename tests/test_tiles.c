@@ -475,7 +475,7 @@ static void test_tiled_bf16_tiles_alone(bool causal, int Tq, int Tk, int dh, int
  * and a tail of 3, the exponentials' three widths) sees key 0 at score 0
  * and 7 keys at -11/32, where the two polynomials differ by 2.2e-6 of the
  * value: the log-sum-exp, log(1 + 7 e^-11/32) summed in key order as the
- * kernel sums, tells them apart by 15 ulp. */
+ * kernel sums, tells them apart by 14 ulp. */
 #define COARSE_KEYS 8
 static double coarse_exp_lse(bool bf16) {
     float l = 1.0f;

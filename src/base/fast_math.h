@@ -1,6 +1,7 @@
 /* Branch-free, inline math for the elementwise hot loops, so that they
  * vectorise (libm's expf/tanhf are calls, and they took a fifth of the step
- * time in perf). Shared by kernels.c, gelu.c and fmm_far.c. */
+ * time in perf). Shared by the kernels (the tiled softmax, GELU, the
+ * loss), attention's FMM and momentum, the model and the optimizer. */
 #ifndef MOMFMM_FASTMATH_H
 #define MOMFMM_FASTMATH_H
 #include <math.h>
@@ -157,6 +158,7 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512 fast_exp1
 __attribute__((target("avx512f"), always_inline)) static inline __m512 fast_exp16_coarse(__m512 x) {
     return fast_exp16_steps(x, true);
 }
+
 /* tanh on eight and sixteen lanes, fast_tanh's steps on fast_exp8 and
  * fast_exp16 (so the two give the same bits lane by lane): sign(x) (1 - t)
  * / (1 + t) with t = e^{-2|x|}, the sign copied from x's bit. */

@@ -120,10 +120,10 @@ VECTOR_CLONES static void tile_exponentials(float *restrict st, float *restrict 
 }
 
 #if FAST_EXP8_AVAILABLE
-/* The rows r0 .. r0 + 7 over the tile's keys with fast_exp8_nonpositive,
- * their sums in a register; inlined with `whole` a constant, as the
- * AVX-512 groups below (`coarse` is a branch the predictor takes alike
- * every key). */
+/* The rows r0 .. r0 + 7 over the tile's keys with fast_exp8_nonpositive
+ * (fast_exp8_coarse in bf16), their sums in a register; inlined with
+ * `whole` a constant, as the AVX-512 groups below (`coarse` is a branch
+ * the predictor takes alike every key). */
 __attribute__((target("avx2,fma"), always_inline)) static inline void
 exponentials_group8(float *st, float *sum, const float *m, int r0, int keys, int i0, int j0, const tiled_mask *mask,
                     bool whole, bool coarse) {
@@ -156,9 +156,9 @@ __attribute__((target("avx2,fma"))) static void tile_exponentials_avx2(float *st
     if (full < rows) tile_exponentials(st, sum, m, full, rows, keys, i0, j0, mask, coarse);
 }
 
-/* The same sixteen rows at a time on AVX-512 (fast_exp16_nonpositive: the
- * same bits as the eight-lane groups), then the rest as above, so that
- * each row's result does not depend on the vector width. */
+/* The same sixteen rows at a time on AVX-512 (fast_exp16_nonpositive or
+ * _coarse: the same bits as the eight-lane groups), then the rest as
+ * above, so that each row's result does not depend on the vector width. */
 __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline __m512
 exponentials16(const float *col, __m512 mr, bool whole, const tiled_rows16 *seen, __m512i key, bool coarse) {
     __m512 x = _mm512_sub_ps(_mm512_loadu_ps(col), mr);

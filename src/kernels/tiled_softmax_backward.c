@@ -45,8 +45,9 @@ VECTOR_CLONES static void recompute_probabilities(float *restrict p, const float
 }
 
 #if FAST_EXP8_AVAILABLE
-/* recompute_probabilities eight keys at a time (fast_exp8_nonpositive);
- * the keys past the last full group go to the scalar loop. */
+/* recompute_probabilities eight keys at a time (fast_exp8_nonpositive,
+ * or fast_exp8_coarse); the keys past the last full group go to the
+ * scalar loop. */
 __attribute__((target("avx2,fma"))) static void recompute_probabilities_avx2(float *p, const float *lse, int rows,
                                                                              int keys, int i0, int j0,
                                                                              const tiled_mask *mask, bool coarse) {
