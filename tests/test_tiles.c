@@ -549,6 +549,40 @@ static void test_tiled_coarse_exp_backward(const char *path) {
     free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(scratch);
 }
 
+/* A NaN query row (a NaN logit upstream) stays in its row: its output,
+ * log-sum-exp and dq are NaN (fast_exp_nonpositive and _coarse pass NaN
+ * through, the maxima skip it), and every other row's out, lse and dq
+ * are the bits of the run with that row zero (T = 150: two query tiles,
+ * causal). Keys the row sees get NaN in dk and dv, as they should. */
+static void test_tiled_nan_row(bool bf16, const char *path) {
+    enum { T = 150, DH = 24, BAD = 37 };
+    size_t n = (size_t)T * DH;
+    float *q = randn(n, 1), *k = randn(n, 1), *v = randn(n, 1), *dout = randn(n, 1);
+    float *scratch = malloc(tiled_softmax_scratch_floats(T, DH) * sizeof(float)), *got[2][5];
+    for (int way = 0; way < 2; way++) {
+        for (int c = 0; c < DH; c++) q[BAD * DH + c] = way ? NAN : 0.0f;
+        for (int i = 0; i < 5; i++) got[way][i] = calloc(n, 4);
+        tiled_softmax_forward(got[way][0], got[way][1], q, k, v, T, T, DH, 0, true, bf16, scratch);
+        tiled_softmax_backward(got[way][2], got[way][3], got[way][4], dout, got[way][0], got[way][1], q, k, v, T, DH,
+                               true, bf16, scratch);
+    }
+    bool nan_row = isnan(got[1][1][BAD]), others = true;
+    for (int c = 0; c < DH; c++) nan_row = nan_row && isnan(got[1][0][BAD * DH + c]) && isnan(got[1][2][BAD * DH + c]);
+    for (int r = 0; r < T; r++) {
+        if (r == BAD) continue;
+        size_t at = (size_t)r * DH, bytes = DH * sizeof(float);
+        others = others && got[0][1][r] == got[1][1][r] && !memcmp(got[0][0] + at, got[1][0] + at, bytes) &&
+                 !memcmp(got[0][2] + at, got[1][2] + at, bytes);
+    }
+    char name[112];
+    snprintf(name, sizeof name, "tiled attention %s (%s): a NaN query row stays in its row", bf16 ? "bf16" : "fp32",
+             path);
+    test_check(nan_row && others && isnan(got[1][4][0]), name, "row NaN %d, others equal %d", nan_row, others);
+    for (int way = 0; way < 2; way++)
+        for (int i = 0; i < 5; i++) free(got[way][i]);
+    free(q), free(k), free(v), free(dout), free(scratch);
+}
+
 static void test_tiled_bf16_packing(void) {
     test_tiled_bf16_tiles_alone(true, 300, 300, 24, 0);
     test_tiled_bf16_tiles_alone(false, 300, 300, 63, 0);
@@ -562,17 +596,21 @@ static void test_tile_bf16(void) {
     test_check(apart > 1e-6, "tiled attention: the two exponentials' log-sum-exps differ by > 1e-6", "%.3g", apart);
     test_tiled_coarse_exp("the CPU's kernels");
     test_tiled_coarse_exp_backward("the CPU's kernels");
+    for (int bf16 = 0; bf16 < 2; bf16++) test_tiled_nan_row(bf16, "the CPU's kernels");
     tile_gemm_set_wide(0);
     test_tiled_coarse_exp("AVX2 kernels");
     test_tiled_coarse_exp_backward("AVX2 kernels");
+    for (int bf16 = 0; bf16 < 2; bf16++) test_tiled_nan_row(bf16, "AVX2 kernels");
     tile_gemm_set_wide(-1);
     tile_gemm_set_bf16_native(0);
     test_tiled_coarse_exp("bf16 as fp32 sums");
     test_tiled_coarse_exp_backward("bf16 as fp32 sums");
+    test_tiled_nan_row(true, "bf16 as fp32 sums");
     tile_gemm_set_bf16_native(-1);
     tile_gemm_set_enabled(false);
     test_tiled_coarse_exp("portable products");
     test_tiled_coarse_exp_backward("portable products");
+    for (int bf16 = 0; bf16 < 2; bf16++) test_tiled_nan_row(bf16, "portable products");
     tile_gemm_set_enabled(true);
     test_tile_bf16_transpose();
     tile_gemm_set_bf16_native(0);
