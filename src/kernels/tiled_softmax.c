@@ -26,10 +26,17 @@
 
 #include "tiled_softmax_internal.h"
 
+/* The pairs `keys` keys' K takes (pairs along dh) and their V (pairs
+ * along keys): a key tile's in forward_pairs, or the head's where forward
+ * packs them once (whole_keys), K's first. */
+static size_t key_pairs(int keys, int dh) { return (size_t)keys * ((dh + 1) / 2); }
+static size_t value_pairs(int keys, int dh) { return (size_t)(keys + 1) / 2 * dh; }
+
 /* Pairs of the bf16 operands (docs/design.md §8.10): forward and backward
  * share them, for at most this many pairs. */
 static size_t pairs_needed(int dh) {
-    size_t hp = (size_t)(dh + 1) / 2, forward = hp * TILE_Q + TILE_K * hp + (TILE_K + 1) / 2 * ((size_t)dh + TILE_Q);
+    size_t hp = (size_t)(dh + 1) / 2,
+           forward = hp * TILE_Q + key_pairs(TILE_K, dh) + value_pairs(TILE_K, dh) + (TILE_K + 1) / 2 * (size_t)TILE_Q;
     size_t rows = (TILE_Q + 1) / 2, backward = 2 * hp * TILE_KB + 2 * (TILE_KB + 1) / 2 * (size_t)dh + 2 * rows * dh +
                                                2 * rows * TILE_KB + TILE_Q * (size_t)(TILE_KB + 1) / 2;
     return forward > backward ? forward : backward;
@@ -64,8 +71,8 @@ tiled_scratch tiled_carve(float *scratch, int dh, bool bf16) {
 static tiled_pairs forward_pairs(const tiled_scratch *s, int dh) {
     size_t hp = (size_t)(dh + 1) / 2;
     tiled_pairs p = {0};
-    p.q = s->pairs, p.k = p.q + 2 * hp * TILE_Q, p.v = p.k + 2 * TILE_K * hp;
-    p.p = p.v + 2 * (size_t)(TILE_K + 1) / 2 * dh;
+    p.q = s->pairs, p.k = p.q + 2 * hp * TILE_Q, p.v = p.k + 2 * key_pairs(TILE_K, dh);
+    p.p = p.v + 2 * value_pairs(TILE_K, dh);
     return p;
 }
 
@@ -375,7 +382,7 @@ static tiled_scratch rows_from(const tiled_scratch *s, int r0, int dh) {
  * T >= Tq, so the head's pairs must fit in rows_floats(Tq); where they do
  * not (many more keys than queries: generation) the tiles pack as before. */
 static bool whole_keys(const tiled_scratch *s, const tiled_mask *mask, int Tq, int dh) {
-    size_t pairs = (size_t)mask->Tk * ((dh + 1) / 2) + (size_t)(mask->Tk + 1) / 2 * dh;
+    size_t pairs = key_pairs(mask->Tk, dh) + value_pairs(mask->Tk, dh);
     return s->bf16 && Tq > TILE_Q && mask->behind == UNBOUNDED && pairs <= rows_floats(Tq, dh);
 }
 
@@ -444,7 +451,7 @@ void tiled_softmax_band_forward(float *out, float *lse, const float *q, const fl
     tiled_mask mask = tiled_mask_of(q_pos0, Tk, causal, half);
     if (whole_keys(&s, &mask, Tq, dh)) {
         s.keys_packed = true;
-        s.pr.k = (uint16_t *)s.D, s.pr.v = s.pr.k + 2 * (size_t)Tk * ((dh + 1) / 2);
+        s.pr.k = (uint16_t *)s.D, s.pr.v = s.pr.k + 2 * key_pairs(Tk, dh);
         pack_key_values(k, v, Tk, dh, &s.pr);
     }
     for (int i0 = 0; i0 < Tq; i0 += TILE_Q)
