@@ -53,6 +53,9 @@ PRECISIONS = {
 }
 # The environment a precision adds: fp32-avx2 hides AVX-512F from momfmm (src/base/cpu.h).
 PRECISION_ENV = {"fp32-avx2": {"MOMFMM_FAKE_NO_AVX512": "1"}}
+# The feature a precision needs, as `momfmm --version` names it on its line
+# ("bf16:     unavailable: <why>" where the CPU or the build lacks it).
+FEATURE = {"bf16": "bf16", "fp32-avx512": "avx512"}
 FIGURE = re.compile(r"\b([a-z_0-9]+)=(-?[0-9]+(?:\.[0-9]*)?)")
 PHASE = re.compile(r"([a-z][a-z ]+?) ([0-9.]+) ms \(")
 
@@ -145,6 +148,18 @@ def run(a, precision, threads, ranks):
     }
 
 
+def cannot_run(a, precision):
+    """Why the binary says `precision` cannot run here (its --version line), or None: a set-up is
+    refused before any round runs, not after the others' rounds (bf16 on an AVX2-only core)."""
+    feature = FEATURE.get(precision)
+    if not feature:
+        return None
+    env = dict(os.environ, **PRECISION_ENV.get(precision, {}))
+    out = subprocess.run([a.binary, "--version"], capture_output=True, text=True, env=env).stdout
+    m = re.search(rf"^{feature}:\s+unavailable: (.*)$", out, re.M)
+    return m.group(1) if m else None
+
+
 def spread(values):
     return f"{statistics.median(values):.3f} ({min(values):.3f}–{max(values):.3f})"
 
@@ -174,6 +189,10 @@ def main():
         refuse(f"{a.config}: not a regular file (a config is INI text)")
     if any(ranks > 1 for _, _, _, ranks in setups) and not shutil.which(a.mpirun):
         refuse(f"--mpirun {a.mpirun}: not an executable launcher (the set-ups with ranks run under it)")
+    for label, precision, _, _ in setups:
+        why = cannot_run(a, precision)
+        if why:
+            refuse(f"--setups: '{label}' cannot run here: {why} ({a.binary} --version)")
     name, avx512 = cpu()
     print(f"CPU: {name}; {a.config}, {a.rounds} rounds, bench --steps {a.steps}; "
           f"load average {os.getloadavg()[0]:.2f}")

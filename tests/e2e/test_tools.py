@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from momfmm.h5 import load_checkpoint, newest_checkpoint
 
-from common import Report, env, load_newest, run, tiny_config, write_config
+from common import Report, env, load_newest, run, tiny_config, unavailable, write_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = sys.executable
@@ -268,20 +268,33 @@ def test_bench_speed(momfmm, workdir, report):
     the set-ups measure with its verdict (the tiny model's attention may time as 0 ms: its ratio is then '—');
     --cores pins a set-up (its command printed with taskset); a set-up of ranks (@np2) runs under mpirun,
     bound to the listed cores, and is compared with as many threads; a bad set-up, core list or binary is one
-    line and exit 2."""
+    line and exit 2; a set-up the binary cannot run here (bf16 without bf16, fp32-avx512 without AVX-512F: played
+    where the CPU has them) is refused before any round runs, exit 2 and one line with the binary's reason.
+    Where bf16 cannot run (an AVX2-only core) the goals are the fp32 ones."""
     ini = write_config(os.path.join(workdir, "speed.ini"), tiny_config(os.path.join(workdir, "speed_run")))
+    labels = ["fp32", "bf16", "fp32@2"] if unavailable(momfmm, "bf16") is None else ["fp32", "fp32@2"]
     r = run([PYTHON, SPEED, ini, "--binary", momfmm, "--rounds", "2", "--steps", "1",
-             "--setups", "fp32,bf16,fp32@2"], timeout=300)
+             "--setups", ",".join(labels)], timeout=300)
     out = r.stdout
     rows = re.findall(r"^\| (fp32|bf16|fp32@2) \| [0-9,.]+ \|", out, re.M)
-    report.check("bench_speed.py exits 0 with a round line per set-up and round and a table row per set-up",
-                 r.returncode == 0 and len(re.findall(r"^round [12] ", out, re.M)) == 6 and rows == ["fp32", "bf16", "fp32@2"],
-                 out[-600:] + r.stderr[-300:])
+    report.check(f"bench_speed.py {','.join(labels)} exits 0 with a round line per set-up and round and a table row "
+                 "per set-up", r.returncode == 0 and len(re.findall(r"^round [12] ", out, re.M)) == 2 * len(labels)
+                 and rows == labels, out[-600:] + r.stderr[-300:])
     report.check("the first set-up's tokens/s against itself is 1.000", re.search(
         r"^\| fp32 \|.*\| 1\.000 \(1\.000–1\.000\) \| [^|]+ \|$", out, re.M) is not None, out[-400:])
     goals = re.findall(r"^goal: (.+): (met|MISSED)$", out, re.M)
-    report.check("a verdict for each goal the set-ups measure (bf16 speed, attention, peak; fp32 peak; 2 threads)",
-                 len(goals) == 5, str(goals))
+    report.check("a verdict for each goal the set-ups measure (bf16 speed, attention, peak where bf16 runs; fp32 "
+                 "peak; 2 threads)", len(goals) == (5 if "bf16" in labels else 2), str(goals))
+    for setup, played in (("bf16", {"MOMFMM_FAKE_NO_BF16": "1"}), ("fp32-avx512", {"MOMFMM_FAKE_NO_AVX512": "1"})):
+        feature = "bf16" if setup == "bf16" else "avx512"
+        why = unavailable(momfmm, feature, **played)
+        refused = run([PYTHON, SPEED, ini, "--binary", momfmm, "--rounds", "1", "--steps", "1",
+                       "--setups", f"fp32,{setup}@2"], env=env(**played), timeout=120)
+        report.check(f"bench_speed.py --setups fp32,{setup}@2 where {feature} cannot run ({played}): exit 2 before "
+                     "any round, one line with the binary's reason", why is not None and refused.returncode == 2
+                     and refused.stderr.strip() == f"bench_speed.py: --setups: '{setup}@2' cannot run here: {why} "
+                     f"({momfmm} --version)" and "round" not in refused.stdout,
+                     f"{why!r}: {refused.stdout[-300:]} {refused.stderr[-300:]}")
     report.check("each goal's printed figure sits on its verdict's side of the line", not goals_at_odds(out),
                  str(goals_at_odds(out)))
     core = min(os.sched_getaffinity(0))
