@@ -40,7 +40,8 @@ void version_print(void) {
      * read this line to skip bf16 runs on a CPU that has no bf16 at all */
     const char *why = gemm_unavailable_reason(GEMM_ONEDNN_BF16);
     if (why) printf("bf16:     unavailable: %s\n", why);
-    else printf("bf16:     %s\n", cpu_has_bf16() ? "native" : "emulated by oneDNN (MOMFMM_FORCE_BF16=1, slow)");
+    else if (strcmp(gemm_bf16_how(), "native") == 0) printf("bf16:     native\n");
+    else printf("bf16:     %s (MOMFMM_FORCE_BF16=1, slow)\n", gemm_bf16_how());
     /* whether train.gemm = avx512 can run here (docs/design.md §8.10) */
     why = gemm_unavailable_reason(GEMM_AVX512_F32);
     if (why) printf("avx512:   unavailable: %s\n", why);

@@ -207,8 +207,9 @@ void cmd_note_bf16_speed(const config *c) {
     if (c->precision != PRECISION_BF16) return;
     cpu_peak peak = cpu_measure_peak(1, 0.1);
     if (peak.bf16_gflops <= 0)
-        log_rank0("note: train.precision = bf16 without native bf16 here: oneDNN emulates it (MOMFMM_FORCE_BF16), "
-                  "slower than fp32\n");
+        log_rank0("note: train.precision = bf16 without native bf16 here: %s (MOMFMM_FORCE_BF16), slower than "
+                  "fp32\n",
+                  gemm_bf16_how());
     else if (peak.bf16_gflops < 1.8 * peak.fp32_gflops)
         log_rank0("note: this CPU's bf16 dot-product peak is %.2f x its fp32 FMA peak (%.0f vs %.0f GFLOP/s per "
                   "core, measured): bf16 is not expected to train faster than fp32 here\n",

@@ -1,7 +1,7 @@
 /* The GEMM engine: engine choice, CPU check and bf16 conversion; the
  * products cut between threads (OpenBLAS's and our own) are in
- * gemm_split.c, the oneDNN engines in gemm_onednn.c, our own kernel in
- * gemm_avx512.c. See gemm.h and docs/scale.md §7 for why. */
+ * gemm_split.c, the oneDNN engines in gemm_onednn.c, bf16 on fp32 products
+ * where oneDNN has none in gemm_widen.c, our own kernel in gemm_avx512.c. See gemm.h and docs/scale.md §7 for why. */
 #include "kernels/gemm.h"
 
 #include "base/blas_core.h"
@@ -16,6 +16,7 @@
 
 #include "gemm_avx512.h"
 #include "gemm_split.h"
+#include "gemm_widen.h"
 #include "kernels/tile_gemm.h"
 #ifdef MOMFMM_HAVE_ONEDNN
 #include "gemm_onednn.h"
@@ -34,6 +35,7 @@ struct gemm_ctx {
      * other and oneDNN refused a handle at OMP_NUM_THREADS = 2). */
     gemm_onednn *team[GEMM_TEAM_MAX];
 #endif
+    gemm_widen *widen;   /* the bf16 engine where oneDNN has no bf16 (bf16_widened) */
     gemm_spaces *spaces; /* our own kernel's, per thread (gemm_split.c) */
     char description[384];
     /* The registered weights (gemm_register_weights): fp32 and bf16 copy. */
@@ -63,25 +65,45 @@ bool gemm_engine_parse(const char *name, gemm_engine *engine) {
     return false;
 }
 
+#ifdef MOMFMM_HAVE_ONEDNN
+/* Whether the CPU runs bf16 products natively; MOMFMM_FAKE_NO_BF16=1 plays
+ * a CPU without, so that tests reach the refusal and the emulations
+ * (docs/scale.md §7) on any machine. */
+static bool native_bf16(void) {
+    const char *fake = getenv("MOMFMM_FAKE_NO_BF16");
+    return cpu_has_bf16() && !(fake && strcmp(fake, "1") == 0);
+}
+#endif
+
 const char *gemm_unavailable_reason(gemm_engine engine) {
     if (engine == GEMM_OPENBLAS || engine == GEMM_AUTO) return NULL; /* auto: OpenBLAS without the others */
     if (engine == GEMM_AVX512_F32) return gemm_avx512_unavailable_reason();
 #ifndef MOMFMM_HAVE_ONEDNN
     return "momfmm was built without oneDNN (see cmake/onednn.cmake)";
 #else
-    const char *force = getenv("MOMFMM_FORCE_BF16"), *fake = getenv("MOMFMM_FAKE_NO_BF16");
+    const char *force = getenv("MOMFMM_FORCE_BF16");
     bool forced = force && strcmp(force, "1") == 0;
-    /* MOMFMM_FAKE_NO_BF16=1 plays a CPU without bf16, so that tests reach
-     * the refusal (docs/scale.md §7) on any machine */
-    bool has_bf16 = cpu_has_bf16() && !(fake && strcmp(fake, "1") == 0);
-    /* oneDNN 2.6 emulates bf16 matmul with AVX-512 (avx512_core) only: on
-     * an AVX2 CPU even the forced engine has no implementation, so the
-     * override is named only where it would run */
-    if (engine == GEMM_ONEDNN_BF16 && !has_bf16 && !cpu_has_avx512_core())
-        return "the CPU has neither AVX512_BF16 nor AMX-BF16, and without AVX-512 oneDNN cannot emulate bf16";
-    if (engine == GEMM_ONEDNN_BF16 && !has_bf16 && !forced)
+    if (engine == GEMM_ONEDNN_BF16 && !native_bf16() && !forced)
         return "the CPU has neither AVX512_BF16 nor AMX-BF16 (MOMFMM_FORCE_BF16=1 overrides)";
     return NULL;
+#endif
+}
+
+#ifdef MOMFMM_HAVE_ONEDNN
+/* Whether the bf16 engine runs on gemm_widen's fp32 products: oneDNN 2.6
+ * emulates bf16 matmul with AVX-512 (avx512_core) only, and on a core
+ * without it has no bf16 matmul at all (docs/scale.md §7). */
+static bool bf16_widened(gemm_engine engine) {
+    return engine == GEMM_ONEDNN_BF16 && !native_bf16() && !cpu_has_avx512_core();
+}
+#endif
+
+const char *gemm_bf16_how(void) {
+#ifdef MOMFMM_HAVE_ONEDNN
+    if (bf16_widened(GEMM_ONEDNN_BF16)) return "bf16 values on OpenBLAS's fp32 sgemm";
+    return native_bf16() ? "native" : "emulated by oneDNN";
+#else
+    return "native";
 #endif
 }
 
@@ -93,7 +115,8 @@ gemm_ctx *gemm_create(gemm_engine engine, int threads) {
     ctx->small_engine = gemm_unavailable_reason(GEMM_AVX512_F32) ? GEMM_OPENBLAS : GEMM_AVX512_F32;
     ctx->spaces = gemm_spaces_create();
 #ifdef MOMFMM_HAVE_ONEDNN
-    if (engine != GEMM_OPENBLAS && engine != GEMM_AVX512_F32)
+    if (bf16_widened(engine)) ctx->widen = gemm_widen_create();
+    else if (engine != GEMM_OPENBLAS && engine != GEMM_AVX512_F32)
         ctx->dnn = gemm_onednn_create(engine == GEMM_ONEDNN_BF16, threads > 0 ? threads : 1);
 #else
     (void)threads;
@@ -107,6 +130,7 @@ void gemm_destroy(gemm_ctx *ctx) {
     gemm_onednn_destroy(ctx->dnn);
     for (int t = 0; t < GEMM_TEAM_MAX; t++) gemm_onednn_destroy(ctx->team[t]);
 #endif
+    gemm_widen_destroy(ctx->widen);
     gemm_spaces_destroy(ctx->spaces);
     free(ctx->weights_bf16);
     free(ctx->held_bf16);
@@ -128,6 +152,10 @@ const char *gemm_describe(gemm_ctx *ctx) {
                  blas_core_description(), *onednn ? "; " : "", onednn);
     } else if (*onednn)
         snprintf(ctx->description, sizeof ctx->description, "%s (%s)", gemm_engine_name(ctx->engine), onednn);
+    else if (ctx->widen)
+        snprintf(ctx->description, sizeof ctx->description,
+                 "%s (no bf16 matmul here: bf16 values on OpenBLAS sgemm, core %s; MOMFMM_FORCE_BF16)",
+                 gemm_engine_name(ctx->engine), blas_core_description());
     else if (ctx->engine == GEMM_AVX512_F32)
         snprintf(ctx->description, sizeof ctx->description, "avx512-f32 (momfmm's own blocked kernel)");
     else snprintf(ctx->description, sizeof ctx->description, "openblas sgemm (core %s)", blas_core_description());
@@ -188,6 +216,11 @@ void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, 
         return;
     }
     gemm_engine engine = route(ctx, trans_a, trans_b, M, N, K);
+    if (ctx->widen) {
+        gemm_widen_product(ctx->widen, trans_a, trans_b, M, N, K, alpha, A.f32, A.bf16, lda, B.f32, B.bf16, ldb, beta,
+                           C, ldc);
+        return;
+    }
 #ifdef MOMFMM_HAVE_ONEDNN
     if (ctx->dnn && engine != GEMM_OPENBLAS && engine != GEMM_AVX512_F32) {
         run_onednn(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

@@ -55,10 +55,15 @@ bool gemm_engine_parse(const char *name, gemm_engine *engine);
 
 /* NULL when the engine can run here; otherwise why not, in one line: momfmm
  * built without oneDNN (cmake/onednn.cmake), or, for bf16, a CPU without
- * AVX512_BF16 / AMX-BF16, where oneDNN would fall back to slow reference or
- * emulated code. MOMFMM_FORCE_BF16=1 skips the CPU check (for testing the
- * bf16 path on any AVX-512 machine). */
+ * AVX512_BF16 / AMX-BF16, where bf16 would run slower than fp32.
+ * MOMFMM_FORCE_BF16=1 skips the CPU check (tests, and bf16's numbers on any
+ * core): oneDNN emulates bf16 where the CPU has AVX-512, gemm_widen.c runs
+ * it on OpenBLAS where it has not (docs/scale.md §7). */
 const char *gemm_unavailable_reason(gemm_engine engine);
+/* How bf16 products run here when they run (docs/scale.md §7): "native",
+ * "emulated by oneDNN" (AVX-512 without bf16, forced) or "bf16 values on
+ * OpenBLAS's fp32 sgemm" (no AVX-512 either, forced: gemm_widen.c). */
+const char *gemm_bf16_how(void);
 
 typedef struct gemm_ctx gemm_ctx;
 

@@ -12,11 +12,14 @@
   (the model makes LN1's, LN2's and the GELU's outputs in bf16 itself, streaming lets the
   engine round them: the same bits).
 - TestRefusal: a CPU without bf16 (MOMFMM_FAKE_NO_BF16=1 plays one) exits 2 naming
-  AVX512_BF16, for train and for eval --precision bf16; a bad --precision value exits 2.
+  AVX512_BF16, for train and for eval --precision bf16; a bad --precision value exits 2;
+  without AVX-512 either (MOMFMM_FAKE_NO_AVX512=1), MOMFMM_FORCE_BF16=1 runs bf16 on
+  OpenBLAS's sgemm and gives the eval loss that oneDNN's bf16 gives.
 
-The bf16 runs set MOMFMM_FORCE_BF16=1 so that they also run (slowly, emulated by
-oneDNN) on a CPU without native bf16; the build must have oneDNN (tests/CMakeLists.txt
-registers this module only then).
+The bf16 runs set MOMFMM_FORCE_BF16=1 so that they also run (slowly: emulated by
+oneDNN, or on an AVX2-only core as bf16 values on OpenBLAS's sgemm) on a CPU without
+native bf16; the build must have oneDNN (tests/CMakeLists.txt registers this module only
+then).
 """
 import os
 import re
@@ -40,7 +43,7 @@ def bf16_env(**extra):
 @pytest.fixture
 def bf16_runs(momfmm):
     """Skips (CTest counts it: SKIP_REGULAR_EXPRESSION) where even MOMFMM_FORCE_BF16
-    cannot run bf16: oneDNN emulates it only on AVX-512 (`momfmm --version`, 'bf16:')."""
+    cannot run bf16 (`momfmm --version`, 'bf16:'): a build without oneDNN."""
     why = unavailable(momfmm, "bf16", MOMFMM_FORCE_BF16=1)
     if why:
         pytest.skip(f"bf16 cannot run on this CPU: {why}")
@@ -56,6 +59,12 @@ def train(momfmm, workdir, name, sets=(), np_=None, resume=None, extra_env=None,
 
 def eval_losses(stdout):
     return [float(m) for m in re.findall(r"^eval step \d+ \| loss (\S+)", stdout, re.M)]
+
+
+def eval_loss(stdout):
+    """`momfmm eval`'s loss, or None."""
+    m = re.search(r"^eval \| loss (\S+)", stdout, re.M)
+    return float(m.group(1)) if m else None
 
 
 def step_losses(stdout):
@@ -245,10 +254,28 @@ class TestRefusal:
                          and "--precision fp32" in lines[0], f"rc {r.returncode}: {r.stderr.strip()}")
         r = run([momfmm, "eval", bf16_ck, "--precision", "fp32"], env=fake)
         report.check("eval --precision fp32 of that checkpoint runs there", r.returncode == 0, r.stderr[-300:])
-        r = run([momfmm, "eval", ck, "--precision", "bf16"], env=env(MOMFMM_FAKE_NO_AVX512=1))
-        report.check("without AVX-512 at all the override is not offered (oneDNN cannot emulate bf16 there)",
-                     r.returncode == 2 and "cannot emulate" in r.stderr and "MOMFMM_FORCE_BF16" not in r.stderr,
-                     f"rc {r.returncode}: {r.stderr.strip()}")
+        avx2 = env(MOMFMM_FAKE_NO_AVX512=1)
+        r = run([momfmm, "eval", ck, "--precision", "bf16"], env=avx2)
+        report.check("without AVX-512 at all: exit 2 naming the override", r.returncode == 2
+                     and "MOMFMM_FORCE_BF16=1 overrides" in r.stderr, f"rc {r.returncode}: {r.stderr.strip()}")
+        # forced there, bf16 runs as bf16 values on OpenBLAS's sgemm (gemm_widen.c); its eval
+        # loss is bf16's, which oneDNN's bf16 (native or emulated, where AVX-512 is) gives too
+        forced = env(MOMFMM_FAKE_NO_AVX512=1, MOMFMM_FORCE_BF16=1)
+        r = run(train_command(momfmm, ini, [BF16, "train.steps=2", "train.out_dir=" + os.path.join(workdir, "widened")]),
+                env=forced)
+        report.check("without AVX-512, forced: train exits 0, its start-up line naming OpenBLAS's sgemm",
+                     r.returncode == 0 and "precision bf16 | gemm onednn-bf16 (no bf16 matmul here: bf16 values on "
+                     "OpenBLAS sgemm" in r.stdout, r.stdout[-400:] + r.stderr[-300:])
+        widened = run([momfmm, "eval", ck, "--precision", "bf16"], env=forced)
+        fp32 = run([momfmm, "eval", ck, "--precision", "fp32"], env=avx2)
+        dnn = run([momfmm, "eval", ck, "--precision", "bf16"], env=env(MOMFMM_FORCE_BF16=1))
+        losses = [eval_loss(x.stdout) for x in (widened, fp32, dnn)]
+        if unavailable(momfmm, "avx512"):
+            report.check("the forced bf16 eval loss within 2e-3 of fp32's (this CPU has no oneDNN bf16 to compare)",
+                         None not in losses[:2] and abs(losses[0] - losses[1]) <= 2e-3 * abs(losses[1]), str(losses))
+        else:
+            report.check("the forced bf16 eval loss = oneDNN bf16's within 1e-4 (fp32's printed beside)",
+                         None not in losses and abs(losses[0] - losses[2]) <= 1e-4 * abs(losses[2]), str(losses))
         r = run([momfmm, "eval", ck, "--precision", "fp16"])
         report.check("--precision fp16: exit 2 naming the choices", r.returncode == 2 and "bf16" in r.stderr,
                      f"rc {r.returncode}: {r.stderr.strip()}")
