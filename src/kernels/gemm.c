@@ -1,7 +1,8 @@
 /* The GEMM engine: engine choice, CPU check and bf16 conversion; the
  * products cut between threads (OpenBLAS's and our own) are in
  * gemm_split.c, the oneDNN engines in gemm_onednn.c, bf16 on fp32 products
- * where oneDNN has none in gemm_widen.c, our own kernel in gemm_avx512.c. See gemm.h and docs/scale.md §7 for why. */
+ * where oneDNN has no bf16 in gemm_widen.c, our own kernel in
+ * gemm_avx512.c. See gemm.h and docs/scale.md §7 for why. */
 #include "kernels/gemm.h"
 
 #include "base/blas_core.h"
@@ -103,7 +104,7 @@ const char *gemm_bf16_how(void) {
     if (bf16_widened(GEMM_ONEDNN_BF16)) return "bf16 values on OpenBLAS's fp32 sgemm";
     return native_bf16() ? "native" : "emulated by oneDNN";
 #else
-    return "native";
+    return "native"; /* never asked: without oneDNN bf16 does not run (gemm_unavailable_reason) */
 #endif
 }
 
@@ -215,12 +216,12 @@ void gemm_mixed(gemm_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K, 
         scale_c(M, N, beta, C, ldc);
         return;
     }
-    gemm_engine engine = route(ctx, trans_a, trans_b, M, N, K);
-    if (ctx->widen) {
+    if (ctx->widen) { /* the bf16 engine, which no class routing applies to */
         gemm_widen_product(ctx->widen, trans_a, trans_b, M, N, K, alpha, A.f32, A.bf16, lda, B.f32, B.bf16, ldb, beta,
                            C, ldc);
         return;
     }
+    gemm_engine engine = route(ctx, trans_a, trans_b, M, N, K);
 #ifdef MOMFMM_HAVE_ONEDNN
     if (ctx->dnn && engine != GEMM_OPENBLAS && engine != GEMM_AVX512_F32) {
         run_onednn(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

@@ -38,8 +38,8 @@ def run(args, timeout=600, **kw):
 
 def unavailable(momfmm, feature, **extra_env):
     """Why `feature` ('bf16', 'avx512') cannot run here, as `momfmm --version` says on its line
-    under env(**extra_env), or None. MOMFMM_FORCE_BF16=1 asks whether bf16 runs here at all (emulated by oneDNN, or as bf16 values on
-    OpenBLAS's sgemm: docs/scale.md §7)."""
+    under env(**extra_env), or None. MOMFMM_FORCE_BF16=1 asks whether bf16 runs here at all (emulated by
+    oneDNN, or as bf16 values on OpenBLAS's sgemm: docs/scale.md §7)."""
     out = run([momfmm, "--version"], env=env(**extra_env)).stdout
     m = re.search(rf"^{feature}:\s+unavailable: (.*)$", out, re.M)
     return m.group(1) if m else None

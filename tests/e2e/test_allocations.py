@@ -154,6 +154,9 @@ CASES = [
     ("two threads", {}, None, {"OMP_NUM_THREADS": 2}),
     ("bf16", {"train.precision": "bf16"}, None, {"MOMFMM_FORCE_BF16": 1}),
     ("bf16 fmm", {"train.precision": "bf16", "attention.kind": "fmm"}, None, {"MOMFMM_FORCE_BF16": 1}),
+    # bf16 on OpenBLAS's sgemm (gemm_widen.c: an AVX2-only core played), its buffers on two threads
+    ("bf16 widened", {"train.precision": "bf16"}, None,
+     {"MOMFMM_FORCE_BF16": 1, "MOMFMM_FAKE_NO_BF16": 1, "MOMFMM_FAKE_NO_AVX512": 1, "OMP_NUM_THREADS": 2}),
     ("2 ranks", {}, 2, {}),
     ("2 ranks, ZeRO-1", {"dist.zero": 1}, 2, {}),
     ("2 ranks, no overlap", {"dist.overlap": False}, 2, {}),
