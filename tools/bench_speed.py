@@ -21,9 +21,9 @@ its own precision (bench's fp32 FMA loop, or its vdpbf16ps loop for bf16) per th
 pair by pair within a round, each set-up against the first one (tokens/s ratio and attention
 time ratio, median and range). Then the goals of docs/performance.md §9.9 that the set-ups
 allow (bf16's only on a core whose bf16 peak is at least 1.5x its fp32 one, as they are set;
-elsewhere one line says they are not judged), each with 'met' or 'MISSED' (its figure with the decimals that keep it on its verdict's
-side of the line: 1.8996x, not 1.90x, beside MISSED for 1.9x). The CPU (lscpu's model name and
-flags) and the commands are printed first.
+elsewhere one line says they are not judged), each with 'met' or 'MISSED' (its figure with the
+decimals that keep it on its verdict's side of the line: 1.8996x, not 1.90x, beside MISSED for
+1.9x). The CPU (lscpu's model name and flags) and the commands are printed first.
 
 --cores pins the runs: a set-up of t threads runs on the first t cores listed (its commands
 are printed as `taskset -c ...`), one of r ranks binds them to the first r (mpirun's
