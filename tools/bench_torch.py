@@ -303,6 +303,13 @@ def median(xs):
     return sorted(xs)[len(xs) // 2]
 
 
+def bf16_unavailable(momfmm):
+    """Why `momfmm --version` says bf16 cannot run here, or None: --bf16 is refused before torch loads."""
+    out = subprocess.run([momfmm, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"^bf16:\s+unavailable: (.*)$", out, re.M)
+    return m.group(1) if m else None
+
+
 def main():
     args = parse_args()
     try:
@@ -313,6 +320,9 @@ def main():
         print(f"note: {note}")
     if s.B % args.procs:
         return fail("bench_torch.py", f"train.batch_size = {s.B} does not split over --procs {args.procs}", EXIT_USAGE)
+    why = bf16_unavailable(args.momfmm) if args.momfmm and args.bf16 else None
+    if why:
+        return fail("bench_torch.py", f"--bf16: {args.momfmm} cannot run bf16 here: {why}", EXIT_USAGE)
     os.environ.update(thread_environment(args.threads))
     momfmm_runs = []
     if args.momfmm:

@@ -434,6 +434,14 @@ def test_bench_torch_config(momfmm, workdir, report):
         report.check(f"bench_torch.py with the config {config}: exit 2, one line naming it", bad.returncode == 2
                      and f"{config}: cannot open config" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1,
                      bad.stderr[-300:])
+    # --bf16 where the binary cannot run bf16 (a CPU without it played): refused before anything runs
+    no_bf16 = env(MOMFMM_FAKE_NO_BF16="1")
+    why = unavailable(momfmm, "bf16", MOMFMM_FAKE_NO_BF16="1")
+    bad = run([PYTHON, torch, good, "--momfmm", momfmm, "--bf16", "--rounds", "1", "--steps", "1"], env=no_bf16,
+              timeout=60)
+    report.check("bench_torch.py --bf16 where bf16 cannot run: exit 2, one line with the binary's reason, nothing run",
+                 why is not None and bad.returncode == 2 and bad.stderr.strip() == f"bench_torch.py: error: --bf16: "
+                 f"{momfmm} cannot run bf16 here: {why}" and not bad.stdout.strip(), f"{why!r}: {bad.stderr[-300:]}")
 
 
 def test_tool_arguments(momfmm, workdir, report):
