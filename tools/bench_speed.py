@@ -42,7 +42,7 @@ import sys
 from momfmm_launcher import use_source_package
 
 use_source_package()  # this tree's momfmm package: its one-line argument errors
-from momfmm.tool import Parser  # noqa: E402
+from momfmm.tool import Parser, binary_cannot_run  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRECISIONS = {
@@ -157,12 +157,7 @@ def cannot_run(a, precision):
     """Why the binary says `precision` cannot run here (its --version line), or None: a set-up is
     refused before any round runs, not after the others' rounds (bf16 on an AVX2-only core)."""
     feature = FEATURE.get(precision)
-    if not feature:
-        return None
-    env = dict(os.environ, **PRECISION_ENV.get(precision, {}))
-    out = subprocess.run([a.binary, "--version"], capture_output=True, text=True, env=env).stdout
-    m = re.search(rf"^{feature}:\s+unavailable: (.*)$", out, re.M)
-    return m.group(1) if m else None
+    return binary_cannot_run(a.binary, feature, **PRECISION_ENV.get(precision, {})) if feature else None
 
 
 def spread(values):

@@ -47,7 +47,7 @@ from momfmm_launcher import use_source_package
 use_source_package()  # this tree's momfmm package: the config as the binary reads it, one-line errors
 from momfmm import config, files  # noqa: E402
 from momfmm.files import EXIT_USAGE  # noqa: E402
-from momfmm.tool import Parser, fail  # noqa: E402
+from momfmm.tool import Parser, binary_cannot_run, fail  # noqa: E402
 
 BENCH_LINE = re.compile(r"bench\s+tokens_per_s=(\S+)\s+ms_per_step=(\S+)\s+gflops=(\S+)")
 CORE_LINE = re.compile(r"OpenBLAS core (\S+)")
@@ -303,13 +303,6 @@ def median(xs):
     return sorted(xs)[len(xs) // 2]
 
 
-def bf16_unavailable(momfmm):
-    """Why `momfmm --version` says bf16 cannot run here, or None: --bf16 is refused before torch loads."""
-    out = subprocess.run([momfmm, "--version"], capture_output=True, text=True).stdout
-    m = re.search(r"^bf16:\s+unavailable: (.*)$", out, re.M)
-    return m.group(1) if m else None
-
-
 def main():
     args = parse_args()
     try:
@@ -320,7 +313,8 @@ def main():
         print(f"note: {note}")
     if s.B % args.procs:
         return fail("bench_torch.py", f"train.batch_size = {s.B} does not split over --procs {args.procs}", EXIT_USAGE)
-    why = bf16_unavailable(args.momfmm) if args.momfmm and args.bf16 else None
+    # refused before torch loads
+    why = binary_cannot_run(args.momfmm, "bf16") if args.momfmm and args.bf16 else None
     if why:
         return fail("bench_torch.py", f"--bf16: {args.momfmm} cannot run bf16 here: {why}", EXIT_USAGE)
     os.environ.update(thread_environment(args.threads))

@@ -1,12 +1,16 @@
 """What the command-line tools' main() share (momfmm.report, momfmm.plot, momfmm.tokenizer,
 momfmm.results.cli, and the benchmark scripts in tools/; docs/design.md §8.8): an argument parser
-whose errors are one line, argument types that refuse a value out of range through it, and the
+whose errors are one line, argument types that refuse a value out of range through it, what a
+momfmm binary says cannot run on this CPU, and the
 boundary that turns the package's errors into one line on stderr and the exit code of docs/cli.md
 §5: 2 for a value or argument (files.ArgumentError, a bad option), 3 for a file (files.RunError,
 an OSError of a file). Any other exception is a bug and keeps its traceback.
 """
 import argparse
 import math
+import os
+import re
+import subprocess
 import sys
 
 from momfmm.files import EXIT_BAD_FILE, EXIT_USAGE, ArgumentError, RunError, escape_controls
@@ -64,6 +68,16 @@ def names(*allowed):
             raise argparse.ArgumentTypeError(f"'{text}': expected some of {', '.join(allowed)}, separated by commas")
         return values
     return parse
+
+
+def binary_cannot_run(binary, feature, **extra_env):
+    """Why `binary --version` says `feature` ('bf16', 'avx512') cannot run here, on its line
+    "feature:   unavailable: <why>", under the environment plus extra_env; None where it runs. The
+    benchmark tools refuse such a set-up before running anything (docs/performance.md §9.9)."""
+    env = dict(os.environ, **extra_env)
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, env=env).stdout
+    m = re.search(rf"^{feature}:\s+unavailable: (.*)$", out, re.M)
+    return m.group(1) if m else None
 
 
 def fail(prog, message, code):
