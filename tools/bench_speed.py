@@ -189,8 +189,10 @@ def main():
         refuse(f"{a.config}: not a regular file (a config is INI text)")
     if any(ranks > 1 for _, _, _, ranks in setups) and not shutil.which(a.mpirun):
         refuse(f"--mpirun {a.mpirun}: not an executable launcher (the set-ups with ranks run under it)")
+    asked = set()  # one --version a precision: bf16 and bf16@2 ask the same question
     for label, precision, _, _ in setups:
-        why = cannot_run(a, precision)
+        why = cannot_run(a, precision) if precision not in asked else None
+        asked.add(precision)
         if why:
             refuse(f"--setups: '{label}' cannot run here: {why} ({a.binary} --version)")
     name, avx512 = cpu()
